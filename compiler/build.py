@@ -1,0 +1,20 @@
+"""Compile a spec for a target and write its generated plan (what `ember compile` runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .codegen.emit import generate, write_plan
+from .pipeline import compile_graph
+from .spec import load_spec
+from .targets import get_target
+
+GENERATED_DIR = Path(__file__).resolve().parent.parent / "generated"
+
+
+def compile_spec(spec_path: str | Path, target_name: str, out_root: Path = GENERATED_DIR,
+                 dump_dir: Path | None = None) -> list[Path]:
+    spec = load_spec(spec_path)
+    target = get_target(target_name)
+    graph = compile_graph(spec, target, dump_dir=dump_dir)
+    return write_plan(generate(graph, spec, target), out_root / target.name / spec.arch)

@@ -1,0 +1,144 @@
+"""Code generation: a compiled graph becomes a readable Python plan module plus a manifest."""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from ..ir import DimRef, Expr, Graph, KindRef, Node
+from ..ops import OPS
+from ..pipeline import COMPILER_VERSION
+from ..spec import ModelSpec
+from ..targets import Target
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+    keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False, autoescape=False,
+)
+_SIGNATURES = {
+    "prologue": "dims, weights, batch",
+    "layer": "dims, w, constants, x, k_pool, v_pool, layer_index, batch",
+    "epilogue": "dims, weights, x, batch",
+}
+
+
+@dataclass(frozen=True)
+class GeneratedPlan:
+    source: str
+    manifest: dict
+
+
+def generate(graph: Graph, spec: ModelSpec, target: Target) -> GeneratedPlan:
+    imports: dict[str, tuple[str, str, str]] = {}
+    regions = []
+    for region in graph.regions:
+        weights_var = "w" if region.name == "layer" else "weights"
+        lines = []
+        if region.name == "layer":
+            lines += [f"{c.name} = constants[{c.name!r}]" for c in graph.layer_constants]
+        for node in region.nodes:
+            alias = _alias(node.kernel)
+            module, function = node.kernel.split(":")
+            imports[alias] = (alias, module, function)
+            lines.append(_call_line(node, alias, weights_var))
+        returns = region.outputs[0] if region.name != "layer" else f"{region.outputs[0]}, k_pool, v_pool"
+        regions.append({"name": region.name, "signature": _SIGNATURES[region.name], "lines": lines,
+                        "returns": returns})
+    source = _TEMPLATES.get_template("plan.py.j2").render(
+        spec_file=f"specs/{spec.path.name}", target=target.name, spec_sha256=spec.source_sha256,
+        compiler_version=COMPILER_VERSION, arch=graph.arch, imports=sorted(imports.values()),
+        regions=regions, global_weights=repr(tuple(sorted(_used_weights(graph, layer=False)))),
+        layer_weights=repr(tuple(sorted(_used_weights(graph, layer=True)))),
+    )
+    return GeneratedPlan(source=source, manifest=_manifest(graph, spec, target))
+
+
+def write_plan(plan: GeneratedPlan, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plan_path, manifest_path = out_dir / "plan.py", out_dir / "manifest.json"
+    plan_path.write_text(plan.source)
+    manifest_path.write_text(json.dumps(plan.manifest, indent=2, sort_keys=True) + "\n")
+    return [plan_path, manifest_path]
+
+
+def _alias(kernel: str) -> str:
+    module, function = kernel.split(":")
+    return f"{module.rsplit('.', 1)[-1]}_{function}"
+
+
+def _call_line(node: Node, alias: str, weights_var: str) -> str:
+    args = list(node.inputs)
+    args += [f"{weights_var}[{name!r}]" for _, name in node.weights]
+    outputs = list(node.outputs)
+    if OPS[node.op].stateful:
+        args += ["k_pool", "v_pool", "layer_index", "batch"]
+        outputs += ["k_pool", "v_pool"]
+    args += [f"{key}={_render(value)}" for key, value in node.attrs]
+    target = ", ".join(outputs)
+    return f"{target} = {alias}({', '.join(args)})"
+
+
+def _render(value: Any) -> str:
+    if isinstance(value, DimRef):
+        return f"dims.{value.name}"
+    if isinstance(value, Expr):
+        return _render_expr(value.text)
+    if isinstance(value, KindRef):
+        raise ValueError(f"layer-kind field {value} must be hoisted into a layer constant before codegen")
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_render(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return repr(value)
+
+
+class _PrefixDims(ast.NodeTransformer):
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return ast.copy_location(ast.Attribute(ast.Name("dims", ast.Load()), node.id, ast.Load()), node)
+
+
+def _render_expr(text: str) -> str:
+    return ast.unparse(_PrefixDims().visit(ast.parse(text, mode="eval")))
+
+
+def _used_weights(graph: Graph, *, layer: bool) -> set[str]:
+    names = set()
+    for region in graph.regions:
+        if (region.name == "layer") == layer:
+            names |= {w for node in region.nodes for _, w in node.weights}
+    return names
+
+
+def _manifest(graph: Graph, spec: ModelSpec, target: Target) -> dict:
+    return {
+        "arch": graph.arch,
+        "spec": f"specs/{spec.path.name}",
+        "spec_sha256": spec.source_sha256,
+        "compiler_version": COMPILER_VERSION,
+        "target": target.name,
+        "activation_dtype": target.activation_dtype,
+        "entries": {"forward": {"kinds": ["prefill", "decode", "mixed"],
+                                "decode_buckets": list(target.decode_buckets),
+                                "prefill_buckets": list(target.prefill_buckets)}},
+        "state": {"kv": {"per_layer": True, "axes": ["hkv", "dh"]}},
+        "global_weights": sorted(_used_weights(graph, layer=False)),
+        "layer_weights": sorted(_used_weights(graph, layer=True)),
+        "packed_weights": {p.name: list(p.parts) for p in graph.packed_weights},
+        "layer_constants": {c.name: {"function": c.function, "args": {k: _manifest_arg(v) for k, v in c.args}}
+                            for c in graph.layer_constants},
+    }
+
+
+def _manifest_arg(value: Any) -> Any:
+    if isinstance(value, DimRef):
+        return {"dim": value.name}
+    if isinstance(value, KindRef):
+        return {"kind": value.field}
+    if isinstance(value, Expr):
+        return {"expr": value.text}
+    if isinstance(value, tuple) and value and value[0] == "weight":
+        return {"weight": value[1]}
+    return {"value": value}

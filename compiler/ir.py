@@ -1,0 +1,124 @@
+"""The graph IR: SSA values in three regions (prologue, one layer applied `layers` times, epilogue).
+
+Nodes are immutable; passes return new graphs (`dataclasses.replace`). Attribute values are literals
+or references resolved when a plan runs: `DimRef` (a model dimension), `KindRef` (a field of the
+layer's kind, e.g. its rope theta) or `Expr` (arithmetic over dimensions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DimRef:
+    name: str
+
+    def __str__(self) -> str:
+        return f"dims.{self.name}"
+
+
+@dataclass(frozen=True)
+class KindRef:
+    field: str
+
+    def __str__(self) -> str:
+        return f"kind.{self.field}"
+
+
+@dataclass(frozen=True)
+class Expr:
+    text: str
+
+    def __str__(self) -> str:
+        return f"expr({self.text})"
+
+
+@dataclass(frozen=True)
+class Node:
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    weights: tuple[tuple[str, str], ...] = ()  # (param, logical weight name); layer weights drop "blk.{i}."
+    attrs: tuple[tuple[str, Any], ...] = ()
+    kernel: str | None = None  # "module:function", chosen per target
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return dict(self.attrs).get(name, default)
+
+    def weight(self, name: str) -> str | None:
+        return dict(self.weights).get(name)
+
+    def with_attrs(self, **updates: Any) -> "Node":
+        merged = dict(self.attrs)
+        merged.update(updates)
+        return replace(self, attrs=tuple(merged.items()))
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str  # "prologue" | "layer" | "epilogue"
+    inputs: tuple[str, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LayerConstant:
+    """A per-layer array computed once at load (e.g. rope frequencies), stacked over layers."""
+
+    name: str
+    function: str  # "module:function" called with the evaluated args
+    args: tuple[tuple[str, Any], ...]  # values: literals, DimRef, KindRef, Expr, or ("weight", name)
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """Weights concatenated along their first axis, built by the loader (packing of q/k/v, gate/up)."""
+
+    name: str
+    parts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Graph:
+    arch: str
+    spec_sha256: str
+    regions: tuple[Region, ...]
+    weight_shapes: dict[str, tuple[str, ...]]  # logical name (layer weights relative) -> shape exprs
+    layer_weights: frozenset[str]  # which logical names are per layer
+    shapes: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)  # region -> value -> shape
+    layer_constants: tuple[LayerConstant, ...] = ()
+    packed_weights: tuple[PackedWeight, ...] = ()
+    target: str | None = None
+
+    def region(self, name: str) -> Region:
+        return next(r for r in self.regions if r.name == name)
+
+    def with_region(self, region: Region) -> "Graph":
+        return replace(self, regions=tuple(region if r.name == region.name else r for r in self.regions))
+
+    def dump(self) -> str:
+        """A readable text form, one node per line, for --dump-ir."""
+        lines = [f"graph {self.arch} (spec sha256 {self.spec_sha256[:12]}, target {self.target})"]
+        for packed in self.packed_weights:
+            lines.append(f"  packed {packed.name} = concat({', '.join(packed.parts)})")
+        for const in self.layer_constants:
+            args = ", ".join(f"{k}={_fmt(v)}" for k, v in const.args)
+            lines.append(f"  layer constant {const.name} = {const.function}({args})")
+        for region in self.regions:
+            lines.append(f"region {region.name}({', '.join(region.inputs)}) -> {', '.join(region.outputs)}")
+            for node in region.nodes:
+                shapes = self.shapes.get(region.name, {})
+                outs = ", ".join(f"{o}: [{', '.join(shapes.get(o, ('?',)))}]" for o in node.outputs)
+                ins = ", ".join(node.inputs)
+                ws = "".join(f" {k}={w}" for k, w in node.weights)
+                at = "".join(f" {k}={_fmt(v)}" for k, v in node.attrs)
+                kern = f"  ~> {node.kernel}" if node.kernel else ""
+                lines.append(f"  {outs} = {node.op}({ins}){ws}{at}{kern}")
+        return "\n".join(lines) + "\n"
+
+
+def _fmt(value: Any) -> str:
+    return str(value) if isinstance(value, (DimRef, KindRef, Expr)) else repr(value)

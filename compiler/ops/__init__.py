@@ -1,0 +1,93 @@
+"""The op vocabulary a spec may use, and the reference implementation behind each op.
+
+Each op says what its parameters are (values, weights, dimensions, literals), how many values it
+yields, and how output shapes follow from input shapes. Shapes are tuples of arithmetic strings over
+the spec's dimensions plus "N" (tokens in the step). References are plain `jnp` and are what the cpu
+target runs; GPU kernels are property-tested against them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str  # "value" | "weight" | "dim" | "literal"
+    default: Any = REQUIRED
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    params: tuple[Param, ...]
+    outputs: int
+    shape: Callable[[list[tuple[str, ...]], dict[str, Any], dict[str, tuple[str, ...]]], list[tuple[str, ...]]]
+    stateful: bool = False  # reads and writes the per-layer KV pool
+    spec_level: bool = True  # False: introduced by passes only
+
+    def param(self, name: str) -> Param:
+        return next(p for p in self.params if p.name == name)
+
+
+def _weight_rows(weights: dict[str, tuple[str, ...]], key: str) -> str:
+    return weights[key][0]
+
+
+def _paren(text: str) -> str:
+    return text if text.replace("_", "").isalnum() else f"({text})"
+
+
+def _half(total: str) -> str:
+    parts = total.split(" + ")
+    if len(parts) == 2 and parts[0] == parts[1]:
+        return parts[0].strip("()")
+    return f"{_paren(total)} // 2"
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def _op(name, params, outputs, shape, **kw):
+    OPS[name] = OpDef(name, tuple(params), outputs, shape, **kw)
+
+
+V, W, D, L = "value", "weight", "dim", "literal"
+
+_op("embedding", [Param("ids", V), Param("table", W)], 1,
+    lambda s, a, w: [("N", w["table"][1])])
+_op("scale", [Param("x", V), Param("factor", D)], 1, lambda s, a, w: [s[0]])
+_op("rms_norm", [Param("x", V), Param("weight", W), Param("eps", D)], 1, lambda s, a, w: [s[0]])
+_op("linear", [Param("x", V), Param("weight", W), Param("bias", L, False)], 1,
+    lambda s, a, w: [(*s[0][:-1], _weight_rows(w, "weight"))])
+def _per_head(total: str, heads: str) -> str:
+    prefix = f"{heads} * "
+    if total.startswith(prefix) and _paren(total[len(prefix):]) == total[len(prefix):]:
+        return total[len(prefix):]
+    return f"{_paren(total)} // {_paren(heads)}"
+
+
+_op("split_heads", [Param("x", V), Param("heads", D)], 1,
+    lambda s, a, w: [(s[0][0], a["heads"], _per_head(s[0][1], a["heads"]))])
+_op("gated_act", [Param("gate", V), Param("up", V), Param("act", L)], 1, lambda s, a, w: [s[0]])
+_op("rope", [Param("q", V), Param("k", V), Param("positions", V), Param("theta", D), Param("style", L),
+             Param("scaling", D, None), Param("freq_divisors", W, None)], 2,
+    lambda s, a, w: [s[0], s[1]])
+_op("attention", [Param("q", V), Param("k", V), Param("v", V), Param("scale", D), Param("window", D, 0)], 1,
+    lambda s, a, w: [(s[0][0], f"{_paren(s[0][1])} * {_paren(s[0][2])}")], stateful=True)
+_op("add", [Param("x", V), Param("y", V)], 1, lambda s, a, w: [s[0]])
+
+# Introduced by passes.
+_op("add_rms_norm", [Param("x", V), Param("y", V), Param("weight", W), Param("eps", D)], 2,
+    lambda s, a, w: [s[0], s[0]], spec_level=False)
+_op("linear_split", [Param("x", V), Param("weight", W), Param("bias", L, False), Param("sizes", L)], -1,
+    lambda s, a, w: [(*s[0][:-1], str(size.text)) for size in a["sizes"]], spec_level=False)
+_op("gated_act_packed", [Param("gate_up", V), Param("act", L)], 1,
+    lambda s, a, w: [(*s[0][:-1], _half(s[0][-1]))], spec_level=False)
+_op("rope_apply", [Param("q", V), Param("k", V), Param("positions", V), Param("inv_freq", V), Param("style", L)], 2,
+    lambda s, a, w: [s[0], s[1]], spec_level=False)
+_op("select_rows", [Param("x", V), Param("rows", V)], 1, lambda s, a, w: [("R", *s[0][1:])], spec_level=False)

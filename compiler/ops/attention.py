@@ -1,0 +1,65 @@
+"""Causal attention over a paged KV pool (reference), with the KV write of the step's own tokens.
+
+Pool layout: k_pool, v_pool [layers, num_blocks, block_size, hkv, dh]. Block 0 is reserved: padding
+rows write there and no sequence reads it.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from ..batch import StepBatch
+
+
+def window_size(*, window) -> int:
+    """Per-layer constant: the sliding window in tokens (0 = unlimited)."""
+    return int(window or 0)
+
+
+def paged_attention(q, k, v, window, k_pool, v_pool, layer, batch: StepBatch, *, scale):
+    # q [N, hq, dh], k/v [N, hkv, dh], layer: int32 scalar, window: int32 scalar (0 = unlimited)
+    k_pool = _write(k_pool, layer, batch.slots, k)
+    v_pool = _write(v_pool, layer, batch.slots, v)
+    n_dec = batch.num_decode
+    parts = []
+    if n_dec:
+        slots = _table_slots(batch.dec_block_tables, k_pool.shape[2])  # [B, S]
+        parts.append(_attend(q[:n_dec, None], _gather(k_pool, layer, slots), _gather(v_pool, layer, slots),
+                             batch.positions[:n_dec, None], window, scale)[:, 0])
+    if q.shape[0] > n_dec:
+        slots = _table_slots(batch.pre_block_table[None], k_pool.shape[2])  # [1, S]
+        parts.append(_attend(q[None, n_dec:], _gather(k_pool, layer, slots), _gather(v_pool, layer, slots),
+                             batch.positions[None, n_dec:], window, scale)[0])
+    out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+    return out.reshape(out.shape[0], -1), k_pool, v_pool
+
+
+def _write(pool, layer, slots, x):
+    flat = pool.reshape(pool.shape[0], -1, *pool.shape[3:])  # [L, blocks * block_size, hkv, dh]
+    return flat.at[layer, slots].set(x.astype(pool.dtype)).reshape(pool.shape)
+
+
+def _table_slots(block_tables, block_size):
+    # [R, max_blocks] -> [R, max_blocks * block_size] flat slot of every context position
+    offsets = jnp.arange(block_size, dtype=jnp.int32)
+    return (block_tables[:, :, None] * block_size + offsets).reshape(block_tables.shape[0], -1)
+
+
+def _gather(pool, layer, slots):
+    flat = jax.lax.dynamic_index_in_dim(pool, layer, axis=0, keepdims=False)
+    flat = flat.reshape(-1, *pool.shape[3:])  # [blocks * block_size, hkv, dh]
+    return jnp.take(flat, slots, axis=0)  # [R, S, hkv, dh]
+
+
+def _attend(q, k, v, positions, window, scale):
+    # q [R, T, hq, dh]; k, v [R, S, hkv, dh]; positions [R, T] -> [R, T, hq, dh]
+    r, t, hq, dh = q.shape
+    hkv = k.shape[2]
+    qg = q.reshape(r, t, hkv, hq // hkv, dh).astype(jnp.float32)
+    scores = jnp.einsum("rtkgd,rskd->rkgts", qg, k.astype(jnp.float32)) * scale
+    s = jnp.arange(k.shape[1], dtype=jnp.int32)
+    visible = s[None, None, :] <= positions[:, :, None]  # causal: [R, T, S]
+    visible &= (window <= 0) | (s[None, None, :] > positions[:, :, None] - window)
+    scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("rkgts,rskd->rtkgd", probs, v.astype(jnp.float32))
+    return out.reshape(r, t, hq, dh).astype(q.dtype)

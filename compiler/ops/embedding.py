@@ -1,0 +1,21 @@
+"""Token embedding, constant scaling and row selection (references)."""
+
+import jax.numpy as jnp
+
+
+def embedding(ids, table):
+    # ids [N] int32, table [vocab, d] -> [N, d]
+    return jnp.take(table, ids, axis=0)
+
+
+def scale(x, *, factor):
+    return x * jnp.asarray(factor, dtype=x.dtype)
+
+
+def select_rows(x, rows):
+    # x [N, d], rows [R] -> [R, d]: only the rows whose logits the step needs
+    return jnp.take(x, rows, axis=0)
+
+
+def add(x, y):
+    return x + y

@@ -1,0 +1,48 @@
+"""The compiler pipeline: a spec in, a graph ready for code generation out, in numbered phases.
+
+Each phase is a pure function Graph -> Graph. `dump_dir` writes the IR after every phase
+(`00-lower.ir`, `01-infer_shapes.ir`, ...) for reading what a pass did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from .frontend import lower
+from .ir import Graph
+from .passes.fuse_add_rms_norm import fuse_add_rms_norm
+from .passes.hoist_layer_constants import hoist_layer_constants
+from .passes.infer_shapes import infer_shapes
+from .passes.pack_parallel_linears import pack_parallel_linears
+from .passes.select_kernels import select_kernels
+from .spec import ModelSpec
+from .targets import Target
+
+COMPILER_VERSION = "0.1.0"
+
+
+def phases(target: Target) -> list[tuple[str, Callable[[Graph], Graph]]]:
+    return [
+        ("infer_shapes", infer_shapes),
+        ("hoist_layer_constants", hoist_layer_constants),
+        ("pack_parallel_linears", pack_parallel_linears),
+        ("fuse_add_rms_norm", fuse_add_rms_norm),
+        ("reinfer_shapes", infer_shapes),
+        ("select_kernels", lambda g: select_kernels(g, target)),
+    ]
+
+
+def compile_graph(spec: ModelSpec, target: Target, dump_dir: Path | None = None) -> Graph:
+    graph = lower(spec)
+    _dump(dump_dir, 0, "lower", graph)
+    for number, (name, run) in enumerate(phases(target), start=1):
+        graph = run(graph)
+        _dump(dump_dir, number, name, graph)
+    return graph
+
+
+def _dump(dump_dir: Path | None, number: int, name: str, graph: Graph) -> None:
+    if dump_dir is not None:
+        dump_dir.mkdir(parents=True, exist_ok=True)
+        (dump_dir / f"{number:02d}-{name}.ir").write_text(graph.dump())

@@ -1,0 +1,36 @@
+"""Targets: what hardware a plan is for, and which kernel implements each op there.
+
+A target is data plus one rule, `kernel_for(node, graph)`. Model code never branches on hardware:
+a new GPU is a new target here, choosing kernels (e.g. by weight format or batch bucket).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import Graph, Node
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    kernels: dict[str, str] = field(default_factory=dict)  # op -> "module:function"
+    activation_dtype: str = "float32"
+    decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
+
+    def kernel_for(self, node: Node, graph: Graph) -> str:
+        try:
+            return self.kernels[node.op]
+        except KeyError:
+            raise ValueError(f"target {self.name!r} has no kernel for op {node.op!r}") from None
+
+
+def get_target(name: str) -> Target:
+    from .cpu import CPU
+
+    targets = {CPU.name: CPU}
+    if name not in targets:
+        raise ValueError(f"unknown target {name!r} (known: {', '.join(sorted(targets))})")
+    return targets[name]

@@ -1,0 +1,28 @@
+"""The cpu target: every op runs its `jnp` reference under XLA CPU, in fp32 (exact against HF)."""
+
+from . import Target
+
+_REF = "ember.compiler.ops"
+
+CPU = Target(
+    name="cpu",
+    description="XLA CPU, fp32 reference ops",
+    kernels={
+        "embedding": f"{_REF}.embedding:embedding",
+        "scale": f"{_REF}.embedding:scale",
+        "select_rows": f"{_REF}.embedding:select_rows",
+        "add": f"{_REF}.embedding:add",
+        "rms_norm": f"{_REF}.norm:rms_norm",
+        "add_rms_norm": f"{_REF}.norm:add_rms_norm",
+        "linear": f"{_REF}.linear:linear",
+        "linear_split": f"{_REF}.linear:linear_split",
+        "split_heads": f"{_REF}.linear:split_heads",
+        "gated_act": f"{_REF}.activation:gated_act",
+        "gated_act_packed": f"{_REF}.activation:gated_act_packed",
+        "rope_apply": f"{_REF}.rope:rope",
+        "attention": f"{_REF}.attention:paged_attention",
+    },
+    activation_dtype="float32",
+    decode_buckets=(1, 2, 4, 8, 16, 32),
+    prefill_buckets=(16, 32, 64, 128, 256, 512),
+)

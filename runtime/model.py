@@ -1,0 +1,79 @@
+"""A loaded model: spec + resolved dims + parameters on device + the plan's jitted forward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..compiler.batch import StepBatch
+from ..compiler.spec import ModelSpec, SpecError, all_specs
+from .checkpoint import Checkpoint, open_checkpoint
+from .dims import Dims, ResolvedModel, resolve
+from .loader.errors import CheckpointError
+from .plans import LoadedPlan, load_plan
+from .weights import Params, load_params
+
+
+@dataclass
+class Model:
+    spec: ModelSpec
+    checkpoint: Checkpoint
+    resolved: ResolvedModel
+    plan: LoadedPlan
+    params: Params
+    dtype: Any  # activation / KV dtype
+
+    @property
+    def dims(self) -> Dims:
+        return self.resolved.dims
+
+    def new_kv(self, num_blocks: int, block_size: int) -> tuple[jax.Array, jax.Array]:
+        d = self.dims
+        shape = (d.layers, num_blocks, block_size, d.hkv, d.dh)
+        return jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype)
+
+    def forward(self, kv, batch: StepBatch):
+        """One step. Returns (logits [R, vocab], kv). kv is donated: do not reuse the old one."""
+        return _jitted(self.plan.module.forward)(self.dims, self.params, kv, batch)
+
+
+_JIT_CACHE: dict[int, Any] = {}
+
+
+def _jitted(forward):
+    key = id(forward)
+    if key not in _JIT_CACHE:
+        _JIT_CACHE[key] = jax.jit(forward, static_argnums=0, donate_argnums=2)
+    return _JIT_CACHE[key]
+
+
+def spec_for_checkpoint(ckpt: Checkpoint) -> ModelSpec:
+    for spec in all_specs():
+        if ckpt.format == "hf" and ckpt.architecture in spec.hf_architectures:
+            return spec
+        if ckpt.format == "gguf" and ckpt.architecture == spec.gguf_architecture:
+            return spec
+    known = sorted({a for s in all_specs() for a in (s.hf_architectures if ckpt.format == "hf" else (s.gguf_architecture,))})
+    raise CheckpointError(ckpt.path, f"architecture {ckpt.architecture!r} has no spec (supported: {', '.join(known)})")
+
+
+def load_model(path: str | Path, *, target: str = "cpu", progress: bool = False) -> Model:
+    ckpt = open_checkpoint(path)
+    spec = spec_for_checkpoint(ckpt)
+    resolved = resolve(spec, ckpt)
+    plan = load_plan(spec, target)
+    dtype = jnp.dtype(plan.manifest["activation_dtype"])
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        total = len(plan.manifest["global_weights"]) + int(resolved.dims.layers)
+        bar = tqdm(total=total, desc="loading weights", unit="part", leave=False)
+    params = load_params(spec, plan.manifest, ckpt, resolved, to_device=lambda a: jnp.asarray(a, dtype), progress=bar)
+    if bar is not None:
+        bar.close()
+    return Model(spec, ckpt, resolved, plan, params, dtype)

@@ -1,0 +1,115 @@
+"""The `ember` command: generate, compile.
+
+stdout carries only generated text; progress and the timing summary go to stderr, so scripts can
+pipe the text. Errors print one line (`ember: error: ...`) and exit 1 (2 for bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from ..runtime.generate import GenerationStats, generate
+    from ..runtime.loader.known_models import resolve_model
+    from ..runtime.model import load_model
+    from ..runtime.prompting import load_tokenizer, render_chat
+    from ..runtime.sampler import SamplingParams
+
+    path = resolve_model(args.model, progress=True)
+    started = time.perf_counter()
+    model = load_model(path, target=args.target, progress=True)
+    tokenizer = load_tokenizer(model.checkpoint)
+    print(f"loaded {path.name} ({model.spec.arch}, {model.dims.layers} layers) in "
+          f"{time.perf_counter() - started:.1f}s", file=sys.stderr)
+    if args.chat:
+        text = render_chat(tokenizer, [{"role": "user", "content": args.prompt}])
+        prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        prompt_ids = tokenizer.encode(args.prompt, add_special_tokens=True)
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    stats = GenerationStats()
+    for piece in generate(model, tokenizer, prompt_ids, max_tokens=args.max_tokens, sampling=sampling,
+                          stats=stats):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    print(stats.summary(), file=sys.stderr)
+    return 0
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from ..compiler.build import GENERATED_DIR, compile_spec
+    from ..compiler.spec import SPECS_DIR, known_archs
+
+    specs = [Path(s) for s in args.spec] if args.spec else [SPECS_DIR / f"{a}.toml" for a in known_archs()]
+    out = Path(args.out) if args.out else GENERATED_DIR
+    for spec in specs:
+        dump = Path(args.dump_ir) / spec.stem if args.dump_ir else None
+        for written in compile_spec(spec, args.target, out_root=out, dump_dir=dump):
+            print(written, file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ember", description="Ember: LLM inference from declarative model specs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text from a prompt")
+    gen.add_argument("--model", default=os.environ.get("EMBER_MODEL", "qwen2.5-coder-1.5b-instruct"),
+                     help="a known model name or a path to a GGUF file / HF checkpoint folder")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--chat", action="store_true", help="apply the model's chat template (one user message)")
+    gen.add_argument("--max-tokens", type=_positive_int, default=256)
+    gen.add_argument("--temperature", type=_non_negative_float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--target", default=os.environ.get("EMBER_TARGET", "cpu"))
+    gen.set_defaults(run=_generate)
+
+    comp = sub.add_parser("compile", help="compile specs into generated plans")
+    comp.add_argument("--spec", action="append", help="spec file (repeatable); default: every spec in specs/")
+    comp.add_argument("--target", default="cpu")
+    comp.add_argument("--out", help="output root (default: the package's generated/ folder)")
+    comp.add_argument("--dump-ir", help="write the IR after every compiler phase into this folder")
+    comp.set_defaults(run=_compile)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..compiler.spec import SpecError
+    from ..runtime.loader.errors import CheckpointError
+    from ..runtime.plans import PlanError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (CheckpointError, SpecError, PlanError, ValueError) as e:
+        print(f"ember: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("ember: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
