@@ -15,6 +15,9 @@ from ..compiler.batch import StepBatch
 from .model import Model
 
 
+MIN_BLOCKS = 16  # short sequences share one table shape (one compiled plan) up to 256 tokens
+
+
 def _bucket(n: int, buckets: tuple[int, ...]) -> int:
     for b in buckets:
         if n <= b:
@@ -27,7 +30,7 @@ class SequenceRunner:
                  prefill_chunk: int | None = None):
         self.model = model
         self.block_size = block_size
-        blocks = math.ceil(max_tokens_in_context / block_size)
+        blocks = max(math.ceil(max_tokens_in_context / block_size), MIN_BLOCKS)
         self.max_blocks = 1 << max(0, (blocks - 1).bit_length())  # power of two: few distinct shapes
         self.kv = model.new_kv(self.max_blocks + 1, block_size)
         self.block_table = np.arange(1, self.max_blocks + 1, dtype=np.int32)
