@@ -62,7 +62,17 @@ def spec_for_checkpoint(ckpt: Checkpoint) -> ModelSpec:
     raise CheckpointError(ckpt.path, f"architecture {ckpt.architecture!r} has no spec (supported: {', '.join(known)})")
 
 
+def enable_compilation_cache() -> None:
+    """Keep compiled plans on disk (JAX's persistent cache) so a restart skips XLA compilation."""
+    from .loader.known_models import cache_dir
+
+    if jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax-cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
 def load_model(path: str | Path, *, target: str = "cpu", progress: bool = False) -> Model:
+    enable_compilation_cache()
     ckpt = open_checkpoint(path)
     spec = spec_for_checkpoint(ckpt)
     resolved = resolve(spec, ckpt)

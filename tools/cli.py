@@ -1,4 +1,4 @@
-"""The `ember` command: generate, compile.
+"""The `ember` command: generate, bench, compile.
 
 stdout carries only generated text; progress and the timing summary go to stderr, so scripts can
 pipe the text. Errors print one line (`ember: error: ...`) and exit 1 (2 for bad arguments).
@@ -55,6 +55,12 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import main_bench
+
+    return main_bench(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ember", description="Ember: LLM inference from declarative model specs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--target", default=os.environ.get("EMBER_TARGET", "cpu"))
     gen.set_defaults(run=_generate)
+
+    bench = sub.add_parser("bench", help="single-stream prefill and decode throughput, JSON on stdout")
+    bench.add_argument("--model", default=os.environ.get("EMBER_MODEL", "qwen2.5-coder-1.5b-instruct"))
+    bench.add_argument("--target", default=os.environ.get("EMBER_TARGET", "cpu"))
+    bench.add_argument("--prompt-tokens", type=_positive_int, default=128)
+    bench.add_argument("--decode-tokens", type=_positive_int, default=32)
+    bench.add_argument("--repeats", type=_positive_int, default=2)
+    bench.set_defaults(run=_bench)
 
     comp = sub.add_parser("compile", help="compile specs into generated plans")
     comp.add_argument("--spec", action="append", help="spec file (repeatable); default: every spec in specs/")
