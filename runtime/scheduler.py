@@ -1,0 +1,393 @@
+"""Continuous-batching scheduler: which requests run in the next engine step, and with which KV slots.
+
+A step (see ember.compiler.batch) runs B decode rows (one token each) then C tokens of ONE prefill
+chunk of one sequence, B + C <= max_batched_tokens. schedule() builds a StepPlan, the engine runs the
+plan and samples one token per logit row, update() feeds those tokens back. The engine thread owns
+the scheduler: schedule → run → update, strictly alternating.
+
+Policies (what we chose, and why):
+- KV is allocated on demand — per prefill chunk, and one block when a decode crosses a block
+  boundary — not reserved for prompt + max_tokens at admission. Reserving wastes most of the pool
+  (few requests reach max_tokens) and caps concurrency; the price is that a decode can find the pool
+  dry: then the most recently admitted running request is preempted (its blocks freed — full ones
+  stay in the prefix cache — its computed count reset to 0, its generated tokens kept) and put at the
+  front of the waiting queue. It re-prefills prompt + generated tokens later, mostly as a prefix hit.
+- Decodes first (oldest first), then one prefill chunk fills the rest of the token budget: the one
+  request in the middle of its prefill if any, else the head of the waiting queue (admitted with a
+  prefix-cache match). A new prefill never preempts anyone: it takes only free blocks, or waits.
+- A chunk that does not finish the prompt ends on a block boundary (when it is >= one block), so its
+  blocks are full and enter the prefix cache at once; chunks never exceed the largest prefill bucket.
+- Any running request with exactly one token left to compute is a decode row — a prompt whose last
+  token remains after a chunk or a prefix hit included: a decode row is a one-token chunk with logits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .kv import BlockPool, KVAllocation, KVCounters, StateAllocator
+from .requests import Request, RequestStatus, StepOutput
+
+
+class QueueFullError(RuntimeError):
+    """Overload: the waiting queue is at max depth. The server answers 429/503 at once (not a ValueError:
+    the request is fine, the server is busy)."""
+
+
+class RequestTooLongError(ValueError):
+    """The request could never fit the KV pool, even alone (prompt + max_tokens)."""
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    request_id: str
+    token_id: int  # the request's token at `position` (its last known one)
+    position: int
+    slot: int  # flat KV slot it writes: block * block_size + offset
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    request_id: str
+    start: int  # position of the first token (the request's computed count when scheduled)
+    token_ids: tuple[int, ...]
+    slots: tuple[int, ...]  # flat KV slot of each token
+    completes: bool  # reaches the request's last known token: its last row gives logits
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step: rows [0, B) are decode rows, rows [B, B + C) the prefill chunk. Block tables are
+    snapshots (tuples), valid for this step. preempted: requests sent back to the queue this step."""
+
+    decodes: tuple[DecodeRow, ...]
+    prefill: PrefillChunk | None
+    block_tables: Mapping[str, tuple[int, ...]]  # request id -> its KV blocks, for every request in the step
+    preempted: tuple[str, ...] = ()
+
+    @property
+    def num_decode(self) -> int:
+        return len(self.decodes)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + (self.prefill.num_tokens if self.prefill else 0)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.num_tokens == 0
+
+    @property
+    def logit_rows(self) -> tuple[int, ...]:
+        """Rows whose logits are sampled: every decode row, and the chunk's last row if it completes."""
+        rows = tuple(range(len(self.decodes)))
+        return rows + ((self.num_tokens - 1,) if self.prefill and self.prefill.completes else ())
+
+    @property
+    def logit_request_ids(self) -> tuple[str, ...]:
+        ids = tuple(row.request_id for row in self.decodes)
+        return ids + ((self.prefill.request_id,) if self.prefill and self.prefill.completes else ())
+
+    # numpy views for building a StepBatch; the engine pads them to the plan's bucket
+    def token_ids(self) -> np.ndarray:  # int32 [N]
+        chunk = self.prefill.token_ids if self.prefill else ()
+        return np.asarray([r.token_id for r in self.decodes] + list(chunk), np.int32)
+
+    def positions(self) -> np.ndarray:  # int32 [N]
+        chunk = range(self.prefill.start, self.prefill.end) if self.prefill else ()
+        return np.asarray([r.position for r in self.decodes] + list(chunk), np.int32)
+
+    def slots(self) -> np.ndarray:  # int32 [N]
+        chunk = self.prefill.slots if self.prefill else ()
+        return np.asarray([r.slot for r in self.decodes] + list(chunk), np.int32)
+
+    def decode_context_lens(self) -> np.ndarray:  # int32 [B]: context of each decode row, its own token included
+        return np.asarray([r.position + 1 for r in self.decodes], np.int32)
+
+    def decode_block_tables(self, max_blocks: int) -> np.ndarray:  # int32 [B, max_blocks], padded with block 0
+        return _padded([self.block_tables[r.request_id] for r in self.decodes], max_blocks)
+
+    def prefill_block_table(self, max_blocks: int) -> np.ndarray:  # int32 [max_blocks], padded with block 0
+        return _padded([self.block_tables[self.prefill.request_id] if self.prefill else ()], max_blocks)[0]
+
+
+def _padded(tables: Sequence[Sequence[int]], max_blocks: int) -> np.ndarray:
+    out = np.zeros((len(tables), max_blocks), np.int32)
+    for i, table in enumerate(tables):
+        if len(table) > max_blocks:
+            raise ValueError(f"a block table of {len(table)} blocks does not fit max_blocks={max_blocks}")
+        out[i, :len(table)] = table
+    return out
+
+
+@dataclass(frozen=True)
+class SchedulerSnapshot:
+    active: int  # running requests (they own KV)
+    waiting: int  # queued, preempted ones included
+    max_num_seqs: int
+    max_queue_depth: int
+    free_blocks: int  # allocatable now (plain free + evictable cached)
+    cached_free_blocks: int
+    usable_blocks: int
+    block_size: int
+    preemptions: int
+    finished: int
+    aborted: int
+    kv: KVCounters
+
+
+class Scheduler:
+    def __init__(self, pool: BlockPool, max_num_seqs: int, max_batched_tokens: int, max_queue_depth: int,
+                 prefill_chunk_buckets: Sequence[int], *, enable_prefix_caching: bool = True,
+                 extra_state: Mapping[str, StateAllocator] | None = None):
+        if max_num_seqs < 1 or max_batched_tokens < 1 or max_queue_depth < 1:
+            raise ValueError("max_num_seqs, max_batched_tokens and max_queue_depth must be >= 1")
+        if not prefill_chunk_buckets or min(prefill_chunk_buckets) < 1:
+            raise ValueError(f"bad prefill_chunk_buckets {prefill_chunk_buckets!r}")
+        self.pool = pool
+        self.max_num_seqs = max_num_seqs
+        self.max_batched_tokens = max_batched_tokens
+        self.max_queue_depth = max_queue_depth
+        self.max_chunk = max(prefill_chunk_buckets)
+        # kind -> allocator of every non-KV state a request owns while running (none today)
+        self.extra_state: dict[str, StateAllocator] = dict(extra_state or {})
+        self.prefix_caching = enable_prefix_caching and all(a.supports_prefix_reuse for a in self.extra_state.values())
+        self.waiting: deque[Request] = deque()  # FIFO; preempted requests go back to the front
+        self.running: list[Request] = []  # admission order: the last one is preempted first
+        self._active: dict[str, Request] = {}  # waiting + running, by id
+        self._unfinished_plan: StepPlan | None = None
+        self.num_preemptions = self.num_finished = self.num_aborted = 0
+
+    # --- intake -------------------------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        if request.request_id in self._active:
+            raise ValueError(f"request id {request.request_id!r} is already active")
+        if request.status is not RequestStatus.WAITING or request.num_computed_tokens or request.output_token_ids:
+            raise ValueError(f"request {request.request_id!r} was already scheduled once")
+        # the last sampled token is never computed, so the context peaks at prompt + max_tokens - 1
+        needed = self.pool.blocks_for(request.num_prompt_tokens + request.max_tokens - 1)
+        if needed > self.pool.num_usable_blocks:
+            raise RequestTooLongError(
+                f"request {request.request_id!r} needs {needed} KV blocks of {self.pool.block_size} tokens "
+                f"(prompt {request.num_prompt_tokens} + max_tokens {request.max_tokens}); the pool has "
+                f"{self.pool.num_usable_blocks}")
+        if len(self.waiting) >= self.max_queue_depth:
+            raise QueueFullError(f"server overloaded: {len(self.waiting)} requests waiting "
+                                 f"(max queue depth {self.max_queue_depth})")
+        self.waiting.append(request)
+        self._active[request.request_id] = request
+
+    def can_admit(self, num_tokens: int = 0) -> bool:
+        """Whether add() would queue a request now and the pool has free blocks for num_tokens of it.
+        The engine's bounded wait for KV capacity polls this."""
+        return len(self.waiting) < self.max_queue_depth and self.pool.free_blocks >= self.pool.blocks_for(num_tokens)
+
+    def get(self, request_id: str) -> Request | None:
+        return self._active.get(request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- one step -----------------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        if self._unfinished_plan is not None:
+            raise RuntimeError("schedule() called before update() of the previous step")
+        budget = self.max_batched_tokens
+        preempted: list[str] = []
+        decodes: list[Request] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            if request.num_tokens_to_compute == 1:
+                if not self._grow_or_preempt(request, request.num_computed_tokens + 1, preempted):
+                    break  # it was the newest running request: nobody after it is left
+                decodes.append(request)
+                budget -= 1
+            i += 1
+        # after a preemption the pool is short: continue a started prefill, admit nobody new this step
+        chunk = self._schedule_chunk(budget, admit=not preempted) if budget > 0 else None
+        plan = self._build_plan(decodes, chunk, preempted)
+        if not plan.is_empty:
+            self._unfinished_plan = plan
+        return plan
+
+    def _grow_or_preempt(self, request: Request, num_tokens: int, preempted: list[str]) -> bool:
+        kv = self._kv(request)
+        while not self.pool.grow(kv, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self._release_state(request)
+        request.num_computed_tokens = 0  # recompute prompt + generated tokens on return
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)  # never dropped; first in line
+
+    def _schedule_chunk(self, budget: int, admit: bool) -> tuple[Request, int, int] | None:
+        """(request, start, end) of the one prefill chunk, allocating its blocks; None if nothing fits."""
+        partial = [r for r in self.running if r.num_tokens_to_compute > 1]
+        assert len(partial) <= 1, "more than one request is mid-prefill"
+        if partial:
+            request = partial[0]
+            start = request.num_computed_tokens
+            end = self._chunk_end(request, start, budget, self.pool.tokens_coverable(self._kv(request)))
+            if end <= start:
+                return None  # pool dry: it keeps its blocks and continues when decodes free some
+            assert self.pool.grow(self._kv(request), end)
+            return request, start, end
+        if (not admit or not self.waiting or len(self.running) >= self.max_num_seqs
+                or not all(a.can_allocate() for a in self.extra_state.values())):
+            return None
+        request = self.waiting[0]
+        prefix = self.pool.find_prefix(request.all_token_ids) if self.prefix_caching else []
+        start = len(prefix) * self.pool.block_size
+        coverable = (len(prefix) + self.pool.free_blocks_after_sharing(prefix)) * self.pool.block_size
+        end = self._chunk_end(request, start, budget, coverable)
+        if end <= start:
+            return None  # no side effects: it stays first in line
+        self._admit(request)
+        assert request.num_computed_tokens == start and self.pool.grow(self._kv(request), end)
+        return request, start, end
+
+    def _chunk_end(self, request: Request, start: int, budget: int, coverable: int) -> int:
+        end = min(request.num_tokens, start + min(budget, self.max_chunk), coverable)
+        bs = self.pool.block_size
+        if end < request.num_tokens and (end // bs) * bs > start:
+            end = (end // bs) * bs  # a non-final chunk ends on a block boundary: its blocks commit at once
+        return end
+
+    def _admit(self, request: Request) -> None:
+        self.waiting.popleft()
+        kv = self.pool.new_allocation()
+        cached = self.pool.adopt_prefix(kv, request.all_token_ids) if self.prefix_caching else 0
+        request.state = {"kv": kv}
+        for kind, allocator in self.extra_state.items():
+            request.state[kind] = allocator.new_allocation()
+        request.num_computed_tokens = cached  # the one rule: a prefix hit is computed tokens
+        if request.num_preemptions == 0:
+            request.cached_tokens = cached  # reported per request: the first admission's prompt hit
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+
+    def _build_plan(self, decodes: list[Request], chunk: tuple[Request, int, int] | None,
+                    preempted: list[str]) -> StepPlan:
+        bs = self.pool.block_size
+        rows, tables = [], {}
+        for request in decodes:
+            table = self._kv(request).block_table
+            pos = request.num_computed_tokens
+            rows.append(DecodeRow(request.request_id, request.all_token_ids[pos], pos,
+                                  table[pos // bs] * bs + pos % bs))
+            tables[request.request_id] = tuple(table)
+        prefill = None
+        if chunk is not None:
+            request, start, end = chunk
+            table = self._kv(request).block_table
+            slots = tuple(table[p // bs] * bs + p % bs for p in range(start, end))
+            prefill = PrefillChunk(request.request_id, start, tuple(request.all_token_ids[start:end]), slots,
+                                   completes=end == request.num_tokens)
+            tables[request.request_id] = tuple(table)
+        return StepPlan(tuple(rows), prefill, tables, tuple(preempted))
+
+    def update(self, plan: StepPlan, sampled_token_ids: Sequence[int]) -> list[StepOutput]:
+        """Apply a step's results: sampled_token_ids holds one token per plan.logit_request_ids entry.
+        Requests aborted or finished between schedule() and update() are skipped."""
+        if len(sampled_token_ids) != len(plan.logit_request_ids):
+            raise ValueError(f"{len(sampled_token_ids)} sampled tokens for {len(plan.logit_request_ids)} logit rows")
+        if plan.is_empty:
+            return []
+        if plan is not self._unfinished_plan:
+            raise RuntimeError("update() got a plan that is not the last one scheduled")
+        self._unfinished_plan = None
+        advanced = [(row.request_id, row.position, 1) for row in plan.decodes]
+        if plan.prefill is not None:
+            advanced.append((plan.prefill.request_id, plan.prefill.start, plan.prefill.num_tokens))
+        for request_id, start, n in advanced:
+            request = self._running(request_id)
+            if request is None:
+                continue
+            if request.num_computed_tokens != start:
+                raise RuntimeError(f"stale plan for {request_id!r}: it starts at {start}, not at "
+                                   f"{request.num_computed_tokens}")
+            request.num_computed_tokens += n
+            self.pool.commit_full_blocks(self._kv(request), request.all_token_ids, request.num_computed_tokens)
+        outputs = []
+        for request_id, token in zip(plan.logit_request_ids, sampled_token_ids):
+            request = self._running(request_id)
+            if request is None:
+                continue
+            request.append_output(token)
+            status = request.stop_reason_after_append()
+            if status is not None:
+                self._finish(request, status)
+            outputs.append(StepOutput(request_id, (int(token),), status.finish_reason if status else None))
+        return outputs
+
+    # --- endings ------------------------------------------------------------------------------------
+    def abort(self, request_id: str) -> bool:
+        """Abort at any state; frees what it owns at once. False if the id is unknown or already finished."""
+        return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> bool:
+        """End a request from outside (abort; a stop string the engine found in the detokenized text)."""
+        if not status.is_finished:
+            raise ValueError(f"{status} is not a finished status")
+        request = self._active.get(request_id)
+        if request is None:
+            return False
+        self._finish(request, status)
+        return True
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+            self._release_state(request)
+        else:
+            self.waiting.remove(request)  # waiting or preempted requests own nothing
+        request.status = status
+        del self._active[request.request_id]
+        if status is RequestStatus.FINISHED_ABORTED:
+            self.num_aborted += 1
+        else:
+            self.num_finished += 1
+
+    def _release_state(self, request: Request) -> None:
+        for kind, allocation in request.state.items():
+            (self.pool if kind == "kv" else self.extra_state[kind]).release(allocation)
+        request.state = {}
+
+    # --- helpers ------------------------------------------------------------------------------------
+    def _kv(self, request: Request) -> KVAllocation:
+        return request.state["kv"]  # type: ignore[return-value]
+
+    def _running(self, request_id: str) -> Request | None:
+        request = self._active.get(request_id)
+        return request if request is not None and request.status is RequestStatus.RUNNING else None
+
+    def snapshot(self) -> SchedulerSnapshot:
+        return SchedulerSnapshot(
+            active=len(self.running), waiting=len(self.waiting), max_num_seqs=self.max_num_seqs,
+            max_queue_depth=self.max_queue_depth, free_blocks=self.pool.free_blocks,
+            cached_free_blocks=self.pool.cached_free_blocks, usable_blocks=self.pool.num_usable_blocks,
+            block_size=self.pool.block_size, preemptions=self.num_preemptions, finished=self.num_finished,
+            aborted=self.num_aborted, kv=self.pool.counters())
