@@ -1,0 +1,82 @@
+"""Turn a scheduler StepPlan into the padded, static-shape StepBatch a plan bucket runs.
+
+Shapes are bucketed so few plans are compiled: decode rows B to a decode bucket, the prefill chunk C
+to a prefill bucket (or 0), block tables to a power-of-two width, logit rows to B + 1. Padding rows
+write to block 0 (reserved) and read only block 0; their logits are never used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..compiler.batch import StepBatch
+from .scheduler import StepPlan
+
+MIN_TABLE_BLOCKS = 16
+
+
+def bucket(n: int, buckets: tuple[int, ...]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+def table_width(blocks: int) -> int:
+    blocks = max(blocks, MIN_TABLE_BLOCKS)
+    return 1 << (blocks - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class StepShape:
+    decode_rows: int  # B (padded)
+    prefill_tokens: int  # C (padded), 0 when the step has no chunk
+    table_blocks: int  # width of every block table
+
+    @property
+    def logit_rows(self) -> int:
+        return self.decode_rows + 1
+
+
+def step_shape(plan: StepPlan, decode_buckets: tuple[int, ...], prefill_buckets: tuple[int, ...]) -> StepShape:
+    b = bucket(plan.num_decode, decode_buckets) if plan.num_decode else 0
+    c = bucket(plan.prefill.num_tokens, prefill_buckets) if plan.prefill is not None else 0
+    longest = max((len(t) for t in plan.block_tables.values()), default=1)
+    return StepShape(b, c, table_width(longest))
+
+
+def build_step_batch(plan: StepPlan, shape: StepShape) -> StepBatch:
+    """numpy StepBatch for `plan` padded to `shape` (the caller moves it to the device)."""
+    b_real, b = plan.num_decode, shape.decode_rows
+    c_real = plan.prefill.num_tokens if plan.prefill is not None else 0
+    c = shape.prefill_tokens
+
+    def rows(values: np.ndarray) -> np.ndarray:  # [b_real + c_real] -> [b + c], padding with 0
+        out = np.zeros(b + c, np.int32)
+        out[:b_real] = values[:b_real]
+        out[b:b + c_real] = values[b_real:]
+        return out
+
+    tables = np.zeros((b, shape.table_blocks), np.int32)
+    if b_real:
+        tables[:b_real] = plan.decode_block_tables(shape.table_blocks)
+    ctx = np.ones(b, np.int32)
+    if b_real:
+        ctx[:b_real] = plan.decode_context_lens()
+    prefill_table = (plan.prefill_block_table(shape.table_blocks) if plan.prefill is not None
+                     else np.zeros(shape.table_blocks, np.int32))
+    logit_rows = np.zeros(shape.logit_rows, np.int32)
+    logit_rows[:b_real] = np.arange(b_real)
+    if plan.prefill is not None and plan.prefill.completes:
+        logit_rows[b_real] = b + c_real - 1
+    return StepBatch(
+        tokens=rows(plan.token_ids()), positions=rows(plan.positions()), slots=rows(plan.slots()),
+        dec_block_tables=tables, dec_ctx_lens=ctx, pre_block_table=prefill_table, logit_rows=logit_rows,
+    )
+
+
+def logit_owners(plan: StepPlan) -> list[str]:
+    """Request id of each used logit row, in the order build_step_batch placed them."""
+    return list(plan.logit_request_ids)
