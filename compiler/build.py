@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .codegen.emit import generate, write_plan
+from .passes.select_kernels import VARIANTS
 from .pipeline import compile_graph
 from .spec import load_spec
 from .targets import get_target
@@ -16,5 +17,7 @@ def compile_spec(spec_path: str | Path, target_name: str, out_root: Path = GENER
                  dump_dir: Path | None = None) -> list[Path]:
     spec = load_spec(spec_path)
     target = get_target(target_name)
-    graph = compile_graph(spec, target, dump_dir=dump_dir)
-    return write_plan(generate(graph, spec, target), out_root / target.name / spec.arch)
+    plans = {variant: generate(compile_graph(spec, target, dump_dir=dump_dir if variant == "default" else None,
+                                             variant=variant), spec, target, variant)
+             for variant in VARIANTS}
+    return write_plan(plans, out_root / target.name / spec.arch)

@@ -22,21 +22,22 @@ from .targets import Target
 COMPILER_VERSION = "0.1.0"
 
 
-def phases(target: Target) -> list[tuple[str, Callable[[Graph], Graph]]]:
+def phases(target: Target, variant: str = "default") -> list[tuple[str, Callable[[Graph], Graph]]]:
     return [
         ("infer_shapes", infer_shapes),
         ("hoist_layer_constants", hoist_layer_constants),
         ("pack_parallel_linears", pack_parallel_linears),
         ("fuse_add_rms_norm", fuse_add_rms_norm),
         ("reinfer_shapes", infer_shapes),
-        ("select_kernels", lambda g: select_kernels(g, target)),
+        ("select_kernels", lambda g: select_kernels(g, target, variant)),
     ]
 
 
-def compile_graph(spec: ModelSpec, target: Target, dump_dir: Path | None = None) -> Graph:
+def compile_graph(spec: ModelSpec, target: Target, dump_dir: Path | None = None,
+                  variant: str = "default") -> Graph:
     graph = lower(spec)
     _dump(dump_dir, 0, "lower", graph)
-    for number, (name, run) in enumerate(phases(target), start=1):
+    for number, (name, run) in enumerate(phases(target, variant), start=1):
         graph = run(graph)
         _dump(dump_dir, number, name, graph)
     return graph

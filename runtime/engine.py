@@ -1,105 +1,167 @@
-"""The engine: one thread owns the device and loops schedule → run the plan bucket → sample → update.
+"""The engine: one thread owns the device and loops schedule → run one step → sample → stream.
 
-Callers submit requests from any thread and read their outputs from a per-request stream; abort()
-frees a request's KV at the next step boundary. Sampling currently happens per logit row on the host
-(runtime/sampler.py); moving it into the jitted step is the next step of the runtime issue.
+Callers (the CLI, the server, tests) submit requests from any thread or event loop and read a
+RequestStream; abort() ends a request and frees its KV at once. What the engine needs from a model
+comes from its plan and checkpoint (buckets, stop tokens, defaults): it knows no model names.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-import queue
 import threading
-from dataclasses import dataclass
-from typing import Iterator
+import time
+from dataclasses import dataclass, field
 
-import jax.numpy as jnp
-import numpy as np
-
-from ..compiler.batch import StepBatch
 from .kv import BlockPool
 from .model import Model
-from .requests import Request, StepOutput
-from .sampler import SamplingParams, choose
+from .output_processor import OutputProcessor
+from .requests import Request, RequestStatus
+from .sampling_params import SamplingParams, choice_seed, resolve_seed
 from .scheduler import Scheduler
-from .step_inputs import build_step_batch, step_shape
+from .step_executor import StepExecutor
+from .streams import RequestOutput, RequestStream, TokenLogprob, Usage
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    num_blocks: int = 256
+    num_blocks: int = 256  # KV pool size in blocks (block 0 is reserved)
     block_size: int = 16
+    max_model_len: int = 4096  # longest context of one sequence (prompt + output)
     max_num_seqs: int = 16
     max_batched_tokens: int = 512
     max_queue_depth: int = 256
+    max_queue_wait_s: float = 300.0  # bounded wait for KV capacity before a request is refused
+    deterministic: bool = False  # batch-invariant plans: same tokens and logprobs alone or under load
+    enable_prefix_caching: bool = True
 
 
-_DONE = object()
+@dataclass
+class EngineCounters:
+    requests_finished: dict[str, int] = field(default_factory=dict)  # by finish reason
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    steps: int = 0
 
 
-class RequestStream:
-    """Outputs of one request, in order; iteration ends when the request finishes or is aborted."""
+@dataclass
+class _Choice:
+    index: int
+    request: Request
+    processor: OutputProcessor
+    seed: int
+    finish_reason: str | None = None
 
-    def __init__(self, request: Request):
-        self.request = request
-        self._queue: queue.Queue = queue.Queue()
-        self.finish_reason: str | None = None
 
-    def _push(self, output: StepOutput) -> None:
-        self._queue.put(output)
-        if output.finish_reason is not None:
-            self.finish_reason = output.finish_reason
-            self._queue.put(_DONE)
-
-    def __iter__(self) -> Iterator[StepOutput]:
-        while (item := self._queue.get()) is not _DONE:
-            yield item
-
-    def token_ids(self) -> list[int]:
-        return [t for output in self for t in output.new_token_ids]
+@dataclass
+class _Group:
+    request_id: str
+    stream: RequestStream
+    params: SamplingParams
+    choices: list[_Choice]
+    arrival: float
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
 
 
 class Engine:
-    def __init__(self, model: Model, config: EngineConfig = EngineConfig()):
-        self.model, self.config = model, config
-        entry = model.plan.manifest["entries"]["forward"]
-        self.decode_buckets = tuple(b for b in entry["decode_buckets"] if b <= config.max_num_seqs) or (1,)
-        self.prefill_buckets = tuple(entry["prefill_buckets"])
+    def __init__(self, model: Model, tokenizer, config: EngineConfig = EngineConfig(), *,
+                 stop_token_ids: frozenset[int] = frozenset()):
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.eos_token_ids = stop_token_ids
         self.pool = BlockPool(config.num_blocks, config.block_size)
+        entry = model.plan.manifest["entries"]["forward"]
+        prefill_buckets = tuple(b for b in entry["prefill_buckets"] if b <= config.max_batched_tokens) or (16,)
         self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_batched_tokens,
-                                   config.max_queue_depth, self.prefill_buckets)
-        self.kv = model.new_kv(config.num_blocks, config.block_size)
-        self._streams: dict[str, RequestStream] = {}
+                                   config.max_queue_depth, prefill_buckets,
+                                   enable_prefix_caching=config.enable_prefix_caching)
+        self.executor = StepExecutor(model, config, prefill_buckets)
+        self.counters = EngineCounters()
+        self._groups: dict[str, _Group] = {}
+        self._choice_of: dict[str, _Choice] = {}  # scheduler request id -> choice
+        self._group_of: dict[str, _Group] = {}
         self._lock = threading.Condition()
         self._ids = itertools.count()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="ember-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, prompt_ids: list[int], *, max_tokens: int, sampling: SamplingParams = SamplingParams(),
-               stop_token_ids: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestStream:
-        request = Request(request_id or f"req-{next(self._ids)}", list(prompt_ids), max_tokens,
-                          stop_token_ids=stop_token_ids, params=sampling)
-        stream = RequestStream(request)
+    # ---- the API ---------------------------------------------------------------------------------
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str | None = None) -> RequestStream:
+        """Queue a request. Raises ValueError for bad input, QueueFullError when overloaded."""
+        params.validate(int(self.model.dims.vocab))
+        request_id = request_id or f"req-{next(self._ids)}"
+        max_tokens = params.max_tokens or (self.config.max_model_len - len(prompt_ids))
+        if len(prompt_ids) + max_tokens > self.config.max_model_len:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceed the "
+                             f"context limit of {self.config.max_model_len} tokens")
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        stream = RequestStream(request_id, loop)
+        group = _Group(request_id, stream, params, [], time.monotonic())
+        base_seed = resolve_seed(params)
+        for index in range(params.n):
+            rid = request_id if params.n == 1 else f"{request_id}#{index}"
+            request = Request(rid, list(prompt_ids), max_tokens, params=params)
+            processor = OutputProcessor(
+                self.tokenizer, prompt_ids, stop=params.stop, stop_token_ids=params.stop_token_ids,
+                eos_token_ids=self.eos_token_ids, ignore_eos=params.ignore_eos, min_tokens=params.min_tokens,
+                max_tokens=max_tokens, include_stop_str_in_output=params.include_stop_str_in_output,
+                skip_special_tokens=params.skip_special_tokens)
+            group.choices.append(_Choice(index, request, processor, choice_seed(base_seed, index)))
         with self._lock:
-            self.scheduler.add(request)  # raises QueueFullError / RequestTooLongError at once
-            self._streams[request.request_id] = stream
+            if request_id in self._groups:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            added = []
+            try:
+                for choice in group.choices:
+                    self.scheduler.add(choice.request)
+                    added.append(choice)
+            except Exception:
+                for choice in added:
+                    self.scheduler.abort(choice.request.request_id)
+                raise
+            self._groups[request_id] = group
+            for choice in group.choices:
+                self._choice_of[choice.request.request_id] = choice
+                self._group_of[choice.request.request_id] = group
             self._lock.notify()
         return stream
 
     def abort(self, request_id: str) -> bool:
+        """End a request now (client gone, deadline); its KV is freed before the next step."""
         with self._lock:
-            aborted = self.scheduler.abort(request_id)
-            stream = self._streams.pop(request_id, None)
-        if aborted and stream is not None:
-            stream._push(StepOutput(request_id, [], "abort"))
-        return aborted
+            group = self._groups.get(request_id)
+            if group is None:
+                return False
+            for choice in group.choices:
+                if choice.finish_reason is None:
+                    self.scheduler.abort(choice.request.request_id)
+                    self._emit(group, choice, choice.processor.finish("abort"))
+            return True
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                    "free_kv_blocks": self.pool.free_blocks, "total_kv_blocks": self.pool.num_usable_blocks,
+                    "accepting": len(self.scheduler.waiting) < self.config.max_queue_depth,
+                    "kv": self.pool.counters(), "preemptions": self.scheduler.num_preemptions}
+
+    def precompile(self, progress: bool = False) -> float:
+        """Compile (or load from the persistent cache) every step shape this engine may run."""
+        with self._lock:
+            return self.executor.precompile(progress)
 
     def close(self) -> None:
         with self._lock:
             self._stopping = True
             self._lock.notify()
         self._thread.join()
+
+    # ---- the engine thread -------------------------------------------------------------------------
 
     def _loop(self) -> None:
         while True:
@@ -108,23 +170,106 @@ class Engine:
                     self._lock.wait()
                 if self._stopping:
                     return
+                self._refuse_stale_waiting()
                 plan = self.scheduler.schedule()
                 if plan.is_empty:
+                    self._lock.wait(0.01)
                     continue
-            shape = step_shape(plan, self.decode_buckets, self.prefill_buckets)
-            batch = StepBatch(*(jnp.asarray(a) for a in build_step_batch(plan, shape)))
-            logits, self.kv = self.model.forward(self.kv, batch)
-            logits = np.asarray(logits)
+                rows = [self._row_state(rid) for rid in plan.logit_request_ids]
+                now = time.monotonic()
+                for rid in plan.block_tables:
+                    group = self._group_of.get(rid)
+                    if group is not None and group.scheduled_at is None:
+                        group.scheduled_at = now
+            try:
+                results = self.executor.run(plan, rows)
+            except Exception as error:  # a failed step must not strand its requests: end them, go on
+                self._fail_step(plan, error)
+                continue
             with self._lock:
-                tokens = []
-                for row, request_id in enumerate(plan.logit_request_ids):
-                    request = self.scheduler.get(request_id)
-                    params = request.params if request is not None else SamplingParams()
-                    step = len(request.output_token_ids) if request is not None else 0
-                    tokens.append(choose(logits[row], params, step))
-                for output in self.scheduler.update(plan, tokens):
-                    stream = self._streams.get(output.request_id)
-                    if stream is not None:
-                        stream._push(output)
-                        if output.finish_reason is not None:
-                            del self._streams[output.request_id]
+                self.counters.steps += 1
+                tokens = [results[rid].token for rid in plan.logit_request_ids]
+                self.scheduler.update(plan, tokens)
+                for rid in plan.logit_request_ids:
+                    choice = self._choice_of.get(rid)
+                    if choice is None or choice.finish_reason is not None:
+                        continue  # aborted while the step ran
+                    sampled = results[rid]
+                    delta = choice.processor.push(sampled.token, self._logprob(choice, sampled))
+                    self._emit(self._group_of[rid], choice, delta)
+
+    def _fail_step(self, plan, error: Exception) -> None:
+        import traceback
+
+        traceback.print_exception(error)
+        with self._lock:
+            self.scheduler.update(plan, [0] * len(plan.logit_request_ids))  # keep schedule/update paired
+            for rid in plan.block_tables:
+                group, choice = self._group_of.get(rid), self._choice_of.get(rid)
+                if group is None or choice is None or choice.finish_reason is not None:
+                    continue
+                self.scheduler.abort(rid)
+                self._emit(group, choice, choice.processor.finish("abort"), error=f"{type(error).__name__}: {error}")
+
+    def _row_state(self, scheduler_id: str):
+        from .sampling_params import RowState
+
+        choice = self._choice_of[scheduler_id]
+        request = choice.request
+        return RowState(request.params, choice.seed, request.prompt_token_ids, request.output_token_ids,
+                        choice.processor.suppressed_token_ids())
+
+    def _logprob(self, choice: _Choice, sampled) -> TokenLogprob | None:
+        k = choice.request.params.logprobs
+        if k is None:
+            return None
+        top = tuple((int(i), float(lp)) for i, lp in zip(sampled.top_ids[:k], sampled.top_logprobs[:k]))
+        return TokenLogprob(int(sampled.token), float(sampled.logprob), top)
+
+    def _emit(self, group: _Group, choice: _Choice, delta, error: str | None = None) -> None:
+        now = time.monotonic()
+        if delta.token_ids and group.first_token_at is None:
+            group.first_token_at = now
+        if delta.finish_reason is not None and choice.finish_reason is None:
+            choice.finish_reason = delta.finish_reason
+            if choice.request.status is RequestStatus.RUNNING or not choice.request.is_finished:
+                status = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH}.get(
+                    delta.finish_reason, RequestStatus.FINISHED_ABORTED)
+                self.scheduler.finish_request(choice.request.request_id, status)
+            self.counters.generation_tokens += choice.processor.num_output_tokens
+            self.counters.requests_finished[delta.finish_reason] = \
+                self.counters.requests_finished.get(delta.finish_reason, 0) + 1
+        usage = None
+        if all(c.finish_reason is not None for c in group.choices):
+            usage = self._close_group(group, now)
+        if delta.text or delta.token_ids or delta.finish_reason is not None or usage is not None:
+            group.stream.push(RequestOutput(
+                group.request_id, choice.index, delta.text, tuple(delta.token_ids),
+                tuple(delta.logprobs) if delta.logprobs is not None else None,
+                delta.finish_reason, delta.stop_reason, usage, error))
+
+    def _close_group(self, group: _Group, now: float) -> Usage:
+        del self._groups[group.request_id]
+        for choice in group.choices:
+            self._choice_of.pop(choice.request.request_id, None)
+            self._group_of.pop(choice.request.request_id, None)
+        prompt = group.choices[0].request.num_prompt_tokens
+        self.counters.prompt_tokens += prompt
+        first = group.first_token_at or now
+        return Usage(prompt_tokens=prompt,
+                     completion_tokens=sum(c.processor.num_output_tokens for c in group.choices),
+                     cached_tokens=max(c.request.cached_tokens for c in group.choices),
+                     queue_s=(group.scheduled_at or now) - group.arrival, ttft_s=first - group.arrival,
+                     decode_s=now - first, e2e_s=now - group.arrival)
+
+    def _refuse_stale_waiting(self) -> None:
+        """The bounded wait for KV capacity: a request never admitted within max_queue_wait_s ends."""
+        deadline = time.monotonic() - self.config.max_queue_wait_s
+        for request in list(self.scheduler.waiting):
+            group = self._group_of.get(request.request_id)
+            if group is not None and group.scheduled_at is None and group.arrival < deadline:
+                for choice in group.choices:
+                    if choice.finish_reason is None:
+                        self.scheduler.abort(choice.request.request_id)
+                        delta = choice.processor.finish("abort")
+                        self._emit(group, choice, delta)

@@ -28,6 +28,10 @@ class Model:
     params: Params
     dtype: Any  # activation / KV dtype
 
+    def deterministic_plan(self) -> LoadedPlan:
+        """The plan variant with batch-invariant kernels (deterministic mode)."""
+        return load_plan(self.spec, self.plan.target, variant="deterministic")
+
     @property
     def dims(self) -> Dims:
         return self.resolved.dims

@@ -25,7 +25,7 @@ class LoadedPlan:
     manifest: dict
 
 
-def load_plan(spec: ModelSpec, target: str, generated_dir: Path = GENERATED_DIR) -> LoadedPlan:
+def load_plan(spec: ModelSpec, target: str, generated_dir: Path = GENERATED_DIR, variant: str = "default") -> LoadedPlan:
     folder = generated_dir / target / spec.arch
     manifest_path, plan_path = folder / "manifest.json", folder / "plan.py"
     if not manifest_path.exists() or not plan_path.exists():
@@ -35,7 +35,11 @@ def load_plan(spec: ModelSpec, target: str, generated_dir: Path = GENERATED_DIR)
     if manifest.get("spec_sha256") != spec.source_sha256:
         raise PlanError(f"{folder} was generated from another version of {spec.path.name}; "
                         f"run `ember compile --spec {spec.path} --target {target}`")
-    module_name = f"ember.generated.{target}.{spec.arch}.plan"
+    filename = manifest.get("variants", {}).get(variant)
+    if filename is None:
+        raise PlanError(f"{folder} has no {variant!r} plan; run `ember compile --spec {spec.path} --target {target}`")
+    plan_path = folder / filename
+    module_name = f"ember.generated.{target}.{spec.arch}.{plan_path.stem}"
     loader_spec = importlib.util.spec_from_file_location(module_name, plan_path)
     module = importlib.util.module_from_spec(loader_spec)
     loader_spec.loader.exec_module(module)

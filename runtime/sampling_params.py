@@ -49,6 +49,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; k: the sampled token's logprob plus the k most likely
     n: int = 1
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     @property
     def is_greedy(self) -> bool:

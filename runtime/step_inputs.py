@@ -1,8 +1,9 @@
 """Turn a scheduler StepPlan into the padded, static-shape StepBatch a plan bucket runs.
 
 Shapes are bucketed so few plans are compiled: decode rows B to a decode bucket, the prefill chunk C
-to a prefill bucket (or 0), block tables to a power-of-two width, logit rows to B + 1. Padding rows
-write to block 0 (reserved) and read only block 0; their logits are never used.
+to a prefill bucket (or 0), logit rows to B + 1; block tables have one width per engine (its longest
+possible context). Padding rows write to block 0 (reserved) and read only block 0; their logits are
+never used.
 """
 
 from __future__ import annotations
@@ -14,19 +15,11 @@ import numpy as np
 from ..compiler.batch import StepBatch
 from .scheduler import StepPlan
 
-MIN_TABLE_BLOCKS = 16
-
-
 def bucket(n: int, buckets: tuple[int, ...]) -> int:
     for b in buckets:
         if n <= b:
             return b
     raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
-
-
-def table_width(blocks: int) -> int:
-    blocks = max(blocks, MIN_TABLE_BLOCKS)
-    return 1 << (blocks - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -40,11 +33,30 @@ class StepShape:
         return self.decode_rows + 1
 
 
-def step_shape(plan: StepPlan, decode_buckets: tuple[int, ...], prefill_buckets: tuple[int, ...]) -> StepShape:
+def step_shape(plan: StepPlan, decode_buckets: tuple[int, ...], prefill_buckets: tuple[int, ...],
+               table_blocks: int) -> StepShape:
     b = bucket(plan.num_decode, decode_buckets) if plan.num_decode else 0
     c = bucket(plan.prefill.num_tokens, prefill_buckets) if plan.prefill is not None else 0
-    longest = max((len(t) for t in plan.block_tables.values()), default=1)
-    return StepShape(b, c, table_width(longest))
+    return StepShape(b, c, table_blocks)
+
+
+def all_step_shapes(decode_buckets: tuple[int, ...], prefill_buckets: tuple[int, ...],
+                    table_blocks: int) -> list[StepShape]:
+    """Every shape an engine may run: decode-only, prefill-only and mixed steps."""
+    shapes = [StepShape(b, 0, table_blocks) for b in decode_buckets]
+    shapes += [StepShape(b, c, table_blocks) for c in prefill_buckets for b in (0, *decode_buckets)]
+    return shapes
+
+
+def padding_batch(shape: StepShape) -> StepBatch:
+    """A batch of only padding rows (writes go to block 0): runs a shape once to compile it."""
+    n = shape.decode_rows + shape.prefill_tokens
+    zeros = np.zeros(n, np.int32)
+    return StepBatch(tokens=zeros, positions=zeros, slots=zeros,
+                     dec_block_tables=np.zeros((shape.decode_rows, shape.table_blocks), np.int32),
+                     dec_ctx_lens=np.ones(shape.decode_rows, np.int32),
+                     pre_block_table=np.zeros(shape.table_blocks, np.int32),
+                     logit_rows=np.zeros(shape.logit_rows, np.int32))
 
 
 def build_step_batch(plan: StepPlan, shape: StepShape) -> StepBatch:

@@ -1,11 +1,33 @@
-"""Continuous batching over the real plans gives each request the tokens it gets alone (fp32, CPU)."""
+"""The engine over real plans (tiny checkpoints, CPU): continuous batching gives each request what it
+gets alone; n, logprobs, stop strings, abort and capacity behave; KV is all returned."""
 
 import numpy as np
+import pytest
 
 from ember.runtime.engine import Engine, EngineConfig
+from ember.runtime.loader.tokenizer import Tokenizer
 from ember.runtime.model import load_model
+from ember.runtime.sampling_params import SamplingParams
+from ember.runtime.scheduler import QueueFullError
 from ember.runtime.sequence_runner import SequenceRunner
 from fixture_data import tiny_fixture
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+class ByteTokenizer:
+    """A stand-in for the tiny checkpoints (which ship no tokenizer): token t decodes to chr(65 + t % 58)."""
+
+    eos_token_ids = ()
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(65 + int(t) % 58) for t in ids)
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    path, _ = tiny_fixture("qwen3")
+    return load_model(path)
 
 
 def _alone(model, prompt, max_tokens):
@@ -18,33 +40,102 @@ def _alone(model, prompt, max_tokens):
     return out
 
 
-def test_concurrent_greedy_requests_match_running_alone():
-    path, _ = tiny_fixture("qwen3")
-    model = load_model(path)
+def _engine(model, **kw):
+    config = EngineConfig(**{"num_blocks": 64, "max_model_len": 256, "max_num_seqs": 4, "max_batched_tokens": 48,
+                             **kw})
+    return Engine(model, ByteTokenizer(), config)
+
+
+def _tokens(stream):
+    out = stream.collect()
+    return {i: [t for o in outs for t in o.token_ids] for i, outs in out.items()}, out
+
+
+def test_concurrent_greedy_requests_match_running_alone(qwen3):
     rng = np.random.default_rng(1)
     cases = [(rng.integers(3, 250, size=n).tolist(), m) for n, m in ((5, 12), (40, 7), (77, 20), (17, 9), (130, 5))]
-    engine = Engine(model, EngineConfig(num_blocks=64, max_num_seqs=4, max_batched_tokens=48))
+    engine = _engine(qwen3)
     try:
-        streams = [engine.submit(prompt, max_tokens=m) for prompt, m in cases]
-        results = [s.token_ids() for s in streams]
+        streams = [engine.submit(p, SamplingParams(max_tokens=m, **GREEDY)) for p, m in cases]
+        results = [_tokens(s) for s in streams]
     finally:
         engine.close()
-    for (prompt, m), got in zip(cases, results):
-        assert got == _alone(model, prompt, m)
+    for (prompt, m), (tokens, outputs) in zip(cases, results):
+        assert tokens[0] == _alone(qwen3, prompt, m)
+        final = outputs[0][-1]
+        assert final.finish_reason == "length" and final.usage.completion_tokens == m
+        assert final.usage.prompt_tokens == len(prompt) and final.usage.ttft_s <= final.usage.e2e_s
     assert engine.pool.free_blocks == engine.pool.num_usable_blocks
 
 
-def test_abort_frees_blocks():
-    path, _ = tiny_fixture("qwen2")
-    model = load_model(path)
-    engine = Engine(model, EngineConfig(num_blocks=32, max_num_seqs=2, max_batched_tokens=32))
+def test_logprobs_n_and_seeds(qwen3):
+    engine = _engine(qwen3)
     try:
-        stream = engine.submit(list(range(3, 60)), max_tokens=200)
-        first = next(iter(stream))
-        assert first.new_token_ids
-        assert engine.abort(stream.request.request_id)
-        assert stream.finish_reason == "abort"
-        engine.submit([5, 6, 7], max_tokens=2).token_ids()  # the engine goes on serving
+        params = SamplingParams(max_tokens=6, temperature=1.0, seed=7, n=3, logprobs=3, ignore_eos=True)
+        first, outputs = _tokens(engine.submit(list(range(3, 20)), params))
+        again, _ = _tokens(engine.submit(list(range(3, 20)), params))
+    finally:
+        engine.close()
+    assert sorted(first) == [0, 1, 2] and first == again  # same seed, same tokens, per choice
+    assert len({tuple(v) for v in first.values()}) > 1  # choices draw differently
+    for outs in outputs.values():
+        logprobs = [lp for o in outs for lp in (o.logprobs or ())]
+        assert len(logprobs) == 6
+        for lp in logprobs:
+            assert len(lp.top) == 3 and lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
+            assert lp.logprob <= lp.top[0][1] + 1e-6
+
+
+def test_stop_string_ends_the_choice(qwen3):
+    engine = _engine(qwen3)
+    try:
+        plain, outs = _tokens(engine.submit([5, 6, 7, 8], SamplingParams(max_tokens=12, **GREEDY)))
+        text = "".join(o.text for o in outs[0])
+        stop = text[4:6]
+        _, stopped = _tokens(engine.submit([5, 6, 7, 8], SamplingParams(max_tokens=12, stop=(stop,), **GREEDY)))
+    finally:
+        engine.close()
+    final = stopped[0][-1]
+    assert final.finish_reason == "stop" and final.stop_reason == stop
+    assert "".join(o.text for o in stopped[0]) == text[:text.index(stop)]
+
+
+def test_abort_frees_blocks_and_queue_limit(qwen3):
+    engine = _engine(qwen3, max_queue_depth=1, max_num_seqs=1)
+    try:
+        stream = engine.submit(list(range(3, 60)), SamplingParams(max_tokens=150, **GREEDY))
+        it = iter(stream)
+        assert next(it).token_ids
+        engine.submit([5, 6, 7], SamplingParams(max_tokens=2, **GREEDY), request_id="queued")
+        with pytest.raises(QueueFullError):
+            engine.submit([5, 6, 7], SamplingParams(max_tokens=2, **GREEDY))
+        assert engine.abort(stream.request_id)
+        rest = list(it)
+        assert rest[-1].finish_reason == "abort" and rest[-1].usage is not None
     finally:
         engine.close()
     assert engine.pool.free_blocks == engine.pool.num_usable_blocks
+
+
+def test_deterministic_mode_is_batch_invariant(qwen3):
+    """Bit-identical tokens and logprobs alone and beside other requests of different lengths."""
+    rng = np.random.default_rng(2)
+    target = (rng.integers(3, 250, size=37).tolist(), SamplingParams(max_tokens=10, temperature=0.8, seed=3,
+                                                                      logprobs=2, ignore_eos=True))
+    others = [(rng.integers(3, 250, size=n).tolist(), SamplingParams(max_tokens=8, **GREEDY)) for n in (5, 70, 23)]
+
+    def run(requests):
+        engine = _engine(qwen3, deterministic=True, max_num_seqs=8, max_batched_tokens=64)
+        try:
+            streams = [engine.submit(p, s) for p, s in requests]
+            outs = [s.collect()[0] for s in streams]
+        finally:
+            engine.close()
+        return outs
+
+    alone = run([target])[0]
+    crowd = run(others[:2] + [target] + others[2:])[2]
+    ids = lambda outs: [t for o in outs for t in o.token_ids]
+    lps = lambda outs: [(lp.logprob, lp.top) for o in outs for lp in o.logprobs]
+    assert ids(alone) == ids(crowd)
+    assert lps(alone) == lps(crowd)  # exact float equality

@@ -33,7 +33,11 @@ class GeneratedPlan:
     manifest: dict
 
 
-def generate(graph: Graph, spec: ModelSpec, target: Target) -> GeneratedPlan:
+def plan_filename(variant: str) -> str:
+    return "plan.py" if variant == "default" else f"plan_{variant}.py"
+
+
+def generate(graph: Graph, spec: ModelSpec, target: Target, variant: str = "default") -> GeneratedPlan:
     imports: dict[str, tuple[str, str, str]] = {}
     regions = []
     for region in graph.regions:
@@ -50,7 +54,7 @@ def generate(graph: Graph, spec: ModelSpec, target: Target) -> GeneratedPlan:
         regions.append({"name": region.name, "signature": _SIGNATURES[region.name], "lines": lines,
                         "returns": returns})
     source = _TEMPLATES.get_template("plan.py.j2").render(
-        spec_file=f"specs/{spec.path.name}", target=target.name, spec_sha256=spec.source_sha256,
+        spec_file=f"specs/{spec.path.name}", target=target.name, variant=variant, spec_sha256=spec.source_sha256,
         compiler_version=COMPILER_VERSION, arch=graph.arch, imports=sorted(imports.values()),
         regions=regions, global_weights=repr(tuple(sorted(_used_weights(graph, layer=False)))),
         layer_weights=repr(tuple(sorted(_used_weights(graph, layer=True)))),
@@ -58,12 +62,19 @@ def generate(graph: Graph, spec: ModelSpec, target: Target) -> GeneratedPlan:
     return GeneratedPlan(source=source, manifest=_manifest(graph, spec, target))
 
 
-def write_plan(plan: GeneratedPlan, out_dir: Path) -> list[Path]:
+def write_plan(plans: dict[str, GeneratedPlan], out_dir: Path) -> list[Path]:
+    """Write each variant's plan module and one manifest (shared: variants differ only in kernels)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    plan_path, manifest_path = out_dir / "plan.py", out_dir / "manifest.json"
-    plan_path.write_text(plan.source)
-    manifest_path.write_text(json.dumps(plan.manifest, indent=2, sort_keys=True) + "\n")
-    return [plan_path, manifest_path]
+    written = []
+    for variant, plan in plans.items():
+        path = out_dir / plan_filename(variant)
+        path.write_text(plan.source)
+        written.append(path)
+    manifest = dict(plans["default"].manifest)
+    manifest["variants"] = {variant: plan_filename(variant) for variant in plans}
+    manifest_path = out_dir / "manifest.json"
+    manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return written + [manifest_path]
 
 
 def _alias(kernel: str) -> str:

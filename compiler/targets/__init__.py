@@ -16,11 +16,15 @@ class Target:
     name: str
     description: str
     kernels: dict[str, str] = field(default_factory=dict)  # op -> "module:function"
+    # Overrides for the deterministic variant: kernels whose reductions do not depend on the batch.
+    deterministic_kernels: dict[str, str] = field(default_factory=dict)
     activation_dtype: str = "float32"
     decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
-    def kernel_for(self, node: Node, graph: Graph) -> str:
+    def kernel_for(self, node: Node, graph: Graph, variant: str = "default") -> str:
+        if variant == "deterministic" and node.op in self.deterministic_kernels:
+            return self.deterministic_kernels[node.op]
         try:
             return self.kernels[node.op]
         except KeyError:

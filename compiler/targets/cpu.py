@@ -22,6 +22,9 @@ CPU = Target(
         "rope_apply": f"{_REF}.rope:rope",
         "attention": f"{_REF}.attention:paged_attention",
     },
+    deterministic_kernels={
+        "attention": f"{_REF}.attention_blockwise:paged_attention_blockwise",
+    },
     activation_dtype="float32",
     decode_buckets=(1, 2, 4, 8, 16, 32),
     prefill_buckets=(16, 32, 64, 128, 256, 512),

@@ -197,6 +197,8 @@ class IncrementalDetokenizer:
         if len(pending) < self._ahead:
             return ""
         out = pending[self._ahead:]
+        if not out:  # e.g. a skipped special token: keep the window, so the next word keeps its space
+            return ""
         self._prefix, self._read, self._ahead = self._read, len(self._ids), 0
         return out
 

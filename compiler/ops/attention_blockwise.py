@@ -1,0 +1,126 @@
+"""Batch-invariant causal attention over the paged KV pool: the deterministic-mode reference.
+
+Why not `attention.paged_attention`: it gathers each row's whole block table into S = table width *
+block_size positions and reduces over S. The table width follows the longest sequence in the step, so
+the length (and XLA's reduction tree) of a row's softmax and PV sums changes with its neighbours;
+masked positions add exact zeros, but in a different order, and the rounding differs.
+
+Here every row walks its own KV blocks in table order, one block (block_size tokens) per loop step,
+keeping an online softmax (running max m, sum l, accumulator acc). Each step reduces only over dh
+(scores) and block_size (the block's sum and PV product), both fixed by the model and the pool, and a
+block past the row's context leaves (m, l, acc) bitwise unchanged (see `_fold_block`). So a row's
+result depends on its own query and its own context only — not on the table width, the number of
+rows, or what the other rows hold. Everything runs in fp32.
+
+Same signature, pool layout and return value as `attention.paged_attention`: k_pool, v_pool
+[layers, num_blocks, block_size, hkv, dh]; block 0 is reserved (padding rows write there).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..batch import StepBatch
+
+_F32 = jnp.float32
+
+
+def paged_attention_blockwise(q, k, v, window, k_pool, v_pool, layer, batch: StepBatch, *, scale):
+    # q [N, hq, dh], k/v [N, hkv, dh], layer: int32 scalar, window: int32 scalar (0 = unlimited)
+    # -> (out [N, hq * dh], k_pool, v_pool) with the step's own k/v written into the pools first
+    k_pool = _write_step_kv(k_pool, layer, batch.slots, k)
+    v_pool = _write_step_kv(v_pool, layer, batch.slots, v)
+    k_layer = jax.lax.dynamic_index_in_dim(k_pool, layer, axis=0, keepdims=False)  # [blocks, bs, hkv, dh]
+    v_layer = jax.lax.dynamic_index_in_dim(v_pool, layer, axis=0, keepdims=False)
+    n_dec = batch.num_decode
+    parts = []
+    if n_dec:  # B rows of one token each
+        parts.append(_attend_blockwise(q[:n_dec, None], batch.positions[:n_dec, None], batch.dec_block_tables,
+                                       k_layer, v_layer, window, scale)[:, 0])
+    if q.shape[0] > n_dec:  # one row of C tokens (the prefill chunk)
+        parts.append(_attend_blockwise(q[None, n_dec:], batch.positions[None, n_dec:], batch.pre_block_table[None],
+                                       k_layer, v_layer, window, scale)[0])
+    out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+    return out.reshape(out.shape[0], -1), k_pool, v_pool
+
+
+def _write_step_kv(pool, layer, slots, x):
+    # the same write as the reference: token i's k (or v) [hkv, dh] goes to flat slot slots[i] of `layer`
+    flat = pool.reshape(pool.shape[0], -1, *pool.shape[3:])  # [L, blocks * block_size, hkv, dh]
+    return flat.at[layer, slots].set(x.astype(pool.dtype)).reshape(pool.shape)
+
+
+def _attend_blockwise(q, positions, tables, k_layer, v_layer, window, scale):
+    # q [R, T, hq, dh]; positions [R, T]; tables [R, W] block ids; k_layer, v_layer [blocks, bs, hkv, dh]
+    # -> [R, T, hq, dh]
+    r, t, hq, dh = q.shape
+    block_size, hkv = k_layer.shape[1], k_layer.shape[2]
+    groups = hq // hkv  # GQA: query heads per KV head
+    qg = q.reshape(r, t, hkv, groups, dh).astype(_F32)
+    offsets = jnp.arange(block_size, dtype=jnp.int32)
+
+    def step(j, state):
+        blocks = jax.lax.dynamic_index_in_dim(tables, j, axis=1, keepdims=False)  # [R]
+        k_blk = jnp.take(k_layer, blocks, axis=0).astype(_F32)  # [R, bs, hkv, dh]
+        v_blk = jnp.take(v_layer, blocks, axis=0).astype(_F32)
+        key_pos = j * block_size + offsets  # [bs] position of each token of the row's j-th block
+        visible = key_pos[None, None, :] <= positions[:, :, None]  # causal: [R, T, bs]
+        visible &= (window <= 0) | (key_pos[None, None, :] > positions[:, :, None] - window)
+        # scores: a sum over dh only, in a fixed order -> [R, hkv, g, T, bs]
+        products = qg.transpose(0, 2, 3, 1, 4)[:, :, :, :, None] * k_blk.transpose(0, 2, 1, 3)[:, :, None, None]
+        scores = _fixed_order_sum(products, axis=-1) * scale
+        return _fold_block(state, scores, visible[:, None, None], v_blk)
+
+    m0 = jnp.full((r, hkv, groups, t), -jnp.inf, _F32)  # running max of the scores seen
+    l0 = jnp.zeros((r, hkv, groups, t), _F32)  # running sum of exp(score - m)
+    acc0 = jnp.zeros((r, hkv, groups, t, dh), _F32)  # running sum of exp(score - m) * v
+    _, l, acc = jax.lax.fori_loop(0, tables.shape[1], step, (m0, l0, acc0))
+    # l > 0 for every real row (a query always sees itself); the guard keeps degenerate padding rows finite
+    out = acc / jnp.where(l > 0, l, 1.0)[..., None]  # [R, hkv, g, T, dh]
+    return out.transpose(0, 3, 1, 2, 4).reshape(r, t, hq, dh).astype(q.dtype)
+
+
+def _fold_block(state, scores, visible, v_blk):
+    """One online-softmax step over one KV block.
+
+    state (m, l [R, hkv, g, T], acc [R, hkv, g, T, dh]); scores [R, hkv, g, T, bs]; visible broadcastable
+    to scores; v_blk [R, bs, hkv, dh].
+
+    Why a fully masked block (past the row's context, or before its sliding window) changes nothing,
+    bitwise: its scores are all -inf, so m_new = max(m, -inf) = m and `same` holds everywhere; the
+    correction is then exactly 1.0 (selected, not computed, so it does not rely on exp(0) == 1), and
+    every p is exactly 0 (exp(-inf - m_ref) = exp(-inf) = 0, and selected to 0 as well). So
+    l * 1.0 + sum(0, ..., 0) == l and acc * 1.0 + (0 @ v) == acc, because x + 0 == x exactly (finite v).
+    No NaN on an all-masked first block: m = m_new = -inf would make exp(m - m_new) = exp(-inf + inf)
+    = NaN, but `same` selects 1.0 there, and the exponent for p subtracts m_ref = 0 instead of -inf.
+    """
+    m, l, acc = state
+    scores = jnp.where(visible, scores, -jnp.inf)
+    m_new = jnp.maximum(m, scores.max(axis=-1))
+    same = m_new == m
+    m_ref = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # finite reference for the exponents
+    correction = jnp.where(same, 1.0, jnp.exp(m - m_ref))  # exp(-inf - finite) = 0 when m was -inf
+    p = jnp.where(visible, jnp.exp(scores - m_ref[..., None]), 0.0)  # [R, hkv, g, T, bs]
+    l_new = l * correction + _fixed_order_sum(p, axis=-1)
+    # PV: a sum over the block's bs tokens only, in a fixed order -> [R, hkv, g, T, dh]
+    pv = p[..., None] * v_blk.transpose(0, 2, 1, 3)[:, :, None, None]  # [R, hkv, g, T, bs, dh]
+    acc_new = acc * correction[..., None] + _fixed_order_sum(pv, axis=-2)
+    return m_new, l_new, acc_new
+
+
+def _fixed_order_sum(x, *, axis: int):
+    """Sum over `axis` as a fixed pairwise tree of elementwise adds: element i pairs with i + n/2, then
+    again on the halves (an odd element out rides along to the next level).
+
+    Why not jnp.sum or a dot: XLA CPU picks their accumulation order (vectorisation, gemv vs gemm
+    kernels) from the whole operand shape, so the same row summed inside a [T, ...] array and alone
+    rounds differently (measured: a prefill chunk of 3 tokens vs 1 token). Elementwise adds are never
+    reassociated, so this order depends on the length of `axis` only.
+    """
+    x = jnp.moveaxis(x, axis, -1)
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        paired = x[..., :half] + x[..., half:2 * half]
+        x = jnp.concatenate([paired, x[..., 2 * half:]], axis=-1) if x.shape[-1] % 2 else paired
+    return x[..., 0]

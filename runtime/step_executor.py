@@ -1,0 +1,106 @@
+"""Runs a scheduler StepPlan on the device: pads it to a compiled shape, runs forward + sampling.
+
+Default mode runs the whole plan as one step of the smallest bucket that fits. Deterministic mode
+runs every step in tiles of one fixed shape (TILE decode rows + TILE prefill tokens) through the
+plan's deterministic variant (batch-invariant attention), so a token's computation never depends on
+what else is in the batch: same tokens and logprobs alone or under load.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .engine_step import make_step_fn, run_step
+from .model import Model
+from .sampling_params import RowState, SamplingParams
+from .scheduler import PrefillChunk, StepPlan
+from .step_inputs import StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape
+
+TILE = 16
+
+
+@dataclass(frozen=True)
+class Sampled:
+    token: int
+    logprob: float
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+
+class StepExecutor:
+    def __init__(self, model: Model, config, prefill_buckets: tuple[int, ...]):
+        self.model, self.config = model, config
+        entry = model.plan.manifest["entries"]["forward"]
+        self.decode_buckets = tuple(b for b in entry["decode_buckets"] if b < config.max_num_seqs) + (
+            config.max_num_seqs,)
+        self.prefill_buckets = prefill_buckets
+        self.table_blocks = math.ceil(config.max_model_len / config.block_size)
+        self.deterministic = config.deterministic
+        plan = model.deterministic_plan() if self.deterministic else model.plan
+        self.step_fn = make_step_fn(plan.module.forward)
+        self.kv = model.new_kv(config.num_blocks, config.block_size)
+        self.vocab = int(model.dims.vocab)
+
+    def shapes(self) -> list[StepShape]:
+        if self.deterministic:
+            return [StepShape(TILE, TILE, self.table_blocks)]
+        return all_step_shapes(self.decode_buckets, self.prefill_buckets, self.table_blocks)
+
+    def precompile(self, progress: bool = False) -> float:
+        start = time.perf_counter()
+        shapes = self.shapes()
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=len(shapes), desc="compiling plans", unit="plan")
+        for shape in shapes:
+            self._run(padding_batch(shape), [], shape)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        return time.perf_counter() - start
+
+    def run(self, plan: StepPlan, rows: list[RowState]) -> dict[str, Sampled]:
+        row_of = dict(zip(plan.logit_request_ids, rows))
+        if not self.deterministic:
+            shape = step_shape(plan, self.decode_buckets, self.prefill_buckets, self.table_blocks)
+            return self._sampled(plan, self._run(build_step_batch(plan, shape), rows, shape))
+        results: dict[str, Sampled] = {}
+        for tile in _tiles(plan):
+            shape = StepShape(TILE, TILE, self.table_blocks)
+            tile_rows = [row_of[rid] for rid in tile.logit_request_ids]
+            results.update(self._sampled(tile, self._run(build_step_batch(tile, shape), tile_rows, shape)))
+        return results
+
+    def _run(self, batch, rows: list[RowState], shape: StepShape):
+        result, self.kv = run_step(self.step_fn, self.model.dims, self.model.params, self.kv, batch, rows,
+                                   vocab_size=self.vocab, num_rows=shape.logit_rows)
+        return result
+
+    @staticmethod
+    def _sampled(plan: StepPlan, result) -> dict[str, Sampled]:
+        return {rid: Sampled(int(result.tokens[i]), float(result.logprob[i]), result.top_ids[i],
+                             result.top_logprobs[i])
+                for i, rid in enumerate(plan.logit_request_ids)}
+
+
+def _tiles(plan: StepPlan) -> list[StepPlan]:
+    """Split a plan into sub-plans of at most TILE decode rows and TILE chunk tokens, in order (a chunk's
+    earlier tiles write their KV before later tiles attend to it)."""
+    chunk = plan.prefill
+    n_chunk_tiles = math.ceil(chunk.num_tokens / TILE) if chunk is not None else 0
+    count = max(math.ceil(len(plan.decodes) / TILE), n_chunk_tiles, 1)
+    tiles = []
+    for i in range(count):
+        piece = None
+        if chunk is not None and i < n_chunk_tiles:
+            lo, hi = i * TILE, min((i + 1) * TILE, chunk.num_tokens)
+            piece = PrefillChunk(chunk.request_id, chunk.start + lo, chunk.token_ids[lo:hi], chunk.slots[lo:hi],
+                                 chunk.completes and hi == chunk.num_tokens)
+        tiles.append(replace(plan, decodes=plan.decodes[i * TILE:(i + 1) * TILE], prefill=piece))
+    return tiles
