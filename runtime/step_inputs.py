@@ -35,16 +35,23 @@ class StepShape:
 
 def step_shape(plan: StepPlan, decode_buckets: tuple[int, ...], prefill_buckets: tuple[int, ...],
                table_blocks: int) -> StepShape:
-    b = bucket(plan.num_decode, decode_buckets) if plan.num_decode else 0
+    """Decode-only and prefill-only steps take their smallest bucket; a mixed step pads its decode rows
+    to the largest decode bucket, so mixed shapes number one per prefill bucket (few plans to compile)."""
     c = bucket(plan.prefill.num_tokens, prefill_buckets) if plan.prefill is not None else 0
+    if not plan.num_decode:
+        b = 0
+    elif c:
+        b = decode_buckets[-1]
+    else:
+        b = bucket(plan.num_decode, decode_buckets)
     return StepShape(b, c, table_blocks)
 
 
 def all_step_shapes(decode_buckets: tuple[int, ...], prefill_buckets: tuple[int, ...],
                     table_blocks: int) -> list[StepShape]:
-    """Every shape an engine may run: decode-only, prefill-only and mixed steps."""
+    """Every shape step_shape can return: decode-only, prefill-only and mixed steps."""
     shapes = [StepShape(b, 0, table_blocks) for b in decode_buckets]
-    shapes += [StepShape(b, c, table_blocks) for c in prefill_buckets for b in (0, *decode_buckets)]
+    shapes += [StepShape(b, c, table_blocks) for c in prefill_buckets for b in (0, decode_buckets[-1])]
     return shapes
 
 

@@ -1,7 +1,10 @@
-"""`ember bench`: single-stream decode and prefill throughput of one model, as JSON on stdout.
+"""`ember bench`: aggregate throughput through the engine at several concurrencies, JSON on stdout.
 
-Compilation is excluded: every step shape is run once before timing. Prompt tokens are random ids
-(seeded) so the figure does not depend on a text; decode feeds back greedy tokens.
+For each concurrency c, c requests (random prompt ids, seeded) are submitted at once, greedy with
+ignore_eos, each generating exactly `output_tokens`. Reported per c: wall time, aggregate output tok/s
+(all generated tokens / wall), decode tok/s (tokens after each request's first / time from the last
+first-token to the end, i.e. the steady batched decode), TTFT p50/p99. Compilation is excluded: the
+engine precompiles every step shape first (the time is reported), then one warm-up request runs.
 """
 
 from __future__ import annotations
@@ -24,49 +27,69 @@ def _commit() -> str:
         return "unknown"
 
 
-def run_bench(model_name: str, *, target: str, prompt_tokens: int, decode_tokens: int, repeats: int) -> dict:
+def _run_concurrent(engine, prompts: list[list[int]], output_tokens: int) -> dict:
+    from ..runtime.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_tokens)
+    start = time.perf_counter()
+    streams = [engine.submit(p, params) for p in prompts]
+    usages = []
+    for stream in streams:
+        for output in stream:
+            if output.usage is not None:
+                usages.append(output.usage)
+    wall = time.perf_counter() - start
+    generated = sum(u.completion_tokens for u in usages)
+    last_first_token = max(u.ttft_s for u in usages)
+    steady = wall - last_first_token
+    ttft = np.array([u.ttft_s for u in usages])
+    return {
+        "concurrency": len(prompts), "wall_s": round(wall, 2), "generated_tokens": generated,
+        "output_tokens_per_s": round(generated / wall, 2),
+        "decode_tokens_per_s": round(len(prompts) * (output_tokens - 1) / steady, 2) if steady > 0 else None,
+        "ttft_p50_s": round(float(np.percentile(ttft, 50)), 2), "ttft_p99_s": round(float(np.percentile(ttft, 99)), 2),
+    }
+
+
+def run_bench(model_name: str, *, target: str, concurrency: list[int], prompt_tokens: int, output_tokens: int,
+              deterministic: bool) -> dict:
     import jax
 
+    from ..runtime.engine import Engine, EngineConfig
     from ..runtime.loader.known_models import resolve_model
     from ..runtime.model import load_model
-    from ..runtime.sequence_runner import SequenceRunner
+    from ..runtime.prompting import load_tokenizer
 
     path = resolve_model(model_name, progress=True)
+    started = time.perf_counter()
     model = load_model(path, target=target, progress=True)
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, int(model.dims.vocab), size=prompt_tokens).tolist()
-    capacity = prompt_tokens + decode_tokens + 1
-
-    def one_run() -> tuple[float, float]:
-        runner = SequenceRunner(model, capacity)
-        start = time.perf_counter()
-        logits = runner.prefill(prompt)
-        prefill_s = time.perf_counter() - start
-        start = time.perf_counter()
-        for _ in range(decode_tokens):
-            logits = runner.decode(int(np.argmax(logits)))
-        return prefill_s, time.perf_counter() - start
-
-    one_run()  # compiles every shape used below
-    runs = [one_run() for _ in range(repeats)]
-    prefill_s = min(r[0] for r in runs)
-    decode_s = min(r[1] for r in runs)
-    weight_bytes = sum(int(np.prod(a.shape)) * a.dtype.itemsize
-                       for group in (model.params.globals, *model.params.layers) for a in group.values())
+    load_s = time.perf_counter() - started
+    tokenizer = load_tokenizer(model.checkpoint)
+    context = prompt_tokens + output_tokens
+    top = max(concurrency)
+    config = EngineConfig(num_blocks=top * (-(-context // 16) + 1) + 1, max_model_len=context, max_num_seqs=top,
+                          max_batched_tokens=512, deterministic=deterministic, enable_prefix_caching=False)
+    engine = Engine(model, tokenizer, config)
+    try:
+        compile_s = engine.precompile(progress=True)
+        rng = np.random.default_rng(0)
+        vocab = int(model.dims.vocab)
+        _run_concurrent(engine, [rng.integers(0, vocab, prompt_tokens).tolist()], 2)  # warm-up
+        runs = [_run_concurrent(engine, [rng.integers(0, vocab, prompt_tokens).tolist() for _ in range(c)],
+                                output_tokens) for c in concurrency]
+    finally:
+        engine.close()
     return {
         "model": model_name, "arch": model.spec.arch, "target": target, "commit": _commit(),
         "machine": f"{platform.machine()}, {jax.device_count()} {jax.devices()[0].platform} device(s)",
-        "prompt_tokens": prompt_tokens, "decode_tokens": decode_tokens, "repeats": repeats,
-        "prefill_tokens_per_s": round(prompt_tokens / prefill_s, 2),
-        "decode_tokens_per_s": round(decode_tokens / decode_s, 3),
-        "decode_ms_per_token": round(1000 * decode_s / decode_tokens, 1),
-        "weight_bytes_read_per_token": weight_bytes,
-        "effective_weight_bandwidth_gb_s": round(weight_bytes * decode_tokens / decode_s / 1e9, 2),
+        "deterministic": deterministic, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+        "load_s": round(load_s, 1), "precompile_s": round(compile_s, 1), "runs": runs,
     }
 
 
 def main_bench(args) -> int:
-    result = run_bench(args.model, target=args.target, prompt_tokens=args.prompt_tokens,
-                       decode_tokens=args.decode_tokens, repeats=args.repeats)
+    result = run_bench(args.model, target=args.target, concurrency=args.concurrency,
+                       prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
+                       deterministic=args.deterministic)
     print(json.dumps(result, indent=2))
     return 0

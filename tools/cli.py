@@ -17,8 +17,8 @@ def _generate(args: argparse.Namespace) -> int:
     from ..runtime.generate import GenerationStats, generate
     from ..runtime.loader.known_models import resolve_model
     from ..runtime.model import load_model
-    from ..runtime.prompting import load_tokenizer, render_chat
-    from ..runtime.sampler import SamplingParams
+    from ..runtime.prompting import end_of_generation_ids, load_tokenizer, render_chat
+    from ..runtime.sampling_params import SamplingParams
 
     path = resolve_model(args.model, progress=True)
     started = time.perf_counter()
@@ -31,10 +31,12 @@ def _generate(args: argparse.Namespace) -> int:
         prompt_ids = tokenizer.encode(text, add_special_tokens=False)
     else:
         prompt_ids = tokenizer.encode(args.prompt, add_special_tokens=True)
-    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                            max_tokens=args.max_tokens)
+    params.validate(int(model.dims.vocab))
     stats = GenerationStats()
-    for piece in generate(model, tokenizer, prompt_ids, max_tokens=args.max_tokens, sampling=sampling,
-                          stats=stats):
+    eos = end_of_generation_ids(tokenizer, model.checkpoint.generation_config)
+    for piece in generate(model, tokenizer, prompt_ids, params, eos_ids=eos, stats=stats):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -78,12 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--target", default=os.environ.get("EMBER_TARGET", "cpu"))
     gen.set_defaults(run=_generate)
 
-    bench = sub.add_parser("bench", help="single-stream prefill and decode throughput, JSON on stdout")
+    bench = sub.add_parser("bench", help="aggregate throughput through the engine at several concurrencies (JSON)")
     bench.add_argument("--model", default=os.environ.get("EMBER_MODEL", "qwen2.5-coder-1.5b-instruct"))
     bench.add_argument("--target", default=os.environ.get("EMBER_TARGET", "cpu"))
-    bench.add_argument("--prompt-tokens", type=_positive_int, default=128)
-    bench.add_argument("--decode-tokens", type=_positive_int, default=32)
-    bench.add_argument("--repeats", type=_positive_int, default=2)
+    bench.add_argument("--concurrency", type=_positive_int, nargs="+", default=[1, 4, 16])
+    bench.add_argument("--prompt-tokens", type=_positive_int, default=256)
+    bench.add_argument("--output-tokens", type=_positive_int, default=128)
+    bench.add_argument("--deterministic", action="store_true")
     bench.set_defaults(run=_bench)
 
     comp = sub.add_parser("compile", help="compile specs into generated plans")
