@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from .kv import BlockPool
 from .model import Model
@@ -34,6 +38,29 @@ class EngineConfig:
     max_queue_wait_s: float = 300.0  # bounded wait for KV capacity before a request is refused
     deterministic: bool = False  # batch-invariant plans: same tokens and logprobs alone or under load
     enable_prefix_caching: bool = True
+
+
+def kv_bytes_per_block(model: Model, block_size: int) -> int:
+    """K and V of one block across all layers: 2 * layers * block_size * hkv * dh * itemsize."""
+    d = model.dims
+    return 2 * int(d.layers) * block_size * int(d.hkv) * int(d.dh) * np.dtype(model.dtype).itemsize
+
+
+def sized_config(model: Model, *, kv_memory_bytes: int | None = None, ctx: int | None = None,
+                 **overrides) -> EngineConfig:
+    """An EngineConfig whose KV pool fits a memory budget, or holds `ctx` tokens in all (`--ctx`).
+    EMBER_DETERMINISTIC=1 in the environment turns deterministic mode on."""
+    base = EngineConfig(**overrides)
+    if kv_memory_bytes is not None:
+        blocks = kv_memory_bytes // kv_bytes_per_block(model, base.block_size)
+    elif ctx is not None:
+        blocks = math.ceil(ctx / base.block_size)
+    else:
+        blocks = base.num_blocks - 1
+    if blocks < 1:
+        raise ValueError("the KV budget holds no block: raise the memory budget or --ctx")
+    deterministic = base.deterministic or os.environ.get("EMBER_DETERMINISTIC", "") not in ("", "0", "false")
+    return replace(base, num_blocks=int(blocks) + 1, deterministic=deterministic)
 
 
 @dataclass
@@ -149,6 +176,10 @@ class Engine:
                     "free_kv_blocks": self.pool.free_blocks, "total_kv_blocks": self.pool.num_usable_blocks,
                     "accepting": len(self.scheduler.waiting) < self.config.max_queue_depth,
                     "kv": self.pool.counters(), "preemptions": self.scheduler.num_preemptions}
+
+    def default_params(self, **overrides) -> SamplingParams:
+        """Sampling settings for a request that omits some: the checkpoint's generation_config defaults."""
+        return SamplingParams.from_generation_config(self.model.checkpoint.generation_config, **overrides)
 
     def precompile(self, progress: bool = False) -> float:
         """Compile (or load from the persistent cache) every step shape this engine may run."""

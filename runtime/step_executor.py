@@ -1,7 +1,7 @@
 """Runs a scheduler StepPlan on the device: pads it to a compiled shape, runs forward + sampling.
 
 Default mode runs the whole plan as one step of the smallest bucket that fits. Deterministic mode
-runs every step in tiles of one fixed shape (TILE decode rows + TILE prefill tokens) through the
+runs every step in tiles of one fixed shape (DECODE_TILE rows + PREFILL_TILE tokens) through the
 plan's deterministic variant (batch-invariant attention), so a token's computation never depends on
 what else is in the batch: same tokens and logprobs alone or under load.
 """
@@ -20,7 +20,8 @@ from .sampling_params import RowState, SamplingParams
 from .scheduler import PrefillChunk, StepPlan
 from .step_inputs import StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape
 
-TILE = 16
+DECODE_TILE = 16
+PREFILL_TILE = 64
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class StepExecutor:
 
     def shapes(self) -> list[StepShape]:
         if self.deterministic:
-            return [StepShape(TILE, TILE, self.table_blocks)]
+            return [StepShape(DECODE_TILE, PREFILL_TILE, self.table_blocks)]
         return all_step_shapes(self.decode_buckets, self.prefill_buckets, self.table_blocks)
 
     def precompile(self, progress: bool = False) -> float:
@@ -72,7 +73,7 @@ class StepExecutor:
             return self._sampled(plan, self._run(build_step_batch(plan, shape), rows, shape))
         results: dict[str, Sampled] = {}
         for tile in _tiles(plan):
-            shape = StepShape(TILE, TILE, self.table_blocks)
+            shape = StepShape(DECODE_TILE, PREFILL_TILE, self.table_blocks)
             tile_rows = [row_of[rid] for rid in tile.logit_request_ids]
             results.update(self._sampled(tile, self._run(build_step_batch(tile, shape), tile_rows, shape)))
         return results
@@ -90,17 +91,17 @@ class StepExecutor:
 
 
 def _tiles(plan: StepPlan) -> list[StepPlan]:
-    """Split a plan into sub-plans of at most TILE decode rows and TILE chunk tokens, in order (a chunk's
-    earlier tiles write their KV before later tiles attend to it)."""
+    """Split a plan into sub-plans of at most DECODE_TILE decode rows and PREFILL_TILE chunk tokens, in
+    order (a chunk's earlier tiles write their KV before later tiles attend to it)."""
     chunk = plan.prefill
-    n_chunk_tiles = math.ceil(chunk.num_tokens / TILE) if chunk is not None else 0
-    count = max(math.ceil(len(plan.decodes) / TILE), n_chunk_tiles, 1)
+    n_chunk_tiles = math.ceil(chunk.num_tokens / PREFILL_TILE) if chunk is not None else 0
+    count = max(math.ceil(len(plan.decodes) / DECODE_TILE), n_chunk_tiles, 1)
     tiles = []
     for i in range(count):
         piece = None
         if chunk is not None and i < n_chunk_tiles:
-            lo, hi = i * TILE, min((i + 1) * TILE, chunk.num_tokens)
+            lo, hi = i * PREFILL_TILE, min((i + 1) * PREFILL_TILE, chunk.num_tokens)
             piece = PrefillChunk(chunk.request_id, chunk.start + lo, chunk.token_ids[lo:hi], chunk.slots[lo:hi],
                                  chunk.completes and hi == chunk.num_tokens)
-        tiles.append(replace(plan, decodes=plan.decodes[i * TILE:(i + 1) * TILE], prefill=piece))
+        tiles.append(replace(plan, decodes=plan.decodes[i * DECODE_TILE:(i + 1) * DECODE_TILE], prefill=piece))
     return tiles

@@ -139,3 +139,17 @@ def test_deterministic_mode_is_batch_invariant(qwen3):
     lps = lambda outs: [(lp.logprob, lp.top) for o in outs for lp in o.logprobs]
     assert ids(alone) == ids(crowd)
     assert lps(alone) == lps(crowd)  # exact float equality
+
+
+def test_pool_sized_from_budget_or_context(qwen3, monkeypatch):
+    from ember.runtime.engine import kv_bytes_per_block, sized_config
+
+    per_block = kv_bytes_per_block(qwen3, 16)
+    d = qwen3.dims
+    assert per_block == 2 * d.layers * 16 * d.hkv * d.dh * 4
+    assert sized_config(qwen3, kv_memory_bytes=per_block * 10 + 5).num_blocks == 11  # + reserved block 0
+    assert sized_config(qwen3, ctx=1000).num_blocks == 64
+    monkeypatch.setenv("EMBER_DETERMINISTIC", "1")
+    assert sized_config(qwen3, ctx=64).deterministic
+    with pytest.raises(ValueError, match="holds no block"):
+        sized_config(qwen3, kv_memory_bytes=per_block - 1)
