@@ -75,9 +75,10 @@ def enable_compilation_cache() -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
-def load_model(path: str | Path, *, target: str = "cpu", progress: bool = False) -> Model:
+def load_model(path: str | Path | Checkpoint, *, target: str = "cpu", progress: bool = False) -> Model:
+    """A model from a checkpoint path (GGUF file, HF folder) or an opened Checkpoint."""
     enable_compilation_cache()
-    ckpt = open_checkpoint(path)
+    ckpt = path if isinstance(path, Checkpoint) else open_checkpoint(path)
     spec = spec_for_checkpoint(ckpt)
     resolved = resolve(spec, ckpt)
     plan = load_plan(spec, target)

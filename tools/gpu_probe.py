@@ -1,0 +1,76 @@
+"""A first look at the reference plans on a GPU (run by hand on the device machine; JSON to stdout).
+
+Measures HBM copy bandwidth, then batch-1 decode of the Qwen2.5-1.5B shape with random weights through
+the cpu target's reference plans (XLA only, no Ember kernels yet) in fp32 and bf16, reported against
+the bandwidth roofline measured in the same run. This is the baseline the h200 target must beat.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+QWEN25_15B = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536, "num_hidden_layers": 28,
+              "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960,
+              "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+              "max_position_embeddings": 32768, "tie_word_embeddings": True}
+
+
+def copy_bandwidth(gib: float = 4.0) -> float:
+    x = jnp.ones((int(gib * 2**30) // 4,), jnp.float32)
+    copy = jax.jit(lambda a: a * 1.0)
+    copy(x).block_until_ready()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        copy(x).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * x.nbytes / best / 1e9  # read + write
+
+
+def decode_rate(model, steps: int = 64) -> dict:
+    from ember.runtime.sequence_runner import SequenceRunner
+
+    runner = SequenceRunner(model, 128 + 2 * steps + 8)
+    logits = runner.prefill(list(range(100, 228)))
+    token = int(np.argmax(logits))
+    for _ in range(4):  # compile + warm
+        token = int(np.argmax(runner.decode(token)))
+    start = time.perf_counter()
+    for _ in range(steps):
+        token = int(np.argmax(runner.decode(token)))
+    seconds = (time.perf_counter() - start) / steps
+    weight_bytes = sum(a.nbytes for group in (model.params.globals, *model.params.layers) for a in group.values())
+    return {"ms_per_token": round(seconds * 1e3, 3), "tokens_per_s": round(1 / seconds, 1), "weight_bytes": weight_bytes}
+
+
+def main() -> int:
+    from ember.compiler.spec import spec_for_arch
+    from ember.runtime.model import load_model
+    from ember.runtime.synthetic import synthetic_checkpoint
+
+    result = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__}
+    bandwidth = copy_bandwidth()
+    result["copy_bandwidth_gb_s"] = round(bandwidth, 1)
+    model = load_model(synthetic_checkpoint(spec_for_arch("qwen2"), QWEN25_15B))
+    for dtype in ("float32", "bfloat16"):
+        if dtype == "bfloat16":
+            model.params = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a, model.params)
+            model.dtype = jnp.bfloat16
+        rate = decode_rate(model)
+        roofline = bandwidth * 1e9 / rate["weight_bytes"]
+        rate["roofline_tokens_per_s"] = round(roofline, 1)
+        rate["fraction_of_roofline"] = round(rate["tokens_per_s"] / roofline, 3)
+        result[f"qwen2.5-1.5b-shape {dtype} batch-1 decode (reference plans, XLA)"] = rate
+    json.dump(result, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
