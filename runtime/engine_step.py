@@ -16,6 +16,7 @@ import numpy as np
 from ..compiler.batch import StepBatch
 from ..compiler.ops.sampling import SampleResult, SamplingBatch, sample
 from .sampling_params import MAX_TOP_LOGPROBS, RowState, history_length_needed, pack_batch
+from .step_inputs import bucket
 
 # History slots for penalties: one slot when no row in the step uses a penalty, else the smallest of
 # these that fits (few shapes to compile).
@@ -24,11 +25,7 @@ SUPPRESS_SLOTS = 32  # eos ids + up to 16 stop token ids while min_tokens is in 
 
 
 def history_bucket(rows: list[RowState]) -> int:
-    needed = history_length_needed(rows)
-    for bucket in HISTORY_BUCKETS:
-        if needed <= bucket:
-            return bucket
-    raise ValueError(f"{needed} history tokens exceed the largest history bucket {HISTORY_BUCKETS[-1]}")
+    return bucket(max(history_length_needed(rows), 1), HISTORY_BUCKETS)
 
 
 @dataclass(frozen=True)
