@@ -36,10 +36,11 @@ class Model:
     def dims(self) -> Dims:
         return self.resolved.dims
 
-    def new_kv(self, num_blocks: int, block_size: int) -> tuple[jax.Array, jax.Array]:
+    def new_kv(self, num_blocks: int, block_size: int) -> list[tuple[jax.Array, jax.Array]]:
+        """One (k, v) pool pair per layer, each [num_blocks, block_size, hkv, dh]."""
         d = self.dims
-        shape = (d.layers, num_blocks, block_size, d.hkv, d.dh)
-        return jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype)
+        shape = (num_blocks, block_size, d.hkv, d.dh)
+        return [(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype)) for _ in range(d.layers)]
 
     def forward(self, kv, batch: StepBatch):
         """One step. Returns (logits [R, vocab], kv). kv is donated: do not reuse the old one."""

@@ -18,7 +18,6 @@ from ember.compiler.batch import StepBatch
 from ember.compiler.ops.attention import paged_attention
 from ember.compiler.ops.attention_blockwise import _fold_block, paged_attention_blockwise
 
-LAYERS = 2
 MAX_LEN = 40  # tokens a test sequence may reach
 
 blockwise = jax.jit(paged_attention_blockwise, static_argnames="scale")
@@ -63,13 +62,13 @@ def make_world(seed: int, hq: int, hkv: int, dh: int, block_size: int, sequences
 def initial_pools(world: World, prior: dict[int, int]) -> tuple[jax.Array, jax.Array]:
     """Garbage everywhere (block 0 and unwritten slots included), then each sequence's first prior[s] tokens."""
     rng = np.random.default_rng(world.seed + 1)
-    shape = (LAYERS, world.num_blocks, world.block_size, world.hkv, world.dh)
+    shape = (world.num_blocks, world.block_size, world.hkv, world.dh)  # one layer's pool
     pools = [rng.standard_normal(shape).astype(np.float32) * 3 for _ in range(2)]
     for seq, count in prior.items():
         for pos in range(count):
             b, o = divmod(world.slot(seq, pos), world.block_size)
             for tag, pool in ((1, pools[0]), (2, pools[1])):
-                pool[:, b, o] = world.vectors(tag, seq, pos)
+                pool[b, o] = world.vectors(tag, seq, pos)
     return jnp.asarray(pools[0]), jnp.asarray(pools[1])
 
 
@@ -78,7 +77,7 @@ def needed_blocks(world: World, pos: int) -> int:
 
 
 def step(fn, world: World, pools, decode: list[tuple[int, int]], chunk: tuple[int, int, int] | None,
-         window: int, layer: int = 1, width: int | None = None):
+         window: int, width: int | None = None):
     """Run one step. decode: (sequence, position) rows; chunk: (sequence, first position, token count)."""
     rows = list(decode) + ([(chunk[0], chunk[1] + i) for i in range(chunk[2])] if chunk else [])
     need = max(needed_blocks(world, pos) for _, pos in rows)
@@ -95,7 +94,7 @@ def step(fn, world: World, pools, decode: list[tuple[int, int]], chunk: tuple[in
         logit_rows=jnp.zeros(1, jnp.int32),
     )
     out, k_pool, v_pool = fn(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.int32(window), *pools,
-                             jnp.int32(layer), batch, scale=1.0 / math.sqrt(world.dh))
+                             batch, scale=1.0 / math.sqrt(world.dh))
     return np.asarray(out), (k_pool, v_pool)
 
 
@@ -217,7 +216,7 @@ def test_sliding_window_hides_old_tokens():
     pools = initial_pools(world, {0: 20})
     base, _ = step(blockwise, world, pools, [(0, 20)], None, window=3)
     b, o = divmod(world.slot(0, 5), world.block_size)
-    poked = tuple(p.at[1, b, o].set(100.0) for p in pools)
+    poked = tuple(p.at[b, o].set(100.0) for p in pools)
     same, _ = step(blockwise, world, poked, [(0, 20)], None, window=3)
     seen, _ = step(blockwise, world, poked, [(0, 20)], None, window=0)
     unlimited, _ = step(blockwise, world, pools, [(0, 20)], None, window=0)

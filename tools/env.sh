@@ -13,7 +13,9 @@ find_python() {
   done
   if command -v pyenv >/dev/null 2>&1; then
     local version
-    version="$(pyenv versions --bare | grep -E '^3\.1[2-9](\.[0-9]+)?$' | sort -V | tail -1 || true)"
+    # Prefer 3.12 (what jax 0.11.2 is built and tested for here), else the newest 3.13+.
+    version="$(pyenv versions --bare | grep -E '^3\.12(\.[0-9]+)?$' | sort -V | tail -1 || true)"
+    [ -n "$version" ] || version="$(pyenv versions --bare | grep -E '^3\.1[3-9](\.[0-9]+)?$' | sort -V | tail -1 || true)"
     if [ -n "$version" ]; then
       echo "$(pyenv root)/versions/$version/bin/python${version%.*}"; return
     fi

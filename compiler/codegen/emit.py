@@ -22,7 +22,7 @@ _TEMPLATES = jinja2.Environment(
 )
 _SIGNATURES = {
     "prologue": "dims, weights, batch",
-    "layer": "dims, w, constants, x, k_pool, v_pool, layer_index, batch",
+    "layer": "dims, w, constants, x, k_pool, v_pool, batch",
     "epilogue": "dims, weights, x, batch",
 }
 
@@ -87,7 +87,7 @@ def _call_line(node: Node, alias: str, weights_var: str) -> str:
     args += [f"{weights_var}[{name!r}]" for _, name in node.weights]
     outputs = list(node.outputs)
     if OPS[node.op].stateful:
-        args += ["k_pool", "v_pool", "layer_index", "batch"]
+        args += ["k_pool", "v_pool", "batch"]
         outputs += ["k_pool", "v_pool"]
     args += [f"{key}={_render(value)}" for key, value in node.attrs]
     target = ", ".join(outputs)

@@ -1,7 +1,8 @@
 """Causal attention over a paged KV pool (reference), with the KV write of the step's own tokens.
 
-Pool layout: k_pool, v_pool [layers, num_blocks, block_size, hkv, dh]. Block 0 is reserved: padding
-rows write there and no sequence reads it.
+Pool layout: one pool per layer, k_pool, v_pool [num_blocks, block_size, hkv, dh] (a separate buffer
+per layer, so each step writes each buffer once, in place). Block 0 is reserved: padding rows write
+there and no sequence reads it.
 """
 
 import jax
@@ -15,27 +16,28 @@ def window_size(*, window) -> int:
     return int(window or 0)
 
 
-def paged_attention(q, k, v, window, k_pool, v_pool, layer, batch: StepBatch, *, scale):
-    # q [N, hq, dh], k/v [N, hkv, dh], layer: int32 scalar, window: int32 scalar (0 = unlimited)
-    k_pool = _write(k_pool, layer, batch.slots, k)
-    v_pool = _write(v_pool, layer, batch.slots, v)
+def paged_attention(q, k, v, window, k_pool, v_pool, batch: StepBatch, *, scale):
+    # q [N, hq, dh], k/v [N, hkv, dh], window: int32 scalar (0 = unlimited)
+    k_pool = _write(k_pool, batch.slots, k)
+    v_pool = _write(v_pool, batch.slots, v)
     n_dec = batch.num_decode
     parts = []
     if n_dec:
-        slots = _table_slots(batch.dec_block_tables, k_pool.shape[2])  # [B, S]
-        parts.append(_attend(q[:n_dec, None], _gather(k_pool, layer, slots), _gather(v_pool, layer, slots),
+        slots = _table_slots(batch.dec_block_tables, k_pool.shape[1])  # [B, S]
+        parts.append(_attend(q[:n_dec, None], _gather(k_pool, slots), _gather(v_pool, slots),
                              batch.positions[:n_dec, None], window, scale)[:, 0])
     if q.shape[0] > n_dec:
-        slots = _table_slots(batch.pre_block_table[None], k_pool.shape[2])  # [1, S]
-        parts.append(_attend(q[None, n_dec:], _gather(k_pool, layer, slots), _gather(v_pool, layer, slots),
+        slots = _table_slots(batch.pre_block_table[None], k_pool.shape[1])  # [1, S]
+        parts.append(_attend(q[None, n_dec:], _gather(k_pool, slots), _gather(v_pool, slots),
                              batch.positions[None, n_dec:], window, scale)[0])
     out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     return out.reshape(out.shape[0], -1), k_pool, v_pool
 
 
-def _write(pool, layer, slots, x):
-    flat = pool.reshape(pool.shape[0], -1, *pool.shape[3:])  # [L, blocks * block_size, hkv, dh]
-    return flat.at[layer, slots].set(x.astype(pool.dtype)).reshape(pool.shape)
+def _write(pool, slots, x):
+    # scatter into the 4-D pool directly (no reshape of the pool: keeps the write in place)
+    block_size = pool.shape[1]
+    return pool.at[slots // block_size, slots % block_size].set(x.astype(pool.dtype))
 
 
 def _table_slots(block_tables, block_size):
@@ -44,10 +46,9 @@ def _table_slots(block_tables, block_size):
     return (block_tables[:, :, None] * block_size + offsets).reshape(block_tables.shape[0], -1)
 
 
-def _gather(pool, layer, slots):
-    flat = jax.lax.dynamic_index_in_dim(pool, layer, axis=0, keepdims=False)
-    flat = flat.reshape(-1, *pool.shape[3:])  # [blocks * block_size, hkv, dh]
-    return jnp.take(flat, slots, axis=0)  # [R, S, hkv, dh]
+def _gather(pool, slots):
+    block_size = pool.shape[1]
+    return pool[slots // block_size, slots % block_size]  # [R, S, hkv, dh]
 
 
 def _attend(q, k, v, positions, window, scale):

@@ -31,13 +31,11 @@ from ..batch import StepBatch
 _F32 = jnp.float32
 
 
-def paged_attention_blockwise(q, k, v, window, k_pool, v_pool, layer, batch: StepBatch, *, scale):
-    # q [N, hq, dh], k/v [N, hkv, dh], layer: int32 scalar, window: int32 scalar (0 = unlimited)
-    # -> (out [N, hq * dh], k_pool, v_pool) with the step's own k/v written into the pools first
-    k_pool = _write_step_kv(k_pool, layer, batch.slots, k)
-    v_pool = _write_step_kv(v_pool, layer, batch.slots, v)
-    k_layer = jax.lax.dynamic_index_in_dim(k_pool, layer, axis=0, keepdims=False)  # [blocks, bs, hkv, dh]
-    v_layer = jax.lax.dynamic_index_in_dim(v_pool, layer, axis=0, keepdims=False)
+def paged_attention_blockwise(q, k, v, window, k_pool, v_pool, batch: StepBatch, *, scale):
+    # q [N, hq, dh], k/v [N, hkv, dh], window: int32 scalar (0 = unlimited); this layer's pools
+    # k_pool, v_pool [blocks, bs, hkv, dh] -> (out [N, hq * dh], k_pool, v_pool), the step's k/v written first
+    k_layer = k_pool = _write_step_kv(k_pool, batch.slots, k)
+    v_layer = v_pool = _write_step_kv(v_pool, batch.slots, v)
     n_dec = batch.num_decode
     parts = []
     if n_dec:  # B rows of one token each
@@ -50,10 +48,11 @@ def paged_attention_blockwise(q, k, v, window, k_pool, v_pool, layer, batch: Ste
     return out.reshape(out.shape[0], -1), k_pool, v_pool
 
 
-def _write_step_kv(pool, layer, slots, x):
-    # the same write as the reference: token i's k (or v) [hkv, dh] goes to flat slot slots[i] of `layer`
-    flat = pool.reshape(pool.shape[0], -1, *pool.shape[3:])  # [L, blocks * block_size, hkv, dh]
-    return flat.at[layer, slots].set(x.astype(pool.dtype)).reshape(pool.shape)
+def _write_step_kv(pool, slots, x):
+    # the same write as the reference: token i's k (or v) [hkv, dh] goes to slot slots[i]; indexing the
+    # 4-D pool directly (no reshape) lets XLA update the donated buffer in place
+    block_size = pool.shape[1]
+    return pool.at[slots // block_size, slots % block_size].set(x.astype(pool.dtype))
 
 
 def _attend_blockwise(q, positions, tables, k_layer, v_layer, window, scale):

@@ -3,7 +3,7 @@
 #
 # forward(dims, params, kv, batch) runs one engine step: the prologue, the layer body once per layer
 # (params.layers[i] and params.constants[i] hold layer i's weights and constants), then the epilogue.
-# kv is (k_pool, v_pool), each [layers, num_blocks, block_size, hkv, dh]; batch is a StepBatch.
+# kv is one (k_pool, v_pool) pair per layer, each [num_blocks, block_size, hkv, dh]; batch is a StepBatch.
 import jax
 import jax.numpy as jnp
 
@@ -32,7 +32,7 @@ def prologue(dims, weights, batch):
     return x_1
 
 
-def layer(dims, w, constants, x, k_pool, v_pool, layer_index, batch):
+def layer(dims, w, constants, x, k_pool, v_pool, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     rope_inv_freq0 = constants['rope_inv_freq0']
     attn_window1 = constants['attn_window1']
@@ -44,7 +44,7 @@ def layer(dims, w, constants, x, k_pool, v_pool, layer_index, batch):
     q_1 = norm_rms_norm(q, w['attn_q_norm.weight'], eps=dims.eps)
     k_1 = norm_rms_norm(k, w['attn_k_norm.weight'], eps=dims.eps)
     q_2, k_2 = rope_rope(q_1, k_1, positions, rope_inv_freq0, style='neox')
-    a, k_pool, v_pool = attention_paged_attention(q_2, k_2, v, attn_window1, k_pool, v_pool, layer_index, batch, scale=dims.attn_scale)
+    a, k_pool, v_pool = attention_paged_attention(q_2, k_2, v, attn_window1, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_12 = linear_linear(a, w['attn_output.weight'])
     t_13 = norm_rms_norm(t_12, w['post_attention_norm.weight'], eps=dims.eps)
     x_1, h_1 = norm_add_rms_norm(x, t_13, w['ffn_norm.weight'], eps=dims.eps)
@@ -68,8 +68,8 @@ def forward(dims, params, kv, batch):
     # The layer loop is unrolled at trace time: each layer reads its own weight buffers directly
     # (a scanned loop over stacked weights copies every layer's slice on XLA CPU).
     x = prologue(dims, params.globals, batch)
-    k_pool, v_pool = kv
+    new_kv = []
     for index in range(dims.layers):
-        x, k_pool, v_pool = layer(dims, params.layers[index], params.constants[index], x, k_pool, v_pool,
-                                  index, batch)
-    return epilogue(dims, params.globals, x, batch), (k_pool, v_pool)
+        x, k_pool, v_pool = layer(dims, params.layers[index], params.constants[index], x, *kv[index], batch)
+        new_kv.append((k_pool, v_pool))
+    return epilogue(dims, params.globals, x, batch), new_kv
