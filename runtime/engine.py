@@ -59,8 +59,11 @@ def sized_config(model: Model, *, kv_memory_bytes: int | None = None, ctx: int |
         blocks = base.num_blocks - 1
     if blocks < 1:
         raise ValueError("the KV budget holds no block: raise the memory budget or --ctx")
-    deterministic = base.deterministic or os.environ.get("EMBER_DETERMINISTIC", "") not in ("", "0", "false")
-    return replace(base, num_blocks=int(blocks) + 1, deterministic=deterministic)
+    return replace(base, num_blocks=int(blocks) + 1, deterministic=base.deterministic or _deterministic_from_env())
+
+
+def _deterministic_from_env() -> bool:
+    return os.environ.get("EMBER_DETERMINISTIC", "") not in ("", "0", "false")
 
 
 @dataclass
@@ -94,6 +97,8 @@ class _Group:
 class Engine:
     def __init__(self, model: Model, tokenizer, config: EngineConfig = EngineConfig(), *,
                  stop_token_ids: frozenset[int] = frozenset()):
+        if _deterministic_from_env():
+            config = replace(config, deterministic=True)
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.eos_token_ids = stop_token_ids
         self.pool = BlockPool(config.num_blocks, config.block_size)
