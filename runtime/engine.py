@@ -303,7 +303,8 @@ class Engine:
         deadline = time.monotonic() - self.config.max_queue_wait_s
         for request in list(self.scheduler.waiting):
             group = self._group_of.get(request.request_id)
-            if group is not None and group.scheduled_at is None and group.arrival < deadline:
+            short_of_kv = self.pool.free_blocks < self.pool.blocks_for(request.num_prompt_tokens)
+            if group is not None and group.scheduled_at is None and group.arrival < deadline and short_of_kv:
                 for choice in group.choices:
                     if choice.finish_reason is None:
                         self.scheduler.abort(choice.request.request_id)
