@@ -45,7 +45,7 @@ class Checkpoint:
     def tensor_shape(self, name: str) -> tuple[int, ...]:
         if self._gguf is not None:
             return tuple(self._gguf.tensors[name].shape)
-        return tuple(self._hf.tensor_shape(name)) if hasattr(self._hf, "tensor_shape") else self._hf.load(name).shape
+        return tuple(self._hf.tensor_shape(name))  # header only: no tensor data is read
 
     def load(self, name: str) -> np.ndarray:
         """float32 [numpy shape] of a tensor by its name in this checkpoint."""

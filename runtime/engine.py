@@ -13,6 +13,7 @@ import math
 import os
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -21,7 +22,7 @@ from .kv import BlockPool
 from .model import Model
 from .output_processor import OutputProcessor
 from .requests import Request, RequestStatus
-from .sampling_params import SamplingParams, choice_seed, resolve_seed
+from .sampling_params import RowState, SamplingParams, choice_seed, resolve_seed
 from .scheduler import Scheduler
 from .step_executor import StepExecutor
 from .streams import RequestOutput, RequestStream, TokenLogprob, Usage
@@ -235,8 +236,6 @@ class Engine:
                     self._emit(self._group_of[rid], choice, delta)
 
     def _fail_step(self, plan, error: Exception) -> None:
-        import traceback
-
         traceback.print_exception(error)
         with self._lock:
             self.scheduler.update(plan, [0] * len(plan.logit_request_ids))  # keep schedule/update paired
@@ -247,9 +246,7 @@ class Engine:
                 self.scheduler.abort(rid)
                 self._emit(group, choice, choice.processor.finish("abort"), error=f"{type(error).__name__}: {error}")
 
-    def _row_state(self, scheduler_id: str):
-        from .sampling_params import RowState
-
+    def _row_state(self, scheduler_id: str) -> RowState:
         choice = self._choice_of[scheduler_id]
         request = choice.request
         return RowState(request.params, choice.seed, request.prompt_token_ids, request.output_token_ids,

@@ -13,16 +13,10 @@ import numpy as np
 
 from ..compiler.batch import StepBatch
 from .model import Model
+from .step_inputs import bucket
 
 
 MIN_BLOCKS = 16  # short sequences share one table shape (one compiled plan) up to 256 tokens
-
-
-def _bucket(n: int, buckets: tuple[int, ...]) -> int:
-    for b in buckets:
-        if n <= b:
-            return b
-    return buckets[-1]
 
 
 class SequenceRunner:
@@ -59,7 +53,7 @@ class SequenceRunner:
         return out if all_logits else out[-1]
 
     def _step_prefill(self, chunk: list[int], rows: list[int]) -> np.ndarray:
-        n = _bucket(len(chunk), self.prefill_buckets)
+        n = bucket(len(chunk), self.prefill_buckets)
         pad = n - len(chunk)
         positions = np.arange(self.length, self.length + len(chunk), dtype=np.int32)
         slots = self.block_table[positions // self.block_size] * self.block_size + positions % self.block_size

@@ -95,7 +95,3 @@ def build_step_batch(plan: StepPlan, shape: StepShape) -> StepBatch:
         dec_block_tables=tables, dec_ctx_lens=ctx, pre_block_table=prefill_table, logit_rows=logit_rows,
     )
 
-
-def logit_owners(plan: StepPlan) -> list[str]:
-    """Request id of each used logit row, in the order build_step_batch placed them."""
-    return list(plan.logit_request_ids)

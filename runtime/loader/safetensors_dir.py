@@ -164,6 +164,10 @@ class HFCheckpoint:
     _locations: dict[str, tuple[SafetensorsHeader, SafetensorsEntry]] = field(repr=False, compare=False, default_factory=dict)
     _maps: dict[Path, mmap.mmap] = field(repr=False, compare=False, default_factory=dict)
 
+    def tensor_shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape from the header, without reading its data."""
+        return tuple(self.entry(name).shape)
+
     def entry(self, name: str) -> SafetensorsEntry:
         """The stored dtype, shape and byte range of a tensor."""
         if name not in self._locations:
