@@ -3,6 +3,12 @@
 A step runs N tokens: first B decode rows (one token each, from B different sequences), then C = N - B
 tokens of one prefill chunk (a single sequence). B or C may be zero. Every array has a static shape
 per plan bucket; padding rows write their KV to slot 0 of the reserved block 0 and are never read.
+
+KV lives in one paged pool per state kind (full attention; sliding window W; see the manifest's
+"state"), so a sequence has one block table per kind and each token one slot per kind: the slot and
+table arrays carry a leading axis K (state kinds, in manifest index order) and a layer reads row
+`state` of them (`kind_view`). A sliding kind's table holds block 0 where a block fell out of the
+window and was handed back; the window mask never lets a query read those positions.
 """
 
 from __future__ import annotations
@@ -15,12 +21,21 @@ import jax
 class StepBatch(NamedTuple):
     tokens: jax.Array  # int32 [N]
     positions: jax.Array  # int32 [N]   position of each token in its sequence
-    slots: jax.Array  # int32 [N]   flat KV slot (block * block_size + offset) each token writes
-    dec_block_tables: jax.Array  # int32 [B, max_blocks]   KV blocks of each decode row's sequence
+    slots: jax.Array  # int32 [K, N]   flat KV slot (block * block_size + offset) each token writes, per kind
+    dec_block_tables: jax.Array  # int32 [K, B, max_blocks]   KV blocks of each decode row's sequence
     dec_ctx_lens: jax.Array  # int32 [B]   tokens in context for each decode row, its own included
-    pre_block_table: jax.Array  # int32 [max_blocks]   KV blocks of the prefill chunk's sequence
+    pre_block_table: jax.Array  # int32 [K, max_blocks]   KV blocks of the prefill chunk's sequence
     logit_rows: jax.Array  # int32 [R]   which of the N rows produce logits
 
     @property
     def num_decode(self) -> int:
         return self.dec_ctx_lens.shape[0]
+
+
+def kind_view(batch: StepBatch, state) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(slots [N], dec_block_tables [B, max_blocks], pre_block_table [max_blocks]) of state kind `state`
+    (a scalar per-layer constant, loaded in the activation dtype: traced, so one layer body serves layers of
+    every kind)."""
+    index = jax.numpy.asarray(state).astype("int32")
+    pick = lambda a: jax.lax.dynamic_index_in_dim(a, index, axis=0, keepdims=False)
+    return pick(batch.slots), pick(batch.dec_block_tables), pick(batch.pre_block_table)

@@ -39,7 +39,8 @@ def lower(spec: ModelSpec) -> Graph:
                 raise SpecError(spec.path, field, f"expected the ops to assign {out!r}")
         regions.append(Region(name, inputs, tuple(lowering.nodes), tuple(lowering.current[o] for o in outputs)))
     return Graph(arch=spec.arch, spec_sha256=spec.source_sha256, regions=tuple(regions),
-                 weight_shapes=weight_shapes, layer_weights=frozenset(layer_weights))
+                 weight_shapes=weight_shapes, layer_weights=frozenset(layer_weights),
+                 layer_kinds=dict(spec.layer_kinds.fields) if spec.layer_kinds else {})
 
 
 class _RegionLowering:

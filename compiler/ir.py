@@ -2,7 +2,8 @@
 
 Nodes are immutable; passes return new graphs (`dataclasses.replace`). Attribute values are literals
 or references resolved when a plan runs: `DimRef` (a model dimension), `KindRef` (a field of the
-layer's kind, e.g. its rope theta) or `Expr` (arithmetic over dimensions).
+layer's kind, e.g. its rope theta), `PerKind` (a literal per layer kind) or `Expr` (arithmetic over
+dimensions).
 """
 
 from __future__ import annotations
@@ -25,6 +26,25 @@ class KindRef:
 
     def __str__(self) -> str:
         return f"kind.{self.field}"
+
+
+@dataclass(frozen=True)
+class PerKind:
+    """A literal chosen by the layer's kind, resolved per layer at load (e.g. which state kind a layer uses)."""
+
+    values: tuple[tuple[str, Any], ...]  # (layer kind, value), sorted by kind
+
+    def __str__(self) -> str:
+        return "per_kind(" + ", ".join(f"{k}={v!r}" for k, v in self.values) + ")"
+
+
+@dataclass(frozen=True)
+class StateKindDecl:
+    """One kind of per-request state the plan's layers keep: a paged KV pool per distinct attention kind.
+    Layers whose attention has the same window share a kind; each kind gets its own pool and block table."""
+
+    name: str  # "kv" (full attention) or "kv_<window>" (sliding window)
+    window: Any  # 0 = unlimited, else a DimRef or an int: the tokens a query sees, itself included
 
 
 @dataclass(frozen=True)
@@ -92,6 +112,9 @@ class Graph:
     layer_constants: tuple[LayerConstant, ...] = ()
     packed_weights: tuple[PackedWeight, ...] = ()
     target: str | None = None
+    layer_kinds: dict[str, dict[str, Any]] = field(default_factory=dict)  # the spec's [layer_kinds] fields
+    state_kinds: tuple[StateKindDecl, ...] = ()  # in pool-index order (full attention first)
+    layer_state: tuple[tuple[str, str], ...] = ()  # (layer kind, state kind name)
 
     def region(self, name: str) -> Region:
         return next(r for r in self.regions if r.name == name)
@@ -102,6 +125,9 @@ class Graph:
     def dump(self) -> str:
         """A readable text form, one node per line, for --dump-ir."""
         lines = [f"graph {self.arch} (spec sha256 {self.spec_sha256[:12]}, target {self.target})"]
+        for decl in self.state_kinds:
+            users = ", ".join(k for k, name in self.layer_state if name == decl.name)
+            lines.append(f"  state {decl.name}: paged kv, window {_fmt(decl.window)} (layer kinds {users})")
         for packed in self.packed_weights:
             lines.append(f"  packed {packed.name} = concat({', '.join(packed.parts)})")
         for const in self.layer_constants:
@@ -121,4 +147,4 @@ class Graph:
 
 
 def _fmt(value: Any) -> str:
-    return str(value) if isinstance(value, (DimRef, KindRef, Expr)) else repr(value)
+    return str(value) if isinstance(value, (DimRef, KindRef, Expr, PerKind)) else repr(value)

@@ -11,6 +11,7 @@ from typing import Callable
 
 from .frontend import lower
 from .ir import Graph
+from .passes.assign_state_kinds import assign_state_kinds
 from .passes.fuse_add_rms_norm import fuse_add_rms_norm
 from .passes.hoist_layer_constants import hoist_layer_constants
 from .passes.infer_shapes import infer_shapes
@@ -25,6 +26,7 @@ COMPILER_VERSION = "0.1.0"
 def phases(target: Target, variant: str = "default") -> list[tuple[str, Callable[[Graph], Graph]]]:
     return [
         ("infer_shapes", infer_shapes),
+        ("assign_state_kinds", assign_state_kinds),
         ("hoist_layer_constants", hoist_layer_constants),
         ("pack_parallel_linears", pack_parallel_linears),
         ("fuse_add_rms_norm", fuse_add_rms_norm),

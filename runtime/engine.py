@@ -18,19 +18,22 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .kv import BlockPool
+from .guided import GrammarTokenizer, GuidedMatcher
+from .kv_cache import KVCache
 from .model import Model
 from .output_processor import OutputProcessor
 from .requests import Request, RequestStatus
 from .sampling_params import RowState, SamplingParams, choice_seed, resolve_seed
 from .scheduler import Scheduler
+from .state_kinds import engine_pool_blocks
 from .step_executor import StepExecutor
 from .streams import RequestOutput, RequestStream, TokenLogprob, Usage
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    num_blocks: int = 256  # KV pool size in blocks (block 0 is reserved)
+    num_blocks: int = 256  # KV pool size in blocks (block 0 is reserved); a sliding-window kind's is smaller:
+    sliding_num_blocks: int | None = None  # None: the sizing rule of runtime/state_kinds.py
     block_size: int = 16
     max_model_len: int = 4096  # longest context of one sequence (prompt + output)
     max_num_seqs: int = 16
@@ -41,19 +44,23 @@ class EngineConfig:
     enable_prefix_caching: bool = True
 
 
-def kv_bytes_per_block(model: Model, block_size: int) -> int:
-    """K and V of one block across all layers: 2 * layers * block_size * hkv * dh * itemsize."""
+def kv_bytes_per_block(model: Model, block_size: int, kind: str | None = None) -> int:
+    """K and V of one block over the layers of one KV state kind (all layers when kind is None):
+    2 * layers_of_kind * block_size * hkv * dh * itemsize."""
     d = model.dims
-    return 2 * int(d.layers) * block_size * int(d.hkv) * int(d.dh) * np.dtype(model.dtype).itemsize
+    layers = sum(1 for k in model.layer_state_kinds if kind is None or k == kind)
+    return 2 * layers * block_size * int(d.hkv) * int(d.dh) * np.dtype(model.dtype).itemsize
 
 
 def sized_config(model: Model, *, kv_memory_bytes: int | None = None, ctx: int | None = None,
                  **overrides) -> EngineConfig:
-    """An EngineConfig whose KV pool fits a memory budget, or holds `ctx` tokens in all (`--ctx`).
+    """An EngineConfig whose KV pools fit a memory budget, or whose full-attention pool holds `ctx` tokens in
+    all (`--ctx`). Every kind is accounted for: the budget buys the largest full pool whose sliding-window
+    pools, sized by their rule (runtime/state_kinds.py), fit beside it.
     EMBER_DETERMINISTIC=1 in the environment turns deterministic mode on."""
     base = EngineConfig(**overrides)
     if kv_memory_bytes is not None:
-        blocks = kv_memory_bytes // kv_bytes_per_block(model, base.block_size)
+        blocks = _full_blocks_for_budget(model, base, kv_memory_bytes)
     elif ctx is not None:
         blocks = math.ceil(ctx / base.block_size)
     else:
@@ -61,6 +68,22 @@ def sized_config(model: Model, *, kv_memory_bytes: int | None = None, ctx: int |
     if blocks < 1:
         raise ValueError("the KV budget holds no block: raise the memory budget or --ctx")
     return replace(base, num_blocks=int(blocks) + 1, deterministic=base.deterministic or _deterministic_from_env())
+
+
+def _full_blocks_for_budget(model: Model, base: EngineConfig, budget: int) -> int:
+    """The most usable full-kind blocks n whose pools of every kind (n, or a sliding kind's rule) fit budget."""
+    kinds = model.paged_kinds
+    per_block = {k.name: kv_bytes_per_block(model, base.block_size, k.name) for k in kinds}
+
+    def cost(n: int) -> int:
+        sizes = engine_pool_blocks(kinds, replace(base, num_blocks=n + 1))
+        return sum(per_block[name] * (blocks - 1) for name, blocks in sizes.items())
+
+    lo, hi = 0, budget // max(min(per_block.values()), 1) + 1  # cost(hi) > budget: every block costs bytes
+    while lo < hi:  # cost is monotone in n
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if cost(mid) <= budget else (lo, mid - 1)
+    return lo
 
 
 def _deterministic_from_env() -> bool:
@@ -82,6 +105,7 @@ class _Choice:
     processor: OutputProcessor
     seed: int
     finish_reason: str | None = None
+    matcher: GuidedMatcher | None = None  # params.guided: the grammar's state, advanced by each token
 
 
 @dataclass
@@ -102,10 +126,12 @@ class Engine:
             config = replace(config, deterministic=True)
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.eos_token_ids = stop_token_ids
-        self.pool = BlockPool(config.num_blocks, config.block_size)
+        # one block pool per paged KV state kind (full attention; each sliding window, sized to its window)
+        self.kv = KVCache.of(model.paged_kinds, engine_pool_blocks(model.paged_kinds, config), config.block_size)
+        self.pool = self.kv.primary
         entry = model.plan.manifest["entries"]["forward"]
         prefill_buckets = tuple(b for b in entry["prefill_buckets"] if b <= config.max_batched_tokens) or (16,)
-        self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_batched_tokens,
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_batched_tokens,
                                    config.max_queue_depth, prefill_buckets,
                                    enable_prefix_caching=config.enable_prefix_caching)
         self.executor = StepExecutor(model, config, prefill_buckets)
@@ -115,6 +141,8 @@ class Engine:
         self._group_of: dict[str, _Group] = {}
         self._lock = threading.Condition()
         self._ids = itertools.count()
+        self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first guided request
+        self._grammar_lock = threading.Lock()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="ember-engine", daemon=True)
         self._thread.start()
@@ -125,7 +153,9 @@ class Engine:
         """Queue a request. Raises ValueError for bad input, QueueFullError when overloaded."""
         params.validate(int(self.model.dims.vocab))
         request_id = request_id or f"req-{next(self._ids)}"
-        max_tokens = params.max_tokens or (self.config.max_model_len - len(prompt_ids))
+        scoring = params.forced_token_ids is not None  # teacher-forced: no stop strings, stop ids or eos
+        max_tokens = (len(params.forced_token_ids) if scoring else
+                      params.max_tokens or (self.config.max_model_len - len(prompt_ids)))
         if len(prompt_ids) + max_tokens > self.config.max_model_len:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceed the "
                              f"context limit of {self.config.max_model_len} tokens")
@@ -136,15 +166,18 @@ class Engine:
         stream = RequestStream(request_id, loop)
         group = _Group(request_id, stream, params, [], time.monotonic())
         base_seed = resolve_seed(params)
+        matcher = self._new_matcher(params)  # ValueError for a grammar this tokenizer refuses
         for index in range(params.n):
             rid = request_id if params.n == 1 else f"{request_id}#{index}"
             request = Request(rid, list(prompt_ids), max_tokens, params=params)
             processor = OutputProcessor(
-                self.tokenizer, prompt_ids, stop=params.stop, stop_token_ids=params.stop_token_ids,
-                eos_token_ids=self.eos_token_ids, ignore_eos=params.ignore_eos, min_tokens=params.min_tokens,
+                self.tokenizer, prompt_ids, stop=() if scoring else params.stop,
+                stop_token_ids=() if scoring else params.stop_token_ids, eos_token_ids=self.eos_token_ids,
+                ignore_eos=params.ignore_eos or scoring, min_tokens=0 if scoring else params.min_tokens,
                 max_tokens=max_tokens, include_stop_str_in_output=params.include_stop_str_in_output,
                 skip_special_tokens=params.skip_special_tokens)
-            group.choices.append(_Choice(index, request, processor, choice_seed(base_seed, index)))
+            group.choices.append(_Choice(index, request, processor, choice_seed(base_seed, index),
+                                         matcher=matcher.copy() if matcher is not None and index else matcher))
         with self._lock:
             if request_id in self._groups:
                 raise ValueError(f"request id {request_id!r} is already in use")
@@ -181,7 +214,10 @@ class Engine:
             return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                     "free_kv_blocks": self.pool.free_blocks, "total_kv_blocks": self.pool.num_usable_blocks,
                     "accepting": len(self.scheduler.waiting) < self.config.max_queue_depth,
-                    "kv": self.pool.counters(), "preemptions": self.scheduler.num_preemptions}
+                    "kv": self.pool.counters(), "preemptions": self.scheduler.num_preemptions,
+                    # every KV state kind's pool (a sliding-window kind's is sized to its window)
+                    "kv_kinds": {name: {"free_blocks": p.free_blocks, "total_blocks": p.num_usable_blocks}
+                                 for name, p in self.kv.pools.items()}}
 
     def default_params(self, **overrides) -> SamplingParams:
         """Sampling settings for a request that omits some: the checkpoint's generation_config defaults."""
@@ -231,9 +267,36 @@ class Engine:
                     choice = self._choice_of.get(rid)
                     if choice is None or choice.finish_reason is not None:
                         continue  # aborted while the step ran
-                    sampled = results[rid]
-                    delta = choice.processor.push(sampled.token, self._logprob(choice, sampled))
-                    self._emit(self._group_of[rid], choice, delta)
+                    self._advance(rid, choice, results[rid])
+
+    def _advance(self, rid: str, choice: _Choice, sampled) -> None:
+        """Stream one sampled token; a choice following a grammar also advances it, and ends when it does."""
+        group = self._group_of[rid]
+        if choice.matcher is not None:
+            try:
+                error = choice.matcher.accept(sampled.token)
+            except Exception as exc:  # a matcher failure ends its choice, never the engine thread
+                error = f"{type(exc).__name__}: {exc}"
+            if error is not None:
+                self.scheduler.abort(rid)
+                self._emit(group, choice, choice.processor.finish("abort"), error=f"grammar: {error}")
+                return
+        delta = choice.processor.push(sampled.token, self._logprob(choice, sampled))
+        self._emit(group, choice, delta)
+        if not delta.finished and choice.matcher is not None and choice.matcher.finished:
+            self._emit(group, choice, choice.processor.finish("stop"))  # the output is complete
+
+    def grammar_tokenizer(self) -> GrammarTokenizer:
+        """llguidance's view of the tokenizer, built on first use (~1 s for a 150k vocabulary: a server
+        calls this once at startup, off its event loop). Raises ValueError if the tokenizer cannot drive one."""
+        with self._grammar_lock:
+            if self._grammar_tokenizer is None:
+                eos = list(dict.fromkeys([*getattr(self.tokenizer, "eos_token_ids", ()), *sorted(self.eos_token_ids)]))
+                self._grammar_tokenizer = GrammarTokenizer(self.tokenizer, int(self.model.dims.vocab), eos)
+            return self._grammar_tokenizer
+
+    def _new_matcher(self, params: SamplingParams) -> GuidedMatcher | None:
+        return None if params.guided is None else self.grammar_tokenizer().matcher(params.guided)
 
     def _fail_step(self, plan, error: Exception) -> None:
         traceback.print_exception(error)
@@ -250,7 +313,7 @@ class Engine:
         choice = self._choice_of[scheduler_id]
         request = choice.request
         return RowState(request.params, choice.seed, request.prompt_token_ids, request.output_token_ids,
-                        choice.processor.suppressed_token_ids())
+                        choice.processor.suppressed_token_ids(), matcher=choice.matcher)
 
     def _logprob(self, choice: _Choice, sampled) -> TokenLogprob | None:
         k = choice.request.params.logprobs
@@ -300,7 +363,7 @@ class Engine:
         deadline = time.monotonic() - self.config.max_queue_wait_s
         for request in list(self.scheduler.waiting):
             group = self._group_of.get(request.request_id)
-            short_of_kv = self.pool.free_blocks < self.pool.blocks_for(request.num_prompt_tokens)
+            short_of_kv = not self.kv.has_room_for(request.num_prompt_tokens)
             if group is not None and group.scheduled_at is None and group.arrival < deadline and short_of_kv:
                 for choice in group.choices:
                     if choice.finish_reason is None:

@@ -15,19 +15,18 @@ at the boundary, without the copy). When a block's last user lets go, a register
 LRU "cached free" list — still findable by a later prefix — and is evicted (its hash forgotten) only
 when an allocation finds the plain free list empty.
 
-Sliding-window layers (hook, not implemented): a pool that served only windowed layers could hand
-back blocks that fell wholly out of the window (the table entry becomes block 0; the attention mask
-never reads it). While global and windowed layers share one pool every block stays live; this belongs
-in `grow` once the plans give windowed layers their own pool.
+One pool serves one state kind (see runtime/kv_cache.py: full attention, or a sliding window): a
+sliding kind's allocations hold RESERVED_BLOCK where a block fell out of the window and was handed back;
+those entries are neither committed nor released here.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -59,11 +58,13 @@ class KVCounters:
 
 @dataclass(eq=False)
 class KVAllocation:
-    """The KV blocks one request owns: its block table, and the chain hashes of its committed blocks."""
+    """The KV blocks one request owns of one state kind: its block table (RESERVED_BLOCK where a sliding kind
+    dropped a block), and the chain hashes of its leading full, computed blocks."""
 
-    kind: ClassVar[str] = "kv"
+    kind: str = "kv"
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # one per leading full, computed block
+    num_dropped: int = 0  # leading table entries handed back (sliding kinds): RESERVED_BLOCK from here on
 
 
 class StateAllocator(Protocol):
@@ -83,10 +84,10 @@ class StateAllocator(Protocol):
 
 
 class BlockPool:
-    kind = "kv"
     supports_prefix_reuse = True
 
-    def __init__(self, num_blocks: int, block_size: int = 16):
+    def __init__(self, num_blocks: int, block_size: int = 16, kind: str = "kv"):
+        self.kind = kind  # the state kind whose KV this pool holds
         if num_blocks < 2:
             raise ValueError(f"a KV pool needs >= 2 blocks (block 0 is reserved), got {num_blocks}")
         if block_size < 1:
@@ -186,13 +187,25 @@ class BlockPool:
     def match_prefix(self, token_ids: Sequence[int]) -> list[int]:
         """find_prefix, then take a reference to each block found (the caller now shares them)."""
         blocks = self.find_prefix(token_ids)
+        self.share_blocks(blocks)
+        self.record_prefix_query(len(blocks))
+        return blocks
+
+    def cached_block(self, chain_hash: bytes) -> int | None:
+        """The block registered under a chain hash, None if none is (or it was evicted)."""
+        return self._block_of_hash.get(chain_hash)
+
+    def share_blocks(self, blocks: Iterable[int]) -> None:
+        """Take one reference to each (cached) block: a prefix hit now shares it."""
         for block in blocks:
             self._share(block)
+
+    def record_prefix_query(self, num_blocks: int) -> None:
+        """Count one admission's prefix lookup that reused num_blocks blocks (the counters in counters())."""
         self._prefix_queries += 1
-        if blocks:
+        if num_blocks:
             self._prefix_hits += 1
-            self._reused_tokens += len(blocks) * self.block_size
-        return blocks
+            self._reused_tokens += num_blocks * self.block_size
 
     def free_blocks_after_sharing(self, blocks: Sequence[int]) -> int:
         """free_blocks once `blocks` (from find_prefix) are taken: sharing a cached-free block un-frees it."""
@@ -213,7 +226,7 @@ class BlockPool:
             h = block_hash(parent, token_ids[i * bs:(i + 1) * bs])
             alloc.block_hashes.append(h)
             block = alloc.block_table[i]
-            if h not in self._block_of_hash and block not in self._hash_of_block:
+            if block != RESERVED_BLOCK and h not in self._block_of_hash and block not in self._hash_of_block:
                 self._block_of_hash[h] = block
                 self._hash_of_block[block] = h
                 registered += 1
@@ -224,7 +237,7 @@ class BlockPool:
         return True  # KV grows on demand per chunk/token; the scheduler checks capacity as it grows
 
     def new_allocation(self) -> KVAllocation:
-        return KVAllocation()
+        return KVAllocation(self.kind)
 
     def adopt_prefix(self, alloc: KVAllocation, token_ids: Sequence[int]) -> int:
         """Start an empty allocation with the cached prefix of token_ids; returns the tokens it covers."""
@@ -251,9 +264,10 @@ class BlockPool:
 
     def release(self, alloc: KVAllocation) -> None:
         """Give back every block of the allocation (registered ones stay findable until evicted)."""
-        self.free(alloc.block_table)
+        self.free(b for b in alloc.block_table if b != RESERVED_BLOCK)
         alloc.block_table = []
         alloc.block_hashes = []
+        alloc.num_dropped = 0
 
     # --- self-check (tests, debugging) --------------------------------------------------------------
     def check_consistency(self) -> None:
@@ -273,44 +287,3 @@ class BlockPool:
         assert len(self._block_of_hash) == len(self._hash_of_block)
         for h, block in self._block_of_hash.items():
             assert self._hash_of_block[block] == h, f"hash maps disagree on block {block}"
-
-
-# --- state kinds ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StateKind:
-    """One kind of per-request model state, from the plan manifest's "state" section."""
-
-    name: str
-    paged: bool  # grows with the sequence in blocks (KV), or one fixed-size slot per request (recurrent)
-    config: Mapping[str, Any]
-
-
-def state_kinds(manifest: Mapping[str, Any]) -> tuple[StateKind, ...]:
-    """The state kinds a plan's manifest declares: "kv" is paged; another kind declares
-    {"layout": "slot"} (fixed-size per-request state, e.g. a linear-attention layer's recurrent state)."""
-    state = manifest.get("state")
-    if not isinstance(state, Mapping) or not state:
-        raise ValueError("the plan manifest has no 'state' section (expected e.g. {'kv': {...}})")
-    kinds = []
-    for name, config in state.items():
-        if name == "kv":
-            kinds.append(StateKind(name, True, config))
-        elif config.get("layout") == "slot":
-            kinds.append(StateKind(name, False, config))
-        else:
-            raise ValueError(f"state kind {name!r} in the plan manifest is neither 'kv' nor a 'slot' layout")
-    return tuple(kinds)
-
-
-def allocators_for(kinds: Sequence[StateKind], *, num_blocks: int, block_size: int) -> dict[str, StateAllocator]:
-    """One allocator per state kind. Only KV exists today; a slot allocator for recurrent state plugs in here
-    (and into Scheduler(extra_state=...)) without a new engine."""
-    allocators: dict[str, StateAllocator] = {}
-    for kind in kinds:
-        if kind.name == "kv":
-            allocators[kind.name] = BlockPool(num_blocks, block_size)
-        else:
-            raise NotImplementedError(f"state kind {kind.name!r} (fixed slots) has no allocator yet")
-    if "kv" not in allocators:
-        raise ValueError("the plan declares no 'kv' state")
-    return allocators

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from .checkpoint import Checkpoint, open_checkpoint
 from .dims import Dims, ResolvedModel, resolve
 from .loader.errors import CheckpointError
 from .plans import LoadedPlan, load_plan
+from .state_kinds import PagedKind, layer_state_kinds, paged_kinds
 from .weights import Params, load_params
 
 
@@ -36,11 +38,26 @@ class Model:
     def dims(self) -> Dims:
         return self.resolved.dims
 
-    def new_kv(self, num_blocks: int, block_size: int) -> list[tuple[jax.Array, jax.Array]]:
-        """One (k, v) pool pair per layer, each [num_blocks, block_size, hkv, dh]."""
+    @property
+    def paged_kinds(self) -> tuple[PagedKind, ...]:
+        """The plan's paged KV state kinds (full attention, sliding windows) with this checkpoint's windows."""
+        return paged_kinds(self.plan.manifest, self.dims)
+
+    @property
+    def layer_state_kinds(self) -> tuple[str, ...]:
+        """The paged KV state kind of each layer."""
+        return layer_state_kinds(self.plan.manifest, self.resolved.layer_kinds)
+
+    def new_kv(self, num_blocks: int | Mapping[str, int], block_size: int) -> list[tuple[jax.Array, jax.Array]]:
+        """One (k, v) pool pair per layer, each [num_blocks of the layer's state kind, block_size, hkv, dh]
+        (num_blocks: one count for every kind, or one per kind)."""
         d = self.dims
-        shape = (num_blocks, block_size, d.hkv, d.dh)
-        return [(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype)) for _ in range(d.layers)]
+        pools = []
+        for kind in self.layer_state_kinds:
+            blocks = num_blocks if isinstance(num_blocks, int) else num_blocks[kind]
+            shape = (blocks, block_size, d.hkv, d.dh)
+            pools.append((jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype)))
+        return pools
 
     def forward(self, kv, batch: StepBatch):
         """One step. Returns (logits [R, vocab], kv). kv is donated: do not reuse the old one."""

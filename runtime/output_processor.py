@@ -136,16 +136,18 @@ class OutputProcessor:
         """End the sequence from outside. "length" (the engine's own limit, e.g. the context length): the
         held text is final now and goes out (a stop string completed by the last incomplete character still
         stops it). "abort": no more text goes out -- what was final has been streamed already, and held text
-        is a possible start of a stop string or half a character. Either way the remaining ids go out."""
-        if reason not in (FINISH_LENGTH, FINISH_ABORT):
-            raise ValueError(f"finish reason must be {FINISH_LENGTH!r} or {FINISH_ABORT!r}, got {reason!r}")
+        is a possible start of a stop string or half a character. Either way the remaining ids go out.
+        "stop" (a grammar the output follows is complete): as "length", with finish reason "stop"."""
+        if reason not in (FINISH_LENGTH, FINISH_ABORT, FINISH_STOP):
+            raise ValueError(f"finish reason must be {FINISH_LENGTH!r}, {FINISH_ABORT!r} or {FINISH_STOP!r}, "
+                             f"got {reason!r}")
         if self.done:
             raise RuntimeError(f"finish({reason!r}) after the sequence finished ({self._finish_reason})")
         if reason == FINISH_ABORT:
             self._held = ""
             return self._close("", FINISH_ABORT, None)
         may_stop = len(self._output_ids) > self._min_tokens
-        return self._final_delta(self._detokenizer.flush(), may_stop, FINISH_LENGTH, None)
+        return self._final_delta(self._detokenizer.flush(), may_stop, reason, None)
 
     def suppressed_token_ids(self) -> tuple[int, ...]:
         """Ids the sampler must forbid for the next token: stop ids and eos (unless ignore_eos) while fewer

@@ -4,6 +4,11 @@
 take the checkpoint's generation_config defaults through `from_generation_config`). `RowState` is one
 sequence about to receive its next token; `pack_batch` turns a list of them into a `SamplingBatch` of
 numpy arrays with static shapes (the caller moves them to the device).
+
+Two fields change what a row emits rather than how it samples: `guided` (constrained decoding: the
+grammar's allowed-token mask is packed per row, see `ember.runtime.guided`) and `forced_token_ids`
+(teacher-forced scoring: step i emits forced_token_ids[i] and reports the logprobs generation would
+have reported for it; the request ends after the last one with "length").
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ember.compiler.ops.sampling import GREEDY_EPSILON, SamplingBatch
+from ember.runtime.guided import GuidedDecoding, GuidedMatcher, fill_masks, mask_words
 
 MAX_N = 8  # choices per request
 MAX_TOP_LOGPROBS = 20  # as in the OpenAI API
@@ -51,6 +57,10 @@ class SamplingParams:
     n: int = 1
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    guided: GuidedDecoding | None = None  # constrained decoding: the output follows this grammar
+    # teacher-forced scoring: step i emits forced_token_ids[i] instead of sampling; stop strings, stop ids
+    # and eos are not applied and the request ends with "length" after the last one
+    forced_token_ids: tuple[int, ...] | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -89,6 +99,23 @@ class SamplingParams:
         _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS),
                "logprobs", self.logprobs, f"must be in [0, {MAX_TOP_LOGPROBS}]")
         _check(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", self.n, f"must be in [1, {MAX_N}]")
+        self._validate_guided_and_forced(vocab_size)
+
+    def _validate_guided_and_forced(self, vocab_size: int) -> None:
+        if self.guided is not None:
+            _check(isinstance(self.guided, GuidedDecoding), "guided", self.guided, "must be a GuidedDecoding")
+            self.guided.validate()  # ValueError("guided.spec: ...")
+        forced = self.forced_token_ids
+        if forced is None:
+            return
+        _check(isinstance(forced, tuple) and len(forced) > 0, "forced_token_ids", forced, "must be a non-empty tuple")
+        for token in forced:
+            _check(_is_int(token) and 0 <= token < vocab_size, "forced_token_ids", token,
+                   f"ids must be in [0, {vocab_size})")
+        _check(self.max_tokens is None or self.max_tokens == len(forced), "max_tokens", self.max_tokens,
+               f"must be omitted or equal the {len(forced)} forced tokens")
+        _check(self.guided is None, "guided", self.guided, "cannot be combined with forced_token_ids")
+        _check(self.n == 1, "n", self.n, "must be 1 with forced_token_ids")
 
     def _validate_logit_bias(self, vocab_size: int) -> None:
         bias = self.logit_bias or {}
@@ -126,7 +153,7 @@ class SamplingParams:
         defaults.update({name: value for name, value in overrides.items() if value is not None})
         if isinstance(defaults.get("stop"), str):
             defaults["stop"] = (defaults["stop"],)
-        for name in ("stop", "stop_token_ids"):
+        for name in ("stop", "stop_token_ids", "forced_token_ids"):
             if name in defaults:
                 defaults[name] = tuple(defaults[name])
         return cls(**defaults)
@@ -169,10 +196,17 @@ class RowState:
     output_ids: Sequence[int]  # generated so far
     min_tokens_suppress_ids: Sequence[int] = ()  # params.suppressed_while_min_tokens(eos ids)
     step: int | None = None  # index of the token being sampled; None = len(output_ids)
+    matcher: GuidedMatcher | None = None  # the choice's grammar state (params.guided), advanced by the engine
 
     @property
     def token_index(self) -> int:
         return len(self.output_ids) if self.step is None else self.step
+
+    @property
+    def forced_token(self) -> int | None:
+        """The id this step must emit (params.forced_token_ids), or None to sample."""
+        forced = self.params.forced_token_ids
+        return int(forced[self.token_index]) if forced is not None and self.token_index < len(forced) else None
 
     @property
     def min_tokens_in_force(self) -> bool:
@@ -192,12 +226,13 @@ def history_length_needed(rows: Sequence[RowState]) -> int:
 def pack_batch(rows: Sequence[RowState], *, vocab_size: int, history_bucket: int, bias_slots: int = MAX_LOGIT_BIAS,
                suppress_slots: int = 8, num_rows: int | None = None) -> SamplingBatch:
     """Pack rows into a SamplingBatch of numpy arrays: R = num_rows (default len(rows)); rows past
-    len(rows) are inert padding (greedy, no bias, no history). Raises ValueError when a row does not fit
-    the static slots (history_bucket, bias_slots, suppress_slots)."""
+    len(rows) are inert padding (greedy, no bias, no history, all tokens allowed). Rows with a matcher get
+    their grammar's allowed-token mask (computed here, on the caller's thread). Raises ValueError when a
+    row does not fit the static slots (history_bucket, bias_slots, suppress_slots)."""
     count = len(rows) if num_rows is None else num_rows
     if count < len(rows):
         raise ValueError(f"num_rows: {count} is fewer than the {len(rows)} rows given")
-    batch = _inert_batch(count, history_bucket, bias_slots, suppress_slots)
+    batch = _inert_batch(count, history_bucket, bias_slots, suppress_slots, mask_words(vocab_size))
     for r, row in enumerate(rows):
         p = row.params
         batch.temperature[r] = p.temperature
@@ -216,10 +251,16 @@ def pack_batch(rows: Sequence[RowState], *, vocab_size: int, history_bucket: int
             if len(ids) > suppress_slots:
                 raise ValueError(f"row {r}: {len(ids)} ids to suppress exceed the {suppress_slots} suppression slots")
             batch.suppress_ids[r, :len(ids)] = ids
+        forced = row.forced_token
+        if forced is not None:
+            batch.forced_token[r] = forced
+            batch.temperature[r] = 0.0  # nothing is drawn: greedy skips the noise (logprobs do not change)
+    fill_masks([(row.matcher, r) for r, row in enumerate(rows) if row.matcher is not None], batch.allowed_mask,
+               vocab_size)
     return batch
 
 
-def _inert_batch(rows: int, history: int, bias: int, suppress: int) -> SamplingBatch:
+def _inert_batch(rows: int, history: int, bias: int, suppress: int, mask_width: int) -> SamplingBatch:
     return SamplingBatch(
         temperature=np.zeros(rows, np.float32), top_k=np.zeros(rows, np.int32), top_p=np.ones(rows, np.float32),
         min_p=np.zeros(rows, np.float32), repetition_penalty=np.ones(rows, np.float32),
@@ -228,6 +269,7 @@ def _inert_batch(rows: int, history: int, bias: int, suppress: int) -> SamplingB
         bias_ids=np.full((rows, bias), -1, np.int32), bias_values=np.zeros((rows, bias), np.float32),
         history_ids=np.full((rows, history), -1, np.int32), history_is_output=np.zeros((rows, history), bool),
         suppress_ids=np.full((rows, suppress), -1, np.int32),
+        allowed_mask=np.full((rows, mask_width), -1, np.int32), forced_token=np.full(rows, -1, np.int32),
     )
 
 

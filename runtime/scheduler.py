@@ -19,6 +19,8 @@ Policies (what we chose, and why):
   blocks are full and enter the prefix cache at once; chunks never exceed the largest prefill bucket.
 - Any running request with exactly one token left to compute is a decode row — a prompt whose last
   token remains after a chunk or a prefix hit included: a decode row is a one-token chunk with logits.
+- KV is one pool per paged state kind (runtime/kv_cache.py): growth, preemption and frees cover every
+  kind at once; a sliding-window kind drops the blocks its window left behind after each step.
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from .kv import BlockPool, KVAllocation, KVCounters, StateAllocator
+from .kv import BlockPool, KVCounters, StateAllocator
+from .kv_cache import KVCache, PrefixHit
 from .requests import Request, RequestStatus, StepOutput
+from .step_plan import DecodeRow, PrefillChunk, StepPlan
+
+__all__ = ["DecodeRow", "PrefillChunk", "QueueFullError", "RequestTooLongError", "Scheduler", "SchedulerSnapshot",
+           "StepPlan"]
 
 
 class QueueFullError(RuntimeError):
@@ -40,96 +45,6 @@ class QueueFullError(RuntimeError):
 
 class RequestTooLongError(ValueError):
     """The request could never fit the KV pool, even alone (prompt + max_tokens)."""
-
-
-@dataclass(frozen=True)
-class DecodeRow:
-    request_id: str
-    token_id: int  # the request's token at `position` (its last known one)
-    position: int
-    slot: int  # flat KV slot it writes: block * block_size + offset
-
-
-@dataclass(frozen=True)
-class PrefillChunk:
-    request_id: str
-    start: int  # position of the first token (the request's computed count when scheduled)
-    token_ids: tuple[int, ...]
-    slots: tuple[int, ...]  # flat KV slot of each token
-    completes: bool  # reaches the request's last known token: its last row gives logits
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.token_ids)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """One step: rows [0, B) are decode rows, rows [B, B + C) the prefill chunk. Block tables are
-    snapshots (tuples), valid for this step. preempted: requests sent back to the queue this step."""
-
-    decodes: tuple[DecodeRow, ...]
-    prefill: PrefillChunk | None
-    block_tables: Mapping[str, tuple[int, ...]]  # request id -> its KV blocks, for every request in the step
-    preempted: tuple[str, ...] = ()
-
-    @property
-    def num_decode(self) -> int:
-        return len(self.decodes)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.decodes) + (self.prefill.num_tokens if self.prefill else 0)
-
-    @property
-    def is_empty(self) -> bool:
-        return self.num_tokens == 0
-
-    @property
-    def logit_rows(self) -> tuple[int, ...]:
-        """Rows whose logits are sampled: every decode row, and the chunk's last row if it completes."""
-        rows = tuple(range(len(self.decodes)))
-        return rows + ((self.num_tokens - 1,) if self.prefill and self.prefill.completes else ())
-
-    @property
-    def logit_request_ids(self) -> tuple[str, ...]:
-        ids = tuple(row.request_id for row in self.decodes)
-        return ids + ((self.prefill.request_id,) if self.prefill and self.prefill.completes else ())
-
-    # numpy views for building a StepBatch; the engine pads them to the plan's bucket
-    def token_ids(self) -> np.ndarray:  # int32 [N]
-        chunk = self.prefill.token_ids if self.prefill else ()
-        return np.asarray([r.token_id for r in self.decodes] + list(chunk), np.int32)
-
-    def positions(self) -> np.ndarray:  # int32 [N]
-        chunk = range(self.prefill.start, self.prefill.end) if self.prefill else ()
-        return np.asarray([r.position for r in self.decodes] + list(chunk), np.int32)
-
-    def slots(self) -> np.ndarray:  # int32 [N]
-        chunk = self.prefill.slots if self.prefill else ()
-        return np.asarray([r.slot for r in self.decodes] + list(chunk), np.int32)
-
-    def decode_context_lens(self) -> np.ndarray:  # int32 [B]: context of each decode row, its own token included
-        return np.asarray([r.position + 1 for r in self.decodes], np.int32)
-
-    def decode_block_tables(self, max_blocks: int) -> np.ndarray:  # int32 [B, max_blocks], padded with block 0
-        return _padded([self.block_tables[r.request_id] for r in self.decodes], max_blocks)
-
-    def prefill_block_table(self, max_blocks: int) -> np.ndarray:  # int32 [max_blocks], padded with block 0
-        return _padded([self.block_tables[self.prefill.request_id] if self.prefill else ()], max_blocks)[0]
-
-
-def _padded(tables: Sequence[Sequence[int]], max_blocks: int) -> np.ndarray:
-    out = np.zeros((len(tables), max_blocks), np.int32)
-    for i, table in enumerate(tables):
-        if len(table) > max_blocks:
-            raise ValueError(f"a block table of {len(table)} blocks does not fit max_blocks={max_blocks}")
-        out[i, :len(table)] = table
-    return out
 
 
 @dataclass(frozen=True)
@@ -149,14 +64,16 @@ class SchedulerSnapshot:
 
 
 class Scheduler:
-    def __init__(self, pool: BlockPool, max_num_seqs: int, max_batched_tokens: int, max_queue_depth: int,
+    def __init__(self, kv: KVCache | BlockPool, max_num_seqs: int, max_batched_tokens: int, max_queue_depth: int,
                  prefill_chunk_buckets: Sequence[int], *, enable_prefix_caching: bool = True,
                  extra_state: Mapping[str, StateAllocator] | None = None):
         if max_num_seqs < 1 or max_batched_tokens < 1 or max_queue_depth < 1:
             raise ValueError("max_num_seqs, max_batched_tokens and max_queue_depth must be >= 1")
         if not prefill_chunk_buckets or min(prefill_chunk_buckets) < 1:
             raise ValueError(f"bad prefill_chunk_buckets {prefill_chunk_buckets!r}")
-        self.pool = pool
+        # every paged KV kind (a lone BlockPool is the one full-attention kind "kv")
+        self.kv = kv if isinstance(kv, KVCache) else KVCache({kv.kind: kv})
+        self.pool = self.kv.primary  # the full-attention pool: counters, free-block reports
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
         self.max_queue_depth = max_queue_depth
@@ -178,7 +95,7 @@ class Scheduler:
             raise ValueError(f"request {request.request_id!r} was already scheduled once")
         # the last sampled token is never computed, so the context peaks at prompt + max_tokens - 1
         needed = self.pool.blocks_for(request.num_prompt_tokens + request.max_tokens - 1)
-        if needed > self.pool.num_usable_blocks:
+        if not self.kv.fits_alone(request.num_prompt_tokens + request.max_tokens - 1):
             raise RequestTooLongError(
                 f"request {request.request_id!r} needs {needed} KV blocks of {self.pool.block_size} tokens "
                 f"(prompt {request.num_prompt_tokens} + max_tokens {request.max_tokens}); the pool has "
@@ -192,7 +109,7 @@ class Scheduler:
     def can_admit(self, num_tokens: int = 0) -> bool:
         """Whether add() would queue a request now and the pool has free blocks for num_tokens of it.
         The engine's bounded wait for KV capacity polls this."""
-        return len(self.waiting) < self.max_queue_depth and self.pool.free_blocks >= self.pool.blocks_for(num_tokens)
+        return len(self.waiting) < self.max_queue_depth and self.kv.has_room_for(num_tokens)
 
     def get(self, request_id: str) -> Request | None:
         return self._active.get(request_id)
@@ -225,8 +142,7 @@ class Scheduler:
         return plan
 
     def _grow_or_preempt(self, request: Request, num_tokens: int, preempted: list[str]) -> bool:
-        kv = self._kv(request)
-        while not self.pool.grow(kv, num_tokens):
+        while not self.kv.grow(request.state, num_tokens):
             victim = self.running[-1]
             self._preempt(victim)
             preempted.append(victim.request_id)
@@ -250,23 +166,22 @@ class Scheduler:
         if partial:
             request = partial[0]
             start = request.num_computed_tokens
-            end = self._chunk_end(request, start, budget, self.pool.tokens_coverable(self._kv(request)))
+            end = self._chunk_end(request, start, budget, self.kv.tokens_coverable(request.state))
             if end <= start:
                 return None  # pool dry: it keeps its blocks and continues when decodes free some
-            assert self.pool.grow(self._kv(request), end)
+            assert self.kv.grow(request.state, end)
             return request, start, end
         if (not admit or not self.waiting or len(self.running) >= self.max_num_seqs
                 or not all(a.can_allocate() for a in self.extra_state.values())):
             return None
         request = self.waiting[0]
-        prefix = self.pool.find_prefix(request.all_token_ids) if self.prefix_caching else []
-        start = len(prefix) * self.pool.block_size
-        coverable = (len(prefix) + self.pool.free_blocks_after_sharing(prefix)) * self.pool.block_size
-        end = self._chunk_end(request, start, budget, coverable)
+        hit = self.kv.find_prefix(request.all_token_ids) if self.prefix_caching else self.kv.no_hit()
+        start = hit.num_blocks * self.kv.block_size
+        end = self._chunk_end(request, start, budget, self.kv.tokens_coverable_after(hit))
         if end <= start:
             return None  # no side effects: it stays first in line
-        self._admit(request)
-        assert request.num_computed_tokens == start and self.pool.grow(self._kv(request), end)
+        self._admit(request, hit)
+        assert request.num_computed_tokens == start and self.kv.grow(request.state, end)
         return request, start, end
 
     def _chunk_end(self, request: Request, start: int, budget: int, coverable: int) -> int:
@@ -276,11 +191,10 @@ class Scheduler:
             end = (end // bs) * bs  # a non-final chunk ends on a block boundary: its blocks commit at once
         return end
 
-    def _admit(self, request: Request) -> None:
+    def _admit(self, request: Request, hit: PrefixHit) -> None:
         self.waiting.popleft()
-        kv = self.pool.new_allocation()
-        cached = self.pool.adopt_prefix(kv, request.all_token_ids) if self.prefix_caching else 0
-        request.state = {"kv": kv}
+        request.state = self.kv.new_state()
+        cached = self.kv.adopt(request.state, hit) if self.prefix_caching else 0
         for kind, allocator in self.extra_state.items():
             request.state[kind] = allocator.new_allocation()
         request.num_computed_tokens = cached  # the one rule: a prefix hit is computed tokens
@@ -291,23 +205,24 @@ class Scheduler:
 
     def _build_plan(self, decodes: list[Request], chunk: tuple[Request, int, int] | None,
                     preempted: list[str]) -> StepPlan:
-        bs = self.pool.block_size
+        bs = self.kv.block_size
         rows, tables = [], {}
+
+        def slots(request_tables, p: int) -> tuple[int, ...]:  # position p's slot in each kind's pool
+            return tuple(table[p // bs] * bs + p % bs for table in request_tables)
+
         for request in decodes:
-            table = self._kv(request).block_table
+            tables[request.request_id] = request_tables = self.kv.tables(request.state)
             pos = request.num_computed_tokens
-            rows.append(DecodeRow(request.request_id, request.all_token_ids[pos], pos,
-                                  table[pos // bs] * bs + pos % bs))
-            tables[request.request_id] = tuple(table)
+            rows.append(DecodeRow(request.request_id, request.all_token_ids[pos], pos, slots(request_tables, pos)))
         prefill = None
         if chunk is not None:
             request, start, end = chunk
-            table = self._kv(request).block_table
-            slots = tuple(table[p // bs] * bs + p % bs for p in range(start, end))
-            prefill = PrefillChunk(request.request_id, start, tuple(request.all_token_ids[start:end]), slots,
+            tables[request.request_id] = request_tables = self.kv.tables(request.state)
+            prefill = PrefillChunk(request.request_id, start, tuple(request.all_token_ids[start:end]),
+                                   tuple(slots(request_tables, p) for p in range(start, end)),
                                    completes=end == request.num_tokens)
-            tables[request.request_id] = tuple(table)
-        return StepPlan(tuple(rows), prefill, tables, tuple(preempted))
+        return StepPlan(tuple(rows), prefill, tables, tuple(preempted), num_kinds=len(self.kv.kinds))
 
     def update(self, plan: StepPlan, sampled_token_ids: Sequence[int]) -> list[StepOutput]:
         """Apply a step's results: sampled_token_ids holds one token per plan.logit_request_ids entry.
@@ -330,7 +245,8 @@ class Scheduler:
                 raise RuntimeError(f"stale plan for {request_id!r}: it starts at {start}, not at "
                                    f"{request.num_computed_tokens}")
             request.num_computed_tokens += n
-            self.pool.commit_full_blocks(self._kv(request), request.all_token_ids, request.num_computed_tokens)
+            # commit full blocks to the prefix cache, then drop blocks that fell out of a sliding window
+            self.kv.commit(request.state, request.all_token_ids, request.num_computed_tokens)
         outputs = []
         for request_id, token in zip(plan.logit_request_ids, sampled_token_ids):
             request = self._running(request_id)
@@ -372,14 +288,13 @@ class Scheduler:
             self.num_finished += 1
 
     def _release_state(self, request: Request) -> None:
-        for kind, allocation in request.state.items():
-            (self.pool if kind == "kv" else self.extra_state[kind]).release(allocation)
+        self.kv.release(request.state)  # every block of every KV kind
+        for kind, allocator in self.extra_state.items():
+            if kind in request.state:
+                allocator.release(request.state[kind])
         request.state = {}
 
     # --- helpers ------------------------------------------------------------------------------------
-    def _kv(self, request: Request) -> KVAllocation:
-        return request.state["kv"]  # type: ignore[return-value]
-
     def _running(self, request_id: str) -> Request | None:
         request = self._active.get(request_id)
         return request if request is not None and request.status is RequestStatus.RUNNING else None

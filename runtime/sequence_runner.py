@@ -1,7 +1,8 @@
 """Run one sequence through a model step by step (prefill in chunks, then decode) over a paged pool.
 
 This is the single-request path (`ember generate`, reference tests). Block 0 of the pool is reserved
-for padding writes; the sequence owns blocks 1..n.
+for padding writes; the sequence owns blocks 1..n of every KV state kind's pool (a sliding-window kind
+keeps every block here too: this is the untrimmed reference the engine is checked against).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class SequenceRunner:
         blocks = max(math.ceil(max_tokens_in_context / block_size), MIN_BLOCKS)
         self.max_blocks = 1 << max(0, (blocks - 1).bit_length())  # power of two: few distinct shapes
         self.kv = model.new_kv(self.max_blocks + 1, block_size)
+        self.num_kinds = len(model.paged_kinds)  # one table per kind: the same blocks in each kind's pool
         self.block_table = np.arange(1, self.max_blocks + 1, dtype=np.int32)
         buckets = tuple(model.plan.manifest["entries"]["forward"]["prefill_buckets"])
         self.prefill_buckets = buckets
@@ -60,10 +62,10 @@ class SequenceRunner:
         batch = StepBatch(
             tokens=jnp.asarray(np.pad(np.asarray(chunk, np.int32), (0, pad))),
             positions=jnp.asarray(np.pad(positions, (0, pad))),
-            slots=jnp.asarray(np.pad(slots.astype(np.int32), (0, pad))),
-            dec_block_tables=jnp.zeros((0, self.max_blocks), jnp.int32),
+            slots=jnp.asarray(self._per_kind(np.pad(slots.astype(np.int32), (0, pad)))),
+            dec_block_tables=jnp.zeros((self.num_kinds, 0, self.max_blocks), jnp.int32),
             dec_ctx_lens=jnp.zeros((0,), jnp.int32),
-            pre_block_table=jnp.asarray(self.block_table),
+            pre_block_table=jnp.asarray(self._per_kind(self.block_table)),
             logit_rows=jnp.asarray(np.asarray(rows, np.int32)),
         )
         logits, self.kv = self.model.forward(self.kv, batch)
@@ -79,12 +81,15 @@ class SequenceRunner:
         batch = StepBatch(
             tokens=jnp.asarray([token], jnp.int32),
             positions=jnp.asarray([pos], jnp.int32),
-            slots=jnp.asarray([slot], jnp.int32),
-            dec_block_tables=jnp.asarray(self.block_table[None]),
+            slots=jnp.asarray(self._per_kind(np.asarray([slot], np.int32))),
+            dec_block_tables=jnp.asarray(self._per_kind(self.block_table[None])),
             dec_ctx_lens=jnp.asarray([pos + 1], jnp.int32),
-            pre_block_table=jnp.zeros((self.max_blocks,), jnp.int32),
+            pre_block_table=jnp.zeros((self.num_kinds, self.max_blocks), jnp.int32),
             logit_rows=jnp.asarray([0], jnp.int32),
         )
         logits, self.kv = self.model.forward(self.kv, batch)
         self.length += 1
         return np.asarray(logits)[0]
+
+    def _per_kind(self, a: np.ndarray) -> np.ndarray:  # [...] -> [K, ...]: the same table / slots for every kind
+        return np.broadcast_to(a, (self.num_kinds, *a.shape)).copy()

@@ -18,6 +18,7 @@ from .engine_step import make_step_fn, run_step
 from .model import Model
 from .sampling_params import RowState, SamplingParams
 from .scheduler import PrefillChunk, StepPlan
+from .state_kinds import engine_pool_blocks
 from .step_inputs import StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape
 
 DECODE_TILE = 16
@@ -43,13 +44,15 @@ class StepExecutor:
         self.deterministic = config.deterministic
         plan = model.deterministic_plan() if self.deterministic else model.plan
         self.step_fn = make_step_fn(plan.module.forward)
-        self.kv = model.new_kv(config.num_blocks, config.block_size)
+        # each layer's pool is sized by its state kind (the engine's KVCache uses the same sizes)
+        self.kv = model.new_kv(engine_pool_blocks(model.paged_kinds, config), config.block_size)
+        self.num_kinds = len(model.paged_kinds)
         self.vocab = int(model.dims.vocab)
 
     def shapes(self) -> list[StepShape]:
         if self.deterministic:
-            return [StepShape(DECODE_TILE, PREFILL_TILE, self.table_blocks)]
-        return all_step_shapes(self.decode_buckets, self.prefill_buckets, self.table_blocks)
+            return [StepShape(DECODE_TILE, PREFILL_TILE, self.table_blocks, self.num_kinds)]
+        return all_step_shapes(self.decode_buckets, self.prefill_buckets, self.table_blocks, self.num_kinds)
 
     def precompile(self, progress: bool = False) -> float:
         start = time.perf_counter()
@@ -73,7 +76,7 @@ class StepExecutor:
             return self._sampled(plan, self._run(build_step_batch(plan, shape), rows, shape))
         results: dict[str, Sampled] = {}
         for tile in _tiles(plan):
-            shape = StepShape(DECODE_TILE, PREFILL_TILE, self.table_blocks)
+            shape = StepShape(DECODE_TILE, PREFILL_TILE, self.table_blocks, self.num_kinds)
             tile_rows = [row_of[rid] for rid in tile.logit_request_ids]
             results.update(self._sampled(tile, self._run(build_step_batch(tile, shape), tile_rows, shape)))
         return results

@@ -52,6 +52,7 @@ class RequestStream:
         self._sync: queue.Queue = queue.Queue()
         self._async: asyncio.Queue | None = asyncio.Queue() if loop is not None else None
         self.finished = False
+        self._ended = False
 
     def push(self, output: RequestOutput) -> None:
         """Called by the engine thread."""
@@ -75,6 +76,19 @@ class RequestStream:
             raise RuntimeError("this stream was submitted outside an event loop: use `for`")
         while (item := await self._async.get()) is not _END:
             yield item
+
+    async def next_output(self, timeout: float | None = None) -> RequestOutput | None:
+        """The next output, or None once the stream ended; asyncio.TimeoutError after `timeout` seconds
+        without one (the stream stays usable: the server sends a heartbeat and asks again)."""
+        if self._async is None:
+            raise RuntimeError("this stream was submitted outside an event loop: use `for`")
+        if self._ended:
+            return None
+        item = await asyncio.wait_for(self._async.get(), timeout)
+        if item is _END:
+            self._ended = True
+            return None
+        return item
 
     def collect(self) -> dict[int, list[RequestOutput]]:
         """All outputs by choice index (blocking)."""

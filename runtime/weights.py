@@ -113,6 +113,8 @@ def _constant_arg(spec, resolved, loader: WeightLoader, arg: dict, layer: int) -
         return resolved.dims[arg["dim"]]
     if "kind" in arg:
         return kind_field(spec, resolved, layer, arg["kind"])
+    if "per_kind" in arg:  # a literal chosen by the layer's kind (e.g. its KV state kind's index)
+        return arg["per_kind"][resolved.layer_kinds[layer]]
     if "expr" in arg:
         return int(evaluate(arg["expr"], resolved.dims.as_dict()))
     if "weight" in arg:

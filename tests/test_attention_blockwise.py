@@ -45,9 +45,10 @@ class World:
     def slot(self, seq: int, pos: int) -> int:
         return self.blocks[seq][pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def table(self, seq: int, width: int) -> list[int]:
-        # the runtime lists every allocated block (some may be past the context), then pads with block 0
-        own = list(self.blocks[seq][:width])
+    def table(self, seq: int, width: int, dropped: int = 0) -> list[int]:
+        # the runtime lists every allocated block (some may be past the context), then pads with block 0;
+        # a sliding kind's table holds block 0 for its first `dropped` blocks (handed back)
+        own = [0] * dropped + list(self.blocks[seq][dropped:width])
         return own + [0] * (width - len(own))
 
 
@@ -77,24 +78,36 @@ def needed_blocks(world: World, pos: int) -> int:
 
 
 def step(fn, world: World, pools, decode: list[tuple[int, int]], chunk: tuple[int, int, int] | None,
-         window: int, width: int | None = None):
-    """Run one step. decode: (sequence, position) rows; chunk: (sequence, first position, token count)."""
+         window: int, width: int | None = None, *, trim: bool = False, kinds: int = 1, state: int = 0):
+    """Run one step. decode: (sequence, position) rows; chunk: (sequence, first position, token count).
+    trim: each table holds block 0 for the blocks wholly before its earliest query's window (what the
+    runtime's sliding kind hands back); kinds/state: the batch has `kinds` rows of slots and tables, this
+    layer's at row `state` (the others all block 0)."""
     rows = list(decode) + ([(chunk[0], chunk[1] + i) for i in range(chunk[2])] if chunk else [])
     need = max(needed_blocks(world, pos) for _, pos in rows)
     width = need if width is None else width
     assert width >= need
     q, k, v = (np.stack([world.vectors(tag, s, p) for s, p in rows]) for tag in range(3))
+
+    def dropped(earliest: int) -> int:
+        return max(0, (earliest - window + 1) // world.block_size) if trim and window else 0
+
+    def per_kind(a) -> jnp.ndarray:  # this layer's kind at row `state`, block 0 elsewhere
+        a = np.asarray(a, np.int32)
+        return jnp.asarray(np.stack([a if i == state else np.zeros_like(a) for i in range(kinds)]))
+
     batch = StepBatch(
         tokens=jnp.zeros(len(rows), jnp.int32),
         positions=jnp.asarray([p for _, p in rows], jnp.int32),
-        slots=jnp.asarray([world.slot(s, p) for s, p in rows], jnp.int32),
-        dec_block_tables=jnp.asarray([world.table(s, width) for s, _ in decode], jnp.int32).reshape(-1, width),
+        slots=per_kind([world.slot(s, p) for s, p in rows]),
+        dec_block_tables=per_kind(np.asarray([world.table(s, width, dropped(p)) for s, p in decode],
+                                             np.int32).reshape(-1, width)),
         dec_ctx_lens=jnp.asarray([p + 1 for _, p in decode], jnp.int32),
-        pre_block_table=jnp.asarray(world.table(chunk[0], width) if chunk else [0] * width, jnp.int32),
+        pre_block_table=per_kind(world.table(chunk[0], width, dropped(chunk[1])) if chunk else [0] * width),
         logit_rows=jnp.zeros(1, jnp.int32),
     )
-    out, k_pool, v_pool = fn(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.int32(window), *pools,
-                             batch, scale=1.0 / math.sqrt(world.dh))
+    out, k_pool, v_pool = fn(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.int32(window), jnp.float32(state),
+                             *pools, batch, scale=1.0 / math.sqrt(world.dh))
     return np.asarray(out), (k_pool, v_pool)
 
 
@@ -184,6 +197,25 @@ def test_prefill_chunking_changes_no_bit(heads, dh, block_size, window, start, c
     last = start + count - 1
     redo, _ = step(blockwise, world, pools_whole, [(seq, last)] + decode[:1], None, window)
     assert np.array_equal(whole[-1], redo[0])
+
+
+@SETTINGS
+@given(head_shapes, dims, block_sizes, st.sampled_from([1, 3, 8]), st.lists(positions, max_size=3), chunks, seeds)
+@example((4, 2), 16, 4, 3, [37, 9], (13, 10), 5)  # a chunk whose first query reaches back into a dropped block's
+def test_sliding_kind_reading_block_0_for_dropped_blocks_changes_no_bit(heads, dh, block_size, window,
+                                                                          dec_positions, chunk, seed):
+    """Both ops: tables holding block 0 (full of garbage) where a sliding kind dropped blocks before the
+    earliest query's window — chunked prefill included — give the bits of the untrimmed tables, and a
+    layer reads the kind row its state index names."""
+    world = make_world(seed, *heads, dh, block_size, len(dec_positions) + 1)
+    decode = list(enumerate(dec_positions))
+    pre = (len(decode), *chunk)
+    pools = initial_pools(world, {s: p for s, p in decode} | {pre[0]: pre[1]})
+    for fn in (blockwise, reference):
+        full, full_pools = step(fn, world, pools, decode, pre, window)
+        trimmed, trimmed_pools = step(fn, world, pools, decode, pre, window, trim=True, kinds=2, state=1)
+        assert np.array_equal(full, trimmed)
+        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(full_pools, trimmed_pools))
 
 
 def test_masked_block_leaves_state_bitwise_unchanged():

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.runtime.kv import (BlockPool, KVAllocation, NoFreeBlocksError, StateKind, allocators_for, block_hash,
-                              state_kinds)
+from ember.runtime.kv import BlockPool, KVAllocation, NoFreeBlocksError, block_hash
+from ember.runtime.state_kinds import StateKind, allocators_for, state_kinds
 from ember.runtime.plans import GENERATED_DIR as GENERATED
 
 
@@ -177,7 +177,9 @@ def test_bad_pool_shapes_are_refused():
 def test_state_kinds_of_generated_plans(arch):
     manifest = json.loads((GENERATED / "cpu" / arch / "manifest.json").read_text())
     kinds = state_kinds(manifest)
-    assert [k.name for k in kinds] == ["kv"] and kinds[0].paged
+    # one paged kind per attention kind: full attention, plus the sliding window where layers have one
+    assert [k.name for k in kinds] == (["kv", "kv_window"] if arch == "gemma3" else ["kv"])
+    assert all(k.paged for k in kinds) and set(manifest["layer_state"].values()) == {k.name for k in kinds}
     allocators = allocators_for(kinds, num_blocks=8, block_size=16)
     assert isinstance(allocators["kv"], BlockPool) and allocators["kv"].block_size == 16
 

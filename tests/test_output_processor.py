@@ -193,7 +193,7 @@ def test_max_tokens_flushes_held_text_and_a_stop_token_at_the_limit_still_stops(
 
 def test_engine_side_finish_length_flushes_and_abort_emits_nothing_held():
     tok = qwen()
-    for reason, text in (("length", "hello"), ("abort", "")):
+    for reason, text in (("length", "hello"), ("abort", ""), ("stop", "hello")):
         proc = processor(tok, stop=["o w"])
         assert proc.push(tok.token_to_id("hello")).text == "hell"
         end = proc.finish(reason)
@@ -202,7 +202,7 @@ def test_engine_side_finish_length_flushes_and_abort_emits_nothing_held():
         with pytest.raises(RuntimeError):
             proc.finish(reason)
     with pytest.raises(ValueError, match="finish reason"):
-        processor(tok).finish("stop")
+        processor(tok).finish("error")
 
 
 def test_logprobs_travel_with_their_token_ids():

@@ -357,3 +357,4 @@ def test_seeds_and_suppressed_ids():
     p = SamplingParams(stop_token_ids=(5, 6))
     assert p.suppressed_while_min_tokens([6, 7]) == (5, 6, 7)
     assert SamplingParams(ignore_eos=True, stop_token_ids=(5,)).suppressed_while_min_tokens([7]) == (5,)
+

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from ember.runtime.kv import BlockPool
+from ember.runtime.kv_cache import KVCache
+from ember.runtime.state_kinds import window_pool_blocks
 from ember.runtime.requests import Request, RequestStatus
 from ember.runtime.scheduler import QueueFullError, RequestTooLongError, Scheduler, StepPlan
 
@@ -41,56 +43,81 @@ def generate_alone(prompt: list[int], max_tokens: int, stop=(STOP,)) -> list[int
 
 
 class MockPlan:
+    """Shadow pools, one per KV state kind. A sliding kind is checked only inside each query's window (what
+    the attention mask lets it read); the full kind over the whole context."""
+
     def __init__(self, scheduler: Scheduler):
         self.scheduler = scheduler
-        pool = scheduler.pool
-        self.shadow = np.full(pool.num_blocks * pool.block_size, -1, np.int64)  # token id held by each slot
+        kv = scheduler.kv
+        self.shadow = {k.name: np.full(kv.pools[k.name].num_blocks * kv.block_size, -1, np.int64) for k in kv.kinds}
 
     def run(self, plan: StepPlan) -> list[int]:
-        pool, bs = self.scheduler.pool, self.scheduler.pool.block_size
-        assert plan.num_tokens <= self.scheduler.max_batched_tokens
-        writes = [(r.request_id, r.position, r.slot, r.token_id) for r in plan.decodes]
+        kv, bs = self.scheduler.kv, self.scheduler.kv.block_size
+        assert plan.num_tokens <= self.scheduler.max_batched_tokens and plan.num_kinds == len(kv.kinds)
+        writes = [(r.request_id, r.position, r.slots, r.token_id) for r in plan.decodes]
         if plan.prefill:
             c = plan.prefill
             writes += [(c.request_id, c.start + i, c.slots[i], c.token_ids[i]) for i in range(c.num_tokens)]
-        for request_id, pos, slot, token in writes:
-            table = plan.block_tables[request_id]
-            block = slot // bs
-            assert block != 0 and block == table[pos // bs] and slot % bs == pos % bs
-            assert pool.ref_count(block) == 1, f"write into shared block {block}"
-            assert pool.hash_of(block) is None, f"write into committed block {block}"
-            owners = [r.request_id for r in self.scheduler.running if block in r.block_table]
-            assert owners == [request_id], f"block {block} owned by {owners}"
-            self.shadow[slot] = token
+        for request_id, pos, slots, token in writes:
+            for k, kind in enumerate(kv.kinds):
+                pool, slot = kv.pools[kind.name], slots[k]
+                block = slot // bs
+                assert block != 0 and block == plan.block_tables[request_id][k][pos // bs] and slot % bs == pos % bs
+                assert pool.ref_count(block) == 1, f"write into shared block {block}"
+                assert pool.hash_of(block) is None, f"write into committed block {block}"
+                owners = [r.request_id for r in self.scheduler.running if block in r.state[kind.name].block_table]
+                assert owners == [request_id], f"block {block} owned by {owners}"
+                self.shadow[kind.name][slot] = token
         sampled = []
-        rows = [(r.request_id, r.position) for r in plan.decodes]
-        if plan.prefill:
-            rows.append((plan.prefill.request_id, plan.prefill.end - 1))
-        for request_id, last in rows:
-            table = np.asarray(plan.block_tables[request_id])
-            pos = np.arange(last + 1)
-            context = self.shadow[table[pos // bs] * bs + pos % bs]  # the reads attention would do
+        rows = [(r.request_id, r.position, True) for r in plan.decodes]
+        if plan.prefill:  # the chunk's first query reaches furthest back; its last one gives logits
+            rows += [(plan.prefill.request_id, plan.prefill.start, False),
+                     (plan.prefill.request_id, plan.prefill.end - 1, True)]
+        for request_id, last, logits in rows:
             truth = self.scheduler.get(request_id).all_token_ids[:last + 1]
-            assert context.tolist() == truth, f"{request_id} reads a corrupted context"
-            sampled.append(next_token(context))
+            for k, kind in enumerate(kv.kinds):
+                table = np.asarray(plan.block_tables[request_id][k])
+                first = max(0, last - kind.window + 1) if kind.window else 0
+                pos = np.arange(first, last + 1)
+                context = self.shadow[kind.name][table[pos // bs] * bs + pos % bs]  # the reads attention would do
+                assert context.tolist() == truth[first:], f"{request_id} reads a corrupted {kind.name} context"
+            if logits:
+                sampled.append(next_token(truth))
+        self.check_window_holdings(plan)
         if plan.prefill and not plan.prefill.completes:
             sampled.pop()  # a chunk that does not finish the prompt gives no logits
         assert len(sampled) == len(plan.logit_rows)
         return sampled
 
+    def check_window_holdings(self, plan: StepPlan) -> None:
+        """A sliding kind holds at most ceil(W / bs) + 1 blocks per decode row, + ceil(C / bs) in a chunk."""
+        kv, bs = self.scheduler.kv, self.scheduler.kv.block_size
+        chunk = plan.prefill.num_tokens if plan.prefill else 0
+        for request_id, tables in plan.block_tables.items():
+            extra = -(-chunk // bs) if plan.prefill and plan.prefill.request_id == request_id else 0
+            for k, kind in enumerate(kv.kinds):
+                if kind.window:
+                    held = sum(1 for b in tables[k] if b)
+                    assert held <= -(-kind.window // bs) + 1 + extra, (request_id, kind.name, tables[k])
+
 
 def check_invariants(s: Scheduler) -> None:
-    pool = s.pool
-    pool.check_consistency()
-    owners = Counter(b for r in s.running for b in r.block_table)
-    assert all(pool.ref_count(b) == owners[b] for b in range(1, pool.num_blocks))
+    s.kv.check_consistency()
+    for kind in s.kv.kinds:
+        pool = s.kv.pools[kind.name]
+        owners = Counter(b for r in s.running for b in r.state[kind.name].block_table if b)
+        assert all(pool.ref_count(b) == owners[b] for b in range(1, pool.num_blocks))
+        for r in s.running:
+            table = r.state[kind.name].block_table
+            assert r.num_computed_tokens <= len(table) * pool.block_size
+            if kind.window:  # between steps: only what the window still reaches
+                assert sum(1 for b in table if b) <= -(-kind.window // pool.block_size) + 1
     assert len(s.running) <= s.max_num_seqs
     for r in s.waiting:
         assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) and not r.state
         assert r.num_computed_tokens == 0
     for r in s.running:
         assert r.status is RequestStatus.RUNNING and 0 < r.num_tokens_to_compute
-        assert r.num_computed_tokens <= len(r.block_table) * pool.block_size
 
 
 def drive(s: Scheduler, mock: MockPlan, max_steps: int = 10_000, on_step=None) -> dict[str, list[int]]:
@@ -111,8 +138,15 @@ def drive(s: Scheduler, mock: MockPlan, max_steps: int = 10_000, on_step=None) -
     raise AssertionError("did not drain")
 
 
-def make(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, depth=64, buckets=(16, 32)) -> tuple:
-    return (s := Scheduler(BlockPool(num_blocks, block_size), max_num_seqs, budget, depth, buckets)), MockPlan(s)
+def make(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, depth=64, buckets=(16, 32), window=0,
+         window_blocks=None) -> tuple:
+    """window > 0 adds a sliding-window kind "kv_window" (its own pool of window_blocks, default num_blocks)
+    beside the full kind, as a model with sliding layers has."""
+    kv = BlockPool(num_blocks, block_size)
+    if window:
+        kv = KVCache({"kv": kv, "kv_window": BlockPool(window_blocks or num_blocks, block_size, kind="kv_window")},
+                     {"kv_window": window})
+    return (s := Scheduler(kv, max_num_seqs, budget, depth, buckets)), MockPlan(s)
 
 
 def request(rid: str, prompt, max_tokens=8, stop=(STOP,)) -> Request:
@@ -136,10 +170,10 @@ def test_decodes_first_then_one_chunk_fills_the_budget():
     assert [r.request_id for r in plan.decodes] == ["d0", "d1", "d2", "d3"]
     assert plan.prefill.request_id == "long" and (plan.prefill.start, plan.prefill.end) == (0, 12)
     assert plan.num_tokens == 16 and plan.logit_rows == (0, 1, 2, 3)  # chunk 0..12 is not the last
-    assert plan.token_ids().shape == plan.slots().shape == plan.positions().shape == (16,)
-    d0 = list(plan.block_tables["d0"])
-    assert plan.decode_block_tables(8)[0].tolist() == d0 + [0] * (8 - len(d0))  # padded with reserved block 0
-    assert plan.prefill_block_table(4).tolist() == list(plan.block_tables["long"]) + [0]
+    assert plan.token_ids().shape == plan.positions().shape == (16,) and plan.slots().shape == (1, 16)
+    d0 = list(plan.block_tables["d0"][0])
+    assert plan.decode_block_tables(8)[0, 0].tolist() == d0 + [0] * (8 - len(d0))  # padded with reserved block 0
+    assert plan.prefill_block_table(4)[0].tolist() == list(plan.block_tables["long"][0]) + [0]
     with pytest.raises(ValueError, match="max_blocks"):
         plan.prefill_block_table(2)
     s.update(plan, mock.run(plan))
@@ -170,8 +204,9 @@ def test_non_final_chunk_rounds_down_to_a_block_boundary():
 
 
 # --- prefix cache -------------------------------------------------------------------------------------
-def test_prefix_hit_shares_blocks_advances_computed_and_matches_uncached_output():
-    s, mock = make(block_size=16, num_blocks=200, budget=256, buckets=(256,))
+@pytest.mark.parametrize("window", [0, 40])
+def test_prefix_hit_shares_blocks_advances_computed_and_matches_uncached_output(window):
+    s, mock = make(block_size=16, num_blocks=200, budget=256, buckets=(256,), window=window)
     shared = prompt_of(1000, 3)
     a = request("a", shared + [5, 6, 7], max_tokens=6, stop=())
     s.add(a)
@@ -192,7 +227,7 @@ def test_prefix_hit_shares_blocks_advances_computed_and_matches_uncached_output(
     c = request("c", b_prompt, max_tokens=6, stop=())
     s.add(c)
     assert drive(s, mock)["c"] == b.output_token_ids and c.cached_tokens == 992
-    assert s.pool.free_blocks == s.pool.num_usable_blocks
+    assert s.pool.free_blocks == s.pool.num_usable_blocks and s.kv.all_free()
 
 
 def test_prefix_caching_can_be_turned_off():
@@ -205,8 +240,9 @@ def test_prefix_caching_can_be_turned_off():
 
 
 # --- preemption ---------------------------------------------------------------------------------------
-def test_preemption_when_the_pool_runs_dry_then_resume_with_identical_tokens():
-    s, mock = make(num_blocks=11, block_size=4, budget=64, buckets=(64,))  # 40 token slots
+@pytest.mark.parametrize("window", [0, 5])
+def test_preemption_when_the_pool_runs_dry_then_resume_with_identical_tokens(window):
+    s, mock = make(num_blocks=11, block_size=4, budget=64, buckets=(64,), window=window)  # 40 token slots
     prompts = {f"r{i}": prompt_of(9, 10 + i) for i in range(3)}
     s_requests = {rid: request(rid, p, max_tokens=20, stop=()) for rid, p in prompts.items()}
     for r in s_requests.values():
@@ -274,8 +310,9 @@ def test_max_num_seqs_bounds_the_running_set():
 
 # --- aborts -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("state", ["waiting", "mid_prefill", "decoding", "preempted", "between_steps"])
-def test_abort_at_every_state_frees_everything(state):
-    s, mock = make(num_blocks=11, block_size=4, budget=8, buckets=(8,))
+@pytest.mark.parametrize("window", [0, 5])
+def test_abort_at_every_state_frees_everything(state, window):
+    s, mock = make(num_blocks=11, block_size=4, budget=8, buckets=(8,), window=window)
     if state == "preempted":
         s.add(request("o", prompt_of(6, 2), max_tokens=25, stop=()))  # older: it preempts the victim
     s.add(victim := request("v", prompt_of(20, 1), max_tokens=20, stop=()))
@@ -300,7 +337,7 @@ def test_abort_at_every_state_frees_everything(state):
     check_invariants(s)
     assert not s.abort("v") and not s.abort("nobody")
     drive(s, mock)
-    assert s.pool.free_blocks == s.pool.num_usable_blocks and s.snapshot().aborted == 1
+    assert s.kv.all_free() and s.snapshot().aborted == 1
 
 
 # --- another kind of state ----------------------------------------------------------------------------
@@ -339,9 +376,17 @@ def test_extra_state_kind_is_owned_and_released_like_kv():
 
 
 # --- soak ---------------------------------------------------------------------------------------------
-def test_soak_500_requests_with_aborts_and_preemptions():
+SOAK_RULE_BLOCKS = window_pool_blocks(6, 4, max_num_seqs=8, max_batched_tokens=24) + 1  # + reserved block 0
+
+
+@pytest.mark.parametrize("window, window_blocks", [(0, None), (6, SOAK_RULE_BLOCKS), (6, 12)],
+                         ids=["full_only", "sliding_by_rule", "sliding_tight"])
+def test_soak_500_requests_with_aborts_and_preemptions(window, window_blocks):
+    """Also with a sliding-window kind of W=6 (not a multiple of the 4-token block) beside the full kind:
+    its pool sized by the rule, or so tight that it, not the full pool, forces preemptions."""
     rng = random.Random(1234)
-    s, mock = make(num_blocks=40, block_size=4, max_num_seqs=8, budget=24, depth=12, buckets=(8, 16))
+    s, mock = make(num_blocks=40, block_size=4, max_num_seqs=8, budget=24, depth=12, buckets=(8, 16),
+                   window=window, window_blocks=window_blocks)
     bases = [prompt_of(rng.randint(8, 30), 100 + i) for i in range(6)]
     pending = []
     for i in range(500):
@@ -392,6 +437,7 @@ def test_soak_500_requests_with_aborts_and_preemptions():
             assert streamed[rid] == expected[:len(streamed[rid])], rid  # aborted: a clean prefix
     pool = s.pool
     assert pool.free_blocks == pool.num_usable_blocks == pool.num_blocks - 1  # free + cached-free
+    assert s.kv.all_free()  # every kind's pool
     snap = s.snapshot()
     assert snap.finished == len(finished) and snap.aborted == len(aborted)
     # the soak really exercised what it claims to

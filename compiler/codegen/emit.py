@@ -10,7 +10,7 @@ from typing import Any
 
 import jinja2
 
-from ..ir import DimRef, Expr, Graph, KindRef, Node
+from ..ir import DimRef, Expr, Graph, KindRef, Node, PerKind
 from ..ops import OPS
 from ..pipeline import COMPILER_VERSION
 from ..spec import ModelSpec
@@ -99,8 +99,8 @@ def _render(value: Any) -> str:
         return f"dims.{value.name}"
     if isinstance(value, Expr):
         return _render_expr(value.text)
-    if isinstance(value, KindRef):
-        raise ValueError(f"layer-kind field {value} must be hoisted into a layer constant before codegen")
+    if isinstance(value, (KindRef, PerKind)):
+        raise ValueError(f"layer-kind value {value} must be hoisted into a layer constant before codegen")
     if isinstance(value, tuple):
         return "(" + ", ".join(_render(v) for v in value) + ("," if len(value) == 1 else "") + ")"
     return repr(value)
@@ -134,7 +134,12 @@ def _manifest(graph: Graph, spec: ModelSpec, target: Target) -> dict:
         "entries": {"forward": {"kinds": ["prefill", "decode", "mixed"],
                                 "decode_buckets": list(target.decode_buckets),
                                 "prefill_buckets": list(target.prefill_buckets)}},
-        "state": {"kv": {"per_layer": True, "axes": ["hkv", "dh"]}},
+        # one paged KV kind per distinct attention window (assign_state_kinds); `index` is the row of the
+        # kind's slots and block tables in a StepBatch, `layer_state` maps each layer kind to its state kind
+        "state": {decl.name: {"layout": "paged", "index": i, "window": _manifest_arg(decl.window),
+                              "per_layer": True, "axes": ["hkv", "dh"]}
+                  for i, decl in enumerate(graph.state_kinds)},
+        "layer_state": dict(graph.layer_state),
         "global_weights": sorted(_used_weights(graph, layer=False)),
         "layer_weights": sorted(_used_weights(graph, layer=True)),
         "packed_weights": {p.name: list(p.parts) for p in graph.packed_weights},
@@ -148,6 +153,8 @@ def _manifest_arg(value: Any) -> Any:
         return {"dim": value.name}
     if isinstance(value, KindRef):
         return {"kind": value.field}
+    if isinstance(value, PerKind):
+        return {"per_kind": dict(value.values)}
     if isinstance(value, Expr):
         return {"expr": value.text}
     if isinstance(value, tuple) and value and value[0] == "weight":

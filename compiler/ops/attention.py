@@ -3,12 +3,19 @@
 Pool layout: one pool per layer, k_pool, v_pool [num_blocks, block_size, hkv, dh] (a separate buffer
 per layer, so each step writes each buffer once, in place). Block 0 is reserved: padding rows write
 there and no sequence reads it.
+
+Sliding-window layers have their own, smaller pool (a state kind of their own): blocks wholly before a
+sequence's window are handed back and its table holds block 0 there. Reading block 0 is harmless: every
+position of such a block is older than `position - window + 1` for every query that can still run (the
+runtime only drops a block once the earliest query it will ever compute again is past it, chunked
+prefill included), so the mask gives it probability exactly 0, and 0 * (finite padding KV) adds exact
+zeros: the output is bitwise what the untrimmed table gives.
 """
 
 import jax
 import jax.numpy as jnp
 
-from ..batch import StepBatch
+from ..batch import StepBatch, kind_view
 
 
 def window_size(*, window) -> int:
@@ -16,18 +23,25 @@ def window_size(*, window) -> int:
     return int(window or 0)
 
 
-def paged_attention(q, k, v, window, k_pool, v_pool, batch: StepBatch, *, scale):
-    # q [N, hq, dh], k/v [N, hkv, dh], window: int32 scalar (0 = unlimited)
-    k_pool = _write(k_pool, batch.slots, k)
-    v_pool = _write(v_pool, batch.slots, v)
+def state_index(*, index) -> int:
+    """Per-layer constant: which state kind (KV pool, block tables) the layer's attention uses."""
+    return int(index or 0)
+
+
+def paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale):
+    # q [N, hq, dh], k/v [N, hkv, dh], window: int32 scalar (0 = unlimited), state: int32 scalar (kind index);
+    # k_pool, v_pool: this layer's pool, of its state kind
+    write_slots, dec_tables, pre_table = kind_view(batch, state)
+    k_pool = _write(k_pool, write_slots, k)
+    v_pool = _write(v_pool, write_slots, v)
     n_dec = batch.num_decode
     parts = []
     if n_dec:
-        slots = _table_slots(batch.dec_block_tables, k_pool.shape[1])  # [B, S]
+        slots = _table_slots(dec_tables, k_pool.shape[1])  # [B, S]
         parts.append(_attend(q[:n_dec, None], _gather(k_pool, slots), _gather(v_pool, slots),
                              batch.positions[:n_dec, None], window, scale)[:, 0])
     if q.shape[0] > n_dec:
-        slots = _table_slots(batch.pre_block_table[None], k_pool.shape[1])  # [1, S]
+        slots = _table_slots(pre_table[None], k_pool.shape[1])  # [1, S]
         parts.append(_attend(q[None, n_dec:], _gather(k_pool, slots), _gather(v_pool, slots),
                              batch.positions[None, n_dec:], window, scale)[0])
     out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]

@@ -18,7 +18,9 @@ Cost on CPU (2-core Xeon, hq 12, hkv 2, dh 128, 64 blocks of 16): 16 decode rows
 reference; a 256-token prefill chunk about 4-5x slower (elementwise sums instead of a gemm).
 
 Same signature, pool layout and return value as `attention.paged_attention`: k_pool, v_pool
-[layers, num_blocks, block_size, hkv, dh]; block 0 is reserved (padding rows write there).
+[num_blocks, block_size, hkv, dh] (this layer's, of its state kind); block 0 is reserved (padding rows
+write there). A sliding kind's table holds block 0 for blocks dropped before the window: those blocks are
+fully masked for every query, so they leave (m, l, acc) bitwise unchanged (`_fold_block`), as if unread.
 """
 
 from __future__ import annotations
@@ -26,23 +28,25 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..batch import StepBatch
+from ..batch import StepBatch, kind_view
 
 _F32 = jnp.float32
 
 
-def paged_attention_blockwise(q, k, v, window, k_pool, v_pool, batch: StepBatch, *, scale):
-    # q [N, hq, dh], k/v [N, hkv, dh], window: int32 scalar (0 = unlimited); this layer's pools
-    # k_pool, v_pool [blocks, bs, hkv, dh] -> (out [N, hq * dh], k_pool, v_pool), the step's k/v written first
-    k_layer = k_pool = _write_step_kv(k_pool, batch.slots, k)
-    v_layer = v_pool = _write_step_kv(v_pool, batch.slots, v)
+def paged_attention_blockwise(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale):
+    # q [N, hq, dh], k/v [N, hkv, dh], window: int32 scalar (0 = unlimited), state: int32 scalar (kind index);
+    # this layer's pools k_pool, v_pool [blocks, bs, hkv, dh] -> (out [N, hq * dh], k_pool, v_pool), the
+    # step's k/v written first
+    write_slots, dec_tables, pre_table = kind_view(batch, state)
+    k_layer = k_pool = _write_step_kv(k_pool, write_slots, k)
+    v_layer = v_pool = _write_step_kv(v_pool, write_slots, v)
     n_dec = batch.num_decode
     parts = []
     if n_dec:  # B rows of one token each
-        parts.append(_attend_blockwise(q[:n_dec, None], batch.positions[:n_dec, None], batch.dec_block_tables,
+        parts.append(_attend_blockwise(q[:n_dec, None], batch.positions[:n_dec, None], dec_tables,
                                        k_layer, v_layer, window, scale)[:, 0])
     if q.shape[0] > n_dec:  # one row of C tokens (the prefill chunk)
-        parts.append(_attend_blockwise(q[None, n_dec:], batch.positions[None, n_dec:], batch.pre_block_table[None],
+        parts.append(_attend_blockwise(q[None, n_dec:], batch.positions[None, n_dec:], pre_table[None],
                                        k_layer, v_layer, window, scale)[0])
     out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     return out.reshape(out.shape[0], -1), k_pool, v_pool

@@ -19,10 +19,24 @@ vLLM v0's):
    renormalised distribution; the top token is always kept), then min_p (drop tokens whose probability
    is below min_p * the top probability), and draw with the Gumbel-max trick.
 
+Grammar masks (constrained decoding) and forced tokens act on what is *picked*, never on what is reported:
+
+- `allowed_mask` (llguidance's packed bitmask: bit j of word w allows token 32*w + j) sends every
+  disallowed token to -inf *after* step 2: greedy takes argmax over the allowed tokens, and sampled rows
+  apply temperature, top-k, top-p and min-p to the masked distribution (so a filter can never leave a row
+  with nothing allowed). If a row's allowed tokens are all at -inf already (banned by logit_bias, held by
+  min_tokens) the grammar wins: the row takes its lowest allowed id. A row must allow at least one token.
+  An all-ones row is bit-identical to an unmasked one (`where(True, x, -inf)` is `x`).
+- `forced_token` >= 0 replaces the row's pick with that id (teacher-forced scoring); nothing else about
+  the row changes.
+
 Logprobs (our choice, stated once): `logprob` and `top_logprobs` are log_softmax of the **processed
 logits** of step 2 — after bias, suppression and penalties, before temperature and the top-k/top-p/min-p
 filters. They therefore describe the model's (penalised) distribution, not the truncated one a sampled
 token was drawn from, and a greedy and a sampled row report the same numbers for the same token.
+They are also taken *before* the grammar mask: a token the grammar forced reports the model's own
+probability of it (not 0), top_logprobs may list tokens the grammar forbids, and a forced token reports
+exactly what generation would have reported had it sampled that token.
 
 vLLM v1 differs in two places, both deliberate here: it applies min_p before top-k/top-p, and its
 default logprobs are of the raw logits (before bias and penalties).
@@ -62,6 +76,8 @@ class SamplingBatch(NamedTuple):
     history_ids: jax.Array  # i32 [R, H]; prompt + output ids, -1 = empty slot
     history_is_output: jax.Array  # bool [R, H]; True for generated tokens
     suppress_ids: jax.Array  # i32 [R, S]; ids forced to -inf (min_tokens), -1 = empty slot
+    allowed_mask: jax.Array  # i32 [R, ceil(V/32)]; grammar bitmask, bit j of word w = token 32w+j; -1 = all
+    forced_token: jax.Array  # i32 [R]; the id this row must emit, -1 = pick as usual
 
 
 class SampleResult(NamedTuple):
@@ -202,6 +218,28 @@ def filter_logits(scaled, params: SamplingBatch, candidate_window: int = CANDIDA
     return jnp.where(scaled < jnp.maximum(threshold, mth), -jnp.inf, scaled)
 
 
+def unpack_mask(mask, vocab):
+    """Packed bitmask i32 [R, W] -> bool [R, vocab] (W * 32 >= vocab; bits past vocab are ignored)."""
+    shifts = jnp.arange(32, dtype=jnp.int32)
+    bits = (mask[:, :, None] >> shifts) & 1  # [R, W, 32]; arithmetic shift, so `& 1` reads bit j of words < 0 too
+    return bits.reshape(mask.shape[0], -1)[:, :vocab].astype(bool)
+
+
+def _first_allowed(mask):
+    """The lowest allowed id of each row, from the packed mask i32 [R, W] -> i32 [R] (0 if none is)."""
+    word = jnp.argmax(mask != 0, axis=-1)  # [R]; the first word with a bit set
+    bits = jnp.take_along_axis(mask, word[:, None], -1)[:, 0]
+    lowest = bits & -bits  # its lowest set bit alone (two's complement; bit 31 survives the wrap)
+    return jnp.where(bits != 0, word * 32 + jax.lax.population_count(lowest - 1), 0).astype(jnp.int32)
+
+
+def apply_mask(processed, allowed_mask):
+    """processed f32 [R, V] with the tokens the packed mask forbids at -inf. Branch-free: one elementwise
+    pass that fuses with its neighbours (a lax.cond skipping unmasked batches cost as much on CPU, and a
+    GPU conditional adds a host sync)."""
+    return jnp.where(unpack_mask(allowed_mask, processed.shape[-1]), processed, -jnp.inf)
+
+
 def _row_gumbel(seed, step, vocab):
     # one row's noise [V]; the key depends on nothing but this row's seed and step
     key = jax.random.fold_in(jax.random.key(seed), step)
@@ -220,8 +258,9 @@ def sample(logits, params: SamplingBatch, num_top_logprobs: int = 0, *,
     rows, vocab = processed.shape
     logprobs = jax.nn.log_softmax(processed, axis=-1)  # [R, V]; see the module docstring for this choice
 
+    constrained = apply_mask(processed, params.allowed_mask)  # [R, V]; what is picked from, not reported
     greedy = params.temperature < GREEDY_EPSILON  # [R]
-    greedy_tokens = jnp.argmax(processed, axis=-1).astype(jnp.int32)
+    greedy_tokens = jnp.argmax(constrained, axis=-1).astype(jnp.int32)
 
     def draw(processed):
         temperature = jnp.where(greedy, 1.0, params.temperature)[:, None]
@@ -234,7 +273,11 @@ def sample(logits, params: SamplingBatch, num_top_logprobs: int = 0, *,
         return jnp.where(greedy, greedy_tokens, sampled)
 
     # an all-greedy batch skips the noise (V random numbers per row); rows do not depend on the branch
-    tokens = jax.lax.cond(jnp.all(greedy), lambda p: greedy_tokens, draw, processed)
+    tokens = jax.lax.cond(jnp.all(greedy), lambda p: greedy_tokens, draw, constrained)
+    # every allowed token at -inf (then so is the greedy pick): the grammar wins over bias/suppression
+    stuck = jnp.take_along_axis(constrained, greedy_tokens[:, None], -1)[:, 0] == -jnp.inf
+    tokens = jnp.where(stuck, _first_allowed(params.allowed_mask), tokens)
+    tokens = jnp.where(params.forced_token >= 0, params.forced_token, tokens)
 
     chosen = jnp.take_along_axis(logprobs, tokens[:, None], -1)[:, 0]
     k = min(int(num_top_logprobs), vocab)

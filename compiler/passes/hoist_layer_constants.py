@@ -1,7 +1,8 @@
 """Turn per-layer parameters into arrays computed once at load, so one layer body serves every layer.
 
 rope(q, k, positions, theta, scaling, divisors) becomes rope_apply(q, k, positions, inv_freq) with
-inv_freq a layer constant [layers, dh/2]; attention's window becomes a layer constant [layers]. This
+inv_freq a layer constant [layers, dh/2]; attention's window and state kind index (see
+assign_state_kinds) become layer constants [layers]. This
 is what lets the layer loop be a single scanned body even when layers differ (sliding vs global).
 """
 
@@ -29,12 +30,15 @@ def hoist_layer_constants(graph: Graph) -> Graph:
             node = Node("rope_apply", (*node.inputs, name), node.outputs, (),
                         (("style", node.attr("style")),))
         elif node.op == "attention":
-            name = f"attn_window{len(constants)}"
-            constants.append(LayerConstant(name, "ember.compiler.ops.attention:window_size",
+            window = f"attn_window{len(constants)}"
+            constants.append(LayerConstant(window, "ember.compiler.ops.attention:window_size",
                                            (("window", node.attr("window")),)))
-            inputs.append(name)
-            node = Node("attention", (*node.inputs, name), node.outputs, node.weights,
-                        tuple((k, v) for k, v in node.attrs if k != "window"))
+            state = f"attn_state{len(constants)}"
+            constants.append(LayerConstant(state, "ember.compiler.ops.attention:state_index",
+                                           (("index", node.attr("state", 0)),)))
+            inputs += [window, state]
+            node = Node("attention", (*node.inputs, window, state), node.outputs, node.weights,
+                        tuple((k, v) for k, v in node.attrs if k not in ("window", "state")))
         nodes.append(node)
     layer = replace(layer, nodes=tuple(nodes), inputs=tuple(inputs))
     return replace(graph.with_region(layer), layer_constants=tuple(constants))

@@ -3,7 +3,9 @@
 #
 # forward(dims, params, kv, batch) runs one engine step: the prologue, the layer body once per layer
 # (params.layers[i] and params.constants[i] hold layer i's weights and constants), then the epilogue.
-# kv is one (k_pool, v_pool) pair per layer, each [num_blocks, block_size, hkv, dh]; batch is a StepBatch.
+# kv is one (k_pool, v_pool) pair per layer, each [num_blocks, block_size, hkv, dh] with num_blocks that of
+# the pool of the layer's state kind (manifest "layer_state"); batch is a StepBatch holding slots and block
+# tables per state kind, and each layer's attention picks its kind's with its attn_state constant.
 import jax
 import jax.numpy as jnp
 
@@ -36,6 +38,7 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     rope_inv_freq0 = constants['rope_inv_freq0']
     attn_window1 = constants['attn_window1']
+    attn_state2 = constants['attn_state2']
     h = norm_rms_norm(x, w['attn_norm.weight'], eps=dims.eps)
     t_1, t_3, t_5 = linear_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
     q = linear_split_heads(t_1, heads=dims.hq)
@@ -44,7 +47,7 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
     q_1 = norm_rms_norm(q, w['attn_q_norm.weight'], eps=dims.eps)
     k_1 = norm_rms_norm(k, w['attn_k_norm.weight'], eps=dims.eps)
     q_2, k_2 = rope_rope(q_1, k_1, positions, rope_inv_freq0, style='neox')
-    a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_2, k_2, v, attn_window1, k_pool, v_pool, batch, scale=dims.attn_scale)
+    a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_2, k_2, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_12 = linear_linear(a, w['attn_output.weight'])
     t_13 = norm_rms_norm(t_12, w['post_attention_norm.weight'], eps=dims.eps)
     x_1, h_1 = norm_add_rms_norm(x, t_13, w['ffn_norm.weight'], eps=dims.eps)

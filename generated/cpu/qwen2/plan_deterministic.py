@@ -3,7 +3,9 @@
 #
 # forward(dims, params, kv, batch) runs one engine step: the prologue, the layer body once per layer
 # (params.layers[i] and params.constants[i] hold layer i's weights and constants), then the epilogue.
-# kv is one (k_pool, v_pool) pair per layer, each [num_blocks, block_size, hkv, dh]; batch is a StepBatch.
+# kv is one (k_pool, v_pool) pair per layer, each [num_blocks, block_size, hkv, dh] with num_blocks that of
+# the pool of the layer's state kind (manifest "layer_state"); batch is a StepBatch holding slots and block
+# tables per state kind, and each layer's attention picks its kind's with its attn_state constant.
 import jax
 import jax.numpy as jnp
 
@@ -34,13 +36,14 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     rope_inv_freq0 = constants['rope_inv_freq0']
     attn_window1 = constants['attn_window1']
+    attn_state2 = constants['attn_state2']
     h = norm_rms_norm(x, w['attn_norm.weight'], eps=dims.eps)
     t_1, t_3, t_5 = linear_linear_split(h, w['attn_q+attn_k+attn_v.weight'], w['attn_q+attn_k+attn_v.bias'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
     q = linear_split_heads(t_1, heads=dims.hq)
     k = linear_split_heads(t_3, heads=dims.hkv)
     v = linear_split_heads(t_5, heads=dims.hkv)
     q_1, k_1 = rope_rope(q, k, positions, rope_inv_freq0, style='neox')
-    a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_1, k_1, v, attn_window1, k_pool, v_pool, batch, scale=dims.attn_scale)
+    a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_1, k_1, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_10 = linear_linear(a, w['attn_output.weight'])
     x_1, h_1 = norm_add_rms_norm(x, t_10, w['ffn_norm.weight'], eps=dims.eps)
     t_13_t_14 = linear_linear(h_1, w['ffn_gate+ffn_up.weight'])

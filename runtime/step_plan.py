@@ -1,0 +1,106 @@
+"""What the scheduler hands the engine for one step: decode rows, at most one prefill chunk, and the
+block tables and slots of every request in it — one of each per paged KV state kind (full attention,
+sliding window; kinds in the plan's state index order), since each kind has its own pool."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    request_id: str
+    token_id: int  # the request's token at `position` (its last known one)
+    position: int
+    slots: tuple[int, ...]  # per kind: the flat KV slot it writes, block * block_size + offset
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    request_id: str
+    start: int  # position of the first token (the request's computed count when scheduled)
+    token_ids: tuple[int, ...]
+    slots: tuple[tuple[int, ...], ...]  # per token: its flat KV slot in each kind's pool
+    completes: bool  # reaches the request's last known token: its last row gives logits
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step: rows [0, B) are decode rows, rows [B, B + C) the prefill chunk. Block tables are
+    snapshots (tuples), valid for this step. preempted: requests sent back to the queue this step."""
+
+    decodes: tuple[DecodeRow, ...]
+    prefill: PrefillChunk | None
+    # request id -> its block table of each kind, for every request in the step (RESERVED_BLOCK 0 where a
+    # sliding kind dropped a block)
+    block_tables: Mapping[str, tuple[tuple[int, ...], ...]]
+    preempted: tuple[str, ...] = ()
+    num_kinds: int = 1  # K: paged KV state kinds
+
+    @property
+    def num_decode(self) -> int:
+        return len(self.decodes)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + (self.prefill.num_tokens if self.prefill else 0)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.num_tokens == 0
+
+    @property
+    def logit_rows(self) -> tuple[int, ...]:
+        """Rows whose logits are sampled: every decode row, and the chunk's last row if it completes."""
+        rows = tuple(range(len(self.decodes)))
+        return rows + ((self.num_tokens - 1,) if self.prefill and self.prefill.completes else ())
+
+    @property
+    def logit_request_ids(self) -> tuple[str, ...]:
+        ids = tuple(row.request_id for row in self.decodes)
+        return ids + ((self.prefill.request_id,) if self.prefill and self.prefill.completes else ())
+
+    # numpy views for building a StepBatch; the engine pads them to the plan's bucket
+    def token_ids(self) -> np.ndarray:  # int32 [N]
+        chunk = self.prefill.token_ids if self.prefill else ()
+        return np.asarray([r.token_id for r in self.decodes] + list(chunk), np.int32)
+
+    def positions(self) -> np.ndarray:  # int32 [N]
+        chunk = range(self.prefill.start, self.prefill.end) if self.prefill else ()
+        return np.asarray([r.position for r in self.decodes] + list(chunk), np.int32)
+
+    def slots(self) -> np.ndarray:  # int32 [K, N]
+        chunk = self.prefill.slots if self.prefill else ()
+        rows = [r.slots for r in self.decodes] + list(chunk)
+        return np.asarray(rows, np.int32).reshape(len(rows), self.num_kinds).T.copy()
+
+    def decode_context_lens(self) -> np.ndarray:  # int32 [B]: context of each decode row, its own token included
+        return np.asarray([r.position + 1 for r in self.decodes], np.int32)
+
+    def decode_block_tables(self, max_blocks: int) -> np.ndarray:  # int32 [K, B, max_blocks], padded with block 0
+        return np.stack([_padded([self.block_tables[r.request_id][k] for r in self.decodes], max_blocks)
+                         for k in range(self.num_kinds)])
+
+    def prefill_block_table(self, max_blocks: int) -> np.ndarray:  # int32 [K, max_blocks], padded with block 0
+        tables = self.block_tables[self.prefill.request_id] if self.prefill else ((),) * self.num_kinds
+        return _padded(tables, max_blocks)
+
+
+def _padded(tables: Sequence[Sequence[int]], max_blocks: int) -> np.ndarray:
+    out = np.zeros((len(tables), max_blocks), np.int32)
+    for i, table in enumerate(tables):
+        if len(table) > max_blocks:
+            raise ValueError(f"a block table of {len(table)} blocks does not fit max_blocks={max_blocks}")
+        out[i, :len(table)] = table
+    return out
