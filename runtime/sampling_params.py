@@ -33,6 +33,7 @@ PENALTY_LIMIT = 2.0  # |presence_penalty|, |frequency_penalty| bound of the Open
 SEED_MODULUS = 2**32  # seeds live in a u32 on device; larger (or negative) seeds are taken modulo this
 
 # generation_config.json keys that give defaults, and the field each fills
+MAX_SAMPLING_TEMPERATURE = 1e6  # temperatures above this sample exactly as this one (see pack_batch)
 _GENERATION_CONFIG_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                              "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 
@@ -235,7 +236,9 @@ def pack_batch(rows: Sequence[RowState], *, vocab_size: int, history_bucket: int
     batch = _inert_batch(count, history_bucket, bias_slots, suppress_slots, mask_words(vocab_size))
     for r, row in enumerate(rows):
         p = row.params
-        batch.temperature[r] = p.temperature
+        # past float32's range a temperature would overflow to inf and turn -inf logits into NaN; far
+        # below that, sampling is already uniform over the allowed tokens, so the cap changes nothing
+        batch.temperature[r] = min(p.temperature, MAX_SAMPLING_TEMPERATURE)
         batch.top_k[r] = max(p.top_k, 0) if p.top_k < vocab_size else 0  # k >= V keeps everything
         batch.top_p[r] = p.top_p
         batch.min_p[r] = p.min_p

@@ -28,3 +28,24 @@ def gemma_gguf() -> Path:
     from ember.runtime.loader.known_models import resolve_model
 
     return resolve_model("gemma-3-270m", progress=False)
+
+
+# ---- server tests: one live `ember serve` on a tiny chat model per test session ----------------------
+# (a 2-layer random-weight Qwen2 with the real Qwen2.5 tokenizer and chat template; tests/server_support.py)
+SERVER_ARGS = ("--max-num-seqs", "4", "--max-batched-tokens", "128", "--ctx", "2048", "--heartbeat-s", "0.5")
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(qwen_gguf, tmp_path_factory) -> Path:
+    from server_support import write_tiny_chat_model
+
+    return write_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat") / "tiny-qwen-chat", qwen_gguf)
+
+
+@pytest.fixture(scope="session")
+def server(tiny_chat_model):
+    from server_support import LiveServer
+
+    live = LiveServer(tiny_chat_model, *SERVER_ARGS)
+    yield live
+    live.stop()

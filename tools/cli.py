@@ -1,4 +1,4 @@
-"""The `ember` command: generate, bench, compile.
+"""The `ember` command: serve, generate, bench, compile.
 
 stdout carries only generated text; progress and the timing summary go to stderr, so scripts can
 pipe the text. Errors print one line (`ember: error: ...`) and exit 1 (2 for bad arguments).
@@ -44,6 +44,13 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from ..server.app import serve
+    from ..server.config import config_from_args
+
+    return serve(config_from_args(args))
+
+
 def _compile(args: argparse.Namespace) -> int:
     from ..compiler.build import GENERATED_DIR, compile_spec
     from ..compiler.spec import SPECS_DIR, known_archs
@@ -66,6 +73,12 @@ def _bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ember", description="Ember: LLM inference from declarative model specs.")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    from ..server.config import add_serve_arguments
+
+    srv = sub.add_parser("serve", help="serve a model over HTTP (OpenAI, Anthropic, Ollama, LM Studio APIs)")
+    add_serve_arguments(srv)
+    srv.set_defaults(run=_serve)
 
     gen = sub.add_parser("generate", help="generate text from a prompt")
     gen.add_argument("--model", default=os.environ.get("EMBER_MODEL", "qwen2.5-coder-1.5b-instruct"),

@@ -1,0 +1,68 @@
+"""What a chat choice's text becomes: content, reasoning and tool calls — whole (non-streaming) or as
+OpenAI-shaped chat deltas (streaming). Reasoning is split off first (`<think>` blocks, for models whose
+vocabulary has them), then the content goes through the tool-call parser (Qwen's `<tool_call>` blocks,
+arguments validated against the tool's schema)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .reasoning import ReasoningParser
+from .tool_stream import StreamingToolParser, openai_deltas, parse_tool_calls
+from .tools import ToolSpec, openai_tool_calls
+
+
+@dataclass
+class ParsedOutput:
+    content: str | None
+    reasoning: str | None = None
+    tool_calls: list[dict] = field(default_factory=list)  # OpenAI message.tool_calls entries
+
+
+def _reasoning_delta(text: str) -> dict:
+    return {"reasoning_content": text, "reasoning": text}
+
+
+class ChatOutputParser:
+    """One choice's streaming parser: feed text deltas, get OpenAI chat `delta` dicts."""
+
+    def __init__(self, *, tools: Sequence[ToolSpec], reasoning: ReasoningParser | None, incremental: bool):
+        self._reasoning = reasoning.stream() if reasoning is not None else None
+        self._tools = StreamingToolParser(tools, incremental=incremental) if tools else None
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return self._tools is not None and self._tools.has_tool_calls()
+
+    def feed(self, text: str) -> list[dict]:
+        if self._reasoning is None:
+            return self._content(text, final=False)
+        split = self._reasoning.feed(text)
+        return ([_reasoning_delta(split.reasoning)] if split.reasoning else []) + self._content(split.content, final=False)
+
+    def finish(self) -> list[dict]:
+        if self._reasoning is None:
+            return self._content("", final=True)
+        split = self._reasoning.finish()
+        return ([_reasoning_delta(split.reasoning)] if split.reasoning else []) + self._content(split.content, final=True)
+
+    def _content(self, text: str, *, final: bool) -> list[dict]:
+        if self._tools is None:
+            return [{"content": text}] if text else []
+        events = self._tools.feed(text) if text else []
+        if final:
+            events += self._tools.finish()
+        return openai_deltas(events)
+
+
+def parse_chat_output(text: str, *, tools: Sequence[ToolSpec], reasoning: ReasoningParser | None) -> ParsedOutput:
+    reasoning_text = None
+    if reasoning is not None:
+        split = reasoning.split(text)
+        reasoning_text, text = split.reasoning or None, split.content
+    if not tools:
+        return ParsedOutput(text, reasoning_text)
+    reply = parse_tool_calls(text, tools)
+    calls = openai_tool_calls(reply.calls)
+    return ParsedOutput(reply.content if reply.content or not calls else None, reasoning_text, calls)

@@ -1,0 +1,124 @@
+"""`ember serve` settings: one frozen dataclass, filled from CLI flags, each also readable from EMBER_*."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+
+from ..runtime.loader.known_models import DEFAULT_MODEL
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model: str = DEFAULT_MODEL  # a known model name or a path (GGUF file, HF folder)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None  # when set, every route but /health needs it (Bearer or x-api-key)
+    served_model_name: str | None = None  # the name clients use; default: the model's own name
+    ctx: int | None = None  # longest context of one request (prompt + output); default min(model's, 8192)
+    kv_memory_gib: float = 2.0  # KV pool budget; the pool always holds at least one full context
+    max_num_seqs: int = 16
+    max_batched_tokens: int = 512
+    max_queue_depth: int = 256
+    request_timeout: float = 600.0  # seconds from arrival; past it a request ends with 504
+    max_output_tokens: int | None = None  # cap for a request that omits max_tokens; default: the context
+    deterministic: bool = False
+    target: str = "cpu"
+    cors_origins: tuple[str, ...] = ()  # empty: CORS off; "*" allows any origin
+    max_body_bytes: int = 8 * 1024 * 1024
+    heartbeat_s: float = 5.0  # SSE comment while a stream is queued or in a long prefill
+    drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight requests may finish
+    stream_usage: bool = True  # the final usage chunk of OpenAI streams (also per request stream_options)
+    precompile: bool = True  # compile every step shape before /health turns ready
+
+
+_ENV_PREFIX = "EMBER_"
+
+
+def _env_name(field_name: str) -> str:
+    return _ENV_PREFIX + field_name.upper()
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    return tuple(o.strip() for o in text.split(",") if o.strip())
+
+
+# flag -> (field, parser, help)
+_FLAGS = {
+    "--model": ("model", str, "a known model name or a path to a GGUF file / HF checkpoint folder"),
+    "--host": ("host", str, "address to listen on"),
+    "--port": ("port", int, "port to listen on"),
+    "--api-key": ("api_key", str, "require this key (Authorization: Bearer KEY or x-api-key: KEY)"),
+    "--served-model-name": ("served_model_name", str, "the model name clients see and send"),
+    "--ctx": ("ctx", _positive_int, "longest context of one request, prompt + output (tokens)"),
+    "--kv-memory-gib": ("kv_memory_gib", _positive_float, "memory for the KV cache pool, GiB"),
+    "--max-num-seqs": ("max_num_seqs", _positive_int, "sequences decoded together at most"),
+    "--max-batched-tokens": ("max_batched_tokens", _positive_int, "tokens per engine step at most"),
+    "--max-queue-depth": ("max_queue_depth", _positive_int, "waiting requests beyond which new ones get 429"),
+    "--request-timeout": ("request_timeout", _positive_float, "seconds a request may take before 504"),
+    "--max-output-tokens": ("max_output_tokens", _positive_int, "cap for requests that omit max_tokens"),
+    "--target": ("target", str, "compiler target of the plans (cpu, h200)"),
+    "--cors-origins": ("cors_origins", _origins, "comma-separated allowed origins (* for any); off by default"),
+    "--max-body-bytes": ("max_body_bytes", _positive_int, "largest request body accepted (else 413)"),
+    "--heartbeat-s": ("heartbeat_s", _positive_float, "SSE heartbeat interval while waiting"),
+    "--drain-grace-s": ("drain_grace_s", _positive_float, "SIGTERM: grace period for in-flight requests"),
+}
+_SWITCHES = {
+    "--deterministic": ("deterministic", "batch-invariant plans: same tokens and logprobs alone or under load"),
+    "--no-stream-usage": ("stream_usage", "omit the usage chunk of OpenAI streams unless a request asks"),
+    "--no-precompile": ("precompile", "compile step shapes lazily instead of before serving"),
+}
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    for flag, (name, parse, help_text) in _FLAGS.items():
+        parser.add_argument(flag, dest=name, type=parse, default=None,
+                            help=f"{help_text} [env {_env_name(name)}]")
+    for flag, (name, help_text) in _SWITCHES.items():
+        parser.add_argument(flag, dest=name, action="store_true", default=None,
+                            help=f"{help_text} [env {_env_name(name)}]")
+
+
+def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> ServeConfig:
+    """Flags win over EMBER_* variables, which win over the defaults."""
+    environ = os.environ if environ is None else environ
+    parsers = {name: parse for name, parse, _ in _FLAGS.values()}
+    switches = {name for name, _ in _SWITCHES.values()}
+    values = {}
+    for f in fields(ServeConfig):
+        given = getattr(args, f.name, None)
+        if given is not None:
+            values[f.name] = (not f.default) if f.name in switches and f.default is True else given
+            continue
+        raw = environ.get(_env_name(f.name))
+        if raw is None or raw == "":
+            continue
+        try:
+            values[f.name] = _parse_bool(raw) if f.name in switches else parsers[f.name](raw)
+        except (ValueError, argparse.ArgumentTypeError) as error:
+            raise SystemExit(f"ember: error: {_env_name(f.name)}={raw!r}: {error}") from None
+    return ServeConfig(**values)

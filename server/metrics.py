@@ -1,0 +1,89 @@
+"""Prometheus metrics (`GET /metrics`), named after vLLM's with the `ember:` prefix.
+
+Engine state (running/waiting requests, KV usage, prefix-cache and preemption counters, token totals)
+is read from the engine at scrape time by a collector; latencies are histograms the server observes
+as outputs stream (`Generation` calls the hooks), and outcomes count by finish reason or HTTP status.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+_ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+
+
+class _EngineCollector:
+    def __init__(self, service):
+        self.service = service
+
+    def collect(self):
+        engine = self.service.engine
+        label = ["model_name"]
+        name = [self.service.model_name]
+        snap = engine.snapshot() if engine is not None else None
+        running = GaugeMetricFamily("ember:num_requests_running", "Requests in the running batch", labels=label)
+        waiting = GaugeMetricFamily("ember:num_requests_waiting", "Requests waiting to be scheduled", labels=label)
+        usage = GaugeMetricFamily("ember:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)", labels=label)
+        running.add_metric(name, snap["running"] if snap else 0)
+        waiting.add_metric(name, snap["waiting"] if snap else 0)
+        total = snap["total_kv_blocks"] if snap else 0
+        usage.add_metric(name, (1 - snap["free_kv_blocks"] / total) if total else 0.0)
+        yield from (running, waiting, usage)
+        kv = snap["kv"] if snap else None
+        for metric, help_text, value in (
+            ("ember:prefix_cache_queries", "Prompts looked up in the prefix cache", kv.prefix_queries if kv else 0),
+            ("ember:prefix_cache_hits", "Prompts that reused at least one cached block", kv.prefix_hits if kv else 0),
+            ("ember:prefix_cache_reused_tokens", "Prompt tokens served from the prefix cache",
+             kv.reused_tokens if kv else 0),
+            ("ember:prefix_cache_evictions", "Cached blocks evicted to make room", kv.evictions if kv else 0),
+            ("ember:num_preemptions", "Requests preempted for lack of KV blocks", snap["preemptions"] if snap else 0),
+            ("ember:prompt_tokens", "Prompt tokens of finished requests",
+             engine.counters.prompt_tokens if engine else 0),
+            ("ember:generation_tokens", "Generated tokens of finished requests",
+             engine.counters.generation_tokens if engine else 0),
+        ):
+            family = CounterMetricFamily(metric, help_text, labels=label)
+            family.add_metric(name, value)
+            yield family
+
+
+class ServerMetrics:
+    def __init__(self, service):
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(service))
+        self.ttft = Histogram("ember:time_to_first_token_seconds", "Arrival to first token",
+                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram("ember:inter_token_latency_seconds", "Time between streamed token outputs",
+                             buckets=_ITL_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("ember:e2e_request_latency_seconds", "Arrival to finish",
+                             buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.queue = Histogram("ember:request_queue_time_seconds", "Arrival to first scheduled",
+                               buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.outcomes = Counter("ember:request_success", "Finished generations by finish reason",
+                                ["finished_reason"], registry=self.registry)
+        self.http = Counter("ember:http_requests", "HTTP responses by route and status",
+                            ["route", "status"], registry=self.registry)
+        self.started = Counter("ember:requests_started", "Generations submitted to the engine",
+                               registry=self.registry)
+
+    def request_started(self) -> None:
+        self.started.inc()
+
+    def observe_inter_token(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+
+    def request_ended(self, reason: str, usage) -> None:
+        self.outcomes.labels(reason).inc()
+        if usage is not None:
+            self.ttft.observe(usage.ttft_s)
+            self.e2e.observe(usage.e2e_s)
+            self.queue.observe(usage.queue_s)
+
+    def http_response(self, route: str, status: int) -> None:
+        self.http.labels(route, str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

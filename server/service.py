@@ -1,0 +1,227 @@
+"""The model behind the server: loading, prompts, and submitting to the one engine.
+
+Every protocol handler goes through `ModelService`: it renders chat messages with the model's template,
+encodes prompts, fills sampling settings (the checkpoint's generation_config for what a request omits),
+and submits to the engine, turning the runtime's exceptions into `ApiError`s (400 with the field,
+429 when the queue is full, 503 while loading or draining).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..runtime.engine import Engine, kv_bytes_per_block, sized_config
+from ..runtime.loader.chat_template import ChatTemplate, ChatTemplateError
+from ..runtime.loader.known_models import resolve_model
+from ..runtime.model import Model, load_model
+from ..runtime.prompting import end_of_generation_ids, load_tokenizer
+from ..runtime.sampling_params import SamplingParams
+from ..runtime.scheduler import QueueFullError
+from ..runtime.streams import RequestStream
+from .config import ServeConfig
+from .errors import ApiError, bad_request
+
+CPU_DEFAULT_CONTEXT = 8192  # the default --ctx cap: a decode step reads every block of the table width
+# Template inputs a request may not override through chat_template_kwargs: they change how the
+# template itself works rather than what it says.
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt",
+                                      "continue_final_message", "bos_token", "eos_token", "chat_template",
+                                      "tokenize", "raise_exception", "strftime_now"})
+_SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
+
+
+class ModelService:
+    def __init__(self, config: ServeConfig):
+        self.config = config
+        self.state = "loading"  # loading -> ready -> draining; or failed
+        self.load_error: str | None = None
+        self.model: Model | None = None
+        self.engine: Engine | None = None
+        self.tokenizer = None
+        self.template: ChatTemplate | None = None
+        self.eos_ids: frozenset[int] = frozenset()
+        self.model_name = config.served_model_name or _model_name(config.model)
+        self.created = int(time.time())
+        self.load_seconds: float | None = None
+        self.compile_seconds: float | None = None
+        self._ready = threading.Event()
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Blocking: resolve, load, build the engine, compile its step shapes. Run off the event loop."""
+        try:
+            started = time.perf_counter()
+            path = resolve_model(self.config.model, progress=True)
+            model = load_model(path, target=self.config.target, progress=True)
+            tokenizer = load_tokenizer(model.checkpoint)
+            self.model, self.tokenizer = model, tokenizer
+            if tokenizer.chat_template:
+                self.template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token,
+                                             eos_token=tokenizer.eos_token, origin="model")
+            self.eos_ids = end_of_generation_ids(tokenizer, model.checkpoint.generation_config)
+            context = self._context_length(model)
+            kv_bytes = int(self.config.kv_memory_gib * 2**30)
+            block = 16
+            min_bytes = kv_bytes_per_block(model, block) * math.ceil(context / block)
+            engine_config = sized_config(
+                model, kv_memory_bytes=max(kv_bytes, min_bytes), block_size=block, max_model_len=context,
+                max_num_seqs=self.config.max_num_seqs, max_batched_tokens=self.config.max_batched_tokens,
+                max_queue_depth=self.config.max_queue_depth, deterministic=self.config.deterministic,
+                max_queue_wait_s=self.config.request_timeout)
+            self.engine = Engine(model, tokenizer, engine_config, stop_token_ids=self.eos_ids)
+            try:
+                self.engine.grammar_tokenizer()  # ~1 s for a 150k vocabulary: once, before serving
+            except ValueError as error:
+                print(f"ember: constrained decoding unavailable: {error}", file=sys.stderr)
+            self.load_seconds = time.perf_counter() - started
+            if self.config.precompile:
+                self.compile_seconds = self.engine.precompile(progress=True)
+            self.state = "ready"
+        except Exception as error:  # reported by /health and the log; the server keeps answering 503
+            self.state, self.load_error = "failed", f"{type(error).__name__}: {error}"
+            print(f"ember: error: loading {self.config.model} failed: {self.load_error}", file=sys.stderr)
+        finally:
+            self._ready.set()
+
+    def _context_length(self, model: Model) -> int:
+        trained = int(model.dims.as_dict().get("max_context") or 0) or None
+        if self.config.ctx is not None:
+            return min(self.config.ctx, trained) if trained else self.config.ctx
+        return min(trained or CPU_DEFAULT_CONTEXT, CPU_DEFAULT_CONTEXT)
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        return self._ready.wait(timeout)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+    @property
+    def is_ready(self) -> bool:
+        return self.state == "ready"
+
+    def require_ready(self) -> Engine:
+        if self.state == "ready" and self.engine is not None:
+            return self.engine
+        if self.state == "draining":
+            raise ApiError(503, "the server is shutting down")
+        if self.state == "failed":
+            raise ApiError(503, f"the model failed to load: {self.load_error}")
+        raise ApiError(503, "the model is still loading")
+
+    def check_model(self, requested: Any, param: str = "model") -> None:
+        """404 for a model name that is not the one served (absent means the served one)."""
+        if requested is None or requested == "":
+            return
+        if not isinstance(requested, str):
+            raise bad_request("model must be a string", param)
+        if requested not in (self.model_name, self.config.model):
+            raise ApiError(404, f"the model '{requested}' does not exist; this server serves "
+                                f"'{self.model_name}'", param, code="model_not_found")
+
+    # ---- what the protocols share ---------------------------------------------------------------
+
+    @property
+    def context_length(self) -> int:
+        return self.engine.config.max_model_len if self.engine is not None else (self.config.ctx or 0)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.dims.vocab)
+
+    def render_chat(self, messages: list[dict], *, tools: list[dict] | None = None,
+                    template_kwargs: Mapping[str, Any] | None = None, add_generation_prompt: bool = True,
+                    param: str = "messages") -> str:
+        self.require_ready()
+        if self.template is None:
+            raise bad_request("this model has no chat template: use the completions endpoint", param)
+        kwargs = dict(template_kwargs or {})
+        refused = sorted(set(kwargs) & RESERVED_TEMPLATE_KWARGS)
+        if refused:
+            raise bad_request(f"chat_template_kwargs may not set {', '.join(refused)}", "chat_template_kwargs")
+        try:
+            return self.template.render(messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
+                                        **kwargs)
+        except ChatTemplateError as error:
+            raise bad_request(f"the chat template rejected the messages: {error.problem}", param) from error
+
+    def encode_chat(self, text: str) -> list[int]:
+        """A rendered chat prompt: the template wrote every special token already."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=True)
+
+    def check_token_ids(self, ids: Any, param: str) -> list[int]:
+        if not isinstance(ids, list) or not ids:
+            raise bad_request("expected a non-empty list of token ids", param)
+        vocab = self.vocab_size
+        for i, token in enumerate(ids):
+            if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab:
+                raise bad_request(f"token ids must be integers in [0, {vocab})", f"{param}[{i}]")
+        return list(ids)
+
+    def sampling_params(self, fields_given: Mapping[str, Any], *, rename: Mapping[str, str] | None = None
+                        ) -> SamplingParams:
+        """SamplingParams from a request's fields (SamplingParams names; None = omitted), on top of the
+        checkpoint's generation_config. `rename` maps field names back to the protocol's for errors."""
+        engine = self.require_ready()
+        given = {k: v for k, v in fields_given.items() if v is not None}
+        try:
+            params = engine.default_params(**given)
+            params.validate(self.vocab_size)
+        except (ValueError, TypeError) as error:
+            name = str(error).split(":", 1)[0]
+            param = (rename or {}).get(name, name) if name in _SAMPLING_FIELDS else None
+            raise bad_request(str(error), param) from error
+        return params
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str,
+               max_tokens_param: str = "max_tokens", prompt_param: str = "messages") -> RequestStream:
+        """Queue a request. max_tokens absent: until the model stops, up to the configured cap."""
+        engine = self.require_ready()
+        room = self.context_length - len(prompt_ids)
+        if room < 1:
+            raise bad_request(f"the prompt is {len(prompt_ids)} tokens; this model's context is "
+                              f"{self.context_length} tokens", prompt_param)
+        if params.max_tokens is None:
+            cap = min(room, self.config.max_output_tokens or room)
+            params = _replace_max_tokens(params, cap)
+        elif params.max_tokens > room:
+            raise bad_request(f"max_tokens ({params.max_tokens}) + the prompt ({len(prompt_ids)} tokens) exceed "
+                              f"the context of {self.context_length} tokens", max_tokens_param)
+        try:
+            return engine.submit(prompt_ids, params, request_id=request_id)
+        except QueueFullError as error:
+            raise ApiError(429, str(error)) from error
+        except ValueError as error:
+            raise bad_request(str(error)) from error
+
+    def grammar_tokenizer(self):
+        """llguidance's tokenizer for the served model (tool-call grammars name special tokens through it)."""
+        try:
+            return self.require_ready().grammar_tokenizer().lltokenizer
+        except ValueError as error:
+            raise ApiError(400, f"this model cannot do constrained decoding: {error}") from error
+
+    def abort(self, request_id: str) -> None:
+        if self.engine is not None:
+            self.engine.abort(request_id)
+
+
+def _replace_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
+    return replace(params, max_tokens=max_tokens)
+
+
+def _model_name(model: str) -> str:
+    path = Path(model).expanduser()
+    if path.exists():
+        return path.stem if path.is_file() else path.name
+    return model

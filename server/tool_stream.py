@@ -1,0 +1,375 @@
+"""Finding tool calls in generated text. The chat template (Hermes/Qwen2.5 style) shows the model
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+blocks, possibly several, possibly after some text. Some models write the same JSON in a Markdown code
+fence instead (```json, ``` or ```tool_call), which llama.cpp's Hermes parser also takes for a call.
+`parse_tool_calls` reads a whole reply, `StreamingToolParser` reads text deltas split anywhere and
+gives the same result.
+
+Rules (the same in both, so a streamed reply equals the non-streamed one):
+- A tag block runs from `<tool_call>` to the first `</tool_call>`, or to the end of the text when the
+  close tag never came (generation stopped right after the JSON). It is a call when its body is a
+  JSON object whose "name" is a declared tool and whose "arguments" object ("parameters" is accepted
+  too, as llama.cpp does) satisfies that tool's schema.
+- A fence is ``` at the start of a line (spaces and tabs may come before it) outside a tag block.
+  A fence opens a block that may be a call when the rest of its line (the info string) is empty,
+  `json` or `tool_call` (case and surrounding blanks ignored), that line is complete, and the first
+  non-blank character after it is `{` or `[`. The block runs to the next fence (its three backticks;
+  the rest of that line is text again) or to the end of the text (a call cut off before its
+  closing fence still counts). It is a call when its body is
+  one call object as in a tag block, or several when the body is a non-empty array of them, all valid.
+- Every other fence opens or closes an ordinary code block, in turn (inside one, the next fence
+  closes it whatever follows on its line), and is content, as is the code. `<tool_call>` blocks are
+  still found inside ordinary code blocks; nothing is searched for in a rejected fenced block.
+- A block that is not a call (unknown tool, bad JSON, arguments against the schema) stays in the
+  content verbatim, tags or fences included, as vLLM does: the client sees what the model wrote
+  instead of a call the tool cannot run.
+- Whitespace between content and a call, and between calls, is dropped (it is the template's
+  separator, not something the model says).
+- `arguments` is the raw text of the arguments object as the model wrote it when the body is an
+  object that starts `{"name": ..., "arguments": ...` (what the template shows the model; or
+  "parameters"); otherwise (other key orders, arrays) it is the object re-serialised.
+
+Streaming holds back text that may be the start of `<tool_call>` or of a fence (like a stop string),
+the whitespace before it, and a fence's line until its info string shows whether it may be a call.
+A fence that may be a call is held back while it still may be one: it is released as content as
+soon as it cannot, that is when its info string names another language, when its body starts with
+something else than `{` or `[`, or when the JSON value in it has ended and is not a call or is
+followed by more than blanks; what follows streams at once (only blanks, which a call may follow,
+and the start of a possible fence wait). Nothing held back is ever emitted and then taken back.
+By default a block that may be a call is buffered until it closes and is then checked.
+With `incremental=True` a call is announced as soon as its name (a declared tool) and the opening
+`{` of its arguments have arrived, in the template's key order, and the arguments stream as they are
+written (other bodies — every fenced block among them, since no grammar covers fences — are buffered
+and decided at the close); the call can
+then no longer be taken back, so use it when a grammar (`tool_grammar.py`) guarantees valid calls. A
+call cut off by max_tokens is then still reported, with whatever arguments text was generated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ember.server.tool_events import (ContentDelta, ToolCallArgs, ToolCallEnd, ToolCallStart, ToolEvent,
+                                      anthropic_input_json_delta, anthropic_tool_use_start, openai_deltas)
+from ember.server.tool_fences import (CANONICAL_PREFIX, FENCE, JsonEndScanner, fence_body_start, find_fence,
+                                      is_call_language, line_blank_after, line_blank_at, may_be_call_language,
+                                      parse_call_body, parse_fence_body, partial_fence_length)
+from ember.server.tools import ToolCall, ToolSpec, new_tool_call_id
+
+__all__ = ["ContentDelta", "ParsedReply", "StreamingToolParser", "ToolCallArgs", "ToolCallEnd", "ToolCallStart",
+           "ToolEvent", "anthropic_input_json_delta", "anthropic_tool_use_start", "openai_deltas",
+           "parse_call_body", "parse_tool_calls"]
+
+OPEN_TAG = "<tool_call>"
+CLOSE_TAG = "</tool_call>"
+
+
+def _partial_tag_length(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
+    for k in range(min(len(text), len(tag) - 1), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    content: str
+    calls: tuple[ToolCall, ...]
+
+
+def parse_tool_calls(text: str, tools: Sequence[ToolSpec], *,
+                     id_factory: Callable[[], str] = new_tool_call_id) -> ParsedReply:
+    """Split a whole generated reply into content text and tool calls."""
+    by_name = {spec.name: spec for spec in tools}
+    pieces: list[str | ToolCall] = []
+    pos, in_code = 0, False
+    while True:
+        tag = text.find(OPEN_TAG, pos)
+        fence = find_fence(text, pos, line_blank_at(text, pos))
+        if tag >= 0 and (fence < 0 or tag < fence):
+            pieces.append(text[pos:tag])
+            close = text.find(CLOSE_TAG, tag + len(OPEN_TAG))
+            end = len(text) if close < 0 else close + len(CLOSE_TAG)
+            parsed = parse_call_body(text[tag + len(OPEN_TAG):close if close >= 0 else len(text)], by_name)
+            pieces.append(ToolCall(id_factory(), *parsed) if parsed else text[tag:end])
+        elif fence >= 0 and not in_code and (body := fence_body_start(text, fence)) is not None:
+            pieces.append(text[pos:fence])
+            close = find_fence(text, body, True)
+            end = len(text) if close < 0 else close + len(FENCE)
+            calls = parse_fence_body(text[body:close if close >= 0 else len(text)], by_name)
+            pieces.extend([ToolCall(id_factory(), *call) for call in calls] if calls else [text[fence:end]])
+        elif fence >= 0:  # an ordinary code block opens or closes: the fence is content
+            end = fence + len(FENCE)
+            pieces.append(text[pos:end])
+            in_code = not in_code
+        else:
+            break
+        pos = end
+    pieces.append(text[pos:])
+    merged: list[str | ToolCall] = []
+    for piece in pieces:  # a rejected block is text: join it with its neighbours
+        if isinstance(piece, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += piece
+        else:
+            merged.append(piece)
+    content = []
+    for i, piece in enumerate(merged):
+        if isinstance(piece, str):
+            if i > 0:  # after a call
+                piece = piece.lstrip()
+            if i + 1 < len(merged):  # before a call
+                piece = piece.rstrip()
+            content.append(piece)
+    return ParsedReply("".join(content), tuple(p for p in merged if isinstance(p, ToolCall)))
+
+
+# ---- streaming ---------------------------------------------------------------------------------
+
+
+_TEXT, _TAG, _FENCE, _VERBATIM = "text", "tag", "fence", "verbatim"  # what the parser is reading
+
+
+class StreamingToolParser:
+    """Feed the text deltas of one choice; get content and tool-call events back."""
+
+    def __init__(self, tools: Sequence[ToolSpec], *, incremental: bool = False,
+                 id_factory: Callable[[], str] = new_tool_call_id):
+        self._tools = {spec.name: spec for spec in tools}
+        self._incremental = incremental
+        self._new_id = id_factory
+        # _TEXT; _TAG: in a <tool_call> block; _FENCE: in a fenced block that may be a call;
+        # _VERBATIM: in a rejected fenced block, which is content up to its closing fence
+        self._mode = _TEXT
+        self._pending = ""      # text not yet emitted: trailing whitespace + what may start a tag or fence
+        self._line_blank = True  # whether the line before _pending holds only blanks so far
+        self._in_code = False   # inside an ordinary code block: the next fence closes it
+        self._after_call = False  # drop whitespace until the next non-space text
+        self._calls: list[ToolCall] = []
+        self._reset_block()
+        # incremental mode: the call being streamed
+        self._open: ToolCallStart | None = None
+        self._args_start = 0
+        self._args_sent = 0     # characters of arguments already emitted, from _args_start
+        self._scanner = JsonEndScanner()
+
+    def _reset_block(self) -> None:
+        """Forget the block (a tag block, or a fenced block that may be a call) just read."""
+        self._opener = ""       # <tool_call>, or the fence's line ("```json\n")
+        self._body = ""         # the block's text after the opener
+        self._close_from = 0    # where to look for the end in _body (earlier text has none)
+        self._held_space = ""   # whitespace before the block: dropped if the block is a call
+        self._value_start: int | None = None  # fence: where its JSON value starts in _body
+        self._value = JsonEndScanner()  # fence: where that value ends
+        self._value_scanned = 0
+        self._value_is_call = False
+
+    @property
+    def calls(self) -> tuple[ToolCall, ...]:
+        """The calls completed so far."""
+        return tuple(self._calls)
+
+    def has_tool_calls(self) -> bool:
+        """Whether any call was emitted (or started): then finish_reason is "tool_calls"."""
+        return bool(self._calls) or self._open is not None
+
+    def feed(self, delta: str) -> list[ToolEvent]:
+        events: list[ToolEvent] = []
+        if self._mode in (_TAG, _FENCE):
+            self._body += delta
+        else:
+            self._pending += delta
+        steps = {_TEXT: self._scan_text, _TAG: self._scan_tag, _FENCE: self._scan_fence,
+                 _VERBATIM: self._scan_verbatim}
+        while steps[self._mode](events):  # each step says whether it moved on to another mode
+            pass
+        return events
+
+    def finish(self) -> list[ToolEvent]:
+        """Flush what is held back at the end of generation."""
+        events: list[ToolEvent] = []
+        if self._mode == _TAG or (self._mode == _FENCE and self._value_start is not None):
+            self._end_block(events, closed=False)
+        elif self._mode == _FENCE:  # nothing but blanks after the fence's line: an ordinary code block
+            self._pending = self._held_space + self._opener + self._body
+            self._reset_block()
+        if self._after_call:
+            self._pending = self._pending.lstrip()
+        self._emit(events, self._pending)
+        self._mode, self._pending = _TEXT, ""
+        return events
+
+    def _to_text(self, rest: str, *, line_blank: bool) -> bool:
+        self._mode, self._pending, self._line_blank = _TEXT, rest, line_blank
+        return True
+
+    @staticmethod
+    def _emit(events: list[ToolEvent], text: str) -> None:
+        if text:
+            events.append(ContentDelta(text))
+
+    def _emit_pending(self, events: list[ToolEvent], length: int) -> None:
+        """Emit the first `length` characters of _pending."""
+        head, self._pending = self._pending[:length], self._pending[length:]
+        self._emit(events, head)
+        self._line_blank = line_blank_after(self._line_blank, head)
+
+    # ---- outside blocks ----
+
+    def _scan_text(self, events: list[ToolEvent]) -> bool:
+        """Emit what is certainly content; returns True when the mode changed (keep scanning)."""
+        text = self._pending
+        if self._after_call:
+            stripped = text.lstrip()
+            self._line_blank = line_blank_after(self._line_blank, text[:len(text) - len(stripped)])
+            self._pending = text = stripped
+            if not text:
+                return False
+            self._after_call = False
+        tag = text.find(OPEN_TAG)
+        fence = find_fence(text, 0, self._line_blank)
+        if tag >= 0 and (fence < 0 or tag < fence):
+            return self._open_block(events, _TAG, tag, OPEN_TAG)
+        if fence >= 0 and not self._in_code:
+            newline = text.find("\n", fence + len(FENCE))
+            info = text[fence + len(FENCE):newline if newline >= 0 else len(text)]
+            if newline >= 0 and is_call_language(info):
+                return self._open_block(events, _FENCE, fence, text[fence:newline + 1])
+            if newline < 0 and may_be_call_language(info):  # wait for the rest of the fence's line
+                self._emit_pending(events, len(text[:fence].rstrip()))
+                return False
+        if fence >= 0:  # an ordinary code block opens or closes: the fence is content
+            self._emit(events, text[:fence + len(FENCE)])
+            self._in_code = not self._in_code
+            return self._to_text(text[fence + len(FENCE):], line_blank=False)
+        hold = max(_partial_tag_length(text, OPEN_TAG), partial_fence_length(text, self._line_blank))
+        self._emit_pending(events, len(text[:len(text) - hold].rstrip()))  # whitespace is held: a call may follow
+        return False
+
+    def _open_block(self, events: list[ToolEvent], mode: str, at: int, opener: str) -> bool:
+        before = self._pending[:at]
+        kept = before.rstrip()
+        self._emit(events, kept)
+        self._held_space = before[len(kept):]
+        self._mode, self._opener, self._body = mode, opener, self._pending[at + len(opener):]
+        self._pending = ""
+        return True
+
+    def _scan_verbatim(self, events: list[ToolEvent]) -> bool:
+        """A rejected fenced block: content up to and including its closing fence."""
+        close = find_fence(self._pending, 0, self._line_blank)
+        if close >= 0:
+            self._emit(events, self._pending[:close + len(FENCE)])
+            return self._to_text(self._pending[close + len(FENCE):], line_blank=False)
+        self._emit_pending(events, len(self._pending) - partial_fence_length(self._pending, self._line_blank))
+        return False
+
+    # ---- inside a block ----
+
+    def _scan_tag(self, events: list[ToolEvent]) -> bool:
+        body = self._body
+        close = body.find(CLOSE_TAG, self._close_from)
+        if close < 0:
+            self._close_from = max(0, len(body) - len(CLOSE_TAG) + 1)
+            if self._incremental:
+                self._stream_arguments(events, len(body) - _partial_tag_length(body, CLOSE_TAG))
+            return False
+        self._body = body[:close]
+        self._end_block(events, closed=True)
+        return self._to_text(body[close + len(CLOSE_TAG):], line_blank=False)
+
+    def _scan_fence(self, events: list[ToolEvent]) -> bool:
+        body = self._body
+        if self._value_start is None:
+            first = len(body) - len(body.lstrip())
+            if first == len(body):
+                return False
+            if body[first] not in "{[":  # an ordinary code block: its fence is content, the rest is text
+                self._emit(events, self._held_space + FENCE)
+                rest = self._opener[len(FENCE):] + body
+                self._reset_block()
+                self._in_code = True
+                return self._to_text(rest, line_blank=False)
+            self._value_start = self._value_scanned = first
+        close = find_fence(body, self._close_from, True)
+        if close >= 0:
+            self._body = body[:close]
+            self._end_block(events, closed=True)
+            return self._to_text(body[close + len(FENCE):], line_blank=False)
+        self._close_from = body.rfind("\n") + 1
+        limit = len(body) - partial_fence_length(body, True)
+        if self._open is None and not self._may_be_call(limit):  # content up to the closing fence
+            self._emit(events, self._held_space + self._opener)
+            self._reset_block()
+            self._mode, self._pending, self._line_blank = _VERBATIM, body, True
+            return True
+        return False
+
+    def _may_be_call(self, limit: int) -> bool:
+        """Whether the fenced body so far may still be a call: False once its JSON value has ended
+        and is not a call or is followed by more than blanks."""
+        body, value = self._body, self._value
+        if value.end is None:
+            value.scan(body, self._value_scanned, len(body))
+            self._value_scanned = len(body)
+            if value.end is None:
+                return True
+            self._value_is_call = parse_fence_body(body[self._value_start:value.end], self._tools) is not None
+        return self._value_is_call and not body[value.end:limit].strip()
+
+    def _stream_arguments(self, events: list[ToolEvent], limit: int) -> None:
+        """Incremental mode: announce the call once its name is known, then send arguments up to `limit`."""
+        body = self._body
+        if self._open is None:
+            match = CANONICAL_PREFIX.match(body)
+            if not match or match.end() >= limit or body[match.end()] != "{" or match.group(1) not in self._tools:
+                return  # not (yet) recognisable as a call: keep buffering, decide at the close
+            self._held_space = ""
+            self._open = ToolCallStart(len(self._calls), self._new_id(), match.group(1))
+            self._args_start = match.end()
+            events.append(self._open)
+        scanned = self._args_start + self._args_sent
+        if self._scanner.end is None:
+            self._scanner.scan(body, scanned, limit)
+        stop = min(limit, self._scanner.end) if self._scanner.end is not None else limit
+        if stop > scanned:
+            events.append(ToolCallArgs(self._open.index, body[scanned:stop]))
+            self._args_sent = stop - self._args_start
+
+    def _end_block(self, events: list[ToolEvent], *, closed: bool) -> None:
+        body, is_tag = self._body, self._mode == _TAG
+        if self._incremental and is_tag:  # fences are outside the tool grammar: always checked whole
+            self._stream_arguments(events, len(body))
+        if self._open is not None:
+            start = self._open
+            arguments = body[self._args_start:self._args_start + self._args_sent]
+            self._finish_call(events, ToolCall(start.id, start.name, arguments))
+        elif calls := self._parse_block(body, is_tag):
+            for name, arguments in calls:
+                call = ToolCall(self._new_id(), name, arguments)
+                events.append(ToolCallStart(len(self._calls), call.id, call.name))
+                if call.arguments:
+                    events.append(ToolCallArgs(len(self._calls), call.arguments))
+                self._finish_call(events, call)
+        else:
+            closer = (CLOSE_TAG if is_tag else FENCE) if closed else ""
+            self._emit(events, self._held_space + self._opener + body + closer)
+        self._reset_block()
+
+    def _parse_block(self, body: str, is_tag: bool) -> list[tuple[str, str]] | None:
+        if not is_tag:
+            return parse_fence_body(body, self._tools)
+        call = parse_call_body(body, self._tools)
+        return None if call is None else [call]
+
+    def _finish_call(self, events: list[ToolEvent], call: ToolCall) -> None:
+        events.append(ToolCallEnd(len(self._calls), call))
+        self._calls.append(call)
+        self._after_call = True
+        self._open, self._args_start, self._args_sent = None, 0, 0
+        self._scanner = JsonEndScanner()

@@ -1,0 +1,130 @@
+"""A small chat model for server tests and a live `ember serve` subprocess around it.
+
+The model is a 2-layer Qwen2-architecture checkpoint with random weights at tiny width, but the real
+Qwen2.5 tokenizer and chat template (taken from the default model's GGUF), so every protocol path —
+templates with tools, special tokens, stop strings, grammars over a 151k vocabulary — runs for real in
+seconds. Its text is random: tests assert protocol behaviour, not prose (grammars make JSON and tool
+calls valid regardless).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+TINY_QWEN_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "max_position_embeddings": 32768, "tie_word_embeddings": True,
+    "vocab_size": 151936, "torch_dtype": "float32",
+}
+
+
+def write_tiny_chat_model(folder: Path, gguf_path: Path, *, seed: int = 0) -> Path:
+    """An HF folder: config, random safetensors weights, tokenizer.json + chat template from the GGUF."""
+    from safetensors.numpy import save_file
+
+    from ember.runtime.checkpoint import open_checkpoint
+    from ember.runtime.loader.tokenizer import Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if (folder / "model.safetensors").exists():
+        return folder
+    metadata = open_checkpoint(gguf_path).metadata
+    tokenizer = Tokenizer.from_gguf_metadata(metadata, source=str(gguf_path))
+    (folder / "tokenizer.json").write_text(tokenizer.backend.to_str())
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": tokenizer.chat_template, "eos_token": "<|im_end|>", "bos_token": None,
+        "pad_token": "<|endoftext|>", "add_bos_token": False}))
+    (folder / "config.json").write_text(json.dumps(TINY_QWEN_CONFIG))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}))
+    rng = np.random.default_rng(seed)
+    c = TINY_QWEN_CONFIG
+    d, f, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    dh = d // c["num_attention_heads"]
+    kv = c["num_key_value_heads"] * dh
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    tensors = {"model.embed_tokens.weight": w(v, d), "model.norm.weight": np.ones(d, np.float32)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors.update({
+            p + "input_layernorm.weight": np.ones(d, np.float32),
+            p + "post_attention_layernorm.weight": np.ones(d, np.float32),
+            p + "self_attn.q_proj.weight": w(d, d), p + "self_attn.q_proj.bias": w(d),
+            p + "self_attn.k_proj.weight": w(kv, d), p + "self_attn.k_proj.bias": w(kv),
+            p + "self_attn.v_proj.weight": w(kv, d), p + "self_attn.v_proj.bias": w(kv),
+            p + "self_attn.o_proj.weight": w(d, d),
+            p + "mlp.gate_proj.weight": w(f, d), p + "mlp.up_proj.weight": w(f, d), p + "mlp.down_proj.weight": w(d, f),
+        })
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """`ember serve` in a subprocess; `url` once /health says ok."""
+
+    def __init__(self, model: Path, *extra_args: str, env: dict | None = None, ready_timeout: float = 600):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = model.parent / f"serve-{self.port}.log"
+        args = [sys.executable, "-m", "ember.tools.cli", "serve", "--model", str(model), "--port", str(self.port),
+                *extra_args]
+        full_env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
+        self._log = open(self.log_path, "w")
+        self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
+        self._wait_ready(ready_timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ember serve exited ({self.process.returncode}):\n{self.log()}")
+            try:
+                health = httpx.get(self.url + "/health", timeout=2)
+                if health.status_code == 200:
+                    return
+                if health.json().get("status") == "failed":
+                    self.stop()
+                    raise RuntimeError(f"ember serve failed to load the model:\n{self.log()}")
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"ember serve not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def signal(self, sig=signal.SIGTERM) -> None:
+        self.process.send_signal(sig)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
