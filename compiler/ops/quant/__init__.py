@@ -1,0 +1,24 @@
+"""GGUF-quantized weights kept quantized on the device: layouts, jnp references, GEMV kernels.
+
+layout.py          device layouts (Q4_K, Q6_K, Q8_0) and the host repacking from GGUF bytes
+ref.py             jnp dequantization (bit-equal to gguf) and the reference matmul
+triton_kernels.py  Triton GEMV kernels (imported only by the "triton" backend)
+config.py          tuned launch configurations per format and shape class
+matmul.py          quant_matmul(x, w, backend=...)
+"""
+
+from ember.compiler.ops.quant.config import CONFIG_TABLE, QuantMatmulConfig, pick_config
+from ember.compiler.ops.quant.layout import (
+    FORMATS, Q4_K, Q6_K, Q8_0, QuantizedWeight, pack, pack_q4_k, pack_q6_k, pack_q8_0, random_gguf_bytes,
+)
+from ember.compiler.ops.quant.matmul import BACKENDS, launch_plan, quant_matmul
+from ember.compiler.ops.quant.ref import (
+    dequantize, dequantize_q4_k, dequantize_q6_k, dequantize_q8_0, quant_matmul_ref,
+)
+
+__all__ = [
+    "BACKENDS", "CONFIG_TABLE", "FORMATS", "Q4_K", "Q6_K", "Q8_0", "QuantMatmulConfig", "QuantizedWeight",
+    "dequantize", "dequantize_q4_k", "dequantize_q6_k", "dequantize_q8_0", "launch_plan", "pack",
+    "pack_q4_k", "pack_q6_k", "pack_q8_0", "pick_config", "quant_matmul", "quant_matmul_ref",
+    "random_gguf_bytes",
+]

@@ -1,0 +1,62 @@
+"""Tuned launch configurations of the quantized GEMV kernels, per format and shape class.
+
+A table of rules, first match wins; `tools/bench_quant_matmul.py --sweep` measures candidate
+configurations on the GPU and prints the best per shape, which is what the table should say.
+The starting values follow the decode roofline: enough programs to cover the 132 SMs of an H200
+several times (split-K when `out` is small and `in` is long), and enough bytes in flight per SM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QuantMatmulConfig:
+    block_n: int = 64          # output rows per program (a power of two >= 16)
+    split_k: int = 1           # programs along `in`; their fp32 partial sums are added by XLA
+    num_warps: int = 4
+    num_stages: int = 3        # software-pipelining depth of the block loop
+    blocks_per_step: int = 8   # Q8_0 only: 32-element blocks per loop iteration (unrolled)
+    use_dot: bool | None = None  # tensor-core tl.dot; None: only when m > 1
+
+    def dot_for(self, m: int) -> bool:
+        return self.use_dot if self.use_dot is not None else m > 1
+
+
+@dataclass(frozen=True)
+class ConfigRule:
+    """Applies to `format` (or "*") when m <= max_m and out/in fall in [min, max)."""
+
+    format: str
+    config: QuantMatmulConfig
+    max_m: int = 1 << 30
+    min_out: int = 0
+    max_out: int = 1 << 62
+    min_in: int = 0
+    max_in: int = 1 << 62
+
+    def matches(self, fmt: str, m: int, out: int, inner: int) -> bool:
+        return (self.format in ("*", fmt) and m <= self.max_m and self.min_out <= out < self.max_out
+                and self.min_in <= inner < self.max_in)
+
+
+# Shape classes: tiny out (k/v projections), out ~ in (q/o, down), long out (gate/up, LM head).
+CONFIG_TABLE: tuple[ConfigRule, ...] = (
+    # few output rows: small tiles and split-K so that a few hundred programs exist
+    ConfigRule("*", QuantMatmulConfig(block_n=16, split_k=4), max_out=1024),
+    # out ~ 1.5-4k with a long `in` (down projections): split-K
+    ConfigRule("*", QuantMatmulConfig(block_n=32, split_k=4), max_out=8192, min_in=8192),
+    ConfigRule("*", QuantMatmulConfig(block_n=32, split_k=2), max_out=2048, min_in=1024),
+    ConfigRule("*", QuantMatmulConfig(block_n=32), max_out=8192),
+    # long out (gate/up, LM head): plenty of programs already
+    ConfigRule("*", QuantMatmulConfig(block_n=64)),
+)
+
+
+def pick_config(fmt: str, m: int, out: int, inner: int,
+                table: tuple[ConfigRule, ...] = CONFIG_TABLE) -> QuantMatmulConfig:
+    for rule in table:
+        if rule.matches(fmt, m, out, inner):
+            return rule.config
+    return QuantMatmulConfig()

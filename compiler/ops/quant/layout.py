@@ -1,0 +1,189 @@
+"""Device layouts for GGUF-quantized weight matrices, and the host functions that repack GGUF bytes into them.
+
+A weight matrix is [out, in] (rows are outputs, as GGUF and HF store them); GGUF stores each row as
+consecutive blocks along `in`. On the device the blocks are split into planes, one array per field,
+each laid out **block-major**: [in / block, out, ...]. A decode kernel owns a tile of output rows and
+walks `in` block by block, so at every step the tile's rows of one plane are one contiguous run of
+memory (BLOCK_N rows x 128 bytes of Q4_K nibbles, BLOCK_N x 2 bytes of fp16 scales, ...): every load is
+wide and coalesced, the small planes (scales) included. Column-parallel sharding splits axis 1,
+row-parallel sharding axis 0.
+
+The 4-bit codes are re-ordered inside each block so that a kernel extracts one sub-block with a single
+shift and mask over a vector of words (no gathers), and the bytes per block stay exactly GGUF's:
+
+Q4_K (144 B per 256 elements, 8 sub-blocks of 32)
+  qs     uint32  [in/256, out, 32]  bits 4n..4n+3 of word j = code of element 32n + j (sub-block n)
+  scales uint32  [in/256, out, 3]   GGUF's 12 packed 6-bit scale/min bytes, little-endian words
+  d      float16 [in/256, out]      super-block scale
+  dmin   float16 [in/256, out]      super-block scale of the minimums
+  w[32n + j] = (d * sc[n]) * code - (dmin * m[n])
+Q6_K (210 B per 256 elements, 16 sub-blocks of 16)
+  ql     uint32  [in/256, out, 32]  bits 4n..4n+3 of word 16g + j = low 4 bits of element 16(8g + n) + j
+  qh     uint32  [in/256, out, 16]  bits 2t..2t+1 of word j = high 2 bits of element 16t + j
+  scales int8    [in/256, out, 16]  per sub-block scale
+  d      float16 [in/256, out]
+  w[16t + j] = (d * scales[t]) * ((low | high << 4) - 32)
+Q8_0 (34 B per 32 elements)
+  qs     int8    [in/32, out, 32]   element j of the block
+  d      float16 [in/32, out]
+  w[j] = d * qs[j]
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+Q4_K, Q6_K, Q8_0 = "q4_k", "q6_k", "q8_0"
+
+# format -> (elements per block, GGUF bytes per block, ggml type id)
+FORMATS: dict[str, tuple[int, int, int]] = {Q4_K: (256, 144, 12), Q6_K: (256, 210, 14), Q8_0: (32, 34, 8)}
+GGML_TYPE_FORMATS: dict[int, str] = {ggml_type: fmt for fmt, (_, _, ggml_type) in FORMATS.items()}
+
+
+class QuantizedWeight(NamedTuple):
+    """One quantized [out, in] matrix: `planes` (arrays, the pytree leaves) + static `format` and `shape`."""
+
+    planes: dict[str, np.ndarray | jax.Array]
+    format: str
+    shape: tuple[int, int]  # (out, in)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a kernel reads for the whole matrix (equal to the GGUF tensor's size)."""
+        return sum(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize for p in self.planes.values())
+
+
+# A pytree whose only leaves are the planes, so `jax.jit`, `device_put` and sharding see arrays only.
+jax.tree_util.register_pytree_node(
+    QuantizedWeight,
+    lambda w: ((w.planes,), (w.format, w.shape)),
+    lambda aux, children: QuantizedWeight(children[0], *aux),
+)
+
+
+def _blocks(raw: np.ndarray, fmt: str, shape: tuple[int, int]) -> np.ndarray:
+    """GGUF bytes of an [out, in] matrix -> uint8 [out, in / block, bytes per block]."""
+    out, inner = shape
+    block, block_bytes, _ = FORMATS[fmt]
+    if inner % block:
+        raise ValueError(f"{fmt}: row length {inner} is not a multiple of the block size {block}")
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    expected = out * inner // block * block_bytes
+    if raw.size != expected:
+        raise ValueError(f"{fmt} {shape}: expected {expected} bytes, got {raw.size}")
+    return raw.reshape(out, inner // block, block_bytes)
+
+
+def _fp16_plane(blocks: np.ndarray, start: int) -> np.ndarray:
+    """Little-endian fp16 at bytes [start, start + 2) of each block -> float16 [blocks, out]."""
+    return np.ascontiguousarray(blocks[:, :, start:start + 2]).view("<f2")[..., 0].T.astype(np.float16).copy()
+
+
+def _words(codes: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 codes [..., fields, words] -> uint32 [..., words]: field f goes to bits f*bits.. of each word."""
+    shifts = (np.arange(codes.shape[-2], dtype=np.uint32) * bits)[:, None]
+    return np.bitwise_or.reduce(codes.astype(np.uint32) << shifts, axis=-2)
+
+
+def _block_major(plane: np.ndarray) -> np.ndarray:
+    """[out, blocks, ...] -> contiguous [blocks, out, ...]."""
+    return np.ascontiguousarray(np.swapaxes(plane, 0, 1))
+
+
+def q4_k_codes(blocks: np.ndarray) -> np.ndarray:
+    """Q4_K's 128 code bytes (GGUF order) -> uint8 [..., 256] codes in element order.
+
+    GGUF keeps 4 runs of 32 bytes; run r holds element 64r + l in the low nibble of byte l and
+    element 64r + 32 + l in the high nibble.
+    """
+    runs = blocks[..., 16:144].reshape(*blocks.shape[:-1], 4, 1, 32)
+    return np.concatenate([runs & 0x0F, runs >> 4], axis=-2).reshape(*blocks.shape[:-1], 256)
+
+
+def q6_k_codes(blocks: np.ndarray) -> np.ndarray:
+    """Q6_K's ql/qh bytes (GGUF order) -> uint8 [..., 256] unsigned 6-bit codes (q + 32) in element order.
+
+    Two halves of 128 elements; element 32k + l of half h takes its low 4 bits from ql[64h + l] (k = 0),
+    ql[64h + 32 + l] (k = 1), their high nibbles (k = 2, 3), and its high 2 bits from bits 2k of
+    qh[32h + l].
+    """
+    lead = blocks.shape[:-1]
+    ql = blocks[..., 0:128].reshape(*lead, 2, 2, 32)                       # [.., half, run, l]
+    low = np.concatenate([ql & 0x0F, ql >> 4], axis=-2)                     # [.., half, k, l]
+    qh = blocks[..., 128:192].reshape(*lead, 2, 1, 32)
+    high = (qh >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 0x03   # [.., half, k, l]
+    return (low | (high << 4)).reshape(*lead, 256)
+
+
+def pack_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> QuantizedWeight:
+    """GGUF Q4_K bytes of an [out, in] matrix -> the device layout (module docstring)."""
+    blocks = _blocks(raw, Q4_K, shape)
+    codes = q4_k_codes(blocks).reshape(*blocks.shape[:2], 8, 32)            # [out, sb, sub-block n, j]
+    planes = {
+        "qs": _block_major(_words(codes, 4)),                              # [sb, out, 32]
+        "scales": _block_major(np.ascontiguousarray(blocks[..., 4:16]).view("<u4").astype(np.uint32)),
+        "d": _fp16_plane(blocks, 0),
+        "dmin": _fp16_plane(blocks, 2),
+    }
+    return QuantizedWeight(planes, Q4_K, tuple(shape))
+
+
+def pack_q6_k(raw: np.ndarray, shape: tuple[int, int]) -> QuantizedWeight:
+    """GGUF Q6_K bytes of an [out, in] matrix -> the device layout (module docstring)."""
+    blocks = _blocks(raw, Q6_K, shape)
+    lead = blocks.shape[:2]
+    codes = q6_k_codes(blocks)
+    low = (codes & 0x0F).reshape(*lead, 2, 8, 16)                           # [.., g, n, j]: element 128g + 16n + j
+    high = (codes >> 4).reshape(*lead, 16, 16)                              # [.., t, j]: element 16t + j
+    planes = {
+        "ql": _block_major(_words(low, 4).reshape(*lead, 32)),
+        "qh": _block_major(_words(high, 2)),
+        "scales": _block_major(blocks[..., 192:208].view(np.int8)),
+        "d": _fp16_plane(blocks, 208),
+    }
+    return QuantizedWeight(planes, Q6_K, tuple(shape))
+
+
+def pack_q8_0(raw: np.ndarray, shape: tuple[int, int]) -> QuantizedWeight:
+    """GGUF Q8_0 bytes of an [out, in] matrix -> the device layout (module docstring)."""
+    blocks = _blocks(raw, Q8_0, shape)
+    planes = {"qs": _block_major(blocks[..., 2:34].view(np.int8)), "d": _fp16_plane(blocks, 0)}
+    return QuantizedWeight(planes, Q8_0, tuple(shape))
+
+
+PACKERS = {Q4_K: pack_q4_k, Q6_K: pack_q6_k, Q8_0: pack_q8_0}
+
+
+def pack(raw: np.ndarray, fmt: str | int, shape: tuple[int, int]) -> QuantizedWeight:
+    """Repack by format name ("q4_k", "q6_k", "q8_0") or ggml type id (12, 14, 8)."""
+    if not isinstance(fmt, str):
+        if fmt not in GGML_TYPE_FORMATS:
+            raise ValueError(f"no device layout for ggml type {fmt}")
+        fmt = GGML_TYPE_FORMATS[fmt]
+    return PACKERS[fmt](raw, shape)
+
+
+def random_gguf_bytes(rng: np.random.Generator, fmt: str, shape: tuple[int, int], *,
+                      realistic: bool = False) -> np.ndarray:
+    """Random valid GGUF bytes (uint8, 1-D) for an [out, in] matrix of `fmt`.
+
+    Codes are uniform random bytes. fp16 scales are random finite bit patterns (zeros and subnormals
+    included), or with realistic=True small positive values like a trained model's (|N(0, 0.01)|;
+    Q6_K's int8 scales stay random), so that products stay in bf16's comfortable range.
+    """
+    out, inner = shape
+    block, block_bytes, _ = FORMATS[fmt]
+    n_blocks = out * inner // block
+    raw = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    offsets = {Q4_K: (0, 2), Q6_K: (208,), Q8_0: (0,)}[fmt]
+    for start in offsets:
+        if realistic:
+            scale = np.abs(rng.normal(0.0, 0.01, n_blocks)).astype("<f2").view("<u2")
+        else:
+            scale = np.ascontiguousarray(raw[:, start:start + 2]).view("<u2")[:, 0]
+            scale = np.where((scale & 0x7C00) == 0x7C00, scale & ~np.uint16(0x4000), scale).astype("<u2")
+        raw[:, start:start + 2] = scale.reshape(-1, 1).view(np.uint8)
+    return raw.reshape(-1)

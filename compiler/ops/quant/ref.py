@@ -1,0 +1,79 @@
+"""Plain `jnp` references for the quantized layouts (layout.py): dequantization and x @ W.T.
+
+Dequantization is bit for bit equal to `gguf.quants.dequantize` (and so to ggml): each scale product
+(`d * sc`, `dmin * m`) is exact in float32 and each output is rounded once, so the result does not
+depend on evaluation order or FMA contraction (see runtime/loader/dequant_kquants.py).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ember.compiler.ops.quant.layout import Q4_K, Q6_K, Q8_0, QuantizedWeight
+
+
+def _fields(words: jax.Array, count: int, bits: int) -> jax.Array:
+    """uint32 [..., w] -> uint32 [..., count, w]: field f is bits f*bits .. f*bits + bits - 1 of each word."""
+    shifts = (jnp.arange(count, dtype=jnp.uint32) * bits)[:, None]
+    return (words[..., None, :] >> shifts) & jnp.uint32((1 << bits) - 1)
+
+
+def _rows_major(blocks: jax.Array, shape: tuple[int, int]) -> jax.Array:
+    """[blocks, out, elements per block] -> [out, in]."""
+    return jnp.swapaxes(blocks, 0, 1).reshape(shape)
+
+
+def q4_k_scales_and_mins(scales: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The 12 packed bytes as uint32 [..., 3] -> (scales, mins), each uint32 [..., 8] of 6-bit values.
+
+    byte 0..3   scale j (j < 4) in bits 0..5; bits 6..7 are bits 4..5 of scale j + 4
+    byte 4..7   min j in bits 0..5; bits 6..7 are bits 4..5 of min j + 4
+    byte 8..11  low nibble: bits 0..3 of scale j + 4; high nibble: bits 0..3 of min j + 4
+    """
+    b = _fields(scales, 4, 8)  # [..., byte in word, word]
+    first, second, third = b[..., 0], b[..., 1], b[..., 2]
+    sc = jnp.concatenate([first & 63, (third & 15) | ((first >> 6) << 4)], axis=-1)
+    mn = jnp.concatenate([second & 63, (third >> 4) | ((second >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def dequantize_q4_k(w: QuantizedWeight) -> jax.Array:
+    p = w.planes
+    codes = _fields(p["qs"], 8, 4).astype(jnp.float32)            # [sb, out, n, j]: element 32n + j
+    sc, mn = q4_k_scales_and_mins(p["scales"])                    # [sb, out, 8]
+    scale = p["d"].astype(jnp.float32)[..., None] * sc.astype(jnp.float32)
+    minimum = p["dmin"].astype(jnp.float32)[..., None] * mn.astype(jnp.float32)
+    values = scale[..., None] * codes - minimum[..., None]
+    return _rows_major(values.reshape(*values.shape[:2], 256), w.shape)
+
+
+def dequantize_q6_k(w: QuantizedWeight) -> jax.Array:
+    p = w.planes
+    nsb, out = p["d"].shape
+    low = _fields(p["ql"].reshape(nsb, out, 2, 16), 8, 4).reshape(nsb, out, 16, 16)  # [.., g, n, j] -> t = 8g + n
+    high = _fields(p["qh"], 16, 2)                                                    # [.., t, j]
+    q = (low | (high << 4)).astype(jnp.int32) - 32
+    scale = p["d"].astype(jnp.float32)[..., None] * p["scales"].astype(jnp.float32)  # [sb, out, t]
+    values = scale[..., None] * q.astype(jnp.float32)
+    return _rows_major(values.reshape(nsb, out, 256), w.shape)
+
+
+def dequantize_q8_0(w: QuantizedWeight) -> jax.Array:
+    p = w.planes
+    values = p["d"].astype(jnp.float32)[..., None] * p["qs"].astype(jnp.float32)  # [blocks, out, 32]
+    return _rows_major(values, w.shape)
+
+
+DEQUANTIZERS = {Q4_K: dequantize_q4_k, Q6_K: dequantize_q6_k, Q8_0: dequantize_q8_0}
+
+
+def dequantize(w: QuantizedWeight) -> jax.Array:
+    """Quantized [out, in] -> float32 [out, in]."""
+    return DEQUANTIZERS[w.format](w)
+
+
+def quant_matmul_ref(x: jax.Array, w: QuantizedWeight) -> jax.Array:
+    """x [m, in] @ W.T -> [m, out] in x's dtype, accumulated in float32 (exact fp32 products, no TF32)."""
+    y = jnp.einsum("mk,ok->mo", x.astype(jnp.float32), dequantize(w), precision=jax.lax.Precision.HIGHEST)
+    return y.astype(x.dtype)

@@ -1,0 +1,60 @@
+"""The Triton quantized GEMV kernels against the jnp reference, on an NVIDIA GPU.
+
+Skipped as a whole where jax-triton or a GPU is missing (CI is CPU-only; the conftest pins
+JAX_PLATFORMS=cpu unless the variable is set, so run with JAX_PLATFORMS=cuda on the GPU machine).
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("jax_triton")
+if jax.default_backend() != "gpu":
+    pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda)", allow_module_level=True)
+
+from ember.compiler.ops.quant import FORMATS, pack, quant_matmul, random_gguf_bytes  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [
+    # Qwen2.5-1.5B: q/o, k/v, gate/up, down, LM head
+    (1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (151936, 1536),
+    # Llama-3-8B: q/o, gate/up, down
+    (4096, 4096), (14336, 4096), (4096, 14336),
+]
+TOLERANCE = {jnp.bfloat16: 1e-2, jnp.float32: 1e-4}
+
+
+@functools.lru_cache(maxsize=2)
+def device_weight(fmt: str, shape: tuple[int, int]):
+    raw = random_gguf_bytes(np.random.default_rng(zlib.crc32(f"{fmt}{shape}".encode())), fmt, shape, realistic=True)
+    return jax.device_put(pack(raw, fmt, shape))
+
+
+@functools.lru_cache(maxsize=1)
+def reference_matmul():
+    from ember.compiler.ops.quant import quant_matmul_ref
+
+    return jax.jit(quant_matmul_ref)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("m", [1, 4, 16])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+def test_kernel_matches_reference(fmt: str, shape: tuple[int, int], m: int, dtype) -> None:
+    w = device_weight(fmt, shape)
+    x = jax.random.normal(jax.random.key(m), (m, shape[1]), jnp.float32).astype(dtype)
+    got = jax.jit(functools.partial(quant_matmul, backend="triton"))(x, w)
+    assert got.shape == (m, shape[0]) and got.dtype == dtype
+    # the reference in fp32 from the same (rounded) activations, so only the kernel's error is measured
+    expected = np.asarray(reference_matmul()(x.astype(jnp.float32), w))
+    tol = TOLERANCE[dtype]
+    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), expected,
+                               rtol=tol, atol=tol * float(np.abs(expected).max()))
