@@ -17,7 +17,9 @@ so the tens of microseconds of dispatch per executable are spread over >= 16 cal
 JSON).
 
   python tools/bench_quant_matmul.py [--formats q4_k ...] [--shapes 1536x1536 ...] [--m 1 16]
-                                     [--sweep] [--runs 25]
+                                     [--sweep] [--rows] [--runs 25]
+--rows also times the "rows" variant (triton_gemv.py; q4_k, m <= 4) beside the split kernel, and at
+m = 1 a small sweep of its configurations (ROWS_SWEEP), printing the best with its error.
 --sweep also times a set of candidate kernel configurations per case and reports the best (the
 numbers compiler/ops/quant/config.py's table should hold).
 """
@@ -53,6 +55,14 @@ SWEEP = ([QuantMatmulConfig(block_n=b, split_k=s, num_warps=w) for b in (32, 64,
          + [QuantMatmulConfig(block_n=16, split_k=s) for s in (4, 8)]
          + [QuantMatmulConfig(block_n=64, num_stages=st) for st in (2, 4)]
          + [QuantMatmulConfig(block_n=b, split_k=s, use_dot=True) for b, s in ((32, 2), (64, 1))])
+# the "rows" variant (triton_gemv.py, m <= 4): a default timed beside the split kernel, and a small sweep at m = 1
+def rows_config(m: int) -> QuantMatmulConfig:
+    return QuantMatmulConfig(variant="rows", block_n=64 if m == 1 else 32, sb_per_step=2)
+
+
+ROWS_SWEEP = [QuantMatmulConfig(variant="rows", block_n=b, sb_per_step=sb, num_warps=w)
+              for b, sb, w in ((16, 8, 4), (32, 2, 4), (32, 8, 4), (64, 4, 8), (128, 2, 8))]
+ROWS_FORMATS = ("q4_k",)
 BACKEND = "triton"  # --backend reference: a CPU smoke test of this script's plumbing
 
 
@@ -168,14 +178,40 @@ def bench_case(fmt: str, shape: tuple[int, int], ms: list[int], args, bandwidth:
             row["kernel_speedup_vs_bf16"] = round(row["bf16_us"] / row["kernel_us"], 2)
         if args.sweep:
             row["sweep"] = sweep(fmt, shape, m, x, weights, nbytes, args.runs)
-        rows.append(row)
         print_row(row)
+        if args.rows and fmt in ROWS_FORMATS and m <= 4:
+            rows_case(row, fmt, shape, m, x, weights, nbytes, args.runs, bandwidth)
+        rows.append(row)
     return rows
 
 
-def sweep(fmt, shape, m, x, weights, nbytes, runs) -> list[dict]:
+def rows_case(row, fmt, shape, m, x, weights, nbytes, runs, bandwidth) -> None:
+    """Time the rows variant (its default config; at m = 1 also ROWS_SWEEP) into row["rows"]."""
+    config = rows_config(m)
+    info = {"config": dataclasses.asdict(config)}
+    try:
+        info["max_rel_err_vs_reference"] = max_rel_err(x, weights[0], config)
+        seconds = time_calls(kernel_fn(config), x, weights, runs)
+        info.update(us=round(seconds * 1e6, 2), gb_s=round(nbytes / seconds / 1e9, 1),
+                    frac_copy=round(nbytes / seconds / 1e9 / bandwidth, 3))
+        if "kernel_us" in row:
+            info["speedup_vs_kernel"] = round(row["kernel_us"] / info["us"], 2)
+        if "bf16_us" in row:
+            info["speedup_vs_bf16"] = round(row["bf16_us"] / info["us"], 2)
+        print(f"    rows {info['us']:.1f} us {info['gb_s']:.0f} GB/s frac {info['frac_copy']:.2f} "
+              f"err {info['max_rel_err_vs_reference']:.1e} x{info.get('speedup_vs_kernel', 0):.2f} vs kernel "
+              f"x{info.get('speedup_vs_bf16', 0):.2f} vs bf16  block_n={config.block_n} sb_per_step={config.sb_per_step}", flush=True)
+    except Exception as error:
+        info["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+        print(f"    rows error: {info['error']}", flush=True)
+    if m == 1:
+        info["sweep"] = sweep(fmt, shape, m, x, weights, nbytes, runs, ROWS_SWEEP, label="rows")
+    row["rows"] = info
+
+
+def sweep(fmt, shape, m, x, weights, nbytes, runs, configs=None, label="") -> list[dict]:
     results = []
-    for config in SWEEP:
+    for config in configs or SWEEP:
         try:
             seconds = time_calls(kernel_fn(config), x, weights, runs)
         except Exception as error:
@@ -186,7 +222,12 @@ def sweep(fmt, shape, m, x, weights, nbytes, runs) -> list[dict]:
     timed = sorted((r for r in results if "us" in r), key=lambda r: r["us"])
     if timed:
         best = timed[0]
-        print(f"    best of {len(timed)}: {best['us']} us {best['gb_s']} GB/s {best['config']}", flush=True)
+        if label:
+            try:
+                best["max_rel_err_vs_reference"] = max_rel_err(x, weights[0], QuantMatmulConfig(**best["config"]))
+            except Exception as error:
+                best["check_error"] = str(error)[:200]
+        print(f"    {label} best of {len(timed)}: {best['us']} us {best['gb_s']} GB/s {best['config']}", flush=True)
     return timed[:5] + [r for r in results if "error" in r]
 
 
@@ -213,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--m", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--runs", type=int, default=25)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--rows", action="store_true",
+                        help="also time the rows variant (q4_k, m <= 4) and, at m = 1, sweep ROWS_SWEEP")
     parser.add_argument("--backend", default="triton", choices=["triton", "reference"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     global BACKEND

@@ -2,6 +2,9 @@
 
   python tools/check_quant_kernels.py interpret [q4_k ...]   run the kernels in Triton's CPU interpreter
                                                             against the jnp reference (small shapes)
+  python tools/check_quant_kernels.py rows [q4_k]          the "rows" variant (triton_gemv.py) in the
+                                                            interpreter: m in {1, 3, 4}, masked row tiles
+  python tools/check_quant_kernels.py compile-rows [q4_k]  compile the rows variant for sm_90
   python tools/check_quant_kernels.py compile [q4_k ...]    compile them for sm_90 (Triton's bundled
                                                             LLVM + ptxas) at the benchmark shapes
 
@@ -104,27 +107,66 @@ def interpret(formats: list[str]) -> int:
     return 1 if failures else 0
 
 
-def compile_all(formats: list[str]) -> int:
+def interpret_rows(formats: list[str]) -> int:
+    os.environ["TRITON_INTERPRET"] = "1"
+    patch_interpreter()
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, quant_matmul_ref, random_gguf_bytes
+    from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
+
+    failures = 0
+    # (out, in): 6 super-blocks (K = 1536's count: S=4 leaves a half-masked last step), 5 (odd), 1
+    cases = [((40, 1536), (16, 4, True)), ((40, 1536), (32, 2, True)), ((24, 1280), (16, 2, False)),
+             ((24, 1280), (16, 8, True)), ((20, 256), (16, 1, True))]
+    for fmt in formats:
+        kernel, names = ROWS_KERNELS[fmt]
+        rng = np.random.default_rng(1)
+        for (out, inner), (block_n, sb, pf) in cases:
+            w = pack(random_gguf_bytes(rng, fmt, (out, inner), realistic=True), fmt, (out, inner))
+            config = QuantMatmulConfig(variant="rows", block_n=block_n, sb_per_step=sb, prefetch=pf)
+            for m in (1, 3, 4):
+                for dtype in (np.float32, ml_dtypes.bfloat16):
+                    x = rng.standard_normal((m, inner)).astype(dtype)
+                    expected = np.asarray(quant_matmul_ref(jnp.asarray(x).astype(jnp.float32), w))
+                    plan = launch_plan(fmt, m, out, inner, config)
+                    y = HostBuffer(np.full((m, out), np.nan, dtype))
+                    kernel[plan["grid"]](HostBuffer(x), *(HostBuffer(w.planes[n]) for n in names), y, **plan["meta"])
+                    got = y.array.astype(np.float32)
+                    err = float(np.abs(got - expected).max() / np.abs(expected).max())
+                    tol = 1e-4 if dtype == np.float32 else 1e-2
+                    bad = not err < tol  # NaN (an unwritten row) fails too
+                    failures += bad
+                    print(f"{'BAD' if bad else 'ok '} rows {fmt} {out}x{inner} m={m} {np.dtype(dtype).name:8} "
+                          f"block_n={block_n} S={sb} prefetch={plan['meta']['PREFETCH']} grid={plan['grid'][0]} "
+                          f"rel_err={err:.1e}", flush=True)
+    return 1 if failures else 0
+
+
+def compile_all(formats: list[str], rows: bool = False) -> int:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from ember.compiler.ops.quant import launch_plan, pick_config
+    from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pick_config
+    from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
     from ember.compiler.ops.quant.triton_kernels import KERNELS
 
     shapes = [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (151936, 1536),
               (4096, 4096), (14336, 4096), (4096, 14336)]
     failures = 0
     for fmt in formats:
-        kernel, _ = KERNELS[fmt]
-        for m in (1, 16):
+        kernel, _ = (ROWS_KERNELS if rows else KERNELS)[fmt]
+        for m in ((1, 4) if rows else (1, 16)):
             for dtype in ("bf16", "fp32"):
                 for out, inner in shapes:
-                    config = pick_config(fmt, m, out, inner)
+                    config = (QuantMatmulConfig(variant="rows", block_n=64 if m == 1 else 32, sb_per_step=2)
+                              if rows else pick_config(fmt, m, out, inner))
                     plan = launch_plan(fmt, m, out, inner, config)
                     out_dtype = dtype if plan["split_k"] == 1 else "fp32"
                     types = ["*" + dtype, *PLANE_TYPES[fmt], "*" + out_dtype]
-                    constants = dict(plan["meta"], IEEE=dtype == "fp32")
+                    constants = dict(plan["meta"]) if rows else dict(plan["meta"], IEEE=dtype == "fp32")
                     signature = {kernel.arg_names[i]: t for i, t in enumerate(types)}
                     signature.update({name: "constexpr" for name in constants})
                     attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(types))}  # as jax-triton assumes
@@ -146,10 +188,14 @@ def compile_all(formats: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("interpret", "compile"):
+    if not argv or argv[0] not in ("interpret", "rows", "compile", "compile-rows"):
         print(__doc__)
         return 2
     formats = argv[1:] or ["q4_k", "q6_k", "q8_0"]
+    if argv[0] == "compile-rows":
+        return compile_all(argv[1:] or ["q4_k"], rows=True)
+    if argv[0] == "rows":
+        return interpret_rows(argv[1:] or ["q4_k"])
     return interpret(formats) if argv[0] == "interpret" else compile_all(formats)
 
 

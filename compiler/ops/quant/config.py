@@ -19,6 +19,9 @@ class QuantMatmulConfig:
     num_stages: int = 3        # software-pipelining depth of the block loop
     blocks_per_step: int = 8   # Q8_0 only: 32-element blocks per loop iteration (unrolled)
     use_dot: bool | None = None  # tensor-core tl.dot; None: only when m > 1
+    variant: str = "split"     # "split": triton_kernels.py; "rows": triton_gemv.py (m <= 4, no split-K)
+    sb_per_step: int = 2       # "rows" only: super-blocks per loop step, loaded together (a power of two)
+    prefetch: bool = True      # "rows" only: issue the next step's loads before this step's math
 
     def dot_for(self, m: int) -> bool:
         return self.use_dot if self.use_dot is not None else m > 1

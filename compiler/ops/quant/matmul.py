@@ -35,6 +35,10 @@ def quant_matmul(x: jax.Array, w: QuantizedWeight, *, backend: str = "reference"
 def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig) -> dict:
     """The static launch parameters (grid and kernel constexprs) for one call; pure, testable on CPU."""
     block, _, _ = FORMATS[fmt]
+    if config.variant == "rows":
+        return _rows_plan(fmt, m, out, inner, config)
+    if config.variant != "split":
+        raise ValueError(f"unknown kernel variant {config.variant!r}")
     use_dot = config.dot_for(m)
     block_m = DOT_BLOCK_M if use_dot else 1
     if not use_dot and m != 1:
@@ -57,6 +61,23 @@ def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfi
     return {"grid": grid, "split_k": split_k, "meta": meta}
 
 
+def _rows_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig) -> dict:
+    from ember.compiler.ops.quant.triton_gemv import ROWS_MAX_M
+
+    if fmt != "q4_k":
+        raise ValueError(f"the rows variant has no {fmt} kernel yet")
+    if not 1 <= m <= ROWS_MAX_M:
+        raise ValueError(f"the rows variant takes 1..{ROWS_MAX_M} activation rows, got {m}")
+    if config.block_n < 16 or config.block_n & (config.block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16, got {config.block_n}")
+    s = config.sb_per_step
+    if s < 1 or s & (s - 1):
+        raise ValueError(f"sb_per_step must be a power of two, got {s}")
+    steps = -(-(inner // 256) // s)
+    meta = dict(M=m, N=out, K=inner, BLOCK_N=config.block_n, S=s, PREFETCH=bool(config.prefetch and steps > 1))
+    return {"grid": (-(-out // config.block_n), 1, 1), "split_k": 1, "meta": meta}
+
+
 def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig) -> jax.Array:
     import jax_triton as jt  # GPU-only dependency, imported on use
 
@@ -66,13 +87,22 @@ def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulCon
         raise ValueError(f"activations must be bf16, f16 or f32, got {x.dtype}")
     m = x.shape[0]
     out, inner = w.shape
-    kernel, plane_names = KERNELS[w.format]
+    if config.variant == "rows":
+        from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
+        kernel, plane_names = ROWS_KERNELS[w.format]
+    else:
+        kernel, plane_names = KERNELS[w.format]
     for name in plane_names:
         if w.planes[name].size >= 2**31:
             raise ValueError(f"{w.format} plane {name!r} has {w.planes[name].size} elements; int32 offsets overflow")
     plan = launch_plan(w.format, m, out, inner, config)
     split_k = plan["split_k"]
     out_dtype = x.dtype if split_k == 1 else jnp.float32
+    if config.variant == "rows":  # one launch, [m, out] in x's dtype: nothing before or after it
+        return jt.triton_call(
+            x, *(w.planes[name] for name in plane_names), kernel=kernel,
+            out_shape=jax.ShapeDtypeStruct((m, out), x.dtype), grid=plan["grid"],
+            num_warps=config.num_warps, num_stages=config.num_stages, **plan["meta"])
     y = jt.triton_call(
         x, *(w.planes[name] for name in plane_names),
         kernel=kernel,
