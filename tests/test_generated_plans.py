@@ -7,21 +7,24 @@ import pytest
 
 from ember.compiler.build import GENERATED_DIR, compile_spec
 from ember.compiler.spec import SPECS_DIR, known_archs
+from ember.compiler.targets import known_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.parametrize("target", known_targets())
 @pytest.mark.parametrize("arch", known_archs())
-def test_regenerating_gives_identical_bytes(tmp_path, arch):
-    written = compile_spec(SPECS_DIR / f"{arch}.toml", "cpu", out_root=tmp_path)
+def test_regenerating_gives_identical_bytes(tmp_path, arch, target):
+    written = compile_spec(SPECS_DIR / f"{arch}.toml", target, out_root=tmp_path)
     for path in written:
-        committed = GENERATED_DIR / "cpu" / arch / path.name
+        committed = GENERATED_DIR / target / arch / path.name
         assert committed.exists(), f"{committed} is not committed: run `ember compile`"
         assert path.read_bytes() == committed.read_bytes(), f"{committed} is stale: run `ember compile`"
 
 
-def test_every_spec_has_a_committed_plan():
-    assert sorted(p.name for p in (GENERATED_DIR / "cpu").iterdir() if p.is_dir()) == known_archs()
+@pytest.mark.parametrize("target", known_targets())
+def test_every_spec_has_a_committed_plan(target):
+    assert sorted(p.name for p in (GENERATED_DIR / target).iterdir() if p.is_dir()) == known_archs()
 
 
 def test_compiler_and_runtime_name_no_architecture():

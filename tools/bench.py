@@ -51,8 +51,34 @@ def _run_concurrent(engine, prompts: list[list[int]], output_tokens: int) -> dic
     }
 
 
+# Random weights at real shapes (`--model synthetic:<shape>`), for machines that cannot hold the real
+# checkpoint; the tokenizer (only used to detokenize) comes from `--tokenizer DIR` (an HF folder).
+SYNTHETIC_PREFIX = "synthetic:"
+SYNTHETIC_SHAPES = {
+    "qwen2.5-1.5b": ("qwen2", {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536, "num_hidden_layers": 28,
+                               "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960,
+                               "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                               "max_position_embeddings": 32768, "tie_word_embeddings": True}),
+}
+
+
+def _synthetic_model(shape: str, target: str, tokenizer_dir: str | None):
+    from ..compiler.spec import spec_for_arch
+    from ..runtime.loader.tokenizer import Tokenizer
+    from ..runtime.model import load_model
+    from ..runtime.synthetic import synthetic_checkpoint
+
+    if shape not in SYNTHETIC_SHAPES:
+        raise ValueError(f"unknown synthetic shape {shape!r} (known: {', '.join(SYNTHETIC_SHAPES)})")
+    if tokenizer_dir is None:
+        raise ValueError("a synthetic model needs --tokenizer DIR (an HF folder with tokenizer.json)")
+    arch, config = SYNTHETIC_SHAPES[shape]
+    return load_model(synthetic_checkpoint(spec_for_arch(arch), config), target=target), \
+        Tokenizer.from_hf_dir(tokenizer_dir)
+
+
 def run_bench(model_name: str, *, target: str, concurrency: list[int], prompt_tokens: int, output_tokens: int,
-              deterministic: bool) -> dict:
+              deterministic: bool, tokenizer_dir: str | None = None) -> dict:
     import jax
 
     from ..runtime.engine import Engine, EngineConfig
@@ -60,11 +86,13 @@ def run_bench(model_name: str, *, target: str, concurrency: list[int], prompt_to
     from ..runtime.model import load_model
     from ..runtime.prompting import load_tokenizer
 
-    path = resolve_model(model_name, progress=True)
     started = time.perf_counter()
-    model = load_model(path, target=target, progress=True)
+    if model_name.startswith(SYNTHETIC_PREFIX):
+        model, tokenizer = _synthetic_model(model_name[len(SYNTHETIC_PREFIX):], target, tokenizer_dir)
+    else:
+        model = load_model(resolve_model(model_name, progress=True), target=target, progress=True)
+        tokenizer = load_tokenizer(model.checkpoint)
     load_s = time.perf_counter() - started
-    tokenizer = load_tokenizer(model.checkpoint)
     context = prompt_tokens + output_tokens
     top = max(concurrency)
     config = EngineConfig(num_blocks=top * (-(-context // 16) + 1) + 1, max_model_len=context, max_num_seqs=top,
@@ -90,6 +118,6 @@ def run_bench(model_name: str, *, target: str, concurrency: list[int], prompt_to
 def main_bench(args) -> int:
     result = run_bench(args.model, target=args.target, concurrency=args.concurrency,
                        prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
-                       deterministic=args.deterministic)
+                       deterministic=args.deterministic, tokenizer_dir=args.tokenizer)
     print(json.dumps(result, indent=2))
     return 0

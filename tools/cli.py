@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt-tokens", type=_positive_int, default=256)
     bench.add_argument("--output-tokens", type=_positive_int, default=128)
     bench.add_argument("--deterministic", action="store_true")
+    bench.add_argument("--tokenizer", help="HF tokenizer folder, for --model synthetic:<shape> (random weights)")
     bench.set_defaults(run=_bench)
 
     comp = sub.add_parser("compile", help="compile specs into generated plans")

@@ -31,10 +31,15 @@ class Target:
             raise ValueError(f"target {self.name!r} has no kernel for op {node.op!r}") from None
 
 
+def known_targets() -> tuple[str, ...]:
+    return ("cpu", "h200")
+
+
 def get_target(name: str) -> Target:
     from .cpu import CPU
+    from .h200 import H200
 
-    targets = {CPU.name: CPU}
+    targets = {t.name: t for t in (CPU, H200)}
     if name not in targets:
         raise ValueError(f"unknown target {name!r} (known: {', '.join(sorted(targets))})")
     return targets[name]
