@@ -21,7 +21,6 @@ from sanic.exceptions import SanicException
 
 from .config import ServeConfig
 from .errors import ApiError, error_body, protocol_of
-from .metrics import ServerMetrics
 from .service import ModelService
 
 PUBLIC_PATHS = frozenset({"/health"})
@@ -37,8 +36,6 @@ def create_app(config: ServeConfig, service: ModelService | None = None) -> Sani
     app.config.GRACEFUL_SHUTDOWN_TIMEOUT = 2.0
     app.config.FALLBACK_ERROR_FORMAT = "json"
     service = service or ModelService(config)
-    service.metrics = ServerMetrics(service)
-    service.in_flight = 0
     app.ctx.service, app.ctx.config = service, config
 
     from . import anthropic, ember_routes, lmstudio, ollama, openai_chat, openai_completions, openai_responses

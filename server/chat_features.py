@@ -10,7 +10,7 @@ and reasoning — and the grammar they imply.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..runtime.guided import GuidedDecoding
 from .errors import bad_request
@@ -28,7 +28,7 @@ class ChatFeatures:
     choice: ToolChoice | None = None
     response_format: GuidedDecoding | None = None
     reasoning: ReasoningParser | None = None  # set per prompt by `for_prompt`
-    template_tools: list[dict] | None = field(default=None)
+    template_tools: list[dict] | None = None
 
     def for_prompt(self, service, prompt_text: str) -> tuple[GuidedDecoding | None, ReasoningParser | None]:
         """The grammar and the reasoning parser, once the rendered prompt is known (a template may open

@@ -36,16 +36,16 @@ class ChatOutputParser:
         return self._tools is not None and self._tools.has_tool_calls()
 
     def feed(self, text: str) -> list[dict]:
-        if self._reasoning is None:
-            return self._content(text, final=False)
-        split = self._reasoning.feed(text)
-        return ([_reasoning_delta(split.reasoning)] if split.reasoning else []) + self._content(split.content, final=False)
+        return self._deltas(text, final=False)
 
     def finish(self) -> list[dict]:
+        return self._deltas("", final=True)
+
+    def _deltas(self, text: str, *, final: bool) -> list[dict]:
         if self._reasoning is None:
-            return self._content("", final=True)
-        split = self._reasoning.finish()
-        return ([_reasoning_delta(split.reasoning)] if split.reasoning else []) + self._content(split.content, final=True)
+            return self._content(text, final=final)
+        split = self._reasoning.finish() if final else self._reasoning.feed(text)
+        return ([_reasoning_delta(split.reasoning)] if split.reasoning else []) + self._content(split.content, final=final)
 
     def _content(self, text: str, *, final: bool) -> list[dict]:
         if self._tools is None:

@@ -6,8 +6,9 @@ from sanic import Blueprint, response
 
 from .errors import ApiError, bad_request
 from .chat_request import render_chat_prompt
-from .generation import Generation, new_id, token_text
+from .generation import Generation, new_id
 from .metrics import CONTENT_TYPE
+from .openai_logprobs import token_text
 from .openapi import openapi_document
 from .request_fields import get_bool, get_int, get_optional, json_body, logit_bias_field, prompt_field
 

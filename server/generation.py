@@ -62,7 +62,7 @@ class Generation:
         stream = service.submit(prompt_ids, params, request_id=request_id, max_tokens_param=max_tokens_param,
                                 prompt_param=prompt_param)
         service.metrics.request_started()
-        service.in_flight += 1  # SIGTERM drain waits for this to reach 0
+        service.in_flight += 1
         return cls(service, stream, request_id, prompt_ids, params, arrival)
 
     async def events(self) -> AsyncIterator[RequestOutput | object]:
@@ -122,8 +122,3 @@ class Generation:
             self._done = True
             reasons = "error" if output.error else (output.finish_reason or "stop")
             metrics.request_ended(reasons, output.usage)
-
-
-def token_text(tokenizer, token_id: int) -> str:
-    """A token's text for logprobs (bytes a token cannot show alone decode with replacement marks)."""
-    return tokenizer.decode([token_id])

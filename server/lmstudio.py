@@ -13,6 +13,7 @@ Errors keep OpenAI's shape (as LM Studio's do).
 
 from __future__ import annotations
 
+import functools
 from importlib import metadata
 from typing import Any
 
@@ -31,6 +32,7 @@ blueprint = Blueprint("lmstudio")
 _SUPPORTED_FORMATS = ["gguf", "safetensors"]
 
 
+@functools.cache
 def _ember_version() -> str:
     try:
         return metadata.version("ember")

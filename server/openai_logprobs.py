@@ -6,12 +6,13 @@ from __future__ import annotations
 from ..runtime.streams import TokenLogprob
 
 
-def _text(tokenizer, token_id: int) -> str:
+def token_text(tokenizer, token_id: int) -> str:
+    """A token's text for logprobs (bytes a token cannot show alone decode with replacement marks)."""
     return tokenizer.decode([token_id])
 
 
 def _entry(tokenizer, token_id: int, logprob: float) -> dict:
-    text = _text(tokenizer, token_id)
+    text = token_text(tokenizer, token_id)
     return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8"))}
 
 
@@ -32,12 +33,12 @@ def completion_logprobs(tokenizer, entries: list[TokenLogprob], top: int, text_o
     tokens, token_logprobs, tops, offsets = [], [], [], []
     offset = text_offset
     for e in entries:
-        text = _text(tokenizer, e.token_id)
+        text = token_text(tokenizer, e.token_id)
         tokens.append(text)
         token_logprobs.append(_finite(e.logprob))
         alternatives: dict[str, float] = {}
         for i, lp in e.top[:top]:
-            alternatives.setdefault(_text(tokenizer, i), _finite(lp))
+            alternatives.setdefault(token_text(tokenizer, i), _finite(lp))
         tops.append(alternatives)
         offsets.append(offset)
         offset += len(text)

@@ -18,17 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from .text_holdback import partial_tag_length
+
 
 class _Vocabulary(Protocol):
     def token_to_id(self, token: str) -> int | None: ...
-
-
-def _partial_tag_length(text: str, tag: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
-    for k in range(min(len(text), len(tag) - 1), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0
 
 
 @dataclass(frozen=True)
@@ -122,7 +116,7 @@ class ReasoningStream:
                     out += ReasoningSplit(self._reasoning_text(self._buffer[:end].rstrip()), "")
                     self._state, self._buffer = self._CONTENT, self._buffer[end + len(self._end):]
                     continue
-                held = len(self._buffer) - _partial_tag_length(self._buffer, self._end)
+                held = len(self._buffer) - partial_tag_length(self._buffer, self._end)
                 ready = self._buffer[:held].rstrip()  # trailing whitespace may precede the end tag
                 out += ReasoningSplit(self._reasoning_text(ready), "")
                 self._buffer = self._buffer[len(ready):]

@@ -26,6 +26,7 @@ from ..runtime.scheduler import QueueFullError
 from ..runtime.streams import RequestStream
 from .config import ServeConfig
 from .errors import ApiError, bad_request
+from .metrics import ServerMetrics
 
 CPU_DEFAULT_CONTEXT = 8192  # the default --ctx cap: a decode step reads every block of the table width
 # Template inputs a request may not override through chat_template_kwargs: they change how the
@@ -51,6 +52,8 @@ class ModelService:
         self.load_seconds: float | None = None
         self.compile_seconds: float | None = None
         self._ready = threading.Event()
+        self.metrics = ServerMetrics(self)
+        self.in_flight = 0  # generations between submit and their last output (SIGTERM drain waits for 0)
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
@@ -193,7 +196,7 @@ class ModelService:
                               f"{self.context_length} tokens", prompt_param)
         if params.max_tokens is None:
             cap = min(room, self.config.max_output_tokens or room)
-            params = _replace_max_tokens(params, cap)
+            params = replace(params, max_tokens=cap)
         elif params.max_tokens > room:
             raise bad_request(f"max_tokens ({params.max_tokens}) + the prompt ({len(prompt_ids)} tokens) exceed "
                               f"the context of {self.context_length} tokens", max_tokens_param)
@@ -214,10 +217,6 @@ class ModelService:
     def abort(self, request_id: str) -> None:
         if self.engine is not None:
             self.engine.abort(request_id)
-
-
-def _replace_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
-    return replace(params, max_tokens=max_tokens)
 
 
 def _model_name(model: str) -> str:

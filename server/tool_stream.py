@@ -60,6 +60,7 @@ from ember.server.tool_fences import (CANONICAL_PREFIX, FENCE, JsonEndScanner, f
                                       is_call_language, line_blank_after, line_blank_at, may_be_call_language,
                                       parse_call_body, parse_fence_body, partial_fence_length)
 from ember.server.tools import ToolCall, ToolSpec, new_tool_call_id
+from ember.server.text_holdback import partial_tag_length
 
 __all__ = ["ContentDelta", "ParsedReply", "StreamingToolParser", "ToolCallArgs", "ToolCallEnd", "ToolCallStart",
            "ToolEvent", "anthropic_input_json_delta", "anthropic_tool_use_start", "openai_deltas",
@@ -67,14 +68,6 @@ __all__ = ["ContentDelta", "ParsedReply", "StreamingToolParser", "ToolCallArgs",
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
-
-
-def _partial_tag_length(text: str, tag: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
-    for k in range(min(len(text), len(tag) - 1), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0
 
 
 @dataclass(frozen=True)
@@ -247,7 +240,7 @@ class StreamingToolParser:
             self._emit(events, text[:fence + len(FENCE)])
             self._in_code = not self._in_code
             return self._to_text(text[fence + len(FENCE):], line_blank=False)
-        hold = max(_partial_tag_length(text, OPEN_TAG), partial_fence_length(text, self._line_blank))
+        hold = max(partial_tag_length(text, OPEN_TAG), partial_fence_length(text, self._line_blank))
         self._emit_pending(events, len(text[:len(text) - hold].rstrip()))  # whitespace is held: a call may follow
         return False
 
@@ -277,7 +270,7 @@ class StreamingToolParser:
         if close < 0:
             self._close_from = max(0, len(body) - len(CLOSE_TAG) + 1)
             if self._incremental:
-                self._stream_arguments(events, len(body) - _partial_tag_length(body, CLOSE_TAG))
+                self._stream_arguments(events, len(body) - partial_tag_length(body, CLOSE_TAG))
             return False
         self._body = body[:close]
         self._end_block(events, closed=True)

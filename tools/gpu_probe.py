@@ -15,10 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-QWEN25_15B = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536, "num_hidden_layers": 28,
-              "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960,
-              "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-              "max_position_embeddings": 32768, "tie_word_embeddings": True}
+from ember.tools.bench import SYNTHETIC_SHAPES
 
 
 def copy_bandwidth(gib: float = 4.0) -> float:
@@ -57,7 +54,8 @@ def main() -> int:
     result = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__}
     bandwidth = copy_bandwidth()
     result["copy_bandwidth_gb_s"] = round(bandwidth, 1)
-    model = load_model(synthetic_checkpoint(spec_for_arch("qwen2"), QWEN25_15B))
+    arch, config = SYNTHETIC_SHAPES["qwen2.5-1.5b"]
+    model = load_model(synthetic_checkpoint(spec_for_arch(arch), config))
     for dtype in ("float32", "bfloat16"):
         if dtype == "bfloat16":
             model.params = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a, model.params)
