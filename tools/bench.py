@@ -59,6 +59,11 @@ SYNTHETIC_SHAPES = {
                                "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960,
                                "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
                                "max_position_embeddings": 32768, "tie_word_embeddings": True}),
+    # a few-MB model of the same family, for smoke tests of the bench tools on any machine
+    "qwen2-tiny": ("qwen2", {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+                             "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+                             "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                             "max_position_embeddings": 4096, "tie_word_embeddings": True}),
 }
 
 
@@ -77,21 +82,26 @@ def _synthetic_model(shape: str, target: str, tokenizer_dir: str | None):
         Tokenizer.from_hf_dir(tokenizer_dir)
 
 
+def load_bench_model(model_name: str, target: str, tokenizer_dir: str | None = None):
+    """(Model, Tokenizer) for a known model name or `synthetic:<shape>`."""
+    from ..runtime.loader.known_models import resolve_model
+    from ..runtime.model import load_model
+    from ..runtime.prompting import load_tokenizer
+
+    if model_name.startswith(SYNTHETIC_PREFIX):
+        return _synthetic_model(model_name[len(SYNTHETIC_PREFIX):], target, tokenizer_dir)
+    model = load_model(resolve_model(model_name, progress=True), target=target, progress=True)
+    return model, load_tokenizer(model.checkpoint)
+
+
 def run_bench(model_name: str, *, target: str, concurrency: list[int], prompt_tokens: int, output_tokens: int,
               deterministic: bool, tokenizer_dir: str | None = None) -> dict:
     import jax
 
     from ..runtime.engine import Engine, EngineConfig
-    from ..runtime.loader.known_models import resolve_model
-    from ..runtime.model import load_model
-    from ..runtime.prompting import load_tokenizer
 
     started = time.perf_counter()
-    if model_name.startswith(SYNTHETIC_PREFIX):
-        model, tokenizer = _synthetic_model(model_name[len(SYNTHETIC_PREFIX):], target, tokenizer_dir)
-    else:
-        model = load_model(resolve_model(model_name, progress=True), target=target, progress=True)
-        tokenizer = load_tokenizer(model.checkpoint)
+    model, tokenizer = load_bench_model(model_name, target, tokenizer_dir)
     load_s = time.perf_counter() - started
     context = prompt_tokens + output_tokens
     top = max(concurrency)

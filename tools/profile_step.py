@@ -1,0 +1,151 @@
+"""Where a decode step's time goes on the GPU (run by hand on the device machine; JSON to stdout).
+
+For a synthetic model and target, and each concurrency asked for, runs the engine (greedy,
+ignore_eos) under the JAX profiler and reports:
+- wall time per engine step, and the device's busy time per step (sum of kernel durations on the
+  GPU's streams) — their gap is host overhead the GPU sits idle through;
+- the kernels that took the most device time, by name, per step;
+- the plan alone: the jitted step called back to back without reading results (device-bound time)
+  and with a host read per step (what the synchronous engine loop pays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def _device_kernels(trace_dir: str) -> tuple[float, collections.Counter, collections.Counter]:
+    """Sum of kernel time (ms) on the GPU planes, and per-kernel-name totals (ms) and counts."""
+    from jax.profiler import ProfileData
+
+    totals, counts = collections.Counter(), collections.Counter()
+    busy_ns = 0
+    for path in glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True):
+        with open(path, "rb") as f:
+            data = ProfileData.from_serialized_xspace(f.read())
+        for plane in data.planes:
+            if not plane.name.startswith("/device:GPU"):
+                continue
+            for line in plane.lines:
+                if not line.name.startswith("Stream"):
+                    continue
+                for event in line.events:
+                    busy_ns += event.duration_ns
+                    totals[event.name[:90]] += event.duration_ns / 1e6
+                    counts[event.name[:90]] += 1
+    return busy_ns / 1e6, totals, counts
+
+
+def _profile_engine(engine, vocab: int, concurrency: int, prompt_tokens: int, output_tokens: int) -> dict:
+    import jax
+
+    from ..runtime.sampling_params import SamplingParams
+
+    rng = np.random.default_rng(concurrency)
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_tokens)
+
+    def run():
+        prompts = [rng.integers(0, vocab, prompt_tokens).tolist() for _ in range(concurrency)]
+        streams = [engine.submit(p, params) for p in prompts]
+        for stream in streams:
+            for _ in stream:
+                pass
+
+    run()  # compile this concurrency's shapes
+    trace_dir = tempfile.mkdtemp(prefix="ember-profile-")
+    start = time.perf_counter()
+    with jax.profiler.trace(trace_dir):
+        run()
+    wall = time.perf_counter() - start
+    busy_ms, totals, counts = _device_kernels(trace_dir)
+    steps = output_tokens  # about one step per generated token (prefills share steps with decodes)
+    top = totals.most_common(25)
+    return {
+        "concurrency": concurrency, "wall_ms": round(wall * 1e3, 1),
+        "approx_steps": steps,
+        "device_busy_ms": round(busy_ms, 1),
+        "device_busy_fraction": round(busy_ms / (wall * 1e3), 3),
+        "top_kernels_ms": [{"name": name, "ms": round(ms, 2), "calls": counts[name]} for name, ms in top],
+    }
+
+
+def _plan_alone(engine, rows: int, repeats: int = 50) -> dict:
+    """The jitted step for `rows` decode rows, called back to back (async) and with a host read per call."""
+    import jax
+
+    from ..runtime.engine_step import run_step
+    from ..runtime.step_inputs import StepShape, padding_batch
+
+    ex = engine.executor
+    shape = StepShape(rows, 0, ex.table_blocks, ex.num_kinds)
+    batch = padding_batch(shape)
+    result, ex.kv = run_step(ex.step_fn, ex.model.dims, ex.model.params, ex.kv, batch, [], vocab_size=ex.vocab,
+                             num_rows=shape.logit_rows)
+
+    from ..compiler.batch import StepBatch
+    from ..compiler.ops.sampling import SamplingBatch
+    from ..runtime.engine_step import SUPPRESS_SLOTS, history_bucket
+    from ..runtime.sampling_params import pack_batch
+    import jax.numpy as jnp
+
+    sampling = pack_batch([], vocab_size=ex.vocab, history_bucket=history_bucket([]), suppress_slots=SUPPRESS_SLOTS,
+                          num_rows=shape.logit_rows)
+    dev_batch = StepBatch(*(jnp.asarray(a) for a in batch))
+    dev_sampling = SamplingBatch(*(jnp.asarray(a) for a in sampling))
+    out, ex.kv = ex.step_fn(ex.model.dims, ex.model.params, ex.kv, dev_batch, dev_sampling)
+    jax.block_until_ready(out)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        out, ex.kv = ex.step_fn(ex.model.dims, ex.model.params, ex.kv, dev_batch, dev_sampling)
+    jax.block_until_ready(out)
+    async_ms = (time.perf_counter() - start) / repeats * 1e3
+    start = time.perf_counter()
+    for _ in range(repeats):
+        result, ex.kv = run_step(ex.step_fn, ex.model.dims, ex.model.params, ex.kv, batch, [], vocab_size=ex.vocab,
+                                 num_rows=shape.logit_rows)
+    sync_ms = (time.perf_counter() - start) / repeats * 1e3
+    return {"decode_rows": rows, "async_ms_per_step": round(async_ms, 3), "sync_ms_per_step": round(sync_ms, 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="synthetic:qwen2.5-1.5b")
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--target", default="h200")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--output-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+
+    from ..runtime.engine import Engine, EngineConfig
+    from .bench import load_bench_model
+
+    model, tokenizer = load_bench_model(args.model, args.target, args.tokenizer)
+    context = args.prompt_tokens + args.output_tokens
+    top = max(args.concurrency)
+    config = EngineConfig(num_blocks=top * (-(-context // 16) + 1) + 1, max_model_len=context, max_num_seqs=top,
+                          max_batched_tokens=512, enable_prefix_caching=False)
+    engine = Engine(model, tokenizer, config)
+    result = {"model": args.model, "target": args.target, "runs": [], "plan_alone": []}
+    try:
+        for c in args.concurrency:
+            result["runs"].append(_profile_engine(engine, int(model.dims.vocab), c, args.prompt_tokens,
+                                                  args.output_tokens))
+            result["plan_alone"].append(_plan_alone(engine, c))
+    finally:
+        engine.close()
+    json.dump(result, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
