@@ -19,7 +19,7 @@ from ember.runtime.sampling_params import (
     MAX_N, RowState, SamplingParams, choice_seed, history_length_needed, pack_batch, resolve_seed,
 )
 
-SAMPLE = jax.jit(sample, static_argnames=("num_top_logprobs", "candidate_window"))  # one compile per shape
+SAMPLE = jax.jit(sample, static_argnames=("num_top_logprobs", "candidate_window", "all_greedy"))  # one compile per shape
 V = 64  # vocabulary of the property tests
 SLOTS = dict(history_bucket=16, bias_slots=4, suppress_slots=4)
 K = 5
@@ -358,3 +358,16 @@ def test_seeds_and_suppressed_ids():
     assert p.suppressed_while_min_tokens([6, 7]) == (5, 6, 7)
     assert SamplingParams(ignore_eos=True, stop_token_ids=(5,)).suppressed_while_min_tokens([7]) == (5,)
 
+
+
+@PROPERTY
+@given(rows_with_history(st.just(SamplingParams(temperature=0.0))), st.integers(0, 2**32 - 1), st.floats(0.2, 8.0))
+def test_the_static_all_greedy_path_gives_the_general_paths_result(rows, logit_seed, scale):
+    """all_greedy=True (no conditionals in the step) is an optimisation only: same tokens, same logprobs."""
+    logits = draw_logits(logit_seed, scale)
+    general = run(rows, logits)
+    batch = pack_batch(rows, vocab_size=V, **SLOTS)
+    static = jax.tree.map(np.asarray, SAMPLE(jnp.asarray(logits), jax.tree.map(jnp.asarray, batch),
+                                             num_top_logprobs=K, candidate_window=WINDOW, all_greedy=True))
+    for got, want in zip(static, general, strict=True):
+        assert got.tobytes() == want.tobytes()

@@ -81,30 +81,18 @@ def _plan_alone(engine, rows: int, repeats: int = 50) -> dict:
     """The jitted step for `rows` decode rows, called back to back (async) and with a host read per call."""
     import jax
 
-    from ..runtime.engine_step import run_step
+    from ..runtime.engine_step import pack_step_inputs, run_step
     from ..runtime.step_inputs import StepShape, padding_batch
 
     ex = engine.executor
     shape = StepShape(rows, 0, ex.table_blocks, ex.num_kinds)
     batch = padding_batch(shape)
-    result, ex.kv = run_step(ex.step_fn, ex.model.dims, ex.model.params, ex.kv, batch, [], vocab_size=ex.vocab,
-                             num_rows=shape.logit_rows)
-
-    from ..compiler.batch import StepBatch
-    from ..compiler.ops.sampling import SamplingBatch
-    from ..runtime.engine_step import SUPPRESS_SLOTS, history_bucket
-    from ..runtime.sampling_params import pack_batch
-    import jax.numpy as jnp
-
-    sampling = pack_batch([], vocab_size=ex.vocab, history_bucket=history_bucket([]), suppress_slots=SUPPRESS_SLOTS,
-                          num_rows=shape.logit_rows)
-    dev_batch = StepBatch(*(jnp.asarray(a) for a in batch))
-    dev_sampling = SamplingBatch(*(jnp.asarray(a) for a in sampling))
-    out, ex.kv = ex.step_fn(ex.model.dims, ex.model.params, ex.kv, dev_batch, dev_sampling)
+    inputs = pack_step_inputs(batch, [], vocab_size=ex.vocab, num_rows=shape.logit_rows)
+    out, ex.kv = ex.step_fn(ex.model.dims, *inputs.static_args(), ex.model.params, ex.kv, inputs.buffer)
     jax.block_until_ready(out)
     start = time.perf_counter()
     for _ in range(repeats):
-        out, ex.kv = ex.step_fn(ex.model.dims, ex.model.params, ex.kv, dev_batch, dev_sampling)
+        out, ex.kv = ex.step_fn(ex.model.dims, *inputs.static_args(), ex.model.params, ex.kv, inputs.buffer)
     jax.block_until_ready(out)
     async_ms = (time.perf_counter() - start) / repeats * 1e3
     start = time.perf_counter()

@@ -247,12 +247,15 @@ def _row_gumbel(seed, step, vocab):
 
 
 def sample(logits, params: SamplingBatch, num_top_logprobs: int = 0, *,
-           candidate_window: int = CANDIDATE_WINDOW) -> SampleResult:
+           candidate_window: int = CANDIDATE_WINDOW, all_greedy: bool = False) -> SampleResult:
     """Pick one token per row. logits f32 [R, V]; num_top_logprobs (static, 0..20) sets K.
 
     Traceable with static shapes (call it inside the step's jit, or jit it with
-    static_argnames=("num_top_logprobs", "candidate_window")). candidate_window only trades speed:
-    tokens do not depend on it.
+    static_argnames=("num_top_logprobs", "candidate_window", "all_greedy")). candidate_window only trades
+    speed: tokens do not depend on it. all_greedy (static) promises every row is greedy (temperature below
+    GREEDY_EPSILON): the step then has no conditional at all — on a GPU each lax.cond makes the host wait
+    for the device to reach it, which stops the host from preparing the next step meanwhile. The tokens
+    are the ones the general path gives such a batch.
     """
     processed = process_logits(logits, params)  # [R, V]
     rows, vocab = processed.shape
@@ -273,7 +276,10 @@ def sample(logits, params: SamplingBatch, num_top_logprobs: int = 0, *,
         return jnp.where(greedy, greedy_tokens, sampled)
 
     # an all-greedy batch skips the noise (V random numbers per row); rows do not depend on the branch
-    tokens = jax.lax.cond(jnp.all(greedy), lambda p: greedy_tokens, draw, constrained)
+    if all_greedy:
+        tokens = greedy_tokens
+    else:
+        tokens = jax.lax.cond(jnp.all(greedy), lambda p: greedy_tokens, draw, constrained)
     # every allowed token at -inf (then so is the greedy pick): the grammar wins over bias/suppression
     stuck = jnp.take_along_axis(constrained, greedy_tokens[:, None], -1)[:, 0] == -jnp.inf
     tokens = jnp.where(stuck, _first_allowed(params.allowed_mask), tokens)
