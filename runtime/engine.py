@@ -20,6 +20,7 @@ import numpy as np
 
 from .guided import GrammarTokenizer, GuidedMatcher
 from .kv_cache import KVCache
+from .lookahead import lookahead_steps
 from .model import Model
 from .output_processor import OutputProcessor
 from .requests import Request, RequestStatus
@@ -42,6 +43,9 @@ class EngineConfig:
     max_queue_wait_s: float = 300.0  # bounded wait for KV capacity before a request is refused
     deterministic: bool = False  # batch-invariant plans: same tokens and logprobs alone or under load
     enable_prefix_caching: bool = True
+    # decode steps per device call when every running request is decoding plainly (runtime/lookahead.py);
+    # 1 = one step per call. Amortises the host's per-step work over that many tokens.
+    decode_steps: int = 1
 
 
 def kv_bytes_per_block(model: Model, block_size: int, kind: str | None = None) -> int:
@@ -96,6 +100,7 @@ class EngineCounters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     steps: int = 0
+    device_calls: int = 0  # steps run ahead several at a time count once here (runtime/lookahead.py)
 
 
 @dataclass
@@ -254,20 +259,34 @@ class Engine:
                     group = self._group_of.get(rid)
                     if group is not None and group.scheduled_at is None:
                         group.scheduled_at = now
+                steps = self._steps_for(plan, rows)
+                if steps > 1:
+                    extended = self.scheduler.extend_decodes(plan, steps)
+                    plan, steps = (extended, steps) if extended is not None else (plan, 1)
             try:
-                results = self.executor.run(plan, rows)
+                per_step = self.executor.run_ahead(plan, rows) if steps > 1 else [self.executor.run(plan, rows)]
             except Exception as error:  # a failed step must not strand its requests: end them, go on
                 self._fail_step(plan, error)
                 continue
             with self._lock:
-                self.counters.steps += 1
-                tokens = [results[rid].token for rid in plan.logit_request_ids]
-                self.scheduler.update(plan, tokens)
-                for rid in plan.logit_request_ids:
-                    choice = self._choice_of.get(rid)
-                    if choice is None or choice.finish_reason is not None:
-                        continue  # aborted while the step ran
-                    self._advance(rid, choice, results[rid])
+                self.counters.device_calls += 1
+                for step, results in enumerate(per_step):
+                    self.counters.steps += 1
+                    tokens = [results[rid].token for rid in plan.logit_request_ids]
+                    if steps > 1:
+                        self.scheduler.update_ahead(plan, step, tokens)
+                    else:
+                        self.scheduler.update(plan, tokens)
+                    for rid in plan.logit_request_ids:
+                        choice = self._choice_of.get(rid)
+                        if choice is None or choice.finish_reason is not None:
+                            continue  # aborted while the step ran, or finished at an earlier step
+                        self._advance(rid, choice, results[rid])
+
+    def _steps_for(self, plan, rows: list[RowState]) -> int:
+        limits = [self._choice_of[rid].request.max_tokens for rid in plan.logit_request_ids]
+        return lookahead_steps(plan, rows, limits, steps=self.executor.decode_steps,
+                               waiting=len(self.scheduler.waiting))
 
     def _advance(self, rid: str, choice: _Choice, sampled) -> None:
         """Stream one sampled token; a choice following a grammar also advances it, and ends when it does."""

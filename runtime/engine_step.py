@@ -62,6 +62,37 @@ def make_step_fn(forward: Callable) -> Callable:
     return jax.jit(step, static_argnums=(0, 1, 2, 3), donate_argnums=5)
 
 
+def make_multi_step_fn(forward: Callable, steps: int) -> Callable:
+    """jit of `steps` decode steps in one executable, each step's sampled tokens fed to the next on the
+    device: (dims, layout, num_top, all_greedy, params, kv, inputs) -> (packed results [steps, R, 2 + 2K],
+    kv). The inputs are a decode-only step (C = 0) plus `slots_ahead` int32 [steps, K, B] (the last
+    array packed): step i runs the rows at positions + i, writing slots_ahead[i], and samples with the
+    rows' step counters + i. A lax.scan (trip count static: no host sync per step) over the same forward,
+    so the executable is compiled once per decode bucket. Host overhead is paid once per `steps` tokens."""
+
+    def multi(dims, layout: IoLayout, num_top: int, all_greedy: bool, params, kv, inputs):
+        arrays = unpack_arrays(inputs, layout)
+        n_batch = len(StepBatch._fields)
+        batch = StepBatch(*arrays[:n_batch])
+        sampling = SamplingBatch(*arrays[n_batch:-1])
+        slots_ahead = arrays[-1]
+        rows = batch.num_decode
+
+        def one(carry, i):
+            tokens, kv = carry
+            step_batch = batch._replace(tokens=tokens, positions=batch.positions + i, slots=slots_ahead[i],
+                                        dec_ctx_lens=batch.dec_ctx_lens + i)
+            logits, kv = forward(dims, params, kv, step_batch)
+            result = sample(logits.astype(jnp.float32), sampling._replace(step=sampling.step + i), num_top,
+                            all_greedy=all_greedy)
+            return (result.tokens[:rows], kv), pack_result(result)
+
+        (_, kv), packed = jax.lax.scan(one, (batch.tokens, kv), jnp.arange(steps, dtype=jnp.int32))
+        return packed, kv
+
+    return jax.jit(multi, static_argnums=(0, 1, 2, 3), donate_argnums=5)
+
+
 @dataclass(frozen=True)
 class StepInputs:
     buffer: np.ndarray  # int32 words of the StepBatch and SamplingBatch
@@ -73,10 +104,12 @@ class StepInputs:
         return self.layout, self.num_top, self.all_greedy
 
 
-def pack_step_inputs(batch: StepBatch, rows: list[RowState], *, vocab_size: int, num_rows: int) -> StepInputs:
+def pack_step_inputs(batch: StepBatch, rows: list[RowState], *, vocab_size: int, num_rows: int,
+                     extra: tuple[np.ndarray, ...] = ()) -> StepInputs:
+    """extra: arrays packed after the batch and sampling arrays (a multi-step call's slots_ahead)."""
     sampling = pack_batch(rows, vocab_size=vocab_size, history_bucket=history_bucket(rows),
                           suppress_slots=SUPPRESS_SLOTS, num_rows=num_rows)
-    buffer, layout = pack_arrays([*batch, *sampling])
+    buffer, layout = pack_arrays([*batch, *sampling, *extra])
     return StepInputs(buffer, layout, top_logprobs_needed(rows),
                       bool(np.all(sampling.temperature < GREEDY_EPSILON)))
 
@@ -86,3 +119,11 @@ def run_step(step_fn: Callable, dims: Any, params: Any, kv: Any, batch: StepBatc
     inputs = pack_step_inputs(batch, rows, vocab_size=vocab_size, num_rows=num_rows)
     packed, kv = step_fn(dims, *inputs.static_args(), params, kv, inputs.buffer)
     return StepResult(*unpack_result(np.asarray(packed))), kv
+
+
+def run_multi_step(multi_fn: Callable, dims: Any, params: Any, kv: Any, batch: StepBatch, slots_ahead: np.ndarray,
+                   rows: list[RowState], *, vocab_size: int, num_rows: int) -> tuple[list[StepResult], Any]:
+    """make_multi_step_fn's executable on a decode-only batch: one StepResult per step."""
+    inputs = pack_step_inputs(batch, rows, vocab_size=vocab_size, num_rows=num_rows, extra=(slots_ahead,))
+    packed, kv = multi_fn(dims, *inputs.static_args(), params, kv, inputs.buffer)
+    return [StepResult(*unpack_result(step)) for step in np.asarray(packed)], kv

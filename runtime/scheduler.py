@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .kv import BlockPool, KVCounters, StateAllocator
 from .kv_cache import KVCache, PrefixHit
@@ -85,6 +85,7 @@ class Scheduler:
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self._active: dict[str, Request] = {}  # waiting + running, by id
         self._unfinished_plan: StepPlan | None = None
+        self._ahead: tuple[StepPlan, int] | None = None  # an extended plan and its step count
         self.num_preemptions = self.num_finished = self.num_aborted = 0
 
     # --- intake -------------------------------------------------------------------------------------
@@ -224,6 +225,36 @@ class Scheduler:
                                    completes=end == request.num_tokens)
         return StepPlan(tuple(rows), prefill, tables, tuple(preempted), num_kinds=len(self.kv.kinds))
 
+    # --- several decode steps in one device call --------------------------------------------------
+    def extend_decodes(self, plan: StepPlan, steps: int) -> StepPlan | None:
+        """Let the just-scheduled decode-only `plan` run `steps` decode steps in one go: every row gets KV
+        for its next `steps` positions. Returns the plan with block tables that cover them (the engine
+        then calls update_ahead once per step), or None when the pool cannot give every row those blocks
+        without preempting (the plan stays a one-step plan; blocks already grown are kept — the rows
+        would need them within `steps` steps anyway)."""
+        if plan is not self._unfinished_plan or plan.prefill is not None or plan.preempted or steps < 2:
+            return None
+        requests = [self._active[row.request_id] for row in plan.decodes]
+        for row, request in zip(plan.decodes, requests):
+            if not self.kv.grow(request.state, row.position + steps):
+                return None
+        tables = {row.request_id: self.kv.tables(request.state) for row, request in zip(plan.decodes, requests)}
+        self._unfinished_plan = replace(plan, block_tables=tables)
+        self._ahead = (self._unfinished_plan, steps)
+        return self._unfinished_plan
+
+    def update_ahead(self, plan: StepPlan, step: int, sampled_token_ids: Sequence[int]) -> list[StepOutput]:
+        """update() for step `step` (0-based, in order) of an extended plan: each row still running
+        computed position row.position + step and sampled one token; rows that finished (or were
+        aborted) at an earlier step are skipped — what they computed after that is discarded."""
+        if self._ahead is None or self._ahead[0] is not plan or not 0 <= step < self._ahead[1]:
+            raise RuntimeError("update_ahead() got a plan that extend_decodes() did not return, or a bad step")
+        shifted = replace(plan, decodes=tuple(replace(row, position=row.position + step) for row in plan.decodes))
+        self._unfinished_plan = shifted
+        if step == self._ahead[1] - 1:
+            self._ahead = None
+        return self.update(shifted, sampled_token_ids)
+
     def update(self, plan: StepPlan, sampled_token_ids: Sequence[int]) -> list[StepOutput]:
         """Apply a step's results: sampled_token_ids holds one token per plan.logit_request_ids entry.
         Requests aborted or finished between schedule() and update() are skipped."""
@@ -234,6 +265,8 @@ class Scheduler:
         if plan is not self._unfinished_plan:
             raise RuntimeError("update() got a plan that is not the last one scheduled")
         self._unfinished_plan = None
+        if self._ahead is not None and plan is self._ahead[0]:  # the whole extended plan at once (a failed step)
+            self._ahead = None
         advanced = [(row.request_id, row.position, 1) for row in plan.decodes]
         if plan.prefill is not None:
             advanced.append((plan.prefill.request_id, plan.prefill.start, plan.prefill.num_tokens))

@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .engine_step import make_step_fn, run_step
+from .engine_step import make_multi_step_fn, make_step_fn, run_multi_step, run_step
 from .model import Model
-from .sampling_params import RowState, SamplingParams
+from .sampling_params import RowState
 from .scheduler import PrefillChunk, StepPlan
 from .state_kinds import engine_pool_blocks
 from .step_inputs import StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape
@@ -44,6 +44,9 @@ class StepExecutor:
         self.deterministic = config.deterministic
         plan = model.deterministic_plan() if self.deterministic else model.plan
         self.step_fn = make_step_fn(plan.module.forward)
+        # decode steps per device call when the engine runs ahead (1 = never): see runtime/lookahead.py
+        self.decode_steps = 1 if self.deterministic else max(1, config.decode_steps)
+        self.multi_step_fn = make_multi_step_fn(plan.module.forward, self.decode_steps) if self.decode_steps > 1 else None
         # each layer's pool is sized by its state kind (the engine's KVCache uses the same sizes)
         self.kv = model.new_kv(engine_pool_blocks(model.paged_kinds, config), config.block_size)
         self.num_kinds = len(model.paged_kinds)
@@ -63,6 +66,9 @@ class StepExecutor:
             bar = tqdm(total=len(shapes), desc="compiling plans", unit="plan")
         for shape in shapes:
             self._run(padding_batch(shape), [], shape)
+            if self.multi_step_fn is not None and shape.prefill_tokens == 0:
+                self._run_ahead(padding_batch(shape), np.zeros((self.decode_steps, shape.num_kinds,
+                                                                shape.decode_rows), np.int32), [], shape)
             if bar is not None:
                 bar.update(1)
         if bar is not None:
@@ -79,6 +85,20 @@ class StepExecutor:
             shape = StepShape(DECODE_TILE, PREFILL_TILE, self.table_blocks, self.num_kinds)
             tile_rows = [row_of[rid] for rid in tile.logit_request_ids]
             results.update(self._sampled(tile, self._run(build_step_batch(tile, shape), tile_rows, shape)))
+        return results
+
+    def run_ahead(self, plan: StepPlan, rows: list[RowState]) -> list[dict[str, Sampled]]:
+        """A decode-only plan extended by Scheduler.extend_decodes(plan, self.decode_steps): that many
+        steps in one device call; one {request id: Sampled} per step."""
+        shape = step_shape(plan, self.decode_buckets, self.prefill_buckets, self.table_blocks)
+        slots = np.zeros((self.decode_steps, shape.num_kinds, shape.decode_rows), np.int32)
+        slots[:, :, :plan.num_decode] = plan.decode_slots_ahead(self.decode_steps, self.config.block_size)
+        results = self._run_ahead(build_step_batch(plan, shape), slots, rows, shape)
+        return [self._sampled(plan, result) for result in results]
+
+    def _run_ahead(self, batch, slots_ahead: np.ndarray, rows: list[RowState], shape: StepShape):
+        results, self.kv = run_multi_step(self.multi_step_fn, self.model.dims, self.model.params, self.kv, batch,
+                                          slots_ahead, rows, vocab_size=self.vocab, num_rows=shape.logit_rows)
         return results
 
     def _run(self, batch, rows: list[RowState], shape: StepShape):

@@ -88,6 +88,17 @@ class StepPlan:
     def decode_context_lens(self) -> np.ndarray:  # int32 [B]: context of each decode row, its own token included
         return np.asarray([r.position + 1 for r in self.decodes], np.int32)
 
+    def decode_slots_ahead(self, steps: int, block_size: int) -> np.ndarray:  # int32 [steps, K, B]
+        """The slot each decode row writes at each of `steps` consecutive steps (positions p .. p+steps-1),
+        from its block tables (which must cover them: Scheduler.extend_decodes)."""
+        out = np.zeros((steps, self.num_kinds, len(self.decodes)), np.int32)
+        for b, row in enumerate(self.decodes):
+            tables = self.block_tables[row.request_id]
+            for i in range(steps):
+                p = row.position + i
+                out[i, :, b] = [table[p // block_size] * block_size + p % block_size for table in tables]
+        return out
+
     def decode_block_tables(self, max_blocks: int) -> np.ndarray:  # int32 [K, B, max_blocks], padded with block 0
         return np.stack([_padded([self.block_tables[r.request_id][k] for r in self.decodes], max_blocks)
                          for k in range(self.num_kinds)])

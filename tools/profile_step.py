@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--decode-steps", type=int, default=1, help="decode steps per device call when running ahead")
     args = parser.parse_args(argv)
 
     from ..runtime.engine import Engine, EngineConfig
@@ -120,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     context = args.prompt_tokens + args.output_tokens
     top = max(args.concurrency)
     config = EngineConfig(num_blocks=top * (-(-context // 16) + 1) + 1, max_model_len=context, max_num_seqs=top,
-                          max_batched_tokens=512, enable_prefix_caching=False)
+                          max_batched_tokens=512, enable_prefix_caching=False, decode_steps=args.decode_steps)
     engine = Engine(model, tokenizer, config)
-    result = {"model": args.model, "target": args.target, "runs": [], "plan_alone": []}
+    result = {"model": args.model, "target": args.target, "decode_steps": args.decode_steps, "runs": [],
+              "plan_alone": []}
     try:
         for c in args.concurrency:
             result["runs"].append(_profile_engine(engine, int(model.dims.vocab), c, args.prompt_tokens,

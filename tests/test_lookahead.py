@@ -1,0 +1,90 @@
+"""Several decode steps per device call (runtime/lookahead.py): the same tokens and logprobs as one step
+per call, requests that stop inside a call end there, and every KV block comes back."""
+
+import numpy as np
+import pytest
+
+from ember.runtime.engine import Engine, EngineConfig
+from ember.runtime.lookahead import lookahead_steps, row_can_run_ahead
+from ember.runtime.model import load_model
+from ember.runtime.sampling_params import RowState, SamplingParams
+from ember.runtime.step_plan import DecodeRow, PrefillChunk, StepPlan
+from fixture_data import tiny_fixture
+from test_engine import ByteTokenizer, _tokens
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    path, _ = tiny_fixture("qwen3")
+    return load_model(path)
+
+
+def _run(model, decode_steps, cases):
+    config = EngineConfig(num_blocks=64, max_model_len=256, max_num_seqs=4, max_batched_tokens=48,
+                          decode_steps=decode_steps)
+    engine = Engine(model, ByteTokenizer(), config, stop_token_ids=frozenset({7}))
+    try:
+        streams = [engine.submit(prompt, params) for prompt, params in cases]
+        results = [_tokens(stream) for stream in streams]
+        snapshot = engine.snapshot()
+        return results, engine.counters, snapshot
+    finally:
+        engine.close()
+
+
+def _logprobs(outputs):
+    return [(lp.token_id, lp.logprob) for outs in outputs.values() for o in outs for lp in (o.logprobs or ())]
+
+
+def test_runs_ahead_give_the_tokens_and_logprobs_of_single_steps(qwen3):
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(8, 250, size=n).tolist() for n in (5, 33, 12, 60)]
+    cases = [  # greedy and seeded sampled rows, max_tokens not a multiple of STEPS, eos-stopping, logprobs
+        (prompts[0], SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=23, logprobs=2)),
+        (prompts[1], SamplingParams(temperature=0.9, top_p=0.8, seed=5, ignore_eos=True, max_tokens=17)),
+        (prompts[2], SamplingParams(temperature=1.2, top_k=20, seed=9, max_tokens=30, logprobs=0)),
+        (prompts[3], SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=9)),
+    ]
+    single, single_counters, _ = _run(qwen3, 1, cases)
+    ahead, ahead_counters, snapshot = _run(qwen3, STEPS, cases)
+    for (tokens_1, outs_1), (tokens_n, outs_n) in zip(single, ahead, strict=True):
+        assert tokens_n == tokens_1
+        got, want = _logprobs(outs_n), _logprobs(outs_1)
+        assert [t for t, _ in got] == [t for t, _ in want]
+        np.testing.assert_allclose([lp for _, lp in got], [lp for _, lp in want], rtol=1e-5, atol=1e-5)
+    assert ahead_counters.steps == single_counters.steps
+    assert ahead_counters.device_calls < single_counters.device_calls  # it did run ahead
+    assert snapshot["free_kv_blocks"] == snapshot["total_kv_blocks"]  # nothing leaked
+
+
+def test_a_request_stopping_inside_a_call_ends_there(qwen3):
+    prompt = list(range(20, 40))
+    params = SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[], ignore_eos=True)
+    alone, _, _ = _run(qwen3, 1, [(prompt, params)])
+    stop_at = alone[0][0][0][5]  # the 6th greedy token: stop on it
+    stopping = SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[stop_at], ignore_eos=True)
+    (tokens, outs), = _run(qwen3, STEPS, [(prompt, stopping)])[0]
+    first = alone[0][0][0].index(stop_at)
+    assert tokens[0] == alone[0][0][0][:first + 1]
+    assert outs[0][-1].finish_reason == "stop"
+
+
+def _row(**params) -> RowState:
+    return RowState(SamplingParams(**params), seed=0, prompt_ids=[1, 2], output_ids=[3])
+
+
+def test_what_may_run_ahead():
+    decode = StepPlan((DecodeRow("a", 3, 2, (34,)),), None, {"a": ((2,),)})
+    plain = _row(temperature=0.0)
+    assert lookahead_steps(decode, [plain], [100], steps=8, waiting=0) == 8
+    assert lookahead_steps(decode, [plain], [100], steps=8, waiting=1) == 1  # someone waits to be admitted
+    assert lookahead_steps(decode, [plain], [5], steps=8, waiting=0) == 1  # would compute past max_tokens
+    assert lookahead_steps(decode, [plain], [100], steps=1, waiting=0) == 1
+    chunk = StepPlan((), PrefillChunk("b", 0, (1, 2), ((33,), (34,)), True), {"b": ((2,),)})
+    assert lookahead_steps(chunk, [plain], [100], steps=8, waiting=0) == 1
+    for blocked in (dict(repetition_penalty=1.1), dict(presence_penalty=0.5), dict(frequency_penalty=0.2),
+                    dict(min_tokens=5), dict(forced_token_ids=[4, 5, 6])):
+        assert not row_can_run_ahead(_row(**blocked), 8, 100), blocked
+    assert row_can_run_ahead(_row(temperature=0.7, top_p=0.9, logit_bias={5: 2.0}, min_tokens=1), 8, 100)
