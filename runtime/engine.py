@@ -44,8 +44,9 @@ class EngineConfig:
     deterministic: bool = False  # batch-invariant plans: same tokens and logprobs alone or under load
     enable_prefix_caching: bool = True
     # decode steps per device call when every running request is decoding plainly (runtime/lookahead.py);
-    # 1 = one step per call. Amortises the host's per-step work over that many tokens.
-    decode_steps: int = 1
+    # 1 = one step per call; None = the plan's target's choice (Target.decode_steps). Amortises the host's
+    # per-call work over that many tokens.
+    decode_steps: int | None = None
 
 
 def kv_bytes_per_block(model: Model, block_size: int, kind: str | None = None) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..compiler.targets import get_target
 from .engine_step import make_multi_step_fn, make_step_fn, run_multi_step, run_step
 from .model import Model
 from .sampling_params import RowState
@@ -45,7 +46,8 @@ class StepExecutor:
         plan = model.deterministic_plan() if self.deterministic else model.plan
         self.step_fn = make_step_fn(plan.module.forward)
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/lookahead.py
-        self.decode_steps = 1 if self.deterministic else max(1, config.decode_steps)
+        steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
+        self.decode_steps = 1 if self.deterministic else max(1, steps)
         self.multi_step_fn = make_multi_step_fn(plan.module.forward, self.decode_steps) if self.decode_steps > 1 else None
         # each layer's pool is sized by its state kind (the engine's KVCache uses the same sizes)
         self.kv = model.new_kv(engine_pool_blocks(model.paged_kinds, config), config.block_size)
