@@ -14,7 +14,9 @@ from . import Target
 H200 = Target(
     name="h200",
     description="NVIDIA H200 (sm_90), XLA GPU, bf16 reference ops",
-    kernels=dict(CPU.kernels),
+    kernels={**CPU.kernels,
+             # split-K decode and flash prefill over the paged pool, Triton through jax-triton
+             "attention": "ember.compiler.ops.attention_gpu.paged:paged_attention"},
     deterministic_kernels=dict(CPU.deterministic_kernels),
     activation_dtype="bfloat16",
     decode_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),

@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 
 from ember.compiler.ops.activation import gated_act_packed as activation_gated_act_packed
-from ember.compiler.ops.attention import paged_attention as attention_paged_attention
 from ember.compiler.ops.embedding import add as embedding_add
 from ember.compiler.ops.embedding import embedding as embedding_embedding
 from ember.compiler.ops.embedding import scale as embedding_scale
@@ -20,6 +19,7 @@ from ember.compiler.ops.linear import linear_split as linear_linear_split
 from ember.compiler.ops.linear import split_heads as linear_split_heads
 from ember.compiler.ops.norm import add_rms_norm as norm_add_rms_norm
 from ember.compiler.ops.norm import rms_norm as norm_rms_norm
+from ember.compiler.ops.attention_gpu.paged import paged_attention as paged_paged_attention
 from ember.compiler.ops.rope import rope as rope_rope
 
 ARCH = "gemma3"
@@ -47,7 +47,7 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
     q_1 = norm_rms_norm(q, w['attn_q_norm.weight'], eps=dims.eps)
     k_1 = norm_rms_norm(k, w['attn_k_norm.weight'], eps=dims.eps)
     q_2, k_2 = rope_rope(q_1, k_1, positions, rope_inv_freq0, style='neox')
-    a, k_pool, v_pool = attention_paged_attention(q_2, k_2, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
+    a, k_pool, v_pool = paged_paged_attention(q_2, k_2, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_12 = linear_linear(a, w['attn_output.weight'])
     t_13 = norm_rms_norm(t_12, w['post_attention_norm.weight'], eps=dims.eps)
     x_1, h_1 = norm_add_rms_norm(x, t_13, w['ffn_norm.weight'], eps=dims.eps)

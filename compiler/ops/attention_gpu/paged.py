@@ -1,0 +1,64 @@
+"""The h200 attention entry: same signature, pool layout and return value as the reference
+`attention.paged_attention`, with decode rows on the split-K Triton kernel (decode.py).
+
+  paged_attention           decode rows through the Triton kernel (NVIDIA GPU + jax-triton); traced for
+                            another backend, through the emulation
+  paged_attention_emulated  decode rows through the jnp emulation of the same algorithm (runs anywhere:
+                            what the CPU tests compare with the reference op)
+
+The step's K/V is written first, exactly as the reference does (its `_write`: an in-place scatter into
+the donated pool). Rows past batch.num_decode (one prefill chunk) go through `attend_prefill_chunk`:
+prefill.py's flash-attention kernel over the paged pool (or its jnp emulation, by the same backend switch).
+
+Decode rows read `batch.dec_ctx_lens` for the extent of the walk and `batch.positions` for the causal
+and window masks; batch.py's contract (ctx_len == position + 1 for a decode row, padding rows 1 and 0)
+makes that the reference's mask exactly.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ...batch import StepBatch, kind_view
+from ..attention import _write
+from .decode import paged_decode_attention
+from .prefill import prefill_attention, prefill_attention_emulated
+
+
+def paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale):
+    # q [N, hq, dh], k/v [N, hkv, dh], window: int32 scalar (0 = unlimited), state: int32 scalar (kind index);
+    # k_pool, v_pool: this layer's pool [num_blocks, block_size, hkv, dh] -> (out [N, hq * dh], k_pool, v_pool)
+    # Traced for a GPU: the Triton kernels. Traced for anything else (CI runs the h200 plans on CPU): their jnp
+    # emulation, the same algorithm step for step.
+    backend = "triton" if jax.default_backend() == "gpu" else "emulate"
+    return _paged_attention(q, k, v, window, state, k_pool, v_pool, batch, scale=scale, backend=backend)
+
+
+def paged_attention_emulated(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale):
+    # the same, decode rows through decode.split_k_partials_jnp + combine_partials
+    return _paged_attention(q, k, v, window, state, k_pool, v_pool, batch, scale=scale, backend="emulate")
+
+
+def attend_prefill_chunk(q, k_pool, v_pool, table, positions, window, *, scale, backend: str):
+    """The prefill chunk: q [C, hq, dh], one sequence's chunk at `positions` [C] (padding rows hold
+    position 0); table [W] its blocks; the chunk's own K/V already written -> [C, hq, dh] in q's dtype.
+    backend: "triton" (prefill.py's flash-attention kernel) or "emulate" (its jnp twin)."""
+    fn = prefill_attention if backend == "triton" else prefill_attention_emulated
+    return fn(q, k_pool, v_pool, table, positions, None, window, scale=scale)
+
+
+def _paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale, backend: str):
+    write_slots, dec_tables, pre_table = kind_view(batch, state)
+    k_pool = _write(k_pool, write_slots, k)
+    v_pool = _write(v_pool, write_slots, v)
+    n_dec = batch.num_decode
+    parts = []
+    if n_dec:  # B rows of one token each
+        parts.append(paged_decode_attention(q[:n_dec], k_pool, v_pool, dec_tables, batch.dec_ctx_lens,
+                                            batch.positions[:n_dec], window, scale=scale, backend=backend))
+    if q.shape[0] > n_dec:  # one row of C tokens (the prefill chunk)
+        parts.append(attend_prefill_chunk(q[n_dec:], k_pool, v_pool, pre_table, batch.positions[n_dec:], window,
+                                          scale=scale, backend=backend))
+    out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+    return out.reshape(out.shape[0], -1), k_pool, v_pool

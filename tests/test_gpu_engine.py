@@ -1,0 +1,102 @@
+"""The engine on an NVIDIA GPU: the h200 target agrees with the cpu target on the same weights, and
+deterministic mode is bit-exact alone vs under load. Random weights at the Qwen2.5-1.5B shape.
+
+Run on the GPU machine with both platforms (the cpu target runs on the host's CPU there):
+    JAX_PLATFORMS=cuda,cpu python -m pytest -q -m gpu tests/test_gpu_engine.py
+EMBER_GPU_RESULTS=<file.json> records the measured agreement figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+if jax.default_backend() != "gpu":
+    pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda,cpu)", allow_module_level=True)
+
+from ember.compiler.spec import spec_for_arch  # noqa: E402
+from ember.runtime.engine import Engine, EngineConfig  # noqa: E402
+from ember.runtime.model import load_model  # noqa: E402
+from ember.runtime.sampling_params import SamplingParams  # noqa: E402
+from ember.runtime.sequence_runner import SequenceRunner  # noqa: E402
+from ember.runtime.synthetic import synthetic_checkpoint  # noqa: E402
+from ember.tools.bench import SYNTHETIC_SHAPES  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+SHAPE = "qwen2.5-1.5b"
+POSITIONS = 256
+
+
+class _Detokenizer:
+    eos_token_ids = ()
+
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(str(int(t)) for t in ids)
+
+
+def _checkpoint():
+    arch, config = SYNTHETIC_SHAPES[SHAPE]
+    return synthetic_checkpoint(spec_for_arch(arch), config)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _record(key: str, value) -> None:
+    path = os.environ.get("EMBER_GPU_RESULTS")
+    if path:
+        data = json.loads(open(path).read()) if os.path.exists(path) else {}
+        data[key] = value
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
+
+
+def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
+    tokens = np.random.default_rng(7).integers(0, SYNTHETIC_SHAPES[SHAPE][1]["vocab_size"], POSITIONS).tolist()
+    with jax.default_device(jax.devices("cpu")[0]):
+        exact = SequenceRunner(load_model(_checkpoint(), target="cpu"), POSITIONS).prefill(tokens, all_logits=True)
+    gpu_model = load_model(_checkpoint(), target="h200")
+    fast = SequenceRunner(gpu_model, POSITIONS).prefill(tokens, all_logits=True).astype(np.float32)
+    p_exact, p_fast = _log_softmax(exact), _log_softmax(fast)
+    kl = (np.exp(p_exact) * (p_exact - p_fast)).sum(-1)
+    top1 = float((exact.argmax(-1) == fast.argmax(-1)).mean())
+    _record("h200_vs_cpu_target", {"model": f"synthetic:{SHAPE}", "positions": POSITIONS, "top1_agreement": top1,
+                                   "mean_kl": float(kl.mean()), "max_kl": float(kl.max())})
+    assert top1 >= 0.99 and kl.mean() <= 1e-3, (top1, kl.mean())
+
+
+def test_deterministic_mode_is_bit_exact_alone_and_under_load():
+    model = load_model(_checkpoint(), target="h200")
+    config = EngineConfig(num_blocks=8 * 40 + 1, max_model_len=600, max_num_seqs=8, max_batched_tokens=256,
+                          deterministic=True, enable_prefix_caching=False)
+    rng = np.random.default_rng(11)
+    vocab = int(model.dims.vocab)
+    probe = rng.integers(0, vocab, 200).tolist()
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=48, logprobs=3)
+    others = [(rng.integers(0, vocab, n).tolist(), SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=m))
+              for n, m in ((17, 60), (333, 20), (90, 70), (5, 40), (250, 33), (128, 64), (61, 50))]
+
+    def run(batch, index):  # the outputs of batch[index]
+        engine = Engine(model, _Detokenizer(), config)
+        try:
+            streams = [engine.submit(p, sp) for p, sp in batch]
+            outs = [s.collect() for s in streams]
+        finally:
+            engine.close()
+        probe_outputs = outs[index][0]
+        return ([t for o in probe_outputs for t in o.token_ids],
+                [(lp.token_id, lp.logprob, lp.top) for o in probe_outputs for lp in (o.logprobs or ())])
+
+    alone = run([(probe, params)], 0)
+    loaded = run([others[0], (probe, params), *others[1:]], 1)
+    _record("deterministic_alone_vs_loaded", {"model": f"synthetic:{SHAPE}", "tokens": len(alone[0]),
+                                              "identical": alone == loaded})
+    assert len(alone[0]) == 48
+    assert loaded == alone

@@ -1,0 +1,216 @@
+"""Check the Triton split-K decode attention kernels without a GPU (needs only triton==3.6.0).
+
+  python tools/check_attention_kernels.py interpret   run both kernels in Triton's CPU interpreter against the
+                                                      reference `_attend` (small ragged shapes, GQA 1/4/6/8,
+                                                      dh 64/80/128, blocks of 16/32, windows, splits 1..8,
+                                                      fp32 and bf16; sliding tables whose dropped entries point
+                                                      at a NaN-filled block 0 the kernel must never read)
+  python tools/check_attention_kernels.py compile     compile them for sm_90 (Triton's bundled LLVM + ptxas)
+                                                      at the model shapes (fp32 and bf16, blocks of 16/32),
+                                                      and every launch config tools/bench_attention.py
+                                                      --sweep tries; prints shared memory, registers,
+                                                      stack/local (spill) bytes, 16-byte cp.async, ld.v4 and
+                                                      mma counts
+
+Run with the Triton venv: /work/venv-triton/bin/python tools/check_attention_kernels.py interpret
+(120 checks, ~2 minutes on 2 cores; compile: 50 kernels, ~1 minute).
+The interpreter patches (numpy buffers, bf16) are tools/check_quant_kernels.py's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+
+import numpy as np
+
+# (hq, hkv, dh): GQA groups 1, 4, 6, 8; a head size that is not a power of two (80: padded to 128 lanes)
+INTERPRET_HEADS = [(2, 2, 64), (4, 1, 128), (12, 2, 128), (8, 1, 64), (4, 2, 80)]
+COMPILE_HEADS = {"qwen2.5-1.5b": (12, 2, 128), "llama-3-8b": (32, 8, 128), "gemma3-270m": (4, 1, 256),
+                 "phi-like": (32, 32, 96)}
+
+
+def _buffer(array: np.ndarray):
+    from ember.tools.check_quant_kernels import HostBuffer
+
+    array = np.ascontiguousarray(array)
+    if array.dtype == np.int32:  # HostBuffer knows the float and packed-weight dtypes; tables are int32
+        buffer = HostBuffer.__new__(HostBuffer)
+        buffer.array, buffer.dtype = array, "i32"
+        return buffer
+    return HostBuffer(array)
+
+
+def make_case(rng: np.random.Generator, hq: int, hkv: int, dh: int, block_size: int, window: int,
+              batch: int = 4, max_ctx: int = 100, padding_row: bool = False) -> dict:
+    """Random pools, ragged contexts, scattered blocks. tables: what the reference reads (every block real);
+    trimmed: a sliding kind's tables (block 0 where a block lies wholly before the window)."""
+    width = -(-max_ctx // block_size) + 1  # one spare entry past the longest context
+    ctx = rng.integers(1, max_ctx + 1, batch)
+    ctx[0] = max_ctx
+    blocks = 1 + rng.permutation(batch * width).reshape(batch, width)
+    pools = [rng.standard_normal((1 + batch * width, block_size, hkv, dh)).astype(np.float32) for _ in range(2)]
+    trimmed = blocks.copy()
+    if window:
+        for r in range(batch):
+            dropped = max(0, ctx[r] - window) // block_size  # blocks wholly before position ctx - window + 1
+            trimmed[r, :dropped] = 0
+    if padding_row:  # what the runtime pads a bucket with: context 1, position 0, a table of block 0
+        ctx[-1], blocks[-1], trimmed[-1] = 1, 0, 0
+    q = rng.standard_normal((batch, hq, dh)).astype(np.float32)
+    return dict(q=q, k_pool=pools[0], v_pool=pools[1], tables=blocks.astype(np.int32),
+                trimmed=trimmed.astype(np.int32), ctx=ctx.astype(np.int32), window=window)
+
+
+def reference(case: dict, dtype) -> np.ndarray:
+    import jax.numpy as jnp
+
+    from ember.compiler.ops.attention import _attend, _gather, _table_slots
+
+    cast = lambda a: jnp.asarray(a.astype(dtype)).astype(jnp.float32)  # the same rounded inputs, fp32 math
+    slots = _table_slots(jnp.asarray(case["tables"]), case["k_pool"].shape[1])
+    pos = jnp.asarray(case["ctx"] - 1)
+    out = _attend(cast(case["q"])[:, None], _gather(cast(case["k_pool"]), slots), _gather(cast(case["v_pool"]), slots),
+                  pos[:, None], jnp.int32(case["window"]), 1.0 / math.sqrt(case["q"].shape[-1]))
+    return np.asarray(out[:, 0])
+
+
+def run_kernel(case: dict, dtype, splits: int, block_n: int | None = None, nan_block0: bool = False) -> np.ndarray:
+    """Launch the kernel the plan picks (single when splits == 1) on host buffers; combine in jnp."""
+    import jax.numpy as jnp
+
+    from ember.compiler.ops.attention_gpu.decode import DecodeAttentionConfig, combine_partials, decode_launch_plan
+    from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
+
+    q = case["q"].astype(dtype)
+    batch, hq, dh = q.shape
+    _, block_size, hkv, _ = case["k_pool"].shape
+    k_pool, v_pool = (case[name].astype(dtype) for name in ("k_pool", "v_pool"))
+    tables = case["trimmed"] if nan_block0 else case["tables"]
+    if nan_block0:
+        k_pool[0], v_pool[0] = np.nan, np.nan
+    config = DecodeAttentionConfig(block_n=block_n) if block_n else DecodeAttentionConfig()
+    plan = decode_launch_plan(batch, hq, hkv, dh, block_size, tables.shape[1], dot_fp32=dtype == np.float32,
+                              scale=1.0 / math.sqrt(dh), config=config, splits=splits)
+    args = [_buffer(q), _buffer(k_pool), _buffer(v_pool), _buffer(tables), _buffer(case["ctx"]),
+            _buffer(case["ctx"] - 1), _buffer(np.asarray([case["window"]], np.int32))]
+    g = hq // hkv
+    if plan["splits"] == 1:
+        out = _buffer(np.full((batch, hq, dh), np.nan, dtype))
+        KERNELS["single"][plan["grid"]](*args, out, **plan["meta"])
+        return out.array.astype(np.float32)
+    s = plan["splits"]
+    outs = [_buffer(np.full(shape, np.nan, np.float32)) for shape in ((batch, hkv, s, g, dh), (batch, hkv, s, g),
+                                                                      (batch, hkv, s, g))]
+    KERNELS["partials"][plan["grid"]](*args, *outs, **plan["meta"])
+    acc, m, l = (jnp.asarray(o.array) for o in outs)
+    return np.asarray(combine_partials(acc, m, l, jnp.float32))
+
+
+def interpret() -> int:
+    os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
+    from ember.tools.check_quant_kernels import patch_interpreter
+
+    patch_interpreter()
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    failures = checks = 0
+    for i, (hq, hkv, dh) in enumerate(INTERPRET_HEADS):
+        for block_size, window in ((16, 0), (32, 0), (16, 5), (32, 37)):
+            case = make_case(rng, hq, hkv, dh, block_size, window, padding_row=not window)
+            for dtype in (np.float32, ml_dtypes.bfloat16):
+                expected = reference(case, dtype)
+                for splits, block_n in ((1, None), (3, 16), (8, 32)):
+                    got = run_kernel(case, dtype, splits, block_n, nan_block0=bool(window))
+                    err = float(np.abs(got - expected).max() / np.abs(expected).max())
+                    tol = 1e-5 if dtype == np.float32 else 2e-2
+                    bad = not err < tol  # NaN fails too
+                    failures += bad
+                    checks += 1
+                    print(f"{'BAD' if bad else 'ok '} hq={hq:<2} hkv={hkv} dh={dh:<3} bs={block_size} "
+                          f"window={window:<2} "
+                          f"{np.dtype(dtype).name:8} splits={splits} block_n={block_n or 64:<3} "
+                          f"{'NaN block 0 ' if window else ''}rel_err={err:.1e}", flush=True)
+    print(f"{checks - failures}/{checks} passed")
+    return 1 if failures else 0
+
+
+def _resource_usage(cubin: bytes) -> str:
+    """Registers, stack and local (spill) bytes per thread, from the cuobjdump bundled with Triton."""
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        try:
+            text = subprocess.run([tool, "-res-usage", file.name], capture_output=True, text=True).stdout
+        except OSError:
+            return "regs=? stack=? local=?"
+    found = dict(re.findall(r"\b(REG|STACK|LOCAL):(\d+)", text))
+    return f"regs={found.get('REG', '?'):>3} stack={found.get('STACK', '?')} local={found.get('LOCAL', '?')}"
+
+
+def compile_all() -> int:
+    from ember.compiler.ops.attention_gpu.decode import DecodeAttentionConfig
+    from ember.tools.bench_attention import SWEEP_CONFIGS
+
+    failures = 0
+    for model, heads in COMPILE_HEADS.items():  # the default launch config at every shape and dtype
+        for dtype in ("bf16", "fp32"):
+            for block_size in (16, 32):
+                for kind in ("single", "partials"):
+                    failures += _compile_one(model, heads, dtype, block_size, kind, DecodeAttentionConfig())
+    for config in SWEEP_CONFIGS:  # what tools/bench_attention.py --sweep launches
+        failures += _compile_one("qwen2.5-1.5b", COMPILE_HEADS["qwen2.5-1.5b"], "bf16", 16, "partials", config)
+    return 1 if failures else 0
+
+
+def _compile_one(model: str, heads: tuple[int, int, int], dtype: str, block_size: int, kind: str, config) -> int:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ember.compiler.ops.attention_gpu.decode import decode_launch_plan
+    from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
+
+    hq, hkv, dh = heads
+    plan = decode_launch_plan(1, hq, hkv, dh, block_size, 32768 // block_size, dot_fp32=dtype == "fp32",
+                              scale=dh ** -0.5, config=config, splits=1 if kind == "single" else 4)
+    kernel = KERNELS[kind]
+    outs = [dtype] if kind == "single" else ["fp32"] * 3
+    types = ["*" + dtype] * 3 + ["*i32"] * 4 + ["*" + t for t in outs]
+    signature = {kernel.arg_names[i]: t for i, t in enumerate(types)}
+    signature.update({name: "constexpr" for name in plan["meta"]})
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(types))}  # jax-triton: arrays 16-byte aligned
+    source = ASTSource(kernel, signature, constexprs=dict(plan["meta"]), attrs=attrs)
+    label = (f"{model:13} {dtype} bs={block_size} {kind:8} block_n={plan['block_n']:<3} "
+             f"warps={config.num_warps} stages={config.num_stages}")
+    try:
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+    except Exception as error:
+        print(f"FAIL {label}: {error}", flush=True)
+        return 1
+    ptx = compiled.asm["ptx"]
+    print(f"ok  {label} smem={compiled.metadata.shared:>6} {_resource_usage(compiled.asm['cubin'])} "
+          f"ld.v4={ptx.count('ld.global.v4')} cp.async.16B={ptx.count('], 0x10')} mma={ptx.count('mma.sync')}",
+          flush=True)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("interpret", "compile"):
+        print(__doc__)
+        return 2
+    return interpret() if argv[0] == "interpret" else compile_all()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
