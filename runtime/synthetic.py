@@ -1,24 +1,61 @@
 """Random-valued checkpoints at real shapes, for benchmarks on machines that cannot hold real weights.
 
-`synthetic_checkpoint(spec, config)` behaves like an HF checkpoint folder whose config.json is
-`config` and whose every tensor (named and shaped as the spec says) is drawn from a seeded normal
-distribution, scaled so activations stay finite through many layers.
+Every tensor (named and shaped as the spec says for an HF checkpoint whose config.json is `config`)
+is drawn by one generator, `random_tensor`: jax.random on the default device, seeded per tensor name,
+scaled so activations stay finite through many layers (matrices ~ N(0, 1/fan_in), norm scales near 1,
+biases near 0). Two ways to use it:
+
+- `synthetic_model(spec, config, target=...)` builds the plan's parameters directly on the device in
+  the plan's activation dtype: an 8B bf16 model in seconds, with no float32 copy on the host.
+- `synthetic_checkpoint(spec, config)` is a Checkpoint for the normal loader (`load_model`): each
+  tensor is drawn the same way and copied to the host as float32.
+
+Both give the same values (bit for bit where the activation dtype is float32): same names, same seeds,
+the same packing, tying and per-source transforms as `runtime/weights.py`.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import zlib
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..compiler.expr import evaluate
 from ..compiler.spec import ModelSpec
+from ..compiler.weight_transforms import apply_transform
 from .checkpoint import Checkpoint
 from .dims import resolve
+from .loader.errors import CheckpointError
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "dtype", "kind"))
+def _draw(key: jax.Array, *, shape: tuple[int, ...], dtype, kind: str) -> jax.Array:
+    # drawn in float32 and cast inside one executable: no float32 copy of a big tensor is kept
+    noise = jax.random.normal(key, shape, jnp.float32)
+    if kind == "norm":
+        value = 1.0 + 0.02 * noise
+    elif kind == "bias":
+        value = 0.02 * noise
+    else:
+        value = noise * (1.0 / math.sqrt(shape[-1]))
+    return value.astype(dtype)
+
+
+def random_tensor(name: str, shape: tuple[int, ...], *, seed: int = 0, dtype=jnp.float32) -> jax.Array:
+    """The synthetic value of the checkpoint tensor `name`, on the default device."""
+    key = jax.random.fold_in(jax.random.key(seed), zlib.crc32(name.encode()))
+    kind = "matrix" if len(shape) > 1 else "norm" if name.endswith("norm.weight") else "bias"
+    return _draw(key, shape=tuple(int(n) for n in shape), dtype=jnp.dtype(dtype), kind=kind)
 
 
 class _SyntheticSource:
+    """What Checkpoint asks of an HF folder (config, tensor names and shapes, load), with drawn tensors."""
+
     def __init__(self, spec: ModelSpec, config: dict, seed: int):
         self.spec, self.config, self.seed = spec, config, seed
         self.generation_config: dict = {}
@@ -28,7 +65,7 @@ class _SyntheticSource:
     def bind(self, ckpt: Checkpoint) -> None:
         dims = resolve(self.spec, ckpt).dims.as_dict()
         layers = int(dims["layers"])
-        for template, entry in self.spec.weights.items():
+        for entry in self.spec.weights.values():
             if not entry.hf or entry.optional:
                 continue
             shape = tuple(int(evaluate(axis, dims)) for axis in entry.shape)
@@ -40,12 +77,7 @@ class _SyntheticSource:
         return self.shapes[name]
 
     def load(self, name: str) -> np.ndarray:
-        shape = self.shapes[name]
-        rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
-        if len(shape) == 1:  # norm scales and biases: near 1 / near 0
-            return (1.0 + 0.02 * rng.standard_normal(shape) if name.endswith("norm.weight")
-                    else 0.02 * rng.standard_normal(shape)).astype(np.float32)
-        return (rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1])))
+        return np.asarray(random_tensor(name, self.shapes[name], seed=self.seed))
 
 
 def synthetic_checkpoint(spec: ModelSpec, config: dict, seed: int = 0) -> Checkpoint:
@@ -53,3 +85,57 @@ def synthetic_checkpoint(spec: ModelSpec, config: dict, seed: int = 0) -> Checkp
     ckpt = Checkpoint(Path(f"<synthetic {spec.arch}>"), "hf", spec.hf_architectures[0], _hf=source)
     source.bind(ckpt)
     return ckpt
+
+
+def synthetic_model(spec: ModelSpec, config: dict, *, target: str = "cpu", seed: int = 0):
+    """A Model whose parameters are drawn on the device, in the plan's activation dtype."""
+    from .model import Model, enable_compilation_cache
+    from .plans import load_plan
+
+    enable_compilation_cache()
+    ckpt = synthetic_checkpoint(spec, config, seed)
+    resolved = resolve(spec, ckpt)
+    plan = load_plan(spec, target)
+    dtype = jnp.dtype(plan.manifest["activation_dtype"])
+    params = _device_params(spec, plan.manifest, ckpt, resolved, dtype, seed)
+    return Model(spec, ckpt, resolved, plan, params, dtype)
+
+
+def _device_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved, dtype, seed: int):
+    """The plan's Params (runtime/weights.py's grouping) with every weight drawn on the device."""
+    from .weights import Params, WeightLoader, _layer_constant
+
+    loader = WeightLoader(spec, ckpt, resolved)  # for its name mapping and the (host) layer constants
+    dims = resolved.dims.as_dict()
+    shapes = ckpt._hf.shapes
+
+    def logical(name: str) -> jax.Array | None:  # one logical (GGUF-named) weight, as the loader maps it
+        template, layer = loader.template(name)
+        entry = spec.weights[template]
+        hf_name = entry.hf.format(i=layer) if entry.hf else None
+        if hf_name is None or hf_name not in shapes:
+            if entry.tied_to is not None:
+                return logical(entry.tied_to if layer is None else entry.tied_to.format(i=layer))
+            if entry.optional:
+                return None
+            raise CheckpointError(ckpt.path, f"synthetic checkpoint has no tensor for {name!r}")
+        if not entry.hf_transform:
+            return random_tensor(hf_name, shapes[hf_name], seed=seed, dtype=dtype)
+        # transforms run in float32, as the loader's do, then the result is cast
+        value = random_tensor(hf_name, shapes[hf_name], seed=seed, dtype=jnp.float32)
+        return jnp.asarray(apply_transform(entry.hf_transform, value, dims), dtype)
+
+    packed = manifest["packed_weights"]
+
+    def build(name: str, layer: int | None) -> jax.Array | None:
+        prefix = "" if layer is None else f"blk.{layer}."
+        if name in packed:
+            return jnp.concatenate([logical(prefix + part) for part in packed[name]], axis=0)
+        return logical(prefix + name)
+
+    layers = int(resolved.dims["layers"])
+    globals_ = {name: build(name, None) for name in manifest["global_weights"]}
+    per_layer = [{name: build(name, i) for name in manifest["layer_weights"]} for i in range(layers)]
+    constants = [{name: jnp.asarray(_layer_constant(spec, resolved, loader, const, i), dtype)
+                  for name, const in manifest["layer_constants"].items()} for i in range(layers)]
+    return Params(globals_, per_layer, constants)

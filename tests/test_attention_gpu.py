@@ -36,10 +36,12 @@ kernel = jax.jit(functools.partial(paged_decode_attention, backend="triton"),
 
 @functools.partial(jax.jit, static_argnames="scale")
 def reference(q, k_pool, v_pool, tables, pos, window, *, scale):
-    # fp32 math on the same (rounded) inputs, fp32 out: only the kernel's own error is measured
+    # fp32 math on the same (rounded) inputs, fp32 out: only the kernel's own error is measured. XLA GPU runs
+    # fp32 matmuls in TF32 by default (~1e-3 relative); the reference must not
     slots = _table_slots(tables, k_pool.shape[1])
-    return _attend(q.astype(jnp.float32)[:, None], _gather(k_pool, slots), _gather(v_pool, slots), pos[:, None],
-                   window, scale)[:, 0]
+    with jax.default_matmul_precision("highest"):
+        return _attend(q.astype(jnp.float32)[:, None], _gather(k_pool, slots), _gather(v_pool, slots),
+                       pos[:, None], window, scale)[:, 0]
 
 
 TOLERANCE = {jnp.bfloat16: 2e-2, jnp.float32: 1e-4}

@@ -5,6 +5,9 @@ ignore_eos, each generating exactly `output_tokens`. Reported per c: wall time, 
 (all generated tokens / wall), decode tok/s (tokens after each request's first / time from the last
 first-token to the end, i.e. the steady batched decode), TTFT p50/p99. Compilation is excluded: the
 engine precompiles every step shape first (the time is reported), then one warm-up request runs.
+
+Also what the benchmark suite (tools/bench_suite.py, `ember bench --suite`) shares with it: the models
+(`synthetic:<shape>[-<format>]` names), and the bytes a decode step reads (weights, KV) for rooflines.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ def _run_concurrent(engine, prompts: list[list[int]], output_tokens: int) -> dic
     usages = []
     for stream in streams:
         for output in stream:
+            if output.error:  # the engine ended the request (e.g. a step failed): no figure for this run
+                raise RuntimeError(output.error)
             if output.usage is not None:
                 usages.append(output.usage)
     wall = time.perf_counter() - start
@@ -51,47 +56,210 @@ def _run_concurrent(engine, prompts: list[list[int]], output_tokens: int) -> dic
     }
 
 
-# Random weights at real shapes (`--model synthetic:<shape>`), for machines that cannot hold the real
-# checkpoint; the tokenizer (only used to detokenize) comes from `--tokenizer DIR` (an HF folder).
+# Random weights at real shapes (`--model synthetic:<shape>[-<format>]`), for machines that cannot hold the real
+# checkpoint; the tokenizer (only used to detokenize) comes from `--tokenizer DIR` (an HF folder). Configs use
+# HF config.json keys (model_type included, so tools/bench_hf.py builds the same shape in transformers).
 SYNTHETIC_PREFIX = "synthetic:"
+_QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rms_norm_eps": 1e-6,
+          "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
 SYNTHETIC_SHAPES = {
-    "qwen2.5-1.5b": ("qwen2", {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536, "num_hidden_layers": 28,
-                               "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960,
-                               "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "qwen2.5-1.5b": ("qwen2", {**_QWEN2, "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
+                               "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,
                                "max_position_embeddings": 32768, "tie_word_embeddings": True}),
+    # Llama-3-8B's shape; Llama 3.1's rope scaling and context length, so contexts to 32k are in range
+    "llama3-8b": ("llama", {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+                            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                            "head_dim": 128, "intermediate_size": 14336, "vocab_size": 128256,
+                            "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+                            "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                "original_max_position_embeddings": 8192}}),
     # a few-MB model of the same family, for smoke tests of the bench tools on any machine
-    "qwen2-tiny": ("qwen2", {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
-                             "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
-                             "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "qwen2-tiny": ("qwen2", {**_QWEN2, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                             "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 151936,
                              "max_position_embeddings": 4096, "tie_word_embeddings": True}),
 }
+# `<shape>-<format>`: weights in a quantized checkpoint layout (random values, the real block layout), made by
+# ember.runtime.synthetic_gguf; without a suffix, float weights in the target's activation dtype.
+QUANTIZED_FORMATS = ("q4_k_m",)
+UNSUPPORTED_FORMATS = {"fp8": "not measured (no FP8 path yet)"}
 
 
-def _synthetic_model(shape: str, target: str, tokenizer_dir: str | None):
+def parse_synthetic(name: str) -> tuple[str, str | None]:
+    """'synthetic:llama3-8b-q4_k_m' -> ('llama3-8b', 'q4_k_m'); 'synthetic:llama3-8b' -> ('llama3-8b', None)."""
+    rest = name[len(SYNTHETIC_PREFIX):] if name.startswith(SYNTHETIC_PREFIX) else name
+    for fmt in (*QUANTIZED_FORMATS, *UNSUPPORTED_FORMATS):
+        if rest.endswith(f"-{fmt}") and rest[:-len(fmt) - 1] in SYNTHETIC_SHAPES:
+            return rest[:-len(fmt) - 1], fmt
+    if rest not in SYNTHETIC_SHAPES:
+        known = [*SYNTHETIC_SHAPES, *(f"{s}-{f}" for s in SYNTHETIC_SHAPES for f in QUANTIZED_FORMATS)]
+        raise ValueError(f"unknown synthetic shape {rest!r} (known: {', '.join(known)})")
+    return rest, None
+
+
+def unsupported_reason(model_name: str) -> str | None:
+    """Why a model cannot be measured at all in this tree (e.g. FP8), or None."""
+    if not model_name.startswith(SYNTHETIC_PREFIX):
+        return None
+    _, fmt = parse_synthetic(model_name)
+    return UNSUPPORTED_FORMATS.get(fmt)
+
+
+def _synthetic_model(name: str, target: str, tokenizer_dir: str | None):
     from ..compiler.spec import spec_for_arch
     from ..runtime.loader.tokenizer import Tokenizer
     from ..runtime.model import load_model
-    from ..runtime.synthetic import synthetic_checkpoint
+    from ..runtime.synthetic import synthetic_model
 
-    if shape not in SYNTHETIC_SHAPES:
-        raise ValueError(f"unknown synthetic shape {shape!r} (known: {', '.join(SYNTHETIC_SHAPES)})")
+    shape, fmt = parse_synthetic(name)
+    if fmt in UNSUPPORTED_FORMATS:
+        raise ValueError(f"{name}: {UNSUPPORTED_FORMATS[fmt]}")
     if tokenizer_dir is None:
         raise ValueError("a synthetic model needs --tokenizer DIR (an HF folder with tokenizer.json)")
     arch, config = SYNTHETIC_SHAPES[shape]
-    return load_model(synthetic_checkpoint(spec_for_arch(arch), config), target=target), \
-        Tokenizer.from_hf_dir(tokenizer_dir)
+    spec = spec_for_arch(arch)
+    if fmt is None:
+        model = synthetic_model(spec, config, target=target)
+    else:
+        try:
+            from ..runtime.synthetic_gguf import synthetic_gguf_checkpoint
+        except ImportError as error:
+            raise ValueError(f"{name} needs ember.runtime.synthetic_gguf (synthetic GGUF checkpoints in the "
+                             f"{fmt} layout), which this tree does not have: {error}") from None
+        model = load_model(synthetic_gguf_checkpoint(spec, config, scheme=fmt, seed=0), target=target)
+    return model, Tokenizer.from_hf_dir(tokenizer_dir)
 
 
 def load_bench_model(model_name: str, target: str, tokenizer_dir: str | None = None):
-    """(Model, Tokenizer) for a known model name or `synthetic:<shape>`."""
+    """(Model, Tokenizer) for a known model name or `synthetic:<shape>[-<format>]`."""
     from ..runtime.loader.known_models import resolve_model
     from ..runtime.model import load_model
     from ..runtime.prompting import load_tokenizer
 
     if model_name.startswith(SYNTHETIC_PREFIX):
-        return _synthetic_model(model_name[len(SYNTHETIC_PREFIX):], target, tokenizer_dir)
+        return _synthetic_model(model_name, target, tokenizer_dir)
     model = load_model(resolve_model(model_name, progress=True), target=target, progress=True)
     return model, load_tokenizer(model.checkpoint)
+
+
+def weight_bytes_per_step(model) -> int:
+    """Bytes of weights one decode step reads: every weight array the plan holds on the device (quantized
+    blocks at their packed size), except an embedding table it only gathers a few rows from. A tied head
+    has its own array under the head's name, so it counts; an array shared by two names counts once."""
+    import jax
+
+    gathered = _gathered_only(model.spec)
+    seen: dict[int, int] = {}
+    groups = [{k: v for k, v in model.params.globals.items() if k.split(".")[0] not in gathered},
+              *model.params.layers]
+    for group in groups:
+        for leaf in jax.tree.leaves(group):
+            seen[id(leaf)] = int(leaf.nbytes)
+    return sum(seen.values())
+
+
+def kv_bytes_read(model, context: int) -> int:
+    """K and V bytes one decode step of one sequence reads at `context` tokens: per layer
+    min(context, its window) x hkv x dh x 2 x itemsize."""
+    d = model.dims
+    windows = {kind.name: kind.window for kind in model.paged_kinds}
+    per_token = int(d.hkv) * int(d.dh) * 2 * np.dtype(model.dtype).itemsize
+    return sum(min(context, windows[k] or context) * per_token for k in model.layer_state_kinds)
+
+
+def _gathered_only(spec) -> set[str]:
+    """Weights the spec's ops use only as an embedding table (gathered rows, not read whole per step)."""
+    gathered, other = set(), set()
+
+    def walk(node) -> None:
+        op = getattr(node, "op", None)
+        if op is not None:
+            for i, arg in enumerate(node.args):
+                if isinstance(arg, str):
+                    (gathered if op == "embedding" and i == 1 else other).add(arg)
+        for child in (getattr(node, "args", ()), [v for _, v in getattr(node, "kwargs", ())],
+                      [getattr(node, f, None) for f in ("left", "right")]):
+            for c in child:
+                if c is not None and not isinstance(c, (str, int, float, bool)):
+                    walk(c)
+
+    for statement in (*spec.prologue, *spec.layer, *spec.epilogue):
+        for value in statement.values:
+            walk(value)
+    return gathered - other
+
+
+# ---- measuring helpers of the suite (tools/bench_suite.py) ------------------------------------------------
+
+class StepClock:
+    """When each engine device call finished, with the decode tokens it made and whether it held a prefill
+    chunk. Wraps the engine's executor.run and, where the engine runs several decode steps per call,
+    executor.run_ahead (both synchronous: they return once the sampled tokens are on the host)."""
+
+    def __init__(self, engine):
+        self.steps: list[tuple[float, int, bool]] = []
+        executor = engine.executor
+        for method in ("run", "run_ahead"):
+            if hasattr(executor, method):
+                setattr(executor, method, self._timed(getattr(executor, method)))
+
+    def _timed(self, run):
+        def timed(plan, rows):
+            result = run(plan, rows)
+            steps = len(result) if isinstance(result, list) else 1  # run_ahead: one result per step
+            self.steps.append((time.perf_counter(), plan.num_decode * steps, plan.prefill is not None))
+            return result
+        return timed
+
+    def decode_after_prefill(self) -> tuple[int, float]:
+        """(tokens of the decode-only steps after the last prefill step, their time in seconds)."""
+        last_prefill = max((t for t, _, pre in self.steps if pre), default=None)
+        decodes = [(t, n) for t, n, pre in self.steps if not pre and (last_prefill is None or t > last_prefill)]
+        if last_prefill is None or not decodes:
+            return 0, 0.0
+        return sum(n for _, n in decodes), decodes[-1][0] - last_prefill
+
+
+def single_request(engine, prompt: list[int], max_tokens: int):
+    """Run one greedy request to its end; its Usage. Raises if the engine ended it with an error."""
+    from ..runtime.sampling_params import SamplingParams
+
+    usage = None
+    for output in engine.submit(prompt, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens)):
+        if output.error:
+            raise RuntimeError(output.error)
+        usage = output.usage or usage
+    return usage
+
+
+def model_facts(model) -> dict:
+    """What the report says about a loaded model: its weight bytes (per step, and by dtype), KV dtype, dims."""
+    import jax
+
+    dtypes: dict[str, int] = {}
+    for leaf in jax.tree.leaves((model.params.globals, model.params.layers)):
+        dtypes[str(leaf.dtype)] = dtypes.get(str(leaf.dtype), 0) + int(leaf.nbytes)
+    dims = model.dims.as_dict()
+    return {"arch": model.spec.arch, "checkpoint_format": model.checkpoint.format,
+            "weight_bytes_per_step": weight_bytes_per_step(model), "weight_bytes_by_dtype": dtypes,
+            "kv_dtype": str(np.dtype(model.dtype)),
+            "dims": {k: int(dims[k]) for k in ("layers", "d", "hq", "hkv", "dh", "ffn", "vocab") if k in dims}}
+
+
+def apply_rooflines(result: dict, bandwidth_gb_s: float | None) -> None:
+    """Roofline of every decode figure (Ember's context and concurrency runs, HF's runs) from its measured
+    rate, bytes read per step and rows per step, with the run's bandwidth (the highest copy bandwidth
+    measured in the run: the strictest roofline)."""
+    runs = [run for entry in result.get("models", {}).values() for section in ("context", "concurrency")
+            if isinstance(entry.get(section), dict) for run in entry[section].get("runs", [])]
+    runs += [run for hf in result.get("hf", {}).values() for run in hf.get("runs", [])]
+    for run in runs:
+        rate = run.get("decode_tokens_per_s")
+        if not rate or not bandwidth_gb_s or "bytes_per_step" not in run:
+            continue
+        roofline = run["decode_rows"] * bandwidth_gb_s * 1e9 / run["bytes_per_step"]
+        run.update(bandwidth_gb_s=bandwidth_gb_s, roofline_tokens_per_s=round(roofline, 1),
+                   roofline_fraction=round(rate / roofline, 4))
 
 
 def run_bench(model_name: str, *, target: str, concurrency: list[int], prompt_tokens: int, output_tokens: int,
@@ -126,8 +294,8 @@ def run_bench(model_name: str, *, target: str, concurrency: list[int], prompt_to
 
 
 def main_bench(args) -> int:
-    result = run_bench(args.model, target=args.target, concurrency=args.concurrency,
-                       prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
+    result = run_bench(args.model, target=args.target, concurrency=args.concurrency or [1, 4, 16],
+                       prompt_tokens=args.prompt_tokens or 256, output_tokens=args.output_tokens or 128,
                        deterministic=args.deterministic, tokenizer_dir=args.tokenizer)
     print(json.dumps(result, indent=2))
     return 0

@@ -65,6 +65,12 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.suite:
+        from .bench_suite import main_suite
+
+        if not args.out:
+            raise ValueError("ember bench --suite needs --out DIR")
+        return main_suite(args)
     from .bench import main_bench
 
     return main_bench(args)
@@ -93,14 +99,40 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--target", default=os.environ.get("EMBER_TARGET", "cpu"))
     gen.set_defaults(run=_generate)
 
-    bench = sub.add_parser("bench", help="aggregate throughput through the engine at several concurrencies (JSON)")
+    bench = sub.add_parser("bench", help="aggregate throughput through the engine at several concurrencies (JSON); "
+                                         "--suite: the benchmark suite (JSON + markdown + PNG in --out)")
     bench.add_argument("--model", default=os.environ.get("EMBER_MODEL", "qwen2.5-coder-1.5b-instruct"))
     bench.add_argument("--target", default=os.environ.get("EMBER_TARGET", "cpu"))
-    bench.add_argument("--concurrency", type=_positive_int, nargs="+", default=[1, 4, 16])
-    bench.add_argument("--prompt-tokens", type=_positive_int, default=256)
-    bench.add_argument("--output-tokens", type=_positive_int, default=128)
+    bench.add_argument("--concurrency", type=_positive_int, nargs="+",
+                       help="concurrent requests per run (default 1 4 16; --suite: 1 2 4 ... 256)")
+    bench.add_argument("--prompt-tokens", type=_positive_int, help="default 256")
+    bench.add_argument("--output-tokens", type=_positive_int, help="default 128 (--suite: 256)")
     bench.add_argument("--deterministic", action="store_true")
     bench.add_argument("--tokenizer", help="HF tokenizer folder, for --model synthetic:<shape> (random weights)")
+    from .bench_hf import COMPILE_MODES
+    from .bench_suite import SECTIONS as SUITE_SECTIONS
+
+    suite = bench.add_argument_group("suite (--suite)")
+    suite.add_argument("--suite", action="store_true", help="run the benchmark suite (tools/bench_suite.py)")
+    suite.add_argument("--models", nargs="+", help="default: the issue's models (synthetic Qwen2.5-1.5B Q4_K_M, "
+                                                   "Llama-3-8B bf16 / Q4_K_M / FP8)")
+    suite.add_argument("--sections", nargs="+", choices=SUITE_SECTIONS, help="default: all")
+    suite.add_argument("--out", help="folder for bench.json, bench.md, decode_vs_concurrency.png")
+    suite.add_argument("--commit", help="the commit measured (the device copy's git metadata may be stale)")
+    suite.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
+    suite.add_argument("--contexts", type=_positive_int, nargs="+", help="batch-1 decode contexts (128 4096 16384 32768)")
+    suite.add_argument("--context-decode-tokens", type=_positive_int, help="decode tokens timed per context (32)")
+    suite.add_argument("--prefill-lengths", type=_positive_int, nargs="+", help="prefill prompt lengths (512 4096 16384)")
+    suite.add_argument("--prefill-chunk", type=_positive_int, help="batch-1 engine's max_batched_tokens (4096)")
+    suite.add_argument("--ttft-concurrency", type=_positive_int, help="concurrency of the TTFT figure (32)")
+    suite.add_argument("--bandwidth-gib", type=float, help="size of the bandwidth probe's copy (4.0)")
+    suite.add_argument("--hf-batches", type=_positive_int, nargs="+", help="HF baseline batch sizes (1 32)")
+    suite.add_argument("--hf-compile", choices=COMPILE_MODES, help="see tools/bench_hf.py (forward)")
+    suite.add_argument("--hf-device", help="torch device of the HF baseline (cuda)")
+    suite.add_argument("--hf-python", help="Python with torch + transformers (default: this one)")
+    suite.add_argument("--deadline-s", type=float, help="start no section after this many seconds")
+    suite.add_argument("--lazy-compile", action="store_true",
+                       help="compile each concurrency's step shapes in an untimed warm-up, not all up front")
     bench.set_defaults(run=_bench)
 
     comp = sub.add_parser("compile", help="compile specs into generated plans")
