@@ -28,10 +28,22 @@ ISSUE_TARGETS = {
                                    ("warm_start", None, "<=", 60)],
     "synthetic:llama3-8b-fp8": [("roofline", 1, ">=", 0.85)],
 }
-# Peer figures as the issue quotes them (not measured here). Only the ones this tree records so far
-# (README: llama.cpp's batch-1 figure for the 1.5B Q4_K_M model); add the issue's others as they are quoted.
+# Peer figures as issue 5 quotes them (measured by the issue's author on the same H200, random weights, same
+# layouts; llama.cpp with -fa 1; HF transformers bf16, static cache + torch.compile) — not measured by this tool.
+_L15, _L8, _L8Q = "synthetic:qwen2.5-1.5b-q4_k_m", "synthetic:llama3-8b", "synthetic:llama3-8b-q4_k_m"
 ISSUE_PEERS = {
-    ("synthetic:qwen2.5-1.5b-q4_k_m", "decode", 1): {"llama.cpp": 566},
+    (_L15, "decode", 1): {"llama.cpp": 566, "HF (bf16)": 281},
+    (_L15, "aggregate", 32): {"llama.cpp": 5972, "HF (bf16)": 1536},
+    (_L15, "aggregate", 128): {"llama.cpp": 9902},
+    (_L8, "decode", 1): {"llama.cpp": 209, "HF": 127},
+    (_L8, "aggregate", 8): {"llama.cpp": 1062},
+    (_L8, "aggregate", 32): {"llama.cpp": 4393, "HF": 1067},
+    (_L8, "aggregate", 128): {"llama.cpp": 10443},
+    (_L8, "prefill", 4096): {"llama.cpp": 28554},
+    (_L8Q, "decode", 1): {"llama.cpp": 278},
+    (_L8Q, "aggregate", 32): {"llama.cpp": 3245},
+    (_L8Q, "aggregate", 128): {"llama.cpp": 5156},
+    (_L8Q, "prefill", 4096): {"llama.cpp": 9853},
 }
 PLOT_NAME = "decode_vs_concurrency.png"
 
