@@ -51,6 +51,16 @@ class Checkpoint:
         """float32 [numpy shape] of a tensor by its name in this checkpoint."""
         return (self._gguf or self._hf).load(name)
 
+    def ggml_type(self, name: str) -> int | None:
+        """The GGUF storage type id of a tensor (12 = Q4_K, ...); None for HF checkpoints."""
+        return self._gguf.tensors[name].ggml_type if self._gguf is not None else None
+
+    def raw(self, name: str) -> np.ndarray:
+        """A GGUF tensor's stored bytes (uint8, 1-D; rows of whole quant blocks), not dequantized."""
+        if self._gguf is None:
+            raise CheckpointError(self.path, f"tensor {name!r}: raw GGUF blocks exist only in GGUF checkpoints")
+        return self._gguf.raw(name)
+
     def lookup(self, key: str) -> Any:
         """A config value: a dotted path into config.json, or a GGUF metadata key; MISSING if absent."""
         if self._gguf is not None:

@@ -13,12 +13,13 @@ import numpy as np
 
 from ..compiler.batch import StepBatch
 from ..compiler.spec import ModelSpec, SpecError, all_specs
+from ..compiler.targets import Target, get_target
 from .checkpoint import Checkpoint, open_checkpoint
 from .dims import Dims, ResolvedModel, resolve
 from .loader.errors import CheckpointError
-from .plans import LoadedPlan, load_plan
+from .plans import GENERATED_DIR, LoadedPlan, load_plan
 from .state_kinds import PagedKind, layer_state_kinds, paged_kinds
-from .weights import Params, load_params
+from .weights import Params, device_placer, load_params
 
 
 @dataclass
@@ -29,10 +30,11 @@ class Model:
     plan: LoadedPlan
     params: Params
     dtype: Any  # activation / KV dtype
+    generated_dir: Path = GENERATED_DIR  # where the plan was loaded from
 
     def deterministic_plan(self) -> LoadedPlan:
         """The plan variant with batch-invariant kernels (deterministic mode)."""
-        return load_plan(self.spec, self.plan.target, variant="deterministic")
+        return load_plan(self.spec, self.plan.target, self.generated_dir, variant="deterministic")
 
     @property
     def dims(self) -> Dims:
@@ -93,20 +95,35 @@ def enable_compilation_cache() -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
-def load_model(path: str | Path | Checkpoint, *, target: str = "cpu", progress: bool = False) -> Model:
-    """A model from a checkpoint path (GGUF file, HF folder) or an opened Checkpoint."""
+def _quantized_formats(target: str | Target) -> tuple[str, ...]:
+    if isinstance(target, Target):
+        return target.quantized_formats
+    try:
+        return get_target(target).quantized_formats
+    except ValueError:  # plans generated for a target this checkout does not describe: dequantize
+        return ()
+
+
+def load_model(path: str | Path | Checkpoint, *, target: str | Target = "cpu", progress: bool = False,
+               generated_dir: Path = GENERATED_DIR) -> Model:
+    """A model from a checkpoint path (GGUF file, HF folder) or an opened Checkpoint.
+
+    target: a target name, or a Target (its plan must exist under generated_dir/<name>/); GGUF tensors
+    in the target's `quantized_formats` stay quantized on the device, the rest become the plan's
+    activation dtype."""
     enable_compilation_cache()
     ckpt = path if isinstance(path, Checkpoint) else open_checkpoint(path)
     spec = spec_for_checkpoint(ckpt)
     resolved = resolve(spec, ckpt)
-    plan = load_plan(spec, target)
+    plan = load_plan(spec, target.name if isinstance(target, Target) else target, generated_dir)
     dtype = jnp.dtype(plan.manifest["activation_dtype"])
     bar = None
     if progress:
         from tqdm import tqdm
         total = len(plan.manifest["global_weights"]) + int(resolved.dims.layers)
         bar = tqdm(total=total, desc="loading weights", unit="part", leave=False)
-    params = load_params(spec, plan.manifest, ckpt, resolved, to_device=lambda a: jnp.asarray(a, dtype), progress=bar)
+    params = load_params(spec, plan.manifest, ckpt, resolved, to_device=device_placer(dtype), progress=bar,
+                         keep_formats=_quantized_formats(target))
     if bar is not None:
         bar.close()
-    return Model(spec, ckpt, resolved, plan, params, dtype)
+    return Model(spec, ckpt, resolved, plan, params, dtype, generated_dir)

@@ -4,6 +4,13 @@ Parameters are grouped the way the generated plan reads them:
   globals   {logical name: array}                 (embedding, final norm, head)
   layers    [{layer-relative name: array}] one dict per layer
   constants [{constant name: array}] one dict per layer (values computed at load, e.g. rope freqs)
+
+A target may keep GGUF formats packed on the device (`Target.quantized_formats`): such a weight is
+fetched as its raw blocks (row transforms like unpermute_rotary move whole block rows: each row of a
+GGUF matrix is whole blocks) and repacked into a `QuantizedWeight` (compiler/ops/quant/layout.py).
+Packed parallel linears (q/k/v, gate/up) of one format are one QuantizedWeight over the concatenated
+rows; parts of different formats (Q4_K q/k beside a Q6_K v) stay apart in a `WeightGroup`. Every other tensor
+(norms, biases, formats not kept, HF checkpoints) is float as before.
 """
 
 from __future__ import annotations
@@ -11,11 +18,14 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..compiler.expr import evaluate
+from ..compiler.ops.quant.layout import FORMATS, GGML_TYPE_FORMATS, QuantizedWeight, WeightGroup, pack
 from ..compiler.spec import ModelSpec
-from ..compiler.weight_transforms import apply_transform
+from ..compiler.weight_transforms import apply_transform, parse_transform
 from .checkpoint import Checkpoint
 from .dims import ResolvedModel, kind_field
 from .loader.errors import CheckpointError
@@ -29,12 +39,33 @@ class Params(NamedTuple):
     constants: list[dict[str, Any]]
 
 
-class WeightLoader:
-    """Fetch one logical weight (GGUF naming, HF layout conventions) from a checkpoint, as float32."""
+# Transforms that only reorder a matrix's rows, so they apply to GGUF block rows unchanged.
+ROW_TRANSFORMS = frozenset({"unpermute_rotary"})
 
-    def __init__(self, spec: ModelSpec, ckpt: Checkpoint, resolved: ResolvedModel):
+
+class RawWeight(NamedTuple):
+    """A GGUF matrix kept quantized, on the host: its blocks row by row, transforms applied."""
+
+    blocks: np.ndarray  # uint8 [out, bytes per row]
+    format: str         # layout format name ("q4_k", ...)
+    shape: tuple[int, int]  # (out, in) in elements
+
+    def packed(self) -> QuantizedWeight:
+        return pack(self.blocks, self.format, self.shape)
+
+
+class WeightLoader:
+    """Fetch one logical weight (GGUF naming, HF layout conventions) from a checkpoint, as float32 —
+    or, with `keep_formats`, as raw GGUF blocks (`fetch_raw`)."""
+
+    def __init__(self, spec: ModelSpec, ckpt: Checkpoint, resolved: ResolvedModel,
+                 keep_formats: tuple[str, ...] = ()):
         self.spec, self.ckpt, self.resolved = spec, ckpt, resolved
         self.dims = resolved.dims.as_dict()
+        unknown = set(keep_formats) - set(FORMATS)
+        if unknown:
+            raise ValueError(f"no device layout for {sorted(unknown)} (known: {', '.join(FORMATS)})")
+        self.keep_formats = frozenset(keep_formats)
 
     def template(self, logical: str) -> tuple[str, int | None]:
         """'blk.3.attn_q.weight' -> ('blk.{i}.attn_q.weight', 3)."""
@@ -43,7 +74,9 @@ class WeightLoader:
             return LAYER_PREFIX + rest, int(index)
         return logical, None
 
-    def fetch(self, logical: str) -> np.ndarray | None:
+    def locate(self, logical: str) -> tuple[str, str | None, tuple[int, ...], Any] | None:
+        """(tensor name in the checkpoint, transform, expected shape, spec entry) after following ties;
+        None for an absent optional weight."""
         template, layer = self.template(logical)
         entry = self.spec.weights.get(template)
         if entry is None:
@@ -55,33 +88,71 @@ class WeightLoader:
             transform = entry.hf_transform
         if name is None or not self.ckpt.has_tensor(name):
             if entry.tied_to is not None:
-                return self.fetch(entry.tied_to if layer is None else entry.tied_to.format(i=layer))
+                return self.locate(entry.tied_to if layer is None else entry.tied_to.format(i=layer))
             if entry.optional:
                 return None
             raise CheckpointError(self.ckpt.path, f"missing tensor {name or logical!r} "
                                                   f"(weight {logical!r} of {self.spec.path.name})")
-        tensor = self.ckpt.load(name)
         expected = tuple(int(evaluate(axis, self.dims)) for axis in entry.shape)
-        if tuple(tensor.shape) != expected:
-            raise CheckpointError(self.ckpt.path, f"tensor {name!r} has shape {list(tensor.shape)}, "
+        return name, transform, expected, entry
+
+    def _check_shape(self, name: str, shape: tuple[int, ...], expected: tuple[int, ...], entry) -> None:
+        if tuple(shape) != expected:
+            raise CheckpointError(self.ckpt.path, f"tensor {name!r} has shape {list(shape)}, "
                                                   f"expected {list(expected)} ({', '.join(entry.shape)})")
+
+    def fetch(self, logical: str) -> np.ndarray | None:
+        found = self.locate(logical)
+        if found is None:
+            return None
+        name, transform, expected, entry = found
+        tensor = self.ckpt.load(name)
+        self._check_shape(name, tensor.shape, expected, entry)
         if transform:
             tensor = apply_transform(transform, tensor, self.dims)
         return np.ascontiguousarray(tensor, dtype=np.float32)
 
+    def fetch_raw(self, logical: str) -> RawWeight | None:
+        """The weight's GGUF blocks when it is a matrix in a kept format (and its transform only moves
+        rows); None when it must be dequantized instead (or is an absent optional weight)."""
+        if not self.keep_formats or self.ckpt.format != "gguf":
+            return None
+        found = self.locate(logical)
+        if found is None:
+            return None
+        name, transform, expected, entry = found
+        fmt = GGML_TYPE_FORMATS.get(self.ckpt.ggml_type(name))
+        if fmt not in self.keep_formats or len(expected) != 2:
+            return None
+        if transform and parse_transform(transform)[0] not in ROW_TRANSFORMS:
+            return None
+        self._check_shape(name, self.ckpt.tensor_shape(name), expected, entry)
+        blocks = self.ckpt.raw(name).reshape(expected[0], -1)  # [out, bytes per row]: whole blocks per row
+        if transform:
+            blocks = apply_transform(transform, blocks, self.dims)
+        return RawWeight(np.ascontiguousarray(blocks), fmt, expected)
+
+    def fetch_kept(self, logical: str) -> RawWeight | np.ndarray | None:
+        """fetch_raw where the format is kept, else fetch (float32)."""
+        raw = self.fetch_raw(logical)
+        return raw if raw is not None else self.fetch(logical)
+
 
 def load_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved: ResolvedModel,
-                to_device: Callable[[np.ndarray], Any] = np.asarray, progress=None) -> Params:
-    loader = WeightLoader(spec, ckpt, resolved)
+                to_device: Callable[[Any], Any] = np.asarray, progress=None,
+                keep_formats: tuple[str, ...] = ()) -> Params:
+    """to_device places each value: a float array, or (with keep_formats) a QuantizedWeight or
+    WeightGroup — see `device_placer`."""
+    loader = WeightLoader(spec, ckpt, resolved, keep_formats)
     packed = manifest["packed_weights"]
     layers = int(resolved.dims["layers"])
 
-    def build(name: str, layer: int | None) -> np.ndarray | None:
+    def build(name: str, layer: int | None) -> np.ndarray | QuantizedWeight | WeightGroup | None:
         prefix = "" if layer is None else f"blk.{layer}."
         if name in packed:
-            parts = [loader.fetch(prefix + part) for part in packed[name]]
-            return np.concatenate(parts, axis=0)
-        return loader.fetch(prefix + name)
+            return _combine([loader.fetch_kept(prefix + part) for part in packed[name]])
+        value = loader.fetch_kept(prefix + name)
+        return value.packed() if isinstance(value, RawWeight) else value
 
     globals_ = {}
     for name in manifest["global_weights"]:
@@ -94,6 +165,41 @@ def load_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved: Res
     constants = [{name: to_device(_layer_constant(spec, resolved, loader, const, i))
                   for name, const in manifest["layer_constants"].items()} for i in range(layers)]
     return Params(globals_, per_layer, constants)
+
+
+def _combine(parts: list) -> np.ndarray | QuantizedWeight | WeightGroup:
+    """One packed weight from its parts' rows (floats and/or RawWeights), in part order.
+
+    Consecutive parts of one kind are concatenated (floats as floats; one format's GGUF rows, which is
+    concatenating the packed planes along `out`), so Q4_K q + k beside a Q6_K v is two matmuls, not three;
+    kinds that differ stay apart in a WeightGroup."""
+    runs: list[tuple[str | None, list]] = []  # (format, or None for float; consecutive parts)
+    for part in parts:
+        kind = part.format if isinstance(part, RawWeight) else None
+        if runs and runs[-1][0] == kind:
+            runs[-1][1].append(part)
+        else:
+            runs.append((kind, [part]))
+    merged = [np.concatenate(items, axis=0) if kind is None else
+              RawWeight(np.concatenate([r.blocks for r in items]), kind,
+                        (sum(r.shape[0] for r in items), items[0].shape[1])).packed()
+              for kind, items in runs]
+    return merged[0] if len(merged) == 1 else WeightGroup(tuple(merged))
+
+
+def device_placer(dtype) -> Callable[[Any], Any]:
+    """A load_params `to_device`: float arrays -> device arrays of the activation `dtype`; quantized
+    weights -> their planes on the device unchanged (uint32 / int8 / fp16), tagged with `dtype`."""
+    name = np.dtype(dtype).name
+
+    def place(value):
+        if isinstance(value, QuantizedWeight):
+            return value._replace(planes={k: jax.device_put(p) for k, p in value.planes.items()}, dtype=name)
+        if isinstance(value, WeightGroup):
+            return WeightGroup(tuple(place(part) for part in value.parts))
+        return jnp.asarray(value, dtype)
+
+    return place
 
 
 def _tick(progress) -> None:

@@ -1,11 +1,16 @@
 """The h200 target (NVIDIA H200, sm_90): bf16 activations and weights, the decode buckets of a GPU
 batch (1 … 256), and kernel choices per op.
 
-Today every op still runs its `jnp` reference under XLA GPU — what the first H200 measurements ran
-(README: 194 tok/s batch-1 bf16 decode at the default model's shape). The fused kernels measured so far
-(`compiler/ops/quant/`: GGUF GEMV with dequantization inside) are not selected here yet: a jax-triton
-launch costs ~9 µs inside a step (tools/results/h200_launch_overhead.json), so they go in per layer,
-not per projection.
+- attention: Triton kernels over the paged KV pool (compiler/ops/attention_gpu/): split-K decode
+  (flash-decoding) and a flash-attention prefill chunk; the deterministic variant keeps the blockwise
+  batch-invariant reference.
+- projections and the embedding: GGUF Q4_K / Q6_K / Q8_0 weights stay quantized on the device
+  (compiler/ops/linear_quant.py): the Triton dequant GEMV for decode-sized row counts, dequantize + XLA
+  matmul for prefill; other formats are dequantized to bf16 at load.
+- the rest (norms, RoPE, activations, sampler) are the `jnp` references, fused by XLA.
+- 8 decode steps per device call when the engine can run ahead (runtime/lookahead.py).
+A jax-triton launch costs ~7-9 µs inside a step (tools/results/h200_launch_overhead.json), so kernels
+that replace several XLA ops pay; one per projection does not (README, H200 sections).
 """
 
 from .cpu import CPU
@@ -13,12 +18,17 @@ from . import Target
 
 H200 = Target(
     name="h200",
-    description="NVIDIA H200 (sm_90), XLA GPU, bf16 reference ops",
+    description="NVIDIA H200 (sm_90): Triton attention and quantized GEMV kernels, XLA for the rest, bf16",
     kernels={**CPU.kernels,
              # split-K decode and flash prefill over the paged pool, Triton through jax-triton
-             "attention": "ember.compiler.ops.attention_gpu.paged:paged_attention"},
+             "attention": "ember.compiler.ops.attention_gpu.paged:paged_attention",
+             # weights kept GGUF-quantized: fused dequant GEMV for decode rows, dequant + XLA matmul above
+             "linear": "ember.compiler.ops.linear_quant:linear",
+             "linear_split": "ember.compiler.ops.linear_quant:linear_split",
+             "embedding": "ember.compiler.ops.linear_quant:embedding"},
     deterministic_kernels=dict(CPU.deterministic_kernels),
     activation_dtype="bfloat16",
+    quantized_formats=("q4_k", "q6_k", "q8_0"),
     decode_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     prefill_buckets=(16, 64, 256, 512, 1024, 2048, 4096),
     # 8 steps per call: the batch-1 engine went from 282 to 444 tok/s, device-bound (profile_step, b5407f0+)

@@ -6,7 +6,8 @@ each laid out **block-major**: [in / block, out, ...]. A decode kernel owns a ti
 walks `in` block by block, so at every step the tile's rows of one plane are one contiguous run of
 memory (BLOCK_N rows x 128 bytes of Q4_K nibbles, BLOCK_N x 2 bytes of fp16 scales, ...): every load is
 wide and coalesced, the small planes (scales) included. Column-parallel sharding splits axis 1,
-row-parallel sharding axis 0.
+row-parallel sharding axis 0. Stacking matrices along `out` (packed q/k/v, gate/up) is concatenating
+every plane along axis 1, the same as packing their concatenated GGUF rows (whole blocks each).
 
 The 4-bit codes are re-ordered inside each block so that a kernel extracts one sub-block with a single
 shift and mask over a vector of words (no gathers), and the bytes per block stay exactly GGUF's:
@@ -44,11 +45,16 @@ GGML_TYPE_FORMATS: dict[int, str] = {ggml_type: fmt for fmt, (_, _, ggml_type) i
 
 
 class QuantizedWeight(NamedTuple):
-    """One quantized [out, in] matrix: `planes` (arrays, the pytree leaves) + static `format` and `shape`."""
+    """One quantized [out, in] matrix: `planes` (arrays, the pytree leaves) + static `format` and `shape`.
+
+    `dtype` (static) is the dtype that ops materialising values produce (an embedding gather's rows):
+    the model's activation dtype, set by the loader; None means float32.
+    """
 
     planes: dict[str, np.ndarray | jax.Array]
     format: str
     shape: tuple[int, int]  # (out, in)
+    dtype: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -59,9 +65,28 @@ class QuantizedWeight(NamedTuple):
 # A pytree whose only leaves are the planes, so `jax.jit`, `device_put` and sharding see arrays only.
 jax.tree_util.register_pytree_node(
     QuantizedWeight,
-    lambda w: ((w.planes,), (w.format, w.shape)),
+    lambda w: ((w.planes,), (w.format, w.shape, w.dtype)),
     lambda aux, children: QuantizedWeight(children[0], *aux),
 )
+
+
+class WeightGroup(NamedTuple):
+    """Projections of one input packed side by side ([sum out_i, in]) but stored apart, because their
+    formats differ (e.g. a Q4_K attn_q / attn_k beside a Q6_K attn_v): one matmul per part.
+
+    Each part is a QuantizedWeight or a float [out_i, in] array (a format the target does not keep).
+    A NamedTuple, so a pytree whose leaves are the parts' arrays.
+    """
+
+    parts: tuple
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(int(p.shape[0]) for p in self.parts), int(self.parts[0].shape[1]))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(p.nbytes) for p in self.parts)
 
 
 def _blocks(raw: np.ndarray, fmt: str, shape: tuple[int, int]) -> np.ndarray:
@@ -118,12 +143,32 @@ def q6_k_codes(blocks: np.ndarray) -> np.ndarray:
     return (low | (high << 4)).reshape(*lead, 256)
 
 
+def _byte_words(b4: np.ndarray) -> np.ndarray:
+    """uint8 [..., 4] -> uint32 [...]: the 4 bytes as one little-endian word."""
+    return np.ascontiguousarray(b4).view("<u4")[..., 0].astype(np.uint32, copy=False)
+
+
+def _gather_nibbles(v: np.ndarray) -> np.ndarray:
+    """uint32 with 4-bit fields at bits 0, 8, 16, 24 -> the same fields at bits 0, 4, 8, 12."""
+    v = (v | (v >> 4)) & np.uint32(0x00FF00FF)
+    return (v | (v >> 8)) & np.uint32(0x0000FFFF)
+
+
+# byte -> its four 2-bit fields moved to bits 0, 4, 8, 12
+_SPREAD_2BIT = np.bitwise_or.reduce(
+    ((np.arange(256, dtype=np.uint32)[:, None] >> (2 * np.arange(4, dtype=np.uint32))) & 3)
+    << (4 * np.arange(4, dtype=np.uint32)), axis=1).astype(np.uint32)
+
+
 def pack_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> QuantizedWeight:
     """GGUF Q4_K bytes of an [out, in] matrix -> the device layout (module docstring)."""
     blocks = _blocks(raw, Q4_K, shape)
-    codes = q4_k_codes(blocks).reshape(*blocks.shape[:2], 8, 32)            # [out, sb, sub-block n, j]
+    lead = blocks.shape[:2]
+    # Word j holds element 32n + j at bits 4n (q4_k_codes): for n = 2r + h that is nibble h of byte j of
+    # GGUF run r, i.e. bits 8r + 4h — so word j is bytes (run 0..3, byte j): a byte transpose.
+    runs = blocks[..., 16:144].reshape(*lead, 4, 32)
     planes = {
-        "qs": _block_major(_words(codes, 4)),                              # [sb, out, 32]
+        "qs": _block_major(_byte_words(np.swapaxes(runs, -1, -2))),       # [sb, out, 32]
         "scales": _block_major(np.ascontiguousarray(blocks[..., 4:16]).view("<u4").astype(np.uint32)),
         "d": _fp16_plane(blocks, 0),
         "dmin": _fp16_plane(blocks, 2),
@@ -135,12 +180,18 @@ def pack_q6_k(raw: np.ndarray, shape: tuple[int, int]) -> QuantizedWeight:
     """GGUF Q6_K bytes of an [out, in] matrix -> the device layout (module docstring)."""
     blocks = _blocks(raw, Q6_K, shape)
     lead = blocks.shape[:2]
-    codes = q6_k_codes(blocks)
-    low = (codes & 0x0F).reshape(*lead, 2, 8, 16)                           # [.., g, n, j]: element 128g + 16n + j
-    high = (codes >> 4).reshape(*lead, 16, 16)                              # [.., t, j]: element 16t + j
+    # ql word 16g + j, nibble n = low bits of element 128g + 16n + j (q6_k_codes): for n = m (< 4) the
+    # low nibble and for n = m + 4 the high nibble of GGUF byte ql[64g + 16m + j].
+    x = _byte_words(np.swapaxes(blocks[..., 0:128].reshape(*lead, 2, 4, 16), -1, -2))  # [.., g, j]
+    ql = _gather_nibbles(x & np.uint32(0x0F0F0F0F)) | (_gather_nibbles((x >> 4) & np.uint32(0x0F0F0F0F)) << 16)
+    # qh word j, bits 2t = high bits of element 16t + j: 2-bit field k of byte qh[32h + 16p + j] is
+    # t = 8h + 2k + p, i.e. bits 16h + 2p + 4k.
+    qh_bytes = blocks[..., 128:192].reshape(*lead, 2, 2, 16)                          # [.., h, p, j]
+    shifts = (16 * np.arange(2, dtype=np.uint32)[:, None] + 2 * np.arange(2, dtype=np.uint32)).reshape(2, 2, 1)
+    qh = np.bitwise_or.reduce((_SPREAD_2BIT[qh_bytes] << shifts).reshape(*lead, 4, 16), axis=-2)
     planes = {
-        "ql": _block_major(_words(low, 4).reshape(*lead, 32)),
-        "qh": _block_major(_words(high, 2)),
+        "ql": _block_major(ql.reshape(*lead, 32)),
+        "qh": _block_major(qh),
         "scales": _block_major(blocks[..., 192:208].view(np.int8)),
         "d": _fp16_plane(blocks, 208),
     }
@@ -166,6 +217,10 @@ def pack(raw: np.ndarray, fmt: str | int, shape: tuple[int, int]) -> QuantizedWe
     return PACKERS[fmt](raw, shape)
 
 
+# format -> byte offsets of the fp16 scales inside one GGUF block
+SCALE_OFFSETS: dict[str, tuple[int, ...]] = {Q4_K: (0, 2), Q6_K: (208,), Q8_0: (0,)}
+
+
 def random_gguf_bytes(rng: np.random.Generator, fmt: str, shape: tuple[int, int], *,
                       realistic: bool = False) -> np.ndarray:
     """Random valid GGUF bytes (uint8, 1-D) for an [out, in] matrix of `fmt`.
@@ -178,8 +233,7 @@ def random_gguf_bytes(rng: np.random.Generator, fmt: str, shape: tuple[int, int]
     block, block_bytes, _ = FORMATS[fmt]
     n_blocks = out * inner // block
     raw = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
-    offsets = {Q4_K: (0, 2), Q6_K: (208,), Q8_0: (0,)}[fmt]
-    for start in offsets:
+    for start in SCALE_OFFSETS[fmt]:
         if realistic:
             scale = np.abs(rng.normal(0.0, 0.01, n_blocks)).astype("<f2").view("<u2")
         else:

@@ -1,0 +1,128 @@
+"""Projections and embedding gathers over weights that may stay GGUF-quantized (targets that keep
+formats packed, e.g. h200). Same signatures as compiler/ops/linear.py and embedding.py, so a target
+selects them in its `kernels`; the choice per call is made at trace time from the weight's type and
+the (static) row count:
+
+  plain array            the reference op (linear.py / embedding.py), unchanged
+  QuantizedWeight, rows <= GEMV_MAX_ROWS
+                         quant_matmul(x, w, backend=quant_backend()): the fused GEMV (decode)
+  QuantizedWeight, more rows
+                         dequantize to the activation dtype, then the reference XLA matmul (prefill,
+                         mixed steps): compute-bound, so the one-off dequantization is amortised
+  WeightGroup            one of the above per part (parts of different formats), outputs side by side
+
+Backend choice: the plan's calls carry no backend argument (generated code stays target-agnostic
+beyond the kernel names), and a plan is traced on the device it runs on, so `quant_backend()` reads
+that device at trace time: "triton" on a GPU (jax-triton importable), "reference" elsewhere (the CPU
+tests, the cpu fallback). `use_quant_backend(name)` or EMBER_QUANT_BACKEND overrides it; jit caches
+traced code, so switch before a plan is first traced (or wrap it in a fresh function), never between
+calls of one jitted function.
+
+Embedding tables kept quantized are gathered as quantized rows (a take along the planes' `out` axis)
+and only those rows are dequantized: the table costs its GGUF bytes once, where a bf16 copy would
+add 2 bytes per weight (467 MB for a 151936 x 1536 table, 1 GB for a 128256 x 4096 one) for a gather
+that reads a few KB per token either way. A tied LM head is the same quantized matrix, read by the
+GEMV. The rows come out in the table's `dtype` (the activation dtype the loader tagged it with).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+
+from . import embedding as embedding_ref
+from . import linear as linear_ref
+from .quant.layout import QuantizedWeight, WeightGroup
+from .quant.matmul import BACKENDS, quant_matmul
+from .quant.ref import dequantize
+
+GEMV_MAX_ROWS = 16  # rows up to this use the quantized GEMV; above, dequantize + XLA matmul
+
+_backend_override: str | None = None
+
+
+def quant_backend() -> str:
+    """The quant_matmul backend for the device being traced for (see module docstring)."""
+    chosen = _backend_override or os.environ.get("EMBER_QUANT_BACKEND")
+    if chosen:
+        if chosen not in BACKENDS:
+            raise ValueError(f"unknown quant backend {chosen!r}; expected one of {BACKENDS}")
+        return chosen
+    if jax.default_backend() == "gpu":
+        try:
+            import jax_triton  # noqa: F401  (GPU-only dependency)
+            return "triton"
+        except ImportError:
+            pass
+    return "reference"
+
+
+@contextlib.contextmanager
+def use_quant_backend(name: str | None) -> Iterator[None]:
+    """Force a backend (None: automatic) for plans traced inside the block."""
+    global _backend_override
+    if name is not None and name not in BACKENDS:
+        raise ValueError(f"unknown quant backend {name!r}; expected one of {BACKENDS}")
+    previous, _backend_override = _backend_override, name
+    try:
+        yield
+    finally:
+        _backend_override = previous
+
+
+def _matmul(x, w):
+    # x [N, k] @ part.T -> [N, out]; w a QuantizedWeight or a float [out, k] array
+    if not isinstance(w, QuantizedWeight):
+        return linear_ref.linear(x, w)
+    if x.shape[0] <= GEMV_MAX_ROWS:
+        return quant_matmul(x, w, backend=quant_backend())
+    return linear_ref.linear(x, dequantize(w).astype(x.dtype))
+
+
+def _add_bias(y, bias):
+    return y if bias is None else y + bias.astype(y.dtype)
+
+
+def linear(x, weight, bias=None):
+    # x [N, k], weight [n, k] (array, QuantizedWeight or WeightGroup) -> [N, n]
+    if isinstance(weight, WeightGroup):
+        y = jnp.concatenate([_matmul(x, part) for part in weight.parts], axis=-1)
+    elif isinstance(weight, QuantizedWeight):
+        y = _matmul(x, weight)
+    else:
+        return linear_ref.linear(x, weight, bias)
+    return _add_bias(y, bias)
+
+
+def linear_split(x, weight, bias=None, *, sizes):
+    # weight [sum(sizes), k] packs several projections of the same input; returns one output per size
+    if isinstance(weight, WeightGroup) and tuple(int(p.shape[0]) for p in weight.parts) == tuple(sizes):
+        outs = [_matmul(x, part) for part in weight.parts]  # the group's parts are the outputs: no concat
+        if bias is None:
+            return tuple(outs)
+        biases = _split(bias, sizes)
+        return tuple(_add_bias(y, b) for y, b in zip(outs, biases))
+    if not isinstance(weight, (WeightGroup, QuantizedWeight)):
+        return linear_ref.linear_split(x, weight, bias, sizes=sizes)
+    return _split(linear(x, weight, bias), sizes)
+
+
+def _split(y, sizes):
+    bounds, total = [], 0
+    for size in sizes[:-1]:
+        total += size
+        bounds.append(total)
+    return tuple(jnp.split(y, bounds, axis=-1))
+
+
+def embedding(ids, table):
+    # ids [N] int32, table [vocab, d] (array or QuantizedWeight) -> [N, d]
+    if not isinstance(table, QuantizedWeight):
+        return embedding_ref.embedding(ids, table)
+    rows = QuantizedWeight({name: jnp.take(plane, ids, axis=1) for name, plane in table.planes.items()},
+                           table.format, (ids.shape[0], table.shape[1]))  # planes are [blocks, out, ...]
+    return dequantize(rows).astype(table.dtype or jnp.float32)
