@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,10 +10,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ..compiler.batch import StepBatch
-from ..compiler.spec import ModelSpec, SpecError, all_specs
+from ..compiler.ops.quant.layout import FORMATS
+from ..compiler.spec import ModelSpec, all_specs
 from ..compiler.targets import Target, get_target
 from .checkpoint import Checkpoint, open_checkpoint
 from .dims import Dims, ResolvedModel, resolve
@@ -95,7 +96,18 @@ def enable_compilation_cache() -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
+QUANTIZED_FORMATS_ENV = "EMBER_QUANTIZED_FORMATS"  # e.g. "q4_k,q6_k,q8_0"; "none" = dequantize everything
+
+
 def _quantized_formats(target: str | Target) -> tuple[str, ...]:
+    """GGUF formats kept packed on the device: EMBER_QUANTIZED_FORMATS if set, else the target's choice."""
+    override = os.environ.get(QUANTIZED_FORMATS_ENV)
+    if override is not None:
+        formats = tuple(f.strip().lower() for f in override.split(",") if f.strip() and f.strip().lower() != "none")
+        unknown = [f for f in formats if f not in FORMATS]
+        if unknown:
+            raise ValueError(f"{QUANTIZED_FORMATS_ENV}: unknown format(s) {unknown} (known: {', '.join(FORMATS)})")
+        return formats
     if isinstance(target, Target):
         return target.quantized_formats
     try:

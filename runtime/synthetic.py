@@ -103,7 +103,7 @@ def synthetic_model(spec: ModelSpec, config: dict, *, target: str = "cpu", seed:
 
 def _device_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved, dtype, seed: int):
     """The plan's Params (runtime/weights.py's grouping) with every weight drawn on the device."""
-    from .weights import Params, WeightLoader, _layer_constant
+    from .weights import Params, WeightLoader, layer_constant, place_constant
 
     loader = WeightLoader(spec, ckpt, resolved)  # for its name mapping and the (host) layer constants
     dims = resolved.dims.as_dict()
@@ -136,6 +136,6 @@ def _device_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved, 
     layers = int(resolved.dims["layers"])
     globals_ = {name: build(name, None) for name in manifest["global_weights"]}
     per_layer = [{name: build(name, i) for name in manifest["layer_weights"]} for i in range(layers)]
-    constants = [{name: jnp.asarray(_layer_constant(spec, resolved, loader, const, i), dtype)
+    constants = [{name: place_constant(layer_constant(spec, resolved, loader, const, i))
                   for name, const in manifest["layer_constants"].items()} for i in range(layers)]
     return Params(globals_, per_layer, constants)

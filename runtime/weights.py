@@ -162,7 +162,7 @@ def load_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved: Res
     for i in range(layers):
         per_layer.append({name: to_device(build(name, i)) for name in manifest["layer_weights"]})
         _tick(progress)
-    constants = [{name: to_device(_layer_constant(spec, resolved, loader, const, i))
+    constants = [{name: place_constant(layer_constant(spec, resolved, loader, const, i))
                   for name, const in manifest["layer_constants"].items()} for i in range(layers)]
     return Params(globals_, per_layer, constants)
 
@@ -202,12 +202,21 @@ def device_placer(dtype) -> Callable[[Any], Any]:
     return place
 
 
+def place_constant(value) -> jax.Array:
+    """A layer constant on the device at full precision whatever the activation dtype: integers (a sliding
+    window, a state-kind index) as int32, floats (RoPE inverse frequencies) as float32. In bf16 a window
+    of 1000 reads as 1000 ± 4 and an inverse frequency is off by up to 2^-9, which turns into radians of
+    rotation error by position ~1000 (HF keeps inv_freq in float32 too)."""
+    array = np.asarray(value)
+    return jnp.asarray(array, jnp.int32 if np.issubdtype(array.dtype, np.integer) else jnp.float32)
+
+
 def _tick(progress) -> None:
     if progress is not None:
         progress.update(1)
 
 
-def _layer_constant(spec, resolved, loader: WeightLoader, const: dict, layer: int) -> np.ndarray:
+def layer_constant(spec, resolved, loader: WeightLoader, const: dict, layer: int) -> np.ndarray:
     module, function = const["function"].split(":")
     fn = getattr(importlib.import_module(module), function)
     kwargs = {key: _constant_arg(spec, resolved, loader, arg, layer) for key, arg in const["args"].items()}

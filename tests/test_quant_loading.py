@@ -144,3 +144,17 @@ def test_fetch_raw_only_for_kept_matrices(tmp_path):
     assert WeightLoader(spec, ckpt, resolved).fetch_raw("blk.0.attn_q.weight") is None  # cpu: dequantize all
     with pytest.raises(ValueError, match="no device layout"):
         WeightLoader(spec, ckpt, resolved, keep_formats=("q4k",))
+
+
+def test_the_environment_chooses_which_formats_stay_quantized(monkeypatch):
+    from ember.runtime.model import QUANTIZED_FORMATS_ENV, _quantized_formats
+
+    monkeypatch.delenv(QUANTIZED_FORMATS_ENV, raising=False)
+    assert _quantized_formats("h200") == ()  # the h200 default: dequantize to bf16 (measured faster)
+    monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "Q4_K, q6_k")
+    assert _quantized_formats("h200") == ("q4_k", "q6_k")
+    monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "none")
+    assert _quantized_formats("h200") == ()
+    monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "q5_9")
+    with pytest.raises(ValueError, match="q5_9"):
+        _quantized_formats("h200")

@@ -4,9 +4,10 @@ batch (1 … 256), and kernel choices per op.
 - attention: Triton kernels over the paged KV pool (compiler/ops/attention_gpu/): split-K decode
   (flash-decoding) and a flash-attention prefill chunk; the deterministic variant keeps the blockwise
   batch-invariant reference.
-- projections and the embedding: GGUF Q4_K / Q6_K / Q8_0 weights stay quantized on the device
-  (compiler/ops/linear_quant.py): the Triton dequant GEMV for decode-sized row counts, dequantize + XLA
-  matmul for prefill; other formats are dequantized to bf16 at load.
+- projections and the embedding: compiler/ops/linear_quant.py, which runs plain (bf16) weights through the
+  reference ops and weights kept GGUF-quantized (Q4_K / Q6_K / Q8_0) through the Triton dequant GEMV for
+  decode-sized row counts, dequantize + XLA matmul for prefill. Which weights stay quantized is
+  `quantized_formats` (none by default: measured slower, see below) or EMBER_QUANTIZED_FORMATS.
 - the rest (norms, RoPE, activations, sampler) are the `jnp` references, fused by XLA.
 - 8 decode steps per device call when the engine can run ahead (runtime/lookahead.py).
 A jax-triton launch costs ~7-9 µs inside a step (tools/results/h200_launch_overhead.json), so kernels
@@ -28,7 +29,11 @@ H200 = Target(
              "embedding": "ember.compiler.ops.linear_quant:embedding"},
     deterministic_kernels=dict(CPU.deterministic_kernels),
     activation_dtype="bfloat16",
-    quantized_formats=("q4_k", "q6_k", "q8_0"),
+    # GGUF weights are dequantized to bf16 at load by default: on the H200 the quantized path (one Triton GEMV
+    # launch per projection) decoded the Qwen2.5-1.5B Q4_K_M shape at 184-234 tok/s batch 1 vs 444 for bf16
+    # (tools/results/bench_suite/, h200_step_profile_decode_steps8.json). EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0
+    # keeps them packed (the kernels below take either form).
+    quantized_formats=(),
     decode_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     prefill_buckets=(16, 64, 256, 512, 1024, 2048, 4096),
     # 8 steps per call: the batch-1 engine went from 282 to 444 tok/s, device-bound (profile_step, b5407f0+)
