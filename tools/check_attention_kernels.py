@@ -173,9 +173,7 @@ def compile_all() -> int:
 
 
 def _compile_one(model: str, heads: tuple[int, int, int], dtype: str, block_size: int, kind: str, config) -> int:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from ember.tools.check_quant_kernels import compile_sm90
 
     from ember.compiler.ops.attention_gpu.decode import decode_launch_plan
     from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
@@ -186,15 +184,11 @@ def _compile_one(model: str, heads: tuple[int, int, int], dtype: str, block_size
     kernel = KERNELS[kind]
     outs = [dtype] if kind == "single" else ["fp32"] * 3
     types = ["*" + dtype] * 3 + ["*i32"] * 4 + ["*" + t for t in outs]
-    signature = {kernel.arg_names[i]: t for i, t in enumerate(types)}
-    signature.update({name: "constexpr" for name in plan["meta"]})
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(types))}  # jax-triton: arrays 16-byte aligned
-    source = ASTSource(kernel, signature, constexprs=dict(plan["meta"]), attrs=attrs)
     label = (f"{model:13} {dtype} bs={block_size} {kind:8} block_n={plan['block_n']:<3} "
              f"warps={config.num_warps} stages={config.num_stages}")
     try:
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+        compiled = compile_sm90(kernel, types, dict(plan["meta"]), num_warps=config.num_warps,
+                                num_stages=config.num_stages)
     except Exception as error:
         print(f"FAIL {label}: {error}", flush=True)
         return 1

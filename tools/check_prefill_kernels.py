@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ember.tools.check_quant_kernels import HostBuffer, patch_interpreter
+from ember.tools.check_quant_kernels import HostBuffer, compile_sm90, patch_interpreter
 
 
 class IntBuffer(HostBuffer):
@@ -137,10 +137,6 @@ def resource_usage(compiled) -> str:
 
 
 def compile_all() -> int:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from ember.compiler.ops.attention_gpu.prefill import launch_plan, pick_config
     from ember.compiler.ops.attention_gpu.prefill_kernel import prefill_attention_kernel as kernel
 
@@ -159,13 +155,9 @@ def compile_all() -> int:
             out_dtype = dtype if plan.splits == 1 else "fp32"
             types = ["*" + dtype, "*" + dtype, "*" + dtype, "*i32", "*i32", "*" + out_dtype, "*fp32", "*fp32"]
             constants = dict(plan.meta, IEEE=dtype == "fp32")
-            signature = {kernel.arg_names[i]: t for i, t in enumerate(types)}
-            signature.update({name: "constexpr" for name in constants})
-            attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(types))}  # as jax-triton assumes
             try:
-                compiled = triton.compile(ASTSource(kernel, signature, constexprs=constants, attrs=attrs),
-                                          target=GPUTarget("cuda", 90, 32),
-                                          options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+                compiled = compile_sm90(kernel, types, constants, num_warps=config.num_warps,
+                                        num_stages=config.num_stages)
             except Exception as error:  # report every shape, then fail
                 failures += 1
                 print(f"FAIL {dtype} C={chunk} {hq}/{hkv}/{dh} page={page} {config}: {error}", flush=True)

@@ -144,11 +144,22 @@ def interpret_rows(formats: list[str]) -> int:
     return 1 if failures else 0
 
 
-def compile_all(formats: list[str], rows: bool = False) -> int:
+def compile_sm90(kernel, types: list[str], constants: dict, *, num_warps: int, num_stages: int):
+    """Compile a @triton.jit kernel for sm_90 ahead of time (no GPU needed): pointer/scalar `types` in
+    argument order, then `constants` as constexprs; every array 16-byte aligned, as jax-triton assumes."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    signature = {kernel.arg_names[i]: t for i, t in enumerate(types)}
+    signature.update({name: "constexpr" for name in constants})
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(types))}
+    source = ASTSource(kernel, signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def compile_all(formats: list[str], rows: bool = False) -> int:
     from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pick_config
     from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
     from ember.compiler.ops.quant.triton_kernels import KERNELS
@@ -167,14 +178,9 @@ def compile_all(formats: list[str], rows: bool = False) -> int:
                     out_dtype = dtype if plan["split_k"] == 1 else "fp32"
                     types = ["*" + dtype, *PLANE_TYPES[fmt], "*" + out_dtype]
                     constants = dict(plan["meta"]) if rows else dict(plan["meta"], IEEE=dtype == "fp32")
-                    signature = {kernel.arg_names[i]: t for i, t in enumerate(types)}
-                    signature.update({name: "constexpr" for name in constants})
-                    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(types))}  # as jax-triton assumes
-                    source = ASTSource(kernel, signature, constexprs=constants, attrs=attrs)
                     try:
-                        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                                  options={"num_warps": config.num_warps,
-                                                           "num_stages": config.num_stages})
+                        compiled = compile_sm90(kernel, types, constants, num_warps=config.num_warps,
+                                                num_stages=config.num_stages)
                     except Exception as error:
                         failures += 1
                         print(f"FAIL {fmt} m={m} {dtype} {out}x{inner}: {error}", flush=True)
