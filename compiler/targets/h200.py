@@ -30,7 +30,7 @@ H200 = Target(
     deterministic_kernels=dict(CPU.deterministic_kernels),
     activation_dtype="bfloat16",
     # GGUF weights are dequantized to bf16 at load by default: on the H200 the quantized path (one Triton GEMV
-    # launch per projection) decoded the Qwen2.5-1.5B Q4_K_M shape at 184-234 tok/s batch 1 vs 444 for bf16
+    # launch per projection) decoded the 1.5B-parameter Q4_K_M benchmark shape at 184-234 tok/s batch 1 vs 444 for bf16
     # (tools/results/bench_suite/, h200_step_profile_decode_steps8.json). EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0
     # keeps them packed (the kernels below take either form).
     quantized_formats=(),
