@@ -43,6 +43,14 @@ def top_logprobs_needed(rows: list[RowState]) -> int:
     return MAX_TOP_LOGPROBS if any(row.params.logprobs for row in rows) else 0
 
 
+def _unpack_step(inputs, layout: IoLayout) -> tuple[StepBatch, SamplingBatch, list]:
+    """Inside the executable: the StepBatch, the SamplingBatch and any extra arrays packed after them."""
+    arrays = unpack_arrays(inputs, layout)
+    n_batch, n_sampling = len(StepBatch._fields), len(SamplingBatch._fields)
+    return (StepBatch(*arrays[:n_batch]), SamplingBatch(*arrays[n_batch:n_batch + n_sampling]),
+            arrays[n_batch + n_sampling:])
+
+
 def make_step_fn(forward: Callable) -> Callable:
     """jit(forward + sample): (dims, layout, num_top, all_greedy, params, kv, inputs) -> (packed result, kv);
     kv is donated.
@@ -53,9 +61,7 @@ def make_step_fn(forward: Callable) -> Callable:
     sampler's branch-free greedy path."""
 
     def step(dims, layout: IoLayout, num_top: int, all_greedy: bool, params, kv, inputs):
-        arrays = unpack_arrays(inputs, layout)
-        batch = StepBatch(*arrays[:len(StepBatch._fields)])
-        sampling = SamplingBatch(*arrays[len(StepBatch._fields):])
+        batch, sampling, _ = _unpack_step(inputs, layout)
         logits, kv = forward(dims, params, kv, batch)
         return pack_result(sample(logits.astype(jnp.float32), sampling, num_top, all_greedy=all_greedy)), kv
 
@@ -71,11 +77,7 @@ def make_multi_step_fn(forward: Callable, steps: int) -> Callable:
     so the executable is compiled once per decode bucket. Host overhead is paid once per `steps` tokens."""
 
     def multi(dims, layout: IoLayout, num_top: int, all_greedy: bool, params, kv, inputs):
-        arrays = unpack_arrays(inputs, layout)
-        n_batch = len(StepBatch._fields)
-        batch = StepBatch(*arrays[:n_batch])
-        sampling = SamplingBatch(*arrays[n_batch:-1])
-        slots_ahead = arrays[-1]
+        batch, sampling, (slots_ahead,) = _unpack_step(inputs, layout)
         rows = batch.num_decode
 
         def one(carry, i):

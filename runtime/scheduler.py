@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from .kv import BlockPool, KVCounters, StateAllocator
 from .kv_cache import KVCache, PrefixHit
 from .requests import Request, RequestStatus, StepOutput
-from .step_plan import DecodeRow, PrefillChunk, StepPlan
+from .step_plan import DecodeRow, PrefillChunk, StepPlan, slots_at
 
 __all__ = ["DecodeRow", "PrefillChunk", "QueueFullError", "RequestTooLongError", "Scheduler", "SchedulerSnapshot",
            "StepPlan"]
@@ -209,19 +209,17 @@ class Scheduler:
         bs = self.kv.block_size
         rows, tables = [], {}
 
-        def slots(request_tables, p: int) -> tuple[int, ...]:  # position p's slot in each kind's pool
-            return tuple(table[p // bs] * bs + p % bs for table in request_tables)
-
         for request in decodes:
             tables[request.request_id] = request_tables = self.kv.tables(request.state)
             pos = request.num_computed_tokens
-            rows.append(DecodeRow(request.request_id, request.all_token_ids[pos], pos, slots(request_tables, pos)))
+            rows.append(DecodeRow(request.request_id, request.all_token_ids[pos], pos,
+                                  slots_at(request_tables, pos, bs)))
         prefill = None
         if chunk is not None:
             request, start, end = chunk
             tables[request.request_id] = request_tables = self.kv.tables(request.state)
             prefill = PrefillChunk(request.request_id, start, tuple(request.all_token_ids[start:end]),
-                                   tuple(slots(request_tables, p) for p in range(start, end)),
+                                   tuple(slots_at(request_tables, p, bs) for p in range(start, end)),
                                    completes=end == request.num_tokens)
         return StepPlan(tuple(rows), prefill, tables, tuple(preempted), num_kinds=len(self.kv.kinds))
 

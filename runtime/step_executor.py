@@ -48,7 +48,8 @@ class StepExecutor:
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/lookahead.py
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
         self.decode_steps = 1 if self.deterministic else max(1, steps)
-        self.multi_step_fn = make_multi_step_fn(plan.module.forward, self.decode_steps) if self.decode_steps > 1 else None
+        self.multi_step_fn = (make_multi_step_fn(plan.module.forward, self.decode_steps)
+                              if self.decode_steps > 1 else None)
         # each layer's pool is sized by its state kind (the engine's KVCache uses the same sizes)
         self.kv = model.new_kv(engine_pool_blocks(model.paged_kinds, config), config.block_size)
         self.num_kinds = len(model.paged_kinds)

@@ -10,6 +10,11 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def slots_at(tables: Sequence[Sequence[int]], position: int, block_size: int) -> tuple[int, ...]:
+    """The flat KV slot (block * block_size + offset) of `position` in each kind's block table."""
+    return tuple(table[position // block_size] * block_size + position % block_size for table in tables)
+
+
 @dataclass(frozen=True)
 class DecodeRow:
     request_id: str
@@ -95,8 +100,7 @@ class StepPlan:
         for b, row in enumerate(self.decodes):
             tables = self.block_tables[row.request_id]
             for i in range(steps):
-                p = row.position + i
-                out[i, :, b] = [table[p // block_size] * block_size + p % block_size for table in tables]
+                out[i, :, b] = slots_at(tables, row.position + i, block_size)
         return out
 
     def decode_block_tables(self, max_blocks: int) -> np.ndarray:  # int32 [K, B, max_blocks], padded with block 0

@@ -30,7 +30,6 @@ from ..compiler.spec import ModelSpec
 from ..compiler.weight_transforms import apply_transform
 from .checkpoint import Checkpoint
 from .dims import resolve
-from .loader.errors import CheckpointError
 
 
 @functools.partial(jax.jit, static_argnames=("shape", "dtype", "kind"))
@@ -105,25 +104,19 @@ def _device_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved, 
     """The plan's Params (runtime/weights.py's grouping) with every weight drawn on the device."""
     from .weights import Params, WeightLoader, layer_constant, place_constant
 
-    loader = WeightLoader(spec, ckpt, resolved)  # for its name mapping and the (host) layer constants
+    loader = WeightLoader(spec, ckpt, resolved)  # its name mapping, ties and shapes; the (host) layer constants
     dims = resolved.dims.as_dict()
-    shapes = ckpt._hf.shapes
 
     def logical(name: str) -> jax.Array | None:  # one logical (GGUF-named) weight, as the loader maps it
-        template, layer = loader.template(name)
-        entry = spec.weights[template]
-        hf_name = entry.hf.format(i=layer) if entry.hf else None
-        if hf_name is None or hf_name not in shapes:
-            if entry.tied_to is not None:
-                return logical(entry.tied_to if layer is None else entry.tied_to.format(i=layer))
-            if entry.optional:
-                return None
-            raise CheckpointError(ckpt.path, f"synthetic checkpoint has no tensor for {name!r}")
-        if not entry.hf_transform:
-            return random_tensor(hf_name, shapes[hf_name], seed=seed, dtype=dtype)
+        found = loader.locate(name)
+        if found is None:  # an absent optional weight
+            return None
+        hf_name, transform, shape, _ = found
+        if not transform:
+            return random_tensor(hf_name, shape, seed=seed, dtype=dtype)
         # transforms run in float32, as the loader's do, then the result is cast
-        value = random_tensor(hf_name, shapes[hf_name], seed=seed, dtype=jnp.float32)
-        return jnp.asarray(apply_transform(entry.hf_transform, value, dims), dtype)
+        value = random_tensor(hf_name, shape, seed=seed, dtype=jnp.float32)
+        return jnp.asarray(apply_transform(transform, value, dims), dtype)
 
     packed = manifest["packed_weights"]
 

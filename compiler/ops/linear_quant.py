@@ -31,7 +31,6 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-import jax
 import jax.numpy as jnp
 
 from . import embedding as embedding_ref
@@ -39,6 +38,7 @@ from . import linear as linear_ref
 from .quant.layout import QuantizedWeight, WeightGroup
 from .quant.matmul import BACKENDS, quant_matmul
 from .quant.ref import dequantize
+from .triton_available import triton_available
 
 GEMV_MAX_ROWS = 16  # rows up to this use the quantized GEMV; above, dequantize + XLA matmul
 
@@ -52,13 +52,7 @@ def quant_backend() -> str:
         if chosen not in BACKENDS:
             raise ValueError(f"unknown quant backend {chosen!r}; expected one of {BACKENDS}")
         return chosen
-    if jax.default_backend() == "gpu":
-        try:
-            import jax_triton  # noqa: F401  (GPU-only dependency)
-            return "triton"
-        except ImportError:
-            pass
-    return "reference"
+    return "triton" if triton_available() else "reference"
 
 
 @contextlib.contextmanager

@@ -17,11 +17,11 @@ makes that the reference's mask exactly.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from ...batch import StepBatch, kind_view
 from ..attention import _write
+from ..triton_available import triton_available
 from .decode import paged_decode_attention
 from .prefill import prefill_attention, prefill_attention_emulated
 
@@ -31,7 +31,7 @@ def paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *,
     # k_pool, v_pool: this layer's pool [num_blocks, block_size, hkv, dh] -> (out [N, hq * dh], k_pool, v_pool)
     # Traced for a GPU: the Triton kernels. Traced for anything else (CI runs the h200 plans on CPU): their jnp
     # emulation, the same algorithm step for step.
-    backend = "triton" if jax.default_backend() == "gpu" else "emulate"
+    backend = "triton" if triton_available() else "emulate"
     return _paged_attention(q, k, v, window, state, k_pool, v_pool, batch, scale=scale, backend=backend)
 
 
