@@ -20,9 +20,9 @@ import numpy as np
 
 from .guided import GrammarTokenizer, GuidedMatcher
 from .kv_cache import KVCache
-from .lookahead import lookahead_steps
+from .lookahead import lookahead_steps, row_can_defer
 from .model import Model
-from .output_processor import OutputProcessor
+from .output_processor import OutputProcessor, merge_deltas
 from .requests import Request, RequestStatus
 from .sampling_params import RowState, SamplingParams, choice_seed, resolve_seed
 from .scheduler import Scheduler
@@ -243,16 +243,29 @@ class Engine:
     # ---- the engine thread -------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        # One device call in flight while the host streams the previous call's tokens: after a call's
+        # tokens reach the scheduler, the next call is planned and dispatched at once, and only then are
+        # the tokens detokenized, checked for stop strings and pushed to their streams (`deferred`).
+        # Rows whose next inputs depend on that work (runtime/lookahead.py's per-row rules) are streamed
+        # before the next plan instead. Requests that end while deferred (a stop string, an abort) may ride
+        # in the call already dispatched: what it computes for them is discarded, like run-ahead steps.
+        deferred = None  # (plan, per-step results) not yet streamed
         while True:
             with self._lock:
-                while not self._stopping and not self.scheduler.has_work:
+                while deferred is None and not self._stopping and not self.scheduler.has_work:
                     self._lock.wait()
                 if self._stopping:
+                    if deferred is not None:
+                        self._stream(*deferred)
                     return
                 self._refuse_stale_waiting()
                 plan = self.scheduler.schedule()
                 if plan.is_empty:
-                    self._lock.wait(0.01)
+                    if deferred is not None:
+                        self._stream(*deferred)
+                        deferred = None
+                    else:
+                        self._lock.wait(0.01)
                     continue
                 rows = [self._row_state(rid) for rid in plan.logit_request_ids]
                 now = time.monotonic()
@@ -265,12 +278,20 @@ class Engine:
                     extended = self.scheduler.extend_decodes(plan, steps)
                     plan, steps = (extended, steps) if extended is not None else (plan, 1)
             try:
-                per_step = self.executor.run_ahead(plan, rows) if steps > 1 else [self.executor.run(plan, rows)]
+                collect = self.executor.launch(plan, rows, steps)
             except Exception as error:  # a failed step must not strand its requests: end them, go on
+                deferred = self._stream_deferred(deferred)
+                self._fail_step(plan, error)
+                continue
+            deferred = self._stream_deferred(deferred)  # host work while the device runs `plan`
+            try:
+                per_step = collect()
+            except Exception as error:
                 self._fail_step(plan, error)
                 continue
             with self._lock:
                 self.counters.device_calls += 1
+                stream_now = not all(row_can_defer(row) for row in rows)
                 for step, results in enumerate(per_step):
                     self.counters.steps += 1
                     tokens = [results[rid].token for rid in plan.logit_request_ids]
@@ -278,33 +299,53 @@ class Engine:
                         self.scheduler.update_ahead(plan, step, tokens)
                     else:
                         self.scheduler.update(plan, tokens)
-                    for rid in plan.logit_request_ids:
-                        choice = self._choice_of.get(rid)
-                        if choice is None or choice.finish_reason is not None:
-                            continue  # aborted while the step ran, or finished at an earlier step
-                        self._advance(rid, choice, results[rid])
+                    if stream_now:
+                        self._stream(plan, [results])
+                if not stream_now:
+                    deferred = (plan, per_step)
+
+    def _stream_deferred(self, deferred) -> None:
+        if deferred is not None:
+            with self._lock:
+                self._stream(*deferred)
+        return None
+
+    def _stream(self, plan, per_step: list) -> None:
+        """Hand the steps' tokens to their choices, one output per choice for all the steps (a device call's
+        tokens arrive together: one stream push each, not one per token); the caller holds the lock."""
+        for rid in plan.logit_request_ids:
+            choice = self._choice_of.get(rid)
+            if choice is None or choice.finish_reason is not None:
+                continue  # aborted while the step ran, or finished at an earlier step
+            self._advance(rid, choice, [results[rid] for results in per_step])
 
     def _steps_for(self, plan, rows: list[RowState]) -> int:
-        limits = [self._choice_of[rid].request.max_tokens for rid in plan.logit_request_ids]
-        return lookahead_steps(plan, rows, limits, steps=self.executor.decode_steps,
-                               waiting=len(self.scheduler.waiting))
+        return lookahead_steps(plan, rows, steps=self.executor.decode_steps, waiting=len(self.scheduler.waiting))
 
-    def _advance(self, rid: str, choice: _Choice, sampled) -> None:
-        """Stream one sampled token; a choice following a grammar also advances it, and ends when it does."""
+    def _advance(self, rid: str, choice: _Choice, samples: list) -> None:
+        """Stream a choice's sampled tokens (one per step, in order) as one output; a choice following a
+        grammar also advances it, and ends when it does."""
         group = self._group_of[rid]
-        if choice.matcher is not None:
-            try:
-                error = choice.matcher.accept(sampled.token)
-            except Exception as exc:  # a matcher failure ends its choice, never the engine thread
-                error = f"{type(exc).__name__}: {exc}"
-            if error is not None:
-                self.scheduler.abort(rid)
-                self._emit(group, choice, choice.processor.finish("abort"), error=f"grammar: {error}")
-                return
-        delta = choice.processor.push(sampled.token, self._logprob(choice, sampled))
-        self._emit(group, choice, delta)
-        if not delta.finished and choice.matcher is not None and choice.matcher.finished:
-            self._emit(group, choice, choice.processor.finish("stop"))  # the output is complete
+        deltas = []
+        for sampled in samples:
+            if choice.matcher is not None:
+                try:
+                    error = choice.matcher.accept(sampled.token)
+                except Exception as exc:  # a matcher failure ends its choice, never the engine thread
+                    error = f"{type(exc).__name__}: {exc}"
+                if error is not None:
+                    if deltas:
+                        self._emit(group, choice, merge_deltas(deltas))
+                    self.scheduler.abort(rid)
+                    self._emit(group, choice, choice.processor.finish("abort"), error=f"grammar: {error}")
+                    return
+            deltas.append(choice.processor.push(sampled.token, self._logprob(choice, sampled)))
+            if deltas[-1].finished:
+                break
+            if choice.matcher is not None and choice.matcher.finished:
+                deltas.append(choice.processor.finish("stop"))  # the output is complete
+                break
+        self._emit(group, choice, merge_deltas(deltas))
 
     def grammar_tokenizer(self) -> GrammarTokenizer:
         """llguidance's view of the tokenizer, built on first use (~1 s for a 150k vocabulary: a server

@@ -118,14 +118,34 @@ def pack_step_inputs(batch: StepBatch, rows: list[RowState], *, vocab_size: int,
 
 def run_step(step_fn: Callable, dims: Any, params: Any, kv: Any, batch: StepBatch, rows: list[RowState],
              *, vocab_size: int, num_rows: int) -> tuple[StepResult, Any]:
+    packed, kv = launch_step(step_fn, dims, params, kv, batch, rows, vocab_size=vocab_size, num_rows=num_rows)
+    return collect_step(packed), kv
+
+
+def launch_step(step_fn: Callable, dims: Any, params: Any, kv: Any, batch: StepBatch, rows: list[RowState],
+                *, vocab_size: int, num_rows: int) -> tuple[Any, Any]:
+    """Dispatch one step without waiting for it: (packed result on the device, new kv). collect_step reads it."""
     inputs = pack_step_inputs(batch, rows, vocab_size=vocab_size, num_rows=num_rows)
-    packed, kv = step_fn(dims, *inputs.static_args(), params, kv, inputs.buffer)
-    return StepResult(*unpack_result(np.asarray(packed))), kv
+    return step_fn(dims, *inputs.static_args(), params, kv, inputs.buffer)
+
+
+def collect_step(packed) -> StepResult:
+    return StepResult(*unpack_result(np.asarray(packed)))
 
 
 def run_multi_step(multi_fn: Callable, dims: Any, params: Any, kv: Any, batch: StepBatch, slots_ahead: np.ndarray,
                    rows: list[RowState], *, vocab_size: int, num_rows: int) -> tuple[list[StepResult], Any]:
     """make_multi_step_fn's executable on a decode-only batch: one StepResult per step."""
+    packed, kv = launch_multi_step(multi_fn, dims, params, kv, batch, slots_ahead, rows, vocab_size=vocab_size,
+                                   num_rows=num_rows)
+    return collect_multi_step(packed), kv
+
+
+def launch_multi_step(multi_fn: Callable, dims: Any, params: Any, kv: Any, batch: StepBatch, slots_ahead: np.ndarray,
+                      rows: list[RowState], *, vocab_size: int, num_rows: int) -> tuple[Any, Any]:
     inputs = pack_step_inputs(batch, rows, vocab_size=vocab_size, num_rows=num_rows, extra=(slots_ahead,))
-    packed, kv = multi_fn(dims, *inputs.static_args(), params, kv, inputs.buffer)
-    return [StepResult(*unpack_result(step)) for step in np.asarray(packed)], kv
+    return multi_fn(dims, *inputs.static_args(), params, kv, inputs.buffer)
+
+
+def collect_multi_step(packed) -> list[StepResult]:
+    return [StepResult(*unpack_result(step)) for step in np.asarray(packed)]

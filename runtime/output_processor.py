@@ -50,6 +50,17 @@ class Delta:
         return self.finish_reason is not None
 
 
+def merge_deltas(deltas: list[Delta]) -> Delta:
+    """Several consecutive deltas of one sequence as one (the last may finish it)."""
+    if len(deltas) == 1:
+        return deltas[0]
+    logprobs = [lp for d in deltas if d.logprobs is not None for lp in d.logprobs]
+    last = deltas[-1]
+    return Delta("".join(d.text for d in deltas), tuple(t for d in deltas for t in d.token_ids),
+                 tuple(logprobs) if any(d.logprobs is not None for d in deltas) else None,
+                 last.finish_reason, last.stop_reason)
+
+
 @dataclass(frozen=True)
 class _StopMatch:
     start: int  # where the stop string starts, in the coordinates of the searched text

@@ -226,7 +226,7 @@ class Scheduler:
     # --- several decode steps in one device call --------------------------------------------------
     def extend_decodes(self, plan: StepPlan, steps: int) -> StepPlan | None:
         """Let the just-scheduled decode-only `plan` run `steps` decode steps in one go: every row gets KV
-        for its next `steps` positions. Returns the plan with block tables that cover them (the engine
+        for its next `steps` positions, or up to its last one. Returns the plan with block tables that cover them (the engine
         then calls update_ahead once per step), or None when the pool cannot give every row those blocks
         without preempting (the plan stays a one-step plan; blocks already grown are kept — the rows
         would need them within `steps` steps anyway)."""
@@ -234,7 +234,10 @@ class Scheduler:
             return None
         requests = [self._active[row.request_id] for row in plan.decodes]
         for row, request in zip(plan.decodes, requests):
-            if not self.kv.grow(request.state, row.position + steps):
+            # up to the request's last position (it samples its last token there): steps past it write to
+            # block 0 (StepPlan.decode_slots_ahead) and are discarded
+            last = request.num_prompt_tokens + request.max_tokens - 1
+            if not self.kv.grow(request.state, min(row.position + steps, last)):
                 return None
         tables = {row.request_id: self.kv.tables(request.state) for row, request in zip(plan.decodes, requests)}
         self._unfinished_plan = replace(plan, block_tables=tables)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 
 from ..compiler.targets import get_target
-from .engine_step import make_multi_step_fn, make_step_fn, run_multi_step, run_step
+from .engine_step import (collect_multi_step, collect_step, launch_multi_step, launch_step, make_multi_step_fn,
+                          make_step_fn, run_multi_step, run_step)
 from .model import Model
 from .sampling_params import RowState
 from .scheduler import PrefillChunk, StepPlan
@@ -93,11 +95,29 @@ class StepExecutor:
     def run_ahead(self, plan: StepPlan, rows: list[RowState]) -> list[dict[str, Sampled]]:
         """A decode-only plan extended by Scheduler.extend_decodes(plan, self.decode_steps): that many
         steps in one device call; one {request id: Sampled} per step."""
+        return self.launch(plan, rows, self.decode_steps)()
+
+    def launch(self, plan: StepPlan, rows: list[RowState], steps: int) -> Callable[[], list[dict[str, Sampled]]]:
+        """Dispatch `plan` (steps > 1: an extended plan, as run_ahead) and return at once, before the device
+        is done: calling the result waits for it and gives one {request id: Sampled} per step. The host may
+        work meanwhile (the engine streams the previous call's tokens). Deterministic tiles run here."""
+        if self.deterministic:  # tiles of one fixed shape, run one after another
+            results = [self.run(plan, rows)]
+            return lambda: results
         shape = step_shape(plan, self.decode_buckets, self.prefill_buckets, self.table_blocks)
-        slots = np.zeros((self.decode_steps, shape.num_kinds, shape.decode_rows), np.int32)
-        slots[:, :, :plan.num_decode] = plan.decode_slots_ahead(self.decode_steps, self.config.block_size)
-        results = self._run_ahead(build_step_batch(plan, shape), slots, rows, shape)
-        return [self._sampled(plan, result) for result in results]
+        batch = build_step_batch(plan, shape)
+        args = (self.model.dims, self.model.params, self.kv)
+        if steps == 1:
+            packed, self.kv = launch_step(self.step_fn, *args, batch, rows, vocab_size=self.vocab,
+                                          num_rows=shape.logit_rows)
+            return lambda: [self._sampled(plan, collect_step(packed))]
+        if steps != self.decode_steps:
+            raise ValueError(f"a call runs 1 or {self.decode_steps} steps, not {steps}")
+        slots = np.zeros((steps, shape.num_kinds, shape.decode_rows), np.int32)
+        slots[:, :, :plan.num_decode] = plan.decode_slots_ahead(steps, self.config.block_size)
+        packed, self.kv = launch_multi_step(self.multi_step_fn, *args, batch, slots, rows, vocab_size=self.vocab,
+                                            num_rows=shape.logit_rows)
+        return lambda: [self._sampled(plan, result) for result in collect_multi_step(packed)]
 
     def _run_ahead(self, batch, slots_ahead: np.ndarray, rows: list[RowState], shape: StepShape):
         results, self.kv = run_multi_step(self.multi_step_fn, self.model.dims, self.model.params, self.kv, batch,

@@ -95,12 +95,16 @@ class StepPlan:
 
     def decode_slots_ahead(self, steps: int, block_size: int) -> np.ndarray:  # int32 [steps, K, B]
         """The slot each decode row writes at each of `steps` consecutive steps (positions p .. p+steps-1),
-        from its block tables (which must cover them: Scheduler.extend_decodes)."""
+        from its block tables (Scheduler.extend_decodes grew them up to the row's last position). A position
+        past a kind's table (after the request's end: its tokens are discarded) writes to reserved block 0."""
         out = np.zeros((steps, self.num_kinds, len(self.decodes)), np.int32)
         for b, row in enumerate(self.decodes):
             tables = self.block_tables[row.request_id]
             for i in range(steps):
-                out[i, :, b] = slots_at(tables, row.position + i, block_size)
+                position = row.position + i
+                out[i, :, b] = [table[position // block_size] * block_size + position % block_size
+                                if position // block_size < len(table) else position % block_size
+                                for table in tables]
         return out
 
     def decode_block_tables(self, max_blocks: int) -> np.ndarray:  # int32 [K, B, max_blocks], padded with block 0

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("jax_triton")
+pytest.importorskip("triton")
 if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda)", allow_module_level=True)
 
@@ -121,7 +121,8 @@ def test_h200_entry_matches_reference_op(dtype, window):
     pools = [jnp.asarray(rng.standard_normal((num_blocks, block_size, hkv, dh)), dtype) for _ in range(2)]
     args = (q, k, v, jnp.int32(window), jnp.float32(1), *pools, batch)
     got, got_k, got_v = jax.jit(paged_attention_h200, static_argnames="scale")(*args, scale=0.125)
-    want, want_k, want_v = jax.jit(paged_attention, static_argnames="scale")(*args, scale=0.125)
+    with jax.default_matmul_precision("highest"):  # XLA GPU's default fp32 matmul is TF32 (~1e-3 relative)
+        want, want_k, want_v = jax.jit(paged_attention, static_argnames="scale")(*args, scale=0.125)
     assert got.shape == want.shape == (n, hq * dh) and got.dtype == dtype
     tol = TOLERANCE[dtype]
     want = np.asarray(want.astype(jnp.float32))

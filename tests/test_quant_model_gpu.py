@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-pytest.importorskip("jax_triton")
+pytest.importorskip("triton")
 if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda)", allow_module_level=True)
 

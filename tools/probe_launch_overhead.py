@@ -1,8 +1,10 @@
 """What one kernel launch costs inside a jitted step on the GPU (run by hand on the device machine).
 
 Times, per call, N back-to-back calls inside ONE executable (as a decode step runs its projections):
-  triton_noop   a jax-triton kernel of one program that writes one value
-  triton_copy   a jax-triton kernel streaming `--copy-mb` MB (many programs)
+  triton_noop   a Triton kernel of one program that writes one value
+  triton_copy   a Triton kernel streaming `--copy-mb` MB (many programs)
+each Triton kernel launched both ways compiler/ops/triton_launch.py can: `jax_triton_*` through jax-triton's
+custom call, `xla_triton_*` as a native XLA kernel (XLA's Triton pipeline, the default)
   xla_tiny      a tiny XLA dot ([1, 64] x [64, 64]) per call, each on its own weight
   xla_copy      XLA reading and scaling the same `--copy-mb` MB per call
 The difference between a kernel's measured time and its bytes / bandwidth is the fixed cost a small
@@ -24,9 +26,10 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import jax_triton as jt
 import triton
 import triton.language as tl
+
+from ember.compiler.ops.triton_launch import triton_call
 
 
 @triton.jit
@@ -42,12 +45,12 @@ def _copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 def triton_noop(x):
-    return jt.triton_call(x, kernel=_noop_kernel, out_shape=jax.ShapeDtypeStruct((1,), x.dtype), grid=(1,))
+    return triton_call(x, kernel=_noop_kernel, out_shape=jax.ShapeDtypeStruct((1,), x.dtype), grid=(1,))
 
 
 def triton_copy(x, block: int = 4096):
     n = x.shape[0]
-    return jt.triton_call(x, kernel=_copy_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    return triton_call(x, kernel=_copy_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
                           grid=(triton.cdiv(n, block),), n=n, BLOCK=block)
 
 
@@ -83,9 +86,14 @@ def main() -> None:
     results = {"device": str(jax.devices()[0]), "calls_per_executable": args.calls, "copy_mb": args.copy_mb,
                "xla_flags": os.environ.get("XLA_FLAGS", "")}
     for suffix, single in (("", False), ("_single_output", True)):
+        for launcher in ("jax_triton", "xla"):
+            os.environ["EMBER_TRITON_LAUNCH"] = launcher  # read when the call is traced
+            results.update({
+                f"{launcher}_triton_noop_us{suffix}": per_call_seconds(triton_noop, scalars, args.runs, single) * 1e6,
+                f"{launcher}_triton_copy_us{suffix}": per_call_seconds(triton_copy, vectors, args.runs, single) * 1e6,
+            })
+        os.environ.pop("EMBER_TRITON_LAUNCH")
         results.update({
-            f"triton_noop_us{suffix}": per_call_seconds(triton_noop, scalars, args.runs, single) * 1e6,
-            f"triton_copy_us{suffix}": per_call_seconds(triton_copy, vectors, args.runs, single) * 1e6,
             f"xla_tiny_dot_us{suffix}": per_call_seconds(lambda w: row @ w, weights, args.runs, single) * 1e6,
             f"xla_copy_us{suffix}": per_call_seconds(lambda v: v * 2.0, vectors, args.runs, single) * 1e6,
         })

@@ -7,11 +7,12 @@ import jax
 
 
 def triton_available() -> bool:
-    """True when tracing for a GPU and jax-triton imports (read at trace time: jit caches the choice)."""
+    """True when tracing for a GPU and Triton imports (read at trace time: jit caches the choice). Kernels
+    launch through triton_launch.py (XLA's own Triton pipeline), so Triton is all they need."""
     if jax.default_backend() != "gpu":
         return False
     try:
-        import jax_triton  # noqa: F401  (GPU-only dependency)
+        import triton  # noqa: F401  (GPU-only dependency)
     except ImportError:
         return False
     return True

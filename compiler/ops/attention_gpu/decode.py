@@ -1,6 +1,6 @@
 """paged_decode_attention: decode rows (one query token each) over the paged KV pool, split-K.
 
-backend="triton"   decode_kernel.py through jax-triton (NVIDIA GPUs only; jax_triton is imported on use)
+backend="triton"   decode_kernel.py as a native XLA kernel (../triton_launch.py; NVIDIA GPUs only)
 backend="emulate"  the same split-K algorithm in plain jnp (same visible range, same per-split token
                    shares, same BLOCK_N iterations with an online softmax, same combine): runs anywhere,
                    so CPU tests check the algorithm against the reference `_attend`, while
@@ -109,7 +109,7 @@ def paged_decode_attention(q, k_pool, v_pool, block_tables, ctx_lens, positions,
 
 
 def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan, config):
-    import jax_triton as jt  # GPU-only dependency, imported on use
+    from ..triton_launch import triton_call  # Triton itself is imported on use (GPU-only dependency)
 
     from .decode_kernel import KERNELS
 
@@ -118,11 +118,11 @@ def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan,
     args = (q, k_pool, v_pool, tables, ctx_lens, positions, window.reshape(1))
     launch = dict(grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)
     if splits == 1:  # one launch writes the output: nothing after it
-        return jt.triton_call(*args, kernel=KERNELS["single"], out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        return triton_call(*args, kernel=KERNELS["single"], out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
                               **launch)
     g = hq // hkv
     f32 = jnp.float32
-    acc, m, l = jt.triton_call(
+    acc, m, l = triton_call(
         *args, kernel=KERNELS["partials"],
         out_shape=(jax.ShapeDtypeStruct((b, hkv, splits, g, dh), f32), jax.ShapeDtypeStruct((b, hkv, splits, g), f32),
                    jax.ShapeDtypeStruct((b, hkv, splits, g), f32)),

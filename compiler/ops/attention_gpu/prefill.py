@@ -124,7 +124,7 @@ def prefill_attention(q, k_pool, v_pool, block_table, positions, num_tokens, win
                       config: PrefillAttentionConfig | None = None):
     """The Triton kernel (see the module docstring for the contract). Jittable; one kernel launch (plus a
     small XLA combine when the plan splits KV)."""
-    import jax_triton as jt  # GPU-only dependency, imported on use
+    from ..triton_launch import triton_call  # Triton itself is imported on use (GPU-only dependency)
 
     from .prefill_kernel import prefill_attention_kernel
 
@@ -141,7 +141,7 @@ def prefill_attention(q, k_pool, v_pool, block_table, positions, num_tokens, win
         out_shape = [jax.ShapeDtypeStruct((plan.splits, c, hq, dh), jnp.float32),
                      jax.ShapeDtypeStruct((plan.splits, c, hq), jnp.float32),
                      jax.ShapeDtypeStruct((plan.splits, c, hq), jnp.float32)]
-    out, m, l = jt.triton_call(
+    out, m, l = triton_call(
         q, k_pool, v_pool, block_table.astype(jnp.int32), info, kernel=prefill_attention_kernel,
         out_shape=out_shape, grid=plan.grid, num_warps=config.num_warps, num_stages=config.num_stages,
         IEEE=q.dtype == jnp.float32, **plan.meta)

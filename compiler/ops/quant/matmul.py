@@ -79,7 +79,7 @@ def _rows_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig
 
 
 def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig) -> jax.Array:
-    import jax_triton as jt  # GPU-only dependency, imported on use
+    from ..triton_launch import triton_call  # Triton itself is imported on use (GPU-only dependency)
 
     from ember.compiler.ops.quant.triton_kernels import KERNELS
 
@@ -99,11 +99,11 @@ def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulCon
     split_k = plan["split_k"]
     out_dtype = x.dtype if split_k == 1 else jnp.float32
     if config.variant == "rows":  # one launch, [m, out] in x's dtype: nothing before or after it
-        return jt.triton_call(
+        return triton_call(
             x, *(w.planes[name] for name in plane_names), kernel=kernel,
             out_shape=jax.ShapeDtypeStruct((m, out), x.dtype), grid=plan["grid"],
             num_warps=config.num_warps, num_stages=config.num_stages, **plan["meta"])
-    y = jt.triton_call(
+    y = triton_call(
         x, *(w.planes[name] for name in plane_names),
         kernel=kernel,
         out_shape=jax.ShapeDtypeStruct((split_k, m, out), out_dtype),
