@@ -193,22 +193,23 @@ def _gathered_only(spec) -> set[str]:
 
 class StepClock:
     """When each engine device call finished, with the decode tokens it made and whether it held a prefill
-    chunk. Wraps the engine's executor.run and, where the engine runs several decode steps per call,
-    executor.run_ahead (both synchronous: they return once the sampled tokens are on the host)."""
+    chunk. Wraps the engine's executor.launch: a call is timed when its results reach the host (the
+    engine dispatches a call, then waits for it through the function launch returns)."""
 
     def __init__(self, engine):
         self.steps: list[tuple[float, int, bool]] = []
         executor = engine.executor
-        for method in ("run", "run_ahead"):
-            if hasattr(executor, method):
-                setattr(executor, method, self._timed(getattr(executor, method)))
+        executor.launch = self._timed(executor.launch)
 
-    def _timed(self, run):
-        def timed(plan, rows):
-            result = run(plan, rows)
-            steps = len(result) if isinstance(result, list) else 1  # run_ahead: one result per step
-            self.steps.append((time.perf_counter(), plan.num_decode * steps, plan.prefill is not None))
-            return result
+    def _timed(self, launch):
+        def timed(plan, rows, steps):
+            collect = launch(plan, rows, steps)
+
+            def timed_collect():
+                result = collect()
+                self.steps.append((time.perf_counter(), plan.num_decode * len(result), plan.prefill is not None))
+                return result
+            return timed_collect
         return timed
 
     def decode_after_prefill(self) -> tuple[int, float]:
