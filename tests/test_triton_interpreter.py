@@ -1,0 +1,19 @@
+"""The Triton kernels themselves (not their jnp emulations) on this CPU: Triton's interpreter runs each kernel
+of the h200 plans against its reference through the tools/check_* scripts (decode attention: 120 cases,
+prefill attention: 16, quantized GEMV split-K and row-tile variants). Each runs in its own process, because
+TRITON_INTERPRET must be set before the kernels are decorated. ~2 minutes on 2 cores."""
+
+import subprocess
+import sys
+
+import pytest
+
+CHECKS = [("check_attention_kernels", "interpret"), ("check_prefill_kernels", "interpret"),
+          ("check_quant_kernels", "interpret"), ("check_quant_kernels", "rows")]
+
+
+@pytest.mark.parametrize("tool, mode", CHECKS, ids=[f"{t}-{m}" for t, m in CHECKS])
+def test_triton_kernels_match_their_references_in_the_interpreter(tool, mode):
+    done = subprocess.run([sys.executable, "-m", f"ember.tools.{tool}", mode], capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]  # the tools exit 1 on any mismatch

@@ -1,0 +1,120 @@
+"""compiler/ops/triton_launch.py: every Triton kernel the h200 plans launch lowers, on this CPU machine, to
+XLA's native Triton custom call with its Triton IR, grid and launch knobs — what the H200 then compiles and
+runs (the kernels' numerics are checked there, tests/*_gpu.py, and in Triton's interpreter, tools/check_*)."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import triton
+import triton.language as tl
+
+from ember.compiler.ops.attention_gpu.decode import decode_launch_plan, paged_decode_attention
+from ember.compiler.ops.attention_gpu.prefill import launch_plan as prefill_launch_plan
+from ember.compiler.ops.attention_gpu.prefill import pick_config, prefill_attention
+from ember.compiler.ops.quant.config import QuantMatmulConfig, pick_config as pick_quant_config
+from ember.compiler.ops.quant.layout import pack, random_gguf_bytes
+from ember.compiler.ops.quant.matmul import launch_plan as quant_launch_plan
+from ember.compiler.ops.quant.matmul import triton_quant_matmul
+from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET, kernel_ttir, triton_call
+
+BF16 = jnp.bfloat16
+
+
+def _triton_calls(fn, *args) -> list[dict]:
+    """The XLA Triton custom calls of fn lowered for an NVIDIA GPU: name, grid, warps, stages, IR."""
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    calls = []
+    for line in text.splitlines():
+        if XLA_TRITON_TARGET not in line:
+            continue
+        field = lambda key: int(re.search(rf"{key} = (\d+) : i32", line).group(1))  # noqa: E731
+        calls.append({"name": re.search(r'name = "([^"]+)"', line).group(1),
+                      "grid": (field("grid_x"), field("grid_y"), field("grid_z")),
+                      "num_warps": field("num_warps"), "num_stages": field("num_stages"),
+                      "ir": re.search(r'ir = "(.*?)", name', line).group(1)})
+    return calls
+
+
+@pytest.mark.parametrize("rows, width", [(1, 2048), (8, 32), (256, 32)])
+def test_decode_attention_lowers_to_one_native_kernel(rows, width):
+    hq, hkv, dh, bs = 32, 8, 128, 16
+    q = jnp.zeros((rows, hq, dh), BF16)
+    pool = jnp.zeros((64, bs, hkv, dh), BF16)
+    tables = jnp.zeros((rows, width), jnp.int32)
+    lens = jnp.ones((rows,), jnp.int32)
+    calls = _triton_calls(lambda q, p, t, n: paged_decode_attention(q, p, p, t, n, n - 1, jnp.int32(0), scale=0.1,
+                                                                    backend="triton"), q, pool, tables, lens)
+    plan = decode_launch_plan(rows, hq, hkv, dh, bs, width, dot_fp32=False, scale=0.1)
+    assert len(calls) == 1
+    assert calls[0]["grid"] == plan["grid"]
+    assert calls[0]["name"] == ("paged_decode_kernel" if plan["splits"] == 1 else "paged_decode_partials_kernel")
+    assert "tt.func public @" + calls[0]["name"] in calls[0]["ir"].replace("\\22", '"')
+
+
+@pytest.mark.parametrize("dtype", [BF16, jnp.float32])
+def test_prefill_attention_lowers_to_one_native_kernel(dtype):
+    chunk, hq, hkv, dh, bs, width = 512, 32, 8, 128, 16, 64
+    q = jnp.zeros((chunk, hq, dh), dtype)
+    pool = jnp.zeros((width + 1, bs, hkv, dh), dtype)
+    calls = _triton_calls(lambda q, p, t, pos: prefill_attention(q, p, p, t, pos, jnp.int32(chunk), jnp.int32(0),
+                                                                 scale=0.1),
+                          q, pool, jnp.zeros((width,), jnp.int32), jnp.arange(chunk, dtype=jnp.int32))
+    plan = prefill_launch_plan(chunk, hq, hkv, dh, bs, width, scale=0.1, config=pick_config(dh, dtype))
+    assert [c["name"] for c in calls] == ["prefill_attention_kernel"]
+    assert calls[0]["grid"] == tuple(plan.grid) + (1,) * (3 - len(plan.grid))
+
+
+@pytest.mark.parametrize("fmt, rows, out, inner, variant", [
+    ("q4_k", 1, 1536, 1536, "split"), ("q4_k", 16, 8960, 1536, "split"), ("q6_k", 1, 1536, 8960, "split"),
+    ("q8_0", 4, 256, 1536, "split"), ("q4_k", 1, 4096, 14336, "rows"), ("q4_k", 3, 1536, 1536, "rows")])
+def test_quantized_gemv_lowers_to_native_kernels(fmt, rows, out, inner, variant):
+    weight = pack(random_gguf_bytes(np.random.default_rng(0), fmt, (out, inner)), fmt, (out, inner))
+    config = pick_quant_config(fmt, rows, out, inner)
+    if variant == "rows":
+        config = QuantMatmulConfig(variant="rows", block_n=32)
+    calls = _triton_calls(lambda x, w: triton_quant_matmul(x, w, config), jnp.zeros((rows, inner), BF16), weight)
+    plan = quant_launch_plan(fmt, rows, out, inner, config)
+    assert len(calls) == 1 and calls[0]["grid"] == tuple(plan["grid"])
+    assert (calls[0]["num_warps"], calls[0]["num_stages"]) == (config.num_warps, config.num_stages)
+
+
+@triton.jit
+def _scale_kernel(x_ptr, out_ptr, n, FACTOR: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) * FACTOR, mask=offsets < n)
+
+
+def test_plain_scalars_are_specialised_and_pointers_aligned():
+    ir, name = kernel_ttir(_scale_kernel, ("*fp32", "*fp32"), (("BLOCK", 128), ("FACTOR", 3.0), ("n", 1000)), 4, 3)
+    assert name == "_scale_kernel"
+    signature = re.search(r"tt.func public @_scale_kernel\((.*?)\) attributes", ir).group(1)
+    assert signature.count("!tt.ptr<f32>") == 2 and signature.count("tt.divisibility = 16") == 2
+    assert "i32" not in signature.replace("divisibility = 16 : i32", "")  # n is a constant, not an argument
+    assert "1000" in ir
+
+
+def test_arguments_that_do_not_fit_are_refused():
+    x = jnp.zeros((1000,), jnp.float32)
+    out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    call = lambda *arrays, **constants: jax.jit(  # noqa: E731
+        lambda *a: triton_call(*a, kernel=_scale_kernel, out_shape=out, grid=(8,), **constants)
+    ).trace(*arrays).lower(lowering_platforms=("cuda",))
+    with pytest.raises(TypeError, match="takes pointers"):
+        call(x, x, n=1000, FACTOR=2.0, BLOCK=128)  # one array too many
+    with pytest.raises(TypeError, match="no arguments"):
+        call(x, n=1000, FACTOR=2.0, BLOCK=128, SPEED=1)
+    with pytest.raises(ValueError, match="grid"):
+        jax.jit(lambda a: triton_call(a, kernel=_scale_kernel, out_shape=out, grid=(0,), n=1000, FACTOR=2.0,
+                                      BLOCK=128)).trace(x)
+
+
+def test_the_launch_switch_rejects_unknown_values(monkeypatch):
+    monkeypatch.setenv("EMBER_TRITON_LAUNCH", "cuda_graphs")
+    with pytest.raises(ValueError, match="EMBER_TRITON_LAUNCH"):
+        triton_call(jnp.zeros((4,)), kernel=_scale_kernel, out_shape=jax.ShapeDtypeStruct((4,), jnp.float32),
+                    grid=(1,), n=4, FACTOR=1.0, BLOCK=4)
