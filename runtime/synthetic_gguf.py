@@ -35,6 +35,7 @@ import re
 import zlib
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -46,9 +47,10 @@ from .dims import resolve
 from .loader.dequant import dequantize
 from .loader.gguf_reader import GGUFTensorInfo
 
-SCHEMES = ("q4_k_m",)
+SCHEMES = ("q4_k_m", "bf16")
 LAYER_ORDERS = ("numeric", "lexicographic")
 FILE_TYPE_Q4_K_M = 15  # general.file_type of a llama.cpp "Q4_K_M" file (LLAMA_FTYPE_MOSTLY_Q4_K_M)
+FILE_TYPES = {"q4_k_m": FILE_TYPE_Q4_K_M, "bf16": 32}  # LLAMA_FTYPE_MOSTLY_BF16
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 _RMS_SAMPLE_ROWS = 64
 # fp16 scale offsets inside a block, for the formats drawn here that have no device layout
@@ -98,6 +100,11 @@ def q4_k_m_types(shapes: dict[str, tuple[int, ...]], n_layers: int, *,
     return types
 
 
+def bf16_types(shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """A llama.cpp BF16 file's types: every matrix BF16, vectors and norms F32."""
+    return {name: "F32" if len(shape) < 2 or "_norm.weight" in name else "BF16" for name, shape in shapes.items()}
+
+
 class _ConfigView:
     """An HF config.json with no tensors: enough for `resolve` to compute the dimensions."""
 
@@ -105,12 +112,12 @@ class _ConfigView:
         self.config, self.generation_config, self.tensor_names = config, {}, ()
 
 
-def _metadata_and_shapes(spec: ModelSpec, config: dict, tied: bool | None):
+def _metadata_and_shapes(spec: ModelSpec, config: dict, tied: bool | None, scheme: str = "q4_k_m"):
     ckpt = Checkpoint(Path("<config>"), "hf", spec.hf_architectures[0], _hf=_ConfigView(config))
     dims = resolve(spec, ckpt).dims.as_dict()
     arch = spec.gguf_architecture
-    metadata = {"general.architecture": arch, "general.name": f"synthetic {spec.arch} Q4_K_M",
-                "general.file_type": FILE_TYPE_Q4_K_M}
+    metadata = {"general.architecture": arch, "general.name": f"synthetic {spec.arch} {scheme.upper()}",
+                "general.file_type": FILE_TYPES[scheme]}
     for name, source in spec.dims.items():
         if source.gguf and name in dims:
             key = source.gguf[0]
@@ -152,9 +159,9 @@ class _SyntheticGGUF:
             else:
                 values = noise / np.float32(np.sqrt(shape[-1]))
             return np.ascontiguousarray(values, "<f4").view(np.uint8).reshape(-1)
-        if type_name == "F16":
+        if type_name in ("F16", "BF16"):
             values = rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1]))
-            return values.astype("<f2").view(np.uint8).reshape(-1)
+            return values.astype("<f2" if type_name == "F16" else ml_dtypes.bfloat16).view(np.uint8).reshape(-1)
         fmt = type_name.lower()
         if fmt in FORMATS:
             raw = random_gguf_bytes(rng, fmt, shape, realistic=True)
@@ -210,8 +217,8 @@ def synthetic_gguf_checkpoint(spec: ModelSpec, config: dict, *, scheme: str = "q
     choice (ggml type names), e.g. to put a format a test needs at a given tensor."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown quantization scheme {scheme!r} (known: {', '.join(SCHEMES)})")
-    metadata, shapes, layers = _metadata_and_shapes(spec, config, tied)
-    chosen = q4_k_m_types(shapes, layers, layer_order=layer_order)
+    metadata, shapes, layers = _metadata_and_shapes(spec, config, tied, scheme)
+    chosen = q4_k_m_types(shapes, layers, layer_order=layer_order) if scheme == "q4_k_m" else bf16_types(shapes)
     for name, type_name in (types or {}).items():
         if name not in chosen:
             raise ValueError(f"type override for {name!r}: the model has no such tensor")

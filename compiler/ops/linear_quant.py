@@ -13,7 +13,7 @@ the (static) row count:
 
 Backend choice: the plan's calls carry no backend argument (generated code stays target-agnostic
 beyond the kernel names), and a plan is traced on the device it runs on, so `quant_backend()` reads
-that device at trace time: "triton" on a GPU (jax-triton importable), "reference" elsewhere (the CPU
+that device at trace time: "triton" on a GPU (Triton importable), "reference" elsewhere (the CPU
 tests, the cpu fallback). `use_quant_backend(name)` or EMBER_QUANT_BACKEND overrides it; jit caches
 traced code, so switch before a plan is first traced (or wrap it in a fresh function), never between
 calls of one jitted function.

@@ -10,8 +10,9 @@ batch (1 … 256), and kernel choices per op.
   `quantized_formats` (none by default: measured slower, see below) or EMBER_QUANTIZED_FORMATS.
 - the rest (norms, RoPE, activations, sampler) are the `jnp` references, fused by XLA.
 - 8 decode steps per device call when the engine can run ahead (runtime/lookahead.py).
-A jax-triton launch costs ~7-9 µs inside a step (tools/results/h200_launch_overhead.json), so kernels
-that replace several XLA ops pay; one per projection does not (README, H200 sections).
+Triton kernels launch as native XLA kernels (compiler/ops/triton_launch.py): ~4.5 µs for a small kernel
+inside a step, XLA's own fusions ~2.4 µs (tools/results/h200_launch_overhead_xla_triton.json), so a kernel
+pays where it does more than the ops it replaces, or replaces several.
 """
 
 from .cpu import CPU
@@ -21,7 +22,7 @@ H200 = Target(
     name="h200",
     description="NVIDIA H200 (sm_90): Triton attention and quantized GEMV kernels, XLA for the rest, bf16",
     kernels={**CPU.kernels,
-             # split-K decode and flash prefill over the paged pool, Triton through jax-triton
+             # split-K decode and flash prefill over the paged pool (Triton kernels, native XLA launches)
              "attention": "ember.compiler.ops.attention_gpu.paged:paged_attention",
              # weights kept GGUF-quantized: fused dequant GEMV for decode rows, dequant + XLA matmul above
              "linear": "ember.compiler.ops.linear_quant:linear",

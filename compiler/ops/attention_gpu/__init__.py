@@ -1,7 +1,7 @@
 """Attention kernels of the GPU targets, over the paged KV pool of compiler/ops/attention.py.
 
 decode_kernel.py  Triton split-K decode kernels (imports only triton: the CPU interpreter runs them)
-decode.py         paged_decode_attention: launch plan, jax-triton call, partial combine, jnp emulation
+decode.py         paged_decode_attention: launch plan, Triton launch, partial combine, jnp emulation
 paged.py          paged_attention: the h200 op entry (the reference's signature); prefill plugs in there
                   (attend_prefill_chunk)
 prefill*.py       the prefill chunk's flash-attention kernel and its jnp emulation

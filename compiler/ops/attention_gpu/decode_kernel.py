@@ -1,7 +1,7 @@
 """Triton kernels: split-K ("flash-decoding") attention of decode rows over the paged KV pool.
 
 Imports only triton, so Triton's CPU interpreter can run these kernels on numpy buffers
-(tools/check_attention_kernels.py); decode.py launches them through jax-triton.
+(tools/check_attention_kernels.py); decode.py launches them (as native XLA kernels, ../triton_launch.py).
 
 What one program computes. Grid (B, hkv, SPLITS): program (b, h, s) takes decode row b, KV head h and
 the s-th share of the row's visible tokens, and folds them into an online softmax for all G = hq / hkv

@@ -1,7 +1,7 @@
 """The h200 attention entry: same signature, pool layout and return value as the reference
 `attention.paged_attention`, with decode rows on the split-K Triton kernel (decode.py).
 
-  paged_attention           decode rows through the Triton kernel (NVIDIA GPU + jax-triton); traced for
+  paged_attention           decode rows through the Triton kernel (NVIDIA GPU + Triton); traced for
                             another backend, through the emulation
   paged_attention_emulated  decode rows through the jnp emulation of the same algorithm (runs anywhere:
                             what the CPU tests compare with the reference op)

@@ -2,7 +2,7 @@
 
 The reference (`attention.paged_attention`) gathers the sequence's whole table into [S = W * bs] keys
 and materialises fp32 scores [hkv, G, C, S]; at a 16k prefill that is gigabytes. Here:
-  prefill_attention           the Triton kernel (prefill_kernel.py) through jax-triton; NVIDIA GPUs only
+  prefill_attention           the Triton kernel (prefill_kernel.py), a native XLA kernel; NVIDIA GPUs only
   prefill_attention_emulated  the same tiling, tile ranges, masks and online softmax in plain jnp (any
                               backend): what the CPU property tests check against the reference
   launch_plan / pick_config   the static launch parameters; pure, testable anywhere

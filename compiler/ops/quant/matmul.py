@@ -1,7 +1,7 @@
 """quant_matmul: x [m, in] @ W.T for a quantized W [out, in], by a static backend.
 
 backend="reference"  the plain jnp reference (dequantize, then an fp32 matmul); runs anywhere
-backend="triton"     the Triton GEMV kernels (triton_kernels.py) through jax-triton; NVIDIA GPUs only
+backend="triton"     the Triton GEMV kernels (triton_kernels.py), native XLA kernels; NVIDIA GPUs only
 backend="mosaic"     reserved for a Pallas Mosaic GPU kernel (not written yet: raises)
 """
 
