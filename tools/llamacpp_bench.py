@@ -2,7 +2,7 @@
 device machine; the issue's peer figures come from this kind of run).
 
 1. builds llama-bench and llama-batched-bench from llama.cpp's source (a folder or a .tar.xz; the PyPI sdist
-   of llama-cpp-python 0.3.36 vendors it: `tools/llamacpp_source.md` says how it is trimmed to ~2 MB),
+   of llama-cpp-python 0.3.36 vendors it; tools/trim_llamacpp_source.sh trims it to ~2 MB),
    with CUDA for sm_90 when nvcc is on PATH, else for the CPU;
 2. writes each model as a GGUF file with tools/write_gguf.py (`synthetic:<shape>[-q4_k_m]`: the tensors,
    shapes and llama.cpp quantization types Ember's benchmark suite loads);
