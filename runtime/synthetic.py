@@ -7,6 +7,9 @@ biases near 0). Two ways to use it:
 
 - `synthetic_model(spec, config, target=...)` builds the plan's parameters directly on the device in
   the plan's activation dtype: an 8B bf16 model in seconds, with no float32 copy on the host.
+  `weight_format="fp8"` / `"fp8_block"` stores every layer's projections in FP8 instead (per-channel or
+  128 x 128 block scales, compiler/ops/quant/fp8.py; embedding and head stay in the activation dtype, as
+  in FP8 checkpoints), for targets whose projections take them.
 - `synthetic_checkpoint(spec, config)` is a Checkpoint for the normal loader (`load_model`): each
   tensor is drawn the same way and copied to the host as float32.
 
@@ -86,21 +89,31 @@ def synthetic_checkpoint(spec: ModelSpec, config: dict, seed: int = 0) -> Checkp
     return ckpt
 
 
-def synthetic_model(spec: ModelSpec, config: dict, *, target: str = "cpu", seed: int = 0):
-    """A Model whose parameters are drawn on the device, in the plan's activation dtype."""
+def synthetic_model(spec: ModelSpec, config: dict, *, target: str = "cpu", seed: int = 0,
+                    weight_format: str | None = None):
+    """A Model whose parameters are drawn on the device, in the plan's activation dtype (weight_format:
+    None, or one of FP8_FORMATS for the layers' projections)."""
+    from ..compiler.ops.quant.fp8 import FP8_FORMATS
+    from ..compiler.targets import get_target
     from .model import Model, enable_compilation_cache
     from .plans import load_plan
 
+    if weight_format is not None:
+        if weight_format not in FP8_FORMATS:
+            raise ValueError(f"unknown weight format {weight_format!r} (known: {', '.join(FP8_FORMATS)})")
+        if not get_target(target).kernels["linear"].endswith("linear_quant:linear"):
+            raise ValueError(f"target {target!r} has no FP8 projections (its linear op takes float arrays)")
     enable_compilation_cache()
     ckpt = synthetic_checkpoint(spec, config, seed)
     resolved = resolve(spec, ckpt)
     plan = load_plan(spec, target)
     dtype = jnp.dtype(plan.manifest["activation_dtype"])
-    params = _device_params(spec, plan.manifest, ckpt, resolved, dtype, seed)
+    params = _device_params(spec, plan.manifest, ckpt, resolved, dtype, seed, weight_format)
     return Model(spec, ckpt, resolved, plan, params, dtype)
 
 
-def _device_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved, dtype, seed: int):
+def _device_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved, dtype, seed: int,
+                   weight_format: str | None = None):
     """The plan's Params (runtime/weights.py's grouping) with every weight drawn on the device."""
     from .weights import Params, WeightLoader, layer_constant, place_constant
 
@@ -126,9 +139,16 @@ def _device_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved, 
             return jnp.concatenate([logical(prefix + part) for part in packed[name]], axis=0)
         return logical(prefix + name)
 
+    def layer_weight(name: str, layer: int):
+        value = build(name, layer)
+        if weight_format is None or value is None or value.ndim != 2:
+            return value
+        from ..compiler.ops.quant.fp8 import quantize_fp8
+        return quantize_fp8(value, blocked=weight_format == "fp8_block", dtype=str(dtype))
+
     layers = int(resolved.dims["layers"])
     globals_ = {name: build(name, None) for name in manifest["global_weights"]}
-    per_layer = [{name: build(name, i) for name in manifest["layer_weights"]} for i in range(layers)]
+    per_layer = [{name: layer_weight(name, i) for name in manifest["layer_weights"]} for i in range(layers)]
     constants = [{name: place_constant(layer_constant(spec, resolved, loader, const, i))
                   for name, const in manifest["layer_constants"].items()} for i in range(layers)]
     return Params(globals_, per_layer, constants)

@@ -81,28 +81,21 @@ SYNTHETIC_SHAPES = {
 }
 # `<shape>-<format>`: weights in a quantized checkpoint layout (random values, the real block layout), made by
 # ember.runtime.synthetic_gguf; without a suffix, float weights in the target's activation dtype.
-QUANTIZED_FORMATS = ("q4_k_m",)
-UNSUPPORTED_FORMATS = {"fp8": "not measured (no FP8 path yet)"}
+# `-fp8` / `-fp8_block`: the layers' projections in FP8 e4m3 with per-channel / 128 x 128 block scales
+# (compiler/ops/quant/fp8.py), drawn by ember.runtime.synthetic on targets whose projections take them.
+QUANTIZED_FORMATS = ("q4_k_m", "fp8", "fp8_block")
 
 
 def parse_synthetic(name: str) -> tuple[str, str | None]:
     """'synthetic:llama3-8b-q4_k_m' -> ('llama3-8b', 'q4_k_m'); 'synthetic:llama3-8b' -> ('llama3-8b', None)."""
     rest = name[len(SYNTHETIC_PREFIX):] if name.startswith(SYNTHETIC_PREFIX) else name
-    for fmt in (*QUANTIZED_FORMATS, *UNSUPPORTED_FORMATS):
+    for fmt in QUANTIZED_FORMATS:
         if rest.endswith(f"-{fmt}") and rest[:-len(fmt) - 1] in SYNTHETIC_SHAPES:
             return rest[:-len(fmt) - 1], fmt
     if rest not in SYNTHETIC_SHAPES:
         known = [*SYNTHETIC_SHAPES, *(f"{s}-{f}" for s in SYNTHETIC_SHAPES for f in QUANTIZED_FORMATS)]
         raise ValueError(f"unknown synthetic shape {rest!r} (known: {', '.join(known)})")
     return rest, None
-
-
-def unsupported_reason(model_name: str) -> str | None:
-    """Why a model cannot be measured at all in this tree (e.g. FP8), or None."""
-    if not model_name.startswith(SYNTHETIC_PREFIX):
-        return None
-    _, fmt = parse_synthetic(model_name)
-    return UNSUPPORTED_FORMATS.get(fmt)
 
 
 def _synthetic_model(name: str, target: str, tokenizer_dir: str | None):
@@ -112,14 +105,12 @@ def _synthetic_model(name: str, target: str, tokenizer_dir: str | None):
     from ..runtime.synthetic import synthetic_model
 
     shape, fmt = parse_synthetic(name)
-    if fmt in UNSUPPORTED_FORMATS:
-        raise ValueError(f"{name}: {UNSUPPORTED_FORMATS[fmt]}")
     if tokenizer_dir is None:
         raise ValueError("a synthetic model needs --tokenizer DIR (an HF folder with tokenizer.json)")
     arch, config = SYNTHETIC_SHAPES[shape]
     spec = spec_for_arch(arch)
-    if fmt is None:
-        model = synthetic_model(spec, config, target=target)
+    if fmt is None or fmt.startswith("fp8"):
+        model = synthetic_model(spec, config, target=target, weight_format=fmt)
     else:
         try:
             from ..runtime.synthetic_gguf import synthetic_gguf_checkpoint

@@ -171,13 +171,6 @@ def _model_rows(name: str, entry: dict) -> list[list[str]]:
     return rows
 
 
-def _not_measured_rows(name: str, reason: str) -> list[list[str]]:
-    rows = [["(all figures)", reason, "", "", "", "", ""]]
-    for figure, at, op, goal in ISSUE_TARGETS.get(name, []):
-        rows.append([_label(figure, at), "not measured", "", "", f"{op} {goal}", "—", _peers(name, figure, at)])
-    return rows
-
-
 def markdown(result: dict) -> str:
     bandwidth = result.get("bandwidth", {})
     machine = result.get("machine") or {}
@@ -199,18 +192,15 @@ def markdown(result: dict) -> str:
     header = ["figure", "value", "roofline fraction", "vs HF (ember/HF)", "issue target", "met", "issue's peers"]
     for name, entry in result.get("models", {}).items():
         lines += [f"## {name}", ""]
-        if entry.get("status") == "not measured":
-            rows = _not_measured_rows(name, entry.get("reason", "not measured"))
-        else:
-            if "error" in entry:
-                lines += [f"{_error(entry)}", ""]
-            if "weight_bytes_per_step" in entry:
-                lines += [f"{entry.get('arch')} from a {entry.get('checkpoint_format')} checkpoint; "
-                          f"{entry['weight_bytes_per_step'] / 1e9:.2f} GB of weights read per decode step "
-                          f"(device weights by dtype: {_bytes_by_dtype(entry.get('weight_bytes_by_dtype', {}))}); "
-                          f"KV {entry.get('kv_dtype')}; loaded in {entry.get('load_s')} s.", ""]
-            lines += _engine_lines(entry)
-            rows = _model_rows(name, entry)
+        if "error" in entry:
+            lines += [f"{_error(entry)}", ""]
+        if "weight_bytes_per_step" in entry:
+            lines += [f"{entry.get('arch')} from a {entry.get('checkpoint_format')} checkpoint; "
+                      f"{entry['weight_bytes_per_step'] / 1e9:.2f} GB of weights read per decode step "
+                      f"(device weights by dtype: {_bytes_by_dtype(entry.get('weight_bytes_by_dtype', {}))}); "
+                      f"KV {entry.get('kv_dtype')}; loaded in {entry.get('load_s')} s.", ""]
+        lines += _engine_lines(entry)
+        rows = _model_rows(name, entry)
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(r) + " |" for r in rows] + [""]
     for shape, hf in result.get("hf", {}).items():

@@ -38,7 +38,7 @@ import numpy as np
 
 from .bench import (SYNTHETIC_PREFIX, SYNTHETIC_SHAPES, StepClock, _commit, _run_concurrent, apply_rooflines,
                     kv_bytes_read, load_bench_model, model_facts, parse_synthetic, single_request,
-                    unsupported_reason, weight_bytes_per_step)
+                    weight_bytes_per_step)
 
 DEFAULT_MODELS = ("synthetic:qwen2.5-1.5b-q4_k_m", "synthetic:llama3-8b", "synthetic:llama3-8b-q4_k_m",
                   "synthetic:llama3-8b-fp8")
@@ -143,10 +143,6 @@ class Suite:
                 self.guarded(f"hf {shape}", self.result["hf"].setdefault(shape, {}), self.run_hf, shape)
         for name in self.models:
             self.result["models"][name] = entry = {}
-            reason = unsupported_reason(name)
-            if reason is not None:
-                entry.update(status="not measured", reason=reason)
-                continue
             self.run_model(name, entry)
             gc.collect()
         try:  # again at the end: how steady the device was over the run
@@ -357,7 +353,7 @@ class Suite:
 
 def _hf_shape(model_name: str) -> str | None:
     """The synthetic shape HF transformers runs for a model (bf16 whatever the model's format), if any."""
-    if not model_name.startswith(SYNTHETIC_PREFIX) or unsupported_reason(model_name):
+    if not model_name.startswith(SYNTHETIC_PREFIX):
         return None
     return parse_synthetic(model_name)[0]
 

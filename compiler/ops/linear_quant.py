@@ -10,6 +10,7 @@ the (static) row count:
                          dequantize to the activation dtype, then the reference XLA matmul (prefill,
                          mixed steps): compute-bound, so the one-off dequantization is amortised
   WeightGroup            one of the above per part (parts of different formats), outputs side by side
+  Fp8Weight              fp8_linear (quant/fp8.py): written for XLA to fuse the fp8 operand into its GEMM
 
 Backend choice: the plan's calls carry no backend argument (generated code stays target-agnostic
 beyond the kernel names), and a plan is traced on the device it runs on, so `quant_backend()` reads
@@ -35,6 +36,7 @@ import jax.numpy as jnp
 
 from . import embedding as embedding_ref
 from . import linear as linear_ref
+from .quant.fp8 import Fp8Weight, fp8_linear, fp8_rows
 from .quant.layout import QuantizedWeight, WeightGroup
 from .quant.matmul import BACKENDS, quant_matmul
 from .quant.ref import dequantize
@@ -69,7 +71,9 @@ def use_quant_backend(name: str | None) -> Iterator[None]:
 
 
 def _matmul(x, w):
-    # x [N, k] @ part.T -> [N, out]; w a QuantizedWeight or a float [out, k] array
+    # x [N, k] @ part.T -> [N, out]; w a QuantizedWeight, an Fp8Weight or a float [out, k] array
+    if isinstance(w, Fp8Weight):
+        return fp8_linear(x, w)
     if not isinstance(w, QuantizedWeight):
         return linear_ref.linear(x, w)
     if x.shape[0] <= GEMV_MAX_ROWS:
@@ -85,7 +89,7 @@ def linear(x, weight, bias=None):
     # x [N, k], weight [n, k] (array, QuantizedWeight or WeightGroup) -> [N, n]
     if isinstance(weight, WeightGroup):
         y = jnp.concatenate([_matmul(x, part) for part in weight.parts], axis=-1)
-    elif isinstance(weight, QuantizedWeight):
+    elif isinstance(weight, (QuantizedWeight, Fp8Weight)):
         y = _matmul(x, weight)
     else:
         return linear_ref.linear(x, weight, bias)
@@ -100,7 +104,7 @@ def linear_split(x, weight, bias=None, *, sizes):
             return tuple(outs)
         biases = _split(bias, sizes)
         return tuple(_add_bias(y, b) for y, b in zip(outs, biases))
-    if not isinstance(weight, (WeightGroup, QuantizedWeight)):
+    if not isinstance(weight, (WeightGroup, QuantizedWeight, Fp8Weight)):
         return linear_ref.linear_split(x, weight, bias, sizes=sizes)
     return _split(linear(x, weight, bias), sizes)
 
@@ -114,7 +118,9 @@ def _split(y, sizes):
 
 
 def embedding(ids, table):
-    # ids [N] int32, table [vocab, d] (array or QuantizedWeight) -> [N, d]
+    # ids [N] int32, table [vocab, d] (array, QuantizedWeight or Fp8Weight) -> [N, d]
+    if isinstance(table, Fp8Weight):
+        return fp8_rows(table, ids)
     if not isinstance(table, QuantizedWeight):
         return embedding_ref.embedding(ids, table)
     rows = QuantizedWeight({name: jnp.take(plane, ids, axis=1) for name, plane in table.planes.items()},
