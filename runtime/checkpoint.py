@@ -51,6 +51,18 @@ class Checkpoint:
         """float32 [numpy shape] of a tensor by its name in this checkpoint."""
         return (self._gguf or self._hf).load(name)
 
+    def storage_dtype(self, name: str) -> str | None:
+        """An HF tensor's safetensors dtype ("BF16", "F8_E4M3", ...); None for GGUF checkpoints (ggml_type)."""
+        if self._hf is None or not hasattr(self._hf, "entry"):
+            return None
+        return self._hf.entry(name).dtype
+
+    def load_fp8(self, name: str) -> np.ndarray:
+        """An HF F8_E4M3 tensor's values, unscaled (float8_e4m3fn)."""
+        if self._hf is None:
+            raise CheckpointError(self.path, f"tensor {name!r}: FP8 tensors exist only in HF checkpoints here")
+        return self._hf.load_fp8(name)
+
     def ggml_type(self, name: str) -> int | None:
         """The GGUF storage type id of a tensor (12 = Q4_K, ...); None for HF checkpoints."""
         return self._gguf.tensors[name].ggml_type if self._gguf is not None else None

@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 
 from ..compiler.batch import StepBatch
-from ..compiler.ops.quant.layout import FORMATS
 from ..compiler.spec import ModelSpec, all_specs
 from ..compiler.targets import Target, get_target
 from .checkpoint import Checkpoint, open_checkpoint
@@ -20,7 +19,7 @@ from .dims import Dims, ResolvedModel, resolve
 from .loader.errors import CheckpointError
 from .plans import GENERATED_DIR, LoadedPlan, load_plan
 from .state_kinds import PagedKind, layer_state_kinds, paged_kinds
-from .weights import Params, device_placer, load_params
+from .weights import KEPT_FORMATS, Params, device_placer, load_params
 
 
 @dataclass
@@ -96,17 +95,18 @@ def enable_compilation_cache() -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
-QUANTIZED_FORMATS_ENV = "EMBER_QUANTIZED_FORMATS"  # e.g. "q4_k,q6_k,q8_0"; "none" = dequantize everything
+QUANTIZED_FORMATS_ENV = "EMBER_QUANTIZED_FORMATS"  # e.g. "q4_k,q6_k,q8_0,fp8"; "none" = dequantize everything
 
 
 def _quantized_formats(target: str | Target) -> tuple[str, ...]:
-    """GGUF formats kept packed on the device: EMBER_QUANTIZED_FORMATS if set, else the target's choice."""
+    """Formats kept packed on the device (GGUF blocks, HF FP8): EMBER_QUANTIZED_FORMATS if set, else the target's."""
     override = os.environ.get(QUANTIZED_FORMATS_ENV)
     if override is not None:
         formats = tuple(f.strip().lower() for f in override.split(",") if f.strip() and f.strip().lower() != "none")
-        unknown = [f for f in formats if f not in FORMATS]
+        unknown = [f for f in formats if f not in KEPT_FORMATS]
         if unknown:
-            raise ValueError(f"{QUANTIZED_FORMATS_ENV}: unknown format(s) {unknown} (known: {', '.join(FORMATS)})")
+            raise ValueError(f"{QUANTIZED_FORMATS_ENV}: unknown format(s) {unknown} "
+                             f"(known: {', '.join(KEPT_FORMATS)})")
         return formats
     if isinstance(target, Target):
         return target.quantized_formats

@@ -9,8 +9,9 @@ A target may keep GGUF formats packed on the device (`Target.quantized_formats`)
 fetched as its raw blocks (row transforms like unpermute_rotary move whole block rows: each row of a
 GGUF matrix is whole blocks) and repacked into a `QuantizedWeight` (compiler/ops/quant/layout.py).
 Packed parallel linears (q/k/v, gate/up) of one format are one QuantizedWeight over the concatenated
-rows; parts of different formats (Q4_K q/k beside a Q6_K v) stay apart in a `WeightGroup`. Every other tensor
-(norms, biases, formats not kept, HF checkpoints) is float as before.
+rows; parts of different formats (Q4_K q/k beside a Q6_K v) stay apart in a `WeightGroup`. FP8 matrices
+of HF checkpoints (runtime/fp8_checkpoint.py) are kept the same way when the target keeps "fp8", as an
+`Fp8Weight`, and dequantized otherwise. Every other tensor (norms, biases, formats not kept) is float.
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..compiler.expr import evaluate
+from ..compiler.ops.quant.fp8 import BLOCK, Fp8Weight
 from ..compiler.ops.quant.layout import FORMATS, GGML_TYPE_FORMATS, QuantizedWeight, WeightGroup, pack
 from ..compiler.spec import ModelSpec
 from ..compiler.weight_transforms import apply_transform, parse_transform
 from .checkpoint import Checkpoint
 from .dims import ResolvedModel, kind_field
+from .fp8_checkpoint import HostFp8, concat_rows, is_fp8, read_fp8
 from .loader.errors import CheckpointError
+
+KEPT_FORMATS = (*FORMATS, "fp8")  # what Target.quantized_formats may name
 
 LAYER_PREFIX = "blk.{i}."
 
@@ -62,9 +67,9 @@ class WeightLoader:
                  keep_formats: tuple[str, ...] = ()):
         self.spec, self.ckpt, self.resolved = spec, ckpt, resolved
         self.dims = resolved.dims.as_dict()
-        unknown = set(keep_formats) - set(FORMATS)
+        unknown = set(keep_formats) - set(KEPT_FORMATS)
         if unknown:
-            raise ValueError(f"no device layout for {sorted(unknown)} (known: {', '.join(FORMATS)})")
+            raise ValueError(f"no device layout for {sorted(unknown)} (known: {', '.join(KEPT_FORMATS)})")
         self.keep_formats = frozenset(keep_formats)
 
     def template(self, logical: str) -> tuple[str, int | None]:
@@ -106,7 +111,7 @@ class WeightLoader:
         if found is None:
             return None
         name, transform, expected, entry = found
-        tensor = self.ckpt.load(name)
+        tensor = read_fp8(self.ckpt, name).dequantized() if is_fp8(self.ckpt, name) else self.ckpt.load(name)
         self._check_shape(name, tensor.shape, expected, entry)
         if transform:
             tensor = apply_transform(transform, tensor, self.dims)
@@ -132,10 +137,25 @@ class WeightLoader:
             blocks = apply_transform(transform, blocks, self.dims)
         return RawWeight(np.ascontiguousarray(blocks), fmt, expected)
 
-    def fetch_kept(self, logical: str) -> RawWeight | np.ndarray | None:
-        """fetch_raw where the format is kept, else fetch (float32)."""
-        raw = self.fetch_raw(logical)
-        return raw if raw is not None else self.fetch(logical)
+    def fetch_fp8(self, logical: str) -> HostFp8 | None:
+        """The weight's FP8 values and scales when it is stored in FP8, the target keeps "fp8", no transform
+        changes it and (128-block scales) its rows fill whole blocks; else None (fetch dequantizes it)."""
+        if "fp8" not in self.keep_formats or self.ckpt.format != "hf":
+            return None
+        found = self.locate(logical)
+        if found is None or found[1] or not is_fp8(self.ckpt, found[0]):
+            return None
+        name, _, expected, entry = found
+        self._check_shape(name, self.ckpt.tensor_shape(name), expected, entry)
+        weight = read_fp8(self.ckpt, name)
+        return None if weight.blocked and expected[0] % BLOCK else weight
+
+    def fetch_kept(self, logical: str) -> RawWeight | HostFp8 | np.ndarray | None:
+        """fetch_raw / fetch_fp8 where the format is kept, else fetch (float32)."""
+        kept = self.fetch_raw(logical)
+        if kept is None:
+            kept = self.fetch_fp8(logical)
+        return kept if kept is not None else self.fetch(logical)
 
 
 def load_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved: ResolvedModel,
@@ -147,7 +167,7 @@ def load_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved: Res
     packed = manifest["packed_weights"]
     layers = int(resolved.dims["layers"])
 
-    def build(name: str, layer: int | None) -> np.ndarray | QuantizedWeight | WeightGroup | None:
+    def build(name: str, layer: int | None) -> np.ndarray | QuantizedWeight | HostFp8 | WeightGroup | None:
         prefix = "" if layer is None else f"blk.{layer}."
         if name in packed:
             return _combine([loader.fetch_kept(prefix + part) for part in packed[name]])
@@ -175,12 +195,14 @@ def _combine(parts: list) -> np.ndarray | QuantizedWeight | WeightGroup:
     kinds that differ stay apart in a WeightGroup."""
     runs: list[tuple[str | None, list]] = []  # (format, or None for float; consecutive parts)
     for part in parts:
-        kind = part.format if isinstance(part, RawWeight) else None
+        kind = (part.format if isinstance(part, RawWeight) else
+                ("fp8_block" if part.blocked else "fp8") if isinstance(part, HostFp8) else None)
         if runs and runs[-1][0] == kind:
             runs[-1][1].append(part)
         else:
             runs.append((kind, [part]))
     merged = [np.concatenate(items, axis=0) if kind is None else
+              concat_rows(items) if kind.startswith("fp8") else
               RawWeight(np.concatenate([r.blocks for r in items]), kind,
                         (sum(r.shape[0] for r in items), items[0].shape[1])).packed()
               for kind, items in runs]
@@ -193,6 +215,8 @@ def device_placer(dtype) -> Callable[[Any], Any]:
     name = np.dtype(dtype).name
 
     def place(value):
+        if isinstance(value, HostFp8):
+            return Fp8Weight(jnp.asarray(value.values), jnp.asarray(value.scale, jnp.float32), name)
         if isinstance(value, QuantizedWeight):
             return value._replace(planes={k: jax.device_put(p) for k, p in value.planes.items()}, dtype=name)
         if isinstance(value, WeightGroup):

@@ -150,9 +150,10 @@ def test_the_environment_chooses_which_formats_stay_quantized(monkeypatch):
     from ember.runtime.model import QUANTIZED_FORMATS_ENV, _quantized_formats
 
     monkeypatch.delenv(QUANTIZED_FORMATS_ENV, raising=False)
-    assert _quantized_formats("h200") == ()  # the h200 default: dequantize to bf16 (measured faster)
-    monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "Q4_K, q6_k")
-    assert _quantized_formats("h200") == ("q4_k", "q6_k")
+    # the h200 default: FP8 stays FP8, GGUF blocks are dequantized to bf16 (measured faster)
+    assert _quantized_formats("h200") == ("fp8",)
+    monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "Q4_K, q6_k, fp8")
+    assert _quantized_formats("h200") == ("q4_k", "q6_k", "fp8")
     monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "none")
     assert _quantized_formats("h200") == ()
     monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "q5_9")

@@ -44,7 +44,7 @@ QWEN_1_5B = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536, "num_hi
 
 def _quant_target(tmp_path_factory):
     h200 = get_target("h200")
-    if h200.quantized_formats and h200.kernels["linear"].startswith(QUANT):
+    if {"q4_k", "q6_k", "q8_0"} <= set(h200.quantized_formats) and h200.kernels["linear"].startswith(QUANT):
         return h200, GENERATED_DIR
     local = dataclasses.replace(
         h200, name="h200_quant", quantized_formats=("q4_k", "q6_k", "q8_0"),

@@ -21,8 +21,8 @@ class Target:
     activation_dtype: str = "float32"
     decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
-    # GGUF formats whose weights stay packed on the device (compiler/ops/quant layouts: "q4_k", "q6_k",
-    # "q8_0"); every other tensor is dequantized at load to the activation dtype. () = dequantize all.
+    # Formats whose weights stay packed on the device (compiler/ops/quant layouts: "q4_k", "q6_k", "q8_0" of GGUF
+    # files; "fp8" of HF FP8 checkpoints); every other tensor is dequantized at load to the activation dtype.
     quantized_formats: tuple[str, ...] = ()
     # decode steps per device call when the engine may run ahead (runtime/lookahead.py): where the host's
     # per-call work is large next to a step (a GPU), several steps share it

@@ -6,8 +6,9 @@ batch (1 … 256), and kernel choices per op.
   batch-invariant reference.
 - projections and the embedding: compiler/ops/linear_quant.py, which runs plain (bf16) weights through the
   reference ops and weights kept GGUF-quantized (Q4_K / Q6_K / Q8_0) through the Triton dequant GEMV for
-  decode-sized row counts, dequantize + XLA matmul for prefill. Which weights stay quantized is
-  `quantized_formats` (none by default: measured slower, see below) or EMBER_QUANTIZED_FORMATS.
+  decode-sized row counts, dequantize + XLA matmul for prefill; FP8 weights (HF FP8 checkpoints, synthetic
+  `-fp8` models) through quant/fp8.py. Which weights stay quantized is `quantized_formats` (FP8 by default;
+  GGUF blocks not: measured slower, see below) or EMBER_QUANTIZED_FORMATS.
 - the rest (norms, RoPE, activations, sampler) are the `jnp` references, fused by XLA.
 - 8 decode steps per device call when the engine can run ahead (runtime/lookahead.py).
 Triton kernels launch as native XLA kernels (compiler/ops/triton_launch.py): ~4.5 µs for a small kernel
@@ -34,7 +35,8 @@ H200 = Target(
     # launch per projection) decoded the 1.5B-parameter Q4_K_M benchmark shape at 184-234 tok/s batch 1 vs 444 for bf16
     # (tools/results/bench_suite/, h200_step_profile_decode_steps8.json). EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0
     # keeps them packed (the kernels below take either form).
-    quantized_formats=(),
+    # HF FP8 checkpoints stay FP8 (compiler/ops/quant/fp8.py: XLA fuses the fp8 operand into its GEMM)
+    quantized_formats=("fp8",),
     decode_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     prefill_buckets=(16, 64, 256, 512, 1024, 2048, 4096),
     # 8 steps per call: the batch-1 engine went from 282 to 444 tok/s, device-bound (profile_step, b5407f0+)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from ember.runtime.loader.errors import CheckpointError
@@ -188,6 +189,17 @@ class HFCheckpoint:
         else:
             values = data.view({"F32": "<f4", "F16": "<f2", "F64": "<f8"}[entry.dtype]).astype(np.float32)
         return values.reshape(entry.shape)
+
+    def load_fp8(self, name: str) -> np.ndarray:
+        """An F8_E4M3 tensor's stored values (float8_e4m3fn, a copy), unscaled: runtime/fp8_checkpoint.py pairs
+        them with their scales."""
+        header, entry = self._locations.get(name, (None, None))
+        if header is None or entry is None:
+            raise CheckpointError(self.path, f"no tensor named {name!r}")
+        if entry.dtype != "F8_E4M3":
+            raise CheckpointError(header.path, f"tensor {name!r} has dtype {entry.dtype}, not F8_E4M3")
+        data = np.frombuffer(self._map(header), np.uint8, entry.end - entry.begin, entry.begin)
+        return data.view(ml_dtypes.float8_e4m3fn).reshape(entry.shape).copy()
 
     def close(self) -> None:
         """Release the shard memory maps (a later load() maps them again)."""
