@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# What Ember runs on the H200 device machine (the `device` tool: the working tree is the current folder,
+# results go to $OUT; each call at most 10 minutes). One section per call:
+#   tools/h200_run.sh tests      GPU kernel + engine tests (hypothesis statistics), JAX on cuda and cpu
+#   tools/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16, FP8 (per-channel), Q4_K_M kept quantized
+#   tools/h200_run.sh suite-1.5b bench suite, Qwen2.5-1.5B Q4_K_M kept quantized
+#   tools/h200_run.sh llamacpp   llama.cpp built from .whl/llama.cpp-trimmed.tar.xz, same layouts
+#   tools/h200_run.sh hf         HF transformers (static cache + torch.compile), batch 1 and 32
+# COMMIT=<sha> names the commit the figures belong to (the copy's git metadata is stale).
+set -uo pipefail
+section=${1:?usage: $0 tests|suite-8b|suite-1.5b|llamacpp|hf}
+commit=${COMMIT:-unknown}
+out=${OUT:?OUT must be set}
+# Ember from source on the image's own packages; wheels the image lacks (gguf, llguidance) from .whl/
+mkdir -p /tmp/site /tmp/pkg/ember
+pip install -q --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
+for d in compiler runtime tools specs generated server; do ln -sfn "$PWD/$d" "/tmp/pkg/ember/$d"; done
+export PYTHONPATH=/tmp/site:/tmp/pkg PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
+suite() {  # suite OUTDIR DEADLINE_S MODEL... (extra flags in SUITE_FLAGS)
+    local dir=$1 deadline=$2; shift 2
+    timeout $((deadline + 30)) python3 -m ember.tools.cli bench --suite --target h200 --tokenizer .gpu/tok \
+        --out "$out/$dir" --commit "$commit" --models "$@" --lazy-compile --deadline-s "$deadline" \
+        ${SUITE_FLAGS:-} > "$out/$dir.log" 2>&1
+    grep -h "decode\|prefill\|TTFT\|error" "$out/$dir/bench.md" 2>/dev/null | head -40
+}
+case $section in
+tests)
+    export JAX_PLATFORMS=cuda,cpu  # the agreement test compares with the cpu target on the CPU backend
+    timeout 330 python -m pytest -q -m gpu tests/test_attention_gpu.py tests/test_attention_prefill_gpu.py \
+        tests/test_quant_matmul_gpu.py -p no:cacheprovider --hypothesis-show-statistics > "$out/gpu_kernel_tests.log" 2>&1
+    timeout 240 python -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_quant_model_gpu.py \
+        -p no:cacheprovider > "$out/gpu_engine_tests.log" 2>&1
+    tail -n 5 "$out"/gpu_*.log ;;
+suite-8b)
+    SUITE_FLAGS="--no-hf --sections context prefill concurrency ttft --concurrency 1 8 32 128 256" \
+        suite suite8b 330 synthetic:llama3-8b-fp8
+    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context prefill concurrency --concurrency 1 32 128" \
+        suite suite8b-q4 200 synthetic:llama3-8b-q4_k_m ;;
+suite-1.5b)
+    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context prefill concurrency ttft startup --concurrency 1 8 32 128 256" \
+        suite suite15 540 synthetic:qwen2.5-1.5b-q4_k_m ;;
+llamacpp)
+    timeout 560 python3 -m ember.tools.llamacpp_bench --src .whl/llama.cpp-trimmed.tar.xz --tokenizer .gpu/tok \
+        --models synthetic:qwen2.5-1.5b-q4_k_m synthetic:llama3-8b synthetic:llama3-8b-q4_k_m \
+        --out "$out/llamacpp" --commit "$commit" > "$out/llamacpp.log" 2>&1
+    cat "$out/llamacpp/llamacpp.md" 2>/dev/null || tail -n 20 "$out/llamacpp.log" ;;
+hf)
+    SUITE_FLAGS="--sections hf" suite suite-hf 520 synthetic:llama3-8b synthetic:qwen2.5-1.5b-q4_k_m ;;
+*)
+    echo "unknown section $section" >&2; exit 2 ;;
+esac
