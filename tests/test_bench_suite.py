@@ -54,6 +54,9 @@ def test_the_suite_writes_every_section_for_the_tiny_model(suite):
         assert all("error" not in r for r in entry[section]["runs"]), entry[section]
     assert entry["context"]["runs"][0]["decode_tokens"] == 4  # N decode steps after the prompt's prefill
     assert entry["concurrency"]["runs"][1]["steady_decode_tokens"] > 0
+    run = entry["concurrency"]["runs"][1]
+    assert 0 < run["mean_decode_rows"] <= 2 and run["steady_decode_steps"] * run["mean_decode_rows"] == \
+        pytest.approx(run["steady_decode_tokens"], abs=run["steady_decode_steps"] * 0.05)
     # FP8 projections need a target whose linear op takes them (h200): on cpu the model fails to load, and says why
     assert "no FP8 projections" in json.dumps(saved["models"]["synthetic:llama3-8b-fp8"])
 

@@ -183,12 +183,12 @@ def _gathered_only(spec) -> set[str]:
 # ---- measuring helpers of the suite (tools/bench_suite.py) ------------------------------------------------
 
 class StepClock:
-    """When each engine device call finished, with the decode tokens it made and whether it held a prefill
-    chunk. Wraps the engine's executor.launch: a call is timed when its results reach the host (the
-    engine dispatches a call, then waits for it through the function launch returns)."""
+    """When each engine device call finished, with the decode tokens it made, its decode steps and whether
+    it held a prefill chunk. Wraps the engine's executor.launch: a call is timed when its results reach the
+    host (the engine dispatches a call, then waits for it through the function launch returns)."""
 
     def __init__(self, engine):
-        self.steps: list[tuple[float, int, bool]] = []
+        self.steps: list[tuple[float, int, int, bool]] = []  # (finished at, decode tokens, steps, prefill?)
         executor = engine.executor
         executor.launch = self._timed(executor.launch)
 
@@ -198,18 +198,20 @@ class StepClock:
 
             def timed_collect():
                 result = collect()
-                self.steps.append((time.perf_counter(), plan.num_decode * len(result), plan.prefill is not None))
+                self.steps.append((time.perf_counter(), plan.num_decode * len(result), len(result),
+                                   plan.prefill is not None))
                 return result
             return timed_collect
         return timed
 
-    def decode_after_prefill(self) -> tuple[int, float]:
-        """(tokens of the decode-only steps after the last prefill step, their time in seconds)."""
-        last_prefill = max((t for t, _, pre in self.steps if pre), default=None)
-        decodes = [(t, n) for t, n, pre in self.steps if not pre and (last_prefill is None or t > last_prefill)]
+    def decode_after_prefill(self) -> tuple[int, float, int]:
+        """(tokens of the decode-only steps after the last prefill step, their time in seconds, how many
+        steps): tokens / steps is the mean batch those steps ran."""
+        last_prefill = max((t for t, _, _, pre in self.steps if pre), default=None)
+        decodes = [(t, n, k) for t, n, k, pre in self.steps if not pre and (last_prefill is None or t > last_prefill)]
         if last_prefill is None or not decodes:
-            return 0, 0.0
-        return sum(n for _, n in decodes), decodes[-1][0] - last_prefill
+            return 0, 0.0, 0
+        return sum(n for _, n, _ in decodes), decodes[-1][0] - last_prefill, sum(k for _, _, k in decodes)
 
 
 def single_request(engine, prompt: list[int], max_tokens: int):

@@ -275,7 +275,7 @@ class Suite:
             def one(row: dict, ctx: int) -> None:
                 clock.steps.clear()
                 usage = single_request(engine, rng.integers(0, int(model.dims.vocab), ctx).tolist(), n + 1)
-                tokens, seconds = clock.decode_after_prefill()
+                tokens, seconds, _ = clock.decode_after_prefill()
                 rate = tokens / seconds
                 row.update(decode_tokens=tokens, decode_tokens_per_s=round(rate, 2), ms_per_token=round(1e3 / rate, 3),
                            ttft_s=round(usage.ttft_s, 3), decode_rows=1,
@@ -315,10 +315,12 @@ class Suite:
                 clock.steps.clear()
                 row.update(_run_concurrent(engine, [rng.integers(0, vocab, c.prompt_tokens).tolist()
                                                     for _ in range(conc)], c.output_tokens))
-                tokens, seconds = clock.decode_after_prefill()
+                tokens, seconds, steps = clock.decode_after_prefill()
                 row["decode_tokens_per_s_stream"] = row.pop("decode_tokens_per_s")  # bench.py's definition
                 rate = tokens / seconds if seconds > 0 else None
+                # requests admitted one prefill chunk per step finish one step apart: the window's batch shrinks
                 row.update(decode_tokens_per_s=round(rate, 2) if rate else None, steady_decode_tokens=tokens,
+                           steady_decode_steps=steps, mean_decode_rows=round(tokens / steps, 1) if steps else None,
                            bytes_per_step=int(weights + conc * mean_kv), decode_rows=conc)
             out["runs"].append(row := {"concurrency": conc})
             self.guarded(f"concurrency {conc}", row, one, conc)

@@ -2,8 +2,9 @@
 
   per-channel  scale [out]            w[o, k] = values[o, k] * scale[o]
   block        scale [⌈out/128⌉, ⌈in/128⌉]   w[o, k] = values[o, k] * scale[o // 128, k // 128]
-(the layouts of FP8 checkpoints: per-channel as in compressed-tensors / fbgemm "FP8-dynamic" models, 128 x 128
-blocks as in DeepSeek-V3 / Qwen3 "FP8" models, whose `weight_scale_inv` is this scale.)
+(the layouts of FP8 checkpoints: per-channel as in compressed-tensors / fbgemm "FP8-dynamic" files, 128 x 128
+blocks as in the "fp8" quantization method with weight_block_size [128, 128], whose `weight_scale_inv` is this
+scale; runtime/fp8_checkpoint.py reads both.)
 
 A decode step reads each weight once, so a byte per weight halves the bf16 step's traffic. The projection is
 written for XLA to fuse: per-channel, the scale leaves the dot (y[:, o] = scale[o] * Σ_k x[k] values[o, k])
