@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
-import os
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
+from .engine_config import EngineConfig, _deterministic_from_env, kv_bytes_per_block, sized_config
 from .guided import GrammarTokenizer, GuidedMatcher
 from .kv_cache import KVCache
 from .lookahead import lookahead_steps, row_can_defer
@@ -30,69 +27,8 @@ from .state_kinds import engine_pool_blocks
 from .step_executor import StepExecutor
 from .streams import RequestOutput, RequestStream, TokenLogprob, Usage
 
-
-@dataclass(frozen=True)
-class EngineConfig:
-    num_blocks: int = 256  # KV pool size in blocks (block 0 is reserved); a sliding-window kind's is smaller:
-    sliding_num_blocks: int | None = None  # None: the sizing rule of runtime/state_kinds.py
-    block_size: int = 16
-    max_model_len: int = 4096  # longest context of one sequence (prompt + output)
-    max_num_seqs: int = 16
-    max_batched_tokens: int = 512
-    max_queue_depth: int = 256
-    max_queue_wait_s: float = 300.0  # bounded wait for KV capacity before a request is refused
-    deterministic: bool = False  # batch-invariant plans: same tokens and logprobs alone or under load
-    enable_prefix_caching: bool = True
-    # decode steps per device call when every running request is decoding plainly (runtime/lookahead.py);
-    # 1 = one step per call; None = the plan's target's choice (Target.decode_steps). Amortises the host's
-    # per-call work over that many tokens.
-    decode_steps: int | None = None
-
-
-def kv_bytes_per_block(model: Model, block_size: int, kind: str | None = None) -> int:
-    """K and V of one block over the layers of one KV state kind (all layers when kind is None):
-    2 * layers_of_kind * block_size * hkv * dh * itemsize."""
-    d = model.dims
-    layers = sum(1 for k in model.layer_state_kinds if kind is None or k == kind)
-    return 2 * layers * block_size * int(d.hkv) * int(d.dh) * np.dtype(model.dtype).itemsize
-
-
-def sized_config(model: Model, *, kv_memory_bytes: int | None = None, ctx: int | None = None,
-                 **overrides) -> EngineConfig:
-    """An EngineConfig whose KV pools fit a memory budget, or whose full-attention pool holds `ctx` tokens in
-    all (`--ctx`). Every kind is accounted for: the budget buys the largest full pool whose sliding-window
-    pools, sized by their rule (runtime/state_kinds.py), fit beside it.
-    EMBER_DETERMINISTIC=1 in the environment turns deterministic mode on."""
-    base = EngineConfig(**overrides)
-    if kv_memory_bytes is not None:
-        blocks = _full_blocks_for_budget(model, base, kv_memory_bytes)
-    elif ctx is not None:
-        blocks = math.ceil(ctx / base.block_size)
-    else:
-        blocks = base.num_blocks - 1
-    if blocks < 1:
-        raise ValueError("the KV budget holds no block: raise the memory budget or --ctx")
-    return replace(base, num_blocks=int(blocks) + 1, deterministic=base.deterministic or _deterministic_from_env())
-
-
-def _full_blocks_for_budget(model: Model, base: EngineConfig, budget: int) -> int:
-    """The most usable full-kind blocks n whose pools of every kind (n, or a sliding kind's rule) fit budget."""
-    kinds = model.paged_kinds
-    per_block = {k.name: kv_bytes_per_block(model, base.block_size, k.name) for k in kinds}
-
-    def cost(n: int) -> int:
-        sizes = engine_pool_blocks(kinds, replace(base, num_blocks=n + 1))
-        return sum(per_block[name] * (blocks - 1) for name, blocks in sizes.items())
-
-    lo, hi = 0, budget // max(min(per_block.values()), 1) + 1  # cost(hi) > budget: every block costs bytes
-    while lo < hi:  # cost is monotone in n
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if cost(mid) <= budget else (lo, mid - 1)
-    return lo
-
-
-def _deterministic_from_env() -> bool:
-    return os.environ.get("EMBER_DETERMINISTIC", "") not in ("", "0", "false")
+# the configuration and sizing helpers (runtime/engine_config.py) are part of the engine's API
+__all__ = ["Engine", "EngineConfig", "EngineCounters", "kv_bytes_per_block", "sized_config"]
 
 
 @dataclass
