@@ -216,10 +216,12 @@ class Engine:
             try:
                 collect = self.executor.launch(plan, rows, steps)
             except Exception as error:  # a failed step must not strand its requests: end them, go on
-                deferred = self._stream_deferred(deferred)
+                self._stream_deferred(deferred)
+                deferred = None
                 self._fail_step(plan, error)
                 continue
-            deferred = self._stream_deferred(deferred)  # host work while the device runs `plan`
+            self._stream_deferred(deferred)  # host work while the device runs `plan`
+            deferred = None
             try:
                 per_step = collect()
             except Exception as error:
@@ -244,7 +246,6 @@ class Engine:
         if deferred is not None:
             with self._lock:
                 self._stream(*deferred)
-        return None
 
     def _stream(self, plan, per_step: list) -> None:
         """Hand the steps' tokens to their choices, one output per choice for all the steps (a device call's

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..compiler.ops.quant.fp8 import BLOCK
+from ..compiler.ops.quant.fp8 import BLOCK, Fp8Weight, dequantize_fp8
 from .checkpoint import Checkpoint
 from .loader.errors import CheckpointError
 
@@ -33,10 +33,7 @@ class HostFp8(NamedTuple):
         return self.scale.ndim == 2
 
     def dequantized(self) -> np.ndarray:
-        out, inner = self.values.shape
-        scale = (np.repeat(np.repeat(self.scale, BLOCK, 0)[:out], BLOCK, 1)[:, :inner] if self.blocked
-                 else self.scale[:, None])
-        return self.values.astype(np.float32) * scale
+        return np.asarray(dequantize_fp8(Fp8Weight(self.values, self.scale)))
 
 
 def is_fp8(ckpt: Checkpoint, name: str) -> bool:

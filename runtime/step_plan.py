@@ -11,8 +11,10 @@ import numpy as np
 
 
 def slots_at(tables: Sequence[Sequence[int]], position: int, block_size: int) -> tuple[int, ...]:
-    """The flat KV slot (block * block_size + offset) of `position` in each kind's block table."""
-    return tuple(table[position // block_size] * block_size + position % block_size for table in tables)
+    """The flat KV slot (block * block_size + offset) of `position` in each kind's block table; a position
+    past a table (a run-ahead step after its request's end, discarded) gets its slot in reserved block 0."""
+    block, offset = divmod(position, block_size)
+    return tuple((table[block] if block < len(table) else 0) * block_size + offset for table in tables)
 
 
 @dataclass(frozen=True)
@@ -101,10 +103,7 @@ class StepPlan:
         for b, row in enumerate(self.decodes):
             tables = self.block_tables[row.request_id]
             for i in range(steps):
-                position = row.position + i
-                out[i, :, b] = [table[position // block_size] * block_size + position % block_size
-                                if position // block_size < len(table) else position % block_size
-                                for table in tables]
+                out[i, :, b] = slots_at(tables, row.position + i, block_size)
         return out
 
     def decode_block_tables(self, max_blocks: int) -> np.ndarray:  # int32 [K, B, max_blocks], padded with block 0
