@@ -18,6 +18,7 @@ device machine; the issue's peer figures come from this kind of run).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -108,6 +109,18 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def gguf_file(name: str, work: Path, tokenizer: Path) -> tuple[Path, int]:
+    """(path, bytes) of the synthetic model `name` as a GGUF file under `work`, written unless already there."""
+    from .write_gguf import synthetic_checkpoint, write_gguf
+
+    path = work / (name.replace(":", "_") + ".gguf")
+    if not path.exists():
+        checkpoint, vocab = synthetic_checkpoint(name)
+        write_gguf(checkpoint, tokenizer, vocab, path.with_suffix(".partial"))
+        path.with_suffix(".partial").rename(path)
+    return path, path.stat().st_size
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--src", type=Path, required=True, help="llama.cpp source folder or .tar.xz")
@@ -125,34 +138,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream-prompt", type=int, default=256)
     parser.add_argument("--stream-gen", type=int, default=256)
     args = parser.parse_args(argv)
-
-    from .write_gguf import synthetic_checkpoint, write_gguf
-
     gpu = not args.cpu and shutil.which("nvcc") is not None
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    bin_dir = build(args.src, args.work, cuda=gpu, jobs=os.cpu_count() or 2)
-    result = {"commit": args.commit, "device": "GPU (CUDA)" if gpu else "CPU", "gpu": gpu, "source": args.src.name,
-              "build_s": round(time.perf_counter() - started, 1), "models": {}}
-    for name in args.models:
-        entry = result["models"][name] = {}
-        try:
-            path = args.work / (name.replace(":", "_") + ".gguf")
-            if not path.exists():
-                checkpoint, vocab = synthetic_checkpoint(name)
-                entry["gguf_bytes"] = write_gguf(checkpoint, args.tokenizer, vocab, path)
-            run = lambda cmd: subprocess.run(cmd, check=True, capture_output=True, text=True).stdout  # noqa: E731
-            entry["bench"] = parse_bench(run(bench_command(bin_dir / "llama-bench", path, prompts=args.prompts,
-                                                           depths=args.depths, gen=args.gen, gpu=gpu,
-                                                           repetitions=args.repetitions)))
-            entry["batched"] = parse_batched(run(batched_command(
-                bin_dir / "llama-batched-bench", path, streams=args.streams, prompt=args.stream_prompt,
-                gen=args.stream_gen, gpu=gpu)))
-        except (subprocess.CalledProcessError, OSError, ValueError) as error:
-            detail = getattr(error, "stderr", "") or ""
-            entry["error"] = f"{type(error).__name__}: {error} {detail[-2000:]}".strip()
-        (args.out / "llamacpp.json").write_text(json.dumps(result, indent=1))
+    # The GGUF files are written by worker processes while the build runs (both are CPU work, independent).
+    with concurrent.futures.ProcessPoolExecutor(max_workers=2) as pool:
+        files = {name: pool.submit(gguf_file, name, args.work, args.tokenizer) for name in args.models}
+        bin_dir = build(args.src, args.work, cuda=gpu, jobs=os.cpu_count() or 2)
+        build_s = round(time.perf_counter() - started, 1)
+        result = {"commit": args.commit, "device": "GPU (CUDA)" if gpu else "CPU", "gpu": gpu,
+                  "source": args.src.name, "build_s": build_s, "models": {}}
+        for name in args.models:
+            entry = result["models"][name] = {}
+            try:
+                path, entry["gguf_bytes"] = files[name].result()
+                run = lambda cmd: subprocess.run(cmd, check=True, capture_output=True, text=True).stdout  # noqa: E731
+                entry["bench"] = parse_bench(run(bench_command(
+                    bin_dir / "llama-bench", path, prompts=args.prompts, depths=args.depths, gen=args.gen, gpu=gpu,
+                    repetitions=args.repetitions)))
+                entry["batched"] = parse_batched(run(batched_command(
+                    bin_dir / "llama-batched-bench", path, streams=args.streams, prompt=args.stream_prompt,
+                    gen=args.stream_gen, gpu=gpu)))
+            except (subprocess.CalledProcessError, OSError, ValueError) as error:
+                detail = getattr(error, "stderr", "") or ""
+                entry["error"] = f"{type(error).__name__}: {error} {detail[-2000:]}".strip()
+            (args.out / "llamacpp.json").write_text(json.dumps(result, indent=1))
     (args.out / "llamacpp.md").write_text(markdown(result))
     print(json.dumps(result, indent=1))
     return 0
