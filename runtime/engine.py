@@ -14,7 +14,7 @@ import time
 import traceback
 from dataclasses import dataclass, field, replace
 
-from .engine_config import EngineConfig, _deterministic_from_env, kv_bytes_per_block, sized_config
+from .engine_config import EngineConfig, _deterministic_from_env, kv_bytes_per_block, prefill_shapes, sized_config
 from .guided import GrammarTokenizer, GuidedMatcher
 from .kv_cache import KVCache
 from .lookahead import lookahead_steps, row_can_defer
@@ -71,12 +71,11 @@ class Engine:
         # one block pool per paged KV state kind (full attention; each sliding window, sized to its window)
         self.kv = KVCache.of(model.paged_kinds, engine_pool_blocks(model.paged_kinds, config), config.block_size)
         self.pool = self.kv.primary
-        entry = model.plan.manifest["entries"]["forward"]
-        prefill_buckets = tuple(b for b in entry["prefill_buckets"] if b <= config.max_batched_tokens) or (16,)
+        prefill = prefill_shapes(model.plan.manifest["entries"]["forward"], config)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_batched_tokens,
-                                   config.max_queue_depth, prefill_buckets,
-                                   enable_prefix_caching=config.enable_prefix_caching)
-        self.executor = StepExecutor(model, config, prefill_buckets)
+                                   config.max_queue_depth, prefill.buckets,
+                                   enable_prefix_caching=config.enable_prefix_caching, prefill_shapes=prefill)
+        self.executor = StepExecutor(model, config, prefill)
         self.counters = EngineCounters()
         self._groups: dict[str, _Group] = {}
         self._choice_of: dict[str, _Choice] = {}  # scheduler request id -> choice

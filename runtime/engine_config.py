@@ -11,6 +11,7 @@ import numpy as np
 
 from .model import Model
 from .state_kinds import engine_pool_blocks
+from .step_inputs import PrefillShapes
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,14 @@ class EngineConfig:
     # 1 = one step per call; None = the plan's target's choice (Target.decode_steps). Amortises the host's
     # per-call work over that many tokens.
     decode_steps: int | None = None
+
+
+def prefill_shapes(entry: dict, config: EngineConfig) -> PrefillShapes:
+    """The chunk layouts an engine uses: the plan's prefill buckets up to max_batched_tokens, and its
+    several-chunks-per-step segments (one chunk per step in deterministic mode, whose tiles are fixed)."""
+    buckets = tuple(b for b in entry["prefill_buckets"] if b <= config.max_batched_tokens) or (16,)
+    segments = (1,) if config.deterministic else tuple(entry.get("prefill_segments", (1,)))
+    return PrefillShapes(buckets, segments, int(entry.get("segment_max_tokens", 512)))
 
 
 def kv_bytes_per_block(model: Model, block_size: int, kind: str | None = None) -> int:

@@ -36,7 +36,7 @@ def row_can_run_ahead(row: RowState) -> bool:
 def lookahead_steps(plan: StepPlan, rows: list[RowState], *, steps: int, waiting: int) -> int:
     """How many decode steps the just-scheduled `plan` may run in one call: `steps`, or 1.
     rows: one per plan.logit_request_ids entry."""
-    if steps < 2 or waiting or plan.prefill is not None or plan.preempted or not plan.decodes:
+    if steps < 2 or waiting or plan.prefills or plan.preempted or not plan.decodes:
         return 1
     if all(row_can_run_ahead(row) for row in rows):
         return steps

@@ -1,7 +1,7 @@
 """Continuous-batching scheduler: which requests run in the next engine step, and with which KV slots.
 
-A step (see ember.compiler.batch) runs B decode rows (one token each) then C tokens of ONE prefill
-chunk of one sequence, B + C <= max_batched_tokens. schedule() builds a StepPlan, the engine runs the
+A step (see ember.compiler.batch) runs B decode rows (one token each) then prefill chunks of C tokens
+in all (one chunk per sequence), B + C <= max_batched_tokens. schedule() builds a StepPlan, the engine runs the
 plan and samples one token per logit row, update() feeds those tokens back. The engine thread owns
 the scheduler: schedule → run → update, strictly alternating.
 
@@ -12,9 +12,13 @@ Policies (what we chose, and why):
   dry: then the most recently admitted running request is preempted (its blocks freed — full ones
   stay in the prefix cache — its computed count reset to 0, its generated tokens kept) and put at the
   front of the waiting queue. It re-prefills prompt + generated tokens later, mostly as a prefix hit.
-- Decodes first (oldest first), then one prefill chunk fills the rest of the token budget: the one
-  request in the middle of its prefill if any, else the head of the waiting queue (admitted with a
-  prefix-cache match). A new prefill never preempts anyone: it takes only free blocks, or waits.
+- Decodes first (oldest first), then prefill chunks fill the rest of the token budget: the one
+  request in the middle of its prefill if any, then the head of the waiting queue (admitted with a
+  prefix-cache match), and, where the target compiles several chunks per step (PrefillShapes), more
+  waiting requests whose whole prompt fits beside them — so a burst of short prompts is admitted in a
+  few steps, not one step each. Only the last chunk of a step may stop short of its prompt's end, so at
+  most one request is ever mid-prefill. A new prefill never preempts anyone: it takes only free blocks,
+  or waits.
 - A chunk that does not finish the prompt ends on a block boundary (when it is >= one block), so its
   blocks are full and enter the prefix cache at once; chunks never exceed the largest prefill bucket.
 - Any running request with exactly one token left to compute is a decode row — a prompt whose last
@@ -32,6 +36,7 @@ from dataclasses import dataclass, replace
 from .kv import BlockPool, KVCounters, StateAllocator
 from .kv_cache import KVCache, PrefixHit
 from .requests import Request, RequestStatus, StepOutput
+from .step_inputs import PrefillShapes
 from .step_plan import DecodeRow, PrefillChunk, StepPlan, slots_at
 
 __all__ = ["DecodeRow", "PrefillChunk", "QueueFullError", "RequestTooLongError", "Scheduler", "SchedulerSnapshot",
@@ -66,7 +71,8 @@ class SchedulerSnapshot:
 class Scheduler:
     def __init__(self, kv: KVCache | BlockPool, max_num_seqs: int, max_batched_tokens: int, max_queue_depth: int,
                  prefill_chunk_buckets: Sequence[int], *, enable_prefix_caching: bool = True,
-                 extra_state: Mapping[str, StateAllocator] | None = None):
+                 extra_state: Mapping[str, StateAllocator] | None = None,
+                 prefill_shapes: PrefillShapes | None = None):
         if max_num_seqs < 1 or max_batched_tokens < 1 or max_queue_depth < 1:
             raise ValueError("max_num_seqs, max_batched_tokens and max_queue_depth must be >= 1")
         if not prefill_chunk_buckets or min(prefill_chunk_buckets) < 1:
@@ -78,6 +84,8 @@ class Scheduler:
         self.max_batched_tokens = max_batched_tokens
         self.max_queue_depth = max_queue_depth
         self.max_chunk = max(prefill_chunk_buckets)
+        # which sets of chunks one step may carry (default: one chunk per step)
+        self.prefill_shapes = prefill_shapes or PrefillShapes(tuple(sorted(prefill_chunk_buckets)))
         # kind -> allocator of every non-KV state a request owns while running (none today)
         self.extra_state: dict[str, StateAllocator] = dict(extra_state or {})
         self.prefix_caching = enable_prefix_caching and all(a.supports_prefix_reuse for a in self.extra_state.values())
@@ -136,8 +144,8 @@ class Scheduler:
                 budget -= 1
             i += 1
         # after a preemption the pool is short: continue a started prefill, admit nobody new this step
-        chunk = self._schedule_chunk(budget, admit=not preempted) if budget > 0 else None
-        plan = self._build_plan(decodes, chunk, preempted)
+        chunks = self._schedule_chunks(budget, admit=not preempted) if budget > 0 else []
+        plan = self._build_plan(decodes, chunks, preempted)
         if not plan.is_empty:
             self._unfinished_plan = plan
         return plan
@@ -160,8 +168,11 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)  # never dropped; first in line
 
-    def _schedule_chunk(self, budget: int, admit: bool) -> tuple[Request, int, int] | None:
-        """(request, start, end) of the one prefill chunk, allocating its blocks; None if nothing fits."""
+    def _schedule_chunks(self, budget: int, admit: bool) -> list[tuple[Request, int, int]]:
+        """(request, start, end) of each prefill chunk of the step, allocating their blocks: the request
+        mid-prefill first, then admissions while the budget, the pool and a compiled layout allow. Every
+        chunk but the last completes its prompt."""
+        chunks: list[tuple[Request, int, int]] = []
         partial = [r for r in self.running if r.num_tokens_to_compute > 1]
         assert len(partial) <= 1, "more than one request is mid-prefill"
         if partial:
@@ -169,21 +180,32 @@ class Scheduler:
             start = request.num_computed_tokens
             end = self._chunk_end(request, start, budget, self.kv.tokens_coverable(request.state))
             if end <= start:
-                return None  # pool dry: it keeps its blocks and continues when decodes free some
+                return chunks  # pool dry: it keeps its blocks and continues when decodes free some
             assert self.kv.grow(request.state, end)
-            return request, start, end
-        if (not admit or not self.waiting or len(self.running) >= self.max_num_seqs
-                or not all(a.can_allocate() for a in self.extra_state.values())):
-            return None
-        request = self.waiting[0]
-        hit = self.kv.find_prefix(request.all_token_ids) if self.prefix_caching else self.kv.no_hit()
-        start = hit.num_blocks * self.kv.block_size
-        end = self._chunk_end(request, start, budget, self.kv.tokens_coverable_after(hit))
-        if end <= start:
-            return None  # no side effects: it stays first in line
-        self._admit(request, hit)
-        assert request.num_computed_tokens == start and self.kv.grow(request.state, end)
-        return request, start, end
+            chunks.append((request, start, end))
+            budget -= end - start
+            if end < request.num_tokens:
+                return chunks
+        while (admit and budget > 0 and self.waiting and len(self.running) < self.max_num_seqs
+               and len(chunks) < self.prefill_shapes.max_segments
+               and all(a.can_allocate() for a in self.extra_state.values())):
+            request = self.waiting[0]
+            hit = self.kv.find_prefix(request.all_token_ids) if self.prefix_caching else self.kv.no_hit()
+            start = hit.num_blocks * self.kv.block_size
+            end = self._chunk_end(request, start, budget, self.kv.tokens_coverable_after(hit))
+            if end <= start:
+                break  # no side effects: it stays first in line
+            if chunks:  # joining other chunks: only a whole prompt, in a layout the target compiled
+                longest = max([e - s for _, s, e in chunks] + [end - start])
+                if end < request.num_tokens or not self.prefill_shapes.fits(len(chunks) + 1, longest):
+                    break
+            self._admit(request, hit)
+            assert request.num_computed_tokens == start and self.kv.grow(request.state, end)
+            chunks.append((request, start, end))
+            budget -= end - start
+            if end < request.num_tokens:
+                break
+        return chunks
 
     def _chunk_end(self, request: Request, start: int, budget: int, coverable: int) -> int:
         end = min(request.num_tokens, start + min(budget, self.max_chunk), coverable)
@@ -204,7 +226,7 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
 
-    def _build_plan(self, decodes: list[Request], chunk: tuple[Request, int, int] | None,
+    def _build_plan(self, decodes: list[Request], chunks: list[tuple[Request, int, int]],
                     preempted: list[str]) -> StepPlan:
         bs = self.kv.block_size
         rows, tables = [], {}
@@ -214,14 +236,13 @@ class Scheduler:
             pos = request.num_computed_tokens
             rows.append(DecodeRow(request.request_id, request.all_token_ids[pos], pos,
                                   slots_at(request_tables, pos, bs)))
-        prefill = None
-        if chunk is not None:
-            request, start, end = chunk
+        prefills = []
+        for request, start, end in chunks:
             tables[request.request_id] = request_tables = self.kv.tables(request.state)
-            prefill = PrefillChunk(request.request_id, start, tuple(request.all_token_ids[start:end]),
-                                   tuple(slots_at(request_tables, p, bs) for p in range(start, end)),
-                                   completes=end == request.num_tokens)
-        return StepPlan(tuple(rows), prefill, tables, tuple(preempted), num_kinds=len(self.kv.kinds))
+            prefills.append(PrefillChunk(request.request_id, start, tuple(request.all_token_ids[start:end]),
+                                         tuple(slots_at(request_tables, p, bs) for p in range(start, end)),
+                                         completes=end == request.num_tokens))
+        return StepPlan(tuple(rows), tuple(prefills), tables, tuple(preempted), num_kinds=len(self.kv.kinds))
 
     # --- several decode steps in one device call --------------------------------------------------
     def extend_decodes(self, plan: StepPlan, steps: int) -> StepPlan | None:
@@ -230,7 +251,7 @@ class Scheduler:
         then calls update_ahead once per step), or None when the pool cannot give every row those blocks
         without preempting (the plan stays a one-step plan; blocks already grown are kept — the rows
         would need them within `steps` steps anyway)."""
-        if plan is not self._unfinished_plan or plan.prefill is not None or plan.preempted or steps < 2:
+        if plan is not self._unfinished_plan or plan.prefills or plan.preempted or steps < 2:
             return None
         requests = [self._active[row.request_id] for row in plan.decodes]
         for row, request in zip(plan.decodes, requests):
@@ -269,8 +290,7 @@ class Scheduler:
         if self._ahead is not None and plan is self._ahead[0]:  # the whole extended plan at once (a failed step)
             self._ahead = None
         advanced = [(row.request_id, row.position, 1) for row in plan.decodes]
-        if plan.prefill is not None:
-            advanced.append((plan.prefill.request_id, plan.prefill.start, plan.prefill.num_tokens))
+        advanced += [(chunk.request_id, chunk.start, chunk.num_tokens) for chunk in plan.prefills]
         for request_id, start, n in advanced:
             request = self._running(request_id)
             if request is None:

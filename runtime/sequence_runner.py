@@ -65,7 +65,7 @@ class SequenceRunner:
             slots=jnp.asarray(self._per_kind(np.pad(slots.astype(np.int32), (0, pad)))),
             dec_block_tables=jnp.zeros((self.num_kinds, 0, self.max_blocks), jnp.int32),
             dec_ctx_lens=jnp.zeros((0,), jnp.int32),
-            pre_block_table=jnp.asarray(self._per_kind(self.block_table)),
+            pre_block_table=jnp.asarray(self._per_kind(self.block_table[None])),  # one segment
             logit_rows=jnp.asarray(np.asarray(rows, np.int32)),
         )
         logits, self.kv = self.model.forward(self.kv, batch)
@@ -84,7 +84,7 @@ class SequenceRunner:
             slots=jnp.asarray(self._per_kind(np.asarray([slot], np.int32))),
             dec_block_tables=jnp.asarray(self._per_kind(self.block_table[None])),
             dec_ctx_lens=jnp.asarray([pos + 1], jnp.int32),
-            pre_block_table=jnp.zeros((self.num_kinds, self.max_blocks), jnp.int32),
+            pre_block_table=jnp.zeros((self.num_kinds, 1, self.max_blocks), jnp.int32),
             logit_rows=jnp.asarray([0], jnp.int32),
         )
         logits, self.kv = self.model.forward(self.kv, batch)

@@ -22,7 +22,7 @@ from .model import Model
 from .sampling_params import RowState
 from .scheduler import PrefillChunk, StepPlan
 from .state_kinds import engine_pool_blocks
-from .step_inputs import StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape
+from .step_inputs import PrefillShapes, StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape
 
 DECODE_TILE = 16
 PREFILL_TILE = 64
@@ -37,12 +37,13 @@ class Sampled:
 
 
 class StepExecutor:
-    def __init__(self, model: Model, config, prefill_buckets: tuple[int, ...]):
+    def __init__(self, model: Model, config, prefill: PrefillShapes):
         self.model, self.config = model, config
         entry = model.plan.manifest["entries"]["forward"]
         self.decode_buckets = tuple(b for b in entry["decode_buckets"] if b < config.max_num_seqs) + (
             config.max_num_seqs,)
-        self.prefill_buckets = prefill_buckets
+        self.prefill = prefill
+        self.prefill_buckets = prefill.buckets
         self.table_blocks = math.ceil(config.max_model_len / config.block_size)
         self.deterministic = config.deterministic
         plan = model.deterministic_plan() if self.deterministic else model.plan
@@ -60,7 +61,7 @@ class StepExecutor:
     def shapes(self) -> list[StepShape]:
         if self.deterministic:
             return [StepShape(DECODE_TILE, PREFILL_TILE, self.table_blocks, self.num_kinds)]
-        return all_step_shapes(self.decode_buckets, self.prefill_buckets, self.table_blocks, self.num_kinds)
+        return all_step_shapes(self.decode_buckets, self.prefill, self.table_blocks, self.num_kinds)
 
     def precompile(self, progress: bool = False) -> float:
         start = time.perf_counter()
@@ -83,7 +84,7 @@ class StepExecutor:
     def run(self, plan: StepPlan, rows: list[RowState]) -> dict[str, Sampled]:
         row_of = dict(zip(plan.logit_request_ids, rows))
         if not self.deterministic:
-            shape = step_shape(plan, self.decode_buckets, self.prefill_buckets, self.table_blocks)
+            shape = step_shape(plan, self.decode_buckets, self.prefill, self.table_blocks)
             return self._sampled(plan, self._run(build_step_batch(plan, shape), rows, shape))
         results: dict[str, Sampled] = {}
         for tile in _tiles(plan):
@@ -104,7 +105,7 @@ class StepExecutor:
         if self.deterministic:  # tiles of one fixed shape, run one after another
             results = [self.run(plan, rows)]
             return lambda: results
-        shape = step_shape(plan, self.decode_buckets, self.prefill_buckets, self.table_blocks)
+        shape = step_shape(plan, self.decode_buckets, self.prefill, self.table_blocks)
         batch = build_step_batch(plan, shape)
         args = (self.model.dims, self.model.params, self.kv)
         if steps == 1:
@@ -138,8 +139,11 @@ class StepExecutor:
 
 def _tiles(plan: StepPlan) -> list[StepPlan]:
     """Split a plan into sub-plans of at most DECODE_TILE decode rows and PREFILL_TILE chunk tokens, in
-    order (a chunk's earlier tiles write their KV before later tiles attend to it)."""
-    chunk = plan.prefill
+    order (a chunk's earlier tiles write their KV before later tiles attend to it). Deterministic engines
+    schedule one chunk per step (engine_config.prefill_shapes)."""
+    if len(plan.prefills) > 1:
+        raise ValueError("deterministic mode runs one prefill chunk per step")
+    chunk = plan.prefills[0] if plan.prefills else None
     n_chunk_tiles = math.ceil(chunk.num_tokens / PREFILL_TILE) if chunk is not None else 0
     count = max(math.ceil(len(plan.decodes) / DECODE_TILE), n_chunk_tiles, 1)
     tiles = []
@@ -149,5 +153,6 @@ def _tiles(plan: StepPlan) -> list[StepPlan]:
             lo, hi = i * PREFILL_TILE, min((i + 1) * PREFILL_TILE, chunk.num_tokens)
             piece = PrefillChunk(chunk.request_id, chunk.start + lo, chunk.token_ids[lo:hi], chunk.slots[lo:hi],
                                  chunk.completes and hi == chunk.num_tokens)
-        tiles.append(replace(plan, decodes=plan.decodes[i * DECODE_TILE:(i + 1) * DECODE_TILE], prefill=piece))
+        tiles.append(replace(plan, decodes=plan.decodes[i * DECODE_TILE:(i + 1) * DECODE_TILE],
+                             prefills=(piece,) if piece is not None else ()))
     return tiles

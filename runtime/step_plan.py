@@ -1,4 +1,4 @@
-"""What the scheduler hands the engine for one step: decode rows, at most one prefill chunk, and the
+"""What the scheduler hands the engine for one step: decode rows, prefill chunks (one per sequence), and the
 block tables and slots of every request in it — one of each per paged KV state kind (full attention,
 sliding window; kinds in the plan's state index order), since each kind has its own pool."""
 
@@ -44,11 +44,12 @@ class PrefillChunk:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """One step: rows [0, B) are decode rows, rows [B, B + C) the prefill chunk. Block tables are
-    snapshots (tuples), valid for this step. preempted: requests sent back to the queue this step."""
+    """One step: rows [0, B) are decode rows, then the prefill chunks in order (each one sequence's; every
+    chunk but the last completes its prompt). Block tables are snapshots (tuples), valid for this step.
+    preempted: requests sent back to the queue this step."""
 
     decodes: tuple[DecodeRow, ...]
-    prefill: PrefillChunk | None
+    prefills: tuple[PrefillChunk, ...]
     # request id -> its block table of each kind, for every request in the step (RESERVED_BLOCK 0 where a
     # sliding kind dropped a block)
     block_tables: Mapping[str, tuple[tuple[int, ...], ...]]
@@ -60,8 +61,12 @@ class StepPlan:
         return len(self.decodes)
 
     @property
+    def prefill_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.prefills)
+
+    @property
     def num_tokens(self) -> int:
-        return len(self.decodes) + (self.prefill.num_tokens if self.prefill else 0)
+        return len(self.decodes) + self.prefill_tokens
 
     @property
     def is_empty(self) -> bool:
@@ -69,28 +74,29 @@ class StepPlan:
 
     @property
     def logit_rows(self) -> tuple[int, ...]:
-        """Rows whose logits are sampled: every decode row, and the chunk's last row if it completes."""
-        rows = tuple(range(len(self.decodes)))
-        return rows + ((self.num_tokens - 1,) if self.prefill and self.prefill.completes else ())
+        """Rows whose logits are sampled (unpadded, decodes then chunks back to back): every decode row, and
+        the last row of each chunk that completes its prompt."""
+        rows, end = list(range(len(self.decodes))), len(self.decodes)
+        for chunk in self.prefills:
+            end += chunk.num_tokens
+            if chunk.completes:
+                rows.append(end - 1)
+        return tuple(rows)
 
     @property
     def logit_request_ids(self) -> tuple[str, ...]:
         ids = tuple(row.request_id for row in self.decodes)
-        return ids + ((self.prefill.request_id,) if self.prefill and self.prefill.completes else ())
+        return ids + tuple(c.request_id for c in self.prefills if c.completes)
 
-    # numpy views for building a StepBatch; the engine pads them to the plan's bucket
-    def token_ids(self) -> np.ndarray:  # int32 [N]
-        chunk = self.prefill.token_ids if self.prefill else ()
-        return np.asarray([r.token_id for r in self.decodes] + list(chunk), np.int32)
+    # numpy views of the decode rows (the chunks are laid out per segment by runtime/step_inputs.py)
+    def decode_token_ids(self) -> np.ndarray:  # int32 [B]
+        return np.asarray([r.token_id for r in self.decodes], np.int32)
 
-    def positions(self) -> np.ndarray:  # int32 [N]
-        chunk = range(self.prefill.start, self.prefill.end) if self.prefill else ()
-        return np.asarray([r.position for r in self.decodes] + list(chunk), np.int32)
+    def decode_positions(self) -> np.ndarray:  # int32 [B]
+        return np.asarray([r.position for r in self.decodes], np.int32)
 
-    def slots(self) -> np.ndarray:  # int32 [K, N]
-        chunk = self.prefill.slots if self.prefill else ()
-        rows = [r.slots for r in self.decodes] + list(chunk)
-        return np.asarray(rows, np.int32).reshape(len(rows), self.num_kinds).T.copy()
+    def decode_slots(self) -> np.ndarray:  # int32 [K, B]
+        return np.asarray([r.slots for r in self.decodes], np.int32).reshape(-1, self.num_kinds).T.copy()
 
     def decode_context_lens(self) -> np.ndarray:  # int32 [B]: context of each decode row, its own token included
         return np.asarray([r.position + 1 for r in self.decodes], np.int32)
@@ -110,9 +116,13 @@ class StepPlan:
         return np.stack([_padded([self.block_tables[r.request_id][k] for r in self.decodes], max_blocks)
                          for k in range(self.num_kinds)])
 
-    def prefill_block_table(self, max_blocks: int) -> np.ndarray:  # int32 [K, max_blocks], padded with block 0
-        tables = self.block_tables[self.prefill.request_id] if self.prefill else ((),) * self.num_kinds
-        return _padded(tables, max_blocks)
+    def prefill_block_tables(self, segments: int, max_blocks: int) -> np.ndarray:
+        """int32 [K, segments, max_blocks]: chunk s's tables in row s, padded with block 0 (rows past the
+        chunks: all block 0)."""
+        out = np.zeros((self.num_kinds, segments, max_blocks), np.int32)
+        for s, chunk in enumerate(self.prefills):
+            out[:, s] = _padded(self.block_tables[chunk.request_id], max_blocks)
+        return out
 
 
 def _padded(tables: Sequence[Sequence[int]], max_blocks: int) -> np.ndarray:

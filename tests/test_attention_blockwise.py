@@ -103,7 +103,7 @@ def step(fn, world: World, pools, decode: list[tuple[int, int]], chunk: tuple[in
         dec_block_tables=per_kind(np.asarray([world.table(s, width, dropped(p)) for s, p in decode],
                                              np.int32).reshape(-1, width)),
         dec_ctx_lens=jnp.asarray([p + 1 for _, p in decode], jnp.int32),
-        pre_block_table=per_kind(world.table(chunk[0], width, dropped(chunk[1])) if chunk else [0] * width),
+        pre_block_table=per_kind([world.table(chunk[0], width, dropped(chunk[1])) if chunk else [0] * width]),
         logit_rows=jnp.zeros(1, jnp.int32),
     )
     out, k_pool, v_pool = fn(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.int32(window), jnp.float32(state),

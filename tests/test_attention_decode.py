@@ -159,7 +159,7 @@ def _step_batch(rng, decode_ctx, chunk, block_size, width, kinds, state, window)
         slots=per_kind(np.asarray([slot(s, p) for s, p in rows])),
         dec_block_tables=per_kind(np.asarray([trim(s, n - 1) for s, n in enumerate(decode_ctx)]).reshape(-1, width)),
         dec_ctx_lens=jnp.asarray(decode_ctx, jnp.int32),
-        pre_block_table=per_kind(trim(seqs - 1, chunk[0]) if chunk else np.zeros(width, np.int64)),
+        pre_block_table=per_kind((trim(seqs - 1, chunk[0]) if chunk else np.zeros(width, np.int64))[None]),
         logit_rows=jnp.zeros(1, jnp.int32))
     return batch, len(rows), 1 + seqs * width
 

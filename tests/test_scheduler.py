@@ -20,6 +20,7 @@ from ember.runtime.kv_cache import KVCache
 from ember.runtime.state_kinds import window_pool_blocks
 from ember.runtime.requests import Request, RequestStatus
 from ember.runtime.scheduler import QueueFullError, RequestTooLongError, Scheduler, StepPlan
+from ember.runtime.step_inputs import PrefillShapes
 
 VOCAB = 64
 STOP = 0
@@ -55,9 +56,10 @@ class MockPlan:
         kv, bs = self.scheduler.kv, self.scheduler.kv.block_size
         assert plan.num_tokens <= self.scheduler.max_batched_tokens and plan.num_kinds == len(kv.kinds)
         writes = [(r.request_id, r.position, r.slots, r.token_id) for r in plan.decodes]
-        if plan.prefill:
-            c = plan.prefill
+        for c in plan.prefills:
             writes += [(c.request_id, c.start + i, c.slots[i], c.token_ids[i]) for i in range(c.num_tokens)]
+        assert all(c.completes for c in plan.prefills[:-1]), "only the last chunk may stop short of its prompt"
+        assert len({c.request_id for c in plan.prefills}) == len(plan.prefills)
         for request_id, pos, slots, token in writes:
             for k, kind in enumerate(kv.kinds):
                 pool, slot = kv.pools[kind.name], slots[k]
@@ -70,9 +72,8 @@ class MockPlan:
                 self.shadow[kind.name][slot] = token
         sampled = []
         rows = [(r.request_id, r.position, True) for r in plan.decodes]
-        if plan.prefill:  # the chunk's first query reaches furthest back; its last one gives logits
-            rows += [(plan.prefill.request_id, plan.prefill.start, False),
-                     (plan.prefill.request_id, plan.prefill.end - 1, True)]
+        for c in plan.prefills:  # the chunk's first query reaches furthest back; its last one gives logits
+            rows += [(c.request_id, c.start, False), (c.request_id, c.end - 1, c.completes)]
         for request_id, last, logits in rows:
             truth = self.scheduler.get(request_id).all_token_ids[:last + 1]
             for k, kind in enumerate(kv.kinds):
@@ -84,17 +85,15 @@ class MockPlan:
             if logits:
                 sampled.append(next_token(truth))
         self.check_window_holdings(plan)
-        if plan.prefill and not plan.prefill.completes:
-            sampled.pop()  # a chunk that does not finish the prompt gives no logits
         assert len(sampled) == len(plan.logit_rows)
         return sampled
 
     def check_window_holdings(self, plan: StepPlan) -> None:
         """A sliding kind holds at most ceil(W / bs) + 1 blocks per decode row, + ceil(C / bs) in a chunk."""
         kv, bs = self.scheduler.kv, self.scheduler.kv.block_size
-        chunk = plan.prefill.num_tokens if plan.prefill else 0
+        chunks = {c.request_id: c.num_tokens for c in plan.prefills}
         for request_id, tables in plan.block_tables.items():
-            extra = -(-chunk // bs) if plan.prefill and plan.prefill.request_id == request_id else 0
+            extra = -(-chunks.get(request_id, 0) // bs)
             for k, kind in enumerate(kv.kinds):
                 if kind.window:
                     held = sum(1 for b in tables[k] if b)
@@ -139,14 +138,15 @@ def drive(s: Scheduler, mock: MockPlan, max_steps: int = 10_000, on_step=None) -
 
 
 def make(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, depth=64, buckets=(16, 32), window=0,
-         window_blocks=None) -> tuple:
+         window_blocks=None, segments=(1,), segment_max=512) -> tuple:
     """window > 0 adds a sliding-window kind "kv_window" (its own pool of window_blocks, default num_blocks)
-    beside the full kind, as a model with sliding layers has."""
+    beside the full kind, as a model with sliding layers has. segments: chunks one step may carry."""
     kv = BlockPool(num_blocks, block_size)
     if window:
         kv = KVCache({"kv": kv, "kv_window": BlockPool(window_blocks or num_blocks, block_size, kind="kv_window")},
                      {"kv_window": window})
-    return (s := Scheduler(kv, max_num_seqs, budget, depth, buckets)), MockPlan(s)
+    shapes = PrefillShapes(tuple(buckets), tuple(segments), segment_max)
+    return (s := Scheduler(kv, max_num_seqs, budget, depth, buckets, prefill_shapes=shapes)), MockPlan(s)
 
 
 def request(rid: str, prompt, max_tokens=8, stop=(STOP,)) -> Request:
@@ -168,18 +168,61 @@ def test_decodes_first_then_one_chunk_fills_the_budget():
     s.add(request("long", prompt_of(40, 9), max_tokens=2, stop=()))
     plan = s.schedule()
     assert [r.request_id for r in plan.decodes] == ["d0", "d1", "d2", "d3"]
-    assert plan.prefill.request_id == "long" and (plan.prefill.start, plan.prefill.end) == (0, 12)
+    (chunk,) = plan.prefills
+    assert chunk.request_id == "long" and (chunk.start, chunk.end) == (0, 12)
     assert plan.num_tokens == 16 and plan.logit_rows == (0, 1, 2, 3)  # chunk 0..12 is not the last
-    assert plan.token_ids().shape == plan.positions().shape == (16,) and plan.slots().shape == (1, 16)
+    assert plan.decode_token_ids().shape == plan.decode_positions().shape == (4,) and plan.decode_slots().shape == (1, 4)
     d0 = list(plan.block_tables["d0"][0])
     assert plan.decode_block_tables(8)[0, 0].tolist() == d0 + [0] * (8 - len(d0))  # padded with reserved block 0
-    assert plan.prefill_block_table(4)[0].tolist() == list(plan.block_tables["long"][0]) + [0]
+    tables = plan.prefill_block_tables(2, 4)  # [K, segments, width]: the second segment is padding
+    assert tables[0, 0].tolist() == list(plan.block_tables["long"][0]) + [0] and not tables[0, 1].any()
     with pytest.raises(ValueError, match="max_blocks"):
-        plan.prefill_block_table(2)
+        plan.prefill_block_tables(1, 2)
     s.update(plan, mock.run(plan))
     widths = []
     drive(s, mock, on_step=lambda p: widths.append(p.num_tokens))
     assert max(widths) <= 16
+
+
+def test_several_short_prompts_are_prefilled_in_one_step_where_the_target_allows():
+    s, mock = make(budget=40, buckets=(8, 16, 32), segments=(1, 2, 4), segment_max=16)
+    prompts = {f"p{i}": prompt_of(n, i) for i, n in enumerate([5, 9, 3, 7, 2])}
+    requests = [request(rid, prompt, max_tokens=6, stop=()) for rid, prompt in prompts.items()]
+    for r in requests:
+        s.add(r)
+    plan = s.schedule()
+    # a third chunk would need 4 segments (the next bucket) x 16 (the longest, 9) = 64 > 32, the largest bucket
+    assert [c.request_id for c in plan.prefills] == ["p0", "p1"] and all(c.completes for c in plan.prefills)
+    assert plan.logit_rows == (4, 13) and plan.logit_request_ids == ("p0", "p1")
+    s.update(plan, mock.run(plan))
+    plan = s.schedule()  # two decode rows; the other three prompts (4 segments x 8 = 32) join as chunks
+    assert [r.request_id for r in plan.decodes] == ["p0", "p1"]
+    assert [c.request_id for c in plan.prefills] == ["p2", "p3", "p4"]
+    assert plan.logit_rows == (0, 1, 4, 11, 13)
+    s.update(plan, mock.run(plan))
+    drive(s, mock)
+    assert [r.output_token_ids for r in requests] == [generate_alone(p, 6, stop=()) for p in prompts.values()]
+
+
+def test_only_whole_short_prompts_join_a_chunk():
+    s, mock = make(budget=64, buckets=(8, 16, 64), segments=(1, 2, 4), segment_max=16)
+    s.add(request("a", prompt_of(6, 1), max_tokens=2, stop=()))
+    s.add(request("long", prompt_of(40, 2), max_tokens=2, stop=()))  # longer than a segment may be
+    s.add(request("c", prompt_of(4, 3), max_tokens=2, stop=()))
+    plan = s.schedule()
+    assert [c.request_id for c in plan.prefills] == ["a"]  # FIFO: "c" does not overtake "long"
+    s.update(plan, mock.run(plan))
+    plan = s.schedule()
+    assert [c.request_id for c in plan.prefills] == ["long"]  # alone, as one chunk (the budget left after the decode)
+    s.update(plan, mock.run(plan))
+    drive(s, mock)
+
+
+def test_one_chunk_per_step_by_default():
+    s, mock = make(budget=64, buckets=(8, 16, 64))
+    for i in range(3):
+        s.add(request(f"p{i}", prompt_of(4, i), max_tokens=2, stop=()))
+    assert len(s.schedule().prefills) == 1
 
 
 def test_long_prompt_is_chunked_on_block_boundaries_and_only_the_last_chunk_gives_logits():
@@ -188,7 +231,8 @@ def test_long_prompt_is_chunked_on_block_boundaries_and_only_the_last_chunk_give
     s.add(r := request("r", prompt, max_tokens=3, stop=()))
     for _ in range(4):
         plan = s.schedule()
-        chunks.append((plan.prefill.start, plan.prefill.end, plan.prefill.completes, plan.logit_rows))
+        (chunk,) = plan.prefills
+        chunks.append((chunk.start, chunk.end, chunk.completes, plan.logit_rows))
         s.update(plan, mock.run(plan))
     # max chunk = largest bucket (32); 100 = 32 + 32 + 32 + 4
     assert chunks == [(0, 32, False, ()), (32, 64, False, ()), (64, 96, False, ()), (96, 100, True, (3,))]
@@ -200,7 +244,7 @@ def test_non_final_chunk_rounds_down_to_a_block_boundary():
     s, mock = make(block_size=16, num_blocks=32, budget=40, buckets=(64,))
     s.add(request("r", prompt_of(100, 2), max_tokens=1))
     plan = s.schedule()
-    assert (plan.prefill.start, plan.prefill.end) == (0, 32)  # budget 40, cut to 2 whole blocks
+    assert (plan.prefills[0].start, plan.prefills[0].end) == (0, 32)  # budget 40, cut to 2 whole blocks
 
 
 # --- prefix cache -------------------------------------------------------------------------------------
@@ -217,7 +261,7 @@ def test_prefix_hit_shares_blocks_advances_computed_and_matches_uncached_output(
     b = request("b", b_prompt, max_tokens=6, stop=())
     s.add(b)
     plan = s.schedule()
-    assert b.cached_tokens == 992 and plan.prefill.start == 992  # 62 full blocks of the 1000 shared
+    assert b.cached_tokens == 992 and plan.prefills[0].start == 992  # 62 full blocks of the 1000 shared
     assert b.block_table[:62] == a.block_table[:62] and s.pool.ref_count(b.block_table[0]) == 2
     assert s.pool.counters().prefix_hits == 1 and s.pool.counters().reused_tokens == 992
     s.update(plan, mock.run(plan))
@@ -379,14 +423,16 @@ def test_extra_state_kind_is_owned_and_released_like_kv():
 SOAK_RULE_BLOCKS = window_pool_blocks(6, 4, max_num_seqs=8, max_batched_tokens=24) + 1  # + reserved block 0
 
 
-@pytest.mark.parametrize("window, window_blocks", [(0, None), (6, SOAK_RULE_BLOCKS), (6, 12)],
-                         ids=["full_only", "sliding_by_rule", "sliding_tight"])
-def test_soak_500_requests_with_aborts_and_preemptions(window, window_blocks):
+@pytest.mark.parametrize("window, window_blocks, segments", [(0, None, (1,)), (6, SOAK_RULE_BLOCKS, (1,)), (6, 12, (1,)),
+                                                        (0, None, (1, 2, 4)), (6, 12, (1, 2))],
+                         ids=["full_only", "sliding_by_rule", "sliding_tight", "full_segments", "sliding_segments"])
+def test_soak_500_requests_with_aborts_and_preemptions(window, window_blocks, segments):
     """Also with a sliding-window kind of W=6 (not a multiple of the 4-token block) beside the full kind:
-    its pool sized by the rule, or so tight that it, not the full pool, forces preemptions."""
+    its pool sized by the rule, or so tight that it, not the full pool, forces preemptions; and with several
+    prefill chunks per step."""
     rng = random.Random(1234)
     s, mock = make(num_blocks=40, block_size=4, max_num_seqs=8, budget=24, depth=12, buckets=(8, 16),
-                   window=window, window_blocks=window_blocks)
+                   window=window, window_blocks=window_blocks, segments=segments, segment_max=8)
     bases = [prompt_of(rng.randint(8, 30), 100 + i) for i in range(6)]
     pending = []
     for i in range(500):

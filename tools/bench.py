@@ -199,7 +199,7 @@ class StepClock:
             def timed_collect():
                 result = collect()
                 self.steps.append((time.perf_counter(), plan.num_decode * len(result), len(result),
-                                   plan.prefill is not None))
+                                   bool(plan.prefills)))
                 return result
             return timed_collect
         return timed

@@ -116,7 +116,62 @@ def interpret() -> int:
             print(f"{'BAD' if bad else 'ok '} {np.dtype(dtype).name:8} C={chunk} valid={valid} start={start} "
                   f"hq={hq} hkv={hkv} dh={dh} page={page} window={window} bm={plan.block_m} bn={bn} "
                   f"splits={plan.splits} err={err:.1e}", flush=True)
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+        failures += _interpret_segments(rng, dtype, launch_plan, combine_splits, PrefillAttentionConfig,
+                                        prefill_attention_kernel)
     return 1 if failures else 0
+
+
+SEGMENT_CASES = [  # per segment (valid, start); shared: chunk, hq, hkv, dh, page, window, block_m, block_n, splits
+    (((16, 0), (9, 30), (0, 0)), 16, 8, 2, 32, 16, 0, 32, 16, 1),  # 3 prompts, one ragged, one empty segment
+    (((16, 40), (5, 7)), 16, 4, 1, 16, 16, 10, 16, 16, 2),  # sliding window + KV splits
+]
+
+
+def _interpret_segments(rng, dtype, launch_plan, combine_splits, config_cls, kernel) -> int:
+    """Several chunks (one per sequence) in one launch: SEGMENTS > 1 over one shared pool."""
+    failures = 0
+    for segments, chunk, hq, hkv, dh, page, window, bm, bn, splits in SEGMENT_CASES:
+        cases = [random_case(rng, chunk=chunk, num_tokens=valid, start=start, hq=hq, hkv=hkv, dh=dh, page=page,
+                             window=window, dtype=dtype) for valid, start in segments]
+        offsets = np.cumsum([0] + [c[1].shape[0] for c in cases])
+        k_pool = np.concatenate([c[1] for c in cases])
+        v_pool = np.concatenate([c[2] for c in cases])
+        width = max(len(c[3]) for c in cases)
+        tables = np.zeros((len(cases), width), np.int32)
+        for s, c in enumerate(cases):  # each table into its own part of the pool (block 0 stays block 0)
+            tables[s, :len(c[3])] = np.where(c[3] > 0, c[3] + offsets[s], 0)
+        q = np.concatenate([c[0] for c in cases])
+        positions = np.concatenate([c[4] for c in cases])
+        info = np.array([[c[4][0], valid, window] for c, (valid, _) in zip(cases, segments)], np.int32)
+        plan = launch_plan(chunk, hq, hkv, dh, page, width, scale=dh ** -0.5, segments=len(cases),
+                           config=config_cls(block_m=bm, block_n=bn, kv_splits=splits))
+        rows = len(cases) * chunk
+        if plan.splits == 1:
+            outs = [np.full((rows, hq, dh), np.nan, dtype), np.zeros(1, np.float32), np.zeros(1, np.float32)]
+        else:
+            outs = [np.full((plan.splits, rows, hq, dh), np.nan, np.float32),
+                    np.full((plan.splits, rows, hq), np.nan, np.float32),
+                    np.full((plan.splits, rows, hq), np.nan, np.float32)]
+        bufs = [HostBuffer(o) for o in outs]
+        kernel[plan.grid](HostBuffer(q), HostBuffer(k_pool), HostBuffer(v_pool), IntBuffer(tables), IntBuffer(info),
+                          *bufs, IEEE=dtype == np.float32, **plan.meta)
+        got = bufs[0].array.astype(np.float32)
+        if plan.splits > 1:
+            got = np.asarray(combine_splits(got, bufs[1].array, bufs[2].array))
+        err = 0.0
+        for s, (valid, _) in enumerate(segments):
+            if valid:
+                expected = reference_output(q[s * chunk:(s + 1) * chunk], k_pool, v_pool, tables[s],
+                                            positions[s * chunk:(s + 1) * chunk], window, dh ** -0.5)
+                seg = got[s * chunk:(s + 1) * chunk]
+                err = max(err, float((np.abs(seg - expected) / (1 + np.abs(expected)))[:valid].max()))
+        tol = 2e-5 if dtype == np.float32 else 1e-2
+        bad = not (err < tol and np.isfinite(got).all())
+        failures += bad
+        print(f"{'BAD' if bad else 'ok '} {np.dtype(dtype).name:8} segments={len(cases)} C={chunk} "
+              f"hq={hq} hkv={hkv} window={window} splits={plan.splits} err={err:.1e}", flush=True)
+    return failures
 
 
 def resource_usage(compiled) -> str:

@@ -133,7 +133,9 @@ def _manifest(graph: Graph, spec: ModelSpec, target: Target) -> dict:
         "activation_dtype": target.activation_dtype,
         "entries": {"forward": {"kinds": ["prefill", "decode", "mixed"],
                                 "decode_buckets": list(target.decode_buckets),
-                                "prefill_buckets": list(target.prefill_buckets)}},
+                                "prefill_buckets": list(target.prefill_buckets),
+                                "prefill_segments": list(target.prefill_segments),
+                                "segment_max_tokens": target.segment_max_tokens}},
         # one paged KV kind per distinct attention window (assign_state_kinds); `index` is the row of the
         # kind's slots and block tables in a StepBatch, `layer_state` maps each layer kind to its state kind
         "state": {decl.name: {"layout": "paged", "index": i, "window": _manifest_arg(decl.window),

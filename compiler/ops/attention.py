@@ -31,7 +31,7 @@ def state_index(*, index) -> int:
 def paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale):
     # q [N, hq, dh], k/v [N, hkv, dh], window: int32 scalar (0 = unlimited), state: int32 scalar (kind index);
     # k_pool, v_pool: this layer's pool, of its state kind
-    write_slots, dec_tables, pre_table = kind_view(batch, state)
+    write_slots, dec_tables, pre_tables = kind_view(batch, state)
     k_pool = _write(k_pool, write_slots, k)
     v_pool = _write(v_pool, write_slots, v)
     n_dec = batch.num_decode
@@ -40,10 +40,13 @@ def paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *,
         slots = _table_slots(dec_tables, k_pool.shape[1])  # [B, S]
         parts.append(_attend(q[:n_dec, None], _gather(k_pool, slots), _gather(v_pool, slots),
                              batch.positions[:n_dec, None], window, scale)[:, 0])
-    if q.shape[0] > n_dec:
-        slots = _table_slots(pre_table[None], k_pool.shape[1])  # [1, S]
-        parts.append(_attend(q[None, n_dec:], _gather(k_pool, slots), _gather(v_pool, slots),
-                             batch.positions[None, n_dec:], window, scale)[0])
+    if q.shape[0] > n_dec:  # P segments of L tokens, each one sequence's chunk
+        p = pre_tables.shape[0]
+        slots = _table_slots(pre_tables, k_pool.shape[1])  # [P, S]
+        seg_q = q[n_dec:].reshape(p, -1, *q.shape[1:])
+        out = _attend(seg_q, _gather(k_pool, slots), _gather(v_pool, slots),
+                      batch.positions[n_dec:].reshape(p, -1), window, scale)
+        parts.append(out.reshape(-1, *q.shape[1:]))
     out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     return out.reshape(out.shape[0], -1), k_pool, v_pool
 

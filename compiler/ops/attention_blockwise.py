@@ -37,7 +37,7 @@ def paged_attention_blockwise(q, k, v, window, state, k_pool, v_pool, batch: Ste
     # q [N, hq, dh], k/v [N, hkv, dh], window: int32 scalar (0 = unlimited), state: int32 scalar (kind index);
     # this layer's pools k_pool, v_pool [blocks, bs, hkv, dh] -> (out [N, hq * dh], k_pool, v_pool), the
     # step's k/v written first
-    write_slots, dec_tables, pre_table = kind_view(batch, state)
+    write_slots, dec_tables, pre_tables = kind_view(batch, state)
     k_layer = k_pool = _write_step_kv(k_pool, write_slots, k)
     v_layer = v_pool = _write_step_kv(v_pool, write_slots, v)
     n_dec = batch.num_decode
@@ -45,9 +45,11 @@ def paged_attention_blockwise(q, k, v, window, state, k_pool, v_pool, batch: Ste
     if n_dec:  # B rows of one token each
         parts.append(_attend_blockwise(q[:n_dec, None], batch.positions[:n_dec, None], dec_tables,
                                        k_layer, v_layer, window, scale)[:, 0])
-    if q.shape[0] > n_dec:  # one row of C tokens (the prefill chunk)
-        parts.append(_attend_blockwise(q[None, n_dec:], batch.positions[None, n_dec:], pre_table[None],
-                                       k_layer, v_layer, window, scale)[0])
+    if q.shape[0] > n_dec:  # P rows of L tokens (the prefill segments)
+        p = pre_tables.shape[0]
+        out = _attend_blockwise(q[n_dec:].reshape(p, -1, *q.shape[1:]), batch.positions[n_dec:].reshape(p, -1),
+                                pre_tables, k_layer, v_layer, window, scale)
+        parts.append(out.reshape(-1, *q.shape[1:]))
     out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     return out.reshape(out.shape[0], -1), k_pool, v_pool
 

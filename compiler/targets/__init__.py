@@ -21,6 +21,10 @@ class Target:
     activation_dtype: str = "float32"
     decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
+    # prefill chunks one step may carry (runtime/step_inputs.py PrefillShapes): (1,) = one per step; more lets a
+    # burst of short prompts (each <= segment_max_tokens) be admitted together
+    prefill_segments: tuple[int, ...] = (1,)
+    segment_max_tokens: int = 512
     # Formats whose weights stay packed on the device (compiler/ops/quant layouts: "q4_k", "q6_k", "q8_0" of GGUF
     # files; "fp8" of HF FP8 checkpoints); every other tensor is dequantized at load to the activation dtype.
     quantized_formats: tuple[str, ...] = ()

@@ -7,7 +7,7 @@
                             what the CPU tests compare with the reference op)
 
 The step's K/V is written first, exactly as the reference does (its `_write`: an in-place scatter into
-the donated pool). Rows past batch.num_decode (one prefill chunk) go through `attend_prefill_chunk`:
+the donated pool). Rows past batch.num_decode (the prefill segments) go through `attend_prefill_chunk`:
 prefill.py's flash-attention kernel over the paged pool (or its jnp emulation, by the same backend switch).
 
 Decode rows read `batch.dec_ctx_lens` for the extent of the walk and `batch.positions` for the causal
@@ -40,16 +40,17 @@ def paged_attention_emulated(q, k, v, window, state, k_pool, v_pool, batch: Step
     return _paged_attention(q, k, v, window, state, k_pool, v_pool, batch, scale=scale, backend="emulate")
 
 
-def attend_prefill_chunk(q, k_pool, v_pool, table, positions, window, *, scale, backend: str):
-    """The prefill chunk: q [C, hq, dh], one sequence's chunk at `positions` [C] (padding rows hold
-    position 0); table [W] its blocks; the chunk's own K/V already written -> [C, hq, dh] in q's dtype.
-    backend: "triton" (prefill.py's flash-attention kernel) or "emulate" (its jnp twin)."""
+def attend_prefill_chunk(q, k_pool, v_pool, tables, positions, window, *, scale, backend: str):
+    """The prefill segments: q [C, hq, dh], P runs of C / P tokens, run s one sequence's chunk at its
+    `positions` (padding rows hold position 0); tables [P, W] their blocks; the chunks' own K/V already
+    written -> [C, hq, dh] in q's dtype. backend: "triton" (prefill.py's flash-attention kernel, one launch
+    for every segment) or "emulate" (its jnp twin)."""
     fn = prefill_attention if backend == "triton" else prefill_attention_emulated
-    return fn(q, k_pool, v_pool, table, positions, None, window, scale=scale)
+    return fn(q, k_pool, v_pool, tables, positions, None, window, scale=scale)
 
 
 def _paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale, backend: str):
-    write_slots, dec_tables, pre_table = kind_view(batch, state)
+    write_slots, dec_tables, pre_tables = kind_view(batch, state)
     k_pool = _write(k_pool, write_slots, k)
     v_pool = _write(v_pool, write_slots, v)
     n_dec = batch.num_decode
@@ -57,8 +58,8 @@ def _paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *
     if n_dec:  # B rows of one token each
         parts.append(paged_decode_attention(q[:n_dec], k_pool, v_pool, dec_tables, batch.dec_ctx_lens,
                                             batch.positions[:n_dec], window, scale=scale, backend=backend))
-    if q.shape[0] > n_dec:  # one row of C tokens (the prefill chunk)
-        parts.append(attend_prefill_chunk(q[n_dec:], k_pool, v_pool, pre_table, batch.positions[n_dec:], window,
+    if q.shape[0] > n_dec:  # P segments of C / P tokens (the prefill chunks)
+        parts.append(attend_prefill_chunk(q[n_dec:], k_pool, v_pool, pre_tables, batch.positions[n_dec:], window,
                                           scale=scale, backend=backend))
     out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     return out.reshape(out.shape[0], -1), k_pool, v_pool

@@ -1,4 +1,4 @@
-"""prefill_attention: one prefill chunk's attention over the paged KV cache, as a flash-attention kernel.
+"""prefill_attention: prefill chunks' attention over the paged KV cache, as a flash-attention kernel.
 
 The reference (`attention.paged_attention`) gathers the sequence's whole table into [S = W * bs] keys
 and materialises fp32 scores [hkv, G, C, S]; at a 16k prefill that is gigabytes. Here:
@@ -8,16 +8,19 @@ and materialises fp32 scores [hkv, G, C, S]; at a 16k prefill that is gigabytes.
   launch_plan / pick_config   the static launch parameters; pure, testable anywhere
 
 Contract (both functions): q [C, hq, dh] (roped, activation dtype), k_pool/v_pool [blocks, bs, hkv, dh] with
-the chunk's own K/V already written, block_table [W] int32, positions [C] int32 (consecutive from the
-chunk's first token; padding rows hold 0, as runtime/step_inputs.py writes them), num_tokens (int32 scalar,
-or None to derive it from positions), window (int32 scalar, 0 = unlimited: a query at p sees keys in
-(p - window, p]), scale (float) -> [C, hq, dh] in q's dtype. Rows past num_tokens are finite (they compute
-as the last valid token, or are 0 when their whole tile is padding) and meant to be ignored.
+the chunks' own K/V already written, block_table [W] int32 (one chunk) or [P, W] (P segments: q's rows
+are P runs of L = C / P tokens, run s one chunk of the sequence whose table is row s), positions [C] int32
+(consecutive from each chunk's first token; padding rows hold 0, as runtime/step_inputs.py writes them),
+num_tokens (int32 scalar, one chunk only, or None to derive each chunk's from positions), window (int32
+scalar, 0 = unlimited: a query at p sees keys in (p - window, p]), scale (float) -> [C, hq, dh] in q's
+dtype. Rows past a chunk's tokens are finite (they compute as its last valid token, or are 0 when their
+whole tile is padding) and meant to be ignored. The segments run in one launch (grid axis 0 covers
+P x row tiles).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +54,7 @@ def pick_config(head_dim: int, dtype) -> PrefillAttentionConfig:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    grid: tuple[int, int, int]  # (row tiles, kv heads, kv splits)
+    grid: tuple[int, int, int]  # (segments x row tiles, kv heads, kv splits)
     block_m: int
     block_n: int
     splits: int
@@ -59,7 +62,8 @@ class LaunchPlan:
 
 
 def launch_plan(chunk: int, hq: int, hkv: int, head_dim: int, page: int, table_width: int, *, scale: float,
-                config: PrefillAttentionConfig) -> LaunchPlan:
+                config: PrefillAttentionConfig, segments: int = 1) -> LaunchPlan:
+    """chunk: tokens per segment (L); segments: P chunks of L tokens in one launch."""
     if hq % hkv:
         raise ValueError(f"{hq} query heads do not split into {hkv} KV head groups")
     for name, value in (("head_dim", head_dim), ("block_m", config.block_m), ("block_n", config.block_n)):
@@ -70,15 +74,15 @@ def launch_plan(chunk: int, hq: int, hkv: int, head_dim: int, page: int, table_w
     m_tiles = -(-rows // block_m)
     splits = config.kv_splits
     if splits is None:
-        programs = m_tiles * hkv
+        programs = segments * m_tiles * hkv
         max_tiles = -(-table_width * page // config.block_n)
         splits = 1 if programs >= H200_SMS else min(MAX_SPLITS, -(-2 * H200_SMS // programs),
                                                     max(1, max_tiles // MIN_TILES_PER_SPLIT))
     if splits < 1:
         raise ValueError(f"kv_splits must be >= 1, got {splits}")
-    meta = dict(C=chunk, HQ=hq, HKV=hkv, DH=head_dim, PAGE=page, TABLE_W=table_width, BLOCK_M=block_m,
-                BLOCK_N=config.block_n, SPLITS=splits, QK_SCALE=float(scale) * LOG2E)
-    return LaunchPlan((m_tiles, hkv, splits), block_m, config.block_n, splits, meta)
+    meta = dict(C=chunk, SEGMENTS=segments, HQ=hq, HKV=hkv, DH=head_dim, PAGE=page, TABLE_W=table_width,
+                BLOCK_M=block_m, BLOCK_N=config.block_n, SPLITS=splits, QK_SCALE=float(scale) * LOG2E)
+    return LaunchPlan((segments * m_tiles, hkv, splits), block_m, config.block_n, splits, meta)
 
 
 def chunk_info(positions, num_tokens, window) -> jax.Array:
@@ -103,21 +107,30 @@ def combine_splits(acc, m, l):
     return out / jnp.where(l_all > 0.0, l_all, 1.0)[..., None]
 
 
-def _check_shapes(q, k_pool, v_pool, block_table, positions):
+def _check_shapes(q, k_pool, v_pool, block_table, positions, num_tokens=None):
     c, hq, dh = q.shape
     if k_pool.shape != v_pool.shape or k_pool.ndim != 4 or k_pool.shape[3] != dh:
         raise ValueError(f"pools {k_pool.shape} / {v_pool.shape} do not match q {q.shape}")
-    if block_table.ndim != 1 or positions.shape != (c,):
-        raise ValueError(f"block_table {block_table.shape} must be [W], positions {positions.shape} [C={c}]")
+    if block_table.ndim not in (1, 2) or positions.shape != (c,):
+        raise ValueError(f"block_table {block_table.shape} must be [W] or [P, W], positions {positions.shape} [C={c}]")
+    if block_table.ndim == 2 and (c % block_table.shape[0] or (num_tokens is not None and block_table.shape[0] > 1)):
+        raise ValueError(f"{c} rows do not split into {block_table.shape[0]} segments (or num_tokens was given)")
     if q.dtype not in (jnp.bfloat16, jnp.float16, jnp.float32):
         raise ValueError(f"q must be bf16, f16 or f32, got {q.dtype}")
+
+
+def _segment_tables(block_table) -> jax.Array:
+    return block_table[None] if block_table.ndim == 1 else block_table  # [P, W]
 
 
 def _plan_for(q, k_pool, block_table, scale, config) -> tuple[LaunchPlan, PrefillAttentionConfig]:
     c, hq, dh = q.shape
     _, page, hkv, _ = k_pool.shape
+    tables = _segment_tables(block_table)
     config = config or pick_config(dh, q.dtype)
-    return launch_plan(c, hq, hkv, dh, page, block_table.shape[0], scale=scale, config=config), config
+    plan = launch_plan(c // tables.shape[0], hq, hkv, dh, page, tables.shape[1], scale=scale, config=config,
+                       segments=tables.shape[0])
+    return plan, config
 
 
 def prefill_attention(q, k_pool, v_pool, block_table, positions, num_tokens, window, *, scale,
@@ -128,12 +141,14 @@ def prefill_attention(q, k_pool, v_pool, block_table, positions, num_tokens, win
 
     from .prefill_kernel import prefill_attention_kernel
 
-    _check_shapes(q, k_pool, v_pool, block_table, positions)
+    _check_shapes(q, k_pool, v_pool, block_table, positions, num_tokens)
     if q.shape[0] == 0:  # a step without a chunk
         return q
     plan, config = _plan_for(q, k_pool, block_table, scale, config)
     c, hq, dh = q.shape
-    info = chunk_info(positions, num_tokens, window)
+    tables = _segment_tables(block_table)
+    p = tables.shape[0]
+    info = jnp.stack([chunk_info(seg, num_tokens, window) for seg in jnp.split(positions, p)])  # [P, 3]
     if plan.splits == 1:
         out_shape = [jax.ShapeDtypeStruct((c, hq, dh), q.dtype), jax.ShapeDtypeStruct((1,), jnp.float32),
                      jax.ShapeDtypeStruct((1,), jnp.float32)]
@@ -142,7 +157,7 @@ def prefill_attention(q, k_pool, v_pool, block_table, positions, num_tokens, win
                      jax.ShapeDtypeStruct((plan.splits, c, hq), jnp.float32),
                      jax.ShapeDtypeStruct((plan.splits, c, hq), jnp.float32)]
     out, m, l = triton_call(
-        q, k_pool, v_pool, block_table.astype(jnp.int32), info, kernel=prefill_attention_kernel,
+        q, k_pool, v_pool, tables.astype(jnp.int32), info, kernel=prefill_attention_kernel,
         out_shape=out_shape, grid=plan.grid, num_warps=config.num_warps, num_stages=config.num_stages,
         IEEE=q.dtype == jnp.float32, **plan.meta)
     if plan.splits == 1:
@@ -186,10 +201,18 @@ class _PyOps:
 def prefill_attention_emulated(q, k_pool, v_pool, block_table, positions, num_tokens, window, *, scale,
                                config: PrefillAttentionConfig | None = None):
     """The kernel's algorithm in jnp: same packing, tile ranges, split shares, masks, fp32 online softmax
-    (base 2), P rounded to q's dtype before PV, and the same combine. Slow; for tests and CPU checks."""
-    _check_shapes(q, k_pool, v_pool, block_table, positions)
+    (base 2), P rounded to q's dtype before PV, and the same combine. Slow; for tests and CPU checks.
+    Segments run one after another, each with the split count the segmented launch gives it."""
+    _check_shapes(q, k_pool, v_pool, block_table, positions, num_tokens)
     if q.shape[0] == 0:
         return q
+    if block_table.ndim == 2:
+        plan, config = _plan_for(q, k_pool, block_table, scale, config)
+        one = replace(config, kv_splits=plan.splits)
+        p = block_table.shape[0]
+        return jnp.concatenate([
+            prefill_attention_emulated(seg_q, k_pool, v_pool, table, seg_pos, None, window, scale=scale, config=one)
+            for seg_q, table, seg_pos in zip(jnp.split(q, p), block_table, jnp.split(positions, p))])
     plan, _ = _plan_for(q, k_pool, block_table, scale, config)
     c, hq, dh = q.shape
     _, page, hkv, _ = k_pool.shape

@@ -1,6 +1,7 @@
-"""Triton flash-attention kernel for one prefill chunk over the paged KV cache (imports only triton).
+"""Triton flash-attention kernel for prefill chunks over the paged KV cache (imports only triton).
 
-Grid (M_TILES, HKV, SPLITS). A program owns BLOCK_M *packed rows* of one KV head: packed row r is query
+Grid (SEGMENTS * M_TILES, HKV, SPLITS): SEGMENTS chunks of C tokens each (one sequence apiece, its own
+block table row and info row), M_TILES row tiles per chunk. A program owns BLOCK_M *packed rows* of one KV head: packed row r is query
 token r // G of the chunk and query head kv_head * G + r % G (G = HQ // HKV, the GQA group). Packing the
 group into M, rather than one program per query head:
   - short chunks fill the tile: C = 16 with G = 8 gives 128 rows per K/V tile gathered; one program per
@@ -23,7 +24,7 @@ at -1e30, not -inf, so a row whose first tiles are all masked (a window edge) ge
 and a correction of 1, never exp2(-inf + inf) = NaN; empty programs (padding tiles, empty KV splits) keep
 l = 0 and are written as 0 (SPLITS == 1) or as a split that the combine weighs by l = 0.
 
-Chunk facts arrive in a tiny int32 device array (info = [start position, valid tokens, window]) so that one
+Chunk facts arrive in a tiny int32 device array (info [SEGMENTS, 3] = [start position, valid tokens, window]) so that one
 compiled kernel serves every chunk of a bucket without a host sync. Rows of token >= valid tokens are
 padding: they compute as if they were the last valid token (finite, reads only valid keys) and whole
 padding tiles read nothing. Pool offsets are int64 (a pool can exceed 2**31 elements).
@@ -84,28 +85,30 @@ def _fold_kv_tiles(acc, m_i, l_i, q, k_pool_ptr, v_pool_ptr, table_ptr, kv_head,
 
 @triton.jit
 def prefill_attention_kernel(q_ptr, k_pool_ptr, v_pool_ptr, table_ptr, info_ptr, out_ptr, m_ptr, l_ptr,
-                             C: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, DH: tl.constexpr,
-                             PAGE: tl.constexpr, TABLE_W: tl.constexpr, BLOCK_M: tl.constexpr,
+                             C: tl.constexpr, SEGMENTS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                             DH: tl.constexpr, PAGE: tl.constexpr, TABLE_W: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, QK_SCALE: tl.constexpr,
                              IEEE: tl.constexpr):
-    # q [C, HQ, DH]; pools [blocks, PAGE, HKV, DH]; table [TABLE_W] int32; info int32 [3].
-    # SPLITS == 1: out [C, HQ, DH] (q's dtype), m_ptr/l_ptr unused. SPLITS > 1: out fp32 [SPLITS, C, HQ, DH]
-    # unnormalised, m/l fp32 [SPLITS, C, HQ].
+    # q [SEGMENTS * C, HQ, DH]; pools [blocks, PAGE, HKV, DH]; table [SEGMENTS, TABLE_W] int32; info int32
+    # [SEGMENTS, 3]. SPLITS == 1: out [SEGMENTS * C, HQ, DH] (q's dtype), m_ptr/l_ptr unused. SPLITS > 1: out
+    # fp32 [SPLITS, SEGMENTS * C, HQ, DH] unnormalised, m/l fp32 [SPLITS, SEGMENTS * C, HQ].
     G: tl.constexpr = HQ // HKV
     M_TILES: tl.constexpr = (C * G + BLOCK_M - 1) // BLOCK_M
-    pid_m = M_TILES - 1 - tl.program_id(0)  # the longest rows (latest queries) start first
+    segment = tl.program_id(0) // M_TILES
+    pid_m = M_TILES - 1 - tl.program_id(0) % M_TILES  # the longest rows (latest queries) start first
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    start = tl.load(info_ptr)
-    n_tok = tl.load(info_ptr + 1)
-    window = tl.load(info_ptr + 2)
+    table_ptr += segment * TABLE_W
+    start = tl.load(info_ptr + segment * 3)
+    n_tok = tl.load(info_ptr + segment * 3 + 1)
+    window = tl.load(info_ptr + segment * 3 + 2)
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows
     tok = rows // G
     head = kv_head * G + rows % G
     in_range = rows < C * G
     offs_d = tl.arange(0, DH)
-    q_rows = tok.to(tl.int64) * HQ + head  # [BM] row of q / out viewed as [C * HQ, DH]
+    q_rows = (segment * C + tok).to(tl.int64) * HQ + head  # [BM] row of q / out viewed as [SEGMENTS * C * HQ, DH]
     q = tl.load(q_ptr + q_rows[:, None] * DH + offs_d[None, :], mask=in_range[:, None], other=0.0)
     q_pos = start + tl.minimum(tok, n_tok - 1)  # padding rows act as the last valid token
 
@@ -145,7 +148,7 @@ def prefill_attention_kernel(q_ptr, k_pool_ptr, v_pool_ptr, table_ptr, info_ptr,
         tl.store(out_ptr + q_rows[:, None] * DH + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=in_range[:, None])
     else:
-        split_rows = split * (C * HQ) + q_rows  # [BM] row of the [SPLITS * C * HQ, ...] partials
+        split_rows = split * (SEGMENTS * C * HQ) + q_rows  # [BM] row of the [SPLITS * SEGMENTS * C * HQ, ...] partials
         tl.store(out_ptr + split_rows[:, None] * DH + offs_d[None, :], acc, mask=in_range[:, None])
         tl.store(m_ptr + split_rows, m_i, mask=in_range)
         tl.store(l_ptr + split_rows, l_i, mask=in_range)
