@@ -19,7 +19,7 @@ class ServeConfig:
     ctx: int | None = None  # longest context of one request (prompt + output); default min(model's, 8192)
     kv_memory_gib: float = 2.0  # KV pool budget; the pool always holds at least one full context
     max_num_seqs: int = 16
-    max_batched_tokens: int = 512
+    max_batched_tokens: int | None = None  # tokens per engine step; default: the plan's largest prefill bucket
     max_queue_depth: int = 256
     request_timeout: float = 600.0  # seconds from arrival; past it a request ends with 504
     max_output_tokens: int | None = None  # cap for a request that omits max_tokens; default: the context
@@ -77,7 +77,7 @@ _FLAGS = {
     "--ctx": ("ctx", _positive_int, "longest context of one request, prompt + output (tokens)"),
     "--kv-memory-gib": ("kv_memory_gib", _positive_float, "memory for the KV cache pool, GiB"),
     "--max-num-seqs": ("max_num_seqs", _positive_int, "sequences decoded together at most"),
-    "--max-batched-tokens": ("max_batched_tokens", _positive_int, "tokens per engine step at most"),
+    "--max-batched-tokens": ("max_batched_tokens", _positive_int, "tokens per engine step at most (default: the target's largest prefill chunk)"),
     "--max-queue-depth": ("max_queue_depth", _positive_int, "waiting requests beyond which new ones get 429"),
     "--request-timeout": ("request_timeout", _positive_float, "seconds a request may take before 504"),
     "--max-output-tokens": ("max_output_tokens", _positive_int, "cap for requests that omit max_tokens"),

@@ -75,7 +75,9 @@ class ModelService:
             min_bytes = kv_bytes_per_block(model, block) * math.ceil(context / block)
             engine_config = sized_config(
                 model, kv_memory_bytes=max(kv_bytes, min_bytes), block_size=block, max_model_len=context,
-                max_num_seqs=self.config.max_num_seqs, max_batched_tokens=self.config.max_batched_tokens,
+                max_num_seqs=self.config.max_num_seqs,
+                max_batched_tokens=self.config.max_batched_tokens or max(
+                    model.plan.manifest["entries"]["forward"]["prefill_buckets"]),
                 max_queue_depth=self.config.max_queue_depth, deterministic=self.config.deterministic,
                 max_queue_wait_s=self.config.request_timeout)
             self.engine = Engine(model, tokenizer, engine_config, stop_token_ids=self.eos_ids)

@@ -243,8 +243,10 @@ class Suite:
         c = self.config
         top = max([*c.concurrency, c.ttft_concurrency])
         context = c.prompt_tokens + c.output_tokens
+        # a step's budget as a server's (the largest prefill chunk): decode rows plus as many prompts as fit
         return EngineConfig(num_blocks=top * (-(-context // 16) + 1) + 1, max_model_len=context, max_num_seqs=top,
-                            max_batched_tokens=c.prompt_tokens + top, enable_prefix_caching=False)
+                            max_batched_tokens=max(c.prefill_chunk, c.prompt_tokens + top),
+                            enable_prefix_caching=False)
 
     def warm_single(self, out: dict, engine, model) -> None:
         """Compile only the shapes the batch-1 measurements use (a 32k-context engine has many): one short

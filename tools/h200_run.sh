@@ -2,13 +2,14 @@
 # What Ember runs on the H200 device machine (the `device` tool: the working tree is the current folder,
 # results go to $OUT; each call at most 10 minutes). One section per call:
 #   tools/h200_run.sh tests      GPU kernel + engine tests (hypothesis statistics), JAX on cuda and cpu
-#   tools/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16, FP8 (per-channel), Q4_K_M kept quantized
+#   tools/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16 and FP8 (per-channel)
+#   tools/h200_run.sh suite-8b-q4 bench suite, Llama-3-8B shape, Q4_K_M kept quantized
 #   tools/h200_run.sh suite-1.5b bench suite, Qwen2.5-1.5B Q4_K_M kept quantized
 #   tools/h200_run.sh llamacpp   llama.cpp built from .whl/llama.cpp-trimmed.tar.xz, same layouts
 #   tools/h200_run.sh hf         HF transformers (static cache + torch.compile), batch 1 and 32
 # COMMIT=<sha> names the commit the figures belong to (the copy's git metadata is stale).
 set -uo pipefail
-section=${1:?usage: $0 tests|suite-8b|suite-1.5b|llamacpp|hf}
+section=${1:?usage: $0 tests|suite-8b|suite-8b-q4|suite-1.5b|llamacpp|hf}
 commit=${COMMIT:-unknown}
 out=${OUT:?OUT must be set}
 # Ember from source on the image's own packages; wheels the image lacks (gguf, llguidance) from .whl/
@@ -33,9 +34,12 @@ tests)
     tail -n 5 "$out"/gpu_*.log ;;
 suite-8b)
     SUITE_FLAGS="--no-hf --sections context prefill concurrency ttft --concurrency 1 8 32 128 256" \
-        suite suite8b 330 synthetic:llama3-8b-fp8
+        suite suite8b 270 synthetic:llama3-8b
+    SUITE_FLAGS="--no-hf --sections context prefill concurrency --concurrency 1 32 128" \
+        suite suite8b-fp8 240 synthetic:llama3-8b-fp8 ;;
+suite-8b-q4)
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context prefill concurrency --concurrency 1 32 128" \
-        suite suite8b-q4 200 synthetic:llama3-8b-q4_k_m ;;
+        suite suite8b-q4 240 synthetic:llama3-8b-q4_k_m ;;
 suite-1.5b)
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context prefill concurrency ttft startup --concurrency 1 8 32 128 256" \
         suite suite15 540 synthetic:qwen2.5-1.5b-q4_k_m ;;

@@ -41,7 +41,7 @@ H200 = Target(
     prefill_buckets=(16, 64, 256, 512, 1024, 2048, 4096),
     # up to 8 short prompts (<= 512 tokens each) prefilled in one step: at 128-256 concurrent requests one
     # chunk per step admitted request k at step k, so the batch never filled
-    prefill_segments=(1, 2, 4, 8),
+    prefill_segments=(1, 4, 8),
     # 8 steps per call: the batch-1 engine went from 282 to 444 tok/s, device-bound (profile_step, b5407f0+)
     decode_steps=8,
 )
