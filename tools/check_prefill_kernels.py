@@ -94,13 +94,7 @@ def interpret() -> int:
             plan = launch_plan(chunk, hq, hkv, dh, page, len(table), scale=scale,
                                config=PrefillAttentionConfig(block_m=bm, block_n=bn, kv_splits=splits))
             info = np.array([positions[0], valid, window], np.int32)
-            if plan.splits == 1:
-                outs = [np.full((chunk, hq, dh), np.nan, dtype), np.zeros(1, np.float32), np.zeros(1, np.float32)]
-            else:
-                outs = [np.full((plan.splits, chunk, hq, dh), np.nan, np.float32),
-                        np.full((plan.splits, chunk, hq), np.nan, np.float32),
-                        np.full((plan.splits, chunk, hq), np.nan, np.float32)]
-            bufs = [HostBuffer(o) for o in outs]
+            bufs = _output_buffers(plan.splits, chunk, hq, dh, dtype)
             prefill_attention_kernel[plan.grid](HostBuffer(q), HostBuffer(k_pool), HostBuffer(v_pool),
                                                 IntBuffer(table), IntBuffer(info), *bufs,
                                                 IEEE=dtype == np.float32, **plan.meta)
@@ -120,6 +114,16 @@ def interpret() -> int:
         failures += _interpret_segments(rng, dtype, launch_plan, combine_splits, PrefillAttentionConfig,
                                         prefill_attention_kernel)
     return 1 if failures else 0
+
+
+def _output_buffers(splits: int, rows: int, hq: int, dh: int, dtype) -> list:
+    """The kernel's outputs, NaN-filled: out [rows, hq, dh] (one split) or fp32 partials + m / l (splits)."""
+    if splits == 1:
+        outs = [np.full((rows, hq, dh), np.nan, dtype), np.zeros(1, np.float32), np.zeros(1, np.float32)]
+    else:
+        outs = [np.full((splits, rows, hq, dh), np.nan, np.float32), np.full((splits, rows, hq), np.nan, np.float32),
+                np.full((splits, rows, hq), np.nan, np.float32)]
+    return [HostBuffer(o) for o in outs]
 
 
 SEGMENT_CASES = [  # per segment (valid, start); shared: chunk, hq, hkv, dh, page, window, block_m, block_n, splits
@@ -146,14 +150,7 @@ def _interpret_segments(rng, dtype, launch_plan, combine_splits, config_cls, ker
         info = np.array([[c[4][0], valid, window] for c, (valid, _) in zip(cases, segments)], np.int32)
         plan = launch_plan(chunk, hq, hkv, dh, page, width, scale=dh ** -0.5, segments=len(cases),
                            config=config_cls(block_m=bm, block_n=bn, kv_splits=splits))
-        rows = len(cases) * chunk
-        if plan.splits == 1:
-            outs = [np.full((rows, hq, dh), np.nan, dtype), np.zeros(1, np.float32), np.zeros(1, np.float32)]
-        else:
-            outs = [np.full((plan.splits, rows, hq, dh), np.nan, np.float32),
-                    np.full((plan.splits, rows, hq), np.nan, np.float32),
-                    np.full((plan.splits, rows, hq), np.nan, np.float32)]
-        bufs = [HostBuffer(o) for o in outs]
+        bufs = _output_buffers(plan.splits, len(cases) * chunk, hq, dh, dtype)
         kernel[plan.grid](HostBuffer(q), HostBuffer(k_pool), HostBuffer(v_pool), IntBuffer(tables), IntBuffer(info),
                           *bufs, IEEE=dtype == np.float32, **plan.meta)
         got = bufs[0].array.astype(np.float32)
