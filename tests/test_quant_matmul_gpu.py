@@ -58,3 +58,34 @@ def test_kernel_matches_reference(fmt: str, shape: tuple[int, int], m: int, dtyp
     tol = TOLERANCE[dtype]
     np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), expected,
                                rtol=tol, atol=tol * float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("shape", [(256, 1536), (1536, 8960), (151936, 1536)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("m", [1, 4])
+def test_split_kernel_for_decode_still_matches(fmt: str, shape: tuple[int, int], m: int, monkeypatch) -> None:
+    """m <= 4 runs the rows kernels while ROWS_FOR_DECODE; the split kernels stay selectable."""
+    from ember.compiler.ops.quant import config as config_module
+
+    monkeypatch.setattr(config_module, "ROWS_FOR_DECODE", False)
+    test_kernel_matches_reference(fmt, shape, m, jnp.bfloat16)
+
+
+ROWS_CONFIGS = [dict(block_n=4, split_k=8, sb_per_step=4, num_warps=1), dict(block_n=8, split_k=3, sb_per_step=1),
+                dict(block_n=64, split_k=1, sb_per_step=2, num_warps=8, prefetch=False)]
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("kwargs", ROWS_CONFIGS, ids=lambda k: "-".join(f"{v}" for v in k.values()))
+@pytest.mark.parametrize("m", [1, 3])
+def test_rows_configs_match_reference(fmt: str, kwargs: dict, m: int) -> None:
+    from ember.compiler.ops.quant import QuantMatmulConfig, quant_matmul_ref
+
+    shape = (1000, 2560)  # a masked last row tile for every block_n above; 10 super-blocks
+    w = device_weight(fmt, shape)
+    x = jax.random.normal(jax.random.key(m), (m, shape[1]), jnp.float32).astype(jnp.bfloat16)
+    config = QuantMatmulConfig(variant="rows", num_stages=1, **kwargs)
+    got = jax.jit(functools.partial(quant_matmul, backend="triton", config=config))(x, w)
+    expected = np.asarray(jax.jit(quant_matmul_ref)(x.astype(jnp.float32), w))
+    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), expected, rtol=1e-2,
+                               atol=1e-2 * float(np.abs(expected).max()))

@@ -2,9 +2,11 @@
 
   python tools/check_quant_kernels.py interpret [q4_k ...]   run the kernels in Triton's CPU interpreter
                                                             against the jnp reference (small shapes)
-  python tools/check_quant_kernels.py rows [q4_k]          the "rows" variant (triton_gemv.py) in the
-                                                            interpreter: m in {1, 3, 4}, masked row tiles
-  python tools/check_quant_kernels.py compile-rows [q4_k]  compile the rows variant for sm_90
+  python tools/check_quant_kernels.py rows [q4_k ...]      the "rows" variant (triton_gemv*.py) in the
+                                                            interpreter: ROWS_CASES (m 1..4, split-K, masks)
+  python tools/check_quant_kernels.py compile-rows [q4_k ...]  compile the rows variant for sm_90 at the
+                                                            engine's decode shapes; registers and spills
+                                                            from ptxas -v
   python tools/check_quant_kernels.py compile [q4_k ...]    compile them for sm_90 (Triton's bundled
                                                             LLVM + ptxas) at the benchmark shapes
 
@@ -16,6 +18,7 @@ and multiplied through fp32, and numpy >= 2.5's refusal of int() on 1-element ar
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import numpy as np
@@ -107,6 +110,19 @@ def interpret(formats: list[str]) -> int:
     return 1 if failures else 0
 
 
+# rows variant cases: (out, in), (block_n, split_k, sb_per_step, prefetch), [(m, dtype name), ...]. Together
+# they cover m = 1..4 in both dtypes, split_k 1 and > 1 (the last split shorter), masked row tiles (out not
+# a multiple of block_n), a last step only partly inside the range (S not dividing the split's units),
+# block_n down to 4, PREFETCH off, and one super-block (split_k and S clamped).
+ROWS_CASES = [
+    ((40, 1536), (16, 1, 4, True), [(1, "float32"), (4, "bfloat16")]),
+    ((40, 1536), (8, 4, 1, True), [(2, "float32"), (3, "bfloat16")]),
+    ((20, 1280), (4, 2, 2, True), [(1, "bfloat16"), (4, "float32")]),
+    ((24, 1280), (16, 1, 2, False), [(3, "float32")]),
+    ((12, 256), (8, 3, 2, True), [(2, "bfloat16")]),
+]
+
+
 def interpret_rows(formats: list[str]) -> int:
     os.environ["TRITON_INTERPRET"] = "1"
     patch_interpreter()
@@ -117,30 +133,30 @@ def interpret_rows(formats: list[str]) -> int:
     from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
 
     failures = 0
-    # (out, in): 6 super-blocks (K = 1536's count: S=4 leaves a half-masked last step), 5 (odd), 1
-    cases = [((40, 1536), (16, 4, True)), ((40, 1536), (32, 2, True)), ((24, 1280), (16, 2, False)),
-             ((24, 1280), (16, 8, True)), ((20, 256), (16, 1, True))]
+    dtypes = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
     for fmt in formats:
         kernel, names = ROWS_KERNELS[fmt]
         rng = np.random.default_rng(1)
-        for (out, inner), (block_n, sb, pf) in cases:
+        for (out, inner), (block_n, split_k, sb, pf), runs in ROWS_CASES:
             w = pack(random_gguf_bytes(rng, fmt, (out, inner), realistic=True), fmt, (out, inner))
-            config = QuantMatmulConfig(variant="rows", block_n=block_n, sb_per_step=sb, prefetch=pf)
-            for m in (1, 3, 4):
-                for dtype in (np.float32, ml_dtypes.bfloat16):
-                    x = rng.standard_normal((m, inner)).astype(dtype)
-                    expected = np.asarray(quant_matmul_ref(jnp.asarray(x).astype(jnp.float32), w))
-                    plan = launch_plan(fmt, m, out, inner, config)
-                    y = HostBuffer(np.full((m, out), np.nan, dtype))
-                    kernel[plan["grid"]](HostBuffer(x), *(HostBuffer(w.planes[n]) for n in names), y, **plan["meta"])
-                    got = y.array.astype(np.float32)
-                    err = float(np.abs(got - expected).max() / np.abs(expected).max())
-                    tol = 1e-4 if dtype == np.float32 else 1e-2
-                    bad = not err < tol  # NaN (an unwritten row) fails too
-                    failures += bad
-                    print(f"{'BAD' if bad else 'ok '} rows {fmt} {out}x{inner} m={m} {np.dtype(dtype).name:8} "
-                          f"block_n={block_n} S={sb} prefetch={plan['meta']['PREFETCH']} grid={plan['grid'][0]} "
-                          f"rel_err={err:.1e}", flush=True)
+            config = QuantMatmulConfig(variant="rows", block_n=block_n, split_k=split_k, sb_per_step=sb, prefetch=pf)
+            for m, dtype_name in runs:
+                dtype = dtypes[dtype_name]
+                x = rng.standard_normal((m, inner)).astype(dtype)
+                expected = np.asarray(quant_matmul_ref(jnp.asarray(x).astype(jnp.float32), w))
+                plan = launch_plan(fmt, m, out, inner, config)
+                splits = plan["split_k"]
+                y = HostBuffer(np.full((splits, m, out), np.nan, dtype if splits == 1 else np.float32))
+                kernel[plan["grid"]](HostBuffer(x), *(HostBuffer(w.planes[n]) for n in names), y, **plan["meta"])
+                got = y.array.astype(np.float32).sum(axis=0)
+                err = float(np.abs(got - expected).max() / np.abs(expected).max())
+                tol = 1e-4 if dtype == np.float32 else 1e-2
+                bad = not err < tol  # NaN (an unwritten row or split) fails too
+                failures += bad
+                meta = plan["meta"]
+                print(f"{'BAD' if bad else 'ok '} rows {fmt} {out}x{inner} m={m} {dtype_name:8} block_n={block_n} "
+                      f"grid={plan['grid'][:2]} S={meta['S']} units/split={meta['UNITS_PER_SPLIT']} "
+                      f"prefetch={meta['PREFETCH']} rel_err={err:.1e}", flush=True)
     return 1 if failures else 0
 
 
@@ -159,37 +175,105 @@ def compile_sm90(kernel, types: list[str], constants: dict, *, num_warps: int, n
                           options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def compile_all(formats: list[str], rows: bool = False) -> int:
-    from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pick_config
-    from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
+def compile_all(formats: list[str]) -> int:
+    from ember.compiler.ops.quant import launch_plan, pick_config
     from ember.compiler.ops.quant.triton_kernels import KERNELS
 
     shapes = [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (151936, 1536),
               (4096, 4096), (14336, 4096), (4096, 14336)]
     failures = 0
     for fmt in formats:
-        kernel, _ = (ROWS_KERNELS if rows else KERNELS)[fmt]
-        for m in ((1, 4) if rows else (1, 16)):
+        kernel, _ = KERNELS[fmt]
+        for m in (1, 16):
             for dtype in ("bf16", "fp32"):
                 for out, inner in shapes:
-                    config = (QuantMatmulConfig(variant="rows", block_n=64 if m == 1 else 32, sb_per_step=2)
-                              if rows else pick_config(fmt, m, out, inner))
+                    config = pick_config(fmt, m, out, inner)
+                    if config.variant != "split":  # the rows kernels: compile-rows
+                        continue
                     plan = launch_plan(fmt, m, out, inner, config)
                     out_dtype = dtype if plan["split_k"] == 1 else "fp32"
                     types = ["*" + dtype, *PLANE_TYPES[fmt], "*" + out_dtype]
-                    constants = dict(plan["meta"]) if rows else dict(plan["meta"], IEEE=dtype == "fp32")
                     try:
-                        compiled = compile_sm90(kernel, types, constants, num_warps=config.num_warps,
-                                                num_stages=config.num_stages)
+                        compiled = compile_sm90(kernel, types, dict(plan["meta"], IEEE=dtype == "fp32"),
+                                                num_warps=config.num_warps, num_stages=config.num_stages)
                     except Exception as error:
                         failures += 1
                         print(f"FAIL {fmt} m={m} {dtype} {out}x{inner}: {error}", flush=True)
                         continue
                     ptx = compiled.asm["ptx"]
                     print(f"ok  {fmt} m={m:<2} {dtype} {out:>6}x{inner:<5} grid={plan['grid']} "
-                          f"smem={compiled.metadata.shared:>6} regs={getattr(compiled, 'n_regs', '?')} "
-                          f"ld.v4={ptx.count('ld.global.v4')} cp.async={ptx.count('cp.async.cg') + ptx.count('cp.async.ca')} "
+                          f"smem={compiled.metadata.shared:>6} {ptxas_usage(ptx)} ld.v4={ptx.count('ld.global.v4')} "
+                          f"cp.async={ptx.count('cp.async.cg') + ptx.count('cp.async.ca')} "
                           f"mma={ptx.count('mma.sync')}", flush=True)
+    return 1 if failures else 0
+
+
+def ptxas_usage(ptx: str) -> str:
+    """'regs=N spill=S/L' from Triton's bundled ptxas -v for sm_90 (what the driver would run; XLA compiles
+    the same Triton IR with its own Triton, so its counts may differ a little)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        done = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+                              capture_output=True, text=True)
+    info = done.stdout + done.stderr
+    regs = re.search(r"Used (\d+) registers", info)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
+    if not regs:
+        return "regs=?"
+    return f"regs={regs.group(1):>3} spill={spills.group(1)}/{spills.group(2)}" if spills else f"regs={regs.group(1)}"
+
+
+def rows_compile_configs(fmt: str) -> list[tuple[int, tuple[int, int], object]]:
+    """(m, shape, config): config.py's rows pick for every decode shape the engine calls, m = 1 and 4, plus
+    the sweep's largest-register candidates at the first shape."""
+    from ember.compiler.ops.quant import QuantMatmulConfig, pick_config
+    from ember.tools.bench_quant_matmul import DECODE_SHAPES
+
+    cases = [(m, shape, pick_config(fmt, m, *shape)) for shape in DECODE_SHAPES[fmt] for m in (1, 4)]
+    shape = DECODE_SHAPES[fmt][0]
+    acc = 16 if fmt == "q6_k" else 32
+    for m, target in ((1, 16), (4, 8)):  # the candidates' largest accumulator per thread (rows_candidates)
+        warps = (8 if fmt == "q8_0" else 1) * 64 * acc // (32 * target)
+        if warps <= 8:
+            cases.append((m, shape, QuantMatmulConfig(variant="rows", block_n=64, split_k=1, sb_per_step=1,
+                                                      num_warps=warps, num_stages=1)))
+    return cases
+
+
+def compile_rows(formats: list[str]) -> int:
+    from ember.compiler.ops.quant import launch_plan
+    from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
+
+    failures = 0
+    for fmt in formats:
+        kernel, _ = ROWS_KERNELS[fmt]
+        for m, (out, inner), config in rows_compile_configs(fmt):
+            dtype = "bf16"
+            plan = launch_plan(fmt, m, out, inner, config)
+            out_dtype = dtype if plan["split_k"] == 1 else "fp32"
+            label = (f"{fmt} m={m} {out:>6}x{inner:<5} bn={config.block_n:<2} split={plan['split_k']} "
+                     f"S={plan['meta']['S']:<2} warps={config.num_warps}")
+            try:
+                compiled = compile_sm90(kernel, ["*" + dtype, *PLANE_TYPES[fmt], "*" + out_dtype], dict(plan["meta"]),
+                                        num_warps=config.num_warps, num_stages=config.num_stages)
+            except Exception as error:
+                failures += 1
+                print(f"FAIL {label}: {error}", flush=True)
+                continue
+            ptx = compiled.asm["ptx"]
+            print(f"ok  {label} {ptxas_usage(ptx)} smem={compiled.metadata.shared} "
+                  f"ld.v4={ptx.count('ld.global.v4')} ld.v2={ptx.count('ld.global.v2')} "
+                  f"cvt.f32.int={len(re.findall(r'cvt\.rn\.f32\.[su]', ptx))} "
+                  f"cp.async={ptx.count('cp.async')}", flush=True)
     return 1 if failures else 0
 
 
@@ -199,9 +283,9 @@ def main(argv: list[str]) -> int:
         return 2
     formats = argv[1:] or ["q4_k", "q6_k", "q8_0"]
     if argv[0] == "compile-rows":
-        return compile_all(argv[1:] or ["q4_k"], rows=True)
+        return compile_rows(formats)
     if argv[0] == "rows":
-        return interpret_rows(argv[1:] or ["q4_k"])
+        return interpret_rows(formats)
     return interpret(formats) if argv[0] == "interpret" else compile_all(formats)
 
 

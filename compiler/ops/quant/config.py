@@ -8,19 +8,26 @@ several times (split-K when `out` is small and `in` is long), and enough bytes i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+# Decode (m <= 4) picks the "rows" kernels (triton_gemv*.py) when True, the "split" kernels otherwise.
+# Read at every pick_config call; EMBER_QUANT_ROWS=0 sets it False at import. The rows rules below are
+# best guesses until `tools/bench_quant_matmul.py --rows-sweep` has measured them on the GPU.
+ROWS_FOR_DECODE = os.environ.get("EMBER_QUANT_ROWS", "1") != "0"
 
 
 @dataclass(frozen=True)
 class QuantMatmulConfig:
-    block_n: int = 64          # output rows per program (a power of two >= 16)
-    split_k: int = 1           # programs along `in`; their fp32 partial sums are added by XLA
+    block_n: int = 64          # output rows per program (a power of two; split: >= 16, rows: 4..512)
+    split_k: int = 1           # programs along `in`; their fp32 partial sums are added by XLA (both variants)
     num_warps: int = 4
     num_stages: int = 3        # software-pipelining depth of the block loop
     blocks_per_step: int = 8   # Q8_0 only: 32-element blocks per loop iteration (unrolled)
     use_dot: bool | None = None  # tensor-core tl.dot; None: only when m > 1
-    variant: str = "split"     # "split": triton_kernels.py; "rows": triton_gemv.py (m <= 4, no split-K)
-    sb_per_step: int = 2       # "rows" only: super-blocks per loop step, loaded together (a power of two)
+    variant: str = "split"     # "split": triton_kernels.py; "rows": triton_gemv*.py (m <= 4)
+    sb_per_step: int = 2       # "rows" only: super-blocks per loop step, loaded together (a power of two
+                               # <= 16; Q8_0: 8 blocks of 32 per super-block, the same elements per step)
     prefetch: bool = True      # "rows" only: issue the next step's loads before this step's math
 
     def dot_for(self, m: int) -> bool:
@@ -44,8 +51,31 @@ class ConfigRule:
                 and self.min_in <= inner < self.max_in)
 
 
+def _rows(block_n: int, split_k: int, sb_per_step: int, num_warps: int) -> QuantMatmulConfig:
+    # num_stages=1: the rows kernels double-buffer their loads in registers themselves (PREFETCH)
+    return QuantMatmulConfig(variant="rows", block_n=block_n, split_k=split_k, sb_per_step=sb_per_step,
+                             num_warps=num_warps, num_stages=1)
+
+
+# Decode, rows kernels (used while ROWS_FOR_DECODE). Sizing: a program keeps S x block_n x 128 B of Q4_K
+# codes in flight (twice with PREFETCH) and S x block_n / num_warps words plus m times as many fp32
+# accumulators per thread, so m = 4 halves the tile; enough programs (>= ~4 per SM of 132) come from
+# small tiles and split-K where `out` is small.
+ROWS_RULES: tuple[ConfigRule, ...] = (
+    # Q8_0: 8 blocks per sb_per_step and 32 one-byte codes per row and block: 4x Q4_K's accumulators per word
+    ConfigRule("q8_0", _rows(8, 4, 1, 4), max_m=4, max_out=8192),
+    ConfigRule("q8_0", _rows(16, 1, 1, 4), max_m=1),
+    ConfigRule("q8_0", _rows(8, 1, 1, 4), max_m=4),
+    ConfigRule("*", _rows(8, 4, 1, 2), max_m=4, max_out=1024),                   # k/v-sized outputs
+    ConfigRule("*", _rows(16, 8, 1, 4), max_m=4, max_out=8192, min_in=8192),     # long `in` (down)
+    ConfigRule("*", _rows(16, 4, 2, 4), max_m=1, max_out=8192),                  # out ~ in
+    ConfigRule("*", _rows(16, 4, 1, 4), max_m=4, max_out=8192),
+    ConfigRule("*", _rows(32, 1, 2, 4), max_m=1),                                # long out (gate/up, head)
+    ConfigRule("*", _rows(32, 1, 1, 4), max_m=4),
+)
+
 # Shape classes: tiny out (k/v projections), out ~ in (q/o, down), long out (gate/up, LM head).
-CONFIG_TABLE: tuple[ConfigRule, ...] = (
+CONFIG_TABLE: tuple[ConfigRule, ...] = ROWS_RULES + (
     # few output rows: small tiles and split-K so that a few hundred programs exist
     ConfigRule("*", QuantMatmulConfig(block_n=16, split_k=4), max_out=1024),
     # out ~ 1.5-4k with a long `in` (down projections): split-K
@@ -59,7 +89,10 @@ CONFIG_TABLE: tuple[ConfigRule, ...] = (
 
 def pick_config(fmt: str, m: int, out: int, inner: int,
                 table: tuple[ConfigRule, ...] = CONFIG_TABLE) -> QuantMatmulConfig:
+    """The first matching rule's config; rules of the rows variant are skipped unless ROWS_FOR_DECODE."""
     for rule in table:
+        if rule.config.variant == "rows" and not ROWS_FOR_DECODE:
+            continue
         if rule.matches(fmt, m, out, inner):
             return rule.config
     return QuantMatmulConfig()

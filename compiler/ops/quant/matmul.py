@@ -1,7 +1,8 @@
 """quant_matmul: x [m, in] @ W.T for a quantized W [out, in], by a static backend.
 
 backend="reference"  the plain jnp reference (dequantize, then an fp32 matmul); runs anywhere
-backend="triton"     the Triton GEMV kernels (triton_kernels.py), native XLA kernels; NVIDIA GPUs only
+backend="triton"     the Triton GEMV kernels, native XLA kernels; NVIDIA GPUs only: variant "split"
+                     (triton_kernels.py, any m) or "rows" (triton_gemv*.py, m <= 4)
 backend="mosaic"     reserved for a Pallas Mosaic GPU kernel (not written yet: raises)
 """
 
@@ -61,21 +62,45 @@ def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfi
     return {"grid": grid, "split_k": split_k, "meta": meta}
 
 
-def _rows_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig) -> dict:
-    from ember.compiler.ops.quant.triton_gemv import ROWS_MAX_M
+ROWS_BLOCK_N = (4, 512)   # the rows variant's row tile: a power of two in this range
+ROWS_MAX_SB_PER_STEP = 16
+ROWS_MAX_M = 4            # activation rows of the rows kernels (one accumulator each)
+ROWS_UNIT = {"q4_k": 256, "q6_k": 256, "q8_0": 32}  # elements of `in` per split/step unit (triton_gemv*.py)
 
-    if fmt != "q4_k":
-        raise ValueError(f"the rows variant has no {fmt} kernel yet")
+
+def _rows_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig) -> dict:
+    """Grid (cdiv(out, block_n), split_k) over `units` along `in` (super-blocks; Q8_0: 32-element blocks,
+    8 per sb_per_step so that a step spans the same elements). Each split takes units_per_split units,
+    a multiple of the step's S units when it spans more than one step (only the last split's last step
+    is partly masked); S shrinks to the range when one step covers it; no split is empty."""
+    if fmt not in ROWS_UNIT:
+        raise ValueError(f"the rows variant has no {fmt} kernel")
     if not 1 <= m <= ROWS_MAX_M:
         raise ValueError(f"the rows variant takes 1..{ROWS_MAX_M} activation rows, got {m}")
-    if config.block_n < 16 or config.block_n & (config.block_n - 1):
-        raise ValueError(f"block_n must be a power of two >= 16, got {config.block_n}")
-    s = config.sb_per_step
-    if s < 1 or s & (s - 1):
-        raise ValueError(f"sb_per_step must be a power of two, got {s}")
-    steps = -(-(inner // 256) // s)
-    meta = dict(M=m, N=out, K=inner, BLOCK_N=config.block_n, S=s, PREFETCH=bool(config.prefetch and steps > 1))
-    return {"grid": (-(-out // config.block_n), 1, 1), "split_k": 1, "meta": meta}
+    low, high = ROWS_BLOCK_N
+    if not low <= config.block_n <= high or config.block_n & (config.block_n - 1):
+        raise ValueError(f"rows: block_n must be a power of two in [{low}, {high}], got {config.block_n}")
+    sb = config.sb_per_step
+    if not 1 <= sb <= ROWS_MAX_SB_PER_STEP or sb & (sb - 1):
+        raise ValueError(f"rows: sb_per_step must be a power of two in [1, {ROWS_MAX_SB_PER_STEP}], got {sb}")
+    if config.split_k < 1:
+        raise ValueError(f"split_k must be >= 1, got {config.split_k}")
+    unit = ROWS_UNIT[fmt]
+    if inner % unit:
+        raise ValueError(f"{fmt}: `in` = {inner} is not a multiple of {unit}")
+    units = inner // unit
+    s = sb * 256 // unit                                  # units per step
+    split_k = min(config.split_k, units)
+    per_split = -(-units // split_k)
+    if per_split > s:
+        per_split = -(-per_split // s) * s                # whole steps per split
+    else:
+        s = 1 << (per_split - 1).bit_length()             # one step covers the split: the smallest power of two
+    split_k = -(-units // per_split)                      # no empty splits
+    steps = -(-per_split // s)
+    meta = dict(M=m, N=out, K=inner, BLOCK_N=config.block_n, S=s, UNITS_PER_SPLIT=per_split,
+                PREFETCH=bool(config.prefetch and steps > 1))
+    return {"grid": (-(-out // config.block_n), split_k, 1), "split_k": split_k, "meta": meta}
 
 
 def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig) -> jax.Array:
@@ -98,11 +123,8 @@ def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulCon
     plan = launch_plan(w.format, m, out, inner, config)
     split_k = plan["split_k"]
     out_dtype = x.dtype if split_k == 1 else jnp.float32
-    if config.variant == "rows":  # one launch, [m, out] in x's dtype: nothing before or after it
-        return triton_call(
-            x, *(w.planes[name] for name in plane_names), kernel=kernel,
-            out_shape=jax.ShapeDtypeStruct((m, out), x.dtype), grid=plan["grid"],
-            num_warps=config.num_warps, num_stages=config.num_stages, **plan["meta"])
+    # the rows kernels write [split_k, m, out] too (split_k == 1: x's dtype, one launch and nothing after it)
+    constants = dict(plan["meta"]) if config.variant == "rows" else dict(plan["meta"], IEEE=x.dtype == jnp.float32)
     y = triton_call(
         x, *(w.planes[name] for name in plane_names),
         kernel=kernel,
@@ -110,8 +132,7 @@ def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulCon
         grid=plan["grid"],
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        IEEE=x.dtype == jnp.float32,
-        **plan["meta"],
+        **constants,
     )
     if split_k == 1:
         return y[0]

@@ -1,0 +1,70 @@
+"""Helpers shared by the row-tile GEMV kernels (triton_gemv.py, triton_gemv_q6_k.py, triton_gemv_q8_0.py).
+
+The kernels' common frame (the "rows" variant of QuantMatmulConfig, m <= 4 activation rows):
+
+  grid (cdiv(out, BLOCK_N), SPLIT_K). Program (pid_n, pid_k) owns output rows pid_n * BLOCK_N + [0, BLOCK_N)
+  and the contiguous range of `units` [pid_k * UNITS_PER_SPLIT, min(+UNITS_PER_SPLIT, UNITS)) along `in`
+  (a unit is a 256-element super-block for Q4_K / Q6_K and a 32-element block for Q8_0). It walks that
+  range in steps of S units loaded together (one 3-D load [S, BLOCK_N, words] per plane), with the next
+  step's loads issued before this step's math when PREFETCH. Units past the range (the tail of the last
+  split, when UNITS_PER_SPLIT is not a multiple of S) and rows past `out` are masked: their codes read 0
+  and their scales 0, so they add exactly 0.
+
+  Output: out[pid_k, i, rows] for activation row i, i.e. [m, out] in the activation dtype when SPLIT_K == 1
+  (one launch, nothing after it) or fp32 partials [SPLIT_K, m, out] that the caller sums.
+
+All offsets are int32: every plane must hold < 2**31 elements (matmul.py checks).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def u2f(v):
+    """Exact uint32 (< 2**23) -> float32 without a conversion instruction: one OR and one FADD."""
+    return (v | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def field_to(words, lo: tl.constexpr, dst: tl.constexpr, mask: tl.constexpr):
+    """Bits lo.. of each word moved to bit dst, then AND `mask` (the field's bits at dst): one shift + one AND
+    (which the caller's OR with an exponent pattern folds into a single LOP3)."""
+    if lo <= dst:
+        moved = words << (dst - lo)
+    else:
+        moved = words >> (lo - dst)
+    return moved & mask
+
+
+@triton.jit
+def split_range(UNITS: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr, S: tl.constexpr):
+    """(pid_k, unit index [S, 1, 1] of step 0's S units, end of this program's range) for grid axis 1."""
+    pid_k = tl.program_id(1)
+    start = pid_k * UNITS_PER_SPLIT
+    stop = tl.minimum(start + UNITS_PER_SPLIT, UNITS)
+    return pid_k, start + tl.arange(0, S)[:, None, None], stop
+
+
+@triton.jit
+def row_tile(BLOCK_N: tl.constexpr, N: tl.constexpr):
+    """(rows [BLOCK_N], row_ok [BLOCK_N], rows [1, BLOCK_N, 1], row_ok [1, BLOCK_N, 1]) of grid axis 0."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    return rows, row_ok, rows[None, :, None], row_ok[None, :, None]
+
+
+@triton.jit
+def x_tile(x_ptr, i: tl.constexpr, u3, ok_u, offset: tl.constexpr, j3, K: tl.constexpr, UNIT: tl.constexpr):
+    """Activation row i at u3 * UNIT + offset + j3 (u3 [S, 1, 1] units, j3 [1, 1, W]) -> float32 [S, 1, W],
+    0 for units outside the program's range (ok_u [S, 1, 1])."""
+    return tl.load(x_ptr + i * K + u3 * UNIT + offset + j3, mask=ok_u, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_row(out_ptr, acc, i: tl.constexpr, pid_k, rows, row_ok, M: tl.constexpr, N: tl.constexpr):
+    """acc [S, BLOCK_N, W] fp32 of activation row i -> out[pid_k, i, rows] in the output's dtype."""
+    y = tl.sum(tl.sum(acc, axis=0), axis=1)  # s first: thread-local in the usual layouts, then across lanes
+    tl.store(out_ptr + (pid_k * M + i) * N + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)

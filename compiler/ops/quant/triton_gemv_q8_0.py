@@ -1,0 +1,70 @@
+"""Q8_0 row-tile GEMV kernel (the "rows" variant; frame and outputs: triton_gemv_common.py).
+
+Planes (layout.py): qs int8 [in/32, out, 32], d fp16 [in/32, out]. A unit is one 32-element block;
+a loop step loads S blocks together: codes [S, BLOCK_N, 32] int8 (each row's 32 bytes contiguous) and
+d [S, BLOCK_N, 1]. matmul.py's plan passes S = 8 * sb_per_step, so a step covers as many elements of
+`in` as sb_per_step super-blocks of the K-quant kernels.
+
+Decode without a conversion instruction: with q the signed code, (q << 15) + 0x3FC00000 =
+0x3F800000 + (q + 128) << 15 (q + 128 in 0..255 lands in mantissa bits 15..22), so v = 1 + (q + 128) / 256
+exactly (per weight: the byte's sign extension, one shift-add). With s = 256 d and u = 384 d (both exact:
+d is fp16), w = s * v - u = d q in one FMA; d q has <= 19 significant bits, so w is exact, bit-equal to
+the reference's dequantized weight (without FMA contraction, in the interpreter, s * v rounds first by
+at most 2**-24 relative).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ember.compiler.ops.quant.triton_gemv_common import row_tile, split_range, store_row, x_tile
+
+
+@triton.jit
+def _q8_0_load(qs_ptr, d_ptr, u3, stop, r3, row_ok3, j3, N: tl.constexpr):
+    """Planes of blocks u3 [S, 1, 1]: codes [S, BLOCK_N, 32] int8, d [S, BLOCK_N, 1] float32."""
+    ok = (u3 < stop) & row_ok3
+    plane = u3 * N + r3
+    q = tl.load(qs_ptr + plane * 32 + j3, mask=ok, other=0)
+    d = tl.load(d_ptr + plane, mask=ok, other=0.0).to(tl.float32)
+    return q, d
+
+
+@triton.jit
+def q8_0_rows_kernel(x_ptr, qs_ptr, d_ptr, out_ptr,
+                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                     S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
+    NSTEPS: tl.constexpr = (UNITS_PER_SPLIT + S - 1) // S
+    rows, row_ok, r3, row_ok3 = row_tile(BLOCK_N, N)
+    pid_k, u0, stop = split_range(K // 32, UNITS_PER_SPLIT, S)
+    j3 = tl.arange(0, 32)[None, None, :]
+    acc0 = tl.zeros((S, BLOCK_N, 32), tl.float32)
+    acc1 = tl.zeros((S, BLOCK_N, 32), tl.float32)
+    acc2 = tl.zeros((S, BLOCK_N, 32), tl.float32)
+    acc3 = tl.zeros((S, BLOCK_N, 32), tl.float32)
+    nxt = _q8_0_load(qs_ptr, d_ptr, u0, stop, r3, row_ok3, j3, N)
+    for step in range(NSTEPS):
+        u3 = u0 + step * S
+        q, d = nxt
+        if PREFETCH:
+            nxt = _q8_0_load(qs_ptr, d_ptr, u3 + S, stop, r3, row_ok3, j3, N)
+        else:
+            q, d = _q8_0_load(qs_ptr, d_ptr, u3, stop, r3, row_ok3, j3, N)
+        ok_u = u3 < stop
+        v = ((q.to(tl.int32) << 15) + 0x3FC00000).to(tl.float32, bitcast=True)  # 1 + (q + 128) / 256
+        w = (d * 256.0) * v - d * 384.0                  # [S, BLOCK_N, 32] = d q
+        acc0 += x_tile(x_ptr, 0, u3, ok_u, 0, j3, K, 32) * w
+        if M > 1:
+            acc1 += x_tile(x_ptr, 1, u3, ok_u, 0, j3, K, 32) * w
+        if M > 2:
+            acc2 += x_tile(x_ptr, 2, u3, ok_u, 0, j3, K, 32) * w
+        if M > 3:
+            acc3 += x_tile(x_ptr, 3, u3, ok_u, 0, j3, K, 32) * w
+    store_row(out_ptr, acc0, 0, pid_k, rows, row_ok, M, N)
+    if M > 1:
+        store_row(out_ptr, acc1, 1, pid_k, rows, row_ok, M, N)
+    if M > 2:
+        store_row(out_ptr, acc2, 2, pid_k, rows, row_ok, M, N)
+    if M > 3:
+        store_row(out_ptr, acc3, 3, pid_k, rows, row_ok, M, N)
