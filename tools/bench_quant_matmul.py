@@ -18,7 +18,12 @@ JSON).
 
   python tools/bench_quant_matmul.py [--formats q4_k ...] [--shapes 1536x1536 ...] [--m 1 16]
                                      [--sweep] [--rows] [--runs 25]
---rows also times the "rows" variant (triton_gemv.py; q4_k, m <= 4) beside the split kernel, and at
+  python tools/bench_quant_matmul.py --rows-sweep --formats q4_k q6_k --m 1 4 [--budget-s 600]
+--rows-sweep times only the rows variant's candidates (rows_candidates(): ~10-20 per case) beside the
+split kernel's default and the rows default (config.py's tables) for every decode shape the engine
+calls (DECODE_SHAPES), at most --sweep-max-calls weight copies per executable (64: only the 0.3 MB
+Q6_K 256x1536 stays partly L2-resident), and prints the best per case with its error vs the reference.
+--rows also times the "rows" variant (triton_gemv*.py, m <= 4) beside the split kernel, and at
 m = 1 a small sweep of its configurations (ROWS_SWEEP), printing the best with its error.
 --sweep also times a set of candidate kernel configurations per case and reports the best (the
 numbers compiler/ops/quant/config.py's table should hold).
@@ -49,6 +54,17 @@ SHAPES = {
     "qwen2.5-1.5b": [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (151936, 1536)],
     "llama-3-8b": [(4096, 4096), (14336, 4096), (4096, 14336)],
 }
+# The matrices a decode step multiplies, per format, as the h200 plans call them (runtime/weights.py packs
+# consecutive parts of one format: q+k, gate+up; a llama.cpp Q4_K_M file makes attn_v and ffn_down Q6_K in
+# about half the layers (runtime/synthetic_gguf.py) and the output head Q6_K; the head of a tied model is
+# its Q6_K embedding table).
+DECODE_SHAPES = {
+    "q4_k": [(1792, 1536), (2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960),       # 1.5B: q+k, q+k+v, o, gate+up, down
+             (5120, 4096), (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],   # 8B
+    "q6_k": [(256, 1536), (1536, 8960), (151936, 1536),                                   # 1.5B: v, down, head
+             (1024, 4096), (4096, 14336), (128256, 4096)],                                # 8B
+    "q8_0": [(1536, 1536), (151936, 1536)],
+}
 L2_FLUSH_BYTES = 128 << 20  # weights cycled per run: 2.5x the H200's 50 MB L2
 MIN_CALLS, MAX_CALLS = 16, 256  # (the cap leaves the ~0.2-0.4 MB k/v projections partly L2-resident)
 SWEEP = ([QuantMatmulConfig(block_n=b, split_k=s, num_warps=w) for b in (32, 64, 128) for s in (1, 2, 4) for w in (4, 8)]
@@ -62,7 +78,7 @@ def rows_config(m: int) -> QuantMatmulConfig:
 
 ROWS_SWEEP = [QuantMatmulConfig(variant="rows", block_n=b, sb_per_step=sb, num_warps=w)
               for b, sb, w in ((16, 8, 4), (32, 2, 4), (32, 8, 4), (64, 4, 8), (128, 2, 8))]
-ROWS_FORMATS = ("q4_k",)
+ROWS_FORMATS = ("q4_k", "q6_k", "q8_0")
 BACKEND = "triton"  # --backend reference: a CPU smoke test of this script's plumbing
 
 
@@ -256,14 +272,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--rows", action="store_true",
                         help="also time the rows variant (q4_k, m <= 4) and, at m = 1, sweep ROWS_SWEEP")
+    parser.add_argument("--rows-sweep", action="store_true",
+                        help="only sweep the rows variant (m <= 4 of --m; shapes: --shapes or DECODE_SHAPES per "
+                             "format) beside the split and rows defaults; prints the best per case")
+    parser.add_argument("--sweep-max-calls", type=int, default=64,
+                        help="--rows-sweep: at most this many weight copies per executable (compile time)")
+    parser.add_argument("--budget-s", type=float, default=600.0,
+                        help="--rows-sweep: start no new shape after this many seconds")
     parser.add_argument("--backend", default="triton", choices=["triton", "reference"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     global BACKEND
     BACKEND = args.backend
     args.runs = max(args.runs, 20)
-    shapes = [s for family in SHAPES.values() for s in family]
     if args.shapes:
-        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
+        args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
+    shapes = args.shapes or [s for family in SHAPES.values() for s in family]
     out_dir = Path(os.environ.get("OUT", "./out"))
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -279,6 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     print(f"devices {result['devices']}  copy bandwidth {bandwidth:.0f} GB/s (frac = kernel GB/s / copy GB/s)")
+    if args.rows_sweep:
+        from ember.tools.bench_quant_rows import run_rows_sweep  # (it imports this module's helpers)
+
+        run_rows_sweep(args, bandwidth, result, out_dir)
+        (out_dir / "quant_matmul.json").write_text(json.dumps(result, indent=1))
+        print(f"wrote {out_dir / 'quant_matmul.json'}")
+        return 0
     print(HEADER)
     rng = np.random.default_rng(0)
     for fmt in args.formats:
