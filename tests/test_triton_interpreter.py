@@ -9,7 +9,7 @@ import sys
 import pytest
 
 CHECKS = [("check_attention_kernels", "interpret"), ("check_prefill_kernels", "interpret"),
-          ("check_quant_kernels", "interpret"), ("check_quant_kernels", "rows")]
+          ("check_quant_kernels", "interpret"), ("check_quant_kernels", "rows"), ("check_fp8_kernels", "interpret")]
 
 
 @pytest.mark.parametrize("tool, mode", CHECKS, ids=[f"{t}-{m}" for t, m in CHECKS])

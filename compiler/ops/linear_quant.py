@@ -10,7 +10,8 @@ the (static) row count:
                          dequantize to the activation dtype, then the reference XLA matmul (prefill,
                          mixed steps): compute-bound, so the one-off dequantization is amortised
   WeightGroup            one of the above per part (parts of different formats), outputs side by side
-  Fp8Weight              fp8_linear (quant/fp8.py): written for XLA to fuse the fp8 operand into its GEMM
+  Fp8Weight              fp8_linear (quant/fp8.py): the Triton GEMV for few rows on a GPU (fp8_gemv.py),
+                         else written for XLA to fuse the fp8 operand into its GEMM
 
 Backend choice: the plan's calls carry no backend argument (generated code stays target-agnostic
 beyond the kernel names), and a plan is traced on the device it runs on, so `quant_backend()` reads

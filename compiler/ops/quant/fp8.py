@@ -6,19 +6,27 @@
 blocks as in the "fp8" quantization method with weight_block_size [128, 128], whose `weight_scale_inv` is this
 scale; runtime/fp8_checkpoint.py reads both.)
 
-A decode step reads each weight once, so a byte per weight halves the bf16 step's traffic. The projection is
-written for XLA to fuse: per-channel, the scale leaves the dot (y[:, o] = scale[o] * Σ_k x[k] values[o, k])
-and the fp8 -> activation-dtype convert sits on the dot's operand, which XLA's GEMM fusion reads from HBM
-as fp8; block scales multiply the converted operand before the dot. fp32 accumulation throughout.
+A decode step reads each weight once, so a byte per weight halves the bf16 step's traffic. `fp8_linear`:
+  few rows (m <= GEMV_MAX_ROWS = 16) traced for an NVIDIA GPU with Triton: the Triton GEMV
+      (fp8_gemv.py), which streams the fp8 matrix at HBM bandwidth (XLA's fusion measured 0.48 of the
+      roofline at batch 1 on the 8B shape); EMBER_FP8_GEMV=0 turns it off (read at trace time);
+  otherwise (prefill, mixed steps, any other backend: the CPU tests): `fp8_linear_xla`, written for XLA to
+      fuse: per-channel, the scale leaves the dot (y[:, o] = scale[o] * Σ_k x[k] values[o, k]) and the
+      fp8 -> activation-dtype convert sits on the dot's operand, which XLA's GEMM fusion reads from HBM as
+      fp8; block scales multiply the converted operand before the dot.
+fp32 accumulation throughout; the XLA path is the reference the kernel is checked against.
 """
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ..triton_available import triton_available
 
 FP8 = jnp.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -78,8 +86,28 @@ def dequantize_fp8(w: Fp8Weight, dtype=jnp.float32):
     return (values * scale).astype(dtype)
 
 
+GEMV_MAX_ROWS = 16  # activation rows up to this go through the Triton GEMV on a GPU (decode)
+GEMV_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+
+
 def fp8_linear(x, w: Fp8Weight):
-    # x [N, in] @ w.T -> [N, out] in x's dtype, fp32 accumulation
+    # x [N, in] @ w.T -> [N, out] in x's dtype, fp32 accumulation (module docstring: which path)
+    if use_fp8_gemv(x, w):
+        from .fp8_gemv import fp8_gemv  # Triton is a GPU-only dependency: imported on use
+
+        return fp8_gemv(x, w)
+    return fp8_linear_xla(x, w)
+
+
+def use_fp8_gemv(x, w: Fp8Weight) -> bool:
+    """Whether fp8_linear(x, w) launches the Triton GEMV (decided at trace time; jit caches it)."""
+    return (x.ndim == 2 and 1 <= x.shape[0] <= GEMV_MAX_ROWS and x.dtype in GEMV_DTYPES
+            and w.shape[0] * w.shape[1] < 2**31 and os.environ.get("EMBER_FP8_GEMV", "1") != "0"
+            and triton_available())
+
+
+def fp8_linear_xla(x, w: Fp8Weight):
+    # the plain jnp projection XLA fuses: x [N, in] @ w.T -> [N, out] in x's dtype, fp32 accumulation
     if w.blocked:
         operand = (w.values.astype(jnp.float32) * _expand(w.scale, *w.shape)).astype(x.dtype)
         return jnp.einsum("nk,ok->no", x, operand, preferred_element_type=jnp.float32).astype(x.dtype)

@@ -1,0 +1,260 @@
+"""FP8 (e4m3) GEMV for decode: x [m, in] (m <= 16 rows) @ values.T with per-channel or 128 x 128 block scales.
+
+Why a kernel: a decode step reads every weight once, so the projection is bound by HBM; XLA's fusion of the
+fp8 -> bf16 convert into its GEMM streamed the fp8 matrix at ~0.5 of HBM bandwidth at batch 1 (8B shape).
+This kernel reads each fp8 byte once, in wide contiguous tiles, with fp32 accumulation.
+
+Layout and grid. values float8_e4m3fn [out, in] row-major (each row's `in` run contiguous). Grid
+(cdiv(out, BLOCK_N), SPLIT_K): program (pid_n, pid_k) owns output rows pid_n * BLOCK_N + [0, BLOCK_N) and the
+`in` range [pid_k * K_PER_SPLIT, +K_PER_SPLIT), walked in steps of BLOCK_K (rows past `out` and columns past
+`in` are masked: they read 0). A tile row is BLOCK_K contiguous bytes: 16-byte vector loads.
+
+Two inner loops (config.use_dot):
+  CUDA cores: a step loads the tile [BLOCK_N, BLOCK_K]; with PREFETCH the next step's tile is loaded before
+      this step's math (a register double buffer: Triton's pipeliner only makes cp.async stages for loads that
+      feed a dot). acc [BLOCK_M, BLOCK_N, BLOCK_K] fp32 += x_t[:, None, :] * w[None] (BLOCK_M = next power of
+      two >= m: each weight tile, in registers, serves every activation row), summed over BLOCK_K at the end.
+      Block scales: a tile's rows lie in one 128-row scale block (BLOCK_N <= 128, tiles aligned), so the scale
+      is a per-column vector scale[o // 128, k // 128] [BLOCK_K] multiplying w (the dequantized weight, rounded
+      once in fp32: equal to dequantize-then-dot up to fp32 rounding).
+  tensor cores: x padded to BLOCK_M = 16 rows (masked), a step's tile split into SUB sub-tiles [BLOCK_N, KS]
+      (KS = 128 with block scales when BLOCK_K > 128, so a sub-tile never straddles a scale block), each
+      converted to the dot dtype (bf16 / f16: exact for e4m3; f32 activations: an fp32 "ieee" dot);
+      acc [16, BLOCK_N] += dot(x_t, w.T), with block scales dot(x_t, w.T) * scale[o // 128, k // 128] (each
+      128-block's partial sum scaled); num_stages pipelines the loads (cp.async) through shared memory.
+Per-channel scales multiply the finished sum: y[i, o] = scale[o] * sum_k x[i, k] * w[o, k].
+
+Output out [SPLIT_K, m, out]: x's dtype when SPLIT_K == 1 (one launch, nothing after it), else fp32 partials
+that fp8_gemv sums (as quant/matmul.py's split kernels).
+
+W_BITCAST: the weight pointer holds uint8 bytes reinterpreted as e4m3 in the kernel (Triton's CPU interpreter,
+tools/check_fp8_kernels.py, has no float8 numpy buffers); on the GPU the fp8 array is passed as it is.
+All offsets are int32: out * in < 2**31 (checked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import triton
+import triton.language as tl
+
+from .fp8 import BLOCK, GEMV_MAX_ROWS as MAX_ROWS, Fp8Weight  # MAX_ROWS: fp8_linear's dispatch bound
+
+DOT_BLOCK_M = 16  # tl.dot needs >= 16 rows: activations are padded (masked) to 16
+
+
+@dataclass(frozen=True)
+class Fp8GemvConfig:
+    block_n: int = 32       # output rows per program (power of two <= 256; use_dot: >= 16)
+    block_k: int = 256      # `in` columns per loop step (power of two 16..1024): block_k bytes per row per step
+    split_k: int = 1        # programs along `in`; > 1: fp32 partials summed by XLA (clamped: no empty split)
+    num_warps: int = 4
+    num_stages: int = 1     # software-pipelining depth (cp.async stages; only the use_dot loop gets them)
+    use_dot: bool = False   # tensor-core tl.dot on x padded to 16 rows; False: CUDA-core FMAs
+    prefetch: bool = True   # CUDA cores: load the next step's tile before this step's math
+    step_reduce: bool = False  # CUDA cores: sum each step's products per 16-column chunk (small accumulator)
+
+
+@dataclass(frozen=True)
+class Fp8Rule:
+    """Applies when m <= max_m and out < max_out and inner >= min_in (first match wins)."""
+
+    config: Fp8GemvConfig
+    max_m: int = MAX_ROWS
+    max_out: int = 1 << 62
+    min_in: int = 0
+
+    def matches(self, m: int, out: int, inner: int) -> bool:
+        return m <= self.max_m and out < self.max_out and inner >= self.min_in
+
+
+_C = Fp8GemvConfig
+# Sizing (H200: 132 SMs, ~30 KB of loads in flight per SM to cover HBM latency): a step's tile is
+# block_n x block_k bytes (8 KB at 16 x 512), twice that with the prefetch, and several programs per SM
+# (ptxas: ~126 registers per thread at 16 x 512 with step_reduce, m <= 2: 4 programs of 4 warps per SM);
+# the grid should hold >= ~4 programs per SM, so short `out` with long `in` splits K. The full-width
+# CUDA-core accumulator (step_reduce False) costs m_pow2 x block_n x block_k / (32 num_warps) registers per
+# thread and spills at m = 4, so 3+ rows take the tensor cores (cp.async stages, ~55 registers). Best guesses
+# from the register counts until `tools/bench_fp8_gemv.py --sweep` has measured them.
+FP8_RULES: tuple[Fp8Rule, ...] = (
+    # 1-2 rows: CUDA cores, each weight tile reused by both rows
+    Fp8Rule(_C(block_n=16, block_k=512, split_k=4, step_reduce=True), max_m=2, max_out=8192, min_in=8192),
+    Fp8Rule(_C(block_n=16, block_k=512, split_k=2, step_reduce=True), max_m=2, max_out=8192),
+    Fp8Rule(_C(block_n=16, block_k=512, step_reduce=True), max_m=2),
+    # 3-16 rows: tensor cores (x padded to 16 rows)
+    Fp8Rule(_C(block_n=32, block_k=256, split_k=4, use_dot=True, num_stages=3), max_out=8192),
+    Fp8Rule(_C(block_n=64, block_k=256, use_dot=True, num_stages=3)),
+)
+
+
+def pick_fp8_config(m: int, out: int, inner: int, *, blocked: bool = False,
+                    rules: tuple[Fp8Rule, ...] = FP8_RULES) -> Fp8GemvConfig:
+    """The first matching rule's config (block scales take the same tiles for now)."""
+    del blocked  # same table for now; kept so a measured table can tell the layouts apart
+    for rule in rules:
+        if rule.matches(m, out, inner):
+            return rule.config
+    return Fp8GemvConfig()
+
+
+@triton.jit
+def _w_tile(w_ptr, rows, row_ok, cols, ok, K: tl.constexpr, W_BITCAST: tl.constexpr):
+    """fp8 tile of rows x cols (broadcast against each other: rows [BLOCK_N, 1(, 1)], cols [1, ...]); masked
+    (ok: a scalar, e.g. "inside the range") to 0."""
+    mask = row_ok & (cols < K) & ok
+    w = tl.load(w_ptr + rows * K + cols, mask=mask, other=0.0)
+    if W_BITCAST:
+        w = w.to(tl.float8e4nv, bitcast=True)
+    return w
+
+
+@triton.jit
+def _cuda_core_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M: tl.constexpr, N: tl.constexpr,
+                   K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   STEPS: tl.constexpr, BLOCKED: tl.constexpr, PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr,
+                   W_BITCAST: tl.constexpr):
+    """sum_k x[i, k] * w[o, k] over the program's range -> [BLOCK_M, BLOCK_N] fp32 (block scales applied).
+    Tiles are [BLOCK_N, C, 16]: each 16-byte chunk of a row one vector load. STEP_REDUCE sums every step's
+    products over the chunk's 16 columns (in-thread adds: a [BLOCK_M, BLOCK_N, C] accumulator, 1/16 of the
+    registers, so more programs fit per SM); otherwise acc [BLOCK_M, BLOCK_N, C, 16] takes FMAs."""
+    KB: tl.constexpr = (K + 127) // 128                     # scale blocks along `in`
+    V: tl.constexpr = 16 if BLOCK_K >= 16 else BLOCK_K
+    C: tl.constexpr = BLOCK_K // V
+    j = tl.arange(0, C)[:, None] * V + tl.arange(0, V)[None, :]   # [C, V] column offsets of a step
+    r3 = rows[:, None, None]
+    ok3 = row_ok[:, None, None]
+    if STEP_REDUCE:
+        acc = tl.zeros((BLOCK_M, BLOCK_N, C), tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N, C, V), tl.float32)
+    nxt = _w_tile(w_ptr, r3, ok3, (k_start + j)[None, :, :], True, K, W_BITCAST)
+    for step in range(STEPS):
+        cols = k_start + step * BLOCK_K + j                  # [C, V]
+        if PREFETCH:  # the next step's tile is in flight during this step's math (masked off after the last)
+            w = nxt
+            nxt = _w_tile(w_ptr, r3, ok3, (cols + BLOCK_K)[None, :, :], step + 1 < STEPS, K, W_BITCAST)
+        else:
+            w = _w_tile(w_ptr, r3, ok3, cols[None, :, :], True, K, W_BITCAST)
+        wf = w.to(tl.float32)                                # [BLOCK_N, C, V]
+        if BLOCKED:  # the tile's rows share one scale row: a scale per column
+            srow = (tl.program_id(0) * BLOCK_N) // 128
+            wf = wf * tl.load(s_ptr + srow * KB + cols // 128, mask=cols < K, other=0.0)[None, :, :]
+        xt = tl.load(x_ptr + i[:, None, None, None] * K + cols[None, None, :, :],
+                     mask=i_ok[:, None, None, None] & (cols < K)[None, None, :, :], other=0.0).to(tl.float32)
+        if STEP_REDUCE:
+            acc += tl.sum(xt * wf[None], axis=3)             # [BLOCK_M, BLOCK_N, C]
+        else:
+            acc += xt * wf[None]                             # [BLOCK_M, BLOCK_N, C, V]
+    if STEP_REDUCE:
+        total = tl.sum(acc, axis=2)
+    else:
+        total = tl.sum(tl.sum(acc, axis=3), axis=2)
+    return total
+
+
+@triton.jit
+def _dot_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M: tl.constexpr, N: tl.constexpr,
+             K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KS: tl.constexpr,
+             STEPS: tl.constexpr, BLOCKED: tl.constexpr, IEEE: tl.constexpr, W_BITCAST: tl.constexpr):
+    """The same sum on the tensor cores: x padded to BLOCK_M = 16 rows, SUB = BLOCK_K / KS dots per step."""
+    KB: tl.constexpr = (K + 127) // 128
+    SUB: tl.constexpr = BLOCK_K // KS
+    j = tl.arange(0, KS)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(STEPS):
+        for sub in tl.static_range(SUB):
+            k0 = k_start + step * BLOCK_K + sub * KS
+            cols = k0 + j
+            w = _w_tile(w_ptr, rows[:, None], row_ok[:, None], cols[None, :], True, K, W_BITCAST)  # [BLOCK_N, KS]
+            xt = tl.load(x_ptr + i[:, None] * K + cols[None, :], mask=i_ok[:, None] & (cols < K)[None, :],
+                         other=0.0)                                      # [BLOCK_M, KS]
+            if IEEE:
+                part = tl.dot(xt.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+            else:
+                part = tl.dot(xt, tl.trans(w.to(xt.dtype)))                # [BLOCK_M, BLOCK_N] fp32
+            if BLOCKED:  # this 128-block's partial sum times scale[o // 128, k0 // 128]
+                acc += part * tl.load(s_ptr + (rows // 128) * KB + k0 // 128, mask=row_ok, other=0.0)[None, :]
+            else:
+                acc += part
+    return acc
+
+
+@triton.jit
+def fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
+                    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KS: tl.constexpr, K_PER_SPLIT: tl.constexpr,
+                    BLOCKED: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr,
+                    IEEE: tl.constexpr, W_BITCAST: tl.constexpr):
+    STEPS: tl.constexpr = K_PER_SPLIT // BLOCK_K
+    pid_k = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] output rows
+    row_ok = rows < N
+    i = tl.arange(0, BLOCK_M)                                   # [BLOCK_M] activation rows
+    i_ok = i < M
+    k_start = pid_k * K_PER_SPLIT
+    if USE_DOT:
+        acc = _dot_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+                       KS, STEPS, BLOCKED, IEEE, W_BITCAST)
+    else:
+        acc = _cuda_core_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M, N, K, BLOCK_M, BLOCK_N,
+                             BLOCK_K, STEPS, BLOCKED, PREFETCH, STEP_REDUCE, W_BITCAST)
+    if not BLOCKED:
+        acc = acc * tl.load(s_ptr + rows, mask=row_ok, other=0.0)[None, :]
+    out = out_ptr + (pid_k * M + i[:, None]) * N + rows[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=i_ok[:, None] & row_ok[None, :])
+
+
+def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked: bool) -> dict:
+    """The static launch parameters of one call (grid, split count, kernel constexprs); pure, testable on CPU."""
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"the FP8 GEMV takes 1..{MAX_ROWS} activation rows, got {m}")
+    if out < 1 or inner < 1:
+        raise ValueError(f"empty weight {out}x{inner}")
+    if out * inner >= 2**31:
+        raise ValueError(f"a {out}x{inner} weight has >= 2**31 elements; int32 offsets overflow")
+    bn, bk = config.block_n, config.block_k
+    if bn < 1 or bn & (bn - 1) or bn > 256:
+        raise ValueError(f"block_n must be a power of two <= 256, got {bn}")
+    if bk < 16 or bk & (bk - 1) or bk > 1024:  # a power of two: divides 128 or is a multiple of it
+        raise ValueError(f"block_k must be a power of two in [16, 1024], got {bk}")
+    if config.use_dot and bn < 16:
+        raise ValueError(f"use_dot needs block_n >= 16, got {bn}")
+    if blocked and bn > BLOCK:  # a tile's rows must share one scale row
+        raise ValueError(f"block scales need block_n <= {BLOCK}, got {bn}")
+    if config.split_k < 1:
+        raise ValueError(f"split_k must be >= 1, got {config.split_k}")
+    steps = -(-inner // bk)
+    split_k = min(config.split_k, steps)
+    per_split = -(-steps // split_k)
+    split_k = -(-steps // per_split)  # no empty splits
+    block_m = DOT_BLOCK_M if config.use_dot else 1 << (m - 1).bit_length()
+    ks = min(bk, BLOCK) if blocked and config.use_dot else bk
+    meta = dict(M=m, N=out, K=inner, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, KS=ks, K_PER_SPLIT=per_split * bk,
+                BLOCKED=blocked, USE_DOT=config.use_dot, PREFETCH=config.prefetch and per_split > 1,
+                STEP_REDUCE=config.step_reduce)
+    return {"grid": (-(-out // bn), split_k, 1), "split_k": split_k, "meta": meta}
+
+
+def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) -> jax.Array:
+    """x [m, in] (bf16, f16 or f32; m <= MAX_ROWS) @ dequant(w).T -> [m, out] in x's dtype, fp32 accumulation.
+    Launches the Triton kernel (NVIDIA GPUs; lowered for the cuda platform anywhere)."""
+    from ..triton_launch import triton_call  # GPU-only path: imported on use
+
+    if x.ndim != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"x {x.shape} does not match a weight of shape {w.shape}")
+    if x.dtype not in (jnp.bfloat16, jnp.float16, jnp.float32):
+        raise ValueError(f"activations must be bf16, f16 or f32, got {x.dtype}")
+    m, (out, inner) = x.shape[0], w.shape
+    config = config or pick_fp8_config(m, out, inner, blocked=w.blocked)
+    plan = launch_plan(m, out, inner, config, blocked=w.blocked)
+    split_k = plan["split_k"]
+    y = triton_call(
+        x, w.values, w.scale.astype(jnp.float32), kernel=fp8_gemv_kernel,
+        out_shape=jax.ShapeDtypeStruct((split_k, m, out), x.dtype if split_k == 1 else jnp.float32),
+        grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages,
+        IEEE=x.dtype == jnp.float32, W_BITCAST=False, **plan["meta"])
+    return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(x.dtype)
+

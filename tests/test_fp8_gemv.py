@@ -1,0 +1,109 @@
+"""The FP8 decode GEMV (compiler/ops/quant/fp8_gemv.py) on this CPU: its config table and launch plans, the
+dispatch in fp8_linear, and its lowering to XLA's native Triton custom call for the cuda platform (the numerics
+run in Triton's interpreter: tools/check_fp8_kernels.py, tests/test_triton_interpreter.py)."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ember.compiler.ops.quant import fp8 as fp8_module
+from ember.compiler.ops.quant.fp8 import GEMV_MAX_ROWS, fp8_linear, quantize_fp8, use_fp8_gemv
+from ember.compiler.ops.quant.fp8_gemv import (FP8_RULES, Fp8GemvConfig, fp8_gemv, launch_plan,
+                                               pick_fp8_config)
+from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
+
+SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16])
+@pytest.mark.parametrize("out, inner", SHAPES_8B)
+@pytest.mark.parametrize("blocked", [False, True])
+def test_every_decode_shape_gets_a_valid_plan_with_enough_programs(m, out, inner, blocked):
+    config = pick_fp8_config(m, out, inner, blocked=blocked)
+    plan = launch_plan(m, out, inner, config, blocked=blocked)
+    grid = plan["grid"]
+    assert grid == (-(-out // config.block_n), plan["split_k"], 1)
+    assert grid[0] * grid[1] >= 2 * 132  # at least two programs per SM of an H200
+    meta = plan["meta"]
+    assert meta["K_PER_SPLIT"] % meta["BLOCK_K"] == 0 and plan["split_k"] * meta["K_PER_SPLIT"] >= inner
+    assert (plan["split_k"] - 1) * meta["K_PER_SPLIT"] < inner  # no empty split
+    assert meta["BLOCK_M"] >= m and (meta["BLOCK_M"] == 16 if config.use_dot else meta["BLOCK_M"] < 2 * m)
+
+
+def test_split_k_is_clamped_so_that_no_split_is_empty():
+    plan = launch_plan(1, 100, 300, Fp8GemvConfig(block_n=32, block_k=64, split_k=16), blocked=False)
+    assert plan["split_k"] == 5 and plan["meta"]["K_PER_SPLIT"] == 64  # 5 steps of 64 columns
+    plan = launch_plan(1, 100, 1024, Fp8GemvConfig(block_k=128, split_k=3), blocked=False)
+    assert plan["split_k"] == 3 and plan["meta"]["K_PER_SPLIT"] == 384  # 3 + 3 + 2 steps
+    plan = launch_plan(1, 100, 1024, Fp8GemvConfig(block_k=256, split_k=4), blocked=False)
+    assert not plan["meta"]["PREFETCH"]  # one step per split: nothing to prefetch
+
+
+def test_block_scales_take_128_wide_dot_sub_tiles():
+    dot = Fp8GemvConfig(block_n=32, block_k=512, use_dot=True)
+    assert launch_plan(16, 256, 1024, dot, blocked=True)["meta"]["KS"] == 128
+    assert launch_plan(16, 256, 1024, dot, blocked=False)["meta"]["KS"] == 512
+    assert launch_plan(1, 256, 1024, Fp8GemvConfig(block_k=64), blocked=True)["meta"]["KS"] == 64
+
+
+@pytest.mark.parametrize("kwargs, m, match", [
+    (dict(block_n=24), 1, "block_n"), (dict(block_n=512), 1, "block_n"), (dict(block_k=8), 1, "block_k"),
+    (dict(block_k=96), 1, "block_k"), (dict(block_n=8, use_dot=True), 4, "use_dot"), (dict(split_k=0), 1, "split_k"),
+    (dict(), 0, "activation rows"), (dict(), GEMV_MAX_ROWS + 1, "activation rows")])
+def test_bad_configs_and_row_counts_are_refused(kwargs, m, match):
+    with pytest.raises(ValueError, match=match):
+        launch_plan(m, 256, 512, Fp8GemvConfig(**kwargs), blocked=False)
+
+
+def test_block_scales_need_row_tiles_inside_one_scale_block_and_int32_offsets():
+    with pytest.raises(ValueError, match="block scales"):
+        launch_plan(1, 512, 512, Fp8GemvConfig(block_n=256), blocked=True)
+    with pytest.raises(ValueError, match="int32"):
+        launch_plan(1, 1 << 16, 1 << 15, Fp8GemvConfig(), blocked=False)
+
+
+def test_the_rules_are_ordered_and_end_in_a_catch_all():
+    assert FP8_RULES[-1].max_out > 1 << 40 and FP8_RULES[-1].max_m == GEMV_MAX_ROWS
+    for rule in FP8_RULES:
+        assert launch_plan(min(rule.max_m, GEMV_MAX_ROWS), 1024, 4096, rule.config, blocked=True)
+
+
+def _triton_calls(fn, *args) -> list[dict]:
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    calls = []
+    for line in text.splitlines():
+        if XLA_TRITON_TARGET in line:
+            field = lambda key: int(re.search(rf"{key} = (\d+) : i32", line).group(1))  # noqa: E731
+            calls.append({"name": re.search(r'name = "([^"]+)"', line).group(1),
+                          "grid": (field("grid_x"), field("grid_y"), field("grid_z")),
+                          "num_warps": field("num_warps"), "num_stages": field("num_stages")})
+    return calls
+
+
+@pytest.mark.parametrize("m, out, inner, blocked", [(1, 6144, 4096, False), (1, 4096, 14336, True),
+                                                     (8, 1024, 4096, True), (16, 28672, 4096, False)])
+def test_the_gemv_lowers_to_one_native_kernel(m, out, inner, blocked):
+    w = quantize_fp8(jnp.zeros((out, inner), jnp.float32), blocked=blocked)
+    x = jnp.zeros((m, inner), jnp.bfloat16)
+    calls = _triton_calls(fp8_gemv, x, w)
+    config = pick_fp8_config(m, out, inner, blocked=blocked)
+    assert [c["name"] for c in calls] == ["fp8_gemv_kernel"]
+    assert calls[0]["grid"] == launch_plan(m, out, inner, config, blocked=blocked)["grid"]
+    assert (calls[0]["num_warps"], calls[0]["num_stages"]) == (config.num_warps, config.num_stages)
+
+
+def test_fp8_linear_takes_the_gemv_only_for_few_rows_on_a_gpu(monkeypatch):
+    w = quantize_fp8(np.ones((256, 512), np.float32))
+    small, large = jnp.zeros((4, 512), jnp.bfloat16), jnp.zeros((GEMV_MAX_ROWS + 1, 512), jnp.bfloat16)
+    assert not use_fp8_gemv(small, w)  # this CPU: the XLA path
+    monkeypatch.setattr(fp8_module, "triton_available", lambda: True)  # as if traced for a GPU
+    assert use_fp8_gemv(small, w) and not use_fp8_gemv(large, w)
+    assert [c["name"] for c in _triton_calls(fp8_linear, small, w)] == ["fp8_gemv_kernel"]
+    assert _triton_calls(fp8_linear, large, w) == []
+    monkeypatch.setenv("EMBER_FP8_GEMV", "0")
+    assert not use_fp8_gemv(small, w)

@@ -1,0 +1,140 @@
+"""Check the FP8 GEMV kernel (compiler/ops/quant/fp8_gemv.py) without a GPU (needs only triton==3.6.0).
+
+  python -m ember.tools.check_fp8_kernels interpret   run the kernel in Triton's CPU interpreter against the
+                                                      jnp path (fp8_linear_xla) and the float64 reference: CASES
+  python -m ember.tools.check_fp8_kernels compile     compile for sm_90 (Triton's bundled LLVM + ptxas) at the
+                                                      8B decode shapes with the picked configs; registers, spills
+                                                      and the load / convert / mma instructions in the PTX
+
+The interpreter patches (numpy buffers instead of torch, bf16 through fp32) are tools/check_quant_kernels.py's.
+Its numpy buffers have no float8 type, so the fp8 bytes go in as uint8 and the kernel reinterprets them
+(W_BITCAST: `w.to(tl.float8e4nv, bitcast=True)`); on the GPU the float8_e4m3fn array is passed as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import numpy as np
+
+# (out, in, blocked, config kwargs, [(m, dtype name), ...]). Together: per-channel and block scales, m in
+# {1, 3, 8, 16}, out not a multiple of block_n (masked rows) nor of 128 (a partial scale block), in not a
+# multiple of block_k (masked columns) nor of 128, split_k 1 and > 1 (clamped, the last split shorter),
+# block_k below, at and above 128 (a tile over two scale blocks; tl.dot: 128-wide sub-tiles), CUDA cores (with
+# and without the register prefetch) and tl.dot, bf16 and f32.
+CASES = [
+    (200, 400, False, dict(block_n=32, block_k=128), [(1, "bfloat16"), (3, "float32")]),
+    (200, 400, True, dict(block_n=32, block_k=256, split_k=2), [(1, "float32"), (3, "bfloat16")]),
+    (136, 300, True, dict(block_n=16, block_k=64, split_k=3), [(8, "bfloat16"), (1, "float32")]),
+    (136, 300, False, dict(block_n=16, block_k=512, split_k=4), [(1, "bfloat16")]),
+    (136, 300, True, dict(block_n=16, block_k=64, split_k=2, prefetch=False), [(2, "bfloat16")]),
+    (136, 300, True, dict(block_n=16, block_k=256, split_k=2, step_reduce=True), [(1, "bfloat16"), (4, "float32")]),
+    (200, 400, False, dict(block_n=32, block_k=128, step_reduce=True), [(1, "float32")]),
+    (200, 400, False, dict(block_n=32, block_k=128, split_k=2, use_dot=True), [(16, "bfloat16"), (8, "float32")]),
+    (200, 400, True, dict(block_n=16, block_k=256, use_dot=True), [(16, "float32"), (3, "bfloat16")]),
+    (72, 160, True, dict(block_n=8, block_k=32, split_k=8), [(16, "bfloat16")]),
+    (72, 160, True, dict(block_n=16, block_k=64, split_k=2, use_dot=True), [(5, "bfloat16")]),
+]
+# the 8B decode shapes (packed q/k/v, o, packed gate/up, down) at the rows the picks distinguish
+COMPILE_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+COMPILE_ROWS = (1, 2, 3, 16)
+
+
+def _weight(rng, out: int, inner: int, blocked: bool):
+    from ember.compiler.ops.quant.fp8 import quantize_fp8
+
+    w = rng.standard_normal((out, inner)) * rng.uniform(0.01, 3.0, (out, 1))
+    return quantize_fp8(w.astype(np.float32), blocked=blocked)
+
+
+def interpret() -> int:
+    os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is decorated
+    from ember.tools.check_quant_kernels import HostBuffer, patch_interpreter
+
+    patch_interpreter()
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    from ember.compiler.ops.quant.fp8 import fp8_linear_xla, fp8_reference_matmul
+    from ember.compiler.ops.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv_kernel, launch_plan
+
+    class Buffer(HostBuffer):  # any dtype, named for the interpreter (HostBuffer's table has no u8)
+        def __init__(self, array: np.ndarray, name: str) -> None:
+            self.array, self.dtype = np.ascontiguousarray(array), name
+
+    names = {"float32": (np.float32, "fp32"), "bfloat16": (ml_dtypes.bfloat16, "bf16")}
+    rng = np.random.default_rng(0)
+    failures = 0
+    for out, inner, blocked, kwargs, runs in CASES:
+        w = _weight(rng, out, inner, blocked)
+        codes = Buffer(np.asarray(w.values).view(np.uint8), "u8")
+        scale = Buffer(np.asarray(w.scale, np.float32), "fp32")
+        config = Fp8GemvConfig(**kwargs)
+        for m, dtype_name in runs:
+            dtype, tname = names[dtype_name]
+            x = rng.standard_normal((m, inner)).astype(dtype)
+            plan = launch_plan(m, out, inner, config, blocked=blocked)
+            splits = plan["split_k"]
+            y = Buffer(np.full((splits, m, out), np.nan, dtype if splits == 1 else np.float32),
+                       tname if splits == 1 else "fp32")
+            fp8_gemv_kernel[plan["grid"]](Buffer(x, tname), codes, scale, y, IEEE=dtype_name == "float32",
+                                          W_BITCAST=True, **plan["meta"])
+            got = y.array.astype(np.float32).sum(axis=0)
+            exact = fp8_reference_matmul(np.asarray(x, np.float32), w)
+            jnp_path = np.asarray(fp8_linear_xla(jnp.asarray(x), w), np.float32)
+            spread = np.abs(exact).max()
+            err = float(np.abs(got - exact).max() / spread)
+            err_jnp = float(np.abs(got - jnp_path).max() / spread)
+            # f32: accumulation order only; bf16: the output's rounding (2**-9 relative) at the largest outputs
+            tol = 1e-5 if dtype_name == "float32" else 2.0 ** -7
+            bad = not (err < tol and err_jnp < tol)  # NaN (an unwritten row or split) fails too
+            failures += bad
+            print(f"{'BAD' if bad else 'ok '} {out}x{inner} {'block' if blocked else 'chan '} m={m:<2} "
+                  f"{dtype_name:8} bn={config.block_n:<2} bk={config.block_k:<3} dot={int(config.use_dot)} "
+                  f"pf={int(plan['meta']['PREFETCH'])} grid={plan['grid'][:2]} split={splits} err_f64={err:.1e} err_jnp={err_jnp:.1e}", flush=True)
+    print(f"{failures} mismatches" if failures else "all match")
+    return 1 if failures else 0
+
+
+def compile_all() -> int:
+    from ember.compiler.ops.quant.fp8_gemv import fp8_gemv_kernel, launch_plan, pick_fp8_config
+    from ember.tools.check_quant_kernels import compile_sm90, ptxas_usage
+
+    failures = 0
+    for blocked in (False, True):
+        for out, inner in COMPILE_SHAPES:
+            for m in COMPILE_ROWS:
+                config = pick_fp8_config(m, out, inner, blocked=blocked)
+                plan = launch_plan(m, out, inner, config, blocked=blocked)
+                out_type = "bf16" if plan["split_k"] == 1 else "fp32"
+                label = (f"{'block' if blocked else 'chan '} m={m:<2} {out:>5}x{inner:<5} bn={config.block_n:<2} "
+                         f"bk={config.block_k} split={plan['split_k']} warps={config.num_warps} "
+                         f"stages={config.num_stages} dot={int(config.use_dot)} grid={plan['grid'][:2]}")
+                try:
+                    compiled = compile_sm90(fp8_gemv_kernel, ["*bf16", "*fp8e4nv", "*fp32", "*" + out_type],
+                                            dict(plan["meta"], IEEE=False, W_BITCAST=False),
+                                            num_warps=config.num_warps, num_stages=config.num_stages)
+                except Exception as error:
+                    failures += 1
+                    print(f"FAIL {label}: {type(error).__name__}: {str(error)[:400]}", flush=True)
+                    continue
+                ptx = compiled.asm["ptx"]
+                print(f"ok  {label} {ptxas_usage(ptx)} smem={compiled.metadata.shared} "
+                      f"ld.v4={ptx.count('ld.global.v4')} ld.v2={ptx.count('ld.global.v2')} "
+                      f"cp.async={ptx.count('cp.async.cg') + ptx.count('cp.async.ca')} "
+                      f"cvt.e4m3={len(re.findall(r'cvt\.rn\.f16x2\.e4m3x2', ptx))} mma={ptx.count('mma.sync')}",
+                      flush=True)
+    return 1 if failures else 0
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("interpret", "compile"):
+        print(__doc__)
+        return 2
+    return interpret() if argv[0] == "interpret" else compile_all()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
