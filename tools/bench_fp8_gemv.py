@@ -12,8 +12,8 @@ bandwidth. Prints a table; writes $OUT/fp8_gemv.json (after every shape, so part
 Timing (the method of tools/bench_quant_matmul.py): one run is ONE executable holding `calls` back-to-back
 projections, each on its own copy of the weight, with >= 128 MB of copies together (at least 8 calls) so
 the calls read their weights from HBM, not the 50 MB L2, as a decode step does; a call's time is the median
-run (of >= 20, after warm-up) of an executable cycling the copies twice minus that of one cycling them once,
-divided by `calls` (the difference cancels a run's fixed dispatch cost, which dominated 5-30 us calls).
+run (of >= 20, after warm-up) of an executable cycling the copies to >= 384 calls, divided by its calls (a
+run's fixed dispatch cost, which dominated 5-30 us calls at 8-16 calls per executable, is then small).
 
   JAX_PLATFORMS=cuda python -m ember.tools.bench_fp8_gemv [--m 1 8 16] [--shapes 6144x4096 ...]
                                                           [--layouts chan block] [--runs 20] [--sweep]
@@ -33,16 +33,21 @@ import sys
 import time
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+# Calls that share a weight (the copies are cycled with distinct activations) would be merged into one dot by
+# XLA's dot merger, reading the weight once for several calls: off for this benchmark (set before jax starts).
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_disable_hlo_passes=dot-merger").strip()
 
-from ember.compiler.ops.quant.fp8 import Fp8Weight, fp8_linear_xla, fp8_reference_matmul, quantize_fp8
-from ember.compiler.ops.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv, launch_plan, pick_fp8_config
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ember.compiler.ops.quant.fp8 import Fp8Weight, fp8_linear_xla, fp8_reference_matmul, quantize_fp8  # noqa: E402
+from ember.compiler.ops.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv, launch_plan, pick_fp8_config  # noqa: E402
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 L2_FLUSH_BYTES = 128 << 20  # weights cycled per run: 2.5x the H200's 50 MB L2
-MIN_CALLS, MAX_CALLS = 8, 64
+MIN_CALLS, MAX_CALLS = 8, 64  # weight copies
+MIN_TOTAL_CALLS = 384  # calls per executable (the copies cycled)
 _C = Fp8GemvConfig
 SWEEP = ([_C(block_n=bn, block_k=bk, split_k=s, step_reduce=True) for bn, bk in ((16, 512), (32, 256), (8, 1024))
           for s in (1, 2, 4)]
@@ -65,22 +70,20 @@ def replicate(tree, count: int) -> list:
 
 
 def time_calls(fn, x, weights: list, runs: int) -> float:
-    """Seconds per call of fn(x, w): the median run of an executable making 2 x len(weights) calls (the copies
-    cycled twice) minus that of one making len(weights), over len(weights). The difference cancels the fixed
-    cost of a run (dispatch, pytree flattening, the final sync), which at 5-30 us per call is not small."""
-    def median_run(reps: int) -> float:
-        many = jax.jit(lambda x, ws: [fn(x, w) for _ in range(reps) for w in ws])
-        for _ in range(3):
-            jax.block_until_ready(many(x, weights))
-        samples = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            jax.block_until_ready(many(x, weights))
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples)
-
-    one, two = median_run(1), median_run(2)
-    return max(two - one, 1e-9) / len(weights)
+    """Median seconds per call of fn(x, w) over an executable of >= MIN_TOTAL_CALLS calls: the copies cycled
+    `reps` times, each cycle with its own copy of x (a run's fixed dispatch cost, ~0.1-1 ms, must be small beside 5-30 us calls)."""
+    reps = -(-MIN_TOTAL_CALLS // len(weights))
+    # a distinct activation array per cycle: identical (x, w) calls would be merged by XLA's CSE
+    xs = [x] + [(x * (1.0 + r / 1024)).astype(x.dtype) for r in range(1, reps)]
+    many = jax.jit(lambda xs, ws: [fn(xr, w) for xr in xs for w in ws])
+    for _ in range(3):
+        jax.block_until_ready(many(xs, weights))
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        jax.block_until_ready(many(xs, weights))
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) / (reps * len(weights))
 
 
 def copy_bandwidth(runs: int, gib: float = 4.0) -> float:
@@ -183,7 +186,7 @@ def bench_shape(shape, args, bandwidth: float, rng) -> list[dict]:
                     dense_bytes = 2 * out * inner
                     dense = replicate(jnp.asarray(w_host, jnp.bfloat16), copies_for(dense_bytes))
                 timed(row, "bf16", bf16_fn, x, dense, 2 * out * inner, args.runs, bandwidth)
-            if "kernel_us" in row and "xla_us" in row:
+            if row.get("kernel_us") and row.get("xla_us"):
                 row["kernel_speedup_vs_xla"] = round(row["xla_us"] / row["kernel_us"], 2)
             print_row(row)
             if args.sweep and m == 1:
