@@ -78,9 +78,11 @@ _C = Fp8GemvConfig
 # the grid should hold >= ~4 programs per SM, so short `out` with long `in` splits K. The full-width
 # CUDA-core accumulator (step_reduce False) costs m_pow2 x block_n x block_k / (32 num_warps) registers per
 # thread and spills at m = 4, so 3+ rows take the tensor cores (cp.async stages, ~55 registers). Best guesses
-# from the register counts until `tools/bench_fp8_gemv.py --sweep` has measured them.
+# from the register counts where `tools/bench_fp8_gemv.py --sweep` has not measured them (m > 1).
 FP8_RULES: tuple[Fp8Rule, ...] = (
-    # 1-2 rows: CUDA cores, each weight tile reused by both rows
+    # 1 row: the H200 sweep's best at 28672x4096, 4096x14336 and 6144x4096 (3-14% ahead of 16 x 512 split-K)
+    Fp8Rule(_C(block_n=8, block_k=1024, step_reduce=True), max_m=1),
+    # 2 rows: CUDA cores, each weight tile reused by both rows (not measured yet)
     Fp8Rule(_C(block_n=16, block_k=512, split_k=4, step_reduce=True), max_m=2, max_out=8192, min_in=8192),
     Fp8Rule(_C(block_n=16, block_k=512, split_k=2, step_reduce=True), max_m=2, max_out=8192),
     Fp8Rule(_C(block_n=16, block_k=512, step_reduce=True), max_m=2),
