@@ -7,9 +7,9 @@ blocks as in the "fp8" quantization method with weight_block_size [128, 128], wh
 scale; runtime/fp8_checkpoint.py reads both.)
 
 A decode step reads each weight once, so a byte per weight halves the bf16 step's traffic. `fp8_linear`:
-  few rows (m <= GEMV_MAX_ROWS = 16) traced for an NVIDIA GPU with Triton: the Triton GEMV
-      (fp8_gemv.py), which streams the fp8 matrix at HBM bandwidth (XLA's fusion measured 0.48 of the
-      roofline at batch 1 on the 8B shape); EMBER_FP8_GEMV=0 turns it off (read at trace time);
+  one row (m <= DISPATCH_MAX_ROWS; the kernel takes up to GEMV_MAX_ROWS = 16) traced for an NVIDIA GPU with
+      Triton: the Triton GEMV (fp8_gemv.py), measured 1.03-1.3x XLA's fusion at one row on the H200 and
+      slower at 8; EMBER_FP8_GEMV=0 turns it off (read at trace time);
   otherwise (prefill, mixed steps, any other backend: the CPU tests): `fp8_linear_xla`, written for XLA to
       fuse: per-channel, the scale leaves the dot (y[:, o] = scale[o] * Σ_k x[k] values[o, k]) and the
       fp8 -> activation-dtype convert sits on the dot's operand, which XLA's GEMM fusion reads from HBM as
@@ -86,7 +86,10 @@ def dequantize_fp8(w: Fp8Weight, dtype=jnp.float32):
     return (values * scale).astype(dtype)
 
 
-GEMV_MAX_ROWS = 16  # activation rows up to this go through the Triton GEMV on a GPU (decode)
+GEMV_MAX_ROWS = 16  # activation rows the Triton GEMV takes
+# rows up to this go through it by default: on the H200 it beat XLA's fused fp8 dot by 1.03-1.3x at one row and
+# lost at 8 (per-channel 0.65-0.8x; tools/results/h200_fp8_gemv.json); EMBER_FP8_GEMV_ROWS overrides
+DISPATCH_MAX_ROWS = int(os.environ.get("EMBER_FP8_GEMV_ROWS", "1"))
 GEMV_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 
@@ -101,7 +104,7 @@ def fp8_linear(x, w: Fp8Weight):
 
 def use_fp8_gemv(x, w: Fp8Weight) -> bool:
     """Whether fp8_linear(x, w) launches the Triton GEMV (decided at trace time; jit caches it)."""
-    return (x.ndim == 2 and 1 <= x.shape[0] <= GEMV_MAX_ROWS and x.dtype in GEMV_DTYPES
+    return (x.ndim == 2 and 1 <= x.shape[0] <= min(GEMV_MAX_ROWS, DISPATCH_MAX_ROWS) and x.dtype in GEMV_DTYPES
             and w.shape[0] * w.shape[1] < 2**31 and os.environ.get("EMBER_FP8_GEMV", "1") != "0"
             and triton_available())
 
