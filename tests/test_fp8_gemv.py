@@ -99,10 +99,13 @@ def test_the_gemv_lowers_to_one_native_kernel(m, out, inner, blocked):
 
 def test_fp8_linear_takes_the_gemv_only_for_few_rows_on_a_gpu(monkeypatch):
     w = quantize_fp8(np.ones((256, 512), np.float32))
-    small, large = jnp.zeros((4, 512), jnp.bfloat16), jnp.zeros((GEMV_MAX_ROWS + 1, 512), jnp.bfloat16)
+    small, large = jnp.zeros((1, 512), jnp.bfloat16), jnp.zeros((GEMV_MAX_ROWS + 1, 512), jnp.bfloat16)
     assert not use_fp8_gemv(small, w)  # this CPU: the XLA path
     monkeypatch.setattr(fp8_module, "triton_available", lambda: True)  # as if traced for a GPU
     assert use_fp8_gemv(small, w) and not use_fp8_gemv(large, w)
+    assert not use_fp8_gemv(jnp.zeros((4, 512), jnp.bfloat16), w)  # by default only where it measured faster
+    monkeypatch.setattr(fp8_module, "DISPATCH_MAX_ROWS", GEMV_MAX_ROWS)
+    assert use_fp8_gemv(jnp.zeros((4, 512), jnp.bfloat16), w)
     assert [c["name"] for c in _triton_calls(fp8_linear, small, w)] == ["fp8_gemv_kernel"]
     assert _triton_calls(fp8_linear, large, w) == []
     monkeypatch.setenv("EMBER_FP8_GEMV", "0")
