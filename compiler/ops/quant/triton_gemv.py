@@ -26,7 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ember.compiler.ops.quant.triton_gemv_common import field_to, row_tile, split_range, store_row, u2f, x_tile
+from ember.compiler.ops.quant.triton_gemv_common import (accumulate_rows, field_to, row_tile, split_range, store_rows,
+                                                         u2f)
 from ember.compiler.ops.quant.triton_gemv_q6_k import q6_k_rows_kernel
 from ember.compiler.ops.quant.triton_gemv_q8_0 import q8_0_rows_kernel
 
@@ -79,20 +80,9 @@ def q4_k_rows_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
             u = s + dmin * u2f(mn)
             v = (field_to(words, 4 * n, 19, 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + c/16
             w = s * v - u                                # [S, BLOCK_N, 32] = d sc c - dmin m
-            acc0 += x_tile(x_ptr, 0, u3, ok_u, 32 * n, j3, K, 256) * w
-            if M > 1:
-                acc1 += x_tile(x_ptr, 1, u3, ok_u, 32 * n, j3, K, 256) * w
-            if M > 2:
-                acc2 += x_tile(x_ptr, 2, u3, ok_u, 32 * n, j3, K, 256) * w
-            if M > 3:
-                acc3 += x_tile(x_ptr, 3, u3, ok_u, 32 * n, j3, K, 256) * w
-    store_row(out_ptr, acc0, 0, pid_k, rows, row_ok, M, N)
-    if M > 1:
-        store_row(out_ptr, acc1, 1, pid_k, rows, row_ok, M, N)
-    if M > 2:
-        store_row(out_ptr, acc2, 2, pid_k, rows, row_ok, M, N)
-    if M > 3:
-        store_row(out_ptr, acc3, 3, pid_k, rows, row_ok, M, N)
+            acc0, acc1, acc2, acc3 = accumulate_rows(acc0, acc1, acc2, acc3, w, x_ptr, u3, ok_u, 32 * n, j3, K,
+                                                     256, M)
+    store_rows(out_ptr, acc0, acc1, acc2, acc3, pid_k, rows, row_ok, M, N)
 
 
 # format -> (kernel, plane names in the kernel's argument order); the plans: matmul.py _rows_plan

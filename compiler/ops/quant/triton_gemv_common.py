@@ -64,7 +64,33 @@ def x_tile(x_ptr, i: tl.constexpr, u3, ok_u, offset: tl.constexpr, j3, K: tl.con
 
 
 @triton.jit
+def accumulate_rows(acc0, acc1, acc2, acc3, w, x_ptr, u3, ok_u, offset: tl.constexpr, j3, K: tl.constexpr,
+                    UNIT: tl.constexpr, M: tl.constexpr):
+    """acc_i += x_i * w for each of the M activation rows (w [S, BLOCK_N, W] decoded once, reused by every row)."""
+    acc0 += x_tile(x_ptr, 0, u3, ok_u, offset, j3, K, UNIT) * w
+    if M > 1:
+        acc1 += x_tile(x_ptr, 1, u3, ok_u, offset, j3, K, UNIT) * w
+    if M > 2:
+        acc2 += x_tile(x_ptr, 2, u3, ok_u, offset, j3, K, UNIT) * w
+    if M > 3:
+        acc3 += x_tile(x_ptr, 3, u3, ok_u, offset, j3, K, UNIT) * w
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def store_row(out_ptr, acc, i: tl.constexpr, pid_k, rows, row_ok, M: tl.constexpr, N: tl.constexpr):
     """acc [S, BLOCK_N, W] fp32 of activation row i -> out[pid_k, i, rows] in the output's dtype."""
     y = tl.sum(tl.sum(acc, axis=0), axis=1)  # s first: thread-local in the usual layouts, then across lanes
     tl.store(out_ptr + (pid_k * M + i) * N + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def store_rows(out_ptr, acc0, acc1, acc2, acc3, pid_k, rows, row_ok, M: tl.constexpr, N: tl.constexpr):
+    """store_row for each of the M activation rows."""
+    store_row(out_ptr, acc0, 0, pid_k, rows, row_ok, M, N)
+    if M > 1:
+        store_row(out_ptr, acc1, 1, pid_k, rows, row_ok, M, N)
+    if M > 2:
+        store_row(out_ptr, acc2, 2, pid_k, rows, row_ok, M, N)
+    if M > 3:
+        store_row(out_ptr, acc3, 3, pid_k, rows, row_ok, M, N)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ember.compiler.ops.quant.triton_gemv_common import row_tile, split_range, store_row, x_tile
+from ember.compiler.ops.quant.triton_gemv_common import accumulate_rows, row_tile, split_range, store_rows
 
 
 @triton.jit
@@ -54,17 +54,6 @@ def q8_0_rows_kernel(x_ptr, qs_ptr, d_ptr, out_ptr,
         ok_u = u3 < stop
         v = ((q.to(tl.int32) << 15) + 0x3FC00000).to(tl.float32, bitcast=True)  # 1 + (q + 128) / 256
         w = (d * 256.0) * v - d * 384.0                  # [S, BLOCK_N, 32] = d q
-        acc0 += x_tile(x_ptr, 0, u3, ok_u, 0, j3, K, 32) * w
-        if M > 1:
-            acc1 += x_tile(x_ptr, 1, u3, ok_u, 0, j3, K, 32) * w
-        if M > 2:
-            acc2 += x_tile(x_ptr, 2, u3, ok_u, 0, j3, K, 32) * w
-        if M > 3:
-            acc3 += x_tile(x_ptr, 3, u3, ok_u, 0, j3, K, 32) * w
-    store_row(out_ptr, acc0, 0, pid_k, rows, row_ok, M, N)
-    if M > 1:
-        store_row(out_ptr, acc1, 1, pid_k, rows, row_ok, M, N)
-    if M > 2:
-        store_row(out_ptr, acc2, 2, pid_k, rows, row_ok, M, N)
-    if M > 3:
-        store_row(out_ptr, acc3, 3, pid_k, rows, row_ok, M, N)
+        acc0, acc1, acc2, acc3 = accumulate_rows(acc0, acc1, acc2, acc3, w, x_ptr, u3, ok_u, 0, j3, K,
+                                                 32, M)
+    store_rows(out_ptr, acc0, acc1, acc2, acc3, pid_k, rows, row_ok, M, N)
