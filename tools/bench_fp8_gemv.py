@@ -43,6 +43,7 @@ import numpy as np  # noqa: E402
 
 from ember.compiler.ops.quant.fp8 import Fp8Weight, fp8_linear_xla, fp8_reference_matmul, quantize_fp8  # noqa: E402
 from ember.compiler.ops.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv, launch_plan, pick_fp8_config  # noqa: E402
+from ember.tools.bench_quant_matmul import copy_bandwidth, replicate  # noqa: E402
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 L2_FLUSH_BYTES = 128 << 20  # weights cycled per run: 2.5x the H200's 50 MB L2
@@ -63,12 +64,6 @@ def copies_for(nbytes: int) -> int:
     return max(MIN_CALLS, min(MAX_CALLS, math.ceil(L2_FLUSH_BYTES / nbytes)))
 
 
-def replicate(tree, count: int) -> list:
-    """`count` distinct device buffers holding the same values."""
-    first = jax.device_put(tree)
-    return [first] + [jax.tree.map(lambda a: a.copy(), first) for _ in range(count - 1)]
-
-
 def time_calls(fn, x, weights: list, runs: int) -> float:
     """Median seconds per call of fn(x, w) over an executable of >= MIN_TOTAL_CALLS calls: the copies cycled
     `reps` times, each cycle with its own copy of x (a run's fixed dispatch cost, ~0.1-1 ms, must be small beside 5-30 us calls)."""
@@ -84,18 +79,6 @@ def time_calls(fn, x, weights: list, runs: int) -> float:
         jax.block_until_ready(many(xs, weights))
         samples.append(time.perf_counter() - start)
     return statistics.median(samples) / (reps * len(weights))
-
-
-def copy_bandwidth(runs: int, gib: float = 4.0) -> float:
-    x = jnp.ones((int(gib * 2**30) // 4,), jnp.float32)
-    copy = jax.jit(lambda a: a * 1.0)
-    jax.block_until_ready(copy(x))
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        jax.block_until_ready(copy(x))
-        samples.append(time.perf_counter() - start)
-    return 2 * x.nbytes / statistics.median(samples) / 1e9  # read + write
 
 
 def bf16_fn(x, w):
