@@ -8,10 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests import their helpers (fixture_data, ...) by name
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# Property tests draw the same examples on every run (a CI run must not pass or fail by chance);
+# HYPOTHESIS_PROFILE=explore draws fresh ones, for a wider search by hand.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
