@@ -83,9 +83,9 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
         self.max_queue_depth = max_queue_depth
-        self.max_chunk = max(prefill_chunk_buckets)
         # which sets of chunks one step may carry (default: one chunk per step)
         self.prefill_shapes = prefill_shapes or PrefillShapes(tuple(sorted(prefill_chunk_buckets)))
+        self.max_chunk = max(self.prefill_shapes.buckets)
         # kind -> allocator of every non-KV state a request owns while running (none today)
         self.extra_state: dict[str, StateAllocator] = dict(extra_state or {})
         self.prefix_caching = enable_prefix_caching and all(a.supports_prefix_reuse for a in self.extra_state.values())

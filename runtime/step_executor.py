@@ -43,7 +43,6 @@ class StepExecutor:
         self.decode_buckets = tuple(b for b in entry["decode_buckets"] if b < config.max_num_seqs) + (
             config.max_num_seqs,)
         self.prefill = prefill
-        self.prefill_buckets = prefill.buckets
         self.table_blocks = math.ceil(config.max_model_len / config.block_size)
         self.deterministic = config.deterministic
         plan = model.deterministic_plan() if self.deterministic else model.plan

@@ -55,13 +55,18 @@ class PrefillShapes:
     def max_segments(self) -> int:
         return max(self.segments)
 
+    def layout(self, count: int, longest: int) -> tuple[int, int] | None:
+        """(P, L) of `count` chunks, the longest of `longest` tokens; None when no compiled layout holds them."""
+        if count <= 1:
+            return (1, bucket(longest, self.buckets)) if longest <= self.buckets[-1] else None
+        if count > self.max_segments or longest > self.segment_max_tokens:
+            return None
+        p, length = bucket(count, self.segments), bucket(longest, self.buckets)
+        return (p, length) if p * length <= self.buckets[-1] else None
+
     def fits(self, count: int, longest: int) -> bool:
         """Whether `count` chunks, the longest of `longest` tokens, have a layout."""
-        if count <= 1:
-            return longest <= self.buckets[-1]
-        if count > self.max_segments or longest > self.segment_max_tokens:
-            return False
-        return bucket(count, self.segments) * bucket(longest, self.buckets) <= self.buckets[-1]
+        return self.layout(count, longest) is not None
 
     def layouts(self) -> list[tuple[int, int]]:
         """Every (P, L) a step may take."""
@@ -75,20 +80,21 @@ def step_shape(plan: StepPlan, decode_buckets: tuple[int, ...], prefill: Prefill
                table_blocks: int) -> StepShape:  # K follows the plan
     """Decode-only and prefill-only steps take their smallest bucket; a mixed step pads its decode rows
     to the largest decode bucket, so mixed shapes number one per prefill layout (few plans to compile)."""
-    p = c = 0
+    p, length = 1, 0
     if plan.prefills:
         count, longest = len(plan.prefills), max(ch.num_tokens for ch in plan.prefills)
-        if not prefill.fits(count, longest):
+        layout = prefill.layout(count, longest)
+        if layout is None:
             raise ValueError(f"{count} prefill chunks of up to {longest} tokens have no compiled layout")
-        p = 1 if count == 1 else bucket(count, prefill.segments)
-        c = p * bucket(longest, prefill.buckets)
+        p, length = layout
+    c = p * length
     if not plan.num_decode:
         b = 0
     elif c:
         b = decode_buckets[-1]
     else:
         b = bucket(plan.num_decode, decode_buckets)
-    return StepShape(b, c, table_blocks, plan.num_kinds, max(p, 1))
+    return StepShape(b, c, table_blocks, plan.num_kinds, p)
 
 
 def all_step_shapes(decode_buckets: tuple[int, ...], prefill: PrefillShapes, table_blocks: int,

@@ -28,7 +28,6 @@ import dataclasses
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ import numpy as np  # noqa: E402
 
 from ember.compiler.ops.quant.fp8 import Fp8Weight, fp8_linear_xla, fp8_reference_matmul, quantize_fp8  # noqa: E402
 from ember.compiler.ops.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv, launch_plan, pick_fp8_config  # noqa: E402
-from ember.tools.bench_quant_matmul import copy_bandwidth, replicate  # noqa: E402
+from ember.tools.bench_quant_matmul import copy_bandwidth, median_run_seconds, replicate  # noqa: E402
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 L2_FLUSH_BYTES = 128 << 20  # weights cycled per run: 2.5x the H200's 50 MB L2
@@ -71,14 +70,7 @@ def time_calls(fn, x, weights: list, runs: int) -> float:
     # a distinct activation array per cycle: identical (x, w) calls would be merged by XLA's CSE
     xs = [x] + [(x * (1.0 + r / 1024)).astype(x.dtype) for r in range(1, reps)]
     many = jax.jit(lambda xs, ws: [fn(xr, w) for xr in xs for w in ws])
-    for _ in range(3):
-        jax.block_until_ready(many(xs, weights))
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        jax.block_until_ready(many(xs, weights))
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) / (reps * len(weights))
+    return median_run_seconds(lambda: jax.block_until_ready(many(xs, weights)), runs) / (reps * len(weights))
 
 
 def bf16_fn(x, w):

@@ -116,17 +116,22 @@ def replicate(tree, count: int) -> list:
     return [first] + [jax.tree.map(lambda a: a.copy(), first) for _ in range(count - 1)]
 
 
-def time_calls(fn, x, weights: list, runs: int) -> float:
-    """Median seconds per call of fn(x, w), `len(weights)` calls in one executable."""
-    many = jax.jit(lambda x, ws: [fn(x, w) for w in ws])
+def median_run_seconds(run, runs: int) -> float:
+    """Median wall seconds of run() (which waits for the device), after 3 warm-up runs."""
     for _ in range(3):
-        jax.block_until_ready(many(x, weights))
+        run()
     samples = []
     for _ in range(runs):
         start = time.perf_counter()
-        jax.block_until_ready(many(x, weights))
+        run()
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples) / len(weights)
+    return statistics.median(samples)
+
+
+def time_calls(fn, x, weights: list, runs: int) -> float:
+    """Median seconds per call of fn(x, w), `len(weights)` calls in one executable."""
+    many = jax.jit(lambda x, ws: [fn(x, w) for w in ws])
+    return median_run_seconds(lambda: jax.block_until_ready(many(x, weights)), runs) / len(weights)
 
 
 def copy_bandwidth(runs: int, gib: float = 4.0) -> float:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -25,7 +24,8 @@ from ember.compiler.ops.quant import pick_config
 from ember.compiler.ops.quant.config import QuantMatmulConfig
 from ember.compiler.ops.quant.matmul import launch_plan
 from ember.tools import bench_quant_matmul as bench
-from ember.tools.bench_quant_matmul import DECODE_SHAPES, copies_for, kernel_fn, max_rel_err, random_weight, replicate
+from ember.tools.bench_quant_matmul import (DECODE_SHAPES, copies_for, kernel_fn, max_rel_err, median_run_seconds,
+                                             random_weight, replicate)
 
 
 def rows_candidates(fmt: str, m: int, out: int, inner: int) -> list[QuantMatmulConfig]:
@@ -67,14 +67,7 @@ def compiled_calls(fn, x, weights: list):
 
 def time_executable(exe, x, weights: list, runs: int) -> float:
     """Median seconds per call of a compiled compiled_calls executable."""
-    for _ in range(3):
-        jax.block_until_ready(exe(x, weights))
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        jax.block_until_ready(exe(x, weights))
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) / len(weights)
+    return median_run_seconds(lambda: jax.block_until_ready(exe(x, weights)), runs) / len(weights)
 
 
 def rows_sweep_case(fmt, shape, m, x, weights, nbytes, runs, bandwidth) -> dict:

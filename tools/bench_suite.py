@@ -253,7 +253,7 @@ class Suite:
         request per distinct prefill chunk bucket."""
         from ..runtime.step_inputs import bucket
 
-        buckets = engine.executor.prefill_buckets
+        buckets = engine.executor.prefill.buckets
         chunk = min(self.config.prefill_chunk, max(buckets))
         lengths = {}
         for n in {*self.config.contexts, *self.config.prefill_lengths}:
@@ -287,7 +287,7 @@ class Suite:
 
     def run_prefill(self, out: dict, engine, model, clock: StepClock) -> None:
         rng = np.random.default_rng(3)
-        out["chunk_tokens"] = min(self.config.prefill_chunk, max(engine.executor.prefill_buckets))
+        out["chunk_tokens"] = min(self.config.prefill_chunk, max(engine.executor.prefill.buckets))
         for length in sorted(self.config.prefill_lengths):
             def one(row: dict, length: int) -> None:
                 ttfts = [single_request(engine, rng.integers(0, int(model.dims.vocab), length).tolist(), 1).ttft_s

@@ -86,16 +86,19 @@ def launch_plan(chunk: int, hq: int, hkv: int, head_dim: int, page: int, table_w
 
 
 def chunk_info(positions, num_tokens, window) -> jax.Array:
-    """int32 [3] = [first position, valid tokens, window], on device (no host sync).
+    """positions [..., C] of chunks -> int32 [..., 3] = [first position, valid tokens, window] per chunk, on
+    device (no host sync).
 
     num_tokens None: the valid rows are the leading run with positions[i] == positions[0] + i (padding rows
     hold position 0, and a chunk's positions are consecutive, so the run ends at the first padding row)."""
     positions = jnp.asarray(positions, jnp.int32)
-    start = positions[0]
+    start = positions[..., 0]
     if num_tokens is None:
-        steps = positions == start + jnp.arange(positions.shape[0], dtype=jnp.int32)
-        num_tokens = jnp.sum(jnp.cumprod(steps.astype(jnp.int32)))
-    return jnp.stack([start, jnp.asarray(num_tokens, jnp.int32), jnp.asarray(window, jnp.int32)])
+        steps = positions == start[..., None] + jnp.arange(positions.shape[-1], dtype=jnp.int32)
+        num_tokens = jnp.sum(jnp.cumprod(steps.astype(jnp.int32), axis=-1), axis=-1)
+    num_tokens = jnp.broadcast_to(jnp.asarray(num_tokens, jnp.int32), start.shape)
+    window = jnp.broadcast_to(jnp.asarray(window, jnp.int32), start.shape)
+    return jnp.stack([start, num_tokens, window], axis=-1)
 
 
 def combine_splits(acc, m, l):
@@ -148,7 +151,7 @@ def prefill_attention(q, k_pool, v_pool, block_table, positions, num_tokens, win
     c, hq, dh = q.shape
     tables = _segment_tables(block_table)
     p = tables.shape[0]
-    info = jnp.stack([chunk_info(seg, num_tokens, window) for seg in jnp.split(positions, p)])  # [P, 3]
+    info = chunk_info(positions.reshape(p, -1), num_tokens, window)  # [P, 3]
     if plan.splits == 1:
         out_shape = [jax.ShapeDtypeStruct((c, hq, dh), q.dtype), jax.ShapeDtypeStruct((1,), jnp.float32),
                      jax.ShapeDtypeStruct((1,), jnp.float32)]
