@@ -7,9 +7,12 @@
 #   tools/h200_run.sh suite-1.5b bench suite, Qwen2.5-1.5B Q4_K_M kept quantized
 #   tools/h200_run.sh llamacpp   llama.cpp built from .whl/llama.cpp-trimmed.tar.xz, same layouts
 #   tools/h200_run.sh hf         HF transformers (static cache + torch.compile), batch 1 and 32
+#   tools/h200_run.sh rows       quantized GEMV GPU tests, then the rows kernels' config sweep (q4_k, q6_k; m = 1)
+#   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
+# Several sections run in order: tools/h200_run.sh rows profile
 # COMMIT=<sha> names the commit the figures belong to (the copy's git metadata is stale).
 set -uo pipefail
-section=${1:?usage: $0 tests|suite-8b|suite-8b-q4|suite-1.5b|llamacpp|hf}
+[ $# -gt 0 ] || { echo "usage: $0 SECTION..." >&2; exit 2; }
 commit=${COMMIT:-unknown}
 out=${OUT:?OUT must be set}
 # Ember from source on the image's own packages; wheels the image lacks (gguf, llguidance) from .whl/
@@ -24,6 +27,7 @@ suite() {  # suite OUTDIR DEADLINE_S MODEL... (extra flags in SUITE_FLAGS)
         ${SUITE_FLAGS:-} > "$out/$dir.log" 2>&1
     grep -h "decode\|prefill\|TTFT\|error" "$out/$dir/bench.md" 2>/dev/null | head -40
 }
+for section in "$@"; do
 case $section in
 tests)
     export JAX_PLATFORMS=cuda,cpu  # the agreement test compares with the cpu target on the CPU backend
@@ -50,6 +54,20 @@ llamacpp)
     cat "$out/llamacpp/llamacpp.md" 2>/dev/null || tail -n 20 "$out/llamacpp.log" ;;
 hf)
     SUITE_FLAGS="--sections hf" suite suite-hf 520 synthetic:llama3-8b synthetic:qwen2.5-1.5b-q4_k_m ;;
+rows)
+    timeout ${ROWS_TEST_S:-150} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py -p no:cacheprovider \
+        --hypothesis-show-statistics > "$out/gpu_quant_tests.log" 2>&1
+    tail -n 3 "$out/gpu_quant_tests.log"
+    OUT=$out/rows timeout $((${ROWS_SWEEP_S:-150} + 60)) python3 -m ember.tools.bench_quant_matmul --rows-sweep \
+        --formats q4_k q6_k --m 1 --runs 20 --budget-s ${ROWS_SWEEP_S:-150} > "$out/rows_sweep.log" 2>&1
+    grep -E "^(q4_k|q6_k|budget|rows sweep)" "$out/rows_sweep.log" | head -30 ;;
+profile)
+    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 150 python3 -m ember.tools.profile_step \
+        --model synthetic:qwen2.5-1.5b-q4_k_m --tokenizer .gpu/tok --concurrency 1 > "$out/profile15.json" 2> "$out/profile15.log"
+    timeout 200 python3 -m ember.tools.profile_step --model synthetic:llama3-8b --tokenizer .gpu/tok \
+        --concurrency 1 > "$out/profile8b.json" 2> "$out/profile8b.log"
+    grep -h "tok_s\|per_step" "$out"/profile*.json ;;
 *)
     echo "unknown section $section" >&2; exit 2 ;;
 esac
+done

@@ -22,6 +22,9 @@ import time
 import numpy as np
 
 
+TOP_KERNELS = 60  # names reported per run, by total device time
+
+
 def _device_kernels(trace_dir: str) -> tuple[float, collections.Counter, collections.Counter]:
     """Sum of kernel time (ms) on the GPU planes, and per-kernel-name totals (ms) and counts."""
     from jax.profiler import ProfileData
@@ -70,7 +73,7 @@ def _profile_engine(engine, vocab: int, concurrency: int, prompt_tokens: int, ou
     wall = time.perf_counter() - start
     busy_ms, totals, counts = _device_kernels(trace_dir)
     steps = output_tokens  # about one step per generated token (prefills share steps with decodes)
-    top = totals.most_common(25)
+    top = totals.most_common(TOP_KERNELS)
     return {
         "concurrency": concurrency, "unprofiled_wall_ms": round(clean_wall * 1e3, 1),
         "unprofiled_output_tok_s": round(concurrency * output_tokens / clean_wall, 1),
@@ -78,6 +81,8 @@ def _profile_engine(engine, vocab: int, concurrency: int, prompt_tokens: int, ou
         "approx_steps": steps,
         "device_busy_ms": round(busy_ms, 1),
         "device_busy_fraction": round(busy_ms / (wall * 1e3), 3),
+        "kernels_per_step": round(sum(counts.values()) / steps, 1),
+        "device_ms_per_step": round(busy_ms / steps, 3),
         "top_kernels_ms": [{"name": name, "ms": round(ms, 2), "calls": counts[name]} for name, ms in top],
     }
 
