@@ -88,3 +88,15 @@ def test_pick_config_rows_switch(fmt, shape, m, monkeypatch) -> None:
         check_cover(fmt, m, *shape, config)
     monkeypatch.setattr(config_module, "ROWS_FOR_DECODE", False)
     assert pick_config(fmt, m, *shape).variant == "split"
+
+
+@pytest.mark.parametrize("key", sorted(config_module.MEASURED_M1))
+def test_measured_configs_are_picked_and_cover_their_shape(key, monkeypatch) -> None:
+    fmt, out, inner = key
+    monkeypatch.setattr(config_module, "ROWS_FOR_DECODE", True)
+    config = pick_config(fmt, 1, out, inner)
+    assert config is config_module.MEASURED_M1[key] and config.variant == "rows"
+    check_cover(fmt, 1, out, inner, config)
+    assert pick_config(fmt, 2, out, inner) is not config  # two rows: the register-sized rules
+    monkeypatch.setattr(config_module, "ROWS_FOR_DECODE", False)
+    assert pick_config(fmt, 1, out, inner).variant == "split"

@@ -9,6 +9,7 @@
 #   tools/h200_run.sh hf         HF transformers (static cache + torch.compile), batch 1 and 32
 #   tools/h200_run.sh rows       quantized GEMV GPU tests, then the rows kernels' config sweep (q4_k, q6_k; m = 1)
 #   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
+#   tools/h200_run.sh xla-flags  the batch-1 decode step (plan alone) under XLA fusion flag sets, 1.5B Q4_K_M and 8B
 # Several sections run in order: tools/h200_run.sh rows profile
 # COMMIT=<sha> names the commit the figures belong to (the copy's git metadata is stale).
 set -uo pipefail
@@ -67,6 +68,19 @@ profile)
     timeout 200 python3 -m ember.tools.profile_step --model synthetic:llama3-8b --tokenizer .gpu/tok \
         --concurrency 1 > "$out/profile8b.json" 2> "$out/profile8b.log"
     grep -h "tok_s\|per_step" "$out"/profile*.json ;;
+xla-flags)
+    i=0
+    for flags in "" --xla_gpu_experimental_enable_triton_softmax_priority_fusion=true \
+        "--xla_gpu_experimental_enable_triton_softmax_priority_fusion=true --xla_gpu_experimental_enable_triton_heroless_priority_fusion=true" \
+        --xla_gpu_enable_command_buffer= ; do
+        i=$((i + 1))
+        XLA_FLAGS="$flags" EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 100 python3 -m ember.tools.profile_step \
+            --model synthetic:qwen2.5-1.5b-q4_k_m --tokenizer .gpu/tok --concurrency 1 --plan-only \
+            > "$out/flags$i-15.json" 2> "$out/flags$i-15.log"
+        XLA_FLAGS="$flags" timeout 100 python3 -m ember.tools.profile_step --model synthetic:llama3-8b \
+            --tokenizer .gpu/tok --concurrency 1 --plan-only > "$out/flags$i-8b.json" 2> "$out/flags$i-8b.log"
+        echo "flags $i: $flags"; grep -h "async\|profiled_" "$out/flags$i"-*.json
+    done ;;
 *)
     echo "unknown section $section" >&2; exit 2 ;;
 esac

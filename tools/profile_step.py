@@ -15,6 +15,7 @@ import argparse
 import collections
 import glob
 import json
+import os
 import sys
 import tempfile
 import time
@@ -88,7 +89,8 @@ def _profile_engine(engine, vocab: int, concurrency: int, prompt_tokens: int, ou
 
 
 def _plan_alone(engine, rows: int, repeats: int = 50) -> dict:
-    """The jitted step for `rows` decode rows, called back to back (async) and with a host read per call."""
+    """The jitted step for `rows` decode rows, called back to back (async) and with a host read per call; then
+    `repeats` async calls under the profiler: kernels launched and device time per step."""
     import jax
 
     from ..runtime.engine_step import pack_step_inputs, run_step
@@ -98,19 +100,32 @@ def _plan_alone(engine, rows: int, repeats: int = 50) -> dict:
     shape = StepShape(rows, 0, ex.table_blocks, ex.num_kinds)
     batch = padding_batch(shape)
     inputs = pack_step_inputs(batch, [], vocab_size=ex.vocab, num_rows=shape.logit_rows)
-    out, ex.kv = ex.step_fn(ex.model.dims, *inputs.static_args(), ex.model.params, ex.kv, inputs.buffer)
-    jax.block_until_ready(out)
+
+    def calls() -> None:
+        out = None
+        for _ in range(repeats):
+            out, ex.kv = ex.step_fn(ex.model.dims, *inputs.static_args(), ex.model.params, ex.kv, inputs.buffer)
+        jax.block_until_ready(out)
+
+    calls()
     start = time.perf_counter()
-    for _ in range(repeats):
-        out, ex.kv = ex.step_fn(ex.model.dims, *inputs.static_args(), ex.model.params, ex.kv, inputs.buffer)
-    jax.block_until_ready(out)
+    calls()
     async_ms = (time.perf_counter() - start) / repeats * 1e3
     start = time.perf_counter()
     for _ in range(repeats):
         result, ex.kv = run_step(ex.step_fn, ex.model.dims, ex.model.params, ex.kv, batch, [], vocab_size=ex.vocab,
                                  num_rows=shape.logit_rows)
     sync_ms = (time.perf_counter() - start) / repeats * 1e3
-    return {"decode_rows": rows, "async_ms_per_step": round(async_ms, 3), "sync_ms_per_step": round(sync_ms, 3)}
+    trace_dir = tempfile.mkdtemp(prefix="ember-profile-plan-")
+    with jax.profiler.trace(trace_dir):
+        calls()
+    busy_ms, totals, counts = _device_kernels(trace_dir)
+    return {"decode_rows": rows, "async_ms_per_step": round(async_ms, 3), "sync_ms_per_step": round(sync_ms, 3),
+            "profiled_kernels_per_step": round(sum(counts.values()) / repeats, 1),
+            "profiled_device_ms_per_step": round(busy_ms / repeats, 3),
+            "top_kernels_us_per_step": [{"name": name, "us": round(ms * 1e3 / repeats, 2),
+                                         "calls": round(counts[name] / repeats, 2)}
+                                        for name, ms in totals.most_common(TOP_KERNELS)]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--decode-steps", type=int, default=None,
                         help="decode steps per device call when running ahead (default: the target's)")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="only the plan alone (no engine run): step time and kernels per step")
     args = parser.parse_args(argv)
 
     from ..runtime.engine import Engine, EngineConfig
@@ -134,12 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     config = EngineConfig(num_blocks=top * (-(-context // 16) + 1) + 1, max_model_len=context, max_num_seqs=top,
                           max_batched_tokens=512, enable_prefix_caching=False, decode_steps=args.decode_steps)
     engine = Engine(model, tokenizer, config)
-    result = {"model": args.model, "target": args.target, "decode_steps": args.decode_steps, "runs": [],
+    result = {"model": args.model, "target": args.target, "decode_steps": args.decode_steps,
+              "xla_flags": os.environ.get("XLA_FLAGS", ""), "runs": [],
               "plan_alone": []}
     try:
         for c in args.concurrency:
-            result["runs"].append(_profile_engine(engine, int(model.dims.vocab), c, args.prompt_tokens,
-                                                  args.output_tokens))
+            if not args.plan_only:
+                result["runs"].append(_profile_engine(engine, int(model.dims.vocab), c, args.prompt_tokens,
+                                                      args.output_tokens))
             result["plan_alone"].append(_plan_alone(engine, c))
     finally:
         engine.close()

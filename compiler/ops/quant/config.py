@@ -12,8 +12,9 @@ import os
 from dataclasses import dataclass
 
 # Decode (m <= 4) picks the "rows" kernels (triton_gemv*.py) when True, the "split" kernels otherwise.
-# Read at every pick_config call; EMBER_QUANT_ROWS=0 sets it False at import. The rows rules below are
-# best guesses until `tools/bench_quant_matmul.py --rows-sweep` has measured them on the GPU.
+# Read at every pick_config call; EMBER_QUANT_ROWS=0 sets it False at import. One activation row on the
+# projection shapes of the benchmark models takes MEASURED_M1 (the H200 sweep's best); the other shapes
+# and m = 2..4 take the rows rules below, sized by register count, not measured.
 ROWS_FOR_DECODE = os.environ.get("EMBER_QUANT_ROWS", "1") != "0"
 
 
@@ -74,6 +75,24 @@ ROWS_RULES: tuple[ConfigRule, ...] = (
     ConfigRule("*", _rows(32, 1, 1, 4), max_m=4),
 )
 
+# (format, out, in) -> the fastest rows config at m = 1 of `tools/bench_quant_matmul.py --rows-sweep` on the
+# H200 (commit c32c507, tools/results/h200_quant_rows_sweep_c32c507.json; 8-20 candidates per shape, the
+# rows default and the split kernel beside them). Small tiles with one warp win on every shape whose `out`
+# is below ~6k: many short programs keep more loads in flight than few long ones.
+MEASURED_M1: dict[tuple[str, int, int], QuantMatmulConfig] = {
+    # Qwen2.5-1.5B: q+k, q+k+v, o, gate+up, down; v, down (Q6_K layers), head
+    ("q4_k", 1792, 1536): _rows(4, 4, 2, 1), ("q4_k", 2048, 1536): _rows(4, 4, 2, 1),
+    ("q4_k", 1536, 1536): _rows(4, 4, 2, 1), ("q4_k", 17920, 1536): _rows(16, 2, 1, 2),
+    ("q4_k", 1536, 8960): _rows(32, 8, 1, 4),
+    ("q6_k", 256, 1536): _rows(4, 4, 4, 1), ("q6_k", 1536, 8960): _rows(4, 4, 4, 1),
+    ("q6_k", 151936, 1536): _rows(64, 1, 1, 4),
+    # Llama-3-8B: q+k, q+k+v, o, gate+up, down; v, down (Q6_K layers)
+    ("q4_k", 5120, 4096): _rows(4, 2, 4, 1), ("q4_k", 6144, 4096): _rows(16, 4, 2, 4),
+    ("q4_k", 4096, 4096): _rows(64, 8, 1, 4), ("q4_k", 28672, 4096): _rows(8, 1, 2, 1),
+    ("q4_k", 4096, 14336): _rows(64, 8, 1, 4),
+    ("q6_k", 1024, 4096): _rows(4, 4, 4, 1), ("q6_k", 4096, 14336): _rows(8, 2, 2, 1),
+}
+
 # Shape classes: tiny out (k/v projections), out ~ in (q/o, down), long out (gate/up, LM head).
 CONFIG_TABLE: tuple[ConfigRule, ...] = ROWS_RULES + (
     # few output rows: small tiles and split-K so that a few hundred programs exist
@@ -89,7 +108,10 @@ CONFIG_TABLE: tuple[ConfigRule, ...] = ROWS_RULES + (
 
 def pick_config(fmt: str, m: int, out: int, inner: int,
                 table: tuple[ConfigRule, ...] = CONFIG_TABLE) -> QuantMatmulConfig:
-    """The first matching rule's config; rules of the rows variant are skipped unless ROWS_FOR_DECODE."""
+    """MEASURED_M1's config for one row on a measured shape, else the first matching rule's config; the rows
+    variant is skipped unless ROWS_FOR_DECODE."""
+    if ROWS_FOR_DECODE and m == 1 and table is CONFIG_TABLE and (fmt, out, inner) in MEASURED_M1:
+        return MEASURED_M1[(fmt, out, inner)]
     for rule in table:
         if rule.config.variant == "rows" and not ROWS_FOR_DECODE:
             continue
