@@ -68,18 +68,17 @@ profile)
     timeout 200 python3 -m ember.tools.profile_step --model synthetic:llama3-8b --tokenizer .gpu/tok \
         --concurrency 1 > "$out/profile8b.json" 2> "$out/profile8b.log"
     grep -h "tok_s\|per_step" "$out"/profile*.json ;;
-xla-flags)
+xla-flags)  # XLA_VARIANTS: ';'-separated flag sets (default below); MODELS: synthetic names
+    IFS=';' read -ra variants <<< "${XLA_VARIANTS:-;--legacy_command_buffer_custom_call_targets=__gpu\$xla.gpu.triton;--xla_gpu_experimental_enable_command_buffer_on_thunks=true}"
     i=0
-    for flags in "" --xla_gpu_experimental_enable_triton_softmax_priority_fusion=true \
-        "--xla_gpu_experimental_enable_triton_softmax_priority_fusion=true --xla_gpu_experimental_enable_triton_heroless_priority_fusion=true" \
-        --xla_gpu_enable_command_buffer= ; do
+    for flags in "${variants[@]}"; do
         i=$((i + 1))
-        XLA_FLAGS="$flags" EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 100 python3 -m ember.tools.profile_step \
-            --model synthetic:qwen2.5-1.5b-q4_k_m --tokenizer .gpu/tok --concurrency 1 --plan-only \
-            > "$out/flags$i-15.json" 2> "$out/flags$i-15.log"
-        XLA_FLAGS="$flags" timeout 100 python3 -m ember.tools.profile_step --model synthetic:llama3-8b \
-            --tokenizer .gpu/tok --concurrency 1 --plan-only > "$out/flags$i-8b.json" 2> "$out/flags$i-8b.log"
-        echo "flags $i: $flags"; grep -h "async\|profiled_" "$out/flags$i"-*.json
+        for model in ${MODELS:-qwen2.5-1.5b-q4_k_m llama3-8b}; do
+            XLA_FLAGS="$flags" EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 100 python3 -m ember.tools.profile_step \
+                --model synthetic:$model --tokenizer .gpu/tok --concurrency 1 --plan-only \
+                > "$out/flags$i-$model.json" 2> "$out/flags$i-$model.log" || tail -n 3 "$out/flags$i-$model.log"
+        done
+        echo "flags $i: $flags"; grep -h "async\|sync\|profiled_" "$out/flags$i"-*.json
     done ;;
 *)
     echo "unknown section $section" >&2; exit 2 ;;

@@ -48,6 +48,25 @@ def _device_kernels(trace_dir: str) -> tuple[float, collections.Counter, collect
     return busy_ns / 1e6, totals, counts
 
 
+def _host_launch_events(trace_dir: str, per: int) -> list[dict]:
+    """XLA's host-side thunk / launch / graph events (how a step reaches the GPU), counts per step, top 15."""
+    from jax.profiler import ProfileData
+
+    counts = collections.Counter()
+    for path in glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True):
+        with open(path, "rb") as f:
+            data = ProfileData.from_serialized_xspace(f.read())
+        for plane in data.planes:
+            if plane.name.startswith("/device:"):
+                continue
+            for line in plane.lines:
+                for event in line.events:
+                    name = event.name
+                    if any(k in name for k in ("Thunk", "Launch", "Graph", "graph", "CommandBuffer", "cuda")):
+                        counts[name[:70]] += 1
+    return [{"name": name, "per_step": round(n / per, 2)} for name, n in counts.most_common(15)]
+
+
 def _profile_engine(engine, vocab: int, concurrency: int, prompt_tokens: int, output_tokens: int) -> dict:
     import jax
 
@@ -120,12 +139,45 @@ def _plan_alone(engine, rows: int, repeats: int = 50) -> dict:
     with jax.profiler.trace(trace_dir):
         calls()
     busy_ms, totals, counts = _device_kernels(trace_dir)
+    host_events = _host_launch_events(trace_dir, repeats)
     return {"decode_rows": rows, "async_ms_per_step": round(async_ms, 3), "sync_ms_per_step": round(sync_ms, 3),
+            **_multi_alone(engine, shape, batch),
             "profiled_kernels_per_step": round(sum(counts.values()) / repeats, 1),
             "profiled_device_ms_per_step": round(busy_ms / repeats, 3),
             "top_kernels_us_per_step": [{"name": name, "us": round(ms * 1e3 / repeats, 2),
                                          "calls": round(counts[name] / repeats, 2)}
-                                        for name, ms in totals.most_common(TOP_KERNELS)]}
+                                        for name, ms in totals.most_common(TOP_KERNELS)],
+            "host_launch_events_per_step": host_events}
+
+
+def _multi_alone(engine, shape, batch, calls: int = 10) -> dict:
+    """The run-ahead executable (engine.executor.decode_steps steps per call, as the engine runs batch-1 decode):
+    back-to-back calls (async) and with a host read per call, as ms per decode step."""
+    import jax
+
+    from ..runtime.engine_step import launch_multi_step
+
+    ex = engine.executor
+    if ex.multi_step_fn is None:
+        return {}
+    slots = np.zeros((ex.decode_steps, shape.num_kinds, shape.decode_rows), np.int32)
+
+    def call():
+        packed, ex.kv = launch_multi_step(ex.multi_step_fn, ex.model.dims, ex.model.params, ex.kv, batch, slots, [],
+                                          vocab_size=ex.vocab, num_rows=shape.logit_rows)
+        return packed
+
+    jax.block_until_ready(call())
+    start = time.perf_counter()
+    packed = [call() for _ in range(calls)]
+    jax.block_until_ready(packed)
+    async_ms = (time.perf_counter() - start) / (calls * ex.decode_steps) * 1e3
+    start = time.perf_counter()
+    for _ in range(calls):
+        np.asarray(call())
+    sync_ms = (time.perf_counter() - start) / (calls * ex.decode_steps) * 1e3
+    return {"multi_steps_per_call": ex.decode_steps, "multi_async_ms_per_step": round(async_ms, 3),
+            "multi_sync_ms_per_step": round(sync_ms, 3)}
 
 
 def main(argv: list[str] | None = None) -> int:
