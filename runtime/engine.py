@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from .engine_config import EngineConfig, _deterministic_from_env, kv_bytes_per_block, prefill_shapes, sized_config
 from .guided import GrammarTokenizer, GuidedMatcher
 from .kv_cache import KVCache
-from .lookahead import lookahead_steps, row_can_defer
+from .lookahead import lookahead_steps, row_can_defer, row_can_run_ahead
 from .model import Model
 from .output_processor import OutputProcessor, merge_deltas
 from .requests import Request, RequestStatus
@@ -38,6 +38,7 @@ class EngineCounters:
     generation_tokens: int = 0
     steps: int = 0
     device_calls: int = 0  # steps run ahead several at a time count once here (runtime/lookahead.py)
+    chained_calls: int = 0  # of those, dispatched before the previous call's results were read
 
 
 @dataclass
@@ -184,47 +185,57 @@ class Engine:
         # Rows whose next inputs depend on that work (runtime/lookahead.py's per-row rules) are streamed
         # before the next plan instead. Requests that end while deferred (a stop string, an abort) may ride
         # in the call already dispatched: what it computes for them is discarded, like run-ahead steps.
+        # A run-ahead call is followed, before its results are read, by the next call of the same rows
+        # (`chained`, runtime/scheduler_ahead.py), so the device never waits for the host between them.
         deferred = None  # (plan, per-step results) not yet streamed
+        chained = None  # (plan, rows, steps, collect) dispatched before the previous call's results were read
         while True:
-            with self._lock:
-                while deferred is None and not self._stopping and not self.scheduler.has_work:
-                    self._lock.wait()
-                if self._stopping:
-                    if deferred is not None:
-                        self._stream(*deferred)
-                    return
-                self._refuse_stale_waiting()
-                plan = self.scheduler.schedule()
-                if plan.is_empty:
-                    if deferred is not None:
-                        self._stream(*deferred)
-                        deferred = None
-                    else:
-                        self._lock.wait(0.01)
+            if chained is not None:
+                plan, rows, steps, collect = chained
+                chained = None
+            else:
+                with self._lock:
+                    while deferred is None and not self._stopping and not self.scheduler.has_work:
+                        self._lock.wait()
+                    if self._stopping:
+                        if deferred is not None:
+                            self._stream(*deferred)
+                        return
+                    self._refuse_stale_waiting()
+                    plan = self.scheduler.schedule()
+                    if plan.is_empty:
+                        if deferred is not None:
+                            self._stream(*deferred)
+                            deferred = None
+                        else:
+                            self._lock.wait(0.01)
+                        continue
+                    rows = [self._row_state(rid) for rid in plan.logit_request_ids]
+                    now = time.monotonic()
+                    for rid in plan.block_tables:
+                        group = self._group_of.get(rid)
+                        if group is not None and group.scheduled_at is None:
+                            group.scheduled_at = now
+                    steps = self._steps_for(plan, rows)
+                    if steps > 1:
+                        extended = self.scheduler.extend_decodes(plan, steps)
+                        plan, steps = (extended, steps) if extended is not None else (plan, 1)
+                try:
+                    collect = self.executor.launch(plan, rows, steps)
+                except Exception as error:  # a failed step must not strand its requests: end them, go on
+                    self._stream_deferred(deferred)
+                    deferred = None
+                    self._fail_step(plan, error)
                     continue
-                rows = [self._row_state(rid) for rid in plan.logit_request_ids]
-                now = time.monotonic()
-                for rid in plan.block_tables:
-                    group = self._group_of.get(rid)
-                    if group is not None and group.scheduled_at is None:
-                        group.scheduled_at = now
-                steps = self._steps_for(plan, rows)
-                if steps > 1:
-                    extended = self.scheduler.extend_decodes(plan, steps)
-                    plan, steps = (extended, steps) if extended is not None else (plan, 1)
-            try:
-                collect = self.executor.launch(plan, rows, steps)
-            except Exception as error:  # a failed step must not strand its requests: end them, go on
-                self._stream_deferred(deferred)
-                deferred = None
-                self._fail_step(plan, error)
-                continue
+            if steps > 1:
+                chained = self._chain(plan, rows, steps)
             self._stream_deferred(deferred)  # host work while the device runs `plan`
             deferred = None
             try:
                 per_step = collect()
             except Exception as error:
                 self._fail_step(plan, error)
+                chained = self._drop_chained(chained)
                 continue
             with self._lock:
                 self.counters.device_calls += 1
@@ -240,6 +251,39 @@ class Engine:
                         self._stream(plan, [results])
                 if not stream_now:
                     deferred = (plan, per_step)
+
+    def _chain(self, plan, rows: list[RowState], steps: int):
+        """Dispatch the call after the run-ahead call `plan` (still on the device): (plan, rows, steps, collect),
+        or None when the scheduler or the rows say the host must look at `plan`'s tokens first."""
+        with self._lock:
+            if self._stopping or not all(row_can_run_ahead(row) and row_can_defer(row) for row in rows):
+                return None
+            nxt = self.scheduler.chain_decodes(plan, steps)
+            if nxt is None:
+                return None
+        # the rows' step counters (seeded sampling) continue where `plan`'s steps end
+        nxt_rows = [replace(row, step=row.token_index + steps) for row in rows]
+        try:
+            collect = self.executor.launch(nxt, nxt_rows, steps, chained=True)
+        except Exception as error:  # not fatal: drop the chained plan, the next call is planned as usual
+            traceback.print_exception(error)
+            with self._lock:
+                self.scheduler.discard_ahead(nxt)
+            return None
+        self.counters.chained_calls += 1
+        return nxt, nxt_rows, steps, collect
+
+    def _drop_chained(self, chained) -> None:
+        """The call before `chained` failed: wait for the chained call (its inputs were that call's tokens) and
+        drop it unapplied; its requests were ended with the failed call."""
+        if chained is not None:
+            try:
+                chained[3]()
+            except Exception:
+                pass
+            with self._lock:
+                self.scheduler.discard_ahead(chained[0])
+        return None
 
     def _stream_deferred(self, deferred) -> None:
         if deferred is not None:
@@ -298,7 +342,8 @@ class Engine:
     def _fail_step(self, plan, error: Exception) -> None:
         traceback.print_exception(error)
         with self._lock:
-            self.scheduler.update(plan, [0] * len(plan.logit_request_ids))  # keep schedule/update paired
+            if not self.scheduler.drop_failed(plan):  # a run-ahead plan is dropped, a step gets placeholder tokens
+                self.scheduler.update(plan, [0] * len(plan.logit_request_ids))  # (keeps schedule/update paired)
             for rid in plan.block_tables:
                 group, choice = self._group_of.get(rid), self._choice_of.get(rid)
                 if group is None or choice is None or choice.finish_reason is not None:

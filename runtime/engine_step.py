@@ -70,15 +70,23 @@ def make_step_fn(forward: Callable) -> Callable:
 
 def make_multi_step_fn(forward: Callable, steps: int) -> Callable:
     """jit of `steps` decode steps in one executable, each step's sampled tokens fed to the next on the
-    device: (dims, layout, num_top, all_greedy, params, kv, inputs) -> (packed results [steps, R, 2 + 2K],
-    kv). The inputs are a decode-only step (C = 0) plus `slots_ahead` int32 [steps, K, B] (the last
-    array packed): step i runs the rows at positions + i, writing slots_ahead[i], and samples with the
-    rows' step counters + i. A lax.scan (trip count static: no host sync per step) over the same forward,
-    so the executable is compiled once per decode bucket. Host overhead is paid once per `steps` tokens."""
+    device: (dims, layout, num_top, all_greedy, params, kv, inputs, carried) -> (packed results
+    [steps, R, 2 + 2K], kv, carried). The inputs are a decode-only step (C = 0) plus `slots_ahead` int32
+    [steps, K, B] (the last array packed): step i runs the rows at positions + i, writing slots_ahead[i],
+    and samples with the rows' step counters + i. A lax.scan (trip count static: no host sync per step)
+    over the same forward, so the executable is compiled once per decode bucket. Host overhead is paid
+    once per `steps` tokens.
 
-    def multi(dims, layout: IoLayout, num_top: int, all_greedy: bool, params, kv, inputs):
+    `carried` int32 [B + 1] chains calls without a host round trip: when carried[B] is 1 the first step's
+    tokens are carried[:B] instead of the batch's, and every call returns its last step's tokens in that
+    form (flag 1), so the next call of the same rows can be dispatched before this one's results are read
+    (runtime/scheduler_ahead.py); no_carry(B) is the form that keeps the batch's tokens."""
+
+    def multi(dims, layout: IoLayout, num_top: int, all_greedy: bool, params, kv, inputs, carried):
         batch, sampling, (slots_ahead,) = _unpack_step(inputs, layout)
         rows = batch.num_decode
+        first = jnp.where(carried[rows] == 1, carried[:rows], batch.tokens[:rows])
+        tokens_in = batch.tokens.at[:rows].set(first)
 
         def one(carry, i):
             tokens, kv = carry
@@ -89,8 +97,8 @@ def make_multi_step_fn(forward: Callable, steps: int) -> Callable:
                             all_greedy=all_greedy)
             return (result.tokens[:rows], kv), pack_result(result)
 
-        (_, kv), packed = jax.lax.scan(one, (batch.tokens, kv), jnp.arange(steps, dtype=jnp.int32))
-        return packed, kv
+        (last, kv), packed = jax.lax.scan(one, (tokens_in, kv), jnp.arange(steps, dtype=jnp.int32))
+        return packed, kv, jnp.concatenate([last[:rows], jnp.ones((1,), jnp.int32)])
 
     return jax.jit(multi, static_argnums=(0, 1, 2, 3), donate_argnums=5)
 
@@ -133,18 +141,27 @@ def collect_step(packed) -> StepResult:
     return StepResult(*unpack_result(np.asarray(packed)))
 
 
+def no_carry(decode_rows: int) -> np.ndarray:
+    """make_multi_step_fn's `carried` for a call whose tokens are the batch's own."""
+    return np.zeros(decode_rows + 1, np.int32)
+
+
 def run_multi_step(multi_fn: Callable, dims: Any, params: Any, kv: Any, batch: StepBatch, slots_ahead: np.ndarray,
                    rows: list[RowState], *, vocab_size: int, num_rows: int) -> tuple[list[StepResult], Any]:
     """make_multi_step_fn's executable on a decode-only batch: one StepResult per step."""
-    packed, kv = launch_multi_step(multi_fn, dims, params, kv, batch, slots_ahead, rows, vocab_size=vocab_size,
-                                   num_rows=num_rows)
+    packed, kv, _ = launch_multi_step(multi_fn, dims, params, kv, batch, slots_ahead, rows, vocab_size=vocab_size,
+                                      num_rows=num_rows)
     return collect_multi_step(packed), kv
 
 
 def launch_multi_step(multi_fn: Callable, dims: Any, params: Any, kv: Any, batch: StepBatch, slots_ahead: np.ndarray,
-                      rows: list[RowState], *, vocab_size: int, num_rows: int) -> tuple[Any, Any]:
+                      rows: list[RowState], *, vocab_size: int, num_rows: int, carried=None) -> tuple[Any, Any, Any]:
+    """Dispatch without waiting: (packed results, kv, carried for a chained next call) on the device.
+    carried: the previous call's, to take its last tokens as this call's inputs (None: the batch's)."""
     inputs = pack_step_inputs(batch, rows, vocab_size=vocab_size, num_rows=num_rows, extra=(slots_ahead,))
-    return multi_fn(dims, *inputs.static_args(), params, kv, inputs.buffer)
+    if carried is None:
+        carried = no_carry(len(batch.positions))
+    return multi_fn(dims, *inputs.static_args(), params, kv, inputs.buffer, carried)
 
 
 def collect_multi_step(packed) -> list[StepResult]:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from .kv import BlockPool, KVCounters, StateAllocator
 from .kv_cache import KVCache, PrefixHit
 from .requests import Request, RequestStatus, StepOutput
+from .scheduler_ahead import RunAhead
 from .step_inputs import PrefillShapes
 from .step_plan import DecodeRow, PrefillChunk, StepPlan, slots_at
 
@@ -68,7 +69,7 @@ class SchedulerSnapshot:
     kv: KVCounters
 
 
-class Scheduler:
+class Scheduler(RunAhead):
     def __init__(self, kv: KVCache | BlockPool, max_num_seqs: int, max_batched_tokens: int, max_queue_depth: int,
                  prefill_chunk_buckets: Sequence[int], *, enable_prefix_caching: bool = True,
                  extra_state: Mapping[str, StateAllocator] | None = None,
@@ -93,7 +94,7 @@ class Scheduler:
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self._active: dict[str, Request] = {}  # waiting + running, by id
         self._unfinished_plan: StepPlan | None = None
-        self._ahead: tuple[StepPlan, int] | None = None  # an extended plan and its step count
+        self._ahead: deque[tuple[StepPlan, int]] = deque()  # extended plans dispatched, not yet updated; steps
         self.num_preemptions = self.num_finished = self.num_aborted = 0
 
     # --- intake -------------------------------------------------------------------------------------
@@ -129,7 +130,7 @@ class Scheduler:
 
     # --- one step -----------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        if self._unfinished_plan is not None:
+        if self._unfinished_plan is not None or self._ahead:
             raise RuntimeError("schedule() called before update() of the previous step")
         budget = self.max_batched_tokens
         preempted: list[str] = []
@@ -245,38 +246,6 @@ class Scheduler:
         return StepPlan(tuple(rows), tuple(prefills), tables, tuple(preempted), num_kinds=len(self.kv.kinds))
 
     # --- several decode steps in one device call --------------------------------------------------
-    def extend_decodes(self, plan: StepPlan, steps: int) -> StepPlan | None:
-        """Let the just-scheduled decode-only `plan` run `steps` decode steps in one go: every row gets KV
-        for its next `steps` positions, or up to its last one. Returns the plan with block tables that cover them (the engine
-        then calls update_ahead once per step), or None when the pool cannot give every row those blocks
-        without preempting (the plan stays a one-step plan; blocks already grown are kept — the rows
-        would need them within `steps` steps anyway)."""
-        if plan is not self._unfinished_plan or plan.prefills or plan.preempted or steps < 2:
-            return None
-        requests = [self._active[row.request_id] for row in plan.decodes]
-        for row, request in zip(plan.decodes, requests):
-            # up to the request's last position (it samples its last token there): steps past it write to
-            # block 0 (StepPlan.decode_slots_ahead) and are discarded
-            last = request.num_prompt_tokens + request.max_tokens - 1
-            if not self.kv.grow(request.state, min(row.position + steps, last)):
-                return None
-        tables = {row.request_id: self.kv.tables(request.state) for row, request in zip(plan.decodes, requests)}
-        self._unfinished_plan = replace(plan, block_tables=tables)
-        self._ahead = (self._unfinished_plan, steps)
-        return self._unfinished_plan
-
-    def update_ahead(self, plan: StepPlan, step: int, sampled_token_ids: Sequence[int]) -> list[StepOutput]:
-        """update() for step `step` (0-based, in order) of an extended plan: each row still running
-        computed position row.position + step and sampled one token; rows that finished (or were
-        aborted) at an earlier step are skipped — what they computed after that is discarded."""
-        if self._ahead is None or self._ahead[0] is not plan or not 0 <= step < self._ahead[1]:
-            raise RuntimeError("update_ahead() got a plan that extend_decodes() did not return, or a bad step")
-        shifted = replace(plan, decodes=tuple(replace(row, position=row.position + step) for row in plan.decodes))
-        self._unfinished_plan = shifted
-        if step == self._ahead[1] - 1:
-            self._ahead = None
-        return self.update(shifted, sampled_token_ids)
-
     def update(self, plan: StepPlan, sampled_token_ids: Sequence[int]) -> list[StepOutput]:
         """Apply a step's results: sampled_token_ids holds one token per plan.logit_request_ids entry.
         Requests aborted or finished between schedule() and update() are skipped."""
@@ -287,8 +256,8 @@ class Scheduler:
         if plan is not self._unfinished_plan:
             raise RuntimeError("update() got a plan that is not the last one scheduled")
         self._unfinished_plan = None
-        if self._ahead is not None and plan is self._ahead[0]:  # the whole extended plan at once (a failed step)
-            self._ahead = None
+        if self._ahead and plan is self._ahead[0][0]:  # the whole extended plan at once (a failed step)
+            self._ahead.popleft()
         advanced = [(row.request_id, row.position, 1) for row in plan.decodes]
         advanced += [(chunk.request_id, chunk.start, chunk.num_tokens) for chunk in plan.prefills]
         for request_id, start, n in advanced:

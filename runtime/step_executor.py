@@ -13,11 +13,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
+import jax
 import numpy as np
 
 from ..compiler.targets import get_target
 from .engine_step import (collect_multi_step, collect_step, launch_multi_step, launch_step, make_multi_step_fn,
-                          make_step_fn, run_multi_step, run_step)
+                          make_step_fn, no_carry, run_multi_step, run_step)
 from .model import Model
 from .sampling_params import RowState
 from .scheduler import PrefillChunk, StepPlan
@@ -56,6 +57,8 @@ class StepExecutor:
         self.kv = model.new_kv(engine_pool_blocks(model.paged_kinds, config), config.block_size)
         self.num_kinds = len(model.paged_kinds)
         self.vocab = int(model.dims.vocab)
+        self._carried = None  # the last run-ahead call's last tokens, on the device (make_multi_step_fn)
+        self._no_carry: dict[int, object] = {}  # decode rows -> no_carry() on the device, made once
 
     def shapes(self) -> list[StepShape]:
         if self.deterministic:
@@ -97,10 +100,13 @@ class StepExecutor:
         steps in one device call; one {request id: Sampled} per step."""
         return self.launch(plan, rows, self.decode_steps)()
 
-    def launch(self, plan: StepPlan, rows: list[RowState], steps: int) -> Callable[[], list[dict[str, Sampled]]]:
+    def launch(self, plan: StepPlan, rows: list[RowState], steps: int, *,
+               chained: bool = False) -> Callable[[], list[dict[str, Sampled]]]:
         """Dispatch `plan` (steps > 1: an extended plan, as run_ahead) and return at once, before the device
         is done: calling the result waits for it and gives one {request id: Sampled} per step. The host may
-        work meanwhile (the engine streams the previous call's tokens). Deterministic tiles run here."""
+        work meanwhile (the engine streams the previous call's tokens). Deterministic tiles run here.
+        chained: `plan` is Scheduler.chain_decodes of the previous call (same rows, in order), whose last
+        tokens, still on the device, are this call's inputs."""
         if self.deterministic:  # tiles of one fixed shape, run one after another
             results = [self.run(plan, rows)]
             return lambda: results
@@ -115,9 +121,18 @@ class StepExecutor:
             raise ValueError(f"a call runs 1 or {self.decode_steps} steps, not {steps}")
         slots = np.zeros((steps, shape.num_kinds, shape.decode_rows), np.int32)
         slots[:, :, :plan.num_decode] = plan.decode_slots_ahead(steps, self.config.block_size)
-        packed, self.kv = launch_multi_step(self.multi_step_fn, *args, batch, slots, rows, vocab_size=self.vocab,
-                                            num_rows=shape.logit_rows)
+        carried = self._carried if chained else self._no_carry_for(shape.decode_rows)
+        if carried is None or carried.shape != (shape.decode_rows + 1,):
+            raise RuntimeError("a chained call needs the previous run-ahead call of the same rows")
+        packed, self.kv, self._carried = launch_multi_step(self.multi_step_fn, *args, batch, slots, rows,
+                                                           vocab_size=self.vocab, num_rows=shape.logit_rows,
+                                                           carried=carried)
         return lambda: [self._sampled(plan, result) for result in collect_multi_step(packed)]
+
+    def _no_carry_for(self, decode_rows: int):
+        if decode_rows not in self._no_carry:
+            self._no_carry[decode_rows] = jax.device_put(no_carry(decode_rows))
+        return self._no_carry[decode_rows]
 
     def _run_ahead(self, batch, slots_ahead: np.ndarray, rows: list[RowState], shape: StepShape):
         results, self.kv = run_multi_step(self.multi_step_fn, self.model.dims, self.model.params, self.kv, batch,

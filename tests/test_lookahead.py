@@ -108,3 +108,65 @@ def test_what_may_run_ahead():
                     dict(min_tokens=5), dict(forced_token_ids=[4, 5, 6])):
         assert not row_can_run_ahead(_row(**blocked)), blocked
     assert row_can_run_ahead(_row(temperature=0.7, top_p=0.9, logit_bias={5: 2.0}, min_tokens=1))
+
+
+def test_chained_calls_give_the_tokens_of_single_steps_and_free_every_block(qwen3):
+    # long requests: each run-ahead call is followed by the next before its tokens are read
+    rng = np.random.default_rng(11)
+    cases = [
+        (rng.integers(8, 250, size=7).tolist(), SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=41)),
+        (rng.integers(8, 250, size=19).tolist(),
+         SamplingParams(temperature=0.8, top_k=30, seed=3, ignore_eos=True, max_tokens=38, logprobs=1)),
+        (rng.integers(8, 250, size=3).tolist(), SamplingParams(temperature=0.0, max_tokens=45)),  # may hit eos 7
+    ]
+    single, _, _ = _run(qwen3, 1, cases)
+    ahead, counters, snapshot = _run(qwen3, STEPS, cases)
+    assert counters.chained_calls >= 3
+    for (tokens_1, outs_1), (tokens_n, outs_n) in zip(single, ahead, strict=True):
+        assert tokens_n == tokens_1
+        np.testing.assert_allclose([lp for _, lp in _logprobs(outs_n)], [lp for _, lp in _logprobs(outs_1)],
+                                   rtol=1e-5, atol=1e-5)
+    assert snapshot["free_kv_blocks"] == snapshot["total_kv_blocks"]
+
+
+def test_a_stop_inside_a_chained_call_ends_the_request_there(qwen3):
+    prompt = list(range(40, 70))
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    alone, _, _ = _run(qwen3, 1, [(prompt, params)])
+    greedy = alone[0][0][0]
+    stop_at = greedy[17]  # past the first calls: inside a chained one
+    first = greedy.index(stop_at)
+    stopping = SamplingParams(temperature=0.0, max_tokens=60, stop_token_ids=[stop_at], ignore_eos=True)
+    ((tokens, outs),), counters, snapshot = _run(qwen3, STEPS, [(prompt, stopping)])
+    assert tokens[0] == greedy[:first + 1] and outs[0][-1].finish_reason == "stop"
+    assert snapshot["free_kv_blocks"] == snapshot["total_kv_blocks"]
+
+
+def test_a_failed_call_with_a_chained_call_behind_it_ends_its_requests(qwen3, monkeypatch):
+    config = EngineConfig(num_blocks=64, max_model_len=256, max_num_seqs=4, max_batched_tokens=48, decode_steps=STEPS)
+    engine = Engine(qwen3, ByteTokenizer(), config)
+    launch, calls = engine.executor.launch, []
+
+    def failing_third_run_ahead(plan, rows, steps, **kwargs):
+        collect = launch(plan, rows, steps, **kwargs)
+        calls.append(steps)
+        if steps > 1 and calls.count(steps) == 3:
+            def broken():
+                collect()
+                raise RuntimeError("device lost")
+            return broken
+        return collect
+
+    monkeypatch.setattr(engine.executor, "launch", failing_third_run_ahead)
+    try:
+        params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=60)
+        outputs = list(engine.submit(list(range(30, 50)), params))
+        assert outputs[-1].error and "device lost" in outputs[-1].error
+        assert engine.counters.chained_calls >= 2
+        monkeypatch.setattr(engine.executor, "launch", launch)  # the engine goes on serving
+        again = [o for o in engine.submit(list(range(30, 50)), SamplingParams(temperature=0.0, max_tokens=5))]
+        assert again[-1].finish_reason is not None and not again[-1].error
+        snapshot = engine.snapshot()
+        assert snapshot["free_kv_blocks"] == snapshot["total_kv_blocks"]
+    finally:
+        engine.close()

@@ -193,8 +193,8 @@ class StepClock:
         executor.launch = self._timed(executor.launch)
 
     def _timed(self, launch):
-        def timed(plan, rows, steps):
-            collect = launch(plan, rows, steps)
+        def timed(plan, rows, steps, **kwargs):
+            collect = launch(plan, rows, steps, **kwargs)
 
             def timed_collect():
                 result = collect()

@@ -163,7 +163,7 @@ def _multi_alone(engine, shape, batch, calls: int = 10) -> dict:
     slots = np.zeros((ex.decode_steps, shape.num_kinds, shape.decode_rows), np.int32)
 
     def call():
-        packed, ex.kv = launch_multi_step(ex.multi_step_fn, ex.model.dims, ex.model.params, ex.kv, batch, slots, [],
+        packed, ex.kv, _ = launch_multi_step(ex.multi_step_fn, ex.model.dims, ex.model.params, ex.kv, batch, slots, [],
                                           vocab_size=ex.vocab, num_rows=shape.logit_rows)
         return packed
 
