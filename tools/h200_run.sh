@@ -4,7 +4,9 @@
 #   tools/h200_run.sh tests      GPU kernel + engine tests (hypothesis statistics), JAX on cuda and cpu
 #   tools/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16 and FP8 (per-channel)
 #   tools/h200_run.sh suite-8b-q4 bench suite, Llama-3-8B shape, Q4_K_M kept quantized
-#   tools/h200_run.sh suite-1.5b bench suite, Qwen2.5-1.5B Q4_K_M kept quantized
+#   tools/h200_run.sh suite-1.5b bench suite, Qwen2.5-1.5B Q4_K_M kept quantized (no startup: startup-1.5b)
+#   tools/h200_run.sh batch1-8b  batch-1 decode at every context, Llama-3-8B shape bf16 and FP8
+#   tools/h200_run.sh startup-8b cold compile and warm start of the 8B engine (fresh processes)
 #   tools/h200_run.sh llamacpp   llama.cpp built from .whl/llama.cpp-trimmed.tar.xz, same layouts
 #   tools/h200_run.sh hf         HF transformers (static cache + torch.compile), batch 1 and 32
 #   tools/h200_run.sh rows       quantized GEMV GPU tests, then the rows kernels' config sweep (q4_k, q6_k; m = 1)
@@ -43,11 +45,20 @@ suite-8b)
     SUITE_FLAGS="--no-hf --sections context prefill concurrency --concurrency 1 32 128" \
         suite suite8b-fp8 240 synthetic:llama3-8b-fp8 ;;
 suite-8b-q4)
-    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context prefill concurrency --concurrency 1 32 128" \
-        suite suite8b-q4 240 synthetic:llama3-8b-q4_k_m ;;
+    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context prefill concurrency \
+        --context-decode-tokens 128 --concurrency 1 32 128" suite suite8b-q4 ${DEADLINE:-240} synthetic:llama3-8b-q4_k_m ;;
 suite-1.5b)
-    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context prefill concurrency ttft startup --concurrency 1 8 32 128 256" \
-        suite suite15 540 synthetic:qwen2.5-1.5b-q4_k_m ;;
+    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context prefill concurrency ttft \
+        --context-decode-tokens 128 --concurrency 1 8 32 128 256" suite suite15 ${DEADLINE:-300} synthetic:qwen2.5-1.5b-q4_k_m ;;
+startup-1.5b)
+    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections startup --concurrency 1 8 32 128 256" \
+        suite startup15 ${DEADLINE:-240} synthetic:qwen2.5-1.5b-q4_k_m ;;
+batch1-8b)
+    SUITE_FLAGS="--no-hf --sections context --context-decode-tokens 128" suite batch1-8b ${DEADLINE:-100} synthetic:llama3-8b
+    [ -n "${SKIP_FP8:-}" ] || SUITE_FLAGS="--no-hf --sections context --context-decode-tokens 128" \
+        suite batch1-8b-fp8 ${DEADLINE:-100} synthetic:llama3-8b-fp8 ;;
+startup-8b)
+    SUITE_FLAGS="--no-hf --sections startup --concurrency 1 8 32" suite startup8b ${DEADLINE:-300} synthetic:llama3-8b ;;
 llamacpp)
     timeout 560 python3 -m ember.tools.llamacpp_bench --src .whl/llama.cpp-trimmed.tar.xz --tokenizer .gpu/tok \
         --models synthetic:qwen2.5-1.5b-q4_k_m synthetic:llama3-8b synthetic:llama3-8b-q4_k_m \
