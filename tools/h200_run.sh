@@ -86,7 +86,7 @@ xla-flags)  # XLA_VARIANTS: ';'-separated flag sets (default below); MODELS: syn
         i=$((i + 1))
         for model in ${MODELS:-qwen2.5-1.5b-q4_k_m llama3-8b}; do
             XLA_FLAGS="$flags" EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 100 python3 -m ember.tools.profile_step \
-                --model synthetic:$model --tokenizer .gpu/tok --concurrency 1 --plan-only \
+                --model synthetic:$model --tokenizer .gpu/tok --concurrency ${CONCURRENCY:-1} --plan-only \
                 > "$out/flags$i-$model.json" 2> "$out/flags$i-$model.log" || tail -n 3 "$out/flags$i-$model.log"
         done
         echo "flags $i: $flags"; grep -h "async\|sync\|profiled_" "$out/flags$i"-*.json

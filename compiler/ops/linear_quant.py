@@ -43,7 +43,8 @@ from .quant.matmul import BACKENDS, quant_matmul
 from .quant.ref import dequantize
 from .triton_available import triton_available
 
-GEMV_MAX_ROWS = 16  # rows up to this use the quantized GEMV; above, dequantize + XLA matmul
+# rows up to this use the quantized GEMV; above, dequantize + XLA matmul (EMBER_GEMV_MAX_ROWS overrides)
+GEMV_MAX_ROWS = int(os.environ.get("EMBER_GEMV_MAX_ROWS", "16"))
 
 _backend_override: str | None = None
 

@@ -80,13 +80,13 @@ ROWS_RULES: tuple[ConfigRule, ...] = (
 # rows default and the split kernel beside them). Small tiles with one warp win on every shape whose `out`
 # is below ~6k: many short programs keep more loads in flight than few long ones.
 MEASURED_M1: dict[tuple[str, int, int], QuantMatmulConfig] = {
-    # Qwen2.5-1.5B: q+k, q+k+v, o, gate+up, down; v, down (Q6_K layers), head
+    # d 1536, ffn 8960, 2 kv heads: q+k, q+k+v, o, gate+up, down; v, down (Q6_K layers), tied head
     ("q4_k", 1792, 1536): _rows(4, 4, 2, 1), ("q4_k", 2048, 1536): _rows(4, 4, 2, 1),
     ("q4_k", 1536, 1536): _rows(4, 4, 2, 1), ("q4_k", 17920, 1536): _rows(16, 2, 1, 2),
     ("q4_k", 1536, 8960): _rows(32, 8, 1, 4),
     ("q6_k", 256, 1536): _rows(4, 4, 4, 1), ("q6_k", 1536, 8960): _rows(4, 4, 4, 1),
     ("q6_k", 151936, 1536): _rows(64, 1, 1, 4),
-    # Llama-3-8B: q+k, q+k+v, o, gate+up, down; v, down (Q6_K layers)
+    # d 4096, ffn 14336, 8 kv heads: q+k, q+k+v, o, gate+up, down; v, down (Q6_K layers)
     ("q4_k", 5120, 4096): _rows(4, 2, 4, 1), ("q4_k", 6144, 4096): _rows(16, 4, 2, 4),
     ("q4_k", 4096, 4096): _rows(64, 8, 1, 4), ("q4_k", 28672, 4096): _rows(8, 1, 2, 1),
     ("q4_k", 4096, 14336): _rows(64, 8, 1, 4),
