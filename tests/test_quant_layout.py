@@ -123,7 +123,7 @@ def test_launch_plans_cover_the_matrix_exactly_once(fmt: str, m: int, shape: tup
     assert config.variant == "split"
     plan = launch_plan(fmt, m, out, inner, config)
     meta = plan["meta"]
-    grid_m, split_k, grid_n = plan["grid"]  # row tiles fastest: a weight tile's row tiles run together
+    grid_n, split_k, grid_m = plan["grid"]
     assert grid_n * meta["BLOCK_N"] >= out > (grid_n - 1) * meta["BLOCK_N"]
     assert grid_m * meta["BLOCK_M"] >= m > (grid_m - 1) * meta["BLOCK_M"]
     steps = inner // FORMATS[fmt][0] // meta.get("BLOCKS_PER_STEP", 1)

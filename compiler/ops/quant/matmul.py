@@ -58,7 +58,7 @@ def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfi
                 STEPS_PER_SPLIT=steps_per_split, USE_DOT=use_dot)
     if fmt == Q8_0:
         meta["BLOCKS_PER_STEP"] = per_step
-    grid = (-(-m // block_m), split_k, -(-out // config.block_n))  # row tiles fastest (triton_kernels.py)
+    grid = (-(-out // config.block_n), split_k, -(-m // block_m))
     return {"grid": grid, "split_k": split_k, "meta": meta}
 
 

@@ -1,7 +1,6 @@
 """Triton GEMV kernels over the quantized layouts of layout.py (decode: few activation rows).
 
-Grid: (ceil(m / BLOCK_M), SPLIT_K, out / BLOCK_N): the row tiles of one weight tile are neighbours in launch
-order, so with several row tiles (m > 16) the tile is read from HBM once and from L2 after. A program owns BLOCK_N output rows and one slice of
+Grid: (out / BLOCK_N, SPLIT_K, ceil(m / BLOCK_M)). A program owns BLOCK_N output rows and one slice of
 `in` (all of it unless split-K), walks its blocks in order and keeps the weights quantized all the way
 to registers: per block it loads the tile's codes (one contiguous run of BLOCK_N x 128 bytes for Q4_K),
 its scales, and the activations of the block (tiny, shared by every program, so L1/L2 hits).
@@ -79,9 +78,9 @@ def q4_k_gemv_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
                      M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEPS_PER_SPLIT: tl.constexpr,
                      USE_DOT: tl.constexpr, IEEE: tl.constexpr):
-    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    pid_n = tl.program_id(2)
+    pid_m = tl.program_id(2)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)     # [BLOCK_N] output rows
     row_ok = rows < N
     ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)       # [BLOCK_M] activation rows
@@ -120,9 +119,9 @@ def q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr,
                      M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEPS_PER_SPLIT: tl.constexpr,
                      USE_DOT: tl.constexpr, IEEE: tl.constexpr):
-    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    pid_n = tl.program_id(2)
+    pid_m = tl.program_id(2)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -157,9 +156,9 @@ def q8_0_gemv_kernel(x_ptr, qs_ptr, d_ptr, out_ptr,
                      M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEPS_PER_SPLIT: tl.constexpr,
                      BLOCKS_PER_STEP: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
-    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    pid_n = tl.program_id(2)
+    pid_m = tl.program_id(2)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
