@@ -62,6 +62,11 @@ class _Group:
     first_token_at: float | None = None
 
 
+class EngineFailedError(RuntimeError):
+    """The engine thread stopped on an internal error: every request it held was ended with that error and
+    no new request is taken (a server reports 503 and needs a restart)."""
+
+
 class Engine:
     def __init__(self, model: Model, tokenizer, config: EngineConfig = EngineConfig(), *,
                  stop_token_ids: frozenset[int] = frozenset()):
@@ -86,7 +91,8 @@ class Engine:
         self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first guided request
         self._grammar_lock = threading.Lock()
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="ember-engine", daemon=True)
+        self.failure: str | None = None  # set when the engine thread died (EngineFailedError)
+        self._thread = threading.Thread(target=self._run, name="ember-engine", daemon=True)
         self._thread.start()
 
     # ---- the API ---------------------------------------------------------------------------------
@@ -121,6 +127,8 @@ class Engine:
             group.choices.append(_Choice(index, request, processor, choice_seed(base_seed, index),
                                          matcher=matcher.copy() if matcher is not None and index else matcher))
         with self._lock:
+            if self.failure is not None:
+                raise EngineFailedError(f"the engine stopped after an internal error: {self.failure}")
             if request_id in self._groups:
                 raise ValueError(f"request id {request_id!r} is already in use")
             added = []
@@ -177,6 +185,22 @@ class Engine:
         self._thread.join()
 
     # ---- the engine thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        """The thread's body: _loop, and if it ever raises (an engine bug, not a failed step: _fail_step ends
+        those requests and goes on), end every request with the error instead of leaving clients waiting."""
+        try:
+            self._loop()
+        except BaseException as error:  # noqa: BLE001 — whatever it was, nobody may hang on a dead thread
+            traceback.print_exception(error)
+            with self._lock:
+                self.failure = f"{type(error).__name__}: {error}"
+                for rid, choice in list(self._choice_of.items()):
+                    group = self._group_of.get(rid)
+                    if group is None or choice.finish_reason is not None:
+                        continue
+                    self._emit(group, choice, choice.processor.finish("abort"),
+                               error=f"the engine stopped after an internal error: {self.failure}")
 
     def _loop(self) -> None:
         # One device call in flight while the host streams the previous call's tokens: after a call's

@@ -23,6 +23,8 @@ async def health(request):
     body = {"status": service.state}
     if service.load_error:
         body["error"] = service.load_error
+    elif service.engine_failure:
+        body.update(status="failed", error=f"the engine stopped after an internal error: {service.engine_failure}")
     return response.json(body, status=503)
 
 

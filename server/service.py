@@ -16,7 +16,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..runtime.engine import Engine, kv_bytes_per_block, sized_config
+from ..runtime.engine import Engine, EngineFailedError, kv_bytes_per_block, sized_config
 from ..runtime.loader.chat_template import ChatTemplate, ChatTemplateError
 from ..runtime.loader.known_models import resolve_model
 from ..runtime.model import Model, load_model
@@ -110,9 +110,16 @@ class ModelService:
 
     @property
     def is_ready(self) -> bool:
-        return self.state == "ready"
+        return self.state == "ready" and self.engine_failure is None
+
+    @property
+    def engine_failure(self) -> str | None:
+        """Why the engine thread stopped, if it did (runtime/engine.py EngineFailedError)."""
+        return self.engine.failure if self.engine is not None else None
 
     def require_ready(self) -> Engine:
+        if self.engine_failure is not None:
+            raise ApiError(503, f"the engine stopped after an internal error: {self.engine_failure}; restart the server")
         if self.state == "ready" and self.engine is not None:
             return self.engine
         if self.state == "draining":
@@ -206,6 +213,8 @@ class ModelService:
             return engine.submit(prompt_ids, params, request_id=request_id)
         except QueueFullError as error:
             raise ApiError(429, str(error)) from error
+        except EngineFailedError as error:
+            raise ApiError(503, f"{error}; restart the server") from error
         except ValueError as error:
             raise bad_request(str(error)) from error
 
