@@ -170,3 +170,51 @@ def test_a_failed_call_with_a_chained_call_behind_it_ends_its_requests(qwen3, mo
         assert snapshot["free_kv_blocks"] == snapshot["total_kv_blocks"]
     finally:
         engine.close()
+
+
+def test_aborts_and_arrivals_while_calls_are_chained_lose_nothing(qwen3):
+    # requests arrive and are aborted from another thread while run-ahead calls are chained: every stream
+    # ends exactly once, finished ones carry their tokens, and every KV block comes back
+    import random
+    import threading
+    import time
+
+    config = EngineConfig(num_blocks=96, max_model_len=256, max_num_seqs=6, max_batched_tokens=48,
+                          decode_steps=STEPS)
+    engine = Engine(qwen3, ByteTokenizer(), config, stop_token_ids=frozenset({7}))
+    rng = random.Random(17)
+    ids = [f"r{i}" for i in range(24)] + ["long0", "long1"]  # the last two are never aborted: calls chain
+    streams, finals, lock = {}, {}, threading.Lock()
+
+    def read(rid, stream):
+        outs = list(stream)
+        with lock:
+            finals[rid] = outs
+
+    threads = []
+    try:
+        for rid in ids:
+            long = rid.startswith("long")
+            params = SamplingParams(temperature=rng.choice([0.0, 0.9]), seed=rng.randrange(100),
+                                    ignore_eos=long or rng.random() < .5, max_tokens=50 if long else rng.randrange(5, 60))
+            streams[rid] = engine.submit([rng.randrange(8, 250) for _ in range(rng.randrange(3, 40))], params,
+                                         request_id=rid)
+            thread = threading.Thread(target=read, args=(rid, streams[rid]))
+            thread.start()
+            threads.append(thread)
+            time.sleep(rng.random() * 0.02)
+            if rng.random() < 0.3 and not long:
+                engine.abort(rng.choice(ids[:len(streams)]))
+        for thread in threads:
+            thread.join(timeout=120)
+        assert sorted(finals) == sorted(ids)
+        for rid, outs in finals.items():
+            ends = [o for o in outs if o.finish_reason is not None]
+            assert len(ends) == 1 and outs[-1] is ends[0], rid  # one end, and nothing after it
+            assert not outs[-1].error
+        snapshot = engine.snapshot()
+        assert snapshot["running"] == snapshot["waiting"] == 0
+        assert snapshot["free_kv_blocks"] == snapshot["total_kv_blocks"]
+        assert engine.counters.chained_calls > 0
+    finally:
+        engine.close()
