@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .kv import BlockPool, KVCounters, StateAllocator
 from .kv_cache import KVCache, PrefixHit
