@@ -23,9 +23,10 @@ mkdir -p /tmp/site /tmp/pkg/ember
 pip install -q --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
 for d in compiler runtime tools specs generated server; do ln -sfn "$PWD/$d" "/tmp/pkg/ember/$d"; done
 export PYTHONPATH=/tmp/site:/tmp/pkg PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
-suite() {  # suite OUTDIR DEADLINE_S MODEL... (extra flags in SUITE_FLAGS)
+suite() {  # suite OUTDIR DEADLINE_S MODEL... (extra flags in SUITE_FLAGS); a section started before the
+    # deadline gets up to 60 s more (bench_suite.remaining_timeout), so the kill comes 90 s after it
     local dir=$1 deadline=$2; shift 2
-    timeout $((deadline + 30)) python3 -m ember.tools.cli bench --suite --target h200 --tokenizer .gpu/tok \
+    timeout $((deadline + 90)) python3 -m ember.tools.cli bench --suite --target h200 --tokenizer .gpu/tok \
         --out "$out/$dir" --commit "$commit" --models "$@" --lazy-compile --deadline-s "$deadline" \
         ${SUITE_FLAGS:-} > "$out/$dir.log" 2>&1
     grep -h "decode\|prefill\|TTFT\|error" "$out/$dir/bench.md" 2>/dev/null | head -40
