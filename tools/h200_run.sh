@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What Ember runs on the H200 device machine (the `device` tool: the working tree is the current folder,
-# results go to $OUT; each call at most 10 minutes). One section per call:
+# results go to $OUT, packed into $OUT/results-<sections>.tgz at the end; each call at most 10 minutes):
 #   tools/h200_run.sh tests      GPU kernel + engine tests (hypothesis statistics), JAX on cuda and cpu
 #   tools/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16 and FP8 (per-channel)
 #   tools/h200_run.sh suite-8b-q4 bench suite, Llama-3-8B shape, Q4_K_M kept quantized
@@ -14,6 +14,7 @@
 #   tools/h200_run.sh xla-flags  the batch-1 decode step (plan alone) under XLA fusion flag sets, 1.5B Q4_K_M and 8B
 # Several sections run in order: tools/h200_run.sh rows profile
 # COMMIT=<sha> names the commit the figures belong to (the copy's git metadata is stale).
+# What $OUT holds comes back as $OUT/results.tgz (PACK=0: the files themselves).
 set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: $0 SECTION..." >&2; exit 2; }
 commit=${COMMIT:-unknown}
@@ -96,3 +97,12 @@ xla-flags)  # XLA_VARIANTS: ';'-separated flag sets (default below); MODELS: syn
     echo "unknown section $section" >&2; exit 2 ;;
 esac
 done
+# The device tool returns only a few files per call: what this run wrote goes back as one archive,
+# results-<sections>.tgz (earlier runs' archives in the same call are left as they are; PACK=0 keeps the files)
+if [ "${PACK:-1}" = 1 ]; then
+    archive="results-$(echo "$*" | tr ' ' '+').tgz"
+    new=$(cd "$out" && ls -A | grep -v '^results-.*\.tgz$')
+    if [ -n "$new" ]; then
+        (cd "$out" && tar czf "/tmp/$archive" $new && rm -rf $new && mv "/tmp/$archive" "$archive")
+    fi
+fi
