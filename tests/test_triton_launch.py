@@ -118,3 +118,16 @@ def test_the_launch_switch_rejects_unknown_values(monkeypatch):
     with pytest.raises(ValueError, match="EMBER_TRITON_LAUNCH"):
         triton_call(jnp.zeros((4,)), kernel=_scale_kernel, out_shape=jax.ShapeDtypeStruct((4,), jnp.float32),
                     grid=(1,), n=4, FACTOR=1.0, BLOCK=4)
+
+
+@pytest.mark.parametrize("shape", [(1, 4096), (3, 1536), (256, 4096)])
+def test_rms_norm_kernels_lower_to_one_native_kernel_each(shape):
+    from ember.compiler.ops.norm_gpu import add_rms_norm_triton, launch_plan, rms_norm_triton
+
+    x, w = jnp.zeros(shape, BF16), jnp.ones(shape[-1:], BF16)
+    plan = launch_plan(shape[0], shape[1])
+    alone = _triton_calls(lambda x, w: rms_norm_triton(x, w, eps=1e-5), x, w)
+    fused = _triton_calls(lambda x, y, w: add_rms_norm_triton(x, y, w, eps=1e-5), x, x, w)
+    for calls, name in ((alone, "rms_norm_kernel"), (fused, "add_rms_norm_kernel")):
+        assert len(calls) == 1 and calls[0]["name"] == name
+        assert calls[0]["grid"] == (shape[0], 1, 1) and calls[0]["num_warps"] == plan["num_warps"]

@@ -1,0 +1,109 @@
+"""RMSNorm, and the residual add + RMSNorm, as one Triton kernel each: GPU twins of norm.py's references with
+the same signatures, for a target's `kernels` ("rms_norm", "add_rms_norm").
+
+Why: XLA runs add + RMSNorm as three kernels — the add, the sum-of-squares reduce, the scale and convert
+(tools/results/h200_step_profile_c32c507_llama3-8b_batch1.json: ~4.3 µs per norm at batch 1, 64 norms per
+8B step) — where one program per row can do all of it, reading each input once.
+
+Grid (rows,): program r owns row r of x (and y), N elements in one masked tile of BLOCK = the next power of
+two >= N. The add is computed as XLA computes a bf16 add (fp32 sum rounded once to the activation dtype) and
+stored as the new residual; the statistics are fp32; out = (s * rsqrt(mean(s^2) + eps)) * w, rounded once.
+Not in a target's kernels yet: kept out until the H200 measures it against XLA's three kernels. Traced for
+a non-GPU backend (or without Triton) the functions are the references.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import triton
+import triton.language as tl
+
+from . import norm as norm_ref
+from .triton_available import triton_available
+
+MAX_N = 65536  # one row per program, held in registers: the widest hidden size this tiling takes
+
+
+@triton.jit
+def _normalize_store(s, w_ptr, out_ptr, row, cols, ok, N: tl.constexpr, EPS: tl.constexpr):
+    """s [BLOCK] fp32 (0 past N) -> out[row] = s * rsqrt(mean(s^2) + EPS) * w in out's dtype."""
+    inv = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / N + EPS)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * N + cols, (s * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def rms_norm_kernel(x_ptr, w_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr, EPS: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    s = tl.load(x_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+    _normalize_store(s, w_ptr, out_ptr, row, cols, ok, N, EPS)
+
+
+@triton.jit
+def add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
+                        EPS: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+    s = (x + y).to(sum_ptr.dtype.element_ty)  # the residual stream, as the reference rounds it
+    tl.store(sum_ptr + row * N + cols, s, mask=ok)
+    _normalize_store(s.to(tl.float32), w_ptr, out_ptr, row, cols, ok, N, EPS)
+
+
+def launch_plan(rows: int, n: int) -> dict:
+    """Grid and compile-time constants for `rows` rows of `n` elements (eps is added by the caller)."""
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"rms_norm kernel: rows of 1..{MAX_N} elements, got {n}")
+    block = 1 << (n - 1).bit_length()
+    # ~8-16 elements per thread: 4 warps up to 4k elements, 8 above, 16 for the widest
+    warps = 4 if block <= 4096 else 8 if block <= 16384 else 16
+    return {"grid": (rows,), "num_warps": warps, "meta": {"N": n, "BLOCK": block}}
+
+
+def _use_kernel(x) -> bool:
+    return triton_available() and math.prod(x.shape[:-1]) > 0
+
+
+def rms_norm(x, weight, *, eps):
+    # x [..., n], weight [n] -> [..., n] in x's dtype
+    if not _use_kernel(x):
+        return norm_ref.rms_norm(x, weight, eps=eps)
+    return rms_norm_triton(x, weight, eps=eps)
+
+
+def add_rms_norm(x, y, weight, *, eps):
+    # -> (x + y, rms_norm(x + y)), both [..., n] in x's dtype
+    if not _use_kernel(x) or y.shape != x.shape or y.dtype != x.dtype:
+        return norm_ref.add_rms_norm(x, y, weight, eps=eps)
+    return add_rms_norm_triton(x, y, weight, eps=eps)
+
+
+def rms_norm_triton(x, weight, *, eps):
+    """The kernel's launch, whatever the backend being traced for (lowered for cuda anywhere)."""
+    from .triton_launch import triton_call
+
+    rows, n = math.prod(x.shape[:-1]), x.shape[-1]
+    plan = launch_plan(rows, n)
+    out = triton_call(x.reshape(rows, n), weight, kernel=rms_norm_kernel,
+                      out_shape=jax.ShapeDtypeStruct((rows, n), x.dtype), grid=plan["grid"],
+                      num_warps=plan["num_warps"], num_stages=1, EPS=float(eps), **plan["meta"])
+    return out.reshape(x.shape)
+
+
+def add_rms_norm_triton(x, y, weight, *, eps):
+    """The kernel's launch (y of x's shape and dtype), whatever the backend being traced for."""
+    from .triton_launch import triton_call
+
+    rows, n = math.prod(x.shape[:-1]), x.shape[-1]
+    plan = launch_plan(rows, n)
+    out_shape = jax.ShapeDtypeStruct((rows, n), x.dtype)
+    s, out = triton_call(x.reshape(rows, n), y.reshape(rows, n), weight, kernel=add_rms_norm_kernel,
+                         out_shape=(out_shape, out_shape), grid=plan["grid"], num_warps=plan["num_warps"],
+                         num_stages=1, EPS=float(eps), **plan["meta"])
+    return s.reshape(x.shape), out.reshape(x.shape)

@@ -1,0 +1,36 @@
+"""The RMSNorm kernels (compiler/ops/norm_gpu.py) against norm.py's references, on an NVIDIA GPU: the residual
+sum bit-equal, the norm within one rounding of the activation dtype. Skipped off the GPU (see
+tests/test_quant_matmul_gpu.py); `tools/h200_run.sh tests` runs it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("triton")
+if jax.default_backend() != "gpu":
+    pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda)", allow_module_level=True)
+
+from ember.compiler.ops import norm  # noqa: E402
+from ember.compiler.ops.norm_gpu import add_rms_norm_triton, rms_norm_triton  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("rows, n", [(1, 1536), (1, 4096), (37, 4096), (256, 1536), (5, 40)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_kernels_match_the_references(rows, n, dtype):
+    keys = jax.random.split(jax.random.key(rows * n), 3)
+    x = (jax.random.normal(keys[0], (rows, n)) * 3).astype(dtype)
+    y = jax.random.normal(keys[1], (rows, n)).astype(dtype)
+    w = jax.random.uniform(keys[2], (n,), minval=0.5, maxval=1.5).astype(dtype)
+    tol = 1e-5 if dtype == jnp.float32 else 2 ** -7
+    s, out = jax.jit(lambda x, y, w: add_rms_norm_triton(x, y, w, eps=1e-5))(x, y, w)
+    want_s, want = norm.add_rms_norm(x, y, w, eps=1e-5)
+    np.testing.assert_array_equal(np.asarray(s, np.float32), np.asarray(want_s, np.float32))
+    for got, ref in ((out, want), (jax.jit(lambda x, w: rms_norm_triton(x, w, eps=1e-5))(x, w),
+                                    norm.rms_norm(x, w, eps=1e-5))):
+        got, ref = np.asarray(got, np.float32), np.asarray(ref, np.float32)
+        assert np.max(np.abs(got - ref) / (np.abs(ref) + 1e-3)) <= tol
