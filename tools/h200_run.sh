@@ -5,6 +5,7 @@
 #   tools/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16 and FP8 (per-channel)
 #   tools/h200_run.sh suite-8b-q4 bench suite, Llama-3-8B shape, Q4_K_M kept quantized
 #   tools/h200_run.sh suite-1.5b bench suite, Qwen2.5-1.5B Q4_K_M kept quantized (no startup: startup-1.5b)
+#   tools/h200_run.sh suite-1.5b-dequant  the same 1.5B Q4_K_M file on the h200 default (GGUF dequantized at load)
 #   tools/h200_run.sh batch1-8b  batch-1 decode at every context, Llama-3-8B shape bf16 and FP8
 #   tools/h200_run.sh startup-8b cold compile and warm start of the 8B engine (fresh processes)
 #   tools/h200_run.sh llamacpp   llama.cpp built from .whl/llama.cpp-trimmed.tar.xz, same layouts
@@ -52,6 +53,10 @@ suite-8b-q4)
 suite-1.5b)
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context prefill concurrency ttft \
         --context-decode-tokens 128 --concurrency 1 8 32 128 256" suite suite15 ${DEADLINE:-300} synthetic:qwen2.5-1.5b-q4_k_m ;;
+suite-1.5b-dequant)  # the target's default for GGUF: weights dequantized to bf16 at load (README, Decisions)
+    EMBER_QUANTIZED_FORMATS= SUITE_FLAGS="--no-hf --sections context concurrency --contexts 128 4096 \
+        --context-decode-tokens 128 --concurrency 1 8 32 128" suite suite15-dequant ${DEADLINE:-200} \
+        synthetic:qwen2.5-1.5b-q4_k_m ;;
 startup-1.5b)
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections startup --concurrency 1 8 32 128 256" \
         suite startup15 ${DEADLINE:-240} synthetic:qwen2.5-1.5b-q4_k_m ;;
