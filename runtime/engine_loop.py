@@ -10,7 +10,7 @@ import time
 import traceback
 from dataclasses import replace
 
-from .lookahead import lookahead_steps, row_can_defer, row_can_run_ahead
+from .lookahead import lookahead_steps, row_can_defer
 from .sampling_params import RowState
 
 
@@ -88,7 +88,9 @@ class EngineLoop:
                 per_step = collect()
             except Exception as error:
                 self._fail_step(plan, error)
-                chained = self._drop_chained(chained)
+                if chained is not None:
+                    self._drop_chained(chained)
+                    chained = None
                 continue
             with self._lock:
                 self.counters.device_calls += 1
@@ -108,8 +110,10 @@ class EngineLoop:
     def _chain(self, plan, rows: list[RowState], steps: int):
         """Dispatch the call after the run-ahead call `plan` (still on the device): (plan, rows, steps, collect),
         or None when the scheduler or the rows say the host must look at `plan`'s tokens first."""
+        # the rows already passed lookahead_steps (no grammar, penalties, forced tokens or min_tokens in force),
+        # and a row that did keeps passing: only the scheduler can say no
         with self._lock:
-            if self._stopping or not all(row_can_run_ahead(row) and row_can_defer(row) for row in rows):
+            if self._stopping:
                 return None
             nxt = self.scheduler.chain_decodes(plan, steps)
             if nxt is None:
@@ -129,14 +133,13 @@ class EngineLoop:
     def _drop_chained(self, chained) -> None:
         """The call before `chained` failed: wait for the chained call (its inputs were that call's tokens) and
         drop it unapplied; its requests were ended with the failed call."""
-        if chained is not None:
-            try:
-                chained[3]()
-            except Exception:
-                pass
-            with self._lock:
-                self.scheduler.discard_ahead(chained[0])
-        return None
+        plan, _, _, collect = chained
+        try:
+            collect()
+        except Exception:  # noqa: BLE001 — its inputs came from the failed call: any error is that one
+            pass
+        with self._lock:
+            self.scheduler.discard_ahead(plan)
 
     def _stream_deferred(self, deferred) -> None:
         if deferred is not None:

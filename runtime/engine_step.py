@@ -85,8 +85,7 @@ def make_multi_step_fn(forward: Callable, steps: int) -> Callable:
     def multi(dims, layout: IoLayout, num_top: int, all_greedy: bool, params, kv, inputs, carried):
         batch, sampling, (slots_ahead,) = _unpack_step(inputs, layout)
         rows = batch.num_decode
-        first = jnp.where(carried[rows] == 1, carried[:rows], batch.tokens[:rows])
-        tokens_in = batch.tokens.at[:rows].set(first)
+        tokens_in = jnp.where(carried[rows] == 1, carried[:rows], batch.tokens)  # decode-only: N == B tokens
 
         def one(carry, i):
             tokens, kv = carry
@@ -98,7 +97,7 @@ def make_multi_step_fn(forward: Callable, steps: int) -> Callable:
             return (result.tokens[:rows], kv), pack_result(result)
 
         (last, kv), packed = jax.lax.scan(one, (tokens_in, kv), jnp.arange(steps, dtype=jnp.int32))
-        return packed, kv, jnp.concatenate([last[:rows], jnp.ones((1,), jnp.int32)])
+        return packed, kv, jnp.concatenate([last, jnp.ones((1,), jnp.int32)])
 
     return jax.jit(multi, static_argnums=(0, 1, 2, 3), donate_argnums=5)
 

@@ -103,6 +103,12 @@ class Request:
         return self.status.is_finished
 
     @property
+    def peak_context(self) -> int:
+        """The most tokens whose KV this request can hold: prompt + max_tokens - 1 (the last sampled token is
+        never computed). Its last decode step runs at position peak_context - 1."""
+        return self.num_prompt_tokens + self.max_tokens - 1
+
+    @property
     def block_table(self) -> list[int]:
         """The KV blocks of this request (empty unless RUNNING)."""
         kv = self.state.get("kv")

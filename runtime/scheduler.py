@@ -103,9 +103,8 @@ class Scheduler(RunAhead):
             raise ValueError(f"request id {request.request_id!r} is already active")
         if request.status is not RequestStatus.WAITING or request.num_computed_tokens or request.output_token_ids:
             raise ValueError(f"request {request.request_id!r} was already scheduled once")
-        # the last sampled token is never computed, so the context peaks at prompt + max_tokens - 1
-        needed = self.pool.blocks_for(request.num_prompt_tokens + request.max_tokens - 1)
-        if not self.kv.fits_alone(request.num_prompt_tokens + request.max_tokens - 1):
+        needed = self.pool.blocks_for(request.peak_context)
+        if not self.kv.fits_alone(request.peak_context):
             raise RequestTooLongError(
                 f"request {request.request_id!r} needs {needed} KV blocks of {self.pool.block_size} tokens "
                 f"(prompt {request.num_prompt_tokens} + max_tokens {request.max_tokens}); the pool has "

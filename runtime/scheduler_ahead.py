@@ -22,7 +22,7 @@ from .step_plan import StepPlan
 
 
 class RunAhead:
-    """Mixed into Scheduler: uses its _active, kv, waiting, _unfinished_plan and _ahead (a deque of
+    """Mixed into Scheduler: uses its _active, _running, kv, waiting, _unfinished_plan and _ahead (a deque of
     (plan, steps) dispatched and not yet updated, oldest first)."""
 
     def extend_decodes(self, plan: StepPlan, steps: int) -> StepPlan | None:
@@ -48,10 +48,10 @@ class RunAhead:
         without preempting."""
         if not self._ahead or self._ahead[-1][0] is not plan or self._ahead[-1][1] != steps or self.waiting:
             return None
-        requests = [self._active.get(row.request_id) for row in plan.decodes]
-        if any(r is None or r.status.is_finished or not r.state for r in requests):
+        requests = [self._running(row.request_id) for row in plan.decodes]
+        if any(r is None for r in requests):
             return None
-        if all(row.position + steps >= r.num_prompt_tokens + r.max_tokens - 1 for row, r in zip(plan.decodes, requests)):
+        if all(row.position + steps >= r.peak_context for row, r in zip(plan.decodes, requests)):
             return None
         chained = self._grown(plan, steps, steps)
         if chained is not None:
@@ -65,8 +65,7 @@ class RunAhead:
         requests = [self._active[row.request_id] for row in plan.decodes]
         rows = tuple(replace(row, position=row.position + shift) for row in plan.decodes) if shift else plan.decodes
         for row, request in zip(rows, requests):
-            last = request.num_prompt_tokens + request.max_tokens - 1
-            if not self.kv.grow(request.state, min(row.position + steps, last)):
+            if not self.kv.grow(request.state, min(row.position + steps, request.peak_context)):
                 return None
         tables = {row.request_id: self.kv.tables(request.state) for row, request in zip(rows, requests)}
         return replace(plan, decodes=rows, block_tables=tables)

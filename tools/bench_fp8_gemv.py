@@ -30,7 +30,6 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 
 # Calls that share a weight (the copies are cycled with distinct activations) would be merged into one dot by
 # XLA's dot merger, reading the weight once for several calls: off for this benchmark (set before jax starts).
@@ -42,7 +41,7 @@ import numpy as np  # noqa: E402
 
 from ember.compiler.ops.quant.fp8 import Fp8Weight, fp8_linear_xla, fp8_reference_matmul, quantize_fp8  # noqa: E402
 from ember.compiler.ops.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv, launch_plan, pick_fp8_config  # noqa: E402
-from ember.tools.bench_quant_matmul import copy_bandwidth, median_run_seconds, replicate  # noqa: E402
+from ember.tools.bench_quant_matmul import median_run_seconds, replicate, start_run  # noqa: E402
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 L2_FLUSH_BYTES = 128 << 20  # weights cycled per run: 2.5x the H200's 50 MB L2
@@ -182,21 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.runs = max(args.runs, 20)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
-    out_dir = Path(os.environ.get("OUT", "./out"))
-    out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    bandwidth = copy_bandwidth(args.runs)
-    result = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
-              "copy_bandwidth_gb_s": round(bandwidth, 1), "activations": "bfloat16",
-              "timing": f"median of {args.runs} runs; one run = one executable of `calls` projections, each on its "
-                        f"own copy of the weight (>= {L2_FLUSH_BYTES >> 20} MB together, or {MAX_CALLS} calls)",
-              "cases": []}
-    try:
-        import triton
-        result["triton"] = triton.__version__
-    except ImportError:
-        pass
-    print(f"devices {result['devices']}  copy bandwidth {bandwidth:.0f} GB/s (frac = GB/s / copy GB/s)")
+    out_dir, bandwidth, result = start_run(args.runs, f"or {MAX_CALLS} calls")
     print(HEADER)
     rng = np.random.default_rng(0)
     for shape in shapes:

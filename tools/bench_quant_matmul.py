@@ -268,6 +268,26 @@ def print_row(r: dict) -> None:
             print(f"    {key}: {r[key]}", flush=True)
 
 
+def start_run(runs: int, copies_note: str) -> tuple[Path, float, dict]:
+    """What every GEMV benchmark run starts with: the $OUT folder, the copy bandwidth of this run, and the
+    result's header (devices, versions, timing method; `cases` to fill). Prints the bandwidth."""
+    out_dir = Path(os.environ.get("OUT", "./out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bandwidth = copy_bandwidth(runs)
+    result = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
+              "copy_bandwidth_gb_s": round(bandwidth, 1), "activations": "bfloat16",
+              "timing": f"median of {runs} runs; one run = one executable of `calls` projections, each on its "
+                        f"own copy of the weight (>= {L2_FLUSH_BYTES >> 20} MB together, {copies_note})",
+              "cases": []}
+    try:
+        import triton
+        result["triton"] = triton.__version__
+    except ImportError:
+        pass
+    print(f"devices {result['devices']}  copy bandwidth {bandwidth:.0f} GB/s (frac = kernel GB/s / copy GB/s)")
+    return out_dir, bandwidth, result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS))
@@ -292,21 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.shapes:
         args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
     shapes = args.shapes or [s for family in SHAPES.values() for s in family]
-    out_dir = Path(os.environ.get("OUT", "./out"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    bandwidth = copy_bandwidth(args.runs)
-    result = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__, "backend": BACKEND,
-              "copy_bandwidth_gb_s": round(bandwidth, 1), "activations": "bfloat16",
-              "timing": f"median of {args.runs} runs; one run = one executable of `calls` projections, each on its "
-                        f"own copy of the weight (>= {L2_FLUSH_BYTES >> 20} MB together, so HBM reads, not L2)",
-              "cases": []}
-    try:
-        import triton
-        result["triton"] = triton.__version__
-    except ImportError:
-        pass
-    print(f"devices {result['devices']}  copy bandwidth {bandwidth:.0f} GB/s (frac = kernel GB/s / copy GB/s)")
+    out_dir, bandwidth, result = start_run(args.runs, "so HBM reads, not L2")
+    result["backend"] = BACKEND
     if args.rows_sweep:
         from ember.tools.bench_quant_rows import run_rows_sweep  # (it imports this module's helpers)
 

@@ -26,44 +26,44 @@ import numpy as np
 TOP_KERNELS = 60  # names reported per run, by total device time
 
 
-def _device_kernels(trace_dir: str) -> tuple[float, collections.Counter, collections.Counter]:
-    """Sum of kernel time (ms) on the GPU planes, and per-kernel-name totals (ms) and counts."""
+def _trace_planes(trace_dir: str) -> list:
+    """Every XPlane of a jax.profiler trace folder (device planes "/device:GPU:i", host planes)."""
     from jax.profiler import ProfileData
 
-    totals, counts = collections.Counter(), collections.Counter()
-    busy_ns = 0
+    planes = []
     for path in glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True):
         with open(path, "rb") as f:
-            data = ProfileData.from_serialized_xspace(f.read())
-        for plane in data.planes:
-            if not plane.name.startswith("/device:GPU"):
+            planes.extend(ProfileData.from_serialized_xspace(f.read()).planes)
+    return planes
+
+
+def _device_kernels(planes: list) -> tuple[float, collections.Counter, collections.Counter]:
+    """Sum of kernel time (ms) on the GPU planes, and per-kernel-name totals (ms) and counts."""
+    totals, counts = collections.Counter(), collections.Counter()
+    busy_ns = 0
+    for plane in planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if not line.name.startswith("Stream"):
                 continue
-            for line in plane.lines:
-                if not line.name.startswith("Stream"):
-                    continue
-                for event in line.events:
-                    busy_ns += event.duration_ns
-                    totals[event.name[:90]] += event.duration_ns / 1e6
-                    counts[event.name[:90]] += 1
+            for event in line.events:
+                busy_ns += event.duration_ns
+                totals[event.name[:90]] += event.duration_ns / 1e6
+                counts[event.name[:90]] += 1
     return busy_ns / 1e6, totals, counts
 
 
-def _host_launch_events(trace_dir: str, per: int) -> list[dict]:
+def _host_launch_events(planes: list, per: int) -> list[dict]:
     """XLA's host-side thunk / launch / graph events (how a step reaches the GPU), counts per step, top 15."""
-    from jax.profiler import ProfileData
-
     counts = collections.Counter()
-    for path in glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True):
-        with open(path, "rb") as f:
-            data = ProfileData.from_serialized_xspace(f.read())
-        for plane in data.planes:
-            if plane.name.startswith("/device:"):
-                continue
-            for line in plane.lines:
-                for event in line.events:
-                    name = event.name
-                    if any(k in name for k in ("Thunk", "Launch", "Graph", "graph", "CommandBuffer", "cuda")):
-                        counts[name[:70]] += 1
+    for plane in planes:
+        if plane.name.startswith("/device:"):
+            continue
+        for line in plane.lines:
+            for event in line.events:
+                if any(k in event.name for k in ("Thunk", "Launch", "Graph", "graph", "CommandBuffer", "cuda")):
+                    counts[event.name[:70]] += 1
     return [{"name": name, "per_step": round(n / per, 2)} for name, n in counts.most_common(15)]
 
 
@@ -91,7 +91,7 @@ def _profile_engine(engine, vocab: int, concurrency: int, prompt_tokens: int, ou
     with jax.profiler.trace(trace_dir):
         run()
     wall = time.perf_counter() - start
-    busy_ms, totals, counts = _device_kernels(trace_dir)
+    busy_ms, totals, counts = _device_kernels(_trace_planes(trace_dir))
     steps = output_tokens  # about one step per generated token (prefills share steps with decodes)
     top = totals.most_common(TOP_KERNELS)
     return {
@@ -138,8 +138,9 @@ def _plan_alone(engine, rows: int, repeats: int = 50) -> dict:
     trace_dir = tempfile.mkdtemp(prefix="ember-profile-plan-")
     with jax.profiler.trace(trace_dir):
         calls()
-    busy_ms, totals, counts = _device_kernels(trace_dir)
-    host_events = _host_launch_events(trace_dir, repeats)
+    planes = _trace_planes(trace_dir)
+    busy_ms, totals, counts = _device_kernels(planes)
+    host_events = _host_launch_events(planes, repeats)
     return {"decode_rows": rows, "async_ms_per_step": round(async_ms, 3), "sync_ms_per_step": round(sync_ms, 3),
             **_multi_alone(engine, shape, batch),
             "profiled_kernels_per_step": round(sum(counts.values()) / repeats, 1),

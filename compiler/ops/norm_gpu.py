@@ -84,26 +84,27 @@ def add_rms_norm(x, y, weight, *, eps):
     return add_rms_norm_triton(x, y, weight, eps=eps)
 
 
-def rms_norm_triton(x, weight, *, eps):
-    """The kernel's launch, whatever the backend being traced for (lowered for cuda anywhere)."""
+def _launch_rows(kernel, rows_in: tuple, weight, outputs: int, eps: float) -> tuple:
+    """Launch `kernel` over the rows of the [..., n] inputs `rows_in` (then weight): `outputs` arrays of the
+    first input's shape and dtype."""
     from .triton_launch import triton_call
 
+    x = rows_in[0]
     rows, n = math.prod(x.shape[:-1]), x.shape[-1]
     plan = launch_plan(rows, n)
-    out = triton_call(x.reshape(rows, n), weight, kernel=rms_norm_kernel,
-                      out_shape=jax.ShapeDtypeStruct((rows, n), x.dtype), grid=plan["grid"],
-                      num_warps=plan["num_warps"], num_stages=1, EPS=float(eps), **plan["meta"])
-    return out.reshape(x.shape)
+    out_shape = jax.ShapeDtypeStruct((rows, n), x.dtype)
+    outs = triton_call(*(a.reshape(rows, n) for a in rows_in), weight, kernel=kernel,
+                       out_shape=(out_shape,) * outputs, grid=plan["grid"], num_warps=plan["num_warps"],
+                       num_stages=1, EPS=float(eps), **plan["meta"])
+    return tuple(o.reshape(x.shape) for o in outs)
+
+
+def rms_norm_triton(x, weight, *, eps):
+    """The kernel's launch, whatever the backend being traced for (lowered for cuda anywhere)."""
+    (out,) = _launch_rows(rms_norm_kernel, (x,), weight, 1, eps)
+    return out
 
 
 def add_rms_norm_triton(x, y, weight, *, eps):
     """The kernel's launch (y of x's shape and dtype), whatever the backend being traced for."""
-    from .triton_launch import triton_call
-
-    rows, n = math.prod(x.shape[:-1]), x.shape[-1]
-    plan = launch_plan(rows, n)
-    out_shape = jax.ShapeDtypeStruct((rows, n), x.dtype)
-    s, out = triton_call(x.reshape(rows, n), y.reshape(rows, n), weight, kernel=add_rms_norm_kernel,
-                         out_shape=(out_shape, out_shape), grid=plan["grid"], num_warps=plan["num_warps"],
-                         num_stages=1, EPS=float(eps), **plan["meta"])
-    return s.reshape(x.shape), out.reshape(x.shape)
+    return _launch_rows(add_rms_norm_kernel, (x, y), weight, 2, eps)
