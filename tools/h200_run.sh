@@ -11,6 +11,7 @@
 #   tools/h200_run.sh llamacpp   llama.cpp built from .whl/llama.cpp-trimmed.tar.xz, same layouts
 #   tools/h200_run.sh hf         HF transformers (static cache + torch.compile), batch 1 and 32
 #   tools/h200_run.sh rows       quantized GEMV GPU tests, then the rows kernels' config sweep (q4_k, q6_k; m = 1)
+#   tools/h200_run.sh gemv-graphs the rows kernels' configs timed inside CUDA graphs (tools/tune_gemv_graphs.py)
 #   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
 #   tools/h200_run.sh xla-flags  the batch-1 decode step (plan alone) under XLA fusion flag sets, 1.5B Q4_K_M and 8B
 # Several sections run in order: tools/h200_run.sh rows profile
@@ -73,6 +74,10 @@ llamacpp)
     cat "$out/llamacpp/llamacpp.md" 2>/dev/null || tail -n 20 "$out/llamacpp.log" ;;
 hf)
     SUITE_FLAGS="--sections hf" suite suite-hf 520 synthetic:llama3-8b synthetic:qwen2.5-1.5b-q4_k_m ;;
+gemv-graphs)
+    JAX_PLATFORMS=cpu OUT=$out/gemv timeout $((${GEMV_BUDGET_S:-420} + 120)) python3 -m ember.tools.tune_gemv_graphs --commit "$commit" \
+        --budget-s ${GEMV_BUDGET_S:-420} ${GEMV_FLAGS:-} > "$out/gemv_graphs.log" 2>&1
+    tail -n 25 "$out/gemv_graphs.log" ;;
 rows)
     timeout ${ROWS_TEST_S:-150} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py -p no:cacheprovider \
         --hypothesis-show-statistics > "$out/gpu_quant_tests.log" 2>&1

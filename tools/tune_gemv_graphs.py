@@ -1,0 +1,280 @@
+"""Time the rows GEMV kernels as a decode step runs them: inside a CUDA graph (run by hand on the GPU).
+
+Why this exists: tools/bench_quant_rows.py times one XLA executable of back-to-back calls, and outside a
+command buffer each Triton custom call costs ~10-15 us of dispatch (h200_launch_overhead*.json), more than
+most of these kernels run; an engine step is one CUDA graph launch, where only the kernel's own duration
+counts. Here each candidate is launched straight from Triton on torch tensors, `calls` launches (each on
+its own copy of the weight, >= 128 MB together, so reads come from HBM, not L2) are captured in one torch
+CUDA graph, and a call's time = median graph replay / calls (CUDA events). Split-K candidates are timed
+with the fp32 partial sum after them (`sum` column: what XLA adds after the kernel in a plan).
+
+  python tools/tune_gemv_graphs.py [--formats q4_k q6_k] [--shapes 17920x1536 ...] [--budget-s 420]
+
+Candidates: row tiles 4..128, split-K 1..8, 1..4 super-blocks per step, 1..8 warps where a thread holds
+4..16 code words per step (rows_candidates's register sizing, wider). Kernels are compiled first in a pool
+of processes (Triton's disk cache), then timed one by one. Prints the best per shape against the config
+pick_config gives today; writes $OUT/gemv_graphs.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # jax only for the launch plans: the GPU stays torch's
+
+import numpy as np  # noqa: E402
+
+from ember.compiler.ops.quant.config import QuantMatmulConfig, pick_config  # noqa: E402
+from ember.compiler.ops.quant.matmul import launch_plan  # noqa: E402
+
+DECODE_SHAPES = [  # (format, (out, in)) of every projection a decode step multiplies, 1.5B first, then 8B
+    ("q4_k", (1792, 1536)), ("q4_k", (2048, 1536)), ("q4_k", (1536, 1536)), ("q4_k", (17920, 1536)),
+    ("q4_k", (1536, 8960)), ("q6_k", (256, 1536)), ("q6_k", (1536, 8960)), ("q6_k", (151936, 1536)),
+    ("q4_k", (5120, 4096)), ("q4_k", (6144, 4096)), ("q4_k", (4096, 4096)), ("q4_k", (28672, 4096)),
+    ("q4_k", (4096, 14336)), ("q6_k", (1024, 4096)), ("q6_k", (4096, 14336)), ("q6_k", (128256, 4096)),
+]
+PLANES = {  # name -> (trailing dims after [in/256, out], numpy dtype), in the kernel's argument order
+    "q4_k": (("qs", (32,), np.uint32), ("scales", (3,), np.uint32), ("d", (), np.float16),
+             ("dmin", (), np.float16)),
+    "q6_k": (("ql", (32,), np.uint32), ("qh", (16,), np.uint32), ("scales", (16,), np.int8),
+             ("d", (), np.float16)),
+}
+WORDS_PER_UNIT = {"q4_k": 32, "q6_k": 64}  # u32 code words per (super-block, row), for register sizing
+L2_FLUSH_BYTES = 128 << 20
+
+
+def candidates(fmt: str, out: int, inner: int) -> list[QuantMatmulConfig]:
+    units = inner // 256
+    found, seen = [], set()
+    for bn in (4, 8, 16, 32, 64, 128):
+        for split in (1, 2, 3, 4, 8):
+            if split > units or -(-out // bn) * split > 132 * 128:
+                continue
+            for sb in (1, 2, 4):
+                for warps in (1, 2, 4, 8):
+                    per_thread = sb * bn * WORDS_PER_UNIT[fmt] / (32 * warps)
+                    if not 4 <= per_thread <= 16:
+                        continue
+                    config = QuantMatmulConfig(variant="rows", block_n=bn, split_k=split, sb_per_step=sb,
+                                               num_warps=warps, num_stages=1)
+                    plan = launch_plan(fmt, 1, out, inner, config)
+                    key = (plan["grid"], tuple(sorted(plan["meta"].items())), warps)
+                    if key not in seen:
+                        seen.add(key)
+                        found.append(config)
+    return found
+
+
+def _torch_dtype(np_dtype):
+    import torch
+    return {np.uint32: torch.uint32, np.float16: torch.float16, np.int8: torch.int8}[np_dtype]
+
+
+def kernel_and_planes(fmt: str):
+    from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
+    return ROWS_KERNELS[fmt][0], PLANES[fmt]
+
+
+def launch(fmt, x, planes, out, config, plan):
+    kernel, _ = kernel_and_planes(fmt)
+    kernel[plan["grid"]](x, *planes, out, num_warps=config.num_warps, num_stages=config.num_stages,
+                         **plan["meta"])
+
+
+def compile_one(job) -> str | None:
+    """Worker: compile one (fmt, shape, config) into Triton's disk cache by launching it on tiny buffers
+    (a launch of N, K as constexprs specialises exactly as the timed launch; only pointers differ)."""
+    fmt, (out_n, inner), config_dict = job
+    try:
+        import torch
+        config = QuantMatmulConfig(**config_dict)
+        plan = launch_plan(fmt, 1, out_n, inner, config)
+        units = inner // 256
+        planes = [torch.empty((units, out_n, *tail), dtype=_torch_dtype(dt), device="cuda")
+                  for _, tail, dt in PLANES[fmt]]  # values don't matter to the compiler
+        x = torch.zeros((1, inner), dtype=torch.bfloat16, device="cuda")
+        y = torch.empty((plan["split_k"], 1, out_n), device="cuda",
+                        dtype=torch.bfloat16 if plan["split_k"] == 1 else torch.float32)
+        launch(fmt, x, planes, y, config, plan)
+        torch.cuda.synchronize()
+        return None
+    except Exception as error:  # reported, and the timing pass skips it
+        return f"{type(error).__name__}: {str(error)[:200]}"
+
+
+def random_planes(rng, fmt: str, out: int, inner: int):
+    import torch
+    planes = []
+    for _, tail, dt in PLANES[fmt]:
+        dims = (inner // 256, out, *tail)
+        if dt == np.float16:
+            host = np.abs(rng.normal(0.0, 0.01, dims)).astype(np.float16)
+        else:
+            host = np.frombuffer(rng.bytes(int(np.prod(dims)) * np.dtype(dt).itemsize), dt).reshape(dims)
+        signed = host.view(np.int32) if dt == np.uint32 else host  # from_numpy: no uint32 before torch 2.3
+        tensor = torch.from_numpy(signed.copy()).cuda()
+        planes.append(tensor.view(torch.uint32) if dt == np.uint32 else tensor)
+    return planes
+
+
+def time_graph(body, replays: int = 20) -> float:
+    """Median seconds of one replay of a CUDA graph holding body()'s launches."""
+    import torch
+    body()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(samples)
+
+
+def time_config(fmt, x, copies, config) -> tuple[float, float, "object"]:
+    """(seconds per call of the kernel alone, with the split-K partial sum after it, first output)."""
+    import torch
+    out_n = copies[0][0].shape[1]
+    plan = launch_plan(fmt, 1, out_n, x.shape[1], config)
+    dtype = torch.bfloat16 if plan["split_k"] == 1 else torch.float32
+    outs = [torch.empty((plan["split_k"], 1, out_n), device="cuda", dtype=dtype) for _ in copies]
+
+    def kernels():
+        for planes, y in zip(copies, outs):
+            launch(fmt, x, planes, y, config, plan)
+
+    def with_sum():
+        for planes, y in zip(copies, outs):
+            launch(fmt, x, planes, y, config, plan)
+            if plan["split_k"] > 1:
+                y.sum(0)
+    alone = time_graph(kernels) / len(copies)
+    summed = time_graph(with_sum) / len(copies) if plan["split_k"] > 1 else alone
+    return alone, summed, outs[0].float().sum(0)
+
+
+def dense_seconds(x, out: int, inner: int) -> float:
+    """cuBLAS bf16 GEMV of the same shape (x @ W.T), graph-timed the same way: the dense baseline."""
+    import torch
+    copies = [torch.randn((out, inner), device="cuda", dtype=torch.bfloat16)
+              for _ in range(max(4, min(256, -(-L2_FLUSH_BYTES // (2 * out * inner)))))]
+    return time_graph(lambda: [x @ w.T for w in copies]) / len(copies)
+
+
+def copy_bandwidth() -> float:
+    import torch
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * a.numel() / time_graph(lambda: b.copy_(a)) / 1e9
+
+
+def tune_shape(fmt, shape, rng, compile_errors, bandwidth) -> dict:
+    import torch
+    out, inner = shape
+    base = random_planes(rng, fmt, out, inner)
+    nbytes = sum(p.numel() * p.element_size() for p in base)
+    copies = [base] + [[p.clone() for p in base] for _ in range(max(4, min(256, -(-L2_FLUSH_BYTES // nbytes))) - 1)]
+    x = torch.randn((1, inner), device="cuda", dtype=torch.bfloat16)
+    today = pick_config(fmt, 1, out, inner)
+    configs = [today] + [c for c in candidates(fmt, out, inner) if c != today]
+    results, reference = [], None
+    for config in configs:
+        key = (fmt, shape, tuple(sorted(dataclasses.asdict(config).items())))
+        row = {"config": dataclasses.asdict(config), "today": config == today}
+        if key in compile_errors:
+            row["error"] = compile_errors[key]
+            results.append(row)
+            continue
+        try:
+            alone, summed, y = time_config(fmt, x, copies, config)
+        except Exception as error:
+            row["error"] = f"{type(error).__name__}: {str(error)[:200]}"
+            results.append(row)
+            continue
+        if reference is None:
+            reference = y
+        err = float((y - reference).abs().max() / reference.abs().max())
+        row.update(us=round(alone * 1e6, 2), us_with_sum=round(summed * 1e6, 2),
+                   gb_s=round(nbytes / summed / 1e9, 1), max_rel_diff_vs_today=err)
+        results.append(row)
+    timed = sorted((r for r in results if "us" in r and r["max_rel_diff_vs_today"] < 1e-2),
+                   key=lambda r: r["us_with_sum"])
+    dense = dense_seconds(x, out, inner)
+    case = {"format": fmt, "out": out, "in": inner, "weight_bytes": nbytes, "calls": len(copies),
+            "today": next((r for r in results if r["today"]), None), "best": timed[:5],
+            "dense_bf16_us": round(dense * 1e6, 2), "dense_bf16_gb_s": round(2 * out * inner / dense / 1e9, 1),
+            "candidates": len(results), "failed": [r for r in results if "error" in r][:5]}
+    t, b = case["today"], (timed[0] if timed else None)
+    describe = (lambda r: f"{r['us_with_sum']:7.2f} us {r['gb_s']:6.0f} GB/s ({r['gb_s'] / bandwidth:.2f})"
+                if r and "us" in r else "    error")
+    print(f"{fmt} {out:>6}x{inner:<6} today {describe(t)} | best {describe(b)} "
+          f"{b and {k: b['config'][k] for k in ('block_n', 'split_k', 'sb_per_step', 'num_warps')}} | "
+          f"dense bf16 {case['dense_bf16_us']:.2f} us {case['dense_bf16_gb_s']:.0f} GB/s | {len(results)} configs",
+          flush=True)
+    del copies
+    torch.cuda.empty_cache()
+    return case
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--formats", nargs="+", default=["q4_k", "q6_k"], choices=["q4_k", "q6_k"])
+    parser.add_argument("--shapes", nargs="+", default=None, help="OUTxIN (default: every decode shape)")
+    parser.add_argument("--budget-s", type=float, default=420.0)
+    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 4) - 2))
+    parser.add_argument("--commit", default="unknown")
+    args = parser.parse_args(argv)
+    import torch
+    started = time.perf_counter()
+    wanted = [tuple(map(int, s.split("x"))) for s in args.shapes or ()]
+    cases = [(fmt, shape) for fmt, shape in DECODE_SHAPES if fmt in args.formats and (not wanted or shape in wanted)]
+    jobs = [(fmt, shape, dataclasses.asdict(c)) for fmt, shape in cases
+            for c in [pick_config(fmt, 1, *shape)] + candidates(fmt, *shape)]
+    import multiprocessing
+    compile_errors = {}
+    with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(compile_one, job) for job in jobs]
+        for (fmt, shape, config), future in zip(jobs, futures):
+            if time.perf_counter() - started > args.budget_s / 2:  # the rest compile when first timed
+                pool.shutdown(cancel_futures=True)
+                break
+            error = future.result()
+            if error:
+                compile_errors[(fmt, shape, tuple(sorted(config.items())))] = error
+    print(f"compiled {len(jobs)} kernels in {time.perf_counter() - started:.0f} s ({len(compile_errors)} failed)",
+          flush=True)
+    bandwidth = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}  copy bandwidth {bandwidth:.0f} GB/s", flush=True)
+    result = {"what": __doc__.split("\n")[0], "commit": args.commit, "device": torch.cuda.get_device_name(),
+              "copy_bandwidth_gb_s": round(bandwidth, 1), "timing": "CUDA graph replay, median of 20",
+              "cases": [], "skipped": []}
+    out_dir = Path(os.environ.get("OUT", "./out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for fmt, shape in cases:
+        if time.perf_counter() - started > args.budget_s:
+            result["skipped"].append([fmt, *shape])
+            continue
+        result["cases"].append(tune_shape(fmt, shape, rng, compile_errors, bandwidth))
+        (out_dir / "gemv_graphs.json").write_text(json.dumps(result, indent=1))
+    print(f"done in {time.perf_counter() - started:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
