@@ -120,6 +120,7 @@ ROWS_CASES = [
     ((20, 1280), (4, 2, 2, True), [(1, "bfloat16"), (4, "float32")]),
     ((24, 1280), (16, 1, 2, False), [(3, "float32")]),
     ((12, 256), (8, 3, 2, True), [(2, "bfloat16")]),
+    ((44, 2048), (16, 2, 2, True), [(1, "bfloat16"), (2, "float32")]),  # Q4_K EXACT: 2 splits of 2 steps
 ]
 
 
@@ -156,7 +157,7 @@ def interpret_rows(formats: list[str]) -> int:
                 meta = plan["meta"]
                 print(f"{'BAD' if bad else 'ok '} rows {fmt} {out}x{inner} m={m} {dtype_name:8} block_n={block_n} "
                       f"grid={plan['grid'][:2]} S={meta['S']} units/split={meta['UNITS_PER_SPLIT']} "
-                      f"prefetch={meta['PREFETCH']} rel_err={err:.1e}", flush=True)
+                      f"prefetch={meta['PREFETCH']} exact={meta.get('EXACT', '-')} rel_err={err:.1e}", flush=True)
     return 1 if failures else 0
 
 

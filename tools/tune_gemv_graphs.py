@@ -6,7 +6,8 @@ most of these kernels run; an engine step is one CUDA graph launch, where only t
 counts. Here each candidate is launched straight from Triton on torch tensors, `calls` launches (each on
 its own copy of the weight, >= 128 MB together, so reads come from HBM, not L2) are captured in one torch
 CUDA graph, and a call's time = median graph replay / calls (CUDA events). Split-K candidates are timed
-with the fp32 partial sum after them (`sum` column: what XLA adds after the kernel in a plan).
+with the fp32 partial sum after them (`sum` column: what XLA adds after the kernel in a plan); the best
+five again with fp32 activations (`x_f32`: what the kernel gains when the plan converts before it).
 
   python tools/tune_gemv_graphs.py [--formats q4_k q6_k] [--shapes 17920x1536 ...] [--budget-s 420]
 
@@ -214,6 +215,14 @@ def tune_shape(fmt, shape, rng, compile_errors, bandwidth) -> dict:
         results.append(row)
     timed = sorted((r for r in results if "us" in r and r["max_rel_diff_vs_today"] < 1e-2),
                    key=lambda r: r["us_with_sum"])
+    x32 = x.float()  # the activations in fp32: no conversion inside the kernel (a plan would convert before)
+    for r in timed[:5]:
+        try:
+            _, summed, y = time_config(fmt, x32, copies, QuantMatmulConfig(**r["config"]))
+            r["us_with_sum_x_f32"] = round(summed * 1e6, 2)
+            r["max_rel_diff_x_f32"] = float((y - reference).abs().max() / reference.abs().max())
+        except Exception as error:
+            r["x_f32_error"] = f"{type(error).__name__}: {str(error)[:200]}"
     dense = dense_seconds(x, out, inner)
     case = {"format": fmt, "out": out, "in": inner, "weight_bytes": nbytes, "calls": len(copies),
             "today": next((r for r in results if r["today"]), None), "best": timed[:5],
@@ -224,7 +233,7 @@ def tune_shape(fmt, shape, rng, compile_errors, bandwidth) -> dict:
                 if r and "us" in r else "    error")
     print(f"{fmt} {out:>6}x{inner:<6} today {describe(t)} | best {describe(b)} "
           f"{b and {k: b['config'][k] for k in ('block_n', 'split_k', 'sb_per_step', 'num_warps')}} | "
-          f"dense bf16 {case['dense_bf16_us']:.2f} us {case['dense_bf16_gb_s']:.0f} GB/s | {len(results)} configs",
+          f"x f32 {b and b.get('us_with_sum_x_f32')} us | dense bf16 {case['dense_bf16_us']:.2f} us {case['dense_bf16_gb_s']:.0f} GB/s | {len(results)} configs",
           flush=True)
     del copies
     torch.cuda.empty_cache()

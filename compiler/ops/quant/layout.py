@@ -9,11 +9,14 @@ wide and coalesced, the small planes (scales) included. Column-parallel sharding
 row-parallel sharding axis 0. Stacking matrices along `out` (packed q/k/v, gate/up) is concatenating
 every plane along axis 1, the same as packing their concatenated GGUF rows (whole blocks each).
 
-The 4-bit codes are re-ordered inside each block so that a kernel extracts one sub-block with a single
-shift and mask over a vector of words (no gathers), and the bytes per block stay exactly GGUF's:
+The codes are re-ordered inside each block so that a kernel extracts codes with a single shift and mask
+over a vector of words (no gathers), and the bytes per block stay exactly GGUF's:
 
 Q4_K (144 B per 256 elements, 8 sub-blocks of 32)
-  qs     uint32  [in/256, out, 32]  bits 4n..4n+3 of word j = code of element 32n + j (sub-block n)
+  qs     uint32  [in/256, out, 32]  word 4n + q holds sub-block n only: bits 4i..4i+3 = code of element
+                                    32n + 4i + q. A thread that loads 4 consecutive words (16 bytes) holds
+                                    one whole sub-block, so it decodes that sub-block's scale once for its
+                                    32 weights, and nibble i of the 4 words is 4 consecutive elements.
   scales uint32  [in/256, out, 3]   GGUF's 12 packed 6-bit scale/min bytes, little-endian words
   d      float16 [in/256, out]      super-block scale
   dmin   float16 [in/256, out]      super-block scale of the minimums
@@ -164,11 +167,12 @@ def pack_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> QuantizedWeight:
     """GGUF Q4_K bytes of an [out, in] matrix -> the device layout (module docstring)."""
     blocks = _blocks(raw, Q4_K, shape)
     lead = blocks.shape[:2]
-    # Word j holds element 32n + j at bits 4n (q4_k_codes): for n = 2r + h that is nibble h of byte j of
-    # GGUF run r, i.e. bits 8r + 4h — so word j is bytes (run 0..3, byte j): a byte transpose.
-    runs = blocks[..., 16:144].reshape(*lead, 4, 32)
+    # GGUF run r, byte l = 4i + q: its low nibble is element 64r + l (sub-block 2r), its high nibble element
+    # 64r + 32 + l (sub-block 2r + 1); both are nibble i of word q of their sub-block.
+    runs = blocks[..., 16:144].reshape(*lead, 4, 8, 4)                   # [.., r, i, q]
+    halves = np.stack([_words(runs & 0x0F, 4), _words(runs >> 4, 4)], axis=-2)  # [.., r, h, q]
     planes = {
-        "qs": _block_major(_byte_words(np.swapaxes(runs, -1, -2))),       # [sb, out, 32]
+        "qs": _block_major(halves.reshape(*lead, 32)),                  # [sb, out, 32]: word 4(2r + h) + q
         "scales": _block_major(np.ascontiguousarray(blocks[..., 4:16]).view("<u4").astype(np.uint32)),
         "d": _fp16_plane(blocks, 0),
         "dmin": _fp16_plane(blocks, 2),

@@ -100,6 +100,8 @@ def _rows_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig
     steps = -(-per_split // s)
     meta = dict(M=m, N=out, K=inner, BLOCK_N=config.block_n, S=s, UNITS_PER_SPLIT=per_split,
                 PREFETCH=bool(config.prefetch and steps > 1))
+    if fmt == "q4_k":  # every split (the last, shorter one too) is whole steps: the kernel needs no masks
+        meta["EXACT"] = per_split % s == 0 and (units - (split_k - 1) * per_split) % s == 0
     return {"grid": (-(-out // config.block_n), split_k, 1), "split_k": split_k, "meta": meta}
 
 

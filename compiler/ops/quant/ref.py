@@ -40,7 +40,9 @@ def q4_k_scales_and_mins(scales: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def dequantize_q4_k(w: QuantizedWeight) -> jax.Array:
     p = w.planes
-    codes = _fields(p["qs"], 8, 4).astype(jnp.float32)            # [sb, out, n, j]: element 32n + j
+    nsb, out = p["d"].shape
+    codes = _fields(p["qs"].reshape(nsb, out, 8, 4), 8, 4)        # [sb, out, n, i, q]: element 32n + 4i + q
+    codes = codes.reshape(nsb, out, 8, 32).astype(jnp.float32)
     sc, mn = q4_k_scales_and_mins(p["scales"])                    # [sb, out, 8]
     scale = p["d"].astype(jnp.float32)[..., None] * sc.astype(jnp.float32)
     minimum = p["dmin"].astype(jnp.float32)[..., None] * mn.astype(jnp.float32)

@@ -3,14 +3,17 @@
 The grid, split-K ranges and outputs are triton_gemv_common.py's frame; this module holds the Q4_K
 kernel and the registry ROWS_KERNELS (Q6_K: triton_gemv_q6_k.py, Q8_0: triton_gemv_q8_0.py).
 
-Why this shape (decode reads each weight once, so the H200 must keep ~25-40 KB in flight per SM, and
-the SM's integer pipe, 64 lanes/clk against 128 FP32, allows ~2 integer + ~2 FP ops per 4-bit weight):
+Why this shape (decode reads each weight once, and the kernel must decode 4-bit codes as fast as HBM
+delivers them: at ~1e12 weights/s the H200's ~3.4e13 lane operations/s leave ~30 per weight across the
+chip, but a single program sees only its share, so every operation per weight counts):
   - split-K (grid axis 1) and small row tiles (BLOCK_N down to 4) give enough programs when `out` is
     small and `in` long (e.g. 1536 x 8960: 35 super-blocks per row would otherwise serialise);
-  - a loop step loads S super-blocks as ONE 3-D load [S, BLOCK_N, 32] of u32 nibble words (the
-    block-major layout makes each [BLOCK_N, 32] slab contiguous; S is a tensor axis, so the S slabs
-    are in flight together), and PREFETCH issues the next step's loads before this step's math (a
-    register double buffer);
+  - a loop step loads S super-blocks as ONE 4-D load [S, BLOCK_N, 8, 4] of u32 words (sub-block n, word q;
+    the block-major layout makes each [BLOCK_N, 32] slab contiguous), and PREFETCH issues the next step's
+    loads before this step's math (a register double buffer);
+  - layout.py puts one sub-block in 4 consecutive words (element 32n + 4i + q at nibble i of word 4n + q),
+    so a thread's 16-byte vector is one sub-block of one row: its 6-bit scale and min are decoded once per
+    32 weights (on [S, BLOCK_N, 8, 1] tensors), and nibble i of the 4 words is 4 consecutive activations;
   - no int->float conversion instruction (quarter rate): a nibble c goes into the mantissa of 1.0,
     v = bits(0x3F800000 | c << 19) = 1 + c / 16 (exact), and with s = 16 d sc, u = s + dmin m the weight
     is w = s * v - u = d sc c - dmin m in one FMA. Per weight: shift, and|or (one LOP3), FMA, and one
@@ -26,63 +29,100 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ember.compiler.ops.quant.triton_gemv_common import (accumulate_rows, field_to, row_tile, split_range, store_rows,
+from ember.compiler.ops.quant.triton_gemv_common import (accumulate_rows, field_to, store_rows,
                                                          u2f)
 from ember.compiler.ops.quant.triton_gemv_q6_k import q6_k_rows_kernel
 from ember.compiler.ops.quant.triton_gemv_q8_0 import q8_0_rows_kernel
 
 
 @triton.jit
-def _q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u3, stop, r3, row_ok3, j3, N: tl.constexpr):
-    """Planes of super-blocks u3 [S, 1, 1] for the tile: words [S, BLOCK_N, 32], the rest [S, BLOCK_N, 1]."""
-    ok = (u3 < stop) & row_ok3
-    plane = u3 * N + r3                                  # [S, BLOCK_N, 1] index into [in/256, out] planes
-    words = tl.load(qs_ptr + plane * 32 + j3, mask=ok, other=0)
-    s0 = tl.load(scales_ptr + plane * 3, mask=ok, other=0)
-    s1 = tl.load(scales_ptr + plane * 3 + 1, mask=ok, other=0)
-    s2 = tl.load(scales_ptr + plane * 3 + 2, mask=ok, other=0)
-    d = tl.load(d_ptr + plane, mask=ok, other=0.0).to(tl.float32)
-    dmin = tl.load(dmin_ptr + plane, mask=ok, other=0.0).to(tl.float32)
+def _q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4, stop, r4, row_ok4, w4, N: tl.constexpr, EXACT: tl.constexpr):
+    """Planes of super-blocks u4 [S, 1, 1, 1] for the tile: words [S, BLOCK_N, 8, 4], the rest [S, BLOCK_N, 1, 1].
+    EXACT: no masks (no zero-filled registers, no predicates): units past `stop` (only a prefetch past the
+    range reads them, and never uses them) and rows past N re-read the last ones."""
+    if EXACT:
+        plane = tl.minimum(u4, stop - 1) * N + tl.minimum(r4, N - 1)
+        words = tl.load(qs_ptr + plane * 32 + w4)
+        s0 = tl.load(scales_ptr + plane * 3)
+        s1 = tl.load(scales_ptr + plane * 3 + 1)
+        s2 = tl.load(scales_ptr + plane * 3 + 2)
+        d = tl.load(d_ptr + plane).to(tl.float32)
+        dmin = tl.load(dmin_ptr + plane).to(tl.float32)
+    else:
+        ok = (u4 < stop) & row_ok4
+        plane = u4 * N + r4                              # [S, BLOCK_N, 1, 1] index into [in/256, out] planes
+        words = tl.load(qs_ptr + plane * 32 + w4, mask=ok, other=0)
+        s0 = tl.load(scales_ptr + plane * 3, mask=ok, other=0)
+        s1 = tl.load(scales_ptr + plane * 3 + 1, mask=ok, other=0)
+        s2 = tl.load(scales_ptr + plane * 3 + 2, mask=ok, other=0)
+        d = tl.load(d_ptr + plane, mask=ok, other=0.0).to(tl.float32)
+        dmin = tl.load(dmin_ptr + plane, mask=ok, other=0.0).to(tl.float32)
     return words, s0, s1, s2, d, dmin
+
+
+@triton.jit
+def _q4_k_scales(s0, s1, s2, d, dmin, n4):
+    """(s, u) = (16 d sc, 16 d sc + dmin m) of sub-blocks n4 [1, 1, 8, 1] -> float32 [S, BLOCK_N, 8, 1] each.
+    GGUF's 12 bytes: bytes 0..3 hold sc (low 6 bits) of sub-blocks 0..3, bytes 4..7 their mins; for
+    n >= 4, byte 8 + n - 4 holds the low 4 bits of sc and min, bits 6..7 of byte n - 4 (4 + n - 4) the high 2."""
+    shift = (n4 % 4) * 8
+    b0 = s0 >> shift
+    b1 = s1 >> shift
+    b2 = s2 >> shift
+    low = n4 < 4
+    sc = tl.where(low, b0 & 63, (b2 & 15) | ((b0 >> 2) & 48))
+    mn = tl.where(low, b1 & 63, ((b2 >> 4) & 15) | ((b1 >> 2) & 48))
+    s = (d * 16.0) * u2f(sc)
+    return s, s + dmin * u2f(mn)
 
 
 @triton.jit
 def q4_k_rows_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
                      M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                     S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
-    NSTEPS: tl.constexpr = (UNITS_PER_SPLIT + S - 1) // S
-    rows, row_ok, r3, row_ok3 = row_tile(BLOCK_N, N)
-    pid_k, u0, stop = split_range(K // 256, UNITS_PER_SPLIT, S)
-    j3 = tl.arange(0, 32)[None, None, :]
-    acc0 = tl.zeros((S, BLOCK_N, 32), tl.float32)       # one accumulator per activation row, reduced at the end
-    acc1 = tl.zeros((S, BLOCK_N, 32), tl.float32)
-    acc2 = tl.zeros((S, BLOCK_N, 32), tl.float32)
-    acc3 = tl.zeros((S, BLOCK_N, 32), tl.float32)
-    nxt = _q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u0, stop, r3, row_ok3, j3, N)
-    for step in range(NSTEPS):
-        u3 = u0 + step * S
+                     S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr):
+    """EXACT (matmul.py _rows_plan): every split's range is whole steps of S units, so no step is partly
+    outside it and nothing needs a mask; the loop runs over this split's own step count."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    r4 = rows[None, :, None, None]
+    row_ok4 = row_ok[None, :, None, None]
+    pid_k = tl.program_id(1)
+    start = pid_k * UNITS_PER_SPLIT
+    stop = tl.minimum(start + UNITS_PER_SPLIT, K // 256)
+    u0 = start + tl.arange(0, S)[:, None, None, None]
+    n4 = tl.arange(0, 8)[None, None, :, None]
+    q4 = tl.arange(0, 4)[None, None, None, :]
+    w4 = n4 * 4 + q4                                     # word of (sub-block n, q)
+    e4 = n4 * 32 + q4                                    # its element at nibble 0 (nibble i: + 4 i)
+    # 1.0's bits, in a register: grid axis 2 has one program, but the compiler cannot know, so it keeps
+    # `one` in a register and (c & mask) | one becomes ONE LOP3 (with two immediates it emits two)
+    one = 0x3F800000 | tl.program_id(2)
+    acc0 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)      # one accumulator per activation row, reduced at the end
+    acc1 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)
+    acc2 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)
+    acc3 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)
+    if EXACT:
+        nsteps = (stop - start) // S
+    else:
+        nsteps = (UNITS_PER_SPLIT + S - 1) // S
+    nxt = _q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u0, stop, r4, row_ok4, w4, N, EXACT)
+    for step in range(nsteps):
+        u4 = u0 + step * S
         words, s0, s1, s2, d, dmin = nxt
-        if PREFETCH:  # the next step's loads go out before this step's math (masked off past the range)
-            nxt = _q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u3 + S, stop, r3, row_ok3, j3, N)
+        if PREFETCH:  # the next step's loads go out before this step's math (past the range: masked/clamped)
+            nxt = _q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4 + S, stop, r4, row_ok4, w4, N, EXACT)
         else:
-            words, s0, s1, s2, d, dmin = _q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u3, stop, r3, row_ok3,
-                                                    j3, N)
-        ok_u = u3 < stop
-        d16 = d * 16.0
-        for n in tl.static_range(8):
-            if n < 4:
-                sc = (s0 >> (8 * n)) & 63
-                mn = (s1 >> (8 * n)) & 63
-            else:
-                sc = ((s2 >> (8 * (n - 4))) & 15) | (((s0 >> (8 * (n - 4) + 6)) & 3) << 4)
-                mn = ((s2 >> (8 * (n - 4) + 4)) & 15) | (((s1 >> (8 * (n - 4) + 6)) & 3) << 4)
-            s = d16 * u2f(sc)                            # [S, BLOCK_N, 1]
-            u = s + dmin * u2f(mn)
-            v = (field_to(words, 4 * n, 19, 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + c/16
-            w = s * v - u                                # [S, BLOCK_N, 32] = d sc c - dmin m
-            acc0, acc1, acc2, acc3 = accumulate_rows(acc0, acc1, acc2, acc3, w, x_ptr, u3, ok_u, 32 * n, j3, K,
-                                                     256, M)
-    store_rows(out_ptr, acc0, acc1, acc2, acc3, pid_k, rows, row_ok, M, N)
+            words, s0, s1, s2, d, dmin = _q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4, stop, r4, row_ok4,
+                                                    w4, N, EXACT)
+        ok_u = u4 < stop
+        s, u = _q4_k_scales(s0, s1, s2, d, dmin, n4)      # [S, BLOCK_N, 8, 1]
+        for i in tl.static_range(8):
+            v = (field_to(words, 4 * i, 19, 0x00780000) | one).to(tl.float32, bitcast=True)  # 1 + c/16
+            w = s * v - u                                # [S, BLOCK_N, 8, 4] = d sc c - dmin m
+            acc0, acc1, acc2, acc3 = accumulate_rows(acc0, acc1, acc2, acc3, w, x_ptr, u4, ok_u, 4 * i, e4, K,
+                                                     256, M, not EXACT)
+    store_rows(out_ptr, tl.sum(acc0, axis=3), tl.sum(acc1, axis=3), tl.sum(acc2, axis=3), tl.sum(acc3, axis=3),
+               pid_k, rows, row_ok, M, N)
 
 
 # format -> (kernel, plane names in the kernel's argument order); the plans: matmul.py _rows_plan

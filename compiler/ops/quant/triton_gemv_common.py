@@ -57,23 +57,26 @@ def row_tile(BLOCK_N: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
-def x_tile(x_ptr, i: tl.constexpr, u3, ok_u, offset: tl.constexpr, j3, K: tl.constexpr, UNIT: tl.constexpr):
+def x_tile(x_ptr, i: tl.constexpr, u3, ok_u, offset: tl.constexpr, j3, K: tl.constexpr, UNIT: tl.constexpr,
+           MASKED: tl.constexpr):
     """Activation row i at u3 * UNIT + offset + j3 (u3 [S, 1, 1] units, j3 [1, 1, W]) -> float32 [S, 1, W],
-    0 for units outside the program's range (ok_u [S, 1, 1])."""
-    return tl.load(x_ptr + i * K + u3 * UNIT + offset + j3, mask=ok_u, other=0.0).to(tl.float32)
+    0 for units outside the program's range (ok_u [S, 1, 1]) when MASKED (else every unit is in range)."""
+    if MASKED:
+        return tl.load(x_ptr + i * K + u3 * UNIT + offset + j3, mask=ok_u, other=0.0).to(tl.float32)
+    return tl.load(x_ptr + i * K + u3 * UNIT + offset + j3).to(tl.float32)
 
 
 @triton.jit
 def accumulate_rows(acc0, acc1, acc2, acc3, w, x_ptr, u3, ok_u, offset: tl.constexpr, j3, K: tl.constexpr,
-                    UNIT: tl.constexpr, M: tl.constexpr):
+                    UNIT: tl.constexpr, M: tl.constexpr, MASKED: tl.constexpr):
     """acc_i += x_i * w for each of the M activation rows (w [S, BLOCK_N, W] decoded once, reused by every row)."""
-    acc0 += x_tile(x_ptr, 0, u3, ok_u, offset, j3, K, UNIT) * w
+    acc0 += x_tile(x_ptr, 0, u3, ok_u, offset, j3, K, UNIT, MASKED) * w
     if M > 1:
-        acc1 += x_tile(x_ptr, 1, u3, ok_u, offset, j3, K, UNIT) * w
+        acc1 += x_tile(x_ptr, 1, u3, ok_u, offset, j3, K, UNIT, MASKED) * w
     if M > 2:
-        acc2 += x_tile(x_ptr, 2, u3, ok_u, offset, j3, K, UNIT) * w
+        acc2 += x_tile(x_ptr, 2, u3, ok_u, offset, j3, K, UNIT, MASKED) * w
     if M > 3:
-        acc3 += x_tile(x_ptr, 3, u3, ok_u, offset, j3, K, UNIT) * w
+        acc3 += x_tile(x_ptr, 3, u3, ok_u, offset, j3, K, UNIT, MASKED) * w
     return acc0, acc1, acc2, acc3
 
 

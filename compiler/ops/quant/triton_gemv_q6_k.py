@@ -89,5 +89,5 @@ def q6_k_rows_kernel(x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr,
             v = (low | high | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + q / 64
             w = (ds * 64.0) * v - ds * 96.0              # [S, BLOCK_N, 16] = d sc (q - 32)
             acc0, acc1, acc2, acc3 = accumulate_rows(acc0, acc1, acc2, acc3, w, x_ptr, u3, ok_u, 16 * t, j3, K,
-                                                     256, M)
+                                                     256, M, True)
     store_rows(out_ptr, acc0, acc1, acc2, acc3, pid_k, rows, row_ok, M, N)

@@ -55,5 +55,5 @@ def q8_0_rows_kernel(x_ptr, qs_ptr, d_ptr, out_ptr,
         v = ((q.to(tl.int32) << 15) + 0x3FC00000).to(tl.float32, bitcast=True)  # 1 + (q + 128) / 256
         w = (d * 256.0) * v - d * 384.0                  # [S, BLOCK_N, 32] = d q
         acc0, acc1, acc2, acc3 = accumulate_rows(acc0, acc1, acc2, acc3, w, x_ptr, u3, ok_u, 0, j3, K,
-                                                 32, M)
+                                                 32, M, True)
     store_rows(out_ptr, acc0, acc1, acc2, acc3, pid_k, rows, row_ok, M, N)

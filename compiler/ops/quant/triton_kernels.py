@@ -2,7 +2,7 @@
 
 Grid: (out / BLOCK_N, SPLIT_K, ceil(m / BLOCK_M)). A program owns BLOCK_N output rows and one slice of
 `in` (all of it unless split-K), walks its blocks in order and keeps the weights quantized all the way
-to registers: per block it loads the tile's codes (one contiguous run of BLOCK_N x 128 bytes for Q4_K),
+to registers: per block it loads the tile's codes (BLOCK_N runs of 16 bytes per Q4_K sub-block),
 its scales, and the activations of the block (tiny, shared by every program, so L1/L2 hits).
 
 Per sub-block the codes are small integers, exact in bf16, so the integer dot product x . q is exact
@@ -85,7 +85,7 @@ def q4_k_gemv_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
     row_ok = rows < N
     ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)       # [BLOCK_M] activation rows
     m_ok = ms < M
-    j = tl.arange(0, 32)
+    e = tl.arange(0, 32)                               # element 4i + q of a sub-block: nibble i of its word q
     if USE_DOT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     else:
@@ -95,7 +95,6 @@ def q4_k_gemv_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
     stop = tl.minimum(start + STEPS_PER_SPLIT, K // 256)
     for sb in range(start, stop):
         plane = sb * N + rows                           # [BLOCK_N] index into a [in/256, out] plane
-        words = tl.load(qs_ptr + (plane * 32)[None, :] + j[:, None], mask=row_ok[None, :], other=0)  # [32, BLOCK_N]
         s0 = tl.load(scales_ptr + plane * 3, mask=row_ok, other=0)
         s1 = tl.load(scales_ptr + plane * 3 + 1, mask=row_ok, other=0)
         s2 = tl.load(scales_ptr + plane * 3 + 2, mask=row_ok, other=0)
@@ -103,9 +102,12 @@ def q4_k_gemv_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
         dmin = tl.load(dmin_ptr + plane, mask=row_ok, other=0.0).to(tl.float32)
         for n in tl.static_range(8):
             sc, mn = _q4_k_scale_min(s0, s1, s2, n)
+            # [32, BLOCK_N]: each of sub-block n's 4 words read for its 8 elements (the repeats hit L1)
+            words = tl.load(qs_ptr + (plane * 32 + 4 * n)[None, :] + (e % 4)[:, None], mask=row_ok[None, :],
+                            other=0)
             xs = _load_x(x_ptr, ms, m_ok, sb * 256 + 32 * n, K, 32)                # [BLOCK_M, 32]
             acc_min += tl.sum(xs.to(tl.float32), axis=1)[:, None] * (dmin * mn)[None, :]
-            acc = _accumulate(acc, xs, (words >> (4 * n)) & 15, d * sc, USE_DOT, IEEE)
+            acc = _accumulate(acc, xs, (words >> (4 * (e // 4))[:, None]) & 15, d * sc, USE_DOT, IEEE)
     if USE_DOT:
         acc = acc - acc_min
         _finish(acc, out_ptr, pid_k, ms, m_ok, rows, row_ok, M, N, USE_DOT)
