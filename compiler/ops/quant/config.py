@@ -76,20 +76,21 @@ ROWS_RULES: tuple[ConfigRule, ...] = (
 )
 
 # (format, out, in) -> the fastest rows config at m = 1 on the H200, each kernel timed inside a CUDA graph as
-# a decode step runs it (tools/tune_gemv_graphs.py, commit 76642d9, tools/results/h200_gemv_graphs_76642d9.json;
-# 75-160 candidates per shape, the split-K sum included). An earlier sweep timed XLA executables of
+# a decode step runs it (tools/tune_gemv_graphs.py, 75-160 candidates per shape, the split-K sum included):
+# Q4_K at commit 88ebc20 (its sub-block-per-vector kernel; tools/results/h200_gemv_graphs_q4k_88ebc20.json),
+# Q6_K at 76642d9 (tools/results/h200_gemv_graphs_76642d9.json). An earlier sweep timed XLA executables of
 # back-to-back custom calls, whose ~10 us dispatch per call hid the kernels' own differences.
 MEASURED_M1: dict[tuple[str, int, int], QuantMatmulConfig] = {
     # d 1536, ffn 8960, 2 kv heads: q+k, q+k+v, o, gate+up, down; v, down (Q6_K layers), tied head
-    ("q4_k", 1792, 1536): _rows(8, 1, 2, 4), ("q4_k", 2048, 1536): _rows(16, 1, 4, 8),
-    ("q4_k", 1536, 1536): _rows(8, 1, 2, 4), ("q4_k", 17920, 1536): _rows(16, 1, 2, 4),
+    ("q4_k", 1792, 1536): _rows(4, 1, 2, 1), ("q4_k", 2048, 1536): _rows(4, 1, 2, 1),
+    ("q4_k", 1536, 1536): _rows(4, 1, 4, 2), ("q4_k", 17920, 1536): _rows(16, 1, 2, 4),
     ("q4_k", 1536, 8960): _rows(8, 4, 2, 4),
     ("q6_k", 256, 1536): _rows(4, 1, 4, 2), ("q6_k", 1536, 8960): _rows(8, 4, 2, 2),
     ("q6_k", 151936, 1536): _rows(64, 1, 1, 4),
     # d 4096, ffn 14336, 8 kv heads: q+k, q+k+v, o, gate+up, down; v, down (Q6_K layers), head
-    ("q4_k", 5120, 4096): _rows(8, 1, 4, 8), ("q4_k", 6144, 4096): _rows(4, 1, 4, 1),
-    ("q4_k", 4096, 4096): _rows(16, 1, 4, 8), ("q4_k", 28672, 4096): _rows(32, 1, 2, 4),
-    ("q4_k", 4096, 14336): _rows(16, 1, 4, 8),
+    ("q4_k", 5120, 4096): _rows(8, 1, 2, 4), ("q4_k", 6144, 4096): _rows(8, 1, 2, 4),
+    ("q4_k", 4096, 4096): _rows(8, 1, 2, 4), ("q4_k", 28672, 4096): _rows(16, 3, 1, 2),
+    ("q4_k", 4096, 14336): _rows(16, 8, 1, 2),
     ("q6_k", 1024, 4096): _rows(32, 8, 2, 8), ("q6_k", 4096, 14336): _rows(64, 8, 1, 8),
     ("q6_k", 128256, 4096): _rows(32, 1, 2, 4),
 }
