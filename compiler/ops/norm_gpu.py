@@ -8,13 +8,15 @@ Why: XLA runs add + RMSNorm as three kernels — the add, the sum-of-squares red
 Grid (rows,): program r owns row r of x (and y), N elements in one masked tile of BLOCK = the next power of
 two >= N. The add is computed as XLA computes a bf16 add (fp32 sum rounded once to the activation dtype) and
 stored as the new residual; the statistics are fp32; out = (s * rsqrt(mean(s^2) + eps)) * w, rounded once.
-Not in a target's kernels yet: kept out until the H200 measures it against XLA's three kernels. Traced for
-a non-GPU backend (or without Triton) the functions are the references.
+The h200 target names them. Traced for a non-GPU backend (or without Triton) the functions are the
+references, and EMBER_TRITON_NORMS=0 (read at trace time) makes them the references on a GPU too: the
+side-by-side measurement of the two (tools/profile_step.py --plan-only under each setting).
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import triton
@@ -67,7 +69,8 @@ def launch_plan(rows: int, n: int) -> dict:
 
 
 def _use_kernel(x) -> bool:
-    return triton_available() and math.prod(x.shape[:-1]) > 0
+    return (os.environ.get("EMBER_TRITON_NORMS", "1") != "0" and triton_available()
+            and math.prod(x.shape[:-1]) > 0)
 
 
 def rms_norm(x, weight, *, eps):

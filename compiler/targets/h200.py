@@ -9,7 +9,8 @@ batch (1 … 256), and kernel choices per op.
   decode-sized row counts, dequantize + XLA matmul for prefill; FP8 weights (HF FP8 checkpoints, synthetic
   `-fp8` models) through quant/fp8.py. Which weights stay quantized is `quantized_formats` (FP8 by default;
   GGUF blocks not: measured slower, see below) or EMBER_QUANTIZED_FORMATS.
-- the rest (norms, RoPE, activations, sampler) are the `jnp` references, fused by XLA.
+- RMSNorm and residual add + RMSNorm: one Triton kernel each (compiler/ops/norm_gpu.py) where XLA ran three.
+- the rest (RoPE, activations, sampler) are the `jnp` references, fused by XLA.
 - 8 decode steps per device call when the engine can run ahead (runtime/lookahead.py).
 Triton kernels launch as native XLA kernels (compiler/ops/triton_launch.py): ~4.5 µs for a small kernel
 inside a step, XLA's own fusions ~2.4 µs (tools/results/h200_launch_overhead_xla_triton.json), so a kernel
@@ -28,7 +29,10 @@ H200 = Target(
              # weights kept GGUF-quantized: fused dequant GEMV for decode rows, dequant + XLA matmul above
              "linear": "ember.compiler.ops.linear_quant:linear",
              "linear_split": "ember.compiler.ops.linear_quant:linear_split",
-             "embedding": "ember.compiler.ops.linear_quant:embedding"},
+             "embedding": "ember.compiler.ops.linear_quant:embedding",
+             # one program per row where XLA runs the add, the reduce and the scale as three kernels
+             "rms_norm": "ember.compiler.ops.norm_gpu:rms_norm",
+             "add_rms_norm": "ember.compiler.ops.norm_gpu:add_rms_norm"},
     deterministic_kernels=dict(CPU.deterministic_kernels),
     activation_dtype="bfloat16",
     # GGUF weights are dequantized to bf16 at load by default: when chosen, the quantized path decoded the

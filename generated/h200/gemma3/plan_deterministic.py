@@ -18,8 +18,8 @@ from ember.compiler.ops.linear_quant import embedding as linear_quant_embedding
 from ember.compiler.ops.linear_quant import linear as linear_quant_linear
 from ember.compiler.ops.linear_quant import linear_split as linear_quant_linear_split
 from ember.compiler.ops.linear import split_heads as linear_split_heads
-from ember.compiler.ops.norm import add_rms_norm as norm_add_rms_norm
-from ember.compiler.ops.norm import rms_norm as norm_rms_norm
+from ember.compiler.ops.norm_gpu import add_rms_norm as norm_gpu_add_rms_norm
+from ember.compiler.ops.norm_gpu import rms_norm as norm_gpu_rms_norm
 from ember.compiler.ops.rope import rope as rope_rope
 
 ARCH = "gemma3"
@@ -39,22 +39,22 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
     rope_inv_freq0 = constants['rope_inv_freq0']
     attn_window1 = constants['attn_window1']
     attn_state2 = constants['attn_state2']
-    h = norm_rms_norm(x, w['attn_norm.weight'], eps=dims.eps)
+    h = norm_gpu_rms_norm(x, w['attn_norm.weight'], eps=dims.eps)
     t_1, t_3, t_5 = linear_quant_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
     q = linear_split_heads(t_1, heads=dims.hq)
     k = linear_split_heads(t_3, heads=dims.hkv)
     v = linear_split_heads(t_5, heads=dims.hkv)
-    q_1 = norm_rms_norm(q, w['attn_q_norm.weight'], eps=dims.eps)
-    k_1 = norm_rms_norm(k, w['attn_k_norm.weight'], eps=dims.eps)
+    q_1 = norm_gpu_rms_norm(q, w['attn_q_norm.weight'], eps=dims.eps)
+    k_1 = norm_gpu_rms_norm(k, w['attn_k_norm.weight'], eps=dims.eps)
     q_2, k_2 = rope_rope(q_1, k_1, positions, rope_inv_freq0, style='neox')
     a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_2, k_2, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_12 = linear_quant_linear(a, w['attn_output.weight'])
-    t_13 = norm_rms_norm(t_12, w['post_attention_norm.weight'], eps=dims.eps)
-    x_1, h_1 = norm_add_rms_norm(x, t_13, w['ffn_norm.weight'], eps=dims.eps)
+    t_13 = norm_gpu_rms_norm(t_12, w['post_attention_norm.weight'], eps=dims.eps)
+    x_1, h_1 = norm_gpu_add_rms_norm(x, t_13, w['ffn_norm.weight'], eps=dims.eps)
     t_16_t_17 = linear_quant_linear(h_1, w['ffn_gate+ffn_up.weight'])
     t_18 = activation_gated_act_packed(t_16_t_17, act='gelu_tanh')
     t_19 = linear_quant_linear(t_18, w['ffn_down.weight'])
-    t_20 = norm_rms_norm(t_19, w['post_ffw_norm.weight'], eps=dims.eps)
+    t_20 = norm_gpu_rms_norm(t_19, w['post_ffw_norm.weight'], eps=dims.eps)
     x_2 = embedding_add(x_1, t_20)
     return x_2, k_pool, v_pool
 
@@ -62,7 +62,7 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
 def epilogue(dims, weights, x, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     x_1 = embedding_select_rows(x, logit_rows)
-    h = norm_rms_norm(x_1, weights['output_norm.weight'], eps=dims.eps)
+    h = norm_gpu_rms_norm(x_1, weights['output_norm.weight'], eps=dims.eps)
     logits = linear_quant_linear(h, weights['output.weight'])
     return logits
 

@@ -16,8 +16,8 @@ from ember.compiler.ops.linear_quant import embedding as linear_quant_embedding
 from ember.compiler.ops.linear_quant import linear as linear_quant_linear
 from ember.compiler.ops.linear_quant import linear_split as linear_quant_linear_split
 from ember.compiler.ops.linear import split_heads as linear_split_heads
-from ember.compiler.ops.norm import add_rms_norm as norm_add_rms_norm
-from ember.compiler.ops.norm import rms_norm as norm_rms_norm
+from ember.compiler.ops.norm_gpu import add_rms_norm as norm_gpu_add_rms_norm
+from ember.compiler.ops.norm_gpu import rms_norm as norm_gpu_rms_norm
 from ember.compiler.ops.attention_gpu.paged import paged_attention as paged_paged_attention
 from ember.compiler.ops.rope import rope as rope_rope
 
@@ -37,7 +37,7 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
     rope_inv_freq0 = constants['rope_inv_freq0']
     attn_window1 = constants['attn_window1']
     attn_state2 = constants['attn_state2']
-    h = norm_rms_norm(x, w['attn_norm.weight'], eps=dims.eps)
+    h = norm_gpu_rms_norm(x, w['attn_norm.weight'], eps=dims.eps)
     t_1, t_3, t_5 = linear_quant_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
     q = linear_split_heads(t_1, heads=dims.hq)
     k = linear_split_heads(t_3, heads=dims.hkv)
@@ -45,7 +45,7 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
     q_1, k_1 = rope_rope(q, k, positions, rope_inv_freq0, style='neox')
     a, k_pool, v_pool = paged_paged_attention(q_1, k_1, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_10 = linear_quant_linear(a, w['attn_output.weight'])
-    x_1, h_1 = norm_add_rms_norm(x, t_10, w['ffn_norm.weight'], eps=dims.eps)
+    x_1, h_1 = norm_gpu_add_rms_norm(x, t_10, w['ffn_norm.weight'], eps=dims.eps)
     t_13_t_14 = linear_quant_linear(h_1, w['ffn_gate+ffn_up.weight'])
     t_15 = activation_gated_act_packed(t_13_t_14, act='silu')
     t_16 = linear_quant_linear(t_15, w['ffn_down.weight'])
@@ -56,7 +56,7 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
 def epilogue(dims, weights, x, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     x_1 = embedding_select_rows(x, logit_rows)
-    h = norm_rms_norm(x_1, weights['output_norm.weight'], eps=dims.eps)
+    h = norm_gpu_rms_norm(x_1, weights['output_norm.weight'], eps=dims.eps)
     logits = linear_quant_linear(h, weights['output.weight'])
     return logits
 
