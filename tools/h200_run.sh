@@ -12,6 +12,7 @@
 #   tools/h200_run.sh hf         HF transformers (static cache + torch.compile), batch 1 and 32
 #   tools/h200_run.sh rows       quantized GEMV GPU tests, then the rows kernels' config sweep (q4_k, q6_k; m = 1)
 #   tools/h200_run.sh gemv-graphs the rows kernels' configs timed inside CUDA graphs (tools/tune_gemv_graphs.py)
+#   tools/h200_run.sh norms-ab   RMSNorm kernels: GPU test, then the batch-1 step with and without them
 #   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
 #   tools/h200_run.sh xla-flags  the batch-1 decode step (plan alone) under XLA fusion flag sets, 1.5B Q4_K_M and 8B
 # Several sections run in order: tools/h200_run.sh rows profile
@@ -85,6 +86,15 @@ rows)
     OUT=$out/rows timeout $((${ROWS_SWEEP_S:-150} + 60)) python3 -m ember.tools.bench_quant_matmul --rows-sweep \
         --formats q4_k q6_k --m 1 --runs 20 --budget-s ${ROWS_SWEEP_S:-150} > "$out/rows_sweep.log" 2>&1
     grep -E "^(q4_k|q6_k|budget|rows sweep)" "$out/rows_sweep.log" | head -30 ;;
+norms-ab)  # the RMSNorm kernels' GPU test, then the batch-1 step (plan alone) with them and with XLA's norms
+    timeout 120 python -m pytest -q -m gpu tests/test_norm_kernels_gpu.py -p no:cacheprovider \
+        > "$out/gpu_norm_tests.log" 2>&1; tail -n 2 "$out/gpu_norm_tests.log"
+    for norms in 1 0; do
+        EMBER_TRITON_NORMS=$norms EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 120 python3 -m ember.tools.profile_step \
+            --model synthetic:${MODEL:-qwen2.5-1.5b-q4_k_m} --tokenizer .gpu/tok --concurrency 1 --plan-only \
+            > "$out/norms$norms.json" 2> "$out/norms$norms.log" || tail -n 3 "$out/norms$norms.log"
+        echo "EMBER_TRITON_NORMS=$norms"; grep -h "async\|sync\|profiled_" "$out/norms$norms.json"
+    done ;;
 profile)
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 150 python3 -m ember.tools.profile_step \
         --model synthetic:qwen2.5-1.5b-q4_k_m --tokenizer .gpu/tok --concurrency 1 > "$out/profile15.json" 2> "$out/profile15.log"
