@@ -85,7 +85,8 @@ def q4_k_gemv_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
     row_ok = rows < N
     ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)       # [BLOCK_M] activation rows
     m_ok = ms < M
-    e = tl.arange(0, 32)                               # element 4i + q of a sub-block: nibble i of its word q
+    i = tl.arange(0, 8)                                # element 4i + q of a sub-block is nibble i of its word q
+    q = tl.arange(0, 4)
     if USE_DOT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     else:
@@ -102,12 +103,12 @@ def q4_k_gemv_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
         dmin = tl.load(dmin_ptr + plane, mask=row_ok, other=0.0).to(tl.float32)
         for n in tl.static_range(8):
             sc, mn = _q4_k_scale_min(s0, s1, s2, n)
-            # [32, BLOCK_N]: each of sub-block n's 4 words read for its 8 elements (the repeats hit L1)
-            words = tl.load(qs_ptr + (plane * 32 + 4 * n)[None, :] + (e % 4)[:, None], mask=row_ok[None, :],
-                            other=0)
+            words = tl.load(qs_ptr + (plane * 32 + 4 * n)[None, :] + q[:, None], mask=row_ok[None, :],
+                            other=0)                                                # [4, BLOCK_N]: sub-block n
+            codes = tl.reshape((words[None, :, :] >> (4 * i)[:, None, None]) & 15, (32, BLOCK_N))  # [4i + q, ..]
             xs = _load_x(x_ptr, ms, m_ok, sb * 256 + 32 * n, K, 32)                # [BLOCK_M, 32]
             acc_min += tl.sum(xs.to(tl.float32), axis=1)[:, None] * (dmin * mn)[None, :]
-            acc = _accumulate(acc, xs, (words >> (4 * (e // 4))[:, None]) & 15, d * sc, USE_DOT, IEEE)
+            acc = _accumulate(acc, xs, codes, d * sc, USE_DOT, IEEE)
     if USE_DOT:
         acc = acc - acc_min
         _finish(acc, out_ptr, pid_k, ms, m_ok, rows, row_ok, M, N, USE_DOT)
