@@ -131,3 +131,21 @@ def test_rms_norm_kernels_lower_to_one_native_kernel_each(shape):
     for calls, name in ((alone, "rms_norm_kernel"), (fused, "add_rms_norm_kernel")):
         assert len(calls) == 1 and calls[0]["name"] == name
         assert calls[0]["grid"] == (shape[0], 1, 1) and calls[0]["num_warps"] == plan["num_warps"]
+
+
+@pytest.mark.parametrize("n, hq, hkv, style", [(1, 12, 2, "neox"), (256, 32, 8, "neox"), (4, 6, 3, "interleaved")])
+def test_rope_write_lowers_to_one_native_kernel_writing_the_pools_in_place(n, hq, hkv, style):
+    from ember.compiler.ops.attention_gpu.rope_write import launch_plan, rope_write
+
+    dh = 128 if style == "neox" else 64
+    q, k = jnp.zeros((n, hq, dh), BF16), jnp.zeros((n, hkv, dh), BF16)
+    pool = jnp.zeros((8, 16, hkv, dh), BF16)
+    ints = jnp.zeros((n,), jnp.int32)
+    fn = lambda q, k, v, p, f, s, kp, vp: rope_write(q, k, v, p, f, s, kp, vp, style=style)  # noqa: E731
+    args = (q, k, k, ints, jnp.zeros((dh // 2,), jnp.float32), ints, pool, pool)
+    calls = _triton_calls(fn, *args)
+    plan = launch_plan(n, hq, hkv, dh, style)
+    assert len(calls) == 1 and calls[0]["name"] == "rope_write_kernel"
+    assert calls[0]["grid"] == (n, 1, 1) and calls[0]["num_warps"] == plan["num_warps"]
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert "output_operand_aliases" in text  # the pools are updated in place, not copied

@@ -19,17 +19,17 @@ CASES = [(1, 1536, "bfloat16", 1e-6), (3, 4096, "bfloat16", 1e-5), (5, 96, "floa
          (2, 1536, "float32", 1e-5), (7, 40, "bfloat16", 1e-6)]
 
 
-def interpret() -> int:
+def patch_interpreter_rne() -> None:
+    """check_quant_kernels' interpreter patches, plus fp32 -> bf16 rounding to nearest even: the interpreter
+    rounds toward zero; the GPU (and the reference) round to nearest even. Call before importing kernels."""
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
-    from ember.tools.check_quant_kernels import HostBuffer, patch_interpreter
+    from ember.tools.check_quant_kernels import patch_interpreter
 
     patch_interpreter()
-    import jax.numpy as jnp
     import ml_dtypes
     import triton.language as tl
     import triton.runtime.interpreter as ti
 
-    # the interpreter rounds fp32 -> bf16 toward zero; the GPU (and the reference) round to nearest even
     builder, cast = ti.InterpreterBuilder, ti.InterpreterBuilder.cast_impl
 
     def cast_rne(self, src, dst_type):
@@ -39,7 +39,14 @@ def interpret() -> int:
 
     builder.cast_impl = cast_rne
 
+
+def interpret() -> int:
+    patch_interpreter_rne()
+    import jax.numpy as jnp
+    import ml_dtypes
+
     from ember.compiler.ops import norm
+    from ember.tools.check_quant_kernels import HostBuffer
     from ember.compiler.ops.norm_gpu import add_rms_norm_kernel, launch_plan, rms_norm_kernel
 
     failures = 0

@@ -68,7 +68,8 @@ class HostBuffer:
     def __init__(self, array: np.ndarray) -> None:
         import ml_dtypes
 
-        names = {np.uint32: "u32", np.int8: "i8", np.float16: "fp16", np.float32: "fp32", ml_dtypes.bfloat16: "bf16"}
+        names = {np.uint32: "u32", np.int32: "i32", np.int8: "i8", np.float16: "fp16", np.float32: "fp32",
+                 ml_dtypes.bfloat16: "bf16"}
         self.array = np.ascontiguousarray(array)
         self.dtype = next(v for k, v in names.items() if self.array.dtype == np.dtype(k))
 

@@ -90,4 +90,7 @@ _op("gated_act_packed", [Param("gate_up", V), Param("act", L)], 1,
     lambda s, a, w: [(*s[0][:-1], _half(s[0][-1]))], spec_level=False)
 _op("rope_apply", [Param("q", V), Param("k", V), Param("positions", V), Param("inv_freq", V), Param("style", L)], 2,
     lambda s, a, w: [s[0], s[1]], spec_level=False)
+_op("rope_attention", [Param("q", V), Param("k", V), Param("v", V), Param("positions", V), Param("inv_freq", V),
+                       Param("window", V), Param("state", V), Param("style", L), Param("scale", D)], 1,
+    lambda s, a, w: [(s[0][0], f"{_paren(s[0][1])} * {_paren(s[0][2])}")], stateful=True, spec_level=False)
 _op("select_rows", [Param("x", V), Param("rows", V)], 1, lambda s, a, w: [("R", *s[0][1:])], spec_level=False)

@@ -9,6 +9,8 @@ batch (1 … 256), and kernel choices per op.
   decode-sized row counts, dequantize + XLA matmul for prefill; FP8 weights (HF FP8 checkpoints, synthetic
   `-fp8` models) through quant/fp8.py. Which weights stay quantized is `quantized_formats` (FP8 by default;
   GGUF blocks not: measured slower, see below) or EMBER_QUANTIZED_FORMATS.
+- RoPE and the step's K/V write: one Triton kernel (compiler/ops/attention_gpu/rope_write.py, the
+  fuse_rope_attention pass) where XLA ran ~5 per layer.
 - RMSNorm and residual add + RMSNorm: one Triton kernel each (compiler/ops/norm_gpu.py) where XLA ran three.
 - the rest (RoPE, activations, sampler) are the `jnp` references, fused by XLA.
 - 8 decode steps per device call when the engine can run ahead (runtime/lookahead.py).
@@ -26,6 +28,8 @@ H200 = Target(
     kernels={**CPU.kernels,
              # split-K decode and flash prefill over the paged pool (Triton kernels, native XLA launches)
              "attention": "ember.compiler.ops.attention_gpu.paged:paged_attention",
+             # RoPE on q and k and the K/V write in one kernel, then the same attention kernels
+             "rope_attention": "ember.compiler.ops.attention_gpu.paged:rope_paged_attention",
              # weights kept GGUF-quantized: fused dequant GEMV for decode rows, dequant + XLA matmul above
              "linear": "ember.compiler.ops.linear_quant:linear",
              "linear_split": "ember.compiler.ops.linear_quant:linear_split",

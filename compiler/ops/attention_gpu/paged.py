@@ -5,6 +5,8 @@
                             another backend, through the emulation
   paged_attention_emulated  decode rows through the jnp emulation of the same algorithm (runs anywhere:
                             what the CPU tests compare with the reference op)
+  rope_paged_attention      rope_apply + paged_attention as one op: RoPE and the K/V write in one kernel
+                            (rope_write.py), then the same attention kernels
 
 The step's K/V is written first, exactly as the reference does (its `_write`: an in-place scatter into
 the donated pool). Rows past batch.num_decode (the prefill segments) go through `attend_prefill_chunk`:
@@ -17,13 +19,17 @@ makes that the reference's mask exactly.
 
 from __future__ import annotations
 
+import os
+
 import jax.numpy as jnp
 
 from ...batch import StepBatch, kind_view
 from ..attention import _write
+from ..rope import rope
 from ..triton_available import triton_available
 from .decode import paged_decode_attention
 from .prefill import prefill_attention, prefill_attention_emulated
+from .rope_write import rope_write
 
 
 def paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale):
@@ -49,10 +55,31 @@ def attend_prefill_chunk(q, k_pool, v_pool, tables, positions, window, *, scale,
     return fn(q, k_pool, v_pool, tables, positions, None, window, scale=scale)
 
 
+def rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_pool, batch: StepBatch, *, style,
+                         scale):
+    # rope_apply then paged_attention as one op (the fuse_rope_attention pass): on a GPU, q and k rotated and
+    # k/v written by ONE kernel (rope_write.py); traced for anything else, rope.py's reference then the
+    # emulation. Same arguments as the two ops together, same results. EMBER_FUSED_ROPE=0 (read at trace
+    # time) traces the unfused ops on a GPU too: the side-by-side measurement.
+    if triton_available() and os.environ.get("EMBER_FUSED_ROPE", "1") != "0":
+        write_slots, _, _ = kind_view(batch, state)
+        q, k_pool, v_pool = rope_write(q, k, v, positions, inv_freq, write_slots, k_pool, v_pool, style=style)
+        return _attend_written(q, state, window, k_pool, v_pool, batch, scale=scale, backend="triton")
+    q, k = rope(q, k, positions, inv_freq, style=style)
+    backend = "triton" if triton_available() else "emulate"
+    return _paged_attention(q, k, v, window, state, k_pool, v_pool, batch, scale=scale, backend=backend)
+
+
 def _paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale, backend: str):
-    write_slots, dec_tables, pre_tables = kind_view(batch, state)
+    write_slots, _, _ = kind_view(batch, state)
     k_pool = _write(k_pool, write_slots, k)
     v_pool = _write(v_pool, write_slots, v)
+    return _attend_written(q, state, window, k_pool, v_pool, batch, scale=scale, backend=backend)
+
+
+def _attend_written(q, state, window, k_pool, v_pool, batch: StepBatch, *, scale, backend: str):
+    """Attention of q over pools that already hold the step's K/V -> (out [N, hq * dh], k_pool, v_pool)."""
+    _, dec_tables, pre_tables = kind_view(batch, state)
     n_dec = batch.num_decode
     parts = []
     if n_dec:  # B rows of one token each

@@ -1,0 +1,73 @@
+"""Check the RoPE + K/V write kernel (compiler/ops/attention_gpu/rope_write.py) without a GPU (triton==3.6.0).
+
+  python -m ember.tools.check_rope_kernels interpret   run it in Triton's CPU interpreter against rope.py's
+                                                       reference and attention.py's pool write: CASES
+Interpreter patches: tools/check_norm_kernels.py's (numpy buffers, bf16 through fp32, round to nearest even).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+# (tokens, hq, hkv, dh, style, dtype name): the benchmark shapes' heads (12/2 x 128, 32/8 x 128), a head count
+# that is not a power of two (masked head tile), both rotation styles, positions up to 32k
+CASES = [(1, 12, 2, 128, "neox", "bfloat16"), (5, 32, 8, 128, "neox", "bfloat16"),
+         (3, 6, 3, 64, "interleaved", "float32"), (4, 4, 1, 32, "neox", "float32"),
+         (2, 12, 2, 128, "interleaved", "bfloat16")]
+BLOCKS, BLOCK_SIZE = 6, 4
+
+
+def interpret() -> int:
+    from ember.tools.check_norm_kernels import patch_interpreter_rne
+
+    patch_interpreter_rne()
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    from ember.compiler.ops.attention import _write
+    from ember.compiler.ops.attention_gpu.rope_write import launch_plan, rope_write_kernel
+    from ember.compiler.ops.rope import inv_frequencies, rope
+    from ember.tools.check_quant_kernels import HostBuffer
+
+    failures = 0
+    rng = np.random.default_rng(0)
+    for n, hq, hkv, dh, style, dtype_name in CASES:
+        dtype = ml_dtypes.bfloat16 if dtype_name == "bfloat16" else np.float32
+        q, k, v = (rng.standard_normal((n, heads, dh)).astype(dtype) for heads in (hq, hkv, hkv))
+        positions = rng.integers(0, 32768, n).astype(np.int32)
+        slots = rng.choice(BLOCKS * BLOCK_SIZE, n, replace=False).astype(np.int32)
+        inv_freq = inv_frequencies(theta=1e6, head_dim=dh)
+        pools = [rng.standard_normal((BLOCKS, BLOCK_SIZE, hkv, dh)).astype(dtype) for _ in range(2)]
+        want_q, want_k = rope(jnp.asarray(q), jnp.asarray(k), jnp.asarray(positions), jnp.asarray(inv_freq),
+                              style=style)
+        want_kp = np.asarray(_write(jnp.asarray(pools[0]), jnp.asarray(slots), want_k)).astype(np.float32)
+        want_vp = np.asarray(_write(jnp.asarray(pools[1]), jnp.asarray(slots), jnp.asarray(v))).astype(np.float32)
+        q_out = HostBuffer(np.zeros_like(q))
+        k_pool, v_pool = HostBuffer(pools[0].copy()), HostBuffer(pools[1].copy())
+        plan = launch_plan(n, hq, hkv, dh, style)
+        # the pools are passed twice (input, aliased output), as the XLA launch passes one buffer for both
+        rope_write_kernel[plan["grid"]](HostBuffer(q), HostBuffer(k), HostBuffer(v), HostBuffer(positions),
+                                        HostBuffer(inv_freq), HostBuffer(slots), k_pool, v_pool, q_out, k_pool,
+                                        v_pool, **plan["meta"])
+        tol = 1e-5 if dtype_name == "float32" else 2 ** -7
+        err = lambda got, ref: float(np.max(np.abs(got.astype(np.float32) - ref) / (np.abs(ref) + 1e-2)))
+        errs = (err(q_out.array, np.asarray(want_q).astype(np.float32)), err(k_pool.array, want_kp))
+        v_equal = np.array_equal(v_pool.array.astype(np.float32), want_vp)
+        bad = not v_equal or max(errs) > tol
+        failures += bad
+        print(f"{'BAD' if bad else 'ok '} n={n} heads={hq}/{hkv} dh={dh} {style:11} {dtype_name:8} "
+              f"rel_err q={errs[0]:.1e} k_pool={errs[1]:.1e} v_pool_equal={v_equal}", flush=True)
+    return 1 if failures else 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] != ["interpret"]:
+        print(__doc__)
+        return 2
+    return interpret()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
