@@ -38,7 +38,9 @@ class StepShape:
 
     @property
     def logit_rows(self) -> int:
-        return self.decode_rows + self.segments
+        # a row per decode row and per chunk that may complete; a decode-only step has no chunk (a padding
+        # row there would double the LM head's activation rows at batch 1: 2 rows take a slower GEMV)
+        return self.decode_rows + (self.segments if self.prefill_tokens else 0)
 
 
 @dataclass(frozen=True)
