@@ -130,7 +130,8 @@ def test_launch_plans_cover_the_matrix_exactly_once(fmt: str, m: int, shape: tup
     assert steps * FORMATS[fmt][0] * meta.get("BLOCKS_PER_STEP", 1) == inner
     # every split owns at least one step, and the splits tile all the steps
     assert (split_k - 1) * meta["STEPS_PER_SPLIT"] < steps <= split_k * meta["STEPS_PER_SPLIT"]
-    assert meta["USE_DOT"] == (m > 1) and meta["BLOCK_M"] == (16 if m > 1 else 1)
+    # tensor cores from 2 rows, up to 64 rows in one row block (each row block reads the weights once)
+    assert meta["USE_DOT"] == (m > 1) and meta["BLOCK_M"] == {1: 1, 4: 16, 16: 16, 40: 64}[m]
 
 
 def test_launch_plan_rejects_bad_configs() -> None:

@@ -93,7 +93,7 @@ def interpret(formats: list[str]) -> int:
         out, inner = 48, 1024  # 48 rows: the last row tile of 32 is half masked
         rng = np.random.default_rng(0)
         w = pack(random_gguf_bytes(rng, fmt, (out, inner), realistic=True), fmt, (out, inner))
-        for m in (1, 3, 16, 17):
+        for m in (1, 3, 16, 17, 40):
             for dtype in (np.float32, ml_dtypes.bfloat16):
                 x = rng.standard_normal((m, inner)).astype(dtype)
                 expected = np.asarray(quant_matmul_ref(jnp.asarray(x).astype(jnp.float32), w))

@@ -2,6 +2,9 @@
 # What Ember runs on the H200 device machine (the `device` tool: the working tree is the current folder,
 # results go to $OUT, packed into $OUT/results-<sections>.tgz at the end; each call at most 10 minutes):
 #   tools/h200_run.sh tests      GPU kernel + engine tests (hypothesis statistics), JAX on cuda and cpu
+#   tools/h200_run.sh kernels-quick  RoPE / norm kernel GPU tests (a failure turns the kernel off), Q4_K GEMV tests
+#   tools/h200_run.sh engine-tests   GPU engine tests: h200 vs cpu agreement, deterministic mode, quantized model
+#   tools/h200_run.sh quick-1.5b / quick-8b-q4  batch 1 (128, 4k context) and a few stream counts, Q4_K_M
 #   tools/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16 and FP8 (per-channel)
 #   tools/h200_run.sh suite-8b-q4 bench suite, Llama-3-8B shape, Q4_K_M kept quantized
 #   tools/h200_run.sh suite-1.5b bench suite, Qwen2.5-1.5B Q4_K_M kept quantized (no startup: startup-1.5b)
@@ -45,6 +48,27 @@ tests)
     timeout 240 python -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_quant_model_gpu.py \
         -p no:cacheprovider > "$out/gpu_engine_tests.log" 2>&1
     tail -n 5 "$out"/gpu_*.log ;;
+kernels-quick)  # the RoPE and norm kernels' GPU tests (a failure turns that kernel off for later sections),
+    # then the quantized GEMV GPU tests of Q4_K for as long as QUANT_TEST_S allows
+    export JAX_PLATFORMS=cuda,cpu
+    for t in rope_write norm_kernels; do
+        timeout 100 python -m pytest -q -m gpu tests/test_${t}_gpu.py -p no:cacheprovider > "$out/gpu_$t.log" 2>&1 \
+            || { echo "$t GPU test failed: its kernel is off below"; [ $t = rope_write ] && export EMBER_FUSED_ROPE=0; \
+                 [ $t = norm_kernels ] && export EMBER_TRITON_NORMS=0; }
+        tail -n 1 "$out/gpu_$t.log"
+    done
+    timeout ${QUANT_TEST_S:-60} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py -k q4_k -p no:cacheprovider \
+        > "$out/gpu_quant_q4_k.log" 2>&1; tail -c 300 "$out/gpu_quant_q4_k.log"; echo ;;
+engine-tests)  # h200 vs cpu target agreement, deterministic bit-exactness, quantized model (figures: JSON)
+    JAX_PLATFORMS=cuda,cpu EMBER_GPU_RESULTS="$out/gpu_engine_tests.json" timeout ${ENGINE_TEST_S:-240} \
+        python -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_quant_model_gpu.py -p no:cacheprovider \
+        > "$out/gpu_engine_tests.log" 2>&1; tail -n 3 "$out/gpu_engine_tests.log"; cat "$out/gpu_engine_tests.json" ;;
+quick-1.5b)  # 1.5B Q4_K_M kept quantized: batch 1 at 128 / 4k context, 1 / 8 / 32 streams
+    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context concurrency --contexts 128 4096 \
+        --context-decode-tokens 128 --concurrency 1 8 32" suite quick15 ${DEADLINE:-90} synthetic:qwen2.5-1.5b-q4_k_m ;;
+quick-8b-q4)  # 8B Q4_K_M kept quantized: batch 1 at 128 / 4k context, 8 / 32 streams
+    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context concurrency --contexts 128 4096 \
+        --context-decode-tokens 128 --concurrency 8 32" suite quick8b-q4 ${DEADLINE8:-110} synthetic:llama3-8b-q4_k_m ;;
 suite-8b)
     SUITE_FLAGS="--no-hf --sections context prefill concurrency ttft --concurrency 1 8 32 128 256" \
         suite suite8b 270 synthetic:llama3-8b

@@ -17,6 +17,13 @@ from ember.compiler.ops.quant.ref import quant_matmul_ref
 
 BACKENDS = ("reference", "triton", "mosaic")
 DOT_BLOCK_M = 16  # tl.dot needs >= 16 rows: activations are padded (masked) to 16 per program
+DOT_MAX_BLOCK_M = 64  # up to 64 activation rows per program: each program reads its weight tile once for them
+
+
+def dot_block_m(m: int) -> int:
+    """Activation rows per program of the tensor-core path: m rounded up to a power of two in [16, 64], so that
+    up to 64 rows read each weight tile once (more rows: several row blocks, each reading the weights)."""
+    return min(DOT_MAX_BLOCK_M, max(DOT_BLOCK_M, 1 << (m - 1).bit_length()))
 
 
 def quant_matmul(x: jax.Array, w: QuantizedWeight, *, backend: str = "reference",
@@ -41,7 +48,7 @@ def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfi
     if config.variant != "split":
         raise ValueError(f"unknown kernel variant {config.variant!r}")
     use_dot = config.dot_for(m)
-    block_m = DOT_BLOCK_M if use_dot else 1
+    block_m = dot_block_m(m) if use_dot else 1
     if not use_dot and m != 1:
         raise ValueError("the CUDA-core path (use_dot=False) takes exactly one activation row")
     if config.block_n < 16 or config.block_n & (config.block_n - 1):
