@@ -4,7 +4,7 @@
 #   tools/h200_run.sh tests      GPU kernel + engine tests (hypothesis statistics), JAX on cuda and cpu
 #   tools/h200_run.sh kernels-quick  RoPE / norm kernel GPU tests (a failure turns the kernel off), Q4_K GEMV tests
 #   tools/h200_run.sh engine-tests   GPU engine tests: h200 vs cpu agreement, deterministic mode, quantized model
-#   tools/h200_run.sh quick-1.5b / quick-8b-q4  batch 1 (128, 4k context) and a few stream counts, Q4_K_M
+#   tools/h200_run.sh quick-1.5b / quick-8b-q4  batch 1 (CONTEXTS, default 128) and a few stream counts, Q4_K_M
 #   tools/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16 and FP8 (per-channel)
 #   tools/h200_run.sh suite-8b-q4 bench suite, Llama-3-8B shape, Q4_K_M kept quantized
 #   tools/h200_run.sh suite-1.5b bench suite, Qwen2.5-1.5B Q4_K_M kept quantized (no startup: startup-1.5b)
@@ -63,11 +63,11 @@ engine-tests)  # h200 vs cpu target agreement, deterministic bit-exactness, quan
     JAX_PLATFORMS=cuda,cpu EMBER_GPU_RESULTS="$out/gpu_engine_tests.json" timeout ${ENGINE_TEST_S:-240} \
         python -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_quant_model_gpu.py -p no:cacheprovider \
         > "$out/gpu_engine_tests.log" 2>&1; tail -n 3 "$out/gpu_engine_tests.log"; cat "$out/gpu_engine_tests.json" ;;
-quick-1.5b)  # 1.5B Q4_K_M kept quantized: batch 1 at 128 / 4k context, 1 / 8 / 32 streams
-    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context concurrency --contexts 128 4096 \
+quick-1.5b)  # 1.5B Q4_K_M kept quantized: batch 1 at CONTEXTS (128), 1 / 8 / 32 streams
+    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} \
         --context-decode-tokens 128 --concurrency 1 8 32" suite quick15 ${DEADLINE:-90} synthetic:qwen2.5-1.5b-q4_k_m ;;
-quick-8b-q4)  # 8B Q4_K_M kept quantized: batch 1 at 128 / 4k context, 8 / 32 streams
-    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context concurrency --contexts 128 4096 \
+quick-8b-q4)  # 8B Q4_K_M kept quantized: batch 1 at CONTEXTS (128), 8 / 32 streams
+    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} \
         --context-decode-tokens 128 --concurrency 8 32" suite quick8b-q4 ${DEADLINE8:-110} synthetic:llama3-8b-q4_k_m ;;
 suite-8b)
     SUITE_FLAGS="--no-hf --sections context prefill concurrency ttft --concurrency 1 8 32 128 256" \
