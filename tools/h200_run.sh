@@ -145,7 +145,7 @@ done
 # The device tool returns only a few files per call: what this run wrote goes back as one archive,
 # results-<sections>.tgz (earlier runs' archives in the same call are left as they are; PACK=0 keeps the files)
 if [ "${PACK:-1}" = 1 ]; then
-    archive="results-$(echo "$*" | tr ' ' '+').tgz"
+    archive="results-$(echo "$*" | tr ' ' '_').tgz"  # the device tool refuses names with '+'
     new=$(cd "$out" && ls -A | grep -v '^results-.*\.tgz$')
     if [ -n "$new" ]; then
         (cd "$out" && tar czf "/tmp/$archive" $new && rm -rf $new && mv "/tmp/$archive" "$archive")
