@@ -75,11 +75,16 @@ def interpret() -> int:
     return 1 if failures else 0
 
 
-def main(argv: list[str]) -> int:
+def interpret_cli(doc: str, interpret_fn, argv: list[str]) -> int:
+    """The command line of an interpreter check: `interpret` runs it (exit 1 on a mismatch), else the usage."""
     if argv[:1] != ["interpret"]:
-        print(__doc__)
+        print(doc)
         return 2
-    return interpret()
+    return interpret_fn()
+
+
+def main(argv: list[str]) -> int:
+    return interpret_cli(__doc__, interpret, argv)
 
 
 if __name__ == "__main__":

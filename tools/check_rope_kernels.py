@@ -63,10 +63,9 @@ def interpret() -> int:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] != ["interpret"]:
-        print(__doc__)
-        return 2
-    return interpret()
+    from ember.tools.check_norm_kernels import interpret_cli
+
+    return interpret_cli(__doc__, interpret, argv)
 
 
 if __name__ == "__main__":
