@@ -31,18 +31,11 @@ def phases(target: Target, variant: str = "default") -> list[tuple[str, Callable
         ("hoist_layer_constants", hoist_layer_constants),
         ("pack_parallel_linears", pack_parallel_linears),
         ("fuse_add_rms_norm", fuse_add_rms_norm),
-        ("fuse_rope_attention", lambda g: fuse_rope_attention(g) if _has_kernel(target, variant, "rope_attention")
-         else g),
+        ("fuse_rope_attention",
+         lambda g: fuse_rope_attention(g) if target.names_kernel("rope_attention", variant) else g),
         ("reinfer_shapes", infer_shapes),
         ("select_kernels", lambda g: select_kernels(g, target, variant)),
     ]
-
-
-def _has_kernel(target: Target, variant: str, op: str) -> bool:
-    """Whether the variant's plan would run `op` on a kernel of its own: a fused op is only introduced then
-    (the deterministic variant takes none the target does not list as deterministic)."""
-    kernels = target.deterministic_kernels if variant == "deterministic" else target.kernels
-    return op in kernels
 
 
 def compile_graph(spec: ModelSpec, target: Target, dump_dir: Path | None = None,

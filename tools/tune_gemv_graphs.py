@@ -34,21 +34,9 @@ import numpy as np  # noqa: E402
 
 from ember.compiler.ops.quant.config import QuantMatmulConfig, pick_config  # noqa: E402
 from ember.compiler.ops.quant.matmul import launch_plan  # noqa: E402
+from ember.tools.bench_quant_matmul import DECODE_SHAPES, L2_FLUSH_BYTES, plane_shapes, random_weight  # noqa: E402
 
-DECODE_SHAPES = [  # (format, (out, in)) of every projection a decode step multiplies, 1.5B first, then 8B
-    ("q4_k", (1792, 1536)), ("q4_k", (2048, 1536)), ("q4_k", (1536, 1536)), ("q4_k", (17920, 1536)),
-    ("q4_k", (1536, 8960)), ("q6_k", (256, 1536)), ("q6_k", (1536, 8960)), ("q6_k", (151936, 1536)),
-    ("q4_k", (5120, 4096)), ("q4_k", (6144, 4096)), ("q4_k", (4096, 4096)), ("q4_k", (28672, 4096)),
-    ("q4_k", (4096, 14336)), ("q6_k", (1024, 4096)), ("q6_k", (4096, 14336)), ("q6_k", (128256, 4096)),
-]
-PLANES = {  # name -> (trailing dims after [in/256, out], numpy dtype), in the kernel's argument order
-    "q4_k": (("qs", (32,), np.uint32), ("scales", (3,), np.uint32), ("d", (), np.float16),
-             ("dmin", (), np.float16)),
-    "q6_k": (("ql", (32,), np.uint32), ("qh", (16,), np.uint32), ("scales", (16,), np.int8),
-             ("d", (), np.float16)),
-}
 WORDS_PER_UNIT = {"q4_k": 32, "q6_k": 64}  # u32 code words per (super-block, row), for register sizing
-L2_FLUSH_BYTES = 128 << 20
 
 
 def candidates(fmt: str, out: int, inner: int) -> list[QuantMatmulConfig]:
@@ -73,20 +61,24 @@ def candidates(fmt: str, out: int, inner: int) -> list[QuantMatmulConfig]:
     return found
 
 
-def _torch_dtype(np_dtype):
-    import torch
-    return {np.uint32: torch.uint32, np.float16: torch.float16, np.int8: torch.int8}[np_dtype]
-
-
-def kernel_and_planes(fmt: str):
+def kernel_planes(fmt: str, planes: dict) -> list:
+    """The planes in the rows kernel's argument order."""
     from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
-    return ROWS_KERNELS[fmt][0], PLANES[fmt]
+    return [planes[name] for name in ROWS_KERNELS[fmt][1]]
+
+
+def to_torch(array: np.ndarray):
+    """A host plane on the GPU (uint32 through an int32 view: torch.from_numpy takes no uint32 before 2.3)."""
+    import torch
+    if array.dtype == np.uint32:
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.int32)).cuda().view(torch.uint32)
+    return torch.from_numpy(np.ascontiguousarray(array)).cuda()
 
 
 def launch(fmt, x, planes, out, config, plan):
-    kernel, _ = kernel_and_planes(fmt)
-    kernel[plan["grid"]](x, *planes, out, num_warps=config.num_warps, num_stages=config.num_stages,
-                         **plan["meta"])
+    from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
+    ROWS_KERNELS[fmt][0][plan["grid"]](x, *planes, out, num_warps=config.num_warps, num_stages=config.num_stages,
+                                       **plan["meta"])
 
 
 def compile_one(job) -> str | None:
@@ -97,9 +89,8 @@ def compile_one(job) -> str | None:
         import torch
         config = QuantMatmulConfig(**config_dict)
         plan = launch_plan(fmt, 1, out_n, inner, config)
-        units = inner // 256
-        planes = [torch.empty((units, out_n, *tail), dtype=_torch_dtype(dt), device="cuda")
-                  for _, tail, dt in PLANES[fmt]]  # values don't matter to the compiler
+        shapes = plane_shapes(fmt, (out_n, inner))  # values don't matter to the compiler
+        planes = kernel_planes(fmt, {name: to_torch(np.zeros(dims, dtype)) for name, (dims, dtype) in shapes.items()})
         x = torch.zeros((1, inner), dtype=torch.bfloat16, device="cuda")
         y = torch.empty((plan["split_k"], 1, out_n), device="cuda",
                         dtype=torch.bfloat16 if plan["split_k"] == 1 else torch.float32)
@@ -108,21 +99,6 @@ def compile_one(job) -> str | None:
         return None
     except Exception as error:  # reported, and the timing pass skips it
         return f"{type(error).__name__}: {str(error)[:200]}"
-
-
-def random_planes(rng, fmt: str, out: int, inner: int):
-    import torch
-    planes = []
-    for _, tail, dt in PLANES[fmt]:
-        dims = (inner // 256, out, *tail)
-        if dt == np.float16:
-            host = np.abs(rng.normal(0.0, 0.01, dims)).astype(np.float16)
-        else:
-            host = np.frombuffer(rng.bytes(int(np.prod(dims)) * np.dtype(dt).itemsize), dt).reshape(dims)
-        signed = host.view(np.int32) if dt == np.uint32 else host  # from_numpy: no uint32 before torch 2.3
-        tensor = torch.from_numpy(signed.copy()).cuda()
-        planes.append(tensor.view(torch.uint32) if dt == np.uint32 else tensor)
-    return planes
 
 
 def time_graph(body, replays: int = 20) -> float:
@@ -187,7 +163,7 @@ def copy_bandwidth() -> float:
 def tune_shape(fmt, shape, rng, compile_errors, bandwidth) -> dict:
     import torch
     out, inner = shape
-    base = random_planes(rng, fmt, out, inner)
+    base = kernel_planes(fmt, {name: to_torch(a) for name, a in random_weight(rng, fmt, shape).planes.items()})
     nbytes = sum(p.numel() * p.element_size() for p in base)
     copies = [base] + [[p.clone() for p in base] for _ in range(max(4, min(256, -(-L2_FLUSH_BYTES // nbytes))) - 1)]
     x = torch.randn((1, inner), device="cuda", dtype=torch.bfloat16)
@@ -251,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     started = time.perf_counter()
     wanted = [tuple(map(int, s.split("x"))) for s in args.shapes or ()]
-    cases = [(fmt, shape) for fmt, shape in DECODE_SHAPES if fmt in args.formats and (not wanted or shape in wanted)]
+    cases = [(fmt, shape) for fmt in args.formats for shape in DECODE_SHAPES[fmt] if not wanted or shape in wanted]
     jobs = [(fmt, shape, dataclasses.asdict(c)) for fmt, shape in cases
             for c in [pick_config(fmt, 1, *shape)] + candidates(fmt, *shape)]
     import multiprocessing

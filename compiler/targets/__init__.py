@@ -32,6 +32,11 @@ class Target:
     # per-call work is large next to a step (a GPU), several steps share it
     decode_steps: int = 1
 
+    def names_kernel(self, op: str, variant: str = "default") -> bool:
+        """Whether the variant's kernel table names `op` itself: fusion passes introduce a fused op only then
+        (the deterministic variant fuses nothing its own table does not list)."""
+        return op in (self.deterministic_kernels if variant == "deterministic" else self.kernels)
+
     def kernel_for(self, node: Node, graph: Graph, variant: str = "default") -> str:
         if variant == "deterministic" and node.op in self.deterministic_kernels:
             return self.deterministic_kernels[node.op]

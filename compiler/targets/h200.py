@@ -12,7 +12,7 @@ batch (1 … 256), and kernel choices per op.
 - RoPE and the step's K/V write: one Triton kernel (compiler/ops/attention_gpu/rope_write.py, the
   fuse_rope_attention pass) where XLA ran ~5 per layer.
 - RMSNorm and residual add + RMSNorm: one Triton kernel each (compiler/ops/norm_gpu.py) where XLA ran three.
-- the rest (RoPE, activations, sampler) are the `jnp` references, fused by XLA.
+- the rest (activations, sampler; RoPE in the deterministic plans) are the `jnp` references, fused by XLA.
 - 8 decode steps per device call when the engine can run ahead (runtime/lookahead.py).
 Triton kernels launch as native XLA kernels (compiler/ops/triton_launch.py): ~4.5 µs for a small kernel
 inside a step, XLA's own fusions ~2.4 µs (tools/results/h200_launch_overhead_xla_triton.json), so a kernel

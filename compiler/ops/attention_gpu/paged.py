@@ -61,25 +61,26 @@ def rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_
     # k/v written by ONE kernel (rope_write.py); traced for anything else, rope.py's reference then the
     # emulation. Same arguments as the two ops together, same results. EMBER_FUSED_ROPE=0 (read at trace
     # time) traces the unfused ops on a GPU too: the side-by-side measurement.
-    if triton_available() and os.environ.get("EMBER_FUSED_ROPE", "1") != "0":
-        write_slots, _, _ = kind_view(batch, state)
-        q, k_pool, v_pool = rope_write(q, k, v, positions, inv_freq, write_slots, k_pool, v_pool, style=style)
-        return _attend_written(q, state, window, k_pool, v_pool, batch, scale=scale, backend="triton")
-    q, k = rope(q, k, positions, inv_freq, style=style)
     backend = "triton" if triton_available() else "emulate"
+    if backend == "triton" and os.environ.get("EMBER_FUSED_ROPE", "1") != "0":
+        write_slots, dec_tables, pre_tables = kind_view(batch, state)
+        q, k_pool, v_pool = rope_write(q, k, v, positions, inv_freq, write_slots, k_pool, v_pool, style=style)
+        return _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch, scale=scale,
+                               backend=backend)
+    q, k = rope(q, k, positions, inv_freq, style=style)
     return _paged_attention(q, k, v, window, state, k_pool, v_pool, batch, scale=scale, backend=backend)
 
 
 def _paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale, backend: str):
-    write_slots, _, _ = kind_view(batch, state)
+    write_slots, dec_tables, pre_tables = kind_view(batch, state)
     k_pool = _write(k_pool, write_slots, k)
     v_pool = _write(v_pool, write_slots, v)
-    return _attend_written(q, state, window, k_pool, v_pool, batch, scale=scale, backend=backend)
+    return _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch, scale=scale, backend=backend)
 
 
-def _attend_written(q, state, window, k_pool, v_pool, batch: StepBatch, *, scale, backend: str):
-    """Attention of q over pools that already hold the step's K/V -> (out [N, hq * dh], k_pool, v_pool)."""
-    _, dec_tables, pre_tables = kind_view(batch, state)
+def _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch: StepBatch, *, scale, backend: str):
+    """Attention of q over pools that already hold the step's K/V (the state kind's block tables
+    dec_tables [B, max_blocks], pre_tables [P, max_blocks]) -> (out [N, hq * dh], k_pool, v_pool)."""
     n_dec = batch.num_decode
     parts = []
     if n_dec:  # B rows of one token each

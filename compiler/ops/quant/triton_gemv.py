@@ -29,8 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ember.compiler.ops.quant.triton_gemv_common import (accumulate_rows, field_to, store_rows,
-                                                         u2f)
+from ember.compiler.ops.quant.triton_gemv_common import accumulate_rows, field_to, load_where, store_rows, u2f
 from ember.compiler.ops.quant.triton_gemv_q6_k import q6_k_rows_kernel
 from ember.compiler.ops.quant.triton_gemv_q8_0 import q8_0_rows_kernel
 
@@ -42,21 +41,16 @@ def _q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4, stop, r4, row_ok4, w4, N
     range reads them, and never uses them) and rows past N re-read the last ones."""
     if EXACT:
         plane = tl.minimum(u4, stop - 1) * N + tl.minimum(r4, N - 1)
-        words = tl.load(qs_ptr + plane * 32 + w4)
-        s0 = tl.load(scales_ptr + plane * 3)
-        s1 = tl.load(scales_ptr + plane * 3 + 1)
-        s2 = tl.load(scales_ptr + plane * 3 + 2)
-        d = tl.load(d_ptr + plane).to(tl.float32)
-        dmin = tl.load(dmin_ptr + plane).to(tl.float32)
     else:
-        ok = (u4 < stop) & row_ok4
         plane = u4 * N + r4                              # [S, BLOCK_N, 1, 1] index into [in/256, out] planes
-        words = tl.load(qs_ptr + plane * 32 + w4, mask=ok, other=0)
-        s0 = tl.load(scales_ptr + plane * 3, mask=ok, other=0)
-        s1 = tl.load(scales_ptr + plane * 3 + 1, mask=ok, other=0)
-        s2 = tl.load(scales_ptr + plane * 3 + 2, mask=ok, other=0)
-        d = tl.load(d_ptr + plane, mask=ok, other=0.0).to(tl.float32)
-        dmin = tl.load(dmin_ptr + plane, mask=ok, other=0.0).to(tl.float32)
+    ok = (u4 < stop) & row_ok4                           # (unused when EXACT)
+    masked: tl.constexpr = not EXACT
+    words = load_where(qs_ptr + plane * 32 + w4, ok, masked)
+    s0 = load_where(scales_ptr + plane * 3, ok, masked)
+    s1 = load_where(scales_ptr + plane * 3 + 1, ok, masked)
+    s2 = load_where(scales_ptr + plane * 3 + 2, ok, masked)
+    d = load_where(d_ptr + plane, ok, masked).to(tl.float32)
+    dmin = load_where(dmin_ptr + plane, ok, masked).to(tl.float32)
     return words, s0, s1, s2, d, dmin
 
 

@@ -57,13 +57,19 @@ def row_tile(BLOCK_N: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
+def load_where(ptrs, ok, MASKED: tl.constexpr):
+    """tl.load(ptrs), 0 where not ok when MASKED; unmasked (no zero-filled registers, no predicates) otherwise."""
+    if MASKED:
+        return tl.load(ptrs, mask=ok, other=0)
+    return tl.load(ptrs)
+
+
+@triton.jit
 def x_tile(x_ptr, i: tl.constexpr, u3, ok_u, offset: tl.constexpr, j3, K: tl.constexpr, UNIT: tl.constexpr,
            MASKED: tl.constexpr):
     """Activation row i at u3 * UNIT + offset + j3 (u3 [S, 1, 1] units, j3 [1, 1, W]) -> float32 [S, 1, W],
     0 for units outside the program's range (ok_u [S, 1, 1]) when MASKED (else every unit is in range)."""
-    if MASKED:
-        return tl.load(x_ptr + i * K + u3 * UNIT + offset + j3, mask=ok_u, other=0.0).to(tl.float32)
-    return tl.load(x_ptr + i * K + u3 * UNIT + offset + j3).to(tl.float32)
+    return load_where(x_ptr + i * K + u3 * UNIT + offset + j3, ok_u, MASKED).to(tl.float32)
 
 
 @triton.jit
