@@ -18,7 +18,8 @@ pytest.importorskip("triton")
 if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda)", allow_module_level=True)
 
-from ember.compiler.ops.quant import FORMATS, pack, quant_matmul, random_gguf_bytes  # noqa: E402
+from ember.compiler.ops.quant import FORMATS, pack, pick_config, quant_matmul, random_gguf_bytes  # noqa: E402
+from ember.compiler.ops.quant.act_quant import dp4a_matmul_ref  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -53,8 +54,12 @@ def test_kernel_matches_reference(fmt: str, shape: tuple[int, int], m: int, dtyp
     x = jax.random.normal(jax.random.key(m), (m, shape[1]), jnp.float32).astype(dtype)
     got = jax.jit(functools.partial(quant_matmul, backend="triton"))(x, w)
     assert got.shape == (m, shape[0]) and got.dtype == dtype
-    # the reference in fp32 from the same (rounded) activations, so only the kernel's error is measured
-    expected = np.asarray(reference_matmul()(x.astype(jnp.float32), w))
+    # the reference in fp32 from the same (rounded) activations, so only the kernel's error is measured; the
+    # dp4a variant's reference quantizes the activations to int8 as the kernel's caller does
+    if pick_config(fmt, m, *shape).variant == "dp4a":
+        expected = np.asarray(jax.jit(dp4a_matmul_ref)(x.astype(jnp.float32), w))
+    else:
+        expected = np.asarray(reference_matmul()(x.astype(jnp.float32), w))
     tol = TOLERANCE[dtype]
     np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), expected,
                                rtol=tol, atol=tol * float(np.abs(expected).max()))
@@ -64,10 +69,11 @@ def test_kernel_matches_reference(fmt: str, shape: tuple[int, int], m: int, dtyp
 @pytest.mark.parametrize("shape", [(256, 1536), (1536, 8960), (151936, 1536)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("m", [1, 4])
 def test_split_kernel_for_decode_still_matches(fmt: str, shape: tuple[int, int], m: int, monkeypatch) -> None:
-    """m <= 4 runs the rows kernels while ROWS_FOR_DECODE; the split kernels stay selectable."""
+    """m <= 4 runs the rows kernels while ROWS_FOR_DECODE (Q4_K: dp4a); the split kernels stay selectable."""
     from ember.compiler.ops.quant import config as config_module
 
     monkeypatch.setattr(config_module, "ROWS_FOR_DECODE", False)
+    monkeypatch.setattr(config_module, "DP4A_FOR_DECODE", False)
     test_kernel_matches_reference(fmt, shape, m, jnp.bfloat16)
 
 
@@ -89,3 +95,23 @@ def test_rows_configs_match_reference(fmt: str, kwargs: dict, m: int) -> None:
     expected = np.asarray(jax.jit(quant_matmul_ref)(x.astype(jnp.float32), w))
     np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), expected, rtol=1e-2,
                                atol=1e-2 * float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("kwargs", ROWS_CONFIGS, ids=lambda k: "-".join(f"{v}" for v in k.values()))
+@pytest.mark.parametrize("m", [1, 3, 8, 11, 16])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+def test_dp4a_configs_match_their_reference(kwargs: dict, m: int, dtype) -> None:
+    """The integer-dot Q4_K kernel (inline PTX dp4a) against act_quant.dp4a_matmul_ref: the same int8
+    activations, exact integer sums, so only fp32 rounding differs (and bf16's on the output)."""
+    from ember.compiler.ops.quant import QuantMatmulConfig
+
+    shape = (1000, 2560)
+    w = device_weight("q4_k", shape)
+    x = jax.random.normal(jax.random.key(m), (m, shape[1]), jnp.float32).astype(dtype)
+    config = QuantMatmulConfig(variant="dp4a", num_stages=1, **kwargs)
+    got = jax.jit(functools.partial(quant_matmul, backend="triton", config=config))(x, w)
+    assert got.shape == (m, shape[0]) and got.dtype == dtype
+    expected = np.asarray(jax.jit(dp4a_matmul_ref)(x.astype(jnp.float32), w))
+    tol = 1e-2 if dtype == jnp.bfloat16 else 1e-5
+    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), expected, rtol=tol,
+                               atol=tol * float(np.abs(expected).max()))

@@ -15,6 +15,7 @@
 #   tools/h200_run.sh hf         HF transformers (static cache + torch.compile), batch 1 and 32
 #   tools/h200_run.sh rows       quantized GEMV GPU tests, then the rows kernels' config sweep (q4_k, q6_k; m = 1)
 #   tools/h200_run.sh gemv-graphs the rows kernels' configs timed inside CUDA graphs (tools/tune_gemv_graphs.py)
+#   tools/h200_run.sh dp4a-ab    Q4_K on int8 activations: GPU tests, then the batch-1 step with and without it
 #   tools/h200_run.sh norms-ab   RMSNorm kernels: GPU test, then the batch-1 step with and without them
 #   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
 #   tools/h200_run.sh xla-flags  the batch-1 decode step (plan alone) under XLA fusion flag sets, 1.5B Q4_K_M and 8B
@@ -119,6 +120,15 @@ norms-ab)  # the RMSNorm kernels' GPU test, then the batch-1 step (plan alone) w
             --model synthetic:${MODEL:-qwen2.5-1.5b-q4_k_m} --tokenizer .gpu/tok --concurrency 1 --plan-only \
             > "$out/norms$norms.json" 2> "$out/norms$norms.log" || tail -n 3 "$out/norms$norms.log"
         echo "EMBER_TRITON_NORMS=$norms"; grep -h "async\|sync\|profiled_" "$out/norms$norms.json"
+    done ;;
+dp4a-ab)  # the int8-activation Q4_K kernel: its GPU tests, then the batch-1 step (plan alone) with and without it
+    JAX_PLATFORMS=cuda,cpu timeout ${QUANT_TEST_S:-90} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py \
+        -k "dp4a or q4_k" -p no:cacheprovider > "$out/gpu_dp4a_tests.log" 2>&1; tail -c 400 "$out/gpu_dp4a_tests.log"; echo
+    for dp4a in 1 0; do
+        EMBER_QUANT_DP4A=$dp4a EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 120 python3 -m ember.tools.profile_step \
+            --model synthetic:${MODEL:-qwen2.5-1.5b-q4_k_m} --tokenizer .gpu/tok --concurrency ${CONCURRENCY:-1} \
+            --plan-only > "$out/dp4a$dp4a.json" 2> "$out/dp4a$dp4a.log" || tail -n 3 "$out/dp4a$dp4a.log"
+        echo "EMBER_QUANT_DP4A=$dp4a"; grep -h "async\|sync\|profiled_" "$out/dp4a$dp4a.json"
     done ;;
 profile)
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 150 python3 -m ember.tools.profile_step \

@@ -10,6 +10,9 @@ with the fp32 partial sum after them (`sum` column: what XLA adds after the kern
 five again with fp32 activations (`x_f32`: what the kernel gains when the plan converts before it).
 
   python tools/tune_gemv_graphs.py [--formats q4_k q6_k] [--shapes 17920x1536 ...] [--budget-s 420]
+  python tools/tune_gemv_graphs.py --variant dp4a --m 1 8   the integer-dot Q4_K kernel (int8 activations,
+                                                            quantized before the graph: the kernel alone), with
+                                                            the float rows kernel's pick at m = 1 as the baseline
 
 Candidates: row tiles 4..128, split-K 1..8, 1..4 super-blocks per step, 1..8 warps where a thread holds
 4..16 code words per step (rows_candidates's register sizing, wider). Kernels are compiled first in a pool
@@ -39,21 +42,23 @@ from ember.tools.bench_quant_matmul import DECODE_SHAPES, L2_FLUSH_BYTES, plane_
 WORDS_PER_UNIT = {"q4_k": 32, "q6_k": 64}  # u32 code words per (super-block, row), for register sizing
 
 
-def candidates(fmt: str, out: int, inner: int) -> list[QuantMatmulConfig]:
+def candidates(fmt: str, out: int, inner: int, variant: str = "rows", m: int = 1) -> list[QuantMatmulConfig]:
     units = inner // 256
+    # words per thread: the dp4a kernel keeps one accumulator per sub-block, so it affords larger tiles
+    low, high = (4, 16) if variant == "rows" else (4, 32)
     found, seen = [], set()
-    for bn in (4, 8, 16, 32, 64, 128):
-        for split in (1, 2, 3, 4, 8):
+    for bn in (4, 8, 16, 32, 64, 128) if variant == "rows" else (4, 8, 16, 32, 64):
+        for split in (1, 2, 3, 4, 8) if variant == "rows" else (1, 2, 4, 8):
             if split > units or -(-out // bn) * split > 132 * 128:
                 continue
             for sb in (1, 2, 4):
                 for warps in (1, 2, 4, 8):
                     per_thread = sb * bn * WORDS_PER_UNIT[fmt] / (32 * warps)
-                    if not 4 <= per_thread <= 16:
+                    if not low <= per_thread <= high:
                         continue
-                    config = QuantMatmulConfig(variant="rows", block_n=bn, split_k=split, sb_per_step=sb,
+                    config = QuantMatmulConfig(variant=variant, block_n=bn, split_k=split, sb_per_step=sb,
                                                num_warps=warps, num_stages=1)
-                    plan = launch_plan(fmt, 1, out, inner, config)
+                    plan = launch_plan(fmt, m, out, inner, config)
                     key = (plan["grid"], tuple(sorted(plan["meta"].items())), warps)
                     if key not in seen:
                         seen.add(key)
@@ -76,23 +81,47 @@ def to_torch(array: np.ndarray):
 
 
 def launch(fmt, x, planes, out, config, plan):
+    """x: the activations, or for the dp4a variant the pair (qa, da) that act_quant.py makes of them."""
+    if config.variant == "dp4a":
+        from ember.compiler.ops.quant.triton_gemv_dp4a import q4_k_dp4a_kernel
+        q4_k_dp4a_kernel[plan["grid"]](*x, *planes, out, num_warps=config.num_warps, num_stages=config.num_stages,
+                                       **plan["meta"])
+        return
     from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
     ROWS_KERNELS[fmt][0][plan["grid"]](x, *planes, out, num_warps=config.num_warps, num_stages=config.num_stages,
                                        **plan["meta"])
 
 
+def activations(x, config: QuantMatmulConfig, plan: dict):
+    """What `launch` takes for x (torch [m, in]): x itself, or (qa, da) padded to the plan's M_PAD rows."""
+    if config.variant != "dp4a":
+        return x
+    import jax.numpy as jnp
+
+    from ember.compiler.ops.quant.act_quant import quantize_activations
+    qa, da = quantize_activations(jnp.asarray(x.float().cpu().numpy()))
+    pad = plan["meta"]["M_PAD"] - x.shape[0]
+    qa = np.pad(np.asarray(qa), ((0, pad), (0, 0)))
+    da = np.pad(np.asarray(da), ((0, pad), (0, 0), (0, 0)))
+    return to_torch(qa), to_torch(da)
+
+
+def rows_out(plan: dict, m: int) -> int:
+    return plan["meta"].get("M_PAD", m)
+
+
 def compile_one(job) -> str | None:
     """Worker: compile one (fmt, shape, config) into Triton's disk cache by launching it on tiny buffers
     (a launch of N, K as constexprs specialises exactly as the timed launch; only pointers differ)."""
-    fmt, (out_n, inner), config_dict = job
+    fmt, (out_n, inner), config_dict, m = job
     try:
         import torch
         config = QuantMatmulConfig(**config_dict)
-        plan = launch_plan(fmt, 1, out_n, inner, config)
+        plan = launch_plan(fmt, m, out_n, inner, config)
         shapes = plane_shapes(fmt, (out_n, inner))  # values don't matter to the compiler
         planes = kernel_planes(fmt, {name: to_torch(np.zeros(dims, dtype)) for name, (dims, dtype) in shapes.items()})
-        x = torch.zeros((1, inner), dtype=torch.bfloat16, device="cuda")
-        y = torch.empty((plan["split_k"], 1, out_n), device="cuda",
+        x = activations(torch.zeros((m, inner), dtype=torch.bfloat16, device="cuda"), config, plan)
+        y = torch.empty((plan["split_k"], rows_out(plan, m), out_n), device="cuda",
                         dtype=torch.bfloat16 if plan["split_k"] == 1 else torch.float32)
         launch(fmt, x, planes, y, config, plan)
         torch.cuda.synchronize()
@@ -124,25 +153,27 @@ def time_graph(body, replays: int = 20) -> float:
 
 
 def time_config(fmt, x, copies, config) -> tuple[float, float, "object"]:
-    """(seconds per call of the kernel alone, with the split-K partial sum after it, first output)."""
+    """(seconds per call of the kernel alone, with the split-K partial sum after it, first output [m, out])."""
     import torch
     out_n = copies[0][0].shape[1]
-    plan = launch_plan(fmt, 1, out_n, x.shape[1], config)
+    m = x.shape[0]
+    plan = launch_plan(fmt, m, out_n, x.shape[1], config)
     dtype = torch.bfloat16 if plan["split_k"] == 1 else torch.float32
-    outs = [torch.empty((plan["split_k"], 1, out_n), device="cuda", dtype=dtype) for _ in copies]
+    outs = [torch.empty((plan["split_k"], rows_out(plan, m), out_n), device="cuda", dtype=dtype) for _ in copies]
+    inputs = activations(x, config, plan)
 
     def kernels():
         for planes, y in zip(copies, outs):
-            launch(fmt, x, planes, y, config, plan)
+            launch(fmt, inputs, planes, y, config, plan)
 
     def with_sum():
         for planes, y in zip(copies, outs):
-            launch(fmt, x, planes, y, config, plan)
+            launch(fmt, inputs, planes, y, config, plan)
             if plan["split_k"] > 1:
                 y.sum(0)
     alone = time_graph(kernels) / len(copies)
     summed = time_graph(with_sum) / len(copies) if plan["split_k"] > 1 else alone
-    return alone, summed, outs[0].float().sum(0)
+    return alone, summed, outs[0].float().sum(0)[:m]
 
 
 def dense_seconds(x, out: int, inner: int) -> float:
@@ -160,19 +191,22 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() / time_graph(lambda: b.copy_(a)) / 1e9
 
 
-def tune_shape(fmt, shape, rng, compile_errors, bandwidth) -> dict:
+def tune_shape(fmt, shape, rng, compile_errors, bandwidth, variant: str = "rows", m: int = 1) -> dict:
     import torch
     out, inner = shape
     base = kernel_planes(fmt, {name: to_torch(a) for name, a in random_weight(rng, fmt, shape).planes.items()})
     nbytes = sum(p.numel() * p.element_size() for p in base)
     copies = [base] + [[p.clone() for p in base] for _ in range(max(4, min(256, -(-L2_FLUSH_BYTES // nbytes))) - 1)]
-    x = torch.randn((1, inner), device="cuda", dtype=torch.bfloat16)
-    today = pick_config(fmt, 1, out, inner)
-    configs = [today] + [c for c in candidates(fmt, out, inner) if c != today]
+    x = torch.randn((m, inner), device="cuda", dtype=torch.bfloat16)
+    today = pick_config(fmt, m, out, inner)
+    configs = [today] + [c for c in candidates(fmt, out, inner, variant, m) if c != today]
+    float_rows = dataclasses.replace(today, variant="rows") if today.variant == "dp4a" and m <= 4 else None
+    if float_rows is not None:  # the float kernel's config at these rows, timed beside (its error: dp4a's)
+        configs.insert(1, float_rows)
     results, reference = [], None
     for config in configs:
-        key = (fmt, shape, tuple(sorted(dataclasses.asdict(config).items())))
-        row = {"config": dataclasses.asdict(config), "today": config == today}
+        key = (fmt, shape, tuple(sorted(dataclasses.asdict(config).items())), m)
+        row = {"config": dataclasses.asdict(config), "today": config == today, "float_rows": config == float_rows}
         if key in compile_errors:
             row["error"] = compile_errors[key]
             results.append(row)
@@ -189,10 +223,10 @@ def tune_shape(fmt, shape, rng, compile_errors, bandwidth) -> dict:
         row.update(us=round(alone * 1e6, 2), us_with_sum=round(summed * 1e6, 2),
                    gb_s=round(nbytes / summed / 1e9, 1), max_rel_diff_vs_today=err)
         results.append(row)
-    timed = sorted((r for r in results if "us" in r and r["max_rel_diff_vs_today"] < 1e-2),
+    timed = sorted((r for r in results if "us" in r and r["max_rel_diff_vs_today"] < 1e-2 and not r["float_rows"]),
                    key=lambda r: r["us_with_sum"])
     x32 = x.float()  # the activations in fp32: no conversion inside the kernel (a plan would convert before)
-    for r in timed[:5]:
+    for r in timed[:5] if variant == "rows" else []:  # dp4a reads int8 activations: no f32 variant
         try:
             _, summed, y = time_config(fmt, x32, copies, QuantMatmulConfig(**r["config"]))
             r["us_with_sum_x_f32"] = round(summed * 1e6, 2)
@@ -200,14 +234,17 @@ def tune_shape(fmt, shape, rng, compile_errors, bandwidth) -> dict:
         except Exception as error:
             r["x_f32_error"] = f"{type(error).__name__}: {str(error)[:200]}"
     dense = dense_seconds(x, out, inner)
-    case = {"format": fmt, "out": out, "in": inner, "weight_bytes": nbytes, "calls": len(copies),
-            "today": next((r for r in results if r["today"]), None), "best": timed[:5],
+    case = {"format": fmt, "out": out, "in": inner, "m": m, "variant": variant, "weight_bytes": nbytes,
+            "calls": len(copies), "today": next((r for r in results if r["today"]), None),
+            "float_rows": next((r for r in results if r["float_rows"]), None), "best": timed[:5],
             "dense_bf16_us": round(dense * 1e6, 2), "dense_bf16_gb_s": round(2 * out * inner / dense / 1e9, 1),
             "candidates": len(results), "failed": [r for r in results if "error" in r][:5]}
     t, b = case["today"], (timed[0] if timed else None)
     describe = (lambda r: f"{r['us_with_sum']:7.2f} us {r['gb_s']:6.0f} GB/s ({r['gb_s'] / bandwidth:.2f})"
                 if r and "us" in r else "    error")
-    print(f"{fmt} {out:>6}x{inner:<6} today {describe(t)} | best {describe(b)} "
+    f = case["float_rows"]
+    print(f"{variant} m={m} {fmt} {out:>6}x{inner:<6} today {describe(t)} | best {describe(b)} "
+          f"{'| float rows ' + describe(f) + ' ' if f else ''}"
           f"{b and {k: b['config'][k] for k in ('block_n', 'split_k', 'sb_per_step', 'num_warps')}} | "
           f"x f32 {b and b.get('us_with_sum_x_f32')} us | dense bf16 {case['dense_bf16_us']:.2f} us {case['dense_bf16_gb_s']:.0f} GB/s | {len(results)} configs",
           flush=True)
@@ -223,24 +260,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=420.0)
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 4) - 2))
     parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--variant", default="rows", choices=["rows", "dp4a"])
+    parser.add_argument("--m", type=int, nargs="+", default=[1], help="activation rows (rows variant: <= 4)")
     args = parser.parse_args(argv)
     import torch
     started = time.perf_counter()
     wanted = [tuple(map(int, s.split("x"))) for s in args.shapes or ()]
-    cases = [(fmt, shape) for fmt in args.formats for shape in DECODE_SHAPES[fmt] if not wanted or shape in wanted]
-    jobs = [(fmt, shape, dataclasses.asdict(c)) for fmt, shape in cases
-            for c in [pick_config(fmt, 1, *shape)] + candidates(fmt, *shape)]
+    formats = ["q4_k"] if args.variant == "dp4a" else args.formats
+    cases = [(fmt, shape, m) for m in args.m for fmt in formats for shape in DECODE_SHAPES[fmt]
+             if not wanted or shape in wanted]
+    jobs = [(fmt, shape, dataclasses.asdict(c), m) for fmt, shape, m in cases
+            for c in [pick_config(fmt, m, *shape)] + candidates(fmt, *shape, args.variant, m)]
     import multiprocessing
     compile_errors = {}
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(compile_one, job) for job in jobs]
-        for (fmt, shape, config), future in zip(jobs, futures):
+        for (fmt, shape, config, m), future in zip(jobs, futures):
             if time.perf_counter() - started > args.budget_s / 2:  # the rest compile when first timed
                 pool.shutdown(cancel_futures=True)
                 break
             error = future.result()
             if error:
-                compile_errors[(fmt, shape, tuple(sorted(config.items())))] = error
+                compile_errors[(fmt, shape, tuple(sorted(config.items())), m)] = error
     print(f"compiled {len(jobs)} kernels in {time.perf_counter() - started:.0f} s ({len(compile_errors)} failed)",
           flush=True)
     bandwidth = copy_bandwidth()
@@ -251,11 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(os.environ.get("OUT", "./out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    for fmt, shape in cases:
+    for fmt, shape, m in cases:
         if time.perf_counter() - started > args.budget_s:
-            result["skipped"].append([fmt, *shape])
+            result["skipped"].append([fmt, *shape, m])
             continue
-        result["cases"].append(tune_shape(fmt, shape, rng, compile_errors, bandwidth))
+        result["cases"].append(tune_shape(fmt, shape, rng, compile_errors, bandwidth, args.variant, m))
         (out_dir / "gemv_graphs.json").write_text(json.dumps(result, indent=1))
     print(f"done in {time.perf_counter() - started:.0f} s", flush=True)
     return 0

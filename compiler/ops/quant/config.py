@@ -8,6 +8,7 @@ several times (split-K when `out` is small and `in` is long), and enough bytes i
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -16,6 +17,9 @@ from dataclasses import dataclass
 # projection shapes of the benchmark models takes MEASURED_M1 (the H200 sweep's best); the other shapes
 # and m = 2..4 take the rows rules below, sized by register count, not measured.
 ROWS_FOR_DECODE = os.environ.get("EMBER_QUANT_ROWS", "1") != "0"
+# Q4_K decode (any m up to the GEMV's row limit) takes the integer-dot kernel on int8 activations
+# (triton_gemv_dp4a.py) when True; EMBER_QUANT_DP4A=0 keeps the float kernels. Read at every pick_config call.
+DP4A_FOR_DECODE = os.environ.get("EMBER_QUANT_DP4A", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,8 @@ class QuantMatmulConfig:
     num_stages: int = 3        # software-pipelining depth of the block loop
     blocks_per_step: int = 8   # Q8_0 only: 32-element blocks per loop iteration (unrolled)
     use_dot: bool | None = None  # tensor-core tl.dot; None: only when m > 1
-    variant: str = "split"     # "split": triton_kernels.py; "rows": triton_gemv*.py (m <= 4)
+    variant: str = "split"     # "split": triton_kernels.py; "rows": triton_gemv*.py (m <= 4); "dp4a": Q4_K
+                               # on int8 activations (triton_gemv_dp4a.py, the rows fields below apply)
     sb_per_step: int = 2       # "rows" only: super-blocks per loop step, loaded together (a power of two
                                # <= 16; Q8_0: 8 blocks of 32 per super-block, the same elements per step)
     prefetch: bool = True      # "rows" only: issue the next step's loads before this step's math
@@ -95,6 +100,21 @@ MEASURED_M1: dict[tuple[str, int, int], QuantMatmulConfig] = {
     ("q6_k", 128256, 4096): _rows(32, 1, 2, 4),
 }
 
+def _dp4a(block_n: int, split_k: int, sb_per_step: int, num_warps: int) -> QuantMatmulConfig:
+    return dataclasses.replace(_rows(block_n, split_k, sb_per_step, num_warps), variant="dp4a")
+
+
+# The dp4a kernel keeps one fp32 accumulator per sub-block (not per word) and row: a quarter of the rows
+# kernel's, so its tiles follow the one-row rules up to 8 rows (not measured yet).
+DP4A_RULES: tuple[ConfigRule, ...] = (
+    ConfigRule("q4_k", _dp4a(8, 4, 1, 2), max_out=1024),
+    ConfigRule("q4_k", _dp4a(16, 8, 1, 4), max_out=8192, min_in=8192),
+    ConfigRule("q4_k", _dp4a(16, 4, 2, 4), max_out=8192),
+    ConfigRule("q4_k", _dp4a(32, 1, 2, 4)),
+)
+DP4A_M1: dict[tuple[str, int, int], QuantMatmulConfig] = {
+    key: dataclasses.replace(config, variant="dp4a") for key, config in MEASURED_M1.items() if key[0] == "q4_k"}
+
 # Shape classes: tiny out (k/v projections), out ~ in (q/o, down), long out (gate/up, LM head).
 CONFIG_TABLE: tuple[ConfigRule, ...] = ROWS_RULES + (
     # few output rows: small tiles and split-K so that a few hundred programs exist
@@ -111,7 +131,13 @@ CONFIG_TABLE: tuple[ConfigRule, ...] = ROWS_RULES + (
 def pick_config(fmt: str, m: int, out: int, inner: int,
                 table: tuple[ConfigRule, ...] = CONFIG_TABLE) -> QuantMatmulConfig:
     """MEASURED_M1's config for one row on a measured shape, else the first matching rule's config; the rows
-    variant is skipped unless ROWS_FOR_DECODE."""
+    variant is skipped unless ROWS_FOR_DECODE. Q4_K with DP4A_FOR_DECODE: DP4A_M1 / DP4A_RULES."""
+    if DP4A_FOR_DECODE and fmt == "q4_k" and table is CONFIG_TABLE:
+        if m == 1 and (fmt, out, inner) in DP4A_M1:
+            return DP4A_M1[(fmt, out, inner)]
+        for rule in DP4A_RULES:
+            if rule.matches(fmt, m, out, inner):
+                return rule.config
     if ROWS_FOR_DECODE and m == 1 and table is CONFIG_TABLE and (fmt, out, inner) in MEASURED_M1:
         return MEASURED_M1[(fmt, out, inner)]
     for rule in table:

@@ -38,7 +38,9 @@ def q4_k_scales_and_mins(scales: jax.Array) -> tuple[jax.Array, jax.Array]:
     return sc, mn
 
 
-def dequantize_q4_k(w: QuantizedWeight) -> jax.Array:
+def q4_k_parts(w: QuantizedWeight) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(codes float32 [sb, out, 8, 32] in element order, d * sc and dmin * m float32 [sb, out, 8] (exact
+    products)): sub-block n's weights are scale[n] * codes[n] - minimum[n]."""
     p = w.planes
     nsb, out = p["d"].shape
     codes = _fields(p["qs"].reshape(nsb, out, 8, 4), 8, 4)        # [sb, out, n, i, q]: element 32n + 4i + q
@@ -46,6 +48,11 @@ def dequantize_q4_k(w: QuantizedWeight) -> jax.Array:
     sc, mn = q4_k_scales_and_mins(p["scales"])                    # [sb, out, 8]
     scale = p["d"].astype(jnp.float32)[..., None] * sc.astype(jnp.float32)
     minimum = p["dmin"].astype(jnp.float32)[..., None] * mn.astype(jnp.float32)
+    return codes, scale, minimum
+
+
+def dequantize_q4_k(w: QuantizedWeight) -> jax.Array:
+    codes, scale, minimum = q4_k_parts(w)
     values = scale[..., None] * codes - minimum[..., None]
     return _rows_major(values.reshape(*values.shape[:2], 256), w.shape)
 

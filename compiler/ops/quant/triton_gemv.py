@@ -35,7 +35,7 @@ from ember.compiler.ops.quant.triton_gemv_q8_0 import q8_0_rows_kernel
 
 
 @triton.jit
-def _q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4, stop, r4, row_ok4, w4, N: tl.constexpr, EXACT: tl.constexpr):
+def q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4, stop, r4, row_ok4, w4, N: tl.constexpr, EXACT: tl.constexpr):
     """Planes of super-blocks u4 [S, 1, 1, 1] for the tile: words [S, BLOCK_N, 8, 4], the rest [S, BLOCK_N, 1, 1].
     EXACT: no masks (no zero-filled registers, no predicates): units past `stop` (only a prefetch past the
     range reads them, and never uses them) and rows past N re-read the last ones."""
@@ -55,8 +55,8 @@ def _q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4, stop, r4, row_ok4, w4, N
 
 
 @triton.jit
-def _q4_k_scales(s0, s1, s2, d, dmin, n4):
-    """(s, u) = (16 d sc, 16 d sc + dmin m) of sub-blocks n4 [1, 1, 8, 1] -> float32 [S, BLOCK_N, 8, 1] each.
+def q4_k_sub_scales(s0, s1, s2, d, dmin, n4):
+    """(d sc, dmin m) of sub-blocks n4 [1, 1, 8, 1] -> float32 [S, BLOCK_N, 8, 1] each (exact products).
     GGUF's 12 bytes: bytes 0..3 hold sc (low 6 bits) of sub-blocks 0..3, bytes 4..7 their mins; for
     n >= 4, byte 8 + n - 4 holds the low 4 bits of sc and min, bits 6..7 of byte n - 4 (4 + n - 4) the high 2."""
     shift = (n4 % 4) * 8
@@ -66,8 +66,15 @@ def _q4_k_scales(s0, s1, s2, d, dmin, n4):
     low = n4 < 4
     sc = tl.where(low, b0 & 63, (b2 & 15) | ((b0 >> 2) & 48))
     mn = tl.where(low, b1 & 63, ((b2 >> 4) & 15) | ((b1 >> 2) & 48))
-    s = (d * 16.0) * u2f(sc)
-    return s, s + dmin * u2f(mn)
+    return d * u2f(sc), dmin * u2f(mn)
+
+
+@triton.jit
+def _q4_k_scales(s0, s1, s2, d, dmin, n4):
+    """(s, u) = (16 d sc, 16 d sc + dmin m), float32 [S, BLOCK_N, 8, 1] each (16 d sc exact: a power of two)."""
+    scale, minimum = q4_k_sub_scales(s0, s1, s2, d, dmin, n4)
+    s = scale * 16.0
+    return s, s + minimum
 
 
 @triton.jit
@@ -99,14 +106,14 @@ def q4_k_rows_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
         nsteps = (stop - start) // S
     else:
         nsteps = (UNITS_PER_SPLIT + S - 1) // S
-    nxt = _q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u0, stop, r4, row_ok4, w4, N, EXACT)
+    nxt = q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u0, stop, r4, row_ok4, w4, N, EXACT)
     for step in range(nsteps):
         u4 = u0 + step * S
         words, s0, s1, s2, d, dmin = nxt
         if PREFETCH:  # the next step's loads go out before this step's math (past the range: masked/clamped)
-            nxt = _q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4 + S, stop, r4, row_ok4, w4, N, EXACT)
+            nxt = q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4 + S, stop, r4, row_ok4, w4, N, EXACT)
         else:
-            words, s0, s1, s2, d, dmin = _q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4, stop, r4, row_ok4,
+            words, s0, s1, s2, d, dmin = q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4, stop, r4, row_ok4,
                                                     w4, N, EXACT)
         ok_u = u4 < stop
         s, u = _q4_k_scales(s0, s1, s2, d, dmin, n4)      # [S, BLOCK_N, 8, 1]

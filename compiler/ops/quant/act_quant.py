@@ -1,0 +1,68 @@
+"""Activations quantized to int8 for the integer-dot GEMV (triton_gemv_dp4a.py), and that GEMV's jnp reference.
+
+Why: the float rows kernel (triton_gemv.py) spends ~7.5 sm_90 instructions per Q4_K weight (decode a nibble
+into a float, one FMA per activation row), so at batch 1 it runs at 0.3-1.7 TB/s where HBM gives ~4.
+With the activations as int8, one `dp4a` multiplies 4 codes by 4 activations and adds them into an int32:
+~0.6 instructions per weight for one row. llama.cpp's CUDA decode path (mmvq) does the same.
+
+Quantization (per activation row, per block of 32 consecutive elements of `in`, like ggml's q8_1):
+  dx = max |x| / 127, q = round(x / dx) in [-127, 127] (q = 0 where the block is all zeros),
+  sx = sum(x) in fp32, exact input (not dx * sum q): it multiplies the Q4_K minimums, so that term keeps
+  no activation rounding at all.
+Packing (what the kernel loads): block b's 32 int8 go into 8 int32 words, qa[m, 8b + 4h + q] holding bytes
+  (element q + 4h, q + 4h + 8, q + 4h + 16, q + 4h + 24) from low to high. That is the order in which a
+  Q4_K code word of layout.py sits: word q of a sub-block holds element 4i + q at nibble i, so
+  `word & 0x0F0F0F0F` is elements q, q + 8, q + 16, q + 24 (h = 0) and `(word >> 4) & 0x0F0F0F0F` is
+  elements q + 4, q + 12, q + 20, q + 28 (h = 1), one byte each, ready for dp4a against qa's word.
+
+Then for a Q4_K sub-block n (32 weights, w = d sc c - dmin m) and its activation block:
+  sum_j w_j x_j ~= (d sc) dx sum_j c_j q_j - (dmin m) sx,
+  where the integer sum is exact: |c q| <= 15 * 127, 32 of them < 2**16.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ember.compiler.ops.quant.layout import Q4_K, QuantizedWeight
+from ember.compiler.ops.quant.ref import q4_k_parts
+
+ACT_BLOCK = 32  # activation elements per scale
+
+
+def quantize_blocks(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """x [m, k] -> (q int8 [m, k/32, 32] in element order, dx float32 [m, k/32], sx float32 [m, k/32])."""
+    m, k = x.shape
+    if k % ACT_BLOCK:
+        raise ValueError(f"activation length {k} is not a multiple of {ACT_BLOCK}")
+    blocks = x.astype(jnp.float32).reshape(m, k // ACT_BLOCK, ACT_BLOCK)
+    dx = jnp.max(jnp.abs(blocks), axis=-1) / 127.0
+    safe = jnp.where(dx > 0, dx, 1.0)
+    q = jnp.clip(jnp.round(blocks / safe[..., None]), -127, 127).astype(jnp.int8)
+    return q, dx, jnp.sum(blocks, axis=-1)
+
+
+def quantize_activations(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x [m, k] -> (qa int32 [m, k/4] packed as the module docstring says, da float32 [m, k/32, 2] = (dx, sx))."""
+    m, k = x.shape
+    q, dx, sx = quantize_blocks(x)
+    # element 8b + 4h + q of a block -> word (h, q), byte b
+    lanes = jnp.transpose(q.reshape(m, k // ACT_BLOCK, 4, 2, 4), (0, 1, 3, 4, 2))  # [m, block, h, q, b]
+    qa = jax.lax.bitcast_convert_type(lanes, jnp.int32)                             # [m, block, h, q]
+    return qa.reshape(m, k // 4), jnp.stack([dx, sx], axis=-1)
+
+
+def dp4a_matmul_ref(x: jax.Array, w: QuantizedWeight) -> jax.Array:
+    """What the integer-dot Q4_K GEMV computes, in jnp: x [m, in] -> float32 [m, out], the integer sums exact."""
+    if w.format != Q4_K:
+        raise ValueError(f"the integer-dot GEMV takes Q4_K weights, got {w.format}")
+    q, dx, sx = quantize_blocks(x)                          # [m, sb * 8, 32], [m, sb * 8]
+    codes, scale, minimum = q4_k_parts(w)                   # [sb, out, 8, 32], [sb, out, 8]
+    nsb, out = scale.shape[:2]
+    m = x.shape[0]
+    q = q.reshape(m, nsb, 8, 32).astype(jnp.int32)
+    dots = jnp.einsum("msnj,sonj->mson", q, codes.astype(jnp.int32))  # exact int32
+    dx, sx = dx.reshape(m, nsb, 1, 8), sx.reshape(m, nsb, 1, 8)
+    terms = scale[None] * (dx * dots.astype(jnp.float32)) - minimum[None] * sx
+    return jnp.sum(terms, axis=(1, 3))

@@ -1,0 +1,109 @@
+"""Check the integer-dot Q4_K GEMV (compiler/ops/quant/triton_gemv_dp4a.py) without a GPU.
+
+  python tools/check_dp4a_kernels.py interpret   Triton's CPU interpreter (dp4a emulated with shifts and
+                                                 multiplies, ASM=False) against act_quant.dp4a_matmul_ref
+  python tools/check_dp4a_kernels.py compile     compile for sm_90 at the engine's Q4_K decode shapes
+                                                 (ASM=True): registers, spills, dp4a count from ptxas -v / PTX
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from ember.tools.check_quant_kernels import HostBuffer, compile_sm90, patch_interpreter, ptxas_usage
+
+# (out, in), (block_n, split_k, sb_per_step, prefetch), activation rows. Together: R = 1..8 and two groups
+# (m = 11: 2 x 6, one padding row), split-K with a short last split, masked row tiles (out not a multiple
+# of block_n), a last step partly outside the split (not EXACT), EXACT, PREFETCH off, one super-block.
+CASES = [
+    ((40, 1536), (16, 1, 4, True), [1, 3]),
+    ((40, 1536), (8, 4, 1, True), [2, 8]),
+    ((20, 1280), (4, 2, 2, True), [1, 5]),
+    ((24, 1280), (16, 1, 2, False), [4]),
+    ((12, 256), (8, 3, 2, True), [7]),
+    ((44, 2048), (16, 2, 2, True), [1, 11]),  # EXACT: 2 splits of 2 steps
+]
+
+
+def interpret() -> int:
+    os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is decorated
+    patch_interpreter()
+    import jax.numpy as jnp
+
+    from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, random_gguf_bytes
+    from ember.compiler.ops.quant.act_quant import dp4a_matmul_ref, quantize_activations
+    from ember.compiler.ops.quant.triton_gemv_dp4a import q4_k_dp4a_kernel
+
+    failures = 0
+    rng = np.random.default_rng(3)
+    for (out, inner), (block_n, split_k, sb, prefetch), ms in CASES:
+        w = pack(random_gguf_bytes(rng, "q4_k", (out, inner), realistic=True), "q4_k", (out, inner))
+        config = QuantMatmulConfig(variant="dp4a", block_n=block_n, split_k=split_k, sb_per_step=sb,
+                                   prefetch=prefetch)
+        for m in ms:
+            x = rng.standard_normal((m, inner)).astype(np.float32)
+            x[0, :32] = 0.0  # an all-zero activation block (dx = 0)
+            expected = np.asarray(dp4a_matmul_ref(jnp.asarray(x), w))
+            plan = launch_plan("q4_k", m, out, inner, config)
+            meta = dict(plan["meta"], ASM=False)
+            qa, da = (np.asarray(a) for a in quantize_activations(jnp.asarray(x)))
+            pad = meta["M_PAD"] - m
+            qa = np.pad(qa, ((0, pad), (0, 0)))
+            da = np.pad(da, ((0, pad), (0, 0), (0, 0)))
+            y = HostBuffer(np.full((plan["split_k"], meta["M_PAD"], out), np.nan, np.float32))
+            q4_k_dp4a_kernel[plan["grid"]](HostBuffer(qa), HostBuffer(da),
+                                           *(HostBuffer(w.planes[n]) for n in ("qs", "scales", "d", "dmin")),
+                                           y, **meta)
+            got = y.array.sum(axis=0)[:m]
+            err = float(np.abs(got - expected).max() / np.abs(expected).max())
+            bad = not err < 1e-5  # NaN (an unwritten row or split) fails too
+            failures += bad
+            print(f"{'BAD' if bad else 'ok '} dp4a {out}x{inner} m={m:<2} R={meta['R']} block_n={block_n} "
+                  f"grid={plan['grid']} S={meta['S']} exact={meta['EXACT']} prefetch={meta['PREFETCH']} "
+                  f"rel_err={err:.1e}", flush=True)
+    return 1 if failures else 0
+
+
+def compile_all() -> int:
+    from ember.compiler.ops.quant import launch_plan, pick_config
+    from ember.compiler.ops.quant.triton_gemv_dp4a import q4_k_dp4a_kernel
+    from ember.tools.bench_quant_matmul import DECODE_SHAPES
+
+    failures = 0
+    for m in (1, 4, 8):
+        for out, inner in DECODE_SHAPES["q4_k"]:
+            config = pick_config("q4_k", m, out, inner)
+            if config.variant != "dp4a":
+                continue
+            plan = launch_plan("q4_k", m, out, inner, config)
+            out_dtype = "bf16" if plan["split_k"] == 1 else "fp32"
+            types = ["*i32", "*fp32", "*u32", "*u32", "*fp16", "*fp16", "*" + out_dtype]
+            label = (f"m={m} {out:>6}x{inner:<5} bn={config.block_n:<2} split={plan['split_k']} "
+                     f"S={plan['meta']['S']:<2} warps={config.num_warps}")
+            try:
+                compiled = compile_sm90(q4_k_dp4a_kernel, types, plan["meta"], num_warps=config.num_warps,
+                                        num_stages=config.num_stages)
+            except Exception as error:
+                failures += 1
+                print(f"FAIL {label}: {error}", flush=True)
+                continue
+            ptx = compiled.asm["ptx"]
+            print(f"ok  {label} {ptxas_usage(ptx)} smem={compiled.metadata.shared} dp4a={ptx.count('dp4a')} "
+                  f"ld.v4={ptx.count('ld.global.v4')}", flush=True)
+    return 1 if failures else 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["interpret"]:
+        return interpret()
+    if argv[:1] == ["compile"]:
+        return compile_all()
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
