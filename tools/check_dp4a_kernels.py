@@ -1,7 +1,8 @@
 """Check the integer-dot Q4_K GEMV (compiler/ops/quant/triton_gemv_dp4a.py) without a GPU.
 
   python tools/check_dp4a_kernels.py interpret   Triton's CPU interpreter (dp4a emulated with shifts and
-                                                 multiplies, ASM=False) against act_quant.dp4a_matmul_ref
+                                                 multiplies, ASM=False) against act_quant.dp4a_matmul_ref, and
+                                                 the activation quantizer (triton_act_quant.py) against jnp
   python tools/check_dp4a_kernels.py compile     compile for sm_90 at the engine's Q4_K decode shapes
                                                  (ASM=True): registers, spills, dp4a count from ptxas -v / PTX
 """
@@ -29,8 +30,6 @@ CASES = [
 
 
 def interpret() -> int:
-    os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is decorated
-    patch_interpreter()
     import jax.numpy as jnp
 
     from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, random_gguf_bytes
@@ -67,6 +66,34 @@ def interpret() -> int:
     return 1 if failures else 0
 
 
+def interpret_quantize() -> int:
+    """triton_act_quant.py's kernel against act_quant.quantize_activations: packed words equal, (dx, sx) close."""
+    import jax.numpy as jnp
+
+    from ember.compiler.ops.quant.act_quant import quantize_activations
+    from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
+
+    failures = 0
+    rng = np.random.default_rng(4)
+    for m, k, scale in ((1, 1536, 1.0), (3, 8960, 30.0), (2, 544, 1e-3)):  # 544: a partly masked program
+        x = (rng.standard_normal((m, k)) * scale).astype(np.float32)
+        x[0, 64:96] = 0.0
+        x[-1, :32] = np.arange(32) - 15.5  # with max |x| = 127 (inv = 1) these are ties: rounded to even
+        x[-1, 0] = 127.0
+        qa_ref, da_ref = (np.asarray(a) for a in quantize_activations(jnp.asarray(x)))
+        plan = quantize_plan(m, k)
+        qa = HostBuffer(np.zeros((m, k // 4), np.int32))
+        da = HostBuffer(np.full((m, k // 32, 2), np.nan, np.float32))
+        quantize_rows_kernel[plan["grid"]](HostBuffer(x), qa, da, ASM=False, **plan["meta"])
+        words_equal = bool((qa.array == qa_ref).all())
+        da_err = float(np.abs(da.array - da_ref).max() / np.abs(da_ref).max())
+        bad = not (words_equal and da_err < 1e-6)
+        failures += bad
+        print(f"{'BAD' if bad else 'ok '} quantize m={m} k={k} words equal={words_equal} (dx, sx) rel_err={da_err:.1e}",
+              flush=True)
+    return 1 if failures else 0
+
+
 def compile_all() -> int:
     from ember.compiler.ops.quant import launch_plan, pick_config
     from ember.compiler.ops.quant.triton_gemv_dp4a import q4_k_dp4a_kernel
@@ -93,12 +120,21 @@ def compile_all() -> int:
             ptx = compiled.asm["ptx"]
             print(f"ok  {label} {ptxas_usage(ptx)} smem={compiled.metadata.shared} dp4a={ptx.count('dp4a')} "
                   f"ld.v4={ptx.count('ld.global.v4')}", flush=True)
+    from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
+    for k in (1536, 8960):
+        compiled = compile_sm90(quantize_rows_kernel, ["*bf16", "*i32", "*fp32"],
+                                dict(quantize_plan(1, k)["meta"], ASM=True), num_warps=4, num_stages=1)
+        ptx = compiled.asm["ptx"]
+        print(f"ok  quantize k={k} {ptxas_usage(ptx)} smem={compiled.metadata.shared} "
+              f"cvt.rni={ptx.count('cvt.rni.s32.f32')}", flush=True)
     return 1 if failures else 0
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["interpret"]:
-        return interpret()
+        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
+        patch_interpreter()
+        return interpret_quantize() | interpret()
     if argv[:1] == ["compile"]:
         return compile_all()
     print(__doc__)

@@ -6,7 +6,8 @@ With the activations as int8, one `dp4a` multiplies 4 codes by 4 activations and
 ~0.6 instructions per weight for one row. llama.cpp's CUDA decode path (mmvq) does the same.
 
 Quantization (per activation row, per block of 32 consecutive elements of `in`, like ggml's q8_1):
-  dx = max |x| / 127, q = round(x / dx) in [-127, 127] (q = 0 where the block is all zeros),
+  dx = max |x| / 127, q = rint(x * (127 / max |x|)) in [-127, 127] (q = 0 where the block is all zeros;
+  triton_act_quant.py computes the same bits in one kernel, what the GEMV's caller runs on the GPU),
   sx = sum(x) in fp32, exact input (not dx * sum q): it multiplies the Q4_K minimums, so that term keeps
   no activation rounding at all.
 Packing (what the kernel loads): block b's 32 int8 go into 8 int32 words, qa[m, 8b + 4h + q] holding bytes
@@ -37,10 +38,10 @@ def quantize_blocks(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     if k % ACT_BLOCK:
         raise ValueError(f"activation length {k} is not a multiple of {ACT_BLOCK}")
     blocks = x.astype(jnp.float32).reshape(m, k // ACT_BLOCK, ACT_BLOCK)
-    dx = jnp.max(jnp.abs(blocks), axis=-1) / 127.0
-    safe = jnp.where(dx > 0, dx, 1.0)
-    q = jnp.clip(jnp.round(blocks / safe[..., None]), -127, 127).astype(jnp.int8)
-    return q, dx, jnp.sum(blocks, axis=-1)
+    amax = jnp.max(jnp.abs(blocks), axis=-1)
+    inv = jnp.where(amax > 0, 127.0 / jnp.where(amax > 0, amax, 1.0), 0.0)
+    q = jnp.clip(jnp.round(blocks * inv[..., None]), -127, 127).astype(jnp.int8)  # round: ties to even
+    return q, amax / 127.0, jnp.sum(blocks, axis=-1)
 
 
 def quantize_activations(x: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -134,12 +134,11 @@ def _dp4a_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig
 def _dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan: dict) -> jax.Array:
     """int8 activations (act_quant.py, fused by XLA before the kernel), then the integer-dot kernel."""
     from ..triton_launch import triton_call
-    from ember.compiler.ops.quant.act_quant import quantize_activations
     from ember.compiler.ops.quant.triton_gemv_dp4a import q4_k_dp4a_kernel
 
     m = x.shape[0]
     meta = plan["meta"]
-    qa, da = quantize_activations(x)
+    qa, da = quantize_activations_gpu(x)
     if meta["M_PAD"] > m:  # padding rows: all-zero activations, outputs dropped below
         qa = jnp.pad(qa, ((0, meta["M_PAD"] - m), (0, 0)))
         da = jnp.pad(da, ((0, meta["M_PAD"] - m), (0, 0), (0, 0)))
@@ -151,6 +150,21 @@ def _dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan
         grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)
     y = y[:, :m]
     return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(x.dtype)
+
+
+def quantize_activations_gpu(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """act_quant.quantize_activations in one Triton launch (triton_act_quant.py): x [m, k] -> (qa, da)."""
+    from ..triton_launch import triton_call
+    from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
+
+    m, k = x.shape
+    if k % 32:
+        raise ValueError(f"activation length {k} is not a multiple of 32")
+    plan = quantize_plan(m, k)
+    return triton_call(x, kernel=quantize_rows_kernel,
+                       out_shape=(jax.ShapeDtypeStruct((m, k // 4), jnp.int32),
+                                  jax.ShapeDtypeStruct((m, k // 32, 2), jnp.float32)),
+                       grid=plan["grid"], num_warps=4, num_stages=1, ASM=True, **plan["meta"])
 
 
 def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig) -> jax.Array:
