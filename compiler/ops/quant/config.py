@@ -112,8 +112,19 @@ DP4A_RULES: tuple[ConfigRule, ...] = (
     ConfigRule("q4_k", _dp4a(16, 4, 2, 4), max_out=8192),
     ConfigRule("q4_k", _dp4a(32, 1, 2, 4)),
 )
+# (format, out, in) -> the fastest dp4a config at m = 1 on the H200, graph-timed by tools/tune_gemv_graphs.py
+# --variant dp4a at commit b4cbc10 (tools/results/h200_gemv_graphs_dp4a_b4cbc10.json; 106-161 candidates per
+# shape; the float rows kernel's pick beside it: 3.78 -> 3.49 us on 1792 x 1536, 12.70 -> 9.20 on 17920 x 1536,
+# 10.58 -> 8.65 on 1536 x 8960, 40.30 -> 27.55 on 28672 x 4096, 24.56 -> 18.25 on 4096 x 14336).
+# 5120 x 4096 was not timed: it takes 6144 x 4096's.
 DP4A_M1: dict[tuple[str, int, int], QuantMatmulConfig] = {
-    key: dataclasses.replace(config, variant="dp4a") for key, config in MEASURED_M1.items() if key[0] == "q4_k"}
+    ("q4_k", 1792, 1536): _dp4a(4, 1, 4, 1), ("q4_k", 2048, 1536): _dp4a(4, 1, 4, 1),
+    ("q4_k", 1536, 1536): _dp4a(4, 1, 4, 1), ("q4_k", 17920, 1536): _dp4a(8, 1, 1, 2),
+    ("q4_k", 1536, 8960): _dp4a(8, 8, 2, 4),
+    ("q4_k", 5120, 4096): _dp4a(8, 1, 4, 1), ("q4_k", 6144, 4096): _dp4a(8, 1, 4, 1),
+    ("q4_k", 4096, 4096): _dp4a(8, 1, 4, 1), ("q4_k", 28672, 4096): _dp4a(8, 1, 1, 2),
+    ("q4_k", 4096, 14336): _dp4a(16, 8, 1, 2),
+}
 
 # Shape classes: tiny out (k/v projections), out ~ in (q/o, down), long out (gate/up, LM head).
 CONFIG_TABLE: tuple[ConfigRule, ...] = ROWS_RULES + (
