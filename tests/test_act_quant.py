@@ -91,10 +91,11 @@ def test_dp4a_reference_rejects_other_formats():
 def test_dp4a_plan_row_groups(m, groups, rows):
     plan = launch_plan("q4_k", m, 1536, 8960, QuantMatmulConfig(variant="dp4a", block_n=16, split_k=8))
     meta = plan["meta"]
-    assert plan["grid"][2] == groups and meta["R"] == rows and meta["M_PAD"] == groups * rows >= m
+    assert meta["R"] == rows and meta["M_PAD"] == groups * rows >= m
     assert meta["ASM"] and "M" not in meta
     rows_plan = launch_plan("q4_k", 1, 1536, 8960, QuantMatmulConfig(variant="rows", block_n=16, split_k=8))
-    assert plan["grid"][:2] == rows_plan["grid"][:2] and meta["S"] == rows_plan["meta"]["S"]
+    tiles, split_k, _ = rows_plan["grid"]
+    assert plan["grid"] == (tiles * groups, split_k, 1) and meta["S"] == rows_plan["meta"]["S"]
 
 
 def test_dp4a_plan_rejects_other_formats():

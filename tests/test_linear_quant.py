@@ -162,3 +162,24 @@ def test_backend_choice(monkeypatch):
     with pytest.raises(ValueError, match="unknown quant backend"):
         with use_quant_backend("cuda"):
             pass
+
+
+def test_gemv_row_bound_per_format(monkeypatch):
+    """Q4_K takes the integer-dot kernel's own bound while that kernel is on; other formats the common one."""
+    from ember.compiler.ops.quant import config as quant_config
+
+    monkeypatch.setattr(linear_quant, "GEMV_MAX_ROWS", 16)
+    monkeypatch.setattr(linear_quant, "DP4A_GEMV_MAX_ROWS", 64)
+    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
+    assert linear_quant.gemv_max_rows("q4_k") == 64
+    assert linear_quant.gemv_max_rows("q6_k") == linear_quant.gemv_max_rows("q8_0") == 16
+    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", False)
+    assert linear_quant.gemv_max_rows("q4_k") == 16
+    # the bound decides the path: 40 rows of a Q4_K weight reach quant_matmul (the GEMV) only under 64
+    calls = []
+    monkeypatch.setattr(linear_quant, "quant_matmul", lambda x, w, backend: calls.append(x.shape[0]) or x[:, :16] * 0)
+    _, w = _weight(np.random.default_rng(6), "q4_k", 16)
+    linear_quant.linear(jnp.zeros((40, INNER), jnp.float32), w)
+    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
+    linear_quant.linear(jnp.zeros((40, INNER), jnp.float32), w)
+    assert calls == [40]

@@ -16,6 +16,7 @@
 #   tools/h200_run.sh rows       quantized GEMV GPU tests, then the rows kernels' config sweep (q4_k, q6_k; m = 1)
 #   tools/h200_run.sh gemv-graphs the rows kernels' configs timed inside CUDA graphs (tools/tune_gemv_graphs.py)
 #   tools/h200_run.sh dp4a-ab    Q4_K on int8 activations: GPU tests, then the batch-1 step with and without it
+#   tools/h200_run.sh dp4a-rows  16 / 32 streams, the dp4a GEMV up to 64 rows vs its default bound
 #   tools/h200_run.sh norms-ab   RMSNorm kernels: GPU test, then the batch-1 step with and without them
 #   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
 #   tools/h200_run.sh xla-flags  the batch-1 decode step (plan alone) under XLA fusion flag sets, 1.5B Q4_K_M and 8B
@@ -129,6 +130,11 @@ dp4a-ab)  # the int8-activation Q4_K kernel: its GPU tests, then the batch-1 ste
             --model synthetic:${MODEL:-qwen2.5-1.5b-q4_k_m} --tokenizer .gpu/tok --concurrency ${CONCURRENCY:-1} \
             --plan-only > "$out/dp4a$dp4a.json" 2> "$out/dp4a$dp4a.log" || tail -n 3 "$out/dp4a$dp4a.log"
         echo "EMBER_QUANT_DP4A=$dp4a"; grep -h "async\|sync\|profiled_" "$out/dp4a$dp4a.json"
+    done ;;
+dp4a-rows)  # 16 / 32 streams with the dp4a GEMV taking up to 64 rows vs the default bound (MODEL: 1.5B Q4_K_M)
+    for rows in 64 16; do
+        EMBER_DP4A_GEMV_MAX_ROWS=$rows EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections concurrency \
+            --concurrency ${CONCURRENCY:-16 32}" suite rows$rows ${DEADLINE:-60} synthetic:${MODEL:-qwen2.5-1.5b-q4_k_m}
     done ;;
 profile)
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 150 python3 -m ember.tools.profile_step \

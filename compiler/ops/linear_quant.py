@@ -4,7 +4,7 @@ selects them in its `kernels`; the choice per call is made at trace time from th
 the (static) row count:
 
   plain array            the reference op (linear.py / embedding.py), unchanged
-  QuantizedWeight, rows <= GEMV_MAX_ROWS
+  QuantizedWeight, rows <= gemv_max_rows(format)
                          quant_matmul(x, w, backend=quant_backend()): the fused GEMV (decode)
   QuantizedWeight, more rows
                          dequantize to the activation dtype, then the reference XLA matmul (prefill,
@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from . import embedding as embedding_ref
 from . import linear as linear_ref
+from .quant import config as quant_config
 from .quant.fp8 import Fp8Weight, fp8_linear, fp8_rows
 from .quant.layout import QuantizedWeight, WeightGroup
 from .quant.matmul import BACKENDS, quant_matmul
@@ -45,6 +46,9 @@ from .triton_available import triton_available
 
 # rows up to this use the quantized GEMV; above, dequantize + XLA matmul (EMBER_GEMV_MAX_ROWS overrides)
 GEMV_MAX_ROWS = int(os.environ.get("EMBER_GEMV_MAX_ROWS", "16"))
+# the same bound for Q4_K weights while the integer-dot kernel takes them (quant/config.py DP4A_FOR_DECODE):
+# its row groups read each weight tile once from HBM and again from L2 (EMBER_DP4A_GEMV_MAX_ROWS overrides)
+DP4A_GEMV_MAX_ROWS = int(os.environ.get("EMBER_DP4A_GEMV_MAX_ROWS", "16"))
 
 _backend_override: str | None = None
 
@@ -78,9 +82,14 @@ def _matmul(x, w):
         return fp8_linear(x, w)
     if not isinstance(w, QuantizedWeight):
         return linear_ref.linear(x, w)
-    if x.shape[0] <= GEMV_MAX_ROWS:
+    if x.shape[0] <= gemv_max_rows(w.format):
         return quant_matmul(x, w, backend=quant_backend())
     return linear_ref.linear(x, dequantize(w).astype(x.dtype))
+
+
+def gemv_max_rows(fmt: str) -> int:
+    """Activation rows up to which a `fmt` weight goes through the quantized GEMV (above: dequantize + matmul)."""
+    return DP4A_GEMV_MAX_ROWS if fmt == "q4_k" and quant_config.DP4A_FOR_DECODE else GEMV_MAX_ROWS
 
 
 def _add_bias(y, bias):

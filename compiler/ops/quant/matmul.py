@@ -117,8 +117,9 @@ def _rows_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig
 
 
 def _dp4a_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig) -> dict:
-    """The rows frame along `out` and `in` (_rows_plan), and grid axis 2 over groups of R activation rows
-    (R <= 8, the groups as even as can be: m = 12 is 2 x 6); activations and outputs are padded to M_PAD rows."""
+    """The rows frame along `out` and `in` (_rows_plan), each row tile's program repeated for the groups of R
+    activation rows (grid axis 0 = tile * groups + group; R <= 8, the groups as even as can be: m = 12 is
+    2 x 6); activations and outputs are padded to M_PAD rows."""
     if fmt != "q4_k":
         raise ValueError(f"the dp4a variant has no {fmt} kernel")
     if m < 1:
@@ -128,7 +129,8 @@ def _dp4a_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig
     plan = _rows_plan(fmt, 1, out, inner, config)
     meta = {k: v for k, v in plan["meta"].items() if k != "M"}
     meta.update(M_PAD=groups * per_group, R=per_group, ASM=True)
-    return {"grid": plan["grid"][:2] + (groups,), "split_k": plan["split_k"], "meta": meta}
+    tiles, split_k, _ = plan["grid"]
+    return {"grid": (tiles * groups, split_k, 1), "split_k": split_k, "meta": meta}
 
 
 def _dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan: dict) -> jax.Array:

@@ -2,8 +2,8 @@
 
 The frame is the rows kernel's (triton_gemv.py: grid (cdiv(out, BLOCK_N), SPLIT_K), a program walks its
 split's super-blocks S at a time, one 4-D load [S, BLOCK_N, 8, 4] of code words with the next step's
-loads issued first, no masks when EXACT), plus grid axis 2 over groups of R activation rows (R <= matmul.DP4A_MAX_ROWS = 8, one
-accumulator each): every row of a group reuses the codes the program decoded.
+loads issued first, no masks when EXACT), and groups of R activation rows (R <= matmul.DP4A_MAX_ROWS = 8,
+one accumulator each) side by side on grid axis 0: every row of a group reuses the codes the program decoded.
 
 Per code word (8 weights of one sub-block of one row): lo = word & 0x0F0F0F0F and
 hi = (word >> 4) & 0x0F0F0F0F are 4 unsigned bytes each (act_quant.py: elements q, q+8, q+16, q+24 and
@@ -68,13 +68,15 @@ def q4_k_dp4a_kernel(qa_ptr, da_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_pt
                      BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
                      PREFETCH: tl.constexpr, EXACT: tl.constexpr, ASM: tl.constexpr):
     """qa int32 [M_PAD, K/4], da float32 [M_PAD, K/32, 2] (act_quant.py) -> out [SPLIT_K, M_PAD, N].
-    Program (pid_n, pid_k, g) takes activation rows g R .. g R + R - 1."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    Grid axis 0 = row tile * GROUPS + g: the programs of one weight tile are launched together, so the
+    row groups after the first read the tile from L2, not HBM. Program g takes rows g R .. g R + R - 1."""
+    GROUPS: tl.constexpr = M_PAD // R
+    rows = (tl.program_id(0) // GROUPS) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     r4 = rows[None, :, None, None]
     row_ok4 = row_ok[None, :, None, None]
     pid_k = tl.program_id(1)
-    m0 = tl.program_id(2) * R
+    m0 = (tl.program_id(0) % GROUPS) * R
     start = pid_k * UNITS_PER_SPLIT
     stop = tl.minimum(start + UNITS_PER_SPLIT, K // 256)
     u0 = start + tl.arange(0, S)[:, None, None, None]
