@@ -16,31 +16,36 @@ from ember.compiler.ops.quant import random_gguf_bytes
 from ember.compiler.ops.quant.act_quant import dp4a_matmul_ref, quantize_activations, quantize_blocks
 
 
-def unpack(qa: np.ndarray, k: int) -> np.ndarray:
-    """qa int32 [m, k/4] -> int8 [m, k] in element order, following the documented packing independently:
-    word 8b + 4h + q of block b holds elements q + 4h + 8j at byte j."""
+ELEMENT = {"q4_k": lambda h, q, j: q + 4 * h + 8 * j, "q6_k": lambda h, q, j: 16 * h + 4 * j + q}
+
+
+def unpack(qa: np.ndarray, k: int, order: str = "q4_k") -> np.ndarray:
+    """qa int32 [m, k/4] -> int8 [m, k] in element order, following the documented packings independently:
+    byte j of word 8b + 4h + q of block b is element q + 4h + 8j (Q4_K) or 16h + 4j + q (Q6_K)."""
     m = qa.shape[0]
     lanes = qa.view(np.int8).reshape(m, k // 32, 2, 4, 4)    # [m, block, h, q, byte j]
     out = np.empty((m, k // 32, 32), np.int8)
     for h in range(2):
         for q in range(4):
             for j in range(4):
-                out[:, :, q + 4 * h + 8 * j] = lanes[:, :, h, q, j]
+                out[:, :, ELEMENT[order](h, q, j)] = lanes[:, :, h, q, j]
     return out.reshape(m, k)
 
 
 @settings(max_examples=25, deadline=None)
 @given(m=st.integers(1, 5), blocks=st.integers(1, 6), seed=st.integers(0, 2**31 - 1),
-       scale=st.sampled_from([1e-3, 1.0, 300.0]))
-def test_packing_and_rounding(m, blocks, seed, scale):
+       scale=st.sampled_from([1e-3, 1.0, 300.0]), order=st.sampled_from(["q4_k", "q6_k"]))
+def test_packing_and_rounding(m, blocks, seed, scale, order):
     rng = np.random.default_rng(seed)
     k = 32 * blocks
     x = (rng.standard_normal((m, k)) * scale).astype(np.float32)
     x[0, :32] = 0.0  # an all-zero block
-    qa, da = (np.asarray(a) for a in quantize_activations(jnp.asarray(x)))
-    assert qa.dtype == np.int32 and qa.shape == (m, k // 4) and da.shape == (m, k // 32, 2)
-    q = unpack(qa, k).astype(np.float32).reshape(m, blocks, 32)
+    qa, da = (np.asarray(a) for a in quantize_activations(jnp.asarray(x), order))
+    assert qa.dtype == np.int32 and qa.shape == (m, k // 4) and da.shape == (m, k // 32, 4)
+    q = unpack(qa, k, order).astype(np.float32).reshape(m, blocks, 32)
     dx, sx = da[..., 0], da[..., 1]
+    np.testing.assert_array_equal(da[..., 2], q[..., :16].sum(-1))  # the halves' integer sums
+    np.testing.assert_array_equal(da[..., 3], q[..., 16:].sum(-1))
     xb = x.reshape(m, blocks, 32)
     np.testing.assert_allclose(dx, np.abs(xb).max(-1) / 127, rtol=1e-6)
     np.testing.assert_allclose(sx, xb.sum(-1), rtol=1e-5, atol=1e-6 * scale)
@@ -56,12 +61,13 @@ def test_packing_and_rounding(m, blocks, seed, scale):
     np.testing.assert_array_equal(np.asarray(qb, np.float32), q)
 
 
-def test_dp4a_reference_is_exact_on_int8_representable_activations():
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_dp4a_reference_is_exact_on_int8_representable_activations(fmt):
     """x = integers with +-127 in every block: the int8 rounding loses nothing, so the integer-dot
     formulation equals the float reference up to fp32 summation order."""
     rng = np.random.default_rng(0)
     shape = (96, 1024)
-    w = pack(random_gguf_bytes(rng, "q4_k", shape, realistic=True), "q4_k", shape)
+    w = pack(random_gguf_bytes(rng, fmt, shape, realistic=True), fmt, shape)
     x = rng.integers(-126, 127, (3, 1024)).astype(np.float32)
     x[:, ::32] = 127.0
     got = np.asarray(dp4a_matmul_ref(jnp.asarray(x), w))
@@ -69,11 +75,12 @@ def test_dp4a_reference_is_exact_on_int8_representable_activations():
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
 
 
-def test_dp4a_reference_error_on_gaussian_activations():
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_dp4a_reference_error_on_gaussian_activations(fmt):
     """The int8 rounding's cost on a projection: ~0.5% relative L2 (bf16 activations alone: ~0.15%)."""
     rng = np.random.default_rng(1)
     shape = (256, 1536)
-    w = pack(random_gguf_bytes(rng, "q4_k", shape, realistic=True), "q4_k", shape)
+    w = pack(random_gguf_bytes(rng, fmt, shape, realistic=True), fmt, shape)
     x = jnp.asarray(rng.standard_normal((4, 1536)).astype(np.float32))
     got, expected = np.asarray(dp4a_matmul_ref(x, w)), np.asarray(quant_matmul_ref(x, w))
     rel = np.linalg.norm(got - expected) / np.linalg.norm(expected)
@@ -81,16 +88,18 @@ def test_dp4a_reference_error_on_gaussian_activations():
 
 
 def test_dp4a_reference_rejects_other_formats():
-    w = pack(random_gguf_bytes(np.random.default_rng(2), "q6_k", (8, 256)), "q6_k", (8, 256))
-    with pytest.raises(ValueError, match="Q4_K"):
+    w = pack(random_gguf_bytes(np.random.default_rng(2), "q8_0", (8, 256)), "q8_0", (8, 256))
+    with pytest.raises(ValueError, match="Q4_K or Q6_K"):
         dp4a_matmul_ref(jnp.ones((1, 256)), w)
 
 
 @pytest.mark.parametrize("m, groups, rows", [(1, 1, 1), (4, 1, 4), (8, 1, 8), (9, 2, 5), (11, 2, 6), (16, 2, 8),
                                              (17, 3, 6)])
-def test_dp4a_plan_row_groups(m, groups, rows):
-    plan = launch_plan("q4_k", m, 1536, 8960, QuantMatmulConfig(variant="dp4a", block_n=16, split_k=8))
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_dp4a_plan_row_groups(fmt, m, groups, rows):
+    plan = launch_plan(fmt, m, 1536, 8960, QuantMatmulConfig(variant="dp4a", block_n=16, split_k=8))
     meta = plan["meta"]
+    assert meta["Q6"] == (fmt == "q6_k") and meta["EXACT"] in (True, False)
     assert meta["R"] == rows and meta["M_PAD"] == groups * rows >= m
     assert meta["ASM"] and "M" not in meta
     rows_plan = launch_plan("q4_k", 1, 1536, 8960, QuantMatmulConfig(variant="rows", block_n=16, split_k=8))
@@ -100,14 +109,18 @@ def test_dp4a_plan_row_groups(m, groups, rows):
 
 def test_dp4a_plan_rejects_other_formats():
     with pytest.raises(ValueError, match="dp4a"):
-        launch_plan("q6_k", 1, 256, 1536, QuantMatmulConfig(variant="dp4a"))
+        launch_plan("q8_0", 1, 256, 1536, QuantMatmulConfig(variant="dp4a"))
 
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
-def test_q4_k_decode_picks_dp4a(m, monkeypatch):
+def test_decode_picks_dp4a(m, monkeypatch):
     monkeypatch.setattr(config_module, "DP4A_FOR_DECODE", True)
-    for shape in [(1536, 1536), (17920, 1536), (1536, 8960), (28672, 4096)]:
+    monkeypatch.setattr(config_module, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+    for shape in [(1536, 1536), (17920, 1536), (1536, 8960), (28672, 4096), (151936, 1536)]:
         assert pick_config("q4_k", m, *shape).variant == "dp4a"
-        assert pick_config("q6_k", m, *shape).variant != "dp4a"
+        assert pick_config("q6_k", m, *shape).variant == "dp4a"
+        assert pick_config("q8_0", m, *shape).variant != "dp4a"
+    monkeypatch.setattr(config_module, "DP4A_DECODE_FORMATS", ("q4_k",))  # EMBER_QUANT_DP4A=q4_k
+    assert pick_config("q6_k", m, 1536, 8960).variant == ("rows" if m <= 4 else "split")
     monkeypatch.setattr(config_module, "DP4A_FOR_DECODE", False)
     assert pick_config("q4_k", m, 1536, 1536).variant == ("rows" if m <= 4 else "split")

@@ -165,14 +165,15 @@ def test_backend_choice(monkeypatch):
 
 
 def test_gemv_row_bound_per_format(monkeypatch):
-    """Q4_K takes the integer-dot kernel's own bound while that kernel is on; other formats the common one."""
+    """Formats the integer-dot kernel takes have its own bound while it is on; other formats the common one."""
     from ember.compiler.ops.quant import config as quant_config
 
     monkeypatch.setattr(linear_quant, "GEMV_MAX_ROWS", 16)
     monkeypatch.setattr(linear_quant, "DP4A_GEMV_MAX_ROWS", 64)
     monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
-    assert linear_quant.gemv_max_rows("q4_k") == 64
-    assert linear_quant.gemv_max_rows("q6_k") == linear_quant.gemv_max_rows("q8_0") == 16
+    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+    assert linear_quant.gemv_max_rows("q4_k") == linear_quant.gemv_max_rows("q6_k") == 64
+    assert linear_quant.gemv_max_rows("q8_0") == 16
     monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", False)
     assert linear_quant.gemv_max_rows("q4_k") == 16
     # the bound decides the path: 40 rows of a Q4_K weight reach quant_matmul (the GEMV) only under 64

@@ -118,6 +118,7 @@ def test_quant_matmul_backends() -> None:
 def test_launch_plans_cover_the_matrix_exactly_once(fmt: str, m: int, shape: tuple[int, int], monkeypatch) -> None:
     # the split kernels' plans (m <= 4 picks the rows kernels unless ROWS_FOR_DECODE is off: test_quant_rows_plan.py)
     monkeypatch.setattr("ember.compiler.ops.quant.config.ROWS_FOR_DECODE", False)
+    monkeypatch.setattr("ember.compiler.ops.quant.config.DP4A_FOR_DECODE", False)
     out, inner = shape
     config = pick_config(fmt, m, out, inner)
     assert config.variant == "split"

@@ -97,16 +97,17 @@ def test_rows_configs_match_reference(fmt: str, kwargs: dict, m: int) -> None:
                                atol=1e-2 * float(np.abs(expected).max()))
 
 
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
 @pytest.mark.parametrize("kwargs", ROWS_CONFIGS, ids=lambda k: "-".join(f"{v}" for v in k.values()))
 @pytest.mark.parametrize("m", [1, 3, 8, 11, 16])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
-def test_dp4a_configs_match_their_reference(kwargs: dict, m: int, dtype) -> None:
-    """The integer-dot Q4_K kernel (inline PTX dp4a) against act_quant.dp4a_matmul_ref: the same int8
-    activations, exact integer sums, so only fp32 rounding differs (and bf16's on the output)."""
+def test_dp4a_configs_match_their_reference(fmt: str, kwargs: dict, m: int, dtype) -> None:
+    """The integer-dot kernel (inline PTX dp4a, quantizer included) against act_quant.dp4a_matmul_ref: the
+    same int8 activations, exact integer sums, so only fp32 rounding differs (and bf16's on the output)."""
     from ember.compiler.ops.quant import QuantMatmulConfig
 
     shape = (1000, 2560)
-    w = device_weight("q4_k", shape)
+    w = device_weight(fmt, shape)
     x = jax.random.normal(jax.random.key(m), (m, shape[1]), jnp.float32).astype(dtype)
     config = QuantMatmulConfig(variant="dp4a", num_stages=1, **kwargs)
     got = jax.jit(functools.partial(quant_matmul, backend="triton", config=config))(x, w)

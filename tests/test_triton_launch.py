@@ -71,14 +71,25 @@ def test_prefill_attention_lowers_to_one_native_kernel(dtype):
 
 @pytest.mark.parametrize("fmt, rows, out, inner, variant", [
     ("q4_k", 1, 1536, 1536, "split"), ("q4_k", 16, 8960, 1536, "split"), ("q6_k", 1, 1536, 8960, "split"),
-    ("q8_0", 4, 256, 1536, "split"), ("q4_k", 1, 4096, 14336, "rows"), ("q4_k", 3, 1536, 1536, "rows")])
-def test_quantized_gemv_lowers_to_native_kernels(fmt, rows, out, inner, variant):
+    ("q8_0", 4, 256, 1536, "split"), ("q4_k", 1, 4096, 14336, "rows"), ("q4_k", 3, 1536, 1536, "rows"),
+    ("q4_k", 1, 17920, 1536, "dp4a"), ("q6_k", 11, 151936, 1536, "dp4a")])
+def test_quantized_gemv_lowers_to_native_kernels(fmt, rows, out, inner, variant, monkeypatch):
+    from ember.compiler.ops.quant import config as quant_config
+    from ember.compiler.ops.quant.triton_act_quant import quantize_plan
+
+    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", variant == "dp4a")
+    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
     weight = pack(random_gguf_bytes(np.random.default_rng(0), fmt, (out, inner)), fmt, (out, inner))
     config = pick_quant_config(fmt, rows, out, inner)
     if variant == "rows":
         config = QuantMatmulConfig(variant="rows", block_n=32)
+    assert config.variant == variant or (variant == "split" and config.variant in ("split", "rows"))
     calls = _triton_calls(lambda x, w: triton_quant_matmul(x, w, config), jnp.zeros((rows, inner), BF16), weight)
     plan = quant_launch_plan(fmt, rows, out, inner, config)
+    if variant == "dp4a":  # the activations' quantizer, then the integer-dot GEMV
+        assert [c["name"] for c in calls] == ["quantize_rows_kernel", "dp4a_gemv_kernel"]
+        assert calls[0]["grid"] == quantize_plan(rows, inner, fmt)["grid"]
+        calls = calls[1:]
     assert len(calls) == 1 and calls[0]["grid"] == tuple(plan["grid"])
     assert (calls[0]["num_warps"], calls[0]["num_stages"]) == (config.num_warps, config.num_stages)
 

@@ -1,14 +1,16 @@
-"""Check the integer-dot Q4_K GEMV (compiler/ops/quant/triton_gemv_dp4a.py) without a GPU.
+"""Check the integer-dot Q4_K / Q6_K GEMV (compiler/ops/quant/triton_gemv_dp4a.py) without a GPU.
 
   python tools/check_dp4a_kernels.py interpret   Triton's CPU interpreter (dp4a emulated with shifts and
                                                  multiplies, ASM=False) against act_quant.dp4a_matmul_ref, and
                                                  the activation quantizer (triton_act_quant.py) against jnp
   python tools/check_dp4a_kernels.py compile     compile for sm_90 at the engine's Q4_K decode shapes
                                                  (ASM=True): registers, spills, dp4a count from ptxas -v / PTX
+Both for Q4_K and Q6_K (the format decides the activation packing and the kernel's Q6 constexpr).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 
@@ -34,35 +36,35 @@ def interpret() -> int:
 
     from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, random_gguf_bytes
     from ember.compiler.ops.quant.act_quant import dp4a_matmul_ref, quantize_activations
-    from ember.compiler.ops.quant.triton_gemv_dp4a import q4_k_dp4a_kernel
+    from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES, dp4a_gemv_kernel
 
     failures = 0
     rng = np.random.default_rng(3)
-    for (out, inner), (block_n, split_k, sb, prefetch), ms in CASES:
-        w = pack(random_gguf_bytes(rng, "q4_k", (out, inner), realistic=True), "q4_k", (out, inner))
-        config = QuantMatmulConfig(variant="dp4a", block_n=block_n, split_k=split_k, sb_per_step=sb,
-                                   prefetch=prefetch)
-        for m in ms:
-            x = rng.standard_normal((m, inner)).astype(np.float32)
-            x[0, :32] = 0.0  # an all-zero activation block (dx = 0)
-            expected = np.asarray(dp4a_matmul_ref(jnp.asarray(x), w))
-            plan = launch_plan("q4_k", m, out, inner, config)
-            meta = dict(plan["meta"], ASM=False)
-            qa, da = (np.asarray(a) for a in quantize_activations(jnp.asarray(x)))
-            pad = meta["M_PAD"] - m
-            qa = np.pad(qa, ((0, pad), (0, 0)))
-            da = np.pad(da, ((0, pad), (0, 0), (0, 0)))
-            y = HostBuffer(np.full((plan["split_k"], meta["M_PAD"], out), np.nan, np.float32))
-            q4_k_dp4a_kernel[plan["grid"]](HostBuffer(qa), HostBuffer(da),
-                                           *(HostBuffer(w.planes[n]) for n in ("qs", "scales", "d", "dmin")),
-                                           y, **meta)
-            got = y.array.sum(axis=0)[:m]
-            err = float(np.abs(got - expected).max() / np.abs(expected).max())
-            bad = not err < 1e-5  # NaN (an unwritten row or split) fails too
-            failures += bad
-            print(f"{'BAD' if bad else 'ok '} dp4a {out}x{inner} m={m:<2} R={meta['R']} block_n={block_n} "
-                  f"grid={plan['grid']} S={meta['S']} exact={meta['EXACT']} prefetch={meta['PREFETCH']} "
-                  f"rel_err={err:.1e}", flush=True)
+    for fmt in ("q4_k", "q6_k"):
+        for (out, inner), (block_n, split_k, sb, prefetch), ms in CASES:
+            w = pack(random_gguf_bytes(rng, fmt, (out, inner), realistic=True), fmt, (out, inner))
+            config = QuantMatmulConfig(variant="dp4a", block_n=block_n, split_k=split_k, sb_per_step=sb,
+                                       prefetch=prefetch)
+            for m in ms:
+                x = rng.standard_normal((m, inner)).astype(np.float32)
+                x[0, :32] = 0.0  # an all-zero activation block (dx = 0)
+                expected = np.asarray(dp4a_matmul_ref(jnp.asarray(x), w))
+                plan = launch_plan(fmt, m, out, inner, config)
+                meta = dict(plan["meta"], ASM=False)
+                qa, da = (np.asarray(a) for a in quantize_activations(jnp.asarray(x), fmt))
+                pad = meta["M_PAD"] - m
+                qa = np.pad(qa, ((0, pad), (0, 0)))
+                da = np.pad(da, ((0, pad), (0, 0), (0, 0)))
+                y = HostBuffer(np.full((plan["split_k"], meta["M_PAD"], out), np.nan, np.float32))
+                dp4a_gemv_kernel[plan["grid"]](HostBuffer(qa), HostBuffer(da),
+                                               *(HostBuffer(w.planes[n]) for n in DP4A_PLANES[fmt]), y, **meta)
+                got = y.array.sum(axis=0)[:m]
+                err = float(np.abs(got - expected).max() / np.abs(expected).max())
+                bad = not err < 1e-5  # NaN (an unwritten row or split) fails too
+                failures += bad
+                print(f"{'BAD' if bad else 'ok '} dp4a {fmt} {out}x{inner} m={m:<2} R={meta['R']} block_n={block_n} "
+                      f"grid={plan['grid']} S={meta['S']} exact={meta['EXACT']} prefetch={meta['PREFETCH']} "
+                      f"rel_err={err:.1e}", flush=True)
     return 1 if failures else 0
 
 
@@ -75,55 +77,58 @@ def interpret_quantize() -> int:
 
     failures = 0
     rng = np.random.default_rng(4)
-    for m, k, scale in ((1, 1536, 1.0), (3, 8960, 30.0), (2, 544, 1e-3)):  # 544: a partly masked program
+    for (m, k, scale), order in itertools.product(((1, 1536, 1.0), (3, 8960, 30.0), (2, 544, 1e-3)),  # 544: a
+                                                  ("q4_k", "q6_k")):                             # masked program
         x = (rng.standard_normal((m, k)) * scale).astype(np.float32)
         x[0, 64:96] = 0.0
         x[-1, :32] = np.arange(32) - 15.5  # with max |x| = 127 (inv = 1) these are ties: rounded to even
         x[-1, 0] = 127.0
-        qa_ref, da_ref = (np.asarray(a) for a in quantize_activations(jnp.asarray(x)))
-        plan = quantize_plan(m, k)
+        qa_ref, da_ref = (np.asarray(a) for a in quantize_activations(jnp.asarray(x), order))
+        plan = quantize_plan(m, k, order)
         qa = HostBuffer(np.zeros((m, k // 4), np.int32))
-        da = HostBuffer(np.full((m, k // 32, 2), np.nan, np.float32))
+        da = HostBuffer(np.full((m, k // 32, 4), np.nan, np.float32))
         quantize_rows_kernel[plan["grid"]](HostBuffer(x), qa, da, ASM=False, **plan["meta"])
         words_equal = bool((qa.array == qa_ref).all())
         da_err = float(np.abs(da.array - da_ref).max() / np.abs(da_ref).max())
         bad = not (words_equal and da_err < 1e-6)
         failures += bad
-        print(f"{'BAD' if bad else 'ok '} quantize m={m} k={k} words equal={words_equal} (dx, sx) rel_err={da_err:.1e}",
+        print(f"{'BAD' if bad else 'ok '} quantize {order} m={m} k={k} words equal={words_equal} (dx, sx) rel_err={da_err:.1e}",
               flush=True)
     return 1 if failures else 0
 
 
 def compile_all() -> int:
     from ember.compiler.ops.quant import launch_plan, pick_config
-    from ember.compiler.ops.quant.triton_gemv_dp4a import q4_k_dp4a_kernel
+    from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_gemv_kernel
     from ember.tools.bench_quant_matmul import DECODE_SHAPES
 
+    plane_types = {"q4_k": ["*u32", "*u32", "*fp16", "*fp16"], "q6_k": ["*u32", "*u32", "*i8", "*fp16"]}
     failures = 0
-    for m in (1, 4, 8):
-        for out, inner in DECODE_SHAPES["q4_k"]:
-            config = pick_config("q4_k", m, out, inner)
-            if config.variant != "dp4a":
-                continue
-            plan = launch_plan("q4_k", m, out, inner, config)
-            out_dtype = "bf16" if plan["split_k"] == 1 else "fp32"
-            types = ["*i32", "*fp32", "*u32", "*u32", "*fp16", "*fp16", "*" + out_dtype]
-            label = (f"m={m} {out:>6}x{inner:<5} bn={config.block_n:<2} split={plan['split_k']} "
-                     f"S={plan['meta']['S']:<2} warps={config.num_warps}")
-            try:
-                compiled = compile_sm90(q4_k_dp4a_kernel, types, plan["meta"], num_warps=config.num_warps,
-                                        num_stages=config.num_stages)
-            except Exception as error:
-                failures += 1
-                print(f"FAIL {label}: {error}", flush=True)
-                continue
-            ptx = compiled.asm["ptx"]
-            print(f"ok  {label} {ptxas_usage(ptx)} smem={compiled.metadata.shared} dp4a={ptx.count('dp4a')} "
-                  f"ld.v4={ptx.count('ld.global.v4')}", flush=True)
+    for fmt in ("q4_k", "q6_k"):
+        for m in (1, 4, 8):
+            for out, inner in DECODE_SHAPES[fmt]:
+                config = pick_config(fmt, m, out, inner)
+                if config.variant != "dp4a":
+                    continue
+                plan = launch_plan(fmt, m, out, inner, config)
+                out_dtype = "bf16" if plan["split_k"] == 1 else "fp32"
+                types = ["*i32", "*fp32", *plane_types[fmt], "*" + out_dtype]
+                label = (f"{fmt} m={m} {out:>6}x{inner:<5} bn={config.block_n:<2} split={plan['split_k']} "
+                         f"S={plan['meta']['S']:<2} warps={config.num_warps}")
+                try:
+                    compiled = compile_sm90(dp4a_gemv_kernel, types, plan["meta"], num_warps=config.num_warps,
+                                            num_stages=config.num_stages)
+                except Exception as error:
+                    failures += 1
+                    print(f"FAIL {label}: {error}", flush=True)
+                    continue
+                ptx = compiled.asm["ptx"]
+                print(f"ok  {label} {ptxas_usage(ptx)} smem={compiled.metadata.shared} dp4a={ptx.count('dp4a')} "
+                      f"ld.v4={ptx.count('ld.global.v4')}", flush=True)
     from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
     for k in (1536, 8960):
         compiled = compile_sm90(quantize_rows_kernel, ["*bf16", "*i32", "*fp32"],
-                                dict(quantize_plan(1, k)["meta"], ASM=True), num_warps=4, num_stages=1)
+                                dict(quantize_plan(1, k, "q6_k")["meta"], ASM=True), num_warps=4, num_stages=1)
         ptx = compiled.asm["ptx"]
         print(f"ok  quantize k={k} {ptxas_usage(ptx)} smem={compiled.metadata.shared} "
               f"cvt.rni={ptx.count('cvt.rni.s32.f32')}", flush=True)

@@ -16,6 +16,7 @@
 #   tools/h200_run.sh rows       quantized GEMV GPU tests, then the rows kernels' config sweep (q4_k, q6_k; m = 1)
 #   tools/h200_run.sh gemv-graphs the rows kernels' configs timed inside CUDA graphs (tools/tune_gemv_graphs.py)
 #   tools/h200_run.sh dp4a-ab    Q4_K on int8 activations: GPU tests, then the batch-1 step with and without it
+#   tools/h200_run.sh dp4a-q6    Q6_K on the dp4a kernel: GPU tests, plan-alone A/B, batch-1 decode (1.5B)
 #   tools/h200_run.sh dp4a-rows  16 / 32 streams, the dp4a GEMV up to 64 rows vs its default bound
 #   tools/h200_run.sh norms-ab   RMSNorm kernels: GPU test, then the batch-1 step with and without them
 #   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
@@ -131,6 +132,18 @@ dp4a-ab)  # the int8-activation Q4_K kernel: its GPU tests, then the batch-1 ste
             --plan-only > "$out/dp4a$dp4a.json" 2> "$out/dp4a$dp4a.log" || tail -n 3 "$out/dp4a$dp4a.log"
         echo "EMBER_QUANT_DP4A=$dp4a"; grep -h "async\|sync\|profiled_" "$out/dp4a$dp4a.json"
     done ;;
+dp4a-q6)  # Q6_K on the dp4a kernel: GPU tests, the batch-1 step (plan alone) with Q6_K on dp4a or on its float
+    # kernel (Q4_K on dp4a in both), then batch-1 decode at context 128 through the engine
+    JAX_PLATFORMS=cuda,cpu timeout ${QUANT_TEST_S:-60} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py \
+        -k "dp4a or q6_k" -p no:cacheprovider > "$out/gpu_dp4a_q6_tests.log" 2>&1; tail -c 300 "$out/gpu_dp4a_q6_tests.log"; echo
+    for formats in 1 q4_k; do
+        EMBER_QUANT_DP4A=$formats EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 100 python3 -m ember.tools.profile_step \
+            --model synthetic:qwen2.5-1.5b-q4_k_m --tokenizer .gpu/tok --concurrency 1 --plan-only \
+            > "$out/dp4a_$formats.json" 2> "$out/dp4a_$formats.log" || tail -n 3 "$out/dp4a_$formats.log"
+        echo "EMBER_QUANT_DP4A=$formats"; grep -h "multi_async\|profiled_" "$out/dp4a_$formats.json"
+    done
+    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context --contexts 128 \
+        --context-decode-tokens 128" suite batch1-15 ${DEADLINE:-45} synthetic:qwen2.5-1.5b-q4_k_m ;;
 dp4a-rows)  # 16 / 32 streams with the dp4a GEMV taking up to 64 rows vs the default bound (MODEL: 1.5B Q4_K_M)
     for rows in 64 16; do
         EMBER_DP4A_GEMV_MAX_ROWS=$rows EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections concurrency \

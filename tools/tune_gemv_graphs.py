@@ -10,7 +10,7 @@ with the fp32 partial sum after them (`sum` column: what XLA adds after the kern
 five again with fp32 activations (`x_f32`: what the kernel gains when the plan converts before it).
 
   python tools/tune_gemv_graphs.py [--formats q4_k q6_k] [--shapes 17920x1536 ...] [--budget-s 420]
-  python tools/tune_gemv_graphs.py --variant dp4a --m 1 8   the integer-dot Q4_K kernel (int8 activations,
+  python tools/tune_gemv_graphs.py --variant dp4a --m 1 8   the integer-dot kernels (int8 activations,
                                                             quantized before the graph: the kernel alone), with
                                                             the float rows kernel's pick at m = 1 as the baseline
 
@@ -83,8 +83,8 @@ def to_torch(array: np.ndarray):
 def launch(fmt, x, planes, out, config, plan):
     """x: the activations, or for the dp4a variant the pair (qa, da) that act_quant.py makes of them."""
     if config.variant == "dp4a":
-        from ember.compiler.ops.quant.triton_gemv_dp4a import q4_k_dp4a_kernel
-        q4_k_dp4a_kernel[plan["grid"]](*x, *planes, out, num_warps=config.num_warps, num_stages=config.num_stages,
+        from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_gemv_kernel
+        dp4a_gemv_kernel[plan["grid"]](*x, *planes, out, num_warps=config.num_warps, num_stages=config.num_stages,
                                        **plan["meta"])
         return
     from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
@@ -99,7 +99,8 @@ def activations(x, config: QuantMatmulConfig, plan: dict):
     import jax.numpy as jnp
 
     from ember.compiler.ops.quant.act_quant import quantize_activations
-    qa, da = quantize_activations(jnp.asarray(x.float().cpu().numpy()))
+    order = "q6_k" if plan["meta"]["Q6"] else "q4_k"
+    qa, da = quantize_activations(jnp.asarray(x.float().cpu().numpy()), order)
     pad = plan["meta"]["M_PAD"] - x.shape[0]
     qa = np.pad(np.asarray(qa), ((0, pad), (0, 0)))
     da = np.pad(np.asarray(da), ((0, pad), (0, 0), (0, 0)))
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     started = time.perf_counter()
     wanted = [tuple(map(int, s.split("x"))) for s in args.shapes or ()]
-    formats = ["q4_k"] if args.variant == "dp4a" else args.formats
+    formats = args.formats
     cases = [(fmt, shape, m) for m in args.m for fmt in formats for shape in DECODE_SHAPES[fmt]
              if not wanted or shape in wanted]
     jobs = [(fmt, shape, dataclasses.asdict(c), m) for fmt, shape, m in cases

@@ -46,7 +46,7 @@ from .triton_available import triton_available
 
 # rows up to this use the quantized GEMV; above, dequantize + XLA matmul (EMBER_GEMV_MAX_ROWS overrides)
 GEMV_MAX_ROWS = int(os.environ.get("EMBER_GEMV_MAX_ROWS", "16"))
-# the same bound for Q4_K weights while the integer-dot kernel takes them (quant/config.py DP4A_FOR_DECODE):
+# the same bound for the formats the integer-dot kernel takes (quant/config.py dp4a_for):
 # its row groups read each weight tile once from HBM and again from L2 (EMBER_DP4A_GEMV_MAX_ROWS overrides)
 DP4A_GEMV_MAX_ROWS = int(os.environ.get("EMBER_DP4A_GEMV_MAX_ROWS", "16"))
 
@@ -89,7 +89,7 @@ def _matmul(x, w):
 
 def gemv_max_rows(fmt: str) -> int:
     """Activation rows up to which a `fmt` weight goes through the quantized GEMV (above: dequantize + matmul)."""
-    return DP4A_GEMV_MAX_ROWS if fmt == "q4_k" and quant_config.DP4A_FOR_DECODE else GEMV_MAX_ROWS
+    return DP4A_GEMV_MAX_ROWS if quant_config.dp4a_for(fmt) else GEMV_MAX_ROWS
 
 
 def _add_bias(y, bias):

@@ -10,15 +10,18 @@ Quantization (per activation row, per block of 32 consecutive elements of `in`, 
   triton_act_quant.py computes the same bits in one kernel, what the GEMV's caller runs on the GPU),
   sx = sum(x) in fp32, exact input (not dx * sum q): it multiplies the Q4_K minimums, so that term keeps
   no activation rounding at all.
-Packing (what the kernel loads): block b's 32 int8 go into 8 int32 words, qa[m, 8b + 4h + q] holding bytes
-  (element q + 4h, q + 4h + 8, q + 4h + 16, q + 4h + 24) from low to high. That is the order in which a
-  Q4_K code word of layout.py sits: word q of a sub-block holds element 4i + q at nibble i, so
-  `word & 0x0F0F0F0F` is elements q, q + 8, q + 16, q + 24 (h = 0) and `(word >> 4) & 0x0F0F0F0F` is
-  elements q + 4, q + 12, q + 20, q + 28 (h = 1), one byte each, ready for dp4a against qa's word.
+Packing (what the kernel loads): block b's 32 int8 go into 8 int32 words qa[m, 8b + 4h + q], in the order
+  the weight format's code words sit (PACKINGS). Q4_K (layout.py: word q of a sub-block holds element
+  4i + q at nibble i): `word & 0x0F0F0F0F` is elements q, q + 8, q + 16, q + 24 (h = 0) and
+  `(word >> 4) & 0x0F0F0F0F` is q + 4, q + 12, q + 20, q + 28 (h = 1), one byte each, so qa's word (h, q)
+  holds those elements from low byte to high. Q6_K (ql word q of block n: nibble 2j + h = element
+  16h + 4j + q) keeps each half h inside one 16-element sub-block: word (h, q) = elements 16h + 4j + q.
 
 Then for a Q4_K sub-block n (32 weights, w = d sc c - dmin m) and its activation block:
   sum_j w_j x_j ~= (d sc) dx sum_j c_j q_j - (dmin m) sx,
-  where the integer sum is exact: |c q| <= 15 * 127, 32 of them < 2**16.
+  and for a Q6_K sub-block t = (block b, half h) (16 weights, w = d sc (c - 32)):
+  sum_j w_j x_j ~= (d sc) dx_b (sum_j c_j q_j - 32 s_h),
+  where the integer sums are exact: |c q| <= 63 * 127, 32 of them < 2**18.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ember.compiler.ops.quant.layout import Q4_K, QuantizedWeight
-from ember.compiler.ops.quant.ref import q4_k_parts
+from ember.compiler.ops.quant.layout import Q4_K, Q6_K, QuantizedWeight
+from ember.compiler.ops.quant.ref import q4_k_parts, q6_k_parts
 
 ACT_BLOCK = 32  # activation elements per scale
 
@@ -44,24 +47,43 @@ def quantize_blocks(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     return q, amax / 127.0, jnp.sum(blocks, axis=-1)
 
 
-def quantize_activations(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """x [m, k] -> (qa int32 [m, k/4] packed as the module docstring says, da float32 [m, k/32, 2] = (dx, sx))."""
+# packing order per weight format: where element (h, q, byte j) of a block sits, as [m, block, 32] -> lanes
+PACKINGS = {
+    # Q4_K (word q of a sub-block: nibble i = element 4i + q): bytes j of word (h, q) = elements 8j + 4h + q
+    "q4_k": ((4, 2, 4), (0, 1, 3, 4, 2)),
+    # Q6_K (ql word q of block n: nibble 2j + h = element 16h + 4j + q): bytes j of word (h, q) = 16h + 4j + q
+    "q6_k": ((2, 4, 4), (0, 1, 2, 4, 3)),
+}
+
+
+def quantize_activations(x: jax.Array, order: str = "q4_k") -> tuple[jax.Array, jax.Array]:
+    """x [m, k] -> (qa int32 [m, k/4] packed for the `order` format's code words, da float32 [m, k/32, 4] =
+    (dx, sx, s0, s1) with s0 / s1 the sums of q over elements 0..15 / 16..31 of the block (exact integers;
+    Q6_K's codes carry an offset of 32 that the kernel removes as 32 * s_h per sub-block)."""
     m, k = x.shape
     q, dx, sx = quantize_blocks(x)
-    # element 8b + 4h + q of a block -> word (h, q), byte b
-    lanes = jnp.transpose(q.reshape(m, k // ACT_BLOCK, 4, 2, 4), (0, 1, 3, 4, 2))  # [m, block, h, q, b]
+    dims, axes = PACKINGS[order]
+    lanes = jnp.transpose(q.reshape(m, k // ACT_BLOCK, *dims), axes)              # [m, block, h, q, byte j]
     qa = jax.lax.bitcast_convert_type(lanes, jnp.int32)                             # [m, block, h, q]
-    return qa.reshape(m, k // 4), jnp.stack([dx, sx], axis=-1)
+    halves = jnp.sum(q.reshape(m, k // ACT_BLOCK, 2, 16).astype(jnp.int32), axis=-1).astype(jnp.float32)
+    return qa.reshape(m, k // 4), jnp.concatenate([dx[..., None], sx[..., None], halves], axis=-1)
 
 
 def dp4a_matmul_ref(x: jax.Array, w: QuantizedWeight) -> jax.Array:
-    """What the integer-dot Q4_K GEMV computes, in jnp: x [m, in] -> float32 [m, out], the integer sums exact."""
-    if w.format != Q4_K:
-        raise ValueError(f"the integer-dot GEMV takes Q4_K weights, got {w.format}")
-    q, dx, sx = quantize_blocks(x)                          # [m, sb * 8, 32], [m, sb * 8]
-    codes, scale, minimum = q4_k_parts(w)                   # [sb, out, 8, 32], [sb, out, 8]
-    nsb, out = scale.shape[:2]
+    """What the integer-dot GEMV computes, in jnp: x [m, in] -> float32 [m, out], the integer sums exact."""
+    if w.format not in (Q4_K, Q6_K):
+        raise ValueError(f"the integer-dot GEMV takes Q4_K or Q6_K weights, got {w.format}")
+    q, dx, sx = quantize_blocks(x)                          # [m, blocks, 32], [m, blocks]
     m = x.shape[0]
+    if w.format == Q6_K:
+        codes, scale = q6_k_parts(w)                        # [sb, out, 16, 16] (0..63), [sb, out, 16]
+        nsb = scale.shape[0]
+        q = q.reshape(m, nsb, 16, 16).astype(jnp.int32)     # sub-block t = 2 (block) + half
+        dots = jnp.einsum("mste,sote->msot", q, codes.astype(jnp.int32)) - 32 * jnp.sum(q, -1)[:, :, None]
+        dx = jnp.repeat(dx.reshape(m, nsb, 1, 8), 2, axis=-1)
+        return jnp.sum(scale[None] * (dx * dots.astype(jnp.float32)), axis=(1, 3))
+    codes, scale, minimum = q4_k_parts(w)                   # [sb, out, 8, 32], [sb, out, 8]
+    nsb = scale.shape[0]
     q = q.reshape(m, nsb, 8, 32).astype(jnp.int32)
     dots = jnp.einsum("msnj,sonj->mson", q, codes.astype(jnp.int32))  # exact int32
     dx, sx = dx.reshape(m, nsb, 1, 8), sx.reshape(m, nsb, 1, 8)

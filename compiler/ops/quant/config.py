@@ -17,9 +17,19 @@ from dataclasses import dataclass
 # projection shapes of the benchmark models takes MEASURED_M1 (the H200 sweep's best); the other shapes
 # and m = 2..4 take the rows rules below, sized by register count, not measured.
 ROWS_FOR_DECODE = os.environ.get("EMBER_QUANT_ROWS", "1") != "0"
-# Q4_K decode (any m up to the GEMV's row limit) takes the integer-dot kernel on int8 activations
-# (triton_gemv_dp4a.py) when True; EMBER_QUANT_DP4A=0 keeps the float kernels. Read at every pick_config call.
-DP4A_FOR_DECODE = os.environ.get("EMBER_QUANT_DP4A", "1") != "0"
+# Q4_K / Q6_K decode (any m up to the GEMV's row limit) takes the integer-dot kernel on int8 activations
+# (dp4a.py) when True, for the formats in DP4A_DECODE_FORMATS. EMBER_QUANT_DP4A: 0 keeps the float kernels,
+# 1 (default) takes every format the kernel has, or a comma list (e.g. q4_k). Read at every pick_config call.
+DP4A_FORMATS = ("q4_k", "q6_k")
+_DP4A_ENV = os.environ.get("EMBER_QUANT_DP4A", "1").strip().lower()
+DP4A_FOR_DECODE = _DP4A_ENV != "0"
+DP4A_DECODE_FORMATS = DP4A_FORMATS if _DP4A_ENV in ("0", "1") else tuple(
+    f.strip() for f in _DP4A_ENV.split(",") if f.strip() in DP4A_FORMATS)
+
+
+def dp4a_for(fmt: str) -> bool:
+    """Whether decode GEMVs of `fmt` weights take the integer-dot kernel."""
+    return DP4A_FOR_DECODE and fmt in DP4A_DECODE_FORMATS
 
 
 @dataclass(frozen=True)
@@ -107,10 +117,10 @@ def _dp4a(block_n: int, split_k: int, sb_per_step: int, num_warps: int) -> Quant
 # The dp4a kernel keeps one fp32 accumulator per sub-block (not per word) and row: a quarter of the rows
 # kernel's, so its tiles follow the one-row rules up to 8 rows (not measured yet).
 DP4A_RULES: tuple[ConfigRule, ...] = (
-    ConfigRule("q4_k", _dp4a(8, 4, 1, 2), max_out=1024),
-    ConfigRule("q4_k", _dp4a(16, 8, 1, 4), max_out=8192, min_in=8192),
-    ConfigRule("q4_k", _dp4a(16, 4, 2, 4), max_out=8192),
-    ConfigRule("q4_k", _dp4a(32, 1, 2, 4)),
+    ConfigRule("*", _dp4a(8, 4, 1, 2), max_out=1024),
+    ConfigRule("*", _dp4a(16, 8, 1, 4), max_out=8192, min_in=8192),
+    ConfigRule("*", _dp4a(16, 4, 2, 4), max_out=8192),
+    ConfigRule("*", _dp4a(32, 1, 2, 4)),
 )
 # (format, out, in) -> the fastest dp4a config at m = 1 on the H200, graph-timed by tools/tune_gemv_graphs.py
 # --variant dp4a at commit b4cbc10 (tools/results/h200_gemv_graphs_dp4a_b4cbc10.json; 106-161 candidates per
@@ -124,6 +134,8 @@ DP4A_M1: dict[tuple[str, int, int], QuantMatmulConfig] = {
     ("q4_k", 5120, 4096): _dp4a(8, 1, 4, 1), ("q4_k", 6144, 4096): _dp4a(8, 1, 4, 1),
     ("q4_k", 4096, 4096): _dp4a(8, 1, 4, 1), ("q4_k", 28672, 4096): _dp4a(8, 1, 1, 2),
     ("q4_k", 4096, 14336): _dp4a(16, 8, 1, 2),
+    # Q6_K: the float rows kernel's measured tiles (timed on its previous layout), not re-timed for dp4a
+    **{key: dataclasses.replace(config, variant="dp4a") for key, config in MEASURED_M1.items() if key[0] == "q6_k"},
 }
 
 # Shape classes: tiny out (k/v projections), out ~ in (q/o, down), long out (gate/up, LM head).
@@ -142,8 +154,9 @@ CONFIG_TABLE: tuple[ConfigRule, ...] = ROWS_RULES + (
 def pick_config(fmt: str, m: int, out: int, inner: int,
                 table: tuple[ConfigRule, ...] = CONFIG_TABLE) -> QuantMatmulConfig:
     """MEASURED_M1's config for one row on a measured shape, else the first matching rule's config; the rows
-    variant is skipped unless ROWS_FOR_DECODE. Q4_K with DP4A_FOR_DECODE: DP4A_M1 / DP4A_RULES."""
-    if DP4A_FOR_DECODE and fmt == "q4_k" and table is CONFIG_TABLE:
+    variant is skipped unless ROWS_FOR_DECODE. Formats that take the integer-dot kernel (dp4a_for): DP4A_M1 /
+    DP4A_RULES."""
+    if dp4a_for(fmt) and table is CONFIG_TABLE:
         if m == 1 and (fmt, out, inner) in DP4A_M1:
             return DP4A_M1[(fmt, out, inner)]
         for rule in DP4A_RULES:

@@ -22,11 +22,15 @@ Q4_K (144 B per 256 elements, 8 sub-blocks of 32)
   dmin   float16 [in/256, out]      super-block scale of the minimums
   w[32n + j] = (d * sc[n]) * code - (dmin * m[n])
 Q6_K (210 B per 256 elements, 16 sub-blocks of 16)
-  ql     uint32  [in/256, out, 32]  bits 4n..4n+3 of word 16g + j = low 4 bits of element 16(8g + n) + j
-  qh     uint32  [in/256, out, 16]  bits 2t..2t+1 of word j = high 2 bits of element 16t + j
+  ql     uint32  [in/256, out, 32]  word 4n + q holds elements 32n + 16h + 4j + q (sub-block t = 2n + h):
+                                    bits 4(2j + h)..+3 = the element's low 4 bits. So `word & 0x0F0F0F0F`
+                                    is 4 elements of sub-block 2n and `(word >> 4) & 0x0F0F0F0F` 4 of
+                                    2n + 1, one byte each, as the integer-dot kernel needs (dp4a).
+  qh     uint32  [in/256, out, 16]  word 2n + h: bits 8j + 2q..+1 = high 2 bits of element 32n + 16h + 4j + q
+                                    (`(word >> 2q) & 0x03030303` lines up with ql word q's bytes of half h)
   scales int8    [in/256, out, 16]  per sub-block scale
   d      float16 [in/256, out]
-  w[16t + j] = (d * scales[t]) * ((low | high << 4) - 32)
+  w[16t + e] = (d * scales[t]) * ((low | high << 4) - 32)
 Q8_0 (34 B per 32 elements)
   qs     int8    [in/32, out, 32]   element j of the block
   d      float16 [in/32, out]
@@ -146,23 +150,6 @@ def q6_k_codes(blocks: np.ndarray) -> np.ndarray:
     return (low | (high << 4)).reshape(*lead, 256)
 
 
-def _byte_words(b4: np.ndarray) -> np.ndarray:
-    """uint8 [..., 4] -> uint32 [...]: the 4 bytes as one little-endian word."""
-    return np.ascontiguousarray(b4).view("<u4")[..., 0].astype(np.uint32, copy=False)
-
-
-def _gather_nibbles(v: np.ndarray) -> np.ndarray:
-    """uint32 with 4-bit fields at bits 0, 8, 16, 24 -> the same fields at bits 0, 4, 8, 12."""
-    v = (v | (v >> 4)) & np.uint32(0x00FF00FF)
-    return (v | (v >> 8)) & np.uint32(0x0000FFFF)
-
-
-# byte -> its four 2-bit fields moved to bits 0, 4, 8, 12
-_SPREAD_2BIT = np.bitwise_or.reduce(
-    ((np.arange(256, dtype=np.uint32)[:, None] >> (2 * np.arange(4, dtype=np.uint32))) & 3)
-    << (4 * np.arange(4, dtype=np.uint32)), axis=1).astype(np.uint32)
-
-
 def pack_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> QuantizedWeight:
     """GGUF Q4_K bytes of an [out, in] matrix -> the device layout (module docstring)."""
     blocks = _blocks(raw, Q4_K, shape)
@@ -184,15 +171,10 @@ def pack_q6_k(raw: np.ndarray, shape: tuple[int, int]) -> QuantizedWeight:
     """GGUF Q6_K bytes of an [out, in] matrix -> the device layout (module docstring)."""
     blocks = _blocks(raw, Q6_K, shape)
     lead = blocks.shape[:2]
-    # ql word 16g + j, nibble n = low bits of element 128g + 16n + j (q6_k_codes): for n = m (< 4) the
-    # low nibble and for n = m + 4 the high nibble of GGUF byte ql[64g + 16m + j].
-    x = _byte_words(np.swapaxes(blocks[..., 0:128].reshape(*lead, 2, 4, 16), -1, -2))  # [.., g, j]
-    ql = _gather_nibbles(x & np.uint32(0x0F0F0F0F)) | (_gather_nibbles((x >> 4) & np.uint32(0x0F0F0F0F)) << 16)
-    # qh word j, bits 2t = high bits of element 16t + j: 2-bit field k of byte qh[32h + 16p + j] is
-    # t = 8h + 2k + p, i.e. bits 16h + 2p + 4k.
-    qh_bytes = blocks[..., 128:192].reshape(*lead, 2, 2, 16)                          # [.., h, p, j]
-    shifts = (16 * np.arange(2, dtype=np.uint32)[:, None] + 2 * np.arange(2, dtype=np.uint32)).reshape(2, 2, 1)
-    qh = np.bitwise_or.reduce((_SPREAD_2BIT[qh_bytes] << shifts).reshape(*lead, 4, 16), axis=-2)
+    codes = q6_k_codes(blocks).reshape(*lead, 8, 2, 4, 4)                # [.., n, h, j, q]: 32n + 16h + 4j + q
+    low, high = codes & 0x0F, codes >> 4
+    ql = _words(np.swapaxes(low, -3, -2).reshape(*lead, 8, 8, 4), 4)     # [.., n, field 2j + h, q] -> [.., n, q]
+    qh = _words(np.moveaxis(high.reshape(*lead, 16, 16), -1, -2), 2)    # [.., field 4j + q, word 2n + h]
     planes = {
         "ql": _block_major(ql.reshape(*lead, 32)),
         "qh": _block_major(qh),

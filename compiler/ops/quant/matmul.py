@@ -2,8 +2,8 @@
 
 backend="reference"  the plain jnp reference (dequantize, then an fp32 matmul); runs anywhere
 backend="triton"     the Triton GEMV kernels, native XLA kernels; NVIDIA GPUs only: variant "split"
-                     (triton_kernels.py, any m), "rows" (triton_gemv*.py, m <= 4) or "dp4a" (Q4_K on int8
-                     activations, triton_gemv_dp4a.py, any m in groups of <= 8)
+                     (triton_kernels.py, any m), "rows" (triton_gemv*.py, m <= 4) or "dp4a" (Q4_K / Q6_K on
+                     int8 activations: dp4a.py, any m in groups of <= 8)
 backend="mosaic"     reserved for a Pallas Mosaic GPU kernel (not written yet: raises)
 """
 
@@ -47,7 +47,8 @@ def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfi
     if config.variant == "rows":
         return _rows_plan(fmt, m, out, inner, config)
     if config.variant == "dp4a":
-        return _dp4a_plan(fmt, m, out, inner, config)
+        from ember.compiler.ops.quant.dp4a import dp4a_plan
+        return dp4a_plan(fmt, m, out, inner, config)
     if config.variant != "split":
         raise ValueError(f"unknown kernel variant {config.variant!r}")
     use_dot = config.dot_for(m)
@@ -75,8 +76,12 @@ def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfi
 ROWS_BLOCK_N = (4, 512)   # the rows variant's row tile: a power of two in this range
 ROWS_MAX_SB_PER_STEP = 16
 ROWS_MAX_M = 4            # activation rows of the rows kernels (one accumulator each)
-DP4A_MAX_ROWS = 8         # activation rows per program of the dp4a variant (one accumulator each)
 ROWS_UNIT = {"q4_k": 256, "q6_k": 256, "q8_0": 32}  # elements of `in` per split/step unit (triton_gemv*.py)
+
+
+def whole_steps(units: int, per_split: int, split_k: int, s: int) -> bool:
+    """Every split of `per_split` units (the last holds the rest) is whole steps of `s` units."""
+    return per_split % s == 0 and (units - (split_k - 1) * per_split) % s == 0
 
 
 def _rows_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig) -> dict:
@@ -112,61 +117,8 @@ def _rows_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig
     meta = dict(M=m, N=out, K=inner, BLOCK_N=config.block_n, S=s, UNITS_PER_SPLIT=per_split,
                 PREFETCH=bool(config.prefetch and steps > 1))
     if fmt == "q4_k":  # every split (the last, shorter one too) is whole steps: the kernel needs no masks
-        meta["EXACT"] = per_split % s == 0 and (units - (split_k - 1) * per_split) % s == 0
+        meta["EXACT"] = whole_steps(units, per_split, split_k, s)
     return {"grid": (-(-out // config.block_n), split_k, 1), "split_k": split_k, "meta": meta}
-
-
-def _dp4a_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig) -> dict:
-    """The rows frame along `out` and `in` (_rows_plan), each row tile's program repeated for the groups of R
-    activation rows (grid axis 0 = tile * groups + group; R <= 8, the groups as even as can be: m = 12 is
-    2 x 6); activations and outputs are padded to M_PAD rows."""
-    if fmt != "q4_k":
-        raise ValueError(f"the dp4a variant has no {fmt} kernel")
-    if m < 1:
-        raise ValueError(f"the dp4a variant takes >= 1 activation rows, got {m}")
-    groups = -(-m // DP4A_MAX_ROWS)
-    per_group = -(-m // groups)
-    plan = _rows_plan(fmt, 1, out, inner, config)
-    meta = {k: v for k, v in plan["meta"].items() if k != "M"}
-    meta.update(M_PAD=groups * per_group, R=per_group, ASM=True)
-    tiles, split_k, _ = plan["grid"]
-    return {"grid": (tiles * groups, split_k, 1), "split_k": split_k, "meta": meta}
-
-
-def _dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan: dict) -> jax.Array:
-    """int8 activations (act_quant.py, fused by XLA before the kernel), then the integer-dot kernel."""
-    from ..triton_launch import triton_call
-    from ember.compiler.ops.quant.triton_gemv_dp4a import q4_k_dp4a_kernel
-
-    m = x.shape[0]
-    meta = plan["meta"]
-    qa, da = quantize_activations_gpu(x)
-    if meta["M_PAD"] > m:  # padding rows: all-zero activations, outputs dropped below
-        qa = jnp.pad(qa, ((0, meta["M_PAD"] - m), (0, 0)))
-        da = jnp.pad(da, ((0, meta["M_PAD"] - m), (0, 0), (0, 0)))
-    split_k = plan["split_k"]
-    y = triton_call(
-        qa, da, *(w.planes[name] for name in ("qs", "scales", "d", "dmin")),
-        kernel=q4_k_dp4a_kernel,
-        out_shape=jax.ShapeDtypeStruct((split_k, meta["M_PAD"], w.shape[0]), x.dtype if split_k == 1 else jnp.float32),
-        grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)
-    y = y[:, :m]
-    return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(x.dtype)
-
-
-def quantize_activations_gpu(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """act_quant.quantize_activations in one Triton launch (triton_act_quant.py): x [m, k] -> (qa, da)."""
-    from ..triton_launch import triton_call
-    from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
-
-    m, k = x.shape
-    if k % 32:
-        raise ValueError(f"activation length {k} is not a multiple of 32")
-    plan = quantize_plan(m, k)
-    return triton_call(x, kernel=quantize_rows_kernel,
-                       out_shape=(jax.ShapeDtypeStruct((m, k // 4), jnp.int32),
-                                  jax.ShapeDtypeStruct((m, k // 32, 2), jnp.float32)),
-                       grid=plan["grid"], num_warps=4, num_stages=1, ASM=True, **plan["meta"])
 
 
 def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig) -> jax.Array:
@@ -188,7 +140,8 @@ def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulCon
             raise ValueError(f"{w.format} plane {name!r} has {w.planes[name].size} elements; int32 offsets overflow")
     plan = launch_plan(w.format, m, out, inner, config)
     if config.variant == "dp4a":
-        return _dp4a_call(x, w, config, plan)
+        from ember.compiler.ops.quant.dp4a import dp4a_call
+        return dp4a_call(x, w, config, plan)
     split_k = plan["split_k"]
     out_dtype = x.dtype if split_k == 1 else jnp.float32
     # the rows kernels write [split_k, m, out] too (split_k == 1: x's dtype, one launch and nothing after it)

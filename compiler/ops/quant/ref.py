@@ -57,14 +57,24 @@ def dequantize_q4_k(w: QuantizedWeight) -> jax.Array:
     return _rows_major(values.reshape(*values.shape[:2], 256), w.shape)
 
 
-def dequantize_q6_k(w: QuantizedWeight) -> jax.Array:
+def q6_k_parts(w: QuantizedWeight) -> tuple[jax.Array, jax.Array]:
+    """(codes uint32 [sb, out, 16, 16] (0..63, element 16t + e of sub-block t), d * scale float32 [sb, out, 16]):
+    sub-block t's weights are scale[t] * (codes[t] - 32)."""
     p = w.planes
     nsb, out = p["d"].shape
-    low = _fields(p["ql"].reshape(nsb, out, 2, 16), 8, 4).reshape(nsb, out, 16, 16)  # [.., g, n, j] -> t = 8g + n
-    high = _fields(p["qh"], 16, 2)                                                    # [.., t, j]
-    q = (low | (high << 4)).astype(jnp.int32) - 32
-    scale = p["d"].astype(jnp.float32)[..., None] * p["scales"].astype(jnp.float32)  # [sb, out, t]
-    values = scale[..., None] * q.astype(jnp.float32)
+    low = _fields(p["ql"].reshape(nsb, out, 8, 4), 8, 4).reshape(nsb, out, 8, 4, 2, 4)   # [.., n, j, h, q]
+    high = _fields(p["qh"], 16, 2).reshape(nsb, out, 4, 4, 8, 2)                          # [.., j, q, n, h]
+    low = jnp.transpose(low, (0, 1, 2, 4, 3, 5))                                          # [.., n, h, j, q]
+    high = jnp.transpose(high, (0, 1, 4, 5, 2, 3))
+    codes = (low | (high << 4)).reshape(nsb, out, 16, 16)
+    scale = p["d"].astype(jnp.float32)[..., None] * p["scales"].astype(jnp.float32)
+    return codes, scale
+
+
+def dequantize_q6_k(w: QuantizedWeight) -> jax.Array:
+    codes, scale = q6_k_parts(w)
+    nsb, out = scale.shape[:2]
+    values = scale[..., None] * (codes.astype(jnp.int32) - 32).astype(jnp.float32)
     return _rows_major(values.reshape(nsb, out, 256), w.shape)
 
 

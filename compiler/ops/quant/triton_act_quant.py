@@ -3,7 +3,7 @@
 XLA splits the jnp version into a reduction, a transposing fusion and a concatenation (measured on the H200:
 ~9 kernels per layer for the 4 projection inputs, ~350 us per 1.5B decode step, as much as dp4a saved), so
 the GEMV's caller runs this instead: grid (m, cdiv(k / 32, BLOCKS)), each program quantizes BLOCKS blocks of
-32 elements of one row and writes their packed words and (dx, sx).
+32 elements of one row and writes their packed words (in the weight format's order) and (dx, sx, s0, s1).
 
 Bit-equal to the jnp reference where it matters: inv = 127 / max|x| and dx = max|x| / 127 are IEEE
 divisions (div_rn), q = rint(x * inv) (cvt.rni: a single rounding of the product, no FMA contraction
@@ -28,29 +28,43 @@ def _rint(v, ASM: tl.constexpr):
 
 
 @triton.jit
-def quantize_rows_kernel(x_ptr, qa_ptr, da_ptr, K: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr):
-    """x [m, K] -> qa int32 [m, K/4], da float32 [m, K/32, 2]; program (row, p) takes blocks p BLOCKS ..."""
+def quantize_rows_kernel(x_ptr, qa_ptr, da_ptr, K: tl.constexpr, BLOCKS: tl.constexpr, Q6: tl.constexpr,
+                         ASM: tl.constexpr):
+    """x [m, K] -> qa int32 [m, K/4] (packed for Q4_K, or for Q6_K when Q6), da float32 [m, K/32, 4];
+    program (row, p) takes blocks p BLOCKS ... p BLOCKS + BLOCKS - 1."""
     row = tl.program_id(0)
     blocks = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
     ok = blocks < K // 32
     j3 = tl.arange(0, 4)[None, :, None]                   # byte of the packed word
     w3 = tl.arange(0, 8)[None, None, :]                   # word of the block: 4 h + q
-    b3 = blocks[:, None, None]
-    x = tl.load(x_ptr + row * K + b3 * 32 + 8 * j3 + w3, mask=ok[:, None, None], other=0.0).to(tl.float32)
+    if Q6:
+        e3 = 16 * (w3 // 4) + 4 * j3 + w3 % 4             # element 16h + 4j + q
+    else:
+        e3 = 8 * j3 + w3                                  # element 8j + 4h + q
+    x = tl.load(x_ptr + row * K + blocks[:, None, None] * 32 + e3, mask=ok[:, None, None], other=0.0)
+    x = x.to(tl.float32)                                  # [BLOCKS, 4, 8]
     amax = tl.max(tl.max(tl.abs(x), axis=2), axis=1)     # [BLOCKS]
     total = tl.sum(tl.sum(x, axis=2), axis=1)
     inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
     q = _rint(x * inv[:, None, None], ASM)               # [BLOCKS, 4, 8] in [-127, 127]
     words = tl.sum((q & 255) << (8 * j3), axis=1)        # disjoint bytes: the sum is the OR
     tl.store(qa_ptr + row * (K // 4) + blocks[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=ok[:, None])
+    upper = tl.sum(tl.sum(tl.where(e3 >= 16, q, 0), axis=2), axis=1)   # sum of q over elements 16..31
+    lower = tl.sum(tl.sum(q, axis=2), axis=1) - upper
     dx = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
-    scales = da_ptr + (row * (K // 32) + blocks) * 2
+    scales = da_ptr + (row * (K // 32) + blocks) * 4
     tl.store(scales, dx, mask=ok)
     tl.store(scales + 1, total, mask=ok)
+    tl.store(scales + 2, lower.to(tl.float32), mask=ok)
+    tl.store(scales + 3, upper.to(tl.float32), mask=ok)
 
 
 QUANTIZE_BLOCKS = 16  # activation blocks (of 32) per program
 
 
-def quantize_plan(m: int, k: int) -> dict:
-    return {"grid": (m, -(-(k // 32) // QUANTIZE_BLOCKS), 1), "meta": dict(K=k, BLOCKS=QUANTIZE_BLOCKS)}
+def quantize_plan(m: int, k: int, order: str = "q4_k") -> dict:
+    """Grid and constexprs for x [m, k] packed for `order` (act_quant.PACKINGS: "q4_k" or "q6_k")."""
+    if order not in ("q4_k", "q6_k"):
+        raise ValueError(f"no activation packing for {order!r}")
+    return {"grid": (m, -(-(k // 32) // QUANTIZE_BLOCKS), 1),
+            "meta": dict(K=k, BLOCKS=QUANTIZE_BLOCKS, Q6=order == "q6_k")}

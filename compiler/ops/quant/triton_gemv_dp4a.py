@@ -1,16 +1,17 @@
-"""Q4_K GEMV on int8 activations (act_quant.py): integer dot products with `dp4a`, the "dp4a" variant.
+"""Q4_K and Q6_K GEMV on int8 activations (act_quant.py): integer dot products with `dp4a`, the "dp4a" variant.
 
 The frame is the rows kernel's (triton_gemv.py: grid (cdiv(out, BLOCK_N), SPLIT_K), a program walks its
 split's super-blocks S at a time, one 4-D load [S, BLOCK_N, 8, 4] of code words with the next step's
-loads issued first, no masks when EXACT), and groups of R activation rows (R <= matmul.DP4A_MAX_ROWS = 8,
+loads issued first, no masks when EXACT), and groups of R activation rows (R <= dp4a.DP4A_MAX_ROWS = 8,
 one accumulator each) side by side on grid axis 0: every row of a group reuses the codes the program decoded.
 
-Per code word (8 weights of one sub-block of one row): lo = word & 0x0F0F0F0F and
-hi = (word >> 4) & 0x0F0F0F0F are 4 unsigned bytes each (act_quant.py: elements q, q+8, q+16, q+24 and
-q+4, ..., q+28), and per activation row two dp4a against the matching int8 words add the 8 products into
-an int32. The 4 words of a sub-block (one thread's 16-byte vector) sum in registers; per sub-block and row
-acc += (d sc) * (dx * float(sum)) - (dmin m) * sx. That is ~3 + 2 R instructions per 8 weights where the
-float kernel spends ~8 + 8 R.
+Per code word (8 weights of one row): lo = word & 0x0F0F0F0F and hi = (word >> 4) & 0x0F0F0F0F are 4
+unsigned bytes each (layout.py / act_quant.py: Q4_K elements q, q+8, q+16, q+24 and q+4, ..., q+28 of a
+32-element sub-block; Q6_K elements 4j + q of the sub-blocks 2n and 2n + 1, with qh's two high bits OR-ed in
+at bits 4..5 of each byte), and per activation row two dp4a against the matching int8 words add the 8
+products into an int32. The 4 words of a block (one thread's 16-byte vector) sum in registers; per block
+and row Q4_K adds (d sc) * (dx * float(sum)) - (dmin m) * sx, Q6_K per half h (d sc_h) * dx *
+float(sum_h - 32 s_h). That is ~3-7 + 2 R instructions per 8 weights where the float kernels spend ~8 + 8 R.
 
 Precision: the integer sums are exact; what differs from the float GEMV is only x's int8 rounding
 (|error| <= dx / 2 per element, dx = max |x| / 127 over its block of 32), as in llama.cpp's decode.
@@ -41,19 +42,68 @@ def dp4a(a, b, c, ASM: tl.constexpr):
 
 
 @triton.jit
-def _row_terms(lo, hi, scale, minimum, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.constexpr,
-               MASKED: tl.constexpr, ASM: tl.constexpr):
-    """Activation row `row`'s contribution for the step's sub-blocks: float32 [S, BLOCK_N, 8, 1].
-    lo/hi [S, BLOCK_N, 8, 4] code bytes; blk4 [S, 1, 8, 1] activation block of each sub-block."""
+def q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u4, stop, r4, row_ok4, n4, w4, N: tl.constexpr, EXACT: tl.constexpr):
+    """Q6_K planes of super-blocks u4 [S, 1, 1, 1]: ql [S, BLOCK_N, 8, 4], then qh and int8 scales of the halves
+    h = 0, 1 and d [S, BLOCK_N, 8, 1]. EXACT: unmasked, indices clamped as q4_k_load does."""
+    if EXACT:
+        plane = tl.minimum(u4, stop - 1) * N + tl.minimum(r4, N - 1)
+    else:
+        plane = u4 * N + r4
+    ok = (u4 < stop) & row_ok4
+    masked: tl.constexpr = not EXACT
+    ql = load_where(ql_ptr + plane * 32 + w4, ok, masked)
+    qh0 = load_where(qh_ptr + plane * 16 + 2 * n4, ok, masked)
+    qh1 = load_where(qh_ptr + plane * 16 + 2 * n4 + 1, ok, masked)
+    sc0 = load_where(scales_ptr + plane * 16 + 2 * n4, ok, masked)
+    sc1 = load_where(scales_ptr + plane * 16 + 2 * n4 + 1, ok, masked)
+    d = load_where(d_ptr + plane, ok, masked).to(tl.float32)
+    return ql, qh0, qh1, sc0, sc1, d
+
+
+@triton.jit
+def _load(p0, p1, p2, p3, u4, stop, r4, row_ok4, n4, w4, N: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr):
+    if Q6:
+        return q6_k_load(p0, p1, p2, p3, u4, stop, r4, row_ok4, n4, w4, N, EXACT)
+    else:
+        return q4_k_load(p0, p1, p2, p3, u4, stop, r4, row_ok4, w4, N, EXACT)
+
+
+@triton.jit
+def _decode(planes, n4, q4, Q6: tl.constexpr):
+    """-> (lo, hi) code bytes [S, BLOCK_N, 8, 4] and two per-block factors [S, BLOCK_N, 8, 1]: Q4_K (d sc,
+    dmin m) of sub-block n; Q6_K (d sc) of the halves (sub-blocks 2n, 2n + 1)."""
+    if Q6:
+        ql, qh0, qh1, sc0, sc1, d = planes
+        lo = (ql & 0x0F0F0F0F) | (((qh0 >> (2 * q4)) & 0x03030303) << 4)
+        hi = ((ql >> 4) & 0x0F0F0F0F) | (((qh1 >> (2 * q4)) & 0x03030303) << 4)
+        return lo, hi, d * sc0.to(tl.float32), d * sc1.to(tl.float32)
+    else:
+        words, s0, s1, s2, d, dmin = planes
+        scale, minimum = q4_k_sub_scales(s0, s1, s2, d, dmin, n4)
+        return words & 0x0F0F0F0F, (words >> 4) & 0x0F0F0F0F, scale, minimum
+
+
+@triton.jit
+def _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.constexpr,
+               MASKED: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
+    """Activation row `row`'s contribution for the step's blocks: float32 [S, BLOCK_N, 8, 1].
+    lo/hi [S, BLOCK_N, 8, 4] code bytes; blk4 [S, 1, 8, 1] activation block of each code block."""
     words = qa_ptr + row * (K // 4) + blk4 * 8 + q4                       # [S, 1, 8, 4]
     a_lo = load_where(words, ok_u4, MASKED)
     a_hi = load_where(words + 4, ok_u4, MASKED)
-    scales = da_ptr + (row * (K // 32) + blk4) * 2                       # [S, 1, 8, 1]
+    scales = da_ptr + (row * (K // 32) + blk4) * 4                       # [S, 1, 8, 1]: dx, sx, s0, s1
     dx = load_where(scales, ok_u4, MASKED)
-    sx = load_where(scales + 1, ok_u4, MASKED)
-    dot = dp4a(hi, a_hi, dp4a(lo, a_lo, 0, ASM), ASM)
-    total = tl.sum(dot, axis=3, keep_dims=True).to(tl.float32)          # exact: < 2**16 in magnitude
-    return scale * (dx * total) - minimum * sx
+    if Q6:
+        s0 = load_where(scales + 2, ok_u4, MASKED)
+        s1 = load_where(scales + 3, ok_u4, MASKED)
+        sum0 = tl.sum(dp4a(lo, a_lo, 0, ASM), axis=3, keep_dims=True).to(tl.float32) - 32.0 * s0  # exact
+        sum1 = tl.sum(dp4a(hi, a_hi, 0, ASM), axis=3, keep_dims=True).to(tl.float32) - 32.0 * s1
+        return dx * (f0 * sum0 + f1 * sum1)
+    else:
+        sx = load_where(scales + 1, ok_u4, MASKED)
+        dot = dp4a(hi, a_hi, dp4a(lo, a_lo, 0, ASM), ASM)
+        total = tl.sum(dot, axis=3, keep_dims=True).to(tl.float32)      # exact: < 2**16 in magnitude
+        return f0 * (dx * total) - f1 * sx
 
 
 @triton.jit
@@ -63,11 +113,12 @@ def _store(out_ptr, acc, row, pid_k, rows, row_ok, M_PAD: tl.constexpr, N: tl.co
 
 
 @triton.jit
-def q4_k_dp4a_kernel(qa_ptr, da_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
+def dp4a_gemv_kernel(qa_ptr, da_ptr, p0, p1, p2, p3, out_ptr,
                      M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
                      BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
-                     PREFETCH: tl.constexpr, EXACT: tl.constexpr, ASM: tl.constexpr):
-    """qa int32 [M_PAD, K/4], da float32 [M_PAD, K/32, 2] (act_quant.py) -> out [SPLIT_K, M_PAD, N].
+                     PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
+    """qa int32 [M_PAD, K/4], da float32 [M_PAD, K/32, 4] (act_quant.py, packed for the format) and the
+    planes p0..p3 (Q4_K: qs, scales, d, dmin; Q6_K when Q6: ql, qh, scales, d) -> out [SPLIT_K, M_PAD, N].
     Grid axis 0 = row tile * GROUPS + g: the programs of one weight tile are launched together, so the
     row groups after the first read the tile from L2, not HBM. Program g takes rows g R .. g R + R - 1."""
     GROUPS: tl.constexpr = M_PAD // R
@@ -96,35 +147,32 @@ def q4_k_dp4a_kernel(qa_ptr, da_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_pt
     else:
         nsteps = (UNITS_PER_SPLIT + S - 1) // S
     masked: tl.constexpr = not EXACT
-    nxt = q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u0, stop, r4, row_ok4, w4, N, EXACT)
+    nxt = _load(p0, p1, p2, p3, u0, stop, r4, row_ok4, n4, w4, N, EXACT, Q6)
     for step in range(nsteps):
         u4 = u0 + step * S
-        words, s0, s1, s2, d, dmin = nxt
+        planes = nxt
         if PREFETCH:
-            nxt = q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4 + S, stop, r4, row_ok4, w4, N, EXACT)
+            nxt = _load(p0, p1, p2, p3, u4 + S, stop, r4, row_ok4, n4, w4, N, EXACT, Q6)
         else:
-            words, s0, s1, s2, d, dmin = q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4, stop, r4, row_ok4,
-                                                   w4, N, EXACT)
+            planes = _load(p0, p1, p2, p3, u4, stop, r4, row_ok4, n4, w4, N, EXACT, Q6)
         ok_u4 = u4 < stop
-        scale, minimum = q4_k_sub_scales(s0, s1, s2, d, dmin, n4)       # [S, BLOCK_N, 8, 1]
-        lo = words & 0x0F0F0F0F
-        hi = (words >> 4) & 0x0F0F0F0F
+        lo, hi, f0, f1 = _decode(planes, n4, q4, Q6)                     # codes; per-block factors
         blk4 = u4 * 8 + n4                                               # [S, 1, 8, 1]
-        acc0 += _row_terms(lo, hi, scale, minimum, qa_ptr, da_ptr, m0, blk4, q4, ok_u4, K, masked, ASM)
+        acc0 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0, blk4, q4, ok_u4, K, masked, Q6, ASM)
         if R > 1:
-            acc1 += _row_terms(lo, hi, scale, minimum, qa_ptr, da_ptr, m0 + 1, blk4, q4, ok_u4, K, masked, ASM)
+            acc1 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 1, blk4, q4, ok_u4, K, masked, Q6, ASM)
         if R > 2:
-            acc2 += _row_terms(lo, hi, scale, minimum, qa_ptr, da_ptr, m0 + 2, blk4, q4, ok_u4, K, masked, ASM)
+            acc2 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 2, blk4, q4, ok_u4, K, masked, Q6, ASM)
         if R > 3:
-            acc3 += _row_terms(lo, hi, scale, minimum, qa_ptr, da_ptr, m0 + 3, blk4, q4, ok_u4, K, masked, ASM)
+            acc3 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 3, blk4, q4, ok_u4, K, masked, Q6, ASM)
         if R > 4:
-            acc4 += _row_terms(lo, hi, scale, minimum, qa_ptr, da_ptr, m0 + 4, blk4, q4, ok_u4, K, masked, ASM)
+            acc4 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 4, blk4, q4, ok_u4, K, masked, Q6, ASM)
         if R > 5:
-            acc5 += _row_terms(lo, hi, scale, minimum, qa_ptr, da_ptr, m0 + 5, blk4, q4, ok_u4, K, masked, ASM)
+            acc5 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 5, blk4, q4, ok_u4, K, masked, Q6, ASM)
         if R > 6:
-            acc6 += _row_terms(lo, hi, scale, minimum, qa_ptr, da_ptr, m0 + 6, blk4, q4, ok_u4, K, masked, ASM)
+            acc6 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 6, blk4, q4, ok_u4, K, masked, Q6, ASM)
         if R > 7:
-            acc7 += _row_terms(lo, hi, scale, minimum, qa_ptr, da_ptr, m0 + 7, blk4, q4, ok_u4, K, masked, ASM)
+            acc7 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 7, blk4, q4, ok_u4, K, masked, Q6, ASM)
     _store(out_ptr, acc0, m0, pid_k, rows, row_ok, M_PAD, N)
     if R > 1:
         _store(out_ptr, acc1, m0 + 1, pid_k, rows, row_ok, M_PAD, N)
@@ -140,3 +188,7 @@ def q4_k_dp4a_kernel(qa_ptr, da_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_pt
         _store(out_ptr, acc6, m0 + 6, pid_k, rows, row_ok, M_PAD, N)
     if R > 7:
         _store(out_ptr, acc7, m0 + 7, pid_k, rows, row_ok, M_PAD, N)
+
+
+# format -> the planes in the kernel's p0..p3 order
+DP4A_PLANES = {"q4_k": ("qs", "scales", "d", "dmin"), "q6_k": ("ql", "qh", "scales", "d")}

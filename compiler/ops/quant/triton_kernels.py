@@ -129,7 +129,8 @@ def q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr,
     row_ok = rows < N
     ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = ms < M
-    j = tl.arange(0, 16)
+    jj = tl.arange(0, 4)[:, None, None]                 # element 4j + q of a sub-block (h: which half of block n)
+    qq = tl.arange(0, 4)[None, :, None]
     if USE_DOT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     else:
@@ -138,19 +139,18 @@ def q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr,
     stop = tl.minimum(start + STEPS_PER_SPLIT, K // 256)
     for sb in range(start, stop):
         plane = sb * N + rows
-        ql_lo = tl.load(ql_ptr + (plane * 32)[None, :] + j[:, None], mask=row_ok[None, :], other=0)       # sub-blocks 0..7
-        ql_hi = tl.load(ql_ptr + (plane * 32 + 16)[None, :] + j[:, None], mask=row_ok[None, :], other=0)  # 8..15
-        qh = tl.load(qh_ptr + (plane * 16)[None, :] + j[:, None], mask=row_ok[None, :], other=0)          # [16, BLOCK_N]
         d = tl.load(d_ptr + plane, mask=row_ok, other=0.0).to(tl.float32)
-        for t in tl.static_range(16):
-            if t < 8:
-                low = (ql_lo >> (4 * t)) & 15
-            else:
-                low = (ql_hi >> (4 * (t - 8))) & 15
-            q = (low | (((qh >> (2 * t)) & 3) << 4)).to(tl.int32) - 32                   # [16, BLOCK_N] in -32..31
-            sc = tl.load(scales_ptr + plane * 16 + t, mask=row_ok, other=0).to(tl.float32)
-            xs = _load_x(x_ptr, ms, m_ok, sb * 256 + 16 * t, K, 16)                      # [BLOCK_M, 16]
-            acc = _accumulate(acc, xs, q, d * sc, USE_DOT, IEEE)
+        for n in tl.static_range(8):
+            words = tl.load(ql_ptr + (plane * 32 + 4 * n)[None, None, :] + qq, mask=row_ok[None, None, :],
+                            other=0)                                                 # [1, 4, BLOCK_N]: block n
+            for h in tl.static_range(2):
+                qh = tl.load(qh_ptr + plane * 16 + 2 * n + h, mask=row_ok, other=0)[None, None, :]
+                low = (words >> (4 * (2 * jj + h))) & 15                             # [4, 4, BLOCK_N]
+                high = (qh >> (8 * jj + 2 * qq)) & 3
+                q = tl.reshape((low | (high << 4)).to(tl.int32) - 32, (16, BLOCK_N))  # [4j + q, ..] in -32..31
+                sc = tl.load(scales_ptr + plane * 16 + 2 * n + h, mask=row_ok, other=0).to(tl.float32)
+                xs = _load_x(x_ptr, ms, m_ok, sb * 256 + 32 * n + 16 * h, K, 16)      # [BLOCK_M, 16]
+                acc = _accumulate(acc, xs, q, d * sc, USE_DOT, IEEE)
     _finish(acc, out_ptr, pid_k, ms, m_ok, rows, row_ok, M, N, USE_DOT)
 
 

@@ -1,0 +1,72 @@
+"""The "dp4a" variant of quant_matmul: Q4_K / Q6_K weights times int8 activations (act_quant.py).
+
+Two launches per call: the activations quantized and packed for the weight's format (triton_act_quant.py),
+then the integer-dot GEMV (triton_gemv_dp4a.py); split-K partial sums are added by XLA as for the other
+variants. Plans are pure functions of the shapes, testable on CPU.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ember.compiler.ops.quant.config import DP4A_FORMATS, QuantMatmulConfig
+from ember.compiler.ops.quant.layout import QuantizedWeight
+
+DP4A_MAX_ROWS = 8  # activation rows per program (one accumulator each)
+
+
+def dp4a_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig) -> dict:
+    """The rows frame along `out` and `in` (matmul._rows_plan), each row tile's program repeated for the groups
+    of R activation rows (grid axis 0 = tile * groups + group; R <= 8, the groups as even as can be: m = 12
+    is 2 x 6); activations and outputs are padded to M_PAD rows. EXACT: every split is whole steps (no masks)."""
+    from ember.compiler.ops.quant.matmul import _rows_plan, whole_steps
+
+    if fmt not in DP4A_FORMATS:
+        raise ValueError(f"the dp4a variant has no {fmt} kernel (it takes {', '.join(DP4A_FORMATS)})")
+    if m < 1:
+        raise ValueError(f"the dp4a variant takes >= 1 activation rows, got {m}")
+    groups = -(-m // DP4A_MAX_ROWS)
+    per_group = -(-m // groups)
+    plan = _rows_plan(fmt, 1, out, inner, config)
+    tiles, split_k, _ = plan["grid"]
+    meta = {k: v for k, v in plan["meta"].items() if k != "M"}
+    meta.update(M_PAD=groups * per_group, R=per_group, Q6=fmt == "q6_k", ASM=True,
+                EXACT=whole_steps(inner // 256, meta["UNITS_PER_SPLIT"], split_k, meta["S"]))
+    return {"grid": (tiles * groups, split_k, 1), "split_k": split_k, "meta": meta}
+
+
+def quantize_activations_gpu(x: jax.Array, order: str) -> tuple[jax.Array, jax.Array]:
+    """act_quant.quantize_activations(x, order) in one Triton launch: x [m, k] -> (qa, da)."""
+    from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
+    from ember.compiler.ops.triton_launch import triton_call
+
+    m, k = x.shape
+    if k % 32:
+        raise ValueError(f"activation length {k} is not a multiple of 32")
+    plan = quantize_plan(m, k, order)
+    return triton_call(x, kernel=quantize_rows_kernel,
+                       out_shape=(jax.ShapeDtypeStruct((m, k // 4), jnp.int32),
+                                  jax.ShapeDtypeStruct((m, k // 32, 4), jnp.float32)),
+                       grid=plan["grid"], num_warps=4, num_stages=1, ASM=True, **plan["meta"])
+
+
+def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan: dict) -> jax.Array:
+    """x [m, in] @ W.T -> [m, out] in x's dtype through the two launches."""
+    from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES, dp4a_gemv_kernel
+    from ember.compiler.ops.triton_launch import triton_call
+
+    m = x.shape[0]
+    meta = plan["meta"]
+    qa, da = quantize_activations_gpu(x, w.format)
+    if meta["M_PAD"] > m:  # padding rows: all-zero activations, outputs dropped below
+        qa = jnp.pad(qa, ((0, meta["M_PAD"] - m), (0, 0)))
+        da = jnp.pad(da, ((0, meta["M_PAD"] - m), (0, 0), (0, 0)))
+    split_k = plan["split_k"]
+    y = triton_call(
+        qa, da, *(w.planes[name] for name in DP4A_PLANES[w.format]),
+        kernel=dp4a_gemv_kernel,
+        out_shape=jax.ShapeDtypeStruct((split_k, meta["M_PAD"], w.shape[0]), x.dtype if split_k == 1 else jnp.float32),
+        grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)
+    y = y[:, :m]
+    return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(x.dtype)
