@@ -252,7 +252,10 @@ def rows_compile_configs(fmt: str) -> list[tuple[int, tuple[int, int], object]]:
 
 
 def compile_rows(formats: list[str]) -> int:
+    from ember.compiler.ops.quant import config as quant_config
     from ember.compiler.ops.quant import launch_plan
+
+    quant_config.DP4A_FOR_DECODE = False  # the float rows kernels' picks (the dp4a ones: check_dp4a_kernels.py)
     from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
 
     failures = 0

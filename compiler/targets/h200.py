@@ -5,8 +5,9 @@ batch (1 … 256), and kernel choices per op.
   (flash-decoding) and a flash-attention prefill chunk; the deterministic variant keeps the blockwise
   batch-invariant reference.
 - projections and the embedding: compiler/ops/linear_quant.py, which runs plain (bf16) weights through the
-  reference ops and weights kept GGUF-quantized (Q4_K / Q6_K / Q8_0) through the Triton dequant GEMV for
-  decode-sized row counts, dequantize + XLA matmul for prefill; FP8 weights (HF FP8 checkpoints, synthetic
+  reference ops and weights kept GGUF-quantized (Q4_K / Q6_K / Q8_0) through the Triton GEMVs for
+  decode-sized row counts (Q4_K / Q6_K on int8 activations with dp4a: compiler/ops/quant/dp4a.py), dequantize
+  + XLA matmul for prefill; FP8 weights (HF FP8 checkpoints, synthetic
   `-fp8` models) through quant/fp8.py. Which weights stay quantized is `quantized_formats` (FP8 by default;
   GGUF blocks not: measured slower, see below) or EMBER_QUANTIZED_FORMATS.
 - RoPE and the step's K/V write: one Triton kernel (compiler/ops/attention_gpu/rope_write.py, the

@@ -2,7 +2,10 @@
 
 layout.py          device layouts (Q4_K, Q6_K, Q8_0) and the host repacking from GGUF bytes
 ref.py             jnp dequantization (bit-equal to gguf) and the reference matmul
-triton_kernels.py  Triton GEMV kernels (imported only by the "triton" backend)
+triton_kernels.py  Triton GEMV kernels (imported only by the "triton" backend), "split" variant
+triton_gemv*.py    the "rows" variant's kernels (float activations, m <= 4)
+act_quant.py       int8 activations for the dp4a kernels, and their jnp reference
+dp4a.py            the "dp4a" variant: plans and launches (triton_act_quant.py, triton_gemv_dp4a.py)
 config.py          tuned launch configurations per format and shape class
 matmul.py          quant_matmul(x, w, backend=...)
 """

@@ -29,7 +29,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ember.compiler.ops.quant.triton_gemv_common import accumulate_rows, field_to, load_where, store_rows, u2f
+from ember.compiler.ops.quant.triton_gemv_common import (accumulate_rows, block_frame, field_to, load_where,
+                                                         store_rows, u2f)
 from ember.compiler.ops.quant.triton_gemv_q6_k import q6_k_rows_kernel
 from ember.compiler.ops.quant.triton_gemv_q8_0 import q8_0_rows_kernel
 
@@ -83,17 +84,8 @@ def q4_k_rows_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
                      S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr):
     """EXACT (matmul.py _rows_plan): every split's range is whole steps of S units, so no step is partly
     outside it and nothing needs a mask; the loop runs over this split's own step count."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    r4 = rows[None, :, None, None]
-    row_ok4 = row_ok[None, :, None, None]
-    pid_k = tl.program_id(1)
-    start = pid_k * UNITS_PER_SPLIT
-    stop = tl.minimum(start + UNITS_PER_SPLIT, K // 256)
-    u0 = start + tl.arange(0, S)[:, None, None, None]
-    n4 = tl.arange(0, 8)[None, None, :, None]
-    q4 = tl.arange(0, 4)[None, None, None, :]
-    w4 = n4 * 4 + q4                                     # word of (sub-block n, q)
+    rows, row_ok, r4, row_ok4, pid_k, start, stop, u0, n4, q4, w4 = block_frame(
+        tl.program_id(0), BLOCK_N, N, S, UNITS_PER_SPLIT, K)                                     # word of (sub-block n, q)
     e4 = n4 * 32 + q4                                    # its element at nibble 0 (nibble i: + 4 i)
     # 1.0's bits, in a register: grid axis 2 has one program, but the compiler cannot know, so it keeps
     # `one` in a register and (c & mask) | one becomes ONE LOP3 (with two immediates it emits two)

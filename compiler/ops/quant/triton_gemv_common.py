@@ -57,6 +57,25 @@ def row_tile(BLOCK_N: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
+def block_frame(tile, BLOCK_N: tl.constexpr, N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
+                K: tl.constexpr):
+    """The 4-D frame of the super-block kernels ([S, BLOCK_N, 8, 4] tiles: unit, row, block n of 32, word q)
+    for row tile `tile` and grid axis 1's split: (rows, row_ok [BLOCK_N], r4, row_ok4 [1, BLOCK_N, 1, 1],
+    pid_k, start and stop of the split's units, u0 [S, 1, 1, 1] step 0's units, n4 [1, 1, 8, 1], q4
+    [1, 1, 1, 4], w4 = 4 n4 + q4: the word of (n, q))."""
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    pid_k = tl.program_id(1)
+    start = pid_k * UNITS_PER_SPLIT
+    stop = tl.minimum(start + UNITS_PER_SPLIT, K // 256)
+    u0 = start + tl.arange(0, S)[:, None, None, None]
+    n4 = tl.arange(0, 8)[None, None, :, None]
+    q4 = tl.arange(0, 4)[None, None, None, :]
+    return (rows, row_ok, rows[None, :, None, None], row_ok[None, :, None, None], pid_k, start, stop, u0, n4, q4,
+            n4 * 4 + q4)
+
+
+@triton.jit
 def load_where(ptrs, ok, MASKED: tl.constexpr):
     """tl.load(ptrs), 0 where not ok when MASKED; unmasked (no zero-filled registers, no predicates) otherwise."""
     if MASKED:

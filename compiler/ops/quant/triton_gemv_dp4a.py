@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ember.compiler.ops.quant.triton_gemv import q4_k_load, q4_k_sub_scales
-from ember.compiler.ops.quant.triton_gemv_common import load_where
+from ember.compiler.ops.quant.triton_gemv_common import block_frame, load_where
 
 
 @triton.jit
@@ -122,18 +122,9 @@ def dp4a_gemv_kernel(qa_ptr, da_ptr, p0, p1, p2, p3, out_ptr,
     Grid axis 0 = row tile * GROUPS + g: the programs of one weight tile are launched together, so the
     row groups after the first read the tile from L2, not HBM. Program g takes rows g R .. g R + R - 1."""
     GROUPS: tl.constexpr = M_PAD // R
-    rows = (tl.program_id(0) // GROUPS) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    r4 = rows[None, :, None, None]
-    row_ok4 = row_ok[None, :, None, None]
-    pid_k = tl.program_id(1)
+    rows, row_ok, r4, row_ok4, pid_k, start, stop, u0, n4, q4, w4 = block_frame(
+        tl.program_id(0) // GROUPS, BLOCK_N, N, S, UNITS_PER_SPLIT, K)
     m0 = (tl.program_id(0) % GROUPS) * R
-    start = pid_k * UNITS_PER_SPLIT
-    stop = tl.minimum(start + UNITS_PER_SPLIT, K // 256)
-    u0 = start + tl.arange(0, S)[:, None, None, None]
-    n4 = tl.arange(0, 8)[None, None, :, None]
-    q4 = tl.arange(0, 4)[None, None, None, :]
-    w4 = n4 * 4 + q4
     acc0 = tl.zeros((S, BLOCK_N, 8, 1), tl.float32)
     acc1 = tl.zeros((S, BLOCK_N, 8, 1), tl.float32)
     acc2 = tl.zeros((S, BLOCK_N, 8, 1), tl.float32)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ember.compiler.ops.quant.triton_gemv_common import accumulate_rows, field_to, store_rows
+from ember.compiler.ops.quant.triton_gemv_common import accumulate_rows, block_frame, field_to, store_rows
 
 
 @triton.jit
@@ -44,17 +44,8 @@ def q6_k_rows_kernel(x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr,
                      M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
                      S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
     NSTEPS: tl.constexpr = (UNITS_PER_SPLIT + S - 1) // S
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    r4 = rows[None, :, None, None]
-    row_ok4 = row_ok[None, :, None, None]
-    pid_k = tl.program_id(1)
-    start = pid_k * UNITS_PER_SPLIT
-    stop = tl.minimum(start + UNITS_PER_SPLIT, K // 256)
-    u0 = start + tl.arange(0, S)[:, None, None, None]
-    n4 = tl.arange(0, 8)[None, None, :, None]
-    q4 = tl.arange(0, 4)[None, None, None, :]
-    w4 = n4 * 4 + q4
+    rows, row_ok, r4, row_ok4, pid_k, start, stop, u0, n4, q4, w4 = block_frame(
+        tl.program_id(0), BLOCK_N, N, S, UNITS_PER_SPLIT, K)
     e4 = n4 * 32 + q4                                    # element of (n, q) at h = j = 0
     acc0 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)
     acc1 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)
