@@ -2,8 +2,9 @@
 
 Why: the float rows kernel (triton_gemv.py) spends ~7.5 sm_90 instructions per Q4_K weight (decode a nibble
 into a float, one FMA per activation row), so at batch 1 it runs at 0.3-1.7 TB/s where HBM gives ~4.
-With the activations as int8, one `dp4a` multiplies 4 codes by 4 activations and adds them into an int32:
-~0.6 instructions per weight for one row. llama.cpp's CUDA decode path (mmvq) does the same.
+With the activations as int8, one `dp4a` multiplies 4 codes by 4 activations and adds them into an int32
+(sm_90 SASS of the 1.5B gate+up loop: ~3 instructions per weight, addressing included). ggml's CUDA decode
+path (mmvq) does the same.
 
 Quantization (per activation row, per block of 32 consecutive elements of `in`, like ggml's q8_1):
   dx = max |x| / 127, q = rint(x * (127 / max |x|)) in [-127, 127] (q = 0 where the block is all zeros;

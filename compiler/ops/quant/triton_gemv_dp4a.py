@@ -14,7 +14,7 @@ and row Q4_K adds (d sc) * (dx * float(sum)) - (dmin m) * sx, Q6_K per half h (d
 float(sum_h - 32 s_h). That is ~3-7 + 2 R instructions per 8 weights where the float kernels spend ~8 + 8 R.
 
 Precision: the integer sums are exact; what differs from the float GEMV is only x's int8 rounding
-(|error| <= dx / 2 per element, dx = max |x| / 127 over its block of 32), as in llama.cpp's decode.
+(|error| <= dx / 2 per element, dx = max |x| / 127 over its block of 32), as in ggml's CUDA decode.
 ASM=False (Triton's CPU interpreter has no inline PTX) computes dp4a with shifts and multiplies.
 """
 
