@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from ember.tools.check_quant_kernels import HostBuffer, compile_sm90, patch_interpreter, ptxas_usage
+from ember.tools.check_quant_kernels import PLANE_TYPES, HostBuffer, compile_sm90, patch_interpreter, ptxas_usage
 
 # (out, in), (block_n, split_k, sb_per_step, prefetch), activation rows. Together: R = 1..8 and two groups
 # (m = 11: 2 x 6, one padding row), split-K with a short last split, masked row tiles (out not a multiple
@@ -36,6 +36,7 @@ def interpret() -> int:
 
     from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, random_gguf_bytes
     from ember.compiler.ops.quant.act_quant import dp4a_matmul_ref, quantize_activations
+    from ember.compiler.ops.quant.dp4a import pad_rows
     from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES, dp4a_gemv_kernel
 
     failures = 0
@@ -51,10 +52,7 @@ def interpret() -> int:
                 expected = np.asarray(dp4a_matmul_ref(jnp.asarray(x), w))
                 plan = launch_plan(fmt, m, out, inner, config)
                 meta = dict(plan["meta"], ASM=False)
-                qa, da = (np.asarray(a) for a in quantize_activations(jnp.asarray(x), fmt))
-                pad = meta["M_PAD"] - m
-                qa = np.pad(qa, ((0, pad), (0, 0)))
-                da = np.pad(da, ((0, pad), (0, 0), (0, 0)))
+                qa, da = (np.asarray(a) for a in pad_rows(*quantize_activations(jnp.asarray(x), fmt), meta["M_PAD"]))
                 y = HostBuffer(np.full((plan["split_k"], meta["M_PAD"], out), np.nan, np.float32))
                 dp4a_gemv_kernel[plan["grid"]](HostBuffer(qa), HostBuffer(da),
                                                *(HostBuffer(w.planes[n]) for n in DP4A_PLANES[fmt]), y, **meta)
@@ -102,7 +100,6 @@ def compile_all() -> int:
     from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_gemv_kernel
     from ember.tools.bench_quant_matmul import DECODE_SHAPES
 
-    plane_types = {"q4_k": ["*u32", "*u32", "*fp16", "*fp16"], "q6_k": ["*u32", "*u32", "*i8", "*fp16"]}
     failures = 0
     for fmt in ("q4_k", "q6_k"):
         for m in (1, 4, 8):
@@ -112,7 +109,7 @@ def compile_all() -> int:
                     continue
                 plan = launch_plan(fmt, m, out, inner, config)
                 out_dtype = "bf16" if plan["split_k"] == 1 else "fp32"
-                types = ["*i32", "*fp32", *plane_types[fmt], "*" + out_dtype]
+                types = ["*i32", "*fp32", *PLANE_TYPES[fmt], "*" + out_dtype]
                 label = (f"{fmt} m={m} {out:>6}x{inner:<5} bn={config.block_n:<2} split={plan['split_k']} "
                          f"S={plan['meta']['S']:<2} warps={config.num_warps}")
                 try:

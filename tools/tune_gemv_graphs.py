@@ -99,12 +99,10 @@ def activations(x, config: QuantMatmulConfig, plan: dict):
     import jax.numpy as jnp
 
     from ember.compiler.ops.quant.act_quant import quantize_activations
+    from ember.compiler.ops.quant.dp4a import pad_rows
     order = "q6_k" if plan["meta"]["Q6"] else "q4_k"
-    qa, da = quantize_activations(jnp.asarray(x.float().cpu().numpy()), order)
-    pad = plan["meta"]["M_PAD"] - x.shape[0]
-    qa = np.pad(np.asarray(qa), ((0, pad), (0, 0)))
-    da = np.pad(np.asarray(da), ((0, pad), (0, 0), (0, 0)))
-    return to_torch(qa), to_torch(da)
+    qa, da = pad_rows(*quantize_activations(jnp.asarray(x.float().cpu().numpy()), order), plan["meta"]["M_PAD"])
+    return to_torch(np.asarray(qa)), to_torch(np.asarray(da))
 
 
 def rows_out(plan: dict, m: int) -> int:

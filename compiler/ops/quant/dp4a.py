@@ -36,6 +36,15 @@ def dp4a_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig)
     return {"grid": (tiles * groups, split_k, 1), "split_k": split_k, "meta": meta}
 
 
+def pad_rows(qa, da, rows: int):
+    """(qa [m, k/4], da [m, k/32, 4]) -> both padded with zero rows to `rows` (a plan's M_PAD): all-zero
+    activations, whose outputs the caller drops."""
+    pad = rows - qa.shape[0]
+    if pad == 0:
+        return qa, da
+    return jnp.pad(qa, ((0, pad), (0, 0))), jnp.pad(da, ((0, pad), (0, 0), (0, 0)))
+
+
 def quantize_activations_gpu(x: jax.Array, order: str) -> tuple[jax.Array, jax.Array]:
     """act_quant.quantize_activations(x, order) in one Triton launch: x [m, k] -> (qa, da)."""
     from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
@@ -58,10 +67,7 @@ def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan:
 
     m = x.shape[0]
     meta = plan["meta"]
-    qa, da = quantize_activations_gpu(x, w.format)
-    if meta["M_PAD"] > m:  # padding rows: all-zero activations, outputs dropped below
-        qa = jnp.pad(qa, ((0, meta["M_PAD"] - m), (0, 0)))
-        da = jnp.pad(da, ((0, meta["M_PAD"] - m), (0, 0), (0, 0)))
+    qa, da = pad_rows(*quantize_activations_gpu(x, w.format), meta["M_PAD"])
     split_k = plan["split_k"]
     y = triton_call(
         qa, da, *(w.planes[name] for name in DP4A_PLANES[w.format]),

@@ -130,18 +130,18 @@ def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulCon
         raise ValueError(f"activations must be bf16, f16 or f32, got {x.dtype}")
     m = x.shape[0]
     out, inner = w.shape
-    if config.variant in ("rows", "dp4a"):
-        from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
-        kernel, plane_names = ROWS_KERNELS[w.format]
-    else:
-        kernel, plane_names = KERNELS[w.format]
-    for name in plane_names:
-        if w.planes[name].size >= 2**31:
-            raise ValueError(f"{w.format} plane {name!r} has {w.planes[name].size} elements; int32 offsets overflow")
+    for name, plane in w.planes.items():  # every kernel variant reads every plane
+        if plane.size >= 2**31:
+            raise ValueError(f"{w.format} plane {name!r} has {plane.size} elements; int32 offsets overflow")
     plan = launch_plan(w.format, m, out, inner, config)
     if config.variant == "dp4a":
         from ember.compiler.ops.quant.dp4a import dp4a_call
         return dp4a_call(x, w, config, plan)
+    if config.variant == "rows":
+        from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
+        kernel, plane_names = ROWS_KERNELS[w.format]
+    else:
+        kernel, plane_names = KERNELS[w.format]
     split_k = plan["split_k"]
     out_dtype = x.dtype if split_k == 1 else jnp.float32
     # the rows kernels write [split_k, m, out] too (split_k == 1: x's dtype, one launch and nothing after it)

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ember.compiler.ops.quant.triton_gemv_common import (accumulate_rows, block_frame, field_to, load_where,
-                                                         store_rows, u2f)
+                                                         plane_index, store_rows, u2f)
 from ember.compiler.ops.quant.triton_gemv_q6_k import q6_k_rows_kernel
 from ember.compiler.ops.quant.triton_gemv_q8_0 import q8_0_rows_kernel
 
@@ -38,12 +38,8 @@ from ember.compiler.ops.quant.triton_gemv_q8_0 import q8_0_rows_kernel
 @triton.jit
 def q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4, stop, r4, row_ok4, w4, N: tl.constexpr, EXACT: tl.constexpr):
     """Planes of super-blocks u4 [S, 1, 1, 1] for the tile: words [S, BLOCK_N, 8, 4], the rest [S, BLOCK_N, 1, 1].
-    EXACT: no masks (no zero-filled registers, no predicates): units past `stop` (only a prefetch past the
-    range reads them, and never uses them) and rows past N re-read the last ones."""
-    if EXACT:
-        plane = tl.minimum(u4, stop - 1) * N + tl.minimum(r4, N - 1)
-    else:
-        plane = u4 * N + r4                              # [S, BLOCK_N, 1, 1] index into [in/256, out] planes
+    EXACT: no masks (no zero-filled registers, no predicates; plane_index clamps instead)."""
+    plane = plane_index(u4, stop, r4, N, EXACT)
     ok = (u4 < stop) & row_ok4                           # (unused when EXACT)
     masked: tl.constexpr = not EXACT
     words = load_where(qs_ptr + plane * 32 + w4, ok, masked)

@@ -76,6 +76,16 @@ def block_frame(tile, BLOCK_N: tl.constexpr, N: tl.constexpr, S: tl.constexpr, U
 
 
 @triton.jit
+def plane_index(u4, stop, r4, N: tl.constexpr, EXACT: tl.constexpr):
+    """Index into [in/256, out] planes of units u4 and rows r4 -> [S, BLOCK_N, 1, 1]. EXACT (the loads go
+    unmasked): units past `stop` (only a prefetch past the range reads them, and never uses them) and rows
+    past N re-read the last ones."""
+    if EXACT:
+        return tl.minimum(u4, stop - 1) * N + tl.minimum(r4, N - 1)
+    return u4 * N + r4
+
+
+@triton.jit
 def load_where(ptrs, ok, MASKED: tl.constexpr):
     """tl.load(ptrs), 0 where not ok when MASKED; unmasked (no zero-filled registers, no predicates) otherwise."""
     if MASKED:

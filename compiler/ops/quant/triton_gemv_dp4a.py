@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ember.compiler.ops.quant.triton_gemv import q4_k_load, q4_k_sub_scales
 from ember.compiler.ops.quant.triton_gemv_common import block_frame, load_where
+from ember.compiler.ops.quant.triton_gemv_q6_k import q6_k_load
 
 
 @triton.jit
@@ -39,25 +40,6 @@ def dp4a(a, b, c, ASM: tl.constexpr):
         for k in tl.static_range(4):
             total += ((a32 >> (8 * k)) & 255) * ((b << (24 - 8 * k)) >> 24)
         return total
-
-
-@triton.jit
-def q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u4, stop, r4, row_ok4, n4, w4, N: tl.constexpr, EXACT: tl.constexpr):
-    """Q6_K planes of super-blocks u4 [S, 1, 1, 1]: ql [S, BLOCK_N, 8, 4], then qh and int8 scales of the halves
-    h = 0, 1 and d [S, BLOCK_N, 8, 1]. EXACT: unmasked, indices clamped as q4_k_load does."""
-    if EXACT:
-        plane = tl.minimum(u4, stop - 1) * N + tl.minimum(r4, N - 1)
-    else:
-        plane = u4 * N + r4
-    ok = (u4 < stop) & row_ok4
-    masked: tl.constexpr = not EXACT
-    ql = load_where(ql_ptr + plane * 32 + w4, ok, masked)
-    qh0 = load_where(qh_ptr + plane * 16 + 2 * n4, ok, masked)
-    qh1 = load_where(qh_ptr + plane * 16 + 2 * n4 + 1, ok, masked)
-    sc0 = load_where(scales_ptr + plane * 16 + 2 * n4, ok, masked)
-    sc1 = load_where(scales_ptr + plane * 16 + 2 * n4 + 1, ok, masked)
-    d = load_where(d_ptr + plane, ok, masked).to(tl.float32)
-    return ql, qh0, qh1, sc0, sc1, d
 
 
 @triton.jit

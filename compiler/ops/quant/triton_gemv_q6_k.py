@@ -21,21 +21,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ember.compiler.ops.quant.triton_gemv_common import accumulate_rows, block_frame, field_to, store_rows
+from ember.compiler.ops.quant.triton_gemv_common import (accumulate_rows, block_frame, field_to, load_where,
+                                                         plane_index, store_rows)
 
 
 @triton.jit
-def q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u4, stop, r4, row_ok4, n4, w4, N: tl.constexpr):
+def q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u4, stop, r4, row_ok4, n4, w4, N: tl.constexpr,
+              EXACT: tl.constexpr):
     """Planes of super-blocks u4 [S, 1, 1, 1]: ql [S, BLOCK_N, 8, 4]; qh and int8 scales of halves 0 and 1
-    [S, BLOCK_N, 8, 1] each; d [S, BLOCK_N, 1, 1] (float32). Masked: units past `stop` and rows past N read 0."""
+    [S, BLOCK_N, 8, 1] each; d [S, BLOCK_N, 1, 1] (float32). Masked (units past `stop` and rows past N read 0)
+    unless EXACT (plane_index clamps instead; the dp4a kernel)."""
+    plane = plane_index(u4, stop, r4, N, EXACT)
     ok = (u4 < stop) & row_ok4
-    plane = u4 * N + r4
-    ql = tl.load(ql_ptr + plane * 32 + w4, mask=ok, other=0)
-    qh0 = tl.load(qh_ptr + plane * 16 + 2 * n4, mask=ok, other=0)
-    qh1 = tl.load(qh_ptr + plane * 16 + 2 * n4 + 1, mask=ok, other=0)
-    sc0 = tl.load(scales_ptr + plane * 16 + 2 * n4, mask=ok, other=0)
-    sc1 = tl.load(scales_ptr + plane * 16 + 2 * n4 + 1, mask=ok, other=0)
-    d = tl.load(d_ptr + plane, mask=ok, other=0.0).to(tl.float32)
+    masked: tl.constexpr = not EXACT
+    ql = load_where(ql_ptr + plane * 32 + w4, ok, masked)
+    qh0 = load_where(qh_ptr + plane * 16 + 2 * n4, ok, masked)
+    qh1 = load_where(qh_ptr + plane * 16 + 2 * n4 + 1, ok, masked)
+    sc0 = load_where(scales_ptr + plane * 16 + 2 * n4, ok, masked)
+    sc1 = load_where(scales_ptr + plane * 16 + 2 * n4 + 1, ok, masked)
+    d = load_where(d_ptr + plane, ok, masked).to(tl.float32)
     return ql, qh0, qh1, sc0, sc1, d
 
 
@@ -51,14 +55,15 @@ def q6_k_rows_kernel(x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr,
     acc1 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)
     acc2 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)
     acc3 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)
-    nxt = q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u0, stop, r4, row_ok4, n4, w4, N)
+    nxt = q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u0, stop, r4, row_ok4, n4, w4, N, False)
     for step in range(NSTEPS):
         u4 = u0 + step * S
         ql, qh0, qh1, sc0, sc1, d = nxt
         if PREFETCH:
-            nxt = q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u4 + S, stop, r4, row_ok4, n4, w4, N)
+            nxt = q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u4 + S, stop, r4, row_ok4, n4, w4, N, False)
         else:
-            ql, qh0, qh1, sc0, sc1, d = q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u4, stop, r4, row_ok4, n4, w4, N)
+            ql, qh0, qh1, sc0, sc1, d = q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u4, stop, r4, row_ok4, n4, w4,
+                                                  N, False)
         ok_u = u4 < stop
         ds0 = d * sc0.to(tl.float32)                     # [S, BLOCK_N, 8, 1] d * scale of sub-block 2n
         ds1 = d * sc1.to(tl.float32)                     # ... of 2n + 1
