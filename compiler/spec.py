@@ -264,3 +264,15 @@ def _calls(node: Any):
     elif hasattr(node, "left"):
         yield from _calls(node.left)
         yield from _calls(node.right)
+
+
+def gathered_only_weights(spec: ModelSpec) -> frozenset[str]:
+    """Weights the spec's ops use only as an embedding table: a step gathers a few of their rows and never
+    reads them whole (no dense copy for them at load, and not in a step's weight bytes)."""
+    gathered, other = set(), set()
+    for statement in (*spec.prologue, *spec.layer, *spec.epilogue):
+        for call in _calls(statement):
+            for i, arg in enumerate(call.args):
+                if isinstance(arg, str):
+                    (gathered if call.op == "embedding" and i == 1 else other).add(arg)
+    return frozenset(gathered - other)

@@ -19,7 +19,7 @@ from .dims import Dims, ResolvedModel, resolve
 from .loader.errors import CheckpointError
 from .plans import GENERATED_DIR, LoadedPlan, load_plan
 from .state_kinds import PagedKind, layer_state_kinds, paged_kinds
-from .weights import KEPT_FORMATS, Params, device_placer, load_params
+from .weights import KEPT_FORMATS, Params, dense_copier, device_placer, load_params
 
 
 @dataclass
@@ -116,13 +116,29 @@ def _quantized_formats(target: str | Target) -> tuple[str, ...]:
         return ()
 
 
+DENSE_COPIES_ENV = "EMBER_DENSE_COPIES"  # "1" / "0": keep (or not) a dense copy beside GGUF weights kept quantized
+
+
+def _dense_copies(target: str | Target) -> bool:
+    """Whether GGUF weights kept quantized get a dense copy too: EMBER_DENSE_COPIES if set, else the target's."""
+    override = os.environ.get(DENSE_COPIES_ENV)
+    if override is not None:
+        if override not in ("0", "1"):
+            raise ValueError(f"{DENSE_COPIES_ENV} must be 0 or 1, got {override!r}")
+        return override == "1"
+    try:
+        return (target if isinstance(target, Target) else get_target(target)).dense_copies
+    except ValueError:  # plans generated for a target this checkout does not describe
+        return False
+
+
 def load_model(path: str | Path | Checkpoint, *, target: str | Target = "cpu", progress: bool = False,
                generated_dir: Path = GENERATED_DIR) -> Model:
     """A model from a checkpoint path (GGUF file, HF folder) or an opened Checkpoint.
 
     target: a target name, or a Target (its plan must exist under generated_dir/<name>/); GGUF tensors
-    in the target's `quantized_formats` stay quantized on the device, the rest become the plan's
-    activation dtype."""
+    in the target's `quantized_formats` stay quantized on the device (with a dense copy beside them where the
+    target keeps `dense_copies`), the rest become the plan's activation dtype."""
     enable_compilation_cache()
     ckpt = path if isinstance(path, Checkpoint) else open_checkpoint(path)
     spec = spec_for_checkpoint(ckpt)
@@ -135,7 +151,8 @@ def load_model(path: str | Path | Checkpoint, *, target: str | Target = "cpu", p
         total = len(plan.manifest["global_weights"]) + int(resolved.dims.layers)
         bar = tqdm(total=total, desc="loading weights", unit="part", leave=False)
     params = load_params(spec, plan.manifest, ckpt, resolved, to_device=device_placer(dtype), progress=bar,
-                         keep_formats=_quantized_formats(target))
+                         keep_formats=_quantized_formats(target),
+                         dense_copy=dense_copier(dtype) if _dense_copies(target) else None)
     if bar is not None:
         bar.close()
     return Model(spec, ckpt, resolved, plan, params, dtype, generated_dir)

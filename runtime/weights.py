@@ -12,10 +12,13 @@ Packed parallel linears (q/k/v, gate/up) of one format are one QuantizedWeight o
 rows; parts of different formats (Q4_K q/k beside a Q6_K v) stay apart in a `WeightGroup`. FP8 matrices
 of HF checkpoints (runtime/fp8_checkpoint.py) are kept the same way when the target keeps "fp8", as an
 `Fp8Weight`, and dequantized otherwise. Every other tensor (norms, biases, formats not kept) is float.
+With `dense_copy` (Target.dense_copies), each kept GGUF weight a step reads whole (not an embedding table it
+only gathers from) also gets its dequantized copy: a `DenseBacked` pair, dequantized on the device.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, Callable, NamedTuple
 
@@ -25,8 +28,9 @@ import numpy as np
 
 from ..compiler.expr import evaluate
 from ..compiler.ops.quant.fp8 import BLOCK, Fp8Weight
-from ..compiler.ops.quant.layout import FORMATS, GGML_TYPE_FORMATS, QuantizedWeight, WeightGroup, pack
-from ..compiler.spec import ModelSpec
+from ..compiler.ops.quant.layout import FORMATS, GGML_TYPE_FORMATS, DenseBacked, QuantizedWeight, WeightGroup, pack
+from ..compiler.ops.quant.ref import dequantize
+from ..compiler.spec import ModelSpec, gathered_only_weights
 from ..compiler.weight_transforms import apply_transform, parse_transform
 from .checkpoint import Checkpoint
 from .dims import ResolvedModel, kind_field
@@ -160,10 +164,17 @@ class WeightLoader:
 
 def load_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved: ResolvedModel,
                 to_device: Callable[[Any], Any] = np.asarray, progress=None,
-                keep_formats: tuple[str, ...] = ()) -> Params:
+                keep_formats: tuple[str, ...] = (), dense_copy: Callable[[Any], Any] | None = None) -> Params:
     """to_device places each value: a float array, or (with keep_formats) a QuantizedWeight or
-    WeightGroup — see `device_placer`."""
+    WeightGroup — see `device_placer`; dense_copy (`dense_copier`) then pairs a placed kept weight with its
+    dense copy, except for weights the plan only gathers rows from."""
     loader = WeightLoader(spec, ckpt, resolved, keep_formats)
+    gathered = gathered_only_weights(spec)
+
+    def place(name: str, value):
+        value = to_device(value)
+        return value if dense_copy is None or name.split(".")[0] in gathered else dense_copy(value)
+
     packed = manifest["packed_weights"]
     layers = int(resolved.dims["layers"])
 
@@ -176,11 +187,11 @@ def load_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved: Res
 
     globals_ = {}
     for name in manifest["global_weights"]:
-        globals_[name] = to_device(build(name, None))
+        globals_[name] = place(name, build(name, None))
         _tick(progress)
     per_layer = []
     for i in range(layers):
-        per_layer.append({name: to_device(build(name, i)) for name in manifest["layer_weights"]})
+        per_layer.append({name: place(name, build(name, i)) for name in manifest["layer_weights"]})
         _tick(progress)
     constants = [{name: place_constant(layer_constant(spec, resolved, loader, const, i))
                   for name, const in manifest["layer_constants"].items()} for i in range(layers)]
@@ -224,6 +235,31 @@ def device_placer(dtype) -> Callable[[Any], Any]:
         return jnp.asarray(value, dtype)
 
     return place
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _dequantized(weight: QuantizedWeight, dtype: str) -> jax.Array:
+    return dequantize(weight).astype(dtype)
+
+
+def dense_copier(dtype) -> Callable[[Any], Any]:
+    """A load_params `dense_copy`: a kept GGUF weight (a QuantizedWeight, or a WeightGroup of them and float
+    parts) -> DenseBacked(weight, its dequantized [out, in] copy in `dtype`, computed where the weight lives);
+    anything else (floats, FP8) unchanged. The copy holds exactly what dequantizing at every call gave."""
+    name = np.dtype(dtype).name
+
+    def dense_part(part):
+        return _dequantized(part, name) if isinstance(part, QuantizedWeight) else jnp.asarray(part, name)
+
+    def copy(value):
+        if isinstance(value, QuantizedWeight):
+            return DenseBacked(value, dense_part(value))
+        if (isinstance(value, WeightGroup) and any(isinstance(p, QuantizedWeight) for p in value.parts)
+                and all(isinstance(p, (QuantizedWeight, np.ndarray, jax.Array)) for p in value.parts)):
+            return DenseBacked(value, jnp.concatenate([dense_part(p) for p in value.parts], axis=0))
+        return value
+
+    return copy
 
 
 def place_constant(value) -> jax.Array:

@@ -15,7 +15,7 @@ from gguf_test_data import write_gguf
 
 from ember.compiler.codegen.emit import generate, write_plan
 from ember.compiler.ops.linear_quant import use_quant_backend
-from ember.compiler.ops.quant import QuantizedWeight, WeightGroup, dequantize
+from ember.compiler.ops.quant import DenseBacked, QuantizedWeight, WeightGroup, dequantize
 from ember.compiler.passes.select_kernels import VARIANTS
 from ember.compiler.pipeline import compile_graph
 from ember.compiler.spec import spec_for_arch
@@ -73,18 +73,22 @@ def tiny_gguf(request, tmp_path_factory) -> tuple[str, Path]:
     return request.param, _write_tiny_gguf(request.param, tmp_path_factory.mktemp("gguf") / f"{request.param}.gguf")
 
 
-def test_kept_formats_give_the_dequantizing_loads_logits(tiny_gguf, quant_plans):
+@pytest.mark.parametrize("dense_copies", [False, True], ids=["kept", "kept+dense"])
+def test_kept_formats_give_the_dequantizing_loads_logits(tiny_gguf, quant_plans, dense_copies):
     arch, path = tiny_gguf
     exact = load_model(path, target="cpu")
     assert all(isinstance(v, np.ndarray) or hasattr(v, "dtype") for v in exact.params.layers[0].values())
     with use_quant_backend("reference"):
-        kept = load_model(path, target=CPU_QUANT, generated_dir=quant_plans)
+        kept = load_model(path, target=dataclasses.replace(CPU_QUANT, dense_copies=dense_copies),
+                          generated_dir=quant_plans)
+        if dense_copies:
+            _check_dense_copies(kept)
         _check_layout(arch, kept)
         tokens = [int(t) for t in np.random.default_rng(0).integers(3, 320, 22)]
         # the exact logits of all 22 positions from one prefill (one compiled shape for the reference)
         want = SequenceRunner(exact, 64).prefill(tokens, all_logits=True)
         runner = SequenceRunner(kept, 64)
-        _close(runner.prefill(tokens[:-1], all_logits=True), want[:-1])  # 21 rows: the dequantize path
+        _close(runner.prefill(tokens[:-1], all_logits=True), want[:-1])  # 21 rows: dequantize, or the copies
         _close(runner.decode(tokens[-1]), want[-1])                      # 1 row: the GEMV path
     assert kept.deterministic_plan().target == CPU_QUANT.name
 
@@ -96,9 +100,28 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
 
 
+def _check_dense_copies(model) -> None:
+    """Every kept weight a step reads whole is paired with its dequantized copy (bit-equal to dequantizing
+    the kept form); the embedding table, only gathered from, is not."""
+    layers = model.params.layers
+    for name in ("attn_q+attn_k+attn_v.weight", "attn_output.weight", "ffn_gate+ffn_up.weight", "ffn_down.weight"):
+        for layer in layers:
+            pair = layer[name]
+            assert isinstance(pair, DenseBacked) and pair.dense.shape == pair.shape
+            parts = pair.kept.parts if isinstance(pair.kept, WeightGroup) else (pair.kept,)
+            want = np.concatenate([np.asarray(dequantize(p) if isinstance(p, QuantizedWeight) else p) for p in parts])
+            np.testing.assert_array_equal(np.asarray(pair.dense), want)
+    assert isinstance(model.params.globals["output.weight"], DenseBacked)
+    assert not isinstance(model.params.globals["token_embd.weight"], DenseBacked)
+    assert not isinstance(layers[0]["ffn_norm.weight"], DenseBacked)
+
+
 def _check_layout(arch: str, model) -> None:
     """What stayed quantized: so the equality above cannot hold by everything being float."""
-    g, layer0, layer1 = model.params.globals, model.params.layers[0], model.params.layers[1]
+    def kept(entry):
+        return {k: v.kept if isinstance(v, DenseBacked) else v for k, v in entry.items()}
+
+    g, layer0, layer1 = kept(model.params.globals), kept(model.params.layers[0]), kept(model.params.layers[1])
     qkv = "attn_q+attn_k+attn_v.weight"
     assert isinstance(layer0[qkv], QuantizedWeight) and layer0[qkv].format == "q4_k"  # one format: concatenated
     assert isinstance(layer1[qkv], WeightGroup)                                       # v is Q6_K: a group
@@ -150,8 +173,8 @@ def test_the_environment_chooses_which_formats_stay_quantized(monkeypatch):
     from ember.runtime.model import QUANTIZED_FORMATS_ENV, _quantized_formats
 
     monkeypatch.delenv(QUANTIZED_FORMATS_ENV, raising=False)
-    # the h200 default: FP8 stays FP8, GGUF blocks are dequantized to bf16 (measured faster)
-    assert _quantized_formats("h200") == ("fp8",)
+    # the h200 default: FP8 stays FP8, GGUF blocks stay packed (with dense copies: test_dense_copies_...)
+    assert _quantized_formats("h200") == ("fp8", "q4_k", "q6_k", "q8_0")
     monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "Q4_K, q6_k, fp8")
     assert _quantized_formats("h200") == ("q4_k", "q6_k", "fp8")
     monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "none")
@@ -159,3 +182,39 @@ def test_the_environment_chooses_which_formats_stay_quantized(monkeypatch):
     monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "q5_9")
     with pytest.raises(ValueError, match="q5_9"):
         _quantized_formats("h200")
+
+
+def test_the_environment_chooses_whether_kept_weights_get_dense_copies(monkeypatch):
+    from ember.runtime.model import DENSE_COPIES_ENV, _dense_copies
+
+    monkeypatch.delenv(DENSE_COPIES_ENV, raising=False)
+    assert _dense_copies("h200") and not _dense_copies("cpu")
+    monkeypatch.setenv(DENSE_COPIES_ENV, "0")
+    assert not _dense_copies("h200")
+    monkeypatch.setenv(DENSE_COPIES_ENV, "1")
+    assert _dense_copies("cpu")
+    monkeypatch.setenv(DENSE_COPIES_ENV, "yes")
+    with pytest.raises(ValueError, match=DENSE_COPIES_ENV):
+        _dense_copies("h200")
+
+
+def test_a_dense_backed_weight_takes_its_kept_form_for_few_rows_and_its_copy_for_more():
+    from ember.compiler.ops import linear_quant
+
+    rng = np.random.default_rng(5)
+    from ember.compiler.ops.quant import pack, random_gguf_bytes
+
+    w = pack(random_gguf_bytes(rng, "q4_k", (64, 256), realistic=True), "q4_k", (64, 256))
+    # a copy that differs from the kept form, so the output shows which one a call read
+    pair = DenseBacked(w, np.asarray(dequantize(w)) + 1.0)
+    bound = linear_quant.DENSE_COPY_GEMV_MAX_ROWS
+    with use_quant_backend("reference"):
+        for rows in (1, bound, bound + 1, 64):
+            x = rng.standard_normal((rows, 256)).astype(np.float32)
+            got = np.asarray(linear_quant.linear(x, pair))
+            want = x @ (np.asarray(pair.dense) if rows > bound else np.asarray(dequantize(w))).T
+            np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-3)
+            q, k = linear_quant.linear_split(x, pair, sizes=(48, 16))
+            np.testing.assert_allclose(np.concatenate([q, k], axis=1), got, rtol=1e-6, atol=1e-6)
+    ids = np.array([3, 0, 63], np.int32)
+    np.testing.assert_array_equal(np.asarray(linear_quant.embedding(ids, pair)), np.asarray(pair.dense)[ids])

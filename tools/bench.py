@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..compiler.spec import gathered_only_weights
+
 
 def _commit() -> str:
     try:
@@ -133,18 +135,27 @@ def load_bench_model(model_name: str, target: str, tokenizer_dir: str | None = N
     return model, load_tokenizer(model.checkpoint)
 
 
-def weight_bytes_per_step(model) -> int:
-    """Bytes of weights one decode step reads: every weight array the plan holds on the device (quantized
-    blocks at their packed size), except an embedding table it only gathers a few rows from. A tied head
-    has its own array under the head's name, so it counts; an array shared by two names counts once."""
+def weight_bytes_per_step(model, rows: int = 1) -> int:
+    """Bytes of weights one decode step of `rows` rows reads: every weight array the plan holds on the device
+    (quantized blocks at their packed size), except an embedding table it only gathers a few rows from; of a
+    weight with a dense copy, the form a step of that many rows reads (linear_quant._form). A tied head has
+    its own array under the head's name, so it counts; an array shared by two names counts once."""
     import jax
 
-    gathered = _gathered_only(model.spec)
+    from ..compiler.ops.linear_quant import DENSE_COPY_GEMV_MAX_ROWS
+    from ..compiler.ops.quant.layout import DenseBacked
+
+    def read(value):
+        if isinstance(value, DenseBacked):
+            return value.kept if rows <= DENSE_COPY_GEMV_MAX_ROWS else value.dense
+        return value
+
+    gathered = gathered_only_weights(model.spec)
     seen: dict[int, int] = {}
     groups = [{k: v for k, v in model.params.globals.items() if k.split(".")[0] not in gathered},
               *model.params.layers]
     for group in groups:
-        for leaf in jax.tree.leaves(group):
+        for leaf in jax.tree.leaves({k: read(v) for k, v in group.items()}):
             seen[id(leaf)] = int(leaf.nbytes)
     return sum(seen.values())
 
@@ -156,28 +167,6 @@ def kv_bytes_read(model, context: int) -> int:
     windows = {kind.name: kind.window for kind in model.paged_kinds}
     per_token = int(d.hkv) * int(d.dh) * 2 * np.dtype(model.dtype).itemsize
     return sum(min(context, windows[k] or context) * per_token for k in model.layer_state_kinds)
-
-
-def _gathered_only(spec) -> set[str]:
-    """Weights the spec's ops use only as an embedding table (gathered rows, not read whole per step)."""
-    gathered, other = set(), set()
-
-    def walk(node) -> None:
-        op = getattr(node, "op", None)
-        if op is not None:
-            for i, arg in enumerate(node.args):
-                if isinstance(arg, str):
-                    (gathered if op == "embedding" and i == 1 else other).add(arg)
-        for child in (getattr(node, "args", ()), [v for _, v in getattr(node, "kwargs", ())],
-                      [getattr(node, f, None) for f in ("left", "right")]):
-            for c in child:
-                if c is not None and not isinstance(c, (str, int, float, bool)):
-                    walk(c)
-
-    for statement in (*spec.prologue, *spec.layer, *spec.epilogue):
-        for value in statement.values:
-            walk(value)
-    return gathered - other
 
 
 # ---- measuring helpers of the suite (tools/bench_suite.py) ------------------------------------------------

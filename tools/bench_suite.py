@@ -305,7 +305,6 @@ class Suite:
         rng = np.random.default_rng(0)
         vocab = int(model.dims.vocab)
         _run_concurrent(engine, [rng.integers(0, vocab, c.prompt_tokens).tolist()], 2)  # warm-up
-        weights = weight_bytes_per_step(model)
         mean_kv = kv_bytes_read(model, c.prompt_tokens + c.output_tokens // 2)
         for conc in (c.concurrency if full else (c.ttft_concurrency,)):
             def one(row: dict, conc: int) -> None:
@@ -323,7 +322,8 @@ class Suite:
                 # requests admitted one prefill chunk per step finish one step apart: the window's batch shrinks
                 row.update(decode_tokens_per_s=round(rate, 2) if rate else None, steady_decode_tokens=tokens,
                            steady_decode_steps=steps, mean_decode_rows=round(tokens / steps, 1) if steps else None,
-                           bytes_per_step=int(weights + conc * mean_kv), decode_rows=conc)
+                           bytes_per_step=int(weight_bytes_per_step(model, conc) + conc * mean_kv),
+                           decode_rows=conc)
             out["runs"].append(row := {"concurrency": conc})
             self.guarded(f"concurrency {conc}", row, one, conc)
 

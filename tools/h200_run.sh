@@ -22,7 +22,8 @@
 #   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
 #   tools/h200_run.sh xla-flags  the batch-1 decode step (plan alone) under XLA fusion flag sets, 1.5B Q4_K_M and 8B
 # Several sections run in order: tools/h200_run.sh rows profile
-# COMMIT=<sha> names the commit the figures belong to (the copy's git metadata is stale).
+# COMMIT=<sha> names the commit the figures belong to (the copy's git metadata is stale); TAG=<suffix> names
+# the quick sections' folders and the archive apart, for a second run of the same section in one call.
 # What $OUT holds comes back as $OUT/results.tgz (PACK=0: the files themselves).
 set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: $0 SECTION..." >&2; exit 2; }
@@ -66,12 +67,12 @@ engine-tests)  # h200 vs cpu target agreement, deterministic bit-exactness, quan
     JAX_PLATFORMS=cuda,cpu EMBER_GPU_RESULTS="$out/gpu_engine_tests.json" timeout ${ENGINE_TEST_S:-240} \
         python -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_quant_model_gpu.py -p no:cacheprovider \
         > "$out/gpu_engine_tests.log" 2>&1; tail -n 3 "$out/gpu_engine_tests.log"; cat "$out/gpu_engine_tests.json" ;;
-quick-1.5b)  # 1.5B Q4_K_M kept quantized: batch 1 at CONTEXTS (128), 1 / 8 / 32 streams
+quick-1.5b)  # 1.5B Q4_K_M kept quantized: batch 1 at CONTEXTS (128), STREAMS (1 / 8 / 32) streams
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} \
-        --context-decode-tokens 128 --concurrency 1 8 32" suite quick15 ${DEADLINE:-90} synthetic:qwen2.5-1.5b-q4_k_m ;;
-quick-8b-q4)  # 8B Q4_K_M kept quantized: batch 1 at CONTEXTS (128), 8 / 32 streams
+        --context-decode-tokens 128 --concurrency ${STREAMS:-1 8 32}" suite quick15${TAG:-} ${DEADLINE:-90} synthetic:qwen2.5-1.5b-q4_k_m ;;
+quick-8b-q4)  # 8B Q4_K_M kept quantized: batch 1 at CONTEXTS (128), STREAMS8 (8 / 32) streams
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} \
-        --context-decode-tokens 128 --concurrency 8 32" suite quick8b-q4 ${DEADLINE8:-110} synthetic:llama3-8b-q4_k_m ;;
+        --context-decode-tokens 128 --concurrency ${STREAMS8:-8 32}" suite quick8b-q4${TAG:-} ${DEADLINE8:-110} synthetic:llama3-8b-q4_k_m ;;
 suite-8b)
     SUITE_FLAGS="--no-hf --sections context prefill concurrency ttft --concurrency 1 8 32 128 256" \
         suite suite8b 270 synthetic:llama3-8b
@@ -84,8 +85,8 @@ suite-1.5b)
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context prefill concurrency ttft \
         --context-decode-tokens 128 --concurrency 1 8 32 128 256" suite suite15 ${DEADLINE:-300} synthetic:qwen2.5-1.5b-q4_k_m ;;
 suite-1.5b-dequant)  # the target's default for GGUF: weights dequantized to bf16 at load (README, Decisions)
-    EMBER_QUANTIZED_FORMATS= SUITE_FLAGS="--no-hf --sections context concurrency --contexts 128 4096 \
-        --context-decode-tokens 128 --concurrency 1 8 32 128" suite suite15-dequant ${DEADLINE:-200} \
+    EMBER_QUANTIZED_FORMATS= SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128 4096} \
+        --context-decode-tokens 128 --concurrency ${STREAMS:-1 8 32 128}" suite suite15-dequant ${DEADLINE:-200} \
         synthetic:qwen2.5-1.5b-q4_k_m ;;
 startup-1.5b)
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections startup --concurrency 1 8 32 128 256" \
@@ -174,7 +175,7 @@ done
 # The device tool returns only a few files per call: what this run wrote goes back as one archive,
 # results-<sections>.tgz (earlier runs' archives in the same call are left as they are; PACK=0 keeps the files)
 if [ "${PACK:-1}" = 1 ]; then
-    archive="results-$(echo "$*" | tr ' ' '_').tgz"  # the device tool refuses names with '+'
+    archive="results-$(echo "$*" | tr ' ' '_')${TAG:-}.tgz"  # the device tool refuses names with '+'
     new=$(cd "$out" && ls -A | grep -v '^results-.*\.tgz$')
     if [ -n "$new" ]; then
         (cd "$out" && tar czf "/tmp/$archive" $new && rm -rf $new && mv "/tmp/$archive" "$archive")

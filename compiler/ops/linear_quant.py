@@ -10,6 +10,8 @@ the (static) row count:
                          dequantize to the activation dtype, then the reference XLA matmul (prefill,
                          mixed steps): compute-bound, so the one-off dequantization is amortised
   WeightGroup            one of the above per part (parts of different formats), outputs side by side
+  DenseBacked            a kept weight and its dense copy (made at load): the kept form up to
+                         DENSE_COPY_GEMV_MAX_ROWS rows, the copy's plain matmul above (no per-call dequantization)
   Fp8Weight              fp8_linear (quant/fp8.py): the Triton GEMV for few rows on a GPU (fp8_gemv.py),
                          else written for XLA to fuse the fp8 operand into its GEMM
 
@@ -39,7 +41,7 @@ from . import embedding as embedding_ref
 from . import linear as linear_ref
 from .quant import config as quant_config
 from .quant.fp8 import Fp8Weight, fp8_linear, fp8_rows
-from .quant.layout import QuantizedWeight, WeightGroup
+from .quant.layout import DenseBacked, QuantizedWeight, WeightGroup
 from .quant.matmul import BACKENDS, quant_matmul
 from .quant.ref import dequantize
 from .triton_available import triton_available
@@ -49,6 +51,10 @@ GEMV_MAX_ROWS = int(os.environ.get("EMBER_GEMV_MAX_ROWS", "16"))
 # the same bound for the formats the integer-dot kernel takes (quant/config.py dp4a_for):
 # its row groups read each weight tile once from HBM and again from L2 (EMBER_DP4A_GEMV_MAX_ROWS overrides)
 DP4A_GEMV_MAX_ROWS = int(os.environ.get("EMBER_DP4A_GEMV_MAX_ROWS", "16"))
+
+# rows up to which a weight with a dense copy (DenseBacked) still takes its quantized GEMV: above, the bf16
+# copy's matmul is faster (H200, 1.5B Q4_K_M engine: EMBER_DENSE_COPY_GEMV_MAX_ROWS overrides)
+DENSE_COPY_GEMV_MAX_ROWS = int(os.environ.get("EMBER_DENSE_COPY_GEMV_MAX_ROWS", "4"))
 
 _backend_override: str | None = None
 
@@ -92,12 +98,21 @@ def gemv_max_rows(fmt: str) -> int:
     return DP4A_GEMV_MAX_ROWS if quant_config.dp4a_for(fmt) else GEMV_MAX_ROWS
 
 
+def _form(x, weight):
+    """What a call with x's rows reads of `weight`: a DenseBacked weight's kept form for decode-sized row
+    counts, its dense copy above; any other weight as it is."""
+    if isinstance(weight, DenseBacked):
+        return weight.kept if x.shape[0] <= DENSE_COPY_GEMV_MAX_ROWS else weight.dense
+    return weight
+
+
 def _add_bias(y, bias):
     return y if bias is None else y + bias.astype(y.dtype)
 
 
 def linear(x, weight, bias=None):
-    # x [N, k], weight [n, k] (array, QuantizedWeight or WeightGroup) -> [N, n]
+    # x [N, k], weight [n, k] (array, QuantizedWeight, WeightGroup, Fp8Weight or DenseBacked) -> [N, n]
+    weight = _form(x, weight)
     if isinstance(weight, WeightGroup):
         y = jnp.concatenate([_matmul(x, part) for part in weight.parts], axis=-1)
     elif isinstance(weight, (QuantizedWeight, Fp8Weight)):
@@ -109,6 +124,7 @@ def linear(x, weight, bias=None):
 
 def linear_split(x, weight, bias=None, *, sizes):
     # weight [sum(sizes), k] packs several projections of the same input; returns one output per size
+    weight = _form(x, weight)
     if isinstance(weight, WeightGroup) and tuple(int(p.shape[0]) for p in weight.parts) == tuple(sizes):
         outs = [_matmul(x, part) for part in weight.parts]  # the group's parts are the outputs: no concat
         if bias is None:
@@ -129,7 +145,9 @@ def _split(y, sizes):
 
 
 def embedding(ids, table):
-    # ids [N] int32, table [vocab, d] (array, QuantizedWeight or Fp8Weight) -> [N, d]
+    # ids [N] int32, table [vocab, d] (array, QuantizedWeight, Fp8Weight or DenseBacked) -> [N, d]
+    if isinstance(table, DenseBacked):  # the copy's rows are the dequantized rows, gathered without work
+        table = table.dense
     if isinstance(table, Fp8Weight):
         return fp8_rows(table, ids)
     if not isinstance(table, QuantizedWeight):

@@ -28,6 +28,10 @@ class Target:
     # Formats whose weights stay packed on the device (compiler/ops/quant layouts: "q4_k", "q6_k", "q8_0" of GGUF
     # files; "fp8" of HF FP8 checkpoints); every other tensor is dequantized at load to the activation dtype.
     quantized_formats: tuple[str, ...] = ()
+    # GGUF weights kept quantized also get a dense copy in the activation dtype, made at load: the quantized
+    # GEMV serves decode-sized steps, the copy's matmul steps with more rows (compiler/ops/quant/layout.py
+    # DenseBacked), which would otherwise dequantize every weight on every call
+    dense_copies: bool = False
     # decode steps per device call when the engine may run ahead (runtime/lookahead.py): where the host's
     # per-call work is large next to a step (a GPU), several steps share it
     decode_steps: int = 1

@@ -8,8 +8,8 @@ batch (1 … 256), and kernel choices per op.
   reference ops and weights kept GGUF-quantized (Q4_K / Q6_K / Q8_0) through the Triton GEMVs for
   decode-sized row counts (Q4_K / Q6_K on int8 activations with dp4a: compiler/ops/quant/dp4a.py), dequantize
   + XLA matmul for prefill; FP8 weights (HF FP8 checkpoints, synthetic
-  `-fp8` models) through quant/fp8.py. Which weights stay quantized is `quantized_formats` (FP8 by default;
-  GGUF blocks not: measured slower, see below) or EMBER_QUANTIZED_FORMATS.
+  `-fp8` models) through quant/fp8.py. Which weights stay quantized is `quantized_formats` (FP8, and GGUF
+  blocks with a bf16 copy beside them for steps of many rows: `dense_copies`) or EMBER_QUANTIZED_FORMATS.
 - RoPE and the step's K/V write: one Triton kernel (compiler/ops/attention_gpu/rope_write.py, the
   fuse_rope_attention pass) where XLA ran ~5 per layer.
 - RMSNorm and residual add + RMSNorm: one Triton kernel each (compiler/ops/norm_gpu.py) where XLA ran three.
@@ -40,12 +40,13 @@ H200 = Target(
              "add_rms_norm": "ember.compiler.ops.norm_gpu:add_rms_norm"},
     deterministic_kernels=dict(CPU.deterministic_kernels),
     activation_dtype="bfloat16",
-    # GGUF weights are dequantized to bf16 at load by default: when chosen, the quantized path decoded the
-    # 1.5B-parameter Q4_K_M benchmark shape at 184-288 tok/s batch 1 vs 444 for bf16; it reached 497 at 84f3f81
-    # (tuned GEMV configs, chained calls) but bf16 was not re-measured beside it (README, Decisions).
-    # EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 keeps them packed (the kernels below take either form).
+    # GGUF Q4_K / Q6_K / Q8_0 weights stay packed for the decode GEMVs, with a bf16 copy beside each for steps
+    # of more rows (dense_copies; linear_quant.DENSE_COPY_GEMV_MAX_ROWS): on the 1.5B Q4_K_M shape at fc54e24
+    # the packed weights decoded 707.7 tok/s at batch 1 vs 610.6 for bf16 weights, but 8,173 vs 17,147 at 32
+    # streams (same H200 call; README, Decisions). EMBER_QUANTIZED_FORMATS / EMBER_DENSE_COPIES override.
     # HF FP8 checkpoints stay FP8 (compiler/ops/quant/fp8.py: XLA fuses the fp8 operand into its GEMM)
-    quantized_formats=("fp8",),
+    quantized_formats=("fp8", "q4_k", "q6_k", "q8_0"),
+    dense_copies=True,
     decode_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     prefill_buckets=(16, 64, 256, 512, 1024, 2048, 4096),
     # up to 8 short prompts (<= 512 tokens each) prefilled in one step: at 128-256 concurrent requests one
