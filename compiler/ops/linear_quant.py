@@ -53,8 +53,9 @@ GEMV_MAX_ROWS = int(os.environ.get("EMBER_GEMV_MAX_ROWS", "16"))
 DP4A_GEMV_MAX_ROWS = int(os.environ.get("EMBER_DP4A_GEMV_MAX_ROWS", "16"))
 
 # rows up to which a weight with a dense copy (DenseBacked) still takes its quantized GEMV: above, the bf16
-# copy's matmul is faster (H200, 1.5B Q4_K_M engine: EMBER_DENSE_COPY_GEMV_MAX_ROWS overrides)
-DENSE_COPY_GEMV_MAX_ROWS = int(os.environ.get("EMBER_DENSE_COPY_GEMV_MAX_ROWS", "4"))
+# copy's matmul is faster. H200, 1.5B Q4_K_M engine at e21142b, packed vs copy: 2 streams 1,372.0 vs 1,228.4
+# tok/s, 4 streams 2,287.6 vs 2,432.3 (bench_suite/h200_e21142b_*). EMBER_DENSE_COPY_GEMV_MAX_ROWS overrides.
+DENSE_COPY_GEMV_MAX_ROWS = int(os.environ.get("EMBER_DENSE_COPY_GEMV_MAX_ROWS", "2"))
 
 _backend_override: str | None = None
 
