@@ -86,8 +86,10 @@ def test_weight_group_runs_one_matmul_per_part(formats, rows, seed):
     bias = jnp.asarray(rng.standard_normal(sum(sizes)), jnp.float32)
     dense = _dense(group)
     _close(_linear(x, group, bias), _ref_linear(x, dense, bias))
-    # sizes as the parts, and sizes cutting across parts (q + k merged into one part beside v)
-    for split_sizes in (sizes, (4, sum(sizes) - 4 - sizes[-1] // 2, sizes[-1] // 2)):
+    # sizes as the parts, a part holding two projections (q + k merged into one part beside v: each part's
+    # projections come from its own product, the bias read at the part's offset), and sizes cutting across
+    # parts (the packed product, then slices)
+    for split_sizes in (sizes, (10, 6, *sizes[1:]), (4, sum(sizes) - 4 - sizes[-1] // 2, sizes[-1] // 2)):
         split = _linear_split(x, group, bias, sizes=split_sizes)
         want = linear_ref.linear_split(x, dense, bias, sizes=split_sizes)
         assert len(split) == len(split_sizes)

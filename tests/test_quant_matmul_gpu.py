@@ -116,3 +116,28 @@ def test_dp4a_configs_match_their_reference(fmt: str, kwargs: dict, m: int, dtyp
     tol = 1e-2 if dtype == jnp.bfloat16 else 1e-5
     np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), expected, rtol=tol,
                                atol=tol * float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("fmt, sizes", [("q4_k", (1536, 256, 256)), ("q4_k", (1536, 256)), ("q6_k", (256,))],
+                         ids=["q4_k-qkv", "q4_k-qk", "q6_k-v"])
+def test_dp4a_parts_launch_equals_the_gemv_then_bias_and_slices(fmt: str, sizes) -> None:
+    """The parts kernel (q / k / v written apart, bias added in its epilogue) against the plain dp4a GEMV's
+    output plus the bias, sliced: the same sums, the same two roundings, so bit for bit (the 1.5B model's
+    batch-1 q/k/v shapes, whose tuned configs take one split)."""
+    from ember.compiler.ops.quant import config as quant_config
+    from ember.compiler.ops.quant.matmul import quant_matmul_parts
+
+    if not quant_config.dp4a_for(fmt):
+        pytest.skip(f"{fmt} decode does not take the dp4a kernel here (EMBER_QUANT_DP4A)")
+    out = sum(sizes)
+    w = device_weight(fmt, (out, 1536))
+    m = 1
+    x = jax.random.normal(jax.random.key(m), (m, 1536), jnp.float32).astype(jnp.bfloat16)
+    bias = (jax.random.normal(jax.random.key(7), (out + 64,), jnp.float32) * 0.1).astype(jnp.bfloat16)
+    assert pick_config(fmt, m, out, 1536).split_k == 1  # the parts launch applies
+    got = jax.jit(lambda x, w, b: quant_matmul_parts(x, w, b, sizes, bias_offset=64, backend="triton"))(x, w, bias)
+    whole = jax.jit(lambda x, w, b: quant_matmul(x, w, backend="triton") + b[64:])(x, w, bias)
+    want = np.split(np.asarray(whole.astype(jnp.float32)), np.cumsum(sizes)[:-1], axis=1)
+    assert [g.shape for g in got] == [(m, n) for n in sizes]
+    for got_part, want_part in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(got_part.astype(jnp.float32)), want_part)

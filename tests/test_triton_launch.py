@@ -94,6 +94,35 @@ def test_quantized_gemv_lowers_to_native_kernels(fmt, rows, out, inner, variant,
     assert (calls[0]["num_warps"], calls[0]["num_stages"]) == (config.num_warps, config.num_stages)
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["qkv", "qk+v"])
+def test_packed_qkv_decode_writes_each_projection_apart(grouped, monkeypatch):
+    """1.5B qkv at batch 1 (one split): the parts kernel writes q, k, v with their bias, so nothing but the
+    quantizer and the GEMVs runs (no slice or add kernel after them); a Q4_K q+k beside a Q6_K v is two
+    parts launches (v's bias read at its offset)."""
+    from ember.compiler.ops import linear_quant
+    from ember.compiler.ops.quant import config as quant_config
+    from ember.compiler.ops.quant.layout import WeightGroup
+
+    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
+    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+    rng, sizes = np.random.default_rng(0), (1536, 256, 256)
+
+    def weight(fmt, rows):
+        return pack(random_gguf_bytes(rng, fmt, (rows, 1536)), fmt, (rows, 1536))
+
+    w = WeightGroup((weight("q4_k", 1792), weight("q6_k", 256))) if grouped else weight("q4_k", 2048)
+    with linear_quant.use_quant_backend("triton"):
+        fn = lambda x, w, b: linear_quant.linear_split(x, w, b, sizes=sizes)  # noqa: E731
+        text = jax.jit(fn).trace(jnp.zeros((1, 1536), BF16), w, jnp.zeros((2048,), BF16)).lower(
+            lowering_platforms=("cuda",)).as_text()
+        calls = _triton_calls(fn, jnp.zeros((1, 1536), BF16), w, jnp.zeros((2048,), BF16))
+        outs = jax.eval_shape(fn, jnp.zeros((1, 1536), BF16), w, jnp.zeros((2048,), BF16))
+    names = [c["name"] for c in calls]
+    assert names == ["quantize_rows_kernel", "dp4a_gemv_parts_kernel"] * (2 if grouped else 1)
+    assert "stablehlo.slice" not in text and "stablehlo.add" not in text
+    assert [o.shape for o in outs] == [(1, n) for n in sizes] and all(o.dtype == BF16 for o in outs)
+
+
 @triton.jit
 def _scale_kernel(x_ptr, out_ptr, n, FACTOR: tl.constexpr, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

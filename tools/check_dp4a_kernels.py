@@ -1,8 +1,10 @@
 """Check the integer-dot Q4_K / Q6_K GEMV (compiler/ops/quant/triton_gemv_dp4a.py) without a GPU.
 
   python tools/check_dp4a_kernels.py interpret   Triton's CPU interpreter (dp4a emulated with shifts and
-                                                 multiplies, ASM=False) against act_quant.dp4a_matmul_ref, and
-                                                 the activation quantizer (triton_act_quant.py) against jnp
+                                                 multiplies, ASM=False) against act_quant.dp4a_matmul_ref (the
+                                                 GEMV, and its parts kernel writing q / k / v apart with their
+                                                 bias), and the activation quantizer (triton_act_quant.py)
+                                                 against jnp
   python tools/check_dp4a_kernels.py compile     compile for sm_90 at the engine's Q4_K decode shapes
                                                  (ASM=True): registers, spills, dp4a count from ptxas -v / PTX
 Both for Q4_K and Q6_K (the format decides the activation packing and the kernel's Q6 constexpr).
@@ -63,6 +65,55 @@ def interpret() -> int:
                 print(f"{'BAD' if bad else 'ok '} dp4a {fmt} {out}x{inner} m={m:<2} R={meta['R']} block_n={block_n} "
                       f"grid={plan['grid']} S={meta['S']} exact={meta['EXACT']} prefetch={meta['PREFETCH']} "
                       f"rel_err={err:.1e}", flush=True)
+    return 1 if failures else 0
+
+
+# (sizes of the packed projections, bias offset or None, dp4a config, rows): 3, 2 and 1 parts, parts that
+# split a row tile, a bias read at an offset (a group's later part), two row groups
+PARTS_CASES = [
+    ((24, 8, 8), 0, (8, 1, 2, True), [1, 3]),
+    ((28, 12), 5, (16, 1, 4, True), [2]),
+    ((16, 16, 8), None, (8, 1, 2, False), [11]),
+    ((24,), 7, (8, 1, 2, True), [1]),
+]
+
+
+def interpret_parts() -> int:
+    """dp4a_gemv_parts_kernel against act_quant.dp4a_matmul_ref + the bias, split into the projections."""
+    import jax.numpy as jnp
+
+    from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, random_gguf_bytes
+    from ember.compiler.ops.quant.act_quant import dp4a_matmul_ref, quantize_activations
+    from ember.compiler.ops.quant.dp4a import pad_rows, parts_plan
+    from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES, dp4a_gemv_parts_kernel
+
+    failures, inner = 0, 1536
+    rng = np.random.default_rng(6)
+    for fmt, (sizes, offset, (block_n, split_k, sb, prefetch), ms) in itertools.product(("q4_k", "q6_k"), PARTS_CASES):
+        out = sum(sizes)
+        w = pack(random_gguf_bytes(rng, fmt, (out, inner), realistic=True), fmt, (out, inner))
+        bias = None if offset is None else rng.standard_normal(offset + out + 3).astype(np.float32)
+        config = QuantMatmulConfig(variant="dp4a", block_n=block_n, split_k=split_k, sb_per_step=sb, prefetch=prefetch)
+        for m in ms:
+            x = rng.standard_normal((m, inner)).astype(np.float32)
+            expected = np.asarray(dp4a_matmul_ref(jnp.asarray(x), w))
+            if bias is not None:
+                expected = expected + bias[offset:offset + out]
+            plan = launch_plan(fmt, m, out, inner, config)
+            meta = dict(plan["meta"], ASM=False, HAS_BIAS=bias is not None, BIAS_OFFSET=offset or 0,
+                        **parts_plan(plan, sizes, out))
+            qa, da = (np.asarray(a) for a in pad_rows(*quantize_activations(jnp.asarray(x), fmt), meta["M_PAD"]))
+            widths = (*sizes, 1, 1)[:3]
+            outs = [HostBuffer(np.full((meta["M_PAD"], width), np.nan, np.float32)) for width in widths]
+            dp4a_gemv_parts_kernel[plan["grid"]](
+                HostBuffer(qa), HostBuffer(da), *(HostBuffer(w.planes[n]) for n in DP4A_PLANES[fmt]),
+                HostBuffer(np.zeros(1, np.float32) if bias is None else bias), *outs, **meta)
+            got = np.concatenate([o.array[:m] for o in outs[:len(sizes)]], axis=1)
+            err = float(np.abs(got - expected).max() / np.abs(expected).max())
+            bad = not err < 1e-5  # NaN (an unwritten element) fails too
+            failures += bad
+            print(f"{'BAD' if bad else 'ok '} dp4a parts {fmt} sizes={sizes} bias_offset={offset} m={m} "
+                  f"R={meta['R']} block_n={block_n} rel_err={err:.1e}", flush=True)
     return 1 if failures else 0
 
 
@@ -136,7 +187,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["interpret"]:
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
         patch_interpreter()
-        return interpret_quantize() | interpret()
+        return interpret_quantize() | interpret() | interpret_parts()
     if argv[:1] == ["compile"]:
         return compile_all()
     print(__doc__)

@@ -42,7 +42,7 @@ from . import linear as linear_ref
 from .quant import config as quant_config
 from .quant.fp8 import Fp8Weight, fp8_linear, fp8_rows
 from .quant.layout import DenseBacked, QuantizedWeight, WeightGroup
-from .quant.matmul import BACKENDS, quant_matmul
+from .quant.matmul import BACKENDS, quant_matmul, quant_matmul_parts
 from .quant.ref import dequantize
 from .triton_available import triton_available
 
@@ -126,15 +126,37 @@ def linear(x, weight, bias=None):
 def linear_split(x, weight, bias=None, *, sizes):
     # weight [sum(sizes), k] packs several projections of the same input; returns one output per size
     weight = _form(x, weight)
-    if isinstance(weight, WeightGroup) and tuple(int(p.shape[0]) for p in weight.parts) == tuple(sizes):
-        outs = [_matmul(x, part) for part in weight.parts]  # the group's parts are the outputs: no concat
-        if bias is None:
-            return tuple(outs)
-        biases = _split(bias, sizes)
-        return tuple(_add_bias(y, b) for y, b in zip(outs, biases))
     if not isinstance(weight, (WeightGroup, QuantizedWeight, Fp8Weight)):
         return linear_ref.linear_split(x, weight, bias, sizes=sizes)
-    return _split(linear(x, weight, bias), sizes)
+    parts = weight.parts if isinstance(weight, WeightGroup) else (weight,)
+    runs = _sizes_per_part(parts, tuple(sizes))
+    if runs is None:  # a part straddles two projections: the packed product, then slices
+        return _split(linear(x, weight, bias), sizes)
+    outs, start = [], 0
+    for part, run in zip(parts, runs):  # each part yields its projections (a group's parts: no concat)
+        if isinstance(part, QuantizedWeight) and x.shape[0] <= gemv_max_rows(part.format):
+            outs.extend(quant_matmul_parts(x, part, bias, run, bias_offset=start, backend=quant_backend()))
+        else:
+            part_bias = None if bias is None else bias[start:start + sum(run)]
+            outs.extend(_split(_add_bias(_matmul(x, part), part_bias), run))
+        start += sum(run)
+    return tuple(outs)
+
+
+def _sizes_per_part(parts, sizes: tuple[int, ...]) -> list[tuple[int, ...]] | None:
+    """The consecutive projections (sizes) each part's rows hold, e.g. a q+k part and a v part of sizes
+    (q, k, v) -> [(q, k), (v,)]; None when a part's rows end inside a projection."""
+    runs, i = [], 0
+    for part in parts:
+        rows, run = int(part.shape[0]), []
+        while rows > 0 and i < len(sizes):
+            run.append(sizes[i])
+            rows -= sizes[i]
+            i += 1
+        if rows != 0 or not run:
+            return None
+        runs.append(tuple(run))
+    return runs if i == len(sizes) else None
 
 
 def _split(y, sizes):

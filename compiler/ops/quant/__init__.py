@@ -12,8 +12,8 @@ matmul.py          quant_matmul(x, w, backend=...)
 
 from ember.compiler.ops.quant.config import CONFIG_TABLE, QuantMatmulConfig, pick_config
 from ember.compiler.ops.quant.layout import (
-    DenseBacked, FORMATS, GGML_TYPE_FORMATS, Q4_K, Q6_K, Q8_0, SCALE_OFFSETS, QuantizedWeight, WeightGroup, pack, pack_q4_k,
-    pack_q6_k, pack_q8_0, random_gguf_bytes,
+    FORMATS, GGML_TYPE_FORMATS, Q4_K, Q6_K, Q8_0, SCALE_OFFSETS, DenseBacked, QuantizedWeight, WeightGroup, pack,
+    pack_q4_k, pack_q6_k, pack_q8_0, random_gguf_bytes,
 )
 from ember.compiler.ops.quant.matmul import BACKENDS, launch_plan, quant_matmul
 from ember.compiler.ops.quant.ref import (
@@ -21,8 +21,8 @@ from ember.compiler.ops.quant.ref import (
 )
 
 __all__ = [
-    "BACKENDS", "CONFIG_TABLE", "DenseBacked", "FORMATS", "GGML_TYPE_FORMATS", "Q4_K", "Q6_K", "Q8_0", "QuantMatmulConfig",
-    "QuantizedWeight", "SCALE_OFFSETS", "WeightGroup",
+    "BACKENDS", "CONFIG_TABLE", "DenseBacked", "FORMATS", "GGML_TYPE_FORMATS", "Q4_K", "Q6_K", "Q8_0",
+    "QuantMatmulConfig", "QuantizedWeight", "SCALE_OFFSETS", "WeightGroup",
     "dequantize", "dequantize_q4_k", "dequantize_q6_k", "dequantize_q8_0", "launch_plan", "pack",
     "pack_q4_k", "pack_q6_k", "pack_q8_0", "pick_config", "quant_matmul", "quant_matmul_ref",
     "random_gguf_bytes",

@@ -60,19 +60,62 @@ def quantize_activations_gpu(x: jax.Array, order: str) -> tuple[jax.Array, jax.A
                        grid=plan["grid"], num_warps=4, num_stages=1, ASM=True, **plan["meta"])
 
 
+def _quantized_inputs(x: jax.Array, w: QuantizedWeight, plan: dict) -> tuple:
+    """x's int8 activations padded to the plan's rows, then w's planes: the launches' leading operands."""
+    from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES
+
+    qa, da = pad_rows(*quantize_activations_gpu(x, w.format), plan["meta"]["M_PAD"])
+    return (qa, da, *(w.planes[name] for name in DP4A_PLANES[w.format]))
+
+
 def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan: dict) -> jax.Array:
     """x [m, in] @ W.T -> [m, out] in x's dtype through the two launches."""
-    from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES, dp4a_gemv_kernel
+    from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_gemv_kernel
     from ember.compiler.ops.triton_launch import triton_call
 
     m = x.shape[0]
     meta = plan["meta"]
-    qa, da = pad_rows(*quantize_activations_gpu(x, w.format), meta["M_PAD"])
     split_k = plan["split_k"]
     y = triton_call(
-        qa, da, *(w.planes[name] for name in DP4A_PLANES[w.format]),
+        *_quantized_inputs(x, w, plan),
         kernel=dp4a_gemv_kernel,
         out_shape=jax.ShapeDtypeStruct((split_k, meta["M_PAD"], w.shape[0]), x.dtype if split_k == 1 else jnp.float32),
         grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)
     y = y[:, :m]
     return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(x.dtype)
+
+
+MAX_PARTS = 3  # projections one parts launch writes apart (q, k, v)
+
+
+def parts_plan(plan: dict, sizes: tuple[int, ...], out: int) -> dict | None:
+    """The parts kernel's constexprs (N1, N2) for a one-split dp4a plan over `sizes` (1 to 3 projections
+    summing to `out`; one: the plain GEMV with its bias added in the kernel); None where the parts launch
+    does not apply (split-K partials are summed by XLA, which adds the bias and splits them in that pass)."""
+    if plan["split_k"] != 1 or not 1 <= len(sizes) <= MAX_PARTS or sum(sizes) != out:
+        return None
+    bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)] + [out, out]
+    return {"N1": bounds[0], "N2": bounds[1]}
+
+
+def dp4a_parts_call(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None, config: QuantMatmulConfig,
+                    plan: dict, sizes: tuple[int, ...], bias_offset: int = 0) -> tuple[jax.Array, ...]:
+    """x [m, in] @ W.T (+ bias[bias_offset:][:out]) for a W packing len(sizes) projections -> one [m, size]
+    output per projection in x's dtype, written apart by one launch (parts_plan must allow it); equal to
+    slicing dp4a_call's output after linear_quant's bias add. The bias is read in place (no slice of it)."""
+    from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_gemv_parts_kernel
+    from ember.compiler.ops.triton_launch import triton_call
+
+    bounds = parts_plan(plan, sizes, w.shape[0])
+    if bounds is None:
+        raise ValueError(f"no parts launch for sizes {sizes} with split_k {plan['split_k']}")
+    m, rows = x.shape[0], plan["meta"]["M_PAD"]
+    widths = (*sizes, 1, 1)[:MAX_PARTS]  # 1-column placeholders for absent parts (never written)
+    bias_arg = jnp.zeros((1,), x.dtype) if bias is None else bias.astype(x.dtype)
+    outs = triton_call(
+        *_quantized_inputs(x, w, plan), bias_arg,
+        kernel=dp4a_gemv_parts_kernel,
+        out_shape=tuple(jax.ShapeDtypeStruct((rows, width), x.dtype) for width in widths),
+        grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages,
+        HAS_BIAS=bias is not None, BIAS_OFFSET=bias_offset, **plan["meta"], **bounds)
+    return tuple(out[:m] for out in outs[:len(sizes)])

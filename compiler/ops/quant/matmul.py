@@ -41,6 +41,28 @@ def quant_matmul(x: jax.Array, w: QuantizedWeight, *, backend: str = "reference"
     raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
 
 
+def quant_matmul_parts(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None, sizes: tuple[int, ...], *,
+                       bias_offset: int = 0, backend: str = "reference") -> tuple[jax.Array, ...]:
+    """x @ W.T + bias[bias_offset : bias_offset + out] split into the projections W packs (`sizes` along
+    `out`): one [m, size] array each, in x's dtype (bias: None, or a longer vector whose run W's rows take).
+    Where the pick is a one-split dp4a GEMV, one launch writes the outputs apart with the bias added
+    (dp4a.dp4a_parts_call: no slice kernels after it); otherwise quant_matmul, the bias, then slices."""
+    if backend == "triton" and x.ndim == 2 and x.shape[1] == w.shape[1]:
+        config = pick_config(w.format, x.shape[0], *w.shape)
+        if config.variant == "dp4a":
+            from ember.compiler.ops.quant.dp4a import dp4a_parts_call, parts_plan
+
+            plan = launch_plan(w.format, x.shape[0], *w.shape, config)
+            if parts_plan(plan, tuple(sizes), w.shape[0]) is not None:
+                _check_triton_operands(x, w)
+                return dp4a_parts_call(x, w, bias, config, plan, tuple(sizes), bias_offset)
+    y = quant_matmul(x, w, backend=backend)
+    if bias is not None:
+        y = y + bias[bias_offset:bias_offset + w.shape[0]].astype(y.dtype)
+    bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)]
+    return tuple(jnp.split(y, bounds, axis=-1))
+
+
 def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig) -> dict:
     """The static launch parameters (grid and kernel constexprs) for one call; pure, testable on CPU."""
     block, _, _ = FORMATS[fmt]
@@ -121,18 +143,22 @@ def _rows_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig
     return {"grid": (-(-out // config.block_n), split_k, 1), "split_k": split_k, "meta": meta}
 
 
+def _check_triton_operands(x: jax.Array, w: QuantizedWeight) -> None:
+    if x.dtype not in (jnp.bfloat16, jnp.float32, jnp.float16):
+        raise ValueError(f"activations must be bf16, f16 or f32, got {x.dtype}")
+    for name, plane in w.planes.items():  # every kernel variant reads every plane
+        if plane.size >= 2**31:
+            raise ValueError(f"{w.format} plane {name!r} has {plane.size} elements; int32 offsets overflow")
+
+
 def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig) -> jax.Array:
     from ..triton_launch import triton_call  # Triton itself is imported on use (GPU-only dependency)
 
     from ember.compiler.ops.quant.triton_kernels import KERNELS
 
-    if x.dtype not in (jnp.bfloat16, jnp.float32, jnp.float16):
-        raise ValueError(f"activations must be bf16, f16 or f32, got {x.dtype}")
+    _check_triton_operands(x, w)
     m = x.shape[0]
     out, inner = w.shape
-    for name, plane in w.planes.items():  # every kernel variant reads every plane
-        if plane.size >= 2**31:
-            raise ValueError(f"{w.format} plane {name!r} has {plane.size} elements; int32 offsets overflow")
     plan = launch_plan(w.format, m, out, inner, config)
     if config.variant == "dp4a":
         from ember.compiler.ops.quant.dp4a import dp4a_call
