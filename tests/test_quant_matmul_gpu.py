@@ -141,3 +141,24 @@ def test_dp4a_parts_launch_equals_the_gemv_then_bias_and_slices(fmt: str, sizes)
     assert [g.shape for g in got] == [(m, n) for n in sizes]
     for got_part, want_part in zip(got, want):
         np.testing.assert_array_equal(np.asarray(got_part.astype(jnp.float32)), want_part)
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_dp4a_silu_gated_matches_the_activation_then_the_reference(fmt: str, m: int) -> None:
+    """The down projection fed a gate/up output: silu(gate) * up made inside the quantizer (SILU_GATED) against
+    activation.py's jnp activation, then act_quant.dp4a_matmul_ref (1.5B down shape)."""
+    from ember.compiler.ops.activation import gated_act_packed
+    from ember.compiler.ops.quant import config as quant_config
+    from ember.compiler.ops.quant.matmul import quant_matmul_silu_gated
+
+    if not quant_config.dp4a_for(fmt):
+        pytest.skip(f"{fmt} decode does not take the dp4a kernel here (EMBER_QUANT_DP4A)")
+    w = device_weight(fmt, (1536, 8960))
+    gate_up = (jax.random.normal(jax.random.key(m), (m, 2 * 8960), jnp.float32) * 2).astype(jnp.bfloat16)
+    got = jax.jit(lambda g, w: quant_matmul_silu_gated(g, w, backend="triton"))(gate_up, w)
+    assert got.shape == (m, 1536) and got.dtype == jnp.bfloat16
+    hidden = jax.jit(lambda g: gated_act_packed(g, act="silu"))(gate_up)
+    expected = np.asarray(jax.jit(dp4a_matmul_ref)(hidden.astype(jnp.float32), w))
+    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), expected, rtol=1e-2,
+                               atol=1e-2 * float(np.abs(expected).max()))

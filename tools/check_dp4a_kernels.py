@@ -118,7 +118,8 @@ def interpret_parts() -> int:
 
 
 def interpret_quantize() -> int:
-    """triton_act_quant.py's kernel against act_quant.quantize_activations: packed words equal, (dx, sx) close."""
+    """triton_act_quant.py's kernel against act_quant.quantize_activations: packed words equal, (dx, sx) close
+    (and the SILU_GATED variant); the number of failed cases."""
     import jax.numpy as jnp
 
     from ember.compiler.ops.quant.act_quant import quantize_activations
@@ -143,7 +144,37 @@ def interpret_quantize() -> int:
         failures += bad
         print(f"{'BAD' if bad else 'ok '} quantize {order} m={m} k={k} words equal={words_equal} (dx, sx) rel_err={da_err:.1e}",
               flush=True)
-    return 1 if failures else 0
+    return failures + interpret_quantize_gated()
+
+
+def interpret_quantize_gated() -> int:
+    """SILU_GATED: the quantizer reads a gate/up output [m, 2k] and quantizes silu(gate) * up; against jnp's
+    activation then quantize_activations (sigmoid's last-bit differences may move a rare code by one)."""
+    import jax.numpy as jnp
+
+    from ember.compiler.ops.activation import gated_act_packed
+    from ember.compiler.ops.quant.act_quant import quantize_activations
+    from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
+
+    failures = 0
+    rng = np.random.default_rng(5)
+    for (m, k), order in itertools.product(((1, 1536), (2, 8960)), ("q4_k", "q6_k")):
+        gate_up = (rng.standard_normal((m, 2 * k)) * 3.0).astype(np.float32)
+        qa_ref, da_ref = (np.asarray(a) for a in
+                          quantize_activations(gated_act_packed(jnp.asarray(gate_up), act="silu"), order))
+        plan = quantize_plan(m, k, order, silu_gated=True)
+        qa = HostBuffer(np.zeros((m, k // 4), np.int32))
+        da = HostBuffer(np.full((m, k // 32, 4), np.nan, np.float32))
+        quantize_rows_kernel[plan["grid"]](HostBuffer(gate_up), qa, da, ASM=False, **plan["meta"])
+        codes = lambda words: words.view(np.int8).astype(np.int32)  # noqa: E731
+        code_diff = int(np.abs(codes(qa.array) - codes(qa_ref)).max())
+        same = float((qa.array == qa_ref).mean())
+        da_err = float(np.abs(da.array - da_ref).max() / np.abs(da_ref).max())
+        bad = not (code_diff <= 1 and same > 0.99 and da_err < 1e-5)
+        failures += bad
+        print(f"{'BAD' if bad else 'ok '} quantize silu-gated {order} m={m} k={k} words equal {same:.4f} "
+              f"max code diff {code_diff} (dx, sx) rel_err={da_err:.1e}", flush=True)
+    return failures
 
 
 def compile_all() -> int:
@@ -187,7 +218,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["interpret"]:
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
         patch_interpreter()
-        return interpret_quantize() | interpret() | interpret_parts()
+        return min(1, interpret_quantize()) | interpret() | interpret_parts()
     if argv[:1] == ["compile"]:
         return compile_all()
     print(__doc__)

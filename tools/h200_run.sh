@@ -17,6 +17,7 @@
 #   tools/h200_run.sh gemv-graphs the rows kernels' configs timed inside CUDA graphs (tools/tune_gemv_graphs.py)
 #   tools/h200_run.sh dp4a-ab    Q4_K on int8 activations: GPU tests, then the batch-1 step with and without it
 #   tools/h200_run.sh dp4a-q6    Q6_K on the dp4a kernel: GPU tests, plan-alone A/B, batch-1 decode (1.5B)
+#   tools/h200_run.sh fused-check the fused decode launches: GPU tests, quantized model test, batch-1 step alone
 #   tools/h200_run.sh dp4a-rows  16 / 32 streams, the dp4a GEMV up to 64 rows vs its default bound
 #   tools/h200_run.sh norms-ab   RMSNorm kernels: GPU test, then the batch-1 step with and without them
 #   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
@@ -145,6 +146,17 @@ dp4a-q6)  # Q6_K on the dp4a kernel: GPU tests, the batch-1 step (plan alone) wi
     done
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context --contexts 128 \
         --context-decode-tokens 128" suite batch1-15 ${DEADLINE:-45} synthetic:qwen2.5-1.5b-q4_k_m ;;
+fused-check)  # the fused decode launches (q/k/v parts with their bias, the SiLU-gated quantizer): their GPU
+    # tests, the whole quantized model's Triton-vs-reference test, then the batch-1 step (plan alone, MODEL)
+    export JAX_PLATFORMS=cuda,cpu
+    timeout ${QUANT_TEST_S:-90} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py -k "parts or silu_gated" \
+        -p no:cacheprovider > "$out/gpu_fused_tests.log" 2>&1; tail -n 2 "$out/gpu_fused_tests.log"
+    timeout ${ENGINE_TEST_S:-120} python -m pytest -q -m gpu tests/test_quant_model_gpu.py -p no:cacheprovider \
+        > "$out/gpu_quant_model.log" 2>&1; tail -n 2 "$out/gpu_quant_model.log"
+    JAX_PLATFORMS=cuda EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 120 python3 -m ember.tools.profile_step \
+        --model synthetic:${MODEL:-qwen2.5-1.5b-q4_k_m} --tokenizer .gpu/tok --concurrency 1 --plan-only \
+        > "$out/plan_alone.json" 2> "$out/plan_alone.log" || tail -n 3 "$out/plan_alone.log"
+    grep -h "multi_async\|profiled_" "$out/plan_alone.json" ;;
 dp4a-rows)  # 16 / 32 streams with the dp4a GEMV taking up to 64 rows vs the default bound (MODEL: 1.5B Q4_K_M)
     for rows in 64 16; do
         EMBER_DP4A_GEMV_MAX_ROWS=$rows EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections concurrency \

@@ -37,12 +37,13 @@ from collections.abc import Iterator
 
 import jax.numpy as jnp
 
+from . import activation
 from . import embedding as embedding_ref
 from . import linear as linear_ref
 from .quant import config as quant_config
 from .quant.fp8 import Fp8Weight, fp8_linear, fp8_rows
 from .quant.layout import DenseBacked, QuantizedWeight, WeightGroup
-from .quant.matmul import BACKENDS, quant_matmul, quant_matmul_parts
+from .quant.matmul import BACKENDS, quant_matmul, quant_matmul_parts, quant_matmul_silu_gated
 from .quant.ref import dequantize
 from .triton_available import triton_available
 
@@ -141,6 +142,16 @@ def linear_split(x, weight, bias=None, *, sizes):
             outs.extend(_split(_add_bias(_matmul(x, part), part_bias), run))
         start += sum(run)
     return tuple(outs)
+
+
+def gated_linear(gate_up, weight, *, act):
+    # act(gate) * up @ weight.T: gate_up [N, 2 * ffn] (a packed gate/up output), weight [n, ffn] -> [N, n]
+    # (the fuse_gated_linear pass); a silu-gated decode GEMV on int8 activations makes the activation inside
+    # its quantizer, so it costs no kernel of its own
+    kept = _form(gate_up, weight)
+    if act == "silu" and isinstance(kept, QuantizedWeight) and gate_up.shape[0] <= gemv_max_rows(kept.format):
+        return quant_matmul_silu_gated(gate_up, kept, backend=quant_backend())
+    return linear(activation.gated_act_packed(gate_up, act=act), weight)
 
 
 def _sizes_per_part(parts, sizes: tuple[int, ...]) -> list[tuple[int, ...]] | None:

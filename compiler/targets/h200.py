@@ -35,6 +35,8 @@ H200 = Target(
              "linear": "ember.compiler.ops.linear_quant:linear",
              "linear_split": "ember.compiler.ops.linear_quant:linear_split",
              "embedding": "ember.compiler.ops.linear_quant:embedding",
+             # act(gate) * up made inside the down projection's activation quantizer (fuse_gated_linear)
+             "gated_linear": "ember.compiler.ops.linear_quant:gated_linear",
              # one program per row where XLA runs the add, the reduce and the scale as three kernels
              "rms_norm": "ember.compiler.ops.norm_gpu:rms_norm",
              "add_rms_norm": "ember.compiler.ops.norm_gpu:add_rms_norm"},

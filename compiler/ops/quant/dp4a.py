@@ -45,31 +45,34 @@ def pad_rows(qa, da, rows: int):
     return jnp.pad(qa, ((0, pad), (0, 0))), jnp.pad(da, ((0, pad), (0, 0), (0, 0)))
 
 
-def quantize_activations_gpu(x: jax.Array, order: str) -> tuple[jax.Array, jax.Array]:
-    """act_quant.quantize_activations(x, order) in one Triton launch: x [m, k] -> (qa, da)."""
+def quantize_activations_gpu(x: jax.Array, order: str, silu_gated: bool = False) -> tuple[jax.Array, jax.Array]:
+    """act_quant.quantize_activations(x, order) in one Triton launch: x [m, k] -> (qa, da); with silu_gated,
+    of silu(gate) * up for x = gate_up [m, 2k] (activation.gated_act_packed, computed inside the launch)."""
     from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
     from ember.compiler.ops.triton_launch import triton_call
 
-    m, k = x.shape
+    m, k = x.shape[0], x.shape[1] // 2 if silu_gated else x.shape[1]
     if k % 32:
         raise ValueError(f"activation length {k} is not a multiple of 32")
-    plan = quantize_plan(m, k, order)
+    plan = quantize_plan(m, k, order, silu_gated)
     return triton_call(x, kernel=quantize_rows_kernel,
                        out_shape=(jax.ShapeDtypeStruct((m, k // 4), jnp.int32),
                                   jax.ShapeDtypeStruct((m, k // 32, 4), jnp.float32)),
                        grid=plan["grid"], num_warps=4, num_stages=1, ASM=True, **plan["meta"])
 
 
-def _quantized_inputs(x: jax.Array, w: QuantizedWeight, plan: dict) -> tuple:
+def _quantized_inputs(x: jax.Array, w: QuantizedWeight, plan: dict, silu_gated: bool = False) -> tuple:
     """x's int8 activations padded to the plan's rows, then w's planes: the launches' leading operands."""
     from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES
 
-    qa, da = pad_rows(*quantize_activations_gpu(x, w.format), plan["meta"]["M_PAD"])
+    qa, da = pad_rows(*quantize_activations_gpu(x, w.format, silu_gated), plan["meta"]["M_PAD"])
     return (qa, da, *(w.planes[name] for name in DP4A_PLANES[w.format]))
 
 
-def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan: dict) -> jax.Array:
-    """x [m, in] @ W.T -> [m, out] in x's dtype through the two launches."""
+def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan: dict,
+              silu_gated: bool = False) -> jax.Array:
+    """x [m, in] @ W.T -> [m, out] in x's dtype through the two launches (silu_gated: x is a gate/up output
+    [m, 2 in] and the product is silu(gate) * up @ W.T, the activation made by the quantizer)."""
     from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_gemv_kernel
     from ember.compiler.ops.triton_launch import triton_call
 
@@ -77,7 +80,7 @@ def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan:
     meta = plan["meta"]
     split_k = plan["split_k"]
     y = triton_call(
-        *_quantized_inputs(x, w, plan),
+        *_quantized_inputs(x, w, plan, silu_gated),
         kernel=dp4a_gemv_kernel,
         out_shape=jax.ShapeDtypeStruct((split_k, meta["M_PAD"], w.shape[0]), x.dtype if split_k == 1 else jnp.float32),
         grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)

@@ -63,6 +63,25 @@ def quant_matmul_parts(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None,
     return tuple(jnp.split(y, bounds, axis=-1))
 
 
+def quant_matmul_silu_gated(gate_up: jax.Array, w: QuantizedWeight, *, backend: str = "reference") -> jax.Array:
+    """silu(gate) * up @ W.T for a packed gate/up output gate_up [m, 2 in] -> [m, out] in its dtype. On a
+    dp4a pick the activation is made inside the activation quantizer (no kernel of its own); otherwise
+    activation.py's reference, then quant_matmul."""
+    from ember.compiler.ops.activation import gated_act_packed
+
+    if gate_up.ndim != 2 or gate_up.shape[1] != 2 * w.shape[1]:
+        raise ValueError(f"gate_up {gate_up.shape} does not match a weight of shape {w.shape}")
+    m = gate_up.shape[0]
+    if backend == "triton":
+        config = pick_config(w.format, m, *w.shape)
+        if config.variant == "dp4a":
+            from ember.compiler.ops.quant.dp4a import dp4a_call
+
+            _check_triton_operands(gate_up, w)
+            return dp4a_call(gate_up, w, config, launch_plan(w.format, m, *w.shape, config), silu_gated=True)
+    return quant_matmul(gated_act_packed(gate_up, act="silu"), w, backend=backend)
+
+
 def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig) -> dict:
     """The static launch parameters (grid and kernel constexprs) for one call; pure, testable on CPU."""
     block, _, _ = FORMATS[fmt]

@@ -9,6 +9,9 @@ Bit-equal to the jnp reference where it matters: inv = 127 / max|x| and dx = max
 divisions (div_rn), q = rint(x * inv) (cvt.rni: a single rounding of the product, no FMA contraction
 possible), and the packing is the documented one. sx is summed in a different order (fp32 rounding only).
 ASM=False (Triton's CPU interpreter, numpy, no contraction) rounds with the 1.5 * 2**23 trick instead.
+
+With SILU_GATED the kernel reads a gate/up projection's output and quantizes silu(gate) * up: the down
+projection's activation costs no kernel of its own (linear_quant.gated_linear, the fuse_gated_linear pass).
 """
 
 from __future__ import annotations
@@ -28,10 +31,22 @@ def _rint(v, ASM: tl.constexpr):
 
 
 @triton.jit
+def _silu_times(g_ptr, u_ptr, mask):
+    """silu(g) * u as the jnp reference computes it in g's dtype: sigmoid, times g, times u, each result
+    rounded to that dtype (XLA's elementwise ops on bf16 round every op's result) -> float32."""
+    dtype = g_ptr.dtype.element_ty
+    g = tl.load(g_ptr, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr, mask=mask, other=0.0).to(tl.float32)
+    s = tl.sigmoid(g).to(dtype).to(tl.float32)
+    return ((g * s).to(dtype).to(tl.float32) * u).to(dtype).to(tl.float32)
+
+
+@triton.jit
 def quantize_rows_kernel(x_ptr, qa_ptr, da_ptr, K: tl.constexpr, BLOCKS: tl.constexpr, Q6: tl.constexpr,
-                         ASM: tl.constexpr):
+                         ASM: tl.constexpr, SILU_GATED: tl.constexpr = False):
     """x [m, K] -> qa int32 [m, K/4] (packed for Q4_K, or for Q6_K when Q6), da float32 [m, K/32, 4];
-    program (row, p) takes blocks p BLOCKS ... p BLOCKS + BLOCKS - 1."""
+    program (row, p) takes blocks p BLOCKS ... p BLOCKS + BLOCKS - 1. SILU_GATED: x is [m, 2K], gate then up
+    (a packed gate/up projection's output), and what is quantized is silu(gate) * up (activation.py)."""
     row = tl.program_id(0)
     blocks = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
     ok = blocks < K // 32
@@ -41,8 +56,12 @@ def quantize_rows_kernel(x_ptr, qa_ptr, da_ptr, K: tl.constexpr, BLOCKS: tl.cons
         e3 = 16 * (w3 // 4) + 4 * j3 + w3 % 4             # element 16h + 4j + q
     else:
         e3 = 8 * j3 + w3                                  # element 8j + 4h + q
-    x = tl.load(x_ptr + row * K + blocks[:, None, None] * 32 + e3, mask=ok[:, None, None], other=0.0)
-    x = x.to(tl.float32)                                  # [BLOCKS, 4, 8]
+    cols = blocks[:, None, None] * 32 + e3
+    if SILU_GATED:
+        x = _silu_times(x_ptr + row * 2 * K + cols, x_ptr + row * 2 * K + K + cols, ok[:, None, None])
+    else:
+        x = tl.load(x_ptr + row * K + cols, mask=ok[:, None, None], other=0.0)
+        x = x.to(tl.float32)                              # [BLOCKS, 4, 8]
     amax = tl.max(tl.max(tl.abs(x), axis=2), axis=1)     # [BLOCKS]
     total = tl.sum(tl.sum(x, axis=2), axis=1)
     inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
@@ -62,9 +81,10 @@ def quantize_rows_kernel(x_ptr, qa_ptr, da_ptr, K: tl.constexpr, BLOCKS: tl.cons
 QUANTIZE_BLOCKS = 16  # activation blocks (of 32) per program
 
 
-def quantize_plan(m: int, k: int, order: str = "q4_k") -> dict:
-    """Grid and constexprs for x [m, k] packed for `order` (act_quant.PACKINGS: "q4_k" or "q6_k")."""
+def quantize_plan(m: int, k: int, order: str = "q4_k", silu_gated: bool = False) -> dict:
+    """Grid and constexprs for x [m, k] packed for `order` (act_quant.PACKINGS: "q4_k" or "q6_k"); with
+    silu_gated, for silu(gate) * up of a [m, 2k] gate/up output."""
     if order not in ("q4_k", "q6_k"):
         raise ValueError(f"no activation packing for {order!r}")
     return {"grid": (m, -(-(k // 32) // QUANTIZE_BLOCKS), 1),
-            "meta": dict(K=k, BLOCKS=QUANTIZE_BLOCKS, Q6=order == "q6_k")}
+            "meta": dict(K=k, BLOCKS=QUANTIZE_BLOCKS, Q6=order == "q6_k", SILU_GATED=silu_gated)}

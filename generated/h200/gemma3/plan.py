@@ -9,11 +9,11 @@
 import jax
 import jax.numpy as jnp
 
-from ember.compiler.ops.activation import gated_act_packed as activation_gated_act_packed
 from ember.compiler.ops.embedding import add as embedding_add
 from ember.compiler.ops.embedding import scale as embedding_scale
 from ember.compiler.ops.embedding import select_rows as embedding_select_rows
 from ember.compiler.ops.linear_quant import embedding as linear_quant_embedding
+from ember.compiler.ops.linear_quant import gated_linear as linear_quant_gated_linear
 from ember.compiler.ops.linear_quant import linear as linear_quant_linear
 from ember.compiler.ops.linear_quant import linear_split as linear_quant_linear_split
 from ember.compiler.ops.linear import split_heads as linear_split_heads
@@ -50,8 +50,7 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
     t_13 = norm_gpu_rms_norm(t_12, w['post_attention_norm.weight'], eps=dims.eps)
     x_1, h_1 = norm_gpu_add_rms_norm(x, t_13, w['ffn_norm.weight'], eps=dims.eps)
     t_16_t_17 = linear_quant_linear(h_1, w['ffn_gate+ffn_up.weight'])
-    t_18 = activation_gated_act_packed(t_16_t_17, act='gelu_tanh')
-    t_19 = linear_quant_linear(t_18, w['ffn_down.weight'])
+    t_19 = linear_quant_gated_linear(t_16_t_17, w['ffn_down.weight'], act='gelu_tanh')
     t_20 = norm_gpu_rms_norm(t_19, w['post_ffw_norm.weight'], eps=dims.eps)
     x_2 = embedding_add(x_1, t_20)
     return x_2, k_pool, v_pool

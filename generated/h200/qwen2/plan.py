@@ -9,10 +9,10 @@
 import jax
 import jax.numpy as jnp
 
-from ember.compiler.ops.activation import gated_act_packed as activation_gated_act_packed
 from ember.compiler.ops.embedding import add as embedding_add
 from ember.compiler.ops.embedding import select_rows as embedding_select_rows
 from ember.compiler.ops.linear_quant import embedding as linear_quant_embedding
+from ember.compiler.ops.linear_quant import gated_linear as linear_quant_gated_linear
 from ember.compiler.ops.linear_quant import linear as linear_quant_linear
 from ember.compiler.ops.linear_quant import linear_split as linear_quant_linear_split
 from ember.compiler.ops.linear import split_heads as linear_split_heads
@@ -45,8 +45,7 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
     t_10 = linear_quant_linear(a, w['attn_output.weight'])
     x_1, h_1 = norm_gpu_add_rms_norm(x, t_10, w['ffn_norm.weight'], eps=dims.eps)
     t_13_t_14 = linear_quant_linear(h_1, w['ffn_gate+ffn_up.weight'])
-    t_15 = activation_gated_act_packed(t_13_t_14, act='silu')
-    t_16 = linear_quant_linear(t_15, w['ffn_down.weight'])
+    t_16 = linear_quant_gated_linear(t_13_t_14, w['ffn_down.weight'], act='silu')
     x_2 = embedding_add(x_1, t_16)
     return x_2, k_pool, v_pool
 
