@@ -14,6 +14,7 @@ from .ir import Graph
 from .passes.assign_state_kinds import assign_state_kinds
 from .passes.fuse_add_rms_norm import fuse_add_rms_norm
 from .passes.fuse_gated_linear import fuse_gated_linear
+from .passes.fuse_norm_into_projection import fuse_norm_into_projection
 from .passes.fuse_rope_attention import fuse_rope_attention
 from .passes.hoist_layer_constants import hoist_layer_constants
 from .passes.infer_shapes import infer_shapes
@@ -36,6 +37,8 @@ def phases(target: Target, variant: str = "default") -> list[tuple[str, Callable
          lambda g: fuse_rope_attention(g) if target.names_kernel("rope_attention", variant) else g),
         ("fuse_gated_linear",
          lambda g: fuse_gated_linear(g) if target.names_kernel("gated_linear", variant) else g),
+        ("fuse_norm_into_projection",
+         lambda g: fuse_norm_into_projection(g) if target.names_kernel("rms_norm_to_proj", variant) else g),
         ("reinfer_shapes", infer_shapes),
         ("select_kernels", lambda g: select_kernels(g, target, variant)),
     ]

@@ -180,7 +180,8 @@ def test_gemv_row_bound_per_format(monkeypatch):
     assert linear_quant.gemv_max_rows("q4_k") == 16
     # the bound decides the path: 40 rows of a Q4_K weight reach quant_matmul (the GEMV) only under 64
     calls = []
-    monkeypatch.setattr(linear_quant, "quant_matmul", lambda x, w, backend: calls.append(x.shape[0]) or x[:, :16] * 0)
+    monkeypatch.setattr(linear_quant, "quant_matmul",
+                        lambda x, w, backend, activations: calls.append(x.shape[0]) or x[:, :16] * 0)
     _, w = _weight(np.random.default_rng(6), "q4_k", 16)
     linear_quant.linear(jnp.zeros((40, INNER), jnp.float32), w)
     monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)

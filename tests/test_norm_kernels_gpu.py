@@ -34,3 +34,27 @@ def test_kernels_match_the_references(rows, n, dtype):
                                     norm.rms_norm(x, w, eps=1e-5))):
         got, ref = np.asarray(got, np.float32), np.asarray(ref, np.float32)
         assert np.max(np.abs(got - ref) / (np.abs(ref) + 1e-3)) <= tol
+
+
+@pytest.mark.parametrize("rows, n", [(1, 1536), (2, 4096), (1, 96)])
+@pytest.mark.parametrize("order", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("add", [False, True], ids=["rms_norm", "add_rms_norm"])
+def test_norms_writing_int8_activations_match_the_plain_kernels(rows, n, order, add):
+    """norm_quant_gpu.py: the normed rows (and the sum) bit-equal to the plain kernels', the int8 activations
+    equal to act_quant.quantize_activations of those rows (words; (dx, sx, s0, s1) within fp32 rounding)."""
+    from ember.compiler.ops.norm_quant_gpu import norm_quantize_triton
+    from ember.compiler.ops.quant.act_quant import quantize_activations
+
+    keys = jax.random.split(jax.random.key(rows * n + add), 3)
+    x = (jax.random.normal(keys[0], (rows, n)) * 3).astype(jnp.bfloat16)
+    y = jax.random.normal(keys[1], (rows, n)).astype(jnp.bfloat16) if add else None
+    w = jax.random.uniform(keys[2], (n,), minval=0.5, maxval=1.5).astype(jnp.bfloat16)
+    got = jax.jit(lambda x, y, w: norm_quantize_triton(x, y, w, eps=1e-6, order=order))(x, y, w)
+    plain = (jax.jit(lambda x, y, w: add_rms_norm_triton(x, y, w, eps=1e-6))(x, y, w) if add
+             else (jax.jit(lambda x, w: rms_norm_triton(x, w, eps=1e-6))(x, w),))
+    for a, b in zip(got[:len(plain)], plain):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    qa, da = got[-2:]
+    qa_ref, da_ref = quantize_activations(plain[-1], order)
+    np.testing.assert_array_equal(np.asarray(qa), np.asarray(qa_ref))
+    np.testing.assert_allclose(np.asarray(da), np.asarray(da_ref), rtol=1e-5, atol=1e-6)

@@ -23,7 +23,7 @@ if jax.default_backend() != "gpu":
 from ember.compiler.codegen.emit import generate, write_plan  # noqa: E402
 from ember.compiler.ops.linear_quant import use_quant_backend  # noqa: E402
 from ember.compiler.ops.quant import DenseBacked, QuantizedWeight, WeightGroup  # noqa: E402
-from ember.compiler.ops.quant import matmul as quant_matmul_module  # noqa: E402
+from ember.compiler.ops import triton_launch  # noqa: E402
 from ember.compiler.passes.select_kernels import VARIANTS  # noqa: E402
 from ember.compiler.pipeline import compile_graph  # noqa: E402
 from ember.compiler.spec import spec_for_arch  # noqa: E402
@@ -36,6 +36,7 @@ from ember.runtime.synthetic_gguf import synthetic_gguf_checkpoint  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 QUANT = "ember.compiler.ops.linear_quant"
+QUANT_KERNELS = "ember.compiler.ops.quant."  # the modules of the quantized GEMV kernels
 # Qwen2.5-Coder-1.5B as its Q4_K_M file has it: untied head (Q6_K), Q6_K attn_v / ffn_down in 14 layers
 QWEN_1_5B = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536, "num_hidden_layers": 28,
              "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,
@@ -70,14 +71,19 @@ def _decode_logits(model, backend: str, tokens: list[int], monkeypatch) -> tuple
     A fresh plan module per backend: jit caches per function, and the backend is read at trace time."""
     fresh = dataclasses.replace(model, plan=load_plan(model.spec, model.plan.target, model.generated_dir))
     launches = []
-    original = quant_matmul_module.triton_quant_matmul
-    monkeypatch.setattr(quant_matmul_module, "triton_quant_matmul",
-                        lambda x, w, config: launches.append(w.format) or original(x, w, config))
+    original = triton_launch.triton_call
+
+    def counted(*args, kernel, **kwargs):  # the quantized GEMVs' launches (not the activation quantizer's)
+        if kernel.fn.__module__.startswith(QUANT_KERNELS) and kernel.fn.__name__ != "quantize_rows_kernel":
+            launches.append(kernel.fn.__name__)
+        return original(*args, kernel=kernel, **kwargs)
+
+    monkeypatch.setattr(triton_launch, "triton_call", counted)
     runner = SequenceRunner(fresh, 64)
     with use_quant_backend(backend):
         runner.prefill(tokens[:-1])
         logits = runner.decode(tokens[-1])
-    monkeypatch.setattr(quant_matmul_module, "triton_quant_matmul", original)
+    monkeypatch.setattr(triton_launch, "triton_call", original)
     return np.asarray(logits, np.float32), len(launches)
 
 

@@ -1,7 +1,8 @@
 """Check the RMSNorm kernels (compiler/ops/norm_gpu.py) without a GPU (needs only triton==3.6.0).
 
   python -m ember.tools.check_norm_kernels interpret   run both kernels in Triton's CPU interpreter against
-                                                       norm.py's references: CASES
+                                                       norm.py's references: CASES; then norm_quant_gpu.py's
+                                                       (the norms writing a GEMV's int8 activations too)
 The interpreter patches (numpy buffers, bf16 through fp32) are tools/check_quant_kernels.py's, plus fp32 -> bf16
 rounding to nearest even (the interpreter truncates; the GPU rounds), so the residual sum can be compared exactly.
 """
@@ -75,6 +76,52 @@ def interpret() -> int:
     return 1 if failures else 0
 
 
+def interpret_quantized() -> int:
+    """norm_quant_gpu.py's kernels: their normed rows (and sum) bit-equal to norm_gpu.py's kernels', their
+    int8 activations equal to act_quant.quantize_activations of those rows (words equal, (dx, sx) close)."""
+    import itertools
+
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    from ember.compiler.ops.norm_gpu import add_rms_norm_kernel, rms_norm_kernel
+    from ember.compiler.ops.norm_quant_gpu import add_rms_norm_quant_kernel, launch_plan, rms_norm_quant_kernel
+    from ember.compiler.ops.quant.act_quant import quantize_activations
+    from ember.tools.check_quant_kernels import HostBuffer
+
+    failures = 0
+    rng = np.random.default_rng(1)
+    for (rows, n, dtype_name), order, add in itertools.product(
+            ((1, 1536, "bfloat16"), (3, 4096, "float32"), (2, 96, "bfloat16")), ("q4_k", "q6_k"), (False, True)):
+        dtype = ml_dtypes.bfloat16 if dtype_name == "bfloat16" else np.float32
+        x = (rng.standard_normal((rows, n)) * 3).astype(dtype)
+        y = rng.standard_normal((rows, n)).astype(dtype)
+        w = rng.uniform(0.5, 1.5, n).astype(dtype)
+        plan = launch_plan(rows, n, order)
+        base = {k: v for k, v in plan["meta"].items() if k in ("N", "BLOCK")}
+        s, out, s_plain, out_plain = (HostBuffer(np.zeros((rows, n), dtype)) for _ in range(4))
+        qa = HostBuffer(np.zeros((rows, n // 4), np.int32))
+        da = HostBuffer(np.full((rows, n // 32, 4), np.nan, np.float32))
+        if add:
+            add_rms_norm_quant_kernel[plan["grid"]](HostBuffer(x), HostBuffer(y), HostBuffer(w), s, out, qa, da,
+                                                    EPS=1e-6, ASM=False, **plan["meta"])
+            add_rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(y), HostBuffer(w), s_plain, out_plain,
+                                              EPS=1e-6, **base)
+        else:
+            rms_norm_quant_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), out, qa, da, EPS=1e-6, ASM=False,
+                                                **plan["meta"])
+            rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), out_plain, EPS=1e-6, **base)
+        rows_equal = np.array_equal(out.array, out_plain.array) and (not add or np.array_equal(s.array, s_plain.array))
+        qa_ref, da_ref = (np.asarray(a) for a in quantize_activations(jnp.asarray(out.array.astype(np.float32)), order))
+        words_equal = bool((qa.array == qa_ref).all())
+        da_err = float(np.abs(da.array - da_ref).max() / np.abs(da_ref).max())
+        bad = not (rows_equal and words_equal and da_err < 1e-5)
+        failures += bad
+        print(f"{'BAD' if bad else 'ok '} norm+quantize {'add ' if add else ''}{order} rows={rows} n={n} {dtype_name} "
+              f"rows equal={rows_equal} words equal={words_equal} (dx, sx) rel_err={da_err:.1e}", flush=True)
+    return 1 if failures else 0
+
+
 def interpret_cli(doc: str, interpret_fn, argv: list[str]) -> int:
     """The command line of an interpreter check: `interpret` runs it (exit 1 on a mismatch), else the usage."""
     if argv[:1] != ["interpret"]:
@@ -84,7 +131,7 @@ def interpret_cli(doc: str, interpret_fn, argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    return interpret_cli(__doc__, interpret, argv)
+    return interpret_cli(__doc__, lambda: interpret() | interpret_quantized(), argv)
 
 
 if __name__ == "__main__":

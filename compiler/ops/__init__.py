@@ -88,6 +88,10 @@ _op("linear_split", [Param("x", V), Param("weight", W), Param("bias", L, False),
     lambda s, a, w: [(*s[0][:-1], str(size.text)) for size in a["sizes"]], spec_level=False)
 _op("gated_act_packed", [Param("gate_up", V), Param("act", L)], 1,
     lambda s, a, w: [(*s[0][:-1], _half(s[0][-1]))], spec_level=False)
+_op("rms_norm_to_proj", [Param("x", V), Param("weight", W), Param("reader", W), Param("eps", D)], 1,
+    lambda s, a, w: [s[0]], spec_level=False)
+_op("add_rms_norm_to_proj", [Param("x", V), Param("y", V), Param("weight", W), Param("reader", W),
+                             Param("eps", D)], 2, lambda s, a, w: [s[0], s[0]], spec_level=False)
 _op("gated_linear", [Param("gate_up", V), Param("weight", W), Param("act", L)], 1,
     lambda s, a, w: [(*s[0][:-1], _weight_rows(w, "weight"))], spec_level=False)
 _op("rope_apply", [Param("q", V), Param("k", V), Param("positions", V), Param("inv_freq", V), Param("style", L)], 2,

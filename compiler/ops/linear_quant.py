@@ -34,7 +34,9 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 
 from . import activation
@@ -85,14 +87,56 @@ def use_quant_backend(name: str | None) -> Iterator[None]:
 
 
 def _matmul(x, w):
-    # x [N, k] @ part.T -> [N, out]; w a QuantizedWeight, an Fp8Weight or a float [out, k] array
+    # x [N, k] (an array or a QuantizedInput) @ part.T -> [N, out]; w a QuantizedWeight, an Fp8Weight or a
+    # float [out, k] array
+    rows = _rows(x)
+    if isinstance(w, QuantizedWeight) and rows <= gemv_max_rows(w.format):
+        return quant_matmul(_array(x), w, backend=quant_backend(), activations=_activations(x, w))
+    x = _array(x)
     if isinstance(w, Fp8Weight):
         return fp8_linear(x, w)
     if not isinstance(w, QuantizedWeight):
         return linear_ref.linear(x, w)
-    if x.shape[0] <= gemv_max_rows(w.format):
-        return quant_matmul(x, w, backend=quant_backend())
     return linear_ref.linear(x, dequantize(w).astype(x.dtype))
+
+
+class QuantizedInput(NamedTuple):
+    """A projection's input rows (x [N, k]) with their int8 activations already made by the op that
+    produced them (norm_quant_gpu.py): qa [N, k/4], da [N, k/32, 4] packed for `order`'s weights
+    (act_quant.quantize_activations), so the projection's dp4a GEMV launches no quantizer. Parts of
+    another format, and every other path, read x."""
+
+    x: jax.Array
+    qa: jax.Array
+    da: jax.Array
+    order: str
+
+
+def _array(x):
+    return x.x if isinstance(x, QuantizedInput) else x
+
+
+def _rows(x) -> int:
+    return int(_array(x).shape[0])
+
+
+def _activations(x, w: QuantizedWeight):
+    """x's ready-made int8 activations where they are packed for w's format, else None."""
+    return (x.qa, x.da) if isinstance(x, QuantizedInput) and x.order == w.format else None
+
+
+def dp4a_input_order(weight, rows: int) -> str | None:
+    """The activation packing ("q4_k" / "q6_k") that `weight`'s decode GEMV reads at `rows` rows, for the
+    first part that takes int8 activations: what a producer of its input may write for it. None where no
+    part does (float or dense weights, more rows than the GEMV serves, the reference backend)."""
+    if quant_backend() != "triton":
+        return None
+    weight = _form_rows(rows, weight)
+    for part in weight.parts if isinstance(weight, WeightGroup) else (weight,):
+        if (isinstance(part, QuantizedWeight) and rows <= gemv_max_rows(part.format)
+                and quant_config.pick_config(part.format, rows, *part.shape).variant == "dp4a"):
+            return part.format
+    return None
 
 
 def gemv_max_rows(fmt: str) -> int:
@@ -103,8 +147,12 @@ def gemv_max_rows(fmt: str) -> int:
 def _form(x, weight):
     """What a call with x's rows reads of `weight`: a DenseBacked weight's kept form for decode-sized row
     counts, its dense copy above; any other weight as it is."""
+    return _form_rows(_rows(x), weight)
+
+
+def _form_rows(rows: int, weight):
     if isinstance(weight, DenseBacked):
-        return weight.kept if x.shape[0] <= DENSE_COPY_GEMV_MAX_ROWS else weight.dense
+        return weight.kept if rows <= DENSE_COPY_GEMV_MAX_ROWS else weight.dense
     return weight
 
 
@@ -120,7 +168,7 @@ def linear(x, weight, bias=None):
     elif isinstance(weight, (QuantizedWeight, Fp8Weight)):
         y = _matmul(x, weight)
     else:
-        return linear_ref.linear(x, weight, bias)
+        return linear_ref.linear(_array(x), weight, bias)
     return _add_bias(y, bias)
 
 
@@ -128,15 +176,16 @@ def linear_split(x, weight, bias=None, *, sizes):
     # weight [sum(sizes), k] packs several projections of the same input; returns one output per size
     weight = _form(x, weight)
     if not isinstance(weight, (WeightGroup, QuantizedWeight, Fp8Weight)):
-        return linear_ref.linear_split(x, weight, bias, sizes=sizes)
+        return linear_ref.linear_split(_array(x), weight, bias, sizes=sizes)
     parts = weight.parts if isinstance(weight, WeightGroup) else (weight,)
     runs = _sizes_per_part(parts, tuple(sizes))
     if runs is None:  # a part straddles two projections: the packed product, then slices
         return _split(linear(x, weight, bias), sizes)
     outs, start = [], 0
     for part, run in zip(parts, runs):  # each part yields its projections (a group's parts: no concat)
-        if isinstance(part, QuantizedWeight) and x.shape[0] <= gemv_max_rows(part.format):
-            outs.extend(quant_matmul_parts(x, part, bias, run, bias_offset=start, backend=quant_backend()))
+        if isinstance(part, QuantizedWeight) and _rows(x) <= gemv_max_rows(part.format):
+            outs.extend(quant_matmul_parts(_array(x), part, bias, run, bias_offset=start, backend=quant_backend(),
+                                           activations=_activations(x, part)))
         else:
             part_bias = None if bias is None else bias[start:start + sum(run)]
             outs.extend(_split(_add_bias(_matmul(x, part), part_bias), run))

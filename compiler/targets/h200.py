@@ -39,7 +39,11 @@ H200 = Target(
              "gated_linear": "ember.compiler.ops.linear_quant:gated_linear",
              # one program per row where XLA runs the add, the reduce and the scale as three kernels
              "rms_norm": "ember.compiler.ops.norm_gpu:rms_norm",
-             "add_rms_norm": "ember.compiler.ops.norm_gpu:add_rms_norm"},
+             "add_rms_norm": "ember.compiler.ops.norm_gpu:add_rms_norm",
+             # the same, also writing the int8 activations of the one projection reading them
+             # (fuse_norm_into_projection)
+             "rms_norm_to_proj": "ember.compiler.ops.norm_quant_gpu:rms_norm_to_proj",
+             "add_rms_norm_to_proj": "ember.compiler.ops.norm_quant_gpu:add_rms_norm_to_proj"},
     deterministic_kernels=dict(CPU.deterministic_kernels),
     activation_dtype="bfloat16",
     # GGUF Q4_K / Q6_K / Q8_0 weights stay packed for the decode GEMVs, with a bf16 copy beside each for steps

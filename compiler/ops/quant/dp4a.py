@@ -61,18 +61,23 @@ def quantize_activations_gpu(x: jax.Array, order: str, silu_gated: bool = False)
                        grid=plan["grid"], num_warps=4, num_stages=1, ASM=True, **plan["meta"])
 
 
-def _quantized_inputs(x: jax.Array, w: QuantizedWeight, plan: dict, silu_gated: bool = False) -> tuple:
-    """x's int8 activations padded to the plan's rows, then w's planes: the launches' leading operands."""
+def _quantized_inputs(x: jax.Array, w: QuantizedWeight, plan: dict, silu_gated: bool = False,
+                      activations: tuple | None = None) -> tuple:
+    """x's int8 activations (`activations` where x's producer made them, else quantized here) padded to the
+    plan's rows, then w's planes: the launches' leading operands."""
     from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES
 
-    qa, da = pad_rows(*quantize_activations_gpu(x, w.format, silu_gated), plan["meta"]["M_PAD"])
+    if activations is None:
+        activations = quantize_activations_gpu(x, w.format, silu_gated)
+    qa, da = pad_rows(*activations, plan["meta"]["M_PAD"])
     return (qa, da, *(w.planes[name] for name in DP4A_PLANES[w.format]))
 
 
 def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan: dict,
-              silu_gated: bool = False) -> jax.Array:
+              silu_gated: bool = False, activations: tuple | None = None) -> jax.Array:
     """x [m, in] @ W.T -> [m, out] in x's dtype through the two launches (silu_gated: x is a gate/up output
-    [m, 2 in] and the product is silu(gate) * up @ W.T, the activation made by the quantizer)."""
+    [m, 2 in] and the product is silu(gate) * up @ W.T, the activation made by the quantizer; activations:
+    x's (qa, da) made by its producer, then the GEMV alone)."""
     from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_gemv_kernel
     from ember.compiler.ops.triton_launch import triton_call
 
@@ -80,7 +85,7 @@ def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan:
     meta = plan["meta"]
     split_k = plan["split_k"]
     y = triton_call(
-        *_quantized_inputs(x, w, plan, silu_gated),
+        *_quantized_inputs(x, w, plan, silu_gated, activations),
         kernel=dp4a_gemv_kernel,
         out_shape=jax.ShapeDtypeStruct((split_k, meta["M_PAD"], w.shape[0]), x.dtype if split_k == 1 else jnp.float32),
         grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)
@@ -102,7 +107,8 @@ def parts_plan(plan: dict, sizes: tuple[int, ...], out: int) -> dict | None:
 
 
 def dp4a_parts_call(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None, config: QuantMatmulConfig,
-                    plan: dict, sizes: tuple[int, ...], bias_offset: int = 0) -> tuple[jax.Array, ...]:
+                    plan: dict, sizes: tuple[int, ...], bias_offset: int = 0,
+                    activations: tuple | None = None) -> tuple[jax.Array, ...]:
     """x [m, in] @ W.T (+ bias[bias_offset:][:out]) for a W packing len(sizes) projections -> one [m, size]
     output per projection in x's dtype, written apart by one launch (parts_plan must allow it); equal to
     slicing dp4a_call's output after linear_quant's bias add. The bias is read in place (no slice of it)."""
@@ -116,7 +122,7 @@ def dp4a_parts_call(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None, co
     widths = (*sizes, 1, 1)[:MAX_PARTS]  # 1-column placeholders for absent parts (never written)
     bias_arg = jnp.zeros((1,), x.dtype) if bias is None else bias.astype(x.dtype)
     outs = triton_call(
-        *_quantized_inputs(x, w, plan), bias_arg,
+        *_quantized_inputs(x, w, plan, activations=activations), bias_arg,
         kernel=dp4a_gemv_parts_kernel,
         out_shape=tuple(jax.ShapeDtypeStruct((rows, width), x.dtype) for width in widths),
         grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages,

@@ -28,21 +28,24 @@ def dot_block_m(m: int) -> int:
 
 
 def quant_matmul(x: jax.Array, w: QuantizedWeight, *, backend: str = "reference",
-                 config: QuantMatmulConfig | None = None) -> jax.Array:
-    """x [m, in] (bf16 or f32) @ dequant(W).T -> [m, out] in x's dtype, accumulated in fp32."""
+                 config: QuantMatmulConfig | None = None, activations: tuple | None = None) -> jax.Array:
+    """x [m, in] (bf16 or f32) @ dequant(W).T -> [m, out] in x's dtype, accumulated in fp32. activations:
+    x's int8 activations packed for w (act_quant.quantize_activations' (qa, da), made by x's producer), which
+    a dp4a launch reads instead of quantizing x; every other path ignores them."""
     if x.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"x {x.shape} does not match a weight of shape {w.shape}")
     if backend == "reference":
         return quant_matmul_ref(x, w)
     if backend == "triton":
-        return triton_quant_matmul(x, w, config or pick_config(w.format, x.shape[0], *w.shape))
+        return triton_quant_matmul(x, w, config or pick_config(w.format, x.shape[0], *w.shape), activations)
     if backend == "mosaic":
         raise NotImplementedError("quant_matmul: the Pallas Mosaic GPU kernel is not written yet; use 'triton'")
     raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
 
 
 def quant_matmul_parts(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None, sizes: tuple[int, ...], *,
-                       bias_offset: int = 0, backend: str = "reference") -> tuple[jax.Array, ...]:
+                       bias_offset: int = 0, backend: str = "reference",
+                       activations: tuple | None = None) -> tuple[jax.Array, ...]:
     """x @ W.T + bias[bias_offset : bias_offset + out] split into the projections W packs (`sizes` along
     `out`): one [m, size] array each, in x's dtype (bias: None, or a longer vector whose run W's rows take).
     Where the pick is a one-split dp4a GEMV, one launch writes the outputs apart with the bias added
@@ -55,8 +58,8 @@ def quant_matmul_parts(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None,
             plan = launch_plan(w.format, x.shape[0], *w.shape, config)
             if parts_plan(plan, tuple(sizes), w.shape[0]) is not None:
                 _check_triton_operands(x, w)
-                return dp4a_parts_call(x, w, bias, config, plan, tuple(sizes), bias_offset)
-    y = quant_matmul(x, w, backend=backend)
+                return dp4a_parts_call(x, w, bias, config, plan, tuple(sizes), bias_offset, activations)
+    y = quant_matmul(x, w, backend=backend, activations=activations)
     if bias is not None:
         y = y + bias[bias_offset:bias_offset + w.shape[0]].astype(y.dtype)
     bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)]
@@ -170,7 +173,8 @@ def _check_triton_operands(x: jax.Array, w: QuantizedWeight) -> None:
             raise ValueError(f"{w.format} plane {name!r} has {plane.size} elements; int32 offsets overflow")
 
 
-def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig) -> jax.Array:
+def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig,
+                        activations: tuple | None = None) -> jax.Array:
     from ..triton_launch import triton_call  # Triton itself is imported on use (GPU-only dependency)
 
     from ember.compiler.ops.quant.triton_kernels import KERNELS
@@ -181,7 +185,7 @@ def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulCon
     plan = launch_plan(w.format, m, out, inner, config)
     if config.variant == "dp4a":
         from ember.compiler.ops.quant.dp4a import dp4a_call
-        return dp4a_call(x, w, config, plan)
+        return dp4a_call(x, w, config, plan, activations=activations)
     if config.variant == "rows":
         from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
         kernel, plane_names = ROWS_KERNELS[w.format]

@@ -42,26 +42,21 @@ def _silu_times(g_ptr, u_ptr, mask):
 
 
 @triton.jit
-def quantize_rows_kernel(x_ptr, qa_ptr, da_ptr, K: tl.constexpr, BLOCKS: tl.constexpr, Q6: tl.constexpr,
-                         ASM: tl.constexpr, SILU_GATED: tl.constexpr = False):
-    """x [m, K] -> qa int32 [m, K/4] (packed for Q4_K, or for Q6_K when Q6), da float32 [m, K/32, 4];
-    program (row, p) takes blocks p BLOCKS ... p BLOCKS + BLOCKS - 1. SILU_GATED: x is [m, 2K], gate then up
-    (a packed gate/up projection's output), and what is quantized is silu(gate) * up (activation.py)."""
-    row = tl.program_id(0)
-    blocks = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
-    ok = blocks < K // 32
+def packed_order(Q6: tl.constexpr):
+    """(j3 [1, 4, 1] byte of a packed word, e3 [1, 4, 8] element of a 32-block each (byte, word) holds)."""
     j3 = tl.arange(0, 4)[None, :, None]                   # byte of the packed word
     w3 = tl.arange(0, 8)[None, None, :]                   # word of the block: 4 h + q
     if Q6:
         e3 = 16 * (w3 // 4) + 4 * j3 + w3 % 4             # element 16h + 4j + q
     else:
         e3 = 8 * j3 + w3                                  # element 8j + 4h + q
-    cols = blocks[:, None, None] * 32 + e3
-    if SILU_GATED:
-        x = _silu_times(x_ptr + row * 2 * K + cols, x_ptr + row * 2 * K + K + cols, ok[:, None, None])
-    else:
-        x = tl.load(x_ptr + row * K + cols, mask=ok[:, None, None], other=0.0)
-        x = x.to(tl.float32)                              # [BLOCKS, 4, 8]
+    return j3, e3
+
+
+@triton.jit
+def quantize_store(x, qa_ptr, da_ptr, row, blocks, ok, j3, e3, K: tl.constexpr, ASM: tl.constexpr):
+    """x [BLOCKS, 4, 8] fp32 (blocks `blocks` of activation row `row`, laid out by packed_order) -> their
+    packed int8 words in qa [m, K/4] and (dx, sx, s0, s1) in da [m, K/32, 4]; blocks where not ok skipped."""
     amax = tl.max(tl.max(tl.abs(x), axis=2), axis=1)     # [BLOCKS]
     total = tl.sum(tl.sum(x, axis=2), axis=1)
     inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
@@ -76,6 +71,25 @@ def quantize_rows_kernel(x_ptr, qa_ptr, da_ptr, K: tl.constexpr, BLOCKS: tl.cons
     tl.store(scales + 1, total, mask=ok)
     tl.store(scales + 2, lower.to(tl.float32), mask=ok)
     tl.store(scales + 3, upper.to(tl.float32), mask=ok)
+
+
+@triton.jit
+def quantize_rows_kernel(x_ptr, qa_ptr, da_ptr, K: tl.constexpr, BLOCKS: tl.constexpr, Q6: tl.constexpr,
+                         ASM: tl.constexpr, SILU_GATED: tl.constexpr = False):
+    """x [m, K] -> qa int32 [m, K/4] (packed for Q4_K, or for Q6_K when Q6), da float32 [m, K/32, 4];
+    program (row, p) takes blocks p BLOCKS ... p BLOCKS + BLOCKS - 1. SILU_GATED: x is [m, 2K], gate then up
+    (a packed gate/up projection's output), and what is quantized is silu(gate) * up (activation.py)."""
+    row = tl.program_id(0)
+    blocks = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
+    ok = blocks < K // 32
+    j3, e3 = packed_order(Q6)
+    cols = blocks[:, None, None] * 32 + e3
+    if SILU_GATED:
+        x = _silu_times(x_ptr + row * 2 * K + cols, x_ptr + row * 2 * K + K + cols, ok[:, None, None])
+    else:
+        x = tl.load(x_ptr + row * K + cols, mask=ok[:, None, None], other=0.0)
+        x = x.to(tl.float32)                              # [BLOCKS, 4, 8]
+    quantize_store(x, qa_ptr, da_ptr, row, blocks, ok, j3, e3, K, ASM)
 
 
 QUANTIZE_BLOCKS = 16  # activation blocks (of 32) per program

@@ -16,8 +16,8 @@ from ember.compiler.ops.linear_quant import gated_linear as linear_quant_gated_l
 from ember.compiler.ops.linear_quant import linear as linear_quant_linear
 from ember.compiler.ops.linear_quant import linear_split as linear_quant_linear_split
 from ember.compiler.ops.linear import split_heads as linear_split_heads
-from ember.compiler.ops.norm_gpu import add_rms_norm as norm_gpu_add_rms_norm
-from ember.compiler.ops.norm_gpu import rms_norm as norm_gpu_rms_norm
+from ember.compiler.ops.norm_quant_gpu import add_rms_norm_to_proj as norm_quant_gpu_add_rms_norm_to_proj
+from ember.compiler.ops.norm_quant_gpu import rms_norm_to_proj as norm_quant_gpu_rms_norm_to_proj
 from ember.compiler.ops.attention_gpu.paged import rope_paged_attention as paged_rope_paged_attention
 
 ARCH = "qwen2"
@@ -36,14 +36,14 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
     rope_inv_freq0 = constants['rope_inv_freq0']
     attn_window1 = constants['attn_window1']
     attn_state2 = constants['attn_state2']
-    h = norm_gpu_rms_norm(x, w['attn_norm.weight'], eps=dims.eps)
+    h = norm_quant_gpu_rms_norm_to_proj(x, w['attn_norm.weight'], w['attn_q+attn_k+attn_v.weight'], eps=dims.eps)
     t_1, t_3, t_5 = linear_quant_linear_split(h, w['attn_q+attn_k+attn_v.weight'], w['attn_q+attn_k+attn_v.bias'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
     q = linear_split_heads(t_1, heads=dims.hq)
     k = linear_split_heads(t_3, heads=dims.hkv)
     v = linear_split_heads(t_5, heads=dims.hkv)
     a, k_pool, v_pool = paged_rope_paged_attention(q, k, v, positions, rope_inv_freq0, attn_window1, attn_state2, k_pool, v_pool, batch, style='neox', scale=dims.attn_scale)
     t_10 = linear_quant_linear(a, w['attn_output.weight'])
-    x_1, h_1 = norm_gpu_add_rms_norm(x, t_10, w['ffn_norm.weight'], eps=dims.eps)
+    x_1, h_1 = norm_quant_gpu_add_rms_norm_to_proj(x, t_10, w['ffn_norm.weight'], w['ffn_gate+ffn_up.weight'], eps=dims.eps)
     t_13_t_14 = linear_quant_linear(h_1, w['ffn_gate+ffn_up.weight'])
     t_16 = linear_quant_gated_linear(t_13_t_14, w['ffn_down.weight'], act='silu')
     x_2 = embedding_add(x_1, t_16)
@@ -53,7 +53,7 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
 def epilogue(dims, weights, x, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     x_1 = embedding_select_rows(x, logit_rows)
-    h = norm_gpu_rms_norm(x_1, weights['output_norm.weight'], eps=dims.eps)
+    h = norm_quant_gpu_rms_norm_to_proj(x_1, weights['output_norm.weight'], weights['output.weight'], eps=dims.eps)
     logits = linear_quant_linear(h, weights['output.weight'])
     return logits
 

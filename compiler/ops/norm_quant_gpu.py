@@ -1,0 +1,128 @@
+"""RMSNorm (alone, or after the residual add) that also writes its output as the int8 activations of the
+decode GEMV that alone reads it: that projection's activation quantizer costs no launch of its own.
+
+The compiler's fuse_norm_into_projection pass turns a norm whose output feeds exactly one projection into
+`rms_norm_to_proj` / `add_rms_norm_to_proj`, which receive that projection's weight (`reader`) only to see,
+at trace time, whether its GEMV takes int8 activations at this row count and in which packing
+(linear_quant.dp4a_input_order). If it does, one Triton program per row normalizes the row as
+norm_gpu.py's kernels do (same fp32 statistics, same roundings: the bf16 output is bit-equal), stores it,
+then recomputes the same values in the packed layout (act_quant.PACKINGS; x and w are re-read from cache,
+the scale is the row's) and quantizes them as triton_act_quant.py does. The result is a
+linear_quant.QuantizedInput (the bf16 rows + qa + da); otherwise the plain norm (norm_gpu.py).
+EMBER_FUSED_NORM_QUANT=0 (read at trace time) keeps the plain norms and the projections' own quantizers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import triton
+import triton.language as tl
+
+from . import norm_gpu
+from .quant.triton_act_quant import packed_order, quantize_store
+
+
+@triton.jit
+def _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
+                   NB: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    s = tl.load(x_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+    if ADD:  # the residual stream, rounded as the reference's add
+        s = (s + tl.load(y_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)).to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * N + cols, s, mask=ok)
+        s = s.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / N + EPS)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * N + cols, (s * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
+    # the same values in the packed layout [NB, 4, 8] of the GEMV's activations
+    blocks = tl.arange(0, NB)
+    ok_b = blocks < N // 32
+    j3, e3 = packed_order(Q6)
+    packed = blocks[:, None, None] * 32 + e3
+    ps = tl.load(x_ptr + row * N + packed, mask=ok_b[:, None, None], other=0.0).to(tl.float32)
+    if ADD:
+        ps = (ps + tl.load(y_ptr + row * N + packed, mask=ok_b[:, None, None], other=0.0).to(tl.float32))
+        ps = ps.to(sum_ptr.dtype.element_ty).to(tl.float32)
+    pw = tl.load(w_ptr + packed, mask=ok_b[:, None, None], other=0.0).to(tl.float32)
+    h = (ps * inv * pw).to(out_ptr.dtype.element_ty).to(tl.float32)
+    quantize_store(h, qa_ptr, da_ptr, row, blocks, ok_b, j3, e3, N, ASM)
+
+
+@triton.jit
+def rms_norm_quant_kernel(x_ptr, w_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
+                          NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
+    """x [rows, N] -> out [rows, N] = rms_norm(x) and its int8 activations qa [rows, N/4], da [rows, N/32, 4]."""
+    _norm_quantize(x_ptr, x_ptr, w_ptr, out_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, False, Q6, ASM)
+
+
+@triton.jit
+def add_rms_norm_quant_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr,
+                              BLOCK: tl.constexpr, NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr,
+                              ASM: tl.constexpr):
+    """x, y [rows, N] -> sum = x + y, out = rms_norm(sum), and out's int8 activations qa, da."""
+    _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, True, Q6, ASM)
+
+
+def launch_plan(rows: int, n: int, order: str) -> dict:
+    """norm_gpu.launch_plan's grid and tile, plus the packed layout's blocks and order."""
+    if n % 32:
+        raise ValueError(f"rms_norm + quantize: rows of a multiple of 32 elements, got {n}")
+    plan = norm_gpu.launch_plan(rows, n)
+    plan["meta"].update(NB=1 << (n // 32 - 1).bit_length(), Q6=order == "q6_k")
+    return plan
+
+
+def norm_quantize_triton(x, y, weight, *, eps, order: str):
+    """The launch: x (and y, the residual add's other input, or None) [..., n] -> (the sum when y is given,
+    the normed rows, qa [rows, n/4], da [rows, n/32, 4]), whatever the backend being traced for."""
+    from .triton_launch import triton_call
+
+    rows, n = math.prod(x.shape[:-1]), x.shape[-1]
+    plan = launch_plan(rows, n, order)
+    rows_out = jax.ShapeDtypeStruct((rows, n), x.dtype)
+    activations = (jax.ShapeDtypeStruct((rows, n // 4), jnp.int32),
+                   jax.ShapeDtypeStruct((rows, n // 32, 4), jnp.float32))
+    inputs = (x,) if y is None else (x, y)
+    outs = triton_call(*(a.reshape(rows, n) for a in inputs), weight,
+                       kernel=rms_norm_quant_kernel if y is None else add_rms_norm_quant_kernel,
+                       out_shape=(rows_out,) * len(inputs) + activations, grid=plan["grid"],
+                       num_warps=plan["num_warps"], num_stages=1, EPS=float(eps), ASM=True, **plan["meta"])
+    return (*(o.reshape(x.shape) for o in outs[:len(inputs)]), *outs[len(inputs):])
+
+
+def _order(x, reader) -> str | None:
+    from .linear_quant import dp4a_input_order
+
+    if (x.ndim != 2 or x.shape[-1] % 32 or not norm_gpu._use_kernel(x)
+            or os.environ.get("EMBER_FUSED_NORM_QUANT", "1") == "0"):
+        return None
+    return dp4a_input_order(reader, x.shape[0])
+
+
+def rms_norm_to_proj(x, weight, reader, *, eps):
+    # x [N, n], weight [n]; reader: the weight of the one projection reading the output -> that projection's
+    # input: a linear_quant.QuantizedInput where its GEMV takes int8 activations, else norm_gpu.rms_norm's
+    from .linear_quant import QuantizedInput
+
+    order = _order(x, reader)
+    if order is None:
+        return norm_gpu.rms_norm(x, weight, eps=eps)
+    h, qa, da = norm_quantize_triton(x, None, weight, eps=eps, order=order)
+    return QuantizedInput(h, qa, da, order)
+
+
+def add_rms_norm_to_proj(x, y, weight, reader, *, eps):
+    # -> (x + y, rms_norm_to_proj(x + y)): the sum is the new residual stream
+    from .linear_quant import QuantizedInput
+
+    order = _order(x, reader)
+    if order is None or y.shape != x.shape or y.dtype != x.dtype:
+        return norm_gpu.add_rms_norm(x, y, weight, eps=eps)
+    s, h, qa, da = norm_quantize_triton(x, y, weight, eps=eps, order=order)
+    return s, QuantizedInput(h, qa, da, order)

@@ -1,0 +1,93 @@
+"""compiler/passes/fuse_norm_into_projection.py and compiler/ops/norm_quant_gpu.py: a norm read by one
+projection learns that projection's weight (h200, default variant; nowhere else), and on a GPU writes the
+projection's int8 activations in its own launch, so the decode GEMV runs without a quantizer launch."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ember.compiler.ir import Node
+from ember.compiler.ops import linear_quant, norm, norm_quant_gpu
+from ember.compiler.ops.quant import pack, random_gguf_bytes
+from ember.compiler.passes.fuse_norm_into_projection import fuse_norm_into_projection
+from ember.compiler.pipeline import compile_graph
+from ember.compiler.spec import load_spec
+from ember.compiler.targets import get_target
+
+SPECS = ["specs/qwen2.toml", "specs/llama.toml", "specs/qwen3.toml", "specs/gemma3.toml"]
+
+
+def _nodes(graph, op, region="layer"):
+    return [n for n in graph.region(region).nodes if n.op == op]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_h200_default_plans_tell_each_norm_its_projection(spec):
+    loaded = load_spec(spec)
+    fused = compile_graph(loaded, get_target("h200"))
+    readers = [n.weight("reader") for op in ("rms_norm_to_proj", "add_rms_norm_to_proj") for n in _nodes(fused, op)]
+    assert any(r.startswith("attn_q") for r in readers) or any(r.startswith("ffn_gate") for r in readers)
+    for node in _nodes(fused, "rms_norm_to_proj") + _nodes(fused, "add_rms_norm_to_proj"):
+        consumer = [n for n in fused.region("layer").nodes if node.outputs[-1] in n.inputs]
+        assert len(consumer) == 1 and consumer[0].weight("weight") == node.weight("reader")
+    if spec.endswith(("qwen2.toml", "llama.toml")):  # both layer norms feed projections, the head's too
+        assert len(_nodes(fused, "rms_norm_to_proj")) == 1 and len(_nodes(fused, "add_rms_norm_to_proj")) == 1
+        assert _nodes(fused, "rms_norm_to_proj", "epilogue")[0].weight("reader") == "output.weight"
+    for graph in (compile_graph(loaded, get_target("h200"), variant="deterministic"),
+                  compile_graph(loaded, get_target("cpu"))):
+        assert not _nodes(graph, "rms_norm_to_proj") and not _nodes(graph, "add_rms_norm_to_proj")
+
+
+def test_a_norm_read_by_more_than_its_projection_stays_plain():
+    graph = compile_graph(load_spec("specs/qwen2.toml"), get_target("cpu"))
+    layer = graph.region("layer")
+    plain = next(n for n in layer.nodes if n.op == "rms_norm")
+    assert _nodes(fuse_norm_into_projection(graph), "rms_norm_to_proj")
+    spy = Node("add", (plain.outputs[0], plain.outputs[0]), ("spy",))
+    graph = graph.with_region(replace(layer, nodes=layer.nodes + (spy,)))
+    assert not _nodes(fuse_norm_into_projection(graph), "rms_norm_to_proj")
+
+
+def test_off_the_gpu_the_norms_are_the_references():
+    rng = np.random.default_rng(0)
+    x, y = (jnp.asarray(rng.standard_normal((2, 256)), jnp.float32) for _ in range(2))
+    w = jnp.asarray(rng.uniform(0.5, 1.5, 256), jnp.float32)
+    reader = pack(random_gguf_bytes(rng, "q4_k", (64, 256)), "q4_k", (64, 256))
+    np.testing.assert_array_equal(norm_quant_gpu.rms_norm_to_proj(x, w, reader, eps=1e-6),
+                                  norm.rms_norm(x, w, eps=1e-6))
+    for got, want in zip(norm_quant_gpu.add_rms_norm_to_proj(x, y, w, reader, eps=1e-6),
+                         norm.add_rms_norm(x, y, w, eps=1e-6)):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("add", [False, True], ids=["rms_norm", "add_rms_norm"])
+def test_decode_norm_then_qkv_lowers_to_two_kernels(add, monkeypatch):
+    """1.5B attention input at batch 1: the norm writes q+k+v's int8 activations (its packing: Q4_K), then the
+    parts GEMV; no quantizer launch between them."""
+    from ember.compiler.ops import norm_gpu
+    from ember.compiler.ops.quant import config as quant_config
+    from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
+
+    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
+    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+    monkeypatch.setattr(norm_gpu, "triton_available", lambda: True)
+    w = pack(random_gguf_bytes(np.random.default_rng(0), "q4_k", (2048, 1536)), "q4_k", (2048, 1536))
+    x, nw = jnp.zeros((1, 1536), jnp.bfloat16), jnp.ones((1536,), jnp.bfloat16)
+
+    def step(x, nw, w):
+        h = (norm_quant_gpu.add_rms_norm_to_proj(x, x, nw, w, eps=1e-6)[1] if add
+             else norm_quant_gpu.rms_norm_to_proj(x, nw, w, eps=1e-6))
+        assert isinstance(h, linear_quant.QuantizedInput) and h.order == "q4_k"
+        return linear_quant.linear_split(h, w, sizes=(1536, 256, 256))
+
+    with linear_quant.use_quant_backend("triton"):
+        text = jax.jit(step).trace(x, nw, w).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if XLA_TRITON_TARGET in line]
+    assert len(calls) == 2  # no quantizer launch between the norm and the GEMV
+    assert f'name = "{"add_" if add else ""}rms_norm_quant_kernel"' in calls[0]
+    assert 'name = "dp4a_gemv_parts_kernel"' in calls[1]
