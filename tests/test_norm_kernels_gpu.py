@@ -41,9 +41,12 @@ def test_kernels_match_the_references(rows, n, dtype):
 @pytest.mark.parametrize("add", [False, True], ids=["rms_norm", "add_rms_norm"])
 def test_norms_writing_int8_activations_match_the_plain_kernels(rows, n, order, add):
     """norm_quant_gpu.py: the normed rows (and the sum) bit-equal to the plain kernels', the int8 activations
-    equal to act_quant.quantize_activations of those rows (words; (dx, sx, s0, s1) within fp32 rounding)."""
+    bit-equal to the Triton quantizer's on those rows (the launch the fusion replaces), and within one code of
+    act_quant.quantize_activations run by XLA (whose 127 / max|x| may round differently on the GPU: 0.25% of
+    words differed by one code at e8eb845)."""
     from ember.compiler.ops.norm_quant_gpu import norm_quantize_triton
     from ember.compiler.ops.quant.act_quant import quantize_activations
+    from ember.compiler.ops.quant.dp4a import quantize_activations_gpu
 
     keys = jax.random.split(jax.random.key(rows * n + add), 3)
     x = (jax.random.normal(keys[0], (rows, n)) * 3).astype(jnp.bfloat16)
@@ -55,6 +58,10 @@ def test_norms_writing_int8_activations_match_the_plain_kernels(rows, n, order, 
     for a, b in zip(got[:len(plain)], plain):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
     qa, da = got[-2:]
+    qa_kernel, da_kernel = jax.jit(lambda h: quantize_activations_gpu(h, order))(plain[-1])
+    np.testing.assert_array_equal(np.asarray(qa), np.asarray(qa_kernel))
+    np.testing.assert_array_equal(np.asarray(da), np.asarray(da_kernel))
     qa_ref, da_ref = quantize_activations(plain[-1], order)
-    np.testing.assert_array_equal(np.asarray(qa), np.asarray(qa_ref))
-    np.testing.assert_allclose(np.asarray(da), np.asarray(da_ref), rtol=1e-5, atol=1e-6)
+    codes = lambda words: np.asarray(words).view(np.int8).astype(np.int32)  # noqa: E731
+    assert np.abs(codes(qa) - codes(qa_ref)).max() <= 1
+    np.testing.assert_allclose(np.asarray(da), np.asarray(da_ref), rtol=1e-2, atol=1e-6)

@@ -146,10 +146,12 @@ dp4a-q6)  # Q6_K on the dp4a kernel: GPU tests, the batch-1 step (plan alone) wi
     done
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context --contexts 128 \
         --context-decode-tokens 128" suite batch1-15 ${DEADLINE:-45} synthetic:qwen2.5-1.5b-q4_k_m ;;
-fused-check)  # the fused decode launches (norms writing int8 activations, q/k/v parts with their bias, the
-    # SiLU-gated quantizer): their GPU tests (a failed norm test turns that fusion off below), the whole
+fused-check)  # the fused decode launches (norms writing int8 activations, on here: EMBER_FUSED_NORM_QUANT=1;
+    # q/k/v parts with their bias; the SiLU-gated quantizer): their GPU tests (a failed norm test turns that
+    # fusion off below), the whole
     # quantized model's Triton-vs-reference test, then the batch-1 step (plan alone, MODEL)
     export JAX_PLATFORMS=cuda,cpu
+    export EMBER_FUSED_NORM_QUANT=1
     timeout 90 python -m pytest -q -m gpu tests/test_norm_kernels_gpu.py -k int8 -p no:cacheprovider \
         > "$out/gpu_norm_quant_tests.log" 2>&1 || { echo "norm + quantize GPU test failed: fusion off below";
                                                    export EMBER_FUSED_NORM_QUANT=0; }
