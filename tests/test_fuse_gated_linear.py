@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from plan_graphs import SPECS, layer_ops
 
 from ember.compiler.ir import Node
 from ember.compiler.ops import activation, linear_quant
@@ -20,24 +21,18 @@ from ember.compiler.pipeline import compile_graph
 from ember.compiler.spec import load_spec
 from ember.compiler.targets import get_target
 
-SPECS = ["specs/qwen2.toml", "specs/llama.toml", "specs/qwen3.toml", "specs/gemma3.toml"]
-
-
-def _ops(graph, region="layer"):
-    return [n.op for n in graph.region(region).nodes]
-
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_h200_default_plans_fuse_and_the_others_keep_both_ops(spec):
+def test_h200_default_plans_fuse_and_the_others_keep_bothlayer_ops(spec):
     loaded = load_spec(spec)
     fused = compile_graph(loaded, get_target("h200"))
-    assert "gated_linear" in _ops(fused) and "gated_act_packed" not in _ops(fused)
+    assert "gated_linear" in layer_ops(fused) and "gated_act_packed" not in layer_ops(fused)
     node = next(n for n in fused.region("layer").nodes if n.op == "gated_linear")
     assert node.attr("act") in ("silu", "gelu_tanh") and node.weight("weight").startswith("ffn_down")
     assert node.kernel == "ember.compiler.ops.linear_quant:gated_linear"
     for graph in (compile_graph(loaded, get_target("h200"), variant="deterministic"),
                   compile_graph(loaded, get_target("cpu"))):
-        assert "gated_act_packed" in _ops(graph) and "gated_linear" not in _ops(graph)
+        assert "gated_act_packed" in layer_ops(graph) and "gated_linear" not in layer_ops(graph)
 
 
 def test_an_activation_read_elsewhere_is_not_fused():
@@ -45,9 +40,9 @@ def test_an_activation_read_elsewhere_is_not_fused():
     layer = graph.region("layer")
     act = next(n for n in layer.nodes if n.op == "gated_act_packed")
     spy = Node("add", (act.outputs[0], act.outputs[0]), ("spy",))
-    assert "gated_linear" in _ops(fuse_gated_linear(graph))
+    assert "gated_linear" in layer_ops(fuse_gated_linear(graph))
     graph = graph.with_region(replace(layer, nodes=layer.nodes + (spy,)))
-    assert "gated_linear" not in _ops(fuse_gated_linear(graph))
+    assert "gated_linear" not in layer_ops(fuse_gated_linear(graph))
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from plan_graphs import SPECS
 
 from ember.compiler.ir import Node
 from ember.compiler.ops import linear_quant, norm, norm_quant_gpu
@@ -19,8 +20,6 @@ from ember.compiler.passes.fuse_norm_into_projection import fuse_norm_into_proje
 from ember.compiler.pipeline import compile_graph
 from ember.compiler.spec import load_spec
 from ember.compiler.targets import get_target
-
-SPECS = ["specs/qwen2.toml", "specs/llama.toml", "specs/qwen3.toml", "specs/gemma3.toml"]
 
 
 def _nodes(graph, op, region="layer"):

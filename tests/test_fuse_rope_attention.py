@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from plan_graphs import SPECS, layer_ops
 
 from ember.compiler.ir import Node
 from ember.compiler.passes.fuse_rope_attention import fuse_rope_attention
@@ -14,24 +15,18 @@ from ember.compiler.pipeline import compile_graph
 from ember.compiler.spec import load_spec
 from ember.compiler.targets import get_target
 
-SPECS = ["specs/qwen2.toml", "specs/llama.toml", "specs/qwen3.toml", "specs/gemma3.toml"]
-
-
-def _ops(graph, region="layer"):
-    return [n.op for n in graph.region(region).nodes]
-
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_h200_default_plans_fuse_and_the_others_keep_both_ops(spec):
+def test_h200_default_plans_fuse_and_the_others_keep_bothlayer_ops(spec):
     loaded = load_spec(spec)
     fused = compile_graph(loaded, get_target("h200"))
-    assert "rope_attention" in _ops(fused) and "rope_apply" not in _ops(fused) and "attention" not in _ops(fused)
+    assert "rope_attention" in layer_ops(fused) and "rope_apply" not in layer_ops(fused) and "attention" not in layer_ops(fused)
     node = next(n for n in fused.region("layer").nodes if n.op == "rope_attention")
     assert node.attr("style") in ("neox", "interleaved") and node.attr("scale") is not None
     assert node.kernel == "ember.compiler.ops.attention_gpu.paged:rope_paged_attention"
     for graph in (compile_graph(loaded, get_target("h200"), variant="deterministic"),
                   compile_graph(loaded, get_target("cpu"))):
-        assert "rope_apply" in _ops(graph) and "attention" in _ops(graph) and "rope_attention" not in _ops(graph)
+        assert "rope_apply" in layer_ops(graph) and "attention" in layer_ops(graph) and "rope_attention" not in layer_ops(graph)
 
 
 def test_a_rotated_value_read_elsewhere_is_not_fused():
@@ -40,6 +35,6 @@ def test_a_rotated_value_read_elsewhere_is_not_fused():
     attention = next(n for n in layer.nodes if n.op == "attention")
     spy = Node("add", (attention.inputs[0], attention.inputs[0]), ("spy",))
     graph = graph.with_region(replace(layer, nodes=layer.nodes + (spy,)))
-    assert "rope_attention" not in _ops(fuse_rope_attention(graph))
-    assert "rope_attention" in _ops(fuse_rope_attention(compile_graph(load_spec("specs/qwen2.toml"),
+    assert "rope_attention" not in layer_ops(fuse_rope_attention(graph))
+    assert "rope_attention" in layer_ops(fuse_rope_attention(compile_graph(load_spec("specs/qwen2.toml"),
                                                                       get_target("cpu"))))

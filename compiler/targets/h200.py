@@ -6,13 +6,17 @@ batch (1 … 256), and kernel choices per op.
   batch-invariant reference.
 - projections and the embedding: compiler/ops/linear_quant.py, which runs plain (bf16) weights through the
   reference ops and weights kept GGUF-quantized (Q4_K / Q6_K / Q8_0) through the Triton GEMVs for
-  decode-sized row counts (Q4_K / Q6_K on int8 activations with dp4a: compiler/ops/quant/dp4a.py), dequantize
-  + XLA matmul for prefill; FP8 weights (HF FP8 checkpoints, synthetic
-  `-fp8` models) through quant/fp8.py. Which weights stay quantized is `quantized_formats` (FP8, and GGUF
+  decode steps of 1-2 rows (Q4_K / Q6_K on int8 activations with dp4a: compiler/ops/quant/dp4a.py), their
+  bf16 copies' XLA matmul above; FP8 weights (HF FP8 checkpoints, synthetic `-fp8` models) through
+  quant/fp8.py. Which weights stay quantized is `quantized_formats` (FP8, and GGUF
   blocks with a bf16 copy beside them for steps of many rows: `dense_copies`) or EMBER_QUANTIZED_FORMATS.
 - RoPE and the step's K/V write: one Triton kernel (compiler/ops/attention_gpu/rope_write.py, the
   fuse_rope_attention pass) where XLA ran ~5 per layer.
-- RMSNorm and residual add + RMSNorm: one Triton kernel each (compiler/ops/norm_gpu.py) where XLA ran three.
+- RMSNorm and residual add + RMSNorm: one Triton kernel each (compiler/ops/norm_gpu.py) where XLA ran three;
+  a norm read by one projection may also write that projection's int8 activations (norm_quant_gpu.py, the
+  fuse_norm_into_projection pass; off unless EMBER_FUSED_NORM_QUANT=1).
+- decode GEMV epilogues / prologues: packed q/k/v written apart with their bias (dp4a parts kernel), and
+  silu(gate) * up made by the down projection's activation quantizer (gated_linear, fuse_gated_linear).
 - the rest (activations, sampler; RoPE in the deterministic plans) are the `jnp` references, fused by XLA.
 - 8 decode steps per device call when the engine can run ahead (runtime/lookahead.py).
 Triton kernels launch as native XLA kernels (compiler/ops/triton_launch.py): ~4.5 µs for a small kernel
