@@ -108,12 +108,8 @@ def _quantized_formats(target: str | Target) -> tuple[str, ...]:
             raise ValueError(f"{QUANTIZED_FORMATS_ENV}: unknown format(s) {unknown} "
                              f"(known: {', '.join(KEPT_FORMATS)})")
         return formats
-    if isinstance(target, Target):
-        return target.quantized_formats
-    try:
-        return get_target(target).quantized_formats
-    except ValueError:  # plans generated for a target this checkout does not describe: dequantize
-        return ()
+    described = _described(target)
+    return described.quantized_formats if described else ()  # an undescribed target: dequantize
 
 
 DENSE_COPIES_ENV = "EMBER_DENSE_COPIES"  # "1" / "0": keep (or not) a dense copy beside GGUF weights kept quantized
@@ -126,10 +122,19 @@ def _dense_copies(target: str | Target) -> bool:
         if override not in ("0", "1"):
             raise ValueError(f"{DENSE_COPIES_ENV} must be 0 or 1, got {override!r}")
         return override == "1"
+    described = _described(target)
+    return described.dense_copies if described else False
+
+
+def _described(target: str | Target) -> Target | None:
+    """The Target itself, or the one this checkout describes by that name; None for plans generated for a
+    target it does not describe."""
+    if isinstance(target, Target):
+        return target
     try:
-        return (target if isinstance(target, Target) else get_target(target)).dense_copies
-    except ValueError:  # plans generated for a target this checkout does not describe
-        return False
+        return get_target(target)
+    except ValueError:
+        return None
 
 
 def load_model(path: str | Path | Checkpoint, *, target: str | Target = "cpu", progress: bool = False,

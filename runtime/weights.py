@@ -254,8 +254,8 @@ def dense_copier(dtype) -> Callable[[Any], Any]:
     def copy(value):
         if isinstance(value, QuantizedWeight):
             return DenseBacked(value, dense_part(value))
-        if (isinstance(value, WeightGroup) and any(isinstance(p, QuantizedWeight) for p in value.parts)
-                and all(isinstance(p, (QuantizedWeight, np.ndarray, jax.Array)) for p in value.parts)):
+        # a group holds at least one kept part (_combine merges float parts); FP8 parts get no copy
+        if isinstance(value, WeightGroup) and not any(isinstance(p, Fp8Weight) for p in value.parts):
             return DenseBacked(value, jnp.concatenate([dense_part(p) for p in value.parts], axis=0))
         return value
 

@@ -138,24 +138,18 @@ def load_bench_model(model_name: str, target: str, tokenizer_dir: str | None = N
 def weight_bytes_per_step(model, rows: int = 1) -> int:
     """Bytes of weights one decode step of `rows` rows reads: every weight array the plan holds on the device
     (quantized blocks at their packed size), except an embedding table it only gathers a few rows from; of a
-    weight with a dense copy, the form a step of that many rows reads (linear_quant._form). A tied head has
-    its own array under the head's name, so it counts; an array shared by two names counts once."""
+    weight with a dense copy, the form a step of that many rows reads (linear_quant.form_for_rows). A tied
+    head has its own array under the head's name, so it counts; an array shared by two names counts once."""
     import jax
 
-    from ..compiler.ops.linear_quant import DENSE_COPY_GEMV_MAX_ROWS
-    from ..compiler.ops.quant.layout import DenseBacked
-
-    def read(value):
-        if isinstance(value, DenseBacked):
-            return value.kept if rows <= DENSE_COPY_GEMV_MAX_ROWS else value.dense
-        return value
+    from ..compiler.ops.linear_quant import form_for_rows
 
     gathered = gathered_only_weights(model.spec)
     seen: dict[int, int] = {}
     groups = [{k: v for k, v in model.params.globals.items() if k.split(".")[0] not in gathered},
               *model.params.layers]
     for group in groups:
-        for leaf in jax.tree.leaves({k: read(v) for k, v in group.items()}):
+        for leaf in jax.tree.leaves({k: form_for_rows(rows, v) for k, v in group.items()}):
             seen[id(leaf)] = int(leaf.nbytes)
     return sum(seen.values())
 

@@ -45,7 +45,7 @@ from . import linear as linear_ref
 from .quant import config as quant_config
 from .quant.fp8 import Fp8Weight, fp8_linear, fp8_rows
 from .quant.layout import DenseBacked, QuantizedWeight, WeightGroup
-from .quant.matmul import BACKENDS, quant_matmul, quant_matmul_parts, quant_matmul_silu_gated
+from .quant.matmul import BACKENDS, quant_matmul, quant_matmul_parts, quant_matmul_silu_gated, split_columns
 from .quant.ref import dequantize
 from .triton_available import triton_available
 
@@ -131,7 +131,7 @@ def dp4a_input_order(weight, rows: int) -> str | None:
     part does (float or dense weights, more rows than the GEMV serves, the reference backend)."""
     if quant_backend() != "triton":
         return None
-    weight = _form_rows(rows, weight)
+    weight = form_for_rows(rows, weight)
     for part in weight.parts if isinstance(weight, WeightGroup) else (weight,):
         if (isinstance(part, QuantizedWeight) and rows <= gemv_max_rows(part.format)
                 and quant_config.pick_config(part.format, rows, *part.shape).variant == "dp4a"):
@@ -147,10 +147,11 @@ def gemv_max_rows(fmt: str) -> int:
 def _form(x, weight):
     """What a call with x's rows reads of `weight`: a DenseBacked weight's kept form for decode-sized row
     counts, its dense copy above; any other weight as it is."""
-    return _form_rows(_rows(x), weight)
+    return form_for_rows(_rows(x), weight)
 
 
-def _form_rows(rows: int, weight):
+def form_for_rows(rows: int, weight):
+    """The form of `weight` a call with `rows` activation rows reads (see _form)."""
     if isinstance(weight, DenseBacked):
         return weight.kept if rows <= DENSE_COPY_GEMV_MAX_ROWS else weight.dense
     return weight
@@ -180,15 +181,15 @@ def linear_split(x, weight, bias=None, *, sizes):
     parts = weight.parts if isinstance(weight, WeightGroup) else (weight,)
     runs = _sizes_per_part(parts, tuple(sizes))
     if runs is None:  # a part straddles two projections: the packed product, then slices
-        return _split(linear(x, weight, bias), sizes)
-    outs, start = [], 0
+        return split_columns(linear(x, weight, bias), sizes)
+    outs, start, rows = [], 0, _rows(x)
     for part, run in zip(parts, runs):  # each part yields its projections (a group's parts: no concat)
-        if isinstance(part, QuantizedWeight) and _rows(x) <= gemv_max_rows(part.format):
+        if isinstance(part, QuantizedWeight) and rows <= gemv_max_rows(part.format):
             outs.extend(quant_matmul_parts(_array(x), part, bias, run, bias_offset=start, backend=quant_backend(),
                                            activations=_activations(x, part)))
         else:
             part_bias = None if bias is None else bias[start:start + sum(run)]
-            outs.extend(_split(_add_bias(_matmul(x, part), part_bias), run))
+            outs.extend(split_columns(_add_bias(_matmul(x, part), part_bias), run))
         start += sum(run)
     return tuple(outs)
 
@@ -217,14 +218,6 @@ def _sizes_per_part(parts, sizes: tuple[int, ...]) -> list[tuple[int, ...]] | No
             return None
         runs.append(tuple(run))
     return runs if i == len(sizes) else None
-
-
-def _split(y, sizes):
-    bounds, total = [], 0
-    for size in sizes[:-1]:
-        total += size
-        bounds.append(total)
-    return tuple(jnp.split(y, bounds, axis=-1))
 
 
 def embedding(ids, table):

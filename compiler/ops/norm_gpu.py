@@ -68,21 +68,22 @@ def launch_plan(rows: int, n: int) -> dict:
     return {"grid": (rows,), "num_warps": warps, "meta": {"N": n, "BLOCK": block}}
 
 
-def _use_kernel(x) -> bool:
+def use_kernel(x) -> bool:
+    """Whether the Triton kernels run for x (a GPU with Triton, EMBER_TRITON_NORMS not 0, rows to norm)."""
     return (os.environ.get("EMBER_TRITON_NORMS", "1") != "0" and triton_available()
             and math.prod(x.shape[:-1]) > 0)
 
 
 def rms_norm(x, weight, *, eps):
     # x [..., n], weight [n] -> [..., n] in x's dtype
-    if not _use_kernel(x):
+    if not use_kernel(x):
         return norm_ref.rms_norm(x, weight, eps=eps)
     return rms_norm_triton(x, weight, eps=eps)
 
 
 def add_rms_norm(x, y, weight, *, eps):
     # -> (x + y, rms_norm(x + y)), both [..., n] in x's dtype
-    if not _use_kernel(x) or y.shape != x.shape or y.dtype != x.dtype:
+    if not use_kernel(x) or y.shape != x.shape or y.dtype != x.dtype:
         return norm_ref.add_rms_norm(x, y, weight, eps=eps)
     return add_rms_norm_triton(x, y, weight, eps=eps)
 

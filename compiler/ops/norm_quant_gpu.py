@@ -105,7 +105,7 @@ def norm_quantize_triton(x, y, weight, *, eps, order: str):
 def _order(x, reader) -> str | None:
     from .linear_quant import dp4a_input_order
 
-    if (x.ndim != 2 or x.shape[-1] % 32 or not norm_gpu._use_kernel(x)
+    if (x.ndim != 2 or x.shape[-1] % 32 or not norm_gpu.use_kernel(x)
             or os.environ.get(FUSED_ENV, "0") != "1"):
         return None
     return dp4a_input_order(reader, x.shape[0])

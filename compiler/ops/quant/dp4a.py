@@ -100,9 +100,11 @@ def parts_plan(plan: dict, sizes: tuple[int, ...], out: int) -> dict | None:
     """The parts kernel's constexprs (N1, N2) for a one-split dp4a plan over `sizes` (1 to 3 projections
     summing to `out`; one: the plain GEMV with its bias added in the kernel); None where the parts launch
     does not apply (split-K partials are summed by XLA, which adds the bias and splits them in that pass)."""
+    from ember.compiler.ops.quant.matmul import column_bounds
+
     if plan["split_k"] != 1 or not 1 <= len(sizes) <= MAX_PARTS or sum(sizes) != out:
         return None
-    bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)] + [out, out]
+    bounds = column_bounds(sizes) + [out, out]
     return {"N1": bounds[0], "N2": bounds[1]}
 
 

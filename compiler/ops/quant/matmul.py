@@ -50,20 +50,17 @@ def quant_matmul_parts(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None,
     `out`): one [m, size] array each, in x's dtype (bias: None, or a longer vector whose run W's rows take).
     Where the pick is a one-split dp4a GEMV, one launch writes the outputs apart with the bias added
     (dp4a.dp4a_parts_call: no slice kernels after it); otherwise quant_matmul, the bias, then slices."""
-    if backend == "triton" and x.ndim == 2 and x.shape[1] == w.shape[1]:
-        config = pick_config(w.format, x.shape[0], *w.shape)
-        if config.variant == "dp4a":
-            from ember.compiler.ops.quant.dp4a import dp4a_parts_call, parts_plan
+    picked = _dp4a_pick(x, w, backend) if x.ndim == 2 and x.shape[1] == w.shape[1] else None
+    if picked is not None:
+        from ember.compiler.ops.quant.dp4a import dp4a_parts_call, parts_plan
 
-            plan = launch_plan(w.format, x.shape[0], *w.shape, config)
-            if parts_plan(plan, tuple(sizes), w.shape[0]) is not None:
-                _check_triton_operands(x, w)
-                return dp4a_parts_call(x, w, bias, config, plan, tuple(sizes), bias_offset, activations)
+        config, plan = picked
+        if parts_plan(plan, tuple(sizes), w.shape[0]) is not None:
+            return dp4a_parts_call(x, w, bias, config, plan, tuple(sizes), bias_offset, activations)
     y = quant_matmul(x, w, backend=backend, activations=activations)
     if bias is not None:
         y = y + bias[bias_offset:bias_offset + w.shape[0]].astype(y.dtype)
-    bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)]
-    return tuple(jnp.split(y, bounds, axis=-1))
+    return split_columns(y, sizes)
 
 
 def quant_matmul_silu_gated(gate_up: jax.Array, w: QuantizedWeight, *, backend: str = "reference") -> jax.Array:
@@ -74,15 +71,35 @@ def quant_matmul_silu_gated(gate_up: jax.Array, w: QuantizedWeight, *, backend: 
 
     if gate_up.ndim != 2 or gate_up.shape[1] != 2 * w.shape[1]:
         raise ValueError(f"gate_up {gate_up.shape} does not match a weight of shape {w.shape}")
-    m = gate_up.shape[0]
-    if backend == "triton":
-        config = pick_config(w.format, m, *w.shape)
-        if config.variant == "dp4a":
-            from ember.compiler.ops.quant.dp4a import dp4a_call
+    picked = _dp4a_pick(gate_up, w, backend)
+    if picked is not None:
+        from ember.compiler.ops.quant.dp4a import dp4a_call
 
-            _check_triton_operands(gate_up, w)
-            return dp4a_call(gate_up, w, config, launch_plan(w.format, m, *w.shape, config), silu_gated=True)
+        return dp4a_call(gate_up, w, *picked, silu_gated=True)
     return quant_matmul(gated_act_packed(gate_up, act="silu"), w, backend=backend)
+
+
+def _dp4a_pick(x: jax.Array, w: QuantizedWeight, backend: str) -> tuple[QuantMatmulConfig, dict] | None:
+    """(config, launch plan) where the triton backend picks the dp4a kernel for x's rows (operands checked),
+    else None."""
+    if backend != "triton":
+        return None
+    m = x.shape[0]
+    config = pick_config(w.format, m, *w.shape)
+    if config.variant != "dp4a":
+        return None
+    _check_triton_operands(x, w)
+    return config, launch_plan(w.format, m, *w.shape, config)
+
+
+def column_bounds(sizes) -> list[int]:
+    """Where each of the projections `sizes` (side by side along the last axis) ends, but the last."""
+    return [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)]
+
+
+def split_columns(y: jax.Array, sizes) -> tuple[jax.Array, ...]:
+    """y [..., sum(sizes)] -> one [..., size] array per projection."""
+    return tuple(jnp.split(y, column_bounds(sizes), axis=-1))
 
 
 def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig) -> dict:

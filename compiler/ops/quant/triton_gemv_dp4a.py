@@ -89,31 +89,6 @@ def _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.const
 
 
 @triton.jit
-def _sum_tile(acc):
-    return tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=0)            # [BLOCK_N]
-
-
-@triton.jit
-def _store(out_ptr, acc, row, pid_k, rows, row_ok, M_PAD: tl.constexpr, N: tl.constexpr):
-    tl.store(out_ptr + (pid_k * M_PAD + row) * N + rows, _sum_tile(acc).to(out_ptr.dtype.element_ty), mask=row_ok)
-
-
-@triton.jit
-def _store_parts(bias_ptr, out_ptr, out2_ptr, out3_ptr, acc, row, rows, row_ok, N: tl.constexpr,
-                 N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_OFFSET: tl.constexpr):
-    """Row `row` of outputs rows [0, N1) -> out [M_PAD, N1], [N1, N2) -> out2, [N2, N) -> out3 (one split)."""
-    dtype = out_ptr.dtype.element_ty
-    y = _sum_tile(acc)
-    if HAS_BIAS:  # as linear_quant's _add_bias: the product rounded to the output dtype, plus the bias, rounded
-        bias = tl.load(bias_ptr + BIAS_OFFSET + rows, mask=row_ok, other=0.0)
-        y = y.to(dtype).to(tl.float32) + bias.to(tl.float32)
-    ptrs = tl.where(rows < N1, out_ptr + row * N1 + rows,
-                    tl.where(rows < N2, out2_ptr + row * (N2 - N1) + (rows - N1),
-                             out3_ptr + row * (N - N2) + (rows - N2)))
-    tl.store(ptrs, y.to(dtype), mask=row_ok)
-
-
-@triton.jit
 def _accumulate(qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                 R: tl.constexpr, BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
                 PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
@@ -166,6 +141,54 @@ def _accumulate(qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD: tl.constexpr, N: tl.const
 
 
 @triton.jit
+def _store(bias_ptr, out_ptr, out2_ptr, out3_ptr, acc, row, pid_k, rows, row_ok, M_PAD: tl.constexpr,
+           N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_OFFSET: tl.constexpr):
+    """Activation row `row`'s sums acc -> out[pid_k, row] of [SPLIT_K, M_PAD, N] when N1 == N (one output);
+    else (one split) rows [0, N1) -> out [M_PAD, N1], [N1, N2) -> out2, [N2, N) -> out3. HAS_BIAS adds
+    bias[BIAS_OFFSET + rows] as linear_quant's _add_bias does: the product rounded to the output dtype, plus
+    the bias, rounded again."""
+    dtype = out_ptr.dtype.element_ty
+    y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=0)              # [BLOCK_N]
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + BIAS_OFFSET + rows, mask=row_ok, other=0.0)
+        y = y.to(dtype).to(tl.float32) + bias.to(tl.float32)
+    if N1 == N:
+        ptrs = out_ptr + (pid_k * M_PAD + row) * N + rows
+    else:
+        ptrs = tl.where(rows < N1, out_ptr + row * N1 + rows,
+                        tl.where(rows < N2, out2_ptr + row * (N2 - N1) + (rows - N1),
+                                 out3_ptr + row * (N - N2) + (rows - N2)))
+    tl.store(ptrs, y.to(dtype), mask=row_ok)
+
+
+@triton.jit
+def _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr, M_PAD: tl.constexpr,
+          N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr, S: tl.constexpr,
+          UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr,
+          ASM: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr,
+          BIAS_OFFSET: tl.constexpr):
+    """Both kernels' body: the program's sums, then one _store per activation row of its group."""
+    rows, row_ok, pid_k, m0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _accumulate(
+        qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD, N, K, R, BLOCK_N, S, UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM)
+    out = (bias_ptr, out_ptr, out2_ptr, out3_ptr)
+    _store(*out, acc0, m0, pid_k, rows, row_ok, M_PAD, N, N1, N2, HAS_BIAS, BIAS_OFFSET)
+    if R > 1:
+        _store(*out, acc1, m0 + 1, pid_k, rows, row_ok, M_PAD, N, N1, N2, HAS_BIAS, BIAS_OFFSET)
+    if R > 2:
+        _store(*out, acc2, m0 + 2, pid_k, rows, row_ok, M_PAD, N, N1, N2, HAS_BIAS, BIAS_OFFSET)
+    if R > 3:
+        _store(*out, acc3, m0 + 3, pid_k, rows, row_ok, M_PAD, N, N1, N2, HAS_BIAS, BIAS_OFFSET)
+    if R > 4:
+        _store(*out, acc4, m0 + 4, pid_k, rows, row_ok, M_PAD, N, N1, N2, HAS_BIAS, BIAS_OFFSET)
+    if R > 5:
+        _store(*out, acc5, m0 + 5, pid_k, rows, row_ok, M_PAD, N, N1, N2, HAS_BIAS, BIAS_OFFSET)
+    if R > 6:
+        _store(*out, acc6, m0 + 6, pid_k, rows, row_ok, M_PAD, N, N1, N2, HAS_BIAS, BIAS_OFFSET)
+    if R > 7:
+        _store(*out, acc7, m0 + 7, pid_k, rows, row_ok, M_PAD, N, N1, N2, HAS_BIAS, BIAS_OFFSET)
+
+
+@triton.jit
 def dp4a_gemv_kernel(qa_ptr, da_ptr, p0, p1, p2, p3, out_ptr,
                      M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
                      BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
@@ -174,23 +197,8 @@ def dp4a_gemv_kernel(qa_ptr, da_ptr, p0, p1, p2, p3, out_ptr,
     planes p0..p3 (Q4_K: qs, scales, d, dmin; Q6_K when Q6: ql, qh, scales, d) -> out [SPLIT_K, M_PAD, N].
     Grid axis 0 = row tile * GROUPS + g: the programs of one weight tile are launched together, so the
     row groups after the first read the tile from L2, not HBM. Program g takes rows g R .. g R + R - 1."""
-    rows, row_ok, pid_k, m0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _accumulate(
-        qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD, N, K, R, BLOCK_N, S, UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM)
-    _store(out_ptr, acc0, m0, pid_k, rows, row_ok, M_PAD, N)
-    if R > 1:
-        _store(out_ptr, acc1, m0 + 1, pid_k, rows, row_ok, M_PAD, N)
-    if R > 2:
-        _store(out_ptr, acc2, m0 + 2, pid_k, rows, row_ok, M_PAD, N)
-    if R > 3:
-        _store(out_ptr, acc3, m0 + 3, pid_k, rows, row_ok, M_PAD, N)
-    if R > 4:
-        _store(out_ptr, acc4, m0 + 4, pid_k, rows, row_ok, M_PAD, N)
-    if R > 5:
-        _store(out_ptr, acc5, m0 + 5, pid_k, rows, row_ok, M_PAD, N)
-    if R > 6:
-        _store(out_ptr, acc6, m0 + 6, pid_k, rows, row_ok, M_PAD, N)
-    if R > 7:
-        _store(out_ptr, acc7, m0 + 7, pid_k, rows, row_ok, M_PAD, N)
+    _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, out_ptr, out_ptr, out_ptr, out_ptr, M_PAD, N, K, R, BLOCK_N, S,
+          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM, N, N, False, 0)
 
 
 @triton.jit
@@ -202,31 +210,8 @@ def dp4a_gemv_parts_kernel(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, ou
     """dp4a_gemv_kernel for a weight packing up to 3 projections (q / k / v) and one split along `in`: their
     outputs go apart, out [M_PAD, N1], out2 [M_PAD, N2 - N1], out3 [M_PAD, N - N2] (N2 = N: two parts), each
     plus its bias bias[BIAS_OFFSET + row] when HAS_BIAS, so that no slice or bias kernel follows the GEMV."""
-    rows, row_ok, pid_k, m0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _accumulate(
-        qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD, N, K, R, BLOCK_N, S, UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM)
-    _store_parts(bias_ptr, out_ptr, out2_ptr, out3_ptr, acc0, m0, rows, row_ok, N, N1, N2,
-                 HAS_BIAS, BIAS_OFFSET)
-    if R > 1:
-        _store_parts(bias_ptr, out_ptr, out2_ptr, out3_ptr, acc1, m0 + 1, rows, row_ok, N, N1, N2,
-                     HAS_BIAS, BIAS_OFFSET)
-    if R > 2:
-        _store_parts(bias_ptr, out_ptr, out2_ptr, out3_ptr, acc2, m0 + 2, rows, row_ok, N, N1, N2,
-                     HAS_BIAS, BIAS_OFFSET)
-    if R > 3:
-        _store_parts(bias_ptr, out_ptr, out2_ptr, out3_ptr, acc3, m0 + 3, rows, row_ok, N, N1, N2,
-                     HAS_BIAS, BIAS_OFFSET)
-    if R > 4:
-        _store_parts(bias_ptr, out_ptr, out2_ptr, out3_ptr, acc4, m0 + 4, rows, row_ok, N, N1, N2,
-                     HAS_BIAS, BIAS_OFFSET)
-    if R > 5:
-        _store_parts(bias_ptr, out_ptr, out2_ptr, out3_ptr, acc5, m0 + 5, rows, row_ok, N, N1, N2,
-                     HAS_BIAS, BIAS_OFFSET)
-    if R > 6:
-        _store_parts(bias_ptr, out_ptr, out2_ptr, out3_ptr, acc6, m0 + 6, rows, row_ok, N, N1, N2,
-                     HAS_BIAS, BIAS_OFFSET)
-    if R > 7:
-        _store_parts(bias_ptr, out_ptr, out2_ptr, out3_ptr, acc7, m0 + 7, rows, row_ok, N, N1, N2,
-                     HAS_BIAS, BIAS_OFFSET)
+    _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr, M_PAD, N, K, R, BLOCK_N, S,
+          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM, N1, N2, HAS_BIAS, BIAS_OFFSET)
 
 
 # format -> the planes in the kernel's p0..p3 order
