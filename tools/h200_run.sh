@@ -18,6 +18,7 @@
 #   tools/h200_run.sh dp4a-ab    Q4_K on int8 activations: GPU tests, then the batch-1 step with and without it
 #   tools/h200_run.sh dp4a-q6    Q6_K on the dp4a kernel: GPU tests, plan-alone A/B, batch-1 decode (1.5B)
 #   tools/h200_run.sh fused-check the fused decode launches: GPU tests, quantized model test, batch-1 step alone
+#   tools/h200_run.sh plan-alone the batch-1 step alone per model (MODELS), A/B over trace-time VARIANTS
 #   tools/h200_run.sh dp4a-rows  16 / 32 streams, the dp4a GEMV up to 64 rows vs its default bound
 #   tools/h200_run.sh norms-ab   RMSNorm kernels: GPU test, then the batch-1 step with and without them
 #   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
@@ -42,6 +43,15 @@ suite() {  # suite OUTDIR DEADLINE_S MODEL... (extra flags in SUITE_FLAGS); a se
         --out "$out/$dir" --commit "$commit" --models "$@" --lazy-compile --deadline-s "$deadline" \
         ${SUITE_FLAGS:-} > "$out/$dir.log" 2>&1
     grep -h "decode\|prefill\|TTFT\|error" "$out/$dir/bench.md" 2>/dev/null | head -40
+}
+plan_alone() {  # profile_step --plan-only per synthetic model in MODELS, one engine per VARIANTS entry
+    for model in ${MODELS:-qwen2.5-1.5b-q4_k_m}; do
+        JAX_PLATFORMS=cuda EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout ${PLAN_S:-150} python3 -m ember.tools.profile_step \
+            --model synthetic:$model --tokenizer .gpu/tok --concurrency ${CONCURRENCY:-1} --plan-only \
+            ${VARIANTS:+--variants $VARIANTS} > "$out/plan_alone_$model.json" 2> "$out/plan_alone_$model.log" \
+            || tail -n 3 "$out/plan_alone_$model.log"
+        grep -h "variant\|multi_async\|profiled_" "$out/plan_alone_$model.json"
+    done
 }
 for section in "$@"; do
 case $section in
@@ -149,7 +159,7 @@ dp4a-q6)  # Q6_K on the dp4a kernel: GPU tests, the batch-1 step (plan alone) wi
 fused-check)  # the fused decode launches (norms writing int8 activations, on here: EMBER_FUSED_NORM_QUANT=1;
     # q/k/v parts with their bias; the SiLU-gated quantizer): their GPU tests (a failed norm test turns that
     # fusion off below), the whole
-    # quantized model's Triton-vs-reference test, then the batch-1 step (plan alone, MODEL)
+    # quantized model's Triton-vs-reference test, then the batch-1 step (plan alone, MODELS) with and without it
     export JAX_PLATFORMS=cuda,cpu
     export EMBER_FUSED_NORM_QUANT=1
     timeout 90 python -m pytest -q -m gpu tests/test_norm_kernels_gpu.py -k int8 -p no:cacheprovider \
@@ -160,10 +170,10 @@ fused-check)  # the fused decode launches (norms writing int8 activations, on he
         -p no:cacheprovider > "$out/gpu_fused_tests.log" 2>&1; tail -n 2 "$out/gpu_fused_tests.log"
     timeout ${ENGINE_TEST_S:-120} python -m pytest -q -m gpu tests/test_quant_model_gpu.py -p no:cacheprovider \
         > "$out/gpu_quant_model.log" 2>&1; tail -n 2 "$out/gpu_quant_model.log"
-    JAX_PLATFORMS=cuda EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 120 python3 -m ember.tools.profile_step \
-        --model synthetic:${MODEL:-qwen2.5-1.5b-q4_k_m} --tokenizer .gpu/tok --concurrency 1 --plan-only \
-        > "$out/plan_alone.json" 2> "$out/plan_alone.log" || tail -n 3 "$out/plan_alone.log"
-    grep -h "multi_async\|profiled_" "$out/plan_alone.json" ;;
+    if [ "$EMBER_FUSED_NORM_QUANT" = 1 ]; then VARIANTS="EMBER_FUSED_NORM_QUANT=0 EMBER_FUSED_NORM_QUANT=1" plan_alone
+    else plan_alone; fi ;;
+plan-alone)  # the batch-1 step alone (MODELS; VARIANTS: trace-time settings A/B'd over the same weights)
+    plan_alone ;;
 dp4a-rows)  # 16 / 32 streams with the dp4a GEMV taking up to 64 rows vs the default bound (MODEL: 1.5B Q4_K_M)
     for rows in 64 16; do
         EMBER_DP4A_GEMV_MAX_ROWS=$rows EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections concurrency \

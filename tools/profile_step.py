@@ -193,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="decode steps per device call when running ahead (default: the target's)")
     parser.add_argument("--plan-only", action="store_true",
                         help="only the plan alone (no engine run): step time and kernels per step")
+    parser.add_argument("--variants", nargs="+", default=[""], metavar="NAME=VALUE[,NAME=VALUE]",
+                        help="trace-time environment settings, one engine each over the same loaded weights "
+                             "(an A/B in one process, e.g. EMBER_FUSED_NORM_QUANT=0 EMBER_FUSED_NORM_QUANT=1)")
     args = parser.parse_args(argv)
 
     from ..runtime.engine import Engine, EngineConfig
@@ -203,18 +206,20 @@ def main(argv: list[str] | None = None) -> int:
     top = max(args.concurrency)
     config = EngineConfig(num_blocks=top * (-(-context // 16) + 1) + 1, max_model_len=context, max_num_seqs=top,
                           max_batched_tokens=512, enable_prefix_caching=False, decode_steps=args.decode_steps)
-    engine = Engine(model, tokenizer, config)
     result = {"model": args.model, "target": args.target, "decode_steps": args.decode_steps,
-              "xla_flags": os.environ.get("XLA_FLAGS", ""), "runs": [],
-              "plan_alone": []}
-    try:
-        for c in args.concurrency:
-            if not args.plan_only:
-                result["runs"].append(_profile_engine(engine, int(model.dims.vocab), c, args.prompt_tokens,
-                                                      args.output_tokens))
-            result["plan_alone"].append(_plan_alone(engine, c))
-    finally:
-        engine.close()
+              "xla_flags": os.environ.get("XLA_FLAGS", ""), "runs": [], "plan_alone": []}
+    for variant in args.variants:
+        settings = dict(item.split("=", 1) for item in variant.split(",") if item)
+        os.environ.update(settings)  # read when the step is traced, i.e. by the engine built next
+        engine = Engine(model, tokenizer, config)
+        try:
+            for c in args.concurrency:
+                if not args.plan_only:
+                    result["runs"].append({"variant": variant, **_profile_engine(
+                        engine, int(model.dims.vocab), c, args.prompt_tokens, args.output_tokens)})
+                result["plan_alone"].append({"variant": variant, **_plan_alone(engine, c)})
+        finally:
+            engine.close()
     json.dump(result, sys.stdout, indent=1)
     print()
     return 0
