@@ -196,6 +196,15 @@ class StepClock:
             return 0, 0.0, 0
         return sum(n for _, n, _ in decodes), decodes[-1][0] - last_prefill, sum(k for _, _, k in decodes)
 
+    def decode_call_ends_ms(self) -> list[float]:
+        """When each decode-only call after the last prefill step reached the host, in ms after that step's
+        results did: the first entry is the device's gap after the prefill plus one call, the steps between
+        entries one call each (where the host kept the device busy, a call's device time)."""
+        last_prefill = max((t for t, _, _, pre in self.steps if pre), default=None)
+        if last_prefill is None:
+            return []
+        return [round((t - last_prefill) * 1e3, 2) for t, _, _, pre in self.steps if not pre and t > last_prefill]
+
 
 def single_request(engine, prompt: list[int], max_tokens: int):
     """Run one greedy request to its end; its Usage. Raises if the engine ended it with an error."""

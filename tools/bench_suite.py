@@ -280,7 +280,7 @@ class Suite:
                 tokens, seconds, _ = clock.decode_after_prefill()
                 rate = tokens / seconds
                 row.update(decode_tokens=tokens, decode_tokens_per_s=round(rate, 2), ms_per_token=round(1e3 / rate, 3),
-                           ttft_s=round(usage.ttft_s, 3), decode_rows=1,
+                           ttft_s=round(usage.ttft_s, 3), decode_rows=1, call_ends_ms=clock.decode_call_ends_ms(),
                            bytes_per_step=int(weights + kv_bytes_read(model, ctx + n // 2)))
             out["runs"].append(row := {"context": ctx})
             self.guarded(f"context {ctx}", row, one, ctx)
