@@ -1,7 +1,7 @@
 """compiler/passes/fuse_norm_into_projection.py and compiler/ops/norm_quant_gpu.py: a norm read by one
 projection learns that projection's weight (h200, default variant; nowhere else), and on a GPU writes the
-projection's int8 activations in its own launch (EMBER_FUSED_NORM_QUANT=1), so the decode GEMV runs without
-a quantizer launch."""
+projection's int8 activations in its own launch (on by default; EMBER_FUSED_NORM_QUANT=0 turns it off), so
+the decode GEMV runs without a quantizer launch."""
 
 from __future__ import annotations
 
@@ -78,11 +78,11 @@ def test_decode_norm_then_qkv_lowers_to_two_kernels(add, monkeypatch):
     monkeypatch.setattr(norm_gpu, "triton_available", lambda: True)
     w = pack(random_gguf_bytes(np.random.default_rng(0), "q4_k", (2048, 1536)), "q4_k", (2048, 1536))
     x, nw = jnp.zeros((1, 1536), jnp.bfloat16), jnp.ones((1536,), jnp.bfloat16)
-    monkeypatch.delenv(norm_quant_gpu.FUSED_ENV, raising=False)
-    with linear_quant.use_quant_backend("triton"):  # off by default (not yet verified on the GPU)
+    monkeypatch.setenv(norm_quant_gpu.FUSED_ENV, "0")
+    with linear_quant.use_quant_backend("triton"):  # the switch that turns it off
         plain = jax.eval_shape(lambda x, nw, w: norm_quant_gpu.rms_norm_to_proj(x, nw, w, eps=1e-6), x, nw, w)
         assert not isinstance(plain, linear_quant.QuantizedInput) and plain.shape == x.shape
-    monkeypatch.setenv(norm_quant_gpu.FUSED_ENV, "1")
+    monkeypatch.delenv(norm_quant_gpu.FUSED_ENV, raising=False)  # on by default
 
     def step(x, nw, w):
         h = (norm_quant_gpu.add_rms_norm_to_proj(x, x, nw, w, eps=1e-6)[1] if add

@@ -19,6 +19,7 @@
 #   tools/h200_run.sh dp4a-q6    Q6_K on the dp4a kernel: GPU tests, plan-alone A/B, batch-1 decode (1.5B)
 #   tools/h200_run.sh fused-check the fused decode launches: GPU tests, quantized model test, batch-1 step alone
 #   tools/h200_run.sh plan-alone the batch-1 step alone per model (MODELS), A/B over trace-time VARIANTS
+#   tools/h200_run.sh engine-profile the batch-1 engine under the profiler (idle gaps), then the plan alone
 #   tools/h200_run.sh dp4a-rows  16 / 32 streams, the dp4a GEMV up to 64 rows vs its default bound
 #   tools/h200_run.sh norms-ab   RMSNorm kernels: GPU test, then the batch-1 step with and without them
 #   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
@@ -156,7 +157,7 @@ dp4a-q6)  # Q6_K on the dp4a kernel: GPU tests, the batch-1 step (plan alone) wi
     done
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context --contexts 128 \
         --context-decode-tokens 128" suite batch1-15 ${DEADLINE:-45} synthetic:qwen2.5-1.5b-q4_k_m ;;
-fused-check)  # the fused decode launches (norms writing int8 activations, on here: EMBER_FUSED_NORM_QUANT=1;
+fused-check)  # the fused decode launches (norms writing int8 activations: EMBER_FUSED_NORM_QUANT=1, the default;
     # q/k/v parts with their bias; the SiLU-gated quantizer): their GPU tests (a failed norm test turns that
     # fusion off below), the whole
     # quantized model's Triton-vs-reference test, then the batch-1 step (plan alone, MODELS) with and without it
@@ -174,6 +175,15 @@ fused-check)  # the fused decode launches (norms writing int8 activations, on he
     else plan_alone; fi ;;
 plan-alone)  # the batch-1 step alone (MODELS; VARIANTS: trace-time settings A/B'd over the same weights)
     plan_alone ;;
+engine-profile)  # the batch-1 engine under the profiler as the bench runs it (max_model_len 16,528, 128 -> 129
+    # tokens): wall vs device time per step, where the GPU sat idle, then the plan alone at that table width
+    for model in ${MODELS:-qwen2.5-1.5b-q4_k_m}; do
+        JAX_PLATFORMS=cuda EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout ${PLAN_S:-150} python3 -m ember.tools.profile_step \
+            --model synthetic:$model --tokenizer .gpu/tok --concurrency 1 --max-model-len 16528 --prompt-tokens 128 \
+            --output-tokens 129 ${VARIANTS:+--variants $VARIANTS} > "$out/engine_$model.json" 2> "$out/engine_$model.log" \
+            || tail -n 3 "$out/engine_$model.log"
+        grep -h "variant\|unprofiled_output\|device_ms_per_step\|idle_ms\|span_ms\|multi_async\|profiled_" "$out/engine_$model.json"
+    done ;;
 dp4a-rows)  # 16 / 32 streams with the dp4a GEMV taking up to 64 rows vs the default bound (MODEL: 1.5B Q4_K_M)
     for rows in 64 16; do
         EMBER_DP4A_GEMV_MAX_ROWS=$rows EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections concurrency \

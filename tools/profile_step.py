@@ -54,6 +54,24 @@ def _device_kernels(planes: list) -> tuple[float, collections.Counter, collectio
     return busy_ns / 1e6, totals, counts
 
 
+def _device_gaps(planes: list) -> dict:
+    """Where the GPU sat idle between kernels (all streams merged) from the first kernel to the last: total idle
+    time, how many gaps of each size, and the longest ones — host-bound stretches show as long gaps."""
+    spans = sorted((event.start_ns, event.end_ns) for plane in planes if plane.name.startswith("/device:GPU")
+                   for line in plane.lines if line.name.startswith("Stream") for event in line.events)
+    gaps, reach = [], spans[0][1] if spans else 0
+    for start, end in spans[1:]:
+        if start > reach:
+            gaps.append(start - reach)
+        reach = max(reach, end)
+    gaps_us = np.asarray(gaps, np.float64) / 1e3
+    span_ms = (reach - spans[0][0]) / 1e6 if spans else 0.0
+    return {"span_ms": round(span_ms, 2), "idle_ms": round(float(gaps_us.sum()) / 1e3, 2),
+            "gaps_over_us": {str(t): int((gaps_us > t).sum()) for t in (5, 20, 100, 1000)},
+            "idle_in_gaps_over_100us_ms": round(float(gaps_us[gaps_us > 100].sum()) / 1e3, 2),
+            "longest_gaps_us": [round(float(g), 1) for g in np.sort(gaps_us)[::-1][:12]]}
+
+
 def _host_launch_events(planes: list, per: int) -> list[dict]:
     """XLA's host-side thunk / launch / graph events (how a step reaches the GPU), counts per step, top 15."""
     counts = collections.Counter()
@@ -91,7 +109,8 @@ def _profile_engine(engine, vocab: int, concurrency: int, prompt_tokens: int, ou
     with jax.profiler.trace(trace_dir):
         run()
     wall = time.perf_counter() - start
-    busy_ms, totals, counts = _device_kernels(_trace_planes(trace_dir))
+    planes = _trace_planes(trace_dir)
+    busy_ms, totals, counts = _device_kernels(planes)
     steps = output_tokens  # about one step per generated token (prefills share steps with decodes)
     top = totals.most_common(TOP_KERNELS)
     return {
@@ -103,6 +122,7 @@ def _profile_engine(engine, vocab: int, concurrency: int, prompt_tokens: int, ou
         "device_busy_fraction": round(busy_ms / (wall * 1e3), 3),
         "kernels_per_step": round(sum(counts.values()) / steps, 1),
         "device_ms_per_step": round(busy_ms / steps, 3),
+        "device_gaps": _device_gaps(planes),
         "top_kernels_ms": [{"name": name, "ms": round(ms, 2), "calls": counts[name]} for name, ms in top],
     }
 
@@ -141,7 +161,7 @@ def _plan_alone(engine, rows: int, repeats: int = 50) -> dict:
     planes = _trace_planes(trace_dir)
     busy_ms, totals, counts = _device_kernels(planes)
     host_events = _host_launch_events(planes, repeats)
-    return {"decode_rows": rows, "async_ms_per_step": round(async_ms, 3), "sync_ms_per_step": round(sync_ms, 3),
+    return {"device_gaps": _device_gaps(planes),"decode_rows": rows, "async_ms_per_step": round(async_ms, 3), "sync_ms_per_step": round(sync_ms, 3),
             **_multi_alone(engine, shape, batch),
             "profiled_kernels_per_step": round(sum(counts.values()) / repeats, 1),
             "profiled_device_ms_per_step": round(busy_ms / repeats, 3),
@@ -191,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--decode-steps", type=int, default=None,
                         help="decode steps per device call when running ahead (default: the target's)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="the engine's max_model_len (default: prompt + output tokens); sets the attention "
+                             "table width, hence its split count, as the bench's batch-1 engine (16,528) does")
     parser.add_argument("--plan-only", action="store_true",
                         help="only the plan alone (no engine run): step time and kernels per step")
     parser.add_argument("--variants", nargs="+", default=[""], metavar="NAME=VALUE[,NAME=VALUE]",
@@ -204,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load_bench_model(args.model, args.target, args.tokenizer)
     context = args.prompt_tokens + args.output_tokens
     top = max(args.concurrency)
+    context = max(context, args.max_model_len or 0)
     config = EngineConfig(num_blocks=top * (-(-context // 16) + 1) + 1, max_model_len=context, max_num_seqs=top,
                           max_batched_tokens=512, enable_prefix_caching=False, decode_steps=args.decode_steps)
     result = {"model": args.model, "target": args.target, "decode_steps": args.decode_steps,

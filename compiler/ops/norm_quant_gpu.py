@@ -10,10 +10,11 @@ then recomputes the same values in the packed layout (act_quant.PACKINGS; x and 
 the scale is the row's) and quantizes them as triton_act_quant.py does. The result is a
 linear_quant.QuantizedInput (the bf16 rows + qa + da); otherwise the plain norm (norm_gpu.py).
 
-Off by default: EMBER_FUSED_NORM_QUANT=1 (read at trace time) turns it on. Checked in Triton's interpreter
-(tools/check_norm_kernels.py: rows and int8 words bit-equal to the plain norm + quantizer), but its GPU
-test has not passed on the H200 yet (at e8eb845 it compared with XLA's jnp quantizer, which rounds a few
-codes differently; the test now compares with the Triton quantizer) and its step time is not measured.
+On by default; EMBER_FUSED_NORM_QUANT=0 (read at trace time) turns it off. Checked in Triton's interpreter
+(tools/check_norm_kernels.py: rows and int8 words bit-equal to the plain norm + quantizer) and on the H200
+(tests/test_norm_kernels_gpu.py at cfef150: bit-equal to the Triton quantizer it replaces). Measured there,
+plan alone at batch 1 (tools/results/h200_fused_norm_quant_cfef150.json): 1.5B Q4_K_M 439 -> 382 kernels,
+1.163 -> 1.147 ms per step; 8B Q4_K_M 517 -> 452 kernels, 2.398 -> 2.374 ms.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import triton.language as tl
 from . import norm_gpu
 from .quant.triton_act_quant import packed_order, quantize_store
 
-FUSED_ENV = "EMBER_FUSED_NORM_QUANT"  # "1": the norms write their projection's int8 activations (default off)
+FUSED_ENV = "EMBER_FUSED_NORM_QUANT"  # "0": the norms leave the int8 activations to the quantizer (default on)
 
 
 @triton.jit
@@ -106,7 +107,7 @@ def _order(x, reader) -> str | None:
     from .linear_quant import dp4a_input_order
 
     if (x.ndim != 2 or x.shape[-1] % 32 or not norm_gpu.use_kernel(x)
-            or os.environ.get(FUSED_ENV, "0") != "1"):
+            or os.environ.get(FUSED_ENV, "1") == "0"):
         return None
     return dp4a_input_order(reader, x.shape[0])
 

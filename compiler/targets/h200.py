@@ -14,7 +14,7 @@ batch (1 … 256), and kernel choices per op.
   fuse_rope_attention pass) where XLA ran ~5 per layer.
 - RMSNorm and residual add + RMSNorm: one Triton kernel each (compiler/ops/norm_gpu.py) where XLA ran three;
   a norm read by one projection may also write that projection's int8 activations (norm_quant_gpu.py, the
-  fuse_norm_into_projection pass; off unless EMBER_FUSED_NORM_QUANT=1).
+  fuse_norm_into_projection pass; EMBER_FUSED_NORM_QUANT=0 turns it off).
 - decode GEMV epilogues / prologues: packed q/k/v written apart with their bias (dp4a parts kernel), and
   silu(gate) * up made by the down projection's activation quantizer (gated_linear, fuse_gated_linear).
 - the rest (activations, sampler; RoPE in the deterministic plans) are the `jnp` references, fused by XLA.
