@@ -1,6 +1,6 @@
 """Check the Triton split-K decode attention kernels without a GPU (needs only triton==3.6.0).
 
-  python tools/check_attention_kernels.py interpret   run both kernels in Triton's CPU interpreter against the
+  python tools/check_attention_kernels.py interpret   run the kernels in Triton's CPU interpreter against the
                                                       reference `_attend` (small ragged shapes, GQA 1/4/6/8,
                                                       dh 64/80/128, blocks of 16/32, windows, splits 1..8,
                                                       fp32 and bf16; sliding tables whose dropped entries point
@@ -78,7 +78,8 @@ def reference(case: dict, dtype) -> np.ndarray:
 
 
 def run_kernel(case: dict, dtype, splits: int, block_n: int | None = None, nan_block0: bool = False) -> np.ndarray:
-    """Launch the kernel the plan picks (single when splits == 1) on host buffers; combine in jnp."""
+    """Launch the kernels the plan picks on host buffers: single when splits == 1, else partials then the combine
+    kernel (checked against decode.combine_partials on the same partials)."""
     import jax.numpy as jnp
 
     from ember.compiler.ops.attention_gpu.decode import DecodeAttentionConfig, combine_partials, decode_launch_plan
@@ -105,8 +106,16 @@ def run_kernel(case: dict, dtype, splits: int, block_n: int | None = None, nan_b
     outs = [_buffer(np.full(shape, np.nan, np.float32)) for shape in ((batch, hkv, s, g, dh), (batch, hkv, s, g),
                                                                       (batch, hkv, s, g))]
     KERNELS["partials"][plan["grid"]](*args, *outs, **plan["meta"])
-    acc, m, l = (jnp.asarray(o.array) for o in outs)
-    return np.asarray(combine_partials(acc, m, l, jnp.float32))
+    out = _buffer(np.full((batch, hq, dh), np.nan, dtype))
+    meta = {k: plan["meta"][k] for k in ("HQ", "HKV", "G", "G_PAD", "DH", "DH_PAD", "SPLITS")}
+    KERNELS["combine"][(batch, hkv)](*outs, out, SPLITS_PAD=1 << (s - 1).bit_length(), **meta)
+    merged = np.asarray(combine_partials(*(jnp.asarray(o.array) for o in outs), jnp.float32))
+    got = out.array.astype(np.float32)
+    # the combine kernel against the same merge in jnp: fp32 sums in another order, then the output dtype
+    if not np.allclose(got, merged.astype(dtype).astype(np.float32), rtol=1e-2 if dtype != np.float32 else 1e-6,
+                       atol=1e-6):
+        raise AssertionError(f"combine kernel vs combine_partials: max diff {np.abs(got - merged).max():.3g}")
+    return got
 
 
 def interpret() -> int:

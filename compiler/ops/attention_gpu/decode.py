@@ -1,6 +1,8 @@
 """paged_decode_attention: decode rows (one query token each) over the paged KV pool, split-K.
 
-backend="triton"   decode_kernel.py as a native XLA kernel (../triton_launch.py; NVIDIA GPUs only)
+backend="triton"   decode_kernel.py as native XLA kernels (../triton_launch.py; NVIDIA GPUs only): the split
+                   partials, then their combine (one launch; XLA's fusion of combine_partials was five at the
+                   65 splits of a batch-1 engine with max_model_len 16,528)
 backend="emulate"  the same split-K algorithm in plain jnp (same visible range, same per-split token
                    shares, same BLOCK_N iterations with an online softmax, same combine): runs anywhere,
                    so CPU tests check the algorithm against the reference `_attend`, while
@@ -17,6 +19,7 @@ out = sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s. Empty splits (m = -in
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import jax
@@ -24,6 +27,8 @@ import jax.numpy as jnp
 
 LOG2E = math.log2(math.e)
 BACKENDS = ("triton", "emulate")
+# "0": the split partials merged by XLA (combine_partials) rather than by the combine kernel (read at trace time)
+TRITON_COMBINE_ENV = "EMBER_TRITON_COMBINE"
 
 
 @dataclass(frozen=True)
@@ -127,7 +132,12 @@ def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan,
         out_shape=(jax.ShapeDtypeStruct((b, hkv, splits, g, dh), f32), jax.ShapeDtypeStruct((b, hkv, splits, g), f32),
                    jax.ShapeDtypeStruct((b, hkv, splits, g), f32)),
         **launch)
-    return combine_partials(acc, m, l, q.dtype)
+    if os.environ.get(TRITON_COMBINE_ENV, "1") == "0":  # read at trace time: the side-by-side measurement
+        return combine_partials(acc, m, l, q.dtype)
+    keep = ("HQ", "HKV", "G", "G_PAD", "DH", "DH_PAD", "SPLITS")
+    return triton_call(acc, m, l, kernel=KERNELS["combine"], out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+                       grid=(b, hkv), num_warps=config.num_warps, num_stages=1,
+                       SPLITS_PAD=_next_pow2(splits), **{k: meta[k] for k in keep})
 
 
 def combine_partials(acc, m, l, dtype) -> jax.Array:

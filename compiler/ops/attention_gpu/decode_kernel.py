@@ -46,7 +46,8 @@ Quantized KV later (int8 / fp8): `_load_kv_tile` is the one place a tile enters 
 per-token scale pointer and a dequantize into the dot dtype go there, the rest is unchanged.
 
 Outputs. paged_decode_partials_kernel writes unnormalized fp32 partials acc [B, hkv, SPLITS, G, dh] and
-m, l [B, hkv, SPLITS, G] (m in log2 units) that decode.combine_partials merges with log-sum-exp weights.
+m, l [B, hkv, SPLITS, G] (m in log2 units) that paged_decode_combine_kernel merges with log-sum-exp weights
+(decode.combine_partials is the same merge in jnp).
 paged_decode_kernel is the SPLITS = 1 case (large batches): it normalizes in-kernel and writes
 [B, hq, dh] in the output dtype, so the step has one launch and no combine op.
 """
@@ -173,4 +174,39 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window
     tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(g[:, None] < G) & (d[None, :] < DH))
 
 
-KERNELS = {"partials": paged_decode_partials_kernel, "single": paged_decode_kernel}
+@triton.jit
+def paged_decode_combine_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, HQ: tl.constexpr, HKV: tl.constexpr,
+                                G: tl.constexpr, G_PAD: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr,
+                                SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    # acc [B, HKV, SPLITS, G, DH], m, l [B, HKV, SPLITS, G] fp32 (the partials kernel's) -> out [B, HQ, DH] in
+    # out's dtype; one program per (row, KV head). decode.combine_partials' formula: with M = max_s m_s,
+    # out = sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s (0 where nothing was visible). Only splits up to
+    # the last non-empty one are read: a short row in a wide table fills a few of its SPLITS (XLA's combine of
+    # all of them was 5 launches per layer at 65 splits).
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, DH_PAD)
+    s = tl.arange(0, SPLITS_PAD)
+    base = (b * HKV + h) * SPLITS  # first partial row of this (row, KV head)
+    m_all = tl.load(m_ptr + (base + s)[:, None] * G + g[None, :], mask=(s[:, None] < SPLITS) & (g[None, :] < G),
+                    other=float("-inf"))  # [SPLITS_PAD, G_PAD]
+    m_max = tl.max(m_all, axis=0)
+    m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)  # [G_PAD]; all splits empty: every weight is 0
+    used = tl.max(tl.where(tl.max(m_all, axis=1) > float("-inf"), s + 1, 0), axis=0)
+    num = tl.zeros([G_PAD, DH_PAD], tl.float32)
+    den = tl.zeros([G_PAD], tl.float32)
+    g_ok = g < G
+    for split in range(0, used):
+        row = (base + split) * G + g  # [G_PAD]
+        weight = tl.exp2(tl.load(m_ptr + row, mask=g_ok, other=float("-inf")) - m_ref)  # empty split: 0
+        den += weight * tl.load(l_ptr + row, mask=g_ok, other=0.0)
+        part = tl.load(acc_ptr + row[:, None] * DH + d[None, :], mask=g_ok[:, None] & (d[None, :] < DH), other=0.0)
+        num += weight[:, None] * part
+    out = num / tl.where(den > 0.0, den, 1.0)[:, None]
+    ptrs = out_ptr + (b * HQ + h * G + g)[:, None] * DH + d[None, :]
+    tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & (d[None, :] < DH))
+
+
+KERNELS = {"partials": paged_decode_partials_kernel, "single": paged_decode_kernel,
+           "combine": paged_decode_combine_kernel}
