@@ -172,12 +172,19 @@ class StepClock:
 
     def __init__(self, engine):
         self.steps: list[tuple[float, int, int, bool]] = []  # (finished at, decode tokens, steps, prefill?)
+        self.launches: list[tuple[float, float, bool]] = []  # host: (launch began, returned, chained?)
         executor = engine.executor
         executor.launch = self._timed(executor.launch)
 
+    def reset(self) -> None:
+        self.steps.clear()
+        self.launches.clear()
+
     def _timed(self, launch):
         def timed(plan, rows, steps, **kwargs):
+            began = time.perf_counter()
             collect = launch(plan, rows, steps, **kwargs)
+            self.launches.append((began, time.perf_counter(), bool(kwargs.get("chained"))))
 
             def timed_collect():
                 result = collect()
@@ -204,6 +211,17 @@ class StepClock:
         if last_prefill is None:
             return []
         return [round((t - last_prefill) * 1e3, 2) for t, _, _, pre in self.steps if not pre and t > last_prefill]
+
+    def first_decode_launch_ms(self) -> dict:
+        """The host's side of the gap after the last prefill step: when the first call after it began
+        launching and how long its launch took (ms after the prefill's results reached the host)."""
+        last_prefill = max((t for t, _, _, pre in self.steps if pre), default=None)
+        after = [(a, b, chained) for a, b, chained in self.launches if last_prefill is not None and a > last_prefill]
+        if not after:
+            return {}
+        began, returned, chained = after[0]
+        return {"began_ms": round((began - last_prefill) * 1e3, 2), "launch_ms": round((returned - began) * 1e3, 2),
+                "chained": chained, "launch_ms_all": [round((b - a) * 1e3, 2) for a, b, _ in after[:4]]}
 
 
 def single_request(engine, prompt: list[int], max_tokens: int):

@@ -275,12 +275,13 @@ class Suite:
         weights = weight_bytes_per_step(model)
         for ctx in sorted(self.config.contexts):
             def one(row: dict, ctx: int) -> None:
-                clock.steps.clear()
+                clock.reset()
                 usage = single_request(engine, rng.integers(0, int(model.dims.vocab), ctx).tolist(), n + 1)
                 tokens, seconds, _ = clock.decode_after_prefill()
                 rate = tokens / seconds
                 row.update(decode_tokens=tokens, decode_tokens_per_s=round(rate, 2), ms_per_token=round(1e3 / rate, 3),
                            ttft_s=round(usage.ttft_s, 3), decode_rows=1, call_ends_ms=clock.decode_call_ends_ms(),
+                           first_decode_launch=clock.first_decode_launch_ms(),
                            bytes_per_step=int(weights + kv_bytes_read(model, ctx + n // 2)))
             out["runs"].append(row := {"context": ctx})
             self.guarded(f"context {ctx}", row, one, ctx)
@@ -313,7 +314,7 @@ class Suite:
                     _run_concurrent(engine, [rng.integers(0, vocab, c.prompt_tokens).tolist() for _ in range(conc)],
                                     c.output_tokens)
                     row["warmup_s"] = round(time.perf_counter() - started, 1)
-                clock.steps.clear()
+                clock.reset()
                 row.update(_run_concurrent(engine, [rng.integers(0, vocab, c.prompt_tokens).tolist()
                                                     for _ in range(conc)], c.output_tokens))
                 tokens, seconds, steps = clock.decode_after_prefill()
