@@ -13,7 +13,7 @@
                                                       mma counts
 
 Run with the Triton venv: /work/venv-triton/bin/python tools/check_attention_kernels.py interpret
-(120 checks, ~2 minutes on 2 cores; compile: 50 kernels, ~1 minute).
+(122 checks, ~2 minutes on 2 cores; compile: 50 kernels, ~1 minute).
 The interpreter patches (numpy buffers, bf16) are tools/check_quant_kernels.py's.
 """
 
@@ -82,7 +82,8 @@ def run_kernel(case: dict, dtype, splits: int, block_n: int | None = None, nan_b
     kernel (checked against decode.combine_partials on the same partials)."""
     import jax.numpy as jnp
 
-    from ember.compiler.ops.attention_gpu.decode import DecodeAttentionConfig, combine_partials, decode_launch_plan
+    from ember.compiler.ops.attention_gpu.decode import (DecodeAttentionConfig, combine_meta, combine_partials,
+                                                         decode_launch_plan)
     from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
 
     q = case["q"].astype(dtype)
@@ -107,8 +108,7 @@ def run_kernel(case: dict, dtype, splits: int, block_n: int | None = None, nan_b
                                                                       (batch, hkv, s, g))]
     KERNELS["partials"][plan["grid"]](*args, *outs, **plan["meta"])
     out = _buffer(np.full((batch, hq, dh), np.nan, dtype))
-    meta = {k: plan["meta"][k] for k in ("HQ", "HKV", "G", "G_PAD", "DH", "DH_PAD", "SPLITS")}
-    KERNELS["combine"][(batch, hkv)](*outs, out, SPLITS_PAD=1 << (s - 1).bit_length(), **meta)
+    KERNELS["combine"][(batch, hq)](*outs, out, **combine_meta(plan["meta"], s))
     merged = np.asarray(combine_partials(*(jnp.asarray(o.array) for o in outs), jnp.float32))
     got = out.array.astype(np.float32)
     # the combine kernel against the same merge in jnp: fp32 sums in another order, then the output dtype
@@ -143,6 +143,16 @@ def interpret() -> int:
                           f"window={window:<2} "
                           f"{np.dtype(dtype).name:8} splits={splits} block_n={block_n or 64:<3} "
                           f"{'NaN block 0 ' if window else ''}rel_err={err:.1e}", flush=True)
+    # more splits than one combine tile holds (32): long rows beside short ones, 40 splits
+    case = make_case(rng, 12, 2, 64, 16, 0, max_ctx=1200, padding_row=True)
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+        expected = reference(case, dtype)
+        err = float(np.abs(run_kernel(case, dtype, 40, 16) - expected).max() / np.abs(expected).max())
+        bad = not err < (1e-5 if dtype == np.float32 else 2e-2)
+        failures += bad
+        checks += 1
+        print(f"{'BAD' if bad else 'ok '} hq=12 hkv=2 dh=64  bs=16 ctx<=1200 {np.dtype(dtype).name:8} splits=40 "
+              f"block_n=16 rel_err={err:.1e}", flush=True)
     print(f"{checks - failures}/{checks} passed")
     return 1 if failures else 0
 
@@ -174,7 +184,7 @@ def compile_all() -> int:
     for model, heads in COMPILE_HEADS.items():  # the default launch config at every shape and dtype
         for dtype in ("bf16", "fp32"):
             for block_size in (16, 32):
-                for kind in ("single", "partials"):
+                for kind in ("single", "partials", "combine"):
                     failures += _compile_one(model, heads, dtype, block_size, kind, DecodeAttentionConfig())
     for config in SWEEP_CONFIGS:  # what tools/bench_attention.py --sweep launches
         failures += _compile_one("qwen2.5-1.5b", COMPILE_HEADS["qwen2.5-1.5b"], "bf16", 16, "partials", config)
@@ -184,15 +194,20 @@ def compile_all() -> int:
 def _compile_one(model: str, heads: tuple[int, int, int], dtype: str, block_size: int, kind: str, config) -> int:
     from ember.tools.check_quant_kernels import compile_sm90
 
-    from ember.compiler.ops.attention_gpu.decode import decode_launch_plan
+    from ember.compiler.ops.attention_gpu.decode import combine_meta, decode_launch_plan
     from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
 
     hq, hkv, dh = heads
     plan = decode_launch_plan(1, hq, hkv, dh, block_size, 32768 // block_size, dot_fp32=dtype == "fp32",
-                              scale=dh ** -0.5, config=config, splits=1 if kind == "single" else 4)
+                              scale=dh ** -0.5, config=config, splits=None if kind == "combine" else
+                              1 if kind == "single" else 4)
     kernel = KERNELS[kind]
-    outs = [dtype] if kind == "single" else ["fp32"] * 3
-    types = ["*" + dtype] * 3 + ["*i32"] * 4 + ["*" + t for t in outs]
+    if kind == "combine":  # the partials (fp32) of the plan's own split count -> out
+        types = ["*fp32"] * 3 + ["*" + dtype]
+        plan["meta"] = combine_meta(plan["meta"], plan["splits"])
+    else:
+        outs = [dtype] if kind == "single" else ["fp32"] * 3
+        types = ["*" + dtype] * 3 + ["*i32"] * 4 + ["*" + t for t in outs]
     label = (f"{model:13} {dtype} bs={block_size} {kind:8} block_n={plan['block_n']:<3} "
              f"warps={config.num_warps} stages={config.num_stages}")
     try:

@@ -134,10 +134,14 @@ def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan,
         **launch)
     if os.environ.get(TRITON_COMBINE_ENV, "1") == "0":  # read at trace time: the side-by-side measurement
         return combine_partials(acc, m, l, q.dtype)
-    keep = ("HQ", "HKV", "G", "G_PAD", "DH", "DH_PAD", "SPLITS")
     return triton_call(acc, m, l, kernel=KERNELS["combine"], out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-                       grid=(b, hkv), num_warps=config.num_warps, num_stages=1,
-                       SPLITS_PAD=_next_pow2(splits), **{k: meta[k] for k in keep})
+                       grid=(b, hq), num_warps=config.num_warps, num_stages=1, **combine_meta(meta, splits))
+
+
+def combine_meta(meta: dict, splits: int) -> dict:
+    """The combine kernel's constants, from the partials kernel's launch meta: up to 32 splits per tile."""
+    return {**{k: meta[k] for k in ("HQ", "HKV", "G", "DH", "DH_PAD")}, "SPLITS": splits,
+            "SPLITS_PAD": _next_pow2(splits), "CHUNK": min(_next_pow2(splits), 32)}
 
 
 def combine_partials(acc, m, l, dtype) -> jax.Array:

@@ -176,36 +176,36 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window
 
 @triton.jit
 def paged_decode_combine_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, HQ: tl.constexpr, HKV: tl.constexpr,
-                                G: tl.constexpr, G_PAD: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr,
-                                SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr):
+                                G: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr, SPLITS: tl.constexpr,
+                                SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr):
     # acc [B, HKV, SPLITS, G, DH], m, l [B, HKV, SPLITS, G] fp32 (the partials kernel's) -> out [B, HQ, DH] in
-    # out's dtype; one program per (row, KV head). decode.combine_partials' formula: with M = max_s m_s,
+    # out's dtype; one program per (row, query head). decode.combine_partials' formula: with M = max_s m_s,
     # out = sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s (0 where nothing was visible). Only splits up to
-    # the last non-empty one are read: a short row in a wide table fills a few of its SPLITS (XLA's combine of
-    # all of them was 5 launches per layer at 65 splits).
+    # the last non-empty one are read (a short row in a wide table fills a few of its SPLITS), CHUNK of them per
+    # iteration in one tile, so a long row's 64 splits cost a few dependent loads, not 64.
     b = tl.program_id(0)
-    h = tl.program_id(1)
-    g = tl.arange(0, G_PAD)
-    d = tl.arange(0, DH_PAD)
+    head = tl.program_id(1)
+    h = head // G
+    base = ((b * HKV + h) * SPLITS) * G + head % G  # partial row of split 0 for this query head; split s: + s * G
     s = tl.arange(0, SPLITS_PAD)
-    base = (b * HKV + h) * SPLITS  # first partial row of this (row, KV head)
-    m_all = tl.load(m_ptr + (base + s)[:, None] * G + g[None, :], mask=(s[:, None] < SPLITS) & (g[None, :] < G),
-                    other=float("-inf"))  # [SPLITS_PAD, G_PAD]
+    m_all = tl.load(m_ptr + base + s * G, mask=s < SPLITS, other=float("-inf"))  # [SPLITS_PAD]
     m_max = tl.max(m_all, axis=0)
-    m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)  # [G_PAD]; all splits empty: every weight is 0
-    used = tl.max(tl.where(tl.max(m_all, axis=1) > float("-inf"), s + 1, 0), axis=0)
-    num = tl.zeros([G_PAD, DH_PAD], tl.float32)
-    den = tl.zeros([G_PAD], tl.float32)
-    g_ok = g < G
-    for split in range(0, used):
-        row = (base + split) * G + g  # [G_PAD]
-        weight = tl.exp2(tl.load(m_ptr + row, mask=g_ok, other=float("-inf")) - m_ref)  # empty split: 0
-        den += weight * tl.load(l_ptr + row, mask=g_ok, other=0.0)
-        part = tl.load(acc_ptr + row[:, None] * DH + d[None, :], mask=g_ok[:, None] & (d[None, :] < DH), other=0.0)
-        num += weight[:, None] * part
-    out = num / tl.where(den > 0.0, den, 1.0)[:, None]
-    ptrs = out_ptr + (b * HQ + h * G + g)[:, None] * DH + d[None, :]
-    tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & (d[None, :] < DH))
+    m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty: every weight is 0
+    used = tl.max(tl.where(m_all > float("-inf"), s + 1, 0), axis=0)
+    d = tl.arange(0, DH_PAD)
+    c = tl.arange(0, CHUNK)
+    num = tl.zeros([DH_PAD], tl.float32)
+    den = tl.zeros([1], tl.float32)
+    for first in range(0, used, CHUNK):
+        split = first + c  # [CHUNK]
+        ok = split < used
+        row = base + split * G
+        weight = tl.exp2(tl.load(m_ptr + row, mask=ok, other=float("-inf")) - m_ref)  # empty split: 0
+        den += tl.sum(weight * tl.load(l_ptr + row, mask=ok, other=0.0), axis=0)
+        part = tl.load(acc_ptr + row[:, None] * DH + d[None, :], mask=ok[:, None] & (d[None, :] < DH), other=0.0)
+        num += tl.sum(weight[:, None] * part, axis=0)
+    out = num / tl.where(den > 0.0, den, 1.0)
+    tl.store(out_ptr + (b * HQ + head) * DH + d, out.to(out_ptr.dtype.element_ty), mask=d < DH)
 
 
 KERNELS = {"partials": paged_decode_partials_kernel, "single": paged_decode_kernel,
