@@ -14,6 +14,7 @@ from .ir import Graph
 from .passes.assign_state_kinds import assign_state_kinds
 from .passes.fuse_add_rms_norm import fuse_add_rms_norm
 from .passes.fuse_gated_linear import fuse_gated_linear
+from .passes.fuse_norm_into_projection import FUSED as FUSED_INTO_PROJECTION
 from .passes.fuse_norm_into_projection import fuse_norm_into_projection
 from .passes.fuse_rope_attention import fuse_rope_attention
 from .passes.hoist_layer_constants import hoist_layer_constants
@@ -38,7 +39,8 @@ def phases(target: Target, variant: str = "default") -> list[tuple[str, Callable
         ("fuse_gated_linear",
          lambda g: fuse_gated_linear(g) if target.names_kernel("gated_linear", variant) else g),
         ("fuse_norm_into_projection",
-         lambda g: fuse_norm_into_projection(g) if target.names_kernel("rms_norm_to_proj", variant) else g),
+         lambda g: fuse_norm_into_projection(g, frozenset(op for op, _ in FUSED_INTO_PROJECTION.values()
+                                                          if target.names_kernel(op, variant)))),
         ("reinfer_shapes", infer_shapes),
         ("select_kernels", lambda g: select_kernels(g, target, variant)),
     ]

@@ -130,3 +130,24 @@ def test_h200_entry_matches_reference_op(dtype, window):
     for got_pool, want_pool in ((got_k, want_k), (got_v, want_v)):  # the reference's KV write, bit for bit
         assert np.array_equal(np.asarray(got_pool), np.asarray(want_pool))
 
+
+
+@pytest.mark.parametrize("heads, ctx", [((12, 2), [129]), ((32, 8), [4096, 17]), ((8, 1), [300, 2, 1000])])
+@pytest.mark.parametrize("order", ["q4_k", "q6_k"])
+def test_combine_writing_int8_activations_matches_the_plain_combine_and_quantizer(heads, ctx, order):
+    """activations_for: the combine kernel's rows bit-equal to the plain combine's, its int8 activations
+    bit-equal to the Triton quantizer's on those rows (the launch it replaces)."""
+    from ember.compiler.ops.quant.dp4a import quantize_activations_gpu
+
+    hq, hkv = heads
+    q, pools, tables = device_case(7, hq, hkv, 128, 16, ctx, jnp.bfloat16)
+    lens = jnp.asarray(ctx, jnp.int32)
+    args = (q, *pools, jnp.asarray(tables), lens, lens - 1, jnp.int32(0))
+    plain = kernel(*args, scale=0.1, splits=7)
+    fused = jax.jit(functools.partial(paged_decode_attention, backend="triton", scale=0.1, splits=7,
+                                      activations_for=order))
+    out, (qa, da) = fused(*args)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(plain, np.float32))
+    qa_ref, da_ref = jax.jit(lambda h: quantize_activations_gpu(h, order))(out.reshape(len(ctx), -1))
+    np.testing.assert_array_equal(np.asarray(qa), np.asarray(qa_ref))
+    np.testing.assert_array_equal(np.asarray(da), np.asarray(da_ref))

@@ -96,3 +96,53 @@ def test_decode_norm_then_qkv_lowers_to_two_kernels(add, monkeypatch):
     assert len(calls) == 2  # no quantizer launch between the norm and the GEMV
     assert f'name = "{"add_" if add else ""}rms_norm_quant_kernel"' in calls[0]
     assert 'name = "dp4a_gemv_parts_kernel"' in calls[1]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_h200_default_plans_tell_the_attention_its_output_projection(spec):
+    loaded = load_spec(spec)
+    fused = compile_graph(loaded, get_target("h200"))
+    nodes = _nodes(fused, "rope_attention_to_proj")
+    assert len(nodes) == 1 and not _nodes(fused, "rope_attention")
+    consumer = [n for n in fused.region("layer").nodes if nodes[0].outputs[0] in n.inputs]
+    assert len(consumer) == 1 and consumer[0].weight("weight") == nodes[0].weight("reader") == "attn_output.weight"
+    for graph in (compile_graph(loaded, get_target("h200"), variant="deterministic"),
+                  compile_graph(loaded, get_target("cpu"))):
+        assert not _nodes(graph, "rope_attention_to_proj")
+
+
+@pytest.mark.parametrize("order, fused", [("q4_k", True), ("q6_k", True), ("q4_k", False)])
+def test_decode_attention_writes_the_output_projections_int8_activations(monkeypatch, order, fused):
+    """1.5B shape at batch 1 in a wide table (65 splits): with EMBER_FUSED_ATTN_QUANT=1 the combine kernel also
+    writes the o projection's int8 activations in its packing, and the GEMV follows with no quantizer launch;
+    off (the default), the combine writes the rows and the quantizer runs before the GEMV."""
+    from ember.compiler.batch import StepBatch
+    from ember.compiler.ops.attention_gpu import paged
+    from ember.compiler.ops.quant import config as quant_config
+    from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
+
+    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
+    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+    monkeypatch.setattr(paged, "triton_available", lambda: True)
+    monkeypatch.setenv(paged.FUSED_ATTN_QUANT_ENV, "1" if fused else "0")
+    hq, hkv, dh, width = 12, 2, 128, 1033
+    w = pack(random_gguf_bytes(np.random.default_rng(0), order, (1536, 1536)), order, (1536, 1536))
+    q, k, v = (jnp.zeros((1, heads, dh), jnp.bfloat16) for heads in (hq, hkv, hkv))
+    pool = jnp.zeros((width + 1, 16, hkv, dh), jnp.bfloat16)
+    zeros = np.zeros(1, np.int32)
+    batch = StepBatch(tokens=zeros, positions=zeros, slots=np.zeros((1, 1), np.int32),
+                      dec_block_tables=np.zeros((1, 1, width), np.int32), dec_ctx_lens=np.ones(1, np.int32),
+                      pre_block_table=np.zeros((1, 1, width), np.int32), logit_rows=zeros)
+    inv_freq = jnp.ones((dh // 2,), jnp.float32)
+
+    def step(q, k, v, pool, w):
+        a, _, _ = paged.rope_paged_attention_to_proj(q, k, v, batch.positions, inv_freq, jnp.int32(0), jnp.int32(0),
+                                                     w, pool, pool, batch, style="neox", scale=0.1)
+        assert isinstance(a, linear_quant.QuantizedInput) == fused
+        return linear_quant.linear(a, w)
+
+    with linear_quant.use_quant_backend("triton"):
+        text = jax.jit(step).trace(q, k, v, pool, w).lower(lowering_platforms=("cuda",)).as_text()
+    names = [line.split('name = "')[1].split('"')[0] for line in text.splitlines() if XLA_TRITON_TARGET in line]
+    merge = ["paged_decode_combine_quant_kernel"] if fused else ["paged_decode_combine_kernel", "quantize_rows_kernel"]
+    assert names == ["rope_write_kernel", "paged_decode_partials_kernel", *merge, "dp4a_gemv_kernel"]

@@ -20,10 +20,12 @@ from ember.compiler.targets import get_target
 def test_h200_default_plans_fuse_and_the_others_keep_bothlayer_ops(spec):
     loaded = load_spec(spec)
     fused = compile_graph(loaded, get_target("h200"))
-    assert "rope_attention" in layer_ops(fused) and "rope_apply" not in layer_ops(fused) and "attention" not in layer_ops(fused)
-    node = next(n for n in fused.region("layer").nodes if n.op == "rope_attention")
+    # the attention then learns its output projection (fuse_norm_into_projection): rope_attention_to_proj
+    ops = layer_ops(fused)
+    assert "rope_attention_to_proj" in ops and "rope_apply" not in ops and "attention" not in ops
+    node = next(n for n in fused.region("layer").nodes if n.op == "rope_attention_to_proj")
     assert node.attr("style") in ("neox", "interleaved") and node.attr("scale") is not None
-    assert node.kernel == "ember.compiler.ops.attention_gpu.paged:rope_paged_attention"
+    assert node.kernel == "ember.compiler.ops.attention_gpu.paged:rope_paged_attention_to_proj"
     for graph in (compile_graph(loaded, get_target("h200"), variant="deterministic"),
                   compile_graph(loaded, get_target("cpu"))):
         assert "rope_apply" in layer_ops(graph) and "attention" in layer_ops(graph) and "rope_attention" not in layer_ops(graph)

@@ -13,7 +13,7 @@
                                                       mma counts
 
 Run with the Triton venv: /work/venv-triton/bin/python tools/check_attention_kernels.py interpret
-(122 checks, ~2 minutes on 2 cores; compile: 50 kernels, ~1 minute).
+(126 checks, ~2 minutes on 2 cores; compile: 50 kernels, ~1 minute).
 The interpreter patches (numpy buffers, bf16) are tools/check_quant_kernels.py's.
 """
 
@@ -118,6 +118,46 @@ def run_kernel(case: dict, dtype, splits: int, block_n: int | None = None, nan_b
     return got
 
 
+def _check_combine_quant(case: dict, order: str, splits: int = 5) -> tuple[bool, str]:
+    """paged_decode_combine_quant_kernel on bf16 partials: its rows bit-equal to the plain combine kernel's, its
+    int8 words equal to act_quant.quantize_activations of those rows, (dx, sx, s0, s1) to fp32 rounding."""
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    from ember.compiler.ops.attention_gpu.decode import combine_meta, decode_launch_plan
+    from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
+    from ember.compiler.ops.quant.act_quant import quantize_activations
+
+    dtype = ml_dtypes.bfloat16
+    q = case["q"].astype(dtype)
+    batch, hq, dh = q.shape
+    _, block_size, hkv, _ = case["k_pool"].shape
+    plan = decode_launch_plan(batch, hq, hkv, dh, block_size, case["tables"].shape[1], dot_fp32=False,
+                              scale=1.0 / math.sqrt(dh), splits=splits)
+    args = [_buffer(q), _buffer(case["k_pool"].astype(dtype)), _buffer(case["v_pool"].astype(dtype)),
+            _buffer(case["tables"]), _buffer(case["ctx"]), _buffer(case["ctx"] - 1),
+            _buffer(np.asarray([0], np.int32))]
+    g = hq // hkv
+    parts = [_buffer(np.full(shape, np.nan, np.float32)) for shape in ((batch, hkv, splits, g, dh),
+                                                                       (batch, hkv, splits, g), (batch, hkv, splits, g))]
+    KERNELS["partials"][plan["grid"]](*args, *parts, **plan["meta"])
+    meta = combine_meta(plan["meta"], splits)
+    plain = _buffer(np.full((batch, hq, dh), np.nan, dtype))
+    KERNELS["combine"][(batch, hq)](*parts, plain, **meta)
+    del meta["DH_PAD"]
+    out = _buffer(np.full((batch, hq, dh), np.nan, dtype))
+    qa = _buffer(np.zeros((batch, hq * dh // 4), np.int32))
+    da = _buffer(np.full((batch, hq * dh // 32, 4), np.nan, np.float32))
+    KERNELS["combine_quant"][(batch, hq)](*parts, out, qa, da, Q6=order == "q6_k", ASM=False, **meta)
+    rows_equal = np.array_equal(out.array.astype(np.float32), plain.array.astype(np.float32))
+    qa_ref, da_ref = (np.asarray(a) for a in quantize_activations(
+        jnp.asarray(out.array.astype(np.float32).reshape(batch, hq * dh)), order))
+    words_equal = bool((qa.array == qa_ref).all())
+    da_err = float(np.abs(da.array - da_ref).max() / np.abs(da_ref).max())
+    return not (rows_equal and words_equal and da_err < 1e-5), (
+        f"rows equal={rows_equal} words equal={words_equal} (dx, sx, s0, s1) rel_err={da_err:.1e}")
+
+
 def interpret() -> int:
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
     from ember.tools.check_quant_kernels import patch_interpreter
@@ -153,6 +193,13 @@ def interpret() -> int:
         checks += 1
         print(f"{'BAD' if bad else 'ok '} hq=12 hkv=2 dh=64  bs=16 ctx<=1200 {np.dtype(dtype).name:8} splits=40 "
               f"block_n=16 rel_err={err:.1e}", flush=True)
+    for hq, hkv, dh in ((12, 2, 128), (8, 1, 64)):  # the combine writing the int8 activations too
+        case = make_case(rng, hq, hkv, dh, 16, 0, max_ctx=300, padding_row=True)
+        for order in ("q4_k", "q6_k"):
+            bad, note = _check_combine_quant(case, order)
+            failures += bad
+            checks += 1
+            print(f"{'BAD' if bad else 'ok '} combine + int8 hq={hq:<2} hkv={hkv} dh={dh:<3} {order} {note}", flush=True)
     print(f"{checks - failures}/{checks} passed")
     return 1 if failures else 0
 
@@ -184,7 +231,9 @@ def compile_all() -> int:
     for model, heads in COMPILE_HEADS.items():  # the default launch config at every shape and dtype
         for dtype in ("bf16", "fp32"):
             for block_size in (16, 32):
-                for kind in ("single", "partials", "combine"):
+                for kind in ("single", "partials", "combine", "combine_quant"):
+                    if kind == "combine_quant" and (dtype != "bf16" or heads[2] & (heads[2] - 1)):
+                        continue  # the int8 activations follow bf16 rows of power-of-two heads
                     failures += _compile_one(model, heads, dtype, block_size, kind, DecodeAttentionConfig())
     for config in SWEEP_CONFIGS:  # what tools/bench_attention.py --sweep launches
         failures += _compile_one("qwen2.5-1.5b", COMPILE_HEADS["qwen2.5-1.5b"], "bf16", 16, "partials", config)
@@ -205,6 +254,11 @@ def _compile_one(model: str, heads: tuple[int, int, int], dtype: str, block_size
     if kind == "combine":  # the partials (fp32) of the plan's own split count -> out
         types = ["*fp32"] * 3 + ["*" + dtype]
         plan["meta"] = combine_meta(plan["meta"], plan["splits"])
+    elif kind == "combine_quant":  # -> out, qa, da (packed for Q6_K: the permuted order)
+        types = ["*fp32"] * 3 + ["*" + dtype, "*i32", "*fp32"]
+        meta = combine_meta(plan["meta"], plan["splits"])
+        del meta["DH_PAD"]
+        plan["meta"] = {**meta, "Q6": True, "ASM": True}
     else:
         outs = [dtype] if kind == "single" else ["fp32"] * 3
         types = ["*" + dtype] * 3 + ["*i32"] * 4 + ["*" + t for t in outs]

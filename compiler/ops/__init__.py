@@ -99,4 +99,8 @@ _op("rope_apply", [Param("q", V), Param("k", V), Param("positions", V), Param("i
 _op("rope_attention", [Param("q", V), Param("k", V), Param("v", V), Param("positions", V), Param("inv_freq", V),
                        Param("window", V), Param("state", V), Param("style", L), Param("scale", D)], 1,
     lambda s, a, w: [(s[0][0], f"{_paren(s[0][1])} * {_paren(s[0][2])}")], stateful=True, spec_level=False)
+_op("rope_attention_to_proj", [Param("q", V), Param("k", V), Param("v", V), Param("positions", V),
+                               Param("inv_freq", V), Param("window", V), Param("state", V), Param("reader", W),
+                               Param("style", L), Param("scale", D)], 1,
+    lambda s, a, w: [(s[0][0], f"{_paren(s[0][1])} * {_paren(s[0][2])}")], stateful=True, spec_level=False)
 _op("select_rows", [Param("x", V), Param("rows", V)], 1, lambda s, a, w: [("R", *s[0][1:])], spec_level=False)

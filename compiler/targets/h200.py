@@ -2,8 +2,9 @@
 batch (1 … 256), and kernel choices per op.
 
 - attention: Triton kernels over the paged KV pool (compiler/ops/attention_gpu/): split-K decode
-  (flash-decoding) and a flash-attention prefill chunk; the deterministic variant keeps the blockwise
-  batch-invariant reference.
+  (flash-decoding, its partials merged by a combine kernel that can also write the o projection's int8
+  activations: EMBER_FUSED_ATTN_QUANT=1, off until measured) and a flash-attention prefill chunk; the
+  deterministic variant keeps the blockwise batch-invariant reference.
 - projections and the embedding: compiler/ops/linear_quant.py, which runs plain (bf16) weights through the
   reference ops and weights kept GGUF-quantized (Q4_K / Q6_K / Q8_0) through the Triton GEMVs for
   decode steps of 1-2 rows (Q4_K / Q6_K on int8 activations with dp4a: compiler/ops/quant/dp4a.py), their
@@ -35,6 +36,9 @@ H200 = Target(
              "attention": "ember.compiler.ops.attention_gpu.paged:paged_attention",
              # RoPE on q and k and the K/V write in one kernel, then the same attention kernels
              "rope_attention": "ember.compiler.ops.attention_gpu.paged:rope_paged_attention",
+             # the same, its combine also writing the int8 activations of the projection reading it
+             # (fuse_norm_into_projection)
+             "rope_attention_to_proj": "ember.compiler.ops.attention_gpu.paged:rope_paged_attention_to_proj",
              # weights kept GGUF-quantized: fused dequant GEMV for decode rows, dequant + XLA matmul above
              "linear": "ember.compiler.ops.linear_quant:linear",
              "linear_split": "ember.compiler.ops.linear_quant:linear_split",

@@ -87,11 +87,13 @@ def decode_launch_plan(batch: int, hq: int, hkv: int, dh: int, block_size: int, 
 
 def paged_decode_attention(q, k_pool, v_pool, block_tables, ctx_lens, positions, window, *, scale: float,
                            backend: str = "triton", config: DecodeAttentionConfig | None = None,
-                           splits: int | None = None) -> jax.Array:
+                           splits: int | None = None, activations_for: str | None = None):
     """q [B, hq, dh]; k_pool, v_pool [num_blocks, bs, hkv, dh]; block_tables [B, W] int32; ctx_lens [B]
     (tokens in context, the row's own included, already in the pool); positions [B] (ctx_len - 1 for
     decode); window: scalar (0 = unlimited; else positions > p - window are seen); scale: a Python float.
-    -> [B, hq, dh] in q's dtype."""
+    -> [B, hq, dh] in q's dtype. activations_for ("q4_k" / "q6_k": the packing of the projection reading the
+    output): -> (out, (qa, da)) with the output rows [B, hq * dh] as that projection's int8 activations where
+    the combine kernel made them (split launches, dh a power of two >= 32), else (out, None)."""
     config = config or DecodeAttentionConfig()
     b, hq, dh = q.shape
     _, block_size, hkv, pool_dh = k_pool.shape
@@ -107,13 +109,17 @@ def paged_decode_attention(q, k_pool, v_pool, block_tables, ctx_lens, positions,
         acc, m, l = split_k_partials_jnp(q, k_pool, v_pool, tables, ctx_lens, positions, window,
                                          qk_scale=plan["meta"]["QK_SCALE"], splits=plan["splits"],
                                          block_n=plan["block_n"])
-        return combine_partials(acc, m, l, q.dtype)
+        out = combine_partials(acc, m, l, q.dtype)
+        return out if activations_for is None else (out, None)
     if backend == "triton":
-        return _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan, config)
+        out, activations = _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan, config,
+                                          activations_for)
+        return out if activations_for is None else (out, activations)
     raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
 
 
-def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan, config):
+def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan, config, activations_for):
+    # -> (out [B, hq, dh], (qa, da) or None)
     from ..triton_launch import triton_call  # Triton itself is imported on use (GPU-only dependency)
 
     from .decode_kernel import KERNELS
@@ -124,7 +130,7 @@ def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan,
     launch = dict(grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)
     if splits == 1:  # one launch writes the output: nothing after it
         return triton_call(*args, kernel=KERNELS["single"], out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-                              **launch)
+                           **launch), None
     g = hq // hkv
     f32 = jnp.float32
     acc, m, l = triton_call(
@@ -133,9 +139,17 @@ def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan,
                    jax.ShapeDtypeStruct((b, hkv, splits, g), f32)),
         **launch)
     if os.environ.get(TRITON_COMBINE_ENV, "1") == "0":  # read at trace time: the side-by-side measurement
-        return combine_partials(acc, m, l, q.dtype)
-    return triton_call(acc, m, l, kernel=KERNELS["combine"], out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-                       grid=(b, hq), num_warps=config.num_warps, num_stages=1, **combine_meta(meta, splits))
+        return combine_partials(acc, m, l, q.dtype), None
+    merge = dict(grid=(b, hq), num_warps=config.num_warps, num_stages=1, **combine_meta(meta, splits))
+    out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    if activations_for is None or dh < 32 or dh & (dh - 1):
+        return triton_call(acc, m, l, kernel=KERNELS["combine"], out_shape=out_shape, **merge), None
+    del merge["DH_PAD"]  # DH is a power of two here
+    out, qa, da = triton_call(acc, m, l, kernel=KERNELS["combine_quant"],
+                              out_shape=(out_shape, jax.ShapeDtypeStruct((b, hq * dh // 4), jnp.int32),
+                                         jax.ShapeDtypeStruct((b, hq * dh // 32, 4), jnp.float32)),
+                              Q6=activations_for == "q6_k", ASM=True, **merge)
+    return out, (qa, da)
 
 
 def combine_meta(meta: dict, splits: int) -> dict:

@@ -7,6 +7,8 @@
                             what the CPU tests compare with the reference op)
   rope_paged_attention      rope_apply + paged_attention as one op: RoPE and the K/V write in one kernel
                             (rope_write.py), then the same attention kernels
+  rope_paged_attention_to_proj  the same, also writing the output as the int8 activations of the one
+                            projection reading it (decode steps; the combine kernel quantizes as it merges)
 
 The step's K/V is written first, exactly as the reference does (its `_write`: an in-place scatter into
 the donated pool). Rows past batch.num_decode (the prefill segments) go through `attend_prefill_chunk`:
@@ -30,6 +32,8 @@ from ..triton_available import triton_available
 from .decode import paged_decode_attention
 from .prefill import prefill_attention, prefill_attention_emulated
 from .rope_write import rope_write
+
+FUSED_ATTN_QUANT_ENV = "EMBER_FUSED_ATTN_QUANT"  # "1": the combine writes the o projection's int8 activations
 
 
 def paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale):
@@ -69,6 +73,31 @@ def rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_
                                backend=backend)
     q, k = rope(q, k, positions, inv_freq, style=style)
     return _paged_attention(q, k, v, window, state, k_pool, v_pool, batch, scale=scale, backend=backend)
+
+
+def rope_paged_attention_to_proj(q, k, v, positions, inv_freq, window, state, reader, k_pool, v_pool,
+                                 batch: StepBatch, *, style, scale):
+    # rope_paged_attention whose output only the projection with weight `reader` reads (the
+    # fuse_norm_into_projection pass): where that projection's decode GEMV takes int8 activations and every row
+    # decodes, the attention's combine kernel also writes them (a linear_quant.QuantizedInput), so the
+    # projection launches no quantizer. Same arguments otherwise, same output values. Off by default until its
+    # GPU test has passed and its step time is measured: EMBER_FUSED_ATTN_QUANT=1 (read at trace time).
+    from ..linear_quant import QuantizedInput, dp4a_input_order
+
+    fused = os.environ.get(FUSED_ATTN_QUANT_ENV, "0") == "1"
+    order = dp4a_input_order(reader, q.shape[0]) if fused else None
+    if order is None or os.environ.get("EMBER_FUSED_ROPE", "1") == "0" or not triton_available():
+        return rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_pool, batch, style=style,
+                                    scale=scale)
+    write_slots, dec_tables, pre_tables = kind_view(batch, state)
+    q, k_pool, v_pool = rope_write(q, k, v, positions, inv_freq, write_slots, k_pool, v_pool, style=style)
+    if batch.num_decode != q.shape[0]:  # prefill rows too: their projection runs on the dense copy
+        return _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch, scale=scale,
+                               backend="triton")
+    out, activations = paged_decode_attention(q, k_pool, v_pool, dec_tables, batch.dec_ctx_lens, batch.positions,
+                                              window, scale=scale, backend="triton", activations_for=order)
+    out = out.reshape(out.shape[0], -1)
+    return (out if activations is None else QuantizedInput(out, *activations, order)), k_pool, v_pool
 
 
 def _paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale, backend: str):

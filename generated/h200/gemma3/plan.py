@@ -20,7 +20,7 @@ from ember.compiler.ops.linear import split_heads as linear_split_heads
 from ember.compiler.ops.norm_gpu import rms_norm as norm_gpu_rms_norm
 from ember.compiler.ops.norm_quant_gpu import add_rms_norm_to_proj as norm_quant_gpu_add_rms_norm_to_proj
 from ember.compiler.ops.norm_quant_gpu import rms_norm_to_proj as norm_quant_gpu_rms_norm_to_proj
-from ember.compiler.ops.attention_gpu.paged import rope_paged_attention as paged_rope_paged_attention
+from ember.compiler.ops.attention_gpu.paged import rope_paged_attention_to_proj as paged_rope_paged_attention_to_proj
 
 ARCH = "gemma3"
 GLOBAL_WEIGHTS = ('output.weight', 'output_norm.weight', 'token_embd.weight')
@@ -46,7 +46,7 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
     v = linear_split_heads(t_5, heads=dims.hkv)
     q_1 = norm_gpu_rms_norm(q, w['attn_q_norm.weight'], eps=dims.eps)
     k_1 = norm_gpu_rms_norm(k, w['attn_k_norm.weight'], eps=dims.eps)
-    a, k_pool, v_pool = paged_rope_paged_attention(q_1, k_1, v, positions, rope_inv_freq0, attn_window1, attn_state2, k_pool, v_pool, batch, style='neox', scale=dims.attn_scale)
+    a, k_pool, v_pool = paged_rope_paged_attention_to_proj(q_1, k_1, v, positions, rope_inv_freq0, attn_window1, attn_state2, w['attn_output.weight'], k_pool, v_pool, batch, style='neox', scale=dims.attn_scale)
     t_12 = linear_quant_linear(a, w['attn_output.weight'])
     t_13 = norm_gpu_rms_norm(t_12, w['post_attention_norm.weight'], eps=dims.eps)
     x_1, h_1 = norm_quant_gpu_add_rms_norm_to_proj(x, t_13, w['ffn_norm.weight'], w['ffn_gate+ffn_up.weight'], eps=dims.eps)

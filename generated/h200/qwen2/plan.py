@@ -18,7 +18,7 @@ from ember.compiler.ops.linear_quant import linear_split as linear_quant_linear_
 from ember.compiler.ops.linear import split_heads as linear_split_heads
 from ember.compiler.ops.norm_quant_gpu import add_rms_norm_to_proj as norm_quant_gpu_add_rms_norm_to_proj
 from ember.compiler.ops.norm_quant_gpu import rms_norm_to_proj as norm_quant_gpu_rms_norm_to_proj
-from ember.compiler.ops.attention_gpu.paged import rope_paged_attention as paged_rope_paged_attention
+from ember.compiler.ops.attention_gpu.paged import rope_paged_attention_to_proj as paged_rope_paged_attention_to_proj
 
 ARCH = "qwen2"
 GLOBAL_WEIGHTS = ('output.weight', 'output_norm.weight', 'token_embd.weight')
@@ -41,7 +41,7 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
     q = linear_split_heads(t_1, heads=dims.hq)
     k = linear_split_heads(t_3, heads=dims.hkv)
     v = linear_split_heads(t_5, heads=dims.hkv)
-    a, k_pool, v_pool = paged_rope_paged_attention(q, k, v, positions, rope_inv_freq0, attn_window1, attn_state2, k_pool, v_pool, batch, style='neox', scale=dims.attn_scale)
+    a, k_pool, v_pool = paged_rope_paged_attention_to_proj(q, k, v, positions, rope_inv_freq0, attn_window1, attn_state2, w['attn_output.weight'], k_pool, v_pool, batch, style='neox', scale=dims.attn_scale)
     t_10 = linear_quant_linear(a, w['attn_output.weight'])
     x_1, h_1 = norm_quant_gpu_add_rms_norm_to_proj(x, t_10, w['ffn_norm.weight'], w['ffn_gate+ffn_up.weight'], eps=dims.eps)
     t_13_t_14 = linear_quant_linear(h_1, w['ffn_gate+ffn_up.weight'])
