@@ -10,7 +10,7 @@ import time
 import traceback
 from dataclasses import replace
 
-from .lookahead import lookahead_steps, row_can_defer
+from .lookahead import lookahead_steps, row_can_defer, row_can_run_ahead
 from .sampling_params import RowState
 
 
@@ -80,7 +80,7 @@ class EngineLoop:
                     deferred = None
                     self._fail_step(plan, error)
                     continue
-            if steps > 1:
+            if steps > 1 or plan.prefills:
                 chained = self._chain(plan, rows, steps)
             self._stream_deferred(deferred)  # host work while the device runs `plan`
             deferred = None
@@ -108,18 +108,24 @@ class EngineLoop:
                     deferred = (plan, per_step)
 
     def _chain(self, plan, rows: list[RowState], steps: int):
-        """Dispatch the call after the run-ahead call `plan` (still on the device): (plan, rows, steps, collect),
-        or None when the scheduler or the rows say the host must look at `plan`'s tokens first."""
-        # the rows already passed lookahead_steps (no grammar, penalties, forced tokens or min_tokens in force),
-        # and a row that did keeps passing: only the scheduler can say no
+        """Dispatch the call after `plan` (still on the device) — a run-ahead call, or a step of prefill chunks
+        whose requests then decode: (plan, rows, steps, collect), or None when the scheduler or the rows say
+        the host must look at `plan`'s tokens first."""
+        # the rows' step counters (seeded sampling) continue where `plan`'s steps end
+        nxt_rows = [replace(row, step=row.token_index + steps) for row in rows]
+        if steps == 1:  # a prefill step: its rows' next token must be one that may run ahead
+            steps = self.executor.decode_steps
+            if steps < 2 or not all(row_can_run_ahead(row) for row in nxt_rows):
+                return None
+        # a run-ahead call's rows already passed lookahead_steps (no grammar, penalties, forced tokens or
+        # min_tokens in force), and a row that did keeps passing: only the scheduler can say no
         with self._lock:
             if self._stopping:
                 return None
-            nxt = self.scheduler.chain_decodes(plan, steps)
+            nxt = (self.scheduler.chain_decodes(plan, steps) if not plan.prefills
+                   else self.scheduler.chain_after_prefill(plan, steps))
             if nxt is None:
                 return None
-        # the rows' step counters (seeded sampling) continue where `plan`'s steps end
-        nxt_rows = [replace(row, step=row.token_index + steps) for row in rows]
         try:
             collect = self.executor.launch(nxt, nxt_rows, steps, chained=True)
         except Exception as error:  # not fatal: drop the chained plan, the next call is planned as usual

@@ -6,6 +6,8 @@ logprobs and the top-K alternatives come back. Shapes are static per (StepShape,
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -143,6 +145,15 @@ def collect_step(packed) -> StepResult:
 def no_carry(decode_rows: int) -> np.ndarray:
     """make_multi_step_fn's `carried` for a call whose tokens are the batch's own."""
     return np.zeros(decode_rows + 1, np.int32)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def carry_from_step(packed, sampled_rows: int, decode_rows: int):
+    """make_multi_step_fn's `carried` from a single step's packed result (pack_result's [R, 2 + 2K]): the
+    tokens of its first `sampled_rows` logit rows as the first rows of a decode batch of `decode_rows`, so a
+    run-ahead call is dispatched behind the step before its tokens are read (Scheduler.chain_after_prefill)."""
+    tokens = packed[:sampled_rows, 0]
+    return jnp.concatenate([tokens, jnp.zeros((decode_rows - sampled_rows,), jnp.int32), jnp.ones((1,), jnp.int32)])
 
 
 def run_multi_step(multi_fn: Callable, dims: Any, params: Any, kv: Any, batch: StepBatch, slots_ahead: np.ndarray,

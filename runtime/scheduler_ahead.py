@@ -2,8 +2,9 @@
 before the previous one's tokens are back (runtime/lookahead.py says when the engine may do either).
 
 extend_decodes turns a just-scheduled decode-only plan into a `steps`-step plan (KV for every row's next
-`steps` positions). chain_decodes, called while that plan (or the last chained one) is still on the
-device, returns the following call's plan: the same rows `steps` positions further, assuming each row goes
+`steps` positions); chain_after_prefill gives the first such plan for the requests a prefill step completes,
+dispatched behind that step before its tokens are read. chain_decodes, called while that plan (or the last
+chained one) is still on the device, returns the following call's plan: the same rows `steps` positions further, assuming each row goes
 on; its input tokens are the previous call's last sampled ones, which stay on the device
 (runtime/engine_step.make_multi_step_fn's `carried`). The engine then updates the plans in dispatch order,
 update_ahead once per step; a row that ended earlier (eos, a stop, max_tokens, an abort) is skipped, and
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from .requests import StepOutput
-from .step_plan import StepPlan
+from .step_plan import DecodeRow, StepPlan, slots_at
 
 
 class RunAhead:
@@ -56,6 +57,29 @@ class RunAhead:
         chained = self._grown(plan, steps, steps)
         if chained is not None:
             self._ahead.append((chained, steps))
+        return chained
+
+    def chain_after_prefill(self, plan: StepPlan, steps: int) -> StepPlan | None:
+        """The first run-ahead call after the just-scheduled `plan`, a step of prefill chunks only that each
+        complete their prompt: every chunk's request as a decode row at the position after its prompt (its
+        input token is the one `plan` samples, on the device), with KV for its next `steps` positions. None —
+        nothing changes — when `plan` holds decode rows or a chunk that does not complete, a request waits to
+        be admitted, a request ends with the token `plan` samples (max_tokens 1), or the pool cannot grow."""
+        if (plan is not self._unfinished_plan or self._ahead or plan.decodes or plan.preempted or not plan.prefills
+                or self.waiting or not all(chunk.completes for chunk in plan.prefills)):
+            return None
+        requests = [self._running(chunk.request_id) for chunk in plan.prefills]
+        if any(r is None or r.num_tokens >= r.peak_context for r in requests):
+            return None
+        bs = self.kv.block_size
+        for request in requests:
+            if not self.kv.grow(request.state, min(request.num_tokens + steps, request.peak_context)):
+                return None
+        tables = {r.request_id: self.kv.tables(r.state) for r in requests}
+        rows = tuple(DecodeRow(r.request_id, 0, r.num_tokens, slots_at(tables[r.request_id], r.num_tokens, bs))
+                     for r in requests)  # token 0: the device feeds the sampled one
+        chained = StepPlan(rows, (), tables, (), num_kinds=plan.num_kinds)
+        self._ahead.append((chained, steps))
         return chained
 
     def _grown(self, plan: StepPlan, shift: int, steps: int) -> StepPlan | None:

@@ -17,8 +17,8 @@ import jax
 import numpy as np
 
 from ..compiler.targets import get_target
-from .engine_step import (collect_multi_step, collect_step, launch_multi_step, launch_step, make_multi_step_fn,
-                          make_step_fn, no_carry, run_multi_step, run_step)
+from .engine_step import (carry_from_step, collect_multi_step, collect_step, launch_multi_step, launch_step,
+                          make_multi_step_fn, make_step_fn, no_carry, run_multi_step, run_step)
 from .model import Model
 from .sampling_params import RowState
 from .scheduler import PrefillChunk, StepPlan
@@ -58,6 +58,7 @@ class StepExecutor:
         self.num_kinds = len(model.paged_kinds)
         self.vocab = int(model.dims.vocab)
         self._carried = None  # the last run-ahead call's last tokens, on the device (make_multi_step_fn)
+        self._step_packed = None  # the last single step's (packed result, sampled rows), while it may be chained
         self._no_carry: dict[int, object] = {}  # decode rows -> no_carry() on the device, made once
 
     def shapes(self) -> list[StepShape]:
@@ -106,7 +107,8 @@ class StepExecutor:
         is done: calling the result waits for it and gives one {request id: Sampled} per step. The host may
         work meanwhile (the engine streams the previous call's tokens). Deterministic tiles run here.
         chained: `plan` is Scheduler.chain_decodes of the previous call (same rows, in order), whose last
-        tokens, still on the device, are this call's inputs."""
+        tokens, still on the device, are this call's inputs — or Scheduler.chain_after_prefill of the previous
+        single step, whose sampled tokens are."""
         if self.deterministic:  # tiles of one fixed shape, run one after another
             results = [self.run(plan, rows)]
             return lambda: results
@@ -116,11 +118,17 @@ class StepExecutor:
         if steps == 1:
             packed, self.kv = launch_step(self.step_fn, *args, batch, rows, vocab_size=self.vocab,
                                           num_rows=shape.logit_rows)
+            # what a run-ahead call chained behind this step (Scheduler.chain_after_prefill) starts from
+            self._carried, self._step_packed = None, (packed, len(plan.logit_request_ids))
             return lambda: [self._sampled(plan, collect_step(packed))]
         if steps != self.decode_steps:
             raise ValueError(f"a call runs 1 or {self.decode_steps} steps, not {steps}")
         slots = np.zeros((steps, shape.num_kinds, shape.decode_rows), np.int32)
         slots[:, :, :plan.num_decode] = plan.decode_slots_ahead(steps, self.config.block_size)
+        if chained and self._carried is None and self._step_packed is not None:
+            packed, sampled_rows = self._step_packed  # the step's sampled tokens, in this plan's row order
+            self._carried = carry_from_step(packed, sampled_rows, shape.decode_rows)
+        self._step_packed = None
         carried = self._carried if chained else self._no_carry_for(shape.decode_rows)
         if carried is None or carried.shape != (shape.decode_rows + 1,):
             raise RuntimeError("a chained call needs the previous run-ahead call of the same rows")

@@ -218,3 +218,21 @@ def test_aborts_and_arrivals_while_calls_are_chained_lose_nothing(qwen3):
         assert engine.counters.chained_calls > 0
     finally:
         engine.close()
+
+
+def test_the_first_decode_call_is_chained_behind_the_prefill(qwen3):
+    # one request (batch 1): its first run-ahead call is dispatched behind the prefill step, before the
+    # prefill's token is read; same tokens and logprobs as one step per call, every block back
+    prompt = np.random.default_rng(4).integers(8, 250, size=21).tolist()
+    cases = [(prompt, SamplingParams(temperature=0.7, seed=2, ignore_eos=True, max_tokens=1 + 3 * STEPS,
+                                     logprobs=1))]
+    single, _, _ = _run(qwen3, 1, cases)
+    ahead, counters, snapshot = _run(qwen3, STEPS, cases)
+    assert ahead[0][0] == single[0][0]
+    np.testing.assert_allclose([lp for _, lp in _logprobs(ahead[0][1])], [lp for _, lp in _logprobs(single[0][1])],
+                               rtol=1e-5, atol=1e-5)
+    assert counters.device_calls == 1 + 3 and counters.chained_calls == 3  # every decode call chained
+    assert snapshot["free_kv_blocks"] == snapshot["total_kv_blocks"]
+    # max_tokens 1: nothing to chain behind the prefill; the request still ends after its one token
+    (tokens, _), = _run(qwen3, STEPS, [(prompt, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1))])[0]
+    assert len(tokens) == 1

@@ -172,7 +172,7 @@ class StepClock:
 
     def __init__(self, engine):
         self.steps: list[tuple[float, int, int, bool]] = []  # (finished at, decode tokens, steps, prefill?)
-        self.launches: list[tuple[float, float, bool]] = []  # host: (launch began, returned, chained?)
+        self.launches: list[tuple[float, float, bool, bool]] = []  # host: (began, returned, chained?, prefill?)
         executor = engine.executor
         executor.launch = self._timed(executor.launch)
 
@@ -184,7 +184,7 @@ class StepClock:
         def timed(plan, rows, steps, **kwargs):
             began = time.perf_counter()
             collect = launch(plan, rows, steps, **kwargs)
-            self.launches.append((began, time.perf_counter(), bool(kwargs.get("chained"))))
+            self.launches.append((began, time.perf_counter(), bool(kwargs.get("chained")), bool(plan.prefills)))
 
             def timed_collect():
                 result = collect()
@@ -213,15 +213,17 @@ class StepClock:
         return [round((t - last_prefill) * 1e3, 2) for t, _, _, pre in self.steps if not pre and t > last_prefill]
 
     def first_decode_launch_ms(self) -> dict:
-        """The host's side of the gap after the last prefill step: when the first call after it began
-        launching and how long its launch took (ms after the prefill's results reached the host)."""
+        """The host's side of the gap after the last prefill step: when the call after it began launching
+        (ms after the prefill's results reached the host; negative: dispatched behind the prefill, before its
+        tokens were read), how long that launch took, and whether it was chained."""
         last_prefill = max((t for t, _, _, pre in self.steps if pre), default=None)
-        after = [(a, b, chained) for a, b, chained in self.launches if last_prefill is not None and a > last_prefill]
-        if not after:
+        prefill_launches = [i for i, (*_, pre) in enumerate(self.launches) if pre]
+        if last_prefill is None or not prefill_launches or prefill_launches[-1] + 1 >= len(self.launches):
             return {}
-        began, returned, chained = after[0]
+        after = self.launches[prefill_launches[-1] + 1:]
+        began, returned, chained, _ = after[0]
         return {"began_ms": round((began - last_prefill) * 1e3, 2), "launch_ms": round((returned - began) * 1e3, 2),
-                "chained": chained, "launch_ms_all": [round((b - a) * 1e3, 2) for a, b, _ in after[:4]]}
+                "chained": chained, "launch_ms_all": [round((b - a) * 1e3, 2) for a, b, _, _ in after[:4]]}
 
 
 def single_request(engine, prompt: list[int], max_tokens: int):
