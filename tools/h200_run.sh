@@ -25,6 +25,10 @@
 #   tools/h200_run.sh norms-ab   RMSNorm kernels: GPU test, then the batch-1 step with and without them
 #   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
 #   tools/h200_run.sh xla-flags  the batch-1 decode step (plan alone) under XLA fusion flag sets, 1.5B Q4_K_M and 8B
+# Once per checkout, here (both ignored; the device tool's run carries them: carry [".whl", ".gpu"]):
+#   python3.12 -m pip download --no-deps gguf llguidance -d .whl      wheels the device image lacks
+#   python -m ember.tools.make_bench_tokenizer .gpu/tok               the synthetic models' stand-in tokenizer
+#   (llamacpp: tools/trim_llamacpp_source.sh .whl/llama.cpp-trimmed.tar.xz)
 # Several sections run in order: tools/h200_run.sh rows profile
 # COMMIT=<sha> names the commit the figures belong to (the copy's git metadata is stale); TAG=<suffix> names
 # the quick sections' folders and the archive apart, for a second run of the same section in one call.
