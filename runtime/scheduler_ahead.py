@@ -71,11 +71,10 @@ class RunAhead:
         requests = [self._running(chunk.request_id) for chunk in plan.prefills]
         if any(r is None or r.num_tokens >= r.peak_context for r in requests):
             return None
+        tables = self._tables_ahead([(r.request_id, r.num_tokens) for r in requests], steps)
+        if tables is None:
+            return None
         bs = self.kv.block_size
-        for request in requests:
-            if not self.kv.grow(request.state, min(request.num_tokens + steps, request.peak_context)):
-                return None
-        tables = {r.request_id: self.kv.tables(r.state) for r in requests}
         rows = tuple(DecodeRow(r.request_id, 0, r.num_tokens, slots_at(tables[r.request_id], r.num_tokens, bs))
                      for r in requests)  # token 0: the device feeds the sampled one
         chained = StepPlan(rows, (), tables, (), num_kinds=plan.num_kinds)
@@ -86,13 +85,18 @@ class RunAhead:
         """`plan` with every row `shift` positions further and blocks for its next `steps` positions (up to the
         request's last position: steps past it write to block 0, StepPlan.decode_slots_ahead, and are
         discarded); None if the pool cannot give them without preempting."""
-        requests = [self._active[row.request_id] for row in plan.decodes]
         rows = tuple(replace(row, position=row.position + shift) for row in plan.decodes) if shift else plan.decodes
-        for row, request in zip(rows, requests):
-            if not self.kv.grow(request.state, min(row.position + steps, request.peak_context)):
+        tables = self._tables_ahead([(row.request_id, row.position) for row in rows], steps)
+        return None if tables is None else replace(plan, decodes=rows, block_tables=tables)
+
+    def _tables_ahead(self, positions: list[tuple[str, int]], steps: int) -> dict | None:
+        """Each (request, position): blocks for its next `steps` positions, up to its last one; their tables, or
+        None if the pool cannot give them without preempting (blocks already grown are kept)."""
+        requests = [self._active[rid] for rid, _ in positions]
+        for (_, position), request in zip(positions, requests):
+            if not self.kv.grow(request.state, min(position + steps, request.peak_context)):
                 return None
-        tables = {row.request_id: self.kv.tables(request.state) for row, request in zip(rows, requests)}
-        return replace(plan, decodes=rows, block_tables=tables)
+        return {request.request_id: self.kv.tables(request.state) for request in requests}
 
     def update_ahead(self, plan: StepPlan, step: int, sampled_token_ids: Sequence[int]) -> list[StepOutput]:
         """update() for step `step` (0-based, in order) of the oldest extended plan not yet updated: each row

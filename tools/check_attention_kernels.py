@@ -144,7 +144,6 @@ def _check_combine_quant(case: dict, order: str, splits: int = 5) -> tuple[bool,
     meta = combine_meta(plan["meta"], splits)
     plain = _buffer(np.full((batch, hq, dh), np.nan, dtype))
     KERNELS["combine"][(batch, hq)](*parts, plain, **meta)
-    del meta["DH_PAD"]
     out = _buffer(np.full((batch, hq, dh), np.nan, dtype))
     qa = _buffer(np.zeros((batch, hq * dh // 4), np.int32))
     da = _buffer(np.full((batch, hq * dh // 32, 4), np.nan, np.float32))
@@ -256,9 +255,7 @@ def _compile_one(model: str, heads: tuple[int, int, int], dtype: str, block_size
         plan["meta"] = combine_meta(plan["meta"], plan["splits"])
     elif kind == "combine_quant":  # -> out, qa, da (packed for Q6_K: the permuted order)
         types = ["*fp32"] * 3 + ["*" + dtype, "*i32", "*fp32"]
-        meta = combine_meta(plan["meta"], plan["splits"])
-        del meta["DH_PAD"]
-        plan["meta"] = {**meta, "Q6": True, "ASM": True}
+        plan["meta"] = {**combine_meta(plan["meta"], plan["splits"]), "Q6": True, "ASM": True}
     else:
         outs = [dtype] if kind == "single" else ["fp32"] * 3
         types = ["*" + dtype] * 3 + ["*i32"] * 4 + ["*" + t for t in outs]

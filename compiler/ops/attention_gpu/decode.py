@@ -144,7 +144,6 @@ def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan,
     out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
     if activations_for is None or dh < 32 or dh & (dh - 1):
         return triton_call(acc, m, l, kernel=KERNELS["combine"], out_shape=out_shape, **merge), None
-    del merge["DH_PAD"]  # DH is a power of two here
     out, qa, da = triton_call(acc, m, l, kernel=KERNELS["combine_quant"],
                               out_shape=(out_shape, jax.ShapeDtypeStruct((b, hq * dh // 4), jnp.int32),
                                          jax.ShapeDtypeStruct((b, hq * dh // 32, 4), jnp.float32)),

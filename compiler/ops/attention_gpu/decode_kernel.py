@@ -220,15 +220,15 @@ def paged_decode_combine_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, HQ: tl.constexpr
 
 @triton.jit
 def paged_decode_combine_quant_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, HQ: tl.constexpr,
-                                      HKV: tl.constexpr, G: tl.constexpr, DH: tl.constexpr, SPLITS: tl.constexpr,
-                                      SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr, Q6: tl.constexpr,
-                                      ASM: tl.constexpr):
+                                      HKV: tl.constexpr, G: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr,
+                                      SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr,
+                                      Q6: tl.constexpr, ASM: tl.constexpr):
     # the same merge, and the output row [B, HQ * DH] also as the int8 activations of the projection reading it
     # (triton_act_quant's: qa int32 [B, HQ * DH / 4], da fp32 [B, HQ * DH / 32, 4] packed for Q4_K, or Q6_K
-    # when Q6). DH is a power of two >= 32, so each 32-block lies in one head. The head's elements are taken
-    # in the packed order (packed_order's e3 within each block): the merged values are then already the
-    # [DH / 32, 4, 8] tile the quantizer takes, rounded to out's dtype first as the separate quantizer would
-    # read them.
+    # when Q6). DH is a power of two >= 32 (so DH_PAD == DH), each 32-block lying in one head. The head's
+    # elements are taken in the packed order (packed_order's e3 within each block): the merged values are then
+    # already the [DH / 32, 4, 8] tile the quantizer takes, rounded to out's dtype first as the separate
+    # quantizer would read them.
     b = tl.program_id(0)
     head = tl.program_id(1)
     f = tl.arange(0, DH)  # position in the packed tile [DH / 32, 4 (byte j), 8 (word w)]

@@ -60,17 +60,18 @@ def attend_prefill_chunk(q, k_pool, v_pool, tables, positions, window, *, scale,
 
 
 def rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_pool, batch: StepBatch, *, style,
-                         scale):
+                         scale, activations_for: str | None = None):
     # rope_apply then paged_attention as one op (the fuse_rope_attention pass): on a GPU, q and k rotated and
     # k/v written by ONE kernel (rope_write.py); traced for anything else, rope.py's reference then the
     # emulation. Same arguments as the two ops together, same results. EMBER_FUSED_ROPE=0 (read at trace
-    # time) traces the unfused ops on a GPU too: the side-by-side measurement.
+    # time) traces the unfused ops on a GPU too: the side-by-side measurement. activations_for: see
+    # _attend_written.
     backend = "triton" if triton_available() else "emulate"
     if backend == "triton" and os.environ.get("EMBER_FUSED_ROPE", "1") != "0":
         write_slots, dec_tables, pre_tables = kind_view(batch, state)
         q, k_pool, v_pool = rope_write(q, k, v, positions, inv_freq, write_slots, k_pool, v_pool, style=style)
         return _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch, scale=scale,
-                               backend=backend)
+                               backend=backend, activations_for=activations_for)
     q, k = rope(q, k, positions, inv_freq, style=style)
     return _paged_attention(q, k, v, window, state, k_pool, v_pool, batch, scale=scale, backend=backend)
 
@@ -82,22 +83,11 @@ def rope_paged_attention_to_proj(q, k, v, positions, inv_freq, window, state, re
     # decodes, the attention's combine kernel also writes them (a linear_quant.QuantizedInput), so the
     # projection launches no quantizer. Same arguments otherwise, same output values. Off by default until its
     # GPU test has passed and its step time is measured: EMBER_FUSED_ATTN_QUANT=1 (read at trace time).
-    from ..linear_quant import QuantizedInput, dp4a_input_order
+    from ..linear_quant import dp4a_input_order
 
     fused = os.environ.get(FUSED_ATTN_QUANT_ENV, "0") == "1"
-    order = dp4a_input_order(reader, q.shape[0]) if fused else None
-    if order is None or os.environ.get("EMBER_FUSED_ROPE", "1") == "0" or not triton_available():
-        return rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_pool, batch, style=style,
-                                    scale=scale)
-    write_slots, dec_tables, pre_tables = kind_view(batch, state)
-    q, k_pool, v_pool = rope_write(q, k, v, positions, inv_freq, write_slots, k_pool, v_pool, style=style)
-    if batch.num_decode != q.shape[0]:  # prefill rows too: their projection runs on the dense copy
-        return _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch, scale=scale,
-                               backend="triton")
-    out, activations = paged_decode_attention(q, k_pool, v_pool, dec_tables, batch.dec_ctx_lens, batch.positions,
-                                              window, scale=scale, backend="triton", activations_for=order)
-    out = out.reshape(out.shape[0], -1)
-    return (out if activations is None else QuantizedInput(out, *activations, order)), k_pool, v_pool
+    return rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_pool, batch, style=style,
+                                scale=scale, activations_for=dp4a_input_order(reader, q.shape[0]) if fused else None)
 
 
 def _paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale, backend: str):
@@ -107,10 +97,21 @@ def _paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *
     return _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch, scale=scale, backend=backend)
 
 
-def _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch: StepBatch, *, scale, backend: str):
+def _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch: StepBatch, *, scale, backend: str,
+                    activations_for: str | None = None):
     """Attention of q over pools that already hold the step's K/V (the state kind's block tables
-    dec_tables [B, max_blocks], pre_tables [P, max_blocks]) -> (out [N, hq * dh], k_pool, v_pool)."""
+    dec_tables [B, max_blocks], pre_tables [P, max_blocks]) -> (out [N, hq * dh], k_pool, v_pool).
+    activations_for ("q4_k" / "q6_k"): where every row decodes and the combine kernel can, out is a
+    linear_quant.QuantizedInput carrying the reading projection's int8 activations too."""
     n_dec = batch.num_decode
+    if activations_for is not None and n_dec == q.shape[0]:
+        from ..linear_quant import QuantizedInput
+
+        out, activations = paged_decode_attention(q, k_pool, v_pool, dec_tables, batch.dec_ctx_lens,
+                                                  batch.positions, window, scale=scale, backend=backend,
+                                                  activations_for=activations_for)
+        out = out.reshape(out.shape[0], -1)
+        return (out if activations is None else QuantizedInput(out, *activations, activations_for)), k_pool, v_pool
     parts = []
     if n_dec:  # B rows of one token each
         parts.append(paged_decode_attention(q[:n_dec], k_pool, v_pool, dec_tables, batch.dec_ctx_lens,
