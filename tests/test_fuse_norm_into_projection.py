@@ -113,9 +113,9 @@ def test_h200_default_plans_tell_the_attention_its_output_projection(spec):
 
 @pytest.mark.parametrize("order, fused", [("q4_k", True), ("q6_k", True), ("q4_k", False)])
 def test_decode_attention_writes_the_output_projections_int8_activations(monkeypatch, order, fused):
-    """1.5B shape at batch 1 in a wide table (65 splits): with EMBER_FUSED_ATTN_QUANT=1 the combine kernel also
-    writes the o projection's int8 activations in its packing, and the GEMV follows with no quantizer launch;
-    off (the default), the combine writes the rows and the quantizer runs before the GEMV."""
+    """1.5B shape at batch 1 in a wide table (65 splits): by default the combine kernel also writes the o
+    projection's int8 activations in its packing, and the GEMV follows with no quantizer launch; with
+    EMBER_FUSED_ATTN_QUANT=0 the combine writes the rows and the quantizer runs before the GEMV."""
     from ember.compiler.batch import StepBatch
     from ember.compiler.ops.attention_gpu import paged
     from ember.compiler.ops.quant import config as quant_config

@@ -3,7 +3,7 @@ batch (1 … 256), and kernel choices per op.
 
 - attention: Triton kernels over the paged KV pool (compiler/ops/attention_gpu/): split-K decode
   (flash-decoding, its partials merged by a combine kernel that can also write the o projection's int8
-  activations: EMBER_FUSED_ATTN_QUANT=1, off until measured) and a flash-attention prefill chunk; the
+  activations, on by default: EMBER_FUSED_ATTN_QUANT=0 turns it off) and a flash-attention prefill chunk; the
   deterministic variant keeps the blockwise batch-invariant reference.
 - projections and the embedding: compiler/ops/linear_quant.py, which runs plain (bf16) weights through the
   reference ops and weights kept GGUF-quantized (Q4_K / Q6_K / Q8_0) through the Triton GEMVs for

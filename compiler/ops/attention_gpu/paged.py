@@ -33,7 +33,7 @@ from .decode import paged_decode_attention
 from .prefill import prefill_attention, prefill_attention_emulated
 from .rope_write import rope_write
 
-FUSED_ATTN_QUANT_ENV = "EMBER_FUSED_ATTN_QUANT"  # "1": the combine writes the o projection's int8 activations
+FUSED_ATTN_QUANT_ENV = "EMBER_FUSED_ATTN_QUANT"  # "0": the o projection quantizes its own input (default on)
 
 
 def paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale):
@@ -81,11 +81,13 @@ def rope_paged_attention_to_proj(q, k, v, positions, inv_freq, window, state, re
     # rope_paged_attention whose output only the projection with weight `reader` reads (the
     # fuse_norm_into_projection pass): where that projection's decode GEMV takes int8 activations and every row
     # decodes, the attention's combine kernel also writes them (a linear_quant.QuantizedInput), so the
-    # projection launches no quantizer. Same arguments otherwise, same output values. Off by default until its
-    # GPU test has passed and its step time is measured: EMBER_FUSED_ATTN_QUANT=1 (read at trace time).
+    # projection launches no quantizer. Same arguments otherwise, same output values. On by default (its GPU
+    # test passed at e027e08; plan alone at 65 splits: 1.5B Q4_K_M 382 -> 354 kernels, 1.174 -> 1.153 ms/step;
+    # 8B 452 -> 420, 2.434 -> 2.397 ms: tools/results/h200_attention_quant_e027e08.json);
+    # EMBER_FUSED_ATTN_QUANT=0 turns it off (read at trace time).
     from ..linear_quant import dp4a_input_order
 
-    fused = os.environ.get(FUSED_ATTN_QUANT_ENV, "0") == "1"
+    fused = os.environ.get(FUSED_ATTN_QUANT_ENV, "1") != "0"
     return rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_pool, batch, style=style,
                                 scale=scale, activations_for=dp4a_input_order(reader, q.shape[0]) if fused else None)
 
