@@ -138,8 +138,10 @@ def _described(target: str | Target) -> Target | None:
 
 
 def load_model(path: str | Path | Checkpoint, *, target: str | Target = "cpu", progress: bool = False,
-               generated_dir: Path = GENERATED_DIR) -> Model:
+               generated_dir: Path = GENERATED_DIR, activation_dtype: str | None = None) -> Model:
     """A model from a checkpoint path (GGUF file, HF folder) or an opened Checkpoint.
+    activation_dtype: run the plan in this dtype instead of its target's (e.g. the cpu target in bfloat16, to
+    compare two targets at one precision).
 
     target: a target name, or a Target (its plan must exist under generated_dir/<name>/); GGUF tensors
     in the target's `quantized_formats` stay quantized on the device (with a dense copy beside them where the
@@ -149,7 +151,7 @@ def load_model(path: str | Path | Checkpoint, *, target: str | Target = "cpu", p
     spec = spec_for_checkpoint(ckpt)
     resolved = resolve(spec, ckpt)
     plan = load_plan(spec, target.name if isinstance(target, Target) else target, generated_dir)
-    dtype = jnp.dtype(plan.manifest["activation_dtype"])
+    dtype = jnp.dtype(activation_dtype or plan.manifest["activation_dtype"])
     bar = None
     if progress:
         from tqdm import tqdm

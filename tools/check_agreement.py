@@ -1,20 +1,27 @@
-"""Teacher-forced agreement of two targets' plans on one synthetic checkpoint, on this machine's CPU.
+"""Teacher-forced agreement of two targets' plans on one checkpoint, on this machine's CPU.
 
   python -m ember.tools.check_agreement [--shape qwen2.5-1.5b] [--positions 256] [--target h200]
+  python -m ember.tools.check_agreement --model PATH [--text tests/fixtures/real/passage.txt] ...
 
 Runs the cpu target (fp32) and `--target`'s plan (traced for the CPU: its kernels' jnp emulations, in its own
-activation dtype) over the same random prompt, prints top-1 agreement, mean / max KL(cpu || target) and how
-peaked the reference distribution is (median top-1 probability, median gap between the two largest logits).
-What it answers: how much of the GPU agreement test's disagreement (tests/test_gpu_engine.py) the plan's
-dtype alone explains, kernels aside. Writes nothing; prints one JSON object.
+activation dtype) over the same tokens, prints top-1 agreement, mean / max KL(cpu || target) and how peaked
+the reference distribution is (median top-1 probability, median gap between the two largest logits).
+Synthetic shapes (random weights) read a random prompt; `--model` (a real GGUF file or HF folder) reads
+`--text` through the model's own tokenizer, as a user's text would be.
+What it answers: how much of the GPU agreement test's disagreement (tests/test_gpu_engine.py, random
+weights) the plan's dtype alone explains, kernels aside, and whether real weights' distributions, which
+are peaked, keep the same argmax. Writes nothing; prints one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
+
+PASSAGE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "real" / "passage.txt"
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -27,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", default="qwen2.5-1.5b")
     parser.add_argument("--positions", type=int, default=256)
     parser.add_argument("--target", default="h200")
+    parser.add_argument("--model", help="a real checkpoint (GGUF file or HF folder) instead of --shape")
+    parser.add_argument("--text", default=str(PASSAGE), help="the text --model is teacher-forced on")
+    parser.add_argument("--reference-dtype", help="run the cpu target in this dtype (default: its own, float32)")
+    parser.add_argument("--target-dtype", help="run --target in this dtype (default: its own)")
     args = parser.parse_args(argv)
     from ember.compiler.spec import spec_for_arch
     from ember.runtime.model import load_model
@@ -34,18 +45,25 @@ def main(argv: list[str] | None = None) -> int:
     from ember.runtime.synthetic import synthetic_checkpoint
     from ember.tools.bench import SYNTHETIC_SHAPES
 
-    arch, config = SYNTHETIC_SHAPES[args.shape]
-    tokens = np.random.default_rng(7).integers(0, config["vocab_size"], args.positions).tolist()
-    logits = {}
-    for target in ("cpu", args.target):
-        model = load_model(synthetic_checkpoint(spec_for_arch(arch), config), target=target)
-        runner = SequenceRunner(model, args.positions)
-        logits[target] = runner.prefill(tokens, all_logits=True).astype(np.float64)
-    exact, other = logits["cpu"], logits[args.target]
+    if args.model:
+        from ember.runtime.checkpoint import open_checkpoint
+        from ember.runtime.prompting import load_tokenizer
+
+        checkpoint = lambda: open_checkpoint(args.model)  # noqa: E731
+        tokens = load_tokenizer(checkpoint()).encode(open(args.text).read())[:args.positions]
+    else:
+        arch, config = SYNTHETIC_SHAPES[args.shape]
+        checkpoint = lambda: synthetic_checkpoint(spec_for_arch(arch), config)  # noqa: E731
+        tokens = np.random.default_rng(7).integers(0, config["vocab_size"], args.positions).tolist()
+    exact, other = (SequenceRunner(load_model(checkpoint(), target=target, activation_dtype=dtype), len(tokens))
+                    .prefill(tokens, all_logits=True).astype(np.float64)
+                    for target, dtype in (("cpu", args.reference_dtype), (args.target, args.target_dtype)))
     p_exact, p_other = _log_softmax(exact), _log_softmax(other)
     kl = (np.exp(p_exact) * (p_exact - p_other)).sum(-1)
     top2 = np.sort(exact, -1)[:, -2:]
-    print(json.dumps({"shape": args.shape, "positions": args.positions, "target": args.target,
+    print(json.dumps({"checkpoint": args.model or f"synthetic:{args.shape}", "positions": len(tokens),
+                      "tokens": "text: " + Path(args.text).name if args.model else "random", "target": f"{args.target}, {args.target_dtype or 'its own dtype'}",
+                      "reference": f"cpu target, {args.reference_dtype or 'float32'}",
                       "top1_agreement": float((exact.argmax(-1) == other.argmax(-1)).mean()),
                       "mean_kl": float(kl.mean()), "max_kl": float(kl.max()),
                       "reference_median_top1_prob": float(np.median(np.exp(p_exact.max(-1)))),
