@@ -22,3 +22,19 @@ def test_the_h200_plan_reports_a_small_difference(capsys):
     result = _run(capsys, "h200")
     assert 0.0 <= result["top1_agreement"] <= 1.0
     assert 0.0 < result["mean_kl"] < 1e-2 and result["reference_median_top1_prob"] > 0
+
+
+def _run_model(capsys, model, *flags: str) -> dict:
+    assert check_agreement.main(["--model", str(model), "--positions", "16", "--target", "cpu", *flags]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_a_checkpoint_is_teacher_forced_on_the_passage_through_its_own_tokenizer(capsys, tiny_chat_model):
+    """--model reads the passage through the checkpoint's tokenizer; --target-dtype runs the other side in
+    bf16 (a real difference), and with --reference-dtype the same both sides agree exactly."""
+    lower = _run_model(capsys, tiny_chat_model, "--target-dtype", "bfloat16")
+    assert lower["positions"] == 16 and lower["tokens"] == "text: passage.txt"
+    assert lower["reference"] == "cpu target, float32" and lower["target"] == "cpu, bfloat16"
+    assert 0.0 < lower["mean_kl"] < 1e-2
+    same = _run_model(capsys, tiny_chat_model, "--target-dtype", "bfloat16", "--reference-dtype", "bfloat16")
+    assert same["top1_agreement"] == 1.0 and abs(same["mean_kl"]) < 1e-12
