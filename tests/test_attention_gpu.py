@@ -151,3 +151,34 @@ def test_combine_writing_int8_activations_matches_the_plain_combine_and_quantize
     qa_ref, da_ref = jax.jit(lambda h: quantize_activations_gpu(h, order))(out.reshape(len(ctx), -1))
     np.testing.assert_array_equal(np.asarray(qa), np.asarray(qa_ref))
     np.testing.assert_array_equal(np.asarray(da), np.asarray(da_ref))
+
+
+@pytest.mark.parametrize("style, window, heads", [("neox", 0, (12, 2)), ("interleaved", 6, (32, 8))])
+def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(monkeypatch, style, window, heads):
+    """EMBER_FUSED_ROPE_DECODE=1 (a step of decode rows: RoPE and the K/V write inside the split partials
+    kernel) against rope_write then the partials: the pools bit-equal, the output to the last bf16 bit or so
+    (the own token's score and V row are summed outside the tensor-core dots)."""
+    from ember.compiler.ops.attention_gpu import paged
+    from ember.compiler.ops.rope import inv_frequencies
+
+    hq, hkv = heads
+    dh, block_size, width = 128, 16, 64
+    rng = np.random.default_rng(window)
+    batch, n, num_blocks = _step_batch(rng, [700, 1, 33, 1024], None, block_size, width, kinds=2, state=1,
+                                       window=window)
+    q = jnp.asarray(rng.standard_normal((n, hq, dh)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((n, hkv, dh)), jnp.bfloat16) for _ in range(2))
+    pools = [jnp.asarray(rng.standard_normal((num_blocks, block_size, hkv, dh)), jnp.bfloat16) for _ in range(2)]
+    inv_freq = jnp.asarray(inv_frequencies(theta=1e6, head_dim=dh))
+
+    def run(flag):  # the switch is read at trace time: one trace each
+        monkeypatch.setenv(paged.FUSED_ROPE_DECODE_ENV, flag)
+        step = jax.jit(functools.partial(paged.rope_paged_attention, style=style, scale=0.125))
+        return [np.asarray(a.astype(jnp.float32)) for a in step(q, k, v, batch.positions, inv_freq, jnp.int32(window),
+                                                                 jnp.int32(1), *pools, batch)]
+
+    (got, got_k, got_v), (want, want_k, want_v) = run("1"), run("0")
+    np.testing.assert_array_equal(got_k, want_k)
+    np.testing.assert_array_equal(got_v, want_v)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
+    assert np.mean(got == want) > 0.9, np.mean(got == want)

@@ -195,3 +195,58 @@ def test_rope_write_lowers_to_one_native_kernel_writing_the_pools_in_place(n, hq
     assert calls[0]["grid"] == (n, 1, 1) and calls[0]["num_warps"] == plan["num_warps"]
     text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert "output_operand_aliases" in text  # the pools are updated in place, not copied
+
+
+@pytest.mark.parametrize("rows, width, style", [(1, 2048, "neox"), (2, 512, "interleaved"), (256, 32, "neox")])
+def test_rope_decode_attention_lowers_to_one_partials_kernel_writing_the_pools(rows, width, style):
+    # a step of decode rows with split partials: RoPE, the K/V write and the partials in one launch, then the
+    # combine (no rope_write); one split (large batches): not applicable, the caller keeps the two launches
+    from ember.compiler.ops.attention_gpu.decode import rope_decode_attention
+
+    hq, hkv, dh, bs = 32, 8, 128, 16
+    q, k = jnp.zeros((rows, hq, dh), BF16), jnp.zeros((rows, hkv, dh), BF16)
+    pool = jnp.zeros((64, bs, hkv, dh), BF16)
+    tables = jnp.zeros((rows, width), jnp.int32)
+    ints = jnp.ones((rows,), jnp.int32)
+    freq = jnp.zeros((dh // 2,), jnp.float32)
+
+    def step(q, k, pool, tables, n):
+        return rope_decode_attention(q, k, k, n - 1, freq, n, pool, pool, tables, n, jnp.int32(0), style=style,
+                                     scale=0.1)
+
+    plan = decode_launch_plan(rows, hq, hkv, dh, bs, width, dot_fp32=False, scale=0.1)
+    if plan["splits"] == 1:
+        assert step(q, k, pool, tables, ints) is None
+        return
+    calls = _triton_calls(step, q, k, pool, tables, ints)
+    assert [c["name"] for c in calls] == ["paged_decode_rope_partials_kernel", "paged_decode_combine_kernel"]
+    assert calls[0]["grid"] == plan["grid"]
+    text = jax.jit(step).trace(q, k, pool, tables, ints).lower(lowering_platforms=("cuda",)).as_text()
+    assert "output_operand_aliases" in text  # the pools are updated in place, not copied
+
+
+@pytest.mark.parametrize("fused", ["1", "0"])
+def test_rope_attention_of_a_decode_step_launches_the_fused_partials_when_switched_on(monkeypatch, fused):
+    # the h200 rope_attention op at batch 1 in a wide table (splits > 1): EMBER_FUSED_ROPE_DECODE=1 -> the
+    # RoPE-fused partials and the combine; "0" -> rope_write, the partials, the combine
+    from ember.compiler.batch import StepBatch
+    from ember.compiler.ops.attention_gpu import paged
+
+    monkeypatch.setattr(paged, "triton_available", lambda: True)
+    monkeypatch.setenv(paged.FUSED_ROPE_DECODE_ENV, fused)
+    hq, hkv, dh, width = 12, 2, 128, 1033
+    q, k = jnp.zeros((1, hq, dh), BF16), jnp.zeros((1, hkv, dh), BF16)
+    pool = jnp.zeros((width + 1, 16, hkv, dh), BF16)
+    zeros = np.zeros(1, np.int32)
+    batch = StepBatch(tokens=zeros, positions=zeros, slots=np.zeros((1, 1), np.int32),
+                      dec_block_tables=np.zeros((1, 1, width), np.int32), dec_ctx_lens=np.ones(1, np.int32),
+                      pre_block_table=np.zeros((1, 1, width), np.int32), logit_rows=zeros)
+    freq = jnp.ones((dh // 2,), jnp.float32)
+
+    def step(q, k, pool):
+        return paged.rope_paged_attention(q, k, k, batch.positions, freq, jnp.int32(0), jnp.int32(0), pool, pool,
+                                          batch, style="neox", scale=0.1)
+
+    names = [c["name"] for c in _triton_calls(step, q, k, pool)]
+    assert names == (["paged_decode_rope_partials_kernel", "paged_decode_combine_kernel"] if fused == "1" else
+                     ["rope_write_kernel", "paged_decode_partials_kernel", "paged_decode_combine_kernel"])

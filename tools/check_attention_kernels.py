@@ -4,7 +4,9 @@
                                                       reference `_attend` (small ragged shapes, GQA 1/4/6/8,
                                                       dh 64/80/128, blocks of 16/32, windows, splits 1..8,
                                                       fp32 and bf16; sliding tables whose dropped entries point
-                                                      at a NaN-filled block 0 the kernel must never read)
+                                                      at a NaN-filled block 0 the kernel must never read;
+                                                      RoPE + K/V write + partials in one launch against
+                                                      rope_write then the partials, bit for bit)
   python tools/check_attention_kernels.py compile     compile them for sm_90 (Triton's bundled LLVM + ptxas)
                                                       at the model shapes (fp32 and bf16, blocks of 16/32),
                                                       and every launch config tools/bench_attention.py
@@ -157,6 +159,67 @@ def _check_combine_quant(case: dict, order: str, splits: int = 5) -> tuple[bool,
         f"rows equal={rows_equal} words equal={words_equal} (dx, sx, s0, s1) rel_err={da_err:.1e}")
 
 
+def _check_rope_partials(case: dict, style: str, dtype, splits: int) -> tuple[bool, str]:
+    """paged_decode_rope_partials_kernel against rope_write_kernel then paged_decode_partials_kernel on the same
+    unrotated q / k / v: both pools bit-equal, the merged partials equal to fp32 rounding (the own token's score
+    and V row are summed outside the dots). Each row writes its own token where its table puts position
+    ctx - 1 (the padding row: block 0, as the runtime pads)."""
+    import jax.numpy as jnp
+
+    from ember.compiler.ops.attention_gpu.decode import combine_partials
+
+    from ember.compiler.ops.attention_gpu.decode import decode_launch_plan
+    from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
+    from ember.compiler.ops.attention_gpu.rope_write import launch_plan as rope_plan, rope_write_kernel
+    from ember.compiler.ops.rope import inv_frequencies
+
+    rng = np.random.default_rng(splits)
+    batch, hq, dh = case["q"].shape
+    _, block_size, hkv, _ = case["k_pool"].shape
+    q, k, v = (rng.standard_normal((batch, heads, dh)).astype(dtype) for heads in (hq, hkv, hkv))
+    pos = (case["ctx"] - 1).astype(np.int32)
+    slots = (case["tables"][np.arange(batch), pos // block_size] * block_size + pos % block_size).astype(np.int32)
+    inv_freq = inv_frequencies(theta=1e6, head_dim=dh).astype(np.float32)
+    plan = decode_launch_plan(batch, hq, hkv, dh, block_size, case["tables"].shape[1], dot_fp32=dtype == np.float32,
+                              scale=1.0 / math.sqrt(dh), splits=splits)
+    g, shared = hq // hkv, [_buffer(case["tables"]), _buffer(case["ctx"]), _buffer(pos),
+                            _buffer(np.asarray([case["window"]], np.int32))]
+    partials = lambda: [_buffer(np.full(shape, np.nan, np.float32)) for shape in (
+        (batch, hkv, splits, g, dh), (batch, hkv, splits, g), (batch, hkv, splits, g))]
+    # two launches: rope_write (pools passed as input and aliased output, one buffer), then the partials
+    pools_two = [_buffer(case[name].astype(dtype)) for name in ("k_pool", "v_pool")]
+    q_rot = _buffer(np.zeros_like(q))
+    rplan = rope_plan(batch, hq, hkv, dh, style)
+    rope_write_kernel[rplan["grid"]](_buffer(q), _buffer(k), _buffer(v), _buffer(pos), _buffer(inv_freq),
+                                     _buffer(slots), *pools_two, q_rot, *pools_two, **rplan["meta"])
+    want = partials()
+    KERNELS["partials"][plan["grid"]](q_rot, *pools_two, *shared, *want, **plan["meta"])
+    # one launch
+    pools_one = [_buffer(case[name].astype(dtype)) for name in ("k_pool", "v_pool")]
+    got = partials()
+    KERNELS["rope_partials"][plan["grid"]](_buffer(q), _buffer(k), _buffer(v), _buffer(inv_freq), _buffer(slots),
+                                           *pools_one, *shared, *got, *pools_one,
+                                           INTERLEAVED=style == "interleaved", **plan["meta"])
+    same = lambda a, b: np.array_equal(a.array.astype(np.float32), b.array.astype(np.float32), equal_nan=True)
+    merged = lambda parts: np.asarray(combine_partials(*(jnp.asarray(p.array) for p in parts), jnp.float32))
+    reference = merged(want)
+    close = lambda parts: float(np.abs(merged(parts) - reference).max() / np.abs(reference).max())  # NaN: fails
+    err = close(got)
+    pools_equal = all(same(a, b) for a, b in zip(pools_one, pools_two))
+    # the own token from registers: pools whose written slots hold NaN, left unwritten (WRITE_KV=False)
+    stale = [case[name].astype(dtype) for name in ("k_pool", "v_pool")]
+    for pool in stale:
+        pool.reshape(-1, *pool.shape[2:])[slots] = np.nan
+    stale = [_buffer(pool) for pool in stale]
+    unwritten = partials()
+    KERNELS["rope_partials"][plan["grid"]](_buffer(q), _buffer(k), _buffer(v), _buffer(inv_freq), _buffer(slots),
+                                           *stale, *shared, *unwritten, *stale, INTERLEAVED=style == "interleaved",
+                                           WRITE_KV=False, **plan["meta"])
+    own_err = close(unwritten)
+    return not (err < 1e-5 and own_err < 1e-5 and pools_equal), (
+        f"rel_err={err:.1e} pools equal={pools_equal} own token unwritten rel_err={own_err:.1e}")
+
+
 def interpret() -> int:
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
     from ember.tools.check_quant_kernels import patch_interpreter
@@ -199,6 +262,16 @@ def interpret() -> int:
             failures += bad
             checks += 1
             print(f"{'BAD' if bad else 'ok '} combine + int8 hq={hq:<2} hkv={hkv} dh={dh:<3} {order} {note}", flush=True)
+    for (hq, hkv, dh), style, dtype_name, splits in (((12, 2, 128), "neox", "bfloat16", 5),
+                                                    ((8, 1, 64), "interleaved", "float32", 3),
+                                                    ((4, 2, 64), "neox", "float32", 8)):
+        case = make_case(rng, hq, hkv, dh, 16, 0 if splits != 3 else 21, max_ctx=200, padding_row=True)
+        dtype = ml_dtypes.bfloat16 if dtype_name == "bfloat16" else np.float32
+        bad, note = _check_rope_partials(case, style, dtype, splits)
+        failures += bad
+        checks += 1
+        print(f"{'BAD' if bad else 'ok '} RoPE + write + partials hq={hq:<2} hkv={hkv} dh={dh:<3} {style:11} "
+              f"{dtype_name:8} splits={splits} {note}", flush=True)
     print(f"{checks - failures}/{checks} passed")
     return 1 if failures else 0
 
@@ -230,9 +303,9 @@ def compile_all() -> int:
     for model, heads in COMPILE_HEADS.items():  # the default launch config at every shape and dtype
         for dtype in ("bf16", "fp32"):
             for block_size in (16, 32):
-                for kind in ("single", "partials", "combine", "combine_quant"):
-                    if kind == "combine_quant" and (dtype != "bf16" or heads[2] & (heads[2] - 1)):
-                        continue  # the int8 activations follow bf16 rows of power-of-two heads
+                for kind in ("single", "partials", "combine", "combine_quant", "rope_partials"):
+                    if kind in ("combine_quant", "rope_partials") and (dtype != "bf16" or heads[2] & (heads[2] - 1)):
+                        continue  # bf16 rows of power-of-two heads (the int8 activations; RoPE's pairs)
                     failures += _compile_one(model, heads, dtype, block_size, kind, DecodeAttentionConfig())
     for config in SWEEP_CONFIGS:  # what tools/bench_attention.py --sweep launches
         failures += _compile_one("qwen2.5-1.5b", COMPILE_HEADS["qwen2.5-1.5b"], "bf16", 16, "partials", config)
@@ -256,6 +329,10 @@ def _compile_one(model: str, heads: tuple[int, int, int], dtype: str, block_size
     elif kind == "combine_quant":  # -> out, qa, da (packed for Q6_K: the permuted order)
         types = ["*fp32"] * 3 + ["*" + dtype, "*i32", "*fp32"]
         plan["meta"] = {**combine_meta(plan["meta"], plan["splits"]), "Q6": True, "ASM": True}
+    elif kind == "rope_partials":  # q, k, v, inv_freq, slots, pools, table / ctx / pos / window -> partials, pools
+        types = ["*" + dtype] * 3 + ["*fp32", "*i32"] + ["*" + dtype] * 2 + ["*i32"] * 4 + ["*fp32"] * 3 + \
+            ["*" + dtype] * 2
+        plan["meta"] = {**plan["meta"], "INTERLEAVED": False, "WRITE_KV": True}
     else:
         outs = [dtype] if kind == "single" else ["fp32"] * 3
         types = ["*" + dtype] * 3 + ["*i32"] * 4 + ["*" + t for t in outs]

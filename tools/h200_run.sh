@@ -22,6 +22,7 @@
 #   tools/h200_run.sh plan-alone the batch-1 step alone per model (MODELS), A/B over trace-time VARIANTS
 #   tools/h200_run.sh engine-profile the batch-1 engine under the profiler (idle gaps), then the plan alone
 #   tools/h200_run.sh combine-check decode attention GPU tests, then the batch-1 step without / with the attention's int8 output
+#   tools/h200_run.sh rope-check RoPE-fused decode partials: GPU test, then the batch-1 step without / with them
 #   tools/h200_run.sh dp4a-rows  16 / 32 streams, the dp4a GEMV up to 64 rows vs its default bound
 #   tools/h200_run.sh norms-ab   RMSNorm kernels: GPU test, then the batch-1 step with and without them
 #   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
@@ -205,6 +206,16 @@ combine-check)  # the decode attention GPU tests, then the batch-1 step alone at
     tail -n 1 "$out/gpu_attention_tests.log"
     export JAX_PLATFORMS=cuda
     [ "${EMBER_FUSED_ATTN_QUANT:-1}" = 1 ] && MAXLEN=16528 VARIANTS="EMBER_FUSED_ATTN_QUANT=0 EMBER_FUSED_ATTN_QUANT=1" \
+        plan_alone ;;
+rope-check)  # RoPE + K/V write inside the decode partials (EMBER_FUSED_ROPE_DECODE): its GPU test, then the
+    # batch-1 step alone at the bench's table width without / with it (MODELS)
+    export JAX_PLATFORMS=cuda,cpu
+    timeout ${ATTN_TEST_S:-90} python -m pytest -q -m gpu tests/test_attention_gpu.py -k rope_inside \
+        -p no:cacheprovider > "$out/gpu_rope_partials_tests.log" 2>&1 \
+        || { export EMBER_FUSED_ROPE_DECODE=0; echo "RoPE-fused partials GPU test failed: no A/B"; }
+    tail -n 1 "$out/gpu_rope_partials_tests.log"
+    export JAX_PLATFORMS=cuda
+    [ "${EMBER_FUSED_ROPE_DECODE:-1}" = 1 ] && MAXLEN=16528 VARIANTS="EMBER_FUSED_ROPE_DECODE=0 EMBER_FUSED_ROPE_DECODE=1" \
         plan_alone ;;
 plan-alone)  # the batch-1 step alone (MODELS; VARIANTS: trace-time settings A/B'd over the same weights)
     plan_alone ;;

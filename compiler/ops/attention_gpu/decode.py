@@ -138,9 +138,20 @@ def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan,
         out_shape=(jax.ShapeDtypeStruct((b, hkv, splits, g, dh), f32), jax.ShapeDtypeStruct((b, hkv, splits, g), f32),
                    jax.ShapeDtypeStruct((b, hkv, splits, g), f32)),
         **launch)
+    return _merge(acc, m, l, q, plan, config, activations_for)
+
+
+def _merge(acc, m, l, q, plan, config, activations_for):
+    # the split partials -> (out [B, hq, dh] in q's dtype, (qa, da) or None): the combine kernel, or XLA's merge
+    from ..triton_launch import triton_call
+
+    from .decode_kernel import KERNELS
+
+    b, hq, dh = q.shape
     if os.environ.get(TRITON_COMBINE_ENV, "1") == "0":  # read at trace time: the side-by-side measurement
         return combine_partials(acc, m, l, q.dtype), None
-    merge = dict(grid=(b, hq), num_warps=config.num_warps, num_stages=1, **combine_meta(meta, splits))
+    merge = dict(grid=(b, hq), num_warps=config.num_warps, num_stages=1,
+                 **combine_meta(plan["meta"], plan["splits"]))
     out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
     if activations_for is None or dh < 32 or dh & (dh - 1):
         return triton_call(acc, m, l, kernel=KERNELS["combine"], out_shape=out_shape, **merge), None
@@ -149,6 +160,48 @@ def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan,
                                          jax.ShapeDtypeStruct((b, hq * dh // 32, 4), jnp.float32)),
                               Q6=activations_for == "q6_k", ASM=True, **merge)
     return out, (qa, da)
+
+
+def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, block_tables, ctx_lens, window, *,
+                          style: str, scale: float, config: DecodeAttentionConfig | None = None,
+                          activations_for: str | None = None):
+    """RoPE, the step's K/V write and the split partials in ONE Triton launch (then the combine), for steps whose
+    rows all decode: q [B, hq, dh], k / v [B, hkv, dh] as the projections give them (unrotated), positions,
+    slots [B] int32, inv_freq [dh / 2] -> (out, activations, k_pool, v_pool) as rope_write followed by
+    paged_decode_attention(backend="triton", activations_for=...) give them: the pools bit for bit (the same
+    rotation and roundings), the output to fp32 rounding before its own (the row's own token is scored and
+    weighted outside the tensor-core dots: decode_kernel.paged_decode_rope_partials_kernel). None where it
+    does not apply (one split: the single kernel normalizes in place; a head size that is not a power of
+    two): the caller runs the two launches."""
+    from ..triton_launch import triton_call
+
+    from .decode_kernel import KERNELS
+
+    config = config or DecodeAttentionConfig()
+    b, hq, dh = q.shape
+    _, block_size, hkv, _ = k_pool.shape
+    if dh < 16 or dh & (dh - 1) or style not in ("neox", "interleaved"):
+        return None
+    dot_fp32 = not (q.dtype == k_pool.dtype == v_pool.dtype and q.dtype in (jnp.bfloat16, jnp.float16))
+    plan = decode_launch_plan(b, hq, hkv, dh, block_size, block_tables.shape[1], dot_fp32=dot_fp32, scale=scale,
+                              config=config)
+    splits = plan["splits"]
+    if splits == 1:
+        return None
+    i32 = jnp.int32
+    f32 = jnp.float32
+    g = hq // hkv
+    acc, m, l, k_pool, v_pool = triton_call(
+        q, k, v, inv_freq.astype(f32), slots.astype(i32), k_pool, v_pool, block_tables.astype(i32),
+        ctx_lens.astype(i32), positions.astype(i32), jnp.asarray(window).astype(i32).reshape(1),
+        kernel=KERNELS["rope_partials"],
+        out_shape=(jax.ShapeDtypeStruct((b, hkv, splits, g, dh), f32), jax.ShapeDtypeStruct((b, hkv, splits, g), f32),
+                   jax.ShapeDtypeStruct((b, hkv, splits, g), f32), jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype),
+                   jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype)),
+        input_output_aliases={5: 3, 6: 4}, grid=plan["grid"], num_warps=config.num_warps,
+        num_stages=config.num_stages, INTERLEAVED=style == "interleaved", WRITE_KV=True, **plan["meta"])
+    out, activations = _merge(acc, m, l, q, plan, config, activations_for)
+    return out, activations, k_pool, v_pool
 
 
 def combine_meta(meta: dict, splits: int) -> dict:

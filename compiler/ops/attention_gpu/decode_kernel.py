@@ -51,6 +51,12 @@ m, l [B, hkv, SPLITS, G] (m in log2 units) that paged_decode_combine_kernel merg
 (decode.combine_partials is the same merge in jnp).
 paged_decode_kernel is the SPLITS = 1 case (large batches): it normalizes in-kernel and writes
 [B, hq, dh] in the output dtype, so the step has one launch and no combine op.
+paged_decode_rope_partials_kernel (EMBER_FUSED_ROPE_DECODE=1, steps whose rows all decode) is the partials
+kernel with rope_write's work folded in: each program rotates its q heads and the row's new K, split 0
+writes K / V to the pools, and the row's own token (its last visible one) is never read back from the pool,
+where another program's write may not have landed: its score q . k_own is taken before the walk and its
+weight times v_own is added after it (a [G] weight carried through the loop), so the loop keeps the plain
+kernel's registers (114 vs 96 at 12/2 x 128; compile stats: check_attention_kernels.py compile).
 """
 
 from __future__ import annotations
@@ -80,23 +86,72 @@ def _load_kv_tile(ptr, rows, d, mask, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _attend_tile(q, k_ptr, v_ptr, table_ptr, b, h, t, end, d, m, l, acc, w_own, QK_SCALE: tl.constexpr,
+                 HKV: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
+                 DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr, own_pos, s_own, OWN: tl.constexpr):
+    """One iteration of the online softmax: tokens t [BLOCK_N] (masked at >= end) folded into (m, l, acc).
+    OWN: token own_pos is not read from the pool (masked: 0, so stale or NaN values cannot leak in): its
+    score is s_own [G_PAD] (q . k_own, before QK_SCALE) and its weight, rounded to the dot dtype as p is for
+    the dot, accumulates in w_own [G_PAD] (rescaled as acc is), for the caller to add w_own * v_own once."""
+    valid = t < end
+    block = tl.load(table_ptr + b * W + t // BS, mask=valid, other=0)
+    # pool [num_blocks, BS, HKV, DH]: int64 before the multiply by the block stride
+    rows = block.to(tl.int64) * (BS * HKV * DH) + ((t % BS) * (HKV * DH) + h * DH)
+    if OWN:
+        own = t == own_pos  # [BLOCK_N]
+        kv_mask = (valid & (t != own_pos))[:, None]
+    else:
+        kv_mask = valid[:, None]
+    if DH_PAD != DH:
+        kv_mask = kv_mask & (d[None, :] < DH)
+    k = _load_kv_tile(k_ptr, rows, d, kv_mask, DOT_DTYPE)  # [BLOCK_N, DH_PAD]
+    v = _load_kv_tile(v_ptr, rows, d, kv_mask, DOT_DTYPE)
+    if DOT_FP32:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    if OWN:
+        s = tl.where(own[None, :], s_own[:, None], s)
+    s = tl.where(valid[None, :], s * QK_SCALE, float("-inf"))  # [G_PAD, BLOCK_N], log2 units
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing visible yet: p and alpha stay 0
+    alpha = tl.exp2(m - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    if DOT_FP32:
+        pv = tl.dot(p, v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(DOT_DTYPE), v)
+    if OWN:
+        w_own = w_own * alpha + tl.sum(tl.where(own[None, :], p, 0.0), axis=1).to(DOT_DTYPE).to(tl.float32)
+    return m_new, l, acc * alpha[:, None] + pv, w_own
+
+
+@triton.jit
 def _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, b, h, split,
                   QK_SCALE: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                   DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
-                  BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr):
+                  BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
+                  q_tile=None, s_own=None, v_own_ptr=None, OWN: tl.constexpr = False):
     """Online softmax of q heads h*G .. h*G+G-1 of row b over split `split` of its visible tokens.
-    Returns (acc [G_PAD, DH_PAD] unnormalized, m [G_PAD] running max in log2 units, l [G_PAD] sum)."""
+    Returns (acc [G_PAD, DH_PAD] unnormalized, m [G_PAD] running max in log2 units, l [G_PAD] sum).
+    OWN (the RoPE-fused partials): q is `q_tile` [G_PAD, DH_PAD] (already rotated) and the row's own token
+    (position pos[b], its last visible one: ctx_len == position + 1) is not read from the pool, which another
+    program of this launch may not have written yet: its scores are `s_own` [G_PAD], its V row at `v_own_ptr`."""
     if DOT_FP32:
         DOT_DTYPE: tl.constexpr = tl.float32
     else:
         DOT_DTYPE: tl.constexpr = k_ptr.dtype.element_ty
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, DH_PAD)
-    q_mask = g[:, None] < G
-    if DH_PAD != DH:
-        q_mask = q_mask & (d[None, :] < DH)
-    q = tl.load(q_ptr + (b * HQ + h * G + g)[:, None] * DH + d[None, :], mask=q_mask, other=0.0)
-    q = q.to(DOT_DTYPE)  # [G_PAD, DH_PAD]; padded rows are 0 and never stored
+    if OWN:
+        q = q_tile.to(DOT_DTYPE)
+    else:
+        q_mask = g[:, None] < G
+        if DH_PAD != DH:
+            q_mask = q_mask & (d[None, :] < DH)
+        q = tl.load(q_ptr + (b * HQ + h * G + g)[:, None] * DH + d[None, :], mask=q_mask, other=0.0)
+        q = q.to(DOT_DTYPE)  # [G_PAD, DH_PAD]; padded rows are 0 and never stored
 
     start, end = _visible_range(ctx_ptr, pos_ptr, window_ptr, b, W * BS)
     n_iters = tl.cdiv(end - start, BLOCK_N)
@@ -108,33 +163,14 @@ def _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, 
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, DH_PAD], tl.float32)
     n = tl.arange(0, BLOCK_N)
+    w_own = tl.zeros([G_PAD], tl.float32)
     for it in range(it_lo, it_hi):
-        t = start + it * BLOCK_N + n  # [BLOCK_N] token positions
-        valid = t < end
-        block = tl.load(table_ptr + b * W + t // BS, mask=valid, other=0)
-        # pool [num_blocks, BS, HKV, DH]: int64 before the multiply by the block stride
-        rows = block.to(tl.int64) * (BS * HKV * DH) + ((t % BS) * (HKV * DH) + h * DH)
-        kv_mask = valid[:, None]
-        if DH_PAD != DH:
-            kv_mask = kv_mask & (d[None, :] < DH)
-        k = _load_kv_tile(k_ptr, rows, d, kv_mask, DOT_DTYPE)  # [BLOCK_N, DH_PAD]
-        v = _load_kv_tile(v_ptr, rows, d, kv_mask, DOT_DTYPE)
-        if DOT_FP32:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :], s * QK_SCALE, float("-inf"))  # [G_PAD, BLOCK_N], log2 units
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing visible yet: p and alpha stay 0
-        alpha = tl.exp2(m - m_ref)
-        p = tl.exp2(s - m_ref[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        if DOT_FP32:
-            pv = tl.dot(p, v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(DOT_DTYPE), v)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+        m, l, acc, w_own = _attend_tile(q, k_ptr, v_ptr, table_ptr, b, h, start + it * BLOCK_N + n, end, d, m, l,
+                                        acc, w_own, QK_SCALE, HKV, DH, DH_PAD, BS, W, DOT_FP32, DOT_DTYPE, end - 1,
+                                        s_own, OWN)
+    if OWN:  # the own token's weighted V row, once: [G_PAD, DH_PAD]
+        v_own = tl.load(v_own_ptr + d, mask=d < DH, other=0.0).to(v_ptr.dtype.element_ty).to(DOT_DTYPE)
+        acc += w_own[:, None] * v_own.to(tl.float32)[None, :]
     return acc, m, l
 
 
@@ -157,6 +193,76 @@ def paged_decode_partials_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_pt
     tl.store(m_ptr + row, m, mask=g < G)
     tl.store(l_ptr + row, l, mask=g < G)
     tl.store(acc_ptr + row[:, None] * DH + d[None, :], acc, mask=(g[:, None] < G) & (d[None, :] < DH))
+
+
+@triton.jit
+def _rotated(src_ptr, rows, ok, d, c, s, DH: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """RoPE of the head rows at element offsets `rows` [R] (columns d [DH]; c, s [DH] the cos / sin of each
+    column's pair), fp32: rope_write's (a cos - b sin, b cos + a sin) per pair, as own * cos -/+ other * sin."""
+    if INTERLEAVED:
+        other_d = d ^ 1
+        first = d % 2 == 0
+    else:
+        other_d = (d + DH // 2) % DH
+        first = d < DH // 2
+    own = tl.load(src_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    other = tl.load(src_ptr + rows[:, None] + other_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    return tl.where(first[None, :], own * c[None, :] - other * s[None, :], own * c[None, :] + other * s[None, :])
+
+
+@triton.jit
+def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, k_pool_in, v_pool_in,
+                                      table_ptr, ctx_ptr, pos_ptr, window_ptr, acc_ptr, m_ptr, l_ptr,
+                                      k_ptr, v_ptr, QK_SCALE: tl.constexpr,
+                                      HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
+                                      DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
+                                      BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
+                                      INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr = True):
+    # rope_write_kernel and paged_decode_partials_kernel in one launch, for steps whose rows all decode: q, k_new,
+    # v_new [B, HQ | HKV, DH] unrotated (the projection's); inv_freq [DH / 2] fp32; slots [B] where the step's K/V
+    # goes; k_pool_in / v_pool_in and k_ptr / v_ptr the same pools (aliased: written in place). Program
+    # (b, h, split) rotates its G query heads and KV head h itself (cheap: [G + 1, DH] per program); split 0
+    # writes the rotated K and V to the pools, and every program reads the row's own token from its registers
+    # (tokens at pos[b]), so no program waits for another's write. DH is a power of two (DH_PAD == DH).
+    # -> acc, m, l as paged_decode_partials_kernel's: rope_write then the partials kernel up to fp32 rounding (the
+    # own token's score and weighted value are summed outside the tensor-core dots; see _attend_tile).
+    # WRITE_KV=False leaves the pools alone (the interpreter check: the own token must come from registers,
+    # which a sequential interpreter, running split 0 first, would not otherwise show).
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+    d = tl.arange(0, DH)
+    if INTERLEAVED:
+        pair = d // 2
+    else:
+        pair = d % (DH // 2)
+    angle = tl.load(pos_ptr + b).to(tl.float32) * tl.load(inv_freq_ptr + pair)  # [DH]
+    c = tl.cos(angle)
+    s = tl.sin(angle)
+    g = tl.arange(0, G_PAD)
+    q = _rotated(q_ptr, (b * HQ + h * G + g) * DH, g < G, d, c, s, DH, INTERLEAVED)
+    q = q.to(q_ptr.dtype.element_ty)  # rounded as rope_write's output
+    one = tl.arange(0, 1)
+    k_own = _rotated(k_new_ptr, (b * HKV + h) * DH + one, one >= 0, d, c, s, DH, INTERLEAVED)  # [1, DH]
+    k_own = k_own.to(k_ptr.dtype.element_ty)
+    if DOT_FP32:
+        DOT_DTYPE: tl.constexpr = tl.float32
+    else:
+        DOT_DTYPE: tl.constexpr = k_ptr.dtype.element_ty
+    # the own token's scores [G_PAD] now, so neither the fp32 q nor k_own stays live through the walk
+    s_own = tl.sum(q.to(DOT_DTYPE).to(tl.float32) * k_own.to(DOT_DTYPE).to(tl.float32), axis=1)
+    v_own_ptr = v_new_ptr + (b * HKV + h) * DH
+    if WRITE_KV and split == 0:
+        slot = tl.load(slots_ptr + b).to(tl.int64)  # pools can pass 2**31 elements
+        tl.store(k_ptr + slot * (HKV * DH) + h * DH + d, tl.reshape(k_own, [DH]))
+        tl.store(v_ptr + slot * (HKV * DH) + h * DH + d, tl.load(v_own_ptr + d).to(v_ptr.dtype.element_ty))
+    acc, m, l = _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, b, h, split,
+                              QK_SCALE, HQ, HKV, G, G_PAD, DH, DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32,
+                              q, s_own, v_own_ptr, True)
+    row = ((b * HKV + h) * SPLITS + split) * G + g
+    tl.store(m_ptr + row, m, mask=g < G)
+    tl.store(l_ptr + row, l, mask=g < G)
+    tl.store(acc_ptr + row[:, None] * DH + d[None, :], acc, mask=g[:, None] < G)
 
 
 @triton.jit
@@ -246,5 +352,6 @@ def paged_decode_combine_quant_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da
                    j3, e3, HQ * DH, ASM)
 
 
-KERNELS = {"partials": paged_decode_partials_kernel, "single": paged_decode_kernel,
+KERNELS = {"partials": paged_decode_partials_kernel, "rope_partials": paged_decode_rope_partials_kernel,
+           "single": paged_decode_kernel,
            "combine": paged_decode_combine_kernel, "combine_quant": paged_decode_combine_quant_kernel}

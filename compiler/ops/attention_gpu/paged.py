@@ -6,7 +6,9 @@
   paged_attention_emulated  decode rows through the jnp emulation of the same algorithm (runs anywhere:
                             what the CPU tests compare with the reference op)
   rope_paged_attention      rope_apply + paged_attention as one op: RoPE and the K/V write in one kernel
-                            (rope_write.py), then the same attention kernels
+                            (rope_write.py), then the same attention kernels; with EMBER_FUSED_ROPE_DECODE=1,
+                            a step of decode rows only does both inside the split partials kernel
+                            (decode.rope_decode_attention)
   rope_paged_attention_to_proj  the same, also writing the output as the int8 activations of the one
                             projection reading it (decode steps; the combine kernel quantizes as it merges)
 
@@ -29,11 +31,14 @@ from ...batch import StepBatch, kind_view
 from ..attention import _write
 from ..rope import rope
 from ..triton_available import triton_available
-from .decode import paged_decode_attention
+from .decode import paged_decode_attention, rope_decode_attention
 from .prefill import prefill_attention, prefill_attention_emulated
 from .rope_write import rope_write
 
 FUSED_ATTN_QUANT_ENV = "EMBER_FUSED_ATTN_QUANT"  # "0": the o projection quantizes its own input (default on)
+# "1": a step whose rows all decode rotates q / k and writes K / V inside the split partials kernel (no
+# rope_write launch); off until its GPU test and step time are measured (read at trace time)
+FUSED_ROPE_DECODE_ENV = "EMBER_FUSED_ROPE_DECODE"
 
 
 def paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale):
@@ -69,6 +74,13 @@ def rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_
     backend = "triton" if triton_available() else "emulate"
     if backend == "triton" and os.environ.get("EMBER_FUSED_ROPE", "1") != "0":
         write_slots, dec_tables, pre_tables = kind_view(batch, state)
+        if batch.num_decode == q.shape[0] and os.environ.get(FUSED_ROPE_DECODE_ENV, "0") == "1":
+            fused = rope_decode_attention(q, k, v, positions, inv_freq, write_slots, k_pool, v_pool, dec_tables,
+                                          batch.dec_ctx_lens, window, style=style, scale=scale,
+                                          activations_for=activations_for)
+            if fused is not None:
+                out, activations, k_pool, v_pool = fused
+                return _with_activations(out, activations, activations_for), k_pool, v_pool
         q, k_pool, v_pool = rope_write(q, k, v, positions, inv_freq, write_slots, k_pool, v_pool, style=style)
         return _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch, scale=scale,
                                backend=backend, activations_for=activations_for)
@@ -107,13 +119,10 @@ def _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch: St
     linear_quant.QuantizedInput carrying the reading projection's int8 activations too."""
     n_dec = batch.num_decode
     if activations_for is not None and n_dec == q.shape[0]:
-        from ..linear_quant import QuantizedInput
-
         out, activations = paged_decode_attention(q, k_pool, v_pool, dec_tables, batch.dec_ctx_lens,
                                                   batch.positions, window, scale=scale, backend=backend,
                                                   activations_for=activations_for)
-        out = out.reshape(out.shape[0], -1)
-        return (out if activations is None else QuantizedInput(out, *activations, activations_for)), k_pool, v_pool
+        return _with_activations(out, activations, activations_for), k_pool, v_pool
     parts = []
     if n_dec:  # B rows of one token each
         parts.append(paged_decode_attention(q[:n_dec], k_pool, v_pool, dec_tables, batch.dec_ctx_lens,
@@ -123,3 +132,12 @@ def _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch: St
                                           scale=scale, backend=backend))
     out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     return out.reshape(out.shape[0], -1), k_pool, v_pool
+
+
+def _with_activations(out, activations, activations_for):
+    # decode attention's out [B, hq, dh] -> [B, hq * dh], as a linear_quant.QuantizedInput where the combine
+    # kernel also wrote the reading projection's int8 activations (qa, da)
+    from ..linear_quant import QuantizedInput
+
+    out = out.reshape(out.shape[0], -1)
+    return out if activations is None else QuantizedInput(out, *activations, activations_for)
