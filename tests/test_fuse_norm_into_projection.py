@@ -145,4 +145,4 @@ def test_decode_attention_writes_the_output_projections_int8_activations(monkeyp
         text = jax.jit(step).trace(q, k, v, pool, w).lower(lowering_platforms=("cuda",)).as_text()
     names = [line.split('name = "')[1].split('"')[0] for line in text.splitlines() if XLA_TRITON_TARGET in line]
     merge = ["paged_decode_combine_quant_kernel"] if fused else ["paged_decode_combine_kernel", "quantize_rows_kernel"]
-    assert names == ["rope_write_kernel", "paged_decode_partials_kernel", *merge, "dp4a_gemv_kernel"]
+    assert names == ["paged_decode_rope_partials_kernel", *merge, "dp4a_gemv_kernel"]  # RoPE inside the partials

@@ -12,7 +12,8 @@ batch (1 … 256), and kernel choices per op.
   quant/fp8.py. Which weights stay quantized is `quantized_formats` (FP8, and GGUF
   blocks with a bf16 copy beside them for steps of many rows: `dense_copies`) or EMBER_QUANTIZED_FORMATS.
 - RoPE and the step's K/V write: one Triton kernel (compiler/ops/attention_gpu/rope_write.py, the
-  fuse_rope_attention pass) where XLA ran ~5 per layer.
+  fuse_rope_attention pass) where XLA ran ~5 per layer; on steps whose rows all decode, inside the split
+  partials kernel instead (decode.rope_decode_attention; EMBER_FUSED_ROPE_DECODE=0 turns it off).
 - RMSNorm and residual add + RMSNorm: one Triton kernel each (compiler/ops/norm_gpu.py) where XLA ran three;
   a norm read by one projection may also write that projection's int8 activations (norm_quant_gpu.py, the
   fuse_norm_into_projection pass; EMBER_FUSED_NORM_QUANT=0 turns it off).

@@ -6,9 +6,9 @@
   paged_attention_emulated  decode rows through the jnp emulation of the same algorithm (runs anywhere:
                             what the CPU tests compare with the reference op)
   rope_paged_attention      rope_apply + paged_attention as one op: RoPE and the K/V write in one kernel
-                            (rope_write.py), then the same attention kernels; with EMBER_FUSED_ROPE_DECODE=1,
-                            a step of decode rows only does both inside the split partials kernel
-                            (decode.rope_decode_attention)
+                            (rope_write.py), then the same attention kernels; a step of decode rows only
+                            does both inside the split partials kernel (decode.rope_decode_attention;
+                            EMBER_FUSED_ROPE_DECODE=0 keeps rope_write)
   rope_paged_attention_to_proj  the same, also writing the output as the int8 activations of the one
                             projection reading it (decode steps; the combine kernel quantizes as it merges)
 
@@ -36,8 +36,10 @@ from .prefill import prefill_attention, prefill_attention_emulated
 from .rope_write import rope_write
 
 FUSED_ATTN_QUANT_ENV = "EMBER_FUSED_ATTN_QUANT"  # "0": the o projection quantizes its own input (default on)
-# "1": a step whose rows all decode rotates q / k and writes K / V inside the split partials kernel (no
-# rope_write launch); off until its GPU test and step time are measured (read at trace time)
+# "0": a step whose rows all decode runs rope_write before the split partials instead of rotating q / k and
+# writing K / V inside them (default on: GPU test passed at 1d774ae; plan alone at 65 splits, 1.5B Q4_K_M
+# 354 -> 326 kernels, 1.161 -> 1.099 ms/step; 8B Q4_K_M 420 -> 388, 2.411 -> 2.324 ms:
+# tools/results/h200_rope_partials_1d774ae.json). Read at trace time.
 FUSED_ROPE_DECODE_ENV = "EMBER_FUSED_ROPE_DECODE"
 
 
@@ -74,7 +76,7 @@ def rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_
     backend = "triton" if triton_available() else "emulate"
     if backend == "triton" and os.environ.get("EMBER_FUSED_ROPE", "1") != "0":
         write_slots, dec_tables, pre_tables = kind_view(batch, state)
-        if batch.num_decode == q.shape[0] and os.environ.get(FUSED_ROPE_DECODE_ENV, "0") == "1":
+        if batch.num_decode == q.shape[0] and os.environ.get(FUSED_ROPE_DECODE_ENV, "1") != "0":
             fused = rope_decode_attention(q, k, v, positions, inv_freq, write_slots, k_pool, v_pool, dec_tables,
                                           batch.dec_ctx_lens, window, style=style, scale=scale,
                                           activations_for=activations_for)
