@@ -224,8 +224,9 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
     # v_new [B, HQ | HKV, DH] unrotated (the projection's); inv_freq [DH / 2] fp32; slots [B] where the step's K/V
     # goes; k_pool_in / v_pool_in and k_ptr / v_ptr the same pools (aliased: written in place). Program
     # (b, h, split) rotates its G query heads and KV head h itself (cheap: [G + 1, DH] per program); split 0
-    # writes the rotated K and V to the pools, and every program reads the row's own token from its registers
-    # (tokens at pos[b]), so no program waits for another's write. DH is a power of two (DH_PAD == DH).
+    # writes the rotated K and V to the pools, and no program reads the row's own token (position pos[b]) from
+    # the pool: its scores are taken here, its V row added after the walk (_attend_split), so no program waits
+    # for another's write. DH is a power of two (DH_PAD == DH).
     # -> acc, m, l as paged_decode_partials_kernel's: rope_write then the partials kernel up to fp32 rounding (the
     # own token's score and weighted value are summed outside the tensor-core dots; see _attend_tile).
     # WRITE_KV=False leaves the pools alone (the interpreter check: the own token must come from registers,
