@@ -12,6 +12,7 @@
 #   tools/h200_run.sh batch1-8b  batch-1 decode at every context, Llama-3-8B shape bf16 and FP8
 #   tools/h200_run.sh startup-8b cold compile and warm start of the 8B engine (fresh processes)
 #   tools/h200_run.sh startup-calls one startup child of the 8B engine per call, caches kept in .gpu-cache/
+#   tools/h200_run.sh serve-startup `ember serve` on a synthetic 8B Q4_K_M GGUF file: cold, then warm starts
 #   tools/h200_run.sh llamacpp   llama.cpp built from .whl/llama.cpp-trimmed.tar.xz, same layouts
 #   tools/h200_run.sh hf         HF transformers (static cache + torch.compile), batch 1 and 32
 #   tools/h200_run.sh rows       quantized GEMV GPU tests, then the rows kernels' config sweep (q4_k, q6_k; m = 1)
@@ -29,7 +30,13 @@
 #   tools/h200_run.sh xla-flags  the batch-1 decode step (plan alone) under XLA fusion flag sets, 1.5B Q4_K_M and 8B
 # Once per checkout, here (both ignored; the device tool's run carries them: carry [".whl", ".gpu"]):
 #   python3.12 -m pip download --no-deps gguf llguidance -d .whl      wheels the device image lacks
+#   (serve-startup also needs sanic's: python3.12 -m pip download --no-deps --only-binary=:all: --python-version 3.12
+#    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl sanic==25.12.1
+#    sanic-routing==23.12.0 tracerite==2.6.5 html5tagger==2.0.0 httptools==0.9.0 websockets==17.4 ujson)
 #   python -m ember.tools.make_bench_tokenizer .gpu/tok               the synthetic models' stand-in tokenizer
+#   the GGUF files (llamacpp, serve-startup) need a BPE tokenizer.json: the default model's, written by
+#   python -c "from ember.runtime.checkpoint import open_checkpoint as o; from ember.runtime.prompting import \
+#     load_tokenizer as t; t(o('<the default model's GGUF>')).backend.save('.gpu/bpe-tok/tokenizer.json')"
 #   (llamacpp: tools/trim_llamacpp_source.sh .whl/llama.cpp-trimmed.tar.xz)
 # Several sections run in order: tools/h200_run.sh rows profile
 # COMMIT=<sha> names the commit the figures belong to (the copy's git metadata is stale); TAG=<suffix> names
@@ -132,8 +139,31 @@ startup-calls)  # the startup section's child (the suite's 8B engine at 1 / 8 / 
     echo "{\"child\": $n, \"rc\": $rc, \"wall_s\": $(python3 -c "import time; print(round(time.time() - $begun, 1))"), \"result\": $(tail -n 1 .gpu-cache/child-$n.log | grep '^{' || echo null)}" \
         | tee "$out/startup-child-$n.json"
     cp .gpu-cache/child-$n.log "$out/" ;;
+serve-startup)  # `ember serve` itself on the 8B Q4_K_M shape (SERVE_MODEL): the synthetic model written as a GGUF
+    # file (.gpu-cache/, kept on a warm machine), then fresh `ember serve` processes timed from start to the
+    # "Ember is serving" line: the first with empty JAX / Triton caches (cold), the rest warm (SERVE_RUNS, 2)
+    mkdir -p .gpu-cache/serve; export JAX_COMPILATION_CACHE_DIR=$PWD/.gpu-cache/serve TRITON_CACHE_DIR=$PWD/.gpu-cache/serve/triton
+    gguf=$(timeout 300 python3 -c "from pathlib import Path; from ember.tools.llamacpp_bench import gguf_file; \
+        print(gguf_file('synthetic:${SERVE_MODEL:-llama3-8b-q4_k_m}', Path('.gpu-cache'), Path('.gpu/bpe-tok'))[0])" | tail -n 1)
+    [ -f "$gguf" ] || { echo "no GGUF file written (needs .gpu/bpe-tok, see the header)"; exit 1; }
+    for run in $(seq 0 ${SERVE_RUNS:-2}); do
+        begun=$(date +%s.%N)
+        EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 python3 -m ember.tools.cli serve --model "$gguf" --target h200 \
+            --port $((8180 + run)) > "$out/serve-$run.log" 2>&1 &
+        pid=$!
+        for _ in $(seq 1 ${SERVE_WAIT_S:-400}); do
+            grep -q "Ember is serving\|ember: error" "$out/serve-$run.log" && break
+            kill -0 $pid 2>/dev/null || break; sleep 1
+        done
+        ready=$(python3 -c "import time; print(round(time.time() - $begun, 1))")
+        ok=$(curl -s -m 60 http://127.0.0.1:$((8180 + run))/v1/completions -H 'Content-Type: application/json' \
+            -d '{"prompt": "1 2 3", "max_tokens": 4, "temperature": 0}' | head -c 200)
+        kill $pid; wait $pid 2>/dev/null
+        echo "{\"run\": $run, \"ready_s\": $ready, \"serving\": $(grep -c "Ember is serving" "$out/serve-$run.log"), \"line\": \"$(grep -o "loaded in.*compiled in [0-9.]*s" "$out/serve-$run.log")\", \"completion\": $(python3 -c "import json,sys; print(json.dumps(sys.argv[1]))" "$ok")}" \
+            | tee "$out/serve-startup-$run.json"
+    done ;;
 llamacpp)
-    timeout 560 python3 -m ember.tools.llamacpp_bench --src .whl/llama.cpp-trimmed.tar.xz --tokenizer .gpu/tok \
+    timeout 560 python3 -m ember.tools.llamacpp_bench --src .whl/llama.cpp-trimmed.tar.xz --tokenizer .gpu/bpe-tok \
         --models synthetic:qwen2.5-1.5b-q4_k_m synthetic:llama3-8b synthetic:llama3-8b-q4_k_m \
         --out "$out/llamacpp" --commit "$commit" > "$out/llamacpp.log" 2>&1
     cat "$out/llamacpp/llamacpp.md" 2>/dev/null || tail -n 20 "$out/llamacpp.log" ;;
