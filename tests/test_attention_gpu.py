@@ -155,9 +155,9 @@ def test_combine_writing_int8_activations_matches_the_plain_combine_and_quantize
 
 @pytest.mark.parametrize("style, window, heads", [("neox", 0, (12, 2)), ("interleaved", 6, (32, 8))])
 def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(monkeypatch, style, window, heads):
-    """The default (a step of decode rows: RoPE and the K/V write inside the split partials
-    kernel) against EMBER_FUSED_ROPE_DECODE=0 (rope_write then the partials): the pools bit-equal, the output to the last bf16 bit or so
-    (the own token's score and V row are summed outside the tensor-core dots)."""
+    """The default (a step of decode rows: RoPE and the K/V write inside the split partials kernel) against
+    EMBER_FUSED_ROPE_DECODE=0 (rope_write then the partials): the pools bit-equal, the output to the last bf16
+    bit or so (the own token's score and V row are summed outside the tensor-core dots)."""
     from ember.compiler.ops.attention_gpu import paged
     from ember.compiler.ops.rope import inv_frequencies
 

@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     kl = (np.exp(p_exact) * (p_exact - p_other)).sum(-1)
     top2 = np.sort(exact, -1)[:, -2:]
     print(json.dumps({"checkpoint": args.model or f"synthetic:{args.shape}", "positions": len(tokens),
-                      "tokens": "text: " + Path(args.text).name if args.model else "random", "target": f"{args.target}, {args.target_dtype or 'its own dtype'}",
+                      "tokens": "text: " + Path(args.text).name if args.model else "random",
+                      "target": f"{args.target}, {args.target_dtype or 'its own dtype'}",
                       "reference": f"cpu target, {args.reference_dtype or 'float32'}",
                       "top1_agreement": float((exact.argmax(-1) == other.argmax(-1)).mean()),
                       "mean_kl": float(kl.mean()), "max_kl": float(kl.max()),

@@ -6,7 +6,8 @@
                                                       fp32 and bf16; sliding tables whose dropped entries point
                                                       at a NaN-filled block 0 the kernel must never read;
                                                       RoPE + K/V write + partials in one launch against
-                                                      rope_write then the partials, bit for bit)
+                                                      rope_write then the partials: pools bit for bit,
+                                                      output to fp32 rounding)
   python tools/check_attention_kernels.py compile     compile them for sm_90 (Triton's bundled LLVM + ptxas)
                                                       at the model shapes (fp32 and bf16, blocks of 16/32),
                                                       and every launch config tools/bench_attention.py
@@ -166,9 +167,7 @@ def _check_rope_partials(case: dict, style: str, dtype, splits: int) -> tuple[bo
     ctx - 1 (the padding row: block 0, as the runtime pads)."""
     import jax.numpy as jnp
 
-    from ember.compiler.ops.attention_gpu.decode import combine_partials
-
-    from ember.compiler.ops.attention_gpu.decode import decode_launch_plan
+    from ember.compiler.ops.attention_gpu.decode import combine_partials, decode_launch_plan
     from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
     from ember.compiler.ops.attention_gpu.rope_write import launch_plan as rope_plan, rope_write_kernel
     from ember.compiler.ops.rope import inv_frequencies
@@ -194,12 +193,15 @@ def _check_rope_partials(case: dict, style: str, dtype, splits: int) -> tuple[bo
                                      _buffer(slots), *pools_two, q_rot, *pools_two, **rplan["meta"])
     want = partials()
     KERNELS["partials"][plan["grid"]](q_rot, *pools_two, *shared, *want, **plan["meta"])
-    # one launch
+    def one_launch(pools, write_kv=True):  # -> the partials; the pools are written in place
+        outs = partials()
+        KERNELS["rope_partials"][plan["grid"]](_buffer(q), _buffer(k), _buffer(v), _buffer(inv_freq), _buffer(slots),
+                                               *pools, *shared, *outs, *pools, INTERLEAVED=style == "interleaved",
+                                               WRITE_KV=write_kv, **plan["meta"])
+        return outs
+
     pools_one = [_buffer(case[name].astype(dtype)) for name in ("k_pool", "v_pool")]
-    got = partials()
-    KERNELS["rope_partials"][plan["grid"]](_buffer(q), _buffer(k), _buffer(v), _buffer(inv_freq), _buffer(slots),
-                                           *pools_one, *shared, *got, *pools_one,
-                                           INTERLEAVED=style == "interleaved", **plan["meta"])
+    got = one_launch(pools_one)
     same = lambda a, b: np.array_equal(a.array.astype(np.float32), b.array.astype(np.float32), equal_nan=True)
     merged = lambda parts: np.asarray(combine_partials(*(jnp.asarray(p.array) for p in parts), jnp.float32))
     reference = merged(want)
@@ -210,12 +212,7 @@ def _check_rope_partials(case: dict, style: str, dtype, splits: int) -> tuple[bo
     stale = [case[name].astype(dtype) for name in ("k_pool", "v_pool")]
     for pool in stale:
         pool.reshape(-1, *pool.shape[2:])[slots] = np.nan
-    stale = [_buffer(pool) for pool in stale]
-    unwritten = partials()
-    KERNELS["rope_partials"][plan["grid"]](_buffer(q), _buffer(k), _buffer(v), _buffer(inv_freq), _buffer(slots),
-                                           *stale, *shared, *unwritten, *stale, INTERLEAVED=style == "interleaved",
-                                           WRITE_KV=False, **plan["meta"])
-    own_err = close(unwritten)
+    own_err = close(one_launch([_buffer(pool) for pool in stale], write_kv=False))
     return not (err < 1e-5 and own_err < 1e-5 and pools_equal), (
         f"rel_err={err:.1e} pools equal={pools_equal} own token unwritten rel_err={own_err:.1e}")
 

@@ -95,14 +95,12 @@ def paged_decode_attention(q, k_pool, v_pool, block_tables, ctx_lens, positions,
     output): -> (out, (qa, da)) with the output rows [B, hq * dh] as that projection's int8 activations where
     the combine kernel made them (split launches, dh a power of two >= 32), else (out, None)."""
     config = config or DecodeAttentionConfig()
-    b, hq, dh = q.shape
-    _, block_size, hkv, pool_dh = k_pool.shape
+    b, _, dh = q.shape
+    pool_dh = k_pool.shape[3]
     if pool_dh != dh or v_pool.shape != k_pool.shape or block_tables.shape[0] != b:
         raise ValueError(f"shapes do not match: q {q.shape}, pools {k_pool.shape} {v_pool.shape}, "
                          f"tables {block_tables.shape}")
-    dot_fp32 = not (q.dtype == k_pool.dtype == v_pool.dtype and q.dtype in (jnp.bfloat16, jnp.float16))
-    plan = decode_launch_plan(b, hq, hkv, dh, block_size, block_tables.shape[1], dot_fp32=dot_fp32,
-                              scale=scale, config=config, splits=splits)
+    plan = _launch_plan(q, k_pool, v_pool, block_tables, scale, config, splits)
     window = jnp.asarray(window).astype(jnp.int32)
     tables, ctx_lens, positions = (jnp.asarray(a).astype(jnp.int32) for a in (block_tables, ctx_lens, positions))
     if backend == "emulate":
@@ -124,21 +122,30 @@ def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan,
 
     from .decode_kernel import KERNELS
 
-    b, hq, dh = q.shape
     hkv, splits, meta = k_pool.shape[2], plan["splits"], plan["meta"]
     args = (q, k_pool, v_pool, tables, ctx_lens, positions, window.reshape(1))
     launch = dict(grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)
     if splits == 1:  # one launch writes the output: nothing after it
         return triton_call(*args, kernel=KERNELS["single"], out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
                            **launch), None
-    g = hq // hkv
-    f32 = jnp.float32
-    acc, m, l = triton_call(
-        *args, kernel=KERNELS["partials"],
-        out_shape=(jax.ShapeDtypeStruct((b, hkv, splits, g, dh), f32), jax.ShapeDtypeStruct((b, hkv, splits, g), f32),
-                   jax.ShapeDtypeStruct((b, hkv, splits, g), f32)),
-        **launch)
+    acc, m, l = triton_call(*args, kernel=KERNELS["partials"], out_shape=_partials_shapes(q, hkv, splits), **launch)
     return _merge(acc, m, l, q, plan, config, activations_for)
+
+
+def _launch_plan(q, k_pool, v_pool, block_tables, scale, config, splits=None) -> dict:
+    # decode_launch_plan for these arrays: fp32 dots unless q and both pools share a 16-bit float dtype
+    _, block_size, hkv, _ = k_pool.shape
+    dot_fp32 = not (q.dtype == k_pool.dtype == v_pool.dtype and q.dtype in (jnp.bfloat16, jnp.float16))
+    return decode_launch_plan(q.shape[0], q.shape[1], hkv, q.shape[2], block_size, block_tables.shape[1],
+                              dot_fp32=dot_fp32, scale=scale, config=config, splits=splits)
+
+
+def _partials_shapes(q, hkv: int, splits: int) -> tuple:
+    # the partials kernels' fp32 outputs: acc [B, hkv, S, G, dh], m, l [B, hkv, S, G]
+    b, hq, dh = q.shape
+    rows = (b, hkv, splits, hq // hkv)
+    return (jax.ShapeDtypeStruct((*rows, dh), jnp.float32), jax.ShapeDtypeStruct(rows, jnp.float32),
+            jax.ShapeDtypeStruct(rows, jnp.float32))
 
 
 def _merge(acc, m, l, q, plan, config, activations_for):
@@ -177,27 +184,22 @@ def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, b
 
     from .decode_kernel import KERNELS
 
+    from .rope_write import STYLES
+
     config = config or DecodeAttentionConfig()
-    b, hq, dh = q.shape
-    _, block_size, hkv, _ = k_pool.shape
-    if dh < 16 or dh & (dh - 1) or style not in ("neox", "interleaved"):
+    dh = q.shape[2]
+    if dh < 16 or dh & (dh - 1) or style not in STYLES:
         return None
-    dot_fp32 = not (q.dtype == k_pool.dtype == v_pool.dtype and q.dtype in (jnp.bfloat16, jnp.float16))
-    plan = decode_launch_plan(b, hq, hkv, dh, block_size, block_tables.shape[1], dot_fp32=dot_fp32, scale=scale,
-                              config=config)
-    splits = plan["splits"]
-    if splits == 1:
+    plan = _launch_plan(q, k_pool, v_pool, block_tables, scale, config)
+    if plan["splits"] == 1:
         return None
     i32 = jnp.int32
-    f32 = jnp.float32
-    g = hq // hkv
     acc, m, l, k_pool, v_pool = triton_call(
-        q, k, v, inv_freq.astype(f32), slots.astype(i32), k_pool, v_pool, block_tables.astype(i32),
+        q, k, v, inv_freq.astype(jnp.float32), slots.astype(i32), k_pool, v_pool, block_tables.astype(i32),
         ctx_lens.astype(i32), positions.astype(i32), jnp.asarray(window).astype(i32).reshape(1),
         kernel=KERNELS["rope_partials"],
-        out_shape=(jax.ShapeDtypeStruct((b, hkv, splits, g, dh), f32), jax.ShapeDtypeStruct((b, hkv, splits, g), f32),
-                   jax.ShapeDtypeStruct((b, hkv, splits, g), f32), jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype),
-                   jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype)),
+        out_shape=(*_partials_shapes(q, k_pool.shape[2], plan["splits"]),
+                   jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype), jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype)),
         input_output_aliases={5: 3, 6: 4}, grid=plan["grid"], num_warps=config.num_warps,
         num_stages=config.num_stages, INTERLEAVED=style == "interleaved", WRITE_KV=True, **plan["meta"])
     out, activations = _merge(acc, m, l, q, plan, config, activations_for)
