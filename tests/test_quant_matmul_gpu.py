@@ -162,3 +162,42 @@ def test_dp4a_silu_gated_matches_the_activation_then_the_reference(fmt: str, m: 
     expected = np.asarray(jax.jit(dp4a_matmul_ref)(hidden.astype(jnp.float32), w))
     np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), expected, rtol=1e-2,
                                atol=1e-2 * float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("mode", ["norm", "add_norm"])
+@pytest.mark.parametrize("fmt, sizes", [("q4_k", (1536, 256, 256)), ("q6_k", (256,)), ("q4_k", (8960, 8960))],
+                         ids=["q4_k-qkv", "q6_k-v", "q4_k-gate-up"])
+@pytest.mark.parametrize("m", [1, 3, 11])
+def test_dp4a_norm_prologue_matches_the_norm_then_the_gemv(mode: str, fmt: str, sizes, m: int) -> None:
+    """The GEMV making the (residual add +) RMSNorm's int8 activations itself (dp4a.Prologue,
+    triton_act_prologue.py) against the norm kernel writing them (norm_quant_gpu.py), then the same GEMV:
+    equal but where the sum of squares' order moves an activation code by one (the 1.5B's q/k/v, Q6_K v
+    and gate/up shapes; m = 11: two row groups and a padding row)."""
+    from ember.compiler.ops import norm_quant_gpu
+    from ember.compiler.ops.quant import config as quant_config
+    from ember.compiler.ops.quant.dp4a import Prologue
+    from ember.compiler.ops.quant.matmul import quant_matmul_parts
+    from ember.compiler.ops.quant.triton_act_prologue import ADD_NORM, NORM
+
+    if not quant_config.dp4a_for(fmt):
+        pytest.skip(f"{fmt} decode does not take the dp4a kernel here (EMBER_QUANT_DP4A)")
+    out = sum(sizes)
+    w = device_weight(fmt, (out, 1536))
+    keys = jax.random.split(jax.random.key(m), 3)
+    x, y = ((jax.random.normal(key, (m, 1536), jnp.float32) * 3).astype(jnp.bfloat16) for key in keys[:2])
+    nw = (1 + 0.2 * jax.random.normal(keys[2], (1536,), jnp.float32)).astype(jnp.bfloat16)
+    add = mode == "add_norm"
+
+    def fused(x, y, nw, w):
+        source = Prologue(ADD_NORM, x, y, nw, 1e-6) if add else Prologue(NORM, x, weight=nw, eps=1e-6)
+        return quant_matmul_parts(x, w, None, sizes, backend="triton", activations=source)
+
+    def two_launches(x, y, nw, w):
+        outs = norm_quant_gpu.norm_quantize_triton(x, y if add else None, nw, eps=1e-6, order=fmt)
+        return quant_matmul_parts(outs[-3], w, None, sizes, backend="triton", activations=outs[-2:])
+
+    got, want = (np.concatenate([np.asarray(o.astype(jnp.float32)) for o in jax.jit(f)(x, y, nw, w)], axis=1)
+                 for f in (fused, two_launches))
+    scale = float(np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * scale)
+    assert float(np.mean(np.abs(got - want) <= 1e-3 * scale)) > 0.95  # mostly identical sums
