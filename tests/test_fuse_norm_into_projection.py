@@ -67,14 +67,12 @@ def test_off_the_gpu_the_norms_are_the_references():
 
 @pytest.mark.parametrize("add", [False, True], ids=["rms_norm", "add_rms_norm"])
 def test_decode_norm_then_qkv_lowers_to_two_kernels(add, monkeypatch):
-    """1.5B attention input at batch 1 without the GEMV's prologue (EMBER_GEMV_PROLOGUE=0): the norm writes
-    q+k+v's int8 activations (its packing: Q4_K), then the parts GEMV; no quantizer launch between them."""
+    """1.5B attention input at batch 1: the norm writes q+k+v's int8 activations (its packing: Q4_K), then the
+    parts GEMV; no quantizer launch between them."""
     from ember.compiler.ops import norm_gpu
     from ember.compiler.ops.quant import config as quant_config
-    from ember.compiler.ops.quant.dp4a import PROLOGUE_ENV
     from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
 
-    monkeypatch.setenv(PROLOGUE_ENV, "0")
     monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
     monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
     monkeypatch.setattr(norm_gpu, "triton_available", lambda: True)
@@ -98,64 +96,6 @@ def test_decode_norm_then_qkv_lowers_to_two_kernels(add, monkeypatch):
     assert len(calls) == 2  # no quantizer launch between the norm and the GEMV
     assert f'name = "{"add_" if add else ""}rms_norm_quant_kernel"' in calls[0]
     assert 'name = "dp4a_gemv_parts_kernel"' in calls[1]
-
-
-def _qkv_group(rng):
-    """The 1.5B's q+k (Q4_K) and v (Q6_K) projections of a layer whose v is Q6_K: two formats, two packings."""
-    from ember.compiler.ops.quant.layout import WeightGroup
-
-    return WeightGroup((pack(random_gguf_bytes(rng, "q4_k", (1792, 1536)), "q4_k", (1792, 1536)),
-                        pack(random_gguf_bytes(rng, "q6_k", (256, 1536)), "q6_k", (256, 1536))))
-
-
-@pytest.mark.parametrize("add", [False, True], ids=["rms_norm", "add_rms_norm"])
-def test_decode_norm_is_made_inside_each_qkv_gemv(add, monkeypatch):
-    """The default (EMBER_GEMV_PROLOGUE on): the norm launches nothing; each part's GEMV makes the normed
-    row's int8 activations in its own packing (q+k: Q4_K, v: Q6_K), so a layer with a Q6_K v launches two
-    kernels for norm + q/k/v where it launched three (the norm, the v quantizer, and two GEMVs before that)."""
-    from ember.compiler.ops import norm_gpu
-    from ember.compiler.ops.quant import config as quant_config
-    from ember.compiler.ops.quant.dp4a import Prologue
-    from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
-
-    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
-    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
-    monkeypatch.setattr(norm_gpu, "triton_available", lambda: True)
-    w = _qkv_group(np.random.default_rng(0))
-    x, nw = jnp.zeros((1, 1536), jnp.bfloat16), jnp.ones((1536,), jnp.bfloat16)
-
-    def step(x, nw, w):
-        if add:
-            s, h = norm_quant_gpu.add_rms_norm_to_proj(x, x, nw, w, eps=1e-6)
-            assert s.shape == x.shape  # the residual stream: an XLA add, fused into its reader
-        else:
-            h = norm_quant_gpu.rms_norm_to_proj(x, nw, w, eps=1e-6)
-        assert isinstance(h, Prologue)
-        return linear_quant.linear_split(h, w, sizes=(1536, 256, 256))
-
-    with linear_quant.use_quant_backend("triton"):
-        text = jax.jit(step).trace(x, nw, w).lower(lowering_platforms=("cuda",)).as_text()
-    calls = [line for line in text.splitlines() if XLA_TRITON_TARGET in line]
-    assert len(calls) == 2 and all('name = "dp4a_prologue_parts_kernel"' in call for call in calls)
-
-
-def test_a_prologue_off_the_dp4a_path_is_computed_first():
-    """A Prologue reaching a path other than the dp4a kernel (here the reference backend) is the norm's output:
-    the projection equals the plain norm, then the projection."""
-    from ember.compiler.ops.quant.dp4a import Prologue
-    from ember.compiler.ops.quant.triton_act_prologue import ADD_NORM, NORM
-
-    rng = np.random.default_rng(2)
-    w = _qkv_group(rng)
-    x, y = (jnp.asarray(rng.standard_normal((2, 1536)), jnp.float32) for _ in range(2))
-    nw = jnp.asarray(1.0 + 0.1 * rng.standard_normal(1536), jnp.float32)
-    for source, h in ((Prologue(NORM, x, weight=nw, eps=1e-6), norm.rms_norm(x, nw, eps=1e-6)),
-                      (Prologue(ADD_NORM, x, y, nw, 1e-6), norm.add_rms_norm(x, y, nw, eps=1e-6)[1])):
-        with linear_quant.use_quant_backend("reference"):
-            got = linear_quant.linear_split(source, w, sizes=(1536, 256, 256))
-            want = linear_quant.linear_split(h, w, sizes=(1536, 256, 256))
-        for a, b in zip(got, want):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("spec", SPECS)

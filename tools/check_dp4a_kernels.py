@@ -3,9 +3,7 @@
   python tools/check_dp4a_kernels.py interpret   Triton's CPU interpreter (dp4a emulated with shifts and
                                                  multiplies, ASM=False) against act_quant.dp4a_matmul_ref (the
                                                  GEMV, and its parts kernel writing q / k / v apart with their
-                                                 bias), the kernels with the activation prologue
-                                                 (norm, add + norm, SiLU-gated: triton_act_prologue.py),
-                                                 and the activation quantizer (triton_act_quant.py)
+                                                 bias), and the activation quantizer (triton_act_quant.py)
                                                  against jnp
   python tools/check_dp4a_kernels.py compile     compile for sm_90 at the engine's Q4_K decode shapes
                                                  (ASM=True): registers, spills, dp4a count from ptxas -v / PTX
@@ -119,76 +117,6 @@ def interpret_parts() -> int:
     return 1 if failures else 0
 
 
-# (out, in), dp4a config, rows, prologue modes: one split and split-K (each program then quantizes only its
-# split's blocks), two row groups with a padding row (m = 11), a masked last step (not EXACT)
-PROLOGUE_CASES = [
-    ((40, 1536), (16, 1, 4, True), [1, 3], ("norm", "add_norm", "silu")),
-    ((24, 1280), (8, 3, 2, True), [11], ("norm", "add_norm", "silu")),
-    ((20, 2304), (4, 2, 4, True), [5], ("silu",)),
-]
-
-
-def interpret_prologue() -> int:
-    """The prologue kernels (triton_act_prologue.py: each program makes its own int8 activations from the
-    producer's inputs) against act_quant.dp4a_matmul_ref of the producer's output computed in numpy; the
-    parts kernel once per mode. A code may differ by one where the sum of squares' order moves a value
-    across a rounding boundary, hence the tolerance."""
-    import jax.numpy as jnp
-
-    from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, random_gguf_bytes
-    from ember.compiler.ops.quant.act_quant import dp4a_matmul_ref
-    from ember.compiler.ops.quant.dp4a import parts_plan
-    from ember.compiler.ops.quant.triton_act_prologue import ADD_NORM, NORM, SILU
-    from ember.compiler.ops.quant.triton_gemv_dp4a import (DP4A_PLANES, dp4a_prologue_gemv_kernel,
-                                                           dp4a_prologue_parts_kernel)
-
-    modes, eps = {"norm": NORM, "add_norm": ADD_NORM, "silu": SILU}, 1e-6
-    failures = 0
-    rng = np.random.default_rng(8)
-    for fmt, ((out, inner), (block_n, split_k, sb, prefetch), ms, names) in itertools.product(
-            ("q4_k", "q6_k"), PROLOGUE_CASES):
-        w = pack(random_gguf_bytes(rng, fmt, (out, inner), realistic=True), fmt, (out, inner))
-        config = QuantMatmulConfig(variant="dp4a", block_n=block_n, split_k=split_k, sb_per_step=sb, prefetch=prefetch)
-        norm_w = (1.0 + 0.3 * rng.standard_normal(inner)).astype(np.float32)
-        for m, name in itertools.product(ms, names):
-            mode = modes[name]
-            x = (rng.standard_normal((m, 2 * inner if mode == SILU else inner)) * 2.0).astype(np.float32)
-            y = rng.standard_normal((m, inner)).astype(np.float32)
-            if mode == SILU:
-                gate, up = x[:, :inner], x[:, inner:]
-                h = gate / (1.0 + np.exp(-gate)) * up
-            else:
-                s = x + y if mode == ADD_NORM else x
-                h = s / np.sqrt((s * s).mean(axis=1, keepdims=True) + eps) * norm_w
-            expected = np.asarray(dp4a_matmul_ref(jnp.asarray(h.astype(np.float32)), w))
-            plan = launch_plan(fmt, m, out, inner, config)
-            meta = dict(plan["meta"], ASM=False, MODE=mode, M=m, EPS=eps)
-            rows = meta["M_PAD"]
-            operands = [HostBuffer(x), HostBuffer(y), HostBuffer(norm_w),
-                        *(HostBuffer(w.planes[n]) for n in DP4A_PLANES[fmt])]
-            scratch = [HostBuffer(np.zeros((rows, inner // 4), np.int32)),
-                       HostBuffer(np.full((rows, inner // 32, 4), np.nan, np.float32))]
-            bounds = parts_plan(plan, (out - 8, 8), out)
-            if bounds is not None and m == ms[0]:  # the parts kernel: two projections, a bias
-                bias = rng.standard_normal(out).astype(np.float32)
-                outs = [HostBuffer(np.full((rows, width), np.nan, np.float32)) for width in (out - 8, 8, 1)]
-                dp4a_prologue_parts_kernel[plan["grid"]](*operands, HostBuffer(bias), *outs, *scratch, HAS_BIAS=True,
-                                                         BIAS_OFFSET=0, **bounds, **meta)
-                got, expected = np.concatenate([o.array[:m] for o in outs[:2]], axis=1), expected + bias
-                kind = "parts"
-            else:
-                result = HostBuffer(np.full((plan["split_k"], rows, out), np.nan, np.float32))
-                dp4a_prologue_gemv_kernel[plan["grid"]](*operands, result, *scratch, **meta)
-                got, kind = result.array.sum(axis=0)[:m], "gemv"
-            err = float(np.abs(got - expected).max() / np.abs(expected).max())
-            padding_zero = bool((scratch[1].array[m:] == 0).all())
-            bad = not (err < 2e-3 and padding_zero)  # NaN (an unwritten element) fails too
-            failures += bad
-            print(f"{'BAD' if bad else 'ok '} dp4a prologue {kind} {name} {fmt} {out}x{inner} m={m} R={meta['R']} "
-                  f"split_k={plan['split_k']} rel_err={err:.1e} padding rows zero={padding_zero}", flush=True)
-    return 1 if failures else 0
-
-
 def interpret_quantize() -> int:
     """triton_act_quant.py's kernel against act_quant.quantize_activations: packed words equal, (dx, sx) close
     (and the SILU_GATED variant); the number of failed cases."""
@@ -276,7 +204,6 @@ def compile_all() -> int:
                 ptx = compiled.asm["ptx"]
                 print(f"ok  {label} {ptxas_usage(ptx)} smem={compiled.metadata.shared} dp4a={ptx.count('dp4a')} "
                       f"ld.v4={ptx.count('ld.global.v4')}", flush=True)
-    failures += compile_prologue()
     from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
     for k in (1536, 8960):
         compiled = compile_sm90(quantize_rows_kernel, ["*bf16", "*i32", "*fp32"],
@@ -287,38 +214,11 @@ def compile_all() -> int:
     return 1 if failures else 0
 
 
-def compile_prologue() -> int:
-    """The prologue kernels at the 1.5B's decode shapes, one row: q/k/v after the input norm, gate/up after the
-    residual add + norm, down after SiLU(gate) * up (registers, spills); the number of failures."""
-    from ember.compiler.ops.quant import launch_plan, pick_config
-    from ember.compiler.ops.quant.triton_act_prologue import ADD_NORM, NORM, SILU
-    from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_prologue_gemv_kernel
-
-    failures = 0
-    for fmt, (out, inner), mode in (("q4_k", (2048, 1536), NORM), ("q6_k", (256, 1536), NORM),
-                                    ("q4_k", (17920, 1536), ADD_NORM), ("q4_k", (1536, 8960), SILU),
-                                    ("q6_k", (1536, 8960), SILU)):
-        config = pick_config(fmt, 1, out, inner)
-        plan = launch_plan(fmt, 1, out, inner, config)
-        out_dtype = "bf16" if plan["split_k"] == 1 else "fp32"
-        types = ["*bf16", "*bf16", "*bf16", *PLANE_TYPES[fmt], "*" + out_dtype, "*i32", "*fp32"]
-        label = f"prologue mode {mode} {fmt} {out}x{inner} bn={config.block_n} split={plan['split_k']} warps={config.num_warps}"
-        try:
-            compiled = compile_sm90(dp4a_prologue_gemv_kernel, types, dict(plan["meta"], MODE=mode, M=1, EPS=1e-6),
-                                    num_warps=config.num_warps, num_stages=config.num_stages)
-        except Exception as error:
-            failures += 1
-            print(f"FAIL {label}: {error}", flush=True)
-            continue
-        print(f"ok  {label} {ptxas_usage(compiled.asm['ptx'])}", flush=True)
-    return failures
-
-
 def main(argv: list[str]) -> int:
     if argv[:1] == ["interpret"]:
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
         patch_interpreter()
-        return min(1, interpret_quantize()) | interpret() | interpret_parts() | interpret_prologue()
+        return min(1, interpret_quantize()) | interpret() | interpret_parts()
     if argv[:1] == ["compile"]:
         return compile_all()
     print(__doc__)

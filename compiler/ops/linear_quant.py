@@ -43,7 +43,6 @@ from . import activation
 from . import embedding as embedding_ref
 from . import linear as linear_ref
 from .quant import config as quant_config
-from .quant.dp4a import Prologue
 from .quant.fp8 import Fp8Weight, fp8_linear, fp8_rows
 from .quant.layout import DenseBacked, QuantizedWeight, WeightGroup
 from .quant.matmul import BACKENDS, quant_matmul, quant_matmul_parts, quant_matmul_silu_gated, split_columns
@@ -92,7 +91,7 @@ def _matmul(x, w):
     # float [out, k] array
     rows = _rows(x)
     if isinstance(w, QuantizedWeight) and rows <= gemv_max_rows(w.format):
-        return quant_matmul(_stand_in(x), w, backend=quant_backend(), activations=_activations(x, w))
+        return quant_matmul(_array(x), w, backend=quant_backend(), activations=_activations(x, w))
     x = _array(x)
     if isinstance(w, Fp8Weight):
         return fp8_linear(x, w)
@@ -114,26 +113,15 @@ class QuantizedInput(NamedTuple):
 
 
 def _array(x):
-    """The input's values (a Prologue's computed: only paths other than the dp4a GEMV read them)."""
-    if isinstance(x, Prologue):
-        return x.value()
     return x.x if isinstance(x, QuantizedInput) else x
 
 
-def _stand_in(x):
-    """The input's shape and dtype, for the quantized GEMV calls (which take x's activations apart)."""
-    return x.x if isinstance(x, (QuantizedInput, Prologue)) else x
-
-
 def _rows(x) -> int:
-    return int(_stand_in(x).shape[0])
+    return int(_array(x).shape[0])
 
 
 def _activations(x, w: QuantizedWeight):
-    """x's ready-made int8 activations where they are packed for w's format, a Prologue as it is (the GEMV
-    makes the activations in w's packing), else None."""
-    if isinstance(x, Prologue):
-        return x
+    """x's ready-made int8 activations where they are packed for w's format, else None."""
     return (x.qa, x.da) if isinstance(x, QuantizedInput) and x.order == w.format else None
 
 
@@ -149,17 +137,6 @@ def dp4a_input_order(weight, rows: int) -> str | None:
                 and quant_config.pick_config(part.format, rows, *part.shape).variant == "dp4a"):
             return part.format
     return None
-
-
-def dp4a_takes_every_part(weight, rows: int) -> bool:
-    """Whether every part of `weight` goes through the dp4a GEMV at `rows` rows (then a producer may leave
-    its output to the GEMV's activation prologue: dp4a.Prologue)."""
-    if quant_backend() != "triton":
-        return False
-    weight = form_for_rows(rows, weight)
-    return all(isinstance(part, QuantizedWeight) and rows <= gemv_max_rows(part.format)
-               and quant_config.pick_config(part.format, rows, *part.shape).variant == "dp4a"
-               for part in (weight.parts if isinstance(weight, WeightGroup) else (weight,)))
 
 
 def gemv_max_rows(fmt: str) -> int:
@@ -208,7 +185,7 @@ def linear_split(x, weight, bias=None, *, sizes):
     outs, start, rows = [], 0, _rows(x)
     for part, run in zip(parts, runs):  # each part yields its projections (a group's parts: no concat)
         if isinstance(part, QuantizedWeight) and rows <= gemv_max_rows(part.format):
-            outs.extend(quant_matmul_parts(_stand_in(x), part, bias, run, bias_offset=start, backend=quant_backend(),
+            outs.extend(quant_matmul_parts(_array(x), part, bias, run, bias_offset=start, backend=quant_backend(),
                                            activations=_activations(x, part)))
         else:
             part_bias = None if bias is None else bias[start:start + sum(run)]

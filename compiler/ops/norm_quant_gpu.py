@@ -112,26 +112,11 @@ def _order(x, reader) -> str | None:
     return dp4a_input_order(reader, x.shape[0])
 
 
-def _prologue(x, reader) -> bool:
-    """Whether the reader's GEMVs make the norm's output themselves (dp4a.Prologue): every part of the
-    reader takes int8 activations at x's rows."""
-    from .linear_quant import dp4a_takes_every_part
-    from .quant.dp4a import prologue_enabled
-
-    return (x.ndim == 2 and norm_gpu.use_kernel(x) and os.environ.get(FUSED_ENV, "1") != "0"
-            and prologue_enabled() and dp4a_takes_every_part(reader, x.shape[0]))
-
-
 def rms_norm_to_proj(x, weight, reader, *, eps):
     # x [N, n], weight [n]; reader: the weight of the one projection reading the output -> that projection's
-    # input: a dp4a.Prologue where every part of its GEMV can make it (no launch here), a
-    # linear_quant.QuantizedInput where its GEMV takes int8 activations, else norm_gpu.rms_norm's
+    # input: a linear_quant.QuantizedInput where its GEMV takes int8 activations, else norm_gpu.rms_norm's
     from .linear_quant import QuantizedInput
-    from .quant.dp4a import Prologue
-    from .quant.triton_act_prologue import NORM
 
-    if _prologue(x, reader):
-        return Prologue(NORM, x, weight=weight, eps=eps)
     order = _order(x, reader)
     if order is None:
         return norm_gpu.rms_norm(x, weight, eps=eps)
@@ -140,14 +125,9 @@ def rms_norm_to_proj(x, weight, reader, *, eps):
 
 
 def add_rms_norm_to_proj(x, y, weight, reader, *, eps):
-    # -> (x + y, rms_norm_to_proj(x + y)): the sum is the new residual stream; with the GEMV's prologue it is
-    # left to XLA, which fuses it into its one reader (the residual add after the MLP)
+    # -> (x + y, rms_norm_to_proj(x + y)): the sum is the new residual stream
     from .linear_quant import QuantizedInput
-    from .quant.dp4a import Prologue
-    from .quant.triton_act_prologue import ADD_NORM
 
-    if y.shape == x.shape and y.dtype == x.dtype and _prologue(x, reader):
-        return x + y, Prologue(ADD_NORM, x, y, weight, eps)
     order = _order(x, reader)
     if order is None or y.shape != x.shape or y.dtype != x.dtype:
         return norm_gpu.add_rms_norm(x, y, weight, eps=eps)

@@ -7,9 +7,6 @@ variants. Plans are pure functions of the shapes, testable on CPU.
 
 from __future__ import annotations
 
-import os
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
@@ -17,38 +14,6 @@ from ember.compiler.ops.quant.config import DP4A_FORMATS, QuantMatmulConfig
 from ember.compiler.ops.quant.layout import QuantizedWeight
 
 DP4A_MAX_ROWS = 8  # activation rows per program (one accumulator each)
-PROLOGUE_ENV = "EMBER_GEMV_PROLOGUE"  # "0": producers and quantizers launch on their own (default on)
-
-
-def prologue_enabled() -> bool:
-    """Whether the GEMV makes its int8 activations itself (read at trace time)."""
-    return os.environ.get(PROLOGUE_ENV, "1") != "0"
-
-
-class Prologue(NamedTuple):
-    """A projection input that the dp4a GEMV computes in its own launch (triton_act_prologue.py) instead of
-    reading a producer's output: rms_norm(x) * weight (mode NORM), rms_norm(x + y) * weight (ADD_NORM), or
-    silu(gate) * up of x = gate_up [m, 2k] (SILU). Paths other than the dp4a kernel take value()."""
-
-    mode: int
-    x: jax.Array
-    y: jax.Array | None = None
-    weight: jax.Array | None = None
-    eps: float = 0.0
-
-    def value(self) -> jax.Array:
-        from ember.compiler.ops import activation, norm_gpu
-        from ember.compiler.ops.quant.triton_act_prologue import ADD_NORM, NORM
-
-        if self.mode == NORM:
-            return norm_gpu.rms_norm(self.x, self.weight, eps=self.eps)
-        if self.mode == ADD_NORM:
-            return norm_gpu.add_rms_norm(self.x, self.y, self.weight, eps=self.eps)[1]
-        return activation.gated_act_packed(self.x, act="silu")
-
-    def operands(self) -> tuple:
-        """(x, y, norm weight): the prologue kernels' leading operands (x standing in for those absent)."""
-        return (self.x, self.x if self.y is None else self.y, self.x if self.weight is None else self.weight)
 
 
 def dp4a_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig) -> dict:
@@ -119,17 +84,11 @@ def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan:
     m = x.shape[0]
     meta = plan["meta"]
     split_k = plan["split_k"]
-    if silu_gated and activations is None and prologue_enabled():
-        from ember.compiler.ops.quant.triton_act_prologue import SILU
-        activations = Prologue(SILU, x)
-    out_shape = jax.ShapeDtypeStruct((split_k, meta["M_PAD"], w.shape[0]), x.dtype if split_k == 1 else jnp.float32)
-    if isinstance(activations, Prologue):
-        y = _prologue_launch(activations, w, config, plan, (out_shape,), dp4a_prologue_kernels()[0])[0]
-    else:
-        y = triton_call(
-            *_quantized_inputs(x, w, plan, silu_gated, activations),
-            kernel=dp4a_gemv_kernel, out_shape=out_shape,
-            grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)
+    y = triton_call(
+        *_quantized_inputs(x, w, plan, silu_gated, activations),
+        kernel=dp4a_gemv_kernel,
+        out_shape=jax.ShapeDtypeStruct((split_k, meta["M_PAD"], w.shape[0]), x.dtype if split_k == 1 else jnp.float32),
+        grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)
     y = y[:, :m]
     return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(x.dtype)
 
@@ -164,37 +123,10 @@ def dp4a_parts_call(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None, co
     m, rows = x.shape[0], plan["meta"]["M_PAD"]
     widths = (*sizes, 1, 1)[:MAX_PARTS]  # 1-column placeholders for absent parts (never written)
     bias_arg = jnp.zeros((1,), x.dtype) if bias is None else bias.astype(x.dtype)
-    out_shape = tuple(jax.ShapeDtypeStruct((rows, width), x.dtype) for width in widths)
-    extra = dict(HAS_BIAS=bias is not None, BIAS_OFFSET=bias_offset, **bounds)
-    if isinstance(activations, Prologue):
-        outs = _prologue_launch(activations, w, config, plan, out_shape, dp4a_prologue_kernels()[1], bias_arg,
-                                **extra)
-    else:
-        outs = triton_call(
-            *_quantized_inputs(x, w, plan, activations=activations), bias_arg,
-            kernel=dp4a_gemv_parts_kernel, out_shape=out_shape,
-            grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **plan["meta"], **extra)
-    return tuple(out[:m] for out in outs[:len(sizes)])
-
-
-def dp4a_prologue_kernels() -> tuple:
-    """(the plain, the parts) dp4a kernels with the activation prologue."""
-    from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_prologue_gemv_kernel, dp4a_prologue_parts_kernel
-
-    return dp4a_prologue_gemv_kernel, dp4a_prologue_parts_kernel
-
-
-def _prologue_launch(source: Prologue, w: QuantizedWeight, config: QuantMatmulConfig, plan: dict,
-                     out_shape: tuple, kernel, *extra_inputs, **extra_meta) -> tuple:
-    """One launch of a prologue kernel: its outputs out_shape (then its qa / da scratch, dropped)."""
-    from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES
-    from ember.compiler.ops.triton_launch import triton_call
-
-    rows, k = plan["meta"]["M_PAD"], w.shape[1]
-    scratch = (jax.ShapeDtypeStruct((rows, k // 4), jnp.int32), jax.ShapeDtypeStruct((rows, k // 32, 4), jnp.float32))
     outs = triton_call(
-        *source.operands(), *(w.planes[name] for name in DP4A_PLANES[w.format]), *extra_inputs,
-        kernel=kernel, out_shape=(*out_shape, *scratch), grid=plan["grid"], num_warps=config.num_warps,
-        num_stages=config.num_stages, MODE=source.mode, M=source.x.shape[0], EPS=float(source.eps),
-        **plan["meta"], **extra_meta)
-    return tuple(outs[:len(out_shape)])
+        *_quantized_inputs(x, w, plan, activations=activations), bias_arg,
+        kernel=dp4a_gemv_parts_kernel,
+        out_shape=tuple(jax.ShapeDtypeStruct((rows, width), x.dtype) for width in widths),
+        grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages,
+        HAS_BIAS=bias is not None, BIAS_OFFSET=bias_offset, **plan["meta"], **bounds)
+    return tuple(out[:m] for out in outs[:len(sizes)])

@@ -31,17 +31,13 @@ def quant_matmul(x: jax.Array, w: QuantizedWeight, *, backend: str = "reference"
                  config: QuantMatmulConfig | None = None, activations: tuple | None = None) -> jax.Array:
     """x [m, in] (bf16 or f32) @ dequant(W).T -> [m, out] in x's dtype, accumulated in fp32. activations:
     x's int8 activations packed for w (act_quant.quantize_activations' (qa, da), made by x's producer), which
-    a dp4a launch reads instead of quantizing x; every other path ignores them. Or a dp4a.Prologue, x then
-    only its stand-in (shape and dtype): the dp4a kernel makes the input itself, any other path computes it."""
+    a dp4a launch reads instead of quantizing x; every other path ignores them."""
     if x.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"x {x.shape} does not match a weight of shape {w.shape}")
-    if backend == "triton":
-        config = config or pick_config(w.format, x.shape[0], *w.shape)
-    x, activations = _unless_dp4a(x, activations, backend == "triton" and config.variant == "dp4a")
     if backend == "reference":
         return quant_matmul_ref(x, w)
     if backend == "triton":
-        return triton_quant_matmul(x, w, config, activations)
+        return triton_quant_matmul(x, w, config or pick_config(w.format, x.shape[0], *w.shape), activations)
     if backend == "mosaic":
         raise NotImplementedError("quant_matmul: the Pallas Mosaic GPU kernel is not written yet; use 'triton'")
     raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
@@ -81,16 +77,6 @@ def quant_matmul_silu_gated(gate_up: jax.Array, w: QuantizedWeight, *, backend: 
 
         return dp4a_call(gate_up, w, *picked, silu_gated=True)
     return quant_matmul(gated_act_packed(gate_up, act="silu"), w, backend=backend)
-
-
-def _unless_dp4a(x: jax.Array, activations, dp4a: bool) -> tuple:
-    """(x, activations) for the path taken: a dp4a.Prologue (x its stand-in) is computed here when the path
-    is not the dp4a kernel that would run it."""
-    from ember.compiler.ops.quant.dp4a import Prologue
-
-    if isinstance(activations, Prologue) and not dp4a:
-        return activations.value(), None
-    return x, activations
 
 
 def _dp4a_pick(x: jax.Array, w: QuantizedWeight, backend: str) -> tuple[QuantMatmulConfig, dict] | None:

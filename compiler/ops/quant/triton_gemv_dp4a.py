@@ -23,7 +23,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ember.compiler.ops.quant.triton_act_prologue import act_prologue
 from ember.compiler.ops.quant.triton_gemv import q4_k_load, q4_k_sub_scales
 from ember.compiler.ops.quant.triton_gemv_common import block_frame, load_where
 from ember.compiler.ops.quant.triton_gemv_q6_k import q6_k_load
@@ -92,12 +91,9 @@ def _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.const
 @triton.jit
 def _accumulate(qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                 R: tl.constexpr, BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
-                PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr,
-                x_ptr, y_ptr, nw_ptr, MODE: tl.constexpr, M: tl.constexpr, EPS: tl.constexpr):
+                PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
     """The program's sums: (rows, row_ok [BLOCK_N], pid_k, first activation row m0, acc0..acc7) with acc_i
-    [S, BLOCK_N, 8, 1] fp32 of activation row m0 + i (those past R stay 0). MODE != 0: the program first
-    makes its rows' activations in qa / da from x (y, nw) (triton_act_prologue.py), after issuing its first
-    weight loads, so that their latency and the prologue's overlap."""
+    [S, BLOCK_N, 8, 1] fp32 of activation row m0 + i (those past R stay 0)."""
     GROUPS: tl.constexpr = M_PAD // R
     rows, row_ok, r4, row_ok4, pid_k, start, stop, u0, n4, q4, w4 = block_frame(
         tl.program_id(0) // GROUPS, BLOCK_N, N, S, UNITS_PER_SPLIT, K)
@@ -116,11 +112,6 @@ def _accumulate(qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD: tl.constexpr, N: tl.const
         nsteps = (UNITS_PER_SPLIT + S - 1) // S
     masked: tl.constexpr = not EXACT
     nxt = _load(p0, p1, p2, p3, u0, stop, r4, row_ok4, n4, w4, N, EXACT, Q6)
-    if MODE != 0:
-        for i in tl.static_range(R):
-            act_prologue(x_ptr, y_ptr, nw_ptr, qa_ptr, da_ptr, m0 + i, start, stop, M, K, UNITS_PER_SPLIT, EPS,
-                         MODE, Q6, ASM)
-        tl.debug_barrier()  # the CTA's activation stores before any thread's loads of them
     for step in range(nsteps):
         u4 = u0 + step * S
         planes = nxt
@@ -175,11 +166,10 @@ def _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr,
           N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr, S: tl.constexpr,
           UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr,
           ASM: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr,
-          BIAS_OFFSET: tl.constexpr, x_ptr, y_ptr, nw_ptr, MODE: tl.constexpr, M: tl.constexpr, EPS: tl.constexpr):
-    """Every kernel's body: the program's sums, then one _store per activation row of its group."""
+          BIAS_OFFSET: tl.constexpr):
+    """Both kernels' body: the program's sums, then one _store per activation row of its group."""
     rows, row_ok, pid_k, m0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _accumulate(
-        qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD, N, K, R, BLOCK_N, S, UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM,
-        x_ptr, y_ptr, nw_ptr, MODE, M, EPS)
+        qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD, N, K, R, BLOCK_N, S, UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM)
     out = (bias_ptr, out_ptr, out2_ptr, out3_ptr)
     _store(*out, acc0, m0, pid_k, rows, row_ok, M_PAD, N, N1, N2, HAS_BIAS, BIAS_OFFSET)
     if R > 1:
@@ -208,7 +198,7 @@ def dp4a_gemv_kernel(qa_ptr, da_ptr, p0, p1, p2, p3, out_ptr,
     Grid axis 0 = row tile * GROUPS + g: the programs of one weight tile are launched together, so the
     row groups after the first read the tile from L2, not HBM. Program g takes rows g R .. g R + R - 1."""
     _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, out_ptr, out_ptr, out_ptr, out_ptr, M_PAD, N, K, R, BLOCK_N, S,
-          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM, N, N, False, 0, qa_ptr, qa_ptr, qa_ptr, 0, 1, 0.0)
+          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM, N, N, False, 0)
 
 
 @triton.jit
@@ -221,33 +211,7 @@ def dp4a_gemv_parts_kernel(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, ou
     outputs go apart, out [M_PAD, N1], out2 [M_PAD, N2 - N1], out3 [M_PAD, N - N2] (N2 = N: two parts), each
     plus its bias bias[BIAS_OFFSET + row] when HAS_BIAS, so that no slice or bias kernel follows the GEMV."""
     _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr, M_PAD, N, K, R, BLOCK_N, S,
-          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM, N1, N2, HAS_BIAS, BIAS_OFFSET, qa_ptr, qa_ptr, qa_ptr, 0, 1, 0.0)
-
-
-@triton.jit
-def dp4a_prologue_gemv_kernel(x_ptr, y_ptr, nw_ptr, p0, p1, p2, p3, out_ptr, qa_ptr, da_ptr,
-                              M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
-                              BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
-                              PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr,
-                              MODE: tl.constexpr, M: tl.constexpr, EPS: tl.constexpr):
-    """dp4a_gemv_kernel whose programs make their own int8 activations (triton_act_prologue.py) from the
-    producer's inputs x [M, K] (SILU: [M, 2K]), y [M, K] (ADD_NORM) and the norm's weight nw [K] into the
-    scratch outputs qa [M_PAD, K/4], da [M_PAD, K/32, 4] -> out [SPLIT_K, M_PAD, N]."""
-    _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, out_ptr, out_ptr, out_ptr, out_ptr, M_PAD, N, K, R, BLOCK_N, S,
-          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM, N, N, False, 0, x_ptr, y_ptr, nw_ptr, MODE, M, EPS)
-
-
-@triton.jit
-def dp4a_prologue_parts_kernel(x_ptr, y_ptr, nw_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr, qa_ptr,
-                               da_ptr, M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
-                               BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
-                               PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr,
-                               N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr,
-                               BIAS_OFFSET: tl.constexpr, MODE: tl.constexpr, M: tl.constexpr, EPS: tl.constexpr):
-    """dp4a_gemv_parts_kernel with dp4a_prologue_gemv_kernel's activation prologue."""
-    _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr, M_PAD, N, K, R, BLOCK_N, S,
-          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM, N1, N2, HAS_BIAS, BIAS_OFFSET, x_ptr, y_ptr, nw_ptr, MODE, M,
-          EPS)
+          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM, N1, N2, HAS_BIAS, BIAS_OFFSET)
 
 
 # format -> the planes in the kernel's p0..p3 order
