@@ -18,8 +18,13 @@ only gathers from) also gets its dequantized copy: a `DenseBacked` pair, dequant
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib
+import itertools
+import os
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -185,17 +190,47 @@ def load_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved: Res
         value = loader.fetch_kept(prefix + name)
         return value.packed() if isinstance(value, RawWeight) else value
 
-    globals_ = {}
-    for name in manifest["global_weights"]:
-        globals_[name] = place(name, build(name, None))
-        _tick(progress)
-    per_layer = []
-    for i in range(layers):
-        per_layer.append({name: place(name, build(name, i)) for name in manifest["layer_weights"]})
+    # host work (reading the file, repacking GGUF blocks: numpy, which releases the GIL) runs ahead on worker
+    # threads while this thread places the values built before (device copies, dense copies)
+    parts = [(name, None) for name in manifest["global_weights"]] + [(None, i) for i in range(layers)]
+
+    def build_part(part: tuple[str | None, int | None]):
+        name, layer = part
+        return build(name, None) if name is not None else {n: build(n, layer) for n in manifest["layer_weights"]}
+
+    globals_, per_layer = {}, []
+    for (name, layer), value in zip(parts, prefetched(build_part, parts, LOAD_WORKERS)):
+        if name is not None:
+            globals_[name] = place(name, value)
+        else:
+            per_layer.append({n: place(n, v) for n, v in value.items()})
         _tick(progress)
     constants = [{name: place_constant(layer_constant(spec, resolved, loader, const, i))
                   for name, const in manifest["layer_constants"].items()} for i in range(layers)]
     return Params(globals_, per_layer, constants)
+
+
+# parts (a global weight, or a layer's weights) built on the host ahead of the one being placed: the host side
+# of a load is per-part numpy work, so it scales with cores; each part in flight holds its host arrays
+LOAD_WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+
+def prefetched(fn: Callable[[Any], Any], items: Iterable, workers: int) -> Iterator:
+    """fn(item) for each item, in order, computed on `workers` threads at most `workers` items ahead of the
+    one being consumed (an exception reaches the consumer at its item)."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        items = iter(items)
+        pending = collections.deque(pool.submit(fn, item) for item in itertools.islice(items, workers))
+        try:
+            while pending:
+                result = pending.popleft().result()
+                for item in items:  # refill one
+                    pending.append(pool.submit(fn, item))
+                    break
+                yield result
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _combine(parts: list) -> np.ndarray | QuantizedWeight | WeightGroup:
