@@ -30,6 +30,10 @@ class EngineConfig:
     # 1 = one step per call; None = the plan's target's choice (Target.decode_steps). Amortises the host's
     # per-call work over that many tokens.
     decode_steps: int | None = None
+    # keep the step executables on disk beside JAX's persistent cache (runtime/executable_cache.py), so that a
+    # restart neither traces nor lowers them; `ember serve` turns it on. Off by default: an engine whose traced
+    # code is changed by anything but the sources and EMBER_* settings (a test patching a module) must trace.
+    keep_executables: bool = False
 
 
 def prefill_shapes(entry: dict, config: EngineConfig) -> PrefillShapes:

@@ -79,7 +79,7 @@ class ModelService:
                 max_batched_tokens=self.config.max_batched_tokens or max(
                     model.plan.manifest["entries"]["forward"]["prefill_buckets"]),
                 max_queue_depth=self.config.max_queue_depth, deterministic=self.config.deterministic,
-                max_queue_wait_s=self.config.request_timeout)
+                max_queue_wait_s=self.config.request_timeout, keep_executables=True)
             self.engine = Engine(model, tokenizer, engine_config, stop_token_ids=self.eos_ids)
             try:
                 self.engine.grammar_tokenizer()  # ~1 s for a 150k vocabulary: once, before serving

@@ -100,3 +100,35 @@ def test_deterministic_mode_is_bit_exact_alone_and_under_load():
                                               "identical": alone == loaded})
     assert len(alone[0]) == 48
     assert loaded == alone
+
+
+def test_an_engine_keeping_executables_restarts_without_tracing(tmp_path):
+    """Two engines over one model with keep_executables (what `ember serve` sets): the second one's
+    precompile reads every step executable back from disk (runtime/executable_cache.py: none traced), and
+    both generate the same greedy tokens."""
+    from ember.runtime.executable_cache import CachedStep
+
+    model = load_model(_checkpoint(), target="h200")
+    config = EngineConfig(num_blocks=64, max_model_len=256, max_num_seqs=2, max_batched_tokens=64,
+                          keep_executables=True, enable_prefix_caching=False)
+    previous = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    outputs, loaded, shapes = [], [], 0
+    try:
+        for _ in range(2):
+            engine = Engine(model, _Detokenizer(), config)
+            try:
+                engine.precompile()
+                prompt = np.random.default_rng(5).integers(0, int(model.dims.vocab), 40).tolist()
+                stream = engine.submit(prompt, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+                outputs.append([t for o in stream.collect()[0] for t in o.token_ids])
+                functions = (engine.executor.step_fn, engine.executor.multi_step_fn)
+                assert all(isinstance(fn, CachedStep) for fn in functions if fn is not None)
+                loaded.append(sum(fn.loaded_from_disk for fn in functions if fn is not None))
+                shapes = len(engine.executor.shapes())
+            finally:
+                engine.close()
+    finally:
+        jax.config.update("jax_compilation_cache_dir", previous)
+    assert loaded[0] == 0 and loaded[1] >= shapes
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 24

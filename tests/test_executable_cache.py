@@ -1,0 +1,86 @@
+"""runtime/executable_cache.py: step executables kept on disk, read back by a fresh object without tracing
+(toy functions on the CPU backend; a whole engine restarting on a GPU: tests/test_gpu_engine.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ember.runtime import executable_cache
+from ember.runtime.executable_cache import CachedStep
+
+
+def _step(scale, flag, params, kv, x):
+    y = params["w"] @ x * scale
+    return (y.sum() if flag else y), kv.at[0].add(1.0)
+
+
+def _jitted():
+    return jax.jit(_step, static_argnums=(0, 1), donate_argnums=3)
+
+
+def _args():
+    return {"w": jnp.arange(16.0).reshape(4, 4)}, jnp.zeros((3,)), np.ones((4,), np.float32)
+
+
+def test_a_fresh_object_reads_the_executable_back_without_tracing(tmp_path):
+    params, kv, x = _args()
+    first = CachedStep(_jitted(), 2, "model A", tmp_path)
+    want, kv = first(2.0, True, params, kv, x)
+    assert len(list(tmp_path.glob("*.exe"))) == 1 and first.loaded_from_disk == 0
+
+    fresh = _jitted()
+    second = CachedStep(fresh, 2, "model A", tmp_path)
+    second.fn = type("NoTracing", (), {"lower": lambda *a: pytest.fail("traced again")})()
+    got, kv2 = second(2.0, True, params, kv, x)
+    assert second.loaded_from_disk == 1
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(kv2), [2.0, 0.0, 0.0])
+    assert kv.is_deleted()  # the KV argument is still donated
+
+
+def test_each_signature_and_identity_gets_its_own_executable(tmp_path):
+    params, kv, x = _args()
+    step = CachedStep(_jitted(), 2, "model A", tmp_path)
+    a, kv = step(2.0, True, params, kv, x)
+    b, kv = step(2.0, False, params, kv, x)                      # another static argument
+    c, kv = step(2.0, False, params, kv, np.ones((4, 2), np.float32))  # another shape
+    assert np.asarray(b).shape == (4,) and np.asarray(c).shape == (4, 2) and float(a) == float(np.asarray(b).sum())
+    other = CachedStep(_jitted(), 2, "model B", tmp_path)        # another model: compiled, not read back
+    other(2.0, True, params, kv, x)
+    assert other.loaded_from_disk == 0 and len(list(tmp_path.glob("*.exe"))) == 4
+
+
+def test_an_unreadable_file_is_compiled_again(tmp_path, capsys):
+    params, kv, x = _args()
+    want, kv = CachedStep(_jitted(), 2, "model A", tmp_path)(2.0, True, params, kv, x)
+    (path,) = tmp_path.glob("*.exe")
+    path.write_bytes(b"not an executable")
+    step = CachedStep(_jitted(), 2, "model A", tmp_path)
+    got, kv = step(2.0, True, params, kv, x)
+    assert float(got) == float(want) and step.loaded_from_disk == 0
+    assert "recompiling a step executable" in capsys.readouterr().err
+    assert CachedStep(_jitted(), 2, "model A", tmp_path)(2.0, True, params, kv, x)[0] == want  # rewritten
+
+
+def test_the_key_follows_the_sources_and_the_trace_time_settings(monkeypatch):
+    before = executable_cache.source_fingerprint()
+    monkeypatch.setenv("EMBER_FUSED_ROPE_DECODE", "0")
+    executable_cache.source_fingerprint.cache_clear()
+    try:
+        assert executable_cache.source_fingerprint() != before
+    finally:
+        monkeypatch.undo()
+        executable_cache.source_fingerprint.cache_clear()
+    assert executable_cache.source_fingerprint() == before
+
+
+def test_the_cpu_backend_and_engines_that_do_not_ask_trace_as_before(tmp_path, monkeypatch):
+    fn = _jitted()
+    monkeypatch.setattr(executable_cache, "cache_directory", lambda: tmp_path)
+    assert executable_cache.cached_step(fn, 2, executable_cache, (), "step") is fn  # the cpu backend
+    monkeypatch.setattr(executable_cache, "KEEP_PLATFORMS", ("cpu",))
+    assert executable_cache.cached_step(fn, 2, executable_cache, None, "step") is fn  # not asked
+    assert isinstance(executable_cache.cached_step(fn, 2, executable_cache, (), "step"), CachedStep)
