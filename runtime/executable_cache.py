@@ -3,25 +3,30 @@
 JAX's persistent compilation cache (model.enable_compilation_cache) is keyed by the lowered program, so even
 when it answers, every step shape is first traced and lowered in Python: on the H200 machine ~1 s per shape
 for the 8B plan (Triton kernels are compiled or read from Triton's cache at lowering), which was 36 s of
-`ember serve`'s 59-65 s warm start; 39 s with the executables kept here (tools/results/h200_serve_startup_7c27db8.json).
+`ember serve`'s 59-65 s warm start; 39 s with the executables kept here
+(tools/results/h200_serve_startup_7c27db8.json).
 
 CachedStep wraps a step function jitted with static arguments and keeps, per call signature, the compiled
-executable: in memory, and serialized under the JAX cache directory (`ember-executables/`) when that cache is
-on (engines with EngineConfig.keep_executables: `ember serve`). The file's name is a digest of everything that decides what tracing would produce, without tracing:
+executable: in memory, and serialized under the JAX cache directory (`ember-executables/`, at most
+MAX_BYTES, least recently used out first) when that cache is on, for engines with
+EngineConfig.keep_executables (`ember serve`). A file's name is a digest of everything that decides what
+tracing would produce, without tracing:
   - the source of Ember's compiler, runtime, specs and generated plans, the plan module being run, and the
     versions of jax, jaxlib and triton (source_fingerprint);
   - every EMBER_* / XLA_* / JAX_* environment variable (the kernels' trace-time switches are EMBER_*);
   - the device kind, the abstract values of the arguments fixed for the executor (weights, KV pools), and
     per call the static arguments and the shapes and dtypes of the other arguments.
 An unreadable or incompatible file is compiled again and rewritten. Without a JAX cache directory, on the CPU
-backend (KEEP_PLATFORMS), or in an engine that does not keep executables, the jitted function is called as it is. What the key cannot see is a
-module patched at run time (tests do that): such engines leave keep_executables off.
+backend (KEEP_PLATFORMS), or in an engine that does not keep executables, the jitted function is called as
+it is. What the key cannot see is a module patched at run time (tests do that): such engines leave
+keep_executables off.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -35,6 +40,7 @@ PACKAGE_PARTS = ("compiler", "runtime", "specs", "generated")  # what a step exe
 KEEP_PLATFORMS = ("gpu", "cuda", "rocm")
 ENV_PREFIXES = ("EMBER_", "XLA_", "JAX_")
 DIRECTORY = "ember-executables"
+MAX_BYTES = 8 << 30  # the directory's bound: the least recently used files go first (an 8B model's: ~83 MB)
 
 
 @lru_cache(maxsize=1)
@@ -107,24 +113,42 @@ class CachedStep:
         path = self._path(key)
         if path.exists():
             try:
-                import pickle
                 payload, in_tree, out_tree = pickle.loads(path.read_bytes())
                 executable = deserialize_and_load(payload, in_tree, out_tree)
                 self.loaded_from_disk += 1
+                os.utime(path)  # recently used: evicted last
                 return executable
             except Exception as error:  # a truncated or foreign file: compiled again below
                 print(f"ember: recompiling a step executable ({type(error).__name__}: {error})", file=sys.stderr)
         executable = self.fn.lower(*args).compile()
         try:
-            import pickle
             blob = pickle.dumps(serialize(executable))
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(f".{os.getpid()}.partial")
             partial.write_bytes(blob)
             partial.replace(path)
+            evict(self.directory, MAX_BYTES)
         except Exception as error:  # the backend cannot serialize it, or the disk is full: memory only
             print(f"ember: step executable not saved ({type(error).__name__}: {error})", file=sys.stderr)
         return executable
+
+
+def evict(directory: Path, max_bytes: int) -> None:
+    """Delete the least recently used executables until the directory holds at most max_bytes (files another
+    process removes meanwhile are skipped)."""
+    files = []
+    for path in directory.glob("*.exe"):
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            continue
+        files.append((stat.st_mtime, stat.st_size, path))
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files):
+        if total <= max_bytes:
+            break
+        path.unlink(missing_ok=True)
+        total -= size
 
 
 def cached_step(fn: Callable, num_static: int, plan_module: Any, fixed: tuple | None, tag: str) -> Callable:

@@ -84,3 +84,17 @@ def test_the_cpu_backend_and_engines_that_do_not_ask_trace_as_before(tmp_path, m
     monkeypatch.setattr(executable_cache, "KEEP_PLATFORMS", ("cpu",))
     assert executable_cache.cached_step(fn, 2, executable_cache, None, "step") is fn  # not asked
     assert isinstance(executable_cache.cached_step(fn, 2, executable_cache, (), "step"), CachedStep)
+
+
+def test_the_directory_keeps_its_most_recently_used_files_within_its_bound(tmp_path):
+    import os
+
+    for age, name in enumerate(("new", "middle", "old")):
+        path = tmp_path / f"{name}.exe"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1_000_000 - age * 10, 1_000_000 - age * 10))
+    (tmp_path / "other.txt").write_bytes(b"y" * 1000)  # not an executable: never counted or removed
+    executable_cache.evict(tmp_path, 250)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["middle.exe", "new.exe", "other.txt"]
+    executable_cache.evict(tmp_path, 1000)
+    assert len(list(tmp_path.glob("*.exe"))) == 2
