@@ -46,6 +46,7 @@ def measure_startup(model: str, target: str, tokenizer_dir: str | None, engine: 
     engine of the same config loads them instead of compiling them again."""
     import jax
 
+    from ..runtime.executable_cache import DIRECTORY
     from ..runtime.model import enable_compilation_cache
 
     enable_compilation_cache()
@@ -59,7 +60,7 @@ def measure_startup(model: str, target: str, tokenizer_dir: str | None, engine: 
         warm = run_child(cmd, dict(env), timeout())
         shared = jax.config.jax_compilation_cache_dir
         if shared:
-            shutil.copytree(fresh, shared, dirs_exist_ok=True, ignore=shutil.ignore_patterns("triton"))
+            shutil.copytree(fresh, shared, dirs_exist_ok=True, ignore=shutil.ignore_patterns("triton", DIRECTORY))
     finally:
         shutil.rmtree(fresh, ignore_errors=True)
     return {"engine": engine, "cold": cold, "warm": warm, "cold_compile_s": cold.get("precompile_s"),

@@ -11,8 +11,9 @@ Per model (random weights at real shapes, `synthetic:<shape>[-<format>]`, or any
   (output tok/s, TTFT p50/p99). A second engine sized for the largest c; every step shape precompiled.
 - ttft: TTFT p50/p99 at 32 concurrent (the concurrency run's, when it ran 32).
 - startup: cold compile (a fresh process, empty JAX and Triton caches: load + precompile every step shape of
-  the concurrency engine) and warm start (another fresh process, the cache filled: launch to ready). Runs
-  first, and its compiled plans are copied into this process's cache, so the concurrency engine loads them.
+  the concurrency engine, keeping its executables as `ember serve` does) and warm start (another fresh
+  process, the caches filled: launch to ready). Runs first, and its compiled plans are copied into this
+  process's cache, so the concurrency engine loads them.
 - hf: HF transformers on the same shape (bf16, static cache + torch.compile; tools/bench_hf.py in a
   subprocess, which needs torch), batch 1 and 32; ratios ember/HF (same workload) in the report.
 Every decode figure (HF's too) also gets its bandwidth roofline: rate ÷ (rows × bandwidth ÷ bytes read per
@@ -337,8 +338,9 @@ class Suite:
     def run_startup(self, out: dict, name: str) -> None:
         from .bench_processes import measure_startup
 
-        out.update(measure_startup(name, self.target, self.tokenizer_dir, dataclasses.asdict(self.batch_config()),
-                                   self.remaining_timeout))
+        # the engine as `ember serve` builds it: keeping its step executables (runtime/executable_cache.py)
+        engine = dict(dataclasses.asdict(self.batch_config()), keep_executables=True)
+        out.update(measure_startup(name, self.target, self.tokenizer_dir, engine, self.remaining_timeout))
 
     def run_hf(self, out: dict, shape: str) -> None:
         from .bench_processes import measure_hf
