@@ -199,7 +199,7 @@ def load_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved: Res
         return build(name, None) if name is not None else {n: build(n, layer) for n in manifest["layer_weights"]}
 
     globals_, per_layer = {}, []
-    for (name, layer), value in zip(parts, prefetched(build_part, parts, LOAD_WORKERS)):
+    for (name, _), value in zip(parts, prefetched(build_part, parts, LOAD_WORKERS)):
         if name is not None:
             globals_[name] = place(name, value)
         else:

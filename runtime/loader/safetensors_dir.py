@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,8 @@ class HFCheckpoint:
     # tensor name -> (shard header, entry); shard path -> memory map (opened on first load)
     _locations: dict[str, tuple[SafetensorsHeader, SafetensorsEntry]] = field(repr=False, compare=False, default_factory=dict)
     _maps: dict[Path, mmap.mmap] = field(repr=False, compare=False, default_factory=dict)
+    # the loader reads tensors from several threads (runtime/weights.py prefetched): one map per shard
+    _maps_lock: threading.Lock = field(repr=False, compare=False, default_factory=threading.Lock)
 
     def tensor_shape(self, name: str) -> tuple[int, ...]:
         """A tensor's shape from the header, without reading its data."""
@@ -211,6 +214,10 @@ class HFCheckpoint:
         self._maps.clear()
 
     def _map(self, header: SafetensorsHeader) -> mmap.mmap:
+        with self._maps_lock:
+            return self._map_locked(header)
+
+    def _map_locked(self, header: SafetensorsHeader) -> mmap.mmap:
         mapped = self._maps.get(header.path)
         if mapped is None:
             try:
