@@ -151,14 +151,21 @@ def evict(directory: Path, max_bytes: int) -> None:
         total -= size
 
 
-def cached_step(fn: Callable, num_static: int, plan_module: Any, fixed: tuple | None, tag: str) -> Callable:
-    """CachedStep for an executor's step function: identity from `tag` (what the function closes over, e.g.
-    the steps of a run-ahead call), the plan module's source, the device and the fixed arguments' abstract
-    values. fixed None (the engine does not keep executables) or no JAX cache directory: fn itself."""
+def executor_identity(plan_module: Any, fixed: tuple) -> str | None:
+    """What an executor's executables depend on besides the sources and the call: the plan module's source, the
+    device, and the abstract values of the arguments fixed for its life (weights, KV pools). None where
+    executables are not kept: no JAX cache directory, or a backend outside KEEP_PLATFORMS."""
     device = jax.devices()[0]
-    if fixed is None or cache_directory() is None or device.platform not in KEEP_PLATFORMS:
-        return fn
+    if cache_directory() is None or device.platform not in KEEP_PLATFORMS:
+        return None
     source = Path(plan_module.__file__).read_bytes() if getattr(plan_module, "__file__", None) else b""
-    identity = "|".join([tag, hashlib.sha256(source).hexdigest(), device.platform, str(device.device_kind),
-                         abstract_digest(*fixed)])
-    return CachedStep(fn, num_static, identity, cache_directory())
+    return "|".join([hashlib.sha256(source).hexdigest(), device.platform, str(device.device_kind),
+                     abstract_digest(*fixed)])
+
+
+def cached_step(fn: Callable, num_static: int, identity: str | None, tag: str) -> Callable:
+    """CachedStep for one of an executor's step functions (identity: executor_identity's; tag: what the
+    function closes over, e.g. the steps of a run-ahead call); fn itself where identity is None."""
+    if identity is None:
+        return fn
+    return CachedStep(fn, num_static, f"{tag}|{identity}", cache_directory())

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from ..compiler.targets import get_target
-from .executable_cache import cached_step
+from .executable_cache import cached_step, executor_identity
 from .engine_step import (carry_from_step, collect_multi_step, collect_step, launch_multi_step, launch_step,
                           make_multi_step_fn, make_step_fn, no_carry, run_multi_step, run_step)
 from .model import Model
@@ -52,13 +52,13 @@ class StepExecutor:
         self.kv = model.new_kv(engine_pool_blocks(model.paged_kinds, config), config.block_size)
         # the step functions' executables are also kept on disk (runtime/executable_cache.py): a warm start
         # neither traces nor lowers them
-        keep = (model.params, self.kv) if config.keep_executables else None
-        self.step_fn = cached_step(make_step_fn(plan.module.forward), 4, plan.module, keep, "step")
+        identity = executor_identity(plan.module, (model.params, self.kv)) if config.keep_executables else None
+        self.step_fn = cached_step(make_step_fn(plan.module.forward), 4, identity, "step")
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/lookahead.py
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
         self.decode_steps = 1 if self.deterministic else max(1, steps)
-        self.multi_step_fn = (cached_step(make_multi_step_fn(plan.module.forward, self.decode_steps), 4, plan.module,
-                                          keep, f"run-ahead {self.decode_steps}")
+        self.multi_step_fn = (cached_step(make_multi_step_fn(plan.module.forward, self.decode_steps), 4, identity,
+                                          f"run-ahead {self.decode_steps}")
                               if self.decode_steps > 1 else None)
         self.num_kinds = len(model.paged_kinds)
         self.vocab = int(model.dims.vocab)

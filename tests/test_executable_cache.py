@@ -80,10 +80,11 @@ def test_the_key_follows_the_sources_and_the_trace_time_settings(monkeypatch):
 def test_the_cpu_backend_and_engines_that_do_not_ask_trace_as_before(tmp_path, monkeypatch):
     fn = _jitted()
     monkeypatch.setattr(executable_cache, "cache_directory", lambda: tmp_path)
-    assert executable_cache.cached_step(fn, 2, executable_cache, (), "step") is fn  # the cpu backend
+    identity = lambda: executable_cache.executor_identity(executable_cache, ())  # noqa: E731
+    assert executable_cache.cached_step(fn, 2, identity(), "step") is fn  # the cpu backend
     monkeypatch.setattr(executable_cache, "KEEP_PLATFORMS", ("cpu",))
-    assert executable_cache.cached_step(fn, 2, executable_cache, None, "step") is fn  # not asked
-    assert isinstance(executable_cache.cached_step(fn, 2, executable_cache, (), "step"), CachedStep)
+    assert executable_cache.cached_step(fn, 2, None, "step") is fn  # not asked
+    assert isinstance(executable_cache.cached_step(fn, 2, identity(), "step"), CachedStep)
 
 
 def test_the_directory_keeps_its_most_recently_used_files_within_its_bound(tmp_path):

@@ -32,7 +32,9 @@
 #   python3.12 -m pip download --no-deps gguf llguidance -d .whl      wheels the device image lacks
 #   (serve-startup also needs sanic's: python3.12 -m pip download --no-deps --only-binary=:all: --python-version 3.12
 #    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl sanic==25.12.1
-#    sanic-routing==23.12.0 tracerite==2.6.5 html5tagger==2.0.0 httptools==0.9.0 websockets==17.4 ujson)
+#    sanic-routing==23.12.0 tracerite==2.6.5 html5tagger==2.0.0 httptools==0.9.0 websockets==17.4 ujson aiofiles
+#    "multidict<7" uvloop "jsonschema>=4.20" jsonschema-specifications referencing rpds-py attrs prometheus-client,
+#    with --platform manylinux2014_x86_64 added: the server's imports the image lacks)
 #   python -m ember.tools.make_bench_tokenizer .gpu/tok               the synthetic models' stand-in tokenizer
 #   the GGUF files (llamacpp, serve-startup) need a BPE tokenizer.json: the default model's, written by
 #   python -c "from ember.runtime.checkpoint import open_checkpoint as o; from ember.runtime.prompting import \

@@ -183,7 +183,6 @@ def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, b
     from ..triton_launch import triton_call
 
     from .decode_kernel import KERNELS
-
     from .rope_write import STYLES
 
     config = config or DecodeAttentionConfig()
