@@ -182,3 +182,42 @@ def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(monke
     np.testing.assert_array_equal(got_v, want_v)
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
     assert np.mean(got == want) > 0.9, np.mean(got == want)
+
+
+@pytest.mark.parametrize("order", [None, "q4_k", "q6_k"])
+@pytest.mark.parametrize("heads, ctx", [((12, 2), [129]), ((32, 8), [4096, 17, 1, 900])])
+def test_the_last_split_combining_matches_the_combine_launch(monkeypatch, order, heads, ctx):
+    """The default decode attention (RoPE, the partials and, by the last split of each row / KV head, their
+    combine in one launch) against EMBER_LAST_SPLIT_COMBINES=0 (the combine as its own launch): the output
+    rows, the int8 activations and the pools bit-equal, over 5 calls in a row (a counter the last program
+    failed to reset would let no program combine on the next call, leaving stale rows)."""
+    from ember.compiler.ops.attention_gpu import decode
+    from ember.compiler.ops.rope import inv_frequencies
+
+    hq, hkv = heads
+    _, pools, tables = device_case(11, hq, hkv, 128, 16, ctx, jnp.bfloat16)
+    tables = jnp.pad(jnp.asarray(tables), ((0, 0), (0, 1024 - tables.shape[1])))  # wide: split partials
+    lens = jnp.asarray(ctx, jnp.int32)
+    slots = tables[jnp.arange(len(ctx)), (lens - 1) // 16] * 16 + (lens - 1) % 16
+    inv_freq = jnp.asarray(inv_frequencies(theta=1e6, head_dim=128))
+    rng = np.random.default_rng(3)
+    calls = [[jnp.asarray(rng.standard_normal((len(ctx), heads, 128)), jnp.bfloat16) for heads in (hq, hkv, hkv)]
+             for _ in range(5)]
+
+    def run(flag):  # the switch is read at trace time: one trace each
+        monkeypatch.setenv(decode.LAST_SPLIT_COMBINES_ENV, flag)
+        step = jax.jit(functools.partial(decode.rope_decode_attention, style="neox", scale=0.1,
+                                         activations_for=order))
+        outs, k_pool, v_pool = [], *pools
+        for q, k, v in calls:
+            out, acts, k_pool, v_pool = step(q, k, v, lens - 1, inv_freq, slots, k_pool, v_pool, tables, lens,
+                                             jnp.int32(0))
+            outs.append([np.asarray(a.astype(jnp.float32)) for a in (out, *(acts or ()))])
+        return outs, [np.asarray(p.astype(jnp.float32)) for p in (k_pool, v_pool)]
+
+    (got, got_pools), (want, want_pools) = run("1"), run("0")
+    for got_call, want_call in zip(got, want):
+        for a, b in zip(got_call, want_call, strict=True):
+            np.testing.assert_array_equal(a, b)
+    for a, b in zip(got_pools, want_pools):
+        np.testing.assert_array_equal(a, b)

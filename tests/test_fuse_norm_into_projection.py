@@ -113,7 +113,7 @@ def test_h200_default_plans_tell_the_attention_its_output_projection(spec):
 
 @pytest.mark.parametrize("order, fused", [("q4_k", True), ("q6_k", True), ("q4_k", False)])
 def test_decode_attention_writes_the_output_projections_int8_activations(monkeypatch, order, fused):
-    """1.5B shape at batch 1 in a wide table (65 splits): by default the combine kernel also writes the o
+    """1.5B shape at batch 1 in a wide table (65 splits): by default the attention's combine also writes the o
     projection's int8 activations in its packing, and the GEMV follows with no quantizer launch; with
     EMBER_FUSED_ATTN_QUANT=0 the combine writes the rows and the quantizer runs before the GEMV."""
     from ember.compiler.batch import StepBatch
@@ -144,5 +144,6 @@ def test_decode_attention_writes_the_output_projections_int8_activations(monkeyp
     with linear_quant.use_quant_backend("triton"):
         text = jax.jit(step).trace(q, k, v, pool, w).lower(lowering_platforms=("cuda",)).as_text()
     names = [line.split('name = "')[1].split('"')[0] for line in text.splitlines() if XLA_TRITON_TARGET in line]
-    merge = ["paged_decode_combine_quant_kernel"] if fused else ["paged_decode_combine_kernel", "quantize_rows_kernel"]
-    assert names == ["paged_decode_rope_partials_kernel", *merge, "dp4a_gemv_kernel"]  # RoPE inside the partials
+    # RoPE, the partials and their combine in one launch (decode.rope_decode_attention)
+    quantizer = [] if fused else ["quantize_rows_kernel"]
+    assert names == ["paged_decode_rope_attention_kernel", *quantizer, "dp4a_gemv_kernel"]

@@ -217,6 +217,59 @@ def _check_rope_partials(case: dict, style: str, dtype, splits: int) -> tuple[bo
         f"rel_err={err:.1e} pools equal={pools_equal} own token unwritten rel_err={own_err:.1e}")
 
 
+def _check_rope_attention(case: dict, order: str | None, splits: int) -> tuple[bool, str]:
+    """paged_decode_rope_attention_kernel (the combine inside, by the last split of each row / KV head) against
+    rope_partials then the combine (+ int8) kernel: output rows, int8 words, (dx, sx, s0, s1) and both pools
+    bit-equal, every counter back at 0."""
+    import ml_dtypes
+
+    from ember.compiler.ops.attention_gpu.decode import combine_meta, decode_launch_plan
+    from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
+    from ember.compiler.ops.rope import inv_frequencies
+
+    dtype = ml_dtypes.bfloat16
+    rng = np.random.default_rng(splits)
+    batch, hq, dh = case["q"].shape
+    _, block_size, hkv, _ = case["k_pool"].shape
+    q, k, v = (rng.standard_normal((batch, heads, dh)).astype(dtype) for heads in (hq, hkv, hkv))
+    pos = (case["ctx"] - 1).astype(np.int32)
+    slots = (case["tables"][np.arange(batch), pos // block_size] * block_size + pos % block_size).astype(np.int32)
+    inv_freq = inv_frequencies(theta=1e6, head_dim=dh).astype(np.float32)
+    plan = decode_launch_plan(batch, hq, hkv, dh, block_size, case["tables"].shape[1], dot_fp32=False,
+                              scale=1.0 / math.sqrt(dh), splits=splits)
+    meta = combine_meta(plan["meta"], splits)
+    g = hq // hkv
+    inputs = lambda pools: [_buffer(q), _buffer(k), _buffer(v), _buffer(inv_freq), _buffer(slots), *pools,
+                            _buffer(case["tables"]), _buffer(case["ctx"]), _buffer(pos),
+                            _buffer(np.asarray([case["window"]], np.int32))]
+    partials = lambda: [_buffer(np.full(shape, np.nan, np.float32)) for shape in (
+        (batch, hkv, splits, g, dh), (batch, hkv, splits, g), (batch, hkv, splits, g))]
+    quant = order is not None
+    rows = (batch, hq * dh) if quant else (1, 32)
+    outputs = lambda: [_buffer(np.full((batch, hq, dh), np.nan, dtype)), _buffer(np.zeros((rows[0], rows[1] // 4), np.int32)),
+                       _buffer(np.full((rows[0], rows[1] // 32, 4), np.nan, np.float32))]
+    pools_two = [_buffer(case[name].astype(dtype)) for name in ("k_pool", "v_pool")]
+    parts, want = partials(), outputs()
+    KERNELS["rope_partials"][plan["grid"]](*inputs(pools_two), *parts, *pools_two, INTERLEAVED=False,
+                                           WRITE_KV=True, **plan["meta"])
+    if quant:
+        KERNELS["combine_quant"][(batch, hq)](*parts, *want, Q6=order == "q6_k", ASM=False, **meta)
+    else:
+        KERNELS["combine"][(batch, hq)](*parts, want[0], **meta)
+    pools_one = [_buffer(case[name].astype(dtype)) for name in ("k_pool", "v_pool")]
+    count, got = _buffer(np.zeros(batch * hkv, np.int32)), outputs()
+    KERNELS["rope_attention"][plan["grid"]](*inputs(pools_one), count, *partials(), *got, *pools_one,
+                                            INTERLEAVED=False, WRITE_KV=True, QUANT=quant, Q6=order == "q6_k",
+                                            ASM=False, **{**plan["meta"], **meta})
+    same = lambda a, b: np.array_equal(a.array.astype(np.float32), b.array.astype(np.float32))
+    rows_equal = same(got[0], want[0])
+    acts_equal = not quant or (same(got[1], want[1]) and same(got[2], want[2]))
+    pools_equal = all(same(a, b) for a, b in zip(pools_one, pools_two))
+    reset = not count.array.any()
+    return not (rows_equal and acts_equal and pools_equal and reset), (
+        f"rows equal={rows_equal} int8 equal={acts_equal} pools equal={pools_equal} counters reset={reset}")
+
+
 def interpret() -> int:
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
     from ember.tools.check_quant_kernels import patch_interpreter
@@ -269,6 +322,13 @@ def interpret() -> int:
         checks += 1
         print(f"{'BAD' if bad else 'ok '} RoPE + write + partials hq={hq:<2} hkv={hkv} dh={dh:<3} {style:11} "
               f"{dtype_name:8} splits={splits} {note}", flush=True)
+    for (hq, hkv, dh), order, splits in (((12, 2, 128), "q4_k", 5), ((8, 1, 64), "q6_k", 3), ((4, 2, 64), None, 8)):
+        case = make_case(rng, hq, hkv, dh, 16, 0, max_ctx=200, padding_row=True)
+        bad, note = _check_rope_attention(case, order, splits)
+        failures += bad
+        checks += 1
+        print(f"{'BAD' if bad else 'ok '} RoPE + partials + last-split combine hq={hq:<2} hkv={hkv} dh={dh:<3} "
+              f"{order or 'bf16 rows'} splits={splits} {note}", flush=True)
     print(f"{checks - failures}/{checks} passed")
     return 1 if failures else 0
 
@@ -300,8 +360,9 @@ def compile_all() -> int:
     for model, heads in COMPILE_HEADS.items():  # the default launch config at every shape and dtype
         for dtype in ("bf16", "fp32"):
             for block_size in (16, 32):
-                for kind in ("single", "partials", "combine", "combine_quant", "rope_partials"):
-                    if kind in ("combine_quant", "rope_partials") and (dtype != "bf16" or heads[2] & (heads[2] - 1)):
+                for kind in ("single", "partials", "combine", "combine_quant", "rope_partials", "rope_attention"):
+                    if kind in ("combine_quant", "rope_partials", "rope_attention") and (
+                            dtype != "bf16" or heads[2] & (heads[2] - 1)):
                         continue  # bf16 rows of power-of-two heads (the int8 activations; RoPE's pairs)
                     failures += _compile_one(model, heads, dtype, block_size, kind, DecodeAttentionConfig())
     for config in SWEEP_CONFIGS:  # what tools/bench_attention.py --sweep launches
@@ -330,6 +391,11 @@ def _compile_one(model: str, heads: tuple[int, int, int], dtype: str, block_size
         types = ["*" + dtype] * 3 + ["*fp32", "*i32"] + ["*" + dtype] * 2 + ["*i32"] * 4 + ["*fp32"] * 3 + \
             ["*" + dtype] * 2
         plan["meta"] = {**plan["meta"], "INTERLEAVED": False, "WRITE_KV": True}
+    elif kind == "rope_attention":  # ... + counters -> partials, out, qa, da (Q6_K order), pools
+        types = ["*" + dtype] * 3 + ["*fp32", "*i32"] + ["*" + dtype] * 2 + ["*i32"] * 5 + ["*fp32"] * 3 + \
+            ["*" + dtype, "*i32", "*fp32"] + ["*" + dtype] * 2
+        plan["meta"] = {**plan["meta"], **combine_meta(plan["meta"], plan["splits"]), "INTERLEAVED": False,
+                        "WRITE_KV": True, "QUANT": True, "Q6": True, "ASM": True}
     else:
         outs = [dtype] if kind == "single" else ["fp32"] * 3
         types = ["*" + dtype] * 3 + ["*i32"] * 4 + ["*" + t for t in outs]

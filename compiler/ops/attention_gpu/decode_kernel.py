@@ -59,6 +59,10 @@ weight times v_own is added after it (a [G] weight carried through the loop), so
 kernel's registers (114 vs 96 at 12/2 x 128; compile stats: check_attention_kernels.py compile). It relies on
 batch.py's contract that decode rows belong to different sequences: no row reads a token another row of
 the same launch writes.
+paged_decode_rope_attention_kernel (the default where rope_partials applies; EMBER_LAST_SPLIT_COMBINES=0
+keeps the combine launch) is that kernel with the combine inside: the last split program of each (row,
+KV head) to finish merges the group's heads (../triton_handoff.py), so a decode layer's attention is one
+launch (decode_combine_kernel.py holds the merge).
 """
 
 from __future__ import annotations
@@ -66,7 +70,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..quant.triton_act_quant import packed_order, quantize_store
+from ..triton_handoff import last_arrival
+from .decode_combine_kernel import (combine_quant_store, combine_store, paged_decode_combine_kernel,
+                                    paged_decode_combine_quant_kernel)
 
 
 @triton.jit
@@ -213,13 +219,11 @@ def _rotated(src_ptr, rows, ok, d, c, s, DH: tl.constexpr, INTERLEAVED: tl.const
 
 
 @triton.jit
-def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, k_pool_in, v_pool_in,
-                                      table_ptr, ctx_ptr, pos_ptr, window_ptr, acc_ptr, m_ptr, l_ptr,
-                                      k_ptr, v_ptr, QK_SCALE: tl.constexpr,
-                                      HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-                                      DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
-                                      BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
-                                      INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr = True):
+def _rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr,
+                   acc_ptr, m_ptr, l_ptr, k_ptr, v_ptr, b, h, split, QK_SCALE: tl.constexpr, HQ: tl.constexpr,
+                   HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr,
+                   BS: tl.constexpr, W: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                   DOT_FP32: tl.constexpr, INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr):
     # rope_write_kernel and paged_decode_partials_kernel in one launch, for steps whose rows all decode: q, k_new,
     # v_new [B, HQ | HKV, DH] unrotated (the projection's); inv_freq [DH / 2] fp32; slots [B] where the step's K/V
     # goes; k_pool_in / v_pool_in and k_ptr / v_ptr the same pools (aliased: written in place). Program
@@ -231,9 +235,6 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
     # own token's score and weighted value are summed outside the tensor-core dots; see _attend_tile).
     # WRITE_KV=False leaves the pools alone (the interpreter check: the own token must come from registers,
     # which a sequential interpreter, running split 0 first, would not otherwise show).
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    split = tl.program_id(2)
     d = tl.arange(0, DH)
     if INTERLEAVED:
         pair = d // 2
@@ -269,6 +270,49 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
 
 
 @triton.jit
+def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, k_pool_in, v_pool_in,
+                                      table_ptr, ctx_ptr, pos_ptr, window_ptr, acc_ptr, m_ptr, l_ptr,
+                                      k_ptr, v_ptr, QK_SCALE: tl.constexpr,
+                                      HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
+                                      DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
+                                      BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
+                                      INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr = True):
+    # _rope_partials, one program per (row, KV head, split)
+    _rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr,
+                   acc_ptr, m_ptr, l_ptr, k_ptr, v_ptr, tl.program_id(0), tl.program_id(1), tl.program_id(2),
+                   QK_SCALE, HQ, HKV, G, G_PAD, DH, DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32, INTERLEAVED, WRITE_KV)
+
+
+@triton.jit
+def paged_decode_rope_attention_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, k_pool_in, v_pool_in,
+                                       table_ptr, ctx_ptr, pos_ptr, window_ptr, count_ptr, acc_ptr, m_ptr, l_ptr,
+                                       out_ptr, qa_ptr, da_ptr, k_ptr, v_ptr, QK_SCALE: tl.constexpr,
+                                       HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
+                                       DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
+                                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
+                                       INTERLEAVED: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr,
+                                       QUANT: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr,
+                                       WRITE_KV: tl.constexpr = True):
+    # the RoPE-fused partials AND their combine in one launch: the last of a (row, KV head)'s SPLITS programs to
+    # store its partials (triton_handoff.last_arrival on counter b * HKV + h of count_ptr, [B * HKV] int32 zeros)
+    # merges its G query heads -> out [B, HQ, DH] (and, when QUANT, qa / da as the combine + int8 kernel's).
+    # Bit-equal to the two launches: the same partials, merged by the same code in the same order.
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    _rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr,
+                   acc_ptr, m_ptr, l_ptr, k_ptr, v_ptr, b, h, tl.program_id(2), QK_SCALE, HQ, HKV, G, G_PAD, DH,
+                   DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32, INTERLEAVED, WRITE_KV)
+    if last_arrival(count_ptr, b * HKV + h, SPLITS):
+        for i in range(G):
+            if QUANT:
+                combine_quant_store(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, b, h * G + i, HQ, HKV, G, DH,
+                                    SPLITS, SPLITS_PAD, CHUNK, Q6, ASM, ".cg")
+            else:
+                combine_store(acc_ptr, m_ptr, l_ptr, out_ptr, b, h * G + i, HQ, HKV, G, DH, DH_PAD, SPLITS,
+                              SPLITS_PAD, CHUNK, ".cg")
+
+
+@triton.jit
 def paged_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, out_ptr,
                         QK_SCALE: tl.constexpr,
                         HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
@@ -286,75 +330,6 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window
     tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(g[:, None] < G) & (d[None, :] < DH))
 
 
-@triton.jit
-def _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV: tl.constexpr, G: tl.constexpr, DH: tl.constexpr,
-                  SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr):
-    """Query head `head` of row b merged over its splits, at the head's elements `d` (any order; >= DH: 0):
-    decode.combine_partials' formula, with M = max_s m_s, sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s
-    (0 where nothing was visible). Only splits up to the last non-empty one are read (a short row in a wide
-    table fills a few of its SPLITS), CHUNK of them per tile, so a long row's 64 splits cost a few dependent
-    loads, not 64."""
-    base = ((b * HKV + head // G) * SPLITS) * G + head % G  # partial row of split 0; split s: + s * G
-    s = tl.arange(0, SPLITS_PAD)
-    m_all = tl.load(m_ptr + base + s * G, mask=s < SPLITS, other=float("-inf"))  # [SPLITS_PAD]
-    m_max = tl.max(m_all, axis=0)
-    m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty: every weight is 0
-    used = tl.max(tl.where(m_all > float("-inf"), s + 1, 0), axis=0)
-    c = tl.arange(0, CHUNK)
-    num = tl.zeros(d.shape, tl.float32)
-    den = tl.zeros([1], tl.float32)
-    for first in range(0, used, CHUNK):
-        split = first + c  # [CHUNK]
-        ok = split < used
-        row = base + split * G
-        weight = tl.exp2(tl.load(m_ptr + row, mask=ok, other=float("-inf")) - m_ref)  # empty split: 0
-        den += tl.sum(weight * tl.load(l_ptr + row, mask=ok, other=0.0), axis=0)
-        part = tl.load(acc_ptr + row[:, None] * DH + d[None, :], mask=ok[:, None] & (d[None, :] < DH), other=0.0)
-        num += tl.sum(weight[:, None] * part, axis=0)
-    return num / tl.where(den > 0.0, den, 1.0)
-
-
-@triton.jit
-def paged_decode_combine_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, HQ: tl.constexpr, HKV: tl.constexpr,
-                                G: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr, SPLITS: tl.constexpr,
-                                SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr):
-    # acc [B, HKV, SPLITS, G, DH], m, l [B, HKV, SPLITS, G] fp32 (the partials kernel's) -> out [B, HQ, DH] in
-    # out's dtype; one program per (row, query head)
-    b = tl.program_id(0)
-    head = tl.program_id(1)
-    d = tl.arange(0, DH_PAD)
-    out = _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV, G, DH, SPLITS, SPLITS_PAD, CHUNK)
-    tl.store(out_ptr + (b * HQ + head) * DH + d, out.to(out_ptr.dtype.element_ty), mask=d < DH)
-
-
-@triton.jit
-def paged_decode_combine_quant_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, HQ: tl.constexpr,
-                                      HKV: tl.constexpr, G: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr,
-                                      SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr,
-                                      Q6: tl.constexpr, ASM: tl.constexpr):
-    # the same merge, and the output row [B, HQ * DH] also as the int8 activations of the projection reading it
-    # (triton_act_quant's: qa int32 [B, HQ * DH / 4], da fp32 [B, HQ * DH / 32, 4] packed for Q4_K, or Q6_K
-    # when Q6). DH is a power of two >= 32 (so DH_PAD == DH), each 32-block lying in one head. The head's
-    # elements are taken in the packed order (packed_order's e3 within each block): the merged values are then
-    # already the [DH / 32, 4, 8] tile the quantizer takes, rounded to out's dtype first as the separate
-    # quantizer would read them.
-    b = tl.program_id(0)
-    head = tl.program_id(1)
-    f = tl.arange(0, DH)  # position in the packed tile [DH / 32, 4 (byte j), 8 (word w)]
-    j, w = (f % 32) // 8, f % 8
-    if Q6:
-        d = (f // 32) * 32 + 16 * (w // 4) + 4 * j + w % 4
-    else:
-        d = f  # Q4_K's packing keeps each block's element order
-    out = _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV, G, DH, SPLITS, SPLITS_PAD, CHUNK)
-    out = out.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + (b * HQ + head) * DH + d, out)
-    j3, e3 = packed_order(Q6)
-    blocks = head * (DH // 32) + tl.arange(0, DH // 32)
-    quantize_store(tl.reshape(out.to(tl.float32), [DH // 32, 4, 8]), qa_ptr, da_ptr, b, blocks, blocks >= 0,
-                   j3, e3, HQ * DH, ASM)
-
-
 KERNELS = {"partials": paged_decode_partials_kernel, "rope_partials": paged_decode_rope_partials_kernel,
-           "single": paged_decode_kernel,
+           "rope_attention": paged_decode_rope_attention_kernel, "single": paged_decode_kernel,
            "combine": paged_decode_combine_kernel, "combine_quant": paged_decode_combine_quant_kernel}

@@ -1,0 +1,100 @@
+"""Triton kernels: the split-K decode attention's combine (flash-decoding's second pass).
+
+Split s of a row / KV head wrote acc_s [G, dh] unnormalized, m_s, l_s [G] (decode_kernel.py); query head
+`head` of row b is merged as sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s with M = max_s m_s
+(decode.combine_partials is the same merge in jnp). `combine_store` / `combine_quant_store` merge one head and
+store it; the combine kernels run them one program per (row, query head), and the fused decode attention
+(decode_kernel.paged_decode_rope_attention_kernel) runs them in the last split program of each KV head.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..quant.triton_act_quant import packed_order, quantize_store
+
+
+@triton.jit
+def _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV: tl.constexpr, G: tl.constexpr, DH: tl.constexpr,
+                  SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr, CACHE: tl.constexpr):
+    """Query head `head` of row b merged over its splits, at the head's elements `d` (any order; >= DH: 0):
+    decode.combine_partials' formula, with M = max_s m_s, sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s
+    (0 where nothing was visible). Only splits up to the last non-empty one are read (a short row in a wide
+    table fills a few of its SPLITS), CHUNK of them per tile, so a long row's 64 splits cost a few dependent
+    loads, not 64. CACHE: the partials' loads' cache modifier (".cg" where this launch wrote them: L2 only)."""
+    base = ((b * HKV + head // G) * SPLITS) * G + head % G  # partial row of split 0; split s: + s * G
+    s = tl.arange(0, SPLITS_PAD)
+    m_all = tl.load(m_ptr + base + s * G, mask=s < SPLITS, other=float("-inf"), cache_modifier=CACHE)  # [SPLITS_PAD]
+    m_max = tl.max(m_all, axis=0)
+    m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty: every weight is 0
+    used = tl.max(tl.where(m_all > float("-inf"), s + 1, 0), axis=0)
+    c = tl.arange(0, CHUNK)
+    num = tl.zeros(d.shape, tl.float32)
+    den = tl.zeros([1], tl.float32)
+    for first in range(0, used, CHUNK):
+        split = first + c  # [CHUNK]
+        ok = split < used
+        row = base + split * G
+        weight = tl.exp2(tl.load(m_ptr + row, mask=ok, other=float("-inf"), cache_modifier=CACHE) - m_ref)  # empty split: 0
+        den += tl.sum(weight * tl.load(l_ptr + row, mask=ok, other=0.0, cache_modifier=CACHE), axis=0)
+        part = tl.load(acc_ptr + row[:, None] * DH + d[None, :], mask=ok[:, None] & (d[None, :] < DH), other=0.0,
+                       cache_modifier=CACHE)
+        num += tl.sum(weight[:, None] * part, axis=0)
+    return num / tl.where(den > 0.0, den, 1.0)
+
+
+@triton.jit
+def combine_store(acc_ptr, m_ptr, l_ptr, out_ptr, b, head, HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr,
+                  DH: tl.constexpr, DH_PAD: tl.constexpr, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                  CHUNK: tl.constexpr, CACHE: tl.constexpr):
+    """Query head `head` of row b merged -> out[b, head] in out's dtype."""
+    d = tl.arange(0, DH_PAD)
+    out = _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV, G, DH, SPLITS, SPLITS_PAD, CHUNK, CACHE)
+    tl.store(out_ptr + (b * HQ + head) * DH + d, out.to(out_ptr.dtype.element_ty), mask=d < DH)
+
+
+@triton.jit
+def combine_quant_store(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, b, head, HQ: tl.constexpr,
+                        HKV: tl.constexpr, G: tl.constexpr, DH: tl.constexpr, SPLITS: tl.constexpr,
+                        SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr,
+                        CACHE: tl.constexpr):
+    """combine_store, and the head's DH / 32 blocks of the output row [B, HQ * DH] also as the int8 activations
+    of the projection reading it (triton_act_quant's: qa int32 [B, HQ * DH / 4], da fp32 [B, HQ * DH / 32, 4]
+    packed for Q4_K, or Q6_K when Q6). DH is a power of two >= 32, each 32-block lying in one head. The head's
+    elements are taken in the packed order (packed_order's e3 within each block): the merged values are then
+    already the [DH / 32, 4, 8] tile the quantizer takes, rounded to out's dtype first as the separate
+    quantizer would read them."""
+    f = tl.arange(0, DH)  # position in the packed tile [DH / 32, 4 (byte j), 8 (word w)]
+    j, w = (f % 32) // 8, f % 8
+    if Q6:
+        d = (f // 32) * 32 + 16 * (w // 4) + 4 * j + w % 4
+    else:
+        d = f  # Q4_K's packing keeps each block's element order
+    out = _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV, G, DH, SPLITS, SPLITS_PAD, CHUNK, CACHE)
+    out = out.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + (b * HQ + head) * DH + d, out)
+    j3, e3 = packed_order(Q6)
+    blocks = head * (DH // 32) + tl.arange(0, DH // 32)
+    quantize_store(tl.reshape(out.to(tl.float32), [DH // 32, 4, 8]), qa_ptr, da_ptr, b, blocks, blocks >= 0,
+                   j3, e3, HQ * DH, ASM)
+
+
+@triton.jit
+def paged_decode_combine_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, HQ: tl.constexpr, HKV: tl.constexpr,
+                                G: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr, SPLITS: tl.constexpr,
+                                SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr):
+    # acc [B, HKV, SPLITS, G, DH], m, l [B, HKV, SPLITS, G] fp32 (the partials kernel's) -> out [B, HQ, DH] in
+    # out's dtype; one program per (row, query head)
+    combine_store(acc_ptr, m_ptr, l_ptr, out_ptr, tl.program_id(0), tl.program_id(1), HQ, HKV, G, DH, DH_PAD,
+                  SPLITS, SPLITS_PAD, CHUNK, "")
+
+
+@triton.jit
+def paged_decode_combine_quant_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, HQ: tl.constexpr,
+                                      HKV: tl.constexpr, G: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr,
+                                      SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr,
+                                      Q6: tl.constexpr, ASM: tl.constexpr):
+    # the same merge, also writing the int8 activations (combine_quant_store); one program per (row, query head)
+    combine_quant_store(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, tl.program_id(0), tl.program_id(1), HQ,
+                        HKV, G, DH, SPLITS, SPLITS_PAD, CHUNK, Q6, ASM, "")
