@@ -188,9 +188,10 @@ def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(monke
 @pytest.mark.parametrize("heads, ctx", [((12, 2), [129]), ((32, 8), [4096, 17, 1, 900])])
 def test_the_last_split_combining_matches_the_combine_launch(monkeypatch, order, heads, ctx):
     """The default decode attention (RoPE, the partials and, by the last split of each row / KV head, their
-    combine in one launch) against EMBER_LAST_SPLIT_COMBINES=0 (the combine as its own launch): the output
-    rows, the int8 activations and the pools bit-equal, over 5 calls in a row (a counter the last program
-    failed to reset would let no program combine on the next call, leaving stale rows)."""
+    combine in one launch) against EMBER_LAST_SPLIT_COMBINES=0 (the combine as its own launch), over 5 calls
+    in a row (a counter the last program failed to reset would let no program combine on the next call,
+    leaving stale rows): the pools bit-equal, the rows to the last bf16 bit or so (the group's merge sums in
+    another order), the int8 activations bit-equal to the Triton quantizer's on the kernel's own rows."""
     from ember.compiler.ops.attention_gpu import decode
     from ember.compiler.ops.rope import inv_frequencies
 
@@ -212,12 +213,18 @@ def test_the_last_split_combining_matches_the_combine_launch(monkeypatch, order,
         for q, k, v in calls:
             out, acts, k_pool, v_pool = step(q, k, v, lens - 1, inv_freq, slots, k_pool, v_pool, tables, lens,
                                              jnp.int32(0))
-            outs.append([np.asarray(a.astype(jnp.float32)) for a in (out, *(acts or ()))])
+            outs.append([np.asarray(out.astype(jnp.float32)), *(np.asarray(a) for a in acts or ())])
         return outs, [np.asarray(p.astype(jnp.float32)) for p in (k_pool, v_pool)]
 
     (got, got_pools), (want, want_pools) = run("1"), run("0")
-    for got_call, want_call in zip(got, want):
-        for a, b in zip(got_call, want_call, strict=True):
-            np.testing.assert_array_equal(a, b)
+    for (out, *acts), (want_out, *_) in zip(got, want):
+        np.testing.assert_allclose(out, want_out, rtol=1e-2, atol=1e-2 * np.abs(want_out).max())
+        assert np.mean(out == want_out) > 0.9, np.mean(out == want_out)
+        if order is not None:
+            from ember.compiler.ops.quant.dp4a import quantize_activations_gpu
+
+            rows = jnp.asarray(out, jnp.bfloat16).reshape(len(ctx), -1)
+            for got_act, want_act in zip(acts, jax.jit(lambda h: quantize_activations_gpu(h, order))(rows)):
+                np.testing.assert_array_equal(got_act, np.asarray(want_act))
     for a, b in zip(got_pools, want_pools):
         np.testing.assert_array_equal(a, b)

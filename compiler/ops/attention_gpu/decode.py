@@ -234,9 +234,16 @@ def _rope_attention(q, k, v, inv_freq, slots, k_pool, v_pool, tables, ctx_lens, 
                    jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype), jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype)),
         input_output_aliases={5: 6, 6: 7}, grid=plan["grid"], num_warps=config.num_warps,
         num_stages=config.num_stages, INTERLEAVED=style == "interleaved", WRITE_KV=True, QUANT=quant,
-        Q6=activations_for == "q6_k", ASM=True, **{**plan["meta"], **combine_meta(plan["meta"], splits)})
+        Q6=activations_for == "q6_k", ASM=True, **group_combine_meta(plan["meta"]))
     out, qa, da, k_pool, v_pool = outs[3:]
     return out, ((qa, da) if quant else None), k_pool, v_pool
+
+
+def group_combine_meta(meta: dict) -> dict:
+    """The one-launch attention's constants: the partials kernel's, and its merge's (G_POW2 query heads of a
+    group side by side, CHUNK splits per step: 16 rows of dh per step, ~16 fp32 registers a thread at dh 128)."""
+    g_pow2 = _next_pow2(meta["G"])
+    return {**meta, "G_POW2": g_pow2, "CHUNK": max(1, 16 // g_pow2)}
 
 
 def combine_meta(meta: dict, splits: int) -> dict:

@@ -2,9 +2,9 @@
 
 Split s of a row / KV head wrote acc_s [G, dh] unnormalized, m_s, l_s [G] (decode_kernel.py); query head
 `head` of row b is merged as sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s with M = max_s m_s
-(decode.combine_partials is the same merge in jnp). `combine_store` / `combine_quant_store` merge one head and
-store it; the combine kernels run them one program per (row, query head), and the fused decode attention
-(decode_kernel.paged_decode_rope_attention_kernel) runs them in the last split program of each KV head.
+(decode.combine_partials is the same merge in jnp). The combine kernels merge one head per program (row,
+query head); `combine_group_store` merges the G heads of a KV head at once, in the last split program of each (row, KV
+head) of the one-launch decode attention (decode_kernel.paged_decode_rope_attention_kernel).
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from ..quant.triton_act_quant import packed_order, quantize_store
 
 @triton.jit
 def _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV: tl.constexpr, G: tl.constexpr, DH: tl.constexpr,
-                  SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr, CACHE: tl.constexpr):
+                  SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr):
     """Query head `head` of row b merged over its splits, at the head's elements `d` (any order; >= DH: 0):
     decode.combine_partials' formula, with M = max_s m_s, sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s
     (0 where nothing was visible). Only splits up to the last non-empty one are read (a short row in a wide
     table fills a few of its SPLITS), CHUNK of them per tile, so a long row's 64 splits cost a few dependent
-    loads, not 64. CACHE: the partials' loads' cache modifier (".cg" where this launch wrote them: L2 only)."""
+    loads, not 64."""
     base = ((b * HKV + head // G) * SPLITS) * G + head % G  # partial row of split 0; split s: + s * G
     s = tl.arange(0, SPLITS_PAD)
-    m_all = tl.load(m_ptr + base + s * G, mask=s < SPLITS, other=float("-inf"), cache_modifier=CACHE)  # [SPLITS_PAD]
+    m_all = tl.load(m_ptr + base + s * G, mask=s < SPLITS, other=float("-inf"))  # [SPLITS_PAD]
     m_max = tl.max(m_all, axis=0)
     m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty: every weight is 0
     used = tl.max(tl.where(m_all > float("-inf"), s + 1, 0), axis=0)
@@ -36,42 +36,41 @@ def _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV: tl.constexpr, G: tl.co
         split = first + c  # [CHUNK]
         ok = split < used
         row = base + split * G
-        weight = tl.exp2(tl.load(m_ptr + row, mask=ok, other=float("-inf"), cache_modifier=CACHE) - m_ref)  # empty split: 0
-        den += tl.sum(weight * tl.load(l_ptr + row, mask=ok, other=0.0, cache_modifier=CACHE), axis=0)
-        part = tl.load(acc_ptr + row[:, None] * DH + d[None, :], mask=ok[:, None] & (d[None, :] < DH), other=0.0,
-                       cache_modifier=CACHE)
+        weight = tl.exp2(tl.load(m_ptr + row, mask=ok, other=float("-inf")) - m_ref)  # empty split: 0
+        den += tl.sum(weight * tl.load(l_ptr + row, mask=ok, other=0.0), axis=0)
+        part = tl.load(acc_ptr + row[:, None] * DH + d[None, :], mask=ok[:, None] & (d[None, :] < DH), other=0.0)
         num += tl.sum(weight[:, None] * part, axis=0)
     return num / tl.where(den > 0.0, den, 1.0)
 
 
 @triton.jit
-def combine_store(acc_ptr, m_ptr, l_ptr, out_ptr, b, head, HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr,
-                  DH: tl.constexpr, DH_PAD: tl.constexpr, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
-                  CHUNK: tl.constexpr, CACHE: tl.constexpr):
-    """Query head `head` of row b merged -> out[b, head] in out's dtype."""
+def paged_decode_combine_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, HQ: tl.constexpr, HKV: tl.constexpr,
+                                G: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr, SPLITS: tl.constexpr,
+                                SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr):
+    # acc [B, HKV, SPLITS, G, DH], m, l [B, HKV, SPLITS, G] fp32 (the partials kernel's) -> out [B, HQ, DH] in
+    # out's dtype; one program per (row, query head)
+    b = tl.program_id(0)
+    head = tl.program_id(1)
     d = tl.arange(0, DH_PAD)
-    out = _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV, G, DH, SPLITS, SPLITS_PAD, CHUNK, CACHE)
+    out = _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV, G, DH, SPLITS, SPLITS_PAD, CHUNK)
     tl.store(out_ptr + (b * HQ + head) * DH + d, out.to(out_ptr.dtype.element_ty), mask=d < DH)
 
 
 @triton.jit
-def combine_quant_store(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, b, head, HQ: tl.constexpr,
-                        HKV: tl.constexpr, G: tl.constexpr, DH: tl.constexpr, SPLITS: tl.constexpr,
-                        SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr,
-                        CACHE: tl.constexpr):
-    """combine_store, and the head's DH / 32 blocks of the output row [B, HQ * DH] also as the int8 activations
-    of the projection reading it (triton_act_quant's: qa int32 [B, HQ * DH / 4], da fp32 [B, HQ * DH / 32, 4]
-    packed for Q4_K, or Q6_K when Q6). DH is a power of two >= 32, each 32-block lying in one head. The head's
-    elements are taken in the packed order (packed_order's e3 within each block): the merged values are then
-    already the [DH / 32, 4, 8] tile the quantizer takes, rounded to out's dtype first as the separate
-    quantizer would read them."""
-    f = tl.arange(0, DH)  # position in the packed tile [DH / 32, 4 (byte j), 8 (word w)]
-    j, w = (f % 32) // 8, f % 8
-    if Q6:
-        d = (f // 32) * 32 + 16 * (w // 4) + 4 * j + w % 4
-    else:
-        d = f  # Q4_K's packing keeps each block's element order
-    out = _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV, G, DH, SPLITS, SPLITS_PAD, CHUNK, CACHE)
+def paged_decode_combine_quant_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, HQ: tl.constexpr,
+                                      HKV: tl.constexpr, G: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr,
+                                      SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr,
+                                      Q6: tl.constexpr, ASM: tl.constexpr):
+    # the same merge, and the output row [B, HQ * DH] also as the int8 activations of the projection reading it
+    # (triton_act_quant's: qa int32 [B, HQ * DH / 4], da fp32 [B, HQ * DH / 32, 4] packed for Q4_K, or Q6_K
+    # when Q6). DH is a power of two >= 32 (so DH_PAD == DH), each 32-block lying in one head. The head's
+    # elements are taken in the packed order (packed_order's e3 within each block): the merged values are then
+    # already the [DH / 32, 4, 8] tile the quantizer takes, rounded to out's dtype first as the separate
+    # quantizer would read them.
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    d = _packed_columns(DH, Q6)
+    out = _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV, G, DH, SPLITS, SPLITS_PAD, CHUNK)
     out = out.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + (b * HQ + head) * DH + d, out)
     j3, e3 = packed_order(Q6)
@@ -81,20 +80,54 @@ def combine_quant_store(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, b, head,
 
 
 @triton.jit
-def paged_decode_combine_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, HQ: tl.constexpr, HKV: tl.constexpr,
-                                G: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr, SPLITS: tl.constexpr,
-                                SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr):
-    # acc [B, HKV, SPLITS, G, DH], m, l [B, HKV, SPLITS, G] fp32 (the partials kernel's) -> out [B, HQ, DH] in
-    # out's dtype; one program per (row, query head)
-    combine_store(acc_ptr, m_ptr, l_ptr, out_ptr, tl.program_id(0), tl.program_id(1), HQ, HKV, G, DH, DH_PAD,
-                  SPLITS, SPLITS_PAD, CHUNK, "")
+def _packed_columns(DH: tl.constexpr, Q6: tl.constexpr):
+    """A head's columns [DH] in the packed tile's order [DH / 32, 4 (byte j), 8 (word w)] of the Q4_K or (Q6)
+    Q6_K activation packing: loading the head at these columns gives the tile the quantizer takes."""
+    f = tl.arange(0, DH)
+    j, w = (f % 32) // 8, f % 8
+    if Q6:
+        return (f // 32) * 32 + 16 * (w // 4) + 4 * j + w % 4
+    else:
+        return f  # Q4_K's packing keeps each block's element order
 
 
 @triton.jit
-def paged_decode_combine_quant_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, HQ: tl.constexpr,
-                                      HKV: tl.constexpr, G: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr,
-                                      SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr,
-                                      Q6: tl.constexpr, ASM: tl.constexpr):
-    # the same merge, also writing the int8 activations (combine_quant_store); one program per (row, query head)
-    combine_quant_store(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, tl.program_id(0), tl.program_id(1), HQ,
-                        HKV, G, DH, SPLITS, SPLITS_PAD, CHUNK, Q6, ASM, "")
+def combine_group_store(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, b, h, used, HQ: tl.constexpr,
+                        HKV: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr, DH: tl.constexpr,
+                        SPLITS: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr, Q6: tl.constexpr,
+                        ASM: tl.constexpr):
+    """The G query heads of KV head h, row b, merged at once over splits [0, used) (the non-empty ones, known
+    from the row's length, so the first loads need nothing loaded before them), CHUNK splits per step with
+    the running max rescaled as flash attention's: the same merge as combine_store's up to fp32 rounding
+    (another summation order). -> out[b, h G .. h G + G - 1] and, when QUANT, those heads' blocks of the
+    int8 activations as combine_quant_store writes them. The partials are read past L1 (".cg"): this
+    launch wrote them (../triton_handoff.py). DH is a power of two (>= 32 when QUANT)."""
+    g = tl.arange(0, G_POW2)
+    d = _packed_columns(DH, QUANT and Q6)
+    c = tl.arange(0, CHUNK)
+    base = (b * HKV + h) * SPLITS * G  # partial row of split 0, head 0 of the group; split s, head i: + s G + i
+    m_run = tl.full([G_POW2], float("-inf"), tl.float32)
+    den = tl.zeros([G_POW2], tl.float32)
+    num = tl.zeros([G_POW2, DH], tl.float32)
+    for first in range(0, used, CHUNK):
+        rows = base + (first + c)[:, None] * G + g[None, :]  # [CHUNK, G_POW2]
+        ok = ((first + c) < used)[:, None] & (g < G)[None, :]
+        m = tl.load(m_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        l = tl.load(l_ptr + rows, mask=ok, other=0.0, cache_modifier=".cg")
+        part = tl.load(acc_ptr + rows[:, :, None] * DH + d[None, None, :], mask=ok[:, :, None], other=0.0,
+                       cache_modifier=".cg")  # [CHUNK, G_POW2, DH]
+        m_new = tl.maximum(m_run, tl.max(m, axis=0))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing visible yet: every weight is 0
+        alpha = tl.exp2(m_run - m_ref)
+        weight = tl.exp2(m - m_ref[None, :])  # empty split (m = -inf): 0
+        den = den * alpha + tl.sum(weight * l, axis=0)
+        num = num * alpha[:, None] + tl.sum(weight[:, :, None] * part, axis=0)
+        m_run = m_new
+    out = (num / tl.where(den > 0.0, den, 1.0)[:, None]).to(out_ptr.dtype.element_ty)  # [G_POW2, DH]
+    head = h * G + g
+    tl.store(out_ptr + (b * HQ + head)[:, None] * DH + d[None, :], out, mask=(g < G)[:, None])
+    if QUANT:
+        j3, e3 = packed_order(Q6)
+        nb = tl.arange(0, G_POW2 * (DH // 32))
+        quantize_store(tl.reshape(out.to(tl.float32), [G_POW2 * (DH // 32), 4, 8]), qa_ptr, da_ptr, b,
+                       h * G * (DH // 32) + nb, nb < G * (DH // 32), j3, e3, HQ * DH, ASM)

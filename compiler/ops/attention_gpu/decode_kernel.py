@@ -71,8 +71,7 @@ import triton
 import triton.language as tl
 
 from ..triton_handoff import last_arrival
-from .decode_combine_kernel import (combine_quant_store, combine_store, paged_decode_combine_kernel,
-                                    paged_decode_combine_quant_kernel)
+from .decode_combine_kernel import combine_group_store, paged_decode_combine_kernel, paged_decode_combine_quant_kernel
 
 
 @triton.jit
@@ -290,26 +289,24 @@ def paged_decode_rope_attention_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr
                                        HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                                        DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
                                        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
-                                       INTERLEAVED: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr,
+                                       INTERLEAVED: tl.constexpr, G_POW2: tl.constexpr, CHUNK: tl.constexpr,
                                        QUANT: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr,
                                        WRITE_KV: tl.constexpr = True):
     # the RoPE-fused partials AND their combine in one launch: the last of a (row, KV head)'s SPLITS programs to
     # store its partials (triton_handoff.last_arrival on counter b * HKV + h of count_ptr, [B * HKV] int32 zeros)
-    # merges its G query heads -> out [B, HQ, DH] (and, when QUANT, qa / da as the combine + int8 kernel's).
-    # Bit-equal to the two launches: the same partials, merged by the same code in the same order.
+    # merges its G query heads at once (decode_combine_kernel.combine_group_store) -> out [B, HQ, DH] (and, when
+    # QUANT, qa / da as the combine + int8 kernel's); the two launches' results up to fp32 summation order.
     b = tl.program_id(0)
     h = tl.program_id(1)
     _rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr,
                    acc_ptr, m_ptr, l_ptr, k_ptr, v_ptr, b, h, tl.program_id(2), QK_SCALE, HQ, HKV, G, G_PAD, DH,
                    DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32, INTERLEAVED, WRITE_KV)
     if last_arrival(count_ptr, b * HKV + h, SPLITS):
-        for i in range(G):
-            if QUANT:
-                combine_quant_store(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, b, h * G + i, HQ, HKV, G, DH,
-                                    SPLITS, SPLITS_PAD, CHUNK, Q6, ASM, ".cg")
-            else:
-                combine_store(acc_ptr, m_ptr, l_ptr, out_ptr, b, h * G + i, HQ, HKV, G, DH, DH_PAD, SPLITS,
-                              SPLITS_PAD, CHUNK, ".cg")
+        start, end = _visible_range(ctx_ptr, pos_ptr, window_ptr, b, W * BS)
+        n_iters = tl.cdiv(end - start, BLOCK_N)
+        used = tl.cdiv(n_iters, tl.maximum(tl.cdiv(n_iters, SPLITS), 1))  # splits holding tokens (_attend_split)
+        combine_group_store(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, b, h, used, HQ, HKV, G, G_POW2, DH,
+                            SPLITS, CHUNK, QUANT, Q6, ASM)
 
 
 @triton.jit
