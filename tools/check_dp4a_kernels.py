@@ -221,7 +221,7 @@ def compile_all() -> int:
     compiled = compile_sm90(quantize_rows_prefetch_kernel, ["*bf16", "*u8", "*u8", "*i32", "*fp32"],
                             dict(quantize_plan(1, 8960, "q6_k", silu_gated=True)["meta"], ASM=True,
                                  PF0_BYTES=5505024, PF1_BYTES=2752512), num_warps=4, num_stages=1)
-    print(f"ok  quantize + prefetch k=8960 L2 prefetches={compiled.asm['ptx'].count('prefetch.global.L2')}",
+    print(f"ok  quantize + prefetch k=8960 bulk prefetches={compiled.asm['ptx'].count('cp.async.bulk.prefetch')}",
           flush=True)
     return 1 if failures else 0
 

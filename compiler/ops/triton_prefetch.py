@@ -3,13 +3,13 @@
 A batch-1 decode step is a chain of small launches, and HBM sits idle through the ones that read little (the
 norms, the attention, the quantizers) while each GEMV then starts its weight stream cold: the 1.5B step
 moves ~1 GB in 1.1 ms, ~0.9 TB/s of the ~3.5 the H200 can stream (tools/results/h200_engine_profile_69717b2.json).
-The kernel before a projection therefore also issues `prefetch.global.L2::evict_last` over that
+The kernel before a projection therefore also issues `cp.async.bulk.prefetch.L2` (sm_90) over that
 projection's largest weight planes: fire-and-forget requests that fill L2 (50 MB, a 1.5B layer's GEMVs are
 27 MB) while the chain goes on, so the GEMV's loads hit L2 or in-flight lines.
 
 `prefetch_l2` splits a buffer's bytes over the launch's programs, each program over the LANES threads of its
-first warp, each thread a line per step (a hint: no completion to wait for, no effect on results).
-`prefetch_args` picks the planes of a weight worth prefetching. EMBER_L2_PREFETCH=0 (read at trace time) turns it off. ASM=False
+first warp, each thread one bulk request (a hint: no completion to wait for, no effect on results). `prefetch_args` picks the
+planes of a weight worth prefetching. EMBER_L2_PREFETCH=0 (read at trace time) turns it off. ASM=False
 (Triton's CPU interpreter) skips the instruction: a prefetch changes no value.
 """
 
@@ -21,27 +21,27 @@ import triton
 import triton.language as tl
 
 PREFETCH_ENV = "EMBER_L2_PREFETCH"
-LANES = tl.constexpr(32)  # threads of a program issuing prefetches
+LANES = tl.constexpr(32)  # bulk requests per program
 MAX_PLANES = 2  # planes one launch prefetches (Q4_K's codes and scales; Q6_K's low and high bits)
 
 
 @triton.jit
 def prefetch_l2(ptr, NBYTES: tl.constexpr, part, parts, ASM: tl.constexpr):
-    """Program `part` of `parts` requests its share of the first NBYTES bytes at ptr into L2: each of the
-    LANES threads of its first warp one 128-byte line per loop step (prefetch.global.L2::evict_last)."""
-    if ASM and NBYTES >= 128:
-        share = tl.cdiv(tl.cdiv(NBYTES, parts), 128) * 128
-        lane_bytes = tl.cdiv(tl.cdiv(share, LANES), 128) * 128
+    """Program `part` of `parts` requests its share of the first NBYTES (rounded down to 16) bytes at ptr
+    (16-byte aligned) into L2, one bulk prefetch per lane."""
+    if ASM and NBYTES >= 16:
+        total = NBYTES // 16 * 16
+        share = tl.cdiv(tl.cdiv(total, parts), 16) * 16
+        lane_bytes = tl.cdiv(tl.cdiv(share, LANES), 16) * 16
         start = part * share + tl.arange(0, LANES) * lane_bytes  # byte offsets [LANES]
-        stop = tl.minimum(tl.minimum(start + lane_bytes, (part + 1) * share), NBYTES)
-        base = ptr.to(tl.pointer_type(tl.int8), bitcast=True)
-        for line in range(0, lane_bytes // 128):
-            offset = start + line * 128
-            tl.inline_asm_elementwise(
-                # warp 0 only: a [LANES] tensor is repeated in every warp of the program (one element a thread)
-                "{ .reg .pred p, q; .reg .u32 t; mov.u32 t, %tid.x; setp.gt.s32 p, $2, 0; setp.lt.u32 q, t, 32; "
-                "and.pred p, p, q; @p prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0; }",
-                "=r,l,r", [base + offset, (stop - offset).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+        stop = tl.minimum((part + 1) * share, total)
+        size = tl.maximum(tl.minimum(start + lane_bytes, stop) - start, 0).to(tl.int32)
+        addr = ptr.to(tl.pointer_type(tl.int8), bitcast=True) + start
+        tl.inline_asm_elementwise(
+            # warp 0 only: a [LANES] tensor is repeated in every warp of the program (one element a thread)
+            "{ .reg .pred p, q; .reg .u32 t; mov.u32 t, %tid.x; setp.gt.s32 p, $2, 0; setp.lt.u32 q, t, 32; "
+            "and.pred p, p, q; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
 def enabled() -> bool:
