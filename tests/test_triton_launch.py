@@ -92,8 +92,8 @@ def test_quantized_gemv_lowers_to_native_kernels(fmt, rows, out, inner, variant,
     assert config.variant == variant or (variant == "split" and config.variant in ("split", "rows"))
     calls = _triton_calls(lambda x, w: triton_quant_matmul(x, w, config), jnp.zeros((rows, inner), BF16), weight)
     plan = quant_launch_plan(fmt, rows, out, inner, config)
-    if variant == "dp4a":  # the activations' quantizer (prefetching the weight into L2), then the integer-dot GEMV
-        assert [c["name"] for c in calls] == ["quantize_rows_prefetch_kernel", "dp4a_gemv_kernel"]
+    if variant == "dp4a":  # the activations' quantizer, then the integer-dot GEMV
+        assert [c["name"] for c in calls] == ["quantize_rows_kernel", "dp4a_gemv_kernel"]
         assert calls[0]["grid"] == quantize_plan(rows, inner, fmt)["grid"]
         calls = calls[1:]
     assert len(calls) == 1 and calls[0]["grid"] == tuple(plan["grid"])
@@ -124,7 +124,7 @@ def test_packed_qkv_decode_writes_each_projection_apart(grouped, monkeypatch):
         calls = _triton_calls(fn, jnp.zeros((1, 1536), BF16), w, jnp.zeros((2048,), BF16))
         outs = jax.eval_shape(fn, jnp.zeros((1, 1536), BF16), w, jnp.zeros((2048,), BF16))
     names = [c["name"] for c in calls]
-    assert names == ["quantize_rows_prefetch_kernel", "dp4a_gemv_parts_kernel"] * (2 if grouped else 1)
+    assert names == ["quantize_rows_kernel", "dp4a_gemv_parts_kernel"] * (2 if grouped else 1)
     assert "stablehlo.slice" not in text and "stablehlo.add" not in text
     assert [o.shape for o in outs] == [(1, n) for n in sizes] and all(o.dtype == BF16 for o in outs)
 

@@ -258,11 +258,9 @@ def _check_rope_attention(case: dict, order: str | None, splits: int) -> tuple[b
     KERNELS["combine"][(batch, hq)](*parts, want[0], **combine_meta(plan["meta"], splits))
     pools_one = [_buffer(case[name].astype(dtype)) for name in ("k_pool", "v_pool")]
     count, got = _buffer(np.zeros(batch * hkv, np.int32)), outputs()
-    prefetched = _buffer(np.zeros(64, np.int32))  # a no-op in the interpreter: nothing may change
-    KERNELS["rope_attention"][plan["grid"]](*inputs(pools_one), count, prefetched, prefetched, *partials(), *got,
-                                            *pools_one, INTERLEAVED=False, WRITE_KV=True, QUANT=quant,
-                                            Q6=order == "q6_k", ASM=False, PF0_BYTES=256, PF1_BYTES=0,
-                                            **group_combine_meta(plan["meta"]))
+    KERNELS["rope_attention"][plan["grid"]](*inputs(pools_one), count, *partials(), *got, *pools_one,
+                                            INTERLEAVED=False, WRITE_KV=True, QUANT=quant, Q6=order == "q6_k",
+                                            ASM=False, **group_combine_meta(plan["meta"]))
     as32 = lambda buffer: buffer.array.astype(np.float32)
     want_rows = as32(want[0])
     rows_err = float(np.abs(as32(got[0]) - want_rows).max() / np.abs(want_rows).max())  # NaN: fails
@@ -400,11 +398,11 @@ def _compile_one(model: str, heads: tuple[int, int, int], dtype: str, block_size
         types = ["*" + dtype] * 3 + ["*fp32", "*i32"] + ["*" + dtype] * 2 + ["*i32"] * 4 + ["*fp32"] * 3 + \
             ["*" + dtype] * 2
         plan["meta"] = {**plan["meta"], "INTERLEAVED": False, "WRITE_KV": True}
-    elif kind == "rope_attention":  # ... + counters, prefetched planes -> partials, out, qa, da (Q6_K), pools
-        types = ["*" + dtype] * 3 + ["*fp32", "*i32"] + ["*" + dtype] * 2 + ["*i32"] * 5 + ["*u8"] * 2 + \
-            ["*fp32"] * 3 + ["*" + dtype, "*i32", "*fp32"] + ["*" + dtype] * 2
+    elif kind == "rope_attention":  # ... + counters -> partials, out, qa, da (Q6_K order), pools
+        types = ["*" + dtype] * 3 + ["*fp32", "*i32"] + ["*" + dtype] * 2 + ["*i32"] * 5 + ["*fp32"] * 3 + \
+            ["*" + dtype, "*i32", "*fp32"] + ["*" + dtype] * 2
         plan["meta"] = {**group_combine_meta(plan["meta"]), "INTERLEAVED": False, "WRITE_KV": True, "QUANT": True,
-                        "Q6": True, "ASM": True, "PF0_BYTES": 1179648, "PF1_BYTES": 110592}
+                        "Q6": True, "ASM": True}
     else:
         outs = [dtype] if kind == "single" else ["fp32"] * 3
         types = ["*" + dtype] * 3 + ["*i32"] * 4 + ["*" + t for t in outs]

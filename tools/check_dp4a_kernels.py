@@ -154,8 +154,7 @@ def interpret_quantize_gated() -> int:
 
     from ember.compiler.ops.activation import gated_act_packed
     from ember.compiler.ops.quant.act_quant import quantize_activations
-    from ember.compiler.ops.quant.triton_act_quant import (quantize_plan, quantize_rows_kernel,
-                                                           quantize_rows_prefetch_kernel)
+    from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
 
     failures = 0
     rng = np.random.default_rng(5)
@@ -167,19 +166,14 @@ def interpret_quantize_gated() -> int:
         qa = HostBuffer(np.zeros((m, k // 4), np.int32))
         da = HostBuffer(np.full((m, k // 32, 4), np.nan, np.float32))
         quantize_rows_kernel[plan["grid"]](HostBuffer(gate_up), qa, da, ASM=False, **plan["meta"])
-        # the prefetching twin (its prefetch a no-op here) writes the same
-        qa2, da2 = HostBuffer(np.zeros_like(qa.array)), HostBuffer(np.full_like(da.array, np.nan))
-        quantize_rows_prefetch_kernel[plan["grid"]](HostBuffer(gate_up), qa, qa, qa2, da2, ASM=False, PF0_BYTES=64,
-                                                    PF1_BYTES=0, **plan["meta"])
-        twin = np.array_equal(qa.array, qa2.array) and np.array_equal(da.array, da2.array)
         codes = lambda words: words.view(np.int8).astype(np.int32)  # noqa: E731
         code_diff = int(np.abs(codes(qa.array) - codes(qa_ref)).max())
         same = float((qa.array == qa_ref).mean())
         da_err = float(np.abs(da.array - da_ref).max() / np.abs(da_ref).max())
-        bad = not (code_diff <= 1 and same > 0.99 and da_err < 1e-5 and twin)
+        bad = not (code_diff <= 1 and same > 0.99 and da_err < 1e-5)
         failures += bad
         print(f"{'BAD' if bad else 'ok '} quantize silu-gated {order} m={m} k={k} words equal {same:.4f} "
-              f"max code diff {code_diff} (dx, sx) rel_err={da_err:.1e} prefetching twin equal={twin}", flush=True)
+              f"max code diff {code_diff} (dx, sx) rel_err={da_err:.1e}", flush=True)
     return failures
 
 
@@ -210,19 +204,13 @@ def compile_all() -> int:
                 ptx = compiled.asm["ptx"]
                 print(f"ok  {label} {ptxas_usage(ptx)} smem={compiled.metadata.shared} dp4a={ptx.count('dp4a')} "
                       f"ld.v4={ptx.count('ld.global.v4')}", flush=True)
-    from ember.compiler.ops.quant.triton_act_quant import (quantize_plan, quantize_rows_kernel,
-                                                           quantize_rows_prefetch_kernel)
+    from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
     for k in (1536, 8960):
         compiled = compile_sm90(quantize_rows_kernel, ["*bf16", "*i32", "*fp32"],
                                 dict(quantize_plan(1, k, "q6_k")["meta"], ASM=True), num_warps=4, num_stages=1)
         ptx = compiled.asm["ptx"]
         print(f"ok  quantize k={k} {ptxas_usage(ptx)} smem={compiled.metadata.shared} "
               f"cvt.rni={ptx.count('cvt.rni.s32.f32')}", flush=True)
-    compiled = compile_sm90(quantize_rows_prefetch_kernel, ["*bf16", "*u8", "*u8", "*i32", "*fp32"],
-                            dict(quantize_plan(1, 8960, "q6_k", silu_gated=True)["meta"], ASM=True,
-                                 PF0_BYTES=5505024, PF1_BYTES=2752512), num_warps=4, num_stages=1)
-    print(f"ok  quantize + prefetch k=8960 bulk prefetches={compiled.asm['ptx'].count('cp.async.bulk.prefetch')}",
-          flush=True)
     return 1 if failures else 0
 
 

@@ -102,17 +102,14 @@ def interpret_quantized() -> int:
         s, out, s_plain, out_plain = (HostBuffer(np.zeros((rows, n), dtype)) for _ in range(4))
         qa = HostBuffer(np.zeros((rows, n // 4), np.int32))
         da = HostBuffer(np.full((rows, n // 32, 4), np.nan, np.float32))
-        # 3 programs past the rows' prefetch (a no-op without the instruction): they must write nothing
-        prefetch = dict(ROWS=rows, PF_PROGRAMS=3, PF0_BYTES=4096, PF1_BYTES=0)
-        grid = (rows + 3,)
         if add:
-            add_rms_norm_quant_kernel[grid](HostBuffer(x), HostBuffer(y), HostBuffer(w), HostBuffer(w), HostBuffer(w),
-                                            s, out, qa, da, EPS=1e-6, ASM=False, **prefetch, **plan["meta"])
+            add_rms_norm_quant_kernel[plan["grid"]](HostBuffer(x), HostBuffer(y), HostBuffer(w), s, out, qa, da,
+                                                    EPS=1e-6, ASM=False, **plan["meta"])
             add_rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(y), HostBuffer(w), s_plain, out_plain,
                                               EPS=1e-6, **base)
         else:
-            rms_norm_quant_kernel[grid](HostBuffer(x), HostBuffer(w), HostBuffer(w), HostBuffer(w), out, qa, da,
-                                        EPS=1e-6, ASM=False, **prefetch, **plan["meta"])
+            rms_norm_quant_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), out, qa, da, EPS=1e-6, ASM=False,
+                                                **plan["meta"])
             rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), out_plain, EPS=1e-6, **base)
         rows_equal = np.array_equal(out.array, out_plain.array) and (not add or np.array_equal(s.array, s_plain.array))
         qa_ref, da_ref = (np.asarray(a) for a in quantize_activations(jnp.asarray(out.array.astype(np.float32)), order))

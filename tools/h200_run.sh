@@ -24,7 +24,6 @@
 #   tools/h200_run.sh engine-profile the batch-1 engine under the profiler (idle gaps), then the plan alone
 #   tools/h200_run.sh combine-check decode attention GPU tests, then the batch-1 step without / with the attention's int8 output
 #   tools/h200_run.sh rope-check RoPE-fused decode partials: GPU test, then the batch-1 step without / with them
-#   tools/h200_run.sh prefetch-check weights prefetched into L2 before their GEMV: GPU tests, batch-1 step without / with
 #   tools/h200_run.sh handoff-check the combine inside the attention's launch: GPU tests, batch-1 step without / with
 #   tools/h200_run.sh dp4a-rows  16 / 32 streams, the dp4a GEMV up to 64 rows vs its default bound
 #   tools/h200_run.sh norms-ab   RMSNorm kernels: GPU test, then the batch-1 step with and without them
@@ -261,15 +260,6 @@ handoff-check)  # the attention's combine inside its partials launch (EMBER_LAST
     export JAX_PLATFORMS=cuda
     [ "${EMBER_LAST_SPLIT_COMBINES:-1}" = 1 ] && MAXLEN=16528 \
         VARIANTS="EMBER_LAST_SPLIT_COMBINES=0 EMBER_LAST_SPLIT_COMBINES=1" plan_alone ;;
-prefetch-check)  # weights requested into L2 by the kernel before their GEMV (EMBER_L2_PREFETCH): the norm,
-    # attention and quantizer GPU tests, then the batch-1 step alone at the bench's table width without / with it
-    export JAX_PLATFORMS=cuda,cpu
-    timeout ${TEST_S:-200} python -m pytest -q -m gpu tests/test_norm_kernels_gpu.py tests/test_attention_gpu.py \
-        -k "quant or last_split or rope_inside or int8" -p no:cacheprovider > "$out/gpu_prefetch_tests.log" 2>&1 \
-        || { export EMBER_L2_PREFETCH=0; echo "GPU tests failed: no A/B"; }
-    tail -n 3 "$out/gpu_prefetch_tests.log"
-    export JAX_PLATFORMS=cuda
-    [ "${EMBER_L2_PREFETCH:-1}" = 1 ] && MAXLEN=16528 VARIANTS="EMBER_L2_PREFETCH=0 EMBER_L2_PREFETCH=1" plan_alone ;;
 plan-alone)  # the batch-1 step alone (MODELS; VARIANTS: trace-time settings A/B'd over the same weights)
     plan_alone ;;
 engine-profile)  # the batch-1 engine under the profiler as the bench runs it (max_model_len 16,528, 128 -> 129

@@ -29,10 +29,8 @@ import triton.language as tl
 
 from . import norm_gpu
 from .quant.triton_act_quant import packed_order, quantize_store
-from .triton_prefetch import prefetch_args, prefetch_l2
 
 FUSED_ENV = "EMBER_FUSED_NORM_QUANT"  # "0": the norms leave the int8 activations to the quantizer (default on)
-PREFETCH_PROGRAMS = 64  # programs after the rows' that prefetch the reading projection's weights
 
 
 @triton.jit
@@ -64,40 +62,18 @@ def _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.
 
 
 @triton.jit
-def _norm_or_prefetch(x_ptr, y_ptr, w_ptr, pf0_ptr, pf1_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr,
-                      BLOCK: tl.constexpr, NB: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, Q6: tl.constexpr,
-                      ASM: tl.constexpr, ROWS: tl.constexpr, PF_PROGRAMS: tl.constexpr, PF0_BYTES: tl.constexpr,
-                      PF1_BYTES: tl.constexpr):
-    # programs [0, ROWS) normalize a row each; the PF_PROGRAMS after them request the reading projection's
-    # weight planes into L2 (triton_prefetch.py), the GEMV that follows then finds them there
-    pid = tl.program_id(0)
-    if pid < ROWS:
-        _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, ADD, Q6, ASM)
-    else:
-        prefetch_l2(pf0_ptr, PF0_BYTES, pid - ROWS, PF_PROGRAMS, ASM)
-        prefetch_l2(pf1_ptr, PF1_BYTES, pid - ROWS, PF_PROGRAMS, ASM)
+def rms_norm_quant_kernel(x_ptr, w_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
+                          NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
+    """x [rows, N] -> out [rows, N] = rms_norm(x) and its int8 activations qa [rows, N/4], da [rows, N/32, 4]."""
+    _norm_quantize(x_ptr, x_ptr, w_ptr, out_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, False, Q6, ASM)
 
 
 @triton.jit
-def rms_norm_quant_kernel(x_ptr, w_ptr, pf0_ptr, pf1_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr,
-                          BLOCK: tl.constexpr, NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr,
-                          ASM: tl.constexpr, ROWS: tl.constexpr, PF_PROGRAMS: tl.constexpr, PF0_BYTES: tl.constexpr,
-                          PF1_BYTES: tl.constexpr):
-    """x [rows, N] -> out [rows, N] = rms_norm(x) and its int8 activations qa [rows, N/4], da [rows, N/32, 4];
-    pf0 / pf1: the reading projection's planes, PF0_BYTES / PF1_BYTES of them prefetched (0: none)."""
-    _norm_or_prefetch(x_ptr, x_ptr, w_ptr, pf0_ptr, pf1_ptr, out_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS,
-                      False, Q6, ASM, ROWS, PF_PROGRAMS, PF0_BYTES, PF1_BYTES)
-
-
-@triton.jit
-def add_rms_norm_quant_kernel(x_ptr, y_ptr, w_ptr, pf0_ptr, pf1_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr,
-                              N: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, EPS: tl.constexpr,
-                              Q6: tl.constexpr, ASM: tl.constexpr, ROWS: tl.constexpr, PF_PROGRAMS: tl.constexpr,
-                              PF0_BYTES: tl.constexpr, PF1_BYTES: tl.constexpr):
-    """x, y [rows, N] -> sum = x + y, out = rms_norm(sum), and out's int8 activations qa, da (prefetch: as
-    rms_norm_quant_kernel's)."""
-    _norm_or_prefetch(x_ptr, y_ptr, w_ptr, pf0_ptr, pf1_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS,
-                      True, Q6, ASM, ROWS, PF_PROGRAMS, PF0_BYTES, PF1_BYTES)
+def add_rms_norm_quant_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr,
+                              BLOCK: tl.constexpr, NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr,
+                              ASM: tl.constexpr):
+    """x, y [rows, N] -> sum = x + y, out = rms_norm(sum), and out's int8 activations qa, da."""
+    _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, True, Q6, ASM)
 
 
 def launch_plan(rows: int, n: int, order: str) -> dict:
@@ -109,10 +85,9 @@ def launch_plan(rows: int, n: int, order: str) -> dict:
     return plan
 
 
-def norm_quantize_triton(x, y, weight, *, eps, order: str, reader=None):
+def norm_quantize_triton(x, y, weight, *, eps, order: str):
     """The launch: x (and y, the residual add's other input, or None) [..., n] -> (the sum when y is given,
-    the normed rows, qa [rows, n/4], da [rows, n/32, 4]), whatever the backend being traced for. reader: the
-    projection's weight, whose planes extra programs prefetch into L2 (triton_prefetch.py)."""
+    the normed rows, qa [rows, n/4], da [rows, n/32, 4]), whatever the backend being traced for."""
     from .triton_launch import triton_call
 
     rows, n = math.prod(x.shape[:-1]), x.shape[-1]
@@ -121,13 +96,10 @@ def norm_quantize_triton(x, y, weight, *, eps, order: str, reader=None):
     activations = (jax.ShapeDtypeStruct((rows, n // 4), jnp.int32),
                    jax.ShapeDtypeStruct((rows, n // 32, 4), jnp.float32))
     inputs = (x,) if y is None else (x, y)
-    planes, sizes = prefetch_args(reader, rows, weight)
-    programs = PREFETCH_PROGRAMS if any(sizes.values()) else 0
-    outs = triton_call(*(a.reshape(rows, n) for a in inputs), weight, *planes,
+    outs = triton_call(*(a.reshape(rows, n) for a in inputs), weight,
                        kernel=rms_norm_quant_kernel if y is None else add_rms_norm_quant_kernel,
-                       out_shape=(rows_out,) * len(inputs) + activations, grid=(rows + programs,),
-                       num_warps=plan["num_warps"], num_stages=1, EPS=float(eps), ASM=True, ROWS=rows,
-                       PF_PROGRAMS=programs, **sizes, **plan["meta"])
+                       out_shape=(rows_out,) * len(inputs) + activations, grid=plan["grid"],
+                       num_warps=plan["num_warps"], num_stages=1, EPS=float(eps), ASM=True, **plan["meta"])
     return (*(o.reshape(x.shape) for o in outs[:len(inputs)]), *outs[len(inputs):])
 
 
@@ -148,7 +120,7 @@ def rms_norm_to_proj(x, weight, reader, *, eps):
     order = _order(x, reader)
     if order is None:
         return norm_gpu.rms_norm(x, weight, eps=eps)
-    h, qa, da = norm_quantize_triton(x, None, weight, eps=eps, order=order, reader=reader)
+    h, qa, da = norm_quantize_triton(x, None, weight, eps=eps, order=order)
     return QuantizedInput(h, qa, da, order)
 
 
@@ -159,5 +131,5 @@ def add_rms_norm_to_proj(x, y, weight, reader, *, eps):
     order = _order(x, reader)
     if order is None or y.shape != x.shape or y.dtype != x.dtype:
         return norm_gpu.add_rms_norm(x, y, weight, eps=eps)
-    s, h, qa, da = norm_quantize_triton(x, y, weight, eps=eps, order=order, reader=reader)
+    s, h, qa, da = norm_quantize_triton(x, y, weight, eps=eps, order=order)
     return s, QuantizedInput(h, qa, da, order)

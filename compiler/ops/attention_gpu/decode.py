@@ -173,7 +173,7 @@ def _merge(acc, m, l, q, plan, config, activations_for):
 
 def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, block_tables, ctx_lens, window, *,
                           style: str, scale: float, config: DecodeAttentionConfig | None = None,
-                          activations_for: str | None = None, prefetch=None):
+                          activations_for: str | None = None):
     """RoPE, the step's K/V write, the split partials and their combine in ONE Triton launch (the last split of a
     row / KV head merges it; EMBER_LAST_SPLIT_COMBINES=0: the combine as a second launch), for steps whose
     rows all decode: q [B, hq, dh], k / v [B, hkv, dh] as the projections give them (unrotated), positions,
@@ -199,8 +199,7 @@ def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, b
     if os.environ.get(LAST_SPLIT_COMBINES_ENV, "1") != "0" and os.environ.get(TRITON_COMBINE_ENV, "1") != "0":
         return _rope_attention(q, k, v, inv_freq.astype(jnp.float32), slots.astype(i32), k_pool, v_pool,
                                block_tables.astype(i32), ctx_lens.astype(i32), positions.astype(i32),
-                               jnp.asarray(window).astype(i32).reshape(1), plan, config, style, activations_for,
-                               prefetch)
+                               jnp.asarray(window).astype(i32).reshape(1), plan, config, style, activations_for)
     acc, m, l, k_pool, v_pool = triton_call(
         q, k, v, inv_freq.astype(jnp.float32), slots.astype(i32), k_pool, v_pool, block_tables.astype(i32),
         ctx_lens.astype(i32), positions.astype(i32), jnp.asarray(window).astype(i32).reshape(1),
@@ -214,13 +213,11 @@ def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, b
 
 
 def _rope_attention(q, k, v, inv_freq, slots, k_pool, v_pool, tables, ctx_lens, positions, window, plan, config,
-                    style, activations_for, prefetch):
+                    style, activations_for):
     # rope_decode_attention's result from ONE launch: the partials kernel whose last split per (row, KV head)
-    # merges the group (decode_kernel.paged_decode_rope_attention_kernel); the partials are scratch. prefetch:
-    # the weight read next (the output projection's), requested into L2 by the same launch
+    # merges the group (decode_kernel.paged_decode_rope_attention_kernel); the partials are scratch
     from ..triton_handoff import counters
     from ..triton_launch import triton_call
-    from ..triton_prefetch import prefetch_args
 
     from .decode_kernel import KERNELS
 
@@ -228,9 +225,8 @@ def _rope_attention(q, k, v, inv_freq, slots, k_pool, v_pool, tables, ctx_lens, 
     hkv, splits = k_pool.shape[2], plan["splits"]
     quant = activations_for is not None and dh >= 32
     act_rows = (b, hq * dh) if quant else (1, 32)  # unused 1-row placeholders without the int8 activations
-    planes, sizes = prefetch_args(prefetch, b, window)
     outs = triton_call(
-        q, k, v, inv_freq, slots, k_pool, v_pool, tables, ctx_lens, positions, window, counters(b * hkv), *planes,
+        q, k, v, inv_freq, slots, k_pool, v_pool, tables, ctx_lens, positions, window, counters(b * hkv),
         kernel=KERNELS["rope_attention"],
         out_shape=(*_partials_shapes(q, hkv, splits), jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((act_rows[0], act_rows[1] // 4), jnp.int32),
@@ -238,7 +234,7 @@ def _rope_attention(q, k, v, inv_freq, slots, k_pool, v_pool, tables, ctx_lens, 
                    jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype), jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype)),
         input_output_aliases={5: 6, 6: 7}, grid=plan["grid"], num_warps=config.num_warps,
         num_stages=config.num_stages, INTERLEAVED=style == "interleaved", WRITE_KV=True, QUANT=quant,
-        Q6=activations_for == "q6_k", ASM=True, **sizes, **group_combine_meta(plan["meta"]))
+        Q6=activations_for == "q6_k", ASM=True, **group_combine_meta(plan["meta"]))
     out, qa, da, k_pool, v_pool = outs[3:]
     return out, ((qa, da) if quant else None), k_pool, v_pool
 

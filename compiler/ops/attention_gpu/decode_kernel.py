@@ -71,7 +71,6 @@ import triton
 import triton.language as tl
 
 from ..triton_handoff import last_arrival
-from ..triton_prefetch import prefetch_l2
 from .decode_combine_kernel import combine_group_store, paged_decode_combine_kernel, paged_decode_combine_quant_kernel
 
 
@@ -285,26 +284,20 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
 
 @triton.jit
 def paged_decode_rope_attention_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, k_pool_in, v_pool_in,
-                                       table_ptr, ctx_ptr, pos_ptr, window_ptr, count_ptr, pf0_ptr, pf1_ptr, acc_ptr,
-                                       m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, k_ptr, v_ptr, QK_SCALE: tl.constexpr,
+                                       table_ptr, ctx_ptr, pos_ptr, window_ptr, count_ptr, acc_ptr, m_ptr, l_ptr,
+                                       out_ptr, qa_ptr, da_ptr, k_ptr, v_ptr, QK_SCALE: tl.constexpr,
                                        HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                                        DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
                                        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
                                        INTERLEAVED: tl.constexpr, G_POW2: tl.constexpr, CHUNK: tl.constexpr,
                                        QUANT: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr,
-                                       PF0_BYTES: tl.constexpr, PF1_BYTES: tl.constexpr,
                                        WRITE_KV: tl.constexpr = True):
     # the RoPE-fused partials AND their combine in one launch: the last of a (row, KV head)'s SPLITS programs to
     # store its partials (triton_handoff.last_arrival on counter b * HKV + h of count_ptr, [B * HKV] int32 zeros)
     # merges its G query heads at once (decode_combine_kernel.combine_group_store) -> out [B, HQ, DH] (and, when
     # QUANT, qa / da as the combine + int8 kernel's); the two launches' results up to fp32 summation order.
-    # Every program first requests its share of PF0_BYTES / PF1_BYTES of pf0 / pf1 (the output projection's
-    # planes) into L2 (../triton_prefetch.py): they stream in while the attention runs.
     b = tl.program_id(0)
     h = tl.program_id(1)
-    part = (b * HKV + h) * SPLITS + tl.program_id(2)
-    prefetch_l2(pf0_ptr, PF0_BYTES, part, tl.num_programs(0) * HKV * SPLITS, ASM)
-    prefetch_l2(pf1_ptr, PF1_BYTES, part, tl.num_programs(0) * HKV * SPLITS, ASM)
     _rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr,
                    acc_ptr, m_ptr, l_ptr, k_ptr, v_ptr, b, h, tl.program_id(2), QK_SCALE, HQ, HKV, G, G_PAD, DH,
                    DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32, INTERLEAVED, WRITE_KV)

@@ -67,7 +67,7 @@ def attend_prefill_chunk(q, k_pool, v_pool, tables, positions, window, *, scale,
 
 
 def rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_pool, batch: StepBatch, *, style,
-                         scale, activations_for: str | None = None, prefetch=None):
+                         scale, activations_for: str | None = None):
     # rope_apply then paged_attention as one op (the fuse_rope_attention pass): on a GPU, q and k rotated and
     # k/v written by ONE kernel (rope_write.py); traced for anything else, rope.py's reference then the
     # emulation. Same arguments as the two ops together, same results. EMBER_FUSED_ROPE=0 (read at trace
@@ -79,7 +79,7 @@ def rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_
         if batch.num_decode == q.shape[0] and os.environ.get(FUSED_ROPE_DECODE_ENV, "1") != "0":
             fused = rope_decode_attention(q, k, v, positions, inv_freq, write_slots, k_pool, v_pool, dec_tables,
                                           batch.dec_ctx_lens, window, style=style, scale=scale,
-                                          activations_for=activations_for, prefetch=prefetch)
+                                          activations_for=activations_for)
             if fused is not None:
                 out, activations, k_pool, v_pool = fused
                 return _with_activations(out, activations, activations_for), k_pool, v_pool
@@ -103,8 +103,7 @@ def rope_paged_attention_to_proj(q, k, v, positions, inv_freq, window, state, re
 
     fused = os.environ.get(FUSED_ATTN_QUANT_ENV, "1") != "0"
     return rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_pool, batch, style=style,
-                                scale=scale, activations_for=dp4a_input_order(reader, q.shape[0]) if fused else None,
-                                prefetch=reader)
+                                scale=scale, activations_for=dp4a_input_order(reader, q.shape[0]) if fused else None)
 
 
 def _paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale, backend: str):

@@ -45,27 +45,20 @@ def pad_rows(qa, da, rows: int):
     return jnp.pad(qa, ((0, pad), (0, 0))), jnp.pad(da, ((0, pad), (0, 0), (0, 0)))
 
 
-def quantize_activations_gpu(x: jax.Array, order: str, silu_gated: bool = False,
-                             prefetch=None) -> tuple[jax.Array, jax.Array]:
+def quantize_activations_gpu(x: jax.Array, order: str, silu_gated: bool = False) -> tuple[jax.Array, jax.Array]:
     """act_quant.quantize_activations(x, order) in one Triton launch: x [m, k] -> (qa, da); with silu_gated,
-    of silu(gate) * up for x = gate_up [m, 2k] (activation.gated_act_packed, computed inside the launch).
-    prefetch: the reading GEMV's weight, its planes requested into L2 by the same launch."""
-    from ember.compiler.ops.quant.triton_act_quant import (quantize_plan, quantize_rows_kernel,
-                                                           quantize_rows_prefetch_kernel)
+    of silu(gate) * up for x = gate_up [m, 2k] (activation.gated_act_packed, computed inside the launch)."""
+    from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
     from ember.compiler.ops.triton_launch import triton_call
-    from ember.compiler.ops.triton_prefetch import prefetch_args
 
     m, k = x.shape[0], x.shape[1] // 2 if silu_gated else x.shape[1]
     if k % 32:
         raise ValueError(f"activation length {k} is not a multiple of 32")
     plan = quantize_plan(m, k, order, silu_gated)
-    planes, sizes = prefetch_args(prefetch, m, x) if prefetch is not None else ((), {})
-    kernel = quantize_rows_prefetch_kernel if any(sizes.values()) else quantize_rows_kernel
-    return triton_call(x, *(planes if kernel is quantize_rows_prefetch_kernel else ()), kernel=kernel,
+    return triton_call(x, kernel=quantize_rows_kernel,
                        out_shape=(jax.ShapeDtypeStruct((m, k // 4), jnp.int32),
                                   jax.ShapeDtypeStruct((m, k // 32, 4), jnp.float32)),
-                       grid=plan["grid"], num_warps=4, num_stages=1, ASM=True, **plan["meta"],
-                       **(sizes if kernel is quantize_rows_prefetch_kernel else {}))
+                       grid=plan["grid"], num_warps=4, num_stages=1, ASM=True, **plan["meta"])
 
 
 def _quantized_inputs(x: jax.Array, w: QuantizedWeight, plan: dict, silu_gated: bool = False,
@@ -75,7 +68,7 @@ def _quantized_inputs(x: jax.Array, w: QuantizedWeight, plan: dict, silu_gated: 
     from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES
 
     if activations is None:
-        activations = quantize_activations_gpu(x, w.format, silu_gated, prefetch=w)
+        activations = quantize_activations_gpu(x, w.format, silu_gated)
     qa, da = pad_rows(*activations, plan["meta"]["M_PAD"])
     return (qa, da, *(w.planes[name] for name in DP4A_PLANES[w.format]))
 

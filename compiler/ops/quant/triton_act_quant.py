@@ -19,8 +19,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..triton_prefetch import prefetch_l2
-
 
 @triton.jit
 def _rint(v, ASM: tl.constexpr):
@@ -92,19 +90,6 @@ def quantize_rows_kernel(x_ptr, qa_ptr, da_ptr, K: tl.constexpr, BLOCKS: tl.cons
         x = tl.load(x_ptr + row * K + cols, mask=ok[:, None, None], other=0.0)
         x = x.to(tl.float32)                              # [BLOCKS, 4, 8]
     quantize_store(x, qa_ptr, da_ptr, row, blocks, ok, j3, e3, K, ASM)
-
-
-@triton.jit
-def quantize_rows_prefetch_kernel(x_ptr, pf0_ptr, pf1_ptr, qa_ptr, da_ptr, K: tl.constexpr, BLOCKS: tl.constexpr,
-                                  Q6: tl.constexpr, ASM: tl.constexpr, SILU_GATED: tl.constexpr,
-                                  PF0_BYTES: tl.constexpr, PF1_BYTES: tl.constexpr):
-    """quantize_rows_kernel whose programs first request PF0_BYTES / PF1_BYTES of the planes pf0 / pf1 (the
-    weight of the GEMV that reads the activations) into L2 (../triton_prefetch.py)."""
-    part = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-    parts = tl.num_programs(0) * tl.num_programs(1)
-    prefetch_l2(pf0_ptr, PF0_BYTES, part, parts, ASM)
-    prefetch_l2(pf1_ptr, PF1_BYTES, part, parts, ASM)
-    quantize_rows_kernel(x_ptr, qa_ptr, da_ptr, K, BLOCKS, Q6, ASM, SILU_GATED)
 
 
 QUANTIZE_BLOCKS = 16  # activation blocks (of 32) per program
