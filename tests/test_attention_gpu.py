@@ -187,8 +187,8 @@ def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(monke
 @pytest.mark.parametrize("order", [None, "q4_k", "q6_k"])
 @pytest.mark.parametrize("heads, ctx", [((12, 2), [129]), ((32, 8), [4096, 17, 1, 900])])
 def test_the_last_split_combining_matches_the_combine_launch(monkeypatch, order, heads, ctx):
-    """The default decode attention (RoPE, the partials and, by the last split of each row / KV head, their
-    combine in one launch) against EMBER_LAST_SPLIT_COMBINES=0 (the combine as its own launch), over 5 calls
+    """EMBER_LAST_SPLIT_COMBINES=1 (RoPE, the partials and, by the last split of each row / KV head, their
+    combine in one launch) against the default (the combine as its own launch), over 5 calls
     in a row (a counter the last program failed to reset would let no program combine on the next call,
     leaving stale rows): the pools bit-equal, the rows to the last bf16 bit or so (the group's merge sums in
     another order), the int8 activations bit-equal to the Triton quantizer's on the kernel's own rows."""

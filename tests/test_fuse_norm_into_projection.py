@@ -144,6 +144,5 @@ def test_decode_attention_writes_the_output_projections_int8_activations(monkeyp
     with linear_quant.use_quant_backend("triton"):
         text = jax.jit(step).trace(q, k, v, pool, w).lower(lowering_platforms=("cuda",)).as_text()
     names = [line.split('name = "')[1].split('"')[0] for line in text.splitlines() if XLA_TRITON_TARGET in line]
-    # RoPE, the partials and their combine in one launch (decode.rope_decode_attention)
-    quantizer = [] if fused else ["quantize_rows_kernel"]
-    assert names == ["paged_decode_rope_attention_kernel", *quantizer, "dp4a_gemv_kernel"]
+    merge = ["paged_decode_combine_quant_kernel"] if fused else ["paged_decode_combine_kernel", "quantize_rows_kernel"]
+    assert names == ["paged_decode_rope_partials_kernel", *merge, "dp4a_gemv_kernel"]  # RoPE inside the partials

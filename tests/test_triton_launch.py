@@ -201,8 +201,8 @@ def test_rope_write_lowers_to_one_native_kernel_writing_the_pools_in_place(n, hq
 @pytest.mark.parametrize("rows, width, style", [(1, 2048, "neox"), (2, 512, "interleaved"), (256, 32, "neox")])
 def test_rope_decode_attention_lowers_to_one_partials_kernel_writing_the_pools(monkeypatch, rows, width, style,
                                                                                combines):
-    # a step of decode rows with split partials: RoPE, the K/V write, the partials and their combine in one
-    # launch (EMBER_LAST_SPLIT_COMBINES=0: the combine as a second launch; no rope_write either way); one split
+    # a step of decode rows with split partials: RoPE, the K/V write and the partials in one launch, then the
+    # combine (EMBER_LAST_SPLIT_COMBINES=1: the combine inside that launch; no rope_write either way); one split
     # (large batches): not applicable, the caller keeps the two launches
     from ember.compiler.ops.attention_gpu import decode
     from ember.compiler.ops.attention_gpu.decode import rope_decode_attention
@@ -255,5 +255,5 @@ def test_rope_attention_of_a_decode_step_launches_the_fused_partials_when_switch
                                           batch, style="neox", scale=0.1)
 
     names = [c["name"] for c in _triton_calls(step, q, k, pool)]
-    assert names == (["paged_decode_rope_attention_kernel"] if fused == "1" else
+    assert names == (["paged_decode_rope_partials_kernel", "paged_decode_combine_kernel"] if fused == "1" else
                      ["rope_write_kernel", "paged_decode_partials_kernel", "paged_decode_combine_kernel"])

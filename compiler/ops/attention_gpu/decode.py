@@ -29,7 +29,9 @@ LOG2E = math.log2(math.e)
 BACKENDS = ("triton", "emulate")
 # "0": the split partials merged by XLA (combine_partials) rather than by the combine kernel (read at trace time)
 TRITON_COMBINE_ENV = "EMBER_TRITON_COMBINE"
-# "0": the RoPE-fused partials and the combine as two launches rather than one (read at trace time)
+# "1": the RoPE-fused partials and the combine as one launch rather than two (read at trace time). Off by
+# default: measured on the H200 (tools/results/h200_last_split_combine_376340b_d3ac2da.json, README) it saves
+# the combine's launch at short contexts but the last program's serial merge of many splits costs more at long ones
 LAST_SPLIT_COMBINES_ENV = "EMBER_LAST_SPLIT_COMBINES"
 
 
@@ -174,8 +176,8 @@ def _merge(acc, m, l, q, plan, config, activations_for):
 def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, block_tables, ctx_lens, window, *,
                           style: str, scale: float, config: DecodeAttentionConfig | None = None,
                           activations_for: str | None = None):
-    """RoPE, the step's K/V write, the split partials and their combine in ONE Triton launch (the last split of a
-    row / KV head merges it; EMBER_LAST_SPLIT_COMBINES=0: the combine as a second launch), for steps whose
+    """RoPE, the step's K/V write and the split partials in ONE Triton launch, then the combine (with
+    EMBER_LAST_SPLIT_COMBINES=1 the combine too: the last split of a row / KV head merges it), for steps whose
     rows all decode: q [B, hq, dh], k / v [B, hkv, dh] as the projections give them (unrotated), positions,
     slots [B] int32, inv_freq [dh / 2] -> (out, activations, k_pool, v_pool) as rope_write followed by
     paged_decode_attention(backend="triton", activations_for=...) give them: the pools bit for bit (the same
@@ -196,7 +198,7 @@ def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, b
     if plan["splits"] == 1:
         return None
     i32 = jnp.int32
-    if os.environ.get(LAST_SPLIT_COMBINES_ENV, "1") != "0" and os.environ.get(TRITON_COMBINE_ENV, "1") != "0":
+    if os.environ.get(LAST_SPLIT_COMBINES_ENV, "0") == "1" and os.environ.get(TRITON_COMBINE_ENV, "1") != "0":
         return _rope_attention(q, k, v, inv_freq.astype(jnp.float32), slots.astype(i32), k_pool, v_pool,
                                block_tables.astype(i32), ctx_lens.astype(i32), positions.astype(i32),
                                jnp.asarray(window).astype(i32).reshape(1), plan, config, style, activations_for)

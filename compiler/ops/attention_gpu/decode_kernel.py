@@ -59,10 +59,9 @@ weight times v_own is added after it (a [G] weight carried through the loop), so
 kernel's registers (114 vs 96 at 12/2 x 128; compile stats: check_attention_kernels.py compile). It relies on
 batch.py's contract that decode rows belong to different sequences: no row reads a token another row of
 the same launch writes.
-paged_decode_rope_attention_kernel (the default where rope_partials applies; EMBER_LAST_SPLIT_COMBINES=0
-keeps the combine launch) is that kernel with the combine inside: the last split program of each (row,
-KV head) to finish merges the group's heads (../triton_handoff.py), so a decode layer's attention is one
-launch (decode_combine_kernel.py holds the merge).
+paged_decode_rope_attention_kernel (EMBER_LAST_SPLIT_COMBINES=1, off by default: decode.py) is that kernel
+with the combine inside: the last split program of each (row, KV head) to finish merges the group's heads
+(../triton_handoff.py), so a decode layer's attention is one launch (decode_combine_kernel.py holds the merge).
 """
 
 from __future__ import annotations
