@@ -12,6 +12,7 @@ from typing import Callable
 from .frontend import lower
 from .ir import Graph
 from .passes.assign_state_kinds import assign_state_kinds
+from .passes.defer_residual_add import defer_residual_add
 from .passes.fuse_add_rms_norm import fuse_add_rms_norm
 from .passes.fuse_gated_linear import fuse_gated_linear
 from .passes.fuse_norm_into_projection import FUSED as FUSED_INTO_PROJECTION
@@ -33,6 +34,7 @@ def phases(target: Target, variant: str = "default") -> list[tuple[str, Callable
         ("assign_state_kinds", assign_state_kinds),
         ("hoist_layer_constants", hoist_layer_constants),
         ("pack_parallel_linears", pack_parallel_linears),
+        ("defer_residual_add", defer_residual_add),
         ("fuse_add_rms_norm", fuse_add_rms_norm),
         ("fuse_rope_attention",
          lambda g: fuse_rope_attention(g) if target.names_kernel("rope_attention", variant) else g),

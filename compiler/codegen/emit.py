@@ -20,10 +20,10 @@ _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
     keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False, autoescape=False,
 )
-_SIGNATURES = {
+_SIGNATURES = {  # {carried}: the values handed from region to region (x, and x_add: defer_residual_add)
     "prologue": "dims, weights, batch",
-    "layer": "dims, w, constants, x, k_pool, v_pool, batch",
-    "epilogue": "dims, weights, x, batch",
+    "layer": "dims, w, constants, {carried}, k_pool, v_pool, batch",
+    "epilogue": "dims, weights, {carried}, batch",
 }
 
 
@@ -50,13 +50,14 @@ def generate(graph: Graph, spec: ModelSpec, target: Target, variant: str = "defa
             module, function = node.kernel.split(":")
             imports[alias] = (alias, module, function)
             lines.append(_call_line(node, alias, weights_var))
-        returns = region.outputs[0] if region.name != "layer" else f"{region.outputs[0]}, k_pool, v_pool"
-        regions.append({"name": region.name, "signature": _SIGNATURES[region.name], "lines": lines,
-                        "returns": returns})
+        returns = ", ".join(region.outputs) + (", k_pool, v_pool" if region.name == "layer" else "")
+        regions.append({"name": region.name, "returns": returns, "lines": lines,
+                        "signature": _SIGNATURES[region.name].format(carried=", ".join(_carried(graph, region)))})
     source = _TEMPLATES.get_template("plan.py.j2").render(
         spec_file=f"specs/{spec.path.name}", target=target.name, variant=variant, spec_sha256=spec.source_sha256,
         compiler_version=COMPILER_VERSION, arch=graph.arch, imports=sorted(imports.values()),
-        regions=regions, global_weights=repr(tuple(sorted(_used_weights(graph, layer=False)))),
+        regions=regions, carried=_carried(graph, graph.region("layer")),
+        global_weights=repr(tuple(sorted(_used_weights(graph, layer=False)))),
         layer_weights=repr(tuple(sorted(_used_weights(graph, layer=True)))),
     )
     return GeneratedPlan(source=source, manifest=_manifest(graph, spec, target))
@@ -75,6 +76,15 @@ def write_plan(plans: dict[str, GeneratedPlan], out_dir: Path) -> list[Path]:
     manifest_path = out_dir / "manifest.json"
     manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return written + [manifest_path]
+
+
+def _carried(graph: Graph, region) -> list[str]:
+    """The region's inputs handed on from the region before: neither the step's own (tokens, positions,
+    logit_rows) nor the layer constants."""
+    from ..frontend import STEP_INPUTS
+
+    constants = {c.name for c in graph.layer_constants}
+    return [name for name in region.inputs if name not in STEP_INPUTS and name not in constants]
 
 
 def _alias(kernel: str) -> str:

@@ -15,6 +15,7 @@ def rms_norm(x, weight, *, eps):
 
 
 def add_rms_norm(x, y, weight, *, eps):
-    # -> (x + y, rms_norm(x + y)): the sum is the new residual stream
-    s = x + y
+    # -> (x + y, rms_norm(x + y)): the sum is the new residual stream (y None: nothing to add, as before a
+    # plan's first layer: passes/defer_residual_add.py)
+    s = x if y is None else x + y
     return s, rms_norm(s, weight, eps=eps)

@@ -82,7 +82,9 @@ def rms_norm(x, weight, *, eps):
 
 
 def add_rms_norm(x, y, weight, *, eps):
-    # -> (x + y, rms_norm(x + y)), both [..., n] in x's dtype
+    # -> (x + y, rms_norm(x + y)), both [..., n] in x's dtype (y None: (x, rms_norm(x)))
+    if y is None:
+        return x, rms_norm(x, weight, eps=eps)
     if not use_kernel(x) or y.shape != x.shape or y.dtype != x.dtype:
         return norm_ref.add_rms_norm(x, y, weight, eps=eps)
     return add_rms_norm_triton(x, y, weight, eps=eps)

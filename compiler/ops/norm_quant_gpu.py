@@ -125,9 +125,11 @@ def rms_norm_to_proj(x, weight, reader, *, eps):
 
 
 def add_rms_norm_to_proj(x, y, weight, reader, *, eps):
-    # -> (x + y, rms_norm_to_proj(x + y)): the sum is the new residual stream
+    # -> (x + y, rms_norm_to_proj(x + y)): the sum is the new residual stream (y None: x and its norm)
     from .linear_quant import QuantizedInput
 
+    if y is None:
+        return x, rms_norm_to_proj(x, weight, reader, eps=eps)
     order = _order(x, reader)
     if order is None or y.shape != x.shape or y.dtype != x.dtype:
         return norm_gpu.add_rms_norm(x, y, weight, eps=eps)

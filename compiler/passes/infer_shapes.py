@@ -15,7 +15,8 @@ def infer_shapes(graph: Graph) -> Graph:
     carried = ("N", "d")
     all_shapes = {}
     for region in graph.regions:
-        shapes = {**INPUT_SHAPES, **constants, "x": carried}
+        # the carried values (x, and the deferred residual add's operand: defer_residual_add) share one shape
+        shapes = {**INPUT_SHAPES, **{name: carried for name in region.inputs if name not in INPUT_SHAPES}, **constants}
         all_shapes[region.name] = shapes
         for node in region.nodes:
             attrs = {k: (v.name if isinstance(v, DimRef) else v) for k, v in node.attrs}

@@ -32,12 +32,12 @@ def prologue(dims, weights, batch):
     return x
 
 
-def layer(dims, w, constants, x, k_pool, v_pool, batch):
+def layer(dims, w, constants, x, x_add, k_pool, v_pool, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     rope_inv_freq0 = constants['rope_inv_freq0']
     attn_window1 = constants['attn_window1']
     attn_state2 = constants['attn_state2']
-    h = norm_rms_norm(x, w['attn_norm.weight'], eps=dims.eps)
+    x_in, h = norm_add_rms_norm(x, x_add, w['attn_norm.weight'], eps=dims.eps)
     t_1, t_3, t_5 = linear_linear_split(h, w['attn_q+attn_k+attn_v.weight'], w['attn_q+attn_k+attn_v.bias'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
     q = linear_split_heads(t_1, heads=dims.hq)
     k = linear_split_heads(t_3, heads=dims.hkv)
@@ -45,17 +45,17 @@ def layer(dims, w, constants, x, k_pool, v_pool, batch):
     q_1, k_1 = rope_rope(q, k, positions, rope_inv_freq0, style='neox')
     a, k_pool, v_pool = attention_paged_attention(q_1, k_1, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_10 = linear_linear(a, w['attn_output.weight'])
-    x_1, h_1 = norm_add_rms_norm(x, t_10, w['ffn_norm.weight'], eps=dims.eps)
+    x_1, h_1 = norm_add_rms_norm(x_in, t_10, w['ffn_norm.weight'], eps=dims.eps)
     t_13_t_14 = linear_linear(h_1, w['ffn_gate+ffn_up.weight'])
     t_15 = activation_gated_act_packed(t_13_t_14, act='silu')
     t_16 = linear_linear(t_15, w['ffn_down.weight'])
-    x_2 = embedding_add(x_1, t_16)
-    return x_2, k_pool, v_pool
+    return x_1, t_16, k_pool, v_pool
 
 
-def epilogue(dims, weights, x, batch):
+def epilogue(dims, weights, x, x_add, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
-    x_1 = embedding_select_rows(x, logit_rows)
+    x_in = embedding_add(x, x_add)
+    x_1 = embedding_select_rows(x_in, logit_rows)
     h = norm_rms_norm(x_1, weights['output_norm.weight'], eps=dims.eps)
     logits = linear_linear(h, weights['output.weight'])
     return logits
@@ -65,8 +65,9 @@ def forward(dims, params, kv, batch):
     # The layer loop is unrolled at trace time: each layer reads its own weight buffers directly
     # (a scanned loop over stacked weights copies every layer's slice on XLA CPU).
     x = prologue(dims, params.globals, batch)
+    x_add = None  # the residual add a layer leaves to the next one's norm: none before layer 0
     new_kv = []
     for index in range(dims.layers):
-        x, k_pool, v_pool = layer(dims, params.layers[index], params.constants[index], x, *kv[index], batch)
+        x, x_add, k_pool, v_pool = layer(dims, params.layers[index], params.constants[index], x, x_add, *kv[index], batch)
         new_kv.append((k_pool, v_pool))
-    return epilogue(dims, params.globals, x, batch), new_kv
+    return epilogue(dims, params.globals, x, x_add, batch), new_kv
