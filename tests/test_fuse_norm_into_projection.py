@@ -99,35 +99,6 @@ def test_decode_norm_then_qkv_lowers_to_two_kernels(add, monkeypatch):
     assert 'name = "dp4a_gemv_parts_kernel"' in calls[1]
 
 
-@pytest.mark.parametrize("add", [False, True], ids=["rms_norm", "add_rms_norm"])
-def test_a_norm_writes_both_packings_for_a_q4_k_q_k_beside_a_q6_k_v(monkeypatch, add):
-    """1.5B Q4_K_M's packed q/k/v where v is Q6_K (half its layers): the norm writes the int8 activations in
-    both packings (TWO), so neither parts launch is preceded by a quantizer."""
-    from ember.compiler.ops import norm_gpu
-    from ember.compiler.ops.quant import config as quant_config
-    from ember.compiler.ops.quant.layout import WeightGroup
-    from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
-
-    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
-    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
-    monkeypatch.setattr(norm_gpu, "triton_available", lambda: True)
-    rng = np.random.default_rng(0)
-    w = WeightGroup(tuple(pack(random_gguf_bytes(rng, fmt, (rows, 1536)), fmt, (rows, 1536))
-                          for fmt, rows in (("q4_k", 1792), ("q6_k", 256))))
-    x, nw = jnp.zeros((1, 1536), jnp.bfloat16), jnp.ones((1536,), jnp.bfloat16)
-
-    def step(x, nw, w):
-        h = (norm_quant_gpu.add_rms_norm_to_proj(x, x, nw, w, eps=1e-6)[1] if add
-             else norm_quant_gpu.rms_norm_to_proj(x, nw, w, eps=1e-6))
-        assert isinstance(h, linear_quant.QuantizedInput) and (h.order, h.order2) == ("q4_k", "q6_k")
-        return linear_quant.linear_split(h, w, sizes=(1536, 256, 256))
-
-    with linear_quant.use_quant_backend("triton"):
-        text = jax.jit(step).trace(x, nw, w).lower(lowering_platforms=("cuda",)).as_text()
-    names = [line.split('name = "')[1].split('"')[0] for line in text.splitlines() if XLA_TRITON_TARGET in line]
-    assert names == [f'{"add_" if add else ""}rms_norm_quant_kernel'] + ["dp4a_gemv_parts_kernel"] * 2
-
-
 @pytest.mark.parametrize("spec", SPECS)
 def test_h200_default_plans_tell_the_attention_its_output_projection(spec):
     loaded = load_spec(spec)

@@ -103,17 +103,13 @@ def _matmul(x, w):
 class QuantizedInput(NamedTuple):
     """A projection's input rows (x [N, k]) with their int8 activations already made by the op that
     produced them (norm_quant_gpu.py): qa [N, k/4], da [N, k/32, 4] packed for `order`'s weights
-    (act_quant.quantize_activations), so the projection's dp4a GEMV launches no quantizer; qa2 / da2 the same
-    packed for `order2` (a packed projection whose parts differ in format). Parts of another format, and
-    every other path, read x."""
+    (act_quant.quantize_activations), so the projection's dp4a GEMV launches no quantizer. Parts of
+    another format, and every other path, read x."""
 
     x: jax.Array
     qa: jax.Array
     da: jax.Array
     order: str
-    qa2: jax.Array | None = None
-    da2: jax.Array | None = None
-    order2: str | None = None
 
 
 def _array(x):
@@ -126,32 +122,21 @@ def _rows(x) -> int:
 
 def _activations(x, w: QuantizedWeight):
     """x's ready-made int8 activations where they are packed for w's format, else None."""
-    if not isinstance(x, QuantizedInput):
-        return None
-    return (x.qa, x.da) if x.order == w.format else (x.qa2, x.da2) if x.order2 == w.format else None
+    return (x.qa, x.da) if isinstance(x, QuantizedInput) and x.order == w.format else None
 
 
 def dp4a_input_order(weight, rows: int) -> str | None:
     """The activation packing ("q4_k" / "q6_k") that `weight`'s decode GEMV reads at `rows` rows, for the
     first part that takes int8 activations: what a producer of its input may write for it. None where no
     part does (float or dense weights, more rows than the GEMV serves, the reference backend)."""
-    orders = dp4a_input_orders(weight, rows)
-    return orders[0] if orders else None
-
-
-def dp4a_input_orders(weight, rows: int) -> tuple[str, ...]:
-    """Every packing `weight`'s decode GEMVs read at `rows` rows, the first part's first (a WeightGroup's
-    parts may differ: a Q4_K q/k beside a Q6_K v); () where no part takes int8 activations."""
     if quant_backend() != "triton":
-        return ()
+        return None
     weight = form_for_rows(rows, weight)
-    orders = []
     for part in weight.parts if isinstance(weight, WeightGroup) else (weight,):
         if (isinstance(part, QuantizedWeight) and rows <= gemv_max_rows(part.format)
-                and quant_config.pick_config(part.format, rows, *part.shape).variant == "dp4a"
-                and part.format not in orders):
-            orders.append(part.format)
-    return tuple(orders)
+                and quant_config.pick_config(part.format, rows, *part.shape).variant == "dp4a"):
+            return part.format
+    return None
 
 
 def gemv_max_rows(fmt: str) -> int:

@@ -4,13 +4,11 @@ decode GEMV that alone reads it: that projection's activation quantizer costs no
 The compiler's fuse_norm_into_projection pass turns a norm whose output feeds exactly one projection into
 `rms_norm_to_proj` / `add_rms_norm_to_proj`, which receive that projection's weight (`reader`) only to see,
 at trace time, whether its GEMV takes int8 activations at this row count and in which packing
-(linear_quant.dp4a_input_orders). If it does, one Triton program per row normalizes the row as
+(linear_quant.dp4a_input_order). If it does, one Triton program per row normalizes the row as
 norm_gpu.py's kernels do (same fp32 statistics, same roundings: the bf16 output is bit-equal), stores it,
 then recomputes the same values in the packed layout (act_quant.PACKINGS; x and w are re-read from cache,
-the scale is the row's) and quantizes them as triton_act_quant.py does. Where the projection's parts take
-both packings (a packed q/k/v whose Q4_K q/k sit beside a Q6_K v, half the layers of a Q4_K_M file) it
-writes both (TWO), so no part's GEMV needs a quantizer launch. The result is a linear_quant.QuantizedInput
-(the bf16 rows + qa + da, + qa2 + da2); otherwise the plain norm (norm_gpu.py).
+the scale is the row's) and quantizes them as triton_act_quant.py does. The result is a
+linear_quant.QuantizedInput (the bf16 rows + qa + da); otherwise the plain norm (norm_gpu.py).
 
 On by default; EMBER_FUSED_NORM_QUANT=0 (read at trace time) turns it off. Checked in Triton's interpreter
 (tools/check_norm_kernels.py: rows and int8 words bit-equal to the plain norm + quantizer) and on the H200
@@ -36,10 +34,20 @@ FUSED_ENV = "EMBER_FUSED_NORM_QUANT"  # "0": the norms leave the int8 activation
 
 
 @triton.jit
-def _packed_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, row, inv, N: tl.constexpr,
-                     NB: tl.constexpr, ADD: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
-    # the row's normed values recomputed in the packed layout [NB, 4, 8] of the GEMV's activations (Q6_K's
-    # order when Q6, else Q4_K's), rounded as the stored rows are, then quantized into qa / da
+def _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
+                   NB: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    s = tl.load(x_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+    if ADD:  # the residual stream, rounded as the reference's add
+        s = (s + tl.load(y_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)).to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * N + cols, s, mask=ok)
+        s = s.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / N + EPS)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * N + cols, (s * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
+    # the same values in the packed layout [NB, 4, 8] of the GEMV's activations
     blocks = tl.arange(0, NB)
     ok_b = blocks < N // 32
     j3, e3 = packed_order(Q6)
@@ -54,44 +62,18 @@ def _packed_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, row,
 
 
 @triton.jit
-def _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, qa2_ptr, da2_ptr, N: tl.constexpr,
-                   BLOCK: tl.constexpr, NB: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, Q6: tl.constexpr,
-                   ASM: tl.constexpr, TWO: tl.constexpr):
-    # TWO: the activations also in the other packing (qa2 / da2: Q4_K's when Q6, else Q6_K's), for a packed
-    # projection whose parts differ in format (a Q4_K q/k beside a Q6_K v)
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    ok = cols < N
-    s = tl.load(x_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
-    if ADD:  # the residual stream, rounded as the reference's add
-        s = (s + tl.load(y_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)).to(sum_ptr.dtype.element_ty)
-        tl.store(sum_ptr + row * N + cols, s, mask=ok)
-        s = s.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / N + EPS)
-    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * N + cols, (s * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
-    _packed_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, row, inv, N, NB, ADD, Q6, ASM)
-    if TWO:
-        _packed_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa2_ptr, da2_ptr, row, inv, N, NB, ADD, not Q6, ASM)
+def rms_norm_quant_kernel(x_ptr, w_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
+                          NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
+    """x [rows, N] -> out [rows, N] = rms_norm(x) and its int8 activations qa [rows, N/4], da [rows, N/32, 4]."""
+    _norm_quantize(x_ptr, x_ptr, w_ptr, out_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, False, Q6, ASM)
 
 
 @triton.jit
-def rms_norm_quant_kernel(x_ptr, w_ptr, out_ptr, qa_ptr, da_ptr, qa2_ptr, da2_ptr, N: tl.constexpr,
-                          BLOCK: tl.constexpr, NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr,
-                          ASM: tl.constexpr, TWO: tl.constexpr):
-    """x [rows, N] -> out [rows, N] = rms_norm(x) and its int8 activations qa [rows, N/4], da [rows, N/32, 4]
-    (and in the other packing, qa2 / da2, when TWO)."""
-    _norm_quantize(x_ptr, x_ptr, w_ptr, out_ptr, out_ptr, qa_ptr, da_ptr, qa2_ptr, da2_ptr, N, BLOCK, NB, EPS,
-                   False, Q6, ASM, TWO)
-
-
-@triton.jit
-def add_rms_norm_quant_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, qa2_ptr, da2_ptr,
-                              N: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, EPS: tl.constexpr,
-                              Q6: tl.constexpr, ASM: tl.constexpr, TWO: tl.constexpr):
-    """x, y [rows, N] -> sum = x + y, out = rms_norm(sum), and out's int8 activations qa, da (qa2, da2)."""
-    _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, qa2_ptr, da2_ptr, N, BLOCK, NB, EPS,
-                   True, Q6, ASM, TWO)
+def add_rms_norm_quant_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr,
+                              BLOCK: tl.constexpr, NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr,
+                              ASM: tl.constexpr):
+    """x, y [rows, N] -> sum = x + y, out = rms_norm(sum), and out's int8 activations qa, da."""
+    _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, True, Q6, ASM)
 
 
 def launch_plan(rows: int, n: int, order: str) -> dict:
@@ -103,60 +85,53 @@ def launch_plan(rows: int, n: int, order: str) -> dict:
     return plan
 
 
-def norm_quantize_triton(x, y, weight, *, eps, order: str, both: bool = False):
+def norm_quantize_triton(x, y, weight, *, eps, order: str):
     """The launch: x (and y, the residual add's other input, or None) [..., n] -> (the sum when y is given,
-    the normed rows, qa [rows, n/4], da [rows, n/32, 4]) and, when both, (qa, da) in the other packing too,
-    whatever the backend being traced for."""
+    the normed rows, qa [rows, n/4], da [rows, n/32, 4]), whatever the backend being traced for."""
     from .triton_launch import triton_call
 
     rows, n = math.prod(x.shape[:-1]), x.shape[-1]
     plan = launch_plan(rows, n, order)
     rows_out = jax.ShapeDtypeStruct((rows, n), x.dtype)
-    activations = lambda m: (jax.ShapeDtypeStruct((m, n // 4), jnp.int32),  # noqa: E731
-                             jax.ShapeDtypeStruct((m, n // 32, 4), jnp.float32))
+    activations = (jax.ShapeDtypeStruct((rows, n // 4), jnp.int32),
+                   jax.ShapeDtypeStruct((rows, n // 32, 4), jnp.float32))
     inputs = (x,) if y is None else (x, y)
     outs = triton_call(*(a.reshape(rows, n) for a in inputs), weight,
                        kernel=rms_norm_quant_kernel if y is None else add_rms_norm_quant_kernel,
-                       out_shape=(rows_out,) * len(inputs) + activations(rows) + activations(rows if both else 1),
-                       grid=plan["grid"], num_warps=plan["num_warps"], num_stages=1, EPS=float(eps), ASM=True,
-                       TWO=both, **plan["meta"])
-    outs = (*(o.reshape(x.shape) for o in outs[:len(inputs)]), *outs[len(inputs):])
-    return outs if both else outs[:-2]
+                       out_shape=(rows_out,) * len(inputs) + activations, grid=plan["grid"],
+                       num_warps=plan["num_warps"], num_stages=1, EPS=float(eps), ASM=True, **plan["meta"])
+    return (*(o.reshape(x.shape) for o in outs[:len(inputs)]), *outs[len(inputs):])
 
 
-def _orders(x, reader) -> tuple[str, ...]:
-    # the packings the reader's dp4a GEMVs take (two where a packed projection's parts differ in format)
-    from .linear_quant import dp4a_input_orders
+def _order(x, reader) -> str | None:
+    from .linear_quant import dp4a_input_order
 
     if (x.ndim != 2 or x.shape[-1] % 32 or not norm_gpu.use_kernel(x)
             or os.environ.get(FUSED_ENV, "1") == "0"):
-        return ()
-    return dp4a_input_orders(reader, x.shape[0])
-
-
-def _quantized_input(rows, activations, orders):
-    from .linear_quant import QuantizedInput
-
-    qa, da, *other = activations
-    return QuantizedInput(rows, qa, da, orders[0], *(tuple(other) + (orders[1],) if len(orders) > 1 else ()))
+        return None
+    return dp4a_input_order(reader, x.shape[0])
 
 
 def rms_norm_to_proj(x, weight, reader, *, eps):
     # x [N, n], weight [n]; reader: the weight of the one projection reading the output -> that projection's
     # input: a linear_quant.QuantizedInput where its GEMV takes int8 activations, else norm_gpu.rms_norm's
-    orders = _orders(x, reader)
-    if not orders:
+    from .linear_quant import QuantizedInput
+
+    order = _order(x, reader)
+    if order is None:
         return norm_gpu.rms_norm(x, weight, eps=eps)
-    h, *activations = norm_quantize_triton(x, None, weight, eps=eps, order=orders[0], both=len(orders) > 1)
-    return _quantized_input(h, activations, orders)
+    h, qa, da = norm_quantize_triton(x, None, weight, eps=eps, order=order)
+    return QuantizedInput(h, qa, da, order)
 
 
 def add_rms_norm_to_proj(x, y, weight, reader, *, eps):
     # -> (x + y, rms_norm_to_proj(x + y)): the sum is the new residual stream (y None: x and its norm)
+    from .linear_quant import QuantizedInput
+
     if y is None:
         return x, rms_norm_to_proj(x, weight, reader, eps=eps)
-    orders = _orders(x, reader)
-    if not orders or y.shape != x.shape or y.dtype != x.dtype:
+    order = _order(x, reader)
+    if order is None or y.shape != x.shape or y.dtype != x.dtype:
         return norm_gpu.add_rms_norm(x, y, weight, eps=eps)
-    s, h, *activations = norm_quantize_triton(x, y, weight, eps=eps, order=orders[0], both=len(orders) > 1)
-    return s, _quantized_input(h, activations, orders)
+    s, h, qa, da = norm_quantize_triton(x, y, weight, eps=eps, order=order)
+    return s, QuantizedInput(h, qa, da, order)
