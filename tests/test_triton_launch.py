@@ -197,17 +197,11 @@ def test_rope_write_lowers_to_one_native_kernel_writing_the_pools_in_place(n, hq
     assert "output_operand_aliases" in text  # the pools are updated in place, not copied
 
 
-@pytest.mark.parametrize("combines", ["1", "0"])
 @pytest.mark.parametrize("rows, width, style", [(1, 2048, "neox"), (2, 512, "interleaved"), (256, 32, "neox")])
-def test_rope_decode_attention_lowers_to_one_partials_kernel_writing_the_pools(monkeypatch, rows, width, style,
-                                                                               combines):
+def test_rope_decode_attention_lowers_to_one_partials_kernel_writing_the_pools(rows, width, style):
     # a step of decode rows with split partials: RoPE, the K/V write and the partials in one launch, then the
-    # combine (EMBER_LAST_SPLIT_COMBINES=1: the combine inside that launch; no rope_write either way); one split
-    # (large batches): not applicable, the caller keeps the two launches
-    from ember.compiler.ops.attention_gpu import decode
+    # combine (no rope_write); one split (large batches): not applicable, the caller keeps the two launches
     from ember.compiler.ops.attention_gpu.decode import rope_decode_attention
-
-    monkeypatch.setenv(decode.LAST_SPLIT_COMBINES_ENV, combines)
 
     hq, hkv, dh, bs = 32, 8, 128, 16
     q, k = jnp.zeros((rows, hq, dh), BF16), jnp.zeros((rows, hkv, dh), BF16)
@@ -225,8 +219,7 @@ def test_rope_decode_attention_lowers_to_one_partials_kernel_writing_the_pools(m
         assert step(q, k, pool, tables, ints) is None
         return
     calls = _triton_calls(step, q, k, pool, tables, ints)
-    assert [c["name"] for c in calls] == (["paged_decode_rope_attention_kernel"] if combines == "1" else
-                                          ["paged_decode_rope_partials_kernel", "paged_decode_combine_kernel"])
+    assert [c["name"] for c in calls] == ["paged_decode_rope_partials_kernel", "paged_decode_combine_kernel"]
     assert calls[0]["grid"] == plan["grid"]
     text = jax.jit(step).trace(q, k, pool, tables, ints).lower(lowering_platforms=("cuda",)).as_text()
     assert "output_operand_aliases" in text  # the pools are updated in place, not copied

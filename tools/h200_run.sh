@@ -24,7 +24,6 @@
 #   tools/h200_run.sh engine-profile the batch-1 engine under the profiler (idle gaps), then the plan alone
 #   tools/h200_run.sh combine-check decode attention GPU tests, then the batch-1 step without / with the attention's int8 output
 #   tools/h200_run.sh rope-check RoPE-fused decode partials: GPU test, then the batch-1 step without / with them
-#   tools/h200_run.sh handoff-check the combine inside the attention's launch: GPU tests, batch-1 step without / with
 #   tools/h200_run.sh dp4a-rows  16 / 32 streams, the dp4a GEMV up to 64 rows vs its default bound
 #   tools/h200_run.sh norms-ab   RMSNorm kernels: GPU test, then the batch-1 step with and without them
 #   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
@@ -250,16 +249,6 @@ rope-check)  # RoPE + K/V write inside the decode partials (EMBER_FUSED_ROPE_DEC
     export JAX_PLATFORMS=cuda
     [ "${EMBER_FUSED_ROPE_DECODE:-1}" = 1 ] && MAXLEN=16528 VARIANTS="EMBER_FUSED_ROPE_DECODE=0 EMBER_FUSED_ROPE_DECODE=1" \
         plan_alone ;;
-handoff-check)  # the attention's combine inside its partials launch (EMBER_LAST_SPLIT_COMBINES): GPU tests, then
-    # the batch-1 step alone at the bench's table width without / with it (MODELS)
-    export JAX_PLATFORMS=cuda,cpu
-    timeout ${ATTN_TEST_S:-150} python -m pytest -q -m gpu tests/test_attention_gpu.py -k "last_split or rope_inside \
-        or int8" -p no:cacheprovider > "$out/gpu_handoff_tests.log" 2>&1 \
-        || { export EMBER_LAST_SPLIT_COMBINES=0; echo "last-split combine GPU tests failed: no A/B"; }
-    tail -n 3 "$out/gpu_handoff_tests.log"
-    export JAX_PLATFORMS=cuda
-    [ "${EMBER_LAST_SPLIT_COMBINES:-1}" = 1 ] && MAXLEN=16528 \
-        VARIANTS="EMBER_LAST_SPLIT_COMBINES=0 EMBER_LAST_SPLIT_COMBINES=1" plan_alone ;;
 plan-alone)  # the batch-1 step alone (MODELS; VARIANTS: trace-time settings A/B'd over the same weights)
     plan_alone ;;
 engine-profile)  # the batch-1 engine under the profiler as the bench runs it (max_model_len 16,528, 128 -> 129

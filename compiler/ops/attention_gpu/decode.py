@@ -29,10 +29,6 @@ LOG2E = math.log2(math.e)
 BACKENDS = ("triton", "emulate")
 # "0": the split partials merged by XLA (combine_partials) rather than by the combine kernel (read at trace time)
 TRITON_COMBINE_ENV = "EMBER_TRITON_COMBINE"
-# "1": the RoPE-fused partials and the combine as one launch rather than two (read at trace time). Off by
-# default: measured on the H200 (tools/results/h200_last_split_combine_376340b_d3ac2da.json, README) it saves
-# the combine's launch at short contexts but the last program's serial merge of many splits costs more at long ones
-LAST_SPLIT_COMBINES_ENV = "EMBER_LAST_SPLIT_COMBINES"
 
 
 @dataclass(frozen=True)
@@ -176,8 +172,7 @@ def _merge(acc, m, l, q, plan, config, activations_for):
 def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, block_tables, ctx_lens, window, *,
                           style: str, scale: float, config: DecodeAttentionConfig | None = None,
                           activations_for: str | None = None):
-    """RoPE, the step's K/V write and the split partials in ONE Triton launch, then the combine (with
-    EMBER_LAST_SPLIT_COMBINES=1 the combine too: the last split of a row / KV head merges it), for steps whose
+    """RoPE, the step's K/V write and the split partials in ONE Triton launch (then the combine), for steps whose
     rows all decode: q [B, hq, dh], k / v [B, hkv, dh] as the projections give them (unrotated), positions,
     slots [B] int32, inv_freq [dh / 2] -> (out, activations, k_pool, v_pool) as rope_write followed by
     paged_decode_attention(backend="triton", activations_for=...) give them: the pools bit for bit (the same
@@ -198,10 +193,6 @@ def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, b
     if plan["splits"] == 1:
         return None
     i32 = jnp.int32
-    if os.environ.get(LAST_SPLIT_COMBINES_ENV, "0") == "1" and os.environ.get(TRITON_COMBINE_ENV, "1") != "0":
-        return _rope_attention(q, k, v, inv_freq.astype(jnp.float32), slots.astype(i32), k_pool, v_pool,
-                               block_tables.astype(i32), ctx_lens.astype(i32), positions.astype(i32),
-                               jnp.asarray(window).astype(i32).reshape(1), plan, config, style, activations_for)
     acc, m, l, k_pool, v_pool = triton_call(
         q, k, v, inv_freq.astype(jnp.float32), slots.astype(i32), k_pool, v_pool, block_tables.astype(i32),
         ctx_lens.astype(i32), positions.astype(i32), jnp.asarray(window).astype(i32).reshape(1),
@@ -212,40 +203,6 @@ def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, b
         num_stages=config.num_stages, INTERLEAVED=style == "interleaved", WRITE_KV=True, **plan["meta"])
     out, activations = _merge(acc, m, l, q, plan, config, activations_for)
     return out, activations, k_pool, v_pool
-
-
-def _rope_attention(q, k, v, inv_freq, slots, k_pool, v_pool, tables, ctx_lens, positions, window, plan, config,
-                    style, activations_for):
-    # rope_decode_attention's result from ONE launch: the partials kernel whose last split per (row, KV head)
-    # merges the group (decode_kernel.paged_decode_rope_attention_kernel); the partials are scratch
-    from ..triton_handoff import counters
-    from ..triton_launch import triton_call
-
-    from .decode_kernel import KERNELS
-
-    b, hq, dh = q.shape
-    hkv, splits = k_pool.shape[2], plan["splits"]
-    quant = activations_for is not None and dh >= 32
-    act_rows = (b, hq * dh) if quant else (1, 32)  # unused 1-row placeholders without the int8 activations
-    outs = triton_call(
-        q, k, v, inv_freq, slots, k_pool, v_pool, tables, ctx_lens, positions, window, counters(b * hkv),
-        kernel=KERNELS["rope_attention"],
-        out_shape=(*_partials_shapes(q, hkv, splits), jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((act_rows[0], act_rows[1] // 4), jnp.int32),
-                   jax.ShapeDtypeStruct((act_rows[0], act_rows[1] // 32, 4), jnp.float32),
-                   jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype), jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype)),
-        input_output_aliases={5: 6, 6: 7}, grid=plan["grid"], num_warps=config.num_warps,
-        num_stages=config.num_stages, INTERLEAVED=style == "interleaved", WRITE_KV=True, QUANT=quant,
-        Q6=activations_for == "q6_k", ASM=True, **group_combine_meta(plan["meta"]))
-    out, qa, da, k_pool, v_pool = outs[3:]
-    return out, ((qa, da) if quant else None), k_pool, v_pool
-
-
-def group_combine_meta(meta: dict) -> dict:
-    """The one-launch attention's constants: the partials kernel's, and its merge's (G_POW2 query heads of a
-    group side by side, CHUNK splits per step: 16 rows of dh per step, ~16 fp32 registers a thread at dh 128)."""
-    g_pow2 = _next_pow2(meta["G"])
-    return {**meta, "G_POW2": g_pow2, "CHUNK": max(1, 16 // g_pow2)}
 
 
 def combine_meta(meta: dict, splits: int) -> dict:

@@ -3,8 +3,7 @@
 Split s of a row / KV head wrote acc_s [G, dh] unnormalized, m_s, l_s [G] (decode_kernel.py); query head
 `head` of row b is merged as sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s with M = max_s m_s
 (decode.combine_partials is the same merge in jnp). The combine kernels merge one head per program (row,
-query head); `combine_group_store` merges the G heads of a KV head at once, in the last split program of each (row, KV
-head) of the one-launch decode attention (decode_kernel.paged_decode_rope_attention_kernel).
+query head).
 """
 
 from __future__ import annotations
@@ -89,45 +88,3 @@ def _packed_columns(DH: tl.constexpr, Q6: tl.constexpr):
         return (f // 32) * 32 + 16 * (w // 4) + 4 * j + w % 4
     else:
         return f  # Q4_K's packing keeps each block's element order
-
-
-@triton.jit
-def combine_group_store(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, b, h, used, HQ: tl.constexpr,
-                        HKV: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr, DH: tl.constexpr,
-                        SPLITS: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr, Q6: tl.constexpr,
-                        ASM: tl.constexpr):
-    """The G query heads of KV head h, row b, merged at once over splits [0, used) (the non-empty ones, known
-    from the row's length, so the first loads need nothing loaded before them), CHUNK splits per step with
-    the running max rescaled as flash attention's: the same merge as combine_store's up to fp32 rounding
-    (another summation order). -> out[b, h G .. h G + G - 1] and, when QUANT, those heads' blocks of the
-    int8 activations as combine_quant_store writes them. The partials are read past L1 (".cg"): this
-    launch wrote them (../triton_handoff.py). DH is a power of two (>= 32 when QUANT)."""
-    g = tl.arange(0, G_POW2)
-    d = _packed_columns(DH, QUANT and Q6)
-    c = tl.arange(0, CHUNK)
-    base = (b * HKV + h) * SPLITS * G  # partial row of split 0, head 0 of the group; split s, head i: + s G + i
-    m_run = tl.full([G_POW2], float("-inf"), tl.float32)
-    den = tl.zeros([G_POW2], tl.float32)
-    num = tl.zeros([G_POW2, DH], tl.float32)
-    for first in range(0, used, CHUNK):
-        rows = base + (first + c)[:, None] * G + g[None, :]  # [CHUNK, G_POW2]
-        ok = ((first + c) < used)[:, None] & (g < G)[None, :]
-        m = tl.load(m_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        l = tl.load(l_ptr + rows, mask=ok, other=0.0, cache_modifier=".cg")
-        part = tl.load(acc_ptr + rows[:, :, None] * DH + d[None, None, :], mask=ok[:, :, None], other=0.0,
-                       cache_modifier=".cg")  # [CHUNK, G_POW2, DH]
-        m_new = tl.maximum(m_run, tl.max(m, axis=0))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing visible yet: every weight is 0
-        alpha = tl.exp2(m_run - m_ref)
-        weight = tl.exp2(m - m_ref[None, :])  # empty split (m = -inf): 0
-        den = den * alpha + tl.sum(weight * l, axis=0)
-        num = num * alpha[:, None] + tl.sum(weight[:, :, None] * part, axis=0)
-        m_run = m_new
-    out = (num / tl.where(den > 0.0, den, 1.0)[:, None]).to(out_ptr.dtype.element_ty)  # [G_POW2, DH]
-    head = h * G + g
-    tl.store(out_ptr + (b * HQ + head)[:, None] * DH + d[None, :], out, mask=(g < G)[:, None])
-    if QUANT:
-        j3, e3 = packed_order(Q6)
-        nb = tl.arange(0, G_POW2 * (DH // 32))
-        quantize_store(tl.reshape(out.to(tl.float32), [G_POW2 * (DH // 32), 4, 8]), qa_ptr, da_ptr, b,
-                       h * G * (DH // 32) + nb, nb < G * (DH // 32), j3, e3, HQ * DH, ASM)

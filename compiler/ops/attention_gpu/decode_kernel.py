@@ -47,8 +47,8 @@ Quantized KV later (int8 / fp8): `_load_kv_tile` is the one place a tile enters 
 per-token scale pointer and a dequantize into the dot dtype go there, the rest is unchanged.
 
 Outputs. paged_decode_partials_kernel writes unnormalized fp32 partials acc [B, hkv, SPLITS, G, dh] and
-m, l [B, hkv, SPLITS, G] (m in log2 units) that paged_decode_combine_kernel merges with log-sum-exp weights
-(decode.combine_partials is the same merge in jnp).
+m, l [B, hkv, SPLITS, G] (m in log2 units) that paged_decode_combine_kernel (decode_combine_kernel.py)
+merges with log-sum-exp weights (decode.combine_partials is the same merge in jnp).
 paged_decode_kernel is the SPLITS = 1 case (large batches): it normalizes in-kernel and writes
 [B, hq, dh] in the output dtype, so the step has one launch and no combine op.
 paged_decode_rope_partials_kernel (steps whose rows all decode; EMBER_FUSED_ROPE_DECODE=0 turns it off) is
@@ -59,9 +59,6 @@ weight times v_own is added after it (a [G] weight carried through the loop), so
 kernel's registers (114 vs 96 at 12/2 x 128; compile stats: check_attention_kernels.py compile). It relies on
 batch.py's contract that decode rows belong to different sequences: no row reads a token another row of
 the same launch writes.
-paged_decode_rope_attention_kernel (EMBER_LAST_SPLIT_COMBINES=1, off by default: decode.py) is that kernel
-with the combine inside: the last split program of each (row, KV head) to finish merges the group's heads
-(../triton_handoff.py), so a decode layer's attention is one launch (decode_combine_kernel.py holds the merge).
 """
 
 from __future__ import annotations
@@ -69,8 +66,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..triton_handoff import last_arrival
-from .decode_combine_kernel import combine_group_store, paged_decode_combine_kernel, paged_decode_combine_quant_kernel
+from .decode_combine_kernel import paged_decode_combine_kernel, paged_decode_combine_quant_kernel
 
 
 @triton.jit
@@ -217,11 +213,13 @@ def _rotated(src_ptr, rows, ok, d, c, s, DH: tl.constexpr, INTERLEAVED: tl.const
 
 
 @triton.jit
-def _rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr,
-                   acc_ptr, m_ptr, l_ptr, k_ptr, v_ptr, b, h, split, QK_SCALE: tl.constexpr, HQ: tl.constexpr,
-                   HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr,
-                   BS: tl.constexpr, W: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                   DOT_FP32: tl.constexpr, INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr):
+def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, k_pool_in, v_pool_in,
+                                      table_ptr, ctx_ptr, pos_ptr, window_ptr, acc_ptr, m_ptr, l_ptr,
+                                      k_ptr, v_ptr, QK_SCALE: tl.constexpr,
+                                      HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
+                                      DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
+                                      BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
+                                      INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr = True):
     # rope_write_kernel and paged_decode_partials_kernel in one launch, for steps whose rows all decode: q, k_new,
     # v_new [B, HQ | HKV, DH] unrotated (the projection's); inv_freq [DH / 2] fp32; slots [B] where the step's K/V
     # goes; k_pool_in / v_pool_in and k_ptr / v_ptr the same pools (aliased: written in place). Program
@@ -233,6 +231,9 @@ def _rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_p
     # own token's score and weighted value are summed outside the tensor-core dots; see _attend_tile).
     # WRITE_KV=False leaves the pools alone (the interpreter check: the own token must come from registers,
     # which a sequential interpreter, running split 0 first, would not otherwise show).
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
     d = tl.arange(0, DH)
     if INTERLEAVED:
         pair = d // 2
@@ -268,47 +269,6 @@ def _rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_p
 
 
 @triton.jit
-def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, k_pool_in, v_pool_in,
-                                      table_ptr, ctx_ptr, pos_ptr, window_ptr, acc_ptr, m_ptr, l_ptr,
-                                      k_ptr, v_ptr, QK_SCALE: tl.constexpr,
-                                      HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-                                      DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
-                                      BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
-                                      INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr = True):
-    # _rope_partials, one program per (row, KV head, split)
-    _rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr,
-                   acc_ptr, m_ptr, l_ptr, k_ptr, v_ptr, tl.program_id(0), tl.program_id(1), tl.program_id(2),
-                   QK_SCALE, HQ, HKV, G, G_PAD, DH, DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32, INTERLEAVED, WRITE_KV)
-
-
-@triton.jit
-def paged_decode_rope_attention_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, k_pool_in, v_pool_in,
-                                       table_ptr, ctx_ptr, pos_ptr, window_ptr, count_ptr, acc_ptr, m_ptr, l_ptr,
-                                       out_ptr, qa_ptr, da_ptr, k_ptr, v_ptr, QK_SCALE: tl.constexpr,
-                                       HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-                                       DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
-                                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
-                                       INTERLEAVED: tl.constexpr, G_POW2: tl.constexpr, CHUNK: tl.constexpr,
-                                       QUANT: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr,
-                                       WRITE_KV: tl.constexpr = True):
-    # the RoPE-fused partials AND their combine in one launch: the last of a (row, KV head)'s SPLITS programs to
-    # store its partials (triton_handoff.last_arrival on counter b * HKV + h of count_ptr, [B * HKV] int32 zeros)
-    # merges its G query heads at once (decode_combine_kernel.combine_group_store) -> out [B, HQ, DH] (and, when
-    # QUANT, qa / da as the combine + int8 kernel's); the two launches' results up to fp32 summation order.
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    _rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr,
-                   acc_ptr, m_ptr, l_ptr, k_ptr, v_ptr, b, h, tl.program_id(2), QK_SCALE, HQ, HKV, G, G_PAD, DH,
-                   DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32, INTERLEAVED, WRITE_KV)
-    if last_arrival(count_ptr, b * HKV + h, SPLITS):
-        start, end = _visible_range(ctx_ptr, pos_ptr, window_ptr, b, W * BS)
-        n_iters = tl.cdiv(end - start, BLOCK_N)
-        used = tl.cdiv(n_iters, tl.maximum(tl.cdiv(n_iters, SPLITS), 1))  # splits holding tokens (_attend_split)
-        combine_group_store(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, b, h, used, HQ, HKV, G, G_POW2, DH,
-                            SPLITS, CHUNK, QUANT, Q6, ASM)
-
-
-@triton.jit
 def paged_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, out_ptr,
                         QK_SCALE: tl.constexpr,
                         HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
@@ -327,5 +287,5 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window
 
 
 KERNELS = {"partials": paged_decode_partials_kernel, "rope_partials": paged_decode_rope_partials_kernel,
-           "rope_attention": paged_decode_rope_attention_kernel, "single": paged_decode_kernel,
+           "single": paged_decode_kernel,
            "combine": paged_decode_combine_kernel, "combine_quant": paged_decode_combine_quant_kernel}
