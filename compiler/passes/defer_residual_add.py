@@ -1,8 +1,8 @@
-"""Carry a layer's last residual add into the next layer's first norm: one launch fewer per layer.
+"""Carry a layer's last residual add into the next layer's first norm, whose kernel then does it.
 
 A pre-norm block ends with the residual add and the next block begins with a norm of its sum:
 
-    layer i:   ... ; x_2 = add(x_1, t)                 (an XLA kernel of its own on a GPU)
+    layer i:   ... ; x_2 = add(x_1, t)                 (on the H200 fused by XLA into t's split-K sum)
     layer i+1: h = rms_norm(x, w); ...; uses of x
 
 The add cannot meet that norm inside one region (fuse_add_rms_norm), so the layer hands both operands on:
