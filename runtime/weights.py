@@ -224,9 +224,7 @@ def prefetched(fn: Callable[[Any], Any], items: Iterable, workers: int) -> Itera
         try:
             while pending:
                 result = pending.popleft().result()
-                for item in items:  # refill one
-                    pending.append(pool.submit(fn, item))
-                    break
+                pending.extend(pool.submit(fn, item) for item in itertools.islice(items, 1))  # refill one
                 yield result
         finally:
             for future in pending:

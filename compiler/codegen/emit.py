@@ -10,6 +10,7 @@ from typing import Any
 
 import jinja2
 
+from ..frontend import STEP_INPUTS
 from ..ir import DimRef, Expr, Graph, KindRef, Node, PerKind
 from ..ops import OPS
 from ..pipeline import COMPILER_VERSION
@@ -81,8 +82,6 @@ def write_plan(plans: dict[str, GeneratedPlan], out_dir: Path) -> list[Path]:
 def _carried(graph: Graph, region) -> list[str]:
     """The region's inputs handed on from the region before: neither the step's own (tokens, positions,
     logit_rows) nor the layer constants."""
-    from ..frontend import STEP_INPUTS
-
     constants = {c.name for c in graph.layer_constants}
     return [name for name in region.inputs if name not in STEP_INPUTS and name not in constants]
 

@@ -16,7 +16,8 @@ def infer_shapes(graph: Graph) -> Graph:
     all_shapes = {}
     for region in graph.regions:
         # the carried values (x, and the deferred residual add's operand: defer_residual_add) share one shape
-        shapes = {**INPUT_SHAPES, **{name: carried for name in region.inputs if name not in INPUT_SHAPES}, **constants}
+        carried_inputs = {name: carried for name in region.inputs if name not in INPUT_SHAPES}
+        shapes = {**INPUT_SHAPES, **carried_inputs, **constants}
         all_shapes[region.name] = shapes
         for node in region.nodes:
             attrs = {k: (v.name if isinstance(v, DimRef) else v) for k, v in node.attrs}

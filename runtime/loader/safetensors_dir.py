@@ -215,20 +215,17 @@ class HFCheckpoint:
 
     def _map(self, header: SafetensorsHeader) -> mmap.mmap:
         with self._maps_lock:
-            return self._map_locked(header)
-
-    def _map_locked(self, header: SafetensorsHeader) -> mmap.mmap:
-        mapped = self._maps.get(header.path)
-        if mapped is None:
-            try:
-                with open(header.path, "rb") as f:
-                    if os.fstat(f.fileno()).st_size != header.file_size:
-                        raise CheckpointError(header.path, "file changed size since the checkpoint was opened")
-                    mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            except OSError as e:
-                raise CheckpointError(header.path, f"cannot map: {e.strerror or e}") from e
-            self._maps[header.path] = mapped
-        return mapped
+            mapped = self._maps.get(header.path)
+            if mapped is None:
+                try:
+                    with open(header.path, "rb") as f:
+                        if os.fstat(f.fileno()).st_size != header.file_size:
+                            raise CheckpointError(header.path, "file changed size since the checkpoint was opened")
+                        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                except OSError as e:
+                    raise CheckpointError(header.path, f"cannot map: {e.strerror or e}") from e
+                self._maps[header.path] = mapped
+            return mapped
 
 
 def _shard_headers_from_index(folder: Path) -> list[tuple[str, SafetensorsHeader]]:

@@ -68,7 +68,12 @@ def paged_decode_combine_quant_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da
     # quantizer would read them.
     b = tl.program_id(0)
     head = tl.program_id(1)
-    d = _packed_columns(DH, Q6)
+    f = tl.arange(0, DH)  # position in the packed tile [DH / 32, 4 (byte j), 8 (word w)]
+    j, w = (f % 32) // 8, f % 8
+    if Q6:
+        d = (f // 32) * 32 + 16 * (w // 4) + 4 * j + w % 4
+    else:
+        d = f  # Q4_K's packing keeps each block's element order
     out = _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV, G, DH, SPLITS, SPLITS_PAD, CHUNK)
     out = out.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + (b * HQ + head) * DH + d, out)
@@ -76,15 +81,3 @@ def paged_decode_combine_quant_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da
     blocks = head * (DH // 32) + tl.arange(0, DH // 32)
     quantize_store(tl.reshape(out.to(tl.float32), [DH // 32, 4, 8]), qa_ptr, da_ptr, b, blocks, blocks >= 0,
                    j3, e3, HQ * DH, ASM)
-
-
-@triton.jit
-def _packed_columns(DH: tl.constexpr, Q6: tl.constexpr):
-    """A head's columns [DH] in the packed tile's order [DH / 32, 4 (byte j), 8 (word w)] of the Q4_K or (Q6)
-    Q6_K activation packing: loading the head at these columns gives the tile the quantizer takes."""
-    f = tl.arange(0, DH)
-    j, w = (f % 32) // 8, f % 8
-    if Q6:
-        return (f // 32) * 32 + 16 * (w // 4) + 4 * j + w % 4
-    else:
-        return f  # Q4_K's packing keeps each block's element order
