@@ -12,6 +12,7 @@ from typing import Callable
 from .frontend import lower
 from .ir import Graph
 from .passes.assign_state_kinds import assign_state_kinds
+from .passes.carry_split_k_partials import carry_split_k_partials
 from .passes.defer_residual_add import defer_residual_add
 from .passes.fuse_add_rms_norm import fuse_add_rms_norm
 from .passes.fuse_gated_linear import fuse_gated_linear
@@ -43,6 +44,7 @@ def phases(target: Target, variant: str = "default") -> list[tuple[str, Callable
         ("fuse_norm_into_projection",
          lambda g: fuse_norm_into_projection(g, frozenset(op for op, _ in FUSED_INTO_PROJECTION.values()
                                                           if target.names_kernel(op, variant)))),
+        ("carry_split_k_partials", carry_split_k_partials),
         ("reinfer_shapes", infer_shapes),
         ("select_kernels", lambda g: select_kernels(g, target, variant)),
     ]

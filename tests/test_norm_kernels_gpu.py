@@ -70,3 +70,26 @@ def test_norms_writing_int8_activations_match_the_plain_kernels(rows, n, order, 
     # each code one off moves its half-block's sum by at most one
     sums_off = np.abs(da[..., 2:] - da_ref[..., 2:]).sum(-1)
     assert np.all(sums_off <= off.reshape(rows, n // 32, 32).sum(-1))
+
+
+@pytest.mark.parametrize("rows, rows_pad, splits", [(1, 1, 8), (3, 4, 4)])
+@pytest.mark.parametrize("order", ["q4_k", "q6_k"])
+def test_norm_summing_split_k_partials_equals_the_norm_of_their_sum(rows, rows_pad, splits, order):
+    """split_k.SplitKPartials as the residual operand (carry_split_k_partials): every output bit-equal to the
+    same kernel given the partials' sum in split order (fp32, rounded once to bf16)."""
+    from ember.compiler.ops.norm_quant_gpu import norm_quantize_triton
+    from ember.compiler.ops.split_k import SplitKPartials
+
+    keys = jax.random.split(jax.random.key(rows * splits), 3)
+    x = (jax.random.normal(keys[0], (rows, 1536)) * 3).astype(jnp.bfloat16)
+    parts = jax.random.normal(keys[1], (splits, rows_pad, 1536), jnp.float32)
+    w = jax.random.uniform(keys[2], (1536,), minval=0.5, maxval=1.5).astype(jnp.bfloat16)
+    summed = parts[0, :rows]
+    for k in range(1, splits):
+        summed = summed + parts[k, :rows]
+    got = jax.jit(lambda x, p, w: norm_quantize_triton(x, SplitKPartials(p, rows, x.dtype), w, eps=1e-6,
+                                                       order=order))(x, parts, w)
+    want = jax.jit(lambda x, y, w: norm_quantize_triton(x, y, w, eps=1e-6, order=order))(
+        x, summed.astype(jnp.bfloat16), w)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))

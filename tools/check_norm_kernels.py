@@ -78,7 +78,9 @@ def interpret() -> int:
 
 def interpret_quantized() -> int:
     """norm_quant_gpu.py's kernels: their normed rows (and sum) bit-equal to norm_gpu.py's kernels', their
-    int8 activations equal to act_quant.quantize_activations of those rows (words equal, (dx, sx) close)."""
+    int8 activations equal to act_quant.quantize_activations of those rows (words equal, (dx, sx) close).
+    "partials": the residual operand given as fp32 split-K partials [splits, rows_pad, n], which must equal
+    the plain kernel given their sum (in split order, fp32, rounded once to the dtype)."""
     import itertools
 
     import jax.numpy as jnp
@@ -92,7 +94,8 @@ def interpret_quantized() -> int:
     failures = 0
     rng = np.random.default_rng(1)
     for (rows, n, dtype_name), order, add in itertools.product(
-            ((1, 1536, "bfloat16"), (3, 4096, "float32"), (2, 96, "bfloat16")), ("q4_k", "q6_k"), (False, True)):
+            ((1, 1536, "bfloat16"), (3, 4096, "float32"), (2, 96, "bfloat16")), ("q4_k", "q6_k"),
+            ("", "add", "partials")):
         dtype = ml_dtypes.bfloat16 if dtype_name == "bfloat16" else np.float32
         x = (rng.standard_normal((rows, n)) * 3).astype(dtype)
         y = rng.standard_normal((rows, n)).astype(dtype)
@@ -103,8 +106,16 @@ def interpret_quantized() -> int:
         qa = HostBuffer(np.zeros((rows, n // 4), np.int32))
         da = HostBuffer(np.full((rows, n // 32, 4), np.nan, np.float32))
         if add:
-            add_rms_norm_quant_kernel[plan["grid"]](HostBuffer(x), HostBuffer(y), HostBuffer(w), s, out, qa, da,
-                                                    EPS=1e-6, ASM=False, **plan["meta"])
+            operand, extra = HostBuffer(y), {"SPLITS": 0, "ROWS_PAD": 0}
+            if add == "partials":  # 5 splits, 2 padding rows past the row count
+                parts = (rng.standard_normal((5, rows + 2, n)) * 0.5).astype(np.float32)
+                y = parts[0, :rows]
+                for k in range(1, 5):
+                    y = y + parts[k, :rows]
+                y = y.astype(dtype)
+                operand, extra = HostBuffer(parts), {"SPLITS": 5, "ROWS_PAD": rows + 2}
+            add_rms_norm_quant_kernel[plan["grid"]](HostBuffer(x), operand, HostBuffer(w), s, out, qa, da,
+                                                    EPS=1e-6, ASM=False, **plan["meta"], **extra)
             add_rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(y), HostBuffer(w), s_plain, out_plain,
                                               EPS=1e-6, **base)
         else:
@@ -117,8 +128,9 @@ def interpret_quantized() -> int:
         da_err = float(np.abs(da.array - da_ref).max() / np.abs(da_ref).max())
         bad = not (rows_equal and words_equal and da_err < 1e-5)
         failures += bad
-        print(f"{'BAD' if bad else 'ok '} norm+quantize {'add ' if add else ''}{order} rows={rows} n={n} {dtype_name} "
-              f"rows equal={rows_equal} words equal={words_equal} (dx, sx) rel_err={da_err:.1e}", flush=True)
+        print(f"{'BAD' if bad else 'ok '} norm+quantize {add + ' ' if add else ''}{order} rows={rows} n={n} "
+              f"{dtype_name} rows equal={rows_equal} words equal={words_equal} (dx, sx) rel_err={da_err:.1e}",
+              flush=True)
     return 1 if failures else 0
 
 

@@ -2,6 +2,8 @@
 
 import jax.numpy as jnp
 
+from .split_k import materialized
+
 
 def embedding(ids, table):
     # ids [N] int32, table [vocab, d] -> [N, d]
@@ -18,5 +20,6 @@ def select_rows(x, rows):
 
 
 def add(x, y):
-    # y None: nothing to add (a plan with no layer left no residual add: passes/defer_residual_add.py)
-    return x if y is None else x + y
+    # y None: nothing to add (a plan with no layer left no residual add: passes/defer_residual_add.py);
+    # split-K partials (split_k.py): summed first
+    return x if y is None else x + materialized(y)

@@ -194,13 +194,16 @@ def linear_split(x, weight, bias=None, *, sizes):
     return tuple(outs)
 
 
-def gated_linear(gate_up, weight, *, act):
+def gated_linear(gate_up, weight, *, act, partials=False):
     # act(gate) * up @ weight.T: gate_up [N, 2 * ffn] (a packed gate/up output), weight [n, ffn] -> [N, n]
     # (the fuse_gated_linear pass); a silu-gated decode GEMV on int8 activations makes the activation inside
-    # its quantizer, so it costs no kernel of its own
+    # its quantizer, so it costs no kernel of its own. partials (carry_split_k_partials: the reader sums
+    # them): a split-K GEMV's output may be a split_k.SplitKPartials (EMBER_SPLIT_K_PARTIALS=0, read at
+    # trace time: summed here as before, for side-by-side measurements)
+    partials = partials and os.environ.get("EMBER_SPLIT_K_PARTIALS", "1") != "0"
     kept = _form(gate_up, weight)
     if act == "silu" and isinstance(kept, QuantizedWeight) and gate_up.shape[0] <= gemv_max_rows(kept.format):
-        return quant_matmul_silu_gated(gate_up, kept, backend=quant_backend())
+        return quant_matmul_silu_gated(gate_up, kept, backend=quant_backend(), partials=partials)
     return linear(activation.gated_act_packed(gate_up, act=act), weight)
 
 

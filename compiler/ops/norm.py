@@ -6,6 +6,8 @@ Weights follow the GGUF convention: the multiplier is stored as is (a spec's `ad
 import jax
 import jax.numpy as jnp
 
+from .split_k import materialized
+
 
 def rms_norm(x, weight, *, eps):
     # x [..., n], weight [n]; statistics in fp32 whatever the activation dtype
@@ -16,6 +18,6 @@ def rms_norm(x, weight, *, eps):
 
 def add_rms_norm(x, y, weight, *, eps):
     # -> (x + y, rms_norm(x + y)): the sum is the new residual stream (y None: nothing to add, as before a
-    # plan's first layer: passes/defer_residual_add.py)
-    s = x if y is None else x + y
+    # plan's first layer: passes/defer_residual_add.py; split-K partials: summed first, split_k.py)
+    s = x if y is None else x + materialized(y)
     return s, rms_norm(s, weight, eps=eps)

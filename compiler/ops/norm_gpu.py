@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from . import norm as norm_ref
+from .split_k import materialized
 from .triton_available import triton_available
 
 MAX_N = 65536  # one row per program, held in registers: the widest hidden size this tiling takes
@@ -85,6 +86,7 @@ def add_rms_norm(x, y, weight, *, eps):
     # -> (x + y, rms_norm(x + y)), both [..., n] in x's dtype (y None: (x, rms_norm(x)))
     if y is None:
         return x, rms_norm(x, weight, eps=eps)
+    y = materialized(y)
     if not use_kernel(x) or y.shape != x.shape or y.dtype != x.dtype:
         return norm_ref.add_rms_norm(x, y, weight, eps=eps)
     return add_rms_norm_triton(x, y, weight, eps=eps)

@@ -6,9 +6,11 @@ The compiler's fuse_norm_into_projection pass turns a norm whose output feeds ex
 at trace time, whether its GEMV takes int8 activations at this row count and in which packing
 (linear_quant.dp4a_input_order). If it does, one Triton program per row normalizes the row as
 norm_gpu.py's kernels do (same fp32 statistics, same roundings: the bf16 output is bit-equal), stores it,
-then recomputes the same values in the packed layout (act_quant.PACKINGS; x and w are re-read from cache,
-the scale is the row's) and quantizes them as triton_act_quant.py does. The result is a
-linear_quant.QuantizedInput (the bf16 rows + qa + da); otherwise the plain norm (norm_gpu.py).
+then rearranges the same values in registers into the packed layout (act_quant.PACKINGS) and quantizes them
+as triton_act_quant.py does. Every load (x, the residual operand, w) is issued before the first reduction,
+so a row costs one memory round trip. The residual operand may be a down projection's split-K partials
+(split_k.py, the carry_split_k_partials pass), summed here instead of by an XLA launch of its own. The result
+is a linear_quant.QuantizedInput (the bf16 rows + qa + da); otherwise the plain norm (norm_gpu.py).
 
 On by default; EMBER_FUSED_NORM_QUANT=0 (read at trace time) turns it off. Checked in Triton's interpreter
 (tools/check_norm_kernels.py: rows and int8 words bit-equal to the plain norm + quantizer) and on the H200
@@ -29,51 +31,63 @@ import triton.language as tl
 
 from . import norm_gpu
 from .quant.triton_act_quant import packed_order, quantize_store
+from .split_k import SplitKPartials
 
 FUSED_ENV = "EMBER_FUSED_NORM_QUANT"  # "0": the norms leave the int8 activations to the quantizer (default on)
 
 
 @triton.jit
+def _packed(h, NB: tl.constexpr, Q6: tl.constexpr):
+    """h [NB * 32] fp32, a row in element order -> [NB, 4, 8], the same values in the packed layout the GEMV's
+    activations take (packed_order's e3 within each block of 32), rearranged in registers."""
+    if Q6:  # element 16 a + 4 j + b of a block goes to (j, 4 a + b)
+        return tl.reshape(tl.permute(tl.reshape(h, [NB, 2, 4, 4]), [0, 2, 1, 3]), [NB, 4, 8])
+    return tl.reshape(h, [NB, 4, 8])  # element 8 j + w goes to (j, w)
+
+
+@triton.jit
 def _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
-                   NB: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
+                   NB: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, SPLITS: tl.constexpr,
+                   ROWS_PAD: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
+    # every load is issued before the first reduction: one memory round trip per row
     s = tl.load(x_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
-    if ADD:  # the residual stream, rounded as the reference's add
-        s = (s + tl.load(y_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)).to(sum_ptr.dtype.element_ty)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    if ADD:
+        y = tl.load(y_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+        if SPLITS > 0:  # y: a projection's fp32 split-K partials [SPLITS, ROWS_PAD, N], its output once summed
+            for k in tl.static_range(1, SPLITS):
+                y += tl.load(y_ptr + (k * ROWS_PAD + row) * N + cols, mask=ok, other=0.0)
+            y = y.to(sum_ptr.dtype.element_ty).to(tl.float32)  # rounded as that output is
+        s = (s + y).to(sum_ptr.dtype.element_ty)  # the residual stream, rounded as the reference's add
         tl.store(sum_ptr + row * N + cols, s, mask=ok)
         s = s.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / N + EPS)
-    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * N + cols, (s * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
-    # the same values in the packed layout [NB, 4, 8] of the GEMV's activations
+    h = (s * inv * w).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * N + cols, h, mask=ok)
     blocks = tl.arange(0, NB)
-    ok_b = blocks < N // 32
     j3, e3 = packed_order(Q6)
-    packed = blocks[:, None, None] * 32 + e3
-    ps = tl.load(x_ptr + row * N + packed, mask=ok_b[:, None, None], other=0.0).to(tl.float32)
-    if ADD:
-        ps = (ps + tl.load(y_ptr + row * N + packed, mask=ok_b[:, None, None], other=0.0).to(tl.float32))
-        ps = ps.to(sum_ptr.dtype.element_ty).to(tl.float32)
-    pw = tl.load(w_ptr + packed, mask=ok_b[:, None, None], other=0.0).to(tl.float32)
-    h = (ps * inv * pw).to(out_ptr.dtype.element_ty).to(tl.float32)
-    quantize_store(h, qa_ptr, da_ptr, row, blocks, ok_b, j3, e3, N, ASM)
+    quantize_store(_packed(h.to(tl.float32), NB, Q6), qa_ptr, da_ptr, row, blocks, blocks < N // 32, j3, e3, N,
+                   ASM)
 
 
 @triton.jit
 def rms_norm_quant_kernel(x_ptr, w_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
                           NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
     """x [rows, N] -> out [rows, N] = rms_norm(x) and its int8 activations qa [rows, N/4], da [rows, N/32, 4]."""
-    _norm_quantize(x_ptr, x_ptr, w_ptr, out_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, False, Q6, ASM)
+    _norm_quantize(x_ptr, x_ptr, w_ptr, out_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, False, 0, 0, Q6, ASM)
 
 
 @triton.jit
 def add_rms_norm_quant_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr,
                               BLOCK: tl.constexpr, NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr,
-                              ASM: tl.constexpr):
-    """x, y [rows, N] -> sum = x + y, out = rms_norm(sum), and out's int8 activations qa, da."""
-    _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, True, Q6, ASM)
+                              ASM: tl.constexpr, SPLITS: tl.constexpr, ROWS_PAD: tl.constexpr):
+    """x, y [rows, N] -> sum = x + y, out = rms_norm(sum), and out's int8 activations qa, da. SPLITS > 0: y is
+    fp32 split-K partials [SPLITS, ROWS_PAD, N] (split_k.SplitKPartials), summed here."""
+    _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, True, SPLITS,
+                   ROWS_PAD, Q6, ASM)
 
 
 def launch_plan(rows: int, n: int, order: str) -> dict:
@@ -87,7 +101,8 @@ def launch_plan(rows: int, n: int, order: str) -> dict:
 
 def norm_quantize_triton(x, y, weight, *, eps, order: str):
     """The launch: x (and y, the residual add's other input, or None) [..., n] -> (the sum when y is given,
-    the normed rows, qa [rows, n/4], da [rows, n/32, 4]), whatever the backend being traced for."""
+    the normed rows, qa [rows, n/4], da [rows, n/32, 4]), whatever the backend being traced for. y may be a
+    split_k.SplitKPartials of x's [rows, n] (x 2-D), which the kernel sums as it reads it."""
     from .triton_launch import triton_call
 
     rows, n = math.prod(x.shape[:-1]), x.shape[-1]
@@ -96,7 +111,13 @@ def norm_quantize_triton(x, y, weight, *, eps, order: str):
     activations = (jax.ShapeDtypeStruct((rows, n // 4), jnp.int32),
                    jax.ShapeDtypeStruct((rows, n // 32, 4), jnp.float32))
     inputs = (x,) if y is None else (x, y)
-    outs = triton_call(*(a.reshape(rows, n) for a in inputs), weight,
+    operands = [a if isinstance(a, SplitKPartials) else a.reshape(rows, n) for a in inputs]
+    if isinstance(y, SplitKPartials):  # read in place: [splits, rows_pad, n]
+        operands[1] = y.parts
+        plan["meta"].update(SPLITS=int(y.parts.shape[0]), ROWS_PAD=int(y.parts.shape[1]))
+    elif y is not None:
+        plan["meta"].update(SPLITS=0, ROWS_PAD=0)
+    outs = triton_call(*operands, weight,
                        kernel=rms_norm_quant_kernel if y is None else add_rms_norm_quant_kernel,
                        out_shape=(rows_out,) * len(inputs) + activations, grid=plan["grid"],
                        num_warps=plan["num_warps"], num_stages=1, EPS=float(eps), ASM=True, **plan["meta"])
@@ -125,7 +146,8 @@ def rms_norm_to_proj(x, weight, reader, *, eps):
 
 
 def add_rms_norm_to_proj(x, y, weight, reader, *, eps):
-    # -> (x + y, rms_norm_to_proj(x + y)): the sum is the new residual stream (y None: x and its norm)
+    # -> (x + y, rms_norm_to_proj(x + y)): the sum is the new residual stream (y None: x and its norm; y a
+    # split_k.SplitKPartials: summed by the kernel, or first where the kernel does not run)
     from .linear_quant import QuantizedInput
 
     if y is None:

@@ -24,18 +24,26 @@ def _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV: tl.constexpr, G: tl.co
     loads, not 64."""
     base = ((b * HKV + head // G) * SPLITS) * G + head % G  # partial row of split 0; split s: + s * G
     s = tl.arange(0, SPLITS_PAD)
+    c = tl.arange(0, CHUNK)
+    # the first CHUNK splits are loaded with the maxima, not after them: a short row (one chunk) costs one
+    # round trip; splits past the used ones hold m = -inf, l = 0, acc = 0 and add exactly 0
+    first_ok = c < SPLITS
+    m_first = tl.load(m_ptr + base + c * G, mask=first_ok, other=float("-inf"))
+    l_first = tl.load(l_ptr + base + c * G, mask=first_ok, other=0.0)
+    part_first = tl.load(acc_ptr + (base + c * G)[:, None] * DH + d[None, :],
+                         mask=first_ok[:, None] & (d[None, :] < DH), other=0.0)
     m_all = tl.load(m_ptr + base + s * G, mask=s < SPLITS, other=float("-inf"))  # [SPLITS_PAD]
     m_max = tl.max(m_all, axis=0)
     m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty: every weight is 0
     used = tl.max(tl.where(m_all > float("-inf"), s + 1, 0), axis=0)
-    c = tl.arange(0, CHUNK)
-    num = tl.zeros(d.shape, tl.float32)
-    den = tl.zeros([1], tl.float32)
-    for first in range(0, used, CHUNK):
+    weight = tl.exp2(m_first - m_ref)  # empty split: 0
+    den = tl.sum(weight * l_first, axis=0)[None]
+    num = tl.sum(weight[:, None] * part_first, axis=0)
+    for first in range(CHUNK, used, CHUNK):
         split = first + c  # [CHUNK]
         ok = split < used
         row = base + split * G
-        weight = tl.exp2(tl.load(m_ptr + row, mask=ok, other=float("-inf")) - m_ref)  # empty split: 0
+        weight = tl.exp2(tl.load(m_ptr + row, mask=ok, other=float("-inf")) - m_ref)
         den += tl.sum(weight * tl.load(l_ptr + row, mask=ok, other=0.0), axis=0)
         part = tl.load(acc_ptr + row[:, None] * DH + d[None, :], mask=ok[:, None] & (d[None, :] < DH), other=0.0)
         num += tl.sum(weight[:, None] * part, axis=0)

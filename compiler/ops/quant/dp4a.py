@@ -2,7 +2,7 @@
 
 Two launches per call: the activations quantized and packed for the weight's format (triton_act_quant.py),
 then the integer-dot GEMV (triton_gemv_dp4a.py); split-K partial sums are added by XLA as for the other
-variants. Plans are pure functions of the shapes, testable on CPU.
+variants, or by the reader (split_k.py). Plans are pure functions of the shapes, testable on CPU.
 """
 
 from __future__ import annotations
@@ -74,10 +74,11 @@ def _quantized_inputs(x: jax.Array, w: QuantizedWeight, plan: dict, silu_gated: 
 
 
 def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan: dict,
-              silu_gated: bool = False, activations: tuple | None = None) -> jax.Array:
+              silu_gated: bool = False, activations: tuple | None = None, partials: bool = False):
     """x [m, in] @ W.T -> [m, out] in x's dtype through the two launches (silu_gated: x is a gate/up output
     [m, 2 in] and the product is silu(gate) * up @ W.T, the activation made by the quantizer; activations:
-    x's (qa, da) made by its producer, then the GEMV alone)."""
+    x's (qa, da) made by its producer, then the GEMV alone). partials: a split-K plan's fp32 partials are
+    returned unsummed, as a split_k.SplitKPartials for a reader that adds them (one launch less)."""
     from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_gemv_kernel
     from ember.compiler.ops.triton_launch import triton_call
 
@@ -89,8 +90,12 @@ def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan:
         kernel=dp4a_gemv_kernel,
         out_shape=jax.ShapeDtypeStruct((split_k, meta["M_PAD"], w.shape[0]), x.dtype if split_k == 1 else jnp.float32),
         grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)
-    y = y[:, :m]
-    return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(x.dtype)
+    if split_k == 1:
+        return y[0, :m]
+    from ember.compiler.ops.split_k import SplitKPartials, materialized
+
+    summed = SplitKPartials(y, m, x.dtype)
+    return summed if partials else materialized(summed)
 
 
 MAX_PARTS = 3  # projections one parts launch writes apart (q, k, v)

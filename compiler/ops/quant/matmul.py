@@ -63,10 +63,12 @@ def quant_matmul_parts(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None,
     return split_columns(y, sizes)
 
 
-def quant_matmul_silu_gated(gate_up: jax.Array, w: QuantizedWeight, *, backend: str = "reference") -> jax.Array:
+def quant_matmul_silu_gated(gate_up: jax.Array, w: QuantizedWeight, *, backend: str = "reference",
+                            partials: bool = False):
     """silu(gate) * up @ W.T for a packed gate/up output gate_up [m, 2 in] -> [m, out] in its dtype. On a
     dp4a pick the activation is made inside the activation quantizer (no kernel of its own); otherwise
-    activation.py's reference, then quant_matmul."""
+    activation.py's reference, then quant_matmul. partials: a split-K pick returns its unsummed partials
+    (split_k.SplitKPartials)."""
     from ember.compiler.ops.activation import gated_act_packed
 
     if gate_up.ndim != 2 or gate_up.shape[1] != 2 * w.shape[1]:
@@ -75,7 +77,7 @@ def quant_matmul_silu_gated(gate_up: jax.Array, w: QuantizedWeight, *, backend: 
     if picked is not None:
         from ember.compiler.ops.quant.dp4a import dp4a_call
 
-        return dp4a_call(gate_up, w, *picked, silu_gated=True)
+        return dp4a_call(gate_up, w, *picked, silu_gated=True, partials=partials)
     return quant_matmul(gated_act_packed(gate_up, act="silu"), w, backend=backend)
 
 

@@ -45,7 +45,7 @@ def layer(dims, w, constants, x, x_add, k_pool, v_pool, batch):
     t_10 = linear_quant_linear(a, w['attn_output.weight'])
     x_1, h_1 = norm_quant_gpu_add_rms_norm_to_proj(x_in, t_10, w['ffn_norm.weight'], w['ffn_gate+ffn_up.weight'], eps=dims.eps)
     t_13_t_14 = linear_quant_linear(h_1, w['ffn_gate+ffn_up.weight'])
-    t_16 = linear_quant_gated_linear(t_13_t_14, w['ffn_down.weight'], act='silu')
+    t_16 = linear_quant_gated_linear(t_13_t_14, w['ffn_down.weight'], act='silu', partials=True)
     return x_1, t_16, k_pool, v_pool
 
 

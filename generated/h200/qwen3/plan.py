@@ -48,7 +48,7 @@ def layer(dims, w, constants, x, x_add, k_pool, v_pool, batch):
     t_12 = linear_quant_linear(a, w['attn_output.weight'])
     x_1, h_1 = norm_quant_gpu_add_rms_norm_to_proj(x_in, t_12, w['ffn_norm.weight'], w['ffn_gate+ffn_up.weight'], eps=dims.eps)
     t_15_t_16 = linear_quant_linear(h_1, w['ffn_gate+ffn_up.weight'])
-    t_18 = linear_quant_gated_linear(t_15_t_16, w['ffn_down.weight'], act='silu')
+    t_18 = linear_quant_gated_linear(t_15_t_16, w['ffn_down.weight'], act='silu', partials=True)
     return x_1, t_18, k_pool, v_pool
 
 
