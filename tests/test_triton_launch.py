@@ -129,11 +129,13 @@ def test_packed_qkv_decode_writes_each_projection_apart(grouped, monkeypatch):
     assert [o.shape for o in outs] == [(1, n) for n in sizes] and all(o.dtype == BF16 for o in outs)
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
-def test_down_projection_partials_are_summed_by_the_next_norm(fmt, monkeypatch):
-    """1.5B down projection (split-K) at batch 1 marked partials=True (carry_split_k_partials) into the next
-    layer's add_rms_norm_to_proj: its quantizer, GEMV and the norm kernel, and no XLA reduce between them;
-    unmarked, the partials are summed by XLA (stablehlo.reduce) before the norm."""
+@pytest.mark.parametrize("fmt, d, ffn, by_norm", [("q4_k", 1536, 8960, True), ("q6_k", 1536, 8960, True),
+                                                  ("q4_k", 4096, 14336, False)])
+def test_down_projection_partials_are_summed_by_the_next_norm(fmt, d, ffn, by_norm, monkeypatch):
+    """A down projection (split-K) at batch 1 marked partials=True (carry_split_k_partials) into the next
+    layer's add_rms_norm_to_proj: its quantizer, GEMV and the norm kernel, and no XLA reduce between them
+    (1.5B); unmarked, or with more partials per row than PARTIALS_MAX_BYTES (8B: 8 x 4096 fp32), XLA sums
+    them (stablehlo.reduce) before the norm."""
     from ember.compiler.ops import linear_quant, norm_gpu, norm_quant_gpu
     from ember.compiler.ops.quant import config as quant_config
 
@@ -141,10 +143,11 @@ def test_down_projection_partials_are_summed_by_the_next_norm(fmt, monkeypatch):
     monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
     monkeypatch.setattr(norm_gpu, "triton_available", lambda: True)
     rng = np.random.default_rng(0)
-    down = pack(random_gguf_bytes(rng, fmt, (1536, 8960)), fmt, (1536, 8960))
-    qkv = pack(random_gguf_bytes(rng, "q4_k", (2048, 1536)), "q4_k", (2048, 1536))
-    assert quant_launch_plan(fmt, 1, 1536, 8960, pick_quant_config(fmt, 1, 1536, 8960))["split_k"] > 1
-    args = (jnp.zeros((1, 1536), BF16), jnp.zeros((1, 2 * 8960), BF16), jnp.ones((1536,), BF16), down, qkv)
+    down = pack(random_gguf_bytes(rng, fmt, (d, ffn)), fmt, (d, ffn))
+    qkv = pack(random_gguf_bytes(rng, "q4_k", (d + 512, d)), "q4_k", (d + 512, d))
+    splits = quant_launch_plan(fmt, 1, d, ffn, pick_quant_config(fmt, 1, d, ffn))["split_k"]
+    assert splits > 1 and (splits * d * 4 <= norm_quant_gpu.PARTIALS_MAX_BYTES) is by_norm
+    args = (jnp.zeros((1, d), BF16), jnp.zeros((1, 2 * ffn), BF16), jnp.ones((d,), BF16), down, qkv)
     for partials in (True, False):
         def fn(x, gate_up, norm_w, down, qkv):
             t = linear_quant.gated_linear(gate_up, down, act="silu", partials=partials)
@@ -154,7 +157,7 @@ def test_down_projection_partials_are_summed_by_the_next_norm(fmt, monkeypatch):
             text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
             calls = _triton_calls(fn, *args)
         assert [c["name"] for c in calls] == ["quantize_rows_kernel", "dp4a_gemv_kernel", "add_rms_norm_quant_kernel"]
-        assert ("stablehlo.reduce" in text) is not partials
+        assert ("stablehlo.reduce" in text) is not (partials and by_norm)
 
 
 @triton.jit

@@ -31,9 +31,13 @@ import triton.language as tl
 
 from . import norm_gpu
 from .quant.triton_act_quant import packed_order, quantize_store
-from .split_k import SplitKPartials
+from .split_k import SplitKPartials, materialized
 
 FUSED_ENV = "EMBER_FUSED_NORM_QUANT"  # "0": the norms leave the int8 activations to the quantizer (default on)
+# Split-K partials per row the kernel sums itself; above, XLA's sum runs first. One program reads them all:
+# the 1.5B's 8 x 1536 fp32 (48 KB) cost 3.31 us against 2.58 + 1.14 for the plain norm and the sum, the
+# 8B's 8 x 4096 (128 KB) 5.34 us against 2.96 + 1.25 (tools/results/h200_plan_alone_partials_f842b9c_*.json)
+PARTIALS_MAX_BYTES = 48 * 1024
 
 
 @triton.jit
@@ -152,6 +156,8 @@ def add_rms_norm_to_proj(x, y, weight, reader, *, eps):
 
     if y is None:
         return x, rms_norm_to_proj(x, weight, reader, eps=eps)
+    if isinstance(y, SplitKPartials) and y.parts.shape[0] * y.parts.shape[2] * 4 > PARTIALS_MAX_BYTES:
+        y = materialized(y)
     order = _order(x, reader)
     if order is None or y.shape != x.shape or y.dtype != x.dtype:
         return norm_gpu.add_rms_norm(x, y, weight, eps=eps)

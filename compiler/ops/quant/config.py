@@ -134,8 +134,14 @@ DP4A_M1: dict[tuple[str, int, int], QuantMatmulConfig] = {
     ("q4_k", 5120, 4096): _dp4a(8, 1, 4, 1), ("q4_k", 6144, 4096): _dp4a(8, 1, 4, 1),
     ("q4_k", 4096, 4096): _dp4a(8, 1, 4, 1), ("q4_k", 28672, 4096): _dp4a(8, 1, 1, 2),
     ("q4_k", 4096, 14336): _dp4a(16, 8, 1, 2),
-    # Q6_K: the float rows kernel's measured tiles (timed on its previous layout), not re-timed for dp4a
-    **{key: dataclasses.replace(config, variant="dp4a") for key, config in MEASURED_M1.items() if key[0] == "q6_k"},
+    # Q6_K at f842b9c (tools/results/h200_gemv_graphs_dp4a_q6k_f842b9c.json, 31-149 candidates per shape;
+    # the float rows kernel's tiles it replaces, split-K sum included: 12.14 -> 9.13 us on 1536 x 8960,
+    # 92.09 -> 73.68 on 151936 x 1536, 6.73 -> 5.43 on 1024 x 4096, 29.99 -> 21.00 on 4096 x 14336,
+    # 219.48 -> 132.82 on 128256 x 4096; 256 x 1536 kept its tile, the fastest)
+    ("q6_k", 256, 1536): _dp4a(4, 1, 4, 2), ("q6_k", 1536, 8960): _dp4a(4, 8, 1, 2),
+    ("q6_k", 151936, 1536): _dp4a(16, 1, 1, 4),
+    ("q6_k", 1024, 4096): _dp4a(4, 1, 4, 1), ("q6_k", 4096, 14336): _dp4a(8, 4, 1, 2),
+    ("q6_k", 128256, 4096): _dp4a(8, 1, 1, 2),
 }
 
 # Shape classes: tiny out (k/v projections), out ~ in (q/o, down), long out (gate/up, LM head).
