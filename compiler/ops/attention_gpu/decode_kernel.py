@@ -134,12 +134,13 @@ def _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, 
                   QK_SCALE: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                   DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
                   BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
-                  q_tile=None, s_own=None, v_own_ptr=None, OWN: tl.constexpr = False):
+                  q_tile=None, s_own=None, v_own=None, visible=None, OWN: tl.constexpr = False):
     """Online softmax of q heads h*G .. h*G+G-1 of row b over split `split` of its visible tokens.
     Returns (acc [G_PAD, DH_PAD] unnormalized, m [G_PAD] running max in log2 units, l [G_PAD] sum).
     OWN (the RoPE-fused partials): q is `q_tile` [G_PAD, DH_PAD] (already rotated) and the row's own token
     (position pos[b], its last visible one: ctx_len == position + 1) is not read from the pool, which another
-    program of this launch may not have written yet: its scores are `s_own` [G_PAD], its V row at `v_own_ptr`."""
+    program of this launch may not have written yet: its scores are `s_own` [G_PAD], its V row `v_own`
+    [DH_PAD] (in the pool's dtype); `visible` is _visible_range's (start, end), loaded by the caller up front."""
     if DOT_FP32:
         DOT_DTYPE: tl.constexpr = tl.float32
     else:
@@ -155,7 +156,10 @@ def _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, 
         q = tl.load(q_ptr + (b * HQ + h * G + g)[:, None] * DH + d[None, :], mask=q_mask, other=0.0)
         q = q.to(DOT_DTYPE)  # [G_PAD, DH_PAD]; padded rows are 0 and never stored
 
-    start, end = _visible_range(ctx_ptr, pos_ptr, window_ptr, b, W * BS)
+    if OWN:
+        start, end = visible
+    else:
+        start, end = _visible_range(ctx_ptr, pos_ptr, window_ptr, b, W * BS)
     n_iters = tl.cdiv(end - start, BLOCK_N)
     per_split = tl.cdiv(n_iters, SPLITS)
     it_lo = split * per_split
@@ -171,8 +175,7 @@ def _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, 
                                         acc, w_own, QK_SCALE, HKV, DH, DH_PAD, BS, W, DOT_FP32, DOT_DTYPE, end - 1,
                                         s_own, OWN)
     if OWN:  # the own token's weighted V row, once: [G_PAD, DH_PAD]
-        v_own = tl.load(v_own_ptr + d, mask=d < DH, other=0.0).to(v_ptr.dtype.element_ty).to(DOT_DTYPE)
-        acc += w_own[:, None] * v_own.to(tl.float32)[None, :]
+        acc += w_own[:, None] * v_own.to(DOT_DTYPE).to(tl.float32)[None, :]
     return acc, m, l
 
 
@@ -235,6 +238,11 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
     h = tl.program_id(1)
     split = tl.program_id(2)
     d = tl.arange(0, DH)
+    # every load that depends on nothing else is issued first (the pool stores below would keep later loads
+    # behind them): the row's range, its own V row and slot, then the rotation's inputs
+    visible = _visible_range(ctx_ptr, pos_ptr, window_ptr, b, W * BS)
+    v_own = tl.load(v_new_ptr + (b * HKV + h) * DH + d).to(v_ptr.dtype.element_ty)
+    slot = tl.load(slots_ptr + b).to(tl.int64)  # pools can pass 2**31 elements
     if INTERLEAVED:
         pair = d // 2
     else:
@@ -254,14 +262,12 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
         DOT_DTYPE: tl.constexpr = k_ptr.dtype.element_ty
     # the own token's scores [G_PAD] now, so neither the fp32 q nor k_own stays live through the walk
     s_own = tl.sum(q.to(DOT_DTYPE).to(tl.float32) * k_own.to(DOT_DTYPE).to(tl.float32), axis=1)
-    v_own_ptr = v_new_ptr + (b * HKV + h) * DH
     if WRITE_KV and split == 0:
-        slot = tl.load(slots_ptr + b).to(tl.int64)  # pools can pass 2**31 elements
         tl.store(k_ptr + slot * (HKV * DH) + h * DH + d, tl.reshape(k_own, [DH]))
-        tl.store(v_ptr + slot * (HKV * DH) + h * DH + d, tl.load(v_own_ptr + d).to(v_ptr.dtype.element_ty))
+        tl.store(v_ptr + slot * (HKV * DH) + h * DH + d, v_own)
     acc, m, l = _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, b, h, split,
                               QK_SCALE, HQ, HKV, G, G_PAD, DH, DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32,
-                              q, s_own, v_own_ptr, True)
+                              q, s_own, v_own, visible, True)
     row = ((b * HKV + h) * SPLITS + split) * G + g
     tl.store(m_ptr + row, m, mask=g < G)
     tl.store(l_ptr + row, l, mask=g < G)
