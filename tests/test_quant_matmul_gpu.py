@@ -162,3 +162,29 @@ def test_dp4a_silu_gated_matches_the_activation_then_the_reference(fmt: str, m: 
     expected = np.asarray(jax.jit(dp4a_matmul_ref)(hidden.astype(jnp.float32), w))
     np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), expected, rtol=1e-2,
                                atol=1e-2 * float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("m, parts", [(1, True), (1, False), (3, False)])
+def test_dp4a_q6_k_reads_q4_k_packed_activations_bit_for_bit(m: int, parts: bool) -> None:
+    """A Q6_K GEMV given Q4_K-packed int8 activations (ACT_Q4: a norm that wrote them for a Q4_K q+k beside a
+    Q6_K v) permutes their bytes into its packing: the same integer sums, so the output equals the one from
+    Q6_K-packed activations bit for bit (the plain kernel, split-K included, and the parts kernel)."""
+    from ember.compiler.ops.quant import config as quant_config
+    from ember.compiler.ops.quant.dp4a import quantize_activations_gpu
+    from ember.compiler.ops.quant.matmul import quant_matmul_parts
+
+    if not quant_config.dp4a_for("q6_k"):
+        pytest.skip("q6_k decode does not take the dp4a kernel here (EMBER_QUANT_DP4A)")
+    shape = (256, 1536) if parts else (1536, 8960)
+    w = device_weight("q6_k", shape)
+    x = jax.random.normal(jax.random.key(m), (m, shape[1]), jnp.float32).astype(jnp.bfloat16)
+
+    def run(x, w, order):
+        qa, da = quantize_activations_gpu(x, order)
+        if parts:
+            return quant_matmul_parts(x, w, None, (shape[0],), backend="triton", activations=(qa, da, order))[0]
+        return quant_matmul(x, w, backend="triton", activations=(qa, da, order))
+
+    got = jax.jit(lambda x, w: run(x, w, "q4_k"))(x, w)
+    want = jax.jit(lambda x, w: run(x, w, "q6_k"))(x, w)
+    np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)))

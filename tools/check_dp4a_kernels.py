@@ -43,7 +43,8 @@ def interpret() -> int:
 
     failures = 0
     rng = np.random.default_rng(3)
-    for fmt in ("q4_k", "q6_k"):
+    # (weight format, activation packing): a Q6_K weight also reads Q4_K-packed words (ACT_Q4)
+    for fmt, order in (("q4_k", "q4_k"), ("q6_k", "q6_k"), ("q6_k", "q4_k")):
         for (out, inner), (block_n, split_k, sb, prefetch), ms in CASES:
             w = pack(random_gguf_bytes(rng, fmt, (out, inner), realistic=True), fmt, (out, inner))
             config = QuantMatmulConfig(variant="dp4a", block_n=block_n, split_k=split_k, sb_per_step=sb,
@@ -53,8 +54,8 @@ def interpret() -> int:
                 x[0, :32] = 0.0  # an all-zero activation block (dx = 0)
                 expected = np.asarray(dp4a_matmul_ref(jnp.asarray(x), w))
                 plan = launch_plan(fmt, m, out, inner, config)
-                meta = dict(plan["meta"], ASM=False)
-                qa, da = (np.asarray(a) for a in pad_rows(*quantize_activations(jnp.asarray(x), fmt), meta["M_PAD"]))
+                meta = dict(plan["meta"], ASM=False, ACT_Q4=order != fmt)
+                qa, da = (np.asarray(a) for a in pad_rows(*quantize_activations(jnp.asarray(x), order), meta["M_PAD"]))
                 y = HostBuffer(np.full((plan["split_k"], meta["M_PAD"], out), np.nan, np.float32))
                 dp4a_gemv_kernel[plan["grid"]](HostBuffer(qa), HostBuffer(da),
                                                *(HostBuffer(w.planes[n]) for n in DP4A_PLANES[fmt]), y, **meta)
@@ -62,7 +63,8 @@ def interpret() -> int:
                 err = float(np.abs(got - expected).max() / np.abs(expected).max())
                 bad = not err < 1e-5  # NaN (an unwritten row or split) fails too
                 failures += bad
-                print(f"{'BAD' if bad else 'ok '} dp4a {fmt} {out}x{inner} m={m:<2} R={meta['R']} block_n={block_n} "
+                print(f"{'BAD' if bad else 'ok '} dp4a {fmt} (activations {order}) {out}x{inner} m={m:<2} "
+                      f"R={meta['R']} block_n={block_n} "
                       f"grid={plan['grid']} S={meta['S']} exact={meta['EXACT']} prefetch={meta['PREFETCH']} "
                       f"rel_err={err:.1e}", flush=True)
     return 1 if failures else 0

@@ -103,8 +103,8 @@ def _matmul(x, w):
 class QuantizedInput(NamedTuple):
     """A projection's input rows (x [N, k]) with their int8 activations already made by the op that
     produced them (norm_quant_gpu.py): qa [N, k/4], da [N, k/32, 4] packed for `order`'s weights
-    (act_quant.quantize_activations), so the projection's dp4a GEMV launches no quantizer. Parts of
-    another format, and every other path, read x."""
+    (act_quant.quantize_activations), so the projection's dp4a GEMV launches no quantizer (Q4_K-packed ones
+    serve a Q6_K part too). Parts of another format, and every other path, read x."""
 
     x: jax.Array
     qa: jax.Array
@@ -121,8 +121,11 @@ def _rows(x) -> int:
 
 
 def _activations(x, w: QuantizedWeight):
-    """x's ready-made int8 activations where they are packed for w's format, else None."""
-    return (x.qa, x.da) if isinstance(x, QuantizedInput) and x.order == w.format else None
+    """x's ready-made int8 activations (qa, da, order) where w's GEMV reads their packing (w's format's, or
+    Q4_K's for a Q6_K weight: the kernel permutes their bytes), else None."""
+    if isinstance(x, QuantizedInput) and (x.order == w.format or (x.order, w.format) == ("q4_k", "q6_k")):
+        return x.qa, x.da, x.order
+    return None
 
 
 def dp4a_input_order(weight, rows: int) -> str | None:

@@ -1,8 +1,9 @@
 """The "dp4a" variant of quant_matmul: Q4_K / Q6_K weights times int8 activations (act_quant.py).
 
 Two launches per call: the activations quantized and packed for the weight's format (triton_act_quant.py),
-then the integer-dot GEMV (triton_gemv_dp4a.py); split-K partial sums are added by XLA as for the other
-variants, or by the reader (split_k.py). Plans are pure functions of the shapes, testable on CPU.
+unless their producer wrote them (a Q6_K GEMV also reads Q4_K-packed ones, ACT_Q4), then the integer-dot
+GEMV (triton_gemv_dp4a.py); split-K partial sums are added by XLA as for the other variants, or by the
+reader (split_k.py). Plans are pure functions of the shapes, testable on CPU.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def dp4a_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig)
     plan = _rows_plan(fmt, 1, out, inner, config)
     tiles, split_k, _ = plan["grid"]
     meta = {k: v for k, v in plan["meta"].items() if k != "M"}
-    meta.update(M_PAD=groups * per_group, R=per_group, Q6=fmt == "q6_k", ASM=True,
+    meta.update(M_PAD=groups * per_group, R=per_group, Q6=fmt == "q6_k", ACT_Q4=False, ASM=True,
                 EXACT=whole_steps(inner // 256, meta["UNITS_PER_SPLIT"], split_k, meta["S"]))
     return {"grid": (tiles * groups, split_k, 1), "split_k": split_k, "meta": meta}
 
@@ -62,31 +63,36 @@ def quantize_activations_gpu(x: jax.Array, order: str, silu_gated: bool = False)
 
 
 def _quantized_inputs(x: jax.Array, w: QuantizedWeight, plan: dict, silu_gated: bool = False,
-                      activations: tuple | None = None) -> tuple:
-    """x's int8 activations (`activations` where x's producer made them, else quantized here) padded to the
-    plan's rows, then w's planes: the launches' leading operands."""
+                      activations: tuple | None = None) -> tuple[tuple, dict]:
+    """(x's int8 activations padded to the plan's rows, then w's planes: the launches' leading operands;
+    the plan's constexprs for that packing). `activations`: (qa, da, order) where x's producer made them
+    (order: their packing, w's format or Q4_K's, which a Q6_K kernel reads as ACT_Q4), else quantized here."""
     from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES
 
     if activations is None:
-        activations = quantize_activations_gpu(x, w.format, silu_gated)
-    qa, da = pad_rows(*activations, plan["meta"]["M_PAD"])
-    return (qa, da, *(w.planes[name] for name in DP4A_PLANES[w.format]))
+        activations = (*quantize_activations_gpu(x, w.format, silu_gated), w.format)
+    qa, da, order = activations
+    if order != w.format and (order, w.format) != ("q4_k", "q6_k"):
+        raise ValueError(f"a {w.format} GEMV cannot read activations packed for {order}")
+    qa, da = pad_rows(qa, da, plan["meta"]["M_PAD"])
+    meta = dict(plan["meta"], ACT_Q4=order != w.format)
+    return (qa, da, *(w.planes[name] for name in DP4A_PLANES[w.format])), meta
 
 
 def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan: dict,
               silu_gated: bool = False, activations: tuple | None = None, partials: bool = False):
     """x [m, in] @ W.T -> [m, out] in x's dtype through the two launches (silu_gated: x is a gate/up output
     [m, 2 in] and the product is silu(gate) * up @ W.T, the activation made by the quantizer; activations:
-    x's (qa, da) made by its producer, then the GEMV alone). partials: a split-K plan's fp32 partials are
+    x's (qa, da, order) made by its producer, then the GEMV alone). partials: a split-K plan's fp32 partials are
     returned unsummed, as a split_k.SplitKPartials for a reader that adds them (one launch less)."""
     from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_gemv_kernel
     from ember.compiler.ops.triton_launch import triton_call
 
     m = x.shape[0]
-    meta = plan["meta"]
     split_k = plan["split_k"]
+    operands, meta = _quantized_inputs(x, w, plan, silu_gated, activations)
     y = triton_call(
-        *_quantized_inputs(x, w, plan, silu_gated, activations),
+        *operands,
         kernel=dp4a_gemv_kernel,
         out_shape=jax.ShapeDtypeStruct((split_k, meta["M_PAD"], w.shape[0]), x.dtype if split_k == 1 else jnp.float32),
         grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)
@@ -128,10 +134,11 @@ def dp4a_parts_call(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None, co
     m, rows = x.shape[0], plan["meta"]["M_PAD"]
     widths = (*sizes, 1, 1)[:MAX_PARTS]  # 1-column placeholders for absent parts (never written)
     bias_arg = jnp.zeros((1,), x.dtype) if bias is None else bias.astype(x.dtype)
+    operands, meta = _quantized_inputs(x, w, plan, activations=activations)
     outs = triton_call(
-        *_quantized_inputs(x, w, plan, activations=activations), bias_arg,
+        *operands, bias_arg,
         kernel=dp4a_gemv_parts_kernel,
         out_shape=tuple(jax.ShapeDtypeStruct((rows, width), x.dtype) for width in widths),
         grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages,
-        HAS_BIAS=bias is not None, BIAS_OFFSET=bias_offset, **plan["meta"], **bounds)
+        HAS_BIAS=bias is not None, BIAS_OFFSET=bias_offset, **meta, **bounds)
     return tuple(out[:m] for out in outs[:len(sizes)])

@@ -30,8 +30,9 @@ def dot_block_m(m: int) -> int:
 def quant_matmul(x: jax.Array, w: QuantizedWeight, *, backend: str = "reference",
                  config: QuantMatmulConfig | None = None, activations: tuple | None = None) -> jax.Array:
     """x [m, in] (bf16 or f32) @ dequant(W).T -> [m, out] in x's dtype, accumulated in fp32. activations:
-    x's int8 activations packed for w (act_quant.quantize_activations' (qa, da), made by x's producer), which
-    a dp4a launch reads instead of quantizing x; every other path ignores them."""
+    x's int8 activations made by x's producer, (qa, da, order) as act_quant.quantize_activations(x, order)
+    packs them (order: w's format, or "q4_k" for a Q6_K w), which a dp4a launch reads instead of quantizing
+    x; every other path ignores them."""
     if x.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"x {x.shape} does not match a weight of shape {w.shape}")
     if backend == "reference":

@@ -43,6 +43,25 @@ def dp4a(a, b, c, ASM: tl.constexpr):
 
 
 @triton.jit
+def q4_words_as_q6(a_lo, a_hi, ASM: tl.constexpr):
+    """Activation words packed for Q4_K (act_quant.PACKINGS: word w of a block holds its elements w, w + 8,
+    w + 16, w + 24) -> the Q6_K packing's words (word 4 a + b: 16 a + b, 16 a + b + 4, + 8, + 12). a_lo holds
+    words 0..3 of each block, a_hi words 4..7 (b = 0..3 each); Q6_K word b takes bytes 0, 1 of Q4_K words b
+    and b + 4, its word 4 + b their bytes 2, 3: one byte permute (prmt) per word, the integers unchanged."""
+    if ASM:
+        lo = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x5140;", "=r,r,r", [a_lo, a_hi], dtype=tl.int32,
+                                       is_pure=True, pack=1)
+        hi = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7362;", "=r,r,r", [a_lo, a_hi], dtype=tl.int32,
+                                       is_pure=True, pack=1)
+        return lo, hi
+    else:
+        lo = (a_lo & 255) | ((a_hi & 255) << 8) | (((a_lo >> 8) & 255) << 16) | (((a_hi >> 8) & 255) << 24)
+        hi = (((a_lo >> 16) & 255) | (((a_hi >> 16) & 255) << 8) | (((a_lo >> 24) & 255) << 16)
+              | (((a_hi >> 24) & 255) << 24))
+        return lo, hi
+
+
+@triton.jit
 def _load(p0, p1, p2, p3, u4, stop, r4, row_ok4, n4, w4, N: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr):
     if Q6:
         return q6_k_load(p0, p1, p2, p3, u4, stop, r4, row_ok4, n4, w4, N, EXACT)
@@ -67,12 +86,15 @@ def _decode(planes, n4, q4, Q6: tl.constexpr):
 
 @triton.jit
 def _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.constexpr,
-               MASKED: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
+               MASKED: tl.constexpr, Q6: tl.constexpr, ACT_Q4: tl.constexpr, ASM: tl.constexpr):
     """Activation row `row`'s contribution for the step's blocks: float32 [S, BLOCK_N, 8, 1].
-    lo/hi [S, BLOCK_N, 8, 4] code bytes; blk4 [S, 1, 8, 1] activation block of each code block."""
+    lo/hi [S, BLOCK_N, 8, 4] code bytes; blk4 [S, 1, 8, 1] activation block of each code block.
+    ACT_Q4 (Q6 only): the activations are packed for Q4_K, their words permuted here."""
     words = qa_ptr + row * (K // 4) + blk4 * 8 + q4                       # [S, 1, 8, 4]
     a_lo = load_where(words, ok_u4, MASKED)
     a_hi = load_where(words + 4, ok_u4, MASKED)
+    if ACT_Q4:
+        a_lo, a_hi = q4_words_as_q6(a_lo, a_hi, ASM)
     scales = da_ptr + (row * (K // 32) + blk4) * 4                       # [S, 1, 8, 1]: dx, sx, s0, s1
     dx = load_where(scales, ok_u4, MASKED)
     if Q6:
@@ -91,7 +113,8 @@ def _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.const
 @triton.jit
 def _accumulate(qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                 R: tl.constexpr, BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
-                PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
+                PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ACT_Q4: tl.constexpr,
+                ASM: tl.constexpr):
     """The program's sums: (rows, row_ok [BLOCK_N], pid_k, first activation row m0, acc0..acc7) with acc_i
     [S, BLOCK_N, 8, 1] fp32 of activation row m0 + i (those past R stay 0)."""
     GROUPS: tl.constexpr = M_PAD // R
@@ -122,21 +145,21 @@ def _accumulate(qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD: tl.constexpr, N: tl.const
         ok_u4 = u4 < stop
         lo, hi, f0, f1 = _decode(planes, n4, q4, Q6)                     # codes; per-block factors
         blk4 = u4 * 8 + n4                                               # [S, 1, 8, 1]
-        acc0 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0, blk4, q4, ok_u4, K, masked, Q6, ASM)
+        acc0 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
         if R > 1:
-            acc1 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 1, blk4, q4, ok_u4, K, masked, Q6, ASM)
+            acc1 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 1, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
         if R > 2:
-            acc2 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 2, blk4, q4, ok_u4, K, masked, Q6, ASM)
+            acc2 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 2, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
         if R > 3:
-            acc3 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 3, blk4, q4, ok_u4, K, masked, Q6, ASM)
+            acc3 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 3, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
         if R > 4:
-            acc4 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 4, blk4, q4, ok_u4, K, masked, Q6, ASM)
+            acc4 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 4, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
         if R > 5:
-            acc5 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 5, blk4, q4, ok_u4, K, masked, Q6, ASM)
+            acc5 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 5, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
         if R > 6:
-            acc6 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 6, blk4, q4, ok_u4, K, masked, Q6, ASM)
+            acc6 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 6, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
         if R > 7:
-            acc7 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 7, blk4, q4, ok_u4, K, masked, Q6, ASM)
+            acc7 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 7, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
     return rows, row_ok, pid_k, m0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
 
 
@@ -165,11 +188,12 @@ def _store(bias_ptr, out_ptr, out2_ptr, out3_ptr, acc, row, pid_k, rows, row_ok,
 def _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr, M_PAD: tl.constexpr,
           N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr, S: tl.constexpr,
           UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr,
-          ASM: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr,
+          ACT_Q4: tl.constexpr, ASM: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr,
           BIAS_OFFSET: tl.constexpr):
     """Both kernels' body: the program's sums, then one _store per activation row of its group."""
     rows, row_ok, pid_k, m0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _accumulate(
-        qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD, N, K, R, BLOCK_N, S, UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM)
+        qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD, N, K, R, BLOCK_N, S, UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ACT_Q4,
+        ASM)
     out = (bias_ptr, out_ptr, out2_ptr, out3_ptr)
     _store(*out, acc0, m0, pid_k, rows, row_ok, M_PAD, N, N1, N2, HAS_BIAS, BIAS_OFFSET)
     if R > 1:
@@ -192,26 +216,29 @@ def _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr,
 def dp4a_gemv_kernel(qa_ptr, da_ptr, p0, p1, p2, p3, out_ptr,
                      M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
                      BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
-                     PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
-    """qa int32 [M_PAD, K/4], da float32 [M_PAD, K/32, 4] (act_quant.py, packed for the format) and the
+                     PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ACT_Q4: tl.constexpr,
+                     ASM: tl.constexpr):
+    """qa int32 [M_PAD, K/4], da float32 [M_PAD, K/32, 4] (act_quant.py, packed for the format, or for Q4_K
+    when ACT_Q4 on a Q6_K weight) and the
     planes p0..p3 (Q4_K: qs, scales, d, dmin; Q6_K when Q6: ql, qh, scales, d) -> out [SPLIT_K, M_PAD, N].
     Grid axis 0 = row tile * GROUPS + g: the programs of one weight tile are launched together, so the
     row groups after the first read the tile from L2, not HBM. Program g takes rows g R .. g R + R - 1."""
     _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, out_ptr, out_ptr, out_ptr, out_ptr, M_PAD, N, K, R, BLOCK_N, S,
-          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM, N, N, False, 0)
+          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ACT_Q4, ASM, N, N, False, 0)
 
 
 @triton.jit
 def dp4a_gemv_parts_kernel(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr,
                            M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
                            BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
-                           PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr,
-                           N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_OFFSET: tl.constexpr):
+                           PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ACT_Q4: tl.constexpr,
+                           ASM: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           BIAS_OFFSET: tl.constexpr):
     """dp4a_gemv_kernel for a weight packing up to 3 projections (q / k / v) and one split along `in`: their
     outputs go apart, out [M_PAD, N1], out2 [M_PAD, N2 - N1], out3 [M_PAD, N - N2] (N2 = N: two parts), each
     plus its bias bias[BIAS_OFFSET + row] when HAS_BIAS, so that no slice or bias kernel follows the GEMV."""
     _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr, M_PAD, N, K, R, BLOCK_N, S,
-          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ASM, N1, N2, HAS_BIAS, BIAS_OFFSET)
+          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ACT_Q4, ASM, N1, N2, HAS_BIAS, BIAS_OFFSET)
 
 
 # format -> the planes in the kernel's p0..p3 order
