@@ -5,6 +5,7 @@ the decode GEMV runs without a quantizer launch."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import jax
@@ -99,9 +100,11 @@ def test_decode_norm_then_qkv_lowers_to_two_kernels(add, monkeypatch):
     assert 'name = "dp4a_gemv_parts_kernel"' in calls[1]
 
 
-def test_a_q6_k_v_part_reads_the_norms_q4_k_activations(monkeypatch):
+@pytest.mark.parametrize("pair", [True, False], ids=["pair", "apart"])
+def test_a_q6_k_v_part_reads_the_norms_q4_k_activations(pair, monkeypatch):
     """1.5B Q4_K_M layers with a Q6_K v: the norm writes Q4_K-packed activations, which the q+k part and the
-    Q6_K v part both read (the v kernel permutes their bytes, ACT_Q4): two parts launches, no quantizer."""
+    Q6_K v part both read (the v kernel permutes their bytes, ACT_Q4): no quantizer launch, and both parts
+    in one launch (dp4a_gemv_pair_kernel), or one each with EMBER_DP4A_PAIR=0."""
     from ember.compiler.ops import norm_gpu
     from ember.compiler.ops.quant import config as quant_config
     from ember.compiler.ops.quant.layout import WeightGroup
@@ -110,21 +113,26 @@ def test_a_q6_k_v_part_reads_the_norms_q4_k_activations(monkeypatch):
     monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
     monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
     monkeypatch.setattr(norm_gpu, "triton_available", lambda: True)
+    monkeypatch.setenv("EMBER_DP4A_PAIR", "1" if pair else "0")
     rng = np.random.default_rng(0)
     w = WeightGroup((pack(random_gguf_bytes(rng, "q4_k", (1792, 1536)), "q4_k", (1792, 1536)),
                      pack(random_gguf_bytes(rng, "q6_k", (256, 1536)), "q6_k", (256, 1536))))
     x, nw = jnp.zeros((1, 1536), jnp.bfloat16), jnp.ones((1536,), jnp.bfloat16)
+    bias = jnp.zeros((2048,), jnp.bfloat16)
 
-    def step(x, nw, w):
+    def step(x, nw, w, bias):
         h = norm_quant_gpu.rms_norm_to_proj(x, nw, w, eps=1e-6)
         assert isinstance(h, linear_quant.QuantizedInput) and h.order == "q4_k"
-        return linear_quant.linear_split(h, w, sizes=(1536, 256, 256))
+        return linear_quant.linear_split(h, w, bias, sizes=(1536, 256, 256))
 
     with linear_quant.use_quant_backend("triton"):
-        text = jax.jit(step).trace(x, nw, w).lower(lowering_platforms=("cuda",)).as_text()
-    calls = [line for line in text.splitlines() if XLA_TRITON_TARGET in line]
-    assert ['name = "rms_norm_quant_kernel"' in calls[0], len(calls)] == [True, 3]
-    assert all('name = "dp4a_gemv_parts_kernel"' in call for call in calls[1:])
+        text = jax.jit(step).trace(x, nw, w, bias).lower(lowering_platforms=("cuda",)).as_text()
+        outs = jax.eval_shape(step, x, nw, w, bias)
+    calls = [re.search(r'name = "([^"]+)"', line).group(1) for line in text.splitlines() if XLA_TRITON_TARGET in line]
+    parts = ["dp4a_gemv_pair_kernel"] if pair else ["dp4a_gemv_parts_kernel"] * 2
+    assert calls == ["rms_norm_quant_kernel", *parts]
+    assert [o.shape for o in outs] == [(1, 1536), (1, 256), (1, 256)]
+    assert "stablehlo.slice" not in text and "stablehlo.add" not in text
 
 
 @pytest.mark.parametrize("spec", SPECS)

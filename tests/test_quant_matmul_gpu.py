@@ -188,3 +188,36 @@ def test_dp4a_q6_k_reads_q4_k_packed_activations_bit_for_bit(m: int, parts: bool
     got = jax.jit(lambda x, w: run(x, w, "q4_k"))(x, w)
     want = jax.jit(lambda x, w: run(x, w, "q6_k"))(x, w)
     np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)))
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_dp4a_pair_launch_equals_a_launch_per_part(m: int) -> None:
+    """A Q4_K q+k beside a Q6_K v (1.5B Q4_K_M shapes) in one pair launch against a parts launch per part on
+    the same Q4_K-packed activations: q and k bit for bit (same kernel body and warps), v within a bf16
+    rounding (the launch's warp count may order its sums differently)."""
+    from ember.compiler.ops.quant import config as quant_config
+    from ember.compiler.ops.quant.dp4a import quantize_activations_gpu
+    from ember.compiler.ops.quant.matmul import quant_matmul_pair_parts, quant_matmul_parts
+
+    if not quant_config.dp4a_for("q6_k"):
+        pytest.skip("q6_k decode does not take the dp4a kernel here (EMBER_QUANT_DP4A)")
+    wa, wb = device_weight("q4_k", (1792, 1536)), device_weight("q6_k", (256, 1536))
+    x = jax.random.normal(jax.random.key(m), (m, 1536), jnp.float32).astype(jnp.bfloat16)
+    bias = (jax.random.normal(jax.random.key(9), (2048,), jnp.float32) * 0.1).astype(jnp.bfloat16)
+    got = jax.jit(lambda x, wa, wb, b: quant_matmul_pair_parts(x, (wa, wb), b, ((1536, 256), (256,)),
+                                                               backend="triton"))(x, wa, wb, bias)
+    assert got is not None and [g.shape for g in got] == [(m, 1536), (m, 256), (m, 256)]
+
+    def apart(x, wa, wb, b):
+        qa, da = quantize_activations_gpu(x, "q4_k")
+        return (*quant_matmul_parts(x, wa, b, (1536, 256), backend="triton", activations=(qa, da, "q4_k")),
+                *quant_matmul_parts(x, wb, b, (256,), bias_offset=1792, backend="triton",
+                                    activations=(qa, da, "q4_k")))
+
+    want = jax.jit(apart)(x, wa, wb, bias)
+    for i, (g, w) in enumerate(zip(got, want)):
+        g, w = np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32))
+        if i < 2:
+            np.testing.assert_array_equal(g, w)
+        else:
+            np.testing.assert_allclose(g, w, rtol=2 ** -7, atol=2 ** -7 * float(np.abs(w).max()))

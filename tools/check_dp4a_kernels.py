@@ -119,6 +119,53 @@ def interpret_parts() -> int:
     return 1 if failures else 0
 
 
+def interpret_pair() -> int:
+    """dp4a_gemv_pair_kernel (a Q4_K part of one or two projections, then a Q6_K or Q4_K part of one, one
+    launch reading Q4_K-packed activations) against act_quant.dp4a_matmul_ref of each part plus the bias."""
+    import jax.numpy as jnp
+
+    from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, random_gguf_bytes
+    from ember.compiler.ops.quant.act_quant import dp4a_matmul_ref, quantize_activations
+    from ember.compiler.ops.quant.dp4a import pad_rows
+    from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES, dp4a_gemv_pair_kernel
+
+    failures, inner = 0, 1536
+    rng = np.random.default_rng(8)
+    # (A's projections, B's format and rows, A's and B's (block_n, sb_per_step), activation rows)
+    for run_a, (fmt_b, out_b), tiles, ms in (((24, 8), ("q6_k", 8), ((8, 2), (4, 4)), [1, 3]),
+                                             ((20,), ("q4_k", 12), ((16, 4), (8, 1)), [2, 11])):
+        out_a = sum(run_a)
+        wa = pack(random_gguf_bytes(rng, "q4_k", (out_a, inner), realistic=True), "q4_k", (out_a, inner))
+        wb = pack(random_gguf_bytes(rng, fmt_b, (out_b, inner), realistic=True), fmt_b, (out_b, inner))
+        bias = rng.standard_normal(out_a + out_b).astype(np.float32)
+        for m in ms:
+            x = rng.standard_normal((m, inner)).astype(np.float32)
+            expected = np.concatenate([np.asarray(dp4a_matmul_ref(jnp.asarray(x), w)) for w in (wa, wb)], axis=1)
+            expected = expected + bias
+            (pa, pb) = (launch_plan(f, m, o, inner, QuantMatmulConfig(variant="dp4a", block_n=bn, sb_per_step=sb))
+                        for f, o, (bn, sb) in (("q4_k", out_a, tiles[0]), (fmt_b, out_b, tiles[1])))
+            ma, mb = pa["meta"], pb["meta"]
+            qa, da = (np.asarray(a) for a in pad_rows(*quantize_activations(jnp.asarray(x), "q4_k"), ma["M_PAD"]))
+            widths = (run_a[0], run_a[1] if len(run_a) == 2 else 1, out_b)
+            outs = [HostBuffer(np.full((ma["M_PAD"], width), np.nan, np.float32)) for width in widths]
+            dp4a_gemv_pair_kernel[(pa["grid"][0] + pb["grid"][0], 1, 1)](
+                HostBuffer(qa), HostBuffer(da), *(HostBuffer(wa.planes[n]) for n in DP4A_PLANES["q4_k"]),
+                *(HostBuffer(wb.planes[n]) for n in DP4A_PLANES[fmt_b]), HostBuffer(bias), *outs,
+                M_PAD=ma["M_PAD"], K=inner, R=ma["R"], NA=out_a, N1=run_a[0], NB=out_b,
+                TILES_A=pa["grid"][0] // (ma["M_PAD"] // ma["R"]), BLOCK_N_A=ma["BLOCK_N"], S_A=ma["S"],
+                PREFETCH_A=ma["PREFETCH"], EXACT_A=ma["EXACT"], BLOCK_N_B=mb["BLOCK_N"], S_B=mb["S"],
+                PREFETCH_B=mb["PREFETCH"], EXACT_B=mb["EXACT"], Q6_B=fmt_b == "q6_k", ASM=False, HAS_BIAS=True,
+                BIAS_OFFSET=0)
+            kept = [outs[0].array[:m]] + ([outs[1].array[:m]] if len(run_a) == 2 else []) + [outs[2].array[:m]]
+            got = np.concatenate(kept, axis=1)
+            err = float(np.abs(got - expected).max() / np.abs(expected).max())
+            bad = not err < 1e-5  # NaN (an unwritten element) fails too
+            failures += bad
+            print(f"{'BAD' if bad else 'ok '} dp4a pair q4_k {run_a} + {fmt_b} ({out_b},) m={m} R={ma['R']} "
+                  f"rel_err={err:.1e}", flush=True)
+    return 1 if failures else 0
+
+
 def interpret_quantize() -> int:
     """triton_act_quant.py's kernel against act_quant.quantize_activations: packed words equal, (dx, sx) close
     (and the SILU_GATED variant); the number of failed cases."""
@@ -220,7 +267,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["interpret"]:
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
         patch_interpreter()
-        return min(1, interpret_quantize()) | interpret() | interpret_parts()
+        return min(1, interpret_quantize()) | interpret() | interpret_parts() | interpret_pair()
     if argv[:1] == ["compile"]:
         return compile_all()
     print(__doc__)

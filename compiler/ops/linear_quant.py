@@ -45,7 +45,8 @@ from . import linear as linear_ref
 from .quant import config as quant_config
 from .quant.fp8 import Fp8Weight, fp8_linear, fp8_rows
 from .quant.layout import DenseBacked, QuantizedWeight, WeightGroup
-from .quant.matmul import BACKENDS, quant_matmul, quant_matmul_parts, quant_matmul_silu_gated, split_columns
+from .quant.matmul import (BACKENDS, quant_matmul, quant_matmul_pair_parts, quant_matmul_parts, quant_matmul_silu_gated,
+                           split_columns)
 from .quant.ref import dequantize
 from .triton_available import triton_available
 
@@ -186,6 +187,11 @@ def linear_split(x, weight, bias=None, *, sizes):
     if runs is None:  # a part straddles two projections: the packed product, then slices
         return split_columns(linear(x, weight, bias), sizes)
     outs, start, rows = [], 0, _rows(x)
+    if len(parts) == 2 and all(isinstance(p, QuantizedWeight) and rows <= gemv_max_rows(p.format) for p in parts):
+        paired = quant_matmul_pair_parts(_array(x), tuple(parts), bias, tuple(runs), backend=quant_backend(),
+                                         activations=_activations(x, parts[0]))
+        if paired is not None:  # both parts in one launch (a Q4_K q+k beside a Q6_K v)
+            return paired
     for part, run in zip(parts, runs):  # each part yields its projections (a group's parts: no concat)
         if isinstance(part, QuantizedWeight) and rows <= gemv_max_rows(part.format):
             outs.extend(quant_matmul_parts(_array(x), part, bias, run, bias_offset=start, backend=quant_backend(),

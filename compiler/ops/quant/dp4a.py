@@ -142,3 +142,36 @@ def dp4a_parts_call(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None, co
         grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages,
         HAS_BIAS=bias is not None, BIAS_OFFSET=bias_offset, **meta, **bounds)
     return tuple(out[:m] for out in outs[:len(sizes)])
+
+
+def dp4a_pair_parts_call(x: jax.Array, weights: tuple[QuantizedWeight, QuantizedWeight], bias: jax.Array | None,
+                         plans: tuple[dict, dict], runs: tuple[tuple[int, ...], tuple[int, ...]],
+                         num_warps: int, activations: tuple | None = None) -> tuple[jax.Array, ...]:
+    """x [m, in] @ the two parts of a weight group (a Q4_K A packing the projections runs[0], one or two,
+    then a Q4_K or Q6_K B holding runs[1], one), each plus its run of bias (A's rows, then B's), in one
+    launch (triton_gemv_dp4a.dp4a_gemv_pair_kernel): what dp4a_parts_call on each part gives. plans: each
+    part's one-split dp4a plan at x's rows; B reads A's activations (Q4_K-packed: a Q6_K B permutes them)."""
+    from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES, dp4a_gemv_pair_kernel
+    from ember.compiler.ops.triton_launch import triton_call
+
+    (wa, wb), (plan_a, plan_b) = weights, plans
+    if (wa.format != "q4_k" or len(runs[0]) > 2 or len(runs[1]) != 1 or sum(runs[0]) != wa.shape[0]
+            or sum(runs[1]) != wb.shape[0] or any(p["split_k"] != 1 for p in plans)):
+        raise ValueError(f"no pair launch for {wa.format} {runs[0]} + {wb.format} {runs[1]}")
+    operands, meta_a = _quantized_inputs(x, wa, plan_a, activations=activations)
+    meta_b = plan_b["meta"]
+    m, rows = x.shape[0], meta_a["M_PAD"]
+    tiles_a = plan_a["grid"][0] // (meta_a["M_PAD"] // meta_a["R"])
+    bias_arg = jnp.zeros((1,), x.dtype) if bias is None else bias.astype(x.dtype)
+    widths = (runs[0][0], runs[0][1] if len(runs[0]) == 2 else 1, runs[1][0])
+    outs = triton_call(
+        *operands, *(wb.planes[name] for name in DP4A_PLANES[wb.format]), bias_arg,
+        kernel=dp4a_gemv_pair_kernel,
+        out_shape=tuple(jax.ShapeDtypeStruct((rows, width), x.dtype) for width in widths),
+        grid=(plan_a["grid"][0] + plan_b["grid"][0], 1, 1), num_warps=num_warps, num_stages=1,
+        M_PAD=rows, K=wa.shape[1], R=meta_a["R"], NA=wa.shape[0], N1=runs[0][0], NB=wb.shape[0],
+        TILES_A=tiles_a, BLOCK_N_A=meta_a["BLOCK_N"], S_A=meta_a["S"], PREFETCH_A=meta_a["PREFETCH"],
+        EXACT_A=meta_a["EXACT"], BLOCK_N_B=meta_b["BLOCK_N"], S_B=meta_b["S"], PREFETCH_B=meta_b["PREFETCH"],
+        EXACT_B=meta_b["EXACT"], Q6_B=wb.format == "q6_k", ASM=True, HAS_BIAS=bias is not None, BIAS_OFFSET=0)
+    kept = (0, 1) if len(runs[0]) == 2 else (0,)
+    return tuple(outs[i][:m] for i in kept) + (outs[2][:m],)

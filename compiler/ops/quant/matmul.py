@@ -9,6 +9,8 @@ backend="mosaic"     reserved for a Pallas Mosaic GPU kernel (not written yet: r
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 
@@ -62,6 +64,25 @@ def quant_matmul_parts(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None,
     if bias is not None:
         y = y + bias[bias_offset:bias_offset + w.shape[0]].astype(y.dtype)
     return split_columns(y, sizes)
+
+
+def quant_matmul_pair_parts(x: jax.Array, weights: tuple[QuantizedWeight, QuantizedWeight], bias: jax.Array | None,
+                            runs: tuple[tuple[int, ...], tuple[int, ...]], *, backend: str = "reference",
+                            activations: tuple | None = None) -> tuple[jax.Array, ...] | None:
+    """The projections of a two-part weight group (a Q4_K part holding runs[0], one or two projections, then
+    a Q4_K / Q6_K part holding runs[1], one: a Q4_K_M q+k beside a Q6_K v) with the group's bias, in one dp4a
+    launch (dp4a.dp4a_pair_parts_call); None where that launch does not apply (then each part runs alone).
+    EMBER_DP4A_PAIR=0 (read at trace time) keeps one launch per part, for side-by-side measurements."""
+    if os.environ.get("EMBER_DP4A_PAIR", "1") == "0" or x.ndim != 2:
+        return None
+    picks = [_dp4a_pick(x, w, backend) if x.shape[1] == w.shape[1] else None for w in weights]
+    if (None in picks or weights[0].format != "q4_k" or len(runs[0]) > 2 or len(runs[1]) != 1
+            or any(plan["split_k"] != 1 for _, plan in picks)):
+        return None
+    from ember.compiler.ops.quant.dp4a import dp4a_pair_parts_call
+
+    return dp4a_pair_parts_call(x, weights, bias, (picks[0][1], picks[1][1]), runs, picks[0][0].num_warps,
+                                activations)
 
 
 def quant_matmul_silu_gated(gate_up: jax.Array, w: QuantizedWeight, *, backend: str = "reference",

@@ -114,12 +114,13 @@ def _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.const
 def _accumulate(qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                 R: tl.constexpr, BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
                 PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ACT_Q4: tl.constexpr,
-                ASM: tl.constexpr):
+                ASM: tl.constexpr, TILE0: tl.constexpr):
     """The program's sums: (rows, row_ok [BLOCK_N], pid_k, first activation row m0, acc0..acc7) with acc_i
-    [S, BLOCK_N, 8, 1] fp32 of activation row m0 + i (those past R stay 0)."""
+    [S, BLOCK_N, 8, 1] fp32 of activation row m0 + i (those past R stay 0). TILE0: row tiles of the grid
+    before this weight's first (the pair kernel's second weight)."""
     GROUPS: tl.constexpr = M_PAD // R
     rows, row_ok, r4, row_ok4, pid_k, start, stop, u0, n4, q4, w4 = block_frame(
-        tl.program_id(0) // GROUPS, BLOCK_N, N, S, UNITS_PER_SPLIT, K)
+        tl.program_id(0) // GROUPS - TILE0, BLOCK_N, N, S, UNITS_PER_SPLIT, K)
     m0 = (tl.program_id(0) % GROUPS) * R
     acc0 = tl.zeros((S, BLOCK_N, 8, 1), tl.float32)
     acc1 = tl.zeros((S, BLOCK_N, 8, 1), tl.float32)
@@ -189,11 +190,11 @@ def _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr,
           N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr, S: tl.constexpr,
           UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr,
           ACT_Q4: tl.constexpr, ASM: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr,
-          BIAS_OFFSET: tl.constexpr):
-    """Both kernels' body: the program's sums, then one _store per activation row of its group."""
+          BIAS_OFFSET: tl.constexpr, TILE0: tl.constexpr = 0):
+    """The kernels' body: the program's sums, then one _store per activation row of its group."""
     rows, row_ok, pid_k, m0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _accumulate(
         qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD, N, K, R, BLOCK_N, S, UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ACT_Q4,
-        ASM)
+        ASM, TILE0)
     out = (bias_ptr, out_ptr, out2_ptr, out3_ptr)
     _store(*out, acc0, m0, pid_k, rows, row_ok, M_PAD, N, N1, N2, HAS_BIAS, BIAS_OFFSET)
     if R > 1:
@@ -239,6 +240,28 @@ def dp4a_gemv_parts_kernel(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, ou
     plus its bias bias[BIAS_OFFSET + row] when HAS_BIAS, so that no slice or bias kernel follows the GEMV."""
     _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr, M_PAD, N, K, R, BLOCK_N, S,
           UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ACT_Q4, ASM, N1, N2, HAS_BIAS, BIAS_OFFSET)
+
+
+@triton.jit
+def dp4a_gemv_pair_kernel(qa_ptr, da_ptr, a0, a1, a2, a3, b0, b1, b2, b3, bias_ptr, out_ptr, out2_ptr, out3_ptr,
+                          M_PAD: tl.constexpr, K: tl.constexpr, R: tl.constexpr, NA: tl.constexpr,
+                          N1: tl.constexpr, NB: tl.constexpr, TILES_A: tl.constexpr, BLOCK_N_A: tl.constexpr,
+                          S_A: tl.constexpr, PREFETCH_A: tl.constexpr, EXACT_A: tl.constexpr,
+                          BLOCK_N_B: tl.constexpr, S_B: tl.constexpr, PREFETCH_B: tl.constexpr,
+                          EXACT_B: tl.constexpr, Q6_B: tl.constexpr, ASM: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, BIAS_OFFSET: tl.constexpr):
+    """The parts kernel over two weights of one input in one launch (one split each): a Q4_K weight A [NA, K]
+    packing one or two projections (rows [0, N1) -> out [M_PAD, N1], [N1, NA) -> out2) and a Q6_K (or Q4_K)
+    weight B [NB, K] (-> out3 [M_PAD, NB]), e.g. a Q4_K q+k beside a Q6_K v. The first TILES_A row tiles of
+    grid axis 0 are A's, the rest B's; B reads A's Q4_K activation packing (Q6_B: permuted for Q6_K, ACT_Q4).
+    The bias is one vector over A's rows then B's (bias[BIAS_OFFSET + row])."""
+    if tl.program_id(0) // (M_PAD // R) < TILES_A:
+        _gemv(qa_ptr, da_ptr, a0, a1, a2, a3, bias_ptr, out_ptr, out2_ptr, out2_ptr, M_PAD, NA, K, R, BLOCK_N_A,
+              S_A, K // 256, PREFETCH_A, EXACT_A, False, False, ASM, N1, NA, HAS_BIAS, BIAS_OFFSET)
+    else:
+        _gemv(qa_ptr, da_ptr, b0, b1, b2, b3, bias_ptr, out3_ptr, out3_ptr, out3_ptr, M_PAD, NB, K, R, BLOCK_N_B,
+              S_B, K // 256, PREFETCH_B, EXACT_B, Q6_B, Q6_B, ASM, NB, NB, HAS_BIAS, BIAS_OFFSET + NA,
+              TILES_A)
 
 
 # format -> the planes in the kernel's p0..p3 order
