@@ -190,11 +190,11 @@ def test_dp4a_q6_k_reads_q4_k_packed_activations_bit_for_bit(m: int, parts: bool
     np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)))
 
 
-@pytest.mark.parametrize("m", [1, 3])
-def test_dp4a_pair_launch_equals_a_launch_per_part(m: int) -> None:
-    """A Q4_K q+k beside a Q6_K v (1.5B Q4_K_M shapes) in one pair launch against a parts launch per part on
-    the same Q4_K-packed activations: q and k bit for bit (same kernel body and warps), v within a bf16
-    rounding (the launch's warp count may order its sums differently)."""
+def test_dp4a_pair_launch_equals_a_launch_per_part() -> None:
+    """A Q4_K q+k beside a Q6_K v (1.5B Q4_K_M shapes) at batch 1 in one pair launch against a parts launch
+    per part on the same Q4_K-packed activations: q and k bit for bit (same kernel body and warps), v within
+    a bf16 rounding (the launch's warp count may order its sums differently). At 3 rows the v part's tile
+    splits K, so no pair launch applies (None: a launch per part)."""
     from ember.compiler.ops.quant import config as quant_config
     from ember.compiler.ops.quant.dp4a import quantize_activations_gpu
     from ember.compiler.ops.quant.matmul import quant_matmul_pair_parts, quant_matmul_parts
@@ -202,6 +202,9 @@ def test_dp4a_pair_launch_equals_a_launch_per_part(m: int) -> None:
     if not quant_config.dp4a_for("q6_k"):
         pytest.skip("q6_k decode does not take the dp4a kernel here (EMBER_QUANT_DP4A)")
     wa, wb = device_weight("q4_k", (1792, 1536)), device_weight("q6_k", (256, 1536))
+    x3 = jnp.zeros((3, 1536), jnp.bfloat16)
+    assert quant_matmul_pair_parts(x3, (wa, wb), None, ((1536, 256), (256,)), backend="triton") is None
+    m = 1
     x = jax.random.normal(jax.random.key(m), (m, 1536), jnp.float32).astype(jnp.bfloat16)
     bias = (jax.random.normal(jax.random.key(9), (2048,), jnp.float32) * 0.1).astype(jnp.bfloat16)
     got = jax.jit(lambda x, wa, wb, b: quant_matmul_pair_parts(x, (wa, wb), b, ((1536, 256), (256,)),

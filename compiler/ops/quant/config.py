@@ -134,14 +134,17 @@ DP4A_M1: dict[tuple[str, int, int], QuantMatmulConfig] = {
     ("q4_k", 5120, 4096): _dp4a(8, 1, 4, 1), ("q4_k", 6144, 4096): _dp4a(8, 1, 4, 1),
     ("q4_k", 4096, 4096): _dp4a(8, 1, 4, 1), ("q4_k", 28672, 4096): _dp4a(8, 1, 1, 2),
     ("q4_k", 4096, 14336): _dp4a(16, 8, 1, 2),
-    # Q6_K at f842b9c (tools/results/h200_gemv_graphs_dp4a_q6k_f842b9c.json, 31-149 candidates per shape;
-    # the float rows kernel's tiles it replaces, split-K sum included: 12.14 -> 9.13 us on 1536 x 8960,
-    # 92.09 -> 73.68 on 151936 x 1536, 6.73 -> 5.43 on 1024 x 4096, 29.99 -> 21.00 on 4096 x 14336,
-    # 219.48 -> 132.82 on 128256 x 4096; 256 x 1536 kept its tile, the fastest)
+    # Q6_K: the tuner at f842b9c (tools/results/h200_gemv_graphs_dp4a_q6k_f842b9c.json, 31-149 candidates
+    # per shape) against the float rows kernel's tiles, split-K sum included: 12.14 -> 9.13 us on 1536 x 8960,
+    # 6.73 -> 5.43 on 1024 x 4096 (one split: the pair launch applies), 92.09 -> 73.68 on 151936 x 1536,
+    # 29.99 -> 21.00 on 4096 x 14336, 219.48 -> 132.82 on 128256 x 4096. Inside the plan (profile_step at
+    # f842b9c vs 0f62e2c, h200_plan_alone_*) the first two held (1536 x 8960: 7.35 -> 6.34 us) but the last
+    # three did not (51.0 vs 50.2, 15.6 vs 14.4, 123.7 vs 112.7 us): those keep the rows tiles. 256 x 1536
+    # kept its tile, the tuner's fastest.
     ("q6_k", 256, 1536): _dp4a(4, 1, 4, 2), ("q6_k", 1536, 8960): _dp4a(4, 8, 1, 2),
-    ("q6_k", 151936, 1536): _dp4a(16, 1, 1, 4),
-    ("q6_k", 1024, 4096): _dp4a(4, 1, 4, 1), ("q6_k", 4096, 14336): _dp4a(8, 4, 1, 2),
-    ("q6_k", 128256, 4096): _dp4a(8, 1, 1, 2),
+    ("q6_k", 1024, 4096): _dp4a(4, 1, 4, 1),
+    **{key: dataclasses.replace(config, variant="dp4a") for key, config in MEASURED_M1.items()
+       if key in (("q6_k", 151936, 1536), ("q6_k", 4096, 14336), ("q6_k", 128256, 4096))},
 }
 
 # Shape classes: tiny out (k/v projections), out ~ in (q/o, down), long out (gate/up, LM head).
