@@ -95,10 +95,13 @@ def add_rms_norm_quant_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_
 
 
 def launch_plan(rows: int, n: int, order: str) -> dict:
-    """norm_gpu.launch_plan's grid and tile, plus the packed layout's blocks and order."""
+    """norm_gpu.launch_plan's grid and tile, plus the packed layout's blocks and order (EMBER_NORM_QUANT_WARPS,
+    read at trace time, overrides the warps per program: for side-by-side measurements)."""
     if n % 32:
         raise ValueError(f"rms_norm + quantize: rows of a multiple of 32 elements, got {n}")
     plan = norm_gpu.launch_plan(rows, n)
+    if os.environ.get("EMBER_NORM_QUANT_WARPS"):
+        plan["num_warps"] = int(os.environ["EMBER_NORM_QUANT_WARPS"])
     plan["meta"].update(NB=1 << (n // 32 - 1).bit_length(), Q6=order == "q6_k")
     return plan
 

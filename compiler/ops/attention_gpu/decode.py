@@ -18,6 +18,7 @@ out = sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s. Empty splits (m = -in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -46,6 +47,19 @@ class DecodeAttentionConfig:
     programs_per_sm: int = 4
     max_splits: int = 128  # ... but at most this many splits
     min_split_tokens: int = 256  # ... and at least this many tokens of the table width per split
+
+
+def default_config() -> DecodeAttentionConfig:
+    """DecodeAttentionConfig(), with EMBER_DECODE_ATTENTION ("num_warps=2/num_stages=1", read at trace time)
+    overriding its integer fields: for side-by-side measurements of the launch knobs."""
+    text = os.environ.get("EMBER_DECODE_ATTENTION", "").strip()
+    if not text:
+        return DecodeAttentionConfig()
+    fields = {f.name for f in dataclasses.fields(DecodeAttentionConfig)}
+    updates = dict(item.split("=", 1) for item in text.split("/"))
+    if not set(updates) <= fields:
+        raise ValueError(f"EMBER_DECODE_ATTENTION: unknown fields {sorted(set(updates) - fields)}")
+    return dataclasses.replace(DecodeAttentionConfig(), **{k: int(v) for k, v in updates.items()})
 
 
 def _next_pow2(x: int) -> int:
@@ -94,7 +108,7 @@ def paged_decode_attention(q, k_pool, v_pool, block_tables, ctx_lens, positions,
     -> [B, hq, dh] in q's dtype. activations_for ("q4_k" / "q6_k": the packing of the projection reading the
     output): -> (out, (qa, da)) with the output rows [B, hq * dh] as that projection's int8 activations where
     the combine kernel made them (split launches, dh a power of two >= 32), else (out, None)."""
-    config = config or DecodeAttentionConfig()
+    config = config or default_config()
     b, _, dh = q.shape
     pool_dh = k_pool.shape[3]
     if pool_dh != dh or v_pool.shape != k_pool.shape or block_tables.shape[0] != b:
@@ -185,7 +199,7 @@ def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, b
     from .decode_kernel import KERNELS
     from .rope_write import STYLES
 
-    config = config or DecodeAttentionConfig()
+    config = config or default_config()
     dh = q.shape[2]
     if dh < 16 or dh & (dh - 1) or style not in STYLES:
         return None
