@@ -33,6 +33,14 @@ CASES = [
 ]
 
 
+def _compared(got: np.ndarray, expected: np.ndarray, label: str) -> bool:
+    """Print one case's line; True when it failed (relative error >= 1e-5, or NaN: an unwritten element)."""
+    err = float(np.abs(got - expected).max() / np.abs(expected).max())
+    bad = not err < 1e-5
+    print(f"{'BAD' if bad else 'ok '} {label} rel_err={err:.1e}", flush=True)
+    return bad
+
+
 def interpret() -> int:
     import jax.numpy as jnp
 
@@ -59,14 +67,10 @@ def interpret() -> int:
                 y = HostBuffer(np.full((plan["split_k"], meta["M_PAD"], out), np.nan, np.float32))
                 dp4a_gemv_kernel[plan["grid"]](HostBuffer(qa), HostBuffer(da),
                                                *(HostBuffer(w.planes[n]) for n in DP4A_PLANES[fmt]), y, **meta)
-                got = y.array.sum(axis=0)[:m]
-                err = float(np.abs(got - expected).max() / np.abs(expected).max())
-                bad = not err < 1e-5  # NaN (an unwritten row or split) fails too
-                failures += bad
-                print(f"{'BAD' if bad else 'ok '} dp4a {fmt} (activations {order}) {out}x{inner} m={m:<2} "
-                      f"R={meta['R']} block_n={block_n} "
-                      f"grid={plan['grid']} S={meta['S']} exact={meta['EXACT']} prefetch={meta['PREFETCH']} "
-                      f"rel_err={err:.1e}", flush=True)
+                failures += _compared(
+                    y.array.sum(axis=0)[:m], expected,
+                    f"dp4a {fmt} (activations {order}) {out}x{inner} m={m:<2} R={meta['R']} block_n={block_n} "
+                    f"grid={plan['grid']} S={meta['S']} exact={meta['EXACT']} prefetch={meta['PREFETCH']}")
     return 1 if failures else 0
 
 
@@ -110,12 +114,9 @@ def interpret_parts() -> int:
             dp4a_gemv_parts_kernel[plan["grid"]](
                 HostBuffer(qa), HostBuffer(da), *(HostBuffer(w.planes[n]) for n in DP4A_PLANES[fmt]),
                 HostBuffer(np.zeros(1, np.float32) if bias is None else bias), *outs, **meta)
-            got = np.concatenate([o.array[:m] for o in outs[:len(sizes)]], axis=1)
-            err = float(np.abs(got - expected).max() / np.abs(expected).max())
-            bad = not err < 1e-5  # NaN (an unwritten element) fails too
-            failures += bad
-            print(f"{'BAD' if bad else 'ok '} dp4a parts {fmt} sizes={sizes} bias_offset={offset} m={m} "
-                  f"R={meta['R']} block_n={block_n} rel_err={err:.1e}", flush=True)
+            failures += _compared(np.concatenate([o.array[:m] for o in outs[:len(sizes)]], axis=1), expected,
+                                  f"dp4a parts {fmt} sizes={sizes} bias_offset={offset} m={m} R={meta['R']} "
+                                  f"block_n={block_n}")
     return 1 if failures else 0
 
 
@@ -157,12 +158,8 @@ def interpret_pair() -> int:
                 PREFETCH_B=mb["PREFETCH"], EXACT_B=mb["EXACT"], Q6_B=fmt_b == "q6_k", ASM=False, HAS_BIAS=True,
                 BIAS_OFFSET=0)
             kept = [outs[0].array[:m]] + ([outs[1].array[:m]] if len(run_a) == 2 else []) + [outs[2].array[:m]]
-            got = np.concatenate(kept, axis=1)
-            err = float(np.abs(got - expected).max() / np.abs(expected).max())
-            bad = not err < 1e-5  # NaN (an unwritten element) fails too
-            failures += bad
-            print(f"{'BAD' if bad else 'ok '} dp4a pair q4_k {run_a} + {fmt_b} ({out_b},) m={m} R={ma['R']} "
-                  f"rel_err={err:.1e}", flush=True)
+            failures += _compared(np.concatenate(kept, axis=1), expected,
+                                  f"dp4a pair q4_k {run_a} + {fmt_b} ({out_b},) m={m} R={ma['R']}")
     return 1 if failures else 0
 
 
