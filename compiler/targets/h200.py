@@ -17,8 +17,11 @@ batch (1 … 256), and kernel choices per op.
 - RMSNorm and residual add + RMSNorm: one Triton kernel each (compiler/ops/norm_gpu.py) where XLA ran three;
   a norm read by one projection may also write that projection's int8 activations (norm_quant_gpu.py, the
   fuse_norm_into_projection pass; EMBER_FUSED_NORM_QUANT=0 turns it off).
-- decode GEMV epilogues / prologues: packed q/k/v written apart with their bias (dp4a parts kernel), and
-  silu(gate) * up made by the down projection's activation quantizer (gated_linear, fuse_gated_linear).
+- decode GEMV epilogues / prologues: packed q/k/v written apart with their bias (dp4a parts kernel; a Q4_K q+k
+  beside a Q6_K v in one pair launch on one Q4_K packing of the activations), silu(gate) * up made by the down
+  projection's activation quantizer (gated_linear, fuse_gated_linear), and the down projection's split-K
+  partials summed by the next layer's norm kernel (carry_split_k_partials; EMBER_SPLIT_K_PARTIALS=0 turns it
+  off).
 - the rest (activations, sampler; RoPE in the deterministic plans) are the `jnp` references, fused by XLA.
 - 8 decode steps per device call when the engine can run ahead (runtime/lookahead.py).
 Triton kernels launch as native XLA kernels (compiler/ops/triton_launch.py): ~4.5 µs for a small kernel
