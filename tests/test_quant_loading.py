@@ -39,8 +39,8 @@ TINY = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "n
         "intermediate_size": 512, "vocab_size": 320, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
         "max_position_embeddings": 512}
 MODELS = {
-    # tied head (token_embd Q6_K read by the gather and the LM head); layer 1: q Q4_K + k Q5_0 (not kept:
-    # a float part) + v Q6_K; layer 0: gate Q4_K + up Q8_0
+    # tied head (token_embd Q6_K read by the gather and the LM head); layer 1: q Q4_K + k Q5_0 (kept when
+    # q5_0 is, else a float part) + v Q6_K; layer 0: gate Q4_K + up Q8_0
     "qwen2": dict(config={**TINY, "tie_word_embeddings": True},
                   types={"blk.1.attn_k.weight": "Q5_0", "blk.0.ffn_up.weight": "Q8_0"}),
     # untied Q6_K head, q/k rows permuted in the file (unpermute_rotary on raw block rows)
@@ -73,17 +73,18 @@ def tiny_gguf(request, tmp_path_factory) -> tuple[str, Path]:
     return request.param, _write_tiny_gguf(request.param, tmp_path_factory.mktemp("gguf") / f"{request.param}.gguf")
 
 
-@pytest.mark.parametrize("dense_copies", [False, True], ids=["kept", "kept+dense"])
-def test_kept_formats_give_the_dequantizing_loads_logits(tiny_gguf, quant_plans, dense_copies):
+@pytest.mark.parametrize("dense_copies, formats", [(False, KEPT), (True, KEPT), (False, KEPT + ("q5_0",))],
+                         ids=["kept", "kept+dense", "kept+q5_0"])
+def test_kept_formats_give_the_dequantizing_loads_logits(tiny_gguf, quant_plans, dense_copies, formats):
     arch, path = tiny_gguf
     exact = load_model(path, target="cpu")
     assert all(isinstance(v, np.ndarray) or hasattr(v, "dtype") for v in exact.params.layers[0].values())
     with use_quant_backend("reference"):
-        kept = load_model(path, target=dataclasses.replace(CPU_QUANT, dense_copies=dense_copies),
-                          generated_dir=quant_plans)
+        target = dataclasses.replace(CPU_QUANT, dense_copies=dense_copies, quantized_formats=formats)
+        kept = load_model(path, target=target, generated_dir=quant_plans)
         if dense_copies:
             _check_dense_copies(kept)
-        _check_layout(arch, kept)
+        _check_layout(arch, kept, formats)
         tokens = [int(t) for t in np.random.default_rng(0).integers(3, 320, 22)]
         # the exact logits of all 22 positions from one prefill (one compiled shape for the reference)
         want = SequenceRunner(exact, 64).prefill(tokens, all_logits=True)
@@ -116,7 +117,7 @@ def _check_dense_copies(model) -> None:
     assert not isinstance(layers[0]["ffn_norm.weight"], DenseBacked)
 
 
-def _check_layout(arch: str, model) -> None:
+def _check_layout(arch: str, model, formats: tuple[str, ...]) -> None:
     """What stayed quantized: so the equality above cannot hold by everything being float."""
     def kept(entry):
         return {k: v.kept if isinstance(v, DenseBacked) else v for k, v in entry.items()}
@@ -130,7 +131,7 @@ def _check_layout(arch: str, model) -> None:
     assert isinstance(g["output.weight"], QuantizedWeight) and g["output.weight"].format == "q6_k"
     if arch == "qwen2":
         assert [p.format if isinstance(p, QuantizedWeight) else "float" for p in layer1[qkv].parts] == \
-            ["q4_k", "float", "q6_k"]
+            ["q4_k", "q5_0" if "q5_0" in formats else "float", "q6_k"]
         assert [p.format for p in layer0["ffn_gate+ffn_up.weight"].parts] == ["q4_k", "q8_0"]
         assert g["token_embd.weight"].format == "q6_k" and g["token_embd.weight"].dtype == "float32"  # tied
     else:  # q and k (both Q4_K) merged into one part beside the Q6_K v: two matmuls, not three

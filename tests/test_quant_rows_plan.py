@@ -19,7 +19,7 @@ def rows(**kwargs) -> QuantMatmulConfig:
 
 
 def units_of(fmt: str, inner: int) -> int:
-    return inner // (32 if fmt == "q8_0" else 256)
+    return inner // (32 if FORMATS[fmt][0] == 32 else 256)  # Q8_0 / Q5_0: a unit is one 32-element block
 
 
 def check_cover(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig) -> dict:

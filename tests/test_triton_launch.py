@@ -78,7 +78,8 @@ def test_prefill_attention_lowers_to_one_native_kernel(dtype):
 @pytest.mark.parametrize("fmt, rows, out, inner, variant", [
     ("q4_k", 1, 1536, 1536, "split"), ("q4_k", 16, 8960, 1536, "split"), ("q6_k", 1, 1536, 8960, "split"),
     ("q8_0", 4, 256, 1536, "split"), ("q4_k", 1, 4096, 14336, "rows"), ("q4_k", 3, 1536, 1536, "rows"),
-    ("q4_k", 1, 17920, 1536, "dp4a"), ("q6_k", 11, 151936, 1536, "dp4a")])
+    ("q4_k", 1, 17920, 1536, "dp4a"), ("q6_k", 11, 151936, 1536, "dp4a"), ("q5_0", 1, 4096, 640, "rows"),
+    ("q5_0", 8, 1536, 640, "split")])
 def test_quantized_gemv_lowers_to_native_kernels(fmt, rows, out, inner, variant, monkeypatch):
     from ember.compiler.ops.quant import config as quant_config
     from ember.compiler.ops.quant.triton_act_quant import quantize_plan

@@ -1,6 +1,6 @@
 """Benchmark the quantized GEMV kernels on the GPU (run by hand on the device machine).
 
-For each format (Q4_K, Q6_K, Q8_0), each decode projection shape of Qwen2.5-1.5B and Llama-3-8B and
+For each format (Q4_K, Q6_K, Q8_0, Q5_0), each decode projection shape of Qwen2.5-1.5B and Llama-3-8B and
 m in {1, 16} bf16 activation rows, times in one run:
   kernel    quant_matmul(backend="triton"): weights stay quantized in HBM
   xla_ref   XLA on the jnp reference: dequantize inside jit, then a bf16 matmul
@@ -64,6 +64,7 @@ DECODE_SHAPES = {
     "q6_k": [(256, 1536), (1536, 8960), (151936, 1536),                                   # 1.5B: v, down, head
              (1024, 4096), (4096, 14336), (128256, 4096)],                                # 8B
     "q8_0": [(1536, 1536), (151936, 1536)],
+    "q5_0": [(1536, 640), (4096, 640)],  # gemma-3-270m Q4_K_M: q+k+v, gate+up (rows of 640: no 256-blocks)
 }
 L2_FLUSH_BYTES = 128 << 20  # weights cycled per run: 2.5x the H200's 50 MB L2
 MIN_CALLS, MAX_CALLS = 16, 256  # (the cap leaves the ~0.2-0.4 MB k/v projections partly L2-resident)
@@ -78,7 +79,7 @@ def rows_config(m: int) -> QuantMatmulConfig:
 
 ROWS_SWEEP = [QuantMatmulConfig(variant="rows", block_n=b, sb_per_step=sb, num_warps=w)
               for b, sb, w in ((16, 8, 4), (32, 2, 4), (32, 8, 4), (64, 4, 8), (128, 2, 8))]
-ROWS_FORMATS = ("q4_k", "q6_k", "q8_0")
+ROWS_FORMATS = ("q4_k", "q6_k", "q8_0", "q5_0")
 BACKEND = "triton"  # --backend reference: a CPU smoke test of this script's plumbing
 
 
@@ -91,6 +92,7 @@ def plane_shapes(fmt: str, shape: tuple[int, int]) -> dict[str, tuple[tuple[int,
         "q6_k": {"ql": ((sb, out, 32), np.uint32), "qh": ((sb, out, 16), np.uint32),
                  "scales": ((sb, out, 16), np.int8), "d": ((sb, out), np.float16)},
         "q8_0": {"qs": ((blk, out, 32), np.int8), "d": ((blk, out), np.float16)},
+        "q5_0": {"qs": ((blk, out, 16), np.uint8), "qh": ((blk, out), np.uint32), "d": ((blk, out), np.float16)},
     }[fmt]
 
 

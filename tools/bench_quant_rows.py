@@ -33,8 +33,8 @@ def rows_candidates(fmt: str, m: int, out: int, inner: int) -> list[QuantMatmulC
     smallest split_k (1..8) giving >= 4 programs per SM and the next one, and (sb_per_step, num_warps)
     pairs that give ~4-16 fp32 accumulators per thread per activation row (fewer at m = 4: registers)."""
     unit_w = 16 if fmt == "q6_k" else 32                 # accumulator width per unit and row
-    per_sb = 8 if fmt == "q8_0" else 1                   # Q8_0: 8 blocks per sb_per_step
-    units = inner // (32 if fmt == "q8_0" else 256)
+    per_sb = 8 if fmt in ("q8_0", "q5_0") else 1         # Q8_0 / Q5_0: 8 blocks per sb_per_step
+    units = inner // (32 if fmt in ("q8_0", "q5_0") else 256)
     targets = (8, 16) if m == 1 else (4, 8)
     seen, found = set(), []
     for bn in (4, 8, 16, 32, 64):

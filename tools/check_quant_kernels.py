@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 PLANE_TYPES = {"q4_k": ["*u32", "*u32", "*fp16", "*fp16"], "q6_k": ["*u32", "*u32", "*i8", "*fp16"],
-               "q8_0": ["*i8", "*fp16"]}
+               "q8_0": ["*i8", "*fp16"], "q5_0": ["*u8", "*u32", "*fp16"]}
 
 
 def patch_interpreter() -> None:
@@ -68,8 +68,8 @@ class HostBuffer:
     def __init__(self, array: np.ndarray) -> None:
         import ml_dtypes
 
-        names = {np.uint32: "u32", np.int32: "i32", np.int8: "i8", np.float16: "fp16", np.float32: "fp32",
-                 ml_dtypes.bfloat16: "bf16"}
+        names = {np.uint32: "u32", np.int32: "i32", np.int8: "i8", np.uint8: "u8", np.float16: "fp16",
+                 np.float32: "fp32", ml_dtypes.bfloat16: "bf16"}
         self.array = np.ascontiguousarray(array)
         self.dtype = next(v for k, v in names.items() if self.array.dtype == np.dtype(k))
 
@@ -244,7 +244,7 @@ def rows_compile_configs(fmt: str) -> list[tuple[int, tuple[int, int], object]]:
     shape = DECODE_SHAPES[fmt][0]
     acc = 16 if fmt == "q6_k" else 32
     for m, target in ((1, 16), (4, 8)):  # the candidates' largest accumulator per thread (rows_candidates)
-        warps = (8 if fmt == "q8_0" else 1) * 64 * acc // (32 * target)
+        warps = (8 if fmt in ("q8_0", "q5_0") else 1) * 64 * acc // (32 * target)
         if warps <= 8:
             cases.append((m, shape, QuantMatmulConfig(variant="rows", block_n=64, split_k=1, sb_per_step=1,
                                                       num_warps=warps, num_stages=1)))
@@ -286,7 +286,7 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("interpret", "rows", "compile", "compile-rows"):
         print(__doc__)
         return 2
-    formats = argv[1:] or ["q4_k", "q6_k", "q8_0"]
+    formats = argv[1:] or ["q4_k", "q6_k", "q8_0", "q5_0"]
     if argv[0] == "compile-rows":
         return compile_rows(formats)
     if argv[0] == "rows":

@@ -82,6 +82,10 @@ ROWS_RULES: tuple[ConfigRule, ...] = (
     ConfigRule("q8_0", _rows(8, 4, 1, 4), max_m=4, max_out=8192),
     ConfigRule("q8_0", _rows(16, 1, 1, 4), max_m=1),
     ConfigRule("q8_0", _rows(8, 1, 1, 4), max_m=4),
+    # Q5_0: the same frame and accumulators as Q8_0 (its tiles, not timed on the GPU yet)
+    ConfigRule("q5_0", _rows(8, 4, 1, 4), max_m=4, max_out=8192),
+    ConfigRule("q5_0", _rows(16, 1, 1, 4), max_m=1),
+    ConfigRule("q5_0", _rows(8, 1, 1, 4), max_m=4),
     ConfigRule("*", _rows(8, 4, 1, 2), max_m=4, max_out=1024),                   # k/v-sized outputs
     ConfigRule("*", _rows(16, 8, 1, 4), max_m=4, max_out=8192, min_in=8192),     # long `in` (down)
     ConfigRule("*", _rows(16, 4, 2, 4), max_m=1, max_out=8192),                  # out ~ in

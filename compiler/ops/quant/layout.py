@@ -35,6 +35,12 @@ Q8_0 (34 B per 32 elements)
   qs     int8    [in/32, out, 32]   element j of the block
   d      float16 [in/32, out]
   w[j] = d * qs[j]
+Q5_0 (22 B per 32 elements; GGUF's fallback for rows that are not whole 256-element super-blocks)
+  qs     uint8   [in/32, out, 16]   GGUF's bytes: byte l holds the low 4 bits of element l (low nibble) and
+                                    of element l + 16 (high nibble)
+  qh     uint32  [in/32, out]       bit j = the 5th bit of element j
+  d      float16 [in/32, out]
+  w[j] = d * ((low | high << 4) - 16)
 """
 
 from __future__ import annotations
@@ -44,10 +50,11 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-Q4_K, Q6_K, Q8_0 = "q4_k", "q6_k", "q8_0"
+Q4_K, Q6_K, Q8_0, Q5_0 = "q4_k", "q6_k", "q8_0", "q5_0"
 
 # format -> (elements per block, GGUF bytes per block, ggml type id)
-FORMATS: dict[str, tuple[int, int, int]] = {Q4_K: (256, 144, 12), Q6_K: (256, 210, 14), Q8_0: (32, 34, 8)}
+FORMATS: dict[str, tuple[int, int, int]] = {Q4_K: (256, 144, 12), Q6_K: (256, 210, 14), Q8_0: (32, 34, 8),
+                                            Q5_0: (32, 22, 6)}
 GGML_TYPE_FORMATS: dict[int, str] = {ggml_type: fmt for fmt, (_, _, ggml_type) in FORMATS.items()}
 
 
@@ -225,11 +232,19 @@ def pack_q8_0(raw: np.ndarray, shape: tuple[int, int]) -> QuantizedWeight:
     return QuantizedWeight(planes, Q8_0, tuple(shape))
 
 
-PACKERS = {Q4_K: pack_q4_k, Q6_K: pack_q6_k, Q8_0: pack_q8_0}
+def pack_q5_0(raw: np.ndarray, shape: tuple[int, int]) -> QuantizedWeight:
+    """GGUF Q5_0 bytes of an [out, in] matrix -> the device layout (module docstring)."""
+    blocks = _blocks(raw, Q5_0, shape)
+    qh = np.ascontiguousarray(blocks[..., 2:6]).view("<u4")[..., 0].astype(np.uint32)
+    planes = {"qs": _block_major(blocks[..., 6:22]), "qh": _block_major(qh), "d": _fp16_plane(blocks, 0)}
+    return QuantizedWeight(planes, Q5_0, tuple(shape))
+
+
+PACKERS = {Q4_K: pack_q4_k, Q6_K: pack_q6_k, Q8_0: pack_q8_0, Q5_0: pack_q5_0}
 
 
 def pack(raw: np.ndarray, fmt: str | int, shape: tuple[int, int]) -> QuantizedWeight:
-    """Repack by format name ("q4_k", "q6_k", "q8_0") or ggml type id (12, 14, 8)."""
+    """Repack by format name ("q4_k", "q6_k", "q8_0", "q5_0") or ggml type id (12, 14, 8, 6)."""
     if not isinstance(fmt, str):
         if fmt not in GGML_TYPE_FORMATS:
             raise ValueError(f"no device layout for ggml type {fmt}")
@@ -238,7 +253,7 @@ def pack(raw: np.ndarray, fmt: str | int, shape: tuple[int, int]) -> QuantizedWe
 
 
 # format -> byte offsets of the fp16 scales inside one GGUF block
-SCALE_OFFSETS: dict[str, tuple[int, ...]] = {Q4_K: (0, 2), Q6_K: (208,), Q8_0: (0,)}
+SCALE_OFFSETS: dict[str, tuple[int, ...]] = {Q4_K: (0, 2), Q6_K: (208,), Q8_0: (0,), Q5_0: (0,)}
 
 
 def random_gguf_bytes(rng: np.random.Generator, fmt: str, shape: tuple[int, int], *,

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from ember.compiler.ops.quant.config import QuantMatmulConfig, pick_config
-from ember.compiler.ops.quant.layout import FORMATS, Q8_0, QuantizedWeight
+from ember.compiler.ops.quant.layout import FORMATS, QuantizedWeight
 from ember.compiler.ops.quant.ref import quant_matmul_ref
 
 BACKENDS = ("reference", "triton", "mosaic")
@@ -144,7 +144,7 @@ def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfi
         raise ValueError(f"block_n must be a power of two >= 16, got {config.block_n}")
     blocks = inner // block
     per_step = 1
-    if fmt == Q8_0:  # the largest power of two <= blocks_per_step that divides the block count
+    if block == 32:  # Q8_0 / Q5_0: the largest power of two <= blocks_per_step that divides the block count
         per_step = max(p for p in (1, 2, 4, 8, 16, 32) if p <= config.blocks_per_step and blocks % p == 0)
     steps = blocks // per_step
     split_k = max(1, min(config.split_k, steps))
@@ -152,7 +152,7 @@ def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfi
     split_k = -(-steps // steps_per_split)  # no empty splits
     meta = dict(M=m, N=out, K=inner, BLOCK_M=block_m, BLOCK_N=config.block_n,
                 STEPS_PER_SPLIT=steps_per_split, USE_DOT=use_dot)
-    if fmt == Q8_0:
+    if block == 32:
         meta["BLOCKS_PER_STEP"] = per_step
     grid = (-(-out // config.block_n), split_k, -(-m // block_m))
     return {"grid": grid, "split_k": split_k, "meta": meta}
@@ -161,7 +161,8 @@ def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfi
 ROWS_BLOCK_N = (4, 512)   # the rows variant's row tile: a power of two in this range
 ROWS_MAX_SB_PER_STEP = 16
 ROWS_MAX_M = 4            # activation rows of the rows kernels (one accumulator each)
-ROWS_UNIT = {"q4_k": 256, "q6_k": 256, "q8_0": 32}  # elements of `in` per split/step unit (triton_gemv*.py)
+ROWS_UNIT = {"q4_k": 256, "q6_k": 256, "q8_0": 32, "q5_0": 32}  # elements of `in` per split/step unit
+                                                                # (triton_gemv*.py)
 
 
 def whole_steps(units: int, per_split: int, split_k: int, s: int) -> bool:
@@ -170,7 +171,7 @@ def whole_steps(units: int, per_split: int, split_k: int, s: int) -> bool:
 
 
 def _rows_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig) -> dict:
-    """Grid (cdiv(out, block_n), split_k) over `units` along `in` (super-blocks; Q8_0: 32-element blocks,
+    """Grid (cdiv(out, block_n), split_k) over `units` along `in` (super-blocks; Q8_0 / Q5_0: 32-element blocks,
     8 per sb_per_step so that a step spans the same elements). Each split takes units_per_split units,
     a multiple of the step's S units when it spans more than one step (only the last split's last step
     is partly masked); S shrinks to the range when one step covers it; no split is empty."""

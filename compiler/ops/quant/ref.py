@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ember.compiler.ops.quant.layout import Q4_K, Q6_K, Q8_0, QuantizedWeight
+from ember.compiler.ops.quant.layout import Q4_K, Q5_0, Q6_K, Q8_0, QuantizedWeight
 
 
 def _fields(words: jax.Array, count: int, bits: int) -> jax.Array:
@@ -84,7 +84,21 @@ def dequantize_q8_0(w: QuantizedWeight) -> jax.Array:
     return _rows_major(values, w.shape)
 
 
-DEQUANTIZERS = {Q4_K: dequantize_q4_k, Q6_K: dequantize_q6_k, Q8_0: dequantize_q8_0}
+def q5_0_codes(w: QuantizedWeight) -> jax.Array:
+    """Signed codes int32 [blocks, out, 32] (-16..15, element order) of a Q5_0 weight."""
+    p = w.planes
+    qs = p["qs"].astype(jnp.int32)                                               # [blocks, out, 16]
+    low = jnp.concatenate([qs & 15, qs >> 4], axis=-1)                           # element j: byte j % 16
+    high = (p["qh"].astype(jnp.uint32)[..., None] >> jnp.arange(32, dtype=jnp.uint32)) & 1
+    return (low | (high.astype(jnp.int32) << 4)) - 16
+
+
+def dequantize_q5_0(w: QuantizedWeight) -> jax.Array:
+    values = w.planes["d"].astype(jnp.float32)[..., None] * q5_0_codes(w).astype(jnp.float32)
+    return _rows_major(values, w.shape)
+
+
+DEQUANTIZERS = {Q4_K: dequantize_q4_k, Q6_K: dequantize_q6_k, Q8_0: dequantize_q8_0, Q5_0: dequantize_q5_0}
 
 
 def dequantize(w: QuantizedWeight) -> jax.Array:

@@ -1,7 +1,7 @@
 """Row-tile GEMV kernels for decode (m <= 4 activation rows), the "rows" variant of QuantMatmulConfig.
 
 The grid, split-K ranges and outputs are triton_gemv_common.py's frame; this module holds the Q4_K
-kernel and the registry ROWS_KERNELS (Q6_K: triton_gemv_q6_k.py, Q8_0: triton_gemv_q8_0.py).
+kernel and the registry ROWS_KERNELS (Q6_K: triton_gemv_q6_k.py, Q8_0 and Q5_0: triton_gemv_q8_0.py).
 
 Why this shape (decode reads each weight once, and the kernel must decode 4-bit codes as fast as HBM
 delivers them: at ~1e12 weights/s the H200's ~3.4e13 lane operations/s leave ~30 per weight across the
@@ -32,7 +32,7 @@ import triton.language as tl
 from ember.compiler.ops.quant.triton_gemv_common import (accumulate_rows, block_frame, field_to, load_where,
                                                          plane_index, store_rows, u2f)
 from ember.compiler.ops.quant.triton_gemv_q6_k import q6_k_rows_kernel
-from ember.compiler.ops.quant.triton_gemv_q8_0 import q8_0_rows_kernel
+from ember.compiler.ops.quant.triton_gemv_q8_0 import q5_0_rows_kernel, q8_0_rows_kernel
 
 
 @triton.jit
@@ -119,4 +119,5 @@ ROWS_KERNELS = {
     "q4_k": (q4_k_rows_kernel, ("qs", "scales", "d", "dmin")),
     "q6_k": (q6_k_rows_kernel, ("ql", "qh", "scales", "d")),
     "q8_0": (q8_0_rows_kernel, ("qs", "d")),
+    "q5_0": (q5_0_rows_kernel, ("qs", "qh", "d")),
 }

@@ -155,10 +155,22 @@ def q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr,
 
 
 @triton.jit
-def q8_0_gemv_kernel(x_ptr, qs_ptr, d_ptr, out_ptr,
-                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEPS_PER_SPLIT: tl.constexpr,
-                     BLOCKS_PER_STEP: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+def _block_codes(qs_ptr, qh_ptr, plane, row_ok, j, Q5: tl.constexpr):
+    """Signed codes [32, BLOCK_N] of one 32-element block per row (plane [BLOCK_N]): Q8_0's int8 as stored,
+    or Q5_0's (nibble | 5th bit << 4) - 16 (layout.py); 0 (Q5_0: -16, under a zero scale) past the rows."""
+    if Q5:
+        byte = tl.load(qs_ptr + (plane * 16)[None, :] + (j % 16)[:, None], mask=row_ok[None, :], other=0)
+        high = (tl.load(qh_ptr + plane, mask=row_ok, other=0)[None, :] >> j.to(tl.uint32)[:, None]) & 1
+        q = (((byte.to(tl.int32) >> (4 * (j // 16))[:, None]) & 15) | (high.to(tl.int32) << 4)) - 16
+    else:
+        q = tl.load(qs_ptr + (plane * 32)[None, :] + j[:, None], mask=row_ok[None, :], other=0)
+    return q
+
+
+@triton.jit
+def _blocks_gemv(x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEPS_PER_SPLIT: tl.constexpr,
+                 BLOCKS_PER_STEP: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr, Q5: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -177,11 +189,29 @@ def q8_0_gemv_kernel(x_ptr, qs_ptr, d_ptr, out_ptr,
         for b in tl.static_range(BLOCKS_PER_STEP):
             block = step * BLOCKS_PER_STEP + b
             plane = block * N + rows
-            q = tl.load(qs_ptr + (plane * 32)[None, :] + j[:, None], mask=row_ok[None, :], other=0)  # int8 [32, BLOCK_N]
+            q = _block_codes(qs_ptr, qh_ptr, plane, row_ok, j, Q5)  # [32, BLOCK_N]
             d = tl.load(d_ptr + plane, mask=row_ok, other=0.0).to(tl.float32)
             xs = _load_x(x_ptr, ms, m_ok, block * 32, K, 32)
             acc = _accumulate(acc, xs, q, d, USE_DOT, IEEE)
     _finish(acc, out_ptr, pid_k, ms, m_ok, rows, row_ok, M, N, USE_DOT)
+
+
+@triton.jit
+def q8_0_gemv_kernel(x_ptr, qs_ptr, d_ptr, out_ptr,
+                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEPS_PER_SPLIT: tl.constexpr,
+                     BLOCKS_PER_STEP: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+    _blocks_gemv(x_ptr, qs_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, BLOCK_M, BLOCK_N, STEPS_PER_SPLIT,
+                 BLOCKS_PER_STEP, USE_DOT, IEEE, False)
+
+
+@triton.jit
+def q5_0_gemv_kernel(x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr,
+                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEPS_PER_SPLIT: tl.constexpr,
+                     BLOCKS_PER_STEP: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+    _blocks_gemv(x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M, N, K, BLOCK_M, BLOCK_N, STEPS_PER_SPLIT,
+                 BLOCKS_PER_STEP, USE_DOT, IEEE, True)
 
 
 # format -> (kernel, plane names in the kernel's argument order)
@@ -189,4 +219,5 @@ KERNELS = {
     "q4_k": (q4_k_gemv_kernel, ("qs", "scales", "d", "dmin")),
     "q6_k": (q6_k_gemv_kernel, ("ql", "qh", "scales", "d")),
     "q8_0": (q8_0_gemv_kernel, ("qs", "d")),
+    "q5_0": (q5_0_gemv_kernel, ("qs", "qh", "d")),
 }
