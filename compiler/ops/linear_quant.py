@@ -43,6 +43,7 @@ from . import activation
 from . import embedding as embedding_ref
 from . import linear as linear_ref
 from .quant import config as quant_config
+from .quant.act_quant import reads_packing
 from .quant.fp8 import Fp8Weight, fp8_linear, fp8_rows
 from .quant.layout import DenseBacked, QuantizedWeight, WeightGroup
 from .quant.matmul import (BACKENDS, quant_matmul, quant_matmul_pair_parts, quant_matmul_parts, quant_matmul_silu_gated,
@@ -124,7 +125,7 @@ def _rows(x) -> int:
 def _activations(x, w: QuantizedWeight):
     """x's ready-made int8 activations (qa, da, order) where w's GEMV reads their packing (w's format's, or
     Q4_K's for a Q6_K weight: the kernel permutes their bytes), else None."""
-    if isinstance(x, QuantizedInput) and (x.order == w.format or (x.order, w.format) == ("q4_k", "q6_k")):
+    if isinstance(x, QuantizedInput) and reads_packing(w.format, x.order):
         return x.qa, x.da, x.order
     return None
 

@@ -120,18 +120,18 @@ def norm_quantize_triton(x, y, weight, *, eps, order: str):
     rows_out = jax.ShapeDtypeStruct((rows, n), x.dtype)
     activations = (jax.ShapeDtypeStruct((rows, n // 4), jnp.int32),
                    jax.ShapeDtypeStruct((rows, n // 32, 4), jnp.float32))
-    inputs = (x,) if y is None else (x, y)
-    operands = [a if isinstance(a, SplitKPartials) else a.reshape(rows, n) for a in inputs]
+    operands = [x.reshape(rows, n)]
     if isinstance(y, SplitKPartials):  # read in place: [splits, rows_pad, n]
-        operands[1] = y.parts
+        operands.append(y.parts)
         plan["meta"].update(SPLITS=int(y.parts.shape[0]), ROWS_PAD=int(y.parts.shape[1]))
     elif y is not None:
+        operands.append(y.reshape(rows, n))
         plan["meta"].update(SPLITS=0, ROWS_PAD=0)
     outs = triton_call(*operands, weight,
                        kernel=rms_norm_quant_kernel if y is None else add_rms_norm_quant_kernel,
-                       out_shape=(rows_out,) * len(inputs) + activations, grid=plan["grid"],
+                       out_shape=(rows_out,) * len(operands) + activations, grid=plan["grid"],
                        num_warps=plan["num_warps"], num_stages=1, EPS=float(eps), ASM=True, **plan["meta"])
-    return (*(o.reshape(x.shape) for o in outs[:len(inputs)]), *outs[len(inputs):])
+    return (*(o.reshape(x.shape) for o in outs[:len(operands)]), *outs[len(operands):])
 
 
 def _order(x, reader) -> str | None:
@@ -162,7 +162,7 @@ def add_rms_norm_to_proj(x, y, weight, reader, *, eps):
 
     if y is None:
         return x, rms_norm_to_proj(x, weight, reader, eps=eps)
-    if isinstance(y, SplitKPartials) and y.parts.shape[0] * y.parts.shape[2] * 4 > PARTIALS_MAX_BYTES:
+    if isinstance(y, SplitKPartials) and y.bytes_per_row > PARTIALS_MAX_BYTES:
         y = materialized(y)
     order = _order(x, reader)
     if order is None or y.shape != x.shape or y.dtype != x.dtype:

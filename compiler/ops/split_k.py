@@ -27,6 +27,11 @@ class SplitKPartials:
     def shape(self) -> tuple[int, int]:
         return self.rows, int(self.parts.shape[2])
 
+    @property
+    def bytes_per_row(self) -> int:
+        """What a reader summing one row's partials loads."""
+        return int(self.parts.shape[0] * self.parts.shape[2]) * self.parts.dtype.itemsize
+
     def tree_flatten(self):
         return (self.parts,), (self.rows, self.dtype)
 

@@ -57,6 +57,12 @@ PACKINGS = {
 }
 
 
+def reads_packing(fmt: str, order: str) -> bool:
+    """Whether a `fmt` weight's dp4a GEMV reads activations packed in `order`: its own format's, or Q4_K's
+    for a Q6_K weight (the kernel permutes the bytes: triton_gemv_dp4a.q4_words_as_q6)."""
+    return order == fmt or (order, fmt) == ("q4_k", "q6_k")
+
+
 def quantize_activations(x: jax.Array, order: str = "q4_k") -> tuple[jax.Array, jax.Array]:
     """x [m, k] -> (qa int32 [m, k/4] packed for the `order` format's code words, da float32 [m, k/32, 4] =
     (dx, sx, s0, s1) with s0 / s1 the sums of q over elements 0..15 / 16..31 of the block (exact integers;

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ember.compiler.ops.quant.act_quant import reads_packing
 from ember.compiler.ops.quant.config import DP4A_FORMATS, QuantMatmulConfig
 from ember.compiler.ops.quant.layout import QuantizedWeight
 
@@ -72,7 +73,7 @@ def _quantized_inputs(x: jax.Array, w: QuantizedWeight, plan: dict, silu_gated: 
     if activations is None:
         activations = (*quantize_activations_gpu(x, w.format, silu_gated), w.format)
     qa, da, order = activations
-    if order != w.format and (order, w.format) != ("q4_k", "q6_k"):
+    if not reads_packing(w.format, order):
         raise ValueError(f"a {w.format} GEMV cannot read activations packed for {order}")
     qa, da = pad_rows(qa, da, plan["meta"]["M_PAD"])
     meta = dict(plan["meta"], ACT_Q4=order != w.format)
@@ -100,8 +101,8 @@ def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan:
         return y[0, :m]
     from ember.compiler.ops.split_k import SplitKPartials, materialized
 
-    summed = SplitKPartials(y, m, x.dtype)
-    return summed if partials else materialized(summed)
+    unsummed = SplitKPartials(y, m, x.dtype)
+    return unsummed if partials else materialized(unsummed)
 
 
 MAX_PARTS = 3  # projections one parts launch writes apart (q, k, v)
@@ -144,6 +145,15 @@ def dp4a_parts_call(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None, co
     return tuple(out[:m] for out in outs[:len(sizes)])
 
 
+def pair_fits(weights: tuple[QuantizedWeight, QuantizedWeight], plans: tuple[dict, dict],
+              runs: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
+    """Whether dp4a_pair_parts_call takes these parts: a Q4_K A of one or two projections, a B of one, each
+    part's plan one split."""
+    return (weights[0].format == "q4_k" and 1 <= len(runs[0]) <= 2 and len(runs[1]) == 1
+            and all(sum(run) == w.shape[0] for run, w in zip(runs, weights))
+            and all(plan["split_k"] == 1 for plan in plans))
+
+
 def dp4a_pair_parts_call(x: jax.Array, weights: tuple[QuantizedWeight, QuantizedWeight], bias: jax.Array | None,
                          plans: tuple[dict, dict], runs: tuple[tuple[int, ...], tuple[int, ...]],
                          num_warps: int, activations: tuple | None = None) -> tuple[jax.Array, ...]:
@@ -155,8 +165,7 @@ def dp4a_pair_parts_call(x: jax.Array, weights: tuple[QuantizedWeight, Quantized
     from ember.compiler.ops.triton_launch import triton_call
 
     (wa, wb), (plan_a, plan_b) = weights, plans
-    if (wa.format != "q4_k" or len(runs[0]) > 2 or len(runs[1]) != 1 or sum(runs[0]) != wa.shape[0]
-            or sum(runs[1]) != wb.shape[0] or any(p["split_k"] != 1 for p in plans)):
+    if not pair_fits(weights, plans, runs):
         raise ValueError(f"no pair launch for {wa.format} {runs[0]} + {wb.format} {runs[1]}")
     operands, meta_a = _quantized_inputs(x, wa, plan_a, activations=activations)
     meta_b = plan_b["meta"]

@@ -75,12 +75,11 @@ def quant_matmul_pair_parts(x: jax.Array, weights: tuple[QuantizedWeight, Quanti
     EMBER_DP4A_PAIR=0 (read at trace time) keeps one launch per part, for side-by-side measurements."""
     if os.environ.get("EMBER_DP4A_PAIR", "1") == "0" or x.ndim != 2:
         return None
-    picks = [_dp4a_pick(x, w, backend) if x.shape[1] == w.shape[1] else None for w in weights]
-    if (None in picks or weights[0].format != "q4_k" or len(runs[0]) > 2 or len(runs[1]) != 1
-            or any(plan["split_k"] != 1 for _, plan in picks)):
-        return None
-    from ember.compiler.ops.quant.dp4a import dp4a_pair_parts_call
+    from ember.compiler.ops.quant.dp4a import dp4a_pair_parts_call, pair_fits
 
+    picks = [_dp4a_pick(x, w, backend) if x.shape[1] == w.shape[1] else None for w in weights]
+    if None in picks or not pair_fits(weights, (picks[0][1], picks[1][1]), runs):
+        return None
     return dp4a_pair_parts_call(x, weights, bias, (picks[0][1], picks[1][1]), runs, picks[0][0].num_warps,
                                 activations)
 
