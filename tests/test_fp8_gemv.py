@@ -110,3 +110,55 @@ def test_fp8_linear_takes_the_gemv_only_for_few_rows_on_a_gpu(monkeypatch):
     assert _triton_calls(fp8_linear, large, w) == []
     monkeypatch.setenv("EMBER_FP8_GEMV", "0")
     assert not use_fp8_gemv(small, w)
+
+
+def test_packed_projections_and_the_gated_input_lower_to_one_kernel_each(monkeypatch):
+    monkeypatch.setattr(fp8_module, "triton_available", lambda: True)  # as if traced for a GPU
+    qkv = quantize_fp8(jnp.zeros((6144, 4096), jnp.float32))
+    x = jnp.zeros((1, 4096), jnp.bfloat16)
+    calls = _triton_calls(lambda x: fp8_module.fp8_linear_parts(x, qkv, (4096, 1024, 1024)), x)
+    assert [c["name"] for c in calls] == ["fp8_gemv_parts_kernel"]  # three outputs, no slices after it
+    down = quantize_fp8(jnp.zeros((4096, 14336), jnp.float32))
+    gate_up = jnp.zeros((1, 2 * 14336), jnp.bfloat16)
+    gated = lambda g: fp8_module.fp8_linear_silu_gated(g, down)  # noqa: E731
+    assert [c["name"] for c in _triton_calls(gated, gate_up)] == ["fp8_gemv_kernel"]
+    def lowered():  # a fresh function each time: jit would reuse the trace made under other settings
+        return jax.jit(lambda g: gated(g)).trace(gate_up).lower(lowering_platforms=("cuda",)).as_text()
+
+    monkeypatch.setenv("EMBER_FP8_WORDS", "0")  # the byte loop: the jnp activation runs before it
+    assert "multiply" in lowered()
+    monkeypatch.delenv("EMBER_FP8_WORDS")
+    assert "multiply" not in lowered()  # silu(gate) * up made in the kernel's loads
+
+
+def test_parts_fit_only_whole_row_tiles_of_three_projections():
+    from ember.compiler.ops.quant.fp8_gemv import parts_fit
+
+    w = quantize_fp8(np.zeros((6144, 4096), np.float32))
+    words = Fp8GemvConfig(block_n=8, block_k=1024, words=True)
+    assert parts_fit(1, w, (4096, 1024, 1024), words)
+    assert not parts_fit(1, w, (4092, 1028, 1024), words)  # a boundary inside a row tile
+    assert not parts_fit(1, w, (4096, 2048), words)  # two projections: slices
+    assert not parts_fit(1, w, (4096, 1024, 1024), Fp8GemvConfig(block_k=512, split_k=2))  # K splits
+
+
+def test_the_fused_forms_match_the_unfused_path_on_this_cpu():
+    rng = np.random.default_rng(0)
+    w = quantize_fp8(rng.standard_normal((96, 64)).astype(np.float32))
+    x = jnp.asarray(rng.standard_normal((2, 64)), jnp.bfloat16)
+    parts = fp8_module.fp8_linear_parts(x, w, (32, 32, 32))
+    whole = np.asarray(fp8_module.fp8_linear_xla(x, w), np.float32)
+    np.testing.assert_array_equal(np.concatenate([np.asarray(p, np.float32) for p in parts], axis=1), whole)
+    down = quantize_fp8(rng.standard_normal((48, 64)).astype(np.float32))
+    gate_up = jnp.asarray(rng.standard_normal((2, 128)), jnp.bfloat16)
+    from ember.compiler.ops.activation import gated_act_packed
+    np.testing.assert_array_equal(np.asarray(fp8_module.fp8_linear_silu_gated(gate_up, down), np.float32),
+                                  np.asarray(fp8_linear(gated_act_packed(gate_up, act="silu"), down), np.float32))
+
+
+def test_a_gated_input_needs_the_word_loop_and_the_words_need_whole_words():
+    with pytest.raises(ValueError, match="word loop"):
+        launch_plan(1, 256, 512, Fp8GemvConfig(), blocked=False, gated=True)
+    with pytest.raises(ValueError, match="in % 4"):
+        launch_plan(1, 256, 510, Fp8GemvConfig(words=True), blocked=False)
+    assert not pick_fp8_config(1, 256, 510).words and pick_fp8_config(1, 256, 512).words

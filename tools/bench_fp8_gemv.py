@@ -17,8 +17,8 @@ run's fixed dispatch cost, which dominated 5-30 us calls at 8-16 calls per execu
 
   JAX_PLATFORMS=cuda python -m ember.tools.bench_fp8_gemv [--m 1 8 16] [--shapes 6144x4096 ...]
                                                           [--layouts chan block] [--runs 20] [--sweep]
---sweep also times SWEEP (~20 candidate configs) per shape and layout at m = 1 and prints the best (what
-fp8_gemv.FP8_RULES should say); it adds ~20 compiles per shape and layout.
+--sweep also times SWEEP (~30 candidate configs) per shape and layout at m = 1 and prints the best (what
+fp8_gemv.FP8_RULES should say); it adds ~30 compiles per shape and layout. --sweep words: SWEEP_WORDS only.
 """
 
 from __future__ import annotations
@@ -55,7 +55,15 @@ SWEEP = ([_C(block_n=bn, block_k=bk, split_k=s, step_reduce=True) for bn, bk in 
          + [_C(block_n=32, block_k=256, split_k=2), _C(block_n=16, block_k=256, split_k=2)]
          + [_C(block_n=bn, block_k=bk, split_k=s, use_dot=True, num_stages=st)
             for bn, bk, s, st in ((32, 256, 2, 3), (32, 256, 4, 3), (64, 256, 1, 3), (64, 128, 2, 4), (32, 512, 2, 2),
-                                  (16, 256, 4, 3))])
+                                  (16, 256, 4, 3))]
+         + [_C(block_n=bn, block_k=bk, split_k=s, num_warps=w, words=True)
+            for bn, bk, s, w in ((8, 1024, 1, 4), (16, 512, 1, 4), (16, 1024, 1, 8), (8, 1024, 1, 2), (32, 256, 1, 4))])
+# the 4-byte word loop (the one-row picks: 1.05-1.17x the byte loop): tiles, tiles ahead, cp.async stages
+SWEEP_WORDS = ([_C(block_n=bn, block_k=1024, words=True, ahead=1) for bn in (4, 8)]
+               + [_C(block_n=bn, block_k=bk, words=True, prefetch=False, num_stages=st)
+                  for bn, bk, st in ((4, 1024, 2), (4, 1024, 3), (4, 1024, 4), (8, 1024, 2), (8, 1024, 3), (8, 1024, 4),
+                                     (8, 512, 3), (8, 512, 4), (16, 512, 3), (16, 512, 4), (2, 1024, 4), (16, 256, 4))]
+               + [_C(block_n=8, block_k=1024, words=True, prefetch=False, num_stages=3, num_warps=w) for w in (2, 8)])
 
 
 def copies_for(nbytes: int) -> int:
@@ -97,9 +105,9 @@ def timed(row: dict, name: str, fn, x, weights, nbytes: int, runs: int, bandwidt
     row[f"{name}_frac_copy"] = round(nbytes / seconds / 1e9 / bandwidth, 3)
 
 
-def sweep(shape, blocked, x, weights, nbytes, runs) -> list[dict]:
+def sweep(shape, blocked, x, weights, nbytes, runs, configs) -> list[dict]:
     results = []
-    for config in SWEEP:
+    for config in configs:
         entry = {"config": dataclasses.asdict(config)}
         try:
             launch_plan(x.shape[0], *shape, config, blocked=blocked)
@@ -164,7 +172,8 @@ def bench_shape(shape, args, bandwidth: float, rng) -> list[dict]:
                 row["kernel_speedup_vs_xla"] = round(row["xla_us"] / row["kernel_us"], 2)
             print_row(row)
             if args.sweep and m == 1:
-                row["sweep"] = sweep(shape, blocked, x, weights, nbytes, args.runs)
+                row["sweep"] = sweep(shape, blocked, x, weights, nbytes, args.runs,
+                                     SWEEP_WORDS if args.sweep == "words" else SWEEP)
             rows.append(row)
         del weights
     return rows
@@ -176,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", nargs="+", default=["chan", "block"], choices=["chan", "block"])
     parser.add_argument("--m", nargs="+", type=int, default=[1, 8, 16], help="activation rows (<= 16)")
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--sweep", action="store_true", help="time SWEEP per shape and layout at m = 1")
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "words"],
+                        help="time SWEEP (or SWEEP_WORDS: the word loop's tiles) per shape and layout at m = 1")
     parser.add_argument("--no-bf16", action="store_true", help="skip the dense bf16 reference")
     args = parser.parse_args(argv)
     args.runs = max(args.runs, 20)

@@ -36,6 +36,11 @@ CASES = [
     (200, 400, True, dict(block_n=16, block_k=256, use_dot=True), [(16, "float32"), (3, "bfloat16")]),
     (72, 160, True, dict(block_n=8, block_k=32, split_k=8), [(16, "bfloat16")]),
     (72, 160, True, dict(block_n=16, block_k=64, split_k=2, use_dot=True), [(5, "bfloat16")]),
+    # 4-byte words (bf16 activations only): in a multiple of 4 but not of 16 nor block_k (a partial last
+    # step), split-K, m = 2, with and without the prefetch
+    (200, 420, False, dict(block_n=8, block_k=256, words=True), [(1, "bfloat16"), (2, "bfloat16")]),
+    (136, 300, True, dict(block_n=16, block_k=64, split_k=2, words=True), [(1, "bfloat16"), (2, "bfloat16")]),
+    (72, 160, True, dict(block_n=8, block_k=32, split_k=3, words=True, prefetch=False), [(1, "bfloat16")]),
 ]
 # the 8B decode shapes (packed q/k/v, o, packed gate/up, down) at the rows the picks distinguish
 COMPILE_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
@@ -94,8 +99,64 @@ def interpret() -> int:
             print(f"{'BAD' if bad else 'ok '} {out}x{inner} {'block' if blocked else 'chan '} m={m:<2} "
                   f"{dtype_name:8} bn={config.block_n:<2} bk={config.block_k:<3} dot={int(config.use_dot)} "
                   f"pf={int(plan['meta']['PREFETCH'])} grid={plan['grid'][:2]} split={splits} err_f64={err:.1e} err_jnp={err_jnp:.1e}", flush=True)
+    failures += _interpret_gated_and_parts(rng, Buffer)
     print(f"{failures} mismatches" if failures else "all match")
     return 1 if failures else 0
+
+
+# the word loop's fused forms: (out, in, blocked, config kwargs, m): a gated input (silu(gate) * up of a
+# [m, 2 in] gate/up output) and three projections' outputs from one launch (sizes: row-tile multiples)
+GATED_CASES = [(136, 300, False, dict(block_n=8, block_k=64, words=True), 1),
+               (72, 160, True, dict(block_n=8, block_k=32, split_k=2, words=True), 2)]
+PARTS_CASES = [((64, 16, 24), 200, False, dict(block_n=8, block_k=64, words=True), 1),
+               ((32, 32, 8), 160, True, dict(block_n=8, block_k=32, words=True, prefetch=False), 2)]
+
+
+def _interpret_gated_and_parts(rng, Buffer) -> int:
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    from ember.compiler.ops.activation import gated_act_packed
+    from ember.compiler.ops.quant.fp8 import fp8_reference_matmul
+    from ember.compiler.ops.quant.fp8_gemv import (Fp8GemvConfig, fp8_gemv_kernel, fp8_gemv_parts_kernel,
+                                                   launch_plan)
+
+    bf16 = ml_dtypes.bfloat16
+    failures = 0
+    for out, inner, blocked, kwargs, m in GATED_CASES:
+        w = _weight(rng, out, inner, blocked)
+        gate_up = rng.standard_normal((m, 2 * inner)).astype(bf16)
+        plan = launch_plan(m, out, inner, Fp8GemvConfig(**kwargs), blocked=blocked, gated=True)
+        splits = plan["split_k"]
+        y = Buffer(np.full((splits, m, out), np.nan, bf16 if splits == 1 else np.float32),
+                   "bf16" if splits == 1 else "fp32")
+        fp8_gemv_kernel[plan["grid"]](Buffer(gate_up, "bf16"), Buffer(np.asarray(w.values).view(np.uint8), "u8"),
+                                      Buffer(np.asarray(w.scale, np.float32), "fp32"), y, IEEE=False,
+                                      W_BITCAST=True, **plan["meta"])
+        x = np.asarray(gated_act_packed(jnp.asarray(gate_up), act="silu"), np.float32)
+        exact = fp8_reference_matmul(x, w)
+        err = float(np.abs(y.array.astype(np.float32).sum(axis=0) - exact).max() / np.abs(exact).max())
+        bad = not err < 2.0 ** -7
+        failures += bad
+        print(f"{'BAD' if bad else 'ok '} gated {out}x{inner} {'block' if blocked else 'chan '} m={m} "
+              f"split={splits} err_f64={err:.1e}", flush=True)
+    for sizes, inner, blocked, kwargs, m in PARTS_CASES:
+        out = sum(sizes)
+        w = _weight(rng, out, inner, blocked)
+        x = rng.standard_normal((m, inner)).astype(bf16)
+        plan = launch_plan(m, out, inner, Fp8GemvConfig(**kwargs), blocked=blocked)
+        outs = [Buffer(np.full((m, size), np.nan, bf16), "bf16") for size in sizes]
+        fp8_gemv_parts_kernel[plan["grid"]](Buffer(x, "bf16"), Buffer(np.asarray(w.values).view(np.uint8), "u8"),
+                                            Buffer(np.asarray(w.scale, np.float32), "fp32"), *outs, IEEE=False,
+                                            W_BITCAST=True, N1=sizes[0], N2=sizes[0] + sizes[1], **plan["meta"])
+        exact = fp8_reference_matmul(np.asarray(x, np.float32), w)
+        got = np.concatenate([o.array.astype(np.float32) for o in outs], axis=1)
+        err = float(np.abs(got - exact).max() / np.abs(exact).max())  # NaN: a part left unwritten
+        bad = not err < 2.0 ** -7
+        failures += bad
+        print(f"{'BAD' if bad else 'ok '} parts {sizes} x {inner} {'block' if blocked else 'chan '} m={m} "
+              f"err_f64={err:.1e}", flush=True)
+    return failures
 
 
 def compile_all() -> int:

@@ -12,7 +12,7 @@
 
 The interpreter is patched here for two gaps of Triton 3.6 on a torch-less machine: arguments are
 numpy buffers (its torch copy-in/out is skipped), bf16 (which it stores as raw uint16 bits) is cast
-and multiplied through fp32, and numpy >= 2.5's refusal of int() on 1-element arrays is worked around.
+and multiplied through fp32 (f32 -> bf16 rounded to nearest even, as the GPU does; it truncated), and numpy >= 2.5's refusal of int() on 1-element arrays is worked around.
 """
 
 from __future__ import annotations
@@ -45,6 +45,10 @@ def patch_interpreter() -> None:
 
     def cast_impl(self, src, dst_type):
         wide = (tl.bfloat16, tl.float32)
+        if dst_type.scalar == tl.bfloat16 and src.dtype.scalar == tl.float32:  # rounded to nearest (its own truncates)
+            import ml_dtypes
+
+            return ti.TensorHandle(src.data.astype(ml_dtypes.bfloat16).view(np.uint16), tl.bfloat16)
         if dst_type.scalar == tl.bfloat16 and src.dtype.scalar not in wide:
             return cast(self, ti.TensorHandle(src.data.astype(np.float32), tl.float32), dst_type)
         if src.dtype.scalar == tl.bfloat16 and dst_type.scalar not in wide:

@@ -6,6 +6,7 @@
 #   tools/h200_run.sh engine-tests   GPU engine tests: h200 vs cpu agreement, deterministic mode, quantized model
 #   tools/h200_run.sh quick-1.5b / quick-8b-q4  batch 1 (CONTEXTS, default 128) and a few stream counts, Q4_K_M
 #   tools/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16 and FP8 (per-channel)
+#   tools/h200_run.sh quick-8b-fp8 the FP8 8B at batch 1 (CONTEXTS) and STREAMS8 streams
 #   tools/h200_run.sh suite-8b-q4 bench suite, Llama-3-8B shape, Q4_K_M kept quantized
 #   tools/h200_run.sh suite-1.5b bench suite, Qwen2.5-1.5B Q4_K_M kept quantized (no startup: startup-1.5b)
 #   tools/h200_run.sh suite-1.5b-dequant  the same 1.5B Q4_K_M file on the h200 default (GGUF dequantized at load)
@@ -102,6 +103,9 @@ quick-1.5b)  # 1.5B Q4_K_M kept quantized: batch 1 at CONTEXTS (128), STREAMS (1
 quick-8b-q4)  # 8B Q4_K_M kept quantized: batch 1 at CONTEXTS (128), STREAMS8 (8 / 32) streams
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} \
         --context-decode-tokens 128 --concurrency ${STREAMS8:-8 32}" suite quick8b-q4${TAG:-} ${DEADLINE8:-110} synthetic:llama3-8b-q4_k_m ;;
+quick-8b-fp8)  # 8B FP8 (per-channel): batch 1 at CONTEXTS (128), STREAMS8 (32) streams
+    SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} --context-decode-tokens 128 \
+        --concurrency ${STREAMS8:-32}" suite quick8b-fp8${TAG:-} ${DEADLINE8:-110} synthetic:llama3-8b-fp8 ;;
 suite-8b)
     SUITE_FLAGS="--no-hf --sections context prefill concurrency ttft --concurrency 1 8 32 128 256" \
         suite suite8b 270 synthetic:llama3-8b

@@ -44,7 +44,7 @@ from . import embedding as embedding_ref
 from . import linear as linear_ref
 from .quant import config as quant_config
 from .quant.act_quant import reads_packing
-from .quant.fp8 import Fp8Weight, fp8_linear, fp8_rows
+from .quant.fp8 import Fp8Weight, fp8_linear, fp8_linear_parts, fp8_linear_silu_gated, fp8_rows
 from .quant.layout import DenseBacked, QuantizedWeight, WeightGroup
 from .quant.matmul import (BACKENDS, quant_matmul, quant_matmul_pair_parts, quant_matmul_parts, quant_matmul_silu_gated,
                            split_columns)
@@ -197,6 +197,8 @@ def linear_split(x, weight, bias=None, *, sizes):
         if isinstance(part, QuantizedWeight) and rows <= gemv_max_rows(part.format):
             outs.extend(quant_matmul_parts(_array(x), part, bias, run, bias_offset=start, backend=quant_backend(),
                                            activations=_activations(x, part)))
+        elif isinstance(part, Fp8Weight) and bias is None:
+            outs.extend(fp8_linear_parts(_array(x), part, run))
         else:
             part_bias = None if bias is None else bias[start:start + sum(run)]
             outs.extend(split_columns(_add_bias(_matmul(x, part), part_bias), run))
@@ -214,6 +216,8 @@ def gated_linear(gate_up, weight, *, act, partials=False):
     kept = _form(gate_up, weight)
     if act == "silu" and isinstance(kept, QuantizedWeight) and gate_up.shape[0] <= gemv_max_rows(kept.format):
         return quant_matmul_silu_gated(gate_up, kept, backend=quant_backend(), partials=partials)
+    if act == "silu" and isinstance(kept, Fp8Weight):
+        return fp8_linear_silu_gated(gate_up, kept)
     return linear(activation.gated_act_packed(gate_up, act=act), weight)
 
 

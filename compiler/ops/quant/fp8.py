@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import activation
 from ..triton_available import triton_available
 
 FP8 = jnp.float8_e4m3fn
@@ -100,6 +101,28 @@ def fp8_linear(x, w: Fp8Weight):
 
         return fp8_gemv(x, w)
     return fp8_linear_xla(x, w)
+
+
+def fp8_linear_parts(x, w: Fp8Weight, sizes: tuple[int, ...]) -> tuple:
+    # x [N, in] @ w.T split into the projections `sizes` packs by rows (q/k/v): the GEMV writes each its own
+    # output (fp8_gemv_parts) where it takes x, else slices of the packed product
+    if use_fp8_gemv(x, w):
+        from .fp8_gemv import fp8_gemv_parts
+
+        return fp8_gemv_parts(x, w, tuple(sizes))
+    y = fp8_linear_xla(x, w)
+    bounds = np.cumsum((0, *sizes))
+    return tuple(y[:, a:b] for a, b in zip(bounds[:-1], bounds[1:]))
+
+
+def fp8_linear_silu_gated(gate_up, w: Fp8Weight):
+    # silu(gate) * up @ w.T for a packed gate/up output [N, 2 in]: the GEMV makes its input in its loads where
+    # it takes these rows (fp8_gemv gated), else the jnp activation then fp8_linear_xla
+    if use_fp8_gemv(gate_up, w):
+        from .fp8_gemv import fp8_gemv
+
+        return fp8_gemv(gate_up, w, gated=True)
+    return fp8_linear_xla(activation.gated_act_packed(gate_up, act="silu"), w)
 
 
 def use_fp8_gemv(x, w: Fp8Weight) -> bool:

@@ -34,6 +34,9 @@ All offsets are int32: out * in < 2**31 (checked).
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import os
 from dataclasses import dataclass
 
 import jax
@@ -41,7 +44,9 @@ import jax.numpy as jnp
 import triton
 import triton.language as tl
 
+from .. import activation
 from .fp8 import BLOCK, GEMV_MAX_ROWS as MAX_ROWS, Fp8Weight  # MAX_ROWS: fp8_linear's dispatch bound
+from .fp8_gemv_words import word_sum
 
 DOT_BLOCK_M = 16  # tl.dot needs >= 16 rows: activations are padded (masked) to 16
 
@@ -56,19 +61,23 @@ class Fp8GemvConfig:
     use_dot: bool = False   # tensor-core tl.dot on x padded to 16 rows; False: CUDA-core FMAs
     prefetch: bool = True   # CUDA cores: load the next step's tile before this step's math
     step_reduce: bool = False  # CUDA cores: sum each step's products per 16-column chunk (small accumulator)
+    words: bool = False     # CUDA cores on 4-byte words (_word_sum; needs in % 4 == 0): ~3x fewer instructions
 
 
 @dataclass(frozen=True)
 class Fp8Rule:
-    """Applies when m <= max_m and out < max_out and inner >= min_in (first match wins)."""
+    """Applies when m <= max_m, out < max_out and min_in <= inner < max_in, and the word loop only where `in`
+    is a multiple of 4 (first match wins)."""
 
     config: Fp8GemvConfig
     max_m: int = MAX_ROWS
     max_out: int = 1 << 62
     min_in: int = 0
+    max_in: int = 1 << 62
 
     def matches(self, m: int, out: int, inner: int) -> bool:
-        return m <= self.max_m and out < self.max_out and inner >= self.min_in
+        return (m <= self.max_m and out < self.max_out and self.min_in <= inner < self.max_in
+                and not (self.config.words and inner % 4))
 
 
 _C = Fp8GemvConfig
@@ -80,6 +89,9 @@ _C = Fp8GemvConfig
 # thread and spills at m = 4, so 3+ rows take the tensor cores (cp.async stages, ~55 registers). Best guesses
 # from the register counts where `tools/bench_fp8_gemv.py --sweep` has not measured them (m > 1).
 FP8_RULES: tuple[Fp8Rule, ...] = (
+    # 1 row, `in` a multiple of 4: the word loop
+    Fp8Rule(_C(block_n=8, block_k=1024, words=True), max_m=1, max_out=8192, max_in=8192),
+    Fp8Rule(_C(block_n=4, block_k=1024, words=True), max_m=1),
     # 1 row: the H200 sweep's best at 28672x4096, 4096x14336 and 6144x4096 (3-14% ahead of 16 x 512 split-K)
     Fp8Rule(_C(block_n=8, block_k=1024, step_reduce=True), max_m=1),
     # 2 rows: CUDA cores, each weight tile reused by both rows (not measured yet)
@@ -94,12 +106,30 @@ FP8_RULES: tuple[Fp8Rule, ...] = (
 
 def pick_fp8_config(m: int, out: int, inner: int, *, blocked: bool = False,
                     rules: tuple[Fp8Rule, ...] = FP8_RULES) -> Fp8GemvConfig:
-    """The first matching rule's config (block scales take the same tiles for now)."""
+    """The first matching rule's config (block scales take the same tiles for now), with the one-row
+    overrides below."""
     del blocked  # same table for now; kept so a measured table can tell the layouts apart
+    words = os.environ.get("EMBER_FP8_WORDS", "1") != "0"
     for rule in rules:
+        if rule.config.words and not words:
+            continue
         if rule.matches(m, out, inner):
-            return rule.config
+            return _one_row_override(rule.config) if m == 1 else rule.config
     return Fp8GemvConfig()
+
+
+def _one_row_override(config: Fp8GemvConfig) -> Fp8GemvConfig:
+    """For side-by-side measurements (read at trace time): EMBER_FP8_WORDS=0 skips the word loop's rules;
+    EMBER_FP8_GEMV_CONFIG ("block_n=8/prefetch=0/num_stages=4") overrides fields of the one-row config."""
+    text = os.environ.get("EMBER_FP8_GEMV_CONFIG", "").strip()
+    if not text:
+        return config
+    types = {f.name: f.type for f in dataclasses.fields(Fp8GemvConfig)}
+    updates = dict(item.split("=", 1) for item in text.split("/"))
+    if not set(updates) <= set(types):
+        raise ValueError(f"EMBER_FP8_GEMV_CONFIG: unknown fields {sorted(set(updates) - set(types))}")
+    return dataclasses.replace(config, **{k: bool(int(v)) if types[k] in (bool, "bool") else int(v)
+                                          for k, v in updates.items()})
 
 
 @triton.jit
@@ -183,21 +213,22 @@ def _dot_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M: tl.constexp
                 acc += part
     return acc
 
-
 @triton.jit
-def fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
-                    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KS: tl.constexpr, K_PER_SPLIT: tl.constexpr,
-                    BLOCKED: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr,
-                    IEEE: tl.constexpr, W_BITCAST: tl.constexpr):
+def _program_sum(x_ptr, w_ptr, s_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 KS: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCKED: tl.constexpr, USE_DOT: tl.constexpr,
+                 PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr, WORDS: tl.constexpr, GATED: tl.constexpr,
+                 IEEE: tl.constexpr, W_BITCAST: tl.constexpr):
+    """This program's scaled sums [BLOCK_M, BLOCK_N] fp32, its output rows and activation rows (+ masks)."""
     STEPS: tl.constexpr = K_PER_SPLIT // BLOCK_K
-    pid_k = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] output rows
     row_ok = rows < N
     i = tl.arange(0, BLOCK_M)                                   # [BLOCK_M] activation rows
     i_ok = i < M
-    k_start = pid_k * K_PER_SPLIT
-    if USE_DOT:
+    k_start = tl.program_id(1) * K_PER_SPLIT
+    if WORDS:
+        acc = word_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, K, BLOCK_M, BLOCK_N, BLOCK_K, STEPS,
+                       BLOCKED, PREFETCH, GATED, not W_BITCAST)
+    elif USE_DOT:
         acc = _dot_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
                        KS, STEPS, BLOCKED, IEEE, W_BITCAST)
     else:
@@ -205,12 +236,49 @@ def fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
                              BLOCK_K, STEPS, BLOCKED, PREFETCH, STEP_REDUCE, W_BITCAST)
     if not BLOCKED:
         acc = acc * tl.load(s_ptr + rows, mask=row_ok, other=0.0)[None, :]
-    out = out_ptr + (pid_k * M + i[:, None]) * N + rows[None, :]
+    return acc, rows, row_ok, i, i_ok
+
+
+@triton.jit
+def fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
+                    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KS: tl.constexpr, K_PER_SPLIT: tl.constexpr,
+                    BLOCKED: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr,
+                    WORDS: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr, W_BITCAST: tl.constexpr):
+    acc, rows, row_ok, i, i_ok = _program_sum(x_ptr, w_ptr, s_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, KS,
+                                              K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATED,
+                                              IEEE, W_BITCAST)
+    out = out_ptr + (tl.program_id(1) * M + i[:, None]) * N + rows[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=i_ok[:, None] & row_ok[None, :])
 
 
-def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked: bool) -> dict:
-    """The static launch parameters of one call (grid, split count, kernel constexprs); pure, testable on CPU."""
+@triton.jit
+def fp8_gemv_parts_kernel(x_ptr, w_ptr, s_ptr, out0_ptr, out1_ptr, out2_ptr,
+                          M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KS: tl.constexpr, K_PER_SPLIT: tl.constexpr,
+                          BLOCKED: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr,
+                          STEP_REDUCE: tl.constexpr, WORDS: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr,
+                          W_BITCAST: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
+    """One launch for a packed weight of three projections (rows [0, N1), [N1, N2), [N2, N); both boundaries
+    multiples of BLOCK_N, one K split): each program writes its rows into the projection's own output."""
+    acc, rows, row_ok, i, i_ok = _program_sum(x_ptr, w_ptr, s_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, KS,
+                                              K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATED,
+                                              IEEE, W_BITCAST)
+    mask = i_ok[:, None] & row_ok[None, :]
+    first = tl.program_id(0) * BLOCK_N
+    if first < N1:
+        tl.store(out0_ptr + i[:, None] * N1 + rows[None, :], acc.to(out0_ptr.dtype.element_ty), mask=mask)
+    elif first < N2:
+        tl.store(out1_ptr + i[:, None] * (N2 - N1) + (rows - N1)[None, :], acc.to(out1_ptr.dtype.element_ty),
+                 mask=mask)
+    else:
+        tl.store(out2_ptr + i[:, None] * (N - N2) + (rows - N2)[None, :], acc.to(out2_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked: bool, gated: bool = False) -> dict:
+    """The static launch parameters of one call (grid, split count, kernel constexprs); pure, testable on CPU.
+    gated: the input is silu(gate) * up of a [m, 2 inner] gate/up output (the word loop only)."""
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"the FP8 GEMV takes 1..{MAX_ROWS} activation rows, got {m}")
     if out < 1 or inner < 1:
@@ -228,6 +296,11 @@ def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked:
         raise ValueError(f"block scales need block_n <= {BLOCK}, got {bn}")
     if config.split_k < 1:
         raise ValueError(f"split_k must be >= 1, got {config.split_k}")
+    if gated and not config.words:
+        raise ValueError("a gated input needs the word loop (words=True)")
+    if config.words and (config.use_dot or inner % 4):
+        raise ValueError(f"words is a CUDA-core loop over 4-byte words: needs use_dot off and in % 4 == 0, got "
+                         f"use_dot={config.use_dot}, in={inner}")
     steps = -(-inner // bk)
     split_k = min(config.split_k, steps)
     per_split = -(-steps // split_k)
@@ -236,22 +309,36 @@ def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked:
     ks = min(bk, BLOCK) if blocked and config.use_dot else bk
     meta = dict(M=m, N=out, K=inner, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, KS=ks, K_PER_SPLIT=per_split * bk,
                 BLOCKED=blocked, USE_DOT=config.use_dot, PREFETCH=config.prefetch and per_split > 1,
-                STEP_REDUCE=config.step_reduce)
+                STEP_REDUCE=config.step_reduce, WORDS=config.words, GATED=gated)
     return {"grid": (-(-out // bn), split_k, 1), "split_k": split_k, "meta": meta}
 
 
-def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) -> jax.Array:
-    """x [m, in] (bf16, f16 or f32; m <= MAX_ROWS) @ dequant(w).T -> [m, out] in x's dtype, fp32 accumulation.
-    Launches the Triton kernel (NVIDIA GPUs; lowered for the cuda platform anywhere)."""
-    from ..triton_launch import triton_call  # GPU-only path: imported on use
-
-    if x.ndim != 2 or x.shape[1] != w.shape[1]:
-        raise ValueError(f"x {x.shape} does not match a weight of shape {w.shape}")
+def _checked_config(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None, *, gated: bool = False):
+    """(m, config) for x [m, in] (x [m, 2 in] when gated) against w, the word loop only for bf16 x."""
+    inner = w.shape[1] * (2 if gated else 1)
+    if x.ndim != 2 or x.shape[1] != inner:
+        raise ValueError(f"x {x.shape} does not match a weight of shape {w.shape}{' (gated)' if gated else ''}")
     if x.dtype not in (jnp.bfloat16, jnp.float16, jnp.float32):
         raise ValueError(f"activations must be bf16, f16 or f32, got {x.dtype}")
-    m, (out, inner) = x.shape[0], w.shape
-    config = config or pick_fp8_config(m, out, inner, blocked=w.blocked)
-    plan = launch_plan(m, out, inner, config, blocked=w.blocked)
+    m = x.shape[0]
+    config = config or pick_fp8_config(m, *w.shape, blocked=w.blocked)
+    if config.words and x.dtype != jnp.bfloat16:  # the word loop reads x as four bf16 per 8 bytes
+        config = dataclasses.replace(config, words=False, step_reduce=True)
+    return m, config
+
+
+def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None, *, gated: bool = False) -> jax.Array:
+    """x [m, in] (bf16, f16 or f32; m <= MAX_ROWS) @ dequant(w).T -> [m, out] in x's dtype, fp32 accumulation.
+    gated: x is a packed gate/up output [m, 2 in] and the input silu(gate) * up (made inside the word loop;
+    for other loops by activation.gated_act_packed first). Launches the Triton kernel (NVIDIA GPUs; lowered
+    for the cuda platform anywhere)."""
+    from ..triton_launch import triton_call  # GPU-only path: imported on use
+
+    m, config = _checked_config(x, w, config, gated=gated)
+    if gated and not config.words:
+        return fp8_gemv(activation.gated_act_packed(x, act="silu"), w, config)
+    out, inner = w.shape
+    plan = launch_plan(m, out, inner, config, blocked=w.blocked, gated=gated)
     split_k = plan["split_k"]
     y = triton_call(
         x, w.values, w.scale.astype(jnp.float32), kernel=fp8_gemv_kernel,
@@ -260,3 +347,30 @@ def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) ->
         IEEE=x.dtype == jnp.float32, W_BITCAST=False, **plan["meta"])
     return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(x.dtype)
 
+
+def parts_fit(m: int, w: Fp8Weight, sizes: tuple[int, ...], config: Fp8GemvConfig) -> bool:
+    """Whether fp8_gemv_parts writes `sizes`' projections from one launch: three of them, one K split, and
+    both boundaries on row-tile edges (else the packed product is sliced)."""
+    if len(sizes) != 3 or sum(sizes) != w.shape[0]:
+        return False
+    plan = launch_plan(m, *w.shape, config, blocked=w.blocked)
+    return plan["split_k"] == 1 and sizes[0] % config.block_n == 0 and sizes[1] % config.block_n == 0
+
+
+def fp8_gemv_parts(x: jax.Array, w: Fp8Weight, sizes: tuple[int, ...],
+                   config: Fp8GemvConfig | None = None) -> tuple[jax.Array, ...]:
+    """x [m, in] @ dequant(w).T split into the projections of `sizes` (w packs them by rows): one output each,
+    written by the kernel where parts_fit, else slices of the packed product."""
+    from ..triton_launch import triton_call  # GPU-only path: imported on use
+
+    m, config = _checked_config(x, w, config)
+    if not parts_fit(m, w, tuple(sizes), config):
+        y = fp8_gemv(x, w, config)
+        bounds = [0, *itertools.accumulate(sizes)]
+        return tuple(y[:, a:b] for a, b in zip(bounds[:-1], bounds[1:]))
+    plan = launch_plan(m, *w.shape, config, blocked=w.blocked)
+    return tuple(triton_call(
+        x, w.values, w.scale.astype(jnp.float32), kernel=fp8_gemv_parts_kernel,
+        out_shape=tuple(jax.ShapeDtypeStruct((m, size), x.dtype) for size in sizes),
+        grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages,
+        IEEE=x.dtype == jnp.float32, W_BITCAST=False, N1=sizes[0], N2=sizes[0] + sizes[1], **plan["meta"]))
