@@ -32,7 +32,7 @@ def test_the_h200_down_projection_leaves_its_partials_to_the_next_norm(arch):
     graph = _graph(arch, "h200")
     layer = graph.region("layer")
     (marked,) = _marked(graph)
-    assert marked.op == "gated_linear" and marked.outputs[0] == layer.outputs[1]
+    assert marked.op == "gated_mlp" and marked.outputs[0] == layer.outputs[1]
     assert [n.op for n in layer.nodes if PENDING in n.inputs] == ["add_rms_norm_to_proj"]
 
 

@@ -118,17 +118,17 @@ def test_packed_projections_and_the_gated_input_lower_to_one_kernel_each(monkeyp
     x = jnp.zeros((1, 4096), jnp.bfloat16)
     calls = _triton_calls(lambda x: fp8_module.fp8_linear_parts(x, qkv, (4096, 1024, 1024)), x)
     assert [c["name"] for c in calls] == ["fp8_gemv_parts_kernel"]  # three outputs, no slices after it
-    down = quantize_fp8(jnp.zeros((4096, 14336), jnp.float32))
-    gate_up = jnp.zeros((1, 2 * 14336), jnp.bfloat16)
-    gated = lambda g: fp8_module.fp8_linear_silu_gated(g, down)  # noqa: E731
-    assert [c["name"] for c in _triton_calls(gated, gate_up)] == ["fp8_gemv_kernel"]
-    def lowered():  # a fresh function each time: jit would reuse the trace made under other settings
-        return jax.jit(lambda g: gated(g)).trace(gate_up).lower(lowering_platforms=("cuda",)).as_text()
+    gate_up = quantize_fp8(jnp.zeros((2 * 14336, 4096), jnp.float32))
+    gated = lambda x: fp8_module.fp8_linear_gate_up_silu(x, gate_up)  # noqa: E731
+    assert [c["name"] for c in _triton_calls(gated, x)] == ["fp8_gemv_kernel"]
 
-    monkeypatch.setenv("EMBER_FP8_WORDS", "0")  # the byte loop: the jnp activation runs before it
+    def lowered():  # a fresh function each time: jit would reuse the trace made under other settings
+        return jax.jit(lambda x: gated(x)).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+
+    monkeypatch.setenv("EMBER_FP8_GEMV_CONFIG", "split_k=2")  # no epilogue: the jnp activation runs after it
     assert "multiply" in lowered()
-    monkeypatch.delenv("EMBER_FP8_WORDS")
-    assert "multiply" not in lowered()  # silu(gate) * up made in the kernel's loads
+    monkeypatch.delenv("EMBER_FP8_GEMV_CONFIG")
+    assert "multiply" not in lowered()  # silu(gate) * up made in the kernel's epilogue
 
 
 def test_parts_fit_only_whole_row_tiles_of_three_projections():
@@ -144,21 +144,23 @@ def test_parts_fit_only_whole_row_tiles_of_three_projections():
 
 def test_the_fused_forms_match_the_unfused_path_on_this_cpu():
     rng = np.random.default_rng(0)
-    w = quantize_fp8(rng.standard_normal((96, 64)).astype(np.float32))
+    w = quantize_fp8(rng.standard_normal((96, 64)).astype(np.float32))  # q/k/v 32 each, or gate/up 48 each
     x = jnp.asarray(rng.standard_normal((2, 64)), jnp.bfloat16)
     parts = fp8_module.fp8_linear_parts(x, w, (32, 32, 32))
     whole = np.asarray(fp8_module.fp8_linear_xla(x, w), np.float32)
     np.testing.assert_array_equal(np.concatenate([np.asarray(p, np.float32) for p in parts], axis=1), whole)
-    down = quantize_fp8(rng.standard_normal((48, 64)).astype(np.float32))
-    gate_up = jnp.asarray(rng.standard_normal((2, 128)), jnp.bfloat16)
     from ember.compiler.ops.activation import gated_act_packed
-    np.testing.assert_array_equal(np.asarray(fp8_module.fp8_linear_silu_gated(gate_up, down), np.float32),
-                                  np.asarray(fp8_linear(gated_act_packed(gate_up, act="silu"), down), np.float32))
+    np.testing.assert_array_equal(np.asarray(fp8_module.fp8_linear_gate_up_silu(x, w), np.float32),
+                                  np.asarray(gated_act_packed(fp8_linear(x, w), act="silu"), np.float32))
 
 
-def test_a_gated_input_needs_the_word_loop_and_the_words_need_whole_words():
-    with pytest.raises(ValueError, match="word loop"):
-        launch_plan(1, 256, 512, Fp8GemvConfig(), blocked=False, gated=True)
+def test_the_gate_up_epilogue_and_the_word_loop_refuse_what_they_cannot_do():
+    for kwargs, blocked, out in ((dict(), True, 256), (dict(split_k=2), False, 256), (dict(block_n=1), False, 256),
+                                 (dict(), False, 255)):
+        with pytest.raises(ValueError, match="gate/up epilogue"):
+            launch_plan(1, out, 512, Fp8GemvConfig(**kwargs), blocked=blocked, gate_up=True)
+    plan = launch_plan(1, 256, 512, Fp8GemvConfig(block_n=8), blocked=False, gate_up=True)
+    assert plan["grid"][:2] == (32, 1) and plan["meta"]["GATE_UP"]  # 4 gate + 4 up rows per program
     with pytest.raises(ValueError, match="in % 4"):
         launch_plan(1, 256, 510, Fp8GemvConfig(words=True), blocked=False)
     assert not pick_fp8_config(1, 256, 510).words and pick_fp8_config(1, 256, 512).words

@@ -57,18 +57,21 @@ def test_the_word_loop_takes_only_bf16_activations():
     assert np.max(np.abs(got - exact)) <= 1e-5 * np.abs(exact).max()  # f32: the CUDA-core loop, exact to fp32
 
 
-@pytest.mark.parametrize("blocked", [False, True])
-@pytest.mark.parametrize("out, inner, m", [(4096, 14336, 1), (136, 1000, 2)])
-def test_the_gated_word_loop_matches_the_activation_then_the_gemv(blocked, out, inner, m):
+@pytest.mark.parametrize("ffn, inner, m", [(14336, 4096, 1), (36, 1000, 2)])
+@pytest.mark.parametrize("config", [Fp8GemvConfig(block_n=8, block_k=1024, words=True),
+                                    Fp8GemvConfig(block_n=4, block_k=256, step_reduce=True)])
+def test_the_gate_up_epilogue_matches_the_gemv_then_the_activation(ffn, inner, m, config):
     from ember.compiler.ops.activation import gated_act_packed
+    from ember.compiler.ops.quant.fp8_gemv import fp8_gemv_gate_up
 
-    rng = np.random.default_rng(out + m)
-    w = quantize_fp8((rng.standard_normal((out, inner)) * 0.05).astype(np.float32), blocked=blocked)
-    gate_up = jnp.asarray(rng.standard_normal((m, 2 * inner)) * 2, jnp.bfloat16)
-    config = Fp8GemvConfig(block_n=4, block_k=1024, words=True)
-    got = np.asarray(jax.jit(lambda g: fp8_gemv(g, w, config, gated=True))(gate_up), np.float32)
-    exact = fp8_reference_matmul(np.asarray(gated_act_packed(gate_up, act="silu"), np.float32), w)
-    assert np.max(np.abs(got - exact)) <= 2.0 ** -7 * np.abs(exact).max()
+    rng = np.random.default_rng(ffn + m)
+    w = quantize_fp8((rng.standard_normal((2 * ffn, inner)) * 0.05).astype(np.float32))
+    x = jnp.asarray(rng.standard_normal((m, inner)), jnp.bfloat16)
+    got = np.asarray(jax.jit(lambda x: fp8_gemv_gate_up(x, w, config))(x), np.float32)
+    want = np.asarray(jax.jit(lambda x: gated_act_packed(fp8_gemv(x, w, config), act="silu"))(x), np.float32)
+    # the same sums rounded the same way; the sigmoid (Triton's vs XLA's exp) may differ by a bf16 ulp
+    assert np.all(np.abs(got - want) <= 2.0 ** -7 * np.abs(want) + 1e-6)
+    assert np.mean(got == want) > 0.9
 
 
 @pytest.mark.parametrize("sizes, inner", [((4096, 1024, 1024), 4096), ((64, 16, 24), 200)])

@@ -94,6 +94,8 @@ _op("add_rms_norm_to_proj", [Param("x", V), Param("y", V), Param("weight", W), P
                              Param("eps", D)], 2, lambda s, a, w: [s[0], s[0]], spec_level=False)
 _op("gated_linear", [Param("gate_up", V), Param("weight", W), Param("act", L), Param("partials", L, False)], 1,
     lambda s, a, w: [(*s[0][:-1], _weight_rows(w, "weight"))], spec_level=False)
+_op("gated_mlp", [Param("x", V), Param("gate_up", W), Param("down", W), Param("act", L), Param("partials", L, False)],
+    1, lambda s, a, w: [(*s[0][:-1], _weight_rows(w, "down"))], spec_level=False)
 _op("rope_apply", [Param("q", V), Param("k", V), Param("positions", V), Param("inv_freq", V), Param("style", L)], 2,
     lambda s, a, w: [s[0], s[1]], spec_level=False)
 _op("rope_attention", [Param("q", V), Param("k", V), Param("v", V), Param("positions", V), Param("inv_freq", V),

@@ -44,7 +44,7 @@ from . import embedding as embedding_ref
 from . import linear as linear_ref
 from .quant import config as quant_config
 from .quant.act_quant import reads_packing
-from .quant.fp8 import Fp8Weight, fp8_linear, fp8_linear_parts, fp8_linear_silu_gated, fp8_rows
+from .quant.fp8 import Fp8Weight, fp8_linear, fp8_linear_gate_up_silu, fp8_linear_parts, fp8_rows
 from .quant.layout import DenseBacked, QuantizedWeight, WeightGroup
 from .quant.matmul import (BACKENDS, quant_matmul, quant_matmul_pair_parts, quant_matmul_parts, quant_matmul_silu_gated,
                            split_columns)
@@ -216,9 +216,17 @@ def gated_linear(gate_up, weight, *, act, partials=False):
     kept = _form(gate_up, weight)
     if act == "silu" and isinstance(kept, QuantizedWeight) and gate_up.shape[0] <= gemv_max_rows(kept.format):
         return quant_matmul_silu_gated(gate_up, kept, backend=quant_backend(), partials=partials)
-    if act == "silu" and isinstance(kept, Fp8Weight):
-        return fp8_linear_silu_gated(gate_up, kept)
     return linear(activation.gated_act_packed(gate_up, act=act), weight)
+
+
+def gated_mlp(x, gate_up, down, *, act, partials=False):
+    # act(gate) * up @ down.T of the packed gate/up projection x [N, k] @ gate_up.T (the fuse_gated_mlp pass):
+    # FP8 weights make act(gate) * up in the gate/up GEMV's epilogue (no kernel between the two GEMVs); every
+    # other weight runs the two ops the pass replaced, linear then gated_linear
+    kept = _form(x, gate_up)
+    if act == "silu" and isinstance(kept, Fp8Weight):
+        return linear(fp8_linear_gate_up_silu(_array(x), kept), down)
+    return gated_linear(linear(x, gate_up), down, act=act, partials=partials)
 
 
 def _sizes_per_part(parts, sizes: tuple[int, ...]) -> list[tuple[int, ...]] | None:

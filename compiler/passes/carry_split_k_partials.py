@@ -10,7 +10,8 @@ A decode GEMV split along `in` writes fp32 partials that XLA sums in a launch of
 Marking the gated_linear `partials=True` lets it return them unsummed (split_k.SplitKPartials): the norm
 kernel sums them as it loads its operand (norm_quant_gpu.py), the epilogue's add sums them as XLA did.
 
-Applies only where the carried output comes from a gated_linear read by nothing else in the layer, the next
+Applies only where the carried output comes from a gated_linear (or the gated_mlp that fuse_gated_mlp makes of
+one, if the pass runs again) read by nothing else in the layer, the next
 layer reads it with add_rms_norm_to_proj and the epilogue with an add (every reader then accepts partials);
 otherwise the graph is returned unchanged. The plan computes the same values: the partials are summed in
 fp32 and rounded to the activation dtype once, as before.
@@ -24,6 +25,7 @@ from ..ir import Graph
 from .defer_residual_add import PENDING
 
 EPILOGUE_READERS = ("add", "add_rms_norm", "add_rms_norm_to_proj")
+PRODUCERS = ("gated_linear", "gated_mlp")  # gated_mlp (fuse_gated_mlp, later) hands the mark to its down GEMV
 
 
 def carry_split_k_partials(graph: Graph) -> Graph:
@@ -32,7 +34,7 @@ def carry_split_k_partials(graph: Graph) -> Graph:
         return graph
     carried = layer.outputs[1]  # the layer returns (x, x_add): forward hands them on in that order
     producer = next((i for i, n in enumerate(layer.nodes) if carried in n.outputs), None)
-    if (producer is None or layer.nodes[producer].op != "gated_linear"
+    if (producer is None or layer.nodes[producer].op not in PRODUCERS
             or any(carried in n.inputs for n in layer.nodes)):
         return graph
     layer_readers = [n for n in layer.nodes if PENDING in n.inputs]

@@ -49,6 +49,9 @@ H200 = Target(
              "embedding": "ember.compiler.ops.linear_quant:embedding",
              # act(gate) * up made inside the down projection's activation quantizer (fuse_gated_linear)
              "gated_linear": "ember.compiler.ops.linear_quant:gated_linear",
+             # the gate/up projection and the gated down projection as one op (fuse_gated_mlp): FP8 weights
+             # make act(gate) * up in the gate/up GEMV's epilogue; other weights run the two ops as before
+             "gated_mlp": "ember.compiler.ops.linear_quant:gated_mlp",
              # one program per row where XLA runs the add, the reduce and the scale as three kernels
              "rms_norm": "ember.compiler.ops.norm_gpu:rms_norm",
              "add_rms_norm": "ember.compiler.ops.norm_gpu:add_rms_norm",

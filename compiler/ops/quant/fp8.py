@@ -115,14 +115,14 @@ def fp8_linear_parts(x, w: Fp8Weight, sizes: tuple[int, ...]) -> tuple:
     return tuple(y[:, a:b] for a, b in zip(bounds[:-1], bounds[1:]))
 
 
-def fp8_linear_silu_gated(gate_up, w: Fp8Weight):
-    # silu(gate) * up @ w.T for a packed gate/up output [N, 2 in]: the GEMV makes its input in its loads where
-    # it takes these rows (fp8_gemv gated), else the jnp activation then fp8_linear_xla
-    if use_fp8_gemv(gate_up, w):
-        from .fp8_gemv import fp8_gemv
+def fp8_linear_gate_up_silu(x, w: Fp8Weight):
+    # silu(gate) * up of the packed gate/up projection x [N, in] @ w.T (w [2 ffn, in]) -> [N, ffn]: made in the
+    # GEMV's epilogue where it takes x (fp8_gemv_gate_up), else fp8_linear_xla then the jnp activation
+    if use_fp8_gemv(x, w):
+        from .fp8_gemv import fp8_gemv_gate_up
 
-        return fp8_gemv(gate_up, w, gated=True)
-    return fp8_linear_xla(activation.gated_act_packed(gate_up, act="silu"), w)
+        return fp8_gemv_gate_up(x, w)
+    return activation.gated_act_packed(fp8_linear_xla(x, w), act="silu")
 
 
 def use_fp8_gemv(x, w: Fp8Weight) -> bool:

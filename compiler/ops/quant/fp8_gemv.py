@@ -47,6 +47,7 @@ import triton.language as tl
 from .. import activation
 from .fp8 import BLOCK, GEMV_MAX_ROWS as MAX_ROWS, Fp8Weight  # MAX_ROWS: fp8_linear's dispatch bound
 from .fp8_gemv_words import word_sum
+from .triton_act_quant import silu_times_values
 
 DOT_BLOCK_M = 16  # tl.dot needs >= 16 rows: activations are padded (masked) to 16
 
@@ -216,18 +217,28 @@ def _dot_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M: tl.constexp
 @triton.jit
 def _program_sum(x_ptr, w_ptr, s_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  KS: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCKED: tl.constexpr, USE_DOT: tl.constexpr,
-                 PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr, WORDS: tl.constexpr, GATED: tl.constexpr,
+                 PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr, WORDS: tl.constexpr, GATE_UP: tl.constexpr,
                  IEEE: tl.constexpr, W_BITCAST: tl.constexpr):
-    """This program's scaled sums [BLOCK_M, BLOCK_N] fp32, its output rows and activation rows (+ masks)."""
+    """This program's scaled sums [BLOCK_M, BLOCK_N] fp32, its weight rows and activation rows (+ masks).
+    GATE_UP (a packed gate/up weight, N = 2 FFN rows): the program's first BLOCK_N / 2 rows are gate rows
+    p H + [0, H), the rest the up rows FFN + p H + [0, H) (H = BLOCK_N / 2), so it holds both halves of
+    its outputs."""
     STEPS: tl.constexpr = K_PER_SPLIT // BLOCK_K
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] output rows
-    row_ok = rows < N
+    if GATE_UP:
+        H: tl.constexpr = BLOCK_N // 2
+        j = tl.arange(0, BLOCK_N)
+        local = tl.program_id(0) * H + j % H
+        rows = tl.where(j < H, local, N // 2 + local)
+        row_ok = local < N // 2
+    else:
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] output rows
+        row_ok = rows < N
     i = tl.arange(0, BLOCK_M)                                   # [BLOCK_M] activation rows
     i_ok = i < M
     k_start = tl.program_id(1) * K_PER_SPLIT
     if WORDS:
         acc = word_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, K, BLOCK_M, BLOCK_N, BLOCK_K, STEPS,
-                       BLOCKED, PREFETCH, GATED, not W_BITCAST)
+                       BLOCKED, PREFETCH, not W_BITCAST)
     elif USE_DOT:
         acc = _dot_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
                        KS, STEPS, BLOCKED, IEEE, W_BITCAST)
@@ -244,12 +255,21 @@ def fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KS: tl.constexpr, K_PER_SPLIT: tl.constexpr,
                     BLOCKED: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr,
-                    WORDS: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr, W_BITCAST: tl.constexpr):
+                    WORDS: tl.constexpr, GATE_UP: tl.constexpr, IEEE: tl.constexpr, W_BITCAST: tl.constexpr):
     acc, rows, row_ok, i, i_ok = _program_sum(x_ptr, w_ptr, s_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, KS,
-                                              K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATED,
+                                              K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATE_UP,
                                               IEEE, W_BITCAST)
-    out = out_ptr + (tl.program_id(1) * M + i[:, None]) * N + rows[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=i_ok[:, None] & row_ok[None, :])
+    if GATE_UP:  # out [M, N / 2] = silu(gate) * up, both rounded to the output dtype first as the unfused path
+        H: tl.constexpr = BLOCK_N // 2
+        dtype: tl.constexpr = out_ptr.dtype.element_ty
+        gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, H)), (0, 2, 1)))   # [BLOCK_M, H] each
+        y = silu_times_values(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), dtype)
+        cols = tl.program_id(0) * H + tl.arange(0, H)
+        tl.store(out_ptr + i[:, None] * (N // 2) + cols[None, :], y.to(dtype),
+                 mask=i_ok[:, None] & (cols < N // 2)[None, :])
+    else:
+        out = out_ptr + (tl.program_id(1) * M + i[:, None]) * N + rows[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=i_ok[:, None] & row_ok[None, :])
 
 
 @triton.jit
@@ -257,12 +277,12 @@ def fp8_gemv_parts_kernel(x_ptr, w_ptr, s_ptr, out0_ptr, out1_ptr, out2_ptr,
                           M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KS: tl.constexpr, K_PER_SPLIT: tl.constexpr,
                           BLOCKED: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr,
-                          STEP_REDUCE: tl.constexpr, WORDS: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr,
+                          STEP_REDUCE: tl.constexpr, WORDS: tl.constexpr, GATE_UP: tl.constexpr, IEEE: tl.constexpr,
                           W_BITCAST: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
     """One launch for a packed weight of three projections (rows [0, N1), [N1, N2), [N2, N); both boundaries
     multiples of BLOCK_N, one K split): each program writes its rows into the projection's own output."""
     acc, rows, row_ok, i, i_ok = _program_sum(x_ptr, w_ptr, s_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, KS,
-                                              K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATED,
+                                              K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATE_UP,
                                               IEEE, W_BITCAST)
     mask = i_ok[:, None] & row_ok[None, :]
     first = tl.program_id(0) * BLOCK_N
@@ -276,9 +296,11 @@ def fp8_gemv_parts_kernel(x_ptr, w_ptr, s_ptr, out0_ptr, out1_ptr, out2_ptr,
                  mask=mask)
 
 
-def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked: bool, gated: bool = False) -> dict:
+def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked: bool,
+                gate_up: bool = False) -> dict:
     """The static launch parameters of one call (grid, split count, kernel constexprs); pure, testable on CPU.
-    gated: the input is silu(gate) * up of a [m, 2 inner] gate/up output (the word loop only)."""
+    gate_up: the weight packs gate and up (out = 2 ffn rows) and the call writes silu(gate) * up [m, ffn]:
+    per-channel scales, one K split, an even block_n (each program's rows half gate, half up)."""
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"the FP8 GEMV takes 1..{MAX_ROWS} activation rows, got {m}")
     if out < 1 or inner < 1:
@@ -296,8 +318,9 @@ def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked:
         raise ValueError(f"block scales need block_n <= {BLOCK}, got {bn}")
     if config.split_k < 1:
         raise ValueError(f"split_k must be >= 1, got {config.split_k}")
-    if gated and not config.words:
-        raise ValueError("a gated input needs the word loop (words=True)")
+    if gate_up and (blocked or config.split_k != 1 or bn < 2 or out % 2):
+        raise ValueError(f"the gate/up epilogue needs per-channel scales, split_k 1, block_n >= 2 and an even "
+                         f"row count, got blocked={blocked}, split_k={config.split_k}, block_n={bn}, out={out}")
     if config.words and (config.use_dot or inner % 4):
         raise ValueError(f"words is a CUDA-core loop over 4-byte words: needs use_dot off and in % 4 == 0, got "
                          f"use_dot={config.use_dot}, in={inner}")
@@ -309,15 +332,14 @@ def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked:
     ks = min(bk, BLOCK) if blocked and config.use_dot else bk
     meta = dict(M=m, N=out, K=inner, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, KS=ks, K_PER_SPLIT=per_split * bk,
                 BLOCKED=blocked, USE_DOT=config.use_dot, PREFETCH=config.prefetch and per_split > 1,
-                STEP_REDUCE=config.step_reduce, WORDS=config.words, GATED=gated)
+                STEP_REDUCE=config.step_reduce, WORDS=config.words, GATE_UP=gate_up)
     return {"grid": (-(-out // bn), split_k, 1), "split_k": split_k, "meta": meta}
 
 
-def _checked_config(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None, *, gated: bool = False):
-    """(m, config) for x [m, in] (x [m, 2 in] when gated) against w, the word loop only for bf16 x."""
-    inner = w.shape[1] * (2 if gated else 1)
-    if x.ndim != 2 or x.shape[1] != inner:
-        raise ValueError(f"x {x.shape} does not match a weight of shape {w.shape}{' (gated)' if gated else ''}")
+def _checked_config(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None):
+    """(m, config) for x [m, in] against w, the word loop only for bf16 x."""
+    if x.ndim != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"x {x.shape} does not match a weight of shape {w.shape}")
     if x.dtype not in (jnp.bfloat16, jnp.float16, jnp.float32):
         raise ValueError(f"activations must be bf16, f16 or f32, got {x.dtype}")
     m = x.shape[0]
@@ -327,18 +349,14 @@ def _checked_config(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None, *,
     return m, config
 
 
-def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None, *, gated: bool = False) -> jax.Array:
+def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) -> jax.Array:
     """x [m, in] (bf16, f16 or f32; m <= MAX_ROWS) @ dequant(w).T -> [m, out] in x's dtype, fp32 accumulation.
-    gated: x is a packed gate/up output [m, 2 in] and the input silu(gate) * up (made inside the word loop;
-    for other loops by activation.gated_act_packed first). Launches the Triton kernel (NVIDIA GPUs; lowered
-    for the cuda platform anywhere)."""
+    Launches the Triton kernel (NVIDIA GPUs; lowered for the cuda platform anywhere)."""
     from ..triton_launch import triton_call  # GPU-only path: imported on use
 
-    m, config = _checked_config(x, w, config, gated=gated)
-    if gated and not config.words:
-        return fp8_gemv(activation.gated_act_packed(x, act="silu"), w, config)
+    m, config = _checked_config(x, w, config)
     out, inner = w.shape
-    plan = launch_plan(m, out, inner, config, blocked=w.blocked, gated=gated)
+    plan = launch_plan(m, out, inner, config, blocked=w.blocked)
     split_k = plan["split_k"]
     y = triton_call(
         x, w.values, w.scale.astype(jnp.float32), kernel=fp8_gemv_kernel,
@@ -346,6 +364,28 @@ def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None, *,
         grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages,
         IEEE=x.dtype == jnp.float32, W_BITCAST=False, **plan["meta"])
     return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(x.dtype)
+
+
+def gate_up_fits(w: Fp8Weight, config: Fp8GemvConfig) -> bool:
+    """Whether fp8_gemv_gate_up makes silu(gate) * up in the GEMV's epilogue (launch_plan's gate_up terms)."""
+    return not w.blocked and config.split_k == 1 and config.block_n >= 2 and w.shape[0] % 2 == 0
+
+
+def fp8_gemv_gate_up(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) -> jax.Array:
+    """silu(gate) * up of the packed gate/up projection x [m, in] @ dequant(w).T (w [2 ffn, in]: gate rows,
+    then up rows) -> [m, ffn] in x's dtype: one launch where gate_up_fits (each program's rows half gate,
+    half up: the product made in its epilogue), else the GEMV then activation.gated_act_packed."""
+    from ..triton_launch import triton_call  # GPU-only path: imported on use
+
+    m, config = _checked_config(x, w, config)
+    if not gate_up_fits(w, config):
+        return activation.gated_act_packed(fp8_gemv(x, w, config), act="silu")
+    out, inner = w.shape
+    plan = launch_plan(m, out, inner, config, blocked=False, gate_up=True)
+    return triton_call(
+        x, w.values, w.scale.astype(jnp.float32), kernel=fp8_gemv_kernel,
+        out_shape=jax.ShapeDtypeStruct((m, out // 2), x.dtype), grid=plan["grid"], num_warps=config.num_warps,
+        num_stages=config.num_stages, IEEE=x.dtype == jnp.float32, W_BITCAST=False, **plan["meta"])
 
 
 def parts_fit(m: int, w: Fp8Weight, sizes: tuple[int, ...], config: Fp8GemvConfig) -> bool:

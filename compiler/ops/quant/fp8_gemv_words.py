@@ -11,9 +11,6 @@ word index. Every operand is 3-D from its load on and the pair structure gives t
 per-thread vector width, so tile, x and acc [BLOCK_M, BLOCK_N, W] share one register layout (no shuffles
 through shared memory); the next step's tile is loaded before this step's math (a register double buffer).
 
-GATED: x is a packed gate/up output [M, 2K] and the GEMV's input is silu(gate) * up, made from the loaded
-quads with every op rounded to bf16 as the unfused jnp path rounds it (activation.gated_act_packed), so the
-down projection of an FP8 MLP needs no elementwise kernel before it.
 Activations must be bf16 (fp8_gemv falls back to the byte loop for others).
 """
 
@@ -21,8 +18,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from .triton_act_quant import silu_times_values
 
 _E4M3_WORD_TO_F32: tl.constexpr = tl.constexpr("""{
 .reg .b16 lo, hi, h0, h1, h2, h3;
@@ -66,27 +61,11 @@ def _bf16_quarters(quads):
 
 
 @triton.jit
-def _x_quads(x_ptr, i3, i_ok3, kw, kw_ok, scale, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKED: tl.constexpr,
-             GATED: tl.constexpr):
-    """The GEMV input's columns 4w + j (j = 0..3) of the words kw [1, 1, W] as four f32 [BLOCK_M, BLOCK_N, W]
-    (broadcast over the tile's rows, so the load takes the tile's layout), times the block scale."""
-    quads_ptr = x_ptr.to(tl.pointer_type(tl.uint64))
-    ok = i_ok3 & kw_ok
-    if GATED:  # x [M, 2K]: gate quads at word kw, up quads K / 4 words on
-        gate = tl.broadcast_to(tl.load(quads_ptr + i3 * (K // 2) + kw, mask=ok, other=0),
-                               (i3.shape[0], BLOCK_N, kw.shape[2]))
-        up = tl.broadcast_to(tl.load(quads_ptr + i3 * (K // 2) + K // 4 + kw, mask=ok, other=0),
-                             (i3.shape[0], BLOCK_N, kw.shape[2]))
-        g0, g1, g2, g3 = _bf16_quarters(gate)
-        u0, u1, u2, u3 = _bf16_quarters(up)
-        x0 = silu_times_values(g0, u0, tl.bfloat16)
-        x1 = silu_times_values(g1, u1, tl.bfloat16)
-        x2 = silu_times_values(g2, u2, tl.bfloat16)
-        x3 = silu_times_values(g3, u3, tl.bfloat16)
-    else:
-        quads = tl.broadcast_to(tl.load(quads_ptr + i3 * (K // 4) + kw, mask=ok, other=0),
-                                (i3.shape[0], BLOCK_N, kw.shape[2]))
-        x0, x1, x2, x3 = _bf16_quarters(quads)
+def _x_quads(x_ptr, i3, i_ok3, kw, kw_ok, scale, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKED: tl.constexpr):
+    """x's columns 4w + j (j = 0..3) of the words kw [1, 1, W] as four f32 [BLOCK_M, BLOCK_N, W] (broadcast
+    over the tile's rows, so the load takes the tile's layout), times the block scale."""
+    quads = tl.load(x_ptr.to(tl.pointer_type(tl.uint64)) + i3 * (K // 4) + kw, mask=i_ok3 & kw_ok, other=0)
+    x0, x1, x2, x3 = _bf16_quarters(tl.broadcast_to(quads, (i3.shape[0], BLOCK_N, kw.shape[2])))
     if BLOCKED:
         x0, x1, x2, x3 = x0 * scale, x1 * scale, x2 * scale, x3 * scale
     return x0, x1, x2, x3
@@ -101,7 +80,7 @@ def _word_tile(words_ptr, r3, rok3, kw, ok, KW: tl.constexpr):
 @triton.jit
 def word_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, K: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STEPS: tl.constexpr, BLOCKED: tl.constexpr,
-             PREFETCH: tl.constexpr, GATED: tl.constexpr, ASM: tl.constexpr):
+             PREFETCH: tl.constexpr, ASM: tl.constexpr):
     """sum_k x[i, k] * w[o, k] over the program's range -> [BLOCK_M, BLOCK_N] fp32 (block scales applied;
     a tile's rows share one scale row, so the scale multiplies x's columns)."""
     KW: tl.constexpr = K // 4
@@ -130,7 +109,7 @@ def word_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, K: tl.constexp
         if BLOCKED:
             srow = (tl.program_id(0) * BLOCK_N) // 128
             scale = tl.load(s_ptr + srow * KB + (4 * kw) // 128, mask=kw_ok, other=0.0)
-        x0, x1, x2, x3 = _x_quads(x_ptr, i3, i_ok3, kw, kw_ok, scale, K, BLOCK_N, BLOCKED, GATED)
+        x0, x1, x2, x3 = _x_quads(x_ptr, i3, i_ok3, kw, kw_ok, scale, K, BLOCK_N, BLOCKED)
         acc = acc + v0 * x0
         acc = acc + v1 * x1
         acc = acc + v2 * x2

@@ -13,7 +13,7 @@ from ember.compiler.ops.embedding import add as embedding_add
 from ember.compiler.ops.embedding import scale as embedding_scale
 from ember.compiler.ops.embedding import select_rows as embedding_select_rows
 from ember.compiler.ops.linear_quant import embedding as linear_quant_embedding
-from ember.compiler.ops.linear_quant import gated_linear as linear_quant_gated_linear
+from ember.compiler.ops.linear_quant import gated_mlp as linear_quant_gated_mlp
 from ember.compiler.ops.linear_quant import linear as linear_quant_linear
 from ember.compiler.ops.linear_quant import linear_split as linear_quant_linear_split
 from ember.compiler.ops.linear import split_heads as linear_split_heads
@@ -50,8 +50,7 @@ def layer(dims, w, constants, x, x_add, k_pool, v_pool, batch):
     t_12 = linear_quant_linear(a, w['attn_output.weight'])
     t_13 = norm_gpu_rms_norm(t_12, w['post_attention_norm.weight'], eps=dims.eps)
     x_1, h_1 = norm_quant_gpu_add_rms_norm_to_proj(x_in, t_13, w['ffn_norm.weight'], w['ffn_gate+ffn_up.weight'], eps=dims.eps)
-    t_16_t_17 = linear_quant_linear(h_1, w['ffn_gate+ffn_up.weight'])
-    t_19 = linear_quant_gated_linear(t_16_t_17, w['ffn_down.weight'], act='gelu_tanh')
+    t_19 = linear_quant_gated_mlp(h_1, w['ffn_gate+ffn_up.weight'], w['ffn_down.weight'], act='gelu_tanh')
     t_20 = norm_gpu_rms_norm(t_19, w['post_ffw_norm.weight'], eps=dims.eps)
     return x_1, t_20, k_pool, v_pool
 

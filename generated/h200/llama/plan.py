@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from ember.compiler.ops.embedding import add as embedding_add
 from ember.compiler.ops.embedding import select_rows as embedding_select_rows
 from ember.compiler.ops.linear_quant import embedding as linear_quant_embedding
-from ember.compiler.ops.linear_quant import gated_linear as linear_quant_gated_linear
+from ember.compiler.ops.linear_quant import gated_mlp as linear_quant_gated_mlp
 from ember.compiler.ops.linear_quant import linear as linear_quant_linear
 from ember.compiler.ops.linear_quant import linear_split as linear_quant_linear_split
 from ember.compiler.ops.linear import split_heads as linear_split_heads
@@ -44,8 +44,7 @@ def layer(dims, w, constants, x, x_add, k_pool, v_pool, batch):
     a, k_pool, v_pool = paged_rope_paged_attention_to_proj(q, k, v, positions, rope_inv_freq0, attn_window1, attn_state2, w['attn_output.weight'], k_pool, v_pool, batch, style='neox', scale=dims.attn_scale)
     t_10 = linear_quant_linear(a, w['attn_output.weight'])
     x_1, h_1 = norm_quant_gpu_add_rms_norm_to_proj(x_in, t_10, w['ffn_norm.weight'], w['ffn_gate+ffn_up.weight'], eps=dims.eps)
-    t_13_t_14 = linear_quant_linear(h_1, w['ffn_gate+ffn_up.weight'])
-    t_16 = linear_quant_gated_linear(t_13_t_14, w['ffn_down.weight'], act='silu', partials=True)
+    t_16 = linear_quant_gated_mlp(h_1, w['ffn_gate+ffn_up.weight'], w['ffn_down.weight'], act='silu', partials=True)
     return x_1, t_16, k_pool, v_pool
 
 
