@@ -25,9 +25,8 @@ CONFIGS = [
     Fp8GemvConfig(block_n=8, block_k=1024, words=True),
     Fp8GemvConfig(block_n=16, block_k=256, split_k=3, words=True),
     Fp8GemvConfig(block_n=8, block_k=64, words=True, prefetch=False),
-    Fp8GemvConfig(block_n=4, block_k=128, words=True, ahead=3),
-    Fp8GemvConfig(block_n=8, block_k=256, split_k=2, words=True, ahead=2),
-    Fp8GemvConfig(block_n=8, block_k=256, words=True, prefetch=False, num_stages=3),
+    Fp8GemvConfig(block_n=4, block_k=128, words=True),
+    Fp8GemvConfig(block_n=8, block_k=256, split_k=2, words=True),
     Fp8GemvConfig(block_n=32, block_k=256, split_k=2, use_dot=True, num_stages=3),
 ]
 

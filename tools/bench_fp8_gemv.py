@@ -58,12 +58,12 @@ SWEEP = ([_C(block_n=bn, block_k=bk, split_k=s, step_reduce=True) for bn, bk in 
                                   (16, 256, 4, 3))]
          + [_C(block_n=bn, block_k=bk, split_k=s, num_warps=w, words=True)
             for bn, bk, s, w in ((8, 1024, 1, 4), (16, 512, 1, 4), (16, 1024, 1, 8), (8, 1024, 1, 2), (32, 256, 1, 4))])
-# the 4-byte word loop (the one-row picks: 1.05-1.17x the byte loop): tiles, tiles ahead, cp.async stages
-SWEEP_WORDS = ([_C(block_n=bn, block_k=1024, words=True, ahead=1) for bn in (4, 8)]
-               + [_C(block_n=bn, block_k=bk, words=True, prefetch=False, num_stages=st)
-                  for bn, bk, st in ((4, 1024, 2), (4, 1024, 3), (4, 1024, 4), (8, 1024, 2), (8, 1024, 3), (8, 1024, 4),
-                                     (8, 512, 3), (8, 512, 4), (16, 512, 3), (16, 512, 4), (2, 1024, 4), (16, 256, 4))]
-               + [_C(block_n=8, block_k=1024, words=True, prefetch=False, num_stages=3, num_warps=w) for w in (2, 8)])
+# the 4-byte word loop (the one-row picks: 1.05-1.17x the byte loop at 28672x4096 / 4096x14336): its tiles.
+# Measured and dropped (tools/results/h200_fp8_gemv_words_69b267c.json): 2-3 tiles in flight in registers
+# and cp.async stages in shared memory, neither ahead of one register tile.
+SWEEP_WORDS = [_C(block_n=bn, block_k=bk, num_warps=w, words=True)
+               for bn, bk, w in ((2, 1024, 4), (4, 1024, 4), (8, 1024, 4), (16, 1024, 8), (4, 512, 4), (8, 512, 4),
+                                 (16, 512, 4), (8, 1024, 2), (4, 1024, 2))]
 
 
 def copies_for(nbytes: int) -> int:
