@@ -68,9 +68,10 @@ def test_the_gate_up_epilogue_matches_the_gemv_then_the_activation(ffn, inner, m
     x = jnp.asarray(rng.standard_normal((m, inner)), jnp.bfloat16)
     got = np.asarray(jax.jit(lambda x: fp8_gemv_gate_up(x, w, config))(x), np.float32)
     want = np.asarray(jax.jit(lambda x: gated_act_packed(fp8_gemv(x, w, config), act="silu"))(x), np.float32)
-    # the same sums rounded the same way; the sigmoid (Triton's vs XLA's exp) may differ by a bf16 ulp
+    # the same sums rounded the same way, the activation in fp32 on both sides (XLA's excess precision):
+    # Triton's sigmoid and XLA's may differ in the last bits, so at most one bf16 ulp apart
     assert np.all(np.abs(got - want) <= 2.0 ** -7 * np.abs(want) + 1e-6)
-    assert np.mean(got == want) > 0.9
+    assert np.mean(got == want) > 0.99
 
 
 @pytest.mark.parametrize("sizes, inner", [((4096, 1024, 1024), 4096), ((64, 16, 24), 200)])

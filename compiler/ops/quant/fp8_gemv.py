@@ -47,7 +47,6 @@ import triton.language as tl
 from .. import activation
 from .fp8 import BLOCK, GEMV_MAX_ROWS as MAX_ROWS, Fp8Weight  # MAX_ROWS: fp8_linear's dispatch bound
 from .fp8_gemv_words import word_sum
-from .triton_act_quant import silu_times_values
 
 DOT_BLOCK_M = 16  # tl.dot needs >= 16 rows: activations are padded (masked) to 16
 
@@ -259,11 +258,14 @@ def fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
     acc, rows, row_ok, i, i_ok = _program_sum(x_ptr, w_ptr, s_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, KS,
                                               K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATE_UP,
                                               IEEE, W_BITCAST)
-    if GATE_UP:  # out [M, N / 2] = silu(gate) * up, both rounded to the output dtype first as the unfused path
+    if GATE_UP:  # out [M, N / 2] = silu(gate) * up of gate and up rounded to the output dtype (as the unfused
+        # path stores them), in fp32 and rounded once: XLA's fusion of the jnp activation on the GPU keeps its
+        # intermediates in fp32 too (excess precision), so the two paths differ only in exp's last bits
         H: tl.constexpr = BLOCK_N // 2
         dtype: tl.constexpr = out_ptr.dtype.element_ty
         gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, H)), (0, 2, 1)))   # [BLOCK_M, H] each
-        y = silu_times_values(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), dtype)
+        gate = gate.to(dtype).to(tl.float32)
+        y = gate * tl.sigmoid(gate) * up.to(dtype).to(tl.float32)
         cols = tl.program_id(0) * H + tl.arange(0, H)
         tl.store(out_ptr + i[:, None] * (N // 2) + cols[None, :], y.to(dtype),
                  mask=i_ok[:, None] & (cols < N // 2)[None, :])
