@@ -13,8 +13,9 @@ import pytest
 
 from ember.compiler.ops.quant import fp8 as fp8_module
 from ember.compiler.ops.quant.fp8 import GEMV_MAX_ROWS, fp8_linear, quantize_fp8, use_fp8_gemv
-from ember.compiler.ops.quant.fp8_gemv import (FP8_RULES, Fp8GemvConfig, fp8_gemv, launch_plan,
-                                               pick_fp8_config)
+from ember.compiler.ops.quant.fp8_gemv import fp8_gemv
+from ember.compiler.ops.quant.fp8_gemv_config import (FP8_RULES, Fp8GemvConfig, launch_plan,
+                                                      pick_fp8_config)
 from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
 
 SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]

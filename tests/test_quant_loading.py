@@ -175,7 +175,7 @@ def test_the_environment_chooses_which_formats_stay_quantized(monkeypatch):
 
     monkeypatch.delenv(QUANTIZED_FORMATS_ENV, raising=False)
     # the h200 default: FP8 stays FP8, GGUF blocks stay packed (with dense copies: test_dense_copies_...)
-    assert _quantized_formats("h200") == ("fp8", "q4_k", "q6_k", "q8_0")
+    assert _quantized_formats("h200") == ("fp8", "q4_k", "q6_k", "q8_0", "q5_0")
     monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "Q4_K, q6_k, fp8")
     assert _quantized_formats("h200") == ("q4_k", "q6_k", "fp8")
     monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "none")

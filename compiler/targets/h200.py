@@ -6,10 +6,12 @@ batch (1 … 256), and kernel choices per op.
   activations, on by default: EMBER_FUSED_ATTN_QUANT=0 turns it off) and a flash-attention prefill chunk; the
   deterministic variant keeps the blockwise batch-invariant reference.
 - projections and the embedding: compiler/ops/linear_quant.py, which runs plain (bf16) weights through the
-  reference ops and weights kept GGUF-quantized (Q4_K / Q6_K / Q8_0) through the Triton GEMVs for
+  reference ops and weights kept GGUF-quantized (Q4_K / Q6_K / Q8_0 / Q5_0) through the Triton GEMVs for
   decode steps of 1-2 rows (Q4_K / Q6_K on int8 activations with dp4a: compiler/ops/quant/dp4a.py), their
   bf16 copies' XLA matmul above; FP8 weights (HF FP8 checkpoints, synthetic `-fp8` models) through
-  quant/fp8.py. Which weights stay quantized is `quantized_formats` (FP8, and GGUF
+  quant/fp8.py (one decode row: the word loop of fp8_gemv_words.py; packed q/k/v written as three outputs;
+  silu(gate) * up in the gate/up GEMV's epilogue, the gated_mlp op of the fuse_gated_mlp pass). Which
+  weights stay quantized is `quantized_formats` (FP8, and GGUF
   blocks with a bf16 copy beside them for steps of many rows: `dense_copies`) or EMBER_QUANTIZED_FORMATS.
 - RoPE and the step's K/V write: one Triton kernel (compiler/ops/attention_gpu/rope_write.py, the
   fuse_rope_attention pass) where XLA ran ~5 per layer; on steps whose rows all decode, inside the split
@@ -65,8 +67,10 @@ H200 = Target(
     # of more rows (dense_copies; linear_quant.DENSE_COPY_GEMV_MAX_ROWS): on the 1.5B Q4_K_M shape at fc54e24
     # the packed weights decoded 707.7 tok/s at batch 1 vs 610.6 for bf16 weights, but 8,173 vs 17,147 at 32
     # streams (same H200 call; README, Decisions). EMBER_QUANTIZED_FORMATS / EMBER_DENSE_COPIES override.
-    # HF FP8 checkpoints stay FP8 (compiler/ops/quant/fp8.py: XLA fuses the fp8 operand into its GEMM)
-    quantized_formats=("fp8", "q4_k", "q6_k", "q8_0"),
+    # HF FP8 checkpoints stay FP8 (compiler/ops/quant/fp8.py: the Triton GEMV at one row, XLA's GEMM fusion
+    # of the fp8 operand above). Q5_0 (GGUF's rows that are not whole super-blocks) since its GPU test passed
+    # at aa12851 (tools/results/h200_gpu_tests_aa12851.json); its speed is not measured yet.
+    quantized_formats=("fp8", "q4_k", "q6_k", "q8_0", "q5_0"),
     dense_copies=True,
     decode_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     prefill_buckets=(16, 64, 256, 512, 1024, 2048, 4096),
