@@ -83,6 +83,15 @@ class Region:
     nodes: tuple[Node, ...]
     outputs: tuple[str, ...]
 
+    def reads(self) -> dict[str, int]:
+        """How many times each value is read: by the region's nodes, and once more when the region returns it
+        (what a fusion pass checks before it folds a value into the op that reads it)."""
+        counts = {name: 1 for name in self.outputs}
+        for node in self.nodes:
+            for name in node.inputs:
+                counts[name] = counts.get(name, 0) + 1
+        return counts
+
 
 @dataclass(frozen=True)
 class LayerConstant:

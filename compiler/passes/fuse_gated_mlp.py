@@ -20,10 +20,7 @@ def fuse_gated_mlp(graph: Graph) -> Graph:
     regions = []
     for region in graph.regions:
         nodes = list(region.nodes)
-        uses: dict[str, int] = {name: 1 for name in region.outputs}
-        for node in nodes:
-            for name in node.inputs:
-                uses[name] = uses.get(name, 0) + 1
+        uses = region.reads()
         producers = {node.outputs[0]: i for i, node in enumerate(nodes) if node.op == "linear"}
         drop = set()
         for i, node in enumerate(nodes):

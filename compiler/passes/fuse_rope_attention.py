@@ -18,10 +18,7 @@ def fuse_rope_attention(graph: Graph) -> Graph:
     regions = []
     for region in graph.regions:
         nodes = list(region.nodes)
-        uses: dict[str, int] = {}
-        for node in nodes:
-            for name in node.inputs:
-                uses[name] = uses.get(name, 0) + 1
+        uses = region.reads()
         ropes = {node.outputs: i for i, node in enumerate(nodes) if node.op == "rope_apply"}
         drop = set()
         for i, node in enumerate(nodes):
