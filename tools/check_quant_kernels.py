@@ -12,7 +12,8 @@
 
 The interpreter is patched here for two gaps of Triton 3.6 on a torch-less machine: arguments are
 numpy buffers (its torch copy-in/out is skipped), bf16 (which it stores as raw uint16 bits) is cast
-and multiplied through fp32 (f32 -> bf16 rounded to nearest even, as the GPU does; it truncated), and numpy >= 2.5's refusal of int() on 1-element arrays is worked around.
+and multiplied through fp32 (f32 -> bf16 rounded to nearest even, as the GPU does; it truncated), and
+numpy >= 2.5's refusal of int() on 1-element arrays is worked around.
 """
 
 from __future__ import annotations

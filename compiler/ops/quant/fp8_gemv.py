@@ -12,8 +12,8 @@ Layout and grid. values float8_e4m3fn [out, in] row-major (each row's `in` run c
 Three inner loops (config.words, config.use_dot):
   words (the one-row picks): the CUDA-core sum over 4-byte words with an inline-PTX e4m3 conversion, x read
       as bf16 quads in the tile's own register layout; fp8_gemv_words.py says why and how.
-  CUDA cores (bytes): a step loads the tile [BLOCK_N, BLOCK_K]; with PREFETCH the next step's tile is loaded before
-      this step's math (a register double buffer: Triton's pipeliner only makes cp.async stages for loads that
+  CUDA cores (bytes): a step loads the tile [BLOCK_N, BLOCK_K]; with PREFETCH the next step's tile is loaded
+      before this step's math (a register double buffer: Triton's pipeliner only makes cp.async stages for loads that
       feed a dot). acc [BLOCK_M, BLOCK_N, BLOCK_K] fp32 += x_t[:, None, :] * w[None] (BLOCK_M = next power of
       two >= m: each weight tile, in registers, serves every activation row), summed over BLOCK_K at the end.
       Block scales: a tile's rows lie in one 128-row scale block (BLOCK_N <= 128, tiles aligned), so the scale
@@ -51,6 +51,7 @@ from .. import activation
 from .fp8 import Fp8Weight
 from .fp8_gemv_config import Fp8GemvConfig, launch_plan, pick_fp8_config
 from .fp8_gemv_words import word_sum
+
 
 @triton.jit
 def _w_tile(w_ptr, rows, row_ok, cols, ok, K: tl.constexpr, W_BITCAST: tl.constexpr):
@@ -132,6 +133,7 @@ def _dot_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M: tl.constexp
             else:
                 acc += part
     return acc
+
 
 @triton.jit
 def _program_sum(x_ptr, w_ptr, s_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
