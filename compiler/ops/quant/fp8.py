@@ -8,7 +8,7 @@ scale; runtime/fp8_checkpoint.py reads both.)
 
 A decode step reads each weight once, so a byte per weight halves the bf16 step's traffic. `fp8_linear`:
   one row (m <= DISPATCH_MAX_ROWS; the kernel takes up to GEMV_MAX_ROWS = 16) traced for an NVIDIA GPU with
-      Triton: the Triton GEMV (fp8_gemv.py; its word loop 1.13-1.34x XLA's fusion alone at one row on the
+      Triton: the Triton GEMV (fp8_gemv.py; its word loop 1.17-1.34x XLA's fusion alone at one row on the
       H200, slower at 8 rows); EMBER_FP8_GEMV=0 turns it off (read at trace time); fp8_linear_parts and
       fp8_linear_gate_up_silu are its fused forms (q/k/v outputs apart; silu(gate) * up in the epilogue);
   otherwise (prefill, mixed steps, any other backend: the CPU tests): `fp8_linear_xla`, written for XLA to
