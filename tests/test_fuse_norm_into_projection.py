@@ -35,7 +35,9 @@ def test_h200_default_plans_tell_each_norm_its_projection(spec):
     assert any(r.startswith("attn_q") for r in readers) or any(r.startswith("ffn_gate") for r in readers)
     for node in _nodes(fused, "rms_norm_to_proj") + _nodes(fused, "add_rms_norm_to_proj"):
         consumer = [n for n in fused.region("layer").nodes if node.outputs[-1] in n.inputs]
-        assert len(consumer) == 1 and consumer[0].weight("weight") == node.weight("reader")
+        # a projection, or the gated_mlp (fuse_gated_mlp) whose first projection is the reader
+        read_by = consumer[0].weight("gate_up" if consumer[0].op == "gated_mlp" else "weight")
+        assert len(consumer) == 1 and read_by == node.weight("reader")
     if spec.endswith(("qwen2.toml", "llama.toml")):  # both layer norms feed projections, the head's too; both
         # add the residual (the first one the add the layer before left it: defer_residual_add)
         assert not _nodes(fused, "rms_norm_to_proj") and len(_nodes(fused, "add_rms_norm_to_proj")) == 2
