@@ -10,24 +10,15 @@ variants keep the two ops (their plans stay as they were, bit for bit).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..ir import Graph, Node
+from .fold_single_reader import fold_single_reader
 
 
 def fuse_gated_linear(graph: Graph) -> Graph:
-    regions = []
-    for region in graph.regions:
-        nodes = list(region.nodes)
-        uses = region.reads()
-        gated = {node.outputs[0]: i for i, node in enumerate(nodes) if node.op == "gated_act_packed"}
-        drop = set()
-        for i, node in enumerate(nodes):
-            j = gated.get(node.inputs[0]) if node.op == "linear" and node.inputs else None
-            if j is None or uses[node.inputs[0]] != 1 or [p for p, _ in node.weights] != ["weight"]:
-                continue
-            act = nodes[j]
-            nodes[i] = Node("gated_linear", act.inputs, node.outputs, node.weights, act.attrs)
-            drop.add(j)
-        regions.append(replace(region, nodes=tuple(n for i, n in enumerate(nodes) if i not in drop)))
-    return replace(graph, regions=tuple(regions))
+    return fold_single_reader(graph, "gated_act_packed", "linear", _merge)
+
+
+def _merge(act: Node, linear: Node) -> Node | None:
+    if [p for p, _ in linear.weights] != ["weight"]:  # a biased projection keeps its own op
+        return None
+    return Node("gated_linear", act.inputs, linear.outputs, linear.weights, act.attrs)

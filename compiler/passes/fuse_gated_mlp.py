@@ -11,25 +11,16 @@ replaced, unchanged. Runs after carry_split_k_partials, so the gated_linear's `p
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..ir import Graph, Node
+from .fold_single_reader import fold_single_reader
 
 
 def fuse_gated_mlp(graph: Graph) -> Graph:
-    regions = []
-    for region in graph.regions:
-        nodes = list(region.nodes)
-        uses = region.reads()
-        producers = {node.outputs[0]: i for i, node in enumerate(nodes) if node.op == "linear"}
-        drop = set()
-        for i, node in enumerate(nodes):
-            j = producers.get(node.inputs[0]) if node.op == "gated_linear" else None
-            if j is None or uses[node.inputs[0]] != 1 or [p for p, _ in nodes[j].weights] != ["weight"]:
-                continue
-            gate_up = nodes[j]
-            nodes[i] = Node("gated_mlp", gate_up.inputs, node.outputs,
-                            (("gate_up", gate_up.weight("weight")), ("down", node.weight("weight"))), node.attrs)
-            drop.add(j)
-        regions.append(replace(region, nodes=tuple(n for i, n in enumerate(nodes) if i not in drop)))
-    return replace(graph, regions=tuple(regions))
+    return fold_single_reader(graph, "linear", "gated_linear", _merge)
+
+
+def _merge(gate_up: Node, gated: Node) -> Node | None:
+    if [p for p, _ in gate_up.weights] != ["weight"]:  # a biased gate/up projection keeps its own op
+        return None
+    return Node("gated_mlp", gate_up.inputs, gated.outputs,
+                (("gate_up", gate_up.weight("weight")), ("down", gated.weight("weight"))), gated.attrs)

@@ -18,13 +18,14 @@ out = sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s. Empty splits (m = -in
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+
+from ..env_config import overridden
 
 LOG2E = math.log2(math.e)
 BACKENDS = ("triton", "emulate")
@@ -51,15 +52,8 @@ class DecodeAttentionConfig:
 
 def default_config() -> DecodeAttentionConfig:
     """DecodeAttentionConfig(), with EMBER_DECODE_ATTENTION ("num_warps=2/num_stages=1", read at trace time)
-    overriding its integer fields: for side-by-side measurements of the launch knobs."""
-    text = os.environ.get("EMBER_DECODE_ATTENTION", "").strip()
-    if not text:
-        return DecodeAttentionConfig()
-    fields = {f.name for f in dataclasses.fields(DecodeAttentionConfig)}
-    updates = dict(item.split("=", 1) for item in text.split("/"))
-    if not set(updates) <= fields:
-        raise ValueError(f"EMBER_DECODE_ATTENTION: unknown fields {sorted(set(updates) - fields)}")
-    return dataclasses.replace(DecodeAttentionConfig(), **{k: int(v) for k, v in updates.items()})
+    overriding its fields: for side-by-side measurements of the launch knobs (env_config.py)."""
+    return overridden(DecodeAttentionConfig(), "EMBER_DECODE_ATTENTION")
 
 
 def _next_pow2(x: int) -> int:

@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import activation
 from ..triton_available import triton_available
+from .matmul import split_columns
 
 FP8 = jnp.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -111,9 +112,7 @@ def fp8_linear_parts(x, w: Fp8Weight, sizes: tuple[int, ...]) -> tuple:
         from .fp8_gemv import fp8_gemv_parts
 
         return fp8_gemv_parts(x, w, tuple(sizes))
-    y = fp8_linear_xla(x, w)
-    bounds = np.cumsum((0, *sizes))
-    return tuple(y[:, a:b] for a, b in zip(bounds[:-1], bounds[1:]))
+    return split_columns(fp8_linear_xla(x, w), sizes)
 
 
 def fp8_linear_gate_up_silu(x, w: Fp8Weight):

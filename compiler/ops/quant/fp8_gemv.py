@@ -40,7 +40,6 @@ All offsets are int32: out * in < 2**31 (checked).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +48,8 @@ import triton.language as tl
 
 from .. import activation
 from .fp8 import Fp8Weight
-from .fp8_gemv_config import Fp8GemvConfig, launch_plan, pick_fp8_config
+from .fp8_gemv_config import Fp8GemvConfig, gate_up_fits, launch_plan, pick_fp8_config
+from .matmul import split_columns
 from .fp8_gemv_words import word_sum
 
 
@@ -251,11 +251,6 @@ def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) ->
     return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(x.dtype)
 
 
-def gate_up_fits(w: Fp8Weight, config: Fp8GemvConfig) -> bool:
-    """Whether fp8_gemv_gate_up makes silu(gate) * up in the GEMV's epilogue (launch_plan's gate_up terms)."""
-    return not w.blocked and config.split_k == 1 and config.block_n >= 2 and w.shape[0] % 2 == 0
-
-
 def fp8_gemv_gate_up(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) -> jax.Array:
     """silu(gate) * up of the packed gate/up projection x [m, in] @ dequant(w).T (w [2 ffn, in]: gate rows,
     then up rows) -> [m, ffn] in x's dtype: one launch where gate_up_fits (each program's rows half gate,
@@ -263,7 +258,7 @@ def fp8_gemv_gate_up(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = 
     from ..triton_launch import triton_call  # GPU-only path: imported on use
 
     m, config = _checked_config(x, w, config)
-    if not gate_up_fits(w, config):
+    if not gate_up_fits(w.shape[0], config, blocked=w.blocked):
         return activation.gated_act_packed(fp8_gemv(x, w, config), act="silu")
     out, inner = w.shape
     plan = launch_plan(m, out, inner, config, blocked=False, gate_up=True)
@@ -290,9 +285,7 @@ def fp8_gemv_parts(x: jax.Array, w: Fp8Weight, sizes: tuple[int, ...],
 
     m, config = _checked_config(x, w, config)
     if not parts_fit(m, w, tuple(sizes), config):
-        y = fp8_gemv(x, w, config)
-        bounds = [0, *itertools.accumulate(sizes)]
-        return tuple(y[:, a:b] for a, b in zip(bounds[:-1], bounds[1:]))
+        return split_columns(fp8_gemv(x, w, config), sizes)
     plan = launch_plan(m, *w.shape, config, blocked=w.blocked)
     return tuple(triton_call(
         x, w.values, w.scale.astype(jnp.float32), kernel=fp8_gemv_parts_kernel,

@@ -3,10 +3,10 @@ that pick one per shape, and the static launch plan of a call. Pure Python, test
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 
+from ..env_config import overridden
 from .fp8 import BLOCK, GEMV_MAX_ROWS as MAX_ROWS  # MAX_ROWS: fp8_linear's dispatch bound
 
 DOT_BLOCK_M = 16  # tl.dot needs >= 16 rows: activations are padded (masked) to 16
@@ -85,15 +85,7 @@ def pick_fp8_config(m: int, out: int, inner: int, *, blocked: bool = False,
 def _one_row_override(config: Fp8GemvConfig) -> Fp8GemvConfig:
     """For side-by-side measurements (read at trace time): EMBER_FP8_WORDS=0 skips the word loop's rules;
     EMBER_FP8_GEMV_CONFIG ("block_n=8/prefetch=0/num_stages=4") overrides fields of the one-row config."""
-    text = os.environ.get("EMBER_FP8_GEMV_CONFIG", "").strip()
-    if not text:
-        return config
-    types = {f.name: f.type for f in dataclasses.fields(Fp8GemvConfig)}
-    updates = dict(item.split("=", 1) for item in text.split("/"))
-    if not set(updates) <= set(types):
-        raise ValueError(f"EMBER_FP8_GEMV_CONFIG: unknown fields {sorted(set(updates) - set(types))}")
-    return dataclasses.replace(config, **{k: bool(int(v)) if types[k] in (bool, "bool") else int(v)
-                                          for k, v in updates.items()})
+    return overridden(config, "EMBER_FP8_GEMV_CONFIG")
 
 
 def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked: bool,
@@ -118,7 +110,7 @@ def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked:
         raise ValueError(f"block scales need block_n <= {BLOCK}, got {bn}")
     if config.split_k < 1:
         raise ValueError(f"split_k must be >= 1, got {config.split_k}")
-    if gate_up and (blocked or config.split_k != 1 or bn < 2 or out % 2):
+    if gate_up and not gate_up_fits(out, config, blocked=blocked):
         raise ValueError(f"the gate/up epilogue needs per-channel scales, split_k 1, block_n >= 2 and an even "
                          f"row count, got blocked={blocked}, split_k={config.split_k}, block_n={bn}, out={out}")
     if config.words and (config.use_dot or inner % 4):
@@ -134,3 +126,9 @@ def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked:
                 BLOCKED=blocked, USE_DOT=config.use_dot, PREFETCH=config.prefetch and per_split > 1,
                 STEP_REDUCE=config.step_reduce, WORDS=config.words, GATE_UP=gate_up)
     return {"grid": (-(-out // bn), split_k, 1), "split_k": split_k, "meta": meta}
+
+
+def gate_up_fits(out: int, config: Fp8GemvConfig, *, blocked: bool) -> bool:
+    """Whether a gate/up weight of `out` rows can take the silu(gate) * up epilogue (launch_plan's gate_up):
+    per-channel scales, one K split, an even block_n of at least 2 rows, an even row count."""
+    return not blocked and config.split_k == 1 and config.block_n >= 2 and out % 2 == 0
