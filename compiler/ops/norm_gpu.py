@@ -30,10 +30,9 @@ MAX_N = 65536  # one row per program, held in registers: the widest hidden size 
 
 
 @triton.jit
-def _normalize_store(s, w_ptr, out_ptr, row, cols, ok, N: tl.constexpr, EPS: tl.constexpr):
-    """s [BLOCK] fp32 (0 past N) -> out[row] = s * rsqrt(mean(s^2) + EPS) * w in out's dtype."""
+def _normalize_store(s, w, out_ptr, row, cols, ok, N: tl.constexpr, EPS: tl.constexpr):
+    """s, w [BLOCK] fp32 (0 past N) -> out[row] = s * rsqrt(mean(s^2) + EPS) * w in out's dtype."""
     inv = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / N + EPS)
-    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * N + cols, (s * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -43,7 +42,8 @@ def rms_norm_kernel(x_ptr, w_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     s = tl.load(x_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
-    _normalize_store(s, w_ptr, out_ptr, row, cols, ok, N, EPS)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    _normalize_store(s, w, out_ptr, row, cols, ok, N, EPS)
 
 
 @triton.jit
@@ -54,9 +54,10 @@ def add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, N: tl.constexpr, 
     ok = cols < N
     x = tl.load(x_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
     y = tl.load(y_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)  # every load before the reduction
     s = (x + y).to(sum_ptr.dtype.element_ty)  # the residual stream, as the reference rounds it
     tl.store(sum_ptr + row * N + cols, s, mask=ok)
-    _normalize_store(s.to(tl.float32), w_ptr, out_ptr, row, cols, ok, N, EPS)
+    _normalize_store(s.to(tl.float32), w, out_ptr, row, cols, ok, N, EPS)
 
 
 def launch_plan(rows: int, n: int) -> dict:
@@ -66,6 +67,7 @@ def launch_plan(rows: int, n: int) -> dict:
     block = 1 << (n - 1).bit_length()
     # ~8-16 elements per thread: 4 warps up to 4k elements, 8 above, 16 for the widest
     warps = 4 if block <= 4096 else 8 if block <= 16384 else 16
+    warps = int(os.environ.get("EMBER_NORM_WARPS", warps))  # trace-time A/B knob
     return {"grid": (rows,), "num_warps": warps, "meta": {"N": n, "BLOCK": block}}
 
 

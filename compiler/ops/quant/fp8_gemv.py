@@ -158,6 +158,8 @@ def _program_sum(x_ptr, w_ptr, s_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.co
     i = tl.arange(0, BLOCK_M)                                   # [BLOCK_M] activation rows
     i_ok = i < M
     k_start = tl.program_id(1) * K_PER_SPLIT
+    if not BLOCKED:  # issued before the loop: its memory round trip is not the program's last step
+        row_scale = tl.load(s_ptr + rows, mask=row_ok, other=0.0)
     if WORDS:
         acc = word_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, K, BLOCK_M, BLOCK_N, BLOCK_K, STEPS,
                        BLOCKED, PREFETCH, not W_BITCAST)
@@ -168,7 +170,7 @@ def _program_sum(x_ptr, w_ptr, s_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.co
         acc = _cuda_core_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M, N, K, BLOCK_M, BLOCK_N,
                              BLOCK_K, STEPS, BLOCKED, PREFETCH, STEP_REDUCE, W_BITCAST)
     if not BLOCKED:
-        acc = acc * tl.load(s_ptr + rows, mask=row_ok, other=0.0)[None, :]
+        acc = acc * row_scale[None, :]
     return acc, rows, row_ok, i, i_ok
 
 
