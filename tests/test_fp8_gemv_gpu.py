@@ -68,10 +68,11 @@ def test_the_gate_up_epilogue_matches_the_gemv_then_the_activation(ffn, inner, m
     x = jnp.asarray(rng.standard_normal((m, inner)), jnp.bfloat16)
     got = np.asarray(jax.jit(lambda x: fp8_gemv_gate_up(x, w, config))(x), np.float32)
     want = np.asarray(jax.jit(lambda x: gated_act_packed(fp8_gemv(x, w, config), act="silu"))(x), np.float32)
-    # the same sums rounded the same way, the activation in fp32 on both sides (XLA's excess precision):
-    # Triton's sigmoid and XLA's may differ in the last bits, so at most one bf16 ulp apart
-    assert np.all(np.abs(got - want) <= 2.0 ** -7 * np.abs(want) + 1e-6)
-    assert np.mean(got == want) > 0.99
+    # the same sums rounded the same way, every op of the activation rounded as the jnp reference's: Triton's
+    # sigmoid and XLA's may differ in fp32's last bits, which can move the rounded sigmoid by one bf16 ulp and
+    # the product (two more roundings) by up to two
+    assert np.all(np.abs(got - want) <= 2.0 ** -6 * np.abs(want) + 1e-6)
+    assert np.mean(got == want) > 0.9
 
 
 @pytest.mark.parametrize("sizes, inner", [((4096, 1024, 1024), 4096), ((64, 16, 24), 200)])

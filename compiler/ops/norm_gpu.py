@@ -65,9 +65,10 @@ def launch_plan(rows: int, n: int) -> dict:
     if not 1 <= n <= MAX_N:
         raise ValueError(f"rms_norm kernel: rows of 1..{MAX_N} elements, got {n}")
     block = 1 << (n - 1).bit_length()
-    # ~8-16 elements per thread: 4 warps up to 4k elements, 8 above, 16 for the widest
-    warps = 4 if block <= 4096 else 8 if block <= 16384 else 16
-    warps = int(os.environ.get("EMBER_NORM_WARPS", warps))  # trace-time A/B knob
+    # 16 warps, as norm_quant_gpu's kernels (the same reduction tree, so the same bits): the 8B FP8 step's 63
+    # norms took 130.6 / 125.8 us at 4 / 16 warps (tools/results/h200_plan_alone_fp8_4f6229b.json);
+    # EMBER_NORM_WARPS (read at trace time) for side-by-side runs
+    warps = int(os.environ.get("EMBER_NORM_WARPS", 16))
     return {"grid": (rows,), "num_warps": warps, "meta": {"N": n, "BLOCK": block}}
 
 

@@ -51,6 +51,7 @@ from .fp8 import Fp8Weight
 from .fp8_gemv_config import Fp8GemvConfig, gate_up_fits, launch_plan, pick_fp8_config
 from .matmul import split_columns
 from .fp8_gemv_words import word_sum
+from .triton_act_quant import silu_times_values
 
 
 @triton.jit
@@ -158,8 +159,6 @@ def _program_sum(x_ptr, w_ptr, s_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.co
     i = tl.arange(0, BLOCK_M)                                   # [BLOCK_M] activation rows
     i_ok = i < M
     k_start = tl.program_id(1) * K_PER_SPLIT
-    if not BLOCKED:  # issued before the loop: its memory round trip is not the program's last step
-        row_scale = tl.load(s_ptr + rows, mask=row_ok, other=0.0)
     if WORDS:
         acc = word_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, K, BLOCK_M, BLOCK_N, BLOCK_K, STEPS,
                        BLOCKED, PREFETCH, not W_BITCAST)
@@ -170,7 +169,7 @@ def _program_sum(x_ptr, w_ptr, s_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.co
         acc = _cuda_core_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M, N, K, BLOCK_M, BLOCK_N,
                              BLOCK_K, STEPS, BLOCKED, PREFETCH, STEP_REDUCE, W_BITCAST)
     if not BLOCKED:
-        acc = acc * row_scale[None, :]
+        acc = acc * tl.load(s_ptr + rows, mask=row_ok, other=0.0)[None, :]
     return acc, rows, row_ok, i, i_ok
 
 
@@ -183,14 +182,13 @@ def fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
     acc, rows, row_ok, i, i_ok = _program_sum(x_ptr, w_ptr, s_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, KS,
                                               K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATE_UP,
                                               IEEE, W_BITCAST)
-    if GATE_UP:  # out [M, N / 2] = silu(gate) * up of gate and up rounded to the output dtype (as the unfused
-        # path stores them), in fp32 and rounded once: XLA's fusion of the jnp activation on the GPU keeps its
-        # intermediates in fp32 too (excess precision), so the two paths differ only in exp's last bits
+    if GATE_UP:  # out [M, N / 2] = silu(gate) * up, both rounded to the output dtype first as the unfused path
+        # stores them, then every op's result rounded as the jnp activation's (one fp32 product rounded once
+        # disagreed with XLA's in ~1/3 of the outputs on the H200, tools/results/h200_gpu_tests_4f6229b.json)
         H: tl.constexpr = BLOCK_N // 2
         dtype: tl.constexpr = out_ptr.dtype.element_ty
         gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, H)), (0, 2, 1)))   # [BLOCK_M, H] each
-        gate = gate.to(dtype).to(tl.float32)
-        y = gate * tl.sigmoid(gate) * up.to(dtype).to(tl.float32)
+        y = silu_times_values(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), dtype)
         cols = tl.program_id(0) * H + tl.arange(0, H)
         tl.store(out_ptr + i[:, None] * (N // 2) + cols[None, :], y.to(dtype),
                  mask=i_ok[:, None] & (cols < N // 2)[None, :])
