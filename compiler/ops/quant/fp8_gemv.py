@@ -137,25 +137,61 @@ def _dot_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M: tl.constexp
 
 
 @triton.jit
+def tile_rows(tile, N: tl.constexpr, BLOCK_N: tl.constexpr, GATE_UP: tl.constexpr):
+    """Row tile `tile`'s weight rows [BLOCK_N] and their mask. GATE_UP (a packed gate/up weight, N = 2 FFN
+    rows): the first BLOCK_N / 2 are gate rows t H + [0, H), the rest the up rows FFN + t H + [0, H)
+    (H = BLOCK_N / 2), so one tile holds both halves of its outputs."""
+    if GATE_UP:
+        H: tl.constexpr = BLOCK_N // 2
+        j = tl.arange(0, BLOCK_N)
+        local = tile * H + j % H
+        return tl.where(j < H, local, N // 2 + local), local < N // 2
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rows, rows < N
+
+
+@triton.jit
+def store_gate_up(acc, tile, i, i_ok, out_ptr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] of a GATE_UP tile -> out[i, t H + [0, H)] = silu(gate) * up, both rounded to the
+    output dtype first as the unfused path stores them, then every op's result rounded as the jnp
+    activation's (one fp32 product rounded once disagreed with XLA's in ~1/3 of the outputs on the H200,
+    tools/results/h200_gpu_tests_4f6229b.json)."""
+    H: tl.constexpr = BLOCK_N // 2
+    dtype: tl.constexpr = out_ptr.dtype.element_ty
+    gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, H)), (0, 2, 1)))   # [BLOCK_M, H] each
+    y = silu_times_values(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), dtype)
+    cols = tile * H + tl.arange(0, H)
+    tl.store(out_ptr + i[:, None] * (N // 2) + cols[None, :], y.to(dtype),
+             mask=i_ok[:, None] & (cols < N // 2)[None, :])
+
+
+@triton.jit
+def store_parts(acc, tile, rows, row_ok, i, i_ok, out0_ptr, out1_ptr, out2_ptr, N: tl.constexpr,
+                BLOCK_N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] of row tile `tile` of a packed weight of three projections (rows [0, N1),
+    [N1, N2), [N2, N); boundaries on tile edges) -> the projection's own output."""
+    mask = i_ok[:, None] & row_ok[None, :]
+    first = tile * BLOCK_N
+    if first < N1:
+        tl.store(out0_ptr + i[:, None] * N1 + rows[None, :], acc.to(out0_ptr.dtype.element_ty), mask=mask)
+    elif first < N2:
+        tl.store(out1_ptr + i[:, None] * (N2 - N1) + (rows - N1)[None, :], acc.to(out1_ptr.dtype.element_ty),
+                 mask=mask)
+    else:
+        tl.store(out2_ptr + i[:, None] * (N - N2) + (rows - N2)[None, :], acc.to(out2_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+@triton.jit
 def _program_sum(x_ptr, w_ptr, s_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  KS: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCKED: tl.constexpr, USE_DOT: tl.constexpr,
                  PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr, WORDS: tl.constexpr, GATE_UP: tl.constexpr,
                  IEEE: tl.constexpr, W_BITCAST: tl.constexpr):
-    """This program's scaled sums [BLOCK_M, BLOCK_N] fp32, its weight rows and activation rows (+ masks).
-    GATE_UP (a packed gate/up weight, N = 2 FFN rows): the program's first BLOCK_N / 2 rows are gate rows
-    p H + [0, H), the rest the up rows FFN + p H + [0, H) (H = BLOCK_N / 2), so it holds both halves of
-    its outputs."""
+    """This program's scaled sums [BLOCK_M, BLOCK_N] fp32, its weight rows (tile_rows) and activation rows
+    (+ masks)."""
     STEPS: tl.constexpr = K_PER_SPLIT // BLOCK_K
-    if GATE_UP:
-        H: tl.constexpr = BLOCK_N // 2
-        j = tl.arange(0, BLOCK_N)
-        local = tl.program_id(0) * H + j % H
-        rows = tl.where(j < H, local, N // 2 + local)
-        row_ok = local < N // 2
-    else:
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] output rows
-        row_ok = rows < N
+    rows, row_ok = tile_rows(tl.program_id(0), N, BLOCK_N, GATE_UP)
     i = tl.arange(0, BLOCK_M)                                   # [BLOCK_M] activation rows
     i_ok = i < M
     k_start = tl.program_id(1) * K_PER_SPLIT
@@ -182,16 +218,8 @@ def fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
     acc, rows, row_ok, i, i_ok = _program_sum(x_ptr, w_ptr, s_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, KS,
                                               K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATE_UP,
                                               IEEE, W_BITCAST)
-    if GATE_UP:  # out [M, N / 2] = silu(gate) * up, both rounded to the output dtype first as the unfused path
-        # stores them, then every op's result rounded as the jnp activation's (one fp32 product rounded once
-        # disagreed with XLA's in ~1/3 of the outputs on the H200, tools/results/h200_gpu_tests_4f6229b.json)
-        H: tl.constexpr = BLOCK_N // 2
-        dtype: tl.constexpr = out_ptr.dtype.element_ty
-        gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, H)), (0, 2, 1)))   # [BLOCK_M, H] each
-        y = silu_times_values(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), dtype)
-        cols = tl.program_id(0) * H + tl.arange(0, H)
-        tl.store(out_ptr + i[:, None] * (N // 2) + cols[None, :], y.to(dtype),
-                 mask=i_ok[:, None] & (cols < N // 2)[None, :])
+    if GATE_UP:  # out [M, N / 2] = silu(gate) * up
+        store_gate_up(acc, tl.program_id(0), i, i_ok, out_ptr, N, BLOCK_M, BLOCK_N)
     else:
         out = out_ptr + (tl.program_id(1) * M + i[:, None]) * N + rows[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=i_ok[:, None] & row_ok[None, :])
@@ -209,16 +237,7 @@ def fp8_gemv_parts_kernel(x_ptr, w_ptr, s_ptr, out0_ptr, out1_ptr, out2_ptr,
     acc, rows, row_ok, i, i_ok = _program_sum(x_ptr, w_ptr, s_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, KS,
                                               K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATE_UP,
                                               IEEE, W_BITCAST)
-    mask = i_ok[:, None] & row_ok[None, :]
-    first = tl.program_id(0) * BLOCK_N
-    if first < N1:
-        tl.store(out0_ptr + i[:, None] * N1 + rows[None, :], acc.to(out0_ptr.dtype.element_ty), mask=mask)
-    elif first < N2:
-        tl.store(out1_ptr + i[:, None] * (N2 - N1) + (rows - N1)[None, :], acc.to(out1_ptr.dtype.element_ty),
-                 mask=mask)
-    else:
-        tl.store(out2_ptr + i[:, None] * (N - N2) + (rows - N2)[None, :], acc.to(out2_ptr.dtype.element_ty),
-                 mask=mask)
+    store_parts(acc, tl.program_id(0), rows, row_ok, i, i_ok, out0_ptr, out1_ptr, out2_ptr, N, BLOCK_N, N1, N2)
 
 
 def _checked_config(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None):
