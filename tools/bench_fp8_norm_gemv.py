@@ -7,7 +7,8 @@ hand on the device machine:
 
 Timing is tools/bench_fp8_gemv.py's (weights cycled through >= 128 MB of copies so they come from HBM, one
 executable of >= 384 calls per run). Each fused config is first checked against the unfused pair (the sum
-bit-equal, the outputs within 2 bf16 ulps). --sweep times SWEEP's configs, else the default one. Writes
+bit-equal, the outputs within 2 bf16 ulps), and the GEMV alone (its input already normed) is timed too: the unfused
+pair pays two launches, and outside a CUDA graph each costs the host ~4-5 us. --sweep times SWEEP's configs, else the default one. Writes
 $OUT/fp8_norm_gemv.json.
 """
 
@@ -34,7 +35,7 @@ from ember.tools.bench_quant_matmul import replicate, start_run  # noqa: E402
 
 CASES = [("parts", 6144, 4096, (4096, 1024, 1024)), ("gate_up", 28672, 4096, ())]
 SWEEP = [Fp8NormGemvConfig(block_n=bn, num_warps=w, programs_per_sm=p)
-         for bn in (2, 4, 8) for w in (4, 8) for p in (2, 4, 8)]
+         for bn in (2, 4, 8) for w in (4, 8) for p in (2, 4, 8, 16)]
 EPS = 1e-5
 
 
@@ -77,6 +78,9 @@ def bench_case(form, out, inner, sizes, configs, runs, bandwidth, rng) -> dict:
     t = seconds(base)
     row["unfused_us"] = round(t * 1e6, 2)
     row["unfused_frac_copy"] = round(nbytes / t / 1e9 / bandwidth, 3)
+    # the GEMV alone (one launch, as the fused kernel): what the fused kernel's prologue and walk cost beside it
+    t = seconds(lambda x, y, g, w: fp8_gemv_parts(x, w, sizes) if form == "parts" else fp8_gemv_gate_up(x, w))
+    row["gemv_alone_us"] = round(t * 1e6, 2)
     row["fused"] = []
     for config in configs:
         entry = dataclasses.asdict(config)
@@ -89,7 +93,8 @@ def bench_case(form, out, inner, sizes, configs, runs, bandwidth, rng) -> dict:
             entry["error"] = f"{type(error).__name__}: {str(error)[:300]}"
         print(json.dumps(entry), flush=True)
         row["fused"].append(entry)
-    print(f"{form} {out}x{inner}: unfused {row['unfused_us']} us", flush=True)
+    print(f"{form} {out}x{inner}: unfused {row['unfused_us']} us, the GEMV alone {row['gemv_alone_us']} us",
+          flush=True)
     return row
 
 

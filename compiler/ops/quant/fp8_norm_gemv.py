@@ -94,6 +94,13 @@ def _tile_words(words_ptr, tile, kw, kw_ok, TILES: tl.constexpr, N: tl.constexpr
 
 
 @triton.jit
+def _tile_scales(s_ptr, tile, TILES: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr, GATE_UP: tl.constexpr):
+    """Row tile `tile`'s per-channel scales [BLOCK_N] (0 where masked or tile >= TILES)."""
+    rows, row_ok = tile_rows(tile, N, BLOCK_N, GATE_UP)
+    return tl.load(s_ptr + rows, mask=row_ok & (tile < TILES), other=0.0)
+
+
+@triton.jit
 def fp8_norm_gemv_kernel(x_ptr, y_ptr, g_ptr, w_ptr, s_ptr, sum_ptr, out0_ptr, out1_ptr, out2_ptr,
                          N: tl.constexpr, K: tl.constexpr, KWP: tl.constexpr, BLOCK_N: tl.constexpr,
                          TILES: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, FORM: tl.constexpr,
@@ -109,15 +116,19 @@ def fp8_norm_gemv_kernel(x_ptr, y_ptr, g_ptr, w_ptr, s_ptr, sum_ptr, out0_ptr, o
     kw_ok = kw < KW
     words_ptr = w_ptr.to(tl.pointer_type(tl.uint32))
     GATE_UP: tl.constexpr = FORM == 2
+    # the next tile's words and scales are loaded a tile ahead: a load waited on inside the walk would stall
+    # every tile of the program by a memory round trip
     nxt = _tile_words(words_ptr, pid, kw, kw_ok, TILES, N, KW, BLOCK_N, GATE_UP)
+    nxt_scale = _tile_scales(s_ptr, pid, TILES, N, BLOCK_N, GATE_UP)
     h0, h1, h2, h3 = _normed_row(x_ptr, y_ptr, g_ptr, sum_ptr, kw, kw_ok, K, EPS, ADD, pid == 0)
     i = tl.arange(0, 1)
     i_ok = i < 1
     for tile in range(pid, TILES, step):
         words = nxt
+        scale = nxt_scale
         nxt = _tile_words(words_ptr, tile + step, kw, kw_ok, TILES, N, KW, BLOCK_N, GATE_UP)
+        nxt_scale = _tile_scales(s_ptr, tile + step, TILES, N, BLOCK_N, GATE_UP)
         rows, row_ok = tile_rows(tile, N, BLOCK_N, GATE_UP)
-        scale = tl.load(s_ptr + rows, mask=row_ok, other=0.0)
         v0, v1, v2, v3 = _word_values(words, ASM)                   # [1, BLOCK_N, KWP] f32 each
         acc = tl.sum(v0 * h0 + v1 * h1 + v2 * h2 + v3 * h3, axis=2) * scale[None, :]   # [1, BLOCK_N]
         if FORM == 2:
