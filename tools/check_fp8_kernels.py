@@ -207,7 +207,7 @@ def _interpret_norm_gemv(rng, Buffer) -> int:
         fp8_norm_gemv_kernel[plan["grid"]](
             Buffer(x, "bf16"), Buffer(x if y is None else y, "bf16"), Buffer(g, "bf16"),
             Buffer(np.asarray(w.values).view(np.uint8), "u8"), Buffer(np.asarray(w.scale, np.float32), "fp32"),
-            total, *outs, EPS=1e-5, ASM=False, **plan["meta"])
+            total, *outs, EPS=1e-5, ASM=False, NORM=True, **plan["meta"])
         s, exact = norm_gemv_reference(x, y, g, w, 1e-5)
         if form == "gate_up":
             exact = np.asarray(gated_act_packed(jnp.asarray(exact.astype(bf16)), act="silu"), np.float32)

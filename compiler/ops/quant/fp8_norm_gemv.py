@@ -104,7 +104,7 @@ def _tile_scales(s_ptr, tile, TILES: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.
 def fp8_norm_gemv_kernel(x_ptr, y_ptr, g_ptr, w_ptr, s_ptr, sum_ptr, out0_ptr, out1_ptr, out2_ptr,
                          N: tl.constexpr, K: tl.constexpr, KWP: tl.constexpr, BLOCK_N: tl.constexpr,
                          TILES: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, FORM: tl.constexpr,
-                         N1: tl.constexpr, N2: tl.constexpr, ASM: tl.constexpr, NORM: tl.constexpr = True):
+                         N1: tl.constexpr, N2: tl.constexpr, ASM: tl.constexpr, NORM: tl.constexpr):
     """x, y [1, K] bf16 (y unused unless ADD), g [K] bf16, w [N, K] e4m3 bytes, s [N] f32 per-channel scales
     -> sum [1, K] (ADD) and FORM 0: out0 [1, N]; 1: out0/out1/out2 (rows [0, N1), [N1, N2), [N2, N));
     2: out0 [1, N / 2] = silu(gate) * up. Grid (P,): program p takes row tiles p, p + P, ... < TILES."""
@@ -190,10 +190,11 @@ def fp8_norm_gemv(x, y, norm_weight, w: Fp8Weight, *, eps: float, form: str, siz
     plan = launch_plan(out, inner, form, config, add=y is not None, sizes=tuple(sizes))
     shapes = {"plain": (out,), "parts": tuple(sizes), "gate_up": (out // 2,)}[form]
     outputs = tuple(jax.ShapeDtypeStruct((1, n), x.dtype) for n in shapes)
-    pads = (jax.ShapeDtypeStruct((1, 1), x.dtype),) * (3 - len(outputs))  # unused output pointers
-    sum_shape = (jax.ShapeDtypeStruct(x.shape, x.dtype),) if y is not None else pads[:1]
+    unused = jax.ShapeDtypeStruct((1, 1), x.dtype)  # output pointers the form does not write
+    pads = (unused,) * (3 - len(outputs))
+    sum_shape = (jax.ShapeDtypeStruct(x.shape, x.dtype) if y is not None else unused,)
     results = triton_call(
         x, x if y is None else y, norm_weight.astype(x.dtype), w.values, w.scale.astype(jnp.float32),
         kernel=fp8_norm_gemv_kernel, out_shape=sum_shape + outputs + pads, grid=plan["grid"],
-        num_warps=plan["num_warps"], num_stages=1, EPS=float(eps), ASM=True, **plan["meta"])
+        num_warps=plan["num_warps"], num_stages=1, EPS=float(eps), ASM=True, NORM=True, **plan["meta"])
     return (results[0] if y is not None else x), tuple(results[1:1 + len(outputs)])
