@@ -51,7 +51,6 @@ from .fp8 import Fp8Weight
 from .fp8_gemv_config import Fp8GemvConfig, gate_up_fits, launch_plan, pick_fp8_config
 from .matmul import split_columns
 from .fp8_gemv_words import word_sum
-from .triton_act_quant import silu_times_values
 
 
 @triton.jit
@@ -152,14 +151,16 @@ def tile_rows(tile, N: tl.constexpr, BLOCK_N: tl.constexpr, GATE_UP: tl.constexp
 
 @triton.jit
 def store_gate_up(acc, tile, i, i_ok, out_ptr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] of a GATE_UP tile -> out[i, t H + [0, H)] = silu(gate) * up, both rounded to the
-    output dtype first as the unfused path stores them, then every op's result rounded as the jnp
-    activation's (one fp32 product rounded once disagreed with XLA's in ~1/3 of the outputs on the H200,
-    tools/results/h200_gpu_tests_4f6229b.json)."""
+    """acc [BLOCK_M, BLOCK_N] of a GATE_UP tile -> out[i, t H + [0, H)] = silu(gate) * up as HF computes it:
+    gate and up rounded to the output dtype (as the unfused GEMV stores them), silu(gate) made in fp32 and
+    rounded once (torch's silu on bf16), the product rounded once. XLA's fusion of the jnp activation rounds
+    neither like this nor op by op: it agreed exactly with one rounding in ~2/3 of the outputs and with three in
+    ~3/4 on the H200 (tools/results/h200_gpu_tests_4f6229b.json, _1298634.json), within two ulps."""
     H: tl.constexpr = BLOCK_N // 2
     dtype: tl.constexpr = out_ptr.dtype.element_ty
     gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, H)), (0, 2, 1)))   # [BLOCK_M, H] each
-    y = silu_times_values(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), dtype)
+    gate = gate.to(dtype).to(tl.float32)
+    y = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)
     cols = tile * H + tl.arange(0, H)
     tl.store(out_ptr + i[:, None] * (N // 2) + cols[None, :], y.to(dtype),
              mask=i_ok[:, None] & (cols < N // 2)[None, :])

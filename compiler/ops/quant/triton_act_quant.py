@@ -34,15 +34,9 @@ def _rint(v, ASM: tl.constexpr):
 def _silu_times(g_ptr, u_ptr, mask):
     """silu(g) * u as the jnp reference computes it in g's dtype: sigmoid, times g, times u, each result
     rounded to that dtype (XLA's elementwise ops on bf16 round every op's result) -> float32."""
-    dtype: tl.constexpr = g_ptr.dtype.element_ty
+    dtype = g_ptr.dtype.element_ty
     g = tl.load(g_ptr, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr, mask=mask, other=0.0).to(tl.float32)
-    return silu_times_values(g, u, dtype)
-
-
-@triton.jit
-def silu_times_values(g, u, dtype: tl.constexpr):
-    """silu(g) * u of float32 values exact in `dtype`, each op's result rounded to `dtype` (as _silu_times)."""
     s = tl.sigmoid(g).to(dtype).to(tl.float32)
     return ((g * s).to(dtype).to(tl.float32) * u).to(dtype).to(tl.float32)
 
