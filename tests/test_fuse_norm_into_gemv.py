@@ -126,7 +126,8 @@ def test_fits_only_one_bf16_row_of_a_per_channel_fp8_weight():
 def test_the_launch_plan_walks_every_tile_with_a_few_programs_per_sm():
     config = Fp8NormGemvConfig(block_n=4, programs_per_sm=4, num_sms=132)
     plan = launch_plan(28672, 4096, "gate_up", config, add=True)
-    assert plan["grid"] == (528, 1, 1) and plan["meta"]["TILES"] == 7168 and plan["meta"]["KWP"] == 1024
+    # 7168 tiles over at most 528 programs: 14 each, so 512 programs walk them all (none idles a last round)
+    assert plan["grid"] == (512, 1, 1) and plan["meta"]["TILES"] == 7168 and plan["meta"]["KWP"] == 1024
     small = launch_plan(40, 420, "plain", config, add=False)  # fewer tiles than programs: one each
     assert small["grid"] == (10, 1, 1) and small["meta"]["KWP"] == 128 and not small["meta"]["ADD"]
     parts = launch_plan(6144, 4096, "parts", config, add=True, sizes=(4096, 1024, 1024))
@@ -134,6 +135,8 @@ def test_the_launch_plan_walks_every_tile_with_a_few_programs_per_sm():
     for bad in (dict(block_n=3), dict(block_n=1)):
         with pytest.raises(ValueError, match="block_n"):
             launch_plan(64, 64, "gate_up", Fp8NormGemvConfig(**bad), add=True)
+    with pytest.raises(ValueError, match="ahead"):
+        launch_plan(64, 64, "plain", Fp8NormGemvConfig(ahead=3), add=True)
     with pytest.raises(ValueError, match="multiple of 4"):
         launch_plan(64, 66, "plain", config, add=True)
 

@@ -165,7 +165,8 @@ def _interpret_fused_forms(rng, Buffer) -> int:
 NORM_GEMV_CASES = [("plain", 200, 420, True, dict(block_n=8, programs_per_sm=1, num_sms=7)),
                    ("plain", 64, 256, False, dict(block_n=4, programs_per_sm=2, num_sms=3)),
                    ("parts", (64, 16, 24), 200, True, dict(block_n=8, programs_per_sm=1, num_sms=5)),
-                   ("gate_up", 72, 300, True, dict(block_n=4, programs_per_sm=1, num_sms=6))]
+                   ("gate_up", 72, 300, True, dict(block_n=4, programs_per_sm=1, num_sms=6)),
+                   ("parts", (32, 32, 8), 160, True, dict(block_n=8, programs_per_sm=1, num_sms=2, ahead=2))]
 
 
 def norm_gemv_reference(x, y, g, w, eps: float):

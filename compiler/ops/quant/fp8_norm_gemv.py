@@ -46,6 +46,7 @@ class Fp8NormGemvConfig:
     programs_per_sm: int = 4    # persistent programs: this many per SM
     num_warps: int = 4
     num_sms: int = 132          # the H200's
+    ahead: int = 1              # row tiles loaded ahead of the one being summed (1 or 2)
 
 
 def default_config() -> Fp8NormGemvConfig:
@@ -104,7 +105,8 @@ def _tile_scales(s_ptr, tile, TILES: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.
 def fp8_norm_gemv_kernel(x_ptr, y_ptr, g_ptr, w_ptr, s_ptr, sum_ptr, out0_ptr, out1_ptr, out2_ptr,
                          N: tl.constexpr, K: tl.constexpr, KWP: tl.constexpr, BLOCK_N: tl.constexpr,
                          TILES: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, FORM: tl.constexpr,
-                         N1: tl.constexpr, N2: tl.constexpr, ASM: tl.constexpr, NORM: tl.constexpr):
+                         N1: tl.constexpr, N2: tl.constexpr, ASM: tl.constexpr, NORM: tl.constexpr,
+                         AHEAD: tl.constexpr):
     """x, y [1, K] bf16 (y unused unless ADD), g [K] bf16, w [N, K] e4m3 bytes, s [N] f32 per-channel scales
     -> sum [1, K] (ADD) and FORM 0: out0 [1, N]; 1: out0/out1/out2 (rows [0, N1), [N1, N2), [N2, N));
     2: out0 [1, N / 2] = silu(gate) * up. Grid (P,): program p takes row tiles p, p + P, ... < TILES."""
@@ -120,6 +122,9 @@ def fp8_norm_gemv_kernel(x_ptr, y_ptr, g_ptr, w_ptr, s_ptr, sum_ptr, out0_ptr, o
     # every tile of the program by a memory round trip
     nxt = _tile_words(words_ptr, pid, kw, kw_ok, TILES, N, KW, BLOCK_N, GATE_UP)
     nxt_scale = _tile_scales(s_ptr, pid, TILES, N, BLOCK_N, GATE_UP)
+    if AHEAD == 2:  # a second tile in flight, also during the prologue
+        nxt2 = _tile_words(words_ptr, pid + step, kw, kw_ok, TILES, N, KW, BLOCK_N, GATE_UP)
+        nxt2_scale = _tile_scales(s_ptr, pid + step, TILES, N, BLOCK_N, GATE_UP)
     if NORM:
         h0, h1, h2, h3 = _normed_row(x_ptr, y_ptr, g_ptr, sum_ptr, kw, kw_ok, K, EPS, ADD, pid == 0)
     else:  # x is the normed row already (tools/bench_fp8_norm_gemv.py: the persistent walk alone)
@@ -129,8 +134,14 @@ def fp8_norm_gemv_kernel(x_ptr, y_ptr, g_ptr, w_ptr, s_ptr, sum_ptr, out0_ptr, o
     for tile in range(pid, TILES, step):
         words = nxt
         scale = nxt_scale
-        nxt = _tile_words(words_ptr, tile + step, kw, kw_ok, TILES, N, KW, BLOCK_N, GATE_UP)
-        nxt_scale = _tile_scales(s_ptr, tile + step, TILES, N, BLOCK_N, GATE_UP)
+        if AHEAD == 2:
+            nxt = nxt2
+            nxt_scale = nxt2_scale
+            nxt2 = _tile_words(words_ptr, tile + 2 * step, kw, kw_ok, TILES, N, KW, BLOCK_N, GATE_UP)
+            nxt2_scale = _tile_scales(s_ptr, tile + 2 * step, TILES, N, BLOCK_N, GATE_UP)
+        else:
+            nxt = _tile_words(words_ptr, tile + step, kw, kw_ok, TILES, N, KW, BLOCK_N, GATE_UP)
+            nxt_scale = _tile_scales(s_ptr, tile + step, TILES, N, BLOCK_N, GATE_UP)
         rows, row_ok = tile_rows(tile, N, BLOCK_N, GATE_UP)
         v0, v1, v2, v3 = _word_values(words, ASM)                   # [1, BLOCK_N, KWP] f32 each
         acc = tl.sum(v0 * h0 + v1 * h1 + v2 * h2 + v3 * h3, axis=2) * scale[None, :]   # [1, BLOCK_N]
@@ -169,12 +180,17 @@ def launch_plan(out: int, inner: int, form: str, config: Fp8NormGemvConfig, *, a
         raise ValueError(f"block_n must be a power of two (>= 2 for gate_up), got {bn}")
     if inner % 4 or inner > MAX_K:
         raise ValueError(f"K must be a multiple of 4 and <= {MAX_K}, got {inner}")
+    if config.ahead not in (1, 2):
+        raise ValueError(f"ahead must be 1 or 2, got {config.ahead}")
     tiles = -(-(out // 2) // (bn // 2)) if form == "gate_up" else -(-out // bn)
-    programs = max(1, min(tiles, config.num_sms * config.programs_per_sm))
+    # as many tiles per program as the programs allow, then the fewest programs that walk them all: every
+    # program takes the same count (the last few one fewer), no last round where most of them idle
+    per_program = -(-tiles // max(1, config.num_sms * config.programs_per_sm))
+    programs = -(-tiles // per_program)
     n1 = sizes[0] if form == "parts" else 0
     n2 = sizes[0] + sizes[1] if form == "parts" else 0
     meta = dict(N=out, K=inner, KWP=1 << (inner // 4 - 1).bit_length(), BLOCK_N=bn, TILES=tiles, ADD=add,
-                FORM=FORMS.index(form), N1=n1, N2=n2)
+                FORM=FORMS.index(form), N1=n1, N2=n2, AHEAD=config.ahead)
     return {"grid": (programs, 1, 1), "num_warps": config.num_warps, "meta": meta}
 
 
