@@ -166,7 +166,7 @@ NORM_GEMV_CASES = [("plain", 200, 420, True, dict(block_n=8, programs_per_sm=1, 
                    ("plain", 64, 256, False, dict(block_n=4, programs_per_sm=2, num_sms=3)),
                    ("parts", (64, 16, 24), 200, True, dict(block_n=8, programs_per_sm=1, num_sms=5)),
                    ("gate_up", 72, 300, True, dict(block_n=4, programs_per_sm=1, num_sms=6)),
-                   ("parts", (32, 32, 8), 160, True, dict(block_n=8, programs_per_sm=1, num_sms=2, ahead=2))]
+                   ("parts", (32, 32, 8), 160, True, dict(block_n=8, programs_per_sm=1, num_sms=2, early_row=True))]
 
 
 def norm_gemv_reference(x, y, g, w, eps: float):

@@ -46,7 +46,7 @@ class Fp8NormGemvConfig:
     programs_per_sm: int = 4    # persistent programs: this many per SM
     num_warps: int = 4
     num_sms: int = 132          # the H200's
-    ahead: int = 1              # row tiles loaded ahead of the one being summed (1 or 2)
+    early_row: bool = False     # the row's loads (x, y, g) issued before the first tile's
 
 
 def default_config() -> Fp8NormGemvConfig:
@@ -61,22 +61,29 @@ def _bf16_bits(v):
 
 
 @triton.jit
-def _normed_row(x_ptr, y_ptr, g_ptr, sum_ptr, kw, kw_ok, K: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr,
-                WRITE_SUM):
-    """The row's words kw [1, 1, KWP] (four bf16 each) -> h0..h3 f32 [1, 1, KWP]: element 4w + j of
-    rms_norm(x + y) * g, rounded to bf16 (0 past K). ADD: s = x + y rounded to bf16 (stored by the program
-    where WRITE_SUM), else s = x."""
+def _row_quads(x_ptr, y_ptr, g_ptr, kw, kw_ok, ADD: tl.constexpr):
+    """The loads of the prologue: x's, y's (ADD) and g's words kw [1, 1, KWP] as u64 quads of four bf16."""
     quads = tl.pointer_type(tl.uint64)
-    s0, s1, s2, s3 = _bf16_quarters(tl.load(x_ptr.to(quads) + kw, mask=kw_ok, other=0))
+    xq = tl.load(x_ptr.to(quads) + kw, mask=kw_ok, other=0)
+    yq = tl.load(y_ptr.to(quads) + kw, mask=kw_ok & ADD, other=0)
+    gq = tl.load(g_ptr.to(quads) + kw, mask=kw_ok, other=0)
+    return xq, yq, gq
+
+
+@triton.jit
+def _normed_row(xq, yq, gq, sum_ptr, kw, kw_ok, K: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, WRITE_SUM):
+    """_row_quads' words -> h0..h3 f32 [1, 1, KWP]: element 4w + j of rms_norm(x + y) * g, rounded to bf16
+    (0 past K). ADD: s = x + y rounded to bf16 (stored by the program where WRITE_SUM), else s = x."""
+    s0, s1, s2, s3 = _bf16_quarters(xq)
     if ADD:
-        y0, y1, y2, y3 = _bf16_quarters(tl.load(y_ptr.to(quads) + kw, mask=kw_ok, other=0))
+        y0, y1, y2, y3 = _bf16_quarters(yq)
         s0 = (s0 + y0).to(tl.bfloat16).to(tl.float32)
         s1 = (s1 + y1).to(tl.bfloat16).to(tl.float32)
         s2 = (s2 + y2).to(tl.bfloat16).to(tl.float32)
         s3 = (s3 + y3).to(tl.bfloat16).to(tl.float32)
         packed = _bf16_bits(s0) | (_bf16_bits(s1) << 16) | (_bf16_bits(s2) << 32) | (_bf16_bits(s3) << 48)
-        tl.store(sum_ptr.to(quads) + kw, packed, mask=kw_ok & WRITE_SUM)
-    g0, g1, g2, g3 = _bf16_quarters(tl.load(g_ptr.to(quads) + kw, mask=kw_ok, other=0))
+        tl.store(sum_ptr.to(tl.pointer_type(tl.uint64)) + kw, packed, mask=kw_ok & WRITE_SUM)
+    g0, g1, g2, g3 = _bf16_quarters(gq)
     inv = 1.0 / tl.sqrt(tl.sum(s0 * s0 + s1 * s1 + s2 * s2 + s3 * s3) / K + EPS)
     h0 = (s0 * inv * g0).to(tl.bfloat16).to(tl.float32)
     h1 = (s1 * inv * g1).to(tl.bfloat16).to(tl.float32)
@@ -106,7 +113,7 @@ def fp8_norm_gemv_kernel(x_ptr, y_ptr, g_ptr, w_ptr, s_ptr, sum_ptr, out0_ptr, o
                          N: tl.constexpr, K: tl.constexpr, KWP: tl.constexpr, BLOCK_N: tl.constexpr,
                          TILES: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, FORM: tl.constexpr,
                          N1: tl.constexpr, N2: tl.constexpr, ASM: tl.constexpr, NORM: tl.constexpr,
-                         AHEAD: tl.constexpr):
+                         EARLY_ROW: tl.constexpr):
     """x, y [1, K] bf16 (y unused unless ADD), g [K] bf16, w [N, K] e4m3 bytes, s [N] f32 per-channel scales
     -> sum [1, K] (ADD) and FORM 0: out0 [1, N]; 1: out0/out1/out2 (rows [0, N1), [N1, N2), [N2, N));
     2: out0 [1, N / 2] = silu(gate) * up. Grid (P,): program p takes row tiles p, p + P, ... < TILES."""
@@ -119,29 +126,25 @@ def fp8_norm_gemv_kernel(x_ptr, y_ptr, g_ptr, w_ptr, s_ptr, sum_ptr, out0_ptr, o
     words_ptr = w_ptr.to(tl.pointer_type(tl.uint32))
     GATE_UP: tl.constexpr = FORM == 2
     # the next tile's words and scales are loaded a tile ahead: a load waited on inside the walk would stall
-    # every tile of the program by a memory round trip
+    # every tile of the program by a memory round trip. EARLY_ROW: the row's loads go out before the first
+    # tile's (their answers are not queued behind 512 programs' tiles)
+    if EARLY_ROW:
+        xq, yq, gq = _row_quads(x_ptr, y_ptr, g_ptr, kw, kw_ok, ADD)
     nxt = _tile_words(words_ptr, pid, kw, kw_ok, TILES, N, KW, BLOCK_N, GATE_UP)
     nxt_scale = _tile_scales(s_ptr, pid, TILES, N, BLOCK_N, GATE_UP)
-    if AHEAD == 2:  # a second tile in flight, also during the prologue
-        nxt2 = _tile_words(words_ptr, pid + step, kw, kw_ok, TILES, N, KW, BLOCK_N, GATE_UP)
-        nxt2_scale = _tile_scales(s_ptr, pid + step, TILES, N, BLOCK_N, GATE_UP)
+    if not EARLY_ROW:
+        xq, yq, gq = _row_quads(x_ptr, y_ptr, g_ptr, kw, kw_ok, ADD)
     if NORM:
-        h0, h1, h2, h3 = _normed_row(x_ptr, y_ptr, g_ptr, sum_ptr, kw, kw_ok, K, EPS, ADD, pid == 0)
+        h0, h1, h2, h3 = _normed_row(xq, yq, gq, sum_ptr, kw, kw_ok, K, EPS, ADD, pid == 0)
     else:  # x is the normed row already (tools/bench_fp8_norm_gemv.py: the persistent walk alone)
-        h0, h1, h2, h3 = _bf16_quarters(tl.load(x_ptr.to(tl.pointer_type(tl.uint64)) + kw, mask=kw_ok, other=0))
+        h0, h1, h2, h3 = _bf16_quarters(xq)
     i = tl.arange(0, 1)
     i_ok = i < 1
     for tile in range(pid, TILES, step):
         words = nxt
         scale = nxt_scale
-        if AHEAD == 2:
-            nxt = nxt2
-            nxt_scale = nxt2_scale
-            nxt2 = _tile_words(words_ptr, tile + 2 * step, kw, kw_ok, TILES, N, KW, BLOCK_N, GATE_UP)
-            nxt2_scale = _tile_scales(s_ptr, tile + 2 * step, TILES, N, BLOCK_N, GATE_UP)
-        else:
-            nxt = _tile_words(words_ptr, tile + step, kw, kw_ok, TILES, N, KW, BLOCK_N, GATE_UP)
-            nxt_scale = _tile_scales(s_ptr, tile + step, TILES, N, BLOCK_N, GATE_UP)
+        nxt = _tile_words(words_ptr, tile + step, kw, kw_ok, TILES, N, KW, BLOCK_N, GATE_UP)
+        nxt_scale = _tile_scales(s_ptr, tile + step, TILES, N, BLOCK_N, GATE_UP)
         rows, row_ok = tile_rows(tile, N, BLOCK_N, GATE_UP)
         v0, v1, v2, v3 = _word_values(words, ASM)                   # [1, BLOCK_N, KWP] f32 each
         acc = tl.sum(v0 * h0 + v1 * h1 + v2 * h2 + v3 * h3, axis=2) * scale[None, :]   # [1, BLOCK_N]
@@ -180,8 +183,6 @@ def launch_plan(out: int, inner: int, form: str, config: Fp8NormGemvConfig, *, a
         raise ValueError(f"block_n must be a power of two (>= 2 for gate_up), got {bn}")
     if inner % 4 or inner > MAX_K:
         raise ValueError(f"K must be a multiple of 4 and <= {MAX_K}, got {inner}")
-    if config.ahead not in (1, 2):
-        raise ValueError(f"ahead must be 1 or 2, got {config.ahead}")
     tiles = -(-(out // 2) // (bn // 2)) if form == "gate_up" else -(-out // bn)
     # as many tiles per program as the programs allow, then the fewest programs that walk them all: every
     # program takes the same count (the last few one fewer), no last round where most of them idle
@@ -190,7 +191,7 @@ def launch_plan(out: int, inner: int, form: str, config: Fp8NormGemvConfig, *, a
     n1 = sizes[0] if form == "parts" else 0
     n2 = sizes[0] + sizes[1] if form == "parts" else 0
     meta = dict(N=out, K=inner, KWP=1 << (inner // 4 - 1).bit_length(), BLOCK_N=bn, TILES=tiles, ADD=add,
-                FORM=FORMS.index(form), N1=n1, N2=n2, AHEAD=config.ahead)
+                FORM=FORMS.index(form), N1=n1, N2=n2, EARLY_ROW=config.early_row)
     return {"grid": (programs, 1, 1), "num_warps": config.num_warps, "meta": meta}
 
 
