@@ -17,8 +17,6 @@ from .passes.defer_residual_add import defer_residual_add
 from .passes.fuse_add_rms_norm import fuse_add_rms_norm
 from .passes.fuse_gated_linear import fuse_gated_linear
 from .passes.fuse_gated_mlp import fuse_gated_mlp
-from .passes.fuse_norm_into_gemv import FUSED as FUSED_INTO_GEMV
-from .passes.fuse_norm_into_gemv import fuse_norm_into_gemv
 from .passes.fuse_norm_into_projection import FUSED as FUSED_INTO_PROJECTION
 from .passes.fuse_norm_into_projection import fuse_norm_into_projection
 from .passes.fuse_rope_attention import fuse_rope_attention
@@ -49,9 +47,6 @@ def phases(target: Target, variant: str = "default") -> list[tuple[str, Callable
                                                           if target.names_kernel(op, variant)))),
         ("carry_split_k_partials", carry_split_k_partials),
         ("fuse_gated_mlp", lambda g: fuse_gated_mlp(g) if target.names_kernel("gated_mlp", variant) else g),
-        ("fuse_norm_into_gemv",
-         lambda g: fuse_norm_into_gemv(g, frozenset(op for op in FUSED_INTO_GEMV.values()
-                                                    if target.names_kernel(op, variant)))),
         ("reinfer_shapes", infer_shapes),
         ("select_kernels", lambda g: select_kernels(g, target, variant)),
     ]

@@ -100,7 +100,6 @@ def interpret() -> int:
                   f"{dtype_name:8} bn={config.block_n:<2} bk={config.block_k:<3} dot={int(config.use_dot)} "
                   f"pf={int(plan['meta']['PREFETCH'])} grid={plan['grid'][:2]} split={splits} err_f64={err:.1e} err_jnp={err_jnp:.1e}", flush=True)
     failures += _interpret_fused_forms(rng, Buffer)
-    failures += _interpret_norm_gemv(rng, Buffer)
     print(f"{failures} mismatches" if failures else "all match")
     return 1 if failures else 0
 
@@ -156,69 +155,6 @@ def _interpret_fused_forms(rng, Buffer) -> int:
         failures += bad
         print(f"{'BAD' if bad else 'ok '} parts {sizes} x {inner} {'block' if blocked else 'chan '} m={m} "
               f"err_f64={err:.1e}", flush=True)
-    return failures
-
-
-# the persistent norm-prologue GEMV (quant/fp8_norm_gemv.py): (form, out or sizes, in, add, config kwargs):
-# K not a power-of-two number of words (masked lanes), tiles not a multiple of the programs (uneven walks),
-# a last tile past `out` (masked rows), with and without the residual add
-NORM_GEMV_CASES = [("plain", 200, 420, True, dict(block_n=8, programs_per_sm=1, num_sms=7)),
-                   ("plain", 64, 256, False, dict(block_n=4, programs_per_sm=2, num_sms=3)),
-                   ("parts", (64, 16, 24), 200, True, dict(block_n=8, programs_per_sm=1, num_sms=5)),
-                   ("gate_up", 72, 300, True, dict(block_n=4, programs_per_sm=1, num_sms=6)),
-                   ("parts", (32, 32, 8), 160, True, dict(block_n=8, programs_per_sm=1, num_sms=2, early_row=True))]
-
-
-def norm_gemv_reference(x, y, g, w, eps: float):
-    """(s, h @ dequant(w).T in float64) of the fused kernel's numerics: s = x + y rounded to bf16 (x where y
-    is None), h = s * rsqrt(mean(s^2) + eps) * g rounded to bf16."""
-    import ml_dtypes
-
-    from ember.compiler.ops.quant.fp8 import fp8_reference_matmul
-
-    bf16 = ml_dtypes.bfloat16
-    s = x.astype(np.float32) if y is None else (x.astype(np.float32) + y.astype(np.float32)).astype(bf16)
-    s = np.asarray(s, np.float32)
-    inv = 1.0 / np.sqrt(np.mean(s * s, axis=-1, keepdims=True) + eps)
-    h = (s * inv * g.astype(np.float32)).astype(bf16).astype(np.float32)
-    return s, fp8_reference_matmul(h, w)
-
-
-def _interpret_norm_gemv(rng, Buffer) -> int:
-    import jax.numpy as jnp
-    import ml_dtypes
-
-    from ember.compiler.ops.activation import gated_act_packed
-    from ember.compiler.ops.quant.fp8_norm_gemv import Fp8NormGemvConfig, fp8_norm_gemv_kernel, launch_plan
-
-    bf16 = ml_dtypes.bfloat16
-    failures = 0
-    for form, shape, inner, add, kwargs in NORM_GEMV_CASES:
-        sizes = tuple(shape) if form == "parts" else ()
-        out = sum(sizes) if sizes else shape
-        w = _weight(rng, out, inner, False)
-        x = (rng.standard_normal((1, inner)) * 3).astype(bf16)
-        y = rng.standard_normal((1, inner)).astype(bf16) if add else None
-        g = rng.uniform(0.5, 1.5, inner).astype(bf16)
-        plan = launch_plan(out, inner, form, Fp8NormGemvConfig(**kwargs), add=add, sizes=sizes)
-        widths = {"plain": (out,), "parts": sizes, "gate_up": (out // 2,)}[form]
-        outs = [Buffer(np.full((1, n), np.nan, bf16), "bf16") for n in widths]
-        outs += [Buffer(np.zeros((1, 1), bf16), "bf16")] * (3 - len(outs))
-        total = Buffer(np.full((1, inner), np.nan, bf16), "bf16")
-        fp8_norm_gemv_kernel[plan["grid"]](
-            Buffer(x, "bf16"), Buffer(x if y is None else y, "bf16"), Buffer(g, "bf16"),
-            Buffer(np.asarray(w.values).view(np.uint8), "u8"), Buffer(np.asarray(w.scale, np.float32), "fp32"),
-            total, *outs, EPS=1e-5, ASM=False, NORM=True, **plan["meta"])
-        s, exact = norm_gemv_reference(x, y, g, w, 1e-5)
-        if form == "gate_up":
-            exact = np.asarray(gated_act_packed(jnp.asarray(exact.astype(bf16)), act="silu"), np.float32)
-        got = np.concatenate([o.array.astype(np.float32) for o in outs[:len(widths)]], axis=1)
-        err = float(np.abs(got - exact).max() / np.abs(exact).max())  # NaN: an output left unwritten
-        sum_ok = not add or np.array_equal(total.array.astype(np.float32), s)
-        bad = not (err < 2.0 ** -6 and sum_ok)
-        failures += bad
-        print(f"{'BAD' if bad else 'ok '} norm gemv {form} {shape} x {inner} add={int(add)} grid={plan['grid'][0]} "
-              f"tiles={plan['meta']['TILES']} err_f64={err:.1e} sum={'ok' if sum_ok else 'WRONG'}", flush=True)
     return failures
 
 

@@ -8,7 +8,6 @@
 #   tools/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16 and FP8 (per-channel)
 #   tools/h200_run.sh quick-8b-fp8 the FP8 8B at batch 1 (CONTEXTS) and STREAMS8 streams
 #   tools/h200_run.sh fp8-check  FP8 GEMV GPU tests, then the 8B FP8 step alone: byte vs word loop
-#   tools/h200_run.sh norm-gemv  the norm-prologue FP8 GEMV's GPU tests, then the 8B FP8 step alone without / with it
 #   tools/h200_run.sh suite-8b-q4 bench suite, Llama-3-8B shape, Q4_K_M kept quantized
 #   tools/h200_run.sh suite-1.5b bench suite, Qwen2.5-1.5B Q4_K_M kept quantized (no startup: startup-1.5b)
 #   tools/h200_run.sh suite-1.5b-dequant  the same 1.5B Q4_K_M file on the h200 default (GGUF dequantized at load)
@@ -113,16 +112,6 @@ fp8-check)  # the FP8 GEMV's GPU tests (every loop, the parts and gate/up epilog
     tail -n 3 "$out/gpu_fp8_gemv_tests.log"
     JAX_PLATFORMS=cuda timeout ${PLAN_S:-150} python3 -m ember.tools.profile_step --model synthetic:llama3-8b-fp8 \
         --tokenizer .gpu/tok --concurrency 1 --plan-only --variants EMBER_FP8_WORDS=0 EMBER_FP8_WORDS=1 \
-        > "$out/plan_alone_fp8.json" 2> "$out/plan_alone_fp8.log" || tail -n 3 "$out/plan_alone_fp8.log"
-    grep -h "variant\|multi_async\|profiled_" "$out/plan_alone_fp8.json" ;;
-norm-gemv)  # the norm-prologue FP8 GEMV: its GPU tests (with the FP8 GEMV's and the norms'), then the 8B FP8
-    # step alone with the norm kernels and their GEMVs (EMBER_FUSED_NORM_GEMV=0) vs the fused kernel
-    export JAX_PLATFORMS=cuda,cpu
-    timeout ${FP8_TEST_S:-240} python -m pytest -q -m gpu tests/test_fp8_norm_gemv_gpu.py tests/test_fp8_gemv_gpu.py \
-        tests/test_norm_kernels_gpu.py -p no:cacheprovider > "$out/gpu_norm_gemv_tests.log" 2>&1
-    tail -n 3 "$out/gpu_norm_gemv_tests.log"
-    JAX_PLATFORMS=cuda timeout ${PLAN_S:-150} python3 -m ember.tools.profile_step --model synthetic:llama3-8b-fp8 \
-        --tokenizer .gpu/tok --concurrency 1 --plan-only --variants EMBER_FUSED_NORM_GEMV=0 EMBER_FUSED_NORM_GEMV=1 \
         > "$out/plan_alone_fp8.json" 2> "$out/plan_alone_fp8.log" || tail -n 3 "$out/plan_alone_fp8.log"
     grep -h "variant\|multi_async\|profiled_" "$out/plan_alone_fp8.json" ;;
 quick-8b-fp8)  # 8B FP8 (per-channel): batch 1 at CONTEXTS (128), STREAMS8 (32) streams

@@ -96,13 +96,6 @@ _op("gated_linear", [Param("gate_up", V), Param("weight", W), Param("act", L), P
     lambda s, a, w: [(*s[0][:-1], _weight_rows(w, "weight"))], spec_level=False)
 _op("gated_mlp", [Param("x", V), Param("gate_up", W), Param("down", W), Param("act", L), Param("partials", L, False)],
     1, lambda s, a, w: [(*s[0][:-1], _weight_rows(w, "down"))], spec_level=False)
-# a residual add + RMSNorm and the one projection reading the normed row (fuse_norm_into_gemv): the sum first
-_op("add_rms_norm_linear_split", [Param("x", V), Param("y", V), Param("weight", W), Param("proj", W),
-                                  Param("bias", L, False), Param("sizes", L), Param("eps", D)], -1,
-    lambda s, a, w: [s[0]] + [(*s[0][:-1], str(size.text)) for size in a["sizes"]], spec_level=False)
-_op("add_rms_norm_gated_mlp", [Param("x", V), Param("y", V), Param("weight", W), Param("gate_up", W),
-                               Param("down", W), Param("act", L), Param("partials", L, False), Param("eps", D)], 2,
-    lambda s, a, w: [s[0], (*s[0][:-1], _weight_rows(w, "down"))], spec_level=False)
 _op("rope_apply", [Param("q", V), Param("k", V), Param("positions", V), Param("inv_freq", V), Param("style", L)], 2,
     lambda s, a, w: [s[0], s[1]], spec_level=False)
 _op("rope_attention", [Param("q", V), Param("k", V), Param("v", V), Param("positions", V), Param("inv_freq", V),

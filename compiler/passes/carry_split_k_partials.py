@@ -11,8 +11,8 @@ Marking the gated_linear `partials=True` lets it return them unsummed (split_k.S
 kernel sums them as it loads its operand (norm_quant_gpu.py), the epilogue's add sums them as XLA did.
 
 Applies only where the carried output comes from a gated_linear (or the gated_mlp that fuse_gated_mlp makes of
-one, or its fused form with the norm before it, if the pass runs again) read by nothing else in the layer, the
-next layer reads it with add_rms_norm_to_proj (or a fused form of it: fuse_norm_into_gemv) and the epilogue with an add (every reader then accepts partials);
+one, if the pass runs again) read by nothing else in the layer, the next
+layer reads it with add_rms_norm_to_proj and the epilogue with an add (every reader then accepts partials);
 otherwise the graph is returned unchanged. The plan computes the same values: the partials are summed in
 fp32 and rounded to the activation dtype once, as before.
 """
@@ -25,10 +25,7 @@ from ..ir import Graph
 from .defer_residual_add import PENDING
 
 EPILOGUE_READERS = ("add", "add_rms_norm", "add_rms_norm_to_proj")
-# the norm and its fused forms (fuse_norm_into_gemv, later), which run it wherever partials come in
-LAYER_READERS = ("add_rms_norm_to_proj", "add_rms_norm_linear_split", "add_rms_norm_gated_mlp")
-# gated_mlp (fuse_gated_mlp, later) hands the mark to its down GEMV, and so does its fused form
-PRODUCERS = ("gated_linear", "gated_mlp", "add_rms_norm_gated_mlp")
+PRODUCERS = ("gated_linear", "gated_mlp")  # gated_mlp (fuse_gated_mlp, later) hands the mark to its down GEMV
 
 
 def carry_split_k_partials(graph: Graph) -> Graph:
@@ -42,7 +39,7 @@ def carry_split_k_partials(graph: Graph) -> Graph:
         return graph
     layer_readers = [n for n in layer.nodes if PENDING in n.inputs]
     epilogue_readers = [n for n in epilogue.nodes if PENDING in n.inputs]
-    if (len(layer_readers) != 1 or layer_readers[0].op not in LAYER_READERS or layer_readers[0].inputs[1] != PENDING
+    if ([n.op for n in layer_readers] != ["add_rms_norm_to_proj"] or layer_readers[0].inputs[1] != PENDING
             or len(epilogue_readers) != 1 or epilogue_readers[0].op not in EPILOGUE_READERS
             or epilogue_readers[0].inputs[1] != PENDING):
         return graph

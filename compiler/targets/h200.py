@@ -18,9 +18,7 @@ batch (1 … 256), and kernel choices per op.
   partials kernel instead (decode.rope_decode_attention; EMBER_FUSED_ROPE_DECODE=0 turns it off).
 - RMSNorm and residual add + RMSNorm: one Triton kernel each (compiler/ops/norm_gpu.py) where XLA ran three;
   a norm read by one projection may also write that projection's int8 activations (norm_quant_gpu.py, the
-  fuse_norm_into_projection pass; EMBER_FUSED_NORM_QUANT=0 turns it off), or, for an FP8 projection at one
-  decode row, be made in that GEMV's prologue (persistent programs: quant/fp8_norm_gemv.py, the
-  fuse_norm_into_gemv pass; EMBER_FUSED_NORM_GEMV=0 turns it off).
+  fuse_norm_into_projection pass; EMBER_FUSED_NORM_QUANT=0 turns it off).
 - decode GEMV epilogues / prologues: packed q/k/v written apart with their bias (dp4a parts kernel; a Q4_K q+k
   beside a Q6_K v in one pair launch on one Q4_K packing of the activations), silu(gate) * up made by the down
   projection's activation quantizer (gated_linear, fuse_gated_linear), and the down projection's split-K
@@ -62,11 +60,7 @@ H200 = Target(
              # the same, also writing the int8 activations of the one projection reading them
              # (fuse_norm_into_projection)
              "rms_norm_to_proj": "ember.compiler.ops.norm_quant_gpu:rms_norm_to_proj",
-             "add_rms_norm_to_proj": "ember.compiler.ops.norm_quant_gpu:add_rms_norm_to_proj",
-             # the same norm and the one projection reading it as one op (fuse_norm_into_gemv): FP8 weights
-             # make the norm in a persistent GEMV's prologue; other weights run the two ops as before
-             "add_rms_norm_linear_split": "ember.compiler.ops.norm_gemv:add_rms_norm_linear_split",
-             "add_rms_norm_gated_mlp": "ember.compiler.ops.norm_gemv:add_rms_norm_gated_mlp"},
+             "add_rms_norm_to_proj": "ember.compiler.ops.norm_quant_gpu:add_rms_norm_to_proj"},
     deterministic_kernels=dict(CPU.deterministic_kernels),
     activation_dtype="bfloat16",
     # GGUF Q4_K / Q6_K / Q8_0 weights stay packed for the decode GEMVs, with a bf16 copy beside each for steps

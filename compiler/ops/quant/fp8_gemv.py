@@ -136,7 +136,7 @@ def _dot_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M: tl.constexp
 
 
 @triton.jit
-def tile_rows(tile, N: tl.constexpr, BLOCK_N: tl.constexpr, GATE_UP: tl.constexpr):
+def _tile_rows(tile, N: tl.constexpr, BLOCK_N: tl.constexpr, GATE_UP: tl.constexpr):
     """Row tile `tile`'s weight rows [BLOCK_N] and their mask. GATE_UP (a packed gate/up weight, N = 2 FFN
     rows): the first BLOCK_N / 2 are gate rows t H + [0, H), the rest the up rows FFN + t H + [0, H)
     (H = BLOCK_N / 2), so one tile holds both halves of its outputs."""
@@ -150,12 +150,12 @@ def tile_rows(tile, N: tl.constexpr, BLOCK_N: tl.constexpr, GATE_UP: tl.constexp
 
 
 @triton.jit
-def store_gate_up(acc, tile, i, i_ok, out_ptr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _store_gate_up(acc, tile, i, i_ok, out_ptr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """acc [BLOCK_M, BLOCK_N] of a GATE_UP tile -> out[i, t H + [0, H)] = silu(gate) * up as HF computes it:
     gate and up rounded to the output dtype (as the unfused GEMV stores them), silu(gate) made in fp32 and
     rounded once (torch's silu on bf16), the product rounded once. XLA's fusion of the jnp activation rounds
     neither like this nor op by op: it agreed exactly with one rounding in ~2/3 of the outputs and with three in
-    ~3/4 on the H200 (tools/results/h200_gpu_tests_4f6229b.json, _1298634.json), within two ulps."""
+    ~3/4 on the H200 (tools/results/h200_gpu_tests_4f6229b.json, h200_gpu_tests_29cba1d.json), within two ulps."""
     H: tl.constexpr = BLOCK_N // 2
     dtype: tl.constexpr = out_ptr.dtype.element_ty
     gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, H)), (0, 2, 1)))   # [BLOCK_M, H] each
@@ -167,7 +167,7 @@ def store_gate_up(acc, tile, i, i_ok, out_ptr, N: tl.constexpr, BLOCK_M: tl.cons
 
 
 @triton.jit
-def store_parts(acc, tile, rows, row_ok, i, i_ok, out0_ptr, out1_ptr, out2_ptr, N: tl.constexpr,
+def _store_parts(acc, tile, rows, row_ok, i, i_ok, out0_ptr, out1_ptr, out2_ptr, N: tl.constexpr,
                 BLOCK_N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
     """acc [BLOCK_M, BLOCK_N] of row tile `tile` of a packed weight of three projections (rows [0, N1),
     [N1, N2), [N2, N); boundaries on tile edges) -> the projection's own output."""
@@ -189,10 +189,10 @@ def _program_sum(x_ptr, w_ptr, s_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.co
                  KS: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCKED: tl.constexpr, USE_DOT: tl.constexpr,
                  PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr, WORDS: tl.constexpr, GATE_UP: tl.constexpr,
                  IEEE: tl.constexpr, W_BITCAST: tl.constexpr):
-    """This program's scaled sums [BLOCK_M, BLOCK_N] fp32, its weight rows (tile_rows) and activation rows
+    """This program's scaled sums [BLOCK_M, BLOCK_N] fp32, its weight rows (_tile_rows) and activation rows
     (+ masks)."""
     STEPS: tl.constexpr = K_PER_SPLIT // BLOCK_K
-    rows, row_ok = tile_rows(tl.program_id(0), N, BLOCK_N, GATE_UP)
+    rows, row_ok = _tile_rows(tl.program_id(0), N, BLOCK_N, GATE_UP)
     i = tl.arange(0, BLOCK_M)                                   # [BLOCK_M] activation rows
     i_ok = i < M
     k_start = tl.program_id(1) * K_PER_SPLIT
@@ -220,7 +220,7 @@ def fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
                                               K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATE_UP,
                                               IEEE, W_BITCAST)
     if GATE_UP:  # out [M, N / 2] = silu(gate) * up
-        store_gate_up(acc, tl.program_id(0), i, i_ok, out_ptr, N, BLOCK_M, BLOCK_N)
+        _store_gate_up(acc, tl.program_id(0), i, i_ok, out_ptr, N, BLOCK_M, BLOCK_N)
     else:
         out = out_ptr + (tl.program_id(1) * M + i[:, None]) * N + rows[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=i_ok[:, None] & row_ok[None, :])
@@ -238,7 +238,7 @@ def fp8_gemv_parts_kernel(x_ptr, w_ptr, s_ptr, out0_ptr, out1_ptr, out2_ptr,
     acc, rows, row_ok, i, i_ok = _program_sum(x_ptr, w_ptr, s_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, KS,
                                               K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATE_UP,
                                               IEEE, W_BITCAST)
-    store_parts(acc, tl.program_id(0), rows, row_ok, i, i_ok, out0_ptr, out1_ptr, out2_ptr, N, BLOCK_N, N1, N2)
+    _store_parts(acc, tl.program_id(0), rows, row_ok, i, i_ok, out0_ptr, out1_ptr, out2_ptr, N, BLOCK_N, N1, N2)
 
 
 def _checked_config(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None):

@@ -12,11 +12,12 @@ import jax.numpy as jnp
 from ember.compiler.ops.embedding import add as embedding_add
 from ember.compiler.ops.embedding import select_rows as embedding_select_rows
 from ember.compiler.ops.linear_quant import embedding as linear_quant_embedding
+from ember.compiler.ops.linear_quant import gated_mlp as linear_quant_gated_mlp
 from ember.compiler.ops.linear_quant import linear as linear_quant_linear
+from ember.compiler.ops.linear_quant import linear_split as linear_quant_linear_split
 from ember.compiler.ops.linear import split_heads as linear_split_heads
-from ember.compiler.ops.norm_gemv import add_rms_norm_gated_mlp as norm_gemv_add_rms_norm_gated_mlp
-from ember.compiler.ops.norm_gemv import add_rms_norm_linear_split as norm_gemv_add_rms_norm_linear_split
 from ember.compiler.ops.norm_gpu import rms_norm as norm_gpu_rms_norm
+from ember.compiler.ops.norm_quant_gpu import add_rms_norm_to_proj as norm_quant_gpu_add_rms_norm_to_proj
 from ember.compiler.ops.norm_quant_gpu import rms_norm_to_proj as norm_quant_gpu_rms_norm_to_proj
 from ember.compiler.ops.attention_gpu.paged import rope_paged_attention_to_proj as paged_rope_paged_attention_to_proj
 
@@ -36,7 +37,8 @@ def layer(dims, w, constants, x, x_add, k_pool, v_pool, batch):
     rope_inv_freq0 = constants['rope_inv_freq0']
     attn_window1 = constants['attn_window1']
     attn_state2 = constants['attn_state2']
-    x_in, t_1, t_3, t_5 = norm_gemv_add_rms_norm_linear_split(x, x_add, w['attn_norm.weight'], w['attn_q+attn_k+attn_v.weight'], eps=dims.eps, sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
+    x_in, h = norm_quant_gpu_add_rms_norm_to_proj(x, x_add, w['attn_norm.weight'], w['attn_q+attn_k+attn_v.weight'], eps=dims.eps)
+    t_1, t_3, t_5 = linear_quant_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
     q = linear_split_heads(t_1, heads=dims.hq)
     k = linear_split_heads(t_3, heads=dims.hkv)
     v = linear_split_heads(t_5, heads=dims.hkv)
@@ -44,7 +46,8 @@ def layer(dims, w, constants, x, x_add, k_pool, v_pool, batch):
     k_1 = norm_gpu_rms_norm(k, w['attn_k_norm.weight'], eps=dims.eps)
     a, k_pool, v_pool = paged_rope_paged_attention_to_proj(q_1, k_1, v, positions, rope_inv_freq0, attn_window1, attn_state2, w['attn_output.weight'], k_pool, v_pool, batch, style='neox', scale=dims.attn_scale)
     t_12 = linear_quant_linear(a, w['attn_output.weight'])
-    x_1, t_18 = norm_gemv_add_rms_norm_gated_mlp(x_in, t_12, w['ffn_norm.weight'], w['ffn_gate+ffn_up.weight'], w['ffn_down.weight'], eps=dims.eps, act='silu', partials=True)
+    x_1, h_1 = norm_quant_gpu_add_rms_norm_to_proj(x_in, t_12, w['ffn_norm.weight'], w['ffn_gate+ffn_up.weight'], eps=dims.eps)
+    t_18 = linear_quant_gated_mlp(h_1, w['ffn_gate+ffn_up.weight'], w['ffn_down.weight'], act='silu', partials=True)
     return x_1, t_18, k_pool, v_pool
 
 
