@@ -64,11 +64,11 @@ suite() {  # suite OUTDIR DEADLINE_S MODEL... (extra flags in SUITE_FLAGS); a se
     grep -h "decode\|prefill\|TTFT\|error" "$out/$dir/bench.md" 2>/dev/null | head -40
 }
 plan_alone() {  # profile_step --plan-only per synthetic model in MODELS, one engine per VARIANTS entry (MAXLEN:
-    # the engine's max_model_len, default prompt + output)
+    # the engine's max_model_len, default prompt + output; CONTEXT: the decode rows' context, default padding rows)
     for model in ${MODELS:-qwen2.5-1.5b-q4_k_m}; do
         JAX_PLATFORMS=cuda EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout ${PLAN_S:-150} python3 -m ember.tools.profile_step \
             --model synthetic:$model --tokenizer .gpu/tok --concurrency ${CONCURRENCY:-1} --plan-only \
-            ${MAXLEN:+--max-model-len $MAXLEN} ${VARIANTS:+--variants $VARIANTS} > "$out/plan_alone_$model.json" 2> "$out/plan_alone_$model.log" \
+            ${MAXLEN:+--max-model-len $MAXLEN} ${CONTEXT:+--context $CONTEXT} ${VARIANTS:+--variants $VARIANTS} > "$out/plan_alone_$model.json" 2> "$out/plan_alone_$model.log" \
             || tail -n 3 "$out/plan_alone_$model.log"
         grep -h "variant\|multi_async\|profiled_" "$out/plan_alone_$model.json"
     done

@@ -127,17 +127,44 @@ def _profile_engine(engine, vocab: int, concurrency: int, prompt_tokens: int, ou
     }
 
 
-def _plan_alone(engine, rows: int, repeats: int = 50) -> dict:
-    """The jitted step for `rows` decode rows, called back to back (async) and with a host read per call; then
-    `repeats` async calls under the profiler: kernels launched and device time per step."""
+def context_batch(shape, context: int, block_size: int, num_blocks: int):
+    """A decode-only StepBatch whose `shape.decode_rows` rows each see `context` tokens (positions 0 ..
+    context - 1, the last one written this step) in blocks of their own (row r: blocks 1 + r * per_row ...;
+    block 0 stays the padding rows' sink); context <= 1 is the padding batch. The values in those blocks are
+    whatever the pool holds: the attention's work, not its answer, is what is timed."""
+    from ..runtime.step_inputs import padding_batch
+
+    batch = padding_batch(shape)
+    if context <= 1:
+        return batch
+    rows, kinds = shape.decode_rows, shape.num_kinds
+    per_row = -(-context // block_size)
+    if per_row > shape.table_blocks or 1 + rows * per_row > num_blocks:
+        raise ValueError(f"{rows} rows of {context} tokens need {per_row} blocks each (table width "
+                         f"{shape.table_blocks}) and {1 + rows * per_row} in the pool ({num_blocks})")
+    tables = np.zeros((kinds, rows, shape.table_blocks), np.int32)
+    tables[:, :, :per_row] = 1 + np.arange(rows * per_row, dtype=np.int32).reshape(rows, per_row)
+    last = context - 1
+    slots = np.zeros_like(batch.slots)
+    slots[:, :rows] = tables[:, :, last // block_size] * block_size + last % block_size
+    positions = batch.positions.copy()
+    positions[:rows] = last
+    return batch._replace(positions=positions, slots=slots, dec_block_tables=tables,
+                          dec_ctx_lens=np.full(rows, context, np.int32))
+
+
+def _plan_alone(engine, rows: int, context: int = 1, repeats: int = 50) -> dict:
+    """The jitted step for `rows` decode rows at `context` tokens each (context_batch), called back to back
+    (async) and with a host read per call; then `repeats` async calls under the profiler: kernels launched
+    and device time per step."""
     import jax
 
     from ..runtime.engine_step import pack_step_inputs, run_step
-    from ..runtime.step_inputs import StepShape, padding_batch
+    from ..runtime.step_inputs import StepShape
 
     ex = engine.executor
     shape = StepShape(rows, 0, ex.table_blocks, ex.num_kinds)
-    batch = padding_batch(shape)
+    batch = context_batch(shape, context, engine.kv.block_size, min(int(k.shape[0]) for k, _ in ex.kv))
     inputs = pack_step_inputs(batch, [], vocab_size=ex.vocab, num_rows=shape.logit_rows)
 
     def calls() -> None:
@@ -161,7 +188,7 @@ def _plan_alone(engine, rows: int, repeats: int = 50) -> dict:
     planes = _trace_planes(trace_dir)
     busy_ms, totals, counts = _device_kernels(planes)
     host_events = _host_launch_events(planes, repeats)
-    return {"device_gaps": _device_gaps(planes),"decode_rows": rows, "async_ms_per_step": round(async_ms, 3), "sync_ms_per_step": round(sync_ms, 3),
+    return {"device_gaps": _device_gaps(planes), "decode_rows": rows, "context": context, "async_ms_per_step": round(async_ms, 3), "sync_ms_per_step": round(sync_ms, 3),
             **_multi_alone(engine, shape, batch),
             "profiled_kernels_per_step": round(sum(counts.values()) / repeats, 1),
             "profiled_device_ms_per_step": round(busy_ms / repeats, 3),
@@ -211,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--decode-steps", type=int, default=None,
                         help="decode steps per device call when running ahead (default: the target's)")
+    parser.add_argument("--context", type=int, default=1,
+                        help="the plan alone's decode rows see this many tokens each (default 1: padding rows, "
+                             "whose attention reads nothing); needs --max-model-len >= it")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="the engine's max_model_len (default: prompt + output tokens); sets the attention "
                              "table width, hence its split count, as the bench's batch-1 engine (16,528) does")
@@ -227,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load_bench_model(args.model, args.target, args.tokenizer)
     context = args.prompt_tokens + args.output_tokens
     top = max(args.concurrency)
-    context = max(context, args.max_model_len or 0)
+    context = max(context, args.max_model_len or 0, args.context)
     config = EngineConfig(num_blocks=top * (-(-context // 16) + 1) + 1, max_model_len=context, max_num_seqs=top,
                           max_batched_tokens=512, enable_prefix_caching=False, decode_steps=args.decode_steps)
     result = {"model": args.model, "target": args.target, "decode_steps": args.decode_steps,
@@ -241,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.plan_only:
                     result["runs"].append({"variant": variant, **_profile_engine(
                         engine, int(model.dims.vocab), c, args.prompt_tokens, args.output_tokens)})
-                result["plan_alone"].append({"variant": variant, **_plan_alone(engine, c)})
+                result["plan_alone"].append({"variant": variant, **_plan_alone(engine, c, args.context)})
         finally:
             engine.close()
     json.dump(result, sys.stdout, indent=1)
