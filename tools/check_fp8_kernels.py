@@ -54,6 +54,11 @@ def _weight(rng, out: int, inner: int, blocked: bool):
     return quantize_fp8(w.astype(np.float32), blocked=blocked)
 
 
+def _weight_buffers(w, Buffer) -> tuple:
+    """The kernel's weight operands as interpreter buffers: the e4m3 bytes as uint8, the scales as fp32."""
+    return Buffer(np.asarray(w.values).view(np.uint8), "u8"), Buffer(np.asarray(w.scale, np.float32), "fp32")
+
+
 def interpret() -> int:
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is decorated
     from ember.tools.check_quant_kernels import HostBuffer, patch_interpreter
@@ -74,8 +79,7 @@ def interpret() -> int:
     failures = 0
     for out, inner, blocked, kwargs, runs in CASES:
         w = _weight(rng, out, inner, blocked)
-        codes = Buffer(np.asarray(w.values).view(np.uint8), "u8")
-        scale = Buffer(np.asarray(w.scale, np.float32), "fp32")
+        codes, scale = _weight_buffers(w, Buffer)
         config = Fp8GemvConfig(**kwargs)
         for m, dtype_name in runs:
             dtype, tname = names[dtype_name]
@@ -130,8 +134,7 @@ def _interpret_fused_forms(rng, Buffer) -> int:
         x = rng.standard_normal((m, inner)).astype(bf16)
         plan = launch_plan(m, 2 * ffn, inner, Fp8GemvConfig(**kwargs), blocked=False, gate_up=True)
         y = Buffer(np.full((m, ffn), np.nan, bf16), "bf16")
-        fp8_gemv_kernel[plan["grid"]](Buffer(x, "bf16"), Buffer(np.asarray(w.values).view(np.uint8), "u8"),
-                                      Buffer(np.asarray(w.scale, np.float32), "fp32"), y, IEEE=False,
+        fp8_gemv_kernel[plan["grid"]](Buffer(x, "bf16"), *_weight_buffers(w, Buffer), y, IEEE=False,
                                       W_BITCAST=True, **plan["meta"])
         product = fp8_reference_matmul(np.asarray(x, np.float32), w).astype(bf16)
         exact = np.asarray(gated_act_packed(jnp.asarray(product), act="silu"), np.float32)
@@ -145,8 +148,7 @@ def _interpret_fused_forms(rng, Buffer) -> int:
         x = rng.standard_normal((m, inner)).astype(bf16)
         plan = launch_plan(m, out, inner, Fp8GemvConfig(**kwargs), blocked=blocked)
         outs = [Buffer(np.full((m, size), np.nan, bf16), "bf16") for size in sizes]
-        fp8_gemv_parts_kernel[plan["grid"]](Buffer(x, "bf16"), Buffer(np.asarray(w.values).view(np.uint8), "u8"),
-                                            Buffer(np.asarray(w.scale, np.float32), "fp32"), *outs, IEEE=False,
+        fp8_gemv_parts_kernel[plan["grid"]](Buffer(x, "bf16"), *_weight_buffers(w, Buffer), *outs, IEEE=False,
                                             W_BITCAST=True, N1=sizes[0], N2=sizes[0] + sizes[1], **plan["meta"])
         exact = fp8_reference_matmul(np.asarray(x, np.float32), w)
         got = np.concatenate([o.array.astype(np.float32) for o in outs], axis=1)

@@ -27,6 +27,11 @@ from .split_k import materialized
 from .triton_available import triton_available
 
 MAX_N = 65536  # one row per program, held in registers: the widest hidden size this tiling takes
+# Warps per row, for these kernels and norm_quant_gpu's (one reduction tree, so the same bits): more lanes
+# share one row's loads and reductions. The 8B FP8 step's 63 norms took 130.6 / 125.8 us at 4 / 16 warps
+# (tools/results/h200_plan_alone_fp8_4f6229b.json); the quantizing norms of a 1.5B step 170.6 / 153.6 / 146.0
+# us at 4 / 8 / 16 (tools/results/h200_norm_quant_warps_71ed1a5.json)
+NORM_WARPS = 16
 
 
 @triton.jit
@@ -65,10 +70,7 @@ def launch_plan(rows: int, n: int) -> dict:
     if not 1 <= n <= MAX_N:
         raise ValueError(f"rms_norm kernel: rows of 1..{MAX_N} elements, got {n}")
     block = 1 << (n - 1).bit_length()
-    # 16 warps, as norm_quant_gpu's kernels (the same reduction tree, so the same bits): the 8B FP8 step's 63
-    # norms took 130.6 / 125.8 us at 4 / 16 warps (tools/results/h200_plan_alone_fp8_4f6229b.json);
-    # EMBER_NORM_WARPS (read at trace time) for side-by-side runs
-    warps = int(os.environ.get("EMBER_NORM_WARPS", 16))
+    warps = int(os.environ.get("EMBER_NORM_WARPS", NORM_WARPS))  # read at trace time, for side-by-side runs
     return {"grid": (rows,), "num_warps": warps, "meta": {"N": n, "BLOCK": block}}
 
 

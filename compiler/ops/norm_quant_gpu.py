@@ -38,10 +38,7 @@ FUSED_ENV = "EMBER_FUSED_NORM_QUANT"  # "0": the norms leave the int8 activation
 # the 1.5B's 8 x 1536 fp32 (48 KB) cost 3.31 us against 2.58 + 1.14 for the plain norm and the sum, the
 # 8B's 8 x 4096 (128 KB) 5.34 us against 2.96 + 1.25 (tools/results/h200_plan_alone_partials_f842b9c_*.json)
 PARTIALS_MAX_BYTES = 48 * 1024
-# Warps per row: the norms of a 1.5B step took 170.6 / 153.6 / 146.0 us at 4 / 8 / 16 warps, the 8B's 195.2 /
-# 187.9 / 174.9 (plan alone at 71ed1a5, tools/results/h200_norm_quant_warps_71ed1a5.json): more lanes share
-# one row's loads, reductions and the partials' sum
-NORM_QUANT_WARPS = 16
+NORM_QUANT_WARPS = norm_gpu.NORM_WARPS  # the plain norms' (measured there): the same bits as theirs
 
 
 @triton.jit

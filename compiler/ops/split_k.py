@@ -4,7 +4,8 @@ A decode GEMV split along `in` writes fp32 partials [splits, rows_pad, n] that a
 to the activation dtype: one launch per projection. Where the carry_split_k_partials pass marks a
 `gated_linear` (the down projection; or the `gated_mlp` fuse_gated_mlp makes of it) `partials=True`, its
 output is the residual-add operand the next layer's norm reads (defer_residual_add), and the norm kernel
-(norm_quant_gpu.py) sums the partials as it loads them: that launch is gone. Every other reader takes `materialized(y)`: the same sum XLA would have made.
+(norm_quant_gpu.py) sums the partials as it loads them: that launch is gone. Every other reader takes
+`materialized(y)`: the same sum XLA would have made.
 """
 
 from __future__ import annotations

@@ -254,20 +254,24 @@ def _checked_config(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None):
     return m, config
 
 
+def _launch(kernel, x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig, plan: dict, out_shape, **constants):
+    """One native launch of `kernel` on x and w's values and fp32 scales with `plan`'s grid and constexprs."""
+    from ..triton_launch import triton_call  # GPU-only path: imported on use
+
+    return triton_call(x, w.values, w.scale.astype(jnp.float32), kernel=kernel, out_shape=out_shape,
+                       grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages,
+                       IEEE=x.dtype == jnp.float32, W_BITCAST=False, **constants, **plan["meta"])
+
+
 def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) -> jax.Array:
     """x [m, in] (bf16, f16 or f32; m <= MAX_ROWS) @ dequant(w).T -> [m, out] in x's dtype, fp32 accumulation.
     Launches the Triton kernel (NVIDIA GPUs; lowered for the cuda platform anywhere)."""
-    from ..triton_launch import triton_call  # GPU-only path: imported on use
-
     m, config = _checked_config(x, w, config)
     out, inner = w.shape
     plan = launch_plan(m, out, inner, config, blocked=w.blocked)
     split_k = plan["split_k"]
-    y = triton_call(
-        x, w.values, w.scale.astype(jnp.float32), kernel=fp8_gemv_kernel,
-        out_shape=jax.ShapeDtypeStruct((split_k, m, out), x.dtype if split_k == 1 else jnp.float32),
-        grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages,
-        IEEE=x.dtype == jnp.float32, W_BITCAST=False, **plan["meta"])
+    y = _launch(fp8_gemv_kernel, x, w, config, plan,
+                jax.ShapeDtypeStruct((split_k, m, out), x.dtype if split_k == 1 else jnp.float32))
     return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(x.dtype)
 
 
@@ -275,17 +279,12 @@ def fp8_gemv_gate_up(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = 
     """silu(gate) * up of the packed gate/up projection x [m, in] @ dequant(w).T (w [2 ffn, in]: gate rows,
     then up rows) -> [m, ffn] in x's dtype: one launch where gate_up_fits (each program's rows half gate,
     half up: the product made in its epilogue), else the GEMV then activation.gated_act_packed."""
-    from ..triton_launch import triton_call  # GPU-only path: imported on use
-
     m, config = _checked_config(x, w, config)
     if not gate_up_fits(w.shape[0], config, blocked=w.blocked):
         return activation.gated_act_packed(fp8_gemv(x, w, config), act="silu")
     out, inner = w.shape
     plan = launch_plan(m, out, inner, config, blocked=False, gate_up=True)
-    return triton_call(
-        x, w.values, w.scale.astype(jnp.float32), kernel=fp8_gemv_kernel,
-        out_shape=jax.ShapeDtypeStruct((m, out // 2), x.dtype), grid=plan["grid"], num_warps=config.num_warps,
-        num_stages=config.num_stages, IEEE=x.dtype == jnp.float32, W_BITCAST=False, **plan["meta"])
+    return _launch(fp8_gemv_kernel, x, w, config, plan, jax.ShapeDtypeStruct((m, out // 2), x.dtype))
 
 
 def parts_fit(m: int, w: Fp8Weight, sizes: tuple[int, ...], config: Fp8GemvConfig) -> bool:
@@ -301,14 +300,10 @@ def fp8_gemv_parts(x: jax.Array, w: Fp8Weight, sizes: tuple[int, ...],
                    config: Fp8GemvConfig | None = None) -> tuple[jax.Array, ...]:
     """x [m, in] @ dequant(w).T split into the projections of `sizes` (w packs them by rows): one output each,
     written by the kernel where parts_fit, else slices of the packed product."""
-    from ..triton_launch import triton_call  # GPU-only path: imported on use
-
     m, config = _checked_config(x, w, config)
     if not parts_fit(m, w, tuple(sizes), config):
         return split_columns(fp8_gemv(x, w, config), sizes)
     plan = launch_plan(m, *w.shape, config, blocked=w.blocked)
-    return tuple(triton_call(
-        x, w.values, w.scale.astype(jnp.float32), kernel=fp8_gemv_parts_kernel,
-        out_shape=tuple(jax.ShapeDtypeStruct((m, size), x.dtype) for size in sizes),
-        grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages,
-        IEEE=x.dtype == jnp.float32, W_BITCAST=False, N1=sizes[0], N2=sizes[0] + sizes[1], **plan["meta"]))
+    return tuple(_launch(fp8_gemv_parts_kernel, x, w, config, plan,
+                         tuple(jax.ShapeDtypeStruct((m, size), x.dtype) for size in sizes),
+                         N1=sizes[0], N2=sizes[0] + sizes[1]))

@@ -70,22 +70,17 @@ FP8_RULES: tuple[Fp8Rule, ...] = (
 
 def pick_fp8_config(m: int, out: int, inner: int, *, blocked: bool = False,
                     rules: tuple[Fp8Rule, ...] = FP8_RULES) -> Fp8GemvConfig:
-    """The first matching rule's config (block scales take the same tiles for now), with the one-row
-    overrides below."""
+    """The first matching rule's config (block scales take the same tiles for now). For side-by-side
+    measurements (read at trace time): EMBER_FP8_WORDS=0 skips the word loop's rules; EMBER_FP8_GEMV_CONFIG
+    ("block_n=8/prefetch=0/num_stages=4") overrides fields of the one-row config."""
     del blocked  # same table for now; kept so a measured table can tell the layouts apart
     words = os.environ.get("EMBER_FP8_WORDS", "1") != "0"
     for rule in rules:
         if rule.config.words and not words:
             continue
         if rule.matches(m, out, inner):
-            return _one_row_override(rule.config) if m == 1 else rule.config
+            return overridden(rule.config, "EMBER_FP8_GEMV_CONFIG") if m == 1 else rule.config
     return Fp8GemvConfig()
-
-
-def _one_row_override(config: Fp8GemvConfig) -> Fp8GemvConfig:
-    """For side-by-side measurements (read at trace time): EMBER_FP8_WORDS=0 skips the word loop's rules;
-    EMBER_FP8_GEMV_CONFIG ("block_n=8/prefetch=0/num_stages=4") overrides fields of the one-row config."""
-    return overridden(config, "EMBER_FP8_GEMV_CONFIG")
 
 
 def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked: bool,
