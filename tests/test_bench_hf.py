@@ -72,7 +72,7 @@ def test_the_hf_section_lands_in_the_suite_json_with_ratios(tmp_path):
                        config=replace(CONFIG, hf_python=python, hf_device="cpu"))
     hf = result["hf"]["qwen2-tiny"]
     assert hf["shape"] == "qwen2-tiny" and hf["seen_model_type"] == "qwen2" and hf["runs"][1]["error"] == "OOM"
-    bandwidth = max(result["bandwidth"]["copy_gb_s"])  # HF's decode figure gets the same roofline rule
+    bandwidth = max(result["bandwidth"]["copy_gb_s"] + result["bandwidth"]["read_gb_s"])  # the same roofline rule
     assert hf["runs"][0]["roofline_fraction"] == pytest.approx(50.0 / (bandwidth * 1e9 / 1e9), rel=1e-3)
     result["models"][TINY]["concurrency"] = {"runs": [{"concurrency": 1, "decode_tokens_per_s": 100.0}]}
     assert attach_hf_ratios(result)["models"][TINY]["hf_comparison"]["batch_1"]["ratio"] == 2.0

@@ -49,6 +49,7 @@ from ember.compiler.ops.quant import FORMATS, QuantizedWeight, pick_config, quan
 from ember.compiler.ops.quant.config import QuantMatmulConfig
 from ember.compiler.ops.quant.matmul import launch_plan
 from ember.compiler.ops.quant.ref import dequantize, quant_matmul_ref
+from ember.tools.hbm_probe import copy_bandwidth
 
 SHAPES = {
     "qwen2.5-1.5b": [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (151936, 1536)],
@@ -134,18 +135,6 @@ def time_calls(fn, x, weights: list, runs: int) -> float:
     """Median seconds per call of fn(x, w), `len(weights)` calls in one executable."""
     many = jax.jit(lambda x, ws: [fn(x, w) for w in ws])
     return median_run_seconds(lambda: jax.block_until_ready(many(x, weights)), runs) / len(weights)
-
-
-def copy_bandwidth(runs: int, gib: float = 4.0) -> float:
-    x = jnp.ones((int(gib * 2**30) // 4,), jnp.float32)
-    copy = jax.jit(lambda a: a * 1.0)
-    jax.block_until_ready(copy(x))
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        jax.block_until_ready(copy(x))
-        samples.append(time.perf_counter() - start)
-    return 2 * x.nbytes / statistics.median(samples) / 1e9  # read + write
 
 
 def kernel_fn(config: QuantMatmulConfig | None):
@@ -275,7 +264,7 @@ def start_run(runs: int, copies_note: str) -> tuple[Path, float, dict]:
     result's header (devices, versions, timing method; `cases` to fill). Prints the bandwidth."""
     out_dir = Path(os.environ.get("OUT", "./out"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    bandwidth = copy_bandwidth(runs)
+    bandwidth = copy_bandwidth(runs=runs)
     result = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
               "copy_bandwidth_gb_s": round(bandwidth, 1), "activations": "bfloat16",
               "timing": f"median of {runs} runs; one run = one executable of `calls` projections, each on its "

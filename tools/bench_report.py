@@ -96,6 +96,11 @@ def _num(value, digits: int = 1) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
 
 
+def _bandwidths(bandwidth: dict) -> str:
+    """"copy [a, b], read [c, d] GB/s" (runs before 2026-12 measured the copy only)."""
+    return ", ".join(f"{key[:-5]} {bandwidth[key]}" for key in ("copy_gb_s", "read_gb_s") if key in bandwidth) + " GB/s"
+
+
 def _label(figure: str, at) -> str:
     return {"decode": "decode batch 1", "roofline": "decode batch 1, roofline fraction",
             "aggregate": f"aggregate decode, {at} concurrent", "prefill": f"prefill {at:,} tokens" if at else "prefill",
@@ -178,9 +183,9 @@ def markdown(result: dict) -> str:
              f"Commit {result.get('commit')}; {machine.get('device', '?')} ({machine.get('platform', '?')}), "
              f"JAX {machine.get('jax', '?')}" + ("." if result.get("pieces") else
                                                f"; started {result.get('started_at')}; wall {result.get('wall_s')} s."),
-             f"Copy bandwidth measured in this run: {bandwidth.get('copy_gb_s')} GB/s (rooflines use the highest)."
-             if not result.get("pieces") else "Copy bandwidth per run: " + "; ".join(
-                 str((p.get("bandwidth") or {}).get("copy_gb_s")) for p in result["pieces"]) + " GB/s (each run's "
+             f"HBM bandwidth measured in this run: {_bandwidths(bandwidth)} (rooflines use the highest)."
+             if not result.get("pieces") else "HBM bandwidth per run: " + "; ".join(
+                 _bandwidths(p.get("bandwidth") or {}) for p in result["pieces"]) + " (each run's "
              "rooflines use its highest).",
              "Decode tok/s come from the engine's step completion times; roofline fraction = measured ÷ (bandwidth ÷ "
              "bytes read per step: device weight bytes without gathered-only embeddings + KV at that context). "

@@ -19,8 +19,8 @@ Per model (random weights at real shapes, `synthetic:<shape>[-<format>]`, or any
 Every decode figure (HF's too) also gets its bandwidth roofline: rate ÷ (rows × bandwidth ÷ bytes read per
 step), bytes per step = weight bytes on the device (quantized at their packed size; an embedding table only
 gathered from excluded) + each row's KV at its (mean) context, layers × ctx × hkv × dh × 2 × itemsize.
-Bandwidth is measured in the same process (a large on-device copy, tools/gpu_probe.py), at the start and
-the end. Every section is guarded: an error or an out-of-memory is recorded as {"error": ...} and the suite
+Bandwidth is measured in the same process (an on-device copy and a read, tools/hbm_probe.py; the highest
+figure of either), at the start and the end. Every section is guarded: an error or an out-of-memory is recorded as {"error": ...} and the suite
 goes on; bench.json is rewritten after every measurement, so a run cut short keeps what it measured.
 """
 
@@ -121,7 +121,7 @@ class Suite:
 
     @property
     def bandwidth_gb_s(self) -> float | None:
-        values = self.result["bandwidth"].get("copy_gb_s") or []
+        values = [v for key in ("copy_gb_s", "read_gb_s") for v in self.result["bandwidth"].get(key) or []]
         return max(values) if values else None  # the best this device showed: the strictest roofline
 
     # ---- the run -------------------------------------------------------------------------------------
@@ -129,15 +129,14 @@ class Suite:
     def run(self) -> dict:
         import jax
 
-        from .gpu_probe import copy_bandwidth
+        from . import hbm_probe
 
         device = jax.devices()[0]
         self.result["machine"] = {"device": getattr(device, "device_kind", str(device)), "platform": device.platform,
                                   "devices": jax.device_count(), "jax": jax.__version__}
-        self.result["bandwidth"] = {"copy_gb_s": [round(copy_bandwidth(self.config.bandwidth_gib), 1)],
-                                    "method": f"jit(x * 1) over {self.config.bandwidth_gib} GiB float32, best of 5, "
-                                              "bytes read + written"}
-        self.log(f"copy bandwidth {self.bandwidth_gb_s} GB/s")
+        self.result["bandwidth"] = {key: [value] for key, value in hbm_probe.measure(self.config.bandwidth_gib).items()}
+        self.result["bandwidth"]["method"] = hbm_probe.METHOD.format(gib=self.config.bandwidth_gib)
+        self.log(f"HBM bandwidth {self.result['bandwidth']} GB/s")
         self.save()
         if "hf" in self.sections:
             for shape in dict.fromkeys(s for s in map(_hf_shape, self.models) if s):
@@ -147,7 +146,8 @@ class Suite:
             self.run_model(name, entry)
             gc.collect()
         try:  # again at the end: how steady the device was over the run
-            self.result["bandwidth"]["copy_gb_s"].append(round(copy_bandwidth(self.config.bandwidth_gib), 1))
+            for key, value in hbm_probe.measure(self.config.bandwidth_gib).items():
+                self.result["bandwidth"][key].append(value)
         except Exception as error:
             self.result["bandwidth"]["end_error"] = f"{type(error).__name__}: {str(error)[:500]}"
         self.save()

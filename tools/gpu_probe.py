@@ -16,18 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ember.tools.bench import SYNTHETIC_SHAPES
-
-
-def copy_bandwidth(gib: float = 4.0) -> float:
-    x = jnp.ones((int(gib * 2**30) // 4,), jnp.float32)
-    copy = jax.jit(lambda a: a * 1.0)
-    copy(x).block_until_ready()
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        copy(x).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return 2 * x.nbytes / best / 1e9  # read + write
+from ember.tools.hbm_probe import copy_bandwidth
 
 
 def decode_rate(model, steps: int = 64) -> dict:

@@ -1,34 +1,30 @@
 """HBM bandwidth of this device: the denominator of every roofline fraction the bench reports.
 
-Two probes over a buffer far larger than L2 (60 MB on the H200), both timed on the device's own clock
-as a difference: one executable runs the pass `short` and `long` times in a loop whose trip count is a
-runtime argument, and (t_long - t_short) / (long - short) is one pass with no dispatch, synchronisation
-or first-touch cost in it. A single wall-clock call (what the bench used before) carried those costs and
-read 3.3-3.9 TB/s on machines whose GEMVs then streamed 4.3 TB/s.
+Two passes over a buffer far larger than L2 (60 MB on the H200), each timed as a difference: one
+executable runs the pass `short` and `long` times in a loop whose trip count is a runtime argument, and
+(t_long - t_short) / (long - short) is one pass with no dispatch, synchronisation or first-touch cost in
+it. A single wall-clock call (what the bench used before 2026-12) carried those costs: on one H200 it read
+3,708-3,885 GB/s where this copy read 4,146-4,201 and PyTorch's copy timed with CUDA events 4,202-4,284
+(`tools/results/h200_hbm_probe_e0c7f7c.json`).
 
 - copy: x = -x, bytes read + written (METHOD.md's ceiling).
-- read: every word read once and summed (a Triton streaming kernel on a GPU, XLA's reduction elsewhere),
-  bytes read. A decode step is almost all reads, and reads alone run faster than a copy (no read/write
-  turnaround), so the bench's roofline takes the larger of the two: the strictest.
+- read: every word of x summed by XLA's reduction, bytes read: 4,447-4,472 GB/s on that H200 (a Triton
+  streaming sum read 3,944-4,151). A decode step is almost all reads, and reads alone run faster than a
+  copy (no read/write turnaround), so the bench's roofline takes the larger of the two: the strictest.
 """
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
 
-from ember.compiler.ops.triton_available import triton_available
-
-READ_BLOCK = 4096  # float32 words per load step of one program (8 warps: 16 words = 4 x 16 B per thread)
-READ_WORDS_PER_PROGRAM = 1 << 20  # 4 MiB per program: 1,024 programs over 4 GiB
-
 
 def _seconds_per_pass(step, x, short: int, long: int, runs: int) -> float:
-    """Median-timed seconds of one `step` pass: the loop run `long` and `short` times, differenced."""
+    """Median-timed seconds of one `step(x, carry)` pass: the loop run `long` and `short` times, differenced.
+    The pass must depend on its carry (None on the first pass), or XLA hoists it out of the loop."""
     loop = jax.jit(lambda x, n: jax.lax.fori_loop(0, n, lambda _, carry: step(x, carry), step(x, None)))
 
     def median(n: int) -> float:
@@ -47,6 +43,10 @@ def _negate(x, carry):
     return -(x if carry is None else carry)
 
 
+def _sum(x, carry):
+    return jnp.sum(x if carry is None else x + carry * 0.0)  # carry * 0.0 is not folded (NaN, inf)
+
+
 def copy_bandwidth(gib: float = 4.0, *, short: int = 2, long: int = 10, runs: int = 5) -> float:
     """GB/s of x = -x over `gib` GiB of float32, bytes read + written."""
     x = jnp.ones((int(gib * 2**30) // 4,), jnp.float32)
@@ -54,43 +54,16 @@ def copy_bandwidth(gib: float = 4.0, *, short: int = 2, long: int = 10, runs: in
 
 
 def read_bandwidth(gib: float = 4.0, *, short: int = 2, long: int = 10, runs: int = 5) -> float:
-    """GB/s of summing `gib` GiB of float32 (a multiple of 4 MiB), bytes read."""
-    words = int(gib * 2**30) // 4 // READ_WORDS_PER_PROGRAM * READ_WORDS_PER_PROGRAM
-    x = jnp.ones((words,), jnp.float32)
-    return x.nbytes / _seconds_per_pass(_summed, x, short, long, runs) / 1e9
+    """GB/s of summing `gib` GiB of float32, bytes read."""
+    x = jnp.ones((int(gib * 2**30) // 4,), jnp.float32)
+    return x.nbytes / _seconds_per_pass(_sum, x, short, long, runs) / 1e9
 
 
-def _summed(x, carry):
-    """A float32 scalar that depends on every word of x and on the loop's carry (so the pass cannot be
-    hoisted out of the loop)."""
-    bias = jnp.zeros((), jnp.float32) if carry is None else carry * 0.0
-    if triton_available():
-        return _triton_sum(x, bias)
-    return jnp.sum(x + bias)
+def measure(gib: float = 4.0) -> dict[str, float]:
+    """{"copy_gb_s", "read_gb_s"}, each rounded to 0.1 GB/s."""
+    return {"copy_gb_s": round(copy_bandwidth(gib), 1), "read_gb_s": round(read_bandwidth(gib), 1)}
 
 
-def _triton_sum(x, bias):
-    from ember.compiler.ops.triton_launch import triton_call
-
-    programs = x.shape[0] // READ_WORDS_PER_PROGRAM
-    partials = triton_call(x, bias.reshape(1), kernel=_sum_kernel(), grid=(programs,),
-                           out_shape=jax.ShapeDtypeStruct((programs,), jnp.float32), num_warps=8, num_stages=4,
-                           WORDS=READ_WORDS_PER_PROGRAM, BLOCK=READ_BLOCK)
-    return jnp.sum(partials)
-
-
-@functools.cache
-def _sum_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def sum_words(x_ptr, bias_ptr, out_ptr, WORDS: tl.constexpr, BLOCK: tl.constexpr):
-        # x: [programs * WORDS] float32; out: [programs], each its share's sum (+ bias)
-        base = tl.program_id(0).to(tl.int64) * WORDS
-        acc = tl.zeros([BLOCK], tl.float32)
-        for start in range(0, WORDS, BLOCK):
-            acc += tl.load(x_ptr + base + start + tl.arange(0, BLOCK))
-        tl.store(out_ptr + tl.program_id(0), tl.sum(acc) + tl.load(bias_ptr))
-
-    return sum_words
+METHOD = ("loop-count difference inside one executable (2 vs 10 passes, median of 5 each) over {gib} GiB "
+          "float32: copy x = -x (bytes read + written) and XLA's sum (bytes read); rooflines use the highest "
+          "figure of either")
