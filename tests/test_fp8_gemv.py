@@ -4,7 +4,6 @@ run in Triton's interpreter: tools/check_fp8_kernels.py, tests/test_triton_inter
 
 from __future__ import annotations
 
-import re
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +15,7 @@ from ember.compiler.ops.quant.fp8 import GEMV_MAX_ROWS, fp8_linear, quantize_fp8
 from ember.compiler.ops.quant.fp8_gemv import fp8_gemv
 from ember.compiler.ops.quant.fp8_gemv_config import (FP8_RULES, Fp8GemvConfig, launch_plan,
                                                       pick_fp8_config)
-from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
+from triton_calls import triton_calls
 
 SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 
@@ -74,24 +73,12 @@ def test_the_rules_are_ordered_and_end_in_a_catch_all():
         assert launch_plan(min(rule.max_m, GEMV_MAX_ROWS), 1024, 4096, rule.config, blocked=True)
 
 
-def _triton_calls(fn, *args) -> list[dict]:
-    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    calls = []
-    for line in text.splitlines():
-        if XLA_TRITON_TARGET in line:
-            field = lambda key: int(re.search(rf"{key} = (\d+) : i32", line).group(1))  # noqa: E731
-            calls.append({"name": re.search(r'name = "([^"]+)"', line).group(1),
-                          "grid": (field("grid_x"), field("grid_y"), field("grid_z")),
-                          "num_warps": field("num_warps"), "num_stages": field("num_stages")})
-    return calls
-
-
 @pytest.mark.parametrize("m, out, inner, blocked", [(1, 6144, 4096, False), (1, 4096, 14336, True),
                                                      (8, 1024, 4096, True), (16, 28672, 4096, False)])
 def test_the_gemv_lowers_to_one_native_kernel(m, out, inner, blocked):
     w = quantize_fp8(jnp.zeros((out, inner), jnp.float32), blocked=blocked)
     x = jnp.zeros((m, inner), jnp.bfloat16)
-    calls = _triton_calls(fp8_gemv, x, w)
+    calls = triton_calls(fp8_gemv, x, w)
     config = pick_fp8_config(m, out, inner, blocked=blocked)
     assert [c["name"] for c in calls] == ["fp8_gemv_kernel"]
     assert calls[0]["grid"] == launch_plan(m, out, inner, config, blocked=blocked)["grid"]
@@ -107,8 +94,8 @@ def test_fp8_linear_takes_the_gemv_only_for_few_rows_on_a_gpu(monkeypatch):
     assert not use_fp8_gemv(jnp.zeros((4, 512), jnp.bfloat16), w)  # by default only where it measured faster
     monkeypatch.setattr(fp8_module, "DISPATCH_MAX_ROWS", GEMV_MAX_ROWS)
     assert use_fp8_gemv(jnp.zeros((4, 512), jnp.bfloat16), w)
-    assert [c["name"] for c in _triton_calls(fp8_linear, small, w)] == ["fp8_gemv_kernel"]
-    assert _triton_calls(fp8_linear, large, w) == []
+    assert [c["name"] for c in triton_calls(fp8_linear, small, w)] == ["fp8_gemv_kernel"]
+    assert triton_calls(fp8_linear, large, w) == []
     monkeypatch.setenv("EMBER_FP8_GEMV", "0")
     assert not use_fp8_gemv(small, w)
 
@@ -117,11 +104,11 @@ def test_packed_projections_and_the_gated_input_lower_to_one_kernel_each(monkeyp
     monkeypatch.setattr(fp8_module, "triton_available", lambda: True)  # as if traced for a GPU
     qkv = quantize_fp8(jnp.zeros((6144, 4096), jnp.float32))
     x = jnp.zeros((1, 4096), jnp.bfloat16)
-    calls = _triton_calls(lambda x: fp8_module.fp8_linear_parts(x, qkv, (4096, 1024, 1024)), x)
+    calls = triton_calls(lambda x: fp8_module.fp8_linear_parts(x, qkv, (4096, 1024, 1024)), x)
     assert [c["name"] for c in calls] == ["fp8_gemv_parts_kernel"]  # three outputs, no slices after it
     gate_up = quantize_fp8(jnp.zeros((2 * 14336, 4096), jnp.float32))
     gated = lambda x: fp8_module.fp8_linear_gate_up_silu(x, gate_up)  # noqa: E731
-    assert [c["name"] for c in _triton_calls(gated, x)] == ["fp8_gemv_kernel"]
+    assert [c["name"] for c in triton_calls(gated, x)] == ["fp8_gemv_kernel"]
 
     def lowered():  # a fresh function each time: jit would reuse the trace made under other settings
         return jax.jit(lambda x: gated(x)).trace(x).lower(lowering_platforms=("cuda",)).as_text()

@@ -20,24 +20,10 @@ from ember.compiler.ops.quant.config import QuantMatmulConfig, pick_config as pi
 from ember.compiler.ops.quant.layout import pack, random_gguf_bytes
 from ember.compiler.ops.quant.matmul import launch_plan as quant_launch_plan
 from ember.compiler.ops.quant.matmul import triton_quant_matmul
-from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET, kernel_ttir, triton_call
+from ember.compiler.ops.triton_launch import kernel_ttir, triton_call
+from triton_calls import triton_calls
 
 BF16 = jnp.bfloat16
-
-
-def _triton_calls(fn, *args) -> list[dict]:
-    """The XLA Triton custom calls of fn lowered for an NVIDIA GPU: name, grid, warps, stages, IR."""
-    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    calls = []
-    for line in text.splitlines():
-        if XLA_TRITON_TARGET not in line:
-            continue
-        field = lambda key: int(re.search(rf"{key} = (\d+) : i32", line).group(1))  # noqa: E731
-        calls.append({"name": re.search(r'name = "([^"]+)"', line).group(1),
-                      "grid": (field("grid_x"), field("grid_y"), field("grid_z")),
-                      "num_warps": field("num_warps"), "num_stages": field("num_stages"),
-                      "ir": re.search(r'ir = "(.*?)", name', line).group(1)})
-    return calls
 
 
 @pytest.mark.parametrize("rows, width", [(1, 2048), (8, 32), (256, 32)])
@@ -49,7 +35,7 @@ def test_decode_attention_lowers_to_native_kernels(rows, width):
     pool = jnp.zeros((64, bs, hkv, dh), BF16)
     tables = jnp.zeros((rows, width), jnp.int32)
     lens = jnp.ones((rows,), jnp.int32)
-    calls = _triton_calls(lambda q, p, t, n: paged_decode_attention(q, p, p, t, n, n - 1, jnp.int32(0), scale=0.1,
+    calls = triton_calls(lambda q, p, t, n: paged_decode_attention(q, p, p, t, n, n - 1, jnp.int32(0), scale=0.1,
                                                                     backend="triton"), q, pool, tables, lens)
     plan = decode_launch_plan(rows, hq, hkv, dh, bs, width, dot_fp32=False, scale=0.1)
     single = plan["splits"] == 1
@@ -67,7 +53,7 @@ def test_prefill_attention_lowers_to_one_native_kernel(dtype):
     chunk, hq, hkv, dh, bs, width = 512, 32, 8, 128, 16, 64
     q = jnp.zeros((chunk, hq, dh), dtype)
     pool = jnp.zeros((width + 1, bs, hkv, dh), dtype)
-    calls = _triton_calls(lambda q, p, t, pos: prefill_attention(q, p, p, t, pos, jnp.int32(chunk), jnp.int32(0),
+    calls = triton_calls(lambda q, p, t, pos: prefill_attention(q, p, p, t, pos, jnp.int32(chunk), jnp.int32(0),
                                                                  scale=0.1),
                           q, pool, jnp.zeros((width,), jnp.int32), jnp.arange(chunk, dtype=jnp.int32))
     plan = prefill_launch_plan(chunk, hq, hkv, dh, bs, width, scale=0.1, config=pick_config(dh, dtype))
@@ -91,7 +77,7 @@ def test_quantized_gemv_lowers_to_native_kernels(fmt, rows, out, inner, variant,
     if variant == "rows":
         config = QuantMatmulConfig(variant="rows", block_n=32)
     assert config.variant == variant or (variant == "split" and config.variant in ("split", "rows"))
-    calls = _triton_calls(lambda x, w: triton_quant_matmul(x, w, config), jnp.zeros((rows, inner), BF16), weight)
+    calls = triton_calls(lambda x, w: triton_quant_matmul(x, w, config), jnp.zeros((rows, inner), BF16), weight)
     plan = quant_launch_plan(fmt, rows, out, inner, config)
     if variant == "dp4a":  # the activations' quantizer, then the integer-dot GEMV
         assert [c["name"] for c in calls] == ["quantize_rows_kernel", "dp4a_gemv_kernel"]
@@ -122,7 +108,7 @@ def test_packed_qkv_decode_writes_each_projection_apart(grouped, monkeypatch):
         fn = lambda x, w, b: linear_quant.linear_split(x, w, b, sizes=sizes)  # noqa: E731
         text = jax.jit(fn).trace(jnp.zeros((1, 1536), BF16), w, jnp.zeros((2048,), BF16)).lower(
             lowering_platforms=("cuda",)).as_text()
-        calls = _triton_calls(fn, jnp.zeros((1, 1536), BF16), w, jnp.zeros((2048,), BF16))
+        calls = triton_calls(fn, jnp.zeros((1, 1536), BF16), w, jnp.zeros((2048,), BF16))
         outs = jax.eval_shape(fn, jnp.zeros((1, 1536), BF16), w, jnp.zeros((2048,), BF16))
     names = [c["name"] for c in calls]
     # a Q4_K q+k beside a Q6_K v: one quantizer (Q4_K packing, which the v part reads) and one pair launch
@@ -157,7 +143,7 @@ def test_down_projection_partials_are_summed_by_the_next_norm(fmt, d, ffn, by_no
             return s, h.qa, h.da
         with linear_quant.use_quant_backend("triton"):
             text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-            calls = _triton_calls(fn, *args)
+            calls = triton_calls(fn, *args)
         assert [c["name"] for c in calls] == ["quantize_rows_kernel", "dp4a_gemv_kernel", "add_rms_norm_quant_kernel"]
         assert ("stablehlo.reduce" in text) is not (partials and by_norm)
 
@@ -205,8 +191,8 @@ def test_rms_norm_kernels_lower_to_one_native_kernel_each(shape):
 
     x, w = jnp.zeros(shape, BF16), jnp.ones(shape[-1:], BF16)
     plan = launch_plan(shape[0], shape[1])
-    alone = _triton_calls(lambda x, w: rms_norm_triton(x, w, eps=1e-5), x, w)
-    fused = _triton_calls(lambda x, y, w: add_rms_norm_triton(x, y, w, eps=1e-5), x, x, w)
+    alone = triton_calls(lambda x, w: rms_norm_triton(x, w, eps=1e-5), x, w)
+    fused = triton_calls(lambda x, y, w: add_rms_norm_triton(x, y, w, eps=1e-5), x, x, w)
     for calls, name in ((alone, "rms_norm_kernel"), (fused, "add_rms_norm_kernel")):
         assert len(calls) == 1 and calls[0]["name"] == name
         assert calls[0]["grid"] == (shape[0], 1, 1) and calls[0]["num_warps"] == plan["num_warps"]
@@ -222,7 +208,7 @@ def test_rope_write_lowers_to_one_native_kernel_writing_the_pools_in_place(n, hq
     ints = jnp.zeros((n,), jnp.int32)
     fn = lambda q, k, v, p, f, s, kp, vp: rope_write(q, k, v, p, f, s, kp, vp, style=style)  # noqa: E731
     args = (q, k, k, ints, jnp.zeros((dh // 2,), jnp.float32), ints, pool, pool)
-    calls = _triton_calls(fn, *args)
+    calls = triton_calls(fn, *args)
     plan = launch_plan(n, hq, hkv, dh, style)
     assert len(calls) == 1 and calls[0]["name"] == "rope_write_kernel"
     assert calls[0]["grid"] == (n, 1, 1) and calls[0]["num_warps"] == plan["num_warps"]
@@ -251,7 +237,7 @@ def test_rope_decode_attention_lowers_to_one_partials_kernel_writing_the_pools(r
     if plan["splits"] == 1:
         assert step(q, k, pool, tables, ints) is None
         return
-    calls = _triton_calls(step, q, k, pool, tables, ints)
+    calls = triton_calls(step, q, k, pool, tables, ints)
     assert [c["name"] for c in calls] == ["paged_decode_rope_partials_kernel", "paged_decode_combine_kernel"]
     assert calls[0]["grid"] == plan["grid"]
     text = jax.jit(step).trace(q, k, pool, tables, ints).lower(lowering_platforms=("cuda",)).as_text()
@@ -280,6 +266,6 @@ def test_rope_attention_of_a_decode_step_launches_the_fused_partials_when_switch
         return paged.rope_paged_attention(q, k, k, batch.positions, freq, jnp.int32(0), jnp.int32(0), pool, pool,
                                           batch, style="neox", scale=0.1)
 
-    names = [c["name"] for c in _triton_calls(step, q, k, pool)]
+    names = [c["name"] for c in triton_calls(step, q, k, pool)]
     assert names == (["paged_decode_rope_partials_kernel", "paged_decode_combine_kernel"] if fused == "1" else
                      ["rope_write_kernel", "paged_decode_partials_kernel", "paged_decode_combine_kernel"])

@@ -167,7 +167,7 @@ def _check_rope_partials(case: dict, style: str, dtype, splits: int) -> tuple[bo
     ctx - 1 (the padding row: block 0, as the runtime pads)."""
     import jax.numpy as jnp
 
-    from ember.compiler.ops.attention_gpu.decode import combine_partials, decode_launch_plan
+    from ember.compiler.ops.attention_gpu.decode import combine_meta, combine_partials, decode_launch_plan
     from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
     from ember.compiler.ops.attention_gpu.rope_write import launch_plan as rope_plan, rope_write_kernel
     from ember.compiler.ops.rope import inv_frequencies
@@ -207,6 +207,11 @@ def _check_rope_partials(case: dict, style: str, dtype, splits: int) -> tuple[bo
     reference = merged(want)
     close = lambda parts: float(np.abs(merged(parts) - reference).max() / np.abs(reference).max())  # NaN: fails
     err = close(got)
+    # the combine kernel over them too: the empty splits' acc and l stay NaN (unwritten) and must not leak in
+    combined = _buffer(np.full((batch, hq, dh), np.nan, np.float32))
+    KERNELS["combine"][(batch, hq)](*got, combined, **combine_meta(plan["meta"], splits))
+    combined_err = float(np.abs(combined.array - reference).max() / np.abs(reference).max())
+    err = err if combined_err <= err else combined_err  # NaN propagates (max() would drop it)
     pools_equal = all(same(a, b) for a, b in zip(pools_one, pools_two))
     # the own token from registers: pools whose written slots hold NaN, left unwritten (WRITE_KV=False)
     stale = [case[name].astype(dtype) for name in ("k_pool", "v_pool")]

@@ -49,6 +49,7 @@ from .quant.layout import DenseBacked, QuantizedWeight, WeightGroup
 from .quant.matmul import (BACKENDS, quant_matmul, quant_matmul_pair_parts, quant_matmul_parts, quant_matmul_silu_gated,
                            split_columns)
 from .quant.ref import dequantize
+from .split_columns_gpu import split_three
 from .triton_available import triton_available
 
 # rows up to this use the quantized GEMV; above, dequantize + XLA matmul (EMBER_GEMV_MAX_ROWS overrides)
@@ -181,8 +182,8 @@ def linear(x, weight, bias=None):
 def linear_split(x, weight, bias=None, *, sizes):
     # weight [sum(sizes), k] packs several projections of the same input; returns one output per size
     weight = _form(x, weight)
-    if not isinstance(weight, (WeightGroup, QuantizedWeight, Fp8Weight)):
-        return linear_ref.linear_split(_array(x), weight, bias, sizes=sizes)
+    if not isinstance(weight, (WeightGroup, QuantizedWeight, Fp8Weight)):  # dense: the GEMM, then one split
+        return split_three(linear_ref.linear(_array(x), weight, bias), sizes)
     parts = weight.parts if isinstance(weight, WeightGroup) else (weight,)
     runs = _sizes_per_part(parts, tuple(sizes))
     if runs is None:  # a part straddles two projections: the packed product, then slices
