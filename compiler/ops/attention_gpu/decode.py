@@ -48,8 +48,6 @@ class DecodeAttentionConfig:
     programs_per_sm: int = 4
     max_splits: int = 128  # ... but at most this many splits
     min_split_tokens: int = 256  # ... and at least this many tokens of the table width per split
-    # the RoPE-fused partials: a split past the row's last non-empty one writes its -inf max and returns
-    skip_empty_splits: bool = True
 
 
 def default_config() -> DecodeAttentionConfig:
@@ -210,8 +208,7 @@ def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, b
         out_shape=(*_partials_shapes(q, k_pool.shape[2], plan["splits"]),
                    jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype), jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype)),
         input_output_aliases={5: 3, 6: 4}, grid=plan["grid"], num_warps=config.num_warps,
-        num_stages=config.num_stages, INTERLEAVED=style == "interleaved", WRITE_KV=True,
-        SKIP_EMPTY=config.skip_empty_splits, **plan["meta"])
+        num_stages=config.num_stages, INTERLEAVED=style == "interleaved", WRITE_KV=True, **plan["meta"])
     out, activations = _merge(acc, m, l, q, plan, config, activations_for)
     return out, activations, k_pool, v_pool
 
@@ -224,14 +221,12 @@ def combine_meta(meta: dict, splits: int) -> dict:
 
 def combine_partials(acc, m, l, dtype) -> jax.Array:
     """acc [B, hkv, S, G, dh], m, l [B, hkv, S, G] (m in log2 units) -> [B, hkv * G, dh] in `dtype`.
-    A row/head whose splits are all empty gives 0 (no visible token: cannot happen for a decode row). An empty
-    split (m = -inf) is selected away, so its acc and l may hold anything (the RoPE-fused kernel skips them)."""
+    A row/head whose splits are all empty gives 0 (no visible token: cannot happen for a decode row)."""
     b, hkv, _, g, dh = acc.shape
     m_max = jnp.max(m, axis=2, keepdims=True)
     weight = jnp.exp2(m - jnp.where(jnp.isfinite(m_max), m_max, 0.0))  # [B, hkv, S, G]; empty split -> 0
-    filled = m > -jnp.inf
-    num = jnp.sum(jnp.where(filled[..., None], weight[..., None] * acc, 0.0), axis=2)  # [B, hkv, G, dh]
-    den = jnp.sum(jnp.where(filled, weight * l, 0.0), axis=2)
+    num = jnp.sum(weight[..., None] * acc, axis=2)  # [B, hkv, G, dh]
+    den = jnp.sum(weight * l, axis=2)
     out = num / jnp.where(den > 0, den, 1.0)[..., None]
     return out.reshape(b, hkv * g, dh).astype(dtype)
 

@@ -26,16 +26,12 @@ def _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV: tl.constexpr, G: tl.co
     s = tl.arange(0, SPLITS_PAD)
     c = tl.arange(0, CHUNK)
     # the first CHUNK splits are loaded with the maxima, not after them: a short row (one chunk) costs one
-    # round trip; splits past the used ones hold m = -inf and may leave l and acc unwritten (the RoPE-fused
-    # partials kernel skips them), so those are selected away, never multiplied by their 0 weight
+    # round trip; splits past the used ones hold m = -inf, l = 0, acc = 0 and add exactly 0
     first_ok = c < SPLITS
     m_first = tl.load(m_ptr + base + c * G, mask=first_ok, other=float("-inf"))
     l_first = tl.load(l_ptr + base + c * G, mask=first_ok, other=0.0)
     part_first = tl.load(acc_ptr + (base + c * G)[:, None] * DH + d[None, :],
                          mask=first_ok[:, None] & (d[None, :] < DH), other=0.0)
-    filled = m_first > float("-inf")
-    l_first = tl.where(filled, l_first, 0.0)
-    part_first = tl.where(filled[:, None], part_first, 0.0)
     m_all = tl.load(m_ptr + base + s * G, mask=s < SPLITS, other=float("-inf"))  # [SPLITS_PAD]
     m_max = tl.max(m_all, axis=0)
     m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty: every weight is 0

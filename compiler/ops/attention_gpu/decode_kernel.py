@@ -222,8 +222,7 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
                                       HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                                       DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
                                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
-                                      INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr = True,
-                                      SKIP_EMPTY: tl.constexpr = True):
+                                      INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr = True):
     # rope_write_kernel and paged_decode_partials_kernel in one launch, for steps whose rows all decode: q, k_new,
     # v_new [B, HQ | HKV, DH] unrotated (the projection's); inv_freq [DH / 2] fp32; slots [B] where the step's K/V
     # goes; k_pool_in / v_pool_in and k_ptr / v_ptr the same pools (aliased: written in place). Program
@@ -232,9 +231,7 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
     # the pool: its scores are taken here, its V row added after the walk (_attend_split), so no program waits
     # for another's write. DH is a power of two (DH_PAD == DH).
     # -> acc, m, l as paged_decode_partials_kernel's: rope_write then the partials kernel up to fp32 rounding (the
-    # own token's score and weighted value are summed outside the tensor-core dots; see _attend_tile), except
-    # that an empty split (past the row's last non-empty one; never split 0) writes only m = -inf: its acc and
-    # l are left unwritten, and the combine weighs them by a select, not a product.
+    # own token's score and weighted value are summed outside the tensor-core dots; see _attend_tile).
     # WRITE_KV=False leaves the pools alone (the interpreter check: the own token must come from registers,
     # which a sequential interpreter, running split 0 first, would not otherwise show).
     b = tl.program_id(0)
@@ -244,14 +241,6 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
     # every load that depends on nothing else is issued first (the pool stores below would keep later loads
     # behind them): the row's range, its own V row and slot, then the rotation's inputs
     visible = _visible_range(ctx_ptr, pos_ptr, window_ptr, b, W * BS)
-    g = tl.arange(0, G_PAD)
-    row = ((b * HKV + h) * SPLITS + split) * G + g  # [G_PAD] partial row of each query head
-    n_iters = tl.cdiv(visible[1] - visible[0], BLOCK_N)
-    if SKIP_EMPTY and (split > 0) & (split * tl.cdiv(n_iters, SPLITS) >= n_iters):
-        # an empty split (a short row in a wide table: at 128 tokens of 16,528, 63 of 65): its -inf max is all
-        # the combine reads of it, so it skips the rotation, the walk and its acc / l stores
-        tl.store(m_ptr + row, tl.full([G_PAD], float("-inf"), tl.float32), mask=g < G)
-        return
     v_own = tl.load(v_new_ptr + (b * HKV + h) * DH + d).to(v_ptr.dtype.element_ty)
     slot = tl.load(slots_ptr + b).to(tl.int64)  # pools can pass 2**31 elements
     if INTERLEAVED:
@@ -261,6 +250,7 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
     angle = tl.load(pos_ptr + b).to(tl.float32) * tl.load(inv_freq_ptr + pair)  # [DH]
     c = tl.cos(angle)
     s = tl.sin(angle)
+    g = tl.arange(0, G_PAD)
     q = _rotated(q_ptr, (b * HQ + h * G + g) * DH, g < G, d, c, s, DH, INTERLEAVED)
     q = q.to(q_ptr.dtype.element_ty)  # rounded as rope_write's output
     one = tl.arange(0, 1)
@@ -278,6 +268,7 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
     acc, m, l = _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, b, h, split,
                               QK_SCALE, HQ, HKV, G, G_PAD, DH, DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32,
                               q, s_own, v_own, visible, True)
+    row = ((b * HKV + h) * SPLITS + split) * G + g
     tl.store(m_ptr + row, m, mask=g < G)
     tl.store(l_ptr + row, l, mask=g < G)
     tl.store(acc_ptr + row[:, None] * DH + d[None, :], acc, mask=g[:, None] < G)
