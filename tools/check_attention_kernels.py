@@ -266,7 +266,8 @@ def interpret() -> int:
             print(f"{'BAD' if bad else 'ok '} combine + int8 hq={hq:<2} hkv={hkv} dh={dh:<3} {order} {note}", flush=True)
     for (hq, hkv, dh), style, dtype_name, splits in (((12, 2, 128), "neox", "bfloat16", 5),
                                                     ((8, 1, 64), "interleaved", "float32", 3),
-                                                    ((4, 2, 64), "neox", "float32", 8)):
+                                                    ((4, 2, 64), "neox", "float32", 8),
+                                                    ((12, 2, 128), "neox", "float32", 2)):
         case = make_case(rng, hq, hkv, dh, 16, 0 if splits != 3 else 21, max_ctx=200, padding_row=True)
         dtype = ml_dtypes.bfloat16 if dtype_name == "bfloat16" else np.float32
         bad, note = _check_rope_partials(case, style, dtype, splits)
