@@ -48,8 +48,6 @@ class DecodeAttentionConfig:
     programs_per_sm: int = 4
     max_splits: int = 128  # ... but at most this many splits
     min_split_tokens: int = 256  # ... and at least this many tokens of the table width per split
-    # the RoPE-fused partials load their first tile's block ids before the row's range (decode_kernel.py)
-    spec_table: bool = True
 
 
 def default_config() -> DecodeAttentionConfig:
@@ -210,8 +208,7 @@ def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, b
         out_shape=(*_partials_shapes(q, k_pool.shape[2], plan["splits"]),
                    jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype), jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype)),
         input_output_aliases={5: 3, 6: 4}, grid=plan["grid"], num_warps=config.num_warps,
-        num_stages=config.num_stages, INTERLEAVED=style == "interleaved", WRITE_KV=True,
-        SPEC_TABLE=config.spec_table, **plan["meta"])
+        num_stages=config.num_stages, INTERLEAVED=style == "interleaved", WRITE_KV=True, **plan["meta"])
     out, activations = _merge(acc, m, l, q, plan, config, activations_for)
     return out, activations, k_pool, v_pool
 

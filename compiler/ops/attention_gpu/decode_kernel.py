@@ -90,17 +90,13 @@ def _load_kv_tile(ptr, rows, d, mask, DOT_DTYPE: tl.constexpr):
 @triton.jit
 def _attend_tile(q, k_ptr, v_ptr, table_ptr, b, h, t, end, d, m, l, acc, w_own, QK_SCALE: tl.constexpr,
                  HKV: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
-                 DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr, own_pos, s_own, OWN: tl.constexpr,
-                 spec_block=None, use_spec=None, SPEC: tl.constexpr = False):
+                 DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr, own_pos, s_own, OWN: tl.constexpr):
     """One iteration of the online softmax: tokens t [BLOCK_N] (masked at >= end) folded into (m, l, acc).
     OWN: token own_pos is not read from the pool (masked: 0, so stale or NaN values cannot leak in): its
     score is s_own [G_PAD] (q . k_own, before QK_SCALE) and its weight, rounded to the dot dtype as p is for
     the dot, accumulates in w_own [G_PAD] (rescaled as acc is), for the caller to add w_own * v_own once."""
     valid = t < end
-    if SPEC:  # the block ids loaded up front for these very tokens (use_spec): no table round trip here
-        block = tl.where(use_spec, spec_block, tl.load(table_ptr + b * W + t // BS, mask=valid & ~use_spec, other=0))
-    else:
-        block = tl.load(table_ptr + b * W + t // BS, mask=valid, other=0)
+    block = tl.load(table_ptr + b * W + t // BS, mask=valid, other=0)
     # pool [num_blocks, BS, HKV, DH]: int64 before the multiply by the block stride
     rows = block.to(tl.int64) * (BS * HKV * DH) + ((t % BS) * (HKV * DH) + h * DH)
     if OWN:
@@ -138,8 +134,7 @@ def _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, 
                   QK_SCALE: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                   DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
                   BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
-                  q_tile=None, s_own=None, v_own=None, visible=None, OWN: tl.constexpr = False,
-                  spec_block=None, SPEC: tl.constexpr = False):
+                  q_tile=None, s_own=None, v_own=None, visible=None, OWN: tl.constexpr = False):
     """Online softmax of q heads h*G .. h*G+G-1 of row b over split `split` of its visible tokens.
     Returns (acc [G_PAD, DH_PAD] unnormalized, m [G_PAD] running max in log2 units, l [G_PAD] sum).
     OWN (the RoPE-fused partials): q is `q_tile` [G_PAD, DH_PAD] (already rotated) and the row's own token
@@ -175,13 +170,10 @@ def _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, 
     acc = tl.zeros([G_PAD, DH_PAD], tl.float32)
     n = tl.arange(0, BLOCK_N)
     w_own = tl.zeros([G_PAD], tl.float32)
-    # SPEC: spec_block holds the block ids of tokens split * BLOCK_N + n, loaded before the range was known; they
-    # are this split's first tile when it starts there (no window, at most one iteration per split)
-    spec_ok = start + it_lo * BLOCK_N == split * BLOCK_N
     for it in range(it_lo, it_hi):
         m, l, acc, w_own = _attend_tile(q, k_ptr, v_ptr, table_ptr, b, h, start + it * BLOCK_N + n, end, d, m, l,
                                         acc, w_own, QK_SCALE, HKV, DH, DH_PAD, BS, W, DOT_FP32, DOT_DTYPE, end - 1,
-                                        s_own, OWN, spec_block, spec_ok & (it == it_lo), SPEC)
+                                        s_own, OWN)
     if OWN:  # the own token's weighted V row, once: [G_PAD, DH_PAD]
         acc += w_own[:, None] * v_own.to(DOT_DTYPE).to(tl.float32)[None, :]
     return acc, m, l
@@ -230,8 +222,7 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
                                       HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                                       DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
                                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
-                                      INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr = True,
-                                      SPEC_TABLE: tl.constexpr = True):
+                                      INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr = True):
     # rope_write_kernel and paged_decode_partials_kernel in one launch, for steps whose rows all decode: q, k_new,
     # v_new [B, HQ | HKV, DH] unrotated (the projection's); inv_freq [DH / 2] fp32; slots [B] where the step's K/V
     # goes; k_pool_in / v_pool_in and k_ptr / v_ptr the same pools (aliased: written in place). Program
@@ -250,12 +241,6 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
     # every load that depends on nothing else is issued first (the pool stores below would keep later loads
     # behind them): the row's range, its own V row and slot, then the rotation's inputs
     visible = _visible_range(ctx_ptr, pos_ptr, window_ptr, b, W * BS)
-    spec_block = None
-    if SPEC_TABLE:  # the block ids of tokens split * BLOCK_N + [0, BLOCK_N): the first tile's when the row's
-        # range starts at 0 and its splits hold one tile each (up to SPLITS * BLOCK_N tokens), so that tile's K/V
-        # loads wait for one round trip (the range), not two (the range, then the table)
-        t_spec = split * BLOCK_N + tl.arange(0, BLOCK_N)
-        spec_block = tl.load(table_ptr + b * W + t_spec // BS, mask=t_spec < W * BS, other=0)
     v_own = tl.load(v_new_ptr + (b * HKV + h) * DH + d).to(v_ptr.dtype.element_ty)
     slot = tl.load(slots_ptr + b).to(tl.int64)  # pools can pass 2**31 elements
     if INTERLEAVED:
@@ -282,7 +267,7 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
         tl.store(v_ptr + slot * (HKV * DH) + h * DH + d, v_own)
     acc, m, l = _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, b, h, split,
                               QK_SCALE, HQ, HKV, G, G_PAD, DH, DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32,
-                              q, s_own, v_own, visible, True, spec_block, SPEC_TABLE)
+                              q, s_own, v_own, visible, True)
     row = ((b * HKV + h) * SPLITS + split) * G + g
     tl.store(m_ptr + row, m, mask=g < G)
     tl.store(l_ptr + row, l, mask=g < G)
