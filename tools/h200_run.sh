@@ -6,7 +6,7 @@
 #   tools/h200_run.sh engine-tests   GPU engine tests: h200 vs cpu agreement, deterministic mode, quantized model
 #   tools/h200_run.sh quick-1.5b / quick-8b-q4  batch 1 (CONTEXTS, default 128) and a few stream counts, Q4_K_M
 #   tools/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16 and FP8 (per-channel)
-#   tools/h200_run.sh quick-8b-fp8 the FP8 8B at batch 1 (CONTEXTS) and STREAMS8 streams
+#   tools/h200_run.sh quick-8b / quick-8b-fp8  the bf16 / FP8 8B at batch 1 (CONTEXTS) and STREAMS8 streams
 #   tools/h200_run.sh fp8-check  FP8 GEMV GPU tests, then the 8B FP8 step alone: byte vs word loop
 #   tools/h200_run.sh suite-8b-q4 bench suite, Llama-3-8B shape, Q4_K_M kept quantized
 #   tools/h200_run.sh suite-1.5b bench suite, Qwen2.5-1.5B Q4_K_M kept quantized (no startup: startup-1.5b)
@@ -114,6 +114,9 @@ fp8-check)  # the FP8 GEMV's GPU tests (every loop, the parts and gate/up epilog
         --tokenizer .gpu/tok --concurrency 1 --plan-only --variants EMBER_FP8_WORDS=0 EMBER_FP8_WORDS=1 \
         > "$out/plan_alone_fp8.json" 2> "$out/plan_alone_fp8.log" || tail -n 3 "$out/plan_alone_fp8.log"
     grep -h "variant\|multi_async\|profiled_" "$out/plan_alone_fp8.json" ;;
+quick-8b)  # 8B bf16: batch 1 at CONTEXTS (128), STREAMS8 (8 / 32) streams
+    SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} --context-decode-tokens 128 \
+        --concurrency ${STREAMS8:-8 32}" suite quick8b${TAG:-} ${DEADLINE8:-110} synthetic:llama3-8b ;;
 quick-8b-fp8)  # 8B FP8 (per-channel): batch 1 at CONTEXTS (128), STREAMS8 (32) streams
     SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} --context-decode-tokens 128 \
         --concurrency ${STREAMS8:-32}" suite quick8b-fp8${TAG:-} ${DEADLINE8:-110} synthetic:llama3-8b-fp8 ;;
