@@ -185,23 +185,3 @@ def test_entry_matches_reference_op(heads, window, decode_ctx, chunk, seed):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, rtol=1e-5)
     for got_pool, want_pool in ((got_k, want_k), (got_v, want_v)):  # the reference's KV write, bit for bit
         assert np.array_equal(np.asarray(got_pool), np.asarray(want_pool))
-
-
-@pytest.mark.parametrize("granule", [0, 16, 32])
-def test_split_shares_tile_each_rows_visible_range_once(granule):
-    # the kernel's partition (decode_kernel._split_tokens) as decode.split_range computes it: the splits' token
-    # ranges are disjoint, in order, and cover [start, end) exactly; a 128-token row over 65 splits takes 4
-    # splits of 32 tokens at granule 32 and 2 of block_n = 64 at granule 0
-    from ember.compiler.ops.attention_gpu.decode import split_range
-
-    rng = np.random.default_rng(granule)
-    start = jnp.asarray(np.r_[0, 0, rng.integers(0, 300, 30)], jnp.int32)
-    end = start + jnp.asarray(np.r_[128, 0, rng.integers(1, 5000, 30)], jnp.int32)
-    lo, hi = (np.asarray(a) for a in split_range(start, end, 65, 64, granule))
-    for row in range(len(start)):
-        sizes = np.maximum(hi[row] - lo[row], 0)
-        covered = np.concatenate([np.arange(a, b) for a, b in zip(lo[row], hi[row]) if b > a] or [np.zeros(0, int)])
-        np.testing.assert_array_equal(covered, np.arange(int(start[row]), int(end[row])))
-        assert (np.diff(np.nonzero(sizes)[0]) == 1).all()  # the non-empty splits come first, without gaps
-    assert list(np.maximum(hi[0] - lo[0], 0)[:5]) == ([32, 32, 32, 32, 0] if granule == 32 else
-                                                       [16] * 5 if granule == 16 else [64, 64, 0, 0, 0])

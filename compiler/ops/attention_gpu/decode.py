@@ -48,9 +48,6 @@ class DecodeAttentionConfig:
     programs_per_sm: int = 4
     max_splits: int = 128  # ... but at most this many splits
     min_split_tokens: int = 256  # ... and at least this many tokens of the table width per split
-    # a row's share per split rounds up to this many tokens (0: to whole block_n iterations). 32 against 0
-    # on the H200 (same-process A/B, tools/results/h200_decode_granule_*.json)
-    split_granule: int = 32
 
 
 def default_config() -> DecodeAttentionConfig:
@@ -92,7 +89,6 @@ def decode_launch_plan(batch: int, hq: int, hkv: int, dh: int, block_size: int, 
                 DH_PAD=dh_pad, BS=block_size, W=table_width, BLOCK_N=block_n, DOT_FP32=dot_fp32)
     if splits > 1:
         meta["SPLITS"] = splits
-        meta["GRANULE"] = config.split_granule
     # one program per (row, KV head, split): B on x (up to 2**31 - 1), hkv and splits on y, z (<= 65535)
     return {"grid": (batch, hkv, splits), "splits": splits, "block_n": block_n, "meta": meta}
 
@@ -118,7 +114,7 @@ def paged_decode_attention(q, k_pool, v_pool, block_tables, ctx_lens, positions,
     if backend == "emulate":
         acc, m, l = split_k_partials_jnp(q, k_pool, v_pool, tables, ctx_lens, positions, window,
                                          qk_scale=plan["meta"]["QK_SCALE"], splits=plan["splits"],
-                                         block_n=plan["block_n"], granule=plan["meta"].get("GRANULE", 0))
+                                         block_n=plan["block_n"])
         out = combine_partials(acc, m, l, q.dtype)
         return out if activations_for is None else (out, None)
     if backend == "triton":
@@ -242,40 +238,35 @@ def visible_range(ctx_lens, positions, window, max_tokens: int):
     return jnp.minimum(start, end), end
 
 
-def split_share(tokens, splits: int, block_n: int, granule: int):
-    """Tokens each split takes of a row of `tokens` visible tokens (decode_kernel._split_tokens): a 1/splits
-    share rounded up to `granule` tokens, or to whole block_n iterations where granule is 0."""
-    if granule:
-        return -(-(-(-tokens // splits)) // granule) * granule
-    return -(-(-(-tokens // block_n)) // splits) * block_n
-
-
-def split_range(start, end, splits: int, block_n: int, granule: int = 0):
-    """Tokens [lo, hi) of each split: [B, S] int32 each, on the row's own length (the kernel's partition)."""
-    share = split_share(end - start, splits, block_n, granule)  # [B]
-    lo = start[:, None] + jnp.arange(splits, dtype=jnp.int32)[None, :] * share[:, None]
-    return lo, jnp.minimum(lo + share[:, None], end[:, None])
+def split_range(start, end, splits: int, block_n: int):
+    """Iterations [it_lo, it_hi) of each split: [B, S] int32 each (iteration i covers tokens
+    start + i * block_n ...). The kernel's per-split share, on the row's own length."""
+    n_iters = -(-(end - start) // block_n)  # [B]
+    per_split = -(-n_iters // splits)
+    it_lo = jnp.arange(splits, dtype=jnp.int32)[None, :] * per_split[:, None]
+    return it_lo, jnp.minimum(it_lo + per_split[:, None], n_iters[:, None])
 
 
 def split_k_partials_jnp(q, k_pool, v_pool, tables, ctx_lens, positions, window, *, qk_scale: float,
-                         splits: int, block_n: int, granule: int = 0):
+                         splits: int, block_n: int):
     """The kernel's partials (acc [B, hkv, S, G, dh], m, l [B, hkv, S, G]) in jnp, all splits at once: a
-    fori_loop over the static bound of tiles per split, each gathering [B, S, block_n] tokens."""
+    fori_loop over the static bound of iterations per split, each gathering [B, S, block_n] tokens."""
     b, hq, dh = q.shape
     _, bs, hkv, _ = k_pool.shape
     width = tables.shape[1]
     g = hq // hkv
     f32 = jnp.float32
     start, end = visible_range(ctx_lens, positions, window, width * bs)
-    lo, hi = split_range(start, end, splits, block_n, granule)
-    max_per_split = -(-split_share(width * bs, splits, block_n, granule) // block_n)  # static loop bound
+    it_lo, it_hi = split_range(start, end, splits, block_n)
+    max_per_split = -(-(-(-(width * bs) // block_n)) // splits)  # static loop bound
     qg = q.reshape(b, hkv, g, dh).astype(f32)
     lanes = jnp.arange(block_n, dtype=jnp.int32)
 
     def iteration(j, state):
         m, l, acc = state
-        t = lo[..., None] + j * block_n + lanes  # [B, S, N] token positions
-        valid = t < hi[..., None]
+        it = it_lo + j  # [B, S]
+        t = start[:, None, None] + it[..., None] * block_n + lanes  # [B, S, N] token positions
+        valid = (it < it_hi)[..., None] & (t < end[:, None, None])
         entry = jnp.clip(t // bs, 0, width - 1).reshape(b, -1)
         block = jnp.take_along_axis(tables, entry, axis=1).reshape(t.shape)
         offset = t % bs

@@ -13,9 +13,8 @@ query heads of that KV head (GQA), so each K/V tile is read from HBM once per st
                   The walk starts AT `start`: tokens before the window, and the block-0 entries a sliding
                   table holds where blocks were handed back, are never loaded (a sliding layer costs
                   O(window) bytes, not O(context)).
-  splits          split s walks tokens [start + s * share, min(start + (s + 1) * share, end)) in BLOCK_N-token
-                  tiles, share = ceil((end - start) / SPLITS) rounded up to GRANULE tokens (GRANULE = 0: to
-                  whole BLOCK_N iterations, the partition before 2026-12; _split_tokens): the split is over the
+  splits          the range is cut into BLOCK_N-token iterations, and split s walks iterations
+                  [s * per, min((s + 1) * per, n)) with per = ceil(n / SPLITS): the split is over the
                   row's own length (device data), not the static table width, so a short row in an
                   engine with a long max_model_len still spreads over all splits; iterations past the
                   row leave a split empty (m = -inf, l = 0, acc = 0, which the combine weighs by 0).
@@ -131,26 +130,11 @@ def _attend_tile(q, k_ptr, v_ptr, table_ptr, b, h, t, end, d, m, l, acc, w_own, 
 
 
 @triton.jit
-def _split_tokens(start, end, split, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, GRANULE: tl.constexpr):
-    """Tokens [lo, hi) of the row's visible [start, end) that split `split` walks (empty past the row).
-    GRANULE > 0: each split takes ceil((end - start) / SPLITS) tokens rounded up to GRANULE, so a short row
-    spreads over more splits in smaller pieces (128 tokens: 4 splits of 32, not 2 of BLOCK_N = 64);
-    GRANULE = 0: whole BLOCK_N-token iterations, ceil(n_iters / SPLITS) of them per split."""
-    if GRANULE > 0:
-        share = tl.cdiv(tl.cdiv(end - start, SPLITS), GRANULE) * GRANULE
-    else:
-        share = tl.cdiv(tl.cdiv(end - start, BLOCK_N), SPLITS) * BLOCK_N
-    lo = start + split * share
-    return lo, tl.minimum(lo + share, end)
-
-
-@triton.jit
 def _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, b, h, split,
                   QK_SCALE: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                   DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
                   BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
-                  q_tile=None, s_own=None, v_own=None, visible=None, OWN: tl.constexpr = False,
-                  GRANULE: tl.constexpr = 0):
+                  q_tile=None, s_own=None, v_own=None, visible=None, OWN: tl.constexpr = False):
     """Online softmax of q heads h*G .. h*G+G-1 of row b over split `split` of its visible tokens.
     Returns (acc [G_PAD, DH_PAD] unnormalized, m [G_PAD] running max in log2 units, l [G_PAD] sum).
     OWN (the RoPE-fused partials): q is `q_tile` [G_PAD, DH_PAD] (already rotated) and the row's own token
@@ -176,15 +160,18 @@ def _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, 
         start, end = visible
     else:
         start, end = _visible_range(ctx_ptr, pos_ptr, window_ptr, b, W * BS)
-    lo, hi = _split_tokens(start, end, split, BLOCK_N, SPLITS, GRANULE)
+    n_iters = tl.cdiv(end - start, BLOCK_N)
+    per_split = tl.cdiv(n_iters, SPLITS)
+    it_lo = split * per_split
+    it_hi = tl.minimum(it_lo + per_split, n_iters)
 
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, DH_PAD], tl.float32)
     n = tl.arange(0, BLOCK_N)
     w_own = tl.zeros([G_PAD], tl.float32)
-    for t0 in range(lo, hi, BLOCK_N):
-        m, l, acc, w_own = _attend_tile(q, k_ptr, v_ptr, table_ptr, b, h, t0 + n, hi, d, m, l,
+    for it in range(it_lo, it_hi):
+        m, l, acc, w_own = _attend_tile(q, k_ptr, v_ptr, table_ptr, b, h, start + it * BLOCK_N + n, end, d, m, l,
                                         acc, w_own, QK_SCALE, HKV, DH, DH_PAD, BS, W, DOT_FP32, DOT_DTYPE, end - 1,
                                         s_own, OWN)
     if OWN:  # the own token's weighted V row, once: [G_PAD, DH_PAD]
@@ -197,16 +184,14 @@ def paged_decode_partials_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_pt
                                  acc_ptr, m_ptr, l_ptr, QK_SCALE: tl.constexpr,
                                  HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                                  DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
-                                 BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
-                                 GRANULE: tl.constexpr = 0):
+                                 BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr):
     # q [B, HQ, DH]; k, v [num_blocks, BS, HKV, DH]; table [B, W] int32; ctx, pos [B] int32; window [1] int32
     # -> acc [B, HKV, SPLITS, G, DH], m, l [B, HKV, SPLITS, G] fp32
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
     acc, m, l = _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, b, h, split,
-                              QK_SCALE, HQ, HKV, G, G_PAD, DH, DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32,
-                              GRANULE=GRANULE)
+                              QK_SCALE, HQ, HKV, G, G_PAD, DH, DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32)
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, DH_PAD)
     row = ((b * HKV + h) * SPLITS + split) * G + g  # [G_PAD] partial row of each query head
@@ -237,8 +222,7 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
                                       HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                                       DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
                                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
-                                      INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr = True,
-                                      GRANULE: tl.constexpr = 0):
+                                      INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr = True):
     # rope_write_kernel and paged_decode_partials_kernel in one launch, for steps whose rows all decode: q, k_new,
     # v_new [B, HQ | HKV, DH] unrotated (the projection's); inv_freq [DH / 2] fp32; slots [B] where the step's K/V
     # goes; k_pool_in / v_pool_in and k_ptr / v_ptr the same pools (aliased: written in place). Program
@@ -283,7 +267,7 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
         tl.store(v_ptr + slot * (HKV * DH) + h * DH + d, v_own)
     acc, m, l = _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, b, h, split,
                               QK_SCALE, HQ, HKV, G, G_PAD, DH, DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32,
-                              q, s_own, v_own, visible, True, GRANULE)
+                              q, s_own, v_own, visible, True)
     row = ((b * HKV + h) * SPLITS + split) * G + g
     tl.store(m_ptr + row, m, mask=g < G)
     tl.store(l_ptr + row, l, mask=g < G)
