@@ -23,6 +23,7 @@ from .quant.matmul import split_columns
 from .triton_available import triton_available
 
 BLOCK = 1024  # columns per program: 2 KB of bf16, a handful of programs per row
+MAX_ROWS = 256  # decode-sized steps (A/B at 1 row; the 8- and 32-stream benches ran with it); prefill keeps slices
 
 
 @triton.jit
@@ -40,8 +41,8 @@ def split_columns_kernel(y_ptr, a_ptr, b_ptr, c_ptr, S0: tl.constexpr, S1: tl.co
 
 def split_three(y: jax.Array, sizes) -> tuple[jax.Array, ...]:
     """y [rows, sum(sizes)] -> one array per size (split_columns), in one launch where it applies: a GPU
-    trace, three sizes, a 2-D y."""
-    if (len(sizes) != 3 or y.ndim != 2 or not triton_available()
+    trace, three sizes, a 2-D y of at most MAX_ROWS rows."""
+    if (len(sizes) != 3 or y.ndim != 2 or y.shape[0] > MAX_ROWS or not triton_available()
             or os.environ.get("EMBER_TRITON_SPLIT", "1") == "0"):
         return split_columns(y, sizes)
     from .triton_launch import triton_call
