@@ -254,8 +254,8 @@ def model_facts(model) -> dict:
 
 def apply_rooflines(result: dict, bandwidth_gb_s: float | None) -> None:
     """Roofline of every decode figure (Ember's context and concurrency runs, HF's runs) from its measured
-    rate, bytes read per step and rows per step, with the run's bandwidth (the highest copy bandwidth
-    measured in the run: the strictest roofline)."""
+    rate, bytes read per step and rows per step, with the run's bandwidth (the highest copy or read
+    bandwidth measured in the run, tools/hbm_probe.py: the strictest roofline)."""
     runs = [run for entry in result.get("models", {}).values() for section in ("context", "concurrency")
             if isinstance(entry.get(section), dict) for run in entry[section].get("runs", [])]
     runs += [run for hf in result.get("hf", {}).values() for run in hf.get("runs", [])]

@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--prefill-lengths", type=_positive_int, nargs="+", help="prefill prompt lengths (512 4096 16384)")
     suite.add_argument("--prefill-chunk", type=_positive_int, help="batch-1 engine's max_batched_tokens (4096)")
     suite.add_argument("--ttft-concurrency", type=_positive_int, help="concurrency of the TTFT figure (32)")
-    suite.add_argument("--bandwidth-gib", type=float, help="size of the bandwidth probe's copy (4.0)")
+    suite.add_argument("--bandwidth-gib", type=float, help="GiB each bandwidth probe (copy, read) streams (4.0)")
     suite.add_argument("--hf-batches", type=_positive_int, nargs="+", help="HF baseline batch sizes (1 32)")
     suite.add_argument("--hf-compile", choices=COMPILE_MODES, help="see tools/bench_hf.py (forward)")
     suite.add_argument("--hf-device", help="torch device of the HF baseline (cuda)")
