@@ -4,7 +4,6 @@ the bytes a pass moves over its time."""
 
 import re
 
-import jax
 import jax.numpy as jnp
 import pytest
 
@@ -15,9 +14,7 @@ GIB = 1 / 16  # 64 MiB: more than this machine's caches, fast on 2 cores
 
 def _ops_in_loop_body(step) -> str:
     """The compiled HLO text of the loop's body and of every computation it calls, transitively."""
-    x = jnp.ones((1024,), jnp.float32)
-    loop = jax.jit(lambda x, n: jax.lax.fori_loop(0, n, lambda _, carry: step(x, carry), step(x, None)))
-    hlo = loop.lower(x, 3).compile().as_text()
+    hlo = hbm_probe.pass_loop(step).lower(jnp.ones((1024,), jnp.float32), 3).compile().as_text()
     computations = {}
     for block in hlo.split("\n\n"):
         header = re.match(r"\s*(?:ENTRY\s+)?%?([\w.\-]+)", block)

@@ -41,7 +41,8 @@ import numpy as np  # noqa: E402
 
 from ember.compiler.ops.quant.fp8 import Fp8Weight, fp8_linear_xla, fp8_reference_matmul, quantize_fp8  # noqa: E402
 from ember.compiler.ops.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv, launch_plan, pick_fp8_config  # noqa: E402
-from ember.tools.bench_quant_matmul import median_run_seconds, replicate, start_run  # noqa: E402
+from ember.tools.bench_quant_matmul import replicate, start_run  # noqa: E402
+from ember.tools.hbm_probe import median_run_seconds  # noqa: E402
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 L2_FLUSH_BYTES = 128 << 20  # weights cycled per run: 2.5x the H200's 50 MB L2

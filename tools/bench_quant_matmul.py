@@ -36,9 +36,7 @@ import dataclasses
 import json
 import math
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -49,7 +47,7 @@ from ember.compiler.ops.quant import FORMATS, QuantizedWeight, pick_config, quan
 from ember.compiler.ops.quant.config import QuantMatmulConfig
 from ember.compiler.ops.quant.matmul import launch_plan
 from ember.compiler.ops.quant.ref import dequantize, quant_matmul_ref
-from ember.tools.hbm_probe import copy_bandwidth
+from ember.tools.hbm_probe import copy_bandwidth, median_run_seconds
 
 SHAPES = {
     "qwen2.5-1.5b": [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (151936, 1536)],
@@ -117,18 +115,6 @@ def replicate(tree, count: int) -> list:
     """`count` distinct device buffers holding the same values."""
     first = jax.device_put(tree)
     return [first] + [jax.tree.map(lambda a: a.copy(), first) for _ in range(count - 1)]
-
-
-def median_run_seconds(run, runs: int) -> float:
-    """Median wall seconds of run() (which waits for the device), after 3 warm-up runs."""
-    for _ in range(3):
-        run()
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def time_calls(fn, x, weights: list, runs: int) -> float:

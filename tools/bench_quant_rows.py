@@ -24,8 +24,9 @@ from ember.compiler.ops.quant import pick_config
 from ember.compiler.ops.quant.config import QuantMatmulConfig
 from ember.compiler.ops.quant.matmul import launch_plan
 from ember.tools import bench_quant_matmul as bench
-from ember.tools.bench_quant_matmul import (DECODE_SHAPES, copies_for, kernel_fn, max_rel_err, median_run_seconds,
-                                             random_weight, replicate)
+from ember.tools.bench_quant_matmul import (DECODE_SHAPES, copies_for, kernel_fn, max_rel_err, random_weight,
+                                             replicate)
+from ember.tools.hbm_probe import median_run_seconds
 
 
 def rows_candidates(fmt: str, m: int, out: int, inner: int) -> list[QuantMatmulConfig]:

@@ -20,8 +20,9 @@ Every decode figure (HF's too) also gets its bandwidth roofline: rate ÷ (rows �
 step), bytes per step = weight bytes on the device (quantized at their packed size; an embedding table only
 gathered from excluded) + each row's KV at its (mean) context, layers × ctx × hkv × dh × 2 × itemsize.
 Bandwidth is measured in the same process (an on-device copy and a read, tools/hbm_probe.py; the highest
-figure of either), at the start and the end. Every section is guarded: an error or an out-of-memory is recorded as {"error": ...} and the suite
-goes on; bench.json is rewritten after every measurement, so a run cut short keeps what it measured.
+figure of either), at the start and the end. Every section is guarded: an error or an out-of-memory is
+recorded as {"error": ...} and the suite goes on; bench.json is rewritten after every measurement, so a run
+cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -124,6 +125,13 @@ class Suite:
         values = [v for key in ("copy_gb_s", "read_gb_s") for v in self.result["bandwidth"].get(key) or []]
         return max(values) if values else None  # the best this device showed: the strictest roofline
 
+    def measure_bandwidth(self) -> None:
+        """Both HBM probes once more, appended to the run's lists."""
+        from . import hbm_probe
+
+        for key, value in hbm_probe.measure(self.config.bandwidth_gib).items():
+            self.result["bandwidth"][key].append(value)
+
     # ---- the run -------------------------------------------------------------------------------------
 
     def run(self) -> dict:
@@ -134,8 +142,9 @@ class Suite:
         device = jax.devices()[0]
         self.result["machine"] = {"device": getattr(device, "device_kind", str(device)), "platform": device.platform,
                                   "devices": jax.device_count(), "jax": jax.__version__}
-        self.result["bandwidth"] = {key: [value] for key, value in hbm_probe.measure(self.config.bandwidth_gib).items()}
-        self.result["bandwidth"]["method"] = hbm_probe.METHOD.format(gib=self.config.bandwidth_gib)
+        self.result["bandwidth"] = {"copy_gb_s": [], "read_gb_s": [],
+                                    "method": hbm_probe.METHOD.format(gib=self.config.bandwidth_gib)}
+        self.measure_bandwidth()
         self.log(f"HBM bandwidth {self.result['bandwidth']} GB/s")
         self.save()
         if "hf" in self.sections:
@@ -146,8 +155,7 @@ class Suite:
             self.run_model(name, entry)
             gc.collect()
         try:  # again at the end: how steady the device was over the run
-            for key, value in hbm_probe.measure(self.config.bandwidth_gib).items():
-                self.result["bandwidth"][key].append(value)
+            self.measure_bandwidth()
         except Exception as error:
             self.result["bandwidth"]["end_error"] = f"{type(error).__name__}: {str(error)[:500]}"
         self.save()

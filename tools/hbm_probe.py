@@ -22,20 +22,28 @@ import jax
 import jax.numpy as jnp
 
 
+def median_run_seconds(run, runs: int) -> float:
+    """Median wall seconds of run() (which waits for the device), after 3 warm-up runs."""
+    for _ in range(3):
+        run()
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def pass_loop(step):
+    """jit((x, n) -> `step` applied n + 1 times): a loop whose trip count is a runtime argument. The pass must
+    depend on its carry (None on the first pass), or XLA hoists it out of the loop."""
+    return jax.jit(lambda x, n: jax.lax.fori_loop(0, n, lambda _, carry: step(x, carry), step(x, None)))
+
+
 def _seconds_per_pass(step, x, short: int, long: int, runs: int) -> float:
-    """Median-timed seconds of one `step(x, carry)` pass: the loop run `long` and `short` times, differenced.
-    The pass must depend on its carry (None on the first pass), or XLA hoists it out of the loop."""
-    loop = jax.jit(lambda x, n: jax.lax.fori_loop(0, n, lambda _, carry: step(x, carry), step(x, None)))
-
-    def median(n: int) -> float:
-        jax.block_until_ready(loop(x, n))  # compile (once) and warm
-        samples = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            jax.block_until_ready(loop(x, n))
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples)
-
+    """Seconds of one `step(x, carry)` pass: the loop's median time at `long` and `short` passes, differenced."""
+    loop = pass_loop(step)
+    median = lambda n: median_run_seconds(lambda: jax.block_until_ready(loop(x, n)), runs)  # noqa: E731
     return max(median(long) - median(short), 1e-9) / (long - short)
 
 
