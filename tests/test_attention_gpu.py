@@ -182,3 +182,49 @@ def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(monke
     np.testing.assert_array_equal(got_v, want_v)
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
     assert np.mean(got == want) > 0.9, np.mean(got == want)
+
+
+@pytest.mark.parametrize("heads, ctx", [((12, 2), [700, 1, 33, 1024]), ((32, 8), [5000, 17]), ((8, 1), [129])])
+@pytest.mark.parametrize("order", [None, "q4_k", "q6_k"])
+def test_partials_merging_themselves_match_the_combine_kernel(heads, ctx, order):
+    """config.merge_in_partials (decode_merge_kernel: the last split of a row / KV head merges it) against the
+    RoPE-fused partials then the combine kernel: the pools bit-equal, the arrival counters (slots 1.. of the K
+    pool's block 0) back at zero, the output to the last bf16 bit (the merge sums the splits in another
+    order), its int8 activations bit-equal to the Triton quantizer's on its own rows; twice in a row, so a
+    counter left non-zero by the first launch would show in the second."""
+    from ember.compiler.ops.attention_gpu.decode import DecodeAttentionConfig, rope_decode_attention
+    from ember.compiler.ops.quant.dp4a import quantize_activations_gpu
+    from ember.compiler.ops.rope import inv_frequencies
+
+    hq, hkv = heads
+    dh, block_size, width = 128, 16, 400
+    rng = np.random.default_rng(len(ctx))
+    batch, n, num_blocks = _step_batch(rng, ctx, None, block_size, width, kinds=1, state=0, window=0)
+    q = jnp.asarray(rng.standard_normal((n, hq, dh)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((n, hkv, dh)), jnp.bfloat16) for _ in range(2))
+    pools = [jnp.asarray(rng.standard_normal((num_blocks, block_size, hkv, dh)), jnp.bfloat16) for _ in range(2)]
+    pools[0] = pools[0].at[0, 1:].set(0)  # the counters start at zero, as in the runtime's pools
+    inv_freq = jnp.asarray(inv_frequencies(theta=1e6, head_dim=dh))
+
+    def run(merge: bool, k_pool, v_pool):
+        step = jax.jit(functools.partial(rope_decode_attention, style="neox", scale=0.125, activations_for=order,
+                                         config=DecodeAttentionConfig(merge_in_partials=merge)))
+        return step(q, k, v, batch.positions, inv_freq, batch.slots[0], k_pool, v_pool, batch.dec_block_tables[0],
+                    batch.dec_ctx_lens, jnp.int32(0))
+
+    want, want_act, want_k, want_v = run(False, *pools)
+    for _ in range(2):
+        got, got_act, got_k, got_v = run(True, *pools)
+        counters = np.asarray(got_k[0, 1:]).view(np.uint16)
+        assert not counters.any(), "arrival counters left non-zero"
+        np.testing.assert_array_equal(np.asarray(got_v), np.asarray(want_v))
+        np.testing.assert_array_equal(np.asarray(got_k), np.asarray(want_k))
+        got32, want32 = (np.asarray(a, np.float32) for a in (got, want))
+        np.testing.assert_allclose(got32, want32, rtol=1e-2, atol=1e-2 * np.abs(want32).max())
+        assert np.mean(got32 == want32) > 0.9, np.mean(got32 == want32)
+        assert (got_act is None) == (order is None)
+        if order is not None:
+            qa_ref, da_ref = jax.jit(lambda h: quantize_activations_gpu(h, order))(got.reshape(n, -1))
+            np.testing.assert_array_equal(np.asarray(got_act[0]), np.asarray(qa_ref))
+            np.testing.assert_array_equal(np.asarray(got_act[1]), np.asarray(da_ref))
+        pools = [got_k, got_v]

@@ -58,18 +58,34 @@ def _record(key: str, value) -> None:
             json.dump(data, f, indent=1)
 
 
-def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
-    tokens = np.random.default_rng(7).integers(0, SYNTHETIC_SHAPES[SHAPE][1]["vocab_size"], POSITIONS).tolist()
-    with jax.default_device(jax.devices("cpu")[0]):
-        exact = SequenceRunner(load_model(_checkpoint(), target="cpu"), POSITIONS).prefill(tokens, all_logits=True)
-    gpu_model = load_model(_checkpoint(), target="h200")
-    fast = SequenceRunner(gpu_model, POSITIONS).prefill(tokens, all_logits=True).astype(np.float32)
+def _agreement(exact: np.ndarray, fast: np.ndarray) -> dict:
     p_exact, p_fast = _log_softmax(exact), _log_softmax(fast)
     kl = (np.exp(p_exact) * (p_exact - p_fast)).sum(-1)
-    top1 = float((exact.argmax(-1) == fast.argmax(-1)).mean())
-    _record("h200_vs_cpu_target", {"model": f"synthetic:{SHAPE}", "positions": POSITIONS, "top1_agreement": top1,
-                                   "mean_kl": float(kl.mean()), "max_kl": float(kl.max())})
-    assert top1 >= 0.99 and kl.mean() <= 1e-3, (top1, kl.mean())
+    top2 = np.sort(exact, axis=-1)[:, -2:]
+    flipped = exact.argmax(-1) != fast.argmax(-1)
+    return {"top1_agreement": float(1.0 - flipped.mean()), "mean_kl": float(kl.mean()), "max_kl": float(kl.max()),
+            # how close to a tie the reference's top two logits were where the argmax moved
+            "flipped_top2_margins": [round(float(m), 5) for m in (top2[:, 1] - top2[:, 0])[flipped]]}
+
+
+def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
+    # The criterion compares the two targets at one precision (bf16): the cpu target run in bfloat16 on the same
+    # weights. Against the cpu target's float32 the top-1 agreement measures bf16 itself, not the kernels: on
+    # random weights the top two logits are near ties (median gap 0.16 at logit std 1.0), and the cpu target
+    # in bf16 moves the same 6% of argmaxes that the h200 plans do (0.9375 both, KL 3.0e-4, at 488ea03).
+    tokens = np.random.default_rng(7).integers(0, SYNTHETIC_SHAPES[SHAPE][1]["vocab_size"], POSITIONS).tolist()
+    with jax.default_device(jax.devices("cpu")[0]):
+        references = {dtype: SequenceRunner(load_model(_checkpoint(), target="cpu", activation_dtype=dtype),
+                                            POSITIONS).prefill(tokens, all_logits=True).astype(np.float32)
+                      for dtype in ("bfloat16", "float32")}
+    gpu_model = load_model(_checkpoint(), target="h200")
+    fast = SequenceRunner(gpu_model, POSITIONS).prefill(tokens, all_logits=True).astype(np.float32)
+    same_precision = _agreement(references["bfloat16"], fast)
+    vs_float32 = _agreement(references["float32"], fast)
+    _record("h200_vs_cpu_target", {"model": f"synthetic:{SHAPE}", "positions": POSITIONS,
+                                   "cpu_target_bfloat16": same_precision, "cpu_target_float32": vs_float32})
+    assert same_precision["top1_agreement"] >= 0.99 and same_precision["mean_kl"] <= 1e-3, same_precision
+    assert vs_float32["mean_kl"] <= 1e-3, vs_float32
 
 
 def test_deterministic_mode_is_bit_exact_alone_and_under_load():

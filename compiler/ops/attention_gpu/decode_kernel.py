@@ -234,6 +234,19 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
     # own token's score and weighted value are summed outside the tensor-core dots; see _attend_tile).
     # WRITE_KV=False leaves the pools alone (the interpreter check: the own token must come from registers,
     # which a sequential interpreter, running split 0 first, would not otherwise show).
+    rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr,
+                  acc_ptr, m_ptr, l_ptr, k_ptr, v_ptr, QK_SCALE, HQ, HKV, G, G_PAD, DH, DH_PAD, BS, W, BLOCK_N,
+                  SPLITS, DOT_FP32, INTERLEAVED, WRITE_KV)
+
+
+@triton.jit
+def rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr,
+                  acc_ptr, m_ptr, l_ptr, k_ptr, v_ptr, QK_SCALE: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                  G: tl.constexpr, G_PAD: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr,
+                  W: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
+                  INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr):
+    """The body of paged_decode_rope_partials_kernel (program (b, h, split) stores its partial rows); also the
+    first half of decode_merge_kernel's. Returns the row's visible range (start, end)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -272,6 +285,7 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
     tl.store(m_ptr + row, m, mask=g < G)
     tl.store(l_ptr + row, l, mask=g < G)
     tl.store(acc_ptr + row[:, None] * DH + d[None, :], acc, mask=g[:, None] < G)
+    return visible
 
 
 @triton.jit
