@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .kv_dtypes import KV_CACHE_DTYPES, kv_dtype as _kv_dtype
 from .model import Model
 from .state_kinds import engine_pool_blocks
 from .step_inputs import PrefillShapes
@@ -34,6 +35,14 @@ class EngineConfig:
     # restart neither traces nor lowers them; `ember serve` turns it on. Off by default: an engine whose traced
     # code is changed by anything but the sources and EMBER_* settings (a test patching a module) must trace.
     keep_executables: bool = False
+    # the KV pools' element type (KV_CACHE_DTYPES): "auto" = the plan's activation dtype; "fp8" (= "fp8_e4m3")
+    # stores K and V rounded to float8 e4m3 with no scale (vLLM's --kv-cache-dtype fp8 without calibrated
+    # scales): half the bytes of a bf16 pool, so twice the tokens per KV budget and half the KV reads per step
+    kv_cache_dtype: str = "auto"
+
+    def __post_init__(self):
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
 
 
 def prefill_shapes(entry: dict, config: EngineConfig) -> PrefillShapes:
@@ -44,12 +53,17 @@ def prefill_shapes(entry: dict, config: EngineConfig) -> PrefillShapes:
     return PrefillShapes(buckets, segments, int(entry.get("segment_max_tokens", 512)))
 
 
-def kv_bytes_per_block(model: Model, block_size: int, kind: str | None = None) -> int:
+def kv_dtype(model: Model, kv_cache_dtype: str = "auto") -> np.dtype:
+    """The KV pools' dtype of an engine of `model` (runtime/kv_dtypes.py)."""
+    return _kv_dtype(model.dtype, kv_cache_dtype)
+
+
+def kv_bytes_per_block(model: Model, block_size: int, kind: str | None = None, kv_cache_dtype: str = "auto") -> int:
     """K and V of one block over the layers of one KV state kind (all layers when kind is None):
-    2 * layers_of_kind * block_size * hkv * dh * itemsize."""
+    2 * layers_of_kind * block_size * hkv * dh * itemsize (of the kv_cache_dtype)."""
     d = model.dims
     layers = sum(1 for k in model.layer_state_kinds if kind is None or k == kind)
-    return 2 * layers * block_size * int(d.hkv) * int(d.dh) * np.dtype(model.dtype).itemsize
+    return 2 * layers * block_size * int(d.hkv) * int(d.dh) * kv_dtype(model, kv_cache_dtype).itemsize
 
 
 def sized_config(model: Model, *, kv_memory_bytes: int | None = None, ctx: int | None = None,
@@ -73,7 +87,7 @@ def sized_config(model: Model, *, kv_memory_bytes: int | None = None, ctx: int |
 def _full_blocks_for_budget(model: Model, base: EngineConfig, budget: int) -> int:
     """The most usable full-kind blocks n whose pools of every kind (n, or a sliding kind's rule) fit budget."""
     kinds = model.paged_kinds
-    per_block = {k.name: kv_bytes_per_block(model, base.block_size, k.name) for k in kinds}
+    per_block = {k.name: kv_bytes_per_block(model, base.block_size, k.name, base.kv_cache_dtype) for k in kinds}
 
     def cost(n: int) -> int:
         sizes = engine_pool_blocks(kinds, replace(base, num_blocks=n + 1))

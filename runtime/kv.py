@@ -2,10 +2,8 @@
 
 The pool hands out blocks of `block_size` token slots; a token at position p of a sequence lives in
 slot `block_table[p // block_size] * block_size + p % block_size` of the plan's KV arrays
-[layers, num_blocks, block_size, hkv, dh]. Block 0 is reserved and never handed out, so `num_blocks - 1`
-blocks are usable: its slot 0 takes the plans' padding writes (and a discarded run-ahead step's), and its
-other slots, zero in a new pool and never written by a step, hold the h200 decode kernel's arrival counters
-in the K pools (compiler/ops/attention_gpu/decode_merge_kernel.py), which each launch leaves at zero.
+[layers, num_blocks, block_size, hkv, dh]. Block 0 is reserved for the plans' padding writes and is
+never handed out, so `num_blocks - 1` blocks are usable.
 
 Prefix cache. A block that is full and whose KV is computed is registered under a hash chain of the
 token ids it holds: h_i = blake2b(h_{i-1} || tokens of block i), so equal hashes mean equal whole

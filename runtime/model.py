@@ -50,15 +50,17 @@ class Model:
         """The paged KV state kind of each layer."""
         return layer_state_kinds(self.plan.manifest, self.resolved.layer_kinds)
 
-    def new_kv(self, num_blocks: int | Mapping[str, int], block_size: int) -> list[tuple[jax.Array, jax.Array]]:
+    def new_kv(self, num_blocks: int | Mapping[str, int], block_size: int,
+               dtype=None) -> list[tuple[jax.Array, jax.Array]]:
         """One (k, v) pool pair per layer, each [num_blocks of the layer's state kind, block_size, hkv, dh]
-        (num_blocks: one count for every kind, or one per kind)."""
+        (num_blocks: one count for every kind, or one per kind), in `dtype` (default: the activation dtype)."""
         d = self.dims
+        dtype = self.dtype if dtype is None else dtype
         pools = []
         for kind in self.layer_state_kinds:
             blocks = num_blocks if isinstance(num_blocks, int) else num_blocks[kind]
             shape = (blocks, block_size, d.hkv, d.dh)
-            pools.append((jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype)))
+            pools.append((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)))
         return pools
 
     def forward(self, kv, batch: StepBatch):

@@ -22,12 +22,13 @@ MIN_BLOCKS = 16  # short sequences share one table shape (one compiled plan) up 
 
 class SequenceRunner:
     def __init__(self, model: Model, max_tokens_in_context: int, *, block_size: int = 16,
-                 prefill_chunk: int | None = None):
+                 prefill_chunk: int | None = None, kv_dtype=None):
+        # kv_dtype: the pools' element type (default: the activation dtype; EngineConfig.kv_cache_dtype's)
         self.model = model
         self.block_size = block_size
         blocks = max(math.ceil(max_tokens_in_context / block_size), MIN_BLOCKS)
         self.max_blocks = 1 << max(0, (blocks - 1).bit_length())  # power of two: few distinct shapes
-        self.kv = model.new_kv(self.max_blocks + 1, block_size)
+        self.kv = model.new_kv(self.max_blocks + 1, block_size, kv_dtype)
         self.num_kinds = len(model.paged_kinds)  # one table per kind: the same blocks in each kind's pool
         self.block_table = np.arange(1, self.max_blocks + 1, dtype=np.int32)
         buckets = tuple(model.plan.manifest["entries"]["forward"]["prefill_buckets"])

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..compiler.targets import get_target
 from .executable_cache import cached_step, executor_identity
+from .engine_config import kv_dtype
 from .engine_step import (carry_from_step, collect_multi_step, collect_step, launch_multi_step, launch_step,
                           make_multi_step_fn, make_step_fn, no_carry, run_multi_step, run_step)
 from .model import Model
@@ -49,7 +50,8 @@ class StepExecutor:
         self.deterministic = config.deterministic
         plan = model.deterministic_plan() if self.deterministic else model.plan
         # each layer's pool is sized by its state kind (the engine's KVCache uses the same sizes)
-        self.kv = model.new_kv(engine_pool_blocks(model.paged_kinds, config), config.block_size)
+        self.kv = model.new_kv(engine_pool_blocks(model.paged_kinds, config), config.block_size,
+                               kv_dtype(model, config.kv_cache_dtype))
         # the step functions' executables are also kept on disk (runtime/executable_cache.py): a warm start
         # neither traces nor lowers them
         identity = executor_identity(plan.module, (model.params, self.kv)) if config.keep_executables else None

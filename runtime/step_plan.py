@@ -12,10 +12,9 @@ import numpy as np
 
 def slots_at(tables: Sequence[Sequence[int]], position: int, block_size: int) -> tuple[int, ...]:
     """The flat KV slot (block * block_size + offset) of `position` in each kind's block table; a position
-    past a table (a run-ahead step after its request's end, discarded) gets slot 0 of reserved block 0, as
-    padding rows do (its other slots hold the decode kernels' arrival counters: runtime/kv.py)."""
+    past a table (a run-ahead step after its request's end, discarded) gets its slot in reserved block 0."""
     block, offset = divmod(position, block_size)
-    return tuple(table[block] * block_size + offset if block < len(table) else 0 for table in tables)
+    return tuple((table[block] if block < len(table) else 0) * block_size + offset for table in tables)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ class ServeConfig:
     served_model_name: str | None = None  # the name clients use; default: the model's own name
     ctx: int | None = None  # longest context of one request (prompt + output); default min(model's, 8192)
     kv_memory_gib: float = 2.0  # KV pool budget; the pool always holds at least one full context
+    kv_cache_dtype: str = "auto"  # the KV pool's element type: auto (the plan's activations), fp8 (e4m3), ...
     max_num_seqs: int = 16
     max_batched_tokens: int | None = None  # tokens per engine step; default: the plan's largest prefill bucket
     max_queue_depth: int = 256
@@ -63,6 +64,14 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _kv_cache_dtype(text: str) -> str:
+    from ..runtime.kv_dtypes import KV_CACHE_DTYPES
+
+    if text not in KV_CACHE_DTYPES:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(KV_CACHE_DTYPES)}, got {text!r}")
+    return text
+
+
 def _origins(text: str) -> tuple[str, ...]:
     return tuple(o.strip() for o in text.split(",") if o.strip())
 
@@ -76,6 +85,9 @@ _FLAGS = {
     "--served-model-name": ("served_model_name", str, "the model name clients see and send"),
     "--ctx": ("ctx", _positive_int, "longest context of one request, prompt + output (tokens)"),
     "--kv-memory-gib": ("kv_memory_gib", _positive_float, "memory for the KV cache pool, GiB"),
+    "--kv-cache-dtype": ("kv_cache_dtype", _kv_cache_dtype,
+                         "KV cache element type: auto (the activations'), fp8 (e4m3, no scale: half the bytes), "
+                         "bfloat16, float32"),
     "--max-num-seqs": ("max_num_seqs", _positive_int, "sequences decoded together at most"),
     "--max-batched-tokens": ("max_batched_tokens", _positive_int, "tokens per engine step at most (default: the target's largest prefill chunk)"),
     "--max-queue-depth": ("max_queue_depth", _positive_int, "waiting requests beyond which new ones get 429"),

@@ -85,7 +85,8 @@ def _kv_bytes(service, engine) -> int:
         from ..runtime.engine import kv_bytes_per_block
 
         blocks = int(engine.snapshot()["total_kv_blocks"])
-        return blocks * int(kv_bytes_per_block(service.model, engine.config.block_size))
+        return blocks * int(kv_bytes_per_block(service.model, engine.config.block_size,
+                                               kv_cache_dtype=engine.config.kv_cache_dtype))
     except Exception:  # a figure for a listing: never worth failing the request over
         return 0
 

@@ -72,14 +72,15 @@ class ModelService:
             context = self._context_length(model)
             kv_bytes = int(self.config.kv_memory_gib * 2**30)
             block = 16
-            min_bytes = kv_bytes_per_block(model, block) * math.ceil(context / block)
+            kv_cache_dtype = self.config.kv_cache_dtype
+            min_bytes = kv_bytes_per_block(model, block, kv_cache_dtype=kv_cache_dtype) * math.ceil(context / block)
             engine_config = sized_config(
                 model, kv_memory_bytes=max(kv_bytes, min_bytes), block_size=block, max_model_len=context,
                 max_num_seqs=self.config.max_num_seqs,
                 max_batched_tokens=self.config.max_batched_tokens or max(
                     model.plan.manifest["entries"]["forward"]["prefill_buckets"]),
                 max_queue_depth=self.config.max_queue_depth, deterministic=self.config.deterministic,
-                max_queue_wait_s=self.config.request_timeout, keep_executables=True)
+                max_queue_wait_s=self.config.request_timeout, keep_executables=True, kv_cache_dtype=kv_cache_dtype)
             self.engine = Engine(model, tokenizer, engine_config, stop_token_ids=self.eos_ids)
             try:
                 self.engine.grammar_tokenizer()  # ~1 s for a 150k vocabulary: once, before serving

@@ -92,6 +92,22 @@ def test_kernel_matches_reference(heads, dh, block_size, dtype, window, ctx, spl
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * float(np.abs(want).max()))
 
 
+@pytest.mark.parametrize("heads, ctx, splits", [((12, 2), [32768, 1, 4097, 100], None), ((32, 8), [5000, 17], 3),
+                                                 ((8, 1), [300], 1)])
+def test_kernel_on_fp8_pools_matches_reference(heads, ctx, splits):
+    # kv_cache_dtype="fp8": bf16 q over float8 e4m3 pools (single, split and long rows); the reference reads the
+    # same pools widened to fp32
+    hq, hkv = heads
+    q, pools, tables = device_case(11, hq, hkv, 128, 16, ctx, jnp.bfloat16)
+    pools = pools.astype(jnp.float8_e4m3fn)
+    ctx_lens = jnp.asarray(ctx, jnp.int32)
+    want = np.asarray(reference(q, *pools, jnp.asarray(tables), ctx_lens - 1, jnp.int32(0), scale=0.1))
+    got = kernel(q, *pools, jnp.asarray(tables), ctx_lens, ctx_lens - 1, jnp.int32(0), scale=0.1, splits=splits)
+    assert got.dtype == jnp.bfloat16
+    got = np.asarray(got.astype(jnp.float32))
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * float(np.abs(want).max()))
+
+
 def test_block_offsets_past_2_31_elements():
     # a pool of 140000 blocks x 16 x 8 x 128 (2.3e9 elements per pool): rows read its last blocks
     hq, hkv, dh, bs, nb = 32, 8, 128, 16, 140_000
@@ -108,17 +124,20 @@ def test_block_offsets_past_2_31_elements():
         np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("dtype, pool_dtype", [(jnp.bfloat16, None), (jnp.float32, None),
+                                               (jnp.bfloat16, jnp.float8_e4m3fn)], ids=["bf16", "f32", "bf16-fp8kv"])
 @pytest.mark.parametrize("window", [0, 6])
-def test_h200_entry_matches_reference_op(dtype, window):
-    # decode rows beside a prefill chunk in one jitted step; the layer's tables at kind row 1 of 2
+def test_h200_entry_matches_reference_op(dtype, pool_dtype, window):
+    # decode rows beside a prefill chunk in one jitted step; the layer's tables at kind row 1 of 2. An FP8 pool
+    # (kv_cache_dtype="fp8"): the decode and prefill kernels widen its tiles to q's dtype
     hq, hkv, dh, block_size, width = 12, 2, 128, 16, 8
     rng = np.random.default_rng(window)
     batch, n, num_blocks = _step_batch(rng, [70, 1, 33, 128], (21, 9), block_size, width, kinds=2, state=1,
                                        window=window)
     q = jnp.asarray(rng.standard_normal((n, hq, dh)), dtype)
     k, v = (jnp.asarray(rng.standard_normal((n, hkv, dh)), dtype) for _ in range(2))
-    pools = [jnp.asarray(rng.standard_normal((num_blocks, block_size, hkv, dh)), dtype) for _ in range(2)]
+    pools = [jnp.asarray(rng.standard_normal((num_blocks, block_size, hkv, dh)), pool_dtype or dtype)
+             for _ in range(2)]
     args = (q, k, v, jnp.int32(window), jnp.float32(1), *pools, batch)
     got, got_k, got_v = jax.jit(paged_attention_h200, static_argnames="scale")(*args, scale=0.125)
     with jax.default_matmul_precision("highest"):  # XLA GPU's default fp32 matmul is TF32 (~1e-3 relative)
@@ -153,8 +172,11 @@ def test_combine_writing_int8_activations_matches_the_plain_combine_and_quantize
     np.testing.assert_array_equal(np.asarray(da), np.asarray(da_ref))
 
 
-@pytest.mark.parametrize("style, window, heads", [("neox", 0, (12, 2)), ("interleaved", 6, (32, 8))])
-def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(monkeypatch, style, window, heads):
+@pytest.mark.parametrize("style, window, heads, pool_dtype", [("neox", 0, (12, 2), jnp.bfloat16),
+                                                              ("interleaved", 6, (32, 8), jnp.bfloat16),
+                                                              ("neox", 0, (12, 2), jnp.float8_e4m3fn)])
+def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(monkeypatch, style, window, heads,
+                                                                           pool_dtype):
     """The default (a step of decode rows: RoPE and the K/V write inside the split partials kernel) against
     EMBER_FUSED_ROPE_DECODE=0 (rope_write then the partials): the pools bit-equal, the output to the last bf16
     bit or so (the own token's score and V row are summed outside the tensor-core dots)."""
@@ -168,7 +190,7 @@ def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(monke
                                        window=window)
     q = jnp.asarray(rng.standard_normal((n, hq, dh)), jnp.bfloat16)
     k, v = (jnp.asarray(rng.standard_normal((n, hkv, dh)), jnp.bfloat16) for _ in range(2))
-    pools = [jnp.asarray(rng.standard_normal((num_blocks, block_size, hkv, dh)), jnp.bfloat16) for _ in range(2)]
+    pools = [jnp.asarray(rng.standard_normal((num_blocks, block_size, hkv, dh)), pool_dtype) for _ in range(2)]
     inv_freq = jnp.asarray(inv_frequencies(theta=1e6, head_dim=dh))
 
     def run(flag):  # the switch is read at trace time: one trace each
@@ -182,49 +204,3 @@ def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(monke
     np.testing.assert_array_equal(got_v, want_v)
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
     assert np.mean(got == want) > 0.9, np.mean(got == want)
-
-
-@pytest.mark.parametrize("heads, ctx", [((12, 2), [700, 1, 33, 1024]), ((32, 8), [5000, 17]), ((8, 1), [129])])
-@pytest.mark.parametrize("order", [None, "q4_k", "q6_k"])
-def test_partials_merging_themselves_match_the_combine_kernel(heads, ctx, order):
-    """config.merge_in_partials (decode_merge_kernel: the last split of a row / KV head merges it) against the
-    RoPE-fused partials then the combine kernel: the pools bit-equal, the arrival counters (slots 1.. of the K
-    pool's block 0) back at zero, the output to the last bf16 bit (the merge sums the splits in another
-    order), its int8 activations bit-equal to the Triton quantizer's on its own rows; twice in a row, so a
-    counter left non-zero by the first launch would show in the second."""
-    from ember.compiler.ops.attention_gpu.decode import DecodeAttentionConfig, rope_decode_attention
-    from ember.compiler.ops.quant.dp4a import quantize_activations_gpu
-    from ember.compiler.ops.rope import inv_frequencies
-
-    hq, hkv = heads
-    dh, block_size, width = 128, 16, 400
-    rng = np.random.default_rng(len(ctx))
-    batch, n, num_blocks = _step_batch(rng, ctx, None, block_size, width, kinds=1, state=0, window=0)
-    q = jnp.asarray(rng.standard_normal((n, hq, dh)), jnp.bfloat16)
-    k, v = (jnp.asarray(rng.standard_normal((n, hkv, dh)), jnp.bfloat16) for _ in range(2))
-    pools = [jnp.asarray(rng.standard_normal((num_blocks, block_size, hkv, dh)), jnp.bfloat16) for _ in range(2)]
-    pools[0] = pools[0].at[0, 1:].set(0)  # the counters start at zero, as in the runtime's pools
-    inv_freq = jnp.asarray(inv_frequencies(theta=1e6, head_dim=dh))
-
-    def run(merge: bool, k_pool, v_pool):
-        step = jax.jit(functools.partial(rope_decode_attention, style="neox", scale=0.125, activations_for=order,
-                                         config=DecodeAttentionConfig(merge_in_partials=merge)))
-        return step(q, k, v, batch.positions, inv_freq, batch.slots[0], k_pool, v_pool, batch.dec_block_tables[0],
-                    batch.dec_ctx_lens, jnp.int32(0))
-
-    want, want_act, want_k, want_v = run(False, *pools)
-    for _ in range(2):
-        got, got_act, got_k, got_v = run(True, *pools)
-        counters = np.asarray(got_k[0, 1:]).view(np.uint16)
-        assert not counters.any(), "arrival counters left non-zero"
-        np.testing.assert_array_equal(np.asarray(got_v), np.asarray(want_v))
-        np.testing.assert_array_equal(np.asarray(got_k), np.asarray(want_k))
-        got32, want32 = (np.asarray(a, np.float32) for a in (got, want))
-        np.testing.assert_allclose(got32, want32, rtol=1e-2, atol=1e-2 * np.abs(want32).max())
-        assert np.mean(got32 == want32) > 0.9, np.mean(got32 == want32)
-        assert (got_act is None) == (order is None)
-        if order is not None:
-            qa_ref, da_ref = jax.jit(lambda h: quantize_activations_gpu(h, order))(got.reshape(n, -1))
-            np.testing.assert_array_equal(np.asarray(got_act[0]), np.asarray(qa_ref))
-            np.testing.assert_array_equal(np.asarray(got_act[1]), np.asarray(da_ref))
-        pools = [got_k, got_v]

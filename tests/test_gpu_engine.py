@@ -58,21 +58,35 @@ def _record(key: str, value) -> None:
             json.dump(data, f, indent=1)
 
 
+def _bf16_ulp(x: np.ndarray) -> np.ndarray:
+    """The spacing of bfloat16 values at |x| (8 significant bits)."""
+    return np.exp2(np.floor(np.log2(np.maximum(np.abs(x), 2.0 ** -126))) - 7)
+
+
 def _agreement(exact: np.ndarray, fast: np.ndarray) -> dict:
     p_exact, p_fast = _log_softmax(exact), _log_softmax(fast)
     kl = (np.exp(p_exact) * (p_exact - p_fast)).sum(-1)
     top2 = np.sort(exact, axis=-1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    # a near tie: the reference's top two logits within two bf16 steps of each other (the logits are bf16)
+    decisive = margin > 2 * _bf16_ulp(top2[:, 1])
     flipped = exact.argmax(-1) != fast.argmax(-1)
     return {"top1_agreement": float(1.0 - flipped.mean()), "mean_kl": float(kl.mean()), "max_kl": float(kl.max()),
+            "decisive_positions": int(decisive.sum()),
+            "top1_agreement_where_decisive": float(1.0 - flipped[decisive].mean()),
             # how close to a tie the reference's top two logits were where the argmax moved
-            "flipped_top2_margins": [round(float(m), 5) for m in (top2[:, 1] - top2[:, 0])[flipped]]}
+            "flipped_top2_margins": [round(float(m), 5) for m in margin[flipped]]}
 
 
 def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
-    # The criterion compares the two targets at one precision (bf16): the cpu target run in bfloat16 on the same
-    # weights. Against the cpu target's float32 the top-1 agreement measures bf16 itself, not the kernels: on
-    # random weights the top two logits are near ties (median gap 0.16 at logit std 1.0), and the cpu target
-    # in bf16 moves the same 6% of argmaxes that the h200 plans do (0.9375 both, KL 3.0e-4, at 488ea03).
+    """The two targets at one precision (the cpu target run in bfloat16 on the same weights), and the h200 plans
+    against the cpu target's float32 too. Random weights make near ties: the median gap between the top two
+    logits is 0.16 at logit std 1.0, and bf16 logits near 4 are 0.03125 apart. So the raw top-1 agreement is
+    recorded, not asserted: at 488ea03 the cpu target in bfloat16 itself agrees with its float32 on 0.9375 of
+    the positions (KL 3.0e-4), and every argmax the h200 plans moved against the bfloat16 cpu target (0.9375)
+    sat on a tie or one bf16 step (tools/results/h200_gpu_agreement_8aa26ae.json). Asserted: KL <= 1e-3 against
+    both, and top-1 >= 0.99 where the reference's top two logits are more than two bf16 steps apart (a wrong
+    kernel moves decisive argmaxes too)."""
     tokens = np.random.default_rng(7).integers(0, SYNTHETIC_SHAPES[SHAPE][1]["vocab_size"], POSITIONS).tolist()
     with jax.default_device(jax.devices("cpu")[0]):
         references = {dtype: SequenceRunner(load_model(_checkpoint(), target="cpu", activation_dtype=dtype),
@@ -84,8 +98,9 @@ def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
     vs_float32 = _agreement(references["float32"], fast)
     _record("h200_vs_cpu_target", {"model": f"synthetic:{SHAPE}", "positions": POSITIONS,
                                    "cpu_target_bfloat16": same_precision, "cpu_target_float32": vs_float32})
-    assert same_precision["top1_agreement"] >= 0.99 and same_precision["mean_kl"] <= 1e-3, same_precision
-    assert vs_float32["mean_kl"] <= 1e-3, vs_float32
+    assert same_precision["mean_kl"] <= 1e-3 and vs_float32["mean_kl"] <= 1e-3, (same_precision, vs_float32)
+    assert same_precision["decisive_positions"] >= POSITIONS // 2, same_precision  # not a vacuous check
+    assert same_precision["top1_agreement_where_decisive"] >= 0.99, same_precision
 
 
 def test_deterministic_mode_is_bit_exact_alone_and_under_load():

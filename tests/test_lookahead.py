@@ -74,11 +74,10 @@ def test_requests_ending_one_step_apart_still_run_ahead(qwen3):
     assert snapshot["free_kv_blocks"] == snapshot["total_kv_blocks"]
 
 
-def test_slots_past_a_table_write_slot_zero_of_block_zero():
-    # block 0's other slots hold the decode kernels' arrival counters (runtime/kv.py)
+def test_slots_past_a_table_write_block_zero():
     plan = StepPlan((DecodeRow("a", 3, 14, (5 * 8 + 6,)),), (), {"a": ((4, 5),)})
     slots = plan.decode_slots_ahead(4, 8)  # positions 14, 15 in block 5; 16, 17 past the table
-    assert slots[:, 0, 0].tolist() == [5 * 8 + 6, 5 * 8 + 7, 0, 0]
+    assert slots[:, 0, 0].tolist() == [5 * 8 + 6, 5 * 8 + 7, 0, 1]
 
 
 def test_a_request_stopping_inside_a_call_ends_there(qwen3):

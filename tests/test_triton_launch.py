@@ -244,37 +244,6 @@ def test_rope_decode_attention_lowers_to_one_partials_kernel_writing_the_pools(r
     assert "output_operand_aliases" in text  # the pools are updated in place, not copied
 
 
-@pytest.mark.parametrize("order, max_splits", [(None, 128), ("q6_k", 16), ("q4_k", 128)])
-def test_partials_merging_themselves_lower_to_one_kernel(order, max_splits):
-    # DecodeAttentionConfig.merge_in_partials: RoPE, the K/V write, the partials and their merge (and the int8
-    # activations of the reading projection) in ONE launch, its splits capped by merge_max_splits; a K pool whose
-    # block 0 has no room for the counters keeps the combine launch
-    from ember.compiler.ops.attention_gpu.decode import DecodeAttentionConfig, merge_capacity, rope_decode_attention
-
-    hq, hkv, dh, width = 12, 2, 128, 1033
-    config = DecodeAttentionConfig(merge_in_partials=True, merge_max_splits=max_splits)
-    q, k = jnp.zeros((1, hq, dh), BF16), jnp.zeros((1, hkv, dh), BF16)
-    ints = jnp.ones((1,), jnp.int32)
-    tables = jnp.zeros((1, width), jnp.int32)
-    freq = jnp.zeros((dh // 2,), jnp.float32)
-
-    def step(q, k, pool):
-        return rope_decode_attention(q, k, k, ints - 1, freq, ints, pool, pool, tables, ints, jnp.int32(0),
-                                     style="neox", scale=0.1, config=config, activations_for=order)
-
-    pool = jnp.zeros((64, 16, hkv, dh), BF16)
-    assert merge_capacity(pool) == 15 * hkv * dh // 2
-    calls = triton_calls(step, q, k, pool)
-    assert [c["name"] for c in calls] == ["paged_decode_rope_merge_kernel"]
-    splits = min(decode_launch_plan(1, hq, hkv, dh, 16, width, dot_fp32=False)["splits"], max_splits)
-    assert calls[0]["grid"] == (1, hkv, splits)
-    out, activations, *_ = jax.eval_shape(step, q, k, pool)
-    assert out.shape == q.shape and (activations is None) == (order is None)
-    one_slot = jnp.zeros((64, 1, hkv, dh), BF16)  # block size 1: no slot beside the padding rows' slot 0
-    combine = "paged_decode_combine_kernel" if order is None else "paged_decode_combine_quant_kernel"
-    assert [c["name"] for c in triton_calls(step, q, k, one_slot)] == ["paged_decode_rope_partials_kernel", combine]
-
-
 @pytest.mark.parametrize("fused", ["1", "0"])
 def test_rope_attention_of_a_decode_step_launches_the_fused_partials_when_switched_on(monkeypatch, fused):
     # the h200 rope_attention op at batch 1 in a wide table (splits > 1): EMBER_FUSED_ROPE_DECODE=1 -> the

@@ -154,12 +154,14 @@ def weight_bytes_per_step(model, rows: int = 1) -> int:
     return sum(seen.values())
 
 
-def kv_bytes_read(model, context: int) -> int:
+def kv_bytes_read(model, context: int, kv_cache_dtype: str = "auto") -> int:
     """K and V bytes one decode step of one sequence reads at `context` tokens: per layer
-    min(context, its window) x hkv x dh x 2 x itemsize."""
+    min(context, its window) x hkv x dh x 2 x itemsize (of the KV pools' dtype)."""
+    from ..runtime.engine_config import kv_dtype
+
     d = model.dims
     windows = {kind.name: kind.window for kind in model.paged_kinds}
-    per_token = int(d.hkv) * int(d.dh) * 2 * np.dtype(model.dtype).itemsize
+    per_token = int(d.hkv) * int(d.dh) * 2 * kv_dtype(model, kv_cache_dtype).itemsize
     return sum(min(context, windows[k] or context) * per_token for k in model.layer_state_kinds)
 
 
@@ -238,9 +240,11 @@ def single_request(engine, prompt: list[int], max_tokens: int):
     return usage
 
 
-def model_facts(model) -> dict:
+def model_facts(model, kv_cache_dtype: str = "auto") -> dict:
     """What the report says about a loaded model: its weight bytes (per step, and by dtype), KV dtype, dims."""
     import jax
+
+    from ..runtime.engine_config import kv_dtype
 
     dtypes: dict[str, int] = {}
     for leaf in jax.tree.leaves((model.params.globals, model.params.layers)):
@@ -248,7 +252,7 @@ def model_facts(model) -> dict:
     dims = model.dims.as_dict()
     return {"arch": model.spec.arch, "checkpoint_format": model.checkpoint.format,
             "weight_bytes_per_step": weight_bytes_per_step(model), "weight_bytes_by_dtype": dtypes,
-            "kv_dtype": str(np.dtype(model.dtype)),
+            "kv_dtype": str(kv_dtype(model, kv_cache_dtype)),
             "dims": {k: int(dims[k]) for k in ("layers", "d", "hq", "hkv", "dh", "ffn", "vocab") if k in dims}}
 
 
@@ -269,7 +273,7 @@ def apply_rooflines(result: dict, bandwidth_gb_s: float | None) -> None:
 
 
 def run_bench(model_name: str, *, target: str, concurrency: list[int], prompt_tokens: int, output_tokens: int,
-              deterministic: bool, tokenizer_dir: str | None = None) -> dict:
+              deterministic: bool, tokenizer_dir: str | None = None, kv_cache_dtype: str = "auto") -> dict:
     import jax
 
     from ..runtime.engine import Engine, EngineConfig
@@ -280,7 +284,8 @@ def run_bench(model_name: str, *, target: str, concurrency: list[int], prompt_to
     context = prompt_tokens + output_tokens
     top = max(concurrency)
     config = EngineConfig(num_blocks=top * (-(-context // 16) + 1) + 1, max_model_len=context, max_num_seqs=top,
-                          max_batched_tokens=512, deterministic=deterministic, enable_prefix_caching=False)
+                          max_batched_tokens=512, deterministic=deterministic, enable_prefix_caching=False,
+                          kv_cache_dtype=kv_cache_dtype)
     engine = Engine(model, tokenizer, config)
     try:
         compile_s = engine.precompile(progress=True)
@@ -294,7 +299,8 @@ def run_bench(model_name: str, *, target: str, concurrency: list[int], prompt_to
     return {
         "model": model_name, "arch": model.spec.arch, "target": target, "commit": _commit(),
         "machine": f"{platform.machine()}, {jax.device_count()} {jax.devices()[0].platform} device(s)",
-        "deterministic": deterministic, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+        "deterministic": deterministic, "kv_cache_dtype": kv_cache_dtype, "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
         "load_s": round(load_s, 1), "precompile_s": round(compile_s, 1), "runs": runs,
     }
 
@@ -302,6 +308,7 @@ def run_bench(model_name: str, *, target: str, concurrency: list[int], prompt_to
 def main_bench(args) -> int:
     result = run_bench(args.model, target=args.target, concurrency=args.concurrency or [1, 4, 16],
                        prompt_tokens=args.prompt_tokens or 256, output_tokens=args.output_tokens or 128,
-                       deterministic=args.deterministic, tokenizer_dir=args.tokenizer)
+                       deterministic=args.deterministic, tokenizer_dir=args.tokenizer,
+                       kv_cache_dtype=args.kv_cache_dtype or "auto")
     print(json.dumps(result, indent=2))
     return 0

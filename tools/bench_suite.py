@@ -68,6 +68,7 @@ class SuiteConfig:
     # False: compile only the step shapes each concurrency uses, by an untimed warm-up run at that concurrency,
     # instead of every shape up front (a device call is short, and the cache does not outlive the machine)
     precompile: bool = True
+    kv_cache_dtype: str = "auto"  # EngineConfig.kv_cache_dtype of every engine (its bytes enter the rooflines)
 
 
 class Suite:
@@ -188,7 +189,8 @@ class Suite:
             entry["error"] = f"load: {type(error).__name__}: {str(error)[:2000]}"
             self.save()
             return
-        entry.update(status="measured", load_s=round(time.perf_counter() - begun, 1), **model_facts(model))
+        entry.update(status="measured", load_s=round(time.perf_counter() - begun, 1),
+                     **model_facts(model, self.config.kv_cache_dtype))
         self.log(f"{name}: loaded in {entry['load_s']} s, {entry['weight_bytes_per_step'] / 1e9:.2f} GB read per step")
         single = [s for s in ("context", "prefill") if s in wanted]
         if single:
@@ -244,7 +246,8 @@ class Suite:
         longest = max([*c.contexts, *c.prefill_lengths]) + c.context_decode_tokens + 1
         blocks = -(-longest // 16)
         return EngineConfig(num_blocks=blocks + 2, max_model_len=blocks * 16, max_num_seqs=1,
-                            max_batched_tokens=c.prefill_chunk, enable_prefix_caching=False)
+                            max_batched_tokens=c.prefill_chunk, enable_prefix_caching=False,
+                            kv_cache_dtype=c.kv_cache_dtype)
 
     def batch_config(self):
         from ..runtime.engine import EngineConfig
@@ -255,7 +258,7 @@ class Suite:
         # a step's budget as a server's (the largest prefill chunk): decode rows plus as many prompts as fit
         return EngineConfig(num_blocks=top * (-(-context // 16) + 1) + 1, max_model_len=context, max_num_seqs=top,
                             max_batched_tokens=max(c.prefill_chunk, c.prompt_tokens + top),
-                            enable_prefix_caching=False)
+                            enable_prefix_caching=False, kv_cache_dtype=c.kv_cache_dtype)
 
     def warm_single(self, out: dict, engine, model) -> None:
         """Compile only the shapes the batch-1 measurements use (a 32k-context engine has many): one short
@@ -291,7 +294,8 @@ class Suite:
                 row.update(decode_tokens=tokens, decode_tokens_per_s=round(rate, 2), ms_per_token=round(1e3 / rate, 3),
                            ttft_s=round(usage.ttft_s, 3), decode_rows=1, call_ends_ms=clock.decode_call_ends_ms(),
                            first_decode_launch=clock.first_decode_launch_ms(),
-                           bytes_per_step=int(weights + kv_bytes_read(model, ctx + n // 2)))
+                           bytes_per_step=int(weights + kv_bytes_read(model, ctx + n // 2,
+                                                                       self.config.kv_cache_dtype)))
             out["runs"].append(row := {"context": ctx})
             self.guarded(f"context {ctx}", row, one, ctx)
 
@@ -315,7 +319,7 @@ class Suite:
         rng = np.random.default_rng(0)
         vocab = int(model.dims.vocab)
         _run_concurrent(engine, [rng.integers(0, vocab, c.prompt_tokens).tolist()], 2)  # warm-up
-        mean_kv = kv_bytes_read(model, c.prompt_tokens + c.output_tokens // 2)
+        mean_kv = kv_bytes_read(model, c.prompt_tokens + c.output_tokens // 2, c.kv_cache_dtype)
         for conc in (c.concurrency if full else (c.ttft_concurrency,)):
             def one(row: dict, conc: int) -> None:
                 if not c.precompile:  # the same workload once, untimed: it compiles every shape the timed run uses
@@ -391,7 +395,7 @@ def main_suite(args) -> int:
         "output_tokens": args.output_tokens, "ttft_concurrency": args.ttft_concurrency,
         "bandwidth_gib": args.bandwidth_gib, "hf_batches": args.hf_batches, "hf_compile": args.hf_compile,
         "hf_device": args.hf_device, "hf_python": args.hf_python, "deadline_s": args.deadline_s,
-        "precompile": False if args.lazy_compile else None,
+        "precompile": False if args.lazy_compile else None, "kv_cache_dtype": args.kv_cache_dtype,
     }.items() if v is not None}
     result = run_suite(args.models or DEFAULT_MODELS, target=args.target, sections=args.sections or SECTIONS,
                        out_dir=args.out, hf=not args.no_hf, tokenizer_dir=args.tokenizer, commit=args.commit,

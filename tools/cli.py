@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt-tokens", type=_positive_int, help="default 256")
     bench.add_argument("--output-tokens", type=_positive_int, help="default 128 (--suite: 256)")
     bench.add_argument("--deterministic", action="store_true")
+    from ..runtime.kv_dtypes import KV_CACHE_DTYPES
+
+    bench.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="the engines' KV pool dtype (auto)")
     bench.add_argument("--tokenizer", help="HF tokenizer folder, for --model synthetic:<shape> (random weights)")
     from .bench_hf import COMPILE_MODES
     from .bench_suite import SECTIONS as SUITE_SECTIONS

@@ -23,6 +23,7 @@
 #   tools/h200_run.sh dp4a-q6    Q6_K on the dp4a kernel: GPU tests, plan-alone A/B, batch-1 decode (1.5B)
 #   tools/h200_run.sh fused-check the fused decode launches: GPU tests, quantized model test, batch-1 step alone
 #   tools/h200_run.sh plan-alone the batch-1 step alone per model (MODELS), A/B over trace-time VARIANTS
+#   tools/h200_run.sh kv-fp8     8B bf16 batch-1 decode at long contexts, KV pools bf16 then FP8 (CONTEXTS)
 #   tools/h200_run.sh engine-profile the batch-1 engine under the profiler (idle gaps), then the plan alone
 #   tools/h200_run.sh combine-check decode attention GPU tests, then the batch-1 step without / with the attention's int8 output
 #   tools/h200_run.sh rope-check RoPE-fused decode partials: GPU test, then the batch-1 step without / with them
@@ -138,6 +139,11 @@ suite-1.5b-dequant)  # the target's default for GGUF: weights dequantized to bf1
 startup-1.5b)
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections startup --concurrency 1 8 32 128 256" \
         suite startup15 ${DEADLINE:-240} synthetic:qwen2.5-1.5b-q4_k_m ;;
+kv-fp8)  # batch-1 decode of the 8B bf16 on KV pools of its activation dtype, then on FP8 (e4m3) pools, one run
+    for kv in auto fp8; do
+        SUITE_FLAGS="--no-hf --sections context --context-decode-tokens 128 --contexts ${CONTEXTS:-4096 16384 32768} \
+            --kv-cache-dtype $kv" suite kv-$kv ${DEADLINE:-100} synthetic:llama3-8b
+    done ;;
 batch1-8b)
     SUITE_FLAGS="--no-hf --sections context --context-decode-tokens 128" suite batch1-8b ${DEADLINE:-100} synthetic:llama3-8b
     [ -n "${SKIP_FP8:-}" ] || SUITE_FLAGS="--no-hf --sections context --context-decode-tokens 128" \

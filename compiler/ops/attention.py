@@ -51,10 +51,21 @@ def paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *,
     return out.reshape(out.shape[0], -1), k_pool, v_pool
 
 
+FP8_KV_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
+def to_pool_dtype(x, dtype):
+    """x rounded to a KV pool's dtype (to nearest even); an FP8 (e4m3) pool saturates at +-448 rather than
+    turning larger values into NaN, as the GPU kernels' conversions (cvt ... satfinite) do."""
+    if jnp.dtype(dtype) == jnp.float8_e4m3fn:
+        x = jnp.clip(x, -FP8_KV_MAX, FP8_KV_MAX)
+    return x.astype(dtype)
+
+
 def _write(pool, slots, x):
     # scatter into the 4-D pool directly (no reshape of the pool: keeps the write in place)
     block_size = pool.shape[1]
-    return pool.at[slots // block_size, slots % block_size].set(x.astype(pool.dtype))
+    return pool.at[slots // block_size, slots % block_size].set(to_pool_dtype(x, pool.dtype))
 
 
 def _table_slots(block_tables, block_size):

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from ..batch import StepBatch, kind_view
+from .attention import _write as _write_step_kv  # the reference's write, the same rounding
 
 _F32 = jnp.float32
 
@@ -52,13 +53,6 @@ def paged_attention_blockwise(q, k, v, window, state, k_pool, v_pool, batch: Ste
         parts.append(out.reshape(-1, *q.shape[1:]))
     out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     return out.reshape(out.shape[0], -1), k_pool, v_pool
-
-
-def _write_step_kv(pool, slots, x):
-    # the same write as the reference: token i's k (or v) [hkv, dh] goes to slot slots[i]; indexing the
-    # 4-D pool directly (no reshape) lets XLA update the donated buffer in place
-    block_size = pool.shape[1]
-    return pool.at[slots // block_size, slots % block_size].set(x.astype(pool.dtype))
 
 
 def _attend_blockwise(q, positions, tables, k_layer, v_layer, window, scale):

@@ -48,10 +48,6 @@ class DecodeAttentionConfig:
     programs_per_sm: int = 4
     max_splits: int = 128  # ... but at most this many splits
     min_split_tokens: int = 256  # ... and at least this many tokens of the table width per split
-    # the RoPE-fused partials merge their own splits (decode_merge_kernel.py: the last program to finish a
-    # row / KV head combines it; no combine launch), with at most merge_max_splits splits
-    merge_in_partials: bool = False
-    merge_max_splits: int = 128
 
 
 def default_config() -> DecodeAttentionConfig:
@@ -145,9 +141,11 @@ def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan,
 
 
 def _launch_plan(q, k_pool, v_pool, block_tables, scale, config, splits=None) -> dict:
-    # decode_launch_plan for these arrays: fp32 dots unless q and both pools share a 16-bit float dtype
+    # decode_launch_plan for these arrays: fp32 dots unless q has a 16-bit float dtype and both pools hold it (or
+    # FP8 e4m3, widened to it exactly)
     _, block_size, hkv, _ = k_pool.shape
-    dot_fp32 = not (q.dtype == k_pool.dtype == v_pool.dtype and q.dtype in (jnp.bfloat16, jnp.float16))
+    dot_fp32 = not (q.dtype in (jnp.bfloat16, jnp.float16) and k_pool.dtype == v_pool.dtype
+                    and k_pool.dtype in (q.dtype, jnp.float8_e4m3fn))
     return decode_launch_plan(q.shape[0], q.shape[1], hkv, q.shape[2], block_size, block_tables.shape[1],
                               dot_fp32=dot_fp32, scale=scale, config=config, splits=splits)
 
@@ -184,9 +182,7 @@ def _merge(acc, m, l, q, plan, config, activations_for):
 def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, block_tables, ctx_lens, window, *,
                           style: str, scale: float, config: DecodeAttentionConfig | None = None,
                           activations_for: str | None = None):
-    """RoPE, the step's K/V write and the split partials in ONE Triton launch (then the combine; with
-    config.merge_in_partials the combine too, decode_merge_kernel.py, which counts arrivals in slots 1.. of the
-    K pool's reserved block 0: those must hold zeros, as the runtime's pools do), for steps whose
+    """RoPE, the step's K/V write and the split partials in ONE Triton launch (then the combine), for steps whose
     rows all decode: q [B, hq, dh], k / v [B, hkv, dh] as the projections give them (unrotated), positions,
     slots [B] int32, inv_freq [dh / 2] -> (out, activations, k_pool, v_pool) as rope_write followed by
     paged_decode_attention(backend="triton", activations_for=...) give them: the pools bit for bit (the same
@@ -204,52 +200,19 @@ def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, b
     if dh < 16 or dh & (dh - 1) or style not in STYLES:
         return None
     plan = _launch_plan(q, k_pool, v_pool, block_tables, scale, config)
-    merge = config.merge_in_partials and dh >= 32 and q.shape[0] * k_pool.shape[2] <= merge_capacity(k_pool)
-    if merge and plan["splits"] > config.merge_max_splits:
-        plan = _launch_plan(q, k_pool, v_pool, block_tables, scale, config, splits=config.merge_max_splits)
     if plan["splits"] == 1:
         return None
     i32 = jnp.int32
-    args = (q, k, v, inv_freq.astype(jnp.float32), slots.astype(i32), k_pool, v_pool, block_tables.astype(i32),
-            ctx_lens.astype(i32), positions.astype(i32), jnp.asarray(window).astype(i32).reshape(1))
-    shapes = (*_partials_shapes(q, k_pool.shape[2], plan["splits"]),
-              jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype), jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype))
-    launch = dict(input_output_aliases={5: 3, 6: 4}, grid=plan["grid"], num_warps=config.num_warps,
-                  num_stages=config.num_stages, INTERLEAVED=style == "interleaved", **plan["meta"])
-    if merge:
-        return _rope_merge(args, shapes, launch, q, plan, activations_for)
-    acc, m, l, k_pool, v_pool = triton_call(*args, kernel=KERNELS["rope_partials"], out_shape=shapes, WRITE_KV=True,
-                                            **launch)
+    acc, m, l, k_pool, v_pool = triton_call(
+        q, k, v, inv_freq.astype(jnp.float32), slots.astype(i32), k_pool, v_pool, block_tables.astype(i32),
+        ctx_lens.astype(i32), positions.astype(i32), jnp.asarray(window).astype(i32).reshape(1),
+        kernel=KERNELS["rope_partials"],
+        out_shape=(*_partials_shapes(q, k_pool.shape[2], plan["splits"]),
+                   jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype), jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype)),
+        input_output_aliases={5: 3, 6: 4}, grid=plan["grid"], num_warps=config.num_warps,
+        num_stages=config.num_stages, INTERLEAVED=style == "interleaved", WRITE_KV=True, **plan["meta"])
     out, activations = _merge(acc, m, l, q, plan, config, activations_for)
     return out, activations, k_pool, v_pool
-
-
-def merge_capacity(k_pool) -> int:
-    """How many (row, KV head) arrival counters the merging kernel finds room for: int32s in slots 1 .. bs - 1
-    of reserved block 0 of the K pool [num_blocks, bs, hkv, dh] (decode_merge_kernel.py)."""
-    _, bs, hkv, dh = k_pool.shape
-    return (bs - 1) * hkv * dh * jnp.dtype(k_pool.dtype).itemsize // 4
-
-
-def _rope_merge(args, shapes, launch, q, plan, activations_for):
-    # decode_merge_kernel: the partials and their merge in one launch -> (out, (qa, da) or None, k_pool, v_pool)
-    from ..triton_launch import triton_call
-
-    from .decode_merge_kernel import paged_decode_rope_merge_kernel
-
-    b, hq, dh = q.shape
-    g = plan["meta"]["G"]
-    g_merge = _next_pow2(g)
-    quant = activations_for is not None
-    act_shapes = ((jax.ShapeDtypeStruct((b, hq * dh // 4), jnp.int32),
-                   jax.ShapeDtypeStruct((b, hq * dh // 32, 4), jnp.float32)) if quant else
-                  (jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.float32)))
-    *_, k_pool, v_pool, out, qa, da = triton_call(
-        *args, kernel=paged_decode_rope_merge_kernel,
-        out_shape=(*shapes, jax.ShapeDtypeStruct(q.shape, q.dtype), *act_shapes), G_MERGE=g_merge,
-        CHUNK=max(1, min(_next_pow2(plan["splits"]), 8192 // (g_merge * dh))), QUANT=quant,
-        Q6=activations_for == "q6_k", ASM=True, **launch)
-    return out, (qa, da) if quant else None, k_pool, v_pool
 
 
 def combine_meta(meta: dict, splits: int) -> dict:

@@ -51,18 +51,6 @@ def _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV: tl.constexpr, G: tl.co
 
 
 @triton.jit
-def packed_elements(DH: tl.constexpr, Q6: tl.constexpr):
-    """[DH]: the head element at each position f of the packed tile [DH / 32, 4 (byte j), 8 (word w)] the
-    activation quantizer takes (Q6_K: element 16 (w // 4) + 4 j + w % 4 of each 32-block; Q4_K's packing keeps
-    each block's element order)."""
-    f = tl.arange(0, DH)
-    if Q6:
-        return (f // 32) * 32 + 16 * ((f % 8) // 4) + 4 * ((f % 32) // 8) + f % 4
-    else:
-        return f
-
-
-@triton.jit
 def paged_decode_combine_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, HQ: tl.constexpr, HKV: tl.constexpr,
                                 G: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr, SPLITS: tl.constexpr,
                                 SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr):
@@ -88,7 +76,12 @@ def paged_decode_combine_quant_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da
     # quantizer would read them.
     b = tl.program_id(0)
     head = tl.program_id(1)
-    d = packed_elements(DH, Q6)
+    f = tl.arange(0, DH)  # position in the packed tile [DH / 32, 4 (byte j), 8 (word w)]
+    j, w = (f % 32) // 8, f % 8
+    if Q6:
+        d = (f // 32) * 32 + 16 * (w // 4) + 4 * j + w % 4
+    else:
+        d = f  # Q4_K's packing keeps each block's element order
     out = _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV, G, DH, SPLITS, SPLITS_PAD, CHUNK)
     out = out.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + (b * HQ + head) * DH + d, out)

@@ -38,13 +38,15 @@ is ~100x what the HBM stream needs at decode (2 * G flops per K/V element loaded
 [16, dh] per program, and K/V tiles sit in shared memory in the layout mma wants (which also lets Triton
 pipeline them with cp.async across iterations: num_stages).
 
-Precision. bf16 (or fp16) q and pool: q @ K^T multiplies bf16 values exactly into an fp32 accumulator;
+Precision. bf16 (or fp16) q and pool (or an FP8 e4m3 pool, whose tiles are widened to q's dtype, exactly, in
+`_load_kv_tile`): q @ K^T multiplies bf16 values exactly into an fp32 accumulator;
 p is rounded to the pool dtype for p @ V (as flash attention does: ~2**-9 relative per weight, below the
 bf16 output rounding). Any fp32 operand (DOT_FP32): everything is converted to fp32 and both dots run with
 input_precision="ieee" (no TF32 rounding), matching the reference to fp32 rounding.
 
-Quantized KV later (int8 / fp8): `_load_kv_tile` is the one place a tile enters the kernel; a per-block or
-per-token scale pointer and a dequantize into the dot dtype go there, the rest is unchanged.
+FP8 KV (EngineConfig.kv_cache_dtype="fp8"): values are stored rounded to e4m3 with no scale (as vLLM's fp8 cache
+without calibrated scales); `_load_kv_tile` is the one place a tile enters the kernel, so a per-block or per-token
+scale would go there.
 
 Outputs. paged_decode_partials_kernel writes unnormalized fp32 partials acc [B, hkv, SPLITS, G, dh] and
 m, l [B, hkv, SPLITS, G] (m in log2 units) that paged_decode_combine_kernel (decode_combine_kernel.py)
@@ -144,7 +146,7 @@ def _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, 
     if DOT_FP32:
         DOT_DTYPE: tl.constexpr = tl.float32
     else:
-        DOT_DTYPE: tl.constexpr = k_ptr.dtype.element_ty
+        DOT_DTYPE: tl.constexpr = q_ptr.dtype.element_ty  # an FP8 pool's tiles widen to q's dtype
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, DH_PAD)
     if OWN:
@@ -234,19 +236,6 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
     # own token's score and weighted value are summed outside the tensor-core dots; see _attend_tile).
     # WRITE_KV=False leaves the pools alone (the interpreter check: the own token must come from registers,
     # which a sequential interpreter, running split 0 first, would not otherwise show).
-    rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr,
-                  acc_ptr, m_ptr, l_ptr, k_ptr, v_ptr, QK_SCALE, HQ, HKV, G, G_PAD, DH, DH_PAD, BS, W, BLOCK_N,
-                  SPLITS, DOT_FP32, INTERLEAVED, WRITE_KV)
-
-
-@triton.jit
-def rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr,
-                  acc_ptr, m_ptr, l_ptr, k_ptr, v_ptr, QK_SCALE: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
-                  G: tl.constexpr, G_PAD: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr,
-                  W: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
-                  INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr):
-    """The body of paged_decode_rope_partials_kernel (program (b, h, split) stores its partial rows); also the
-    first half of decode_merge_kernel's. Returns the row's visible range (start, end)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -268,11 +257,11 @@ def rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_pt
     q = q.to(q_ptr.dtype.element_ty)  # rounded as rope_write's output
     one = tl.arange(0, 1)
     k_own = _rotated(k_new_ptr, (b * HKV + h) * DH + one, one >= 0, d, c, s, DH, INTERLEAVED)  # [1, DH]
-    k_own = k_own.to(k_ptr.dtype.element_ty)
+    k_own = k_own.to(k_new_ptr.dtype.element_ty).to(k_ptr.dtype.element_ty)  # rounded as rope_write writes it
     if DOT_FP32:
         DOT_DTYPE: tl.constexpr = tl.float32
     else:
-        DOT_DTYPE: tl.constexpr = k_ptr.dtype.element_ty
+        DOT_DTYPE: tl.constexpr = q_ptr.dtype.element_ty  # an FP8 pool's tiles widen to q's dtype
     # the own token's scores [G_PAD] now, so neither the fp32 q nor k_own stays live through the walk
     s_own = tl.sum(q.to(DOT_DTYPE).to(tl.float32) * k_own.to(DOT_DTYPE).to(tl.float32), axis=1)
     if WRITE_KV and split == 0:
@@ -285,7 +274,6 @@ def rope_partials(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, table_pt
     tl.store(m_ptr + row, m, mask=g < G)
     tl.store(l_ptr + row, l, mask=g < G)
     tl.store(acc_ptr + row[:, None] * DH + d[None, :], acc, mask=g[:, None] < G)
-    return visible
 
 
 @triton.jit

@@ -10,7 +10,8 @@ the pools at flat slot slots[t] (pool [blocks, block_size, HKV, DH] is contiguou
 at (s * HKV + h) * DH), cast to the pool's dtype; the pools are aliased to the outputs (written in place).
 Rotation, as rope.py's reference: angles = position * inv_freq[j] in fp32, and each rotated pair (a, b) —
 (x[j], x[j + DH/2]) for "neox", (x[2j], x[2j + 1]) for "interleaved" — becomes (a cos - b sin, b cos + a sin)
-in fp32, rounded once to the output dtype.
+in fp32, rounded once to the input's dtype (and from that to an FP8 pool's: two roundings, as the reference's
+rotation followed by its write).
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ def _rotate_heads(src_ptr, dst_ptr, dst_row, t, c, s, ja, jb, HEADS: tl.constexp
     a = tl.load(src + ja, mask=ok, other=0.0).to(tl.float32)
     b = tl.load(src + jb, mask=ok, other=0.0).to(tl.float32)
     out = dst_ptr + dst_row + h * DH
-    tl.store(out + ja, (a * c - b * s).to(dst_ptr.dtype.element_ty), mask=ok)
-    tl.store(out + jb, (b * c + a * s).to(dst_ptr.dtype.element_ty), mask=ok)
+    # rounded to the source's dtype first, as the reference's rotation is, then to the destination's (an FP8 pool)
+    dtype = src_ptr.dtype.element_ty
+    tl.store(out + ja, (a * c - b * s).to(dtype).to(dst_ptr.dtype.element_ty), mask=ok)
+    tl.store(out + jb, (b * c + a * s).to(dtype).to(dst_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit

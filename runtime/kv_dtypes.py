@@ -1,0 +1,28 @@
+"""The KV pools' element types (EngineConfig.kv_cache_dtype, `--kv-cache-dtype`), without importing JAX (the CLI
+lists them).
+
+"auto" keeps the plan's activation dtype. "fp8" (alias "fp8_e4m3") stores K and V rounded to float8 e4m3 with
+no scale, as vLLM's fp8 cache without calibrated scales: half a bf16 pool's bytes, so twice the tokens in a KV
+budget and half the KV bytes a decode step reads; writes saturate at +-448 (compiler/ops/attention.py
+to_pool_dtype) and every attention kernel widens the tiles it reads to q's dtype, exactly.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8", "fp8_e4m3")
+
+
+def kv_dtype(activation_dtype, kv_cache_dtype: str = "auto") -> np.dtype:
+    """The pools' dtype for a kv_cache_dtype name, given the plan's activation dtype."""
+    if kv_cache_dtype == "auto":
+        return np.dtype(activation_dtype)
+    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        return np.dtype(ml_dtypes.float8_e4m3fn)
+    if kv_cache_dtype == "bfloat16":
+        return np.dtype(ml_dtypes.bfloat16)
+    if kv_cache_dtype == "float32":
+        return np.dtype(np.float32)
+    raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
