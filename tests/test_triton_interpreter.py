@@ -1,5 +1,5 @@
 """The Triton kernels themselves (not their jnp emulations) on this CPU: Triton's interpreter runs each kernel
-of the h200 plans against its reference through the tools/check_* scripts (decode attention: 130 cases,
+of the h200 plans against its reference through the tools/check_* scripts (decode attention: 134 cases,
 prefill attention: 16, quantized GEMV split-K and row-tile variants, the latter for Q4_K, Q6_K and Q8_0, and
 Q4_K on int8 activations (dp4a); the RMSNorm kernels; RoPE + the K/V write; the q/k/v split). Each runs in its own process, because
 TRITON_INTERPRET must be set before the kernels are decorated. ~2 minutes on 2 cores."""

@@ -3,7 +3,8 @@
   python tools/check_attention_kernels.py interpret   run the kernels in Triton's CPU interpreter against the
                                                       reference `_attend` (small ragged shapes, GQA 1/4/6/8,
                                                       dh 64/80/128, blocks of 16/32, windows, splits 1..8,
-                                                      fp32 and bf16; sliding tables whose dropped entries point
+                                                      fp32 and bf16, FP8 (e4m3) pools under bf16 q; sliding
+                                                      tables whose dropped entries point
                                                       at a NaN-filled block 0 the kernel must never read;
                                                       RoPE + K/V write + partials in one launch against
                                                       rope_write then the partials: pools bit for bit,
@@ -16,7 +17,7 @@
                                                       mma counts
 
 Run with the Triton venv: /work/venv-triton/bin/python tools/check_attention_kernels.py interpret
-(126 checks, ~2 minutes on 2 cores; compile: 50 kernels, ~1 minute).
+(134 checks, ~2 minutes on 2 cores; compile: 50 kernels, ~1 minute).
 The interpreter patches (numpy buffers, bf16) are tools/check_quant_kernels.py's.
 """
 
@@ -67,22 +68,25 @@ def make_case(rng: np.random.Generator, hq: int, hkv: int, dh: int, block_size: 
                 trimmed=trimmed.astype(np.int32), ctx=ctx.astype(np.int32), window=window)
 
 
-def reference(case: dict, dtype) -> np.ndarray:
+def reference(case: dict, dtype, pool_dtype=None) -> np.ndarray:
     import jax.numpy as jnp
 
     from ember.compiler.ops.attention import _attend, _gather, _table_slots
 
-    cast = lambda a: jnp.asarray(a.astype(dtype)).astype(jnp.float32)  # the same rounded inputs, fp32 math
+    cast = lambda a, t=dtype: jnp.asarray(a.astype(t)).astype(jnp.float32)  # the same rounded inputs, fp32 math
+    pools = (cast(case[name], pool_dtype or dtype) for name in ("k_pool", "v_pool"))
     slots = _table_slots(jnp.asarray(case["tables"]), case["k_pool"].shape[1])
     pos = jnp.asarray(case["ctx"] - 1)
-    out = _attend(cast(case["q"])[:, None], _gather(cast(case["k_pool"]), slots), _gather(cast(case["v_pool"]), slots),
+    out = _attend(cast(case["q"])[:, None], *(_gather(pool, slots) for pool in pools),
                   pos[:, None], jnp.int32(case["window"]), 1.0 / math.sqrt(case["q"].shape[-1]))
     return np.asarray(out[:, 0])
 
 
-def run_kernel(case: dict, dtype, splits: int, block_n: int | None = None, nan_block0: bool = False) -> np.ndarray:
+def run_kernel(case: dict, dtype, splits: int, block_n: int | None = None, nan_block0: bool = False,
+               pool_dtype=None) -> np.ndarray:
     """Launch the kernels the plan picks on host buffers: single when splits == 1, else partials then the combine
-    kernel (checked against decode.combine_partials on the same partials)."""
+    kernel (checked against decode.combine_partials on the same partials). pool_dtype: the pools' (default q's;
+    float8 e4m3: the kernels' fp16 dots)."""
     import jax.numpy as jnp
 
     from ember.compiler.ops.attention_gpu.decode import (DecodeAttentionConfig, combine_meta, combine_partials,
@@ -92,7 +96,7 @@ def run_kernel(case: dict, dtype, splits: int, block_n: int | None = None, nan_b
     q = case["q"].astype(dtype)
     batch, hq, dh = q.shape
     _, block_size, hkv, _ = case["k_pool"].shape
-    k_pool, v_pool = (case[name].astype(dtype) for name in ("k_pool", "v_pool"))
+    k_pool, v_pool = (case[name].astype(pool_dtype or dtype) for name in ("k_pool", "v_pool"))
     tables = case["trimmed"] if nan_block0 else case["tables"]
     if nan_block0:
         k_pool[0], v_pool[0] = np.nan, np.nan
@@ -247,6 +251,16 @@ def interpret() -> int:
                           f"window={window:<2} "
                           f"{np.dtype(dtype).name:8} splits={splits} block_n={block_n or 64:<3} "
                           f"{'NaN block 0 ' if window else ''}rel_err={err:.1e}", flush=True)
+    for hq, hkv, dh in ((12, 2, 128), (8, 1, 64)):  # FP8 (e4m3) pools under bf16 q: the fp16 dots
+        case = make_case(rng, hq, hkv, dh, 16, 0, max_ctx=300, padding_row=True)
+        expected = reference(case, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn)
+        for splits in (1, 3):
+            got = run_kernel(case, ml_dtypes.bfloat16, splits, 32, pool_dtype=ml_dtypes.float8_e4m3fn)
+            err = float(np.abs(got - expected).max() / np.abs(expected).max())
+            failures += not err < 4e-3  # the bf16 output's rounding; the same rows on bf16 pools differ by 2-3e-2
+            checks += 1
+            print(f"{'ok ' if err < 4e-3 else 'BAD'} hq={hq:<2} hkv={hkv} dh={dh:<3} bs=16 bf16 q, float8_e4m3fn pools "
+                  f"splits={splits} rel_err={err:.1e}", flush=True)
     # more splits than one combine tile holds (32): long rows beside short ones, 40 splits
     case = make_case(rng, 12, 2, 64, 16, 0, max_ctx=1200, padding_row=True)
     for dtype in (np.float32, ml_dtypes.bfloat16):

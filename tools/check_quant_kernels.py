@@ -74,7 +74,7 @@ class HostBuffer:
         import ml_dtypes
 
         names = {np.uint32: "u32", np.int32: "i32", np.int8: "i8", np.uint8: "u8", np.float16: "fp16",
-                 np.float32: "fp32", ml_dtypes.bfloat16: "bf16"}
+                 np.float32: "fp32", ml_dtypes.bfloat16: "bf16", ml_dtypes.float8_e4m3fn: "fp8e4nv"}
         self.array = np.ascontiguousarray(array)
         self.dtype = next(v for k, v in names.items() if self.array.dtype == np.dtype(k))
 

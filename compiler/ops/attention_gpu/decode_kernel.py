@@ -38,15 +38,16 @@ is ~100x what the HBM stream needs at decode (2 * G flops per K/V element loaded
 [16, dh] per program, and K/V tiles sit in shared memory in the layout mma wants (which also lets Triton
 pipeline them with cp.async across iterations: num_stages).
 
-Precision. bf16 (or fp16) q and pool (or an FP8 e4m3 pool, whose tiles are widened to q's dtype, exactly, in
-`_load_kv_tile`): q @ K^T multiplies bf16 values exactly into an fp32 accumulator;
+Precision. bf16 (or fp16) q and pool: q @ K^T multiplies bf16 values exactly into an fp32 accumulator;
 p is rounded to the pool dtype for p @ V (as flash attention does: ~2**-9 relative per weight, below the
 bf16 output rounding). Any fp32 operand (DOT_FP32): everything is converted to fp32 and both dots run with
 input_precision="ieee" (no TF32 rounding), matching the reference to fp32 rounding.
 
 FP8 KV (EngineConfig.kv_cache_dtype="fp8"): values are stored rounded to e4m3 with no scale (as vLLM's fp8 cache
-without calibrated scales); `_load_kv_tile` is the one place a tile enters the kernel, so a per-block or per-token
-scale would go there.
+without calibrated scales). Both dots then run in fp16: e4m3 widens to fp16 exactly in one cvt per two values
+(to bf16 Triton needs several instructions per value, which made the 8B's 32k-context decode slower than on a
+bf16 pool), q is rounded to fp16 (exact for |q| in [2**-14, 65504] at bf16's 8 bits) and p to fp16 (finer than
+bf16). `_load_kv_tile` is the one place a tile enters the kernel, so a per-block or per-token scale would go there.
 
 Outputs. paged_decode_partials_kernel writes unnormalized fp32 partials acc [B, hkv, SPLITS, G, dh] and
 m, l [B, hkv, SPLITS, G] (m in log2 units) that paged_decode_combine_kernel (decode_combine_kernel.py)
@@ -145,8 +146,10 @@ def _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, 
     [DH_PAD] (in the pool's dtype); `visible` is _visible_range's (start, end), loaded by the caller up front."""
     if DOT_FP32:
         DOT_DTYPE: tl.constexpr = tl.float32
+    elif k_ptr.dtype.element_ty.is_fp8():
+        DOT_DTYPE: tl.constexpr = tl.float16  # e4m3 -> f16 is one cvt per two values (-> bf16: several)
     else:
-        DOT_DTYPE: tl.constexpr = q_ptr.dtype.element_ty  # an FP8 pool's tiles widen to q's dtype
+        DOT_DTYPE: tl.constexpr = q_ptr.dtype.element_ty
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, DH_PAD)
     if OWN:
@@ -260,8 +263,10 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
     k_own = k_own.to(k_new_ptr.dtype.element_ty).to(k_ptr.dtype.element_ty)  # rounded as rope_write writes it
     if DOT_FP32:
         DOT_DTYPE: tl.constexpr = tl.float32
+    elif k_ptr.dtype.element_ty.is_fp8():
+        DOT_DTYPE: tl.constexpr = tl.float16  # e4m3 -> f16 is one cvt per two values (-> bf16: several)
     else:
-        DOT_DTYPE: tl.constexpr = q_ptr.dtype.element_ty  # an FP8 pool's tiles widen to q's dtype
+        DOT_DTYPE: tl.constexpr = q_ptr.dtype.element_ty
     # the own token's scores [G_PAD] now, so neither the fp32 q nor k_own stays live through the walk
     s_own = tl.sum(q.to(DOT_DTYPE).to(tl.float32) * k_own.to(DOT_DTYPE).to(tl.float32), axis=1)
     if WRITE_KV and split == 0:
