@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import dataclasses
 import json
 import os
 import sys
@@ -265,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     for variant in args.variants:
         settings = dict(item.split("=", 1) for item in variant.split(",") if item)
         os.environ.update(settings)  # read when the step is traced, i.e. by the engine built next
-        engine = Engine(model, tokenizer, config)
+        # EMBER_KV_CACHE_DTYPE (as `ember serve` reads it): the KV pools' dtype of this variant's engine
+        engine = Engine(model, tokenizer, dataclasses.replace(
+            config, kv_cache_dtype=os.environ.get("EMBER_KV_CACHE_DTYPE") or "auto"))
         try:
             for c in args.concurrency:
                 if not args.plan_only:
