@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import dataclasses
+import glob
 import json
 import os
 import sys
