@@ -133,6 +133,8 @@ def test_launch_plan_pads_heads():
     assert (meta["G"], meta["G_PAD"], meta["DH"], meta["DH_PAD"]) == (6, 16, 80, 128)
     wide = decode_launch_plan(2, 4, 1, 256, 16, 64, dot_fp32=False)
     assert wide["block_n"] == DecodeAttentionConfig().block_n // 2  # same tile bytes for wider heads
+    fp8 = decode_launch_plan(2, 12, 2, 128, 16, 64, dot_fp32=False, kv_itemsize=1)
+    assert fp8["block_n"] == 2 * DecodeAttentionConfig().block_n  # ... and for FP8 pools
     with pytest.raises(ValueError):
         decode_launch_plan(2, 12, 5, 128, 16, 64, dot_fp32=False)
 

@@ -62,7 +62,7 @@ def _next_pow2(x: int) -> int:
 
 def decode_launch_plan(batch: int, hq: int, hkv: int, dh: int, block_size: int, table_width: int, *,
                        dot_fp32: bool, scale: float = 1.0, config: DecodeAttentionConfig = DecodeAttentionConfig(),
-                       splits: int | None = None) -> dict:
+                       splits: int | None = None, kv_itemsize: int = 2) -> dict:
     """Static launch parameters of one call: grid, splits, kernel constexprs. Pure; testable on CPU.
 
     splits (unless forced): more when B * hkv is small and the table is wide. The table width W (the
@@ -74,7 +74,10 @@ def decode_launch_plan(batch: int, hq: int, hkv: int, dh: int, block_size: int, 
     if block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two, got {block_size}")
     dh_pad = max(16, _next_pow2(dh))
-    block_n = max(16, config.block_n * 128 // max(dh_pad, 128))
+    # wider heads take fewer tokens per tile, an FP8 pool (kv_itemsize 1) twice as many: the same tile bytes (at
+    # 32k context the 8B's partials took 45.1 us per layer with 64-token FP8 tiles, 34.1 with 128, 36.2 on bf16
+    # pools: tools/results/h200_kv_fp8_tiles_15d6c41.json)
+    block_n = max(16, config.block_n * 128 // max(dh_pad, 128) * (2 if kv_itemsize == 1 else 1))
     if block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two, got {block_n}")
     max_tokens = table_width * block_size
@@ -147,7 +150,8 @@ def _launch_plan(q, k_pool, v_pool, block_tables, scale, config, splits=None) ->
     dot_fp32 = not (q.dtype in (jnp.bfloat16, jnp.float16) and k_pool.dtype == v_pool.dtype
                     and k_pool.dtype in (q.dtype, jnp.float8_e4m3fn))
     return decode_launch_plan(q.shape[0], q.shape[1], hkv, q.shape[2], block_size, block_tables.shape[1],
-                              dot_fp32=dot_fp32, scale=scale, config=config, splits=splits)
+                              dot_fp32=dot_fp32, scale=scale, config=config, splits=splits,
+                              kv_itemsize=jnp.dtype(k_pool.dtype).itemsize)
 
 
 def _partials_shapes(q, hkv: int, splits: int) -> tuple:
