@@ -115,7 +115,10 @@ def test_attention_over_an_fp8_pool_is_attention_over_its_rounded_values(op):
                                 to_pool_dtype(v, jnp.float8_e4m3fn).astype(jnp.float32), jnp.int32(0), jnp.int32(0),
                                 *wide_pools, batch, scale=0.2)
     assert got_k.dtype == FP8
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    if op == "h200_emulated":  # an FP8 pool's decode tiles hold twice the tokens: fp32 sums in another order
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    else:
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     np.testing.assert_array_equal(np.asarray(got_k, np.float32), np.asarray(want_k))
     np.testing.assert_array_equal(np.asarray(got_v, np.float32), np.asarray(want_v))
 
