@@ -66,18 +66,10 @@ the same launch writes.
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
 from .decode_combine_kernel import paged_decode_combine_kernel, paged_decode_combine_quant_kernel
-
-# FP8 tiles widen to fp16 by inline PTX (cvt.rn.f16x2.e4m3x2 on each byte pair) rather than Triton's conversion,
-# which it moves past the tile's shared-memory load and feeds the dots by scalar shared loads. Read at import;
-# EMBER_FP8_KV_WIDEN=triton keeps Triton's (the side-by-side measurement); the CPU interpreter has no PTX.
-_WIDEN_ASM = tl.constexpr(os.environ.get("EMBER_FP8_KV_WIDEN", "asm") == "asm"
-                          and os.environ.get("TRITON_INTERPRET", "0") != "1")
 
 
 @triton.jit
@@ -95,11 +87,6 @@ def _visible_range(ctx_ptr, pos_ptr, window_ptr, b, MAX_TOKENS: tl.constexpr):
 def _load_kv_tile(ptr, rows, d, mask, DOT_DTYPE: tl.constexpr):
     """The [BLOCK_N, DH_PAD] tile of K or V at int64 row offsets `rows`, in the dot's dtype (0 where masked).
     Quantized KV dequantizes here."""
-    if _WIDEN_ASM and ptr.dtype.element_ty == tl.float8e4nv:
-        raw = tl.load(ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] + d[None, :], mask=mask, other=0)
-        return tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
-            "=r,=r,r", [raw], dtype=tl.float16, is_pure=False, pack=4).to(DOT_DTYPE)
     return tl.load(ptr + rows[:, None] + d[None, :], mask=mask, other=0.0).to(DOT_DTYPE)
 
 
