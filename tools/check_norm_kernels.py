@@ -22,7 +22,9 @@ CASES = [(1, 1536, "bfloat16", 1e-6), (3, 4096, "bfloat16", 1e-5), (5, 96, "floa
 
 def patch_interpreter_rne() -> None:
     """check_quant_kernels' interpreter patches, plus fp32 -> bf16 rounding to nearest even: the interpreter
-    rounds toward zero; the GPU (and the reference) round to nearest even. Call before importing kernels."""
+    rounds toward zero; the GPU (and the reference) round to nearest even. Likewise to float8 e4m3 (an FP8 KV
+    pool's writes), where the interpreter rounds ties away from zero and flushes small values: here to nearest
+    even, saturating at +-448 as the GPU's cvt ... satfinite. Call before importing kernels."""
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
     from ember.tools.check_quant_kernels import patch_interpreter
 
@@ -38,7 +40,15 @@ def patch_interpreter_rne() -> None:
             return ti.TensorHandle(src.data.astype(ml_dtypes.bfloat16).view(np.uint16), tl.bfloat16)
         return cast(self, src, dst_type)
 
+    def fp_to_fp_rne(self, src, dst_type, rounding_mode):
+        if dst_type.scalar == tl.float8e4nv and src.dtype.scalar in (tl.float32, tl.bfloat16):
+            values = src.data.view(ml_dtypes.bfloat16) if src.dtype.scalar == tl.bfloat16 else src.data
+            values = np.clip(values.astype(np.float32), -448.0, 448.0)
+            return ti.TensorHandle(values.astype(ml_dtypes.float8_e4m3fn).view(np.uint8), tl.float8e4nv)
+        return fp_to_fp(self, src, dst_type, rounding_mode)
+
     builder.cast_impl = cast_rne
+    fp_to_fp, builder.create_fp_to_fp = builder.create_fp_to_fp, fp_to_fp_rne
 
 
 def interpret() -> int:
