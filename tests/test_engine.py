@@ -30,8 +30,8 @@ def qwen3():
     return load_model(path)
 
 
-def _alone(model, prompt, max_tokens):
-    runner = SequenceRunner(model, len(prompt) + max_tokens)
+def _alone(model, prompt, max_tokens, kv_dtype=None):
+    runner = SequenceRunner(model, len(prompt) + max_tokens, kv_dtype=kv_dtype)
     logits, out = runner.prefill(prompt), []
     for _ in range(max_tokens):
         out.append(int(np.argmax(logits)))

@@ -15,7 +15,7 @@ from ember.runtime.model import load_model
 from ember.runtime.sampling_params import SamplingParams
 from ember.runtime.sequence_runner import SequenceRunner
 from fixture_data import tiny_fixture
-from test_engine import GREEDY, ByteTokenizer, _tokens
+from test_engine import GREEDY, ByteTokenizer, _alone, _tokens
 
 FP8 = np.dtype(jnp.float8_e4m3fn)
 
@@ -24,16 +24,6 @@ FP8 = np.dtype(jnp.float8_e4m3fn)
 def qwen3():
     path, _ = tiny_fixture("qwen3")
     return load_model(path)
-
-
-def _greedy_alone(model, prompt, max_tokens, kv_dtype):
-    runner = SequenceRunner(model, len(prompt) + max_tokens, kv_dtype=kv_dtype)
-    logits, out = runner.prefill(prompt), []
-    for _ in range(max_tokens):
-        out.append(int(np.argmax(logits)))
-        if len(out) < max_tokens:
-            logits = runner.decode(out[-1])
-    return out
 
 
 def test_the_write_rounds_to_nearest_and_saturates():
@@ -68,7 +58,7 @@ def test_engine_on_fp8_pools_matches_each_request_alone(qwen3):
         assert engine.snapshot()["free_kv_blocks"] == engine.snapshot()["total_kv_blocks"]
     finally:
         engine.close()
-    assert results == [_greedy_alone(qwen3, p, m, FP8) for p, m in cases]
+    assert results == [_alone(qwen3, p, m, FP8) for p, m in cases]
 
 
 @pytest.mark.parametrize("target", ["cpu", "h200"])
