@@ -118,9 +118,17 @@ def test_serve_flag_and_environment_choose_the_kv_dtype():
 
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)
-    assert config_from_args(parser.parse_args(["--kv-cache-dtype", "fp8"]), environ={}).kv_cache_dtype == "fp8"
-    assert config_from_args(parser.parse_args([]), environ={"EMBER_KV_CACHE_DTYPE": "fp8_e4m3"}).kv_cache_dtype \
+    h200 = ["--target", "h200"]
+    assert config_from_args(parser.parse_args(["--kv-cache-dtype", "fp8", *h200]), environ={}).kv_cache_dtype == "fp8"
+    assert config_from_args(parser.parse_args(h200), environ={"EMBER_KV_CACHE_DTYPE": "fp8_e4m3"}).kv_cache_dtype \
         == "fp8_e4m3"
     assert config_from_args(parser.parse_args([]), environ={}).kv_cache_dtype == "auto"
+    assert config_from_args(parser.parse_args(["--kv-cache-dtype", "bfloat16"]), environ={}).kv_cache_dtype \
+        == "bfloat16"
     with pytest.raises(SystemExit):
         parser.parse_args(["--kv-cache-dtype", "int4"])
+    # FP8 pools only where the kernels write them (XLA's scatter converts a whole FP8 pool per write)
+    with pytest.raises(SystemExit, match="needs a GPU target"):
+        config_from_args(parser.parse_args(["--kv-cache-dtype", "fp8"]), environ={})
+    with pytest.raises(SystemExit, match="not available with --deterministic"):
+        config_from_args(parser.parse_args(["--kv-cache-dtype", "fp8", "--deterministic", *h200]), environ={})
