@@ -47,7 +47,8 @@ FP8 KV (EngineConfig.kv_cache_dtype="fp8"): values are stored rounded to e4m3 wi
 without calibrated scales). Both dots then run in fp16: e4m3 widens to fp16 exactly in one cvt per two values
 (to bf16 Triton needs several instructions per value, which made the 8B's 32k-context decode slower than on a
 bf16 pool), q is rounded to fp16 (exact for |q| in [2**-14, 65504] at bf16's 8 bits) and p to fp16 (finer than
-bf16). `_load_kv_tile` is the one place a tile enters the kernel, so a per-block or per-token scale would go there.
+bf16). The tiles hold twice the tokens (decode_launch_plan: the bytes of a bf16 tile). `_load_kv_tile` is the one
+place a tile enters the kernel, so a per-block or per-token scale would go there.
 
 Outputs. paged_decode_partials_kernel writes unnormalized fp32 partials acc [B, hkv, SPLITS, G, dh] and
 m, l [B, hkv, SPLITS, G] (m in log2 units) that paged_decode_combine_kernel (decode_combine_kernel.py)
