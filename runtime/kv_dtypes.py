@@ -4,7 +4,7 @@ lists them).
 "auto" keeps the plan's activation dtype. "fp8" (alias "fp8_e4m3") stores K and V rounded to float8 e4m3 with
 no scale, as vLLM's fp8 cache without calibrated scales: half a bf16 pool's bytes, so twice the tokens in a KV
 budget and half the KV bytes a decode step reads; writes saturate at +-448 (compiler/ops/attention.py
-to_pool_dtype) and every attention kernel widens the tiles it reads to q's dtype, exactly.
+to_pool_dtype) and every attention op widens what it reads exactly (the h200 decode kernel to fp16 for its dots).
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan,
 
 def _launch_plan(q, k_pool, v_pool, block_tables, scale, config, splits=None) -> dict:
     # decode_launch_plan for these arrays: fp32 dots unless q has a 16-bit float dtype and both pools hold it (or
-    # FP8 e4m3, widened to it exactly)
+    # FP8 e4m3: the kernels' dots then run in fp16, decode_kernel.py)
     _, block_size, hkv, _ = k_pool.shape
     dot_fp32 = not (q.dtype in (jnp.bfloat16, jnp.float16) and k_pool.dtype == v_pool.dtype
                     and k_pool.dtype in (q.dtype, jnp.float8_e4m3fn))
