@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .kv_dtypes import KV_CACHE_DTYPES, kv_dtype as _kv_dtype
+from .kv_dtypes import checked_kv_cache_dtype, kv_dtype as _kv_dtype
 from .model import Model
 from .state_kinds import engine_pool_blocks
 from .step_inputs import PrefillShapes
@@ -41,8 +41,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self):
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
+        checked_kv_cache_dtype(self.kv_cache_dtype)
 
 
 def prefill_shapes(entry: dict, config: EngineConfig) -> PrefillShapes:

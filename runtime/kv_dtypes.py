@@ -12,17 +12,25 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8", "fp8_e4m3")
+# the fixed ones; "auto" is the plan's activation dtype
+_FIXED = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32),
+          "fp8": np.dtype(ml_dtypes.float8_e4m3fn), "fp8_e4m3": np.dtype(ml_dtypes.float8_e4m3fn)}
+KV_CACHE_DTYPES = ("auto", *_FIXED)
+
+
+def checked_kv_cache_dtype(name: str) -> str:
+    """name, if it is one of KV_CACHE_DTYPES; else a ValueError listing them."""
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype {name!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
+    return name
+
+
+def is_fp8(kv_cache_dtype: str) -> bool:
+    return _FIXED.get(kv_cache_dtype) == np.dtype(ml_dtypes.float8_e4m3fn)
 
 
 def kv_dtype(activation_dtype, kv_cache_dtype: str = "auto") -> np.dtype:
     """The pools' dtype for a kv_cache_dtype name, given the plan's activation dtype."""
-    if kv_cache_dtype == "auto":
+    if checked_kv_cache_dtype(kv_cache_dtype) == "auto":
         return np.dtype(activation_dtype)
-    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
-        return np.dtype(ml_dtypes.float8_e4m3fn)
-    if kv_cache_dtype == "bfloat16":
-        return np.dtype(ml_dtypes.bfloat16)
-    if kv_cache_dtype == "float32":
-        return np.dtype(np.float32)
-    raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
+    return _FIXED[kv_cache_dtype]

@@ -37,7 +37,9 @@ class ServeConfig:
         # FP8 pools where their writes are the kernels' own (the h200 target's RoPE + K/V write). XLA rewrites a
         # scatter into a float8 array as a conversion of the whole array: 33 ms against 0.02 ms for float32 on
         # a 16 MB pool on the CPU, so the cpu target, and the deterministic plans (XLA's scatter), refuse it.
-        if self.kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        from ..runtime.kv_dtypes import is_fp8
+
+        if is_fp8(self.kv_cache_dtype):
             if self.target == "cpu":
                 raise ValueError("--kv-cache-dtype fp8 needs a GPU target (--target h200): on the CPU every KV "
                                  "write would convert the whole FP8 pool")
@@ -77,11 +79,12 @@ def _positive_float(text: str) -> float:
 
 
 def _kv_cache_dtype(text: str) -> str:
-    from ..runtime.kv_dtypes import KV_CACHE_DTYPES
+    from ..runtime.kv_dtypes import checked_kv_cache_dtype
 
-    if text not in KV_CACHE_DTYPES:
-        raise argparse.ArgumentTypeError(f"expected one of {', '.join(KV_CACHE_DTYPES)}, got {text!r}")
-    return text
+    try:
+        return checked_kv_cache_dtype(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _origins(text: str) -> tuple[str, ...]:

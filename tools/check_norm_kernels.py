@@ -33,7 +33,8 @@ def patch_interpreter_rne() -> None:
     import triton.language as tl
     import triton.runtime.interpreter as ti
 
-    builder, cast = ti.InterpreterBuilder, ti.InterpreterBuilder.cast_impl
+    builder = ti.InterpreterBuilder
+    cast, fp_to_fp = builder.cast_impl, builder.create_fp_to_fp
 
     def cast_rne(self, src, dst_type):
         if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
@@ -48,7 +49,7 @@ def patch_interpreter_rne() -> None:
         return fp_to_fp(self, src, dst_type, rounding_mode)
 
     builder.cast_impl = cast_rne
-    fp_to_fp, builder.create_fp_to_fp = builder.create_fp_to_fp, fp_to_fp_rne
+    builder.create_fp_to_fp = fp_to_fp_rne
 
 
 def interpret() -> int:

@@ -51,14 +51,12 @@ def paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *,
     return out.reshape(out.shape[0], -1), k_pool, v_pool
 
 
-FP8_KV_MAX = 448.0  # the largest finite float8_e4m3fn
-
-
 def to_pool_dtype(x, dtype):
-    """x rounded to a KV pool's dtype (to nearest even); an FP8 (e4m3) pool saturates at +-448 rather than
-    turning larger values into NaN, as the GPU kernels' conversions (cvt ... satfinite) do."""
+    """x rounded to a KV pool's dtype (to nearest even); an FP8 (e4m3) pool saturates at its largest finite value
+    (448) rather than turning larger values into NaN, as the GPU kernels' conversions (cvt ... satfinite) do."""
     if jnp.dtype(dtype) == jnp.float8_e4m3fn:
-        x = jnp.clip(x, -FP8_KV_MAX, FP8_KV_MAX)
+        largest = float(jnp.finfo(jnp.float8_e4m3fn).max)
+        x = jnp.clip(x, -largest, largest)
     return x.astype(dtype)
 
 
