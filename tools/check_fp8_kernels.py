@@ -1,4 +1,5 @@
-"""Check the FP8 GEMV kernel (compiler/ops/quant/fp8_gemv.py) without a GPU (needs only triton==3.6.0).
+"""Check the FP8 GEMV kernel (compiler/ops/quant/fp8_gemv.py) without a GPU (needs only triton==3.6.0), on FP8
+weights and on plain bf16 ones (compiler/ops/dense_gemv.py: DENSE_CASES).
 
   python -m ember.tools.check_fp8_kernels interpret   run the kernel in Triton's CPU interpreter against the
                                                       jnp path (fp8_linear_xla) and the float64 reference: CASES
@@ -89,7 +90,7 @@ def interpret() -> int:
             y = Buffer(np.full((splits, m, out), np.nan, dtype if splits == 1 else np.float32),
                        tname if splits == 1 else "fp32")
             fp8_gemv_kernel[plan["grid"]](Buffer(x, tname), codes, scale, y, IEEE=dtype_name == "float32",
-                                          W_BITCAST=True, **plan["meta"])
+                                          W_BITCAST=True, SCALED=True, **plan["meta"])
             got = y.array.astype(np.float32).sum(axis=0)
             exact = fp8_reference_matmul(np.asarray(x, np.float32), w)
             jnp_path = np.asarray(fp8_linear_xla(jnp.asarray(x), w), np.float32)
@@ -104,6 +105,7 @@ def interpret() -> int:
                   f"{dtype_name:8} bn={config.block_n:<2} bk={config.block_k:<3} dot={int(config.use_dot)} "
                   f"pf={int(plan['meta']['PREFETCH'])} grid={plan['grid'][:2]} split={splits} err_f64={err:.1e} err_jnp={err_jnp:.1e}", flush=True)
     failures += _interpret_fused_forms(rng, Buffer)
+    failures += _interpret_dense(rng, Buffer)
     print(f"{failures} mismatches" if failures else "all match")
     return 1 if failures else 0
 
@@ -135,7 +137,7 @@ def _interpret_fused_forms(rng, Buffer) -> int:
         plan = launch_plan(m, 2 * ffn, inner, Fp8GemvConfig(**kwargs), blocked=False, gate_up=True)
         y = Buffer(np.full((m, ffn), np.nan, bf16), "bf16")
         fp8_gemv_kernel[plan["grid"]](Buffer(x, "bf16"), *_weight_buffers(w, Buffer), y, IEEE=False,
-                                      W_BITCAST=True, **plan["meta"])
+                                      W_BITCAST=True, SCALED=True, **plan["meta"])
         product = fp8_reference_matmul(np.asarray(x, np.float32), w).astype(bf16)
         exact = np.asarray(gated_act_packed(jnp.asarray(product), act="silu"), np.float32)
         err = float(np.abs(y.array.astype(np.float32) - exact).max() / np.abs(exact).max())  # NaN: unwritten
@@ -149,7 +151,8 @@ def _interpret_fused_forms(rng, Buffer) -> int:
         plan = launch_plan(m, out, inner, Fp8GemvConfig(**kwargs), blocked=blocked)
         outs = [Buffer(np.full((m, size), np.nan, bf16), "bf16") for size in sizes]
         fp8_gemv_parts_kernel[plan["grid"]](Buffer(x, "bf16"), *_weight_buffers(w, Buffer), *outs, IEEE=False,
-                                            W_BITCAST=True, N1=sizes[0], N2=sizes[0] + sizes[1], **plan["meta"])
+                                            W_BITCAST=True, SCALED=True, N1=sizes[0], N2=sizes[0] + sizes[1],
+                                            **plan["meta"])
         exact = fp8_reference_matmul(np.asarray(x, np.float32), w)
         got = np.concatenate([o.array.astype(np.float32) for o in outs], axis=1)
         err = float(np.abs(got - exact).max() / np.abs(exact).max())  # NaN: a part left unwritten
@@ -157,6 +160,61 @@ def _interpret_fused_forms(rng, Buffer) -> int:
         failures += bad
         print(f"{'BAD' if bad else 'ok '} parts {sizes} x {inner} {'block' if blocked else 'chan '} m={m} "
               f"err_f64={err:.1e}", flush=True)
+    return failures
+
+
+# the same kernels on plain bf16 weights (compiler/ops/dense_gemv.py, SCALED off): (form, out or sizes, in,
+# config kwargs, m, activation dtype): masked rows and columns, the prefetch on and off, split-K, f32 x
+DENSE_CASES = [("plain", 200, 420, dict(block_n=4, block_k=64, step_reduce=True), 1, "bfloat16"),
+               ("plain", 136, 300, dict(block_n=8, block_k=128, split_k=2, step_reduce=True), 2, "float32"),
+               ("plain", 72, 160, dict(block_n=4, block_k=32, step_reduce=True, prefetch=False), 1, "bfloat16"),
+               ("gate_up", 36, 300, dict(block_n=4, block_k=64, step_reduce=True), 1, "bfloat16"),
+               ("parts", (64, 16, 24), 200, dict(block_n=8, block_k=64, step_reduce=True), 1, "bfloat16")]
+
+
+def _interpret_dense(rng, Buffer) -> int:
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    from ember.compiler.ops.activation import gated_act_packed
+    from ember.compiler.ops.quant.fp8_gemv import (Fp8GemvConfig, fp8_gemv_kernel, fp8_gemv_parts_kernel,
+                                                   launch_plan)
+
+    bf16 = ml_dtypes.bfloat16
+    names = {"float32": (np.float32, "fp32"), "bfloat16": (bf16, "bf16")}
+    no_scale = Buffer(np.zeros(1, np.float32), "fp32")
+    failures = 0
+    for form, size, inner, kwargs, m, dtype_name in DENSE_CASES:
+        out = 2 * size if form == "gate_up" else sum(size) if form == "parts" else size
+        w = (rng.standard_normal((out, inner)) * rng.uniform(0.01, 3.0, (out, 1))).astype(bf16)
+        dtype, tname = names[dtype_name]
+        x = rng.standard_normal((m, inner)).astype(dtype)
+        exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+        plan = launch_plan(m, out, inner, Fp8GemvConfig(**kwargs), blocked=False, gate_up=form == "gate_up")
+        args = (Buffer(x, tname), Buffer(w, "bf16"), no_scale)
+        flags = dict(IEEE=dtype_name == "float32", W_BITCAST=False, SCALED=False, **plan["meta"])
+        tol = 1e-5 if dtype_name == "float32" else 2.0 ** -7
+        if form == "parts":
+            outs = [Buffer(np.full((m, part), np.nan, dtype), tname) for part in size]
+            fp8_gemv_parts_kernel[plan["grid"]](*args, *outs, N1=size[0], N2=size[0] + size[1], **flags)
+            got = np.concatenate([o.array.astype(np.float32) for o in outs], axis=1)
+        elif form == "gate_up":
+            y = Buffer(np.full((m, size), np.nan, dtype), tname)
+            fp8_gemv_kernel[plan["grid"]](*args, y, **flags)
+            got = y.array.astype(np.float32)
+            exact = np.asarray(gated_act_packed(jnp.asarray(exact.astype(dtype)), act="silu"), np.float32)
+            tol = 2.0 ** -6  # the product's and the activation's bf16 roundings
+        else:
+            splits = plan["split_k"]
+            y = Buffer(np.full((splits, m, out), np.nan, dtype if splits == 1 else np.float32),
+                       tname if splits == 1 else "fp32")
+            fp8_gemv_kernel[plan["grid"]](*args, y, **flags)
+            got = y.array.astype(np.float32).sum(axis=0)
+        err = float(np.abs(got - exact).max() / np.abs(exact).max())  # NaN: something left unwritten
+        bad = not err < tol
+        failures += bad
+        print(f"{'BAD' if bad else 'ok '} dense {form} {size}x{inner} m={m} {dtype_name} {kwargs} "
+              f"split={plan['split_k']} err_f64={err:.1e}", flush=True)
     return failures
 
 
@@ -176,7 +234,7 @@ def compile_all() -> int:
                          f"stages={config.num_stages} dot={int(config.use_dot)} grid={plan['grid'][:2]}")
                 try:
                     compiled = compile_sm90(fp8_gemv_kernel, ["*bf16", "*fp8e4nv", "*fp32", "*" + out_type],
-                                            dict(plan["meta"], IEEE=False, W_BITCAST=False),
+                                            dict(plan["meta"], IEEE=False, W_BITCAST=False, SCALED=True),
                                             num_warps=config.num_warps, num_stages=config.num_stages)
                 except Exception as error:
                     failures += 1

@@ -79,7 +79,7 @@ case $section in
 tests)
     export JAX_PLATFORMS=cuda,cpu  # the agreement test compares with the cpu target on the CPU backend
     timeout 330 python -m pytest -q -m gpu tests/test_attention_gpu.py tests/test_attention_prefill_gpu.py \
-        tests/test_quant_matmul_gpu.py tests/test_norm_kernels_gpu.py tests/test_rope_write_gpu.py tests/test_split_columns_gpu.py -p no:cacheprovider \
+        tests/test_quant_matmul_gpu.py tests/test_norm_kernels_gpu.py tests/test_rope_write_gpu.py tests/test_split_columns_gpu.py tests/test_dense_gemv_gpu.py -p no:cacheprovider \
         --hypothesis-show-statistics > "$out/gpu_kernel_tests.log" 2>&1
     timeout 240 python -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_quant_model_gpu.py \
         -p no:cacheprovider > "$out/gpu_engine_tests.log" 2>&1

@@ -14,6 +14,9 @@ the (static) row count:
                          DENSE_COPY_GEMV_MAX_ROWS rows, the copy's plain matmul above (no per-call dequantization)
   Fp8Weight              fp8_linear (quant/fp8.py): the Triton GEMV for few rows on a GPU (fp8_gemv.py),
                          else written for XLA to fuse the fp8 operand into its GEMM
+  plain array, one row on a GPU (dense_gemv.use_dense_gemv)
+                         the same GEMV kernels on the unscaled matrix (dense_gemv.py): q/k/v written
+                         apart, silu(gate) * up in the gate/up epilogue, no split-K sums after them
 
 Backend choice: the plan's calls carry no backend argument (generated code stays target-agnostic
 beyond the kernel names), and a plan is traced on the device it runs on, so `quant_backend()` reads
@@ -42,6 +45,7 @@ import jax.numpy as jnp
 from . import activation
 from . import embedding as embedding_ref
 from . import linear as linear_ref
+from .dense_gemv import dense_gemv, dense_gemv_gate_up, dense_gemv_parts, use_dense_gemv
 from .quant import config as quant_config
 from .quant.act_quant import reads_packing
 from .quant.fp8 import Fp8Weight, fp8_linear, fp8_linear_gate_up_silu, fp8_linear_parts, fp8_rows
@@ -174,6 +178,8 @@ def linear(x, weight, bias=None):
         y = jnp.concatenate([_matmul(x, part) for part in weight.parts], axis=-1)
     elif isinstance(weight, (QuantizedWeight, Fp8Weight)):
         y = _matmul(x, weight)
+    elif use_dense_gemv(_array(x), weight):
+        y = dense_gemv(_array(x), weight)
     else:
         return linear_ref.linear(_array(x), weight, bias)
     return _add_bias(y, bias)
@@ -182,8 +188,10 @@ def linear(x, weight, bias=None):
 def linear_split(x, weight, bias=None, *, sizes):
     # weight [sum(sizes), k] packs several projections of the same input; returns one output per size
     weight = _form(x, weight)
-    if not isinstance(weight, (WeightGroup, QuantizedWeight, Fp8Weight)):  # dense: the GEMM, then one split
-        return split_three(linear_ref.linear(_array(x), weight, bias), sizes)
+    if not isinstance(weight, (WeightGroup, QuantizedWeight, Fp8Weight)):  # dense
+        if bias is None and use_dense_gemv(_array(x), weight):  # one launch writes each projection
+            return dense_gemv_parts(_array(x), weight, tuple(sizes))
+        return split_three(linear_ref.linear(_array(x), weight, bias), sizes)  # the GEMM, then one split
     parts = weight.parts if isinstance(weight, WeightGroup) else (weight,)
     runs = _sizes_per_part(parts, tuple(sizes))
     if runs is None:  # a part straddles two projections: the packed product, then slices
@@ -222,11 +230,14 @@ def gated_linear(gate_up, weight, *, act, partials=False):
 
 def gated_mlp(x, gate_up, down, *, act, partials=False):
     # act(gate) * up @ down.T of the packed gate/up projection x [N, k] @ gate_up.T (the fuse_gated_mlp pass):
-    # FP8 weights make act(gate) * up in the gate/up GEMV's epilogue (no kernel between the two GEMVs); every
-    # other weight runs the two ops the pass replaced, linear then gated_linear
+    # FP8 weights (and plain ones at one row on a GPU) make act(gate) * up in the gate/up GEMV's epilogue (no
+    # kernel between the two GEMVs); every other weight runs the two ops the pass replaced, linear then
+    # gated_linear
     kept = _form(x, gate_up)
     if act == "silu" and isinstance(kept, Fp8Weight):
         return linear(fp8_linear_gate_up_silu(_array(x), kept), down)
+    if act == "silu" and not isinstance(kept, (QuantizedWeight, WeightGroup)) and use_dense_gemv(_array(x), kept):
+        return linear(dense_gemv_gate_up(_array(x), kept), down)
     return gated_linear(linear(x, gate_up), down, act=act, partials=partials)
 
 

@@ -40,6 +40,7 @@ All offsets are int32: out * in < 2**31 (checked).
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -188,9 +189,9 @@ def _program_sum(x_ptr, w_ptr, s_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.co
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  KS: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCKED: tl.constexpr, USE_DOT: tl.constexpr,
                  PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr, WORDS: tl.constexpr, GATE_UP: tl.constexpr,
-                 IEEE: tl.constexpr, W_BITCAST: tl.constexpr):
+                 IEEE: tl.constexpr, W_BITCAST: tl.constexpr, SCALED: tl.constexpr):
     """This program's scaled sums [BLOCK_M, BLOCK_N] fp32, its weight rows (_tile_rows) and activation rows
-    (+ masks)."""
+    (+ masks). SCALED False: a plain float weight (bf16 / f16 / f32, dense_gemv.py), no scale read."""
     STEPS: tl.constexpr = K_PER_SPLIT // BLOCK_K
     rows, row_ok = _tile_rows(tl.program_id(0), N, BLOCK_N, GATE_UP)
     i = tl.arange(0, BLOCK_M)                                   # [BLOCK_M] activation rows
@@ -205,7 +206,7 @@ def _program_sum(x_ptr, w_ptr, s_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.co
     else:
         acc = _cuda_core_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M, N, K, BLOCK_M, BLOCK_N,
                              BLOCK_K, STEPS, BLOCKED, PREFETCH, STEP_REDUCE, W_BITCAST)
-    if not BLOCKED:
+    if SCALED and not BLOCKED:
         acc = acc * tl.load(s_ptr + rows, mask=row_ok, other=0.0)[None, :]
     return acc, rows, row_ok, i, i_ok
 
@@ -215,10 +216,11 @@ def fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KS: tl.constexpr, K_PER_SPLIT: tl.constexpr,
                     BLOCKED: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr,
-                    WORDS: tl.constexpr, GATE_UP: tl.constexpr, IEEE: tl.constexpr, W_BITCAST: tl.constexpr):
+                    WORDS: tl.constexpr, GATE_UP: tl.constexpr, IEEE: tl.constexpr, W_BITCAST: tl.constexpr,
+                    SCALED: tl.constexpr):
     acc, rows, row_ok, i, i_ok = _program_sum(x_ptr, w_ptr, s_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, KS,
                                               K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATE_UP,
-                                              IEEE, W_BITCAST)
+                                              IEEE, W_BITCAST, SCALED)
     if GATE_UP:  # out [M, N / 2] = silu(gate) * up
         _store_gate_up(acc, tl.program_id(0), i, i_ok, out_ptr, N, BLOCK_M, BLOCK_N)
     else:
@@ -232,41 +234,62 @@ def fp8_gemv_parts_kernel(x_ptr, w_ptr, s_ptr, out0_ptr, out1_ptr, out2_ptr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KS: tl.constexpr, K_PER_SPLIT: tl.constexpr,
                           BLOCKED: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr,
                           STEP_REDUCE: tl.constexpr, WORDS: tl.constexpr, GATE_UP: tl.constexpr, IEEE: tl.constexpr,
-                          W_BITCAST: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
+                          W_BITCAST: tl.constexpr, SCALED: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
     """One launch for a packed weight of three projections (rows [0, N1), [N1, N2), [N2, N); both boundaries
     multiples of BLOCK_N, one K split): each program writes its rows into the projection's own output."""
     acc, rows, row_ok, i, i_ok = _program_sum(x_ptr, w_ptr, s_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, KS,
                                               K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATE_UP,
-                                              IEEE, W_BITCAST)
+                                              IEEE, W_BITCAST, SCALED)
     _store_parts(acc, tl.program_id(0), rows, row_ok, i, i_ok, out0_ptr, out1_ptr, out2_ptr, N, BLOCK_N, N1, N2)
 
 
-def _checked_config(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None):
-    """(m, config) for x [m, in] against w, the word loop only for bf16 x."""
+class GemvWeight(NamedTuple):
+    """What the kernels read: values [out, in] (float8_e4m3fn with fp32 scales, or a plain bf16 / f16 / f32
+    matrix with scale None) and whether the scales are 128 x 128 blocks."""
+
+    values: jax.Array
+    scale: jax.Array | None
+    blocked: bool = False
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(int(n) for n in self.values.shape)
+
+
+def _fp8(w: Fp8Weight) -> GemvWeight:
+    return GemvWeight(w.values, w.scale.astype(jnp.float32), w.blocked)
+
+
+def checked_config(x: jax.Array, w: GemvWeight, config: Fp8GemvConfig | None, pick) -> Fp8GemvConfig:
+    """The config for x [m, in] against w (None: pick(m, out, in, blocked=...)), the word loop only for bf16 x
+    and FP8 values."""
     if x.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"x {x.shape} does not match a weight of shape {w.shape}")
     if x.dtype not in (jnp.bfloat16, jnp.float16, jnp.float32):
         raise ValueError(f"activations must be bf16, f16 or f32, got {x.dtype}")
     m = x.shape[0]
-    config = config or pick_fp8_config(m, *w.shape, blocked=w.blocked)
-    if config.words and x.dtype != jnp.bfloat16:  # the word loop reads x as four bf16 per 8 bytes
+    config = config or pick(m, *w.shape, blocked=w.blocked)
+    if config.words and (x.dtype != jnp.bfloat16 or w.scale is None):  # words: four bf16 x per 8 bytes, e4m3 w
         config = dataclasses.replace(config, words=False, step_reduce=True)
-    return m, config
+    return config
 
 
-def _launch(kernel, x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig, plan: dict, out_shape, **constants):
-    """One native launch of `kernel` on x and w's values and fp32 scales with `plan`'s grid and constexprs."""
+def _launch(kernel, x: jax.Array, w: GemvWeight, config: Fp8GemvConfig, plan: dict, out_shape, **constants):
+    """One native launch of `kernel` on x, w's values and scales (a placeholder when unscaled) with `plan`'s
+    grid and constexprs."""
     from ..triton_launch import triton_call  # GPU-only path: imported on use
 
-    return triton_call(x, w.values, w.scale.astype(jnp.float32), kernel=kernel, out_shape=out_shape,
+    scale = jnp.zeros((1,), jnp.float32) if w.scale is None else w.scale
+    return triton_call(x, w.values, scale, kernel=kernel, out_shape=out_shape,
                        grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages,
-                       IEEE=x.dtype == jnp.float32, W_BITCAST=False, **constants, **plan["meta"])
+                       IEEE=x.dtype == jnp.float32, W_BITCAST=False, SCALED=w.scale is not None, **constants,
+                       **plan["meta"])
 
 
-def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) -> jax.Array:
-    """x [m, in] (bf16, f16 or f32; m <= MAX_ROWS) @ dequant(w).T -> [m, out] in x's dtype, fp32 accumulation.
-    Launches the Triton kernel (NVIDIA GPUs; lowered for the cuda platform anywhere)."""
-    m, config = _checked_config(x, w, config)
+def gemv(x: jax.Array, w: GemvWeight, config: Fp8GemvConfig) -> jax.Array:
+    """x [m, in] @ w.T (dequantized) -> [m, out] in x's dtype, fp32 accumulation: one launch, and the fp32
+    partials' sum when the config splits K."""
+    m = x.shape[0]
     out, inner = w.shape
     plan = launch_plan(m, out, inner, config, blocked=w.blocked)
     split_k = plan["split_k"]
@@ -275,20 +298,19 @@ def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) ->
     return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(x.dtype)
 
 
-def fp8_gemv_gate_up(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) -> jax.Array:
-    """silu(gate) * up of the packed gate/up projection x [m, in] @ dequant(w).T (w [2 ffn, in]: gate rows,
-    then up rows) -> [m, ffn] in x's dtype: one launch where gate_up_fits (each program's rows half gate,
-    half up: the product made in its epilogue), else the GEMV then activation.gated_act_packed."""
-    m, config = _checked_config(x, w, config)
+def gemv_gate_up(x: jax.Array, w: GemvWeight, config: Fp8GemvConfig) -> jax.Array:
+    """silu(gate) * up of the packed gate/up projection x [m, in] @ w.T (w [2 ffn, in]: gate rows, then up
+    rows) -> [m, ffn]: one launch where gate_up_fits, else the GEMV then activation.gated_act_packed."""
     if not gate_up_fits(w.shape[0], config, blocked=w.blocked):
-        return activation.gated_act_packed(fp8_gemv(x, w, config), act="silu")
+        return activation.gated_act_packed(gemv(x, w, config), act="silu")
+    m = x.shape[0]
     out, inner = w.shape
     plan = launch_plan(m, out, inner, config, blocked=False, gate_up=True)
     return _launch(fp8_gemv_kernel, x, w, config, plan, jax.ShapeDtypeStruct((m, out // 2), x.dtype))
 
 
-def parts_fit(m: int, w: Fp8Weight, sizes: tuple[int, ...], config: Fp8GemvConfig) -> bool:
-    """Whether fp8_gemv_parts writes `sizes`' projections from one launch: three of them, one K split, and
+def parts_fit(m: int, w: GemvWeight | Fp8Weight, sizes: tuple[int, ...], config: Fp8GemvConfig) -> bool:
+    """Whether gemv_parts writes `sizes`' projections from one launch: three of them, one K split, and
     both boundaries on row-tile edges (else the packed product is sliced)."""
     if len(sizes) != 3 or sum(sizes) != w.shape[0]:
         return False
@@ -296,14 +318,39 @@ def parts_fit(m: int, w: Fp8Weight, sizes: tuple[int, ...], config: Fp8GemvConfi
     return plan["split_k"] == 1 and sizes[0] % config.block_n == 0 and sizes[1] % config.block_n == 0
 
 
-def fp8_gemv_parts(x: jax.Array, w: Fp8Weight, sizes: tuple[int, ...],
-                   config: Fp8GemvConfig | None = None) -> tuple[jax.Array, ...]:
-    """x [m, in] @ dequant(w).T split into the projections of `sizes` (w packs them by rows): one output each,
+def gemv_parts(x: jax.Array, w: GemvWeight, sizes: tuple[int, ...], config: Fp8GemvConfig) -> tuple[jax.Array, ...]:
+    """x [m, in] @ w.T split into the projections of `sizes` (w packs them by rows): one output each,
     written by the kernel where parts_fit, else slices of the packed product."""
-    m, config = _checked_config(x, w, config)
+    m = x.shape[0]
     if not parts_fit(m, w, tuple(sizes), config):
-        return split_columns(fp8_gemv(x, w, config), sizes)
+        return split_columns(gemv(x, w, config), sizes)
     plan = launch_plan(m, *w.shape, config, blocked=w.blocked)
     return tuple(_launch(fp8_gemv_parts_kernel, x, w, config, plan,
                          tuple(jax.ShapeDtypeStruct((m, size), x.dtype) for size in sizes),
                          N1=sizes[0], N2=sizes[0] + sizes[1]))
+
+
+def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) -> jax.Array:
+    """x [m, in] (bf16, f16 or f32; m <= MAX_ROWS) @ dequant(w).T -> [m, out] in x's dtype, fp32 accumulation.
+    Launches the Triton kernel (NVIDIA GPUs; lowered for the cuda platform anywhere)."""
+    weight = _fp8(w)
+    config = checked_config(x, weight, config, pick_fp8_config)
+    return gemv(x, weight, config)
+
+
+def fp8_gemv_gate_up(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) -> jax.Array:
+    """silu(gate) * up of the packed gate/up projection x [m, in] @ dequant(w).T (w [2 ffn, in]: gate rows,
+    then up rows) -> [m, ffn] in x's dtype: one launch where gate_up_fits (each program's rows half gate,
+    half up: the product made in its epilogue), else the GEMV then activation.gated_act_packed."""
+    weight = _fp8(w)
+    config = checked_config(x, weight, config, pick_fp8_config)
+    return gemv_gate_up(x, weight, config)
+
+
+def fp8_gemv_parts(x: jax.Array, w: Fp8Weight, sizes: tuple[int, ...],
+                   config: Fp8GemvConfig | None = None) -> tuple[jax.Array, ...]:
+    """x [m, in] @ dequant(w).T split into the projections of `sizes` (w packs them by rows): one output each,
+    written by the kernel where parts_fit, else slices of the packed product."""
+    weight = _fp8(w)
+    config = checked_config(x, weight, config, pick_fp8_config)
+    return gemv_parts(x, weight, tuple(sizes), config)
