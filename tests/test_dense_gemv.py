@@ -45,13 +45,14 @@ def test_one_row_takes_one_kernel_with_the_picked_plan(gpu_trace):
 
 
 def test_more_rows_other_dtypes_and_the_off_switch_keep_xla(gpu_trace, monkeypatch):
-    w = jnp.zeros((256, 512), BF16)
-    assert not use_dense_gemv(jnp.zeros((2, 512), BF16), w)  # by default only one row
-    assert not use_dense_gemv(jnp.zeros((1, 512), jnp.int32), w)
-    assert not use_dense_gemv(jnp.zeros((1, 512), BF16), jnp.zeros((256, 512), jnp.int8))
-    assert triton_calls(lambda x, w: linear_quant.linear(x, w), jnp.zeros((8, 512), BF16), w) == []
+    w = jnp.zeros((4096, 4096), BF16)
+    assert use_dense_gemv(jnp.zeros((1, 4096), BF16), w)
+    assert not use_dense_gemv(jnp.zeros((2, 4096), BF16), w)  # by default only one row
+    assert not use_dense_gemv(jnp.zeros((1, 4096), jnp.int32), w)
+    assert not use_dense_gemv(jnp.zeros((1, 4096), BF16), jnp.zeros((4096, 4096), jnp.int8))
+    assert triton_calls(lambda x, w: linear_quant.linear(x, w), jnp.zeros((8, 4096), BF16), w) == []
     monkeypatch.setenv("EMBER_DENSE_GEMV", "0")
-    assert not use_dense_gemv(jnp.zeros((1, 512), BF16), w)
+    assert not use_dense_gemv(jnp.zeros((1, 4096), BF16), w)
 
 
 def test_packed_qkv_writes_three_outputs_from_one_launch(gpu_trace):
@@ -74,22 +75,35 @@ def test_gated_mlp_makes_the_activation_in_the_gate_up_epilogue(gpu_trace):
     gate_up, down = jnp.zeros((2 * 14336, 4096), BF16), jnp.zeros((4096, 14336), BF16)
     mlp = lambda x, g, d: linear_quant.gated_mlp(x, g, d, act="silu")  # noqa: E731
     calls = triton_calls(mlp, x, gate_up, down)
-    assert names(calls) == ["fp8_gemv_kernel", "fp8_gemv_kernel"]  # gate/up with its epilogue, then down
+    assert names(calls) == ["fp8_gemv_kernel"]  # gate/up with its epilogue; the down projection stays XLA's
+    assert calls[0]["grid"][0] == 2 * 14336 // pick_dense_config(1, 2 * 14336, 4096).block_n
     text = jax.jit(mlp).trace(x, gate_up, down).lower(lowering_platforms=("cuda",)).as_text()
     assert "logistic" not in text and "multiply" not in text  # no jnp activation between the two kernels
+    assert text.count("dot_general") == 1  # the down projection's GEMM
     assert jax.eval_shape(mlp, x, gate_up, down).shape == (1, 4096)
 
 
+@pytest.mark.parametrize("out, inner, kernel", [(128256, 4096, True), (2 * 14336, 4096, True), (6144, 4096, True),
+                                                (4096, 4096, True), (4096, 14336, False), (1536, 1536, False),
+                                                (2 * 8960, 1536, False), (1536, 8960, False)])
+def test_the_table_takes_the_measured_shapes_only(out, inner, kernel):
+    # the 8B shapes where the kernel measured faster than XLA's GEMM and what follows it; the 8B down
+    # projection (slower) and unmeasured shapes (the 1.5B's) keep XLA
+    assert (pick_dense_config(1, out, inner) is not None) is kernel
+
+
 def test_the_config_override_is_read_at_trace_time(monkeypatch):
+    assert pick_dense_config(1, 4096, 14336) is None
     monkeypatch.setenv("EMBER_DENSE_GEMV_CONFIG", "block_n=8/block_k=1024/num_warps=8")
     config = pick_dense_config(1, 4096, 4096)
     assert (config.block_n, config.block_k, config.num_warps, config.words) == (8, 1024, 8, False)
+    assert pick_dense_config(1, 4096, 14336).block_n == 8  # an override also reaches the shapes XLA keeps
     monkeypatch.setenv("EMBER_DENSE_GEMV_CONFIG", "tile=3")
     with pytest.raises(ValueError, match="EMBER_DENSE_GEMV_CONFIG"):
         pick_dense_config(1, 4096, 4096)
 
 
 def test_a_row_bound_keeps_the_largest_weights_on_xla(gpu_trace, monkeypatch):
-    x = jnp.zeros((1, 64), BF16)
-    monkeypatch.setenv("EMBER_DENSE_GEMV_MAX_OUT", "1000")
-    assert use_dense_gemv(x, jnp.zeros((999, 64), BF16)) and not use_dense_gemv(x, jnp.zeros((1000, 64), BF16))
+    x = jnp.zeros((1, 4096), BF16)
+    monkeypatch.setenv("EMBER_DENSE_GEMV_MAX_OUT", "6144")
+    assert use_dense_gemv(x, jnp.zeros((4096, 4096), BF16)) and not use_dense_gemv(x, jnp.zeros((6144, 4096), BF16))

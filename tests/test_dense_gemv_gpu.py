@@ -18,7 +18,8 @@ from ember.compiler.ops.dense_gemv import dense_gemv, dense_gemv_gate_up, dense_
 
 pytestmark = pytest.mark.gpu
 
-CONFIGS = ["", "block_n=8/block_k=1024", "block_n=2/block_k=1024/num_warps=8", "block_k=256/prefetch=0"]
+CONFIGS = ["", "block_n=8/block_k=1024", "block_n=2/block_k=1024/num_warps=8", "block_k=256/prefetch=0",
+           "use_dot=1/block_n=64/block_k=256/num_stages=3", "use_dot=1/block_n=32/block_k=128/num_stages=4/split_k=3"]
 
 
 def _operands(rng, out: int, inner: int):

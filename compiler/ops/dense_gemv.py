@@ -6,12 +6,14 @@ launch in the step. On the 8B bf16 step (H200, 5f2d856) the GEMMs streamed 3.2-4
 layer: a split-K sum after q/k/v and after o and down (123 us per step), a split of the packed q/k/v into
 three arrays for the RoPE-fused attention (36 us) and silu(gate) * up (46 us). The GEMV writes one output
 per projection (fp8_gemv_parts_kernel), silu(gate) * up in the gate/up projection's epilogue, and needs no
-K split at these shapes (its programs own whole rows), so none of those kernels runs.
+K split at these shapes (its programs own whole rows), so none of those kernels runs. XLA's GEMMs stream
+close to the HBM read rate on the large matrices, so the kernel pays only where the kernels it removes cost
+more than it loses: measured per shape (DENSE_RULES).
 
 Dispatch (`use_dense_gemv`, read at trace time): a 2-D x of 1..DISPATCH_MAX_ROWS rows (EMBER_DENSE_GEMV_ROWS)
 in bf16 / f16 / f32, a 2-D float weight with out * in < 2**31 and fewer than EMBER_DENSE_GEMV_MAX_OUT rows
-(default: any), Triton available (a GPU trace), and EMBER_DENSE_GEMV not "0". Everything else keeps the
-reference op (XLA's GEMM).
+(default: any) whose shape has a config in DENSE_RULES, Triton available (a GPU trace), and EMBER_DENSE_GEMV
+not "0". Everything else keeps the reference op (XLA's GEMM).
 """
 
 from __future__ import annotations
@@ -32,29 +34,46 @@ WEIGHT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 @dataclass(frozen=True)
 class DenseRule:
-    """Applies when out < max_out (first match wins)."""
+    """Applies when min_out <= out < max_out and min_in <= in < max_in (first match wins); config None: the
+    shape keeps XLA's GEMM."""
 
-    config: Fp8GemvConfig
+    config: Fp8GemvConfig | None
+    min_out: int = 0
     max_out: int = 1 << 62
+    min_in: int = 0
+    max_in: int = 1 << 62
+
+    def matches(self, out: int, inner: int) -> bool:
+        return self.min_out <= out < self.max_out and self.min_in <= inner < self.max_in
 
 
 _C = Fp8GemvConfig
-# CUDA-core byte loop (step_reduce: a small accumulator), one K split; a step's tile block_n x block_k x 2
-# bytes, twice that in flight with the register prefetch. Best guesses until the H200 A/B measures them.
+# Measured in the 8B bf16 step alone at one row (H200, 027d8c4, tools/results/h200_dense_gemv_<commit>.json;
+# each kernel's time per call in the step, against XLA's GEMM plus the kernels after it): only the shapes with
+# `in` = 4096 are measured; everything else keeps XLA's GEMM.
 DENSE_RULES: tuple[DenseRule, ...] = (
-    DenseRule(_C(block_n=4, block_k=512, step_reduce=True)),
+    # the LM head (128256 x 4096): tensor-core tiles, cp.async stages: 230.5 us vs XLA's 236.9
+    DenseRule(_C(block_n=64, block_k=128, use_dot=True, num_stages=4), min_out=65536, min_in=4096, max_in=4097),
+    # packed gate/up (28672 x 4096), silu(gate) * up in the epilogue: 55.7 us vs XLA's 54.9 + 1.4 (the multiply)
+    DenseRule(_C(block_n=64, block_k=256, use_dot=True, num_stages=3), min_out=16384, min_in=4096, max_in=4097),
+    # packed q/k/v (6144 x 4096, three outputs) and o (4096 x 4096): CUDA cores, two rows per program over all of
+    # `in`: 15.2 and 10.9 us vs XLA's 14.6 + 1.4 (split-K sum) + 1.2 (split) and 10.4 + 1.4 (split-K sum)
+    DenseRule(_C(block_n=2, block_k=1024, step_reduce=True), min_out=4096, min_in=4096, max_in=4097),
+    # the down projection (4096 x 14336): XLA's split-K GEMM + sum 30.0 us vs the best GEMV's 31.3
+    DenseRule(None),
 )
 
 
 def pick_dense_config(m: int, out: int, inner: int, *, blocked: bool = False,
-                      rules: tuple[DenseRule, ...] = DENSE_RULES) -> Fp8GemvConfig:
-    """The first matching rule's config; EMBER_DENSE_GEMV_CONFIG ("block_n=8/block_k=1024") overrides
-    fields (read at trace time, for side-by-side measurements)."""
-    del m, inner, blocked  # one table for every row count and depth for now
-    for rule in rules:
-        if out < rule.max_out:
-            return overridden(rule.config, "EMBER_DENSE_GEMV_CONFIG")
-    return overridden(Fp8GemvConfig(step_reduce=True), "EMBER_DENSE_GEMV_CONFIG")
+                      rules: tuple[DenseRule, ...] = DENSE_RULES) -> Fp8GemvConfig | None:
+    """The first matching rule's config (None: XLA's GEMM). EMBER_DENSE_GEMV_CONFIG ("block_n=8/block_k=1024")
+    overrides fields of a picked config, or of the default config where the table says XLA (read at trace
+    time, for side-by-side measurements)."""
+    del m, blocked  # one table for every row count the dispatch takes
+    config = next((rule.config for rule in rules if rule.matches(out, inner)), None)
+    if config is None and not os.environ.get("EMBER_DENSE_GEMV_CONFIG", "").strip():
+        return None
+    return overridden(config or Fp8GemvConfig(step_reduce=True), "EMBER_DENSE_GEMV_CONFIG")
 
 
 def use_dense_gemv(x, w) -> bool:
@@ -62,14 +81,17 @@ def use_dense_gemv(x, w) -> bool:
     return (x.ndim == 2 and 1 <= x.shape[0] <= DISPATCH_MAX_ROWS and x.dtype in WEIGHT_DTYPES
             and getattr(w, "ndim", 0) == 2 and w.dtype in WEIGHT_DTYPES and w.shape[0] * w.shape[1] < 2**31
             and w.shape[0] < int(os.environ.get("EMBER_DENSE_GEMV_MAX_OUT", 1 << 62))
-            and os.environ.get("EMBER_DENSE_GEMV", "1") != "0" and triton_available())
+            and os.environ.get("EMBER_DENSE_GEMV", "1") != "0" and triton_available()
+            and pick_dense_config(x.shape[0], *w.shape) is not None)
 
 
 def _weight_and_config(x, w):
     from .quant.fp8_gemv import GemvWeight, checked_config  # Triton is a GPU-only dependency: imported on use
 
     weight = GemvWeight(w, None)
-    return weight, checked_config(x, weight, None, pick_dense_config)
+    # a shape the table leaves to XLA (a direct call, not the dispatch) runs the default CUDA-core config
+    config = pick_dense_config(x.shape[0], *weight.shape) or Fp8GemvConfig(step_reduce=True)
+    return weight, checked_config(x, weight, config, pick_dense_config)
 
 
 def dense_gemv(x: jax.Array, w: jax.Array) -> jax.Array:
