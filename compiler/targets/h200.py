@@ -10,7 +10,8 @@ batch (1 … 256), and kernel choices per op.
   decode steps of 1-2 rows (Q4_K / Q6_K on int8 activations with dp4a: compiler/ops/quant/dp4a.py), their
   bf16 copies' XLA matmul above; FP8 weights (HF FP8 checkpoints, synthetic `-fp8` models) through
   quant/fp8.py (one decode row: the word loop of fp8_gemv_words.py; packed q/k/v written as three outputs;
-  silu(gate) * up in the gate/up GEMV's epilogue, the gated_mlp op of the fuse_gated_mlp pass). Which
+  silu(gate) * up in the gate/up GEMV's epilogue, the gated_mlp op of the fuse_gated_mlp pass); bf16 weights
+  at one decode row through the same kernels where dense_gemv.DENSE_RULES measured them faster than XLA. Which
   weights stay quantized is `quantized_formats` (FP8, and GGUF
   blocks with a bf16 copy beside them for steps of many rows: `dense_copies`) or EMBER_QUANTIZED_FORMATS.
 - RoPE and the step's K/V write: one Triton kernel (compiler/ops/attention_gpu/rope_write.py, the
@@ -69,7 +70,7 @@ H200 = Target(
     # streams (same H200 call; README, Decisions). EMBER_QUANTIZED_FORMATS / EMBER_DENSE_COPIES override.
     # HF FP8 checkpoints stay FP8 (compiler/ops/quant/fp8.py: the Triton GEMV at one row, XLA's GEMM fusion
     # of the fp8 operand above). Q5_0 (GGUF's rows that are not whole super-blocks) since its GPU test passed
-    # at aa12851 (tools/results/h200_gpu_tests_aa12851.json); its speed is not measured yet.
+    # at aa12851 (tools/results/h200_gpu_tests_aa12851.json); its speed: tools/results/h200_q5_0_gemv_0130688.json.
     quantized_formats=("fp8", "q4_k", "q6_k", "q8_0", "q5_0"),
     dense_copies=True,
     decode_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),

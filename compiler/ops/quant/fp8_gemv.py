@@ -32,6 +32,9 @@ writes a packed q/k/v weight's three projections to three outputs (no slices aft
 each program's rows (half gate, half up) so its epilogue writes silu(gate) * up [m, out / 2]
 (fp8_gemv_gate_up; the gated_mlp op).
 
+Plain float weights (SCALED off; compiler/ops/dense_gemv.py): the same kernels read an unscaled bf16 / f16 / f32
+matrix through the CUDA-core or tensor-core loops (the word loop is e4m3's), with the same epilogues.
+
 W_BITCAST: the weight pointer holds uint8 bytes reinterpreted as e4m3 in the kernel (Triton's CPU interpreter,
 tools/check_fp8_kernels.py, has no float8 numpy buffers); on the GPU the fp8 array is passed as it is.
 All offsets are int32: out * in < 2**31 (checked).
