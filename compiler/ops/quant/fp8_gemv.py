@@ -55,7 +55,6 @@ from .fp8 import Fp8Weight
 from .fp8_gemv_config import Fp8GemvConfig, gate_up_fits, launch_plan, pick_fp8_config
 from .matmul import split_columns
 from .fp8_gemv_words import word_sum
-from .fp8_w8a8 import use_w8a8, w8a8_config, w8a8_operands
 
 
 @triton.jit
@@ -131,8 +130,6 @@ def _dot_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M: tl.constexp
                          other=0.0)                                      # [BLOCK_M, KS]
             if IEEE:
                 part = tl.dot(xt.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-            elif xt.dtype.is_fp8():  # W8A8 (fp8_w8a8.py): e4m3 x e4m3 on the tensor cores, no conversion
-                part = tl.dot(xt, tl.trans(w))
             else:
                 part = tl.dot(xt, tl.trans(w.to(xt.dtype)))                # [BLOCK_M, BLOCK_N] fp32
             if BLOCKED:  # this 128-block's partial sum times scale[o // 128, k0 // 128]
@@ -292,28 +289,27 @@ def _launch(kernel, x: jax.Array, w: GemvWeight, config: Fp8GemvConfig, plan: di
                        **plan["meta"])
 
 
-def gemv(x: jax.Array, w: GemvWeight, config: Fp8GemvConfig, out_dtype=None) -> jax.Array:
-    """x [m, in] @ w.T (dequantized) -> [m, out] in out_dtype (default x's), fp32 accumulation: one launch, and
-    the fp32 partials' sum when the config splits K."""
+def gemv(x: jax.Array, w: GemvWeight, config: Fp8GemvConfig) -> jax.Array:
+    """x [m, in] @ w.T (dequantized) -> [m, out] in x's dtype, fp32 accumulation: one launch, and the fp32
+    partials' sum when the config splits K."""
     m = x.shape[0]
-    out_dtype = out_dtype or x.dtype
     out, inner = w.shape
     plan = launch_plan(m, out, inner, config, blocked=w.blocked)
     split_k = plan["split_k"]
     y = _launch(fp8_gemv_kernel, x, w, config, plan,
-                jax.ShapeDtypeStruct((split_k, m, out), out_dtype if split_k == 1 else jnp.float32))
-    return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(out_dtype)
+                jax.ShapeDtypeStruct((split_k, m, out), x.dtype if split_k == 1 else jnp.float32))
+    return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(x.dtype)
 
 
-def gemv_gate_up(x: jax.Array, w: GemvWeight, config: Fp8GemvConfig, out_dtype=None) -> jax.Array:
+def gemv_gate_up(x: jax.Array, w: GemvWeight, config: Fp8GemvConfig) -> jax.Array:
     """silu(gate) * up of the packed gate/up projection x [m, in] @ w.T (w [2 ffn, in]: gate rows, then up
     rows) -> [m, ffn]: one launch where gate_up_fits, else the GEMV then activation.gated_act_packed."""
     if not gate_up_fits(w.shape[0], config, blocked=w.blocked):
-        return activation.gated_act_packed(gemv(x, w, config, out_dtype), act="silu")
+        return activation.gated_act_packed(gemv(x, w, config), act="silu")
     m = x.shape[0]
     out, inner = w.shape
     plan = launch_plan(m, out, inner, config, blocked=False, gate_up=True)
-    return _launch(fp8_gemv_kernel, x, w, config, plan, jax.ShapeDtypeStruct((m, out // 2), out_dtype or x.dtype))
+    return _launch(fp8_gemv_kernel, x, w, config, plan, jax.ShapeDtypeStruct((m, out // 2), x.dtype))
 
 
 def parts_fit(m: int, w: GemvWeight | Fp8Weight, sizes: tuple[int, ...], config: Fp8GemvConfig) -> bool:
@@ -325,24 +321,21 @@ def parts_fit(m: int, w: GemvWeight | Fp8Weight, sizes: tuple[int, ...], config:
     return plan["split_k"] == 1 and sizes[0] % config.block_n == 0 and sizes[1] % config.block_n == 0
 
 
-def gemv_parts(x: jax.Array, w: GemvWeight, sizes: tuple[int, ...], config: Fp8GemvConfig,
-               out_dtype=None) -> tuple[jax.Array, ...]:
+def gemv_parts(x: jax.Array, w: GemvWeight, sizes: tuple[int, ...], config: Fp8GemvConfig) -> tuple[jax.Array, ...]:
     """x [m, in] @ w.T split into the projections of `sizes` (w packs them by rows): one output each,
     written by the kernel where parts_fit, else slices of the packed product."""
     m = x.shape[0]
     if not parts_fit(m, w, tuple(sizes), config):
-        return split_columns(gemv(x, w, config, out_dtype), sizes)
+        return split_columns(gemv(x, w, config), sizes)
     plan = launch_plan(m, *w.shape, config, blocked=w.blocked)
     return tuple(_launch(fp8_gemv_parts_kernel, x, w, config, plan,
-                         tuple(jax.ShapeDtypeStruct((m, size), out_dtype or x.dtype) for size in sizes),
+                         tuple(jax.ShapeDtypeStruct((m, size), x.dtype) for size in sizes),
                          N1=sizes[0], N2=sizes[0] + sizes[1]))
 
 
 def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) -> jax.Array:
     """x [m, in] (bf16, f16 or f32; m <= MAX_ROWS) @ dequant(w).T -> [m, out] in x's dtype, fp32 accumulation.
     Launches the Triton kernel (NVIDIA GPUs; lowered for the cuda platform anywhere)."""
-    if use_w8a8(x, w, config):
-        return gemv(*w8a8_operands(x, w), w8a8_config(), x.dtype)
     weight = _fp8(w)
     config = checked_config(x, weight, config, pick_fp8_config)
     return gemv(x, weight, config)
@@ -352,8 +345,6 @@ def fp8_gemv_gate_up(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = 
     """silu(gate) * up of the packed gate/up projection x [m, in] @ dequant(w).T (w [2 ffn, in]: gate rows,
     then up rows) -> [m, ffn] in x's dtype: one launch where gate_up_fits (each program's rows half gate,
     half up: the product made in its epilogue), else the GEMV then activation.gated_act_packed."""
-    if use_w8a8(x, w, config):
-        return gemv_gate_up(*w8a8_operands(x, w), w8a8_config(), x.dtype)
     weight = _fp8(w)
     config = checked_config(x, weight, config, pick_fp8_config)
     return gemv_gate_up(x, weight, config)
@@ -363,9 +354,6 @@ def fp8_gemv_parts(x: jax.Array, w: Fp8Weight, sizes: tuple[int, ...],
                    config: Fp8GemvConfig | None = None) -> tuple[jax.Array, ...]:
     """x [m, in] @ dequant(w).T split into the projections of `sizes` (w packs them by rows): one output each,
     written by the kernel where parts_fit, else slices of the packed product."""
-    if use_w8a8(x, w, config):
-        x8, weight = w8a8_operands(x, w)
-        return gemv_parts(x8, weight, tuple(sizes), w8a8_config(), x.dtype)
     weight = _fp8(w)
     config = checked_config(x, weight, config, pick_fp8_config)
     return gemv_parts(x, weight, tuple(sizes), config)

@@ -23,7 +23,6 @@ class Fp8GemvConfig:
     prefetch: bool = True   # CUDA cores: load the next step's tile before this step's math
     step_reduce: bool = False  # CUDA cores: sum each step's products per 16-column chunk (small accumulator)
     words: bool = False     # CUDA cores on 4-byte words (_word_sum; needs in % 4 == 0): ~3x fewer instructions
-    dot_rows: int = DOT_BLOCK_M  # use_dot: rows x is padded to (16: mma.sync; 64: wgmma, e4m3 x e4m3 natively)
 
 
 @dataclass(frozen=True)
@@ -116,9 +115,7 @@ def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked:
     split_k = min(config.split_k, steps)
     per_split = -(-steps // split_k)
     split_k = -(-steps // per_split)  # no empty splits
-    if config.use_dot and config.dot_rows not in (16, 64):
-        raise ValueError(f"dot_rows must be 16 or 64, got {config.dot_rows}")
-    block_m = config.dot_rows if config.use_dot else 1 << (m - 1).bit_length()
+    block_m = DOT_BLOCK_M if config.use_dot else 1 << (m - 1).bit_length()
     ks = min(bk, BLOCK) if blocked and config.use_dot else bk
     meta = dict(M=m, N=out, K=inner, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, KS=ks, K_PER_SPLIT=per_split * bk,
                 BLOCKED=blocked, USE_DOT=config.use_dot, PREFETCH=config.prefetch and per_split > 1,
