@@ -23,6 +23,7 @@ from ember.runtime.engine import Engine, EngineConfig  # noqa: E402
 from ember.runtime.model import load_model  # noqa: E402
 from ember.runtime.sampling_params import SamplingParams  # noqa: E402
 from ember.runtime.sequence_runner import SequenceRunner  # noqa: E402
+from logit_agreement import agreement  # noqa: E402
 from ember.runtime.synthetic import synthetic_checkpoint  # noqa: E402
 from ember.tools.bench import SYNTHETIC_SHAPES  # noqa: E402
 
@@ -43,12 +44,6 @@ def _checkpoint():
     return synthetic_checkpoint(spec_for_arch(arch), config)
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
-
-
 def _record(key: str, value) -> None:
     path = os.environ.get("EMBER_GPU_RESULTS")
     if path:
@@ -56,27 +51,6 @@ def _record(key: str, value) -> None:
         data[key] = value
         with open(path, "w") as f:
             json.dump(data, f, indent=1)
-
-
-def _bf16_ulp(x: np.ndarray) -> np.ndarray:
-    """The spacing of bfloat16 values at |x| (8 significant bits)."""
-    return np.exp2(np.floor(np.log2(np.maximum(np.abs(x), 2.0 ** -126))) - 7)
-
-
-def _agreement(exact: np.ndarray, fast: np.ndarray) -> dict:
-    p_exact, p_fast = _log_softmax(exact), _log_softmax(fast)
-    kl = (np.exp(p_exact) * (p_exact - p_fast)).sum(-1)
-    top2 = np.sort(exact, axis=-1)[:, -2:]
-    margin = top2[:, 1] - top2[:, 0]
-    # a near tie: the reference's top two logits within four bf16 steps of each other (the logits are bf16; flips
-    # seen at 0, 1 and 3 steps: tools/results/h200_gpu_engine_tests_9af0c7d.json)
-    decisive = margin > 4 * _bf16_ulp(top2[:, 1])
-    flipped = exact.argmax(-1) != fast.argmax(-1)
-    return {"top1_agreement": float(1.0 - flipped.mean()), "mean_kl": float(kl.mean()), "max_kl": float(kl.max()),
-            "decisive_positions": int(decisive.sum()),
-            "top1_agreement_where_decisive": float(1.0 - flipped[decisive].mean()),
-            # how close to a tie the reference's top two logits were where the argmax moved
-            "flipped_top2_margins": [round(float(m), 5) for m in margin[flipped]]}
 
 
 def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
@@ -95,8 +69,8 @@ def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
                       for dtype in ("bfloat16", "float32")}
     gpu_model = load_model(_checkpoint(), target="h200")
     fast = SequenceRunner(gpu_model, POSITIONS).prefill(tokens, all_logits=True).astype(np.float32)
-    same_precision = _agreement(references["bfloat16"], fast)
-    vs_float32 = _agreement(references["float32"], fast)
+    same_precision = agreement(references["bfloat16"], fast)
+    vs_float32 = agreement(references["float32"], fast)
     _record("h200_vs_cpu_target", {"model": f"synthetic:{SHAPE}", "positions": POSITIONS,
                                    "cpu_target_bfloat16": same_precision, "cpu_target_float32": vs_float32})
     assert same_precision["mean_kl"] <= 1e-3 and vs_float32["mean_kl"] <= 1e-3, (same_precision, vs_float32)
