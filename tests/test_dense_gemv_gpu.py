@@ -87,6 +87,7 @@ def test_8b_decode_steps_with_the_dense_gemv_agree_with_xla_s(monkeypatch):
 
     with_gemv, with_xla = decode_logits("1"), decode_logits("0")
     result = agreement(with_xla, with_gemv)
+    print("dense GEMV vs XLA, 48 decode steps of the 8B shape:", result)  # the figures, with pytest -s
     assert not np.array_equal(with_gemv, with_xla)  # the two runs did trace different kernels
     assert result["mean_kl"] <= 1e-3, result
     assert result["decisive_positions"] >= 16 and result["top1_agreement_where_decisive"] >= 0.99, result
