@@ -8,6 +8,7 @@
 #   tools/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16 and FP8 (per-channel)
 #   tools/h200_run.sh quick-8b / quick-8b-fp8  the bf16 / FP8 8B at batch 1 (CONTEXTS) and STREAMS8 streams
 #   tools/h200_run.sh fp8-check  FP8 GEMV GPU tests, then the 8B FP8 step alone: byte vs word loop
+#   tools/h200_run.sh dense-check the dense bf16 GEMV: GPU tests (kernels, 8B decode vs XLA), then the 8B step alone A/B/A/B
 #   tools/h200_run.sh suite-8b-q4 bench suite, Llama-3-8B shape, Q4_K_M kept quantized
 #   tools/h200_run.sh suite-1.5b bench suite, Qwen2.5-1.5B Q4_K_M kept quantized (no startup: startup-1.5b)
 #   tools/h200_run.sh suite-1.5b-dequant  the same 1.5B Q4_K_M file on the h200 default (GGUF dequantized at load)
@@ -115,6 +116,17 @@ fp8-check)  # the FP8 GEMV's GPU tests (every loop, the parts and gate/up epilog
         --tokenizer .gpu/tok --concurrency 1 --plan-only --variants EMBER_FP8_WORDS=0 EMBER_FP8_WORDS=1 \
         > "$out/plan_alone_fp8.json" 2> "$out/plan_alone_fp8.log" || tail -n 3 "$out/plan_alone_fp8.log"
     grep -h "variant\|multi_async\|profiled_" "$out/plan_alone_fp8.json" ;;
+dense-check)  # the dense bf16 GEMV's GPU tests (kernels, then 48 decode steps of the 8B against XLA's GEMMs),
+    # then the 8B bf16 step alone with it and without it, A/B/A/B (bench geometry: max_model_len 16,528, context 128)
+    export JAX_PLATFORMS=cuda,cpu
+    timeout ${DENSE_TEST_S:-200} python -m pytest -q -s -m gpu tests/test_dense_gemv_gpu.py -p no:cacheprovider \
+        > "$out/gpu_dense_gemv_tests.log" 2>&1
+    grep -h "dense GEMV vs XLA" "$out/gpu_dense_gemv_tests.log"; tail -n 1 "$out/gpu_dense_gemv_tests.log"
+    JAX_PLATFORMS=cuda timeout ${PLAN_S:-200} python3 -m ember.tools.profile_step --model synthetic:llama3-8b \
+        --tokenizer .gpu/tok --concurrency 1 --plan-only --max-model-len 16528 --context 128 \
+        --variants EMBER_DENSE_GEMV=1 EMBER_DENSE_GEMV=0 EMBER_DENSE_GEMV=1 EMBER_DENSE_GEMV=0 \
+        > "$out/plan_alone_dense.json" 2> "$out/plan_alone_dense.log" || tail -n 3 "$out/plan_alone_dense.log"
+    grep -h "variant\|multi_async" "$out/plan_alone_dense.json" ;;
 quick-8b)  # 8B bf16: batch 1 at CONTEXTS (128), STREAMS8 (8 / 32) streams
     SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} --context-decode-tokens 128 \
         --concurrency ${STREAMS8:-8 32}" suite quick8b${TAG:-} ${DEADLINE8:-110} synthetic:llama3-8b ;;
