@@ -17,7 +17,7 @@ from ember.tools.bench_processes import measure_hf, run_child
 def test_arguments_have_the_suite_defaults_and_reject_nonsense():
     args = bench_hf.parse_args(["--config", "c.json"])
     assert (args.batch, args.prompt_tokens, args.new_tokens, args.compile, args.device, args.dtype) == \
-        ([1, 32], 256, 256, "forward", "cuda", "bfloat16")
+        ([1, 32], 256, 256, "auto", "cuda", "bfloat16")
     for bad in (["--batch", "0"], ["--new-tokens", "1"], ["--compile", "max"], ["--repeats", "0"]):
         with pytest.raises(SystemExit):
             bench_hf.parse_args(["--config", "c.json", *bad])

@@ -2,15 +2,18 @@
 
 Runs under PyTorch (the suite runs it as a subprocess; it imports nothing from Ember):
     python tools/bench_hf.py --config shape.json --batch 1 32 --prompt-tokens 256 --new-tokens 256 \
-        --device cuda --compile forward --out hf.json
+        --device cuda --compile auto --out hf.json
 
 The model is built from the config (HF config.json keys, `model_type` included) in bf16 on the device,
 weights initialised randomly by transformers (no checkpoint, no network). Generation is greedy with a
 static KV cache (generation_config.cache_implementation = "static") and torch.compile as transformers'
-"Optimizing inference" guide shows it (--compile forward: model.forward = torch.compile(model.forward,
-mode="reduce-overhead", fullgraph=True), generate's own auto-compile switched off so there is one compiled
-forward; --compile auto: generate compiles the decode forward itself; --compile none: eager, for CPU
-checks). dynamic=False: batch 1 and 32 get their own static graphs instead of one dynamic-shape graph.
+"Optimizing inference" guide shows it (--compile auto, the default: generate compiles the decode forward
+itself and prepares the static cache for it; --compile forward: model.forward = torch.compile(model.forward,
+mode="reduce-overhead", fullgraph=True, dynamic=False) with generate's own compile switched off; --compile
+none: eager, for CPU checks). The forward mode failed on the H200 with transformers 5.17 (810ea24,
+tools/results/h200_hf_smoke_810ea24.json): with generate's compile off the static cache's buffers are created
+inside the first captured CUDA graph, and the next replay overwrote them ("accessing tensor output of
+CUDAGraphs that has been overwritten by a subsequent run", in the cache's update).
 
 Each batch size runs once untimed (compilation, CUDA graph capture), then --repeats timed runs. Every
 prompt is `prompt_tokens` random ids; min_new_tokens = max_new_tokens, so EOS never ends a row early.
@@ -38,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--compile", choices=COMPILE_MODES, default="forward")
+    parser.add_argument("--compile", choices=COMPILE_MODES, default="auto")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per batch size (the best is kept)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write the JSON result here (default: stdout)")

@@ -60,7 +60,7 @@ class SuiteConfig:
     ttft_concurrency: int = 32
     bandwidth_gib: float = 4.0
     hf_batches: tuple[int, ...] = (1, 32)
-    hf_compile: str = "forward"  # tools/bench_hf.py --compile
+    hf_compile: str = "auto"  # tools/bench_hf.py --compile
     hf_device: str = "cuda"
     hf_python: str = field(default_factory=lambda: sys.executable)
     child_timeout_s: float = 540.0

@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--ttft-concurrency", type=_positive_int, help="concurrency of the TTFT figure (32)")
     suite.add_argument("--bandwidth-gib", type=float, help="GiB each bandwidth probe (copy, read) streams (4.0)")
     suite.add_argument("--hf-batches", type=_positive_int, nargs="+", help="HF baseline batch sizes (1 32)")
-    suite.add_argument("--hf-compile", choices=COMPILE_MODES, help="see tools/bench_hf.py (forward)")
+    suite.add_argument("--hf-compile", choices=COMPILE_MODES, help="see tools/bench_hf.py (auto)")
     suite.add_argument("--hf-device", help="torch device of the HF baseline (cuda)")
     suite.add_argument("--hf-python", help="Python with torch + transformers (default: this one)")
     suite.add_argument("--deadline-s", type=float, help="start no section after this many seconds")
