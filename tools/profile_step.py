@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 import time
+from unittest import mock
 
 import numpy as np
 
@@ -265,24 +266,19 @@ def main(argv: list[str] | None = None) -> int:
               "xla_flags": os.environ.get("XLA_FLAGS", ""), "runs": [], "plan_alone": []}
     for variant in args.variants:
         settings = dict(item.split("=", 1) for item in variant.split(",") if item)
-        before = {name: os.environ.get(name) for name in settings}  # restored after: variants don't accumulate
-        os.environ.update(settings)  # read when the step is traced, i.e. by the engine built next
-        # EMBER_KV_CACHE_DTYPE (as `ember serve` reads it): the KV pools' dtype of this variant's engine
-        engine = Engine(model, tokenizer, dataclasses.replace(
-            config, kv_cache_dtype=os.environ.get("EMBER_KV_CACHE_DTYPE") or "auto"))
-        try:
-            for c in args.concurrency:
-                if not args.plan_only:
-                    result["runs"].append({"variant": variant, **_profile_engine(
-                        engine, int(model.dims.vocab), c, args.prompt_tokens, args.output_tokens)})
-                result["plan_alone"].append({"variant": variant, **_plan_alone(engine, c, args.context)})
-        finally:
-            engine.close()
-            for name, value in before.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+        # read when the step is traced, i.e. by the engine built next; restored after (variants don't accumulate)
+        with mock.patch.dict(os.environ, settings):
+            # EMBER_KV_CACHE_DTYPE (as `ember serve` reads it): the KV pools' dtype of this variant's engine
+            engine = Engine(model, tokenizer, dataclasses.replace(
+                config, kv_cache_dtype=os.environ.get("EMBER_KV_CACHE_DTYPE") or "auto"))
+            try:
+                for c in args.concurrency:
+                    if not args.plan_only:
+                        result["runs"].append({"variant": variant, **_profile_engine(
+                            engine, int(model.dims.vocab), c, args.prompt_tokens, args.output_tokens)})
+                    result["plan_alone"].append({"variant": variant, **_plan_alone(engine, c, args.context)})
+            finally:
+                engine.close()
     json.dump(result, sys.stdout, indent=1)
     print()
     return 0

@@ -19,61 +19,46 @@ not "0". Everything else keeps the reference op (XLA's GEMM).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-
 import jax
 import jax.numpy as jnp
 
 from .env_config import overridden
-from .quant.fp8_gemv_config import Fp8GemvConfig
+from .quant.fp8_gemv_config import Fp8GemvConfig, Fp8Rule
 from .triton_available import triton_available
 
 DISPATCH_MAX_ROWS = int(os.environ.get("EMBER_DENSE_GEMV_ROWS", "1"))
 WEIGHT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 
-@dataclass(frozen=True)
-class DenseRule:
-    """Applies when min_out <= out < max_out and min_in <= in < max_in (first match wins); config None: the
-    shape keeps XLA's GEMM."""
-
-    config: Fp8GemvConfig | None
-    min_out: int = 0
-    max_out: int = 1 << 62
-    min_in: int = 0
-    max_in: int = 1 << 62
-
-    def matches(self, out: int, inner: int) -> bool:
-        return self.min_out <= out < self.max_out and self.min_in <= inner < self.max_in
-
-
 _C = Fp8GemvConfig
-# Measured in the 8B bf16 step alone at one row (H200, 027d8c4, tools/results/h200_dense_gemv_<commit>.json;
+# where no rule gives a config: an override (EMBER_DENSE_GEMV_CONFIG) or a direct call starts from this one
+DEFAULT_CONFIG = _C(step_reduce=True)
+# Measured in the 8B bf16 step alone at one row (H200, 027d8c4 / 30d07c5, tools/results/h200_dense_gemv_0130688.json;
 # each kernel's time per call in the step, against XLA's GEMM plus the kernels after it): only the shapes with
 # `in` = 4096 are measured; everything else keeps XLA's GEMM.
-DENSE_RULES: tuple[DenseRule, ...] = (
+DENSE_RULES: tuple[Fp8Rule, ...] = (
     # the LM head (128256 x 4096): tensor-core tiles, cp.async stages: 230.5 us vs XLA's 236.9
-    DenseRule(_C(block_n=64, block_k=128, use_dot=True, num_stages=4), min_out=65536, min_in=4096, max_in=4097),
+    Fp8Rule(_C(block_n=64, block_k=128, use_dot=True, num_stages=4), min_out=65536, min_in=4096, max_in=4097),
     # packed gate/up (28672 x 4096), silu(gate) * up in the epilogue: 55.7 us vs XLA's 54.9 + 1.4 (the multiply)
-    DenseRule(_C(block_n=64, block_k=256, use_dot=True, num_stages=3), min_out=16384, min_in=4096, max_in=4097),
+    Fp8Rule(_C(block_n=64, block_k=256, use_dot=True, num_stages=3), min_out=16384, min_in=4096, max_in=4097),
     # packed q/k/v (6144 x 4096, three outputs) and o (4096 x 4096): CUDA cores, two rows per program over all of
     # `in`: 15.2 and 10.9 us vs XLA's 14.6 + 1.4 (split-K sum) + 1.2 (split) and 10.4 + 1.4 (split-K sum)
-    DenseRule(_C(block_n=2, block_k=1024, step_reduce=True), min_out=4096, min_in=4096, max_in=4097),
+    Fp8Rule(_C(block_n=2, block_k=1024, step_reduce=True), min_out=4096, min_in=4096, max_in=4097),
     # the down projection (4096 x 14336): XLA's split-K GEMM + sum 30.0 us vs the best GEMV's 31.3
-    DenseRule(None),
+    Fp8Rule(None),
 )
 
 
 def pick_dense_config(m: int, out: int, inner: int, *, blocked: bool = False,
-                      rules: tuple[DenseRule, ...] = DENSE_RULES) -> Fp8GemvConfig | None:
+                      rules: tuple[Fp8Rule, ...] = DENSE_RULES) -> Fp8GemvConfig | None:
     """The first matching rule's config (None: XLA's GEMM). EMBER_DENSE_GEMV_CONFIG ("block_n=8/block_k=1024")
     overrides fields of a picked config, or of the default config where the table says XLA (read at trace
     time, for side-by-side measurements)."""
-    del m, blocked  # one table for every row count the dispatch takes
-    config = next((rule.config for rule in rules if rule.matches(out, inner)), None)
+    del blocked  # plain weights have no scale layout
+    config = next((rule.config for rule in rules if rule.matches(m, out, inner)), None)
     if config is None and not os.environ.get("EMBER_DENSE_GEMV_CONFIG", "").strip():
         return None
-    return overridden(config or Fp8GemvConfig(step_reduce=True), "EMBER_DENSE_GEMV_CONFIG")
+    return overridden(config or DEFAULT_CONFIG, "EMBER_DENSE_GEMV_CONFIG")
 
 
 def use_dense_gemv(x, w) -> bool:
@@ -90,7 +75,7 @@ def _weight_and_config(x, w):
 
     weight = GemvWeight(w, None)
     # a shape the table leaves to XLA (a direct call, not the dispatch) runs the default CUDA-core config
-    config = pick_dense_config(x.shape[0], *weight.shape) or Fp8GemvConfig(step_reduce=True)
+    config = pick_dense_config(x.shape[0], *weight.shape) or DEFAULT_CONFIG
     return weight, checked_config(x, weight, config, pick_dense_config)
 
 

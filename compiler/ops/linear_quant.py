@@ -236,7 +236,7 @@ def gated_mlp(x, gate_up, down, *, act, partials=False):
     kept = _form(x, gate_up)
     if act == "silu" and isinstance(kept, Fp8Weight):
         return linear(fp8_linear_gate_up_silu(_array(x), kept), down)
-    if act == "silu" and not isinstance(kept, (QuantizedWeight, WeightGroup)) and use_dense_gemv(_array(x), kept):
+    if act == "silu" and use_dense_gemv(_array(x), kept):  # (GGUF weights have no ndim: never taken)
         return linear(dense_gemv_gate_up(_array(x), kept), down)
     return gated_linear(linear(x, gate_up), down, act=act, partials=partials)
 

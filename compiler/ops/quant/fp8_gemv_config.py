@@ -27,18 +27,20 @@ class Fp8GemvConfig:
 
 @dataclass(frozen=True)
 class Fp8Rule:
-    """Applies when m <= max_m, out < max_out and min_in <= inner < max_in, and the word loop only where `in`
-    is a multiple of 4 (first match wins)."""
+    """Applies when m <= max_m, min_out <= out < max_out and min_in <= inner < max_in, and the word loop only
+    where `in` is a multiple of 4 (first match wins). config None (dense_gemv.DENSE_RULES): the shape keeps
+    XLA's GEMM."""
 
-    config: Fp8GemvConfig
+    config: Fp8GemvConfig | None
     max_m: int = MAX_ROWS
     max_out: int = 1 << 62
     min_in: int = 0
     max_in: int = 1 << 62
+    min_out: int = 0
 
     def matches(self, m: int, out: int, inner: int) -> bool:
-        return (m <= self.max_m and out < self.max_out and self.min_in <= inner < self.max_in
-                and not (self.config.words and inner % 4))
+        return (m <= self.max_m and self.min_out <= out < self.max_out and self.min_in <= inner < self.max_in
+                and not (self.config is not None and self.config.words and inner % 4))
 
 
 _C = Fp8GemvConfig
