@@ -18,6 +18,7 @@
 #   tools/h200_run.sh serve-startup `ember serve` on a synthetic 8B Q4_K_M GGUF file: cold, then warm starts
 #   tools/h200_run.sh llamacpp   llama.cpp built from .whl/llama.cpp-trimmed.tar.xz, same layouts
 #   tools/h200_run.sh hf         HF transformers (static cache + torch.compile), batch 1 and 32
+#   tools/h200_run.sh hf-ratio   HF transformers and Ember's engine on one shape (MODEL) in one suite run: the ratio
 #   tools/h200_run.sh rows       quantized GEMV GPU tests, then the rows kernels' config sweep (q4_k, q6_k; m = 1)
 #   tools/h200_run.sh gemv-graphs the rows kernels' configs timed inside CUDA graphs (tools/tune_gemv_graphs.py)
 #   tools/h200_run.sh dp4a-ab    Q4_K on int8 activations: GPU tests, then the batch-1 step with and without it
@@ -207,6 +208,10 @@ llamacpp)
     cat "$out/llamacpp/llamacpp.md" 2>/dev/null || tail -n 20 "$out/llamacpp.log" ;;
 hf)
     SUITE_FLAGS="--sections hf" suite suite-hf 520 synthetic:llama3-8b synthetic:qwen2.5-1.5b-q4_k_m ;;
+hf-ratio)  # one suite run: HF on MODEL's shape (bf16), then Ember's engine at 1 and 32 streams (GGUF kept quantized)
+    model=${MODEL:-qwen2.5-1.5b-q4_k_m}
+    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--sections concurrency hf --concurrency ${STREAMS:-1 32}" \
+        suite hf-$model ${DEADLINE:-480} synthetic:$model ;;
 gemv-graphs)
     JAX_PLATFORMS=cpu OUT=$out/gemv timeout $((${GEMV_BUDGET_S:-420} + 120)) python3 -m ember.tools.tune_gemv_graphs --commit "$commit" \
         --budget-s ${GEMV_BUDGET_S:-420} ${GEMV_FLAGS:-} > "$out/gemv_graphs.log" 2>&1
