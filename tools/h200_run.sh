@@ -2,6 +2,8 @@
 # What Ember runs on the H200 device machine (the `device` tool: the working tree is the current folder,
 # results go to $OUT, packed into $OUT/results-<sections>.tgz at the end; each call at most 10 minutes):
 #   tools/h200_run.sh tests      GPU kernel + engine tests (hypothesis statistics), JAX on cuda and cpu
+#   tools/h200_run.sh gpu-suite  every GPU test file at once, WORKERS pytest-xdist processes sharing the GPU; the
+#                                counts as JSON (tools/gpu_test_counts.py)
 #   tools/h200_run.sh kernels-quick  RoPE / norm kernel GPU tests (a failure turns the kernel off), Q4_K GEMV tests
 #   tools/h200_run.sh engine-tests   GPU engine tests: h200 vs cpu agreement, deterministic mode, quantized model
 #   tools/h200_run.sh quick-1.5b / quick-8b-q4  batch 1 (CONTEXTS, default 128) and a few stream counts, Q4_K_M
@@ -86,6 +88,14 @@ tests)
     timeout 240 python -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_quant_model_gpu.py \
         -p no:cacheprovider > "$out/gpu_engine_tests.log" 2>&1
     tail -n 5 "$out"/gpu_*.log ;;
+gpu-suite)  # needs pytest-xdist and execnet wheels in .whl/ (python3.12 -m pip download --no-deps pytest-xdist execnet)
+    export JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false  # workers share the GPU's memory
+    EMBER_GPU_RESULTS="$out/gpu_engine_tests.json" timeout ${SUITE_TEST_S:-540} python -m pytest -q -m gpu \
+        tests/*_gpu.py tests/test_gpu_engine.py -n ${WORKERS:-8} -p no:cacheprovider --hypothesis-show-statistics \
+        -rfE --junitxml="$out/gpu_suite.xml" > "$out/gpu_suite.log" 2>&1
+    python3 -m ember.tools.gpu_test_counts --junit "$out/gpu_suite.xml" --log "$out/gpu_suite.log" \
+        --commit "$commit" --out "$out/gpu_suite_counts.json"
+    tail -n 15 "$out/gpu_suite.log"; python3 -c "import json; print(json.load(open('$out/gpu_suite_counts.json'))['totals'])" ;;
 kernels-quick)  # the RoPE and norm kernels' GPU tests (a failure turns that kernel off for later sections),
     # then the quantized GEMV GPU tests of Q4_K for as long as QUANT_TEST_S allows
     export JAX_PLATFORMS=cuda,cpu
