@@ -4,6 +4,7 @@ interpreter cannot run the PTX, so the values are checked with it off there and 
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
