@@ -93,23 +93,3 @@ def test_norm_summing_split_k_partials_equals_the_norm_of_their_sum(rows, rows_p
         x, summed.astype(jnp.bfloat16), w)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
-
-
-@pytest.mark.parametrize("n, reader_shape", [(4096, (6144, 4096)), (1536, (8, 1536))])
-def test_the_l2_prefetch_changes_no_value(monkeypatch, n, reader_shape):
-    """l2_prefetch.py: with the next projection's first bytes prefetched (all of a small reader's) the norm
-    kernels' outputs are bit-equal to the kernels' without it."""
-    from ember.compiler.ops.l2_prefetch import BYTES_ENV
-
-    keys = jax.random.split(jax.random.key(n), 4)
-    x = (jax.random.normal(keys[0], (1, n)) * 3).astype(jnp.bfloat16)
-    y = jax.random.normal(keys[1], (1, n)).astype(jnp.bfloat16)
-    w = jax.random.uniform(keys[2], (n,), minval=0.5, maxval=1.5).astype(jnp.bfloat16)
-    reader = jax.random.normal(keys[3], reader_shape).astype(jnp.bfloat16)
-    results = []
-    for size in ("0", str(8 << 20)):
-        monkeypatch.setenv(BYTES_ENV, size)  # a new function per setting: jax caches a function's trace
-        results.append(jax.jit(lambda x, y, w, r: (*add_rms_norm_triton(x, y, w, eps=1e-5, reader=r),
-                                                   rms_norm_triton(x, w, eps=1e-5, reader=r)))(x, y, w, reader))
-    for off, on in zip(*results):
-        np.testing.assert_array_equal(np.asarray(off, np.float32), np.asarray(on, np.float32))

@@ -52,10 +52,6 @@ def patch_interpreter_rne() -> None:
     builder.create_fp_to_fp = fp_to_fp_rne
 
 
-# the interpreter cannot run the L2 prefetch's inline PTX (it changes no value): off here
-NO_PREFETCH = {"PF_BYTES": 0, "PF_CHUNKS": 512}
-
-
 def interpret() -> int:
     patch_interpreter_rne()
     import jax.numpy as jnp
@@ -77,10 +73,8 @@ def interpret() -> int:
                         for a in norm.add_rms_norm(jnp.asarray(x), jnp.asarray(y), jnp.asarray(w), eps=eps))
         want_alone = np.asarray(norm.rms_norm(jnp.asarray(x), jnp.asarray(w), eps=eps)).astype(np.float32)
         s, out, alone = (HostBuffer(np.zeros((rows, n), dtype)) for _ in range(3))
-        add_rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(y), HostBuffer(w), HostBuffer(w), s, out, EPS=eps,
-                                          **plan["meta"], **NO_PREFETCH)
-        rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), HostBuffer(w), alone, EPS=eps, **plan["meta"],
-                                      **NO_PREFETCH)
+        add_rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(y), HostBuffer(w), s, out, EPS=eps, **plan["meta"])
+        rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), alone, EPS=eps, **plan["meta"])
         # the sum is rounded as the reference rounds it: equal; the norm within one rounding of the dtype
         tol = 1e-5 if dtype_name == "float32" else 2 ** -7
         sum_ok = np.array_equal(s.array.astype(np.float32), want_s)
@@ -131,15 +125,14 @@ def interpret_quantized() -> int:
                     y = y + parts[k, :rows]
                 y = y.astype(dtype)
                 operand, extra = HostBuffer(parts), {"SPLITS": 5, "ROWS_PAD": rows + 2}
-            add_rms_norm_quant_kernel[plan["grid"]](HostBuffer(x), operand, HostBuffer(w), HostBuffer(w), s, out, qa,
-                                                    da, EPS=1e-6, ASM=False, **plan["meta"], **extra, **NO_PREFETCH)
-            add_rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(y), HostBuffer(w), HostBuffer(w), s_plain,
-                                              out_plain, EPS=1e-6, **base, **NO_PREFETCH)
+            add_rms_norm_quant_kernel[plan["grid"]](HostBuffer(x), operand, HostBuffer(w), s, out, qa, da,
+                                                    EPS=1e-6, ASM=False, **plan["meta"], **extra)
+            add_rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(y), HostBuffer(w), s_plain, out_plain,
+                                              EPS=1e-6, **base)
         else:
-            rms_norm_quant_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), HostBuffer(w), out, qa, da, EPS=1e-6,
-                                                ASM=False, **plan["meta"], **NO_PREFETCH)
-            rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), HostBuffer(w), out_plain, EPS=1e-6, **base,
-                                          **NO_PREFETCH)
+            rms_norm_quant_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), out, qa, da, EPS=1e-6, ASM=False,
+                                                **plan["meta"])
+            rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), out_plain, EPS=1e-6, **base)
         rows_equal = np.array_equal(out.array, out_plain.array) and (not add or np.array_equal(s.array, s_plain.array))
         qa_ref, da_ref = (np.asarray(a) for a in quantize_activations(jnp.asarray(out.array.astype(np.float32)), order))
         words_equal = bool((qa.array == qa_ref).all())

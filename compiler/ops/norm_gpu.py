@@ -23,7 +23,6 @@ import triton
 import triton.language as tl
 
 from . import norm as norm_ref
-from .l2_prefetch import prefetch_l2, prefetch_plan
 from .split_k import materialized
 from .triton_available import triton_available
 
@@ -43,30 +42,24 @@ def _normalize_store(s, w, out_ptr, row, cols, ok, N: tl.constexpr, EPS: tl.cons
 
 
 @triton.jit
-def rms_norm_kernel(x_ptr, w_ptr, pf_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr, EPS: tl.constexpr,
-                    PF_BYTES: tl.constexpr, PF_CHUNKS: tl.constexpr):
-    """pf_ptr: the next projection's weight, whose first PF_BYTES program 0 prefetches into L2 (l2_prefetch)."""
+def rms_norm_kernel(x_ptr, w_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr, EPS: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     s = tl.load(x_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    if row == 0:
-        prefetch_l2(pf_ptr, PF_BYTES, PF_CHUNKS)
     _normalize_store(s, w, out_ptr, row, cols, ok, N, EPS)
 
 
 @triton.jit
-def add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, pf_ptr, sum_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
-                        EPS: tl.constexpr, PF_BYTES: tl.constexpr, PF_CHUNKS: tl.constexpr):
+def add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
+                        EPS: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     x = tl.load(x_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
     y = tl.load(y_ptr + row * N + cols, mask=ok, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)  # every load before the reduction
-    if row == 0:
-        prefetch_l2(pf_ptr, PF_BYTES, PF_CHUNKS)
     s = (x + y).to(sum_ptr.dtype.element_ty)  # the residual stream, as the reference rounds it
     tl.store(sum_ptr + row * N + cols, s, mask=ok)
     _normalize_store(s.to(tl.float32), w, out_ptr, row, cols, ok, N, EPS)
@@ -87,53 +80,44 @@ def use_kernel(x) -> bool:
             and math.prod(x.shape[:-1]) > 0)
 
 
-def rms_norm(x, weight, *, eps, reader=None):
-    # x [..., n], weight [n] -> [..., n] in x's dtype; reader: the weight of the one projection reading the
-    # output, if known (the kernel prefetches its first bytes: l2_prefetch)
+def rms_norm(x, weight, *, eps):
+    # x [..., n], weight [n] -> [..., n] in x's dtype
     if not use_kernel(x):
         return norm_ref.rms_norm(x, weight, eps=eps)
-    return rms_norm_triton(x, weight, eps=eps, reader=reader)
+    return rms_norm_triton(x, weight, eps=eps)
 
 
-def add_rms_norm(x, y, weight, *, eps, reader=None):
+def add_rms_norm(x, y, weight, *, eps):
     # -> (x + y, rms_norm(x + y)), both [..., n] in x's dtype (y None: (x, rms_norm(x)))
     if y is None:
-        return x, rms_norm(x, weight, eps=eps, reader=reader)
+        return x, rms_norm(x, weight, eps=eps)
     y = materialized(y)
     if not use_kernel(x) or y.shape != x.shape or y.dtype != x.dtype:
         return norm_ref.add_rms_norm(x, y, weight, eps=eps)
-    return add_rms_norm_triton(x, y, weight, eps=eps, reader=reader)
+    return add_rms_norm_triton(x, y, weight, eps=eps)
 
 
-def prefetch_operand(reader, rows: int, num_warps: int, fallback) -> tuple[jax.Array, dict]:
-    """The pf_ptr operand and its constants for a norm kernel of `rows` rows (fallback: any array, passed
-    when nothing is prefetched)."""
-    array, size = prefetch_plan(reader, rows, num_warps * 32)
-    return (fallback if array is None else array), {"PF_BYTES": size, "PF_CHUNKS": num_warps * 32}
-
-
-def _launch_rows(kernel, rows_in: tuple, weight, outputs: int, eps: float, reader) -> tuple:
-    """Launch `kernel` over the rows of the [..., n] inputs `rows_in` (then weight and the prefetch operand):
-    `outputs` arrays of the first input's shape and dtype."""
+def _launch_rows(kernel, rows_in: tuple, weight, outputs: int, eps: float) -> tuple:
+    """Launch `kernel` over the rows of the [..., n] inputs `rows_in` (then weight): `outputs` arrays of the
+    first input's shape and dtype."""
     from .triton_launch import triton_call
 
     x = rows_in[0]
     rows, n = math.prod(x.shape[:-1]), x.shape[-1]
     plan = launch_plan(rows, n)
-    prefetched, prefetch = prefetch_operand(reader, rows, plan["num_warps"], weight)
     out_shape = jax.ShapeDtypeStruct((rows, n), x.dtype)
-    outs = triton_call(*(a.reshape(rows, n) for a in rows_in), weight, prefetched, kernel=kernel,
+    outs = triton_call(*(a.reshape(rows, n) for a in rows_in), weight, kernel=kernel,
                        out_shape=(out_shape,) * outputs, grid=plan["grid"], num_warps=plan["num_warps"],
-                       num_stages=1, EPS=float(eps), **plan["meta"], **prefetch)
+                       num_stages=1, EPS=float(eps), **plan["meta"])
     return tuple(o.reshape(x.shape) for o in outs)
 
 
-def rms_norm_triton(x, weight, *, eps, reader=None):
+def rms_norm_triton(x, weight, *, eps):
     """The kernel's launch, whatever the backend being traced for (lowered for cuda anywhere)."""
-    (out,) = _launch_rows(rms_norm_kernel, (x,), weight, 1, eps, reader)
+    (out,) = _launch_rows(rms_norm_kernel, (x,), weight, 1, eps)
     return out
 
 
-def add_rms_norm_triton(x, y, weight, *, eps, reader=None):
+def add_rms_norm_triton(x, y, weight, *, eps):
     """The kernel's launch (y of x's shape and dtype), whatever the backend being traced for."""
-    return _launch_rows(add_rms_norm_kernel, (x, y), weight, 2, eps, reader)
+    return _launch_rows(add_rms_norm_kernel, (x, y), weight, 2, eps)

@@ -30,7 +30,6 @@ import triton
 import triton.language as tl
 
 from . import norm_gpu
-from .l2_prefetch import prefetch_l2
 from .quant.triton_act_quant import packed_order, quantize_store
 from .split_k import SplitKPartials, materialized
 
@@ -52,10 +51,9 @@ def _packed(h, NB: tl.constexpr, Q6: tl.constexpr):
 
 
 @triton.jit
-def _norm_quantize(x_ptr, y_ptr, w_ptr, pf_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr,
-                   BLOCK: tl.constexpr, NB: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, SPLITS: tl.constexpr,
-                   ROWS_PAD: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr, PF_BYTES: tl.constexpr,
-                   PF_CHUNKS: tl.constexpr):
+def _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
+                   NB: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, SPLITS: tl.constexpr,
+                   ROWS_PAD: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
@@ -71,8 +69,6 @@ def _norm_quantize(x_ptr, y_ptr, w_ptr, pf_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr
         s = (s + y).to(sum_ptr.dtype.element_ty)  # the residual stream, rounded as the reference's add
         tl.store(sum_ptr + row * N + cols, s, mask=ok)
         s = s.to(tl.float32)
-    if row == 0:  # the projection's first weight bytes into L2 (l2_prefetch)
-        prefetch_l2(pf_ptr, PF_BYTES, PF_CHUNKS)
     inv = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / N + EPS)
     h = (s * inv * w).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * N + cols, h, mask=ok)
@@ -83,23 +79,20 @@ def _norm_quantize(x_ptr, y_ptr, w_ptr, pf_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr
 
 
 @triton.jit
-def rms_norm_quant_kernel(x_ptr, w_ptr, pf_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
-                          NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr,
-                          PF_BYTES: tl.constexpr, PF_CHUNKS: tl.constexpr):
+def rms_norm_quant_kernel(x_ptr, w_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
+                          NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
     """x [rows, N] -> out [rows, N] = rms_norm(x) and its int8 activations qa [rows, N/4], da [rows, N/32, 4]."""
-    _norm_quantize(x_ptr, x_ptr, w_ptr, pf_ptr, out_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, False, 0, 0,
-                   Q6, ASM, PF_BYTES, PF_CHUNKS)
+    _norm_quantize(x_ptr, x_ptr, w_ptr, out_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, False, 0, 0, Q6, ASM)
 
 
 @triton.jit
-def add_rms_norm_quant_kernel(x_ptr, y_ptr, w_ptr, pf_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr,
+def add_rms_norm_quant_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr,
                               BLOCK: tl.constexpr, NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr,
-                              ASM: tl.constexpr, SPLITS: tl.constexpr, ROWS_PAD: tl.constexpr,
-                              PF_BYTES: tl.constexpr, PF_CHUNKS: tl.constexpr):
+                              ASM: tl.constexpr, SPLITS: tl.constexpr, ROWS_PAD: tl.constexpr):
     """x, y [rows, N] -> sum = x + y, out = rms_norm(sum), and out's int8 activations qa, da. SPLITS > 0: y is
     fp32 split-K partials [SPLITS, ROWS_PAD, N] (split_k.SplitKPartials), summed here."""
-    _norm_quantize(x_ptr, y_ptr, w_ptr, pf_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, True, SPLITS,
-                   ROWS_PAD, Q6, ASM, PF_BYTES, PF_CHUNKS)
+    _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, True, SPLITS,
+                   ROWS_PAD, Q6, ASM)
 
 
 def launch_plan(rows: int, n: int, order: str) -> dict:
@@ -113,11 +106,10 @@ def launch_plan(rows: int, n: int, order: str) -> dict:
     return plan
 
 
-def norm_quantize_triton(x, y, weight, *, eps, order: str, reader=None):
+def norm_quantize_triton(x, y, weight, *, eps, order: str):
     """The launch: x (and y, the residual add's other input, or None) [..., n] -> (the sum when y is given,
     the normed rows, qa [rows, n/4], da [rows, n/32, 4]), whatever the backend being traced for. y may be a
-    split_k.SplitKPartials of x's [rows, n] (x 2-D), which the kernel sums as it reads it. reader: the
-    projection's weight, whose first bytes the kernel prefetches (l2_prefetch)."""
+    split_k.SplitKPartials of x's [rows, n] (x 2-D), which the kernel sums as it reads it."""
     from .triton_launch import triton_call
 
     rows, n = math.prod(x.shape[:-1]), x.shape[-1]
@@ -132,11 +124,10 @@ def norm_quantize_triton(x, y, weight, *, eps, order: str, reader=None):
     elif y is not None:
         operands.append(y.reshape(rows, n))
         plan["meta"].update(SPLITS=0, ROWS_PAD=0)
-    prefetched, prefetch = norm_gpu.prefetch_operand(reader, rows, plan["num_warps"], weight)
-    outs = triton_call(*operands, weight, prefetched,
+    outs = triton_call(*operands, weight,
                        kernel=rms_norm_quant_kernel if y is None else add_rms_norm_quant_kernel,
                        out_shape=(rows_out,) * len(operands) + activations, grid=plan["grid"],
-                       num_warps=plan["num_warps"], num_stages=1, EPS=float(eps), ASM=True, **plan["meta"], **prefetch)
+                       num_warps=plan["num_warps"], num_stages=1, EPS=float(eps), ASM=True, **plan["meta"])
     return (*(o.reshape(x.shape) for o in outs[:len(operands)]), *outs[len(operands):])
 
 
@@ -156,8 +147,8 @@ def rms_norm_to_proj(x, weight, reader, *, eps):
 
     order = _order(x, reader)
     if order is None:
-        return norm_gpu.rms_norm(x, weight, eps=eps, reader=reader)
-    h, qa, da = norm_quantize_triton(x, None, weight, eps=eps, order=order, reader=reader)
+        return norm_gpu.rms_norm(x, weight, eps=eps)
+    h, qa, da = norm_quantize_triton(x, None, weight, eps=eps, order=order)
     return QuantizedInput(h, qa, da, order)
 
 
@@ -172,6 +163,6 @@ def add_rms_norm_to_proj(x, y, weight, reader, *, eps):
         y = materialized(y)
     order = _order(x, reader)
     if order is None or y.shape != x.shape or y.dtype != x.dtype:
-        return norm_gpu.add_rms_norm(x, y, weight, eps=eps, reader=reader)
-    s, h, qa, da = norm_quantize_triton(x, y, weight, eps=eps, order=order, reader=reader)
+        return norm_gpu.add_rms_norm(x, y, weight, eps=eps)
+    s, h, qa, da = norm_quantize_triton(x, y, weight, eps=eps, order=order)
     return s, QuantizedInput(h, qa, da, order)
