@@ -10,9 +10,9 @@ K split at these shapes (its programs own whole rows), so none of those kernels 
 close to the HBM read rate on the large matrices, so the kernel pays only where the kernels it removes cost
 more than it loses: measured per shape (DENSE_RULES).
 
-Dispatch (`use_dense_gemv`, read at trace time): a 2-D x of 1..DISPATCH_MAX_ROWS rows (EMBER_DENSE_GEMV_ROWS)
-in bf16 / f16 / f32, a 2-D float weight with out * in < 2**31 and fewer than EMBER_DENSE_GEMV_MAX_OUT rows
-(default: any) whose shape has a config in DENSE_RULES, Triton available (a GPU trace), and EMBER_DENSE_GEMV
+Dispatch (`use_dense_gemv`, read at trace time): a 2-D x of 1..DISPATCH_MAX_ROWS rows (EMBER_DENSE_GEMV_ROWS,
+read at import as fp8.py's EMBER_FP8_GEMV_ROWS) in bf16 / f16 / f32, a 2-D float weight with out * in < 2**31
+and fewer than EMBER_DENSE_GEMV_MAX_OUT rows (default: any) whose shape has a config in DENSE_RULES, Triton available (a GPU trace), and EMBER_DENSE_GEMV
 not "0". Everything else keeps the reference op (XLA's GEMM).
 """
 

@@ -259,8 +259,10 @@ class GemvWeight(NamedTuple):
         return tuple(int(n) for n in self.values.shape)
 
 
-def _fp8(w: Fp8Weight) -> GemvWeight:
-    return GemvWeight(w.values, w.scale.astype(jnp.float32), w.blocked)
+def _fp8_with_config(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None) -> tuple[GemvWeight, Fp8GemvConfig]:
+    """What the kernels read of an FP8 weight (fp32 scales) and the checked config for x (None: the FP8 table's)."""
+    weight = GemvWeight(w.values, w.scale.astype(jnp.float32), w.blocked)
+    return weight, checked_config(x, weight, config, pick_fp8_config)
 
 
 def checked_config(x: jax.Array, w: GemvWeight, config: Fp8GemvConfig | None, pick) -> Fp8GemvConfig:
@@ -336,8 +338,7 @@ def gemv_parts(x: jax.Array, w: GemvWeight, sizes: tuple[int, ...], config: Fp8G
 def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) -> jax.Array:
     """x [m, in] (bf16, f16 or f32; m <= MAX_ROWS) @ dequant(w).T -> [m, out] in x's dtype, fp32 accumulation.
     Launches the Triton kernel (NVIDIA GPUs; lowered for the cuda platform anywhere)."""
-    weight = _fp8(w)
-    config = checked_config(x, weight, config, pick_fp8_config)
+    weight, config = _fp8_with_config(x, w, config)
     return gemv(x, weight, config)
 
 
@@ -345,8 +346,7 @@ def fp8_gemv_gate_up(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = 
     """silu(gate) * up of the packed gate/up projection x [m, in] @ dequant(w).T (w [2 ffn, in]: gate rows,
     then up rows) -> [m, ffn] in x's dtype: one launch where gate_up_fits (each program's rows half gate,
     half up: the product made in its epilogue), else the GEMV then activation.gated_act_packed."""
-    weight = _fp8(w)
-    config = checked_config(x, weight, config, pick_fp8_config)
+    weight, config = _fp8_with_config(x, w, config)
     return gemv_gate_up(x, weight, config)
 
 
@@ -354,6 +354,5 @@ def fp8_gemv_parts(x: jax.Array, w: Fp8Weight, sizes: tuple[int, ...],
                    config: Fp8GemvConfig | None = None) -> tuple[jax.Array, ...]:
     """x [m, in] @ dequant(w).T split into the projections of `sizes` (w packs them by rows): one output each,
     written by the kernel where parts_fit, else slices of the packed product."""
-    weight = _fp8(w)
-    config = checked_config(x, weight, config, pick_fp8_config)
+    weight, config = _fp8_with_config(x, w, config)
     return gemv_parts(x, weight, tuple(sizes), config)
