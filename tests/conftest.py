@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -35,6 +36,17 @@ def gemma_gguf() -> Path:
     from ember.runtime.loader.known_models import resolve_model
 
     return resolve_model("gemma-3-270m", progress=False)
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer(tmp_path_factory) -> Path:
+    """A six-token BPE tokenizer.json (one control token) for the GGUF writers' vocabularies."""
+    folder = tmp_path_factory.mktemp("tok")
+    vocab = {"a": 0, "b": 1, "c": 2, "ab": 3, "abc": 4, "d": 5}
+    (folder / "tokenizer.json").write_text(json.dumps({
+        "model": {"type": "BPE", "vocab": vocab, "merges": ["a b", "ab c", "c d"]},
+        "added_tokens": [{"id": 6, "content": "<|end|>"}]}))
+    return folder
 
 
 # ---- server tests: one live `ember serve` on a tiny chat model per test session ----------------------

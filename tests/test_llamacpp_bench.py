@@ -13,17 +13,6 @@ from ember.tools.llamacpp_bench import batched_command, bench_command, markdown,
 from ember.tools.write_gguf import bpe_vocabulary, synthetic_checkpoint, write_gguf
 
 
-
-@pytest.fixture(scope="module")
-def bpe_tokenizer(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tok")
-    vocab = {"a": 0, "b": 1, "c": 2, "ab": 3, "abc": 4, "d": 5}
-    (folder / "tokenizer.json").write_text(json.dumps({
-        "model": {"type": "BPE", "vocab": vocab, "merges": ["a b", "ab c", "c d"]},
-        "added_tokens": [{"id": 6, "content": "<|end|>"}]}))
-    return folder
-
-
 def test_the_vocabulary_is_fitted_to_the_model(bpe_tokenizer):
     tokens, types, merges = bpe_vocabulary(bpe_tokenizer, 9)
     assert tokens[:7] == ["a", "b", "c", "ab", "abc", "d", "<|end|>"] and tokens[7:] == ["[PAD7]", "[PAD8]"]

@@ -6,6 +6,7 @@
 #                                counts as JSON (tools/gpu_test_counts.py)
 #   tools/h200_run.sh kernels-quick  RoPE / norm kernel GPU tests (a failure turns the kernel off), Q4_K GEMV tests
 #   tools/h200_run.sh engine-tests   GPU engine tests: h200 vs cpu agreement, deterministic mode, quantized model
+#   tools/h200_run.sh real-weights   h200 vs cpu agreement on the real checkpoints cut small (.gpu/real/<name>.gguf)
 #   tools/h200_run.sh quick-1.5b / quick-8b-q4  batch 1 (CONTEXTS, default 128) and a few stream counts, Q4_K_M
 #   tools/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16 and FP8 (per-channel)
 #   tools/h200_run.sh quick-8b / quick-8b-fp8  the bf16 / FP8 8B at batch 1 (CONTEXTS) and STREAMS8 streams
@@ -43,6 +44,11 @@
 #    "multidict<7" uvloop "jsonschema>=4.20" jsonschema-specifications referencing rpds-py attrs prometheus-client,
 #    with --platform manylinux2014_x86_64 added: the server's imports the image lacks)
 #   python -m ember.tools.make_bench_tokenizer .gpu/tok               the synthetic models' stand-in tokenizer
+#   the real checkpoints cut small (gpu-suite, real-weights; one at a time fits the 64 MiB the tree may carry):
+#     python -m ember.tools.truncate_gguf <qwen2.5-coder-1.5b-instruct GGUF> --layers 1 --vocab 8192 \
+#       --out .gpu/real/qwen2.5-coder-1.5b-instruct.gguf
+#     python -m ember.tools.truncate_gguf <gemma-3-270m GGUF> --layers 12 --vocab 8192 --out .gpu/real/gemma-3-270m.gguf
+#   (the GGUF paths: python -c "from ember.runtime.loader.known_models import resolve_model as r; print(r('<name>'))")
 #   the GGUF files (llamacpp, serve-startup) need a BPE tokenizer.json: the default model's, written by
 #   python -c "from ember.runtime.checkpoint import open_checkpoint as o; from ember.runtime.prompting import \
 #     load_tokenizer as t; t(o('<the default model's GGUF>')).backend.save('.gpu/bpe-tok/tokenizer.json')"
@@ -78,6 +84,11 @@ plan_alone() {  # profile_step --plan-only per synthetic model in MODELS, one en
         grep -h "variant\|multi_async\|profiled_" "$out/plan_alone_$model.json"
     done
 }
+real_files() {  # EMBER_TRUNCATED_GGUF for tests/test_gpu_engine_real_weights.py: name=path per .gpu/real/<name>.gguf
+    local f items=()
+    for f in .gpu/real/*.gguf; do [ -e "$f" ] && items+=("$(basename "$f" .gguf)=$f"); done
+    (IFS=,; echo "${items[*]}")
+}
 for section in "$@"; do
 case $section in
 tests)
@@ -90,8 +101,8 @@ tests)
     tail -n 5 "$out"/gpu_*.log ;;
 gpu-suite)  # needs pytest-xdist and execnet wheels in .whl/ (python3.12 -m pip download --no-deps pytest-xdist execnet)
     export JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false  # workers share the GPU's memory
-    EMBER_GPU_RESULTS="$out/gpu_engine_tests.json" timeout ${SUITE_TEST_S:-540} python -m pytest -q -m gpu \
-        tests/*_gpu.py tests/test_gpu_engine.py -n ${WORKERS:-8} -p no:cacheprovider --hypothesis-show-statistics \
+    EMBER_TRUNCATED_GGUF=$(real_files) EMBER_GPU_RESULTS="$out/gpu_engine_tests.json" timeout ${SUITE_TEST_S:-540} \
+        python -m pytest -q -m gpu tests/*_gpu.py tests/test_gpu_engine.py tests/test_gpu_engine_real_weights.py -n ${WORKERS:-8} -p no:cacheprovider --hypothesis-show-statistics \
         -rfE --junitxml="$out/gpu_suite.xml" > "$out/gpu_suite.log" 2>&1
     python3 -m ember.tools.gpu_test_counts --junit "$out/gpu_suite.xml" --log "$out/gpu_suite.log" \
         --commit "$commit" --out "$out/gpu_suite_counts.json"
@@ -111,6 +122,10 @@ engine-tests)  # h200 vs cpu target agreement, deterministic bit-exactness, quan
     JAX_PLATFORMS=cuda,cpu EMBER_GPU_RESULTS="$out/gpu_engine_tests.json" timeout ${ENGINE_TEST_S:-240} \
         python -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_quant_model_gpu.py -p no:cacheprovider \
         > "$out/gpu_engine_tests.log" 2>&1; tail -n 3 "$out/gpu_engine_tests.log"; cat "$out/gpu_engine_tests.json" ;;
+real-weights)  # the h200 target vs the cpu target on each real checkpoint cut small in .gpu/real/ (figures: JSON)
+    JAX_PLATFORMS=cuda,cpu EMBER_TRUNCATED_GGUF=$(real_files) EMBER_GPU_RESULTS="$out/gpu_real_weights.json" \
+        timeout ${ENGINE_TEST_S:-300} python -m pytest -q -m gpu tests/test_gpu_engine_real_weights.py -p no:cacheprovider \
+        > "$out/gpu_real_weights.log" 2>&1; tail -n 5 "$out/gpu_real_weights.log"; cat "$out/gpu_real_weights.json" ;;
 quick-1.5b)  # 1.5B Q4_K_M kept quantized: batch 1 at CONTEXTS (128), STREAMS (1 / 8 / 32) streams
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} \
         --context-decode-tokens 128 --concurrency ${STREAMS:-1 8 32}" suite quick15${TAG:-} ${DEADLINE:-90} synthetic:qwen2.5-1.5b-q4_k_m ;;

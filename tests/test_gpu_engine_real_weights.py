@@ -1,0 +1,85 @@
+"""The h200 target against the cpu target on real weights: a real GGUF checkpoint cut to its first layers and its
+first vocabulary ids (tools/truncate_gguf.py; the whole file cannot reach the GPU machine), teacher-forced over
+256 tokens of the real-model fixtures' text (ids the cut vocabulary lacks are dropped). Both of the h200 plans'
+paths are measured: one prefill of all positions, and one decode step per position (the quantized GEMV and
+paged decode attention kernels). The cpu target's own bfloat16 against its float32 is recorded beside them: it
+is the noise that bfloat16 arithmetic alone makes on these weights.
+
+    EMBER_TRUNCATED_GGUF=qwen2.5-coder-1.5b-instruct=q.gguf,gemma-3-270m=g.gguf \
+        JAX_PLATFORMS=cuda,cpu python -m pytest -q -m gpu tests/test_gpu_engine_real_weights.py
+EMBER_GPU_RESULTS=<file.json> records the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+if jax.default_backend() != "gpu":
+    pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda,cpu)", allow_module_level=True)
+
+from ember.runtime.model import load_model  # noqa: E402
+from ember.runtime.sequence_runner import SequenceRunner  # noqa: E402
+from fixture_data import real_reference  # noqa: E402
+from logit_agreement import agreement  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+POSITIONS = 256
+MAX_KL = 1e-3
+
+
+def _files() -> list[tuple[str, str]]:
+    listed = os.environ.get("EMBER_TRUNCATED_GGUF", "")
+    return [tuple(item.split("=", 1)) for item in listed.split(",") if "=" in item]
+
+
+def _record(key: str, value) -> None:
+    path = os.environ.get("EMBER_GPU_RESULTS")
+    if path:
+        data = json.loads(open(path).read()) if os.path.exists(path) else {}
+        data[key] = value
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
+
+
+def _decode_logits(model, tokens: list[int]) -> np.ndarray:
+    """[T, vocab]: position 0 from a one-token prefill, every later one from its own decode step."""
+    runner = SequenceRunner(model, len(tokens))
+    rows = [runner.prefill(tokens[:1])]
+    rows += [runner.decode(token) for token in tokens[1:]]
+    return np.stack(rows).astype(np.float32)
+
+
+def test_truncated_files_are_named():
+    assert _files(), ("EMBER_TRUNCATED_GGUF names no file: make them here with tools/truncate_gguf.py "
+                      "(tools/h200_run.sh real-weights says how) and carry them to the GPU machine")
+
+
+@pytest.mark.parametrize("name,path", _files() or [pytest.param("-", "-", marks=pytest.mark.skip("no file named"))])
+def test_h200_agrees_with_the_cpu_target_on_real_weights(name, path):
+    with jax.default_device(jax.devices("cpu")[0]):
+        references = {dtype: load_model(path, target="cpu", activation_dtype=dtype) for dtype in ("bfloat16", "float32")}
+        vocab = int(references["float32"].dims.vocab)
+        tokens = [int(t) for t in real_reference(name)["text_ids"] if t < vocab][:POSITIONS]
+        assert len(tokens) == POSITIONS, f"{name}: only {len(tokens)} fixture tokens fall below id {vocab}"
+        expected = {dtype: SequenceRunner(model, POSITIONS).prefill(tokens, all_logits=True).astype(np.float32)
+                    for dtype, model in references.items()}
+    gpu_model = load_model(path, target="h200")
+    measured = {"prefill": SequenceRunner(gpu_model, POSITIONS).prefill(tokens, all_logits=True).astype(np.float32),
+                "decode": _decode_logits(gpu_model, tokens)}
+    figures = {"file": os.path.basename(path), "vocab": vocab, "layers": int(gpu_model.dims.layers),
+               "positions": POSITIONS,
+               "cpu_bfloat16_vs_cpu_float32": agreement(expected["float32"], expected["bfloat16"])}
+    for path_kind, logits in measured.items():
+        for dtype, reference in expected.items():
+            figures[f"h200_{path_kind}_vs_cpu_{dtype}"] = agreement(reference, logits)
+    _record(f"real_weights_{name}", figures)
+    for path_kind in measured:
+        same_precision = figures[f"h200_{path_kind}_vs_cpu_bfloat16"]
+        assert same_precision["mean_kl"] <= MAX_KL, (path_kind, same_precision)
+        assert same_precision["decisive_positions"] >= POSITIONS // 2, (path_kind, same_precision)
+        assert same_precision["top1_agreement_where_decisive"] >= 0.99, (path_kind, same_precision)
