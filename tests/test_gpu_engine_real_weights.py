@@ -1,9 +1,17 @@
 """The h200 target against the cpu target on real weights: a real GGUF checkpoint cut to its first layers and its
 first vocabulary ids (tools/truncate_gguf.py; the whole file cannot reach the GPU machine), teacher-forced over
-256 tokens of the real-model fixtures' text (ids the cut vocabulary lacks are dropped). Both of the h200 plans'
-paths are measured: one prefill of all positions, and one decode step per position (the quantized GEMV and
-paged decode attention kernels). The cpu target's own bfloat16 against its float32 is recorded beside them: it
-is the noise that bfloat16 arithmetic alone makes on these weights.
+256 tokens of the real-model fixtures' text (ids the cut vocabulary lacks are dropped). The cpu target's own
+bfloat16 against its float32 is recorded beside the figures: the noise bfloat16 arithmetic alone makes on these
+weights. Three paths of the h200 plans:
+- "prefill": one prefill of all positions (how the engine teacher-forces: /v1/score, prompt logprobs);
+- "decode": one decode step per position, the target's default decode GEMVs: Q4_K / Q6_K weights take the
+  integer-dot kernel on activations rounded to int8 per 32 elements (quant/act_quant.py, as llama.cpp's mmvq);
+- "decode_float": the same steps with that kernel off (EMBER_QUANT_DP4A=0), bf16 activations into every GEMV.
+Asserted on all three: top-1 >= 0.99 where the reference's top two logits are decisive. Asserted on prefill and
+decode_float: mean KL <= 1e-3 against the cpu target in bfloat16. The int8 activations' KL is recorded, not
+asserted: their rounding is coarser than bfloat16's (8 bits per 32-element block against 8 significant bits
+per element), and on the real default model it is 2.0e-3 (the 1-layer cut on the H200, 86a8c1f) to 2.2e-3
+(the whole model on the CPU with the kernel's jnp reference, `tools/results/real_weights_int8_cpu_*.json`).
 
     EMBER_TRUNCATED_GGUF=qwen2.5-coder-1.5b-instruct=q.gguf,gemma-3-270m=g.gguf \
         JAX_PLATFORMS=cuda,cpu python -m pytest -q -m gpu tests/test_gpu_engine_real_weights.py
@@ -22,6 +30,7 @@ import pytest
 if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda,cpu)", allow_module_level=True)
 
+from ember.compiler.ops.quant import config as quant_config  # noqa: E402
 from ember.runtime.model import load_model  # noqa: E402
 from ember.runtime.sequence_runner import SequenceRunner  # noqa: E402
 from fixture_data import real_reference  # noqa: E402
@@ -60,7 +69,7 @@ def test_truncated_files_are_named():
 
 
 @pytest.mark.parametrize("name,path", _files() or [pytest.param("-", "-", marks=pytest.mark.skip("no file named"))])
-def test_h200_agrees_with_the_cpu_target_on_real_weights(name, path):
+def test_h200_agrees_with_the_cpu_target_on_real_weights(name, path, monkeypatch):
     with jax.default_device(jax.devices("cpu")[0]):
         references = {dtype: load_model(path, target="cpu", activation_dtype=dtype) for dtype in ("bfloat16", "float32")}
         vocab = int(references["float32"].dims.vocab)
@@ -71,6 +80,8 @@ def test_h200_agrees_with_the_cpu_target_on_real_weights(name, path):
     gpu_model = load_model(path, target="h200")
     measured = {"prefill": SequenceRunner(gpu_model, POSITIONS).prefill(tokens, all_logits=True).astype(np.float32),
                 "decode": _decode_logits(gpu_model, tokens)}
+    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", False)  # read when a plan is traced: a new model's
+    measured["decode_float"] = _decode_logits(load_model(path, target="h200"), tokens)
     figures = {"file": os.path.basename(path), "vocab": vocab, "layers": int(gpu_model.dims.layers),
                "positions": POSITIONS,
                "cpu_bfloat16_vs_cpu_float32": agreement(expected["float32"], expected["bfloat16"])}
@@ -80,6 +91,7 @@ def test_h200_agrees_with_the_cpu_target_on_real_weights(name, path):
     _record(f"real_weights_{name}", figures)
     for path_kind in measured:
         same_precision = figures[f"h200_{path_kind}_vs_cpu_bfloat16"]
-        assert same_precision["mean_kl"] <= MAX_KL, (path_kind, same_precision)
+        if path_kind != "decode":
+            assert same_precision["mean_kl"] <= MAX_KL, (path_kind, same_precision)
         assert same_precision["decisive_positions"] >= POSITIONS // 2, (path_kind, same_precision)
         assert same_precision["top1_agreement_where_decisive"] >= 0.99, (path_kind, same_precision)
