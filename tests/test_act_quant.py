@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, pick_config, quant_matmul_ref
 from ember.compiler.ops.quant import config as config_module
 from ember.compiler.ops.quant import random_gguf_bytes
-from ember.compiler.ops.quant.act_quant import dp4a_matmul_ref, quantize_activations, quantize_blocks
+from ember.compiler.ops.quant.act_quant import (act_terms, dp4a_matmul_ref, packed_shapes, quantize_activations,
+                                               quantize_blocks)
 
 
 ELEMENT = {"q4_k": lambda h, q, j: q + 4 * h + 8 * j, "q6_k": lambda h, q, j: 16 * h + 4 * j + q}
@@ -40,7 +41,7 @@ def test_packing_and_rounding(m, blocks, seed, scale, order):
     k = 32 * blocks
     x = (rng.standard_normal((m, k)) * scale).astype(np.float32)
     x[0, :32] = 0.0  # an all-zero block
-    qa, da = (np.asarray(a) for a in quantize_activations(jnp.asarray(x), order))
+    qa, da = (np.asarray(a) for a in quantize_activations(jnp.asarray(x), order, terms=1))
     assert qa.dtype == np.int32 and qa.shape == (m, k // 4) and da.shape == (m, k // 32, 4)
     q = unpack(qa, k, order).astype(np.float32).reshape(m, blocks, 32)
     dx, sx = da[..., 0], da[..., 1]
@@ -70,21 +71,60 @@ def test_dp4a_reference_is_exact_on_int8_representable_activations(fmt):
     w = pack(random_gguf_bytes(rng, fmt, shape, realistic=True), fmt, shape)
     x = rng.integers(-126, 127, (3, 1024)).astype(np.float32)
     x[:, ::32] = 127.0
-    got = np.asarray(dp4a_matmul_ref(jnp.asarray(x), w))
+    got = np.asarray(dp4a_matmul_ref(jnp.asarray(x), w, terms=1))
     expected = np.asarray(quant_matmul_ref(jnp.asarray(x), w))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
 def test_dp4a_reference_error_on_gaussian_activations(fmt):
-    """The int8 rounding's cost on a projection: ~0.5% relative L2 (bf16 activations alone: ~0.15%)."""
+    """The int8 rounding's cost on a projection: ~0.5% relative L2 with one term (bf16 activations alone:
+    ~0.15%), below 1e-4 with two (the second term rounds the first one's residual)."""
     rng = np.random.default_rng(1)
     shape = (256, 1536)
     w = pack(random_gguf_bytes(rng, fmt, shape, realistic=True), fmt, shape)
     x = jnp.asarray(rng.standard_normal((4, 1536)).astype(np.float32))
-    got, expected = np.asarray(dp4a_matmul_ref(x, w)), np.asarray(quant_matmul_ref(x, w))
-    rel = np.linalg.norm(got - expected) / np.linalg.norm(expected)
-    assert 1e-4 < rel < 1e-2
+    expected = np.asarray(quant_matmul_ref(x, w))
+    rel = {terms: np.linalg.norm(np.asarray(dp4a_matmul_ref(x, w, terms=terms)) - expected) / np.linalg.norm(expected)
+           for terms in (1, 2)}
+    assert 1e-4 < rel[1] < 1e-2 and rel[2] < 1e-4 and rel[2] < rel[1] / 50
+
+
+@settings(max_examples=20, deadline=None)
+@given(m=st.integers(1, 3), blocks=st.integers(1, 5), seed=st.integers(0, 2**31 - 1),
+       scale=st.sampled_from([1e-3, 1.0, 300.0]), order=st.sampled_from(["q4_k", "q6_k"]))
+def test_a_second_term_rounds_the_first_ones_residual(m, blocks, seed, scale, order):
+    """terms=2: the first term's words and factors as with one term, then the residual's: its codes within
+    half a step dx' <= dx / 254 of what the first left (so x within dx' / 2), its sx slot 0."""
+    rng = np.random.default_rng(seed)
+    k = 32 * blocks
+    x = (rng.standard_normal((m, k)) * scale).astype(np.float32)
+    x[0, :32] = 0.0
+    one = [np.asarray(a) for a in quantize_activations(jnp.asarray(x), order, terms=1)]
+    qa, da = (np.asarray(a) for a in quantize_activations(jnp.asarray(x), order, terms=2))
+    assert (qa.shape, da.shape) == ((m, k // 2), (m, k // 32, 8))
+    assert [s.shape for s in packed_shapes(m, k, 2)] == [qa.shape, da.shape]
+    np.testing.assert_array_equal(qa[:, :k // 4], one[0])
+    np.testing.assert_array_equal(da[..., :4], one[1])
+    q1 = unpack(qa[:, :k // 4], k, order).astype(np.float32).reshape(m, blocks, 32)
+    q2 = unpack(np.ascontiguousarray(qa[:, k // 4:]), k, order).astype(np.float32).reshape(m, blocks, 32)
+    dx, dx2 = da[..., 0], da[..., 4]
+    assert (da[..., 5] == 0).all()
+    np.testing.assert_array_equal(da[..., 6], q2[..., :16].sum(-1))
+    np.testing.assert_array_equal(da[..., 7], q2[..., 16:].sum(-1))
+    assert (dx2 <= dx / 254 * (1 + 1e-5) + 1e-30).all()
+    xb = x.reshape(m, blocks, 32)
+    approx = q1 * dx[..., None] + q2 * dx2[..., None]
+    assert (np.abs(approx - xb) <= 0.5 * dx2[..., None] + 1e-6 * np.abs(xb) + 1e-30).all()
+
+
+def test_the_number_of_terms_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("EMBER_ACT_TERMS", "2")
+    assert act_terms() == 2
+    assert quantize_activations(jnp.ones((1, 64)), "q4_k")[1].shape == (1, 2, 8)
+    monkeypatch.setenv("EMBER_ACT_TERMS", "3")
+    with pytest.raises(ValueError, match="1 or 2"):
+        act_terms()
 
 
 def test_dp4a_reference_rejects_other_formats():

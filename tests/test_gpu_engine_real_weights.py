@@ -75,7 +75,8 @@ def test_truncated_files_are_named():
 @pytest.mark.parametrize("name,path", _files() or [pytest.param("-", "-", marks=pytest.mark.skip("no file named"))])
 def test_h200_agrees_with_the_cpu_target_on_real_weights(name, path, monkeypatch):
     with jax.default_device(jax.devices("cpu")[0]):
-        references = {dtype: load_model(path, target="cpu", activation_dtype=dtype) for dtype in ("bfloat16", "float32")}
+        references = {dtype: load_model(path, target="cpu", activation_dtype=dtype)
+                      for dtype in ("bfloat16", "float32")}
         vocab = int(references["float32"].dims.vocab)
         tokens = [int(t) for t in real_reference(name)["text_ids"] if t < vocab][:POSITIONS]
         assert len(tokens) == POSITIONS, f"{name}: only {len(tokens)} fixture tokens fall below id {vocab}"

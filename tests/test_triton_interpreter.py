@@ -4,18 +4,29 @@ prefill attention: 16, quantized GEMV split-K and row-tile variants, the latter 
 Q4_K on int8 activations (dp4a); the RMSNorm kernels; RoPE + the K/V write; the q/k/v split). Each runs in its own process, because
 TRITON_INTERPRET must be set before the kernels are decorated. ~2 minutes on 2 cores."""
 
+import os
 import subprocess
 import sys
 
 import pytest
 
+from ember.compiler.ops.quant.act_quant import act_terms
+
 CHECKS = [("check_attention_kernels", "interpret"), ("check_prefill_kernels", "interpret"),
-          ("check_quant_kernels", "interpret"), ("check_quant_kernels", "rows"), ("check_dp4a_kernels", "interpret"), ("check_fp8_kernels", "interpret"),
-          ("check_norm_kernels", "interpret"), ("check_rope_kernels", "interpret"), ("check_split_kernels", "interpret")]
+          ("check_quant_kernels", "interpret"), ("check_quant_kernels", "rows"), ("check_dp4a_kernels", "interpret"),
+          ("check_fp8_kernels", "interpret"), ("check_norm_kernels", "interpret"), ("check_rope_kernels", "interpret"),
+          ("check_split_kernels", "interpret")]
+# the int8 activations' producers and the integer-dot GEMV again with the other number of terms (act_quant.py)
+OTHER_TERMS = [("check_dp4a_kernels", "interpret"), ("check_norm_kernels", "interpret"),
+               ("check_attention_kernels", "combine-quant")]
+CASES = [(tool, mode, None) for tool, mode in CHECKS] + [(tool, mode, "other") for tool, mode in OTHER_TERMS]
 
 
-@pytest.mark.parametrize("tool, mode", CHECKS, ids=[f"{t}-{m}" for t, m in CHECKS])
-def test_triton_kernels_match_their_references_in_the_interpreter(tool, mode):
+@pytest.mark.parametrize("tool, mode, terms", CASES, ids=[f"{t}-{m}{'-other-terms' if o else ''}" for t, m, o in CASES])
+def test_triton_kernels_match_their_references_in_the_interpreter(tool, mode, terms):
+    env = dict(os.environ)
+    if terms:
+        env["EMBER_ACT_TERMS"] = "1" if act_terms() == 2 else "2"
     done = subprocess.run([sys.executable, "-m", f"ember.tools.{tool}", mode], capture_output=True, text=True,
-                          timeout=900)
+                          timeout=900, env=env)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]  # the tools exit 1 on any mismatch

@@ -11,13 +11,22 @@ Synthetic shapes (random weights) read a random prompt; `--model` (a real GGUF f
 What it answers: how much of the GPU agreement test's disagreement (tests/test_gpu_engine.py, random
 weights) the plan's dtype alone explains, kernels aside, and whether real weights' distributions, which
 are peaked, keep the same argmax. Writes nothing; prints one JSON object.
+
+`--int8-activations float|one|two` runs the target on GGUF weights kept packed (no dense copies) in 16-row
+prefill chunks (within the decode GEMV's row bound), its Q4_K / Q6_K matmuls as the decode GEMVs compute
+them: "float", on the activations as they are (the float kernels); "one" and "two", on one or two int8 terms
+per 32-element block (quant/act_quant.py, EMBER_ACT_TERMS: the integer-dot kernel). What it answers: how far
+the decode path's int8 activations alone move the logits on real weights, per number of terms.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -29,6 +38,30 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
+def int8_activation_matmul(mode: str):
+    """quant_matmul_ref's stand-in: x [m, in] @ W.T with x as it is (mode "float") or as the integer-dot GEMV
+    sees it with one or two int8 terms ("one", "two"); other formats as they are."""
+    from ember.compiler.ops.quant import act_quant
+    from ember.compiler.ops.quant.ref import quant_matmul_ref
+
+    def matmul(x, w):
+        if mode == "float" or w.format not in act_quant.PACKINGS:
+            return quant_matmul_ref(x, w)
+        return act_quant.dp4a_matmul_ref(x, w, terms=1 if mode == "one" else 2).astype(x.dtype)
+    return matmul
+
+
+@contextlib.contextmanager
+def _int8_activations(mode: str | None):
+    if mode is None:
+        yield None
+        return
+    formats = {"EMBER_QUANTIZED_FORMATS": "q4_k,q6_k,q8_0,q5_0", "EMBER_DENSE_COPIES": "0"}
+    with mock.patch.dict(os.environ, formats), \
+            mock.patch("ember.compiler.ops.quant.matmul.quant_matmul_ref", int8_activation_matmul(mode)):
+        yield 16  # prefill chunk: every projection stays on the GEMV path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="qwen2.5-1.5b")
@@ -38,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text", default=str(PASSAGE), help="the text --model is teacher-forced on")
     parser.add_argument("--reference-dtype", help="run the cpu target in this dtype (default: its own, float32)")
     parser.add_argument("--target-dtype", help="run --target in this dtype (default: its own)")
+    parser.add_argument("--int8-activations", choices=("float", "one", "two"),
+                        help="the target's Q4_K / Q6_K matmuls on int8 activations (see above)")
     args = parser.parse_args(argv)
     from ember.compiler.spec import spec_for_arch
     from ember.runtime.model import load_model
@@ -55,15 +90,21 @@ def main(argv: list[str] | None = None) -> int:
         arch, config = SYNTHETIC_SHAPES[args.shape]
         checkpoint = lambda: synthetic_checkpoint(spec_for_arch(arch), config)  # noqa: E731
         tokens = np.random.default_rng(7).integers(0, config["vocab_size"], args.positions).tolist()
-    exact, other = (SequenceRunner(load_model(checkpoint(), target=target, activation_dtype=dtype), len(tokens))
-                    .prefill(tokens, all_logits=True).astype(np.float64)
-                    for target, dtype in (("cpu", args.reference_dtype), (args.target, args.target_dtype)))
+    def logits(target, dtype, int8):
+        with _int8_activations(int8) as chunk:
+            model = load_model(checkpoint(), target=target, activation_dtype=dtype)
+            runner = SequenceRunner(model, len(tokens), prefill_chunk=chunk)
+            return runner.prefill(tokens, all_logits=True).astype(np.float64)
+
+    exact = logits("cpu", args.reference_dtype, None)
+    other = logits(args.target, args.target_dtype, args.int8_activations)
     p_exact, p_other = _log_softmax(exact), _log_softmax(other)
     kl = (np.exp(p_exact) * (p_exact - p_other)).sum(-1)
     top2 = np.sort(exact, -1)[:, -2:]
     print(json.dumps({"checkpoint": args.model or f"synthetic:{args.shape}", "positions": len(tokens),
                       "tokens": "text: " + Path(args.text).name if args.model else "random",
-                      "target": f"{args.target}, {args.target_dtype or 'its own dtype'}",
+                      "target": f"{args.target}, {args.target_dtype or 'its own dtype'}"
+                                + (f", int8 activations: {args.int8_activations}" if args.int8_activations else ""),
                       "reference": f"cpu target, {args.reference_dtype or 'float32'}",
                       "top1_agreement": float((exact.argmax(-1) == other.argmax(-1)).mean()),
                       "mean_kl": float(kl.mean()), "max_kl": float(kl.max()),

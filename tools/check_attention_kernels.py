@@ -9,6 +9,7 @@
                                                       RoPE + K/V write + partials in one launch against
                                                       rope_write then the partials: pools bit for bit,
                                                       output to fp32 rounding)
+  python tools/check_attention_kernels.py combine-quant  only the combine writing int8 activations (interpreter)
   python tools/check_attention_kernels.py compile     compile them for sm_90 (Triton's bundled LLVM + ptxas)
                                                       at the model shapes (fp32 and bf16, blocks of 16/32),
                                                       and every launch config tools/bench_attention.py
@@ -133,7 +134,8 @@ def _check_combine_quant(case: dict, order: str, splits: int = 5) -> tuple[bool,
 
     from ember.compiler.ops.attention_gpu.decode import combine_meta, decode_launch_plan
     from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
-    from ember.compiler.ops.quant.act_quant import quantize_activations
+    from ember.compiler.ops.quant.act_quant import packed_shapes, quantize_activations
+    from ember.tools.check_dp4a_kernels import compare_activations
 
     dtype = ml_dtypes.bfloat16
     q = case["q"].astype(dtype)
@@ -152,16 +154,16 @@ def _check_combine_quant(case: dict, order: str, splits: int = 5) -> tuple[bool,
     plain = _buffer(np.full((batch, hq, dh), np.nan, dtype))
     KERNELS["combine"][(batch, hq)](*parts, plain, **meta)
     out = _buffer(np.full((batch, hq, dh), np.nan, dtype))
-    qa = _buffer(np.zeros((batch, hq * dh // 4), np.int32))
-    da = _buffer(np.full((batch, hq * dh // 32, 4), np.nan, np.float32))
-    KERNELS["combine_quant"][(batch, hq)](*parts, out, qa, da, Q6=order == "q6_k", ASM=False, **meta)
+    qa_shape, da_shape = packed_shapes(batch, hq * dh)
+    qa = _buffer(np.zeros(qa_shape.shape, np.int32))
+    da = _buffer(np.full(da_shape.shape, np.nan, np.float32))
+    KERNELS["combine_quant"][(batch, hq)](*parts, out, qa, da, Q6=order == "q6_k", ASM=False,
+                                          TERMS=da.array.shape[-1] // 4, **meta)
     rows_equal = np.array_equal(out.array.astype(np.float32), plain.array.astype(np.float32))
     qa_ref, da_ref = (np.asarray(a) for a in quantize_activations(
         jnp.asarray(out.array.astype(np.float32).reshape(batch, hq * dh)), order))
-    words_equal = bool((qa.array == qa_ref).all())
-    da_err = float(np.abs(da.array - da_ref).max() / np.abs(da_ref).max())
-    return not (rows_equal and words_equal and da_err < 1e-5), (
-        f"rows equal={rows_equal} words equal={words_equal} (dx, sx, s0, s1) rel_err={da_err:.1e}")
+    mismatch, note = compare_activations(qa.array, da.array, qa_ref, da_ref)
+    return not rows_equal or mismatch, f"rows equal={rows_equal} {note}"
 
 
 def _check_rope_partials(case: dict, style: str, dtype, splits: int) -> tuple[bool, str]:
@@ -271,13 +273,8 @@ def interpret() -> int:
         checks += 1
         print(f"{'BAD' if bad else 'ok '} hq=12 hkv=2 dh=64  bs=16 ctx<=1200 {np.dtype(dtype).name:8} splits=40 "
               f"block_n=16 rel_err={err:.1e}", flush=True)
-    for hq, hkv, dh in ((12, 2, 128), (8, 1, 64)):  # the combine writing the int8 activations too
-        case = make_case(rng, hq, hkv, dh, 16, 0, max_ctx=300, padding_row=True)
-        for order in ("q4_k", "q6_k"):
-            bad, note = _check_combine_quant(case, order)
-            failures += bad
-            checks += 1
-            print(f"{'BAD' if bad else 'ok '} combine + int8 hq={hq:<2} hkv={hkv} dh={dh:<3} {order} {note}", flush=True)
+    bad, done = interpret_combine_quant(rng)
+    failures, checks = failures + bad, checks + done
     for (hq, hkv, dh), style, dtype_name, splits in (((12, 2, 128), "neox", "bfloat16", 5),
                                                     ((8, 1, 64), "interleaved", "float32", 3),
                                                     ((4, 2, 64), "neox", "float32", 8),
@@ -291,6 +288,20 @@ def interpret() -> int:
               f"{dtype_name:8} splits={splits} {note}", flush=True)
     print(f"{checks - failures}/{checks} passed")
     return 1 if failures else 0
+
+
+def interpret_combine_quant(rng=None) -> tuple[int, int]:
+    """The combine writing the int8 activations too (EMBER_ACT_TERMS terms): (failures, checks)."""
+    rng = rng if rng is not None else np.random.default_rng(0)
+    failures = checks = 0
+    for hq, hkv, dh in ((12, 2, 128), (8, 1, 64)):
+        case = make_case(rng, hq, hkv, dh, 16, 0, max_ctx=300, padding_row=True)
+        for order in ("q4_k", "q6_k"):
+            bad, note = _check_combine_quant(case, order)
+            failures += bad
+            checks += 1
+            print(f"{'BAD' if bad else 'ok '} combine + int8 hq={hq:<2} hkv={hkv} dh={dh:<3} {order} {note}", flush=True)
+    return failures, checks
 
 
 def _resource_usage(cubin: bytes) -> str:
@@ -369,9 +380,15 @@ def _compile_one(model: str, heads: tuple[int, int, int], dtype: str, block_size
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("interpret", "compile"):
+    if not argv or argv[0] not in ("interpret", "compile", "combine-quant"):
         print(__doc__)
         return 2
+    if argv[0] == "combine-quant":  # only the combine that writes int8 activations (e.g. EMBER_ACT_TERMS=2)
+        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
+        from ember.tools.check_quant_kernels import patch_interpreter
+
+        patch_interpreter()
+        return 1 if interpret_combine_quant()[0] else 0
     return interpret() if argv[0] == "interpret" else compile_all()
 
 

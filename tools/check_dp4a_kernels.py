@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 
+from ember.compiler.ops.quant.act_quant import FACTORS
 from ember.tools.check_quant_kernels import PLANE_TYPES, HostBuffer, compile_sm90, patch_interpreter, ptxas_usage
 
 # (out, in), (block_n, split_k, sb_per_step, prefetch), activation rows. Together: R = 1..8 and two groups
@@ -64,6 +65,7 @@ def interpret() -> int:
                 plan = launch_plan(fmt, m, out, inner, config)
                 meta = dict(plan["meta"], ASM=False, ACT_Q4=order != fmt)
                 qa, da = (np.asarray(a) for a in pad_rows(*quantize_activations(jnp.asarray(x), order), meta["M_PAD"]))
+                meta["TERMS"] = da.shape[-1] // FACTORS
                 y = HostBuffer(np.full((plan["split_k"], meta["M_PAD"], out), np.nan, np.float32))
                 dp4a_gemv_kernel[plan["grid"]](HostBuffer(qa), HostBuffer(da),
                                                *(HostBuffer(w.planes[n]) for n in DP4A_PLANES[fmt]), y, **meta)
@@ -109,6 +111,7 @@ def interpret_parts() -> int:
             meta = dict(plan["meta"], ASM=False, HAS_BIAS=bias is not None, BIAS_OFFSET=offset or 0,
                         **parts_plan(plan, sizes, out))
             qa, da = (np.asarray(a) for a in pad_rows(*quantize_activations(jnp.asarray(x), fmt), meta["M_PAD"]))
+            meta["TERMS"] = da.shape[-1] // FACTORS
             widths = (*sizes, 1, 1)[:3]
             outs = [HostBuffer(np.full((meta["M_PAD"], width), np.nan, np.float32)) for width in widths]
             dp4a_gemv_parts_kernel[plan["grid"]](
@@ -156,11 +159,48 @@ def interpret_pair() -> int:
                 TILES_A=pa["grid"][0] // (ma["M_PAD"] // ma["R"]), BLOCK_N_A=ma["BLOCK_N"], S_A=ma["S"],
                 PREFETCH_A=ma["PREFETCH"], EXACT_A=ma["EXACT"], BLOCK_N_B=mb["BLOCK_N"], S_B=mb["S"],
                 PREFETCH_B=mb["PREFETCH"], EXACT_B=mb["EXACT"], Q6_B=fmt_b == "q6_k", ASM=False, HAS_BIAS=True,
-                BIAS_OFFSET=0)
+                BIAS_OFFSET=0, TERMS=da.shape[-1] // FACTORS)
             kept = [outs[0].array[:m]] + ([outs[1].array[:m]] if len(run_a) == 2 else []) + [outs[2].array[:m]]
             failures += _compared(np.concatenate(kept, axis=1), expected,
                                   f"dp4a pair q4_k {run_a} + {fmt_b} ({out_b},) m={m} R={ma['R']}")
     return 1 if failures else 0
+
+
+def _buffers(m: int, k: int):
+    """Host buffers for x [m, k]'s int8 activations as the producers write them (act_quant.packed_shapes)."""
+    from ember.compiler.ops.quant.act_quant import packed_shapes
+    from ember.tools.check_quant_kernels import HostBuffer
+
+    qa, da = packed_shapes(m, k)
+    return HostBuffer(np.zeros(qa.shape, np.int32)), HostBuffer(np.full(da.shape, np.nan, np.float32))
+
+
+def compare_activations(qa: np.ndarray, da: np.ndarray, qa_ref: np.ndarray, da_ref: np.ndarray, *,
+                        tol: float = 1e-5, code_slack: int = 0, min_same: float = 1.0) -> tuple[bool, str]:
+    """A producer's int8 activations (qa [m, T k/4], da [m, k/32, 4 T]) against act_quant.quantize_activations':
+    (failed, note). The first term: its codes within code_slack of the reference's (min_same of its words
+    equal) and its (dx, sx, s0, s1) within tol of the largest. A second term rounds the first one's residual,
+    so a last-bit difference in dx (the reference's division) may move one of its codes by one: its codes
+    within one, at most 0.1% of its words (or two) unequal, dx' within 1e-3 and its code sums within 2."""
+    terms = da.shape[-1] // FACTORS
+    words = qa.shape[1] // terms
+    codes = lambda a: a.view(np.int8).astype(np.int32)  # noqa: E731
+    first, first_ref = qa[:, :words], qa_ref[:, :words]
+    same = float((first == first_ref).mean())
+    code_diff = int(np.abs(codes(first) - codes(first_ref)).max())
+    err = float(np.abs(da[..., :FACTORS] - da_ref[..., :FACTORS]).max() / np.abs(da_ref[..., :FACTORS]).max())
+    failed = not (code_diff <= code_slack and same >= min_same and err < tol)
+    note = f"words equal {same:.4f} max code diff {code_diff} (dx, sx, s0, s1) rel_err={err:.1e}"
+    if terms > 1:
+        second, second_ref = qa[:, words:], qa_ref[:, words:]
+        unequal = int((second != second_ref).sum())
+        diff2 = int(np.abs(codes(second) - codes(second_ref)).max())
+        dx_err = float(np.abs(da[..., 4] - da_ref[..., 4]).max() / max(np.abs(da_ref[..., 4]).max(), 1e-30))
+        sums = float(np.abs(da[..., 6:] - da_ref[..., 6:]).max())
+        failed = failed or not (diff2 <= 1 and unequal <= max(2, second.size // 1000) and dx_err < 1e-3
+                                and sums <= 2)
+        note += f"; second term: {unequal} of {second.size} words unequal, max code diff {diff2}, dx' rel_err={dx_err:.1e}"
+    return failed, note
 
 
 def interpret_quantize() -> int:
@@ -181,15 +221,11 @@ def interpret_quantize() -> int:
         x[-1, 0] = 127.0
         qa_ref, da_ref = (np.asarray(a) for a in quantize_activations(jnp.asarray(x), order))
         plan = quantize_plan(m, k, order)
-        qa = HostBuffer(np.zeros((m, k // 4), np.int32))
-        da = HostBuffer(np.full((m, k // 32, 4), np.nan, np.float32))
+        qa, da = _buffers(m, k)
         quantize_rows_kernel[plan["grid"]](HostBuffer(x), qa, da, ASM=False, **plan["meta"])
-        words_equal = bool((qa.array == qa_ref).all())
-        da_err = float(np.abs(da.array - da_ref).max() / np.abs(da_ref).max())
-        bad = not (words_equal and da_err < 1e-6)
+        bad, note = compare_activations(qa.array, da.array, qa_ref, da_ref, tol=1e-6)
         failures += bad
-        print(f"{'BAD' if bad else 'ok '} quantize {order} m={m} k={k} words equal={words_equal} (dx, sx) rel_err={da_err:.1e}",
-              flush=True)
+        print(f"{'BAD' if bad else 'ok '} quantize {order} m={m} k={k} {note}", flush=True)
     return failures + interpret_quantize_gated()
 
 
@@ -209,17 +245,11 @@ def interpret_quantize_gated() -> int:
         qa_ref, da_ref = (np.asarray(a) for a in
                           quantize_activations(gated_act_packed(jnp.asarray(gate_up), act="silu"), order))
         plan = quantize_plan(m, k, order, silu_gated=True)
-        qa = HostBuffer(np.zeros((m, k // 4), np.int32))
-        da = HostBuffer(np.full((m, k // 32, 4), np.nan, np.float32))
+        qa, da = _buffers(m, k)
         quantize_rows_kernel[plan["grid"]](HostBuffer(gate_up), qa, da, ASM=False, **plan["meta"])
-        codes = lambda words: words.view(np.int8).astype(np.int32)  # noqa: E731
-        code_diff = int(np.abs(codes(qa.array) - codes(qa_ref)).max())
-        same = float((qa.array == qa_ref).mean())
-        da_err = float(np.abs(da.array - da_ref).max() / np.abs(da_ref).max())
-        bad = not (code_diff <= 1 and same > 0.99 and da_err < 1e-5)
+        bad, note = compare_activations(qa.array, da.array, qa_ref, da_ref, code_slack=1, min_same=0.99)
         failures += bad
-        print(f"{'BAD' if bad else 'ok '} quantize silu-gated {order} m={m} k={k} words equal {same:.4f} "
-              f"max code diff {code_diff} (dx, sx) rel_err={da_err:.1e}", flush=True)
+        print(f"{'BAD' if bad else 'ok '} quantize silu-gated {order} m={m} k={k} {note}", flush=True)
     return failures
 
 

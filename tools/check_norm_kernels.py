@@ -100,6 +100,7 @@ def interpret_quantized() -> int:
     from ember.compiler.ops.norm_gpu import add_rms_norm_kernel, rms_norm_kernel
     from ember.compiler.ops.norm_quant_gpu import add_rms_norm_quant_kernel, launch_plan, rms_norm_quant_kernel
     from ember.compiler.ops.quant.act_quant import quantize_activations
+    from ember.tools.check_dp4a_kernels import _buffers, compare_activations
     from ember.tools.check_quant_kernels import HostBuffer
 
     failures = 0
@@ -114,8 +115,7 @@ def interpret_quantized() -> int:
         plan = launch_plan(rows, n, order)
         base = {k: v for k, v in plan["meta"].items() if k in ("N", "BLOCK")}
         s, out, s_plain, out_plain = (HostBuffer(np.zeros((rows, n), dtype)) for _ in range(4))
-        qa = HostBuffer(np.zeros((rows, n // 4), np.int32))
-        da = HostBuffer(np.full((rows, n // 32, 4), np.nan, np.float32))
+        qa, da = _buffers(rows, n)
         if add:
             operand, extra = HostBuffer(y), {"SPLITS": 0, "ROWS_PAD": 0}
             if add == "partials":  # 5 splits, 2 padding rows past the row count
@@ -135,13 +135,11 @@ def interpret_quantized() -> int:
             rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), out_plain, EPS=1e-6, **base)
         rows_equal = np.array_equal(out.array, out_plain.array) and (not add or np.array_equal(s.array, s_plain.array))
         qa_ref, da_ref = (np.asarray(a) for a in quantize_activations(jnp.asarray(out.array.astype(np.float32)), order))
-        words_equal = bool((qa.array == qa_ref).all())
-        da_err = float(np.abs(da.array - da_ref).max() / np.abs(da_ref).max())
-        bad = not (rows_equal and words_equal and da_err < 1e-5)
+        mismatch, note = compare_activations(qa.array, da.array, qa_ref, da_ref)
+        bad = not rows_equal or mismatch
         failures += bad
         print(f"{'BAD' if bad else 'ok '} norm+quantize {add + ' ' if add else ''}{order} rows={rows} n={n} "
-              f"{dtype_name} rows equal={rows_equal} words equal={words_equal} (dx, sx) rel_err={da_err:.1e}",
-              flush=True)
+              f"{dtype_name} rows equal={rows_equal} {note}", flush=True)
     return 1 if failures else 0
 
 

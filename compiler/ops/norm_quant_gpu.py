@@ -25,11 +25,11 @@ import math
 import os
 
 import jax
-import jax.numpy as jnp
 import triton
 import triton.language as tl
 
 from . import norm_gpu
+from .quant.act_quant import act_terms, packed_shapes
 from .quant.triton_act_quant import packed_order, quantize_store
 from .split_k import SplitKPartials, materialized
 
@@ -53,7 +53,7 @@ def _packed(h, NB: tl.constexpr, Q6: tl.constexpr):
 @triton.jit
 def _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
                    NB: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, SPLITS: tl.constexpr,
-                   ROWS_PAD: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
+                   ROWS_PAD: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr, TERMS: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
@@ -75,24 +75,28 @@ def _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.
     blocks = tl.arange(0, NB)
     j3, e3 = packed_order(Q6)
     quantize_store(_packed(h.to(tl.float32), NB, Q6), qa_ptr, da_ptr, row, blocks, blocks < N // 32, j3, e3, N,
-                   ASM)
+                   ASM, TERMS)
 
 
 @triton.jit
 def rms_norm_quant_kernel(x_ptr, w_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
-                          NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr):
-    """x [rows, N] -> out [rows, N] = rms_norm(x) and its int8 activations qa [rows, N/4], da [rows, N/32, 4]."""
-    _norm_quantize(x_ptr, x_ptr, w_ptr, out_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, False, 0, 0, Q6, ASM)
+                          NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr,
+                          TERMS: tl.constexpr = 1):
+    """x [rows, N] -> out [rows, N] = rms_norm(x) and its int8 activations qa [rows, TERMS N/4], da
+    [rows, N/32, 4 TERMS]."""
+    _norm_quantize(x_ptr, x_ptr, w_ptr, out_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, False, 0, 0, Q6, ASM,
+                   TERMS)
 
 
 @triton.jit
 def add_rms_norm_quant_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr,
                               BLOCK: tl.constexpr, NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr,
-                              ASM: tl.constexpr, SPLITS: tl.constexpr, ROWS_PAD: tl.constexpr):
+                              ASM: tl.constexpr, SPLITS: tl.constexpr, ROWS_PAD: tl.constexpr,
+                              TERMS: tl.constexpr = 1):
     """x, y [rows, N] -> sum = x + y, out = rms_norm(sum), and out's int8 activations qa, da. SPLITS > 0: y is
     fp32 split-K partials [SPLITS, ROWS_PAD, N] (split_k.SplitKPartials), summed here."""
     _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, True, SPLITS,
-                   ROWS_PAD, Q6, ASM)
+                   ROWS_PAD, Q6, ASM, TERMS)
 
 
 def launch_plan(rows: int, n: int, order: str) -> dict:
@@ -102,21 +106,20 @@ def launch_plan(rows: int, n: int, order: str) -> dict:
         raise ValueError(f"rms_norm + quantize: rows of a multiple of 32 elements, got {n}")
     plan = norm_gpu.launch_plan(rows, n)
     plan["num_warps"] = int(os.environ.get("EMBER_NORM_QUANT_WARPS", NORM_QUANT_WARPS))
-    plan["meta"].update(NB=1 << (n // 32 - 1).bit_length(), Q6=order == "q6_k")
+    plan["meta"].update(NB=1 << (n // 32 - 1).bit_length(), Q6=order == "q6_k", TERMS=act_terms())
     return plan
 
 
 def norm_quantize_triton(x, y, weight, *, eps, order: str):
     """The launch: x (and y, the residual add's other input, or None) [..., n] -> (the sum when y is given,
-    the normed rows, qa [rows, n/4], da [rows, n/32, 4]), whatever the backend being traced for. y may be a
+    the normed rows, qa [rows, terms n/4], da [rows, n/32, 4 terms]), whatever the backend being traced for. y may be a
     split_k.SplitKPartials of x's [rows, n] (x 2-D), which the kernel sums as it reads it."""
     from .triton_launch import triton_call
 
     rows, n = math.prod(x.shape[:-1]), x.shape[-1]
     plan = launch_plan(rows, n, order)
     rows_out = jax.ShapeDtypeStruct((rows, n), x.dtype)
-    activations = (jax.ShapeDtypeStruct((rows, n // 4), jnp.int32),
-                   jax.ShapeDtypeStruct((rows, n // 32, 4), jnp.float32))
+    activations = packed_shapes(rows, n, plan["meta"]["TERMS"])
     operands = [x.reshape(rows, n)]
     if isinstance(y, SplitKPartials):  # read in place: [splits, rows_pad, n]
         operands.append(y.parts)

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from ..env_config import overridden
+from ..quant.act_quant import act_terms, packed_shapes
 
 LOG2E = math.log2(math.e)
 BACKENDS = ("triton", "emulate")
@@ -176,10 +177,10 @@ def _merge(acc, m, l, q, plan, config, activations_for):
     out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
     if activations_for is None or dh < 32 or dh & (dh - 1):
         return triton_call(acc, m, l, kernel=KERNELS["combine"], out_shape=out_shape, **merge), None
+    terms = act_terms()
     out, qa, da = triton_call(acc, m, l, kernel=KERNELS["combine_quant"],
-                              out_shape=(out_shape, jax.ShapeDtypeStruct((b, hq * dh // 4), jnp.int32),
-                                         jax.ShapeDtypeStruct((b, hq * dh // 32, 4), jnp.float32)),
-                              Q6=activations_for == "q6_k", ASM=True, **merge)
+                              out_shape=(out_shape, *packed_shapes(b, hq * dh, terms)),
+                              Q6=activations_for == "q6_k", ASM=True, TERMS=terms, **merge)
     return out, (qa, da)
 
 

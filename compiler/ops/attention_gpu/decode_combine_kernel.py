@@ -67,9 +67,9 @@ def paged_decode_combine_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, HQ: tl.constexpr
 def paged_decode_combine_quant_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, HQ: tl.constexpr,
                                       HKV: tl.constexpr, G: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr,
                                       SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr,
-                                      Q6: tl.constexpr, ASM: tl.constexpr):
+                                      Q6: tl.constexpr, ASM: tl.constexpr, TERMS: tl.constexpr = 1):
     # the same merge, and the output row [B, HQ * DH] also as the int8 activations of the projection reading it
-    # (triton_act_quant's: qa int32 [B, HQ * DH / 4], da fp32 [B, HQ * DH / 32, 4] packed for Q4_K, or Q6_K
+    # (triton_act_quant's: qa int32 [B, TERMS HQ DH / 4], da fp32 [B, HQ DH / 32, 4 TERMS] for Q4_K, or Q6_K
     # when Q6). DH is a power of two >= 32 (so DH_PAD == DH), each 32-block lying in one head. The head's
     # elements are taken in the packed order (packed_order's e3 within each block): the merged values are then
     # already the [DH / 32, 4, 8] tile the quantizer takes, rounded to out's dtype first as the separate
@@ -88,4 +88,4 @@ def paged_decode_combine_quant_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da
     j3, e3 = packed_order(Q6)
     blocks = head * (DH // 32) + tl.arange(0, DH // 32)
     quantize_store(tl.reshape(out.to(tl.float32), [DH // 32, 4, 8]), qa_ptr, da_ptr, b, blocks, blocks >= 0,
-                   j3, e3, HQ * DH, ASM)
+                   j3, e3, HQ * DH, ASM, TERMS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ember.compiler.ops.quant.act_quant import reads_packing
+from ember.compiler.ops.quant.act_quant import FACTORS, packed_shapes, reads_packing
 from ember.compiler.ops.quant.config import DP4A_FORMATS, QuantMatmulConfig
 from ember.compiler.ops.quant.layout import QuantizedWeight
 
@@ -39,7 +39,7 @@ def dp4a_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig)
 
 
 def pad_rows(qa, da, rows: int):
-    """(qa [m, k/4], da [m, k/32, 4]) -> both padded with zero rows to `rows` (a plan's M_PAD): all-zero
+    """(qa [m, terms k/4], da [m, k/32, 4 terms]) -> both padded with zero rows to `rows` (a plan's M_PAD): all-zero
     activations, whose outputs the caller drops."""
     pad = rows - qa.shape[0]
     if pad == 0:
@@ -57,9 +57,7 @@ def quantize_activations_gpu(x: jax.Array, order: str, silu_gated: bool = False)
     if k % 32:
         raise ValueError(f"activation length {k} is not a multiple of 32")
     plan = quantize_plan(m, k, order, silu_gated)
-    return triton_call(x, kernel=quantize_rows_kernel,
-                       out_shape=(jax.ShapeDtypeStruct((m, k // 4), jnp.int32),
-                                  jax.ShapeDtypeStruct((m, k // 32, 4), jnp.float32)),
+    return triton_call(x, kernel=quantize_rows_kernel, out_shape=packed_shapes(m, k, plan["meta"]["TERMS"]),
                        grid=plan["grid"], num_warps=4, num_stages=1, ASM=True, **plan["meta"])
 
 
@@ -76,7 +74,7 @@ def _quantized_inputs(x: jax.Array, w: QuantizedWeight, plan: dict, silu_gated: 
     if not reads_packing(w.format, order):
         raise ValueError(f"a {w.format} GEMV cannot read activations packed for {order}")
     qa, da = pad_rows(qa, da, plan["meta"]["M_PAD"])
-    meta = dict(plan["meta"], ACT_Q4=order != w.format)
+    meta = dict(plan["meta"], ACT_Q4=order != w.format, TERMS=da.shape[-1] // FACTORS)
     return (qa, da, *(w.planes[name] for name in DP4A_PLANES[w.format])), meta
 
 
@@ -181,6 +179,7 @@ def dp4a_pair_parts_call(x: jax.Array, weights: tuple[QuantizedWeight, Quantized
         M_PAD=rows, K=wa.shape[1], R=meta_a["R"], NA=wa.shape[0], N1=runs[0][0], NB=wb.shape[0],
         TILES_A=tiles_a, BLOCK_N_A=meta_a["BLOCK_N"], S_A=meta_a["S"], PREFETCH_A=meta_a["PREFETCH"],
         EXACT_A=meta_a["EXACT"], BLOCK_N_B=meta_b["BLOCK_N"], S_B=meta_b["S"], PREFETCH_B=meta_b["PREFETCH"],
-        EXACT_B=meta_b["EXACT"], Q6_B=wb.format == "q6_k", ASM=True, HAS_BIAS=bias is not None, BIAS_OFFSET=0)
+        EXACT_B=meta_b["EXACT"], Q6_B=wb.format == "q6_k", ASM=True, HAS_BIAS=bias is not None, BIAS_OFFSET=0,
+        TERMS=meta_a["TERMS"])
     kept = (0, 1) if len(runs[0]) == 2 else (0,)
     return tuple(outs[i][:m] for i in kept) + (outs[2][:m],)

@@ -14,7 +14,9 @@ and row Q4_K adds (d sc) * (dx * float(sum)) - (dmin m) * sx, Q6_K per half h (d
 float(sum_h - 32 s_h). That is ~3-7 + 2 R instructions per 8 weights where the float kernels spend ~8 + 8 R.
 
 Precision: the integer sums are exact; what differs from the float GEMV is only x's int8 rounding
-(|error| <= dx / 2 per element, dx = max |x| / 127 over its block of 32), as in ggml's CUDA decode.
+(|error| <= dx / 2 per element, dx = max |x| / 127 over its block of 32), as in ggml's CUDA decode. With
+TERMS = 2 (act_quant.py) a second int8 term of the residual adds two dp4a per word and activation row, and
+the error falls to dx' / 2 <= dx / 254.
 ASM=False (Triton's CPU interpreter has no inline PTX) computes dp4a with shifts and multiplies.
 """
 
@@ -85,17 +87,17 @@ def _decode(planes, n4, q4, Q6: tl.constexpr):
 
 
 @triton.jit
-def _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.constexpr,
-               MASKED: tl.constexpr, Q6: tl.constexpr, ACT_Q4: tl.constexpr, ASM: tl.constexpr):
-    """Activation row `row`'s contribution for the step's blocks: float32 [S, BLOCK_N, 8, 1].
-    lo/hi [S, BLOCK_N, 8, 4] code bytes; blk4 [S, 1, 8, 1] activation block of each code block.
-    ACT_Q4 (Q6 only): the activations are packed for Q4_K, their words permuted here."""
-    words = qa_ptr + row * (K // 4) + blk4 * 8 + q4                       # [S, 1, 8, 4]
+def _term(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.constexpr, MASKED: tl.constexpr,
+          Q6: tl.constexpr, ACT_Q4: tl.constexpr, ASM: tl.constexpr, TERMS: tl.constexpr, T: tl.constexpr):
+    """Term T of activation row `row` for the step's blocks: float32 [S, BLOCK_N, 8, 1] (the Q4_K minimums'
+    -f1 sx with the first term only). lo/hi [S, BLOCK_N, 8, 4] code bytes; blk4 [S, 1, 8, 1] activation block
+    of each code block. ACT_Q4 (Q6 only): the activations are packed for Q4_K, their words permuted here."""
+    words = qa_ptr + row * (TERMS * K // 4) + T * (K // 4) + blk4 * 8 + q4  # [S, 1, 8, 4]
     a_lo = load_where(words, ok_u4, MASKED)
     a_hi = load_where(words + 4, ok_u4, MASKED)
     if ACT_Q4:
         a_lo, a_hi = q4_words_as_q6(a_lo, a_hi, ASM)
-    scales = da_ptr + (row * (K // 32) + blk4) * 4                       # [S, 1, 8, 1]: dx, sx, s0, s1
+    scales = da_ptr + (row * (K // 32) + blk4) * (4 * TERMS) + 4 * T     # [S, 1, 8, 1]: dx, sx, s0, s1
     dx = load_where(scales, ok_u4, MASKED)
     if Q6:
         s0 = load_where(scales + 2, ok_u4, MASKED)
@@ -104,17 +106,31 @@ def _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.const
         sum1 = tl.sum(dp4a(hi, a_hi, 0, ASM), axis=3, keep_dims=True).to(tl.float32) - 32.0 * s1
         return dx * (f0 * sum0 + f1 * sum1)
     else:
-        sx = load_where(scales + 1, ok_u4, MASKED)
         dot = dp4a(hi, a_hi, dp4a(lo, a_lo, 0, ASM), ASM)
         total = tl.sum(dot, axis=3, keep_dims=True).to(tl.float32)      # exact: < 2**16 in magnitude
-        return f0 * (dx * total) - f1 * sx
+        if T == 0:
+            sx = load_where(scales + 1, ok_u4, MASKED)
+            return f0 * (dx * total) - f1 * sx
+        else:
+            return f0 * (dx * total)
+
+
+@triton.jit
+def _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.constexpr,
+               MASKED: tl.constexpr, Q6: tl.constexpr, ACT_Q4: tl.constexpr, ASM: tl.constexpr,
+               TERMS: tl.constexpr):
+    """Activation row `row`'s contribution for the step's blocks, its terms summed: float32 [S, BLOCK_N, 8, 1]."""
+    y = _term(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K, MASKED, Q6, ACT_Q4, ASM, TERMS, 0)
+    if TERMS > 1:
+        y += _term(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K, MASKED, Q6, ACT_Q4, ASM, TERMS, 1)
+    return y
 
 
 @triton.jit
 def _accumulate(qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                 R: tl.constexpr, BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
                 PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ACT_Q4: tl.constexpr,
-                ASM: tl.constexpr, TILE0: tl.constexpr):
+                ASM: tl.constexpr, TILE0: tl.constexpr, TERMS: tl.constexpr):
     """The program's sums: (rows, row_ok [BLOCK_N], pid_k, first activation row m0, acc0..acc7) with acc_i
     [S, BLOCK_N, 8, 1] fp32 of activation row m0 + i (those past R stay 0). TILE0: row tiles of the grid
     before this weight's first (the pair kernel's second weight)."""
@@ -146,21 +162,21 @@ def _accumulate(qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD: tl.constexpr, N: tl.const
         ok_u4 = u4 < stop
         lo, hi, f0, f1 = _decode(planes, n4, q4, Q6)                     # codes; per-block factors
         blk4 = u4 * 8 + n4                                               # [S, 1, 8, 1]
-        acc0 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
+        acc0 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
         if R > 1:
-            acc1 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 1, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
+            acc1 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 1, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
         if R > 2:
-            acc2 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 2, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
+            acc2 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 2, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
         if R > 3:
-            acc3 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 3, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
+            acc3 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 3, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
         if R > 4:
-            acc4 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 4, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
+            acc4 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 4, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
         if R > 5:
-            acc5 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 5, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
+            acc5 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 5, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
         if R > 6:
-            acc6 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 6, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
+            acc6 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 6, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
         if R > 7:
-            acc7 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 7, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM)
+            acc7 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 7, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
     return rows, row_ok, pid_k, m0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
 
 
@@ -190,11 +206,11 @@ def _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr,
           N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr, S: tl.constexpr,
           UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr,
           ACT_Q4: tl.constexpr, ASM: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr,
-          BIAS_OFFSET: tl.constexpr, TILE0: tl.constexpr = 0):
+          BIAS_OFFSET: tl.constexpr, TILE0: tl.constexpr = 0, TERMS: tl.constexpr = 1):
     """The kernels' body: the program's sums, then one _store per activation row of its group."""
     rows, row_ok, pid_k, m0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _accumulate(
         qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD, N, K, R, BLOCK_N, S, UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ACT_Q4,
-        ASM, TILE0)
+        ASM, TILE0, TERMS)
     out = (bias_ptr, out_ptr, out2_ptr, out3_ptr)
     _store(*out, acc0, m0, pid_k, rows, row_ok, M_PAD, N, N1, N2, HAS_BIAS, BIAS_OFFSET)
     if R > 1:
@@ -218,14 +234,14 @@ def dp4a_gemv_kernel(qa_ptr, da_ptr, p0, p1, p2, p3, out_ptr,
                      M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
                      BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
                      PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ACT_Q4: tl.constexpr,
-                     ASM: tl.constexpr):
-    """qa int32 [M_PAD, K/4], da float32 [M_PAD, K/32, 4] (act_quant.py, packed for the format, or for Q4_K
+                     ASM: tl.constexpr, TERMS: tl.constexpr = 1):
+    """qa int32 [M_PAD, TERMS K/4], da float32 [M_PAD, K/32, 4 TERMS] (act_quant.py, packed for the format, or for Q4_K
     when ACT_Q4 on a Q6_K weight) and the
     planes p0..p3 (Q4_K: qs, scales, d, dmin; Q6_K when Q6: ql, qh, scales, d) -> out [SPLIT_K, M_PAD, N].
     Grid axis 0 = row tile * GROUPS + g: the programs of one weight tile are launched together, so the
     row groups after the first read the tile from L2, not HBM. Program g takes rows g R .. g R + R - 1."""
     _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, out_ptr, out_ptr, out_ptr, out_ptr, M_PAD, N, K, R, BLOCK_N, S,
-          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ACT_Q4, ASM, N, N, False, 0)
+          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ACT_Q4, ASM, N, N, False, 0, 0, TERMS)
 
 
 @triton.jit
@@ -234,12 +250,12 @@ def dp4a_gemv_parts_kernel(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, ou
                            BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
                            PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ACT_Q4: tl.constexpr,
                            ASM: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr,
-                           BIAS_OFFSET: tl.constexpr):
+                           BIAS_OFFSET: tl.constexpr, TERMS: tl.constexpr = 1):
     """dp4a_gemv_kernel for a weight packing up to 3 projections (q / k / v) and one split along `in`: their
     outputs go apart, out [M_PAD, N1], out2 [M_PAD, N2 - N1], out3 [M_PAD, N - N2] (N2 = N: two parts), each
     plus its bias bias[BIAS_OFFSET + row] when HAS_BIAS, so that no slice or bias kernel follows the GEMV."""
     _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr, M_PAD, N, K, R, BLOCK_N, S,
-          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ACT_Q4, ASM, N1, N2, HAS_BIAS, BIAS_OFFSET)
+          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ACT_Q4, ASM, N1, N2, HAS_BIAS, BIAS_OFFSET, 0, TERMS)
 
 
 @triton.jit
@@ -249,7 +265,7 @@ def dp4a_gemv_pair_kernel(qa_ptr, da_ptr, a0, a1, a2, a3, b0, b1, b2, b3, bias_p
                           S_A: tl.constexpr, PREFETCH_A: tl.constexpr, EXACT_A: tl.constexpr,
                           BLOCK_N_B: tl.constexpr, S_B: tl.constexpr, PREFETCH_B: tl.constexpr,
                           EXACT_B: tl.constexpr, Q6_B: tl.constexpr, ASM: tl.constexpr,
-                          HAS_BIAS: tl.constexpr, BIAS_OFFSET: tl.constexpr):
+                          HAS_BIAS: tl.constexpr, BIAS_OFFSET: tl.constexpr, TERMS: tl.constexpr = 1):
     """The parts kernel over two weights of one input in one launch (one split each): a Q4_K weight A [NA, K]
     packing one or two projections (rows [0, N1) -> out [M_PAD, N1], [N1, NA) -> out2) and a Q6_K (or Q4_K)
     weight B [NB, K] (-> out3 [M_PAD, NB]), e.g. a Q4_K q+k beside a Q6_K v. The first TILES_A row tiles of
@@ -257,11 +273,11 @@ def dp4a_gemv_pair_kernel(qa_ptr, da_ptr, a0, a1, a2, a3, b0, b1, b2, b3, bias_p
     The bias is one vector over A's rows then B's (bias[BIAS_OFFSET + row])."""
     if tl.program_id(0) // (M_PAD // R) < TILES_A:
         _gemv(qa_ptr, da_ptr, a0, a1, a2, a3, bias_ptr, out_ptr, out2_ptr, out2_ptr, M_PAD, NA, K, R, BLOCK_N_A,
-              S_A, K // 256, PREFETCH_A, EXACT_A, False, False, ASM, N1, NA, HAS_BIAS, BIAS_OFFSET)
+              S_A, K // 256, PREFETCH_A, EXACT_A, False, False, ASM, N1, NA, HAS_BIAS, BIAS_OFFSET, 0, TERMS)
     else:
         _gemv(qa_ptr, da_ptr, b0, b1, b2, b3, bias_ptr, out3_ptr, out3_ptr, out3_ptr, M_PAD, NB, K, R, BLOCK_N_B,
               S_B, K // 256, PREFETCH_B, EXACT_B, Q6_B, Q6_B, ASM, NB, NB, HAS_BIAS, BIAS_OFFSET + NA,
-              TILES_A)
+              TILES_A, TERMS)
 
 
 # format -> the planes in the kernel's p0..p3 order
