@@ -38,3 +38,25 @@ def test_a_checkpoint_is_teacher_forced_on_the_passage_through_its_own_tokenizer
     assert 0.0 < lower["mean_kl"] < 1e-2
     same = _run_model(capsys, tiny_chat_model, "--target-dtype", "bfloat16", "--reference-dtype", "bfloat16")
     assert same["top1_agreement"] == 1.0 and abs(same["mean_kl"]) < 1e-12
+
+
+def test_the_int8_activation_modes_compute_the_kernels_references():
+    """--int8-activations: "float" is the plain reference, "one" the integer-dot GEMV's (one int8 term), "two"
+    its two-term form, much nearer the float result; formats the kernel lacks stay on the plain reference."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ember.compiler.ops.quant import pack, quant_matmul_ref, random_gguf_bytes
+    from ember.compiler.ops.quant.act_quant import dp4a_matmul_ref
+
+    rng = np.random.default_rng(0)
+    w = pack(random_gguf_bytes(rng, "q4_k", (64, 512), realistic=True), "q4_k", (64, 512))
+    q8 = pack(random_gguf_bytes(rng, "q8_0", (64, 512)), "q8_0", (64, 512))
+    x = jnp.asarray(rng.standard_normal((2, 512)).astype(np.float32))
+    run = {mode: np.asarray(check_agreement.int8_activation_matmul(mode)(x, w)) for mode in ("float", "one", "two")}
+    np.testing.assert_array_equal(run["float"], np.asarray(quant_matmul_ref(x, w)))
+    np.testing.assert_array_equal(run["one"], np.asarray(dp4a_matmul_ref(x, w, terms=1)))
+    errors = {mode: np.abs(run[mode] - run["float"]).max() for mode in ("one", "two")}
+    assert errors["two"] < errors["one"] / 50
+    np.testing.assert_array_equal(np.asarray(check_agreement.int8_activation_matmul("one")(x, q8)),
+                                  np.asarray(quant_matmul_ref(x, q8)))
