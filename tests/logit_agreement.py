@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 
 
@@ -30,3 +33,13 @@ def agreement(exact: np.ndarray, fast: np.ndarray) -> dict:
             "top1_agreement_where_decisive": float(1.0 - flipped[decisive].mean()),
             # how close to a tie the reference's top two logits were where the argmax moved
             "flipped_top2_margins": [round(float(m), 5) for m in margin[flipped]]}
+
+
+def record_gpu_result(key: str, value) -> None:
+    """Add value under key to the JSON file EMBER_GPU_RESULTS names (nothing when it is unset)."""
+    path = os.environ.get("EMBER_GPU_RESULTS")
+    if path:
+        data = json.loads(open(path).read()) if os.path.exists(path) else {}
+        data[key] = value
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)

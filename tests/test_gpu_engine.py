@@ -8,9 +8,6 @@ EMBER_GPU_RESULTS=<file.json> records the measured agreement figures.
 
 from __future__ import annotations
 
-import json
-import os
-
 import jax
 import numpy as np
 import pytest
@@ -23,7 +20,7 @@ from ember.runtime.engine import Engine, EngineConfig  # noqa: E402
 from ember.runtime.model import load_model  # noqa: E402
 from ember.runtime.sampling_params import SamplingParams  # noqa: E402
 from ember.runtime.sequence_runner import SequenceRunner  # noqa: E402
-from logit_agreement import agreement  # noqa: E402
+from logit_agreement import agreement, record_gpu_result  # noqa: E402
 from ember.runtime.synthetic import synthetic_checkpoint  # noqa: E402
 from ember.tools.bench import SYNTHETIC_SHAPES  # noqa: E402
 
@@ -44,15 +41,6 @@ def _checkpoint():
     return synthetic_checkpoint(spec_for_arch(arch), config)
 
 
-def _record(key: str, value) -> None:
-    path = os.environ.get("EMBER_GPU_RESULTS")
-    if path:
-        data = json.loads(open(path).read()) if os.path.exists(path) else {}
-        data[key] = value
-        with open(path, "w") as f:
-            json.dump(data, f, indent=1)
-
-
 def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
     """The two targets at one precision (the cpu target run in bfloat16 on the same weights), and the h200 plans
     against the cpu target's float32 too. Random weights make near ties: the median gap between the top two
@@ -71,7 +59,7 @@ def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
     fast = SequenceRunner(gpu_model, POSITIONS).prefill(tokens, all_logits=True).astype(np.float32)
     same_precision = agreement(references["bfloat16"], fast)
     vs_float32 = agreement(references["float32"], fast)
-    _record("h200_vs_cpu_target", {"model": f"synthetic:{SHAPE}", "positions": POSITIONS,
+    record_gpu_result("h200_vs_cpu_target", {"model": f"synthetic:{SHAPE}", "positions": POSITIONS,
                                    "cpu_target_bfloat16": same_precision, "cpu_target_float32": vs_float32})
     assert same_precision["mean_kl"] <= 1e-3 and vs_float32["mean_kl"] <= 1e-3, (same_precision, vs_float32)
     assert same_precision["decisive_positions"] >= POSITIONS // 2, same_precision  # not a vacuous check
@@ -102,7 +90,7 @@ def test_deterministic_mode_is_bit_exact_alone_and_under_load():
 
     alone = run([(probe, params)], 0)
     loaded = run([others[0], (probe, params), *others[1:]], 1)
-    _record("deterministic_alone_vs_loaded", {"model": f"synthetic:{SHAPE}", "tokens": len(alone[0]),
+    record_gpu_result("deterministic_alone_vs_loaded", {"model": f"synthetic:{SHAPE}", "tokens": len(alone[0]),
                                               "identical": alone == loaded})
     assert len(alone[0]) == 48
     assert loaded == alone

@@ -25,7 +25,6 @@ EMBER_GPU_RESULTS=<file.json> records the figures.
 
 from __future__ import annotations
 
-import json
 import os
 
 import jax
@@ -39,7 +38,7 @@ from ember.compiler.ops.quant import config as quant_config  # noqa: E402
 from ember.runtime.model import load_model  # noqa: E402
 from ember.runtime.sequence_runner import SequenceRunner  # noqa: E402
 from fixture_data import real_reference  # noqa: E402
-from logit_agreement import agreement  # noqa: E402
+from logit_agreement import agreement, record_gpu_result  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 POSITIONS = 256
@@ -50,15 +49,6 @@ BROKEN_KL, BROKEN_TOP1 = 0.05, 0.95  # the int8 path: what no working kernel com
 def _files() -> list[tuple[str, str]]:
     listed = os.environ.get("EMBER_TRUNCATED_GGUF", "")
     return [tuple(item.split("=", 1)) for item in listed.split(",") if "=" in item]
-
-
-def _record(key: str, value) -> None:
-    path = os.environ.get("EMBER_GPU_RESULTS")
-    if path:
-        data = json.loads(open(path).read()) if os.path.exists(path) else {}
-        data[key] = value
-        with open(path, "w") as f:
-            json.dump(data, f, indent=1)
 
 
 def _decode_logits(model, tokens: list[int]) -> np.ndarray:
@@ -95,7 +85,7 @@ def test_h200_agrees_with_the_cpu_target_on_real_weights(name, path, monkeypatch
     for path_kind, logits in measured.items():
         for dtype, reference in expected.items():
             figures[f"h200_{path_kind}_vs_cpu_{dtype}"] = agreement(reference, logits)
-    _record(f"real_weights_{name}", figures)
+    record_gpu_result(f"real_weights_{name}", figures)
     bf16_noise = figures["cpu_bfloat16_vs_cpu_float32"]["mean_kl"]
     for path_kind in measured:
         same_precision = figures[f"h200_{path_kind}_vs_cpu_bfloat16"]
