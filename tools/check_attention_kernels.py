@@ -40,11 +40,6 @@ COMPILE_HEADS = {"qwen2.5-1.5b": (12, 2, 128), "llama-3-8b": (32, 8, 128), "gemm
 def _buffer(array: np.ndarray):
     from ember.tools.check_quant_kernels import HostBuffer
 
-    array = np.ascontiguousarray(array)
-    if array.dtype == np.int32:  # HostBuffer knows the float and packed-weight dtypes; tables are int32
-        buffer = HostBuffer.__new__(HostBuffer)
-        buffer.array, buffer.dtype = array, "i32"
-        return buffer
     return HostBuffer(array)
 
 
@@ -134,8 +129,8 @@ def _check_combine_quant(case: dict, order: str, splits: int = 5) -> tuple[bool,
 
     from ember.compiler.ops.attention_gpu.decode import combine_meta, decode_launch_plan
     from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
-    from ember.compiler.ops.quant.act_quant import packed_shapes, quantize_activations
-    from ember.tools.check_dp4a_kernels import compare_activations
+    from ember.compiler.ops.quant.act_quant import quantize_activations
+    from ember.tools.check_dp4a_kernels import activation_buffers, compare_activations
 
     dtype = ml_dtypes.bfloat16
     q = case["q"].astype(dtype)
@@ -154,9 +149,7 @@ def _check_combine_quant(case: dict, order: str, splits: int = 5) -> tuple[bool,
     plain = _buffer(np.full((batch, hq, dh), np.nan, dtype))
     KERNELS["combine"][(batch, hq)](*parts, plain, **meta)
     out = _buffer(np.full((batch, hq, dh), np.nan, dtype))
-    qa_shape, da_shape = packed_shapes(batch, hq * dh)
-    qa = _buffer(np.zeros(qa_shape.shape, np.int32))
-    da = _buffer(np.full(da_shape.shape, np.nan, np.float32))
+    qa, da = activation_buffers(batch, hq * dh)
     KERNELS["combine_quant"][(batch, hq)](*parts, out, qa, da, Q6=order == "q6_k", ASM=False,
                                           TERMS=da.array.shape[-1] // 4, **meta)
     rows_equal = np.array_equal(out.array.astype(np.float32), plain.array.astype(np.float32))

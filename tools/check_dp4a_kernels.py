@@ -166,7 +166,7 @@ def interpret_pair() -> int:
     return 1 if failures else 0
 
 
-def _buffers(m: int, k: int):
+def activation_buffers(m: int, k: int):
     """Host buffers for x [m, k]'s int8 activations as the producers write them (act_quant.packed_shapes)."""
     from ember.compiler.ops.quant.act_quant import packed_shapes
     from ember.tools.check_quant_kernels import HostBuffer
@@ -221,7 +221,7 @@ def interpret_quantize() -> int:
         x[-1, 0] = 127.0
         qa_ref, da_ref = (np.asarray(a) for a in quantize_activations(jnp.asarray(x), order))
         plan = quantize_plan(m, k, order)
-        qa, da = _buffers(m, k)
+        qa, da = activation_buffers(m, k)
         quantize_rows_kernel[plan["grid"]](HostBuffer(x), qa, da, ASM=False, **plan["meta"])
         bad, note = compare_activations(qa.array, da.array, qa_ref, da_ref, tol=1e-6)
         failures += bad
@@ -245,7 +245,7 @@ def interpret_quantize_gated() -> int:
         qa_ref, da_ref = (np.asarray(a) for a in
                           quantize_activations(gated_act_packed(jnp.asarray(gate_up), act="silu"), order))
         plan = quantize_plan(m, k, order, silu_gated=True)
-        qa, da = _buffers(m, k)
+        qa, da = activation_buffers(m, k)
         quantize_rows_kernel[plan["grid"]](HostBuffer(gate_up), qa, da, ASM=False, **plan["meta"])
         bad, note = compare_activations(qa.array, da.array, qa_ref, da_ref, code_slack=1, min_same=0.99)
         failures += bad

@@ -100,7 +100,7 @@ def interpret_quantized() -> int:
     from ember.compiler.ops.norm_gpu import add_rms_norm_kernel, rms_norm_kernel
     from ember.compiler.ops.norm_quant_gpu import add_rms_norm_quant_kernel, launch_plan, rms_norm_quant_kernel
     from ember.compiler.ops.quant.act_quant import quantize_activations
-    from ember.tools.check_dp4a_kernels import _buffers, compare_activations
+    from ember.tools.check_dp4a_kernels import activation_buffers, compare_activations
     from ember.tools.check_quant_kernels import HostBuffer
 
     failures = 0
@@ -115,7 +115,7 @@ def interpret_quantized() -> int:
         plan = launch_plan(rows, n, order)
         base = {k: v for k, v in plan["meta"].items() if k in ("N", "BLOCK")}
         s, out, s_plain, out_plain = (HostBuffer(np.zeros((rows, n), dtype)) for _ in range(4))
-        qa, da = _buffers(rows, n)
+        qa, da = activation_buffers(rows, n)
         if add:
             operand, extra = HostBuffer(y), {"SPLITS": 0, "ROWS_PAD": 0}
             if add == "partials":  # 5 splits, 2 padding rows past the row count

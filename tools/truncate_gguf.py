@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
+from .write_gguf import kept_merges
+
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 # tensors whose leading (row) dimension is the vocabulary
 _VOCAB_ROWS = ("token_embd.weight", "output.weight")
@@ -33,15 +35,6 @@ def _field_value(field):
     """The field's Python value and, for arrays, the element type (gguf-py's own decoding)."""
     kind = field.types[0]
     return field.contents(), kind, (field.types[-1] if kind == GGUFValueType.ARRAY else None)
-
-
-def _kept_merges(merges: list[str], kept_tokens: set[str]) -> list[str]:
-    kept = []
-    for merge in merges:
-        left, _, right = merge.partition(" ")
-        if left in kept_tokens and right in kept_tokens and left + right in kept_tokens:
-            kept.append(merge)
-    return kept
 
 
 def truncate_gguf(source: Path, out: Path, *, layers: int, vocab: int) -> dict:
@@ -77,7 +70,7 @@ def truncate_gguf(source: Path, out: Path, *, layers: int, vocab: int) -> dict:
             value = vocab
         writer.add_key_value(key, value, kind, sub_type=sub_kind)
     if "tokenizer.ggml.merges" in reader.fields:
-        merges = _kept_merges(reader.fields["tokenizer.ggml.merges"].contents(), set(tokens or ()))
+        merges = kept_merges(reader.fields["tokenizer.ggml.merges"].contents(), tokens or ())
         writer.add_key_value("tokenizer.ggml.merges", merges, GGUFValueType.ARRAY, sub_type=GGUFValueType.STRING)
 
     kept_names = []

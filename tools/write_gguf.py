@@ -49,13 +49,18 @@ def bpe_vocabulary(tokenizer_dir: Path, vocab_size: int) -> tuple[list[str], lis
         tokens.append(token)
         types.append(int(TokenType.CONTROL if i in special else
                          TokenType.USER_DEFINED if i not in by_id else TokenType.NORMAL))
-    kept = set(tokens)
-    merges = []
-    for merge in model.get("merges", ()):
+    return tokens, types, kept_merges(model.get("merges", ()), tokens)
+
+
+def kept_merges(merges, tokens) -> list[str]:
+    """The merges ("left right" strings or [left, right] pairs) whose two parts and result are all among
+    `tokens`, as "left right" strings: what a vocabulary cut to `tokens` can still apply."""
+    kept, out = set(tokens), []
+    for merge in merges:
         left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
         if left in kept and right in kept and left + right in kept:
-            merges.append(f"{left} {right}")
-    return tokens, types, merges
+            out.append(f"{left} {right}")
+    return out
 
 
 def write_gguf(checkpoint, tokenizer_dir: Path, vocab_size: int, path: Path) -> int:

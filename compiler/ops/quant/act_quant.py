@@ -130,10 +130,7 @@ def dp4a_matmul_ref(x: jax.Array, w: QuantizedWeight, terms: int | None = None) 
     if w.format not in (Q4_K, Q6_K):
         raise ValueError(f"the integer-dot GEMV takes Q4_K or Q6_K weights, got {w.format}")
     parts, sx = quantize_terms(x, terms or act_terms())
-    total = _term_ref(parts[0][0], parts[0][1], sx, w)
-    for q, dx in parts[1:]:
-        total = total + _term_ref(q, dx, None, w)
-    return total
+    return sum(_term_ref(q, dx, sx if t == 0 else None, w) for t, (q, dx) in enumerate(parts))
 
 
 def _term_ref(q: jax.Array, dx: jax.Array, sx: jax.Array | None, w: QuantizedWeight) -> jax.Array:

@@ -162,21 +162,29 @@ def _accumulate(qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD: tl.constexpr, N: tl.const
         ok_u4 = u4 < stop
         lo, hi, f0, f1 = _decode(planes, n4, q4, Q6)                     # codes; per-block factors
         blk4 = u4 * 8 + n4                                               # [S, 1, 8, 1]
-        acc0 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
+        acc0 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
+                           ASM, TERMS)
         if R > 1:
-            acc1 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 1, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
+            acc1 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 1, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
+                               ASM, TERMS)
         if R > 2:
-            acc2 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 2, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
+            acc2 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 2, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
+                               ASM, TERMS)
         if R > 3:
-            acc3 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 3, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
+            acc3 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 3, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
+                               ASM, TERMS)
         if R > 4:
-            acc4 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 4, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
+            acc4 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 4, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
+                               ASM, TERMS)
         if R > 5:
-            acc5 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 5, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
+            acc5 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 5, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
+                               ASM, TERMS)
         if R > 6:
-            acc6 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 6, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
+            acc6 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 6, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
+                               ASM, TERMS)
         if R > 7:
-            acc7 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 7, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
+            acc7 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 7, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
+                               ASM, TERMS)
     return rows, row_ok, pid_k, m0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
 
 
