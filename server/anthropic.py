@@ -201,7 +201,7 @@ def with_field(error: ApiError, names: dict[str, str] | None = None) -> ApiError
 async def _complete(service, chat, generation: Generation, message_id: str):
     result = await generation.collect()
     choice = result.choices[0]
-    parsed = chat.parse_output(choice.text)
+    parsed = chat.parse_output(choice.text, choice.finish_reason)
     stop_reason, stop_sequence = stop_fields(choice.finish_reason, choice.stop_reason, bool(parsed.tool_calls))
     body = message_body(message_id, service.model_name, content=content_blocks(parsed), stop_reason=stop_reason,
                         stop_sequence=stop_sequence, usage=usage_body(result.usage))
@@ -222,7 +222,7 @@ async def _stream(request, service, chat, generation: Generation, message_id: st
                 continue
             deltas = parser.feed(output.text) if output.text else []
             if output.finish_reason is not None:
-                deltas += parser.finish()
+                deltas += parser.finish(output.finish_reason)
             events = blocks.feed(deltas)
             if output.finish_reason is not None:
                 events += blocks.close()

@@ -38,31 +38,42 @@ class ChatOutputParser:
     def feed(self, text: str) -> list[dict]:
         return self._deltas(text, final=False)
 
-    def finish(self) -> list[dict]:
-        return self._deltas("", final=True)
+    def finish(self, finish_reason: str | None = None) -> list[dict]:
+        return self._deltas("", final=True, cut=finish_reason == "length")
 
-    def _deltas(self, text: str, *, final: bool) -> list[dict]:
+    def _deltas(self, text: str, *, final: bool, cut: bool = False) -> list[dict]:
         if self._reasoning is None:
-            return self._content(text, final=final)
+            return self._content(text, final=final, cut=cut)
         split = self._reasoning.finish() if final else self._reasoning.feed(text)
-        return ([_reasoning_delta(split.reasoning)] if split.reasoning else []) + self._content(split.content, final=final)
+        return ([_reasoning_delta(split.reasoning)] if split.reasoning else []) + self._content(split.content, final=final,
+                                                                                                 cut=cut)
 
-    def _content(self, text: str, *, final: bool) -> list[dict]:
+    def _content(self, text: str, *, final: bool, cut: bool = False) -> list[dict]:
         if self._tools is None:
             return [{"content": text}] if text else []
         events = self._tools.feed(text) if text else []
         if final:
-            events += self._tools.finish()
+            events += self._tools.finish(cut=cut)
         return openai_deltas(events)
 
 
-def parse_chat_output(text: str, *, tools: Sequence[ToolSpec], reasoning: ReasoningParser | None) -> ParsedOutput:
+def chat_finish_reason(finish_reason: str | None, has_tool_calls: bool) -> str | None:
+    """OpenAI's finish_reason for a choice: "length" whenever max_tokens cut the output (a call in it may
+    be unfinished), "tool_calls" when the model ended its turn after calls, else the engine's reason."""
+    if finish_reason == "length" or not has_tool_calls:
+        return finish_reason
+    return "tool_calls"
+
+
+def parse_chat_output(text: str, *, tools: Sequence[ToolSpec], reasoning: ReasoningParser | None,
+                      finish_reason: str | None = None) -> ParsedOutput:
+    """The whole text of a choice; `finish_reason` "length" drops a tool call left half-written."""
     reasoning_text = None
     if reasoning is not None:
         split = reasoning.split(text)
         reasoning_text, text = split.reasoning or None, split.content
     if not tools:
         return ParsedOutput(text, reasoning_text)
-    reply = parse_tool_calls(text, tools)
+    reply = parse_tool_calls(text, tools, cut=finish_reason == "length")
     calls = openai_tool_calls(reply.calls)
     return ParsedOutput(reply.content if reply.content or not calls else None, reasoning_text, calls)

@@ -32,8 +32,8 @@ class ChatRequest:
     def new_stream_parser(self) -> ChatOutputParser:
         return ChatOutputParser(tools=self.tools, reasoning=self.reasoning, incremental=self.incremental_tools)
 
-    def parse_output(self, text: str) -> ParsedOutput:
-        return parse_chat_output(text, tools=self.tools, reasoning=self.reasoning)
+    def parse_output(self, text: str, finish_reason: str | None = None) -> ParsedOutput:
+        return parse_chat_output(text, tools=self.tools, reasoning=self.reasoning, finish_reason=finish_reason)
 
 
 def prepare_chat(service, body: dict, *, template_kwargs: dict | None = None) -> ChatRequest:

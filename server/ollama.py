@@ -76,7 +76,7 @@ async def chat(request):
         return await _stream_chat(request, chat_request, generation, base, started)
     result = await generation.collect()
     choice = result.choices[0]
-    parsed = chat_request.parse_output(choice.text)
+    parsed = chat_request.parse_output(choice.text, choice.finish_reason)
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content or ""}
     if parsed.reasoning:
         message["thinking"] = parsed.reasoning
@@ -111,7 +111,7 @@ async def _stream_chat(request, chat_request: ChatRequest, generation: Generatio
                 continue
             deltas = parser.feed(output.text) if output.text else []
             if output.finish_reason is not None:
-                deltas += parser.finish()
+                deltas += parser.finish(output.finish_reason)
                 finish_reason = output.finish_reason
             content, thinking = split_deltas(deltas)
             calls.add(deltas)

@@ -90,7 +90,7 @@ async def generate(request):
     choice = result.choices[0]
     reply: dict[str, Any] = {**base, "created_at": created_at()}
     if chat_request is not None:
-        parsed = chat_request.parse_output(choice.text)
+        parsed = chat_request.parse_output(choice.text, choice.finish_reason)
         reply["response"] = parsed.content or ""
         if parsed.reasoning:
             reply["thinking"] = parsed.reasoning
@@ -119,7 +119,7 @@ async def _stream_generate(request, chat_request: ChatRequest | None, generation
             if parser is not None:
                 deltas = parser.feed(output.text) if output.text else []
                 if output.finish_reason is not None:
-                    deltas += parser.finish()
+                    deltas += parser.finish(output.finish_reason)
                 content, thinking = split_deltas(deltas)
             else:
                 content, thinking = output.text, ""

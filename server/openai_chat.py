@@ -9,6 +9,7 @@ from typing import Callable
 
 from sanic import Blueprint, response
 
+from .chat_output import chat_finish_reason
 from .chat_request import ChatRequest, prepare_chat
 from .errors import ApiError, error_body
 from .generation import HEARTBEAT, Generation, new_id
@@ -42,13 +43,13 @@ async def complete_chat(service, chat: ChatRequest, generation: Generation, comp
     result = await generation.collect()
     choices = []
     for choice in result.choices:
-        parsed = chat.parse_output(choice.text)
+        parsed = chat.parse_output(choice.text, choice.finish_reason)
         message = {"role": "assistant", "content": parsed.content}
         if parsed.reasoning is not None:
             message["reasoning_content"] = message["reasoning"] = parsed.reasoning
         if parsed.tool_calls:
             message["tool_calls"] = parsed.tool_calls
-        finish = "tool_calls" if parsed.tool_calls else choice.finish_reason
+        finish = chat_finish_reason(choice.finish_reason, bool(parsed.tool_calls))
         entry = {"index": choice.index, "message": message, "finish_reason": finish,
                  "logprobs": chat_logprobs(service.tokenizer, choice.logprobs, chat.top_logprobs)
                  if chat.logprobs else None}
@@ -84,7 +85,7 @@ async def stream_chat(request, service, chat: ChatRequest, generation: Generatio
             parser = parsers[output.index]
             deltas = parser.feed(output.text) if output.text else []
             if output.finish_reason is not None:
-                deltas += parser.finish()
+                deltas += parser.finish(output.finish_reason)
             logprobs = (chat_logprobs(service.tokenizer, list(output.logprobs), chat.top_logprobs)
                         if chat.logprobs and output.logprobs else None)
             for delta in deltas:
@@ -93,7 +94,7 @@ async def stream_chat(request, service, chat: ChatRequest, generation: Generatio
             if logprobs is not None:  # tokens whose text is held back still report their logprobs
                 await resp.send(chunk(output.index, {}, logprobs=logprobs))
             if output.finish_reason is not None:
-                finish = "tool_calls" if parser.has_tool_calls else output.finish_reason
+                finish = chat_finish_reason(output.finish_reason, parser.has_tool_calls)
                 finishes[output.index] = finish
                 last = output.usage is not None and not include_usage
                 more = extra(finishes.get(0)) if extra and last else None

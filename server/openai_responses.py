@@ -45,7 +45,7 @@ async def create_response(request):
         return await _stream(request, made, generation)
     result = await generation.collect()
     choice = result.choices[0]
-    reply = chat.parse_output(choice.text)
+    reply = chat.parse_output(choice.text, choice.finish_reason)
     status = _status(choice.finish_reason)
     usage = usage_object(result.usage, made.token_count(reply.reasoning))
     return response.json(made.response(status, output_items(reply, status), usage, choice.finish_reason))
@@ -97,7 +97,7 @@ async def _stream(request, made: _Made, generation: Generation):
                 continue
             deltas = parser.feed(output.text) if output.text else []
             if output.finish_reason is not None:
-                deltas += parser.finish()
+                deltas += parser.finish(output.finish_reason)
             for delta in deltas:
                 await send(writer.feed(delta))
             if output.finish_reason is not None:

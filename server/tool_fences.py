@@ -23,6 +23,8 @@ FENCE = "```"
 # fences that may hold a call: none, ```json, ```tool_call.
 FENCE_LANGUAGES = ("", "json", "tool_call")
 _BLANKS = " \t"  # what may stand before a fence on its line
+# Between two call objects of one `<tool_call>` block: the first one's closing brace, up to the second's opening one.
+NEXT_CALL_OBJECT = re.compile(r"\s*\}\s*(?=\{)")
 # The start of a call in the template's order, up to the first character of the arguments value.
 CANONICAL_PREFIX = re.compile(
     r'\s*\{\s*"name"\s*:\s*"([a-zA-Z0-9_-]{1,64})"\s*,\s*"(arguments|parameters)"\s*:\s*')
@@ -59,13 +61,25 @@ def _call_of(value: Any, tools: Mapping[str, ToolSpec], body: str | None = None)
     return spec.name, json.dumps(arguments, ensure_ascii=False)
 
 
-def parse_call_body(body: str, tools: Mapping[str, ToolSpec]) -> Call | None:
-    """(name, arguments JSON text) when `body` (between the tags) is a valid call, else None."""
-    try:
-        value = _loads(body)
-    except ValueError:
-        return None
-    return _call_of(value, tools, body)
+def parse_call_body(body: str, tools: Mapping[str, ToolSpec]) -> list[Call] | None:
+    """The calls of a `<tool_call>` block's body (between the tags): one call object, or several one
+    after another separated by whitespace (how Qwen2.5-Coder writes parallel calls in one block), every
+    one valid. None when the body is anything else."""
+    calls, pos = [], 0
+    while True:
+        start = pos + len(body[pos:]) - len(body[pos:].lstrip())
+        if start == len(body) and calls:
+            return calls
+        try:
+            value, end = _DECODER.raw_decode(body, start)
+            _loads(body[start:end])  # refuses NaN / Infinity, as every call's JSON must be plain JSON
+        except ValueError:
+            return None
+        call = _call_of(value, tools, body[start:end])
+        if call is None:
+            return None
+        calls.append(call)
+        pos = end
 
 
 def parse_fence_body(body: str, tools: Mapping[str, ToolSpec]) -> list[Call] | None:

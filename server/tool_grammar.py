@@ -4,15 +4,26 @@ The shape is exactly what Qwen2.5's chat template shows the model and renders fo
 
     <tool_call>\n{"name": "<name>", "arguments": <arguments object>}\n</tool_call>
 
-with calls separated by "\n". The arguments object is an inline `%json { schema }`, with the
+with calls separated by "\n". Where parallel calls are allowed, a block may also hold several call
+objects, a line each: asked for two cities, Qwen2.5-Coder-1.5B closes the first object and, with
+`</tool_call>` all but certain otherwise, writes `{"` for a second one (its top logprobs, measured). The arguments object is an inline `%json { schema }`, with the
 separators of the template's `tojson` (", " and ": ", no other whitespace) so the forced text looks
 like what the model saw in training and cannot wander into runs of whitespace.
 
 - `required`: one call (or, when parallel calls are allowed, one or more), nothing else.
 - `function`: exactly one call to that function.
 - `auto`: free text, but once the model writes `<tool_call>` the rest of that block is forced to
-  be a valid call (a "lazy" grammar, as llama.cpp does for tool calls); any number of calls.
+  be a valid call (a "lazy" grammar, as llama.cpp does for tool calls); any number of calls when
+  parallel calls are allowed, else at most one.
 - `none`, or no tools: no grammar.
+
+Where the turn may end: after every complete call object, with or without the block's `</tool_call>`,
+and after a little whitespace following it (the template ends a turn right after `</tool_call>`; a model
+often writes "\n" first, or ends the turn straight after the object's `}`). That whitespace is not a
+commitment to another call: the model's end-of-turn tokens (the matcher's EOS ids) stay allowed through
+it, and another call comes only if the model itself writes `<tool_call>` (or, parallel calls allowed,
+another call object). Inside a call the turn cannot end. The whitespace is bounded (`BLANKS`), so a
+model cannot pad a forced turn forever.
 
 Tags that are added tokens of the model's vocabulary (Qwen's `<tool_call>`, `</tool_call>`,
 `<think>`, `</think>`) must be referenced as tokens, `<tool_call>` unquoted: llguidance treats
@@ -39,6 +50,9 @@ class _LLTokenizer(Protocol):  # the parts of llguidance.LLTokenizer used here
 
     def is_special_token(self, token: int) -> bool: ...
 
+
+# Whitespace a forced turn may hold between and after its calls: up to two line breaks' worth.
+BLANKS = r"/[ \t\r\n]{1,8}/"
 
 # JSON text as Python's json.dumps (and so jinja's tojson) writes it: what the template renders.
 _TEMPLATE_JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
@@ -77,10 +91,18 @@ class _Tags:
         return tag if self.is_token(tag) else _lark_string(tag)
 
 
-def _call_rules(tools: Sequence[ToolSpec], tags: _Tags) -> list[str]:
-    """`call_body`: everything after `<tool_call>` up to and including `</tool_call>`."""
-    rules = ["call_body: " + _lark_string('\n{"name": ') + " (" + " | ".join(f"fn_{i}" for i in range(len(tools)))
-             + ") " + _lark_string("}\n") + " " + tags["</tool_call>"]]
+def _call_rules(tools: Sequence[ToolSpec], tags: _Tags, parallel: bool) -> list[str]:
+    """`call_body`: everything after `<tool_call>` up to and including `</tool_call>`: one call object, or
+    with parallel calls one or more, a line each (Qwen2.5-Coder writes a second call so).
+    `last_call_body`: the same for the turn's last block, which may also end the turn right after its
+    last call object (and a few blanks) without the closing tag: the model's end-of-turn token there is
+    a finished turn (its top choice after the last `}`, measured), and the parser takes such a block."""
+    objects = 'call_object ("\\n" call_object)*' if parallel else "call_object"
+    rules = [f'call_body: "\\n" {objects} "\\n" ' + tags["</tool_call>"],
+             f'last_call_body: "\\n" {objects} (BLANKS | "\\n" {tags["</tool_call>"]} BLANKS?)?',
+             f"BLANKS: {BLANKS}",
+             "call_object: " + _lark_string('{"name": ') + " (" + " | ".join(f"fn_{i}" for i in range(len(tools)))
+             + ") " + _lark_string("}")]
     for i, spec in enumerate(tools):
         # Rules are named by position: tool names may hold characters Lark names cannot ("-").
         rules.append(f"fn_{i}: " + _lark_string(f'"{spec.name}", "arguments": ') + f" args_{i}")
@@ -113,15 +135,23 @@ def tool_call_grammar(tools: Sequence[ToolSpec], choice: ToolChoice, *, tokenize
             raise ValueError(f"tool_choice names {choice.name!r}, which is not among the tools")
     tags = _Tags(tokenizer)
     prefix, rules = _reasoning_rules(reasoning, starts_in_reasoning, tags)
+    parallel = choice.parallel and choice.mode != "function"
     if choice.mode == "auto":
         rules.append(f"TEXT: {_text_without('<tool_call>')}")
         if tags.is_token("<tool_call>"):
-            start = f"start: {prefix}TEXT (<tool_call> call_body TEXT)*"
-        else:  # lazy: the free text ends at the first "<tool_call>", after which call_body is forced
-            start = f"start: {prefix}(text_then_call call_body)* TEXT"
+            if parallel:
+                start = f"start: {prefix}TEXT (<tool_call> call_body TEXT)* (<tool_call> last_call_body)?"
+            else:
+                start = f"start: {prefix}TEXT (<tool_call> (call_body TEXT | last_call_body))?"
+        else:  # lazy: the free text ends at the first "<tool_call>", after which a call is forced
+            if parallel:
+                start = f"start: {prefix}(text_then_call call_body)* (TEXT | text_then_call last_call_body)"
+            else:
+                start = f"start: {prefix}(TEXT | text_then_call (call_body TEXT | last_call_body))"
             rules.append('text_then_call[lazy]: TEXT "<tool_call>"')
     else:
-        many = choice.mode == "required" and choice.parallel
-        start = f"start: {prefix}call" + (' ("\\n" call)*' if many else "")
+        # Blanks between blocks; the turn may end after any whole call object of the last block.
+        start = f"start: {prefix}" + ("(call BLANKS?)* " if parallel else "") + "last_call"
         rules.append(f"call: {tags['<tool_call>']} call_body")
-    return "\n".join([start, *rules, *_call_rules(tools, tags)]) + "\n"
+        rules.append(f"last_call: {tags['<tool_call>']} last_call_body")
+    return "\n".join([start, *rules, *_call_rules(tools, tags, parallel)]) + "\n"

@@ -11,9 +11,11 @@ gives the same result.
 
 Rules (the same in both, so a streamed reply equals the non-streamed one):
 - A tag block runs from `<tool_call>` to the first `</tool_call>`, or to the end of the text when the
-  close tag never came (generation stopped right after the JSON). It is a call when its body is a
+  close tag never came (generation stopped right after the JSON). It holds calls when its body is a
   JSON object whose "name" is a declared tool and whose "arguments" object ("parameters" is accepted
-  too, as llama.cpp does) satisfies that tool's schema.
+  too, as llama.cpp does) satisfies that tool's schema, or several such objects one after another
+  (Qwen2.5-Coder writes parallel calls so, one per line in one block). When max_tokens cut the output
+  (`cut`), an unclosed block that holds no whole call is dropped: it is neither a call nor content.
 - A fence is ``` at the start of a line (spaces and tabs may come before it) outside a tag block.
   A fence opens a block that may be a call when the rest of its line (the info string) is empty,
   `json` or `tool_call` (case and surrounding blanks ignored), that line is complete, and the first
@@ -56,9 +58,9 @@ from dataclasses import dataclass
 
 from ember.server.tool_events import (ContentDelta, ToolCallArgs, ToolCallEnd, ToolCallStart, ToolEvent,
                                       anthropic_input_json_delta, anthropic_tool_use_start, openai_deltas)
-from ember.server.tool_fences import (CANONICAL_PREFIX, FENCE, JsonEndScanner, fence_body_start, find_fence,
-                                      is_call_language, line_blank_after, line_blank_at, may_be_call_language,
-                                      parse_call_body, parse_fence_body, partial_fence_length)
+from ember.server.tool_fences import (CANONICAL_PREFIX, FENCE, NEXT_CALL_OBJECT, JsonEndScanner, fence_body_start,
+                                      find_fence, is_call_language, line_blank_after, line_blank_at,
+                                      may_be_call_language, parse_call_body, parse_fence_body, partial_fence_length)
 from ember.server.tools import ToolCall, ToolSpec, new_tool_call_id
 from ember.server.text_holdback import partial_tag_length
 
@@ -76,9 +78,10 @@ class ParsedReply:
     calls: tuple[ToolCall, ...]
 
 
-def parse_tool_calls(text: str, tools: Sequence[ToolSpec], *,
+def parse_tool_calls(text: str, tools: Sequence[ToolSpec], *, cut: bool = False,
                      id_factory: Callable[[], str] = new_tool_call_id) -> ParsedReply:
-    """Split a whole generated reply into content text and tool calls."""
+    """Split a whole generated reply into content text and tool calls. `cut`: generation was stopped
+    by max_tokens, so a `<tool_call>` block left open that is not a whole call is dropped."""
     by_name = {spec.name: spec for spec in tools}
     pieces: list[str | ToolCall] = []
     pos, in_code = 0, False
@@ -89,8 +92,13 @@ def parse_tool_calls(text: str, tools: Sequence[ToolSpec], *,
             pieces.append(text[pos:tag])
             close = text.find(CLOSE_TAG, tag + len(OPEN_TAG))
             end = len(text) if close < 0 else close + len(CLOSE_TAG)
-            parsed = parse_call_body(text[tag + len(OPEN_TAG):close if close >= 0 else len(text)], by_name)
-            pieces.append(ToolCall(id_factory(), *parsed) if parsed else text[tag:end])
+            calls = parse_call_body(text[tag + len(OPEN_TAG):close if close >= 0 else len(text)], by_name)
+            if calls:
+                pieces.extend(ToolCall(id_factory(), *call) for call in calls)
+            elif cut and close < 0:  # half-written when max_tokens stopped it: dropped, the blanks before it too
+                pieces[-1] = pieces[-1].rstrip()
+            else:
+                pieces.append(text[tag:end])
         elif fence >= 0 and not in_code and (body := fence_body_start(text, fence)) is not None:
             pieces.append(text[pos:fence])
             close = find_fence(text, body, True)
@@ -161,6 +169,7 @@ class StreamingToolParser:
         self._value = JsonEndScanner()  # fence: where that value ends
         self._value_scanned = 0
         self._value_is_call = False
+        self._object_start = 0  # incremental mode: where the call object being read starts in _body
 
     @property
     def calls(self) -> tuple[ToolCall, ...]:
@@ -183,11 +192,13 @@ class StreamingToolParser:
             pass
         return events
 
-    def finish(self) -> list[ToolEvent]:
-        """Flush what is held back at the end of generation."""
+    def finish(self, *, cut: bool = False) -> list[ToolEvent]:
+        """Flush what is held back at the end of generation. `cut`: max_tokens stopped it, so an open
+        `<tool_call>` block that is not a whole call is dropped (one already announced in incremental
+        mode cannot be taken back: it ends with the arguments written so far)."""
         events: list[ToolEvent] = []
         if self._mode == _TAG or (self._mode == _FENCE and self._value_start is not None):
-            self._end_block(events, closed=False)
+            self._end_block(events, closed=False, drop_text=cut and self._mode == _TAG)
         elif self._mode == _FENCE:  # nothing but blanks after the fence's line: an ordinary code block
             self._pending = self._held_space + self._opener + self._body
             self._reset_block()
@@ -316,32 +327,39 @@ class StreamingToolParser:
         return self._value_is_call and not body[value.end:limit].strip()
 
     def _stream_arguments(self, events: list[ToolEvent], limit: int) -> None:
-        """Incremental mode: announce the call once its name is known, then send arguments up to `limit`."""
+        """Incremental mode: announce each call of the block once its name is known, then send its
+        arguments up to `limit`; a call ends where the next call object of the same block begins."""
         body = self._body
-        if self._open is None:
-            match = CANONICAL_PREFIX.match(body)
-            if not match or match.end() >= limit or body[match.end()] != "{" or match.group(1) not in self._tools:
-                return  # not (yet) recognisable as a call: keep buffering, decide at the close
-            self._held_space = ""
-            self._open = ToolCallStart(len(self._calls), self._new_id(), match.group(1))
-            self._args_start = match.end()
-            events.append(self._open)
-        scanned = self._args_start + self._args_sent
-        if self._scanner.end is None:
-            self._scanner.scan(body, scanned, limit)
-        stop = min(limit, self._scanner.end) if self._scanner.end is not None else limit
-        if stop > scanned:
-            events.append(ToolCallArgs(self._open.index, body[scanned:stop]))
-            self._args_sent = stop - self._args_start
+        while True:
+            if self._open is None:
+                match = CANONICAL_PREFIX.match(body, self._object_start)
+                if not match or match.end() >= limit or body[match.end()] != "{" or match.group(1) not in self._tools:
+                    return  # not (yet) recognisable as a call: keep buffering, decide at the close
+                self._held_space = ""
+                self._open = ToolCallStart(len(self._calls), self._new_id(), match.group(1))
+                self._args_start = match.end()
+                events.append(self._open)
+            scanned = self._args_start + self._args_sent
+            if self._scanner.end is None:
+                self._scanner.scan(body, scanned, limit)
+            stop = min(limit, self._scanner.end) if self._scanner.end is not None else limit
+            if stop > scanned:
+                events.append(ToolCallArgs(self._open.index, body[scanned:stop]))
+                self._args_sent = stop - self._args_start
+            following = None if self._scanner.end is None else NEXT_CALL_OBJECT.match(body, self._scanner.end)
+            if following is None or following.end() >= limit:
+                return
+            self._finish_open_call(events)
+            self._object_start = following.end()
 
-    def _end_block(self, events: list[ToolEvent], *, closed: bool) -> None:
+    def _end_block(self, events: list[ToolEvent], *, closed: bool, drop_text: bool = False) -> None:
         body, is_tag = self._body, self._mode == _TAG
         if self._incremental and is_tag:  # fences are outside the tool grammar: always checked whole
             self._stream_arguments(events, len(body))
         if self._open is not None:
-            start = self._open
-            arguments = body[self._args_start:self._args_start + self._args_sent]
-            self._finish_call(events, ToolCall(start.id, start.name, arguments))
+            self._finish_open_call(events)
+        elif self._object_start:  # calls of this block were announced; text after them that is no call is dropped
+            pass
         elif calls := self._parse_block(body, is_tag):
             for name, arguments in calls:
                 call = ToolCall(self._new_id(), name, arguments)
@@ -349,16 +367,18 @@ class StreamingToolParser:
                 if call.arguments:
                     events.append(ToolCallArgs(len(self._calls), call.arguments))
                 self._finish_call(events, call)
-        else:
+        elif not drop_text:
             closer = (CLOSE_TAG if is_tag else FENCE) if closed else ""
             self._emit(events, self._held_space + self._opener + body + closer)
         self._reset_block()
 
     def _parse_block(self, body: str, is_tag: bool) -> list[tuple[str, str]] | None:
-        if not is_tag:
-            return parse_fence_body(body, self._tools)
-        call = parse_call_body(body, self._tools)
-        return None if call is None else [call]
+        return (parse_call_body if is_tag else parse_fence_body)(body, self._tools)
+
+    def _finish_open_call(self, events: list[ToolEvent]) -> None:
+        start = self._open
+        self._finish_call(events, ToolCall(start.id, start.name,
+                                           self._body[self._args_start:self._args_start + self._args_sent]))
 
     def _finish_call(self, events: list[ToolEvent], call: ToolCall) -> None:
         events.append(ToolCallEnd(len(self._calls), call))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import llguidance
@@ -14,6 +15,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from ember.runtime.loader.chat_template import ChatTemplate
 from ember.server.tool_grammar import tool_call_grammar
 from ember.server.tool_messages import anthropic_messages_to_openai, messages_for_template
+from ember.server.tool_fences import parse_call_body
 from ember.server.tool_stream import parse_tool_calls
 from ember.server.tools import ToolCall, ToolChoice, ToolError, parse_openai_tools
 
@@ -99,6 +101,11 @@ TIME = call_text("get-time", "{}")
     (ToolChoice("required"), call_text("get_weather", '{"city": "Paris"}').replace("\n", "", 1), False),
     (ToolChoice("required"), "hello", False),
     (ToolChoice("required", parallel=False), PARIS + "\n" + TIME, False),
+    (ToolChoice("required"), PARIS.replace("\n</tool_call>", "\n" + TIME.split("\n")[1] + "\n</tool_call>"), True),
+    (ToolChoice("required", parallel=False),
+     PARIS.replace("\n</tool_call>", "\n" + TIME.split("\n")[1] + "\n</tool_call>"), False),
+    (ToolChoice("function", "get-time"), TIME.replace("\n</tool_call>", "\n" + TIME.split("\n")[1] + "\n</tool_call>"),
+     False),
     (ToolChoice("function", "get-time"), TIME, True),
     (ToolChoice("function", "get-time"), PARIS, False),
     (ToolChoice("auto"), "Just text, no call.", True),
@@ -136,6 +143,92 @@ def test_grammar_with_the_real_qwen_tokenizer(qwen_gguf):
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert tokenizer.token_to_id("<tool_call>") in ids
         assert (matcher.validate_tokens(ids) == len(ids)) is ok, text
+
+
+def eos_allowed_at_each_prefix(tokenizer, grammar: str, ids: list[int], eos_ids: list[int]) -> list[bool]:
+    """For each prefix ids[:i] (i = 0 … len(ids)), whether every EOS id may come next; asserts that the
+    EOS ids agree with each other (all allowed or none)."""
+    matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+    allowed = []
+    for i in range(len(ids) + 1):
+        each = {eos: matcher.validate_tokens([eos]) == 1 for eos in eos_ids}
+        assert len(set(each.values())) == 1, (i, each)
+        allowed.append(next(iter(each.values())))
+        if i < len(ids):
+            assert matcher.consume_token(ids[i]), matcher.get_error()
+    return allowed
+
+
+def turn_may_end(text: str, choice: ToolChoice) -> bool:
+    """Where a turn may end: outside calls (auto) or after a forced turn's last closed block and a few
+    blanks, and in an open block after whole call objects and a few blanks (every mode)."""
+    _, tag, block = text.rpartition("<tool_call>")
+    if not tag:
+        return choice.mode == "auto"
+    body, closed, after = block.partition("</tool_call>")
+    if closed:
+        return choice.mode == "auto" or re.fullmatch(r"[ \t\r\n]{0,8}", after) is not None
+    return (parse_call_body(body, {spec.name: spec for spec in TOOLS}) is not None
+            and re.fullmatch(r"\n.*\}[ \t\r\n]{0,8}", body, re.S) is not None)
+
+
+END_OF_TURN_CASES = [
+    (ToolChoice("required"), PARIS + "\n"),                       # the reported case: "\n" then end of turn
+    (ToolChoice("required"), PARIS + "\n" + TIME + "\n\n"),
+    (ToolChoice("required", parallel=False), PARIS + "\n"),
+    (ToolChoice("function", "get-time"), TIME + " \n"),
+    (ToolChoice("auto"), "Let me look.\n" + PARIS + "\nDone."),
+    (ToolChoice("auto", parallel=False), PARIS + "\n"),
+    (ToolChoice("required"), PARIS.removesuffix("\n</tool_call>") + "\n"),  # the end of turn before the close tag
+    (ToolChoice("required"), PARIS.replace("\n</tool_call>", "\n" + TIME.split("\n")[1])),
+]
+
+
+@pytest.mark.parametrize(("choice", "text"), END_OF_TURN_CASES)
+def test_end_of_turn_allowed_exactly_where_the_template_allows_it(ll_tokenizer, choice, text):
+    backend, tokenizer = ll_tokenizer
+    grammar = tool_call_grammar(TOOLS, choice, tokenizer=tokenizer)
+    ids = backend.encode(text).ids
+    allowed = eos_allowed_at_each_prefix(tokenizer, grammar, ids, [backend.token_to_id("<|im_end|>")])
+    expected = [turn_may_end(backend.decode(ids[:i], skip_special_tokens=False), choice) for i in range(len(ids) + 1)]
+    assert allowed == expected
+    assert allowed[-1]  # the whole text, trailing whitespace included, may end the turn
+
+
+def test_another_call_only_when_parallel_calls_are_allowed(ll_tokenizer):
+    """After a call and a line break, a parallel grammar allows both the end of the turn and another
+    `<tool_call>`; a single-call grammar allows only the end (and bounded whitespace)."""
+    backend, tokenizer = ll_tokenizer
+    ids = backend.encode(PARIS + "\n").ids
+    for choice, more in [(ToolChoice("required"), True), (ToolChoice("required", parallel=False), False),
+                         (ToolChoice("auto", parallel=False), False)]:
+        assert accepts(ll_tokenizer, choice, PARIS + "\n" + TIME) is more
+        matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(
+            tool_call_grammar(TOOLS, choice, tokenizer=tokenizer)), log_level=0)
+        assert matcher.consume_tokens(ids)
+        assert matcher.validate_tokens([backend.token_to_id("<|im_end|>")]) == 1
+    forced = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(
+        tool_call_grammar(TOOLS, ToolChoice("required", parallel=False), tokenizer=tokenizer)), log_level=0)
+    assert not forced.consume_tokens(backend.encode(PARIS + "\n" * 9).ids)  # whitespace is bounded
+
+
+def test_real_qwen_eos_ids_end_the_turn_exactly_after_complete_calls(qwen_gguf):
+    """Token level, on the default model's own vocabulary: both of its end-of-turn ids (`<|im_end|>` and
+    `<|endoftext|>`) are allowed after a call and the whitespace after it, and nowhere inside a call."""
+    from ember.runtime.loader.gguf_reader import GGUFFile
+    from ember.runtime.loader.tokenizer import Tokenizer as EmberTokenizer
+    from ember.runtime.prompting import end_of_generation_ids
+
+    tokenizer = EmberTokenizer.from_gguf_metadata(GGUFFile(qwen_gguf).metadata, str(qwen_gguf))
+    eos_ids = sorted(end_of_generation_ids(tokenizer, {}))
+    assert {tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("<|endoftext|>")} <= set(eos_ids)
+    ll = llguidance.LLTokenizer(tokenizer.backend.to_str(), eos_token=eos_ids)
+    for choice, text in END_OF_TURN_CASES:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        allowed = eos_allowed_at_each_prefix(ll, tool_call_grammar(TOOLS, choice, tokenizer=ll), ids, eos_ids)
+        expected = [turn_may_end(tokenizer.decode(ids[:i], skip_special_tokens=False), choice)
+                    for i in range(len(ids) + 1)]
+        assert allowed == expected, text
 
 
 # ---- conversation history for the template ------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.server.chat_output import parse_chat_output
+from ember.server.chat_output import chat_finish_reason, parse_chat_output
 from ember.server.tool_stream import (ContentDelta, StreamingToolParser, ToolCallArgs, ToolCallEnd, ToolCallStart,
                                       anthropic_input_json_delta, anthropic_tool_use_start, openai_deltas,
                                       parse_tool_calls)
@@ -152,7 +152,19 @@ def test_text_before_and_parallel_calls():
     assert calls_of(reply) == [("get_weather", '{"city": "Paris"}'), ("get-time", "{}")]
 
 
+TWO_IN_ONE_BLOCK = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo"}}\n'
+                    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+
+
+def test_several_call_objects_in_one_block_are_parallel_calls():
+    reply = parse_tool_calls("Sure.\n" + TWO_IN_ONE_BLOCK, TOOLS)
+    assert reply.content == "Sure." and calls_of(reply) == [("get_weather", '{"city": "Tokyo"}'),
+                                                            ("get_weather", '{"city": "Paris"}')]
+
+
 @pytest.mark.parametrize("block", [
+    TWO_IN_ONE_BLOCK.replace('"Paris"', "1"),                  # one object of the block is no valid call
+    TWO_IN_ONE_BLOCK.replace('\n{"name"', ' x {"name"'),
     call_text("get_weather", '{"city": "Paris"'),              # malformed JSON
     call_text("get_wether", '{"city": "Paris"}'),              # unknown tool
     call_text("get_weather", '{"town": "Paris"}'),             # against the schema
@@ -297,6 +309,7 @@ def test_code_after_a_release_streams_at_once():  # only blanks (a call may foll
 
 VALID_BLOCKS = [PARIS, call_text("get-time", "{}"), call_text("get_weather", '{"city":"Oslo","days":3}'),
                 call_text("get_weather", '{"city": "a}\\"</tool_"}'),
+                TWO_IN_ONE_BLOCK,
                 '<tool_call>{"arguments": {"city": "Rome"}, "name": "get_weather"}</tool_call>',
                 FENCED_PARIS, fenced('{"name": "get-time", "arguments": {}}', ""),
                 fenced('{"name": "get_weather", "parameters": {"city": "a\\n```"}}', "tool_call"),
@@ -313,13 +326,13 @@ SPACE = st.sampled_from(["", " ", "\n", "\n\n"])
 PIECES = st.lists(st.one_of(TEXT, SPACE, st.sampled_from(VALID_BLOCKS), st.sampled_from(INVALID_BLOCKS)), max_size=6)
 
 
-def stream(text: str, cuts: list[int], **kwargs) -> list:
+def stream(text: str, cuts: list[int], *, cut: bool = False, **kwargs) -> list:
     parser = StreamingToolParser(TOOLS, id_factory=counter_ids(), **kwargs)
     bounds = [0, *sorted(c % (len(text) + 1) for c in cuts), len(text)]
     events = []
     for a, b in itertools.pairwise(bounds):
         events += parser.feed(text[a:b])
-    events += parser.finish()
+    events += parser.finish(cut=cut)
     assert parser.has_tool_calls() == any(isinstance(e, ToolCallEnd) for e in events)
     assert [(c.name, c.arguments) for c in parser.calls] == [(e.call.name, e.call.arguments)
                                                              for e in events if isinstance(e, ToolCallEnd)]
@@ -353,6 +366,36 @@ def test_buffered_stream_equals_whole_parse_for_every_split(pieces, cuts):
     text = "".join(pieces)
     reply = parse_tool_calls(text, TOOLS)
     assert summary(stream(text, cuts)) == (reply.content, calls_of(reply))
+
+
+@settings(max_examples=200, deadline=None)
+@given(PIECES, st.lists(st.integers(0, 10_000), max_size=12))
+def test_output_cut_by_max_tokens_streams_as_it_parses_whole(pieces, cuts):
+    text = "".join(pieces)
+    reply = parse_tool_calls(text, TOOLS, cut=True)
+    assert summary(stream(text, cuts, cut=True)) == (reply.content, calls_of(reply))
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_a_call_cut_mid_arguments_is_neither_a_call_nor_content(incremental):
+    text = "Checking.\n" + PARIS + "\n" + call_text("get_weather", '{"city": "To')[:-len('}\n</tool_call>')]
+    whole = parse_tool_calls(text, TOOLS, cut=True)
+    assert whole.content == "Checking." and calls_of(whole) == [("get_weather", '{"city": "Paris"}')]
+    parsed = parse_chat_output(text, tools=TOOLS, reasoning=None, finish_reason="length")
+    assert parsed.content == "Checking." and len(parsed.tool_calls) == 1
+    content, calls = summary(stream(text, [7, 30, 70], cut=True, incremental=incremental))
+    assert content == "Checking." and "<tool_call>" not in content
+    # announced before the cut, an incremental call cannot be taken back: its arguments end where the model stopped
+    assert calls[0] == ("get_weather", '{"city": "Paris"}') and len(calls) == (2 if incremental else 1)
+    # without the cut (the model ended the turn there), the unfinished block stays visible as content
+    assert "<tool_call>" in parse_tool_calls(text, TOOLS).content
+
+
+@pytest.mark.parametrize(("engine", "calls", "expected"), [
+    ("stop", True, "tool_calls"), ("stop", False, "stop"), ("length", True, "length"), ("length", False, "length"),
+    ("abort", False, "abort")])
+def test_finish_reason_tool_calls_only_when_the_turn_ended_after_calls(engine, calls, expected):
+    assert chat_finish_reason(engine, calls) == expected
 
 
 @settings(max_examples=300, deadline=None)
