@@ -13,11 +13,18 @@ from .targets import get_target
 GENERATED_DIR = Path(__file__).resolve().parent.parent / "generated"
 
 
-def compile_spec(spec_path: str | Path, target_name: str, out_root: Path = GENERATED_DIR,
-                 dump_dir: Path | None = None) -> list[Path]:
+def compile_spec(
+    spec_path: str | Path, target_name: str, out_root: Path = GENERATED_DIR, dump_dir: Path | None = None
+) -> list[Path]:
     spec = load_spec(spec_path)
     target = get_target(target_name)
-    plans = {variant: generate(compile_graph(spec, target, dump_dir=dump_dir if variant == "default" else None,
-                                             variant=variant), spec, target, variant)
-             for variant in VARIANTS}
+    plans = {
+        variant: generate(
+            compile_graph(spec, target, dump_dir=dump_dir if variant == "default" else None, variant=variant),
+            spec,
+            target,
+            variant,
+        )
+        for variant in VARIANTS
+    }
     return write_plan(plans, out_root / target.name / spec.arch)

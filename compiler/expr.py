@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import ast
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 
 class ExprError(ValueError):
@@ -17,6 +18,7 @@ class ExprError(ValueError):
 
 
 # ---- op statements --------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Ref:
@@ -99,8 +101,12 @@ def _expr(node: ast.expr, text: str) -> Any:
 # ---- dimension expressions --------------------------------------------------------------------
 
 _BINARY = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Pow: operator.pow,
 }
 
 

@@ -15,17 +15,21 @@ STEP_INPUTS = ("tokens", "positions", "logit_rows")
 
 
 def lower(spec: ModelSpec) -> Graph:
-    layer_weights = {n[len(LAYER_PREFIX):] for n in spec.weights if n.startswith(LAYER_PREFIX)}
+    layer_weights = {n[len(LAYER_PREFIX) :] for n in spec.weights if n.startswith(LAYER_PREFIX)}
     global_weights = {n for n in spec.weights if not n.startswith(LAYER_PREFIX)}
-    weight_shapes = {(n[len(LAYER_PREFIX):] if n.startswith(LAYER_PREFIX) else n): w.shape
-                     for n, w in spec.weights.items()}
+    weight_shapes = {
+        (n[len(LAYER_PREFIX) :] if n.startswith(LAYER_PREFIX) else n): w.shape for n, w in spec.weights.items()
+    }
     regions = []
     carried = ("x",)
-    for name, statements, field in (("prologue", spec.prologue, "model.prologue"),
-                                    ("layer", spec.layer, "layer.ops"),
-                                    ("epilogue", spec.epilogue, "model.epilogue")):
-        lowering = _RegionLowering(spec, field, in_layer=name == "layer",
-                                   layer_weights=layer_weights, global_weights=global_weights)
+    for name, statements, field in (
+        ("prologue", spec.prologue, "model.prologue"),
+        ("layer", spec.layer, "layer.ops"),
+        ("epilogue", spec.epilogue, "model.epilogue"),
+    ):
+        lowering = _RegionLowering(
+            spec, field, in_layer=name == "layer", layer_weights=layer_weights, global_weights=global_weights
+        )
         inputs = STEP_INPUTS + (carried if name != "prologue" else ())
         for value in inputs:
             lowering.define(value)
@@ -38,9 +42,14 @@ def lower(spec: ModelSpec) -> Graph:
             if out not in lowering.current:
                 raise SpecError(spec.path, field, f"expected the ops to assign {out!r}")
         regions.append(Region(name, inputs, tuple(lowering.nodes), tuple(lowering.current[o] for o in outputs)))
-    return Graph(arch=spec.arch, spec_sha256=spec.source_sha256, regions=tuple(regions),
-                 weight_shapes=weight_shapes, layer_weights=frozenset(layer_weights),
-                 layer_kinds=dict(spec.layer_kinds.fields) if spec.layer_kinds else {})
+    return Graph(
+        arch=spec.arch,
+        spec_sha256=spec.source_sha256,
+        regions=tuple(regions),
+        weight_shapes=weight_shapes,
+        layer_weights=frozenset(layer_weights),
+        layer_kinds=dict(spec.layer_kinds.fields) if spec.layer_kinds else {},
+    )
 
 
 class _RegionLowering:

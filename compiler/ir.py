@@ -70,7 +70,7 @@ class Node:
     def weight(self, name: str) -> str | None:
         return dict(self.weights).get(name)
 
-    def with_attrs(self, **updates: Any) -> "Node":
+    def with_attrs(self, **updates: Any) -> Node:
         merged = dict(self.attrs)
         merged.update(updates)
         return replace(self, attrs=tuple(merged.items()))
@@ -128,7 +128,7 @@ class Graph:
     def region(self, name: str) -> Region:
         return next(r for r in self.regions if r.name == name)
 
-    def with_region(self, region: Region) -> "Graph":
+    def with_region(self, region: Region) -> Graph:
         return replace(self, regions=tuple(region if r.name == region.name else r for r in self.regions))
 
     def dump(self) -> str:

@@ -6,8 +6,8 @@ Each phase is a pure function Graph -> Graph. `dump_dir` writes the IR after eve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .frontend import lower
 from .ir import Graph
@@ -38,13 +38,17 @@ def phases(target: Target, variant: str = "default") -> list[tuple[str, Callable
         ("pack_parallel_linears", pack_parallel_linears),
         ("defer_residual_add", defer_residual_add),
         ("fuse_add_rms_norm", fuse_add_rms_norm),
-        ("fuse_rope_attention",
-         lambda g: fuse_rope_attention(g) if target.names_kernel("rope_attention", variant) else g),
-        ("fuse_gated_linear",
-         lambda g: fuse_gated_linear(g) if target.names_kernel("gated_linear", variant) else g),
-        ("fuse_norm_into_projection",
-         lambda g: fuse_norm_into_projection(g, frozenset(op for op, _ in FUSED_INTO_PROJECTION.values()
-                                                          if target.names_kernel(op, variant)))),
+        (
+            "fuse_rope_attention",
+            lambda g: fuse_rope_attention(g) if target.names_kernel("rope_attention", variant) else g,
+        ),
+        ("fuse_gated_linear", lambda g: fuse_gated_linear(g) if target.names_kernel("gated_linear", variant) else g),
+        (
+            "fuse_norm_into_projection",
+            lambda g: fuse_norm_into_projection(
+                g, frozenset(op for op, _ in FUSED_INTO_PROJECTION.values() if target.names_kernel(op, variant))
+            ),
+        ),
         ("carry_split_k_partials", carry_split_k_partials),
         ("fuse_gated_mlp", lambda g: fuse_gated_mlp(g) if target.names_kernel("gated_mlp", variant) else g),
         ("reinfer_shapes", infer_shapes),
@@ -52,8 +56,7 @@ def phases(target: Target, variant: str = "default") -> list[tuple[str, Callable
     ]
 
 
-def compile_graph(spec: ModelSpec, target: Target, dump_dir: Path | None = None,
-                  variant: str = "default") -> Graph:
+def compile_graph(spec: ModelSpec, target: Target, dump_dir: Path | None = None, variant: str = "default") -> Graph:
     graph = lower(spec)
     _dump(dump_dir, 0, "lower", graph)
     for number, (name, run) in enumerate(phases(target, variant), start=1):

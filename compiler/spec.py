@@ -46,7 +46,6 @@ class WeightSource:
     shape: tuple[str, ...] = ()  # arithmetic over dims, one per axis (numpy order: rows first)
 
 
-
 @dataclass(frozen=True)
 class LayerKinds:
     hf_key: str | None
@@ -121,6 +120,7 @@ def all_specs() -> list[ModelSpec]:
 
 # ---- field parsers ----------------------------------------------------------------------------
 
+
 def _table(path: Path, data: dict, key: str) -> dict:
     value = data.get(key)
     if not isinstance(value, dict):
@@ -149,7 +149,7 @@ def _parse_dims(path: Path, table: dict) -> dict[str, DimSource]:
     for name, entry in table.items():
         where = f"dims.{name}"
         if not isinstance(entry, dict):
-            raise SpecError(path, where, "expected a table like { hf = \"hidden_size\", gguf = \"embedding_length\" }")
+            raise SpecError(path, where, 'expected a table like { hf = "hidden_size", gguf = "embedding_length" }')
         extra = set(entry) - allowed
         if extra:
             raise SpecError(path, where, f"unknown keys {sorted(extra)} (allowed: {sorted(allowed)})")
@@ -164,8 +164,10 @@ def _parse_dims(path: Path, table: dict) -> dict[str, DimSource]:
         dims[name] = DimSource(
             hf=tuple(_string_list(path, entry.get("hf", []), f"{where}.hf")),
             gguf=tuple(_string_list(path, entry.get("gguf", []), f"{where}.gguf")),
-            weight=weight, axis=axis,
-            default=entry.get("default"), has_default="default" in entry,
+            weight=weight,
+            axis=axis,
+            default=entry.get("default"),
+            has_default="default" in entry,
         )
     return dims
 
@@ -188,6 +190,7 @@ def _parse_weights(path: Path, table: dict, dims: dict[str, DimSource]) -> dict[
         for key in ("hf_transform", "gguf_transform"):
             if entry.get(key) is not None:
                 from .weight_transforms import parse_transform
+
                 try:
                     parse_transform(entry[key])
                 except ValueError as e:
@@ -204,8 +207,12 @@ def _parse_weights(path: Path, table: dict, dims: dict[str, DimSource]) -> dict[
             if unknown:
                 raise SpecError(path, f"{where}.shape", f"unknown dimensions {sorted(unknown)}")
         weights[name] = WeightSource(
-            hf=entry.get("hf"), tied_to=tied, optional=bool(entry.get("optional", False)),
-            hf_transform=entry.get("hf_transform"), gguf_transform=entry.get("gguf_transform"), shape=axes,
+            hf=entry.get("hf"),
+            tied_to=tied,
+            optional=bool(entry.get("optional", False)),
+            hf_transform=entry.get("hf_transform"),
+            gguf_transform=entry.get("gguf_transform"),
+            shape=axes,
         )
     return weights
 
@@ -226,7 +233,9 @@ def _parse_layer_kinds(path: Path, table: Any, dims: dict[str, DimSource]) -> La
     first = next(iter(field_sets.values()))
     for kind, fields in field_sets.items():
         if fields != first:
-            raise SpecError(path, f"layer_kinds.{kind}", f"expected the same fields as the other kinds ({sorted(first)})")
+            raise SpecError(
+                path, f"layer_kinds.{kind}", f"expected the same fields as the other kinds ({sorted(first)})"
+            )
         for fname, value in kinds[kind].items():
             if isinstance(value, str) and value not in dims:
                 raise SpecError(path, f"layer_kinds.{kind}.{fname}", f"expected a dimension name, got {value!r}")
@@ -246,7 +255,11 @@ def _parse_ops(path: Path, table: dict, key: str, where: str) -> tuple[Statement
             raise SpecError(path, f"{where}[{index}]", str(e)) from None
         for call in _calls(statement):
             if call.op not in OPS or not OPS[call.op].spec_level:
-                raise SpecError(path, f"{where}[{index}]", f"unknown op {call.op!r} (known: {', '.join(sorted(o for o in OPS if OPS[o].spec_level))})")
+                raise SpecError(
+                    path,
+                    f"{where}[{index}]",
+                    f"unknown op {call.op!r} (known: {', '.join(sorted(o for o in OPS if OPS[o].spec_level))})",
+                )
         statements.append(statement)
     return tuple(statements)
 

@@ -64,8 +64,10 @@ def resolve(spec: ModelSpec, ckpt: Checkpoint) -> ResolvedModel:
         else:
             keys = source.hf if ckpt.format == "hf" else tuple(_gguf_key(spec, k) for k in source.gguf)
             where = "config.json" if ckpt.format == "hf" else "GGUF metadata"
-            raise CheckpointError(ckpt.path, f"{where} is missing {' or '.join(keys) or 'a value'} "
-                                             f"(dimension {name!r} of {spec.path.name})")
+            raise CheckpointError(
+                ckpt.path,
+                f"{where} is missing {' or '.join(keys) or 'a value'} (dimension {name!r} of {spec.path.name})",
+            )
     while pending:  # defaults are arithmetic over other dims: resolve in dependency order
         ready = {n: e for n, e in pending.items() if expression_names(e) <= set(values)}
         if not ready:
@@ -107,8 +109,9 @@ def _layer_kinds(spec: ModelSpec, ckpt: Checkpoint, values: dict[str, Any]) -> t
     declared = ckpt.lookup(kinds.hf_key) if (kinds.hf_key and ckpt.format == "hf") else None
     if isinstance(declared, list) and declared:
         if len(declared) != layers or any(k not in kinds.fields for k in declared):
-            raise CheckpointError(ckpt.path, f"config.json {kinds.hf_key} must list {layers} kinds among "
-                                             f"{sorted(kinds.fields)}")
+            raise CheckpointError(
+                ckpt.path, f"config.json {kinds.hf_key} must list {layers} kinds among {sorted(kinds.fields)}"
+            )
         return tuple(declared)
     period = kinds.default_period
     return tuple(period[i % len(period)] for i in range(layers))

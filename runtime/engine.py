@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field, replace
 
 from .engine_config import EngineConfig, _deterministic_from_env, kv_bytes_per_block, prefill_shapes, sized_config
+from .engine_loop import EngineLoop
 from .guided import GrammarTokenizer, GuidedMatcher
 from .kv_cache import KVCache
-from .engine_loop import EngineLoop
 from .model import Model
 from .output_processor import OutputProcessor, merge_deltas
 from .requests import Request, RequestStatus
@@ -67,8 +67,15 @@ class EngineFailedError(RuntimeError):
 
 
 class Engine(EngineLoop):
-    def __init__(self, model: Model, tokenizer, config: EngineConfig = EngineConfig(), *,
-                 stop_token_ids: frozenset[int] = frozenset()):
+    def __init__(
+        self,
+        model: Model,
+        tokenizer,
+        config: EngineConfig | None = None,
+        *,
+        stop_token_ids: frozenset[int] = frozenset(),
+    ):
+        config = config if config is not None else EngineConfig()
         if _deterministic_from_env():
             config = replace(config, deterministic=True)
         self.model, self.tokenizer, self.config = model, tokenizer, config
@@ -77,9 +84,15 @@ class Engine(EngineLoop):
         self.kv = KVCache.of(model.paged_kinds, engine_pool_blocks(model.paged_kinds, config), config.block_size)
         self.pool = self.kv.primary
         prefill = prefill_shapes(model.plan.manifest["entries"]["forward"], config)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_batched_tokens,
-                                   config.max_queue_depth, prefill.buckets,
-                                   enable_prefix_caching=config.enable_prefix_caching, prefill_shapes=prefill)
+        self.scheduler = Scheduler(
+            self.kv,
+            config.max_num_seqs,
+            config.max_batched_tokens,
+            config.max_queue_depth,
+            prefill.buckets,
+            enable_prefix_caching=config.enable_prefix_caching,
+            prefill_shapes=prefill,
+        )
         self.executor = StepExecutor(model, config, prefill)
         self.counters = EngineCounters()
         self._groups: dict[str, _Group] = {}
@@ -101,11 +114,16 @@ class Engine(EngineLoop):
         params.validate(int(self.model.dims.vocab))
         request_id = request_id or f"req-{next(self._ids)}"
         scoring = params.forced_token_ids is not None  # teacher-forced: no stop strings, stop ids or eos
-        max_tokens = (len(params.forced_token_ids) if scoring else
-                      params.max_tokens or (self.config.max_model_len - len(prompt_ids)))
+        max_tokens = (
+            len(params.forced_token_ids)
+            if scoring
+            else params.max_tokens or (self.config.max_model_len - len(prompt_ids))
+        )
         if len(prompt_ids) + max_tokens > self.config.max_model_len:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceed the "
-                             f"context limit of {self.config.max_model_len} tokens")
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceed the "
+                f"context limit of {self.config.max_model_len} tokens"
+            )
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -118,13 +136,26 @@ class Engine(EngineLoop):
             rid = request_id if params.n == 1 else f"{request_id}#{index}"
             request = Request(rid, list(prompt_ids), max_tokens, params=params)
             processor = OutputProcessor(
-                self.tokenizer, prompt_ids, stop=() if scoring else params.stop,
-                stop_token_ids=() if scoring else params.stop_token_ids, eos_token_ids=self.eos_token_ids,
-                ignore_eos=params.ignore_eos or scoring, min_tokens=0 if scoring else params.min_tokens,
-                max_tokens=max_tokens, include_stop_str_in_output=params.include_stop_str_in_output,
-                skip_special_tokens=params.skip_special_tokens)
-            group.choices.append(_Choice(index, request, processor, choice_seed(base_seed, index),
-                                         matcher=matcher.copy() if matcher is not None and index else matcher))
+                self.tokenizer,
+                prompt_ids,
+                stop=() if scoring else params.stop,
+                stop_token_ids=() if scoring else params.stop_token_ids,
+                eos_token_ids=self.eos_token_ids,
+                ignore_eos=params.ignore_eos or scoring,
+                min_tokens=0 if scoring else params.min_tokens,
+                max_tokens=max_tokens,
+                include_stop_str_in_output=params.include_stop_str_in_output,
+                skip_special_tokens=params.skip_special_tokens,
+            )
+            group.choices.append(
+                _Choice(
+                    index,
+                    request,
+                    processor,
+                    choice_seed(base_seed, index),
+                    matcher=matcher.copy() if matcher is not None and index else matcher,
+                )
+            )
         with self._lock:
             if self.failure is not None:
                 raise EngineFailedError(f"the engine stopped after an internal error: {self.failure}")
@@ -160,13 +191,20 @@ class Engine(EngineLoop):
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
-                    "free_kv_blocks": self.pool.free_blocks, "total_kv_blocks": self.pool.num_usable_blocks,
-                    "accepting": len(self.scheduler.waiting) < self.config.max_queue_depth,
-                    "kv": self.pool.counters(), "preemptions": self.scheduler.num_preemptions,
-                    # every KV state kind's pool (a sliding-window kind's is sized to its window)
-                    "kv_kinds": {name: {"free_blocks": p.free_blocks, "total_blocks": p.num_usable_blocks}
-                                 for name, p in self.kv.pools.items()}}
+            return {
+                "running": len(self.scheduler.running),
+                "waiting": len(self.scheduler.waiting),
+                "free_kv_blocks": self.pool.free_blocks,
+                "total_kv_blocks": self.pool.num_usable_blocks,
+                "accepting": len(self.scheduler.waiting) < self.config.max_queue_depth,
+                "kv": self.pool.counters(),
+                "preemptions": self.scheduler.num_preemptions,
+                # every KV state kind's pool (a sliding-window kind's is sized to its window)
+                "kv_kinds": {
+                    name: {"free_blocks": p.free_blocks, "total_blocks": p.num_usable_blocks}
+                    for name, p in self.kv.pools.items()
+                },
+            }
 
     def default_params(self, **overrides) -> SamplingParams:
         """Sampling settings for a request that omits some: the checkpoint's generation_config defaults."""
@@ -234,8 +272,14 @@ class Engine(EngineLoop):
     def _row_state(self, scheduler_id: str) -> RowState:
         choice = self._choice_of[scheduler_id]
         request = choice.request
-        return RowState(request.params, choice.seed, request.prompt_token_ids, request.output_token_ids,
-                        choice.processor.suppressed_token_ids(), matcher=choice.matcher)
+        return RowState(
+            request.params,
+            choice.seed,
+            request.prompt_token_ids,
+            request.output_token_ids,
+            choice.processor.suppressed_token_ids(),
+            matcher=choice.matcher,
+        )
 
     def _logprob(self, choice: _Choice, sampled) -> TokenLogprob | None:
         k = choice.request.params.logprobs
@@ -252,19 +296,30 @@ class Engine(EngineLoop):
             choice.finish_reason = delta.finish_reason
             if choice.request.status is RequestStatus.RUNNING or not choice.request.is_finished:
                 status = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH}.get(
-                    delta.finish_reason, RequestStatus.FINISHED_ABORTED)
+                    delta.finish_reason, RequestStatus.FINISHED_ABORTED
+                )
                 self.scheduler.finish_request(choice.request.request_id, status)
             self.counters.generation_tokens += choice.processor.num_output_tokens
-            self.counters.requests_finished[delta.finish_reason] = \
+            self.counters.requests_finished[delta.finish_reason] = (
                 self.counters.requests_finished.get(delta.finish_reason, 0) + 1
+            )
         usage = None
         if all(c.finish_reason is not None for c in group.choices):
             usage = self._close_group(group, now)
         if delta.text or delta.token_ids or delta.finish_reason is not None or usage is not None:
-            group.stream.push(RequestOutput(
-                group.request_id, choice.index, delta.text, tuple(delta.token_ids),
-                tuple(delta.logprobs) if delta.logprobs is not None else None,
-                delta.finish_reason, delta.stop_reason, usage, error))
+            group.stream.push(
+                RequestOutput(
+                    group.request_id,
+                    choice.index,
+                    delta.text,
+                    tuple(delta.token_ids),
+                    tuple(delta.logprobs) if delta.logprobs is not None else None,
+                    delta.finish_reason,
+                    delta.stop_reason,
+                    usage,
+                    error,
+                )
+            )
 
     def _close_group(self, group: _Group, now: float) -> Usage:
         del self._groups[group.request_id]
@@ -274,11 +329,15 @@ class Engine(EngineLoop):
         prompt = group.choices[0].request.num_prompt_tokens
         self.counters.prompt_tokens += prompt
         first = group.first_token_at or now
-        return Usage(prompt_tokens=prompt,
-                     completion_tokens=sum(c.processor.num_output_tokens for c in group.choices),
-                     cached_tokens=max(c.request.cached_tokens for c in group.choices),
-                     queue_s=(group.scheduled_at or now) - group.arrival, ttft_s=first - group.arrival,
-                     decode_s=now - first, e2e_s=now - group.arrival)
+        return Usage(
+            prompt_tokens=prompt,
+            completion_tokens=sum(c.processor.num_output_tokens for c in group.choices),
+            cached_tokens=max(c.request.cached_tokens for c in group.choices),
+            queue_s=(group.scheduled_at or now) - group.arrival,
+            ttft_s=first - group.arrival,
+            decode_s=now - first,
+            e2e_s=now - group.arrival,
+        )
 
     def _refuse_stale_waiting(self) -> None:
         """The bounded wait for KV capacity: a request never admitted within max_queue_wait_s ends."""

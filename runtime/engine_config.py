@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .kv_dtypes import checked_kv_cache_dtype, kv_dtype as _kv_dtype
+from .kv_dtypes import checked_kv_cache_dtype
+from .kv_dtypes import kv_dtype as _kv_dtype
 from .model import Model
 from .state_kinds import engine_pool_blocks
 from .step_inputs import PrefillShapes
@@ -65,8 +66,9 @@ def kv_bytes_per_block(model: Model, block_size: int, kind: str | None = None, k
     return 2 * layers * block_size * int(d.hkv) * int(d.dh) * kv_dtype(model, kv_cache_dtype).itemsize
 
 
-def sized_config(model: Model, *, kv_memory_bytes: int | None = None, ctx: int | None = None,
-                 **overrides) -> EngineConfig:
+def sized_config(
+    model: Model, *, kv_memory_bytes: int | None = None, ctx: int | None = None, **overrides
+) -> EngineConfig:
     """An EngineConfig whose KV pools fit a memory budget, or whose full-attention pool holds `ctx` tokens in
     all (`--ctx`). Every kind is accounted for: the budget buys the largest full pool whose sliding-window
     pools, sized by their rule (runtime/state_kinds.py), fit beside it.

@@ -28,8 +28,12 @@ class EngineLoop:
                     group = self._group_of.get(rid)
                     if group is None or choice.finish_reason is not None:
                         continue
-                    self._emit(group, choice, choice.processor.finish("abort"),
-                               error=f"the engine stopped after an internal error: {self.failure}")
+                    self._emit(
+                        group,
+                        choice,
+                        choice.processor.finish("abort"),
+                        error=f"the engine stopped after an internal error: {self.failure}",
+                    )
 
     def _loop(self) -> None:
         # One device call in flight while the host streams the previous call's tokens: after a call's
@@ -122,8 +126,11 @@ class EngineLoop:
         with self._lock:
             if self._stopping:
                 return None
-            nxt = (self.scheduler.chain_decodes(plan, steps) if not plan.prefills
-                   else self.scheduler.chain_after_prefill(plan, steps))
+            nxt = (
+                self.scheduler.chain_decodes(plan, steps)
+                if not plan.prefills
+                else self.scheduler.chain_after_prefill(plan, steps)
+            )
             if nxt is None:
                 return None
         try:
@@ -166,4 +173,3 @@ class EngineLoop:
                     continue
                 self.scheduler.abort(rid)
                 self._emit(group, choice, choice.processor.finish("abort"), error=f"{type(error).__name__}: {error}")
-

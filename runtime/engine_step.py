@@ -7,9 +7,9 @@ logprobs and the top-K alternatives come back. Shapes are static per (StepShape,
 from __future__ import annotations
 
 import functools
-
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -49,8 +49,11 @@ def _unpack_step(inputs, layout: IoLayout) -> tuple[StepBatch, SamplingBatch, li
     """Inside the executable: the StepBatch, the SamplingBatch and any extra arrays packed after them."""
     arrays = unpack_arrays(inputs, layout)
     n_batch, n_sampling = len(StepBatch._fields), len(SamplingBatch._fields)
-    return (StepBatch(*arrays[:n_batch]), SamplingBatch(*arrays[n_batch:n_batch + n_sampling]),
-            arrays[n_batch + n_sampling:])
+    return (
+        StepBatch(*arrays[:n_batch]),
+        SamplingBatch(*arrays[n_batch : n_batch + n_sampling]),
+        arrays[n_batch + n_sampling :],
+    )
 
 
 def make_step_fn(forward: Callable) -> Callable:
@@ -91,11 +94,13 @@ def make_multi_step_fn(forward: Callable, steps: int) -> Callable:
 
         def one(carry, i):
             tokens, kv = carry
-            step_batch = batch._replace(tokens=tokens, positions=batch.positions + i, slots=slots_ahead[i],
-                                        dec_ctx_lens=batch.dec_ctx_lens + i)
+            step_batch = batch._replace(
+                tokens=tokens, positions=batch.positions + i, slots=slots_ahead[i], dec_ctx_lens=batch.dec_ctx_lens + i
+            )
             logits, kv = forward(dims, params, kv, step_batch)
-            result = sample(logits.astype(jnp.float32), sampling._replace(step=sampling.step + i), num_top,
-                            all_greedy=all_greedy)
+            result = sample(
+                logits.astype(jnp.float32), sampling._replace(step=sampling.step + i), num_top, all_greedy=all_greedy
+            )
             return (result.tokens[:rows], kv), pack_result(result)
 
         (last, kv), packed = jax.lax.scan(one, (tokens_in, kv), jnp.arange(steps, dtype=jnp.int32))
@@ -115,24 +120,47 @@ class StepInputs:
         return self.layout, self.num_top, self.all_greedy
 
 
-def pack_step_inputs(batch: StepBatch, rows: list[RowState], *, vocab_size: int, num_rows: int,
-                     extra: tuple[np.ndarray, ...] = ()) -> StepInputs:
+def pack_step_inputs(
+    batch: StepBatch, rows: list[RowState], *, vocab_size: int, num_rows: int, extra: tuple[np.ndarray, ...] = ()
+) -> StepInputs:
     """extra: arrays packed after the batch and sampling arrays (a multi-step call's slots_ahead)."""
-    sampling = pack_batch(rows, vocab_size=vocab_size, history_bucket=history_bucket(rows),
-                          suppress_slots=SUPPRESS_SLOTS, num_rows=num_rows)
+    sampling = pack_batch(
+        rows,
+        vocab_size=vocab_size,
+        history_bucket=history_bucket(rows),
+        suppress_slots=SUPPRESS_SLOTS,
+        num_rows=num_rows,
+    )
     buffer, layout = pack_arrays([*batch, *sampling, *extra])
-    return StepInputs(buffer, layout, top_logprobs_needed(rows),
-                      bool(np.all(sampling.temperature < GREEDY_EPSILON)))
+    return StepInputs(buffer, layout, top_logprobs_needed(rows), bool(np.all(sampling.temperature < GREEDY_EPSILON)))
 
 
-def run_step(step_fn: Callable, dims: Any, params: Any, kv: Any, batch: StepBatch, rows: list[RowState],
-             *, vocab_size: int, num_rows: int) -> tuple[StepResult, Any]:
+def run_step(
+    step_fn: Callable,
+    dims: Any,
+    params: Any,
+    kv: Any,
+    batch: StepBatch,
+    rows: list[RowState],
+    *,
+    vocab_size: int,
+    num_rows: int,
+) -> tuple[StepResult, Any]:
     packed, kv = launch_step(step_fn, dims, params, kv, batch, rows, vocab_size=vocab_size, num_rows=num_rows)
     return collect_step(packed), kv
 
 
-def launch_step(step_fn: Callable, dims: Any, params: Any, kv: Any, batch: StepBatch, rows: list[RowState],
-                *, vocab_size: int, num_rows: int) -> tuple[Any, Any]:
+def launch_step(
+    step_fn: Callable,
+    dims: Any,
+    params: Any,
+    kv: Any,
+    batch: StepBatch,
+    rows: list[RowState],
+    *,
+    vocab_size: int,
+    num_rows: int,
+) -> tuple[Any, Any]:
     """Dispatch one step without waiting for it: (packed result on the device, new kv). collect_step reads it."""
     inputs = pack_step_inputs(batch, rows, vocab_size=vocab_size, num_rows=num_rows)
     return step_fn(dims, *inputs.static_args(), params, kv, inputs.buffer)
@@ -156,16 +184,38 @@ def carry_from_step(packed, sampled_rows: int, decode_rows: int):
     return jnp.concatenate([tokens, jnp.zeros((decode_rows - sampled_rows,), jnp.int32), jnp.ones((1,), jnp.int32)])
 
 
-def run_multi_step(multi_fn: Callable, dims: Any, params: Any, kv: Any, batch: StepBatch, slots_ahead: np.ndarray,
-                   rows: list[RowState], *, vocab_size: int, num_rows: int) -> tuple[list[StepResult], Any]:
+def run_multi_step(
+    multi_fn: Callable,
+    dims: Any,
+    params: Any,
+    kv: Any,
+    batch: StepBatch,
+    slots_ahead: np.ndarray,
+    rows: list[RowState],
+    *,
+    vocab_size: int,
+    num_rows: int,
+) -> tuple[list[StepResult], Any]:
     """make_multi_step_fn's executable on a decode-only batch: one StepResult per step."""
-    packed, kv, _ = launch_multi_step(multi_fn, dims, params, kv, batch, slots_ahead, rows, vocab_size=vocab_size,
-                                      num_rows=num_rows)
+    packed, kv, _ = launch_multi_step(
+        multi_fn, dims, params, kv, batch, slots_ahead, rows, vocab_size=vocab_size, num_rows=num_rows
+    )
     return collect_multi_step(packed), kv
 
 
-def launch_multi_step(multi_fn: Callable, dims: Any, params: Any, kv: Any, batch: StepBatch, slots_ahead: np.ndarray,
-                      rows: list[RowState], *, vocab_size: int, num_rows: int, carried=None) -> tuple[Any, Any, Any]:
+def launch_multi_step(
+    multi_fn: Callable,
+    dims: Any,
+    params: Any,
+    kv: Any,
+    batch: StepBatch,
+    slots_ahead: np.ndarray,
+    rows: list[RowState],
+    *,
+    vocab_size: int,
+    num_rows: int,
+    carried=None,
+) -> tuple[Any, Any, Any]:
     """Dispatch without waiting: (packed results, kv, carried for a chained next call) on the device.
     carried: the previous call's, to take its last tokens as this call's inputs (None: the batch's)."""
     inputs = pack_step_inputs(batch, rows, vocab_size=vocab_size, num_rows=num_rows, extra=(slots_ahead,))

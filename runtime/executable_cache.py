@@ -28,9 +28,10 @@ import hashlib
 import os
 import pickle
 import sys
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 
@@ -56,6 +57,7 @@ def source_fingerprint() -> str:
     versions = [jax.__version__, getattr(sys.modules.get("jaxlib"), "__version__", "")]
     try:
         import triton
+
         versions.append(triton.__version__)
     except ImportError:
         versions.append("no triton")
@@ -93,7 +95,7 @@ class CachedStep:
         self.loaded_from_disk = 0  # executables read back instead of traced (tests, logs)
 
     def __call__(self, *args):
-        static, dynamic = args[:self.num_static], args[self.num_static:]
+        static, dynamic = args[: self.num_static], args[self.num_static :]
         key = (static, tuple((tuple(a.shape), str(a.dtype)) for a in dynamic if hasattr(a, "shape")))
         executable = self.executables.get(key)
         if executable is None:
@@ -159,8 +161,9 @@ def executor_identity(plan_module: Any, fixed: tuple) -> str | None:
     if cache_directory() is None or device.platform not in KEEP_PLATFORMS:
         return None
     source = Path(plan_module.__file__).read_bytes() if getattr(plan_module, "__file__", None) else b""
-    return "|".join([hashlib.sha256(source).hexdigest(), device.platform, str(device.device_kind),
-                     abstract_digest(*fixed)])
+    return "|".join(
+        [hashlib.sha256(source).hexdigest(), device.platform, str(device.device_kind), abstract_digest(*fixed)]
+    )
 
 
 def cached_step(fn: Callable, num_static: int, identity: str | None, tag: str) -> Callable:

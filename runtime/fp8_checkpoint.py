@@ -44,15 +44,19 @@ def read_fp8(ckpt: Checkpoint, name: str) -> HostFp8:
     """The FP8 tensor `name` with its scale (CheckpointError when the scale is missing or misshapen)."""
     values = ckpt.load_fp8(name)
     if values.ndim != 2:
-        raise CheckpointError(ckpt.path, f"FP8 tensor {name!r} has shape {list(values.shape)}; only matrices "
-                                         "are supported")
+        raise CheckpointError(
+            ckpt.path, f"FP8 tensor {name!r} has shape {list(values.shape)}; only matrices are supported"
+        )
     out, inner = values.shape
     if ckpt.has_tensor(name + "_scale_inv"):
         scale = ckpt.load(name + "_scale_inv")
         blocks = (-(-out // BLOCK), -(-inner // BLOCK))
         if scale.shape != blocks:
-            raise CheckpointError(ckpt.path, f"{name}_scale_inv has shape {list(scale.shape)}, expected "
-                                             f"{list(blocks)} (128 x 128 blocks of a {out} x {inner} matrix)")
+            raise CheckpointError(
+                ckpt.path,
+                f"{name}_scale_inv has shape {list(scale.shape)}, expected "
+                f"{list(blocks)} (128 x 128 blocks of a {out} x {inner} matrix)",
+            )
         return HostFp8(values, np.ascontiguousarray(scale, np.float32))
     if not ckpt.has_tensor(name + "_scale"):
         raise CheckpointError(ckpt.path, f"FP8 tensor {name!r} has no {name}_scale or {name}_scale_inv")
@@ -62,8 +66,10 @@ def read_fp8(ckpt: Checkpoint, name: str) -> HostFp8:
     elif scale.shape in ((out,), (out, 1)):
         scale = scale.reshape(out)
     else:
-        raise CheckpointError(ckpt.path, f"{name}_scale has shape {list(scale.shape)}: expected one scale, or "
-                                         f"one per output channel ({out})")
+        raise CheckpointError(
+            ckpt.path,
+            f"{name}_scale has shape {list(scale.shape)}: expected one scale, or one per output channel ({out})",
+        )
     return HostFp8(values, np.ascontiguousarray(scale))
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from .engine import Engine, EngineConfig
 from .model import Model
@@ -25,26 +25,42 @@ class GenerationStats:
             return "no output"
         decode_tokens = max(u.completion_tokens - 1, 0)  # the first token comes with the prefill
         decode_rate = decode_tokens / u.decode_s if u.decode_s > 0 else 0.0
-        return (f"prompt tokens: {u.prompt_tokens} (ttft {u.ttft_s:.2f}s), generated tokens: "
-                f"{u.completion_tokens} ({decode_rate:.2f} tok/s decode), finish: {self.finish_reason}")
+        return (
+            f"prompt tokens: {u.prompt_tokens} (ttft {u.ttft_s:.2f}s), generated tokens: "
+            f"{u.completion_tokens} ({decode_rate:.2f} tok/s decode), finish: {self.finish_reason}"
+        )
 
 
 def engine_for_one_request(model: Model, tokenizer, eos_ids: frozenset[int], context: int) -> Engine:
     block_size = 16
-    config = EngineConfig(num_blocks=math.ceil(context / block_size) + 2, block_size=block_size,
-                          max_model_len=context, max_num_seqs=1, max_batched_tokens=512)
+    config = EngineConfig(
+        num_blocks=math.ceil(context / block_size) + 2,
+        block_size=block_size,
+        max_model_len=context,
+        max_num_seqs=1,
+        max_batched_tokens=512,
+    )
     return Engine(model, tokenizer, config, stop_token_ids=eos_ids)
 
 
-def generate(model: Model, tokenizer, prompt_ids: list[int], params: SamplingParams, *, eos_ids: frozenset[int],
-             stats: GenerationStats | None = None) -> Iterator[str]:
+def generate(
+    model: Model,
+    tokenizer,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    *,
+    eos_ids: frozenset[int],
+    stats: GenerationStats | None = None,
+) -> Iterator[str]:
     """Yield the text of one completion as it becomes final; fill `stats` at the end."""
     stats = stats if stats is not None else GenerationStats()
     max_context = int(getattr(model.dims, "max_context", 1 << 30))
     max_tokens = params.max_tokens or (max_context - len(prompt_ids))
     if len(prompt_ids) + max_tokens > max_context:
-        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max tokens ({max_tokens}) exceed the model's "
-                         f"context of {max_context} tokens")
+        raise ValueError(
+            f"prompt ({len(prompt_ids)} tokens) + max tokens ({max_tokens}) exceed the model's "
+            f"context of {max_context} tokens"
+        )
     engine = engine_for_one_request(model, tokenizer, eos_ids, len(prompt_ids) + max_tokens)
     start = time.perf_counter()
     try:

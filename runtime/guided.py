@@ -177,7 +177,7 @@ def fill_masks(rows: Sequence[tuple[GuidedMatcher, int]], out: np.ndarray, vocab
     llguidance.numpy.fill_next_token_bitmask_par(_shared_executor(), [(m.matcher, r) for m, r in rows], target)
     indices = [r for _, r in rows]
     if target is not out:
-        out[indices] = target[indices, :out.shape[1]]
+        out[indices] = target[indices, : out.shape[1]]
     tail = vocab_size % 32
     if tail:  # the last word's bits past the vocabulary
         out[indices, -1] &= np.int32((1 << tail) - 1)

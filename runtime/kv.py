@@ -131,8 +131,9 @@ class BlockPool:
         return self._hash_of_block.get(block)
 
     def counters(self) -> KVCounters:
-        return KVCounters(self._allocations, self._evictions, self._prefix_queries, self._prefix_hits,
-                          self._reused_tokens)
+        return KVCounters(
+            self._allocations, self._evictions, self._prefix_queries, self._prefix_hits, self._reused_tokens
+        )
 
     # --- raw blocks ---------------------------------------------------------------------------------
     def allocate(self, n: int) -> list[int]:
@@ -177,7 +178,7 @@ class BlockPool:
         bs = self.block_size
         blocks, parent = [], None
         for i in range((len(token_ids) - 1) // bs):
-            parent = block_hash(parent, token_ids[i * bs:(i + 1) * bs])
+            parent = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
             block = self._block_of_hash.get(parent)
             if block is None:
                 break
@@ -223,7 +224,7 @@ class BlockPool:
         full = min(num_computed // bs, len(alloc.block_table))
         for i in range(len(alloc.block_hashes), full):
             parent = alloc.block_hashes[-1] if alloc.block_hashes else None
-            h = block_hash(parent, token_ids[i * bs:(i + 1) * bs])
+            h = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
             alloc.block_hashes.append(h)
             block = alloc.block_table[i]
             if block != RESERVED_BLOCK and h not in self._block_of_hash and block not in self._hash_of_block:

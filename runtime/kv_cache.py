@@ -54,9 +54,11 @@ class KVCache:
         self.primary = self.pools[next((k.name for k in self.kinds if not k.window), self.kinds[0].name)]
 
     @classmethod
-    def of(cls, kinds: Sequence[PagedKind], num_blocks: Mapping[str, int], block_size: int) -> "KVCache":
-        return cls({k.name: BlockPool(num_blocks[k.name], block_size, kind=k.name) for k in kinds},
-                   {k.name: k.window for k in kinds})
+    def of(cls, kinds: Sequence[PagedKind], num_blocks: Mapping[str, int], block_size: int) -> KVCache:
+        return cls(
+            {k.name: BlockPool(num_blocks[k.name], block_size, kind=k.name) for k in kinds},
+            {k.name: k.window for k in kinds},
+        )
 
     # --- sizes ----------------------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -91,8 +93,9 @@ class KVCache:
 
     def tokens_coverable(self, state: State) -> int:
         """Positions the request could cover if it took every free block of every kind."""
-        return min((len(state[k.name].block_table) + self.pools[k.name].free_blocks) * self.block_size
-                   for k in self.kinds)
+        return min(
+            (len(state[k.name].block_table) + self.pools[k.name].free_blocks) * self.block_size for k in self.kinds
+        )
 
     def grow(self, state: State, num_tokens: int) -> bool:
         """Every kind's table covers positions [0, num_tokens). All or nothing across kinds."""
@@ -116,8 +119,8 @@ class KVCache:
             end = min(self.dropped_blocks(k, num_computed), len(alloc.block_table))
             if end <= alloc.num_dropped:
                 continue
-            dropped = [b for b in alloc.block_table[alloc.num_dropped:end] if b != RESERVED_BLOCK]
-            alloc.block_table[alloc.num_dropped:end] = [RESERVED_BLOCK] * (end - alloc.num_dropped)
+            dropped = [b for b in alloc.block_table[alloc.num_dropped : end] if b != RESERVED_BLOCK]
+            alloc.block_table[alloc.num_dropped : end] = [RESERVED_BLOCK] * (end - alloc.num_dropped)
             alloc.num_dropped = end
             self.pools[k.name].free(dropped)
 
@@ -134,7 +137,7 @@ class KVCache:
         bs, full = self.block_size, [k for k in self.kinds if not k.window]
         hashes, parent = [], None
         for i in range((len(token_ids) - 1) // bs):
-            parent = block_hash(parent, token_ids[i * bs:(i + 1) * bs])
+            parent = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
             if any(self.pools[k.name].cached_block(parent) is None for k in full):
                 break  # full kinds' hits are prefix-closed: nothing past a miss counts
             hashes.append(parent)
@@ -167,8 +170,10 @@ class KVCache:
 
     def tokens_coverable_after(self, hit: PrefixHit) -> int:
         """tokens_coverable of a request admitted with `hit` (sharing a cached free block un-frees it)."""
-        return min((hit.num_blocks + self.pools[k.name].free_blocks_after_sharing(self._real(hit, k)))
-                   * self.block_size for k in self.kinds)
+        return min(
+            (hit.num_blocks + self.pools[k.name].free_blocks_after_sharing(self._real(hit, k))) * self.block_size
+            for k in self.kinds
+        )
 
     def adopt(self, state: State, hit: PrefixHit) -> int:
         """Start an empty state with a prefix hit (taking a reference to each kept block); returns the

@@ -13,8 +13,12 @@ import ml_dtypes
 import numpy as np
 
 # the fixed ones; "auto" is the plan's activation dtype
-_FIXED = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32),
-          "fp8": np.dtype(ml_dtypes.float8_e4m3fn), "fp8_e4m3": np.dtype(ml_dtypes.float8_e4m3fn)}
+_FIXED = {
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype(np.float32),
+    "fp8": np.dtype(ml_dtypes.float8_e4m3fn),
+    "fp8_e4m3": np.dtype(ml_dtypes.float8_e4m3fn),
+}
 KV_CACHE_DTYPES = ("auto", *_FIXED)
 
 

@@ -28,9 +28,14 @@ from .step_plan import StepPlan
 
 def row_can_run_ahead(row: RowState) -> bool:
     p = row.params
-    return (row.matcher is None and p.forced_token_ids is None
-            and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
-            and row.token_index >= p.min_tokens)
+    return (
+        row.matcher is None
+        and p.forced_token_ids is None
+        and p.repetition_penalty == 1.0
+        and p.presence_penalty == 0.0
+        and p.frequency_penalty == 0.0
+        and row.token_index >= p.min_tokens
+    )
 
 
 def lookahead_steps(plan: StepPlan, rows: list[RowState], *, steps: int, waiting: int) -> int:

@@ -50,8 +50,9 @@ class Model:
         """The paged KV state kind of each layer."""
         return layer_state_kinds(self.plan.manifest, self.resolved.layer_kinds)
 
-    def new_kv(self, num_blocks: int | Mapping[str, int], block_size: int,
-               dtype=None) -> list[tuple[jax.Array, jax.Array]]:
+    def new_kv(
+        self, num_blocks: int | Mapping[str, int], block_size: int, dtype=None
+    ) -> list[tuple[jax.Array, jax.Array]]:
         """One (k, v) pool pair per layer, each [num_blocks of the layer's state kind, block_size, hkv, dh]
         (num_blocks: one count for every kind, or one per kind), in `dtype` (default: the activation dtype)."""
         d = self.dims
@@ -84,7 +85,9 @@ def spec_for_checkpoint(ckpt: Checkpoint) -> ModelSpec:
             return spec
         if ckpt.format == "gguf" and ckpt.architecture == spec.gguf_architecture:
             return spec
-    known = sorted({a for s in all_specs() for a in (s.hf_architectures if ckpt.format == "hf" else (s.gguf_architecture,))})
+    known = sorted(
+        {a for s in all_specs() for a in (s.hf_architectures if ckpt.format == "hf" else (s.gguf_architecture,))}
+    )
     raise CheckpointError(ckpt.path, f"architecture {ckpt.architecture!r} has no spec (supported: {', '.join(known)})")
 
 
@@ -107,8 +110,7 @@ def _quantized_formats(target: str | Target) -> tuple[str, ...]:
         formats = tuple(f.strip().lower() for f in override.split(",") if f.strip() and f.strip().lower() != "none")
         unknown = [f for f in formats if f not in KEPT_FORMATS]
         if unknown:
-            raise ValueError(f"{QUANTIZED_FORMATS_ENV}: unknown format(s) {unknown} "
-                             f"(known: {', '.join(KEPT_FORMATS)})")
+            raise ValueError(f"{QUANTIZED_FORMATS_ENV}: unknown format(s) {unknown} (known: {', '.join(KEPT_FORMATS)})")
         return formats
     described = _described(target)
     return described.quantized_formats if described else ()  # an undescribed target: dequantize
@@ -139,8 +141,14 @@ def _described(target: str | Target) -> Target | None:
         return None
 
 
-def load_model(path: str | Path | Checkpoint, *, target: str | Target = "cpu", progress: bool = False,
-               generated_dir: Path = GENERATED_DIR, activation_dtype: str | None = None) -> Model:
+def load_model(
+    path: str | Path | Checkpoint,
+    *,
+    target: str | Target = "cpu",
+    progress: bool = False,
+    generated_dir: Path = GENERATED_DIR,
+    activation_dtype: str | None = None,
+) -> Model:
     """A model from a checkpoint path (GGUF file, HF folder) or an opened Checkpoint.
     activation_dtype: run the plan in this dtype instead of its target's (e.g. the cpu target in bfloat16, to
     compare two targets at one precision).
@@ -157,11 +165,19 @@ def load_model(path: str | Path | Checkpoint, *, target: str | Target = "cpu", p
     bar = None
     if progress:
         from tqdm import tqdm
+
         total = len(plan.manifest["global_weights"]) + int(resolved.dims.layers)
         bar = tqdm(total=total, desc="loading weights", unit="part", leave=False)
-    params = load_params(spec, plan.manifest, ckpt, resolved, to_device=device_placer(dtype), progress=bar,
-                         keep_formats=_quantized_formats(target),
-                         dense_copy=dense_copier(dtype) if _dense_copies(target) else None)
+    params = load_params(
+        spec,
+        plan.manifest,
+        ckpt,
+        resolved,
+        to_device=device_placer(dtype),
+        progress=bar,
+        keep_formats=_quantized_formats(target),
+        dense_copy=dense_copier(dtype) if _dense_copies(target) else None,
+    )
     if bar is not None:
         bar.close()
     return Model(spec, ckpt, resolved, plan, params, dtype, generated_dir)

@@ -56,9 +56,13 @@ def merge_deltas(deltas: list[Delta]) -> Delta:
         return deltas[0]
     logprobs = [lp for d in deltas if d.logprobs is not None for lp in d.logprobs]
     last = deltas[-1]
-    return Delta("".join(d.text for d in deltas), tuple(t for d in deltas for t in d.token_ids),
-                 tuple(logprobs) if any(d.logprobs is not None for d in deltas) else None,
-                 last.finish_reason, last.stop_reason)
+    return Delta(
+        "".join(d.text for d in deltas),
+        tuple(t for d in deltas for t in d.token_ids),
+        tuple(logprobs) if any(d.logprobs is not None for d in deltas) else None,
+        last.finish_reason,
+        last.stop_reason,
+    )
 
 
 @dataclass(frozen=True)
@@ -71,10 +75,20 @@ class _StopMatch:
 class OutputProcessor:
     """The output of one sequence: push each sampled id, stream the deltas, read the totals at the end."""
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int], *, stop: Sequence[str] = (),
-                 stop_token_ids: Collection[int] = (), eos_token_ids: Collection[int] = (),
-                 ignore_eos: bool = False, min_tokens: int = 0, max_tokens: int,
-                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: Sequence[int],
+        *,
+        stop: Sequence[str] = (),
+        stop_token_ids: Collection[int] = (),
+        eos_token_ids: Collection[int] = (),
+        ignore_eos: bool = False,
+        min_tokens: int = 0,
+        max_tokens: int,
+        include_stop_str_in_output: bool = False,
+        skip_special_tokens: bool = True,
+    ):
         if isinstance(stop, str):
             stop = (stop,)  # one stop string, not one per character
         if any(not isinstance(s, str) or not s for s in stop):
@@ -90,16 +104,18 @@ class OutputProcessor:
         self._min_tokens, self._max_tokens = min_tokens, max_tokens
         self._include_stop = include_stop_str_in_output
         # While fewer than min_tokens were generated the sampler must not pick these (vLLM's order: stop ids, eos).
-        self._suppressed = tuple(dict.fromkeys([*(int(t) for t in stop_token_ids),
-                                                *(() if ignore_eos else (int(t) for t in eos_token_ids))]))
+        self._suppressed = tuple(
+            dict.fromkeys([*(int(t) for t in stop_token_ids), *(() if ignore_eos else (int(t) for t in eos_token_ids))])
+        )
         self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=skip_special_tokens)
 
         longest = max((len(s) for s in self._stops), default=0)
         self._context = max(longest - 1, 0)  # characters before the new text a stop string may start in
         # Every proper prefix of a stop string: an output ending with one is held back. Not needed when the
         # stop string goes out anyway (include_stop_str_in_output): then nothing is ever held.
-        self._stop_prefixes = frozenset() if self._include_stop else frozenset(
-            s[:k] for s in self._stops for k in range(1, len(s)))
+        self._stop_prefixes = (
+            frozenset() if self._include_stop else frozenset(s[:k] for s in self._stops for k in range(1, len(s)))
+        )
 
         self._output_ids: list[int] = []
         self._emitted_parts: list[str] = []
@@ -150,8 +166,9 @@ class OutputProcessor:
         is a possible start of a stop string or half a character. Either way the remaining ids go out.
         "stop" (a grammar the output follows is complete): as "length", with finish reason "stop"."""
         if reason not in (FINISH_LENGTH, FINISH_ABORT, FINISH_STOP):
-            raise ValueError(f"finish reason must be {FINISH_LENGTH!r}, {FINISH_ABORT!r} or {FINISH_STOP!r}, "
-                             f"got {reason!r}")
+            raise ValueError(
+                f"finish reason must be {FINISH_LENGTH!r}, {FINISH_ABORT!r} or {FINISH_STOP!r}, got {reason!r}"
+            )
         if self.done:
             raise RuntimeError(f"finish({reason!r}) after the sequence finished ({self._finish_reason})")
         if reason == FINISH_ABORT:
@@ -233,7 +250,7 @@ class OutputProcessor:
         """Emit the new text except a suffix that may be the start of a stop string."""
         pending = self._held + new_text
         hold = self._held_suffix_length(pending)
-        out, self._held = pending[:len(pending) - hold], pending[len(pending) - hold:]
+        out, self._held = pending[: len(pending) - hold], pending[len(pending) - hold :]
         self._see(new_text)
         self._emit(out)
         return Delta(out, *self._release(everything=False), None, None)
@@ -263,7 +280,7 @@ class OutputProcessor:
     def _see(self, new_text: str) -> None:
         self._seen_chars += len(new_text)
         if self._context:
-            self._seen_tail = (self._seen_tail + new_text)[-self._context:]
+            self._seen_tail = (self._seen_tail + new_text)[-self._context :]
 
     def _emit(self, out: str) -> None:
         if out:

@@ -25,16 +25,22 @@ class LoadedPlan:
     manifest: dict
 
 
-def load_plan(spec: ModelSpec, target: str, generated_dir: Path = GENERATED_DIR, variant: str = "default") -> LoadedPlan:
+def load_plan(
+    spec: ModelSpec, target: str, generated_dir: Path = GENERATED_DIR, variant: str = "default"
+) -> LoadedPlan:
     folder = generated_dir / target / spec.arch
     manifest_path, plan_path = folder / "manifest.json", folder / "plan.py"
     if not manifest_path.exists() or not plan_path.exists():
-        raise PlanError(f"no generated plan for {spec.arch} on {target} in {folder}; "
-                        f"run `ember compile --spec {spec.path} --target {target}`")
+        raise PlanError(
+            f"no generated plan for {spec.arch} on {target} in {folder}; "
+            f"run `ember compile --spec {spec.path} --target {target}`"
+        )
     manifest = json.loads(manifest_path.read_text())
     if manifest.get("spec_sha256") != spec.source_sha256:
-        raise PlanError(f"{folder} was generated from another version of {spec.path.name}; "
-                        f"run `ember compile --spec {spec.path} --target {target}`")
+        raise PlanError(
+            f"{folder} was generated from another version of {spec.path.name}; "
+            f"run `ember compile --spec {spec.path} --target {target}`"
+        )
     filename = manifest.get("variants", {}).get(variant)
     if filename is None:
         raise PlanError(f"{folder} has no {variant!r} plan; run `ember compile --spec {spec.path} --target {target}`")

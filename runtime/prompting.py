@@ -31,10 +31,13 @@ def end_of_generation_ids(tokenizer: Tokenizer, generation_config: dict) -> froz
 
 def render_chat(tokenizer: Tokenizer, messages: list[dict], **template_kwargs) -> str:
     if not tokenizer.chat_template:
-        raise CheckpointError(tokenizer.source if hasattr(tokenizer, "source") else "model",
-                              "has no chat template (a base model?): use a plain prompt without --chat")
+        raise CheckpointError(
+            tokenizer.source if hasattr(tokenizer, "source") else "model",
+            "has no chat template (a base model?): use a plain prompt without --chat",
+        )
     from .loader.chat_template import ChatTemplate
 
-    template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token,
-                            eos_token=tokenizer.eos_token, origin="model")
+    template = ChatTemplate(
+        tokenizer.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token, origin="model"
+    )
     return template.render(messages, add_generation_prompt=True, **template_kwargs)

@@ -34,8 +34,14 @@ SEED_MODULUS = 2**32  # seeds live in a u32 on device; larger (or negative) seed
 
 # generation_config.json keys that give defaults, and the field each fills
 MAX_SAMPLING_TEMPERATURE = 1e6  # temperatures above this sample exactly as this one (see pack_batch)
-_GENERATION_CONFIG_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-                             "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+_GENERATION_CONFIG_FIELDS = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,7 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
-                or self.frequency_penalty != 0.0)
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def validate(self, vocab_size: int) -> None:
         """Raise ValueError naming the first field whose value is out of range."""
@@ -78,27 +83,52 @@ class SamplingParams:
         _check(_is_int(self.top_k) and self.top_k >= -1, "top_k", self.top_k, "must be 0 (off) or a positive integer")
         _check(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
         _check(_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p", self.min_p, "must be in [0, 1]")
-        _check(_finite(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
-               self.repetition_penalty, "must be > 0")
+        _check(
+            _finite(self.repetition_penalty) and self.repetition_penalty > 0,
+            "repetition_penalty",
+            self.repetition_penalty,
+            "must be > 0",
+        )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            _check(_finite(value) and abs(value) <= PENALTY_LIMIT, name, value,
-                   f"must be in [-{PENALTY_LIMIT:g}, {PENALTY_LIMIT:g}]")
+            _check(
+                _finite(value) and abs(value) <= PENALTY_LIMIT,
+                name,
+                value,
+                f"must be in [-{PENALTY_LIMIT:g}, {PENALTY_LIMIT:g}]",
+            )
         self._validate_logit_bias(vocab_size)
         _check(self.seed is None or _is_int(self.seed), "seed", self.seed, "must be an integer")
-        _check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1), "max_tokens",
-               self.max_tokens, "must be >= 1")
+        _check(
+            self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
+            "max_tokens",
+            self.max_tokens,
+            "must be >= 1",
+        )
         _check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", self.min_tokens, "must be >= 0")
-        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
-               f"must not exceed max_tokens ({self.max_tokens})")
+        _check(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            self.min_tokens,
+            f"must not exceed max_tokens ({self.max_tokens})",
+        )
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "must be non-empty strings")
-        _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids", len(self.stop_token_ids),
-               f"at most {MAX_STOP_TOKEN_IDS} ids")
+        _check(
+            len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS,
+            "stop_token_ids",
+            len(self.stop_token_ids),
+            f"at most {MAX_STOP_TOKEN_IDS} ids",
+        )
         for token in self.stop_token_ids:
-            _check(_is_int(token) and 0 <= token < vocab_size, "stop_token_ids", token,
-                   f"ids must be in [0, {vocab_size})")
-        _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS),
-               "logprobs", self.logprobs, f"must be in [0, {MAX_TOP_LOGPROBS}]")
+            _check(
+                _is_int(token) and 0 <= token < vocab_size, "stop_token_ids", token, f"ids must be in [0, {vocab_size})"
+            )
+        _check(
+            self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS),
+            "logprobs",
+            self.logprobs,
+            f"must be in [0, {MAX_TOP_LOGPROBS}]",
+        )
         _check(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", self.n, f"must be in [1, {MAX_N}]")
         self._validate_guided_and_forced(vocab_size)
 
@@ -111,10 +141,18 @@ class SamplingParams:
             return
         _check(isinstance(forced, tuple) and len(forced) > 0, "forced_token_ids", forced, "must be a non-empty tuple")
         for token in forced:
-            _check(_is_int(token) and 0 <= token < vocab_size, "forced_token_ids", token,
-                   f"ids must be in [0, {vocab_size})")
-        _check(self.max_tokens is None or self.max_tokens == len(forced), "max_tokens", self.max_tokens,
-               f"must be omitted or equal the {len(forced)} forced tokens")
+            _check(
+                _is_int(token) and 0 <= token < vocab_size,
+                "forced_token_ids",
+                token,
+                f"ids must be in [0, {vocab_size})",
+            )
+        _check(
+            self.max_tokens is None or self.max_tokens == len(forced),
+            "max_tokens",
+            self.max_tokens,
+            f"must be omitted or equal the {len(forced)} forced tokens",
+        )
         _check(self.guided is None, "guided", self.guided, "cannot be combined with forced_token_ids")
         _check(self.n == 1, "n", self.n, "must be 1 with forced_token_ids")
 
@@ -122,8 +160,12 @@ class SamplingParams:
         bias = self.logit_bias or {}
         _check(len(bias) <= MAX_LOGIT_BIAS, "logit_bias", len(bias), f"at most {MAX_LOGIT_BIAS} entries")
         for token, value in bias.items():
-            _check(_is_int(token) and 0 <= token < vocab_size, "logit_bias", token,
-                   f"token ids must be in [0, {vocab_size})")
+            _check(
+                _is_int(token) and 0 <= token < vocab_size,
+                "logit_bias",
+                token,
+                f"token ids must be in [0, {vocab_size})",
+            )
             ok = isinstance(value, (int, float)) and (value == -math.inf or abs(value) <= LOGIT_BIAS_LIMIT)
             _check(ok, "logit_bias", value, f"values must be in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}] or -inf")
 
@@ -224,8 +266,15 @@ def history_length_needed(rows: Sequence[RowState]) -> int:
     return max((row.history_length for row in rows), default=0)
 
 
-def pack_batch(rows: Sequence[RowState], *, vocab_size: int, history_bucket: int, bias_slots: int = MAX_LOGIT_BIAS,
-               suppress_slots: int = 8, num_rows: int | None = None) -> SamplingBatch:
+def pack_batch(
+    rows: Sequence[RowState],
+    *,
+    vocab_size: int,
+    history_bucket: int,
+    bias_slots: int = MAX_LOGIT_BIAS,
+    suppress_slots: int = 8,
+    num_rows: int | None = None,
+) -> SamplingBatch:
     """Pack rows into a SamplingBatch of numpy arrays: R = num_rows (default len(rows)); rows past
     len(rows) are inert padding (greedy, no bias, no history, all tokens allowed). Rows with a matcher get
     their grammar's allowed-token mask (computed here, on the caller's thread). Raises ValueError when a
@@ -253,26 +302,35 @@ def pack_batch(rows: Sequence[RowState], *, vocab_size: int, history_bucket: int
             ids = tuple(dict.fromkeys(row.min_tokens_suppress_ids))
             if len(ids) > suppress_slots:
                 raise ValueError(f"row {r}: {len(ids)} ids to suppress exceed the {suppress_slots} suppression slots")
-            batch.suppress_ids[r, :len(ids)] = ids
+            batch.suppress_ids[r, : len(ids)] = ids
         forced = row.forced_token
         if forced is not None:
             batch.forced_token[r] = forced
             batch.temperature[r] = 0.0  # nothing is drawn: greedy skips the noise (logprobs do not change)
-    fill_masks([(row.matcher, r) for r, row in enumerate(rows) if row.matcher is not None], batch.allowed_mask,
-               vocab_size)
+    fill_masks(
+        [(row.matcher, r) for r, row in enumerate(rows) if row.matcher is not None], batch.allowed_mask, vocab_size
+    )
     return batch
 
 
 def _inert_batch(rows: int, history: int, bias: int, suppress: int, mask_width: int) -> SamplingBatch:
     return SamplingBatch(
-        temperature=np.zeros(rows, np.float32), top_k=np.zeros(rows, np.int32), top_p=np.ones(rows, np.float32),
-        min_p=np.zeros(rows, np.float32), repetition_penalty=np.ones(rows, np.float32),
-        presence_penalty=np.zeros(rows, np.float32), frequency_penalty=np.zeros(rows, np.float32),
-        seed=np.zeros(rows, np.uint32), step=np.zeros(rows, np.int32),
-        bias_ids=np.full((rows, bias), -1, np.int32), bias_values=np.zeros((rows, bias), np.float32),
-        history_ids=np.full((rows, history), -1, np.int32), history_is_output=np.zeros((rows, history), bool),
+        temperature=np.zeros(rows, np.float32),
+        top_k=np.zeros(rows, np.int32),
+        top_p=np.ones(rows, np.float32),
+        min_p=np.zeros(rows, np.float32),
+        repetition_penalty=np.ones(rows, np.float32),
+        presence_penalty=np.zeros(rows, np.float32),
+        frequency_penalty=np.zeros(rows, np.float32),
+        seed=np.zeros(rows, np.uint32),
+        step=np.zeros(rows, np.int32),
+        bias_ids=np.full((rows, bias), -1, np.int32),
+        bias_values=np.zeros((rows, bias), np.float32),
+        history_ids=np.full((rows, history), -1, np.int32),
+        history_is_output=np.zeros((rows, history), bool),
         suppress_ids=np.full((rows, suppress), -1, np.int32),
-        allowed_mask=np.full((rows, mask_width), -1, np.int32), forced_token=np.full(rows, -1, np.int32),
+        allowed_mask=np.full((rows, mask_width), -1, np.int32),
+        forced_token=np.full(rows, -1, np.int32),
     )
 
 
@@ -280,8 +338,8 @@ def _pack_bias(batch: SamplingBatch, r: int, bias: Mapping[int, float], slots: i
     if len(bias) > slots:
         raise ValueError(f"row {r}: logit_bias has {len(bias)} entries, more than the {slots} bias slots")
     ids = [int(token) for token in bias]  # a dict: each id once, so the device add never doubles one
-    batch.bias_ids[r, :len(ids)] = ids
-    batch.bias_values[r, :len(ids)] = [float(bias[token]) for token in bias]
+    batch.bias_ids[r, : len(ids)] = ids
+    batch.bias_values[r, : len(ids)] = [float(bias[token]) for token in bias]
 
 
 def _pack_history(batch: SamplingBatch, r: int, row: RowState, bucket: int) -> None:
@@ -291,5 +349,5 @@ def _pack_history(batch: SamplingBatch, r: int, row: RowState, bucket: int) -> N
         raise ValueError(f"row {r}: {row.history_length} history tokens exceed the history bucket of {bucket}")
     prompt, output = len(row.prompt_ids), len(row.output_ids)
     batch.history_ids[r, :prompt] = row.prompt_ids
-    batch.history_ids[r, prompt:prompt + output] = row.output_ids
-    batch.history_is_output[r, prompt:prompt + output] = True
+    batch.history_ids[r, prompt : prompt + output] = row.output_ids
+    batch.history_is_output[r, prompt : prompt + output] = True

@@ -40,8 +40,15 @@ from .scheduler_ahead import RunAhead
 from .step_inputs import PrefillShapes
 from .step_plan import DecodeRow, PrefillChunk, StepPlan, slots_at
 
-__all__ = ["DecodeRow", "PrefillChunk", "QueueFullError", "RequestTooLongError", "Scheduler", "SchedulerSnapshot",
-           "StepPlan"]
+__all__ = [
+    "DecodeRow",
+    "PrefillChunk",
+    "QueueFullError",
+    "RequestTooLongError",
+    "Scheduler",
+    "SchedulerSnapshot",
+    "StepPlan",
+]
 
 
 class QueueFullError(RuntimeError):
@@ -70,10 +77,18 @@ class SchedulerSnapshot:
 
 
 class Scheduler(RunAhead):
-    def __init__(self, kv: KVCache | BlockPool, max_num_seqs: int, max_batched_tokens: int, max_queue_depth: int,
-                 prefill_chunk_buckets: Sequence[int], *, enable_prefix_caching: bool = True,
-                 extra_state: Mapping[str, StateAllocator] | None = None,
-                 prefill_shapes: PrefillShapes | None = None):
+    def __init__(
+        self,
+        kv: KVCache | BlockPool,
+        max_num_seqs: int,
+        max_batched_tokens: int,
+        max_queue_depth: int,
+        prefill_chunk_buckets: Sequence[int],
+        *,
+        enable_prefix_caching: bool = True,
+        extra_state: Mapping[str, StateAllocator] | None = None,
+        prefill_shapes: PrefillShapes | None = None,
+    ):
         if max_num_seqs < 1 or max_batched_tokens < 1 or max_queue_depth < 1:
             raise ValueError("max_num_seqs, max_batched_tokens and max_queue_depth must be >= 1")
         if not prefill_chunk_buckets or min(prefill_chunk_buckets) < 1:
@@ -108,10 +123,12 @@ class Scheduler(RunAhead):
             raise RequestTooLongError(
                 f"request {request.request_id!r} needs {needed} KV blocks of {self.pool.block_size} tokens "
                 f"(prompt {request.num_prompt_tokens} + max_tokens {request.max_tokens}); the pool has "
-                f"{self.pool.num_usable_blocks}")
+                f"{self.pool.num_usable_blocks}"
+            )
         if len(self.waiting) >= self.max_queue_depth:
-            raise QueueFullError(f"server overloaded: {len(self.waiting)} requests waiting "
-                                 f"(max queue depth {self.max_queue_depth})")
+            raise QueueFullError(
+                f"server overloaded: {len(self.waiting)} requests waiting (max queue depth {self.max_queue_depth})"
+            )
         self.waiting.append(request)
         self._active[request.request_id] = request
 
@@ -186,9 +203,14 @@ class Scheduler(RunAhead):
             budget -= end - start
             if end < request.num_tokens:
                 return chunks
-        while (admit and budget > 0 and self.waiting and len(self.running) < self.max_num_seqs
-               and len(chunks) < self.prefill_shapes.max_segments
-               and all(a.can_allocate() for a in self.extra_state.values())):
+        while (
+            admit
+            and budget > 0
+            and self.waiting
+            and len(self.running) < self.max_num_seqs
+            and len(chunks) < self.prefill_shapes.max_segments
+            and all(a.can_allocate() for a in self.extra_state.values())
+        ):
             request = self.waiting[0]
             hit = self.kv.find_prefix(request.all_token_ids) if self.prefix_caching else self.kv.no_hit()
             start = hit.num_blocks * self.kv.block_size
@@ -226,22 +248,30 @@ class Scheduler(RunAhead):
         request.status = RequestStatus.RUNNING
         self.running.append(request)
 
-    def _build_plan(self, decodes: list[Request], chunks: list[tuple[Request, int, int]],
-                    preempted: list[str]) -> StepPlan:
+    def _build_plan(
+        self, decodes: list[Request], chunks: list[tuple[Request, int, int]], preempted: list[str]
+    ) -> StepPlan:
         bs = self.kv.block_size
         rows, tables = [], {}
 
         for request in decodes:
             tables[request.request_id] = request_tables = self.kv.tables(request.state)
             pos = request.num_computed_tokens
-            rows.append(DecodeRow(request.request_id, request.all_token_ids[pos], pos,
-                                  slots_at(request_tables, pos, bs)))
+            rows.append(
+                DecodeRow(request.request_id, request.all_token_ids[pos], pos, slots_at(request_tables, pos, bs))
+            )
         prefills = []
         for request, start, end in chunks:
             tables[request.request_id] = request_tables = self.kv.tables(request.state)
-            prefills.append(PrefillChunk(request.request_id, start, tuple(request.all_token_ids[start:end]),
-                                         tuple(slots_at(request_tables, p, bs) for p in range(start, end)),
-                                         completes=end == request.num_tokens))
+            prefills.append(
+                PrefillChunk(
+                    request.request_id,
+                    start,
+                    tuple(request.all_token_ids[start:end]),
+                    tuple(slots_at(request_tables, p, bs) for p in range(start, end)),
+                    completes=end == request.num_tokens,
+                )
+            )
         return StepPlan(tuple(rows), tuple(prefills), tables, tuple(preempted), num_kinds=len(self.kv.kinds))
 
     # --- several decode steps in one device call --------------------------------------------------
@@ -264,8 +294,9 @@ class Scheduler(RunAhead):
             if request is None:
                 continue
             if request.num_computed_tokens != start:
-                raise RuntimeError(f"stale plan for {request_id!r}: it starts at {start}, not at "
-                                   f"{request.num_computed_tokens}")
+                raise RuntimeError(
+                    f"stale plan for {request_id!r}: it starts at {start}, not at {request.num_computed_tokens}"
+                )
             request.num_computed_tokens += n
             # commit full blocks to the prefix cache, then drop blocks that fell out of a sliding window
             self.kv.commit(request.state, request.all_token_ids, request.num_computed_tokens)
@@ -323,8 +354,16 @@ class Scheduler(RunAhead):
 
     def snapshot(self) -> SchedulerSnapshot:
         return SchedulerSnapshot(
-            active=len(self.running), waiting=len(self.waiting), max_num_seqs=self.max_num_seqs,
-            max_queue_depth=self.max_queue_depth, free_blocks=self.pool.free_blocks,
-            cached_free_blocks=self.pool.cached_free_blocks, usable_blocks=self.pool.num_usable_blocks,
-            block_size=self.pool.block_size, preemptions=self.num_preemptions, finished=self.num_finished,
-            aborted=self.num_aborted, kv=self.pool.counters())
+            active=len(self.running),
+            waiting=len(self.waiting),
+            max_num_seqs=self.max_num_seqs,
+            max_queue_depth=self.max_queue_depth,
+            free_blocks=self.pool.free_blocks,
+            cached_free_blocks=self.pool.cached_free_blocks,
+            usable_blocks=self.pool.num_usable_blocks,
+            block_size=self.pool.block_size,
+            preemptions=self.num_preemptions,
+            finished=self.num_finished,
+            aborted=self.num_aborted,
+            kv=self.pool.counters(),
+        )

@@ -65,8 +65,15 @@ class RunAhead:
         input token is the one `plan` samples, on the device), with KV for its next `steps` positions. None —
         nothing changes — when `plan` holds decode rows or a chunk that does not complete, a request waits to
         be admitted, a request ends with the token `plan` samples (max_tokens 1), or the pool cannot grow."""
-        if (plan is not self._unfinished_plan or self._ahead or plan.decodes or plan.preempted or not plan.prefills
-                or self.waiting or not all(chunk.completes for chunk in plan.prefills)):
+        if (
+            plan is not self._unfinished_plan
+            or self._ahead
+            or plan.decodes
+            or plan.preempted
+            or not plan.prefills
+            or self.waiting
+            or not all(chunk.completes for chunk in plan.prefills)
+        ):
             return None
         requests = [self._running(chunk.request_id) for chunk in plan.prefills]
         if any(r is None or r.num_tokens >= r.peak_context for r in requests):
@@ -75,8 +82,9 @@ class RunAhead:
         if tables is None:
             return None
         bs = self.kv.block_size
-        rows = tuple(DecodeRow(r.request_id, 0, r.num_tokens, slots_at(tables[r.request_id], r.num_tokens, bs))
-                     for r in requests)  # token 0: the device feeds the sampled one
+        rows = tuple(
+            DecodeRow(r.request_id, 0, r.num_tokens, slots_at(tables[r.request_id], r.num_tokens, bs)) for r in requests
+        )  # token 0: the device feeds the sampled one
         chained = StepPlan(rows, (), tables, (), num_kinds=plan.num_kinds)
         self._ahead.append((chained, steps))
         return chained

@@ -16,13 +16,19 @@ from ..compiler.batch import StepBatch
 from .model import Model
 from .step_inputs import bucket
 
-
 MIN_BLOCKS = 16  # short sequences share one table shape (one compiled plan) up to 256 tokens
 
 
 class SequenceRunner:
-    def __init__(self, model: Model, max_tokens_in_context: int, *, block_size: int = 16,
-                 prefill_chunk: int | None = None, kv_dtype=None):
+    def __init__(
+        self,
+        model: Model,
+        max_tokens_in_context: int,
+        *,
+        block_size: int = 16,
+        prefill_chunk: int | None = None,
+        kv_dtype=None,
+    ):
         # kv_dtype: the pools' element type (default: the activation dtype; EngineConfig.kv_cache_dtype's)
         self.model = model
         self.block_size = block_size
@@ -46,7 +52,7 @@ class SequenceRunner:
             raise ValueError(f"{self.length + len(tokens)} tokens exceed the runner's capacity {self.capacity}")
         outputs = []
         for start in range(0, len(tokens), self.chunk):
-            chunk = tokens[start:start + self.chunk]
+            chunk = tokens[start : start + self.chunk]
             last_chunk = start + self.chunk >= len(tokens)
             rows = list(range(len(chunk))) if all_logits else ([len(chunk) - 1] if last_chunk else [0])
             logits = self._step_prefill(chunk, rows)

@@ -54,8 +54,7 @@ def state_kinds(manifest: Mapping[str, Any]) -> tuple[StateKind, ...]:
         elif config.get("layout") == "slot":
             kinds.append(StateKind(name, False, config))
         else:
-            raise ValueError(f"state kind {name!r} in the plan manifest is neither 'kv' nor a 'paged' or "
-                             f"'slot' layout")
+            raise ValueError(f"state kind {name!r} in the plan manifest is neither 'kv' nor a 'paged' or 'slot' layout")
     return tuple(sorted(kinds, key=lambda k: (not k.paged, k.config.get("index", 0))))
 
 
@@ -81,12 +80,12 @@ def layer_state_kinds(manifest: Mapping[str, Any], layer_kinds: Sequence[str]) -
 
 def window_pool_blocks(window: int, block_size: int, max_num_seqs: int, max_batched_tokens: int) -> int:
     """Usable blocks a sliding kind's pool never needs more of (the sizing rule in the module doc)."""
-    return (max_num_seqs * (math.ceil(window / block_size) + 1)
-            + math.ceil(max_batched_tokens / block_size))
+    return max_num_seqs * (math.ceil(window / block_size) + 1) + math.ceil(max_batched_tokens / block_size)
 
 
-def pool_blocks(kinds: Sequence[PagedKind], full_blocks: int, *, block_size: int, max_num_seqs: int,
-                max_batched_tokens: int) -> dict[str, int]:
+def pool_blocks(
+    kinds: Sequence[PagedKind], full_blocks: int, *, block_size: int, max_num_seqs: int, max_batched_tokens: int
+) -> dict[str, int]:
     """Blocks (reserved block 0 included) of each kind's pool, given the full kind's: full kinds get
     full_blocks, sliding kinds the sizing rule's count, never more than full_blocks."""
     out = {}
@@ -98,8 +97,9 @@ def pool_blocks(kinds: Sequence[PagedKind], full_blocks: int, *, block_size: int
     return out
 
 
-def allocators_for(kinds: Sequence[StateKind], *, num_blocks: int | Mapping[str, int],
-                   block_size: int) -> dict[str, StateAllocator]:
+def allocators_for(
+    kinds: Sequence[StateKind], *, num_blocks: int | Mapping[str, int], block_size: int
+) -> dict[str, StateAllocator]:
     """One allocator per state kind: a BlockPool per paged kind (num_blocks: one count for all, or per
     kind). A slot allocator for recurrent state plugs in here (and into Scheduler(extra_state=...))."""
     allocators: dict[str, StateAllocator] = {}
@@ -117,8 +117,13 @@ def allocators_for(kinds: Sequence[StateKind], *, num_blocks: int | Mapping[str,
 def engine_pool_blocks(kinds: Sequence[PagedKind], config: Any) -> dict[str, int]:
     """Each kind's pool size for an EngineConfig: full kinds config.num_blocks; sliding kinds
     config.sliding_num_blocks, or the sizing rule when that is None."""
-    sizes = pool_blocks(kinds, config.num_blocks, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
-                        max_batched_tokens=config.max_batched_tokens)
+    sizes = pool_blocks(
+        kinds,
+        config.num_blocks,
+        block_size=config.block_size,
+        max_num_seqs=config.max_num_seqs,
+        max_batched_tokens=config.max_batched_tokens,
+    )
     if getattr(config, "sliding_num_blocks", None) is not None:
         sizes.update({k.name: config.sliding_num_blocks for k in kinds if k.window})
     return sizes

@@ -10,17 +10,27 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import jax
 import numpy as np
 
 from ..compiler.targets import get_target
-from .executable_cache import cached_step, executor_identity
 from .engine_config import kv_dtype
-from .engine_step import (carry_from_step, collect_multi_step, collect_step, launch_multi_step, launch_step,
-                          make_multi_step_fn, make_step_fn, no_carry, run_multi_step, run_step)
+from .engine_step import (
+    carry_from_step,
+    collect_multi_step,
+    collect_step,
+    launch_multi_step,
+    launch_step,
+    make_multi_step_fn,
+    make_step_fn,
+    no_carry,
+    run_multi_step,
+    run_step,
+)
+from .executable_cache import cached_step, executor_identity
 from .model import Model
 from .sampling_params import RowState
 from .scheduler import PrefillChunk, StepPlan
@@ -44,14 +54,16 @@ class StepExecutor:
         self.model, self.config = model, config
         entry = model.plan.manifest["entries"]["forward"]
         self.decode_buckets = tuple(b for b in entry["decode_buckets"] if b < config.max_num_seqs) + (
-            config.max_num_seqs,)
+            config.max_num_seqs,
+        )
         self.prefill = prefill
         self.table_blocks = math.ceil(config.max_model_len / config.block_size)
         self.deterministic = config.deterministic
         plan = model.deterministic_plan() if self.deterministic else model.plan
         # each layer's pool is sized by its state kind (the engine's KVCache uses the same sizes)
-        self.kv = model.new_kv(engine_pool_blocks(model.paged_kinds, config), config.block_size,
-                               kv_dtype(model, config.kv_cache_dtype))
+        self.kv = model.new_kv(
+            engine_pool_blocks(model.paged_kinds, config), config.block_size, kv_dtype(model, config.kv_cache_dtype)
+        )
         # the step functions' executables are also kept on disk (runtime/executable_cache.py): a warm start
         # neither traces nor lowers them
         identity = executor_identity(plan.module, (model.params, self.kv)) if config.keep_executables else None
@@ -59,9 +71,16 @@ class StepExecutor:
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/lookahead.py
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
         self.decode_steps = 1 if self.deterministic else max(1, steps)
-        self.multi_step_fn = (cached_step(make_multi_step_fn(plan.module.forward, self.decode_steps), 4, identity,
-                                          f"run-ahead {self.decode_steps}")
-                              if self.decode_steps > 1 else None)
+        self.multi_step_fn = (
+            cached_step(
+                make_multi_step_fn(plan.module.forward, self.decode_steps),
+                4,
+                identity,
+                f"run-ahead {self.decode_steps}",
+            )
+            if self.decode_steps > 1
+            else None
+        )
         self.num_kinds = len(model.paged_kinds)
         self.vocab = int(model.dims.vocab)
         self._carried = None  # the last run-ahead call's last tokens, on the device (make_multi_step_fn)
@@ -79,12 +98,17 @@ class StepExecutor:
         bar = None
         if progress:
             from tqdm import tqdm
+
             bar = tqdm(total=len(shapes), desc="compiling plans", unit="plan")
         for shape in shapes:
             self._run(padding_batch(shape), [], shape)
             if self.multi_step_fn is not None and shape.prefill_tokens == 0:
-                self._run_ahead(padding_batch(shape), np.zeros((self.decode_steps, shape.num_kinds,
-                                                                shape.decode_rows), np.int32), [], shape)
+                self._run_ahead(
+                    padding_batch(shape),
+                    np.zeros((self.decode_steps, shape.num_kinds, shape.decode_rows), np.int32),
+                    [],
+                    shape,
+                )
             if bar is not None:
                 bar.update(1)
         if bar is not None:
@@ -108,8 +132,9 @@ class StepExecutor:
         steps in one device call; one {request id: Sampled} per step."""
         return self.launch(plan, rows, self.decode_steps)()
 
-    def launch(self, plan: StepPlan, rows: list[RowState], steps: int, *,
-               chained: bool = False) -> Callable[[], list[dict[str, Sampled]]]:
+    def launch(
+        self, plan: StepPlan, rows: list[RowState], steps: int, *, chained: bool = False
+    ) -> Callable[[], list[dict[str, Sampled]]]:
         """Dispatch `plan` (steps > 1: an extended plan, as run_ahead) and return at once, before the device
         is done: calling the result waits for it and gives one {request id: Sampled} per step. The host may
         work meanwhile (the engine streams the previous call's tokens). Deterministic tiles run here.
@@ -123,15 +148,16 @@ class StepExecutor:
         batch = build_step_batch(plan, shape)
         args = (self.model.dims, self.model.params, self.kv)
         if steps == 1:
-            packed, self.kv = launch_step(self.step_fn, *args, batch, rows, vocab_size=self.vocab,
-                                          num_rows=shape.logit_rows)
+            packed, self.kv = launch_step(
+                self.step_fn, *args, batch, rows, vocab_size=self.vocab, num_rows=shape.logit_rows
+            )
             # what a run-ahead call chained behind this step (Scheduler.chain_after_prefill) starts from
             self._carried, self._step_packed = None, (packed, len(plan.logit_request_ids))
             return lambda: [self._sampled(plan, collect_step(packed))]
         if steps != self.decode_steps:
             raise ValueError(f"a call runs 1 or {self.decode_steps} steps, not {steps}")
         slots = np.zeros((steps, shape.num_kinds, shape.decode_rows), np.int32)
-        slots[:, :, :plan.num_decode] = plan.decode_slots_ahead(steps, self.config.block_size)
+        slots[:, :, : plan.num_decode] = plan.decode_slots_ahead(steps, self.config.block_size)
         if chained and self._carried is None and self._step_packed is not None:
             packed, sampled_rows = self._step_packed  # the step's sampled tokens, in this plan's row order
             self._carried = carry_from_step(packed, sampled_rows, shape.decode_rows)
@@ -139,9 +165,16 @@ class StepExecutor:
         carried = self._carried if chained else self._no_carry_for(shape.decode_rows)
         if carried is None or carried.shape != (shape.decode_rows + 1,):
             raise RuntimeError("a chained call needs the previous run-ahead call of the same rows")
-        packed, self.kv, self._carried = launch_multi_step(self.multi_step_fn, *args, batch, slots, rows,
-                                                           vocab_size=self.vocab, num_rows=shape.logit_rows,
-                                                           carried=carried)
+        packed, self.kv, self._carried = launch_multi_step(
+            self.multi_step_fn,
+            *args,
+            batch,
+            slots,
+            rows,
+            vocab_size=self.vocab,
+            num_rows=shape.logit_rows,
+            carried=carried,
+        )
         return lambda: [self._sampled(plan, result) for result in collect_multi_step(packed)]
 
     def _no_carry_for(self, decode_rows: int):
@@ -150,20 +183,38 @@ class StepExecutor:
         return self._no_carry[decode_rows]
 
     def _run_ahead(self, batch, slots_ahead: np.ndarray, rows: list[RowState], shape: StepShape):
-        results, self.kv = run_multi_step(self.multi_step_fn, self.model.dims, self.model.params, self.kv, batch,
-                                          slots_ahead, rows, vocab_size=self.vocab, num_rows=shape.logit_rows)
+        results, self.kv = run_multi_step(
+            self.multi_step_fn,
+            self.model.dims,
+            self.model.params,
+            self.kv,
+            batch,
+            slots_ahead,
+            rows,
+            vocab_size=self.vocab,
+            num_rows=shape.logit_rows,
+        )
         return results
 
     def _run(self, batch, rows: list[RowState], shape: StepShape):
-        result, self.kv = run_step(self.step_fn, self.model.dims, self.model.params, self.kv, batch, rows,
-                                   vocab_size=self.vocab, num_rows=shape.logit_rows)
+        result, self.kv = run_step(
+            self.step_fn,
+            self.model.dims,
+            self.model.params,
+            self.kv,
+            batch,
+            rows,
+            vocab_size=self.vocab,
+            num_rows=shape.logit_rows,
+        )
         return result
 
     @staticmethod
     def _sampled(plan: StepPlan, result) -> dict[str, Sampled]:
-        return {rid: Sampled(int(result.tokens[i]), float(result.logprob[i]), result.top_ids[i],
-                             result.top_logprobs[i])
-                for i, rid in enumerate(plan.logit_request_ids)}
+        return {
+            rid: Sampled(int(result.tokens[i]), float(result.logprob[i]), result.top_ids[i], result.top_logprobs[i])
+            for i, rid in enumerate(plan.logit_request_ids)
+        }
 
 
 def _tiles(plan: StepPlan) -> list[StepPlan]:
@@ -180,8 +231,18 @@ def _tiles(plan: StepPlan) -> list[StepPlan]:
         piece = None
         if chunk is not None and i < n_chunk_tiles:
             lo, hi = i * PREFILL_TILE, min((i + 1) * PREFILL_TILE, chunk.num_tokens)
-            piece = PrefillChunk(chunk.request_id, chunk.start + lo, chunk.token_ids[lo:hi], chunk.slots[lo:hi],
-                                 chunk.completes and hi == chunk.num_tokens)
-        tiles.append(replace(plan, decodes=plan.decodes[i * DECODE_TILE:(i + 1) * DECODE_TILE],
-                             prefills=(piece,) if piece is not None else ()))
+            piece = PrefillChunk(
+                chunk.request_id,
+                chunk.start + lo,
+                chunk.token_ids[lo:hi],
+                chunk.slots[lo:hi],
+                chunk.completes and hi == chunk.num_tokens,
+            )
+        tiles.append(
+            replace(
+                plan,
+                decodes=plan.decodes[i * DECODE_TILE : (i + 1) * DECODE_TILE],
+                prefills=(piece,) if piece is not None else (),
+            )
+        )
     return tiles

@@ -73,13 +73,19 @@ class PrefillShapes:
     def layouts(self) -> list[tuple[int, int]]:
         """Every (P, L) a step may take."""
         out = [(1, c) for c in self.buckets]
-        out += [(p, c) for p in self.segments if p > 1 for c in self.buckets
-                if c <= self.segment_max_tokens and p * c <= self.buckets[-1]]
+        out += [
+            (p, c)
+            for p in self.segments
+            if p > 1
+            for c in self.buckets
+            if c <= self.segment_max_tokens and p * c <= self.buckets[-1]
+        ]
         return out
 
 
-def step_shape(plan: StepPlan, decode_buckets: tuple[int, ...], prefill: PrefillShapes,
-               table_blocks: int) -> StepShape:  # K follows the plan
+def step_shape(
+    plan: StepPlan, decode_buckets: tuple[int, ...], prefill: PrefillShapes, table_blocks: int
+) -> StepShape:  # K follows the plan
     """Decode-only and prefill-only steps take their smallest bucket; a mixed step pads its decode rows
     to the largest decode bucket, so mixed shapes number one per prefill layout (few plans to compile)."""
     p, length = 1, 0
@@ -99,12 +105,14 @@ def step_shape(plan: StepPlan, decode_buckets: tuple[int, ...], prefill: Prefill
     return StepShape(b, c, table_blocks, plan.num_kinds, p)
 
 
-def all_step_shapes(decode_buckets: tuple[int, ...], prefill: PrefillShapes, table_blocks: int,
-                    num_kinds: int = 1) -> list[StepShape]:
+def all_step_shapes(
+    decode_buckets: tuple[int, ...], prefill: PrefillShapes, table_blocks: int, num_kinds: int = 1
+) -> list[StepShape]:
     """Every shape step_shape can return: decode-only, prefill-only and mixed steps."""
     shapes = [StepShape(b, 0, table_blocks, num_kinds) for b in decode_buckets]
-    shapes += [StepShape(b, p * c, table_blocks, num_kinds, p) for p, c in prefill.layouts()
-               for b in (0, decode_buckets[-1])]
+    shapes += [
+        StepShape(b, p * c, table_blocks, num_kinds, p) for p, c in prefill.layouts() for b in (0, decode_buckets[-1])
+    ]
     return shapes
 
 
@@ -112,11 +120,15 @@ def padding_batch(shape: StepShape) -> StepBatch:
     """A batch of only padding rows (writes go to block 0): runs a shape once to compile it."""
     n, k = shape.decode_rows + shape.prefill_tokens, shape.num_kinds
     zeros = np.zeros(n, np.int32)
-    return StepBatch(tokens=zeros, positions=zeros, slots=np.zeros((k, n), np.int32),
-                     dec_block_tables=np.zeros((k, shape.decode_rows, shape.table_blocks), np.int32),
-                     dec_ctx_lens=np.ones(shape.decode_rows, np.int32),
-                     pre_block_table=np.zeros((k, shape.segments, shape.table_blocks), np.int32),
-                     logit_rows=np.zeros(shape.logit_rows, np.int32))
+    return StepBatch(
+        tokens=zeros,
+        positions=zeros,
+        slots=np.zeros((k, n), np.int32),
+        dec_block_tables=np.zeros((k, shape.decode_rows, shape.table_blocks), np.int32),
+        dec_ctx_lens=np.ones(shape.decode_rows, np.int32),
+        pre_block_table=np.zeros((k, shape.segments, shape.table_blocks), np.int32),
+        logit_rows=np.zeros(shape.logit_rows, np.int32),
+    )
 
 
 def build_step_batch(plan: StepPlan, shape: StepShape) -> StepBatch:
@@ -149,6 +161,12 @@ def build_step_batch(plan: StepPlan, shape: StepShape) -> StepBatch:
         tables[:, :b_real] = plan.decode_block_tables(shape.table_blocks)
     ctx = np.ones(b, np.int32)
     ctx[:b_real] = plan.decode_context_lens()
-    return StepBatch(tokens=tokens, positions=positions, slots=slots, dec_block_tables=tables, dec_ctx_lens=ctx,
-                     pre_block_table=plan.prefill_block_tables(shape.segments, shape.table_blocks),
-                     logit_rows=logit_rows)
+    return StepBatch(
+        tokens=tokens,
+        positions=positions,
+        slots=slots,
+        dec_block_tables=tables,
+        dec_ctx_lens=ctx,
+        pre_block_table=plan.prefill_block_tables(shape.segments, shape.table_blocks),
+        logit_rows=logit_rows,
+    )

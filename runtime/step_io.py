@@ -11,7 +11,8 @@ with static slices (free inside the executable), and the step's results come bac
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +21,12 @@ import numpy as np
 from ..compiler.ops.sampling import SampleResult
 
 _WORD = np.int32
-_KINDS = {np.dtype(np.int32): "i32", np.dtype(np.float32): "f32", np.dtype(np.uint32): "u32",
-          np.dtype(np.bool_): "bool"}
+_KINDS = {
+    np.dtype(np.int32): "i32",
+    np.dtype(np.float32): "f32",
+    np.dtype(np.uint32): "u32",
+    np.dtype(np.bool_): "bool",
+}
 
 
 class IoLayout(NamedTuple):
@@ -67,13 +72,24 @@ def unpack_arrays(buffer: jax.Array, layout: IoLayout) -> list[jax.Array]:
 def pack_result(result: SampleResult) -> jax.Array:
     """Device side: [R, 2 + 2K] int32 = token, logprob bits, K top ids, K top logprob bits."""
     bits = lambda a: jax.lax.bitcast_convert_type(a.astype(jnp.float32), jnp.int32)
-    return jnp.concatenate([result.tokens[:, None].astype(jnp.int32), bits(result.logprob)[:, None],
-                            result.top_ids.astype(jnp.int32), bits(result.top_logprobs)], axis=1)
+    return jnp.concatenate(
+        [
+            result.tokens[:, None].astype(jnp.int32),
+            bits(result.logprob)[:, None],
+            result.top_ids.astype(jnp.int32),
+            bits(result.top_logprobs),
+        ],
+        axis=1,
+    )
 
 
 def unpack_result(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Host side: (tokens [R], logprob [R], top_ids [R, K], top_logprobs [R, K]) from pack_result's array."""
     packed = np.ascontiguousarray(packed, dtype=_WORD)
     k = (packed.shape[1] - 2) // 2
-    return (packed[:, 0].copy(), packed[:, 1].copy().view(np.float32), packed[:, 2:2 + k].copy(),
-            packed[:, 2 + k:].copy().view(np.float32))
+    return (
+        packed[:, 0].copy(),
+        packed[:, 1].copy().view(np.float32),
+        packed[:, 2 : 2 + k].copy(),
+        packed[:, 2 + k :].copy().view(np.float32),
+    )

@@ -113,8 +113,12 @@ class StepPlan:
         return out
 
     def decode_block_tables(self, max_blocks: int) -> np.ndarray:  # int32 [K, B, max_blocks], padded with block 0
-        return np.stack([_padded([self.block_tables[r.request_id][k] for r in self.decodes], max_blocks)
-                         for k in range(self.num_kinds)])
+        return np.stack(
+            [
+                _padded([self.block_tables[r.request_id][k] for r in self.decodes], max_blocks)
+                for k in range(self.num_kinds)
+            ]
+        )
 
     def prefill_block_tables(self, segments: int, max_blocks: int) -> np.ndarray:
         """int32 [K, segments, max_blocks]: chunk s's tables in row s, padded with block 0 (rows past the
@@ -130,5 +134,5 @@ def _padded(tables: Sequence[Sequence[int]], max_blocks: int) -> np.ndarray:
     for i, table in enumerate(tables):
         if len(table) > max_blocks:
             raise ValueError(f"a block table of {len(table)} blocks does not fit max_blocks={max_blocks}")
-        out[i, :len(table)] = table
+        out[i, : len(table)] = table
     return out

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import queue
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import AsyncIterator, Iterator
 
 
 @dataclass(frozen=True)

@@ -89,8 +89,9 @@ def synthetic_checkpoint(spec: ModelSpec, config: dict, seed: int = 0) -> Checkp
     return ckpt
 
 
-def synthetic_model(spec: ModelSpec, config: dict, *, target: str = "cpu", seed: int = 0,
-                    weight_format: str | None = None):
+def synthetic_model(
+    spec: ModelSpec, config: dict, *, target: str = "cpu", seed: int = 0, weight_format: str | None = None
+):
     """A Model whose parameters are drawn on the device, in the plan's activation dtype (weight_format:
     None, or one of FP8_FORMATS for the layers' projections)."""
     from ..compiler.ops.quant.fp8 import FP8_FORMATS
@@ -112,8 +113,9 @@ def synthetic_model(spec: ModelSpec, config: dict, *, target: str = "cpu", seed:
     return Model(spec, ckpt, resolved, plan, params, dtype)
 
 
-def _device_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved, dtype, seed: int,
-                   weight_format: str | None = None):
+def _device_params(
+    spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved, dtype, seed: int, weight_format: str | None = None
+):
     """The plan's Params (runtime/weights.py's grouping) with every weight drawn on the device."""
     from .weights import Params, WeightLoader, layer_constant, place_constant
 
@@ -144,11 +146,17 @@ def _device_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved, 
         if weight_format is None or value is None or value.ndim != 2:
             return value
         from ..compiler.ops.quant.fp8 import quantize_fp8
+
         return quantize_fp8(value, blocked=weight_format == "fp8_block", dtype=str(dtype))
 
     layers = int(resolved.dims["layers"])
     globals_ = {name: build(name, None) for name in manifest["global_weights"]}
     per_layer = [{name: layer_weight(name, i) for name in manifest["layer_weights"]} for i in range(layers)]
-    constants = [{name: place_constant(layer_constant(spec, resolved, loader, const, i))
-                  for name, const in manifest["layer_constants"].items()} for i in range(layers)]
+    constants = [
+        {
+            name: place_constant(layer_constant(spec, resolved, loader, const, i))
+            for name, const in manifest["layer_constants"].items()
+        }
+        for i in range(layers)
+    ]
     return Params(globals_, per_layer, constants)

@@ -73,8 +73,7 @@ def _fallback(type_name: str, row: int) -> str:
     return smaller if row % 32 == 0 else "F16"
 
 
-def q4_k_m_types(shapes: dict[str, tuple[int, ...]], n_layers: int, *,
-                 layer_order: str = "numeric") -> dict[str, str]:
+def q4_k_m_types(shapes: dict[str, tuple[int, ...]], n_layers: int, *, layer_order: str = "numeric") -> dict[str, str]:
     """GGUF tensor name -> ggml type name ("Q4_K", "Q6_K", "F32", ...) of a llama.cpp Q4_K_M file.
 
     shapes: every tensor of the model, GGUF names, numpy order (rows first; a row is shape[-1])."""
@@ -116,8 +115,11 @@ def _metadata_and_shapes(spec: ModelSpec, config: dict, tied: bool | None, schem
     ckpt = Checkpoint(Path("<config>"), "hf", spec.hf_architectures[0], _hf=_ConfigView(config))
     dims = resolve(spec, ckpt).dims.as_dict()
     arch = spec.gguf_architecture
-    metadata = {"general.architecture": arch, "general.name": f"synthetic {spec.arch} {scheme.upper()}",
-                "general.file_type": FILE_TYPES[scheme]}
+    metadata = {
+        "general.architecture": arch,
+        "general.name": f"synthetic {spec.arch} {scheme.upper()}",
+        "general.file_type": FILE_TYPES[scheme],
+    }
     for name, source in spec.dims.items():
         if source.gguf and name in dims:
             key = source.gguf[0]
@@ -187,7 +189,7 @@ class _SyntheticGGUF:
         rows, inner = info.shape[0], info.shape[-1]
         sample = min(rows, _RMS_SAMPLE_ROWS)
         row_bytes = info.nbytes // rows
-        values = dequantize(raw[:sample * row_bytes], info.ggml_type, (sample, inner))
+        values = dequantize(raw[: sample * row_bytes], info.ggml_type, (sample, inner))
         rms = float(np.sqrt(np.mean(np.square(values, dtype=np.float64))))
         if rms == 0.0:
             return raw
@@ -195,8 +197,8 @@ class _SyntheticGGUF:
         _, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(info.ggml_type)]
         blocks = raw.reshape(-1, block_bytes)
         for start in offsets:
-            field = np.ascontiguousarray(blocks[:, start:start + 2]).view("<f2")
-            blocks[:, start:start + 2] = (field.astype(np.float32) * factor).astype("<f2").view(np.uint8)
+            field = np.ascontiguousarray(blocks[:, start : start + 2]).view("<f2")
+            blocks[:, start : start + 2] = (field.astype(np.float32) * factor).astype("<f2").view(np.uint8)
         return raw
 
     def load(self, name: str) -> np.ndarray:
@@ -207,9 +209,16 @@ class _SyntheticGGUF:
         pass
 
 
-def synthetic_gguf_checkpoint(spec: ModelSpec, config: dict, *, scheme: str = "q4_k_m", seed: int = 0,
-                              layer_order: str = "numeric", tied: bool | None = None,
-                              types: dict[str, str] | None = None) -> Checkpoint:
+def synthetic_gguf_checkpoint(
+    spec: ModelSpec,
+    config: dict,
+    *,
+    scheme: str = "q4_k_m",
+    seed: int = 0,
+    layer_order: str = "numeric",
+    tied: bool | None = None,
+    types: dict[str, str] | None = None,
+) -> Checkpoint:
     """A GGUF Checkpoint of random weights at the shapes `config` (HF config.json keys) gives.
 
     tied: whether the file lacks output.weight (None: config's tie_word_embeddings, default False;

@@ -23,9 +23,9 @@ import functools
 import importlib
 import itertools
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +61,7 @@ class RawWeight(NamedTuple):
     """A GGUF matrix kept quantized, on the host: its blocks row by row, transforms applied."""
 
     blocks: np.ndarray  # uint8 [out, bytes per row]
-    format: str         # layout format name ("q4_k", ...)
+    format: str  # layout format name ("q4_k", ...)
     shape: tuple[int, int]  # (out, in) in elements
 
     def packed(self) -> QuantizedWeight:
@@ -72,8 +72,7 @@ class WeightLoader:
     """Fetch one logical weight (GGUF naming, HF layout conventions) from a checkpoint, as float32 —
     or, with `keep_formats`, as raw GGUF blocks (`fetch_raw`)."""
 
-    def __init__(self, spec: ModelSpec, ckpt: Checkpoint, resolved: ResolvedModel,
-                 keep_formats: tuple[str, ...] = ()):
+    def __init__(self, spec: ModelSpec, ckpt: Checkpoint, resolved: ResolvedModel, keep_formats: tuple[str, ...] = ()):
         self.spec, self.ckpt, self.resolved = spec, ckpt, resolved
         self.dims = resolved.dims.as_dict()
         unknown = set(keep_formats) - set(KEPT_FORMATS)
@@ -105,15 +104,18 @@ class WeightLoader:
                 return self.locate(entry.tied_to if layer is None else entry.tied_to.format(i=layer))
             if entry.optional:
                 return None
-            raise CheckpointError(self.ckpt.path, f"missing tensor {name or logical!r} "
-                                                  f"(weight {logical!r} of {self.spec.path.name})")
+            raise CheckpointError(
+                self.ckpt.path, f"missing tensor {name or logical!r} (weight {logical!r} of {self.spec.path.name})"
+            )
         expected = tuple(int(evaluate(axis, self.dims)) for axis in entry.shape)
         return name, transform, expected, entry
 
     def _check_shape(self, name: str, shape: tuple[int, ...], expected: tuple[int, ...], entry) -> None:
         if tuple(shape) != expected:
-            raise CheckpointError(self.ckpt.path, f"tensor {name!r} has shape {list(shape)}, "
-                                                  f"expected {list(expected)} ({', '.join(entry.shape)})")
+            raise CheckpointError(
+                self.ckpt.path,
+                f"tensor {name!r} has shape {list(shape)}, expected {list(expected)} ({', '.join(entry.shape)})",
+            )
 
     def fetch(self, logical: str) -> np.ndarray | None:
         found = self.locate(logical)
@@ -167,9 +169,16 @@ class WeightLoader:
         return kept if kept is not None else self.fetch(logical)
 
 
-def load_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved: ResolvedModel,
-                to_device: Callable[[Any], Any] = np.asarray, progress=None,
-                keep_formats: tuple[str, ...] = (), dense_copy: Callable[[Any], Any] | None = None) -> Params:
+def load_params(
+    spec: ModelSpec,
+    manifest: dict,
+    ckpt: Checkpoint,
+    resolved: ResolvedModel,
+    to_device: Callable[[Any], Any] = np.asarray,
+    progress=None,
+    keep_formats: tuple[str, ...] = (),
+    dense_copy: Callable[[Any], Any] | None = None,
+) -> Params:
     """to_device places each value: a float array, or (with keep_formats) a QuantizedWeight or
     WeightGroup — see `device_placer`; dense_copy (`dense_copier`) then pairs a placed kept weight with its
     dense copy, except for weights the plan only gathers rows from."""
@@ -205,8 +214,13 @@ def load_params(spec: ModelSpec, manifest: dict, ckpt: Checkpoint, resolved: Res
         else:
             per_layer.append({n: place(n, v) for n, v in value.items()})
         _tick(progress)
-    constants = [{name: place_constant(layer_constant(spec, resolved, loader, const, i))
-                  for name, const in manifest["layer_constants"].items()} for i in range(layers)]
+    constants = [
+        {
+            name: place_constant(layer_constant(spec, resolved, loader, const, i))
+            for name, const in manifest["layer_constants"].items()
+        }
+        for i in range(layers)
+    ]
     return Params(globals_, per_layer, constants)
 
 
@@ -239,17 +253,27 @@ def _combine(parts: list) -> np.ndarray | QuantizedWeight | WeightGroup:
     kinds that differ stay apart in a WeightGroup."""
     runs: list[tuple[str | None, list]] = []  # (format, or None for float; consecutive parts)
     for part in parts:
-        kind = (part.format if isinstance(part, RawWeight) else
-                ("fp8_block" if part.blocked else "fp8") if isinstance(part, HostFp8) else None)
+        kind = (
+            part.format
+            if isinstance(part, RawWeight)
+            else ("fp8_block" if part.blocked else "fp8")
+            if isinstance(part, HostFp8)
+            else None
+        )
         if runs and runs[-1][0] == kind:
             runs[-1][1].append(part)
         else:
             runs.append((kind, [part]))
-    merged = [np.concatenate(items, axis=0) if kind is None else
-              concat_rows(items) if kind.startswith("fp8") else
-              RawWeight(np.concatenate([r.blocks for r in items]), kind,
-                        (sum(r.shape[0] for r in items), items[0].shape[1])).packed()
-              for kind, items in runs]
+    merged = [
+        np.concatenate(items, axis=0)
+        if kind is None
+        else concat_rows(items)
+        if kind.startswith("fp8")
+        else RawWeight(
+            np.concatenate([r.blocks for r in items]), kind, (sum(r.shape[0] for r in items), items[0].shape[1])
+        ).packed()
+        for kind, items in runs
+    ]
     return merged[0] if len(merged) == 1 else WeightGroup(tuple(merged))
 
 

@@ -38,18 +38,61 @@ from .tools import parse_anthropic_tool_choice, parse_anthropic_tools
 
 blueprint = Blueprint("anthropic")
 
-_FIELDS = frozenset({"model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p", "top_k",
-                     "stream", "tools", "tool_choice", "thinking", "metadata", "output_config"})
+_FIELDS = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "messages",
+        "system",
+        "stop_sequences",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stream",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "metadata",
+        "output_config",
+    }
+)
 # Anthropic platform features with no meaning on a local server: accepted, ignored.
-_IGNORED = frozenset({"service_tier", "container", "cache_control", "inference_geo", "speed", "diagnostics",
-                      "user_profile_id", "workspace_id", "mcp_servers", "context_management"})
+_IGNORED = frozenset(
+    {
+        "service_tier",
+        "container",
+        "cache_control",
+        "inference_geo",
+        "speed",
+        "diagnostics",
+        "user_profile_id",
+        "workspace_id",
+        "mcp_servers",
+        "context_management",
+    }
+)
 # Sampling extensions (vLLM's names, as on the OpenAI routes), passed through as they are.
-_EXTENSIONS = frozenset({"seed", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
-                         "min_tokens", "ignore_eos", "logit_bias", "chat_template_kwargs"})
+_EXTENSIONS = frozenset(
+    {
+        "seed",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "min_tokens",
+        "ignore_eos",
+        "logit_bias",
+        "chat_template_kwargs",
+    }
+)
 # prepare_chat names fields of the OpenAI body it was given; the Anthropic request's own names instead.
-_PARAM_NAMES = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences",
-                "response_format": "output_config.format", "enable_thinking": "thinking",
-                "parallel_tool_calls": "tool_choice.disable_parallel_tool_use"}
+_PARAM_NAMES = {
+    "max_completion_tokens": "max_tokens",
+    "stop": "stop_sequences",
+    "response_format": "output_config.format",
+    "enable_thinking": "thinking",
+    "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
+}
 
 
 @blueprint.post("/v1/messages")
@@ -130,8 +173,7 @@ def _split_prefill(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]
     """A conversation ending in a plain-text assistant message asks to continue that message: it is
     taken out of the rendered turns and its text follows the generation prompt instead."""
     last = messages[-1]
-    if (len(messages) < 2 or last["role"] != "assistant" or last.get("tool_calls")
-            or last.get("reasoning_content")):
+    if len(messages) < 2 or last["role"] != "assistant" or last.get("tool_calls") or last.get("reasoning_content"):
         return messages, ""
     return messages[:-1], last.get("content") or ""
 
@@ -145,8 +187,11 @@ def _tools(body: dict) -> dict[str, Any]:
         tool_choice: Any = {"type": "function", "function": {"name": choice.name}}
     else:
         tool_choice = choice.mode  # auto | none | required ("any")
-    return {"tools": [spec.to_openai() for spec in specs], "tool_choice": tool_choice,
-            "parallel_tool_calls": choice.parallel}
+    return {
+        "tools": [spec.to_openai() for spec in specs],
+        "tool_choice": tool_choice,
+        "parallel_tool_calls": choice.parallel,
+    }
 
 
 def _thinking(body: dict) -> bool | None:
@@ -203,16 +248,29 @@ async def _complete(service, chat, generation: Generation, message_id: str):
     choice = result.choices[0]
     parsed = chat.parse_output(choice.text, choice.finish_reason)
     stop_reason, stop_sequence = stop_fields(choice.finish_reason, choice.stop_reason, bool(parsed.tool_calls))
-    body = message_body(message_id, service.model_name, content=content_blocks(parsed), stop_reason=stop_reason,
-                        stop_sequence=stop_sequence, usage=usage_body(result.usage))
+    body = message_body(
+        message_id,
+        service.model_name,
+        content=content_blocks(parsed),
+        stop_reason=stop_reason,
+        stop_sequence=stop_sequence,
+        usage=usage_body(result.usage),
+    )
     return response.json(body, headers={"request-id": message_id})
 
 
 async def _stream(request, service, chat, generation: Generation, message_id: str):
-    resp = await request.respond(content_type="text/event-stream; charset=utf-8",
-                                 headers={**SSE_HEADERS, "request-id": message_id})
-    start = message_body(message_id, service.model_name, content=[], stop_reason=None, stop_sequence=None,
-                         usage=usage_body(None, len(chat.prompt_ids)))
+    resp = await request.respond(
+        content_type="text/event-stream; charset=utf-8", headers={**SSE_HEADERS, "request-id": message_id}
+    )
+    start = message_body(
+        message_id,
+        service.model_name,
+        content=[],
+        stop_reason=None,
+        stop_sequence=None,
+        usage=usage_body(None, len(chat.prompt_ids)),
+    )
     await resp.send(event("message_start", {"type": "message_start", "message": start}))
     parser, blocks = chat.new_stream_parser(), BlockWriter()
     try:
@@ -229,11 +287,19 @@ async def _stream(request, service, chat, generation: Generation, message_id: st
             for name, payload in events:
                 await resp.send(event(name, payload))
             if output.finish_reason is not None:
-                stop_reason, stop_sequence = stop_fields(output.finish_reason, output.stop_reason,
-                                                         blocks.has_tool_calls or parser.has_tool_calls)
-                await resp.send(event("message_delta", {
-                    "type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                    "usage": usage_body(output.usage or generation.usage, len(chat.prompt_ids))}))
+                stop_reason, stop_sequence = stop_fields(
+                    output.finish_reason, output.stop_reason, blocks.has_tool_calls or parser.has_tool_calls
+                )
+                await resp.send(
+                    event(
+                        "message_delta",
+                        {
+                            "type": "message_delta",
+                            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                            "usage": usage_body(output.usage or generation.usage, len(chat.prompt_ids)),
+                        },
+                    )
+                )
                 await resp.send(event("message_stop", {"type": "message_stop"}))
     except ApiError as error:  # headers are out: the error travels as an event
         await resp.send(event("error", error_body("anthropic", error)))

@@ -24,8 +24,9 @@ from ..runtime.streams import Usage
 from .tools import anthropic_tool_use_id, new_tool_call_id
 
 
-def stop_fields(finish_reason: str | None, stop_reason: str | int | None, has_tool_calls: bool
-                ) -> tuple[str, str | None]:
+def stop_fields(
+    finish_reason: str | None, stop_reason: str | int | None, has_tool_calls: bool
+) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence) of an Anthropic message from the engine's finish.
 
     Running out of max_tokens wins over tool calls: a call cut short is not a finished turn. A stop
@@ -43,11 +44,19 @@ def stop_fields(finish_reason: str | None, stop_reason: str | int | None, has_to
 def usage_body(usage: Usage | None, prompt_tokens: int = 0) -> dict[str, int]:
     """Anthropic counts cache reads apart from input_tokens (total input = the two summed)."""
     if usage is None:
-        return {"input_tokens": prompt_tokens, "output_tokens": 0, "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0}
+        return {
+            "input_tokens": prompt_tokens,
+            "output_tokens": 0,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        }
     cached = usage.cached_tokens or 0
-    return {"input_tokens": usage.prompt_tokens - cached, "output_tokens": usage.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+    return {
+        "input_tokens": usage.prompt_tokens - cached,
+        "output_tokens": usage.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }
 
 
 def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
@@ -60,8 +69,12 @@ def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
         tool_input = {"_raw_arguments": arguments}
     if not isinstance(tool_input, dict):
         tool_input = {"_raw_arguments": arguments}
-    return {"type": "tool_use", "id": anthropic_tool_use_id(call.get("id") or new_tool_call_id()),
-            "name": function.get("name", ""), "input": tool_input}
+    return {
+        "type": "tool_use",
+        "id": anthropic_tool_use_id(call.get("id") or new_tool_call_id()),
+        "name": function.get("name", ""),
+        "input": tool_input,
+    }
 
 
 def content_blocks(parsed) -> list[dict[str, Any]]:
@@ -75,10 +88,25 @@ def content_blocks(parsed) -> list[dict[str, Any]]:
     return blocks
 
 
-def message_body(message_id: str, model: str, *, content: list[dict[str, Any]], stop_reason: str | None,
-                 stop_sequence: str | None, usage: dict[str, int]) -> dict[str, Any]:
-    return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": usage}
+def message_body(
+    message_id: str,
+    model: str,
+    *,
+    content: list[dict[str, Any]],
+    stop_reason: str | None,
+    stop_sequence: str | None,
+    usage: dict[str, int],
+) -> dict[str, Any]:
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": usage,
+    }
 
 
 class BlockWriter:
@@ -118,8 +146,12 @@ class BlockWriter:
             if call.get("id") is None and self.open_call is not None and index <= self.open_call:
                 return  # a late fragment of a call whose block is closed: nothing can carry it now
             self._close(events)
-            block = {"type": "tool_use", "id": anthropic_tool_use_id(call.get("id") or new_tool_call_id()),
-                     "name": function.get("name") or "", "input": {}}
+            block = {
+                "type": "tool_use",
+                "id": anthropic_tool_use_id(call.get("id") or new_tool_call_id()),
+                "name": function.get("name") or "",
+                "input": {},
+            }
             self._open(events, "tool_use", block)
             self.open_call = index
             self.has_tool_calls = True
@@ -133,8 +165,9 @@ class BlockWriter:
             self._open(events, kind, block)
 
     def _open(self, events: list, kind: str, block: dict[str, Any]) -> None:
-        events.append(("content_block_start",
-                       {"type": "content_block_start", "index": self.next_index, "content_block": block}))
+        events.append(
+            ("content_block_start", {"type": "content_block_start", "index": self.next_index, "content_block": block})
+        )
         self.open_kind = kind
 
     def _delta(self, delta: dict[str, Any]) -> tuple[str, dict[str, Any]]:

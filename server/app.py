@@ -57,7 +57,8 @@ def _render_error(request, exception: Exception):
     elif isinstance(exception, SanicException):
         status = getattr(exception, "status_code", 500) or 500
         message = {404: f"no route {request.method} {request.path}", 413: "the request body is too large"}.get(
-            status, str(exception) or "error")
+            status, str(exception) or "error"
+        )
         error = ApiError(status, message)
     else:
         traceback.print_exception(exception)
@@ -74,10 +75,13 @@ def _cors_headers(config: ServeConfig, origin: str | None) -> dict[str, str]:
         allowed = origin
     else:
         return {}
-    return {"Access-Control-Allow-Origin": allowed, "Vary": "Origin",
-            "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
-            "Access-Control-Allow-Headers": "Authorization, Content-Type, x-api-key, anthropic-version",
-            "Access-Control-Max-Age": "600"}
+    return {
+        "Access-Control-Allow-Origin": allowed,
+        "Vary": "Origin",
+        "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+        "Access-Control-Allow-Headers": "Authorization, Content-Type, x-api-key, anthropic-version",
+        "Access-Control-Max-Age": "600",
+    }
 
 
 def _authorized(config: ServeConfig, request) -> bool:
@@ -128,8 +132,7 @@ async def _load(app, loop) -> None:
         secs = f"loaded in {service.load_seconds:.1f}s" if service.load_seconds is not None else "loaded"
         if service.compile_seconds is not None:
             secs += f", compiled in {service.compile_seconds:.1f}s"
-        print(f"Ember is serving {service.model_name} ({secs}) at http://{config.host}:{config.port}",
-              flush=True)
+        print(f"Ember is serving {service.model_name} ({secs}) at http://{config.host}:{config.port}", flush=True)
 
 
 def _on_signal(app) -> None:
@@ -158,6 +161,12 @@ async def _before_stop(app):
 
 def serve(config: ServeConfig) -> int:
     app = create_app(config)
-    app.run(host=config.host, port=config.port, single_process=True, access_log=False, motd=False,
-            register_sys_signals=False)
+    app.run(
+        host=config.host,
+        port=config.port,
+        single_process=True,
+        access_log=False,
+        motd=False,
+        register_sys_signals=False,
+    )
     return 0

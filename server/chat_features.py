@@ -36,9 +36,13 @@ class ChatFeatures:
         reasoning = self.reasoning.for_prompt(prompt_text) if self.reasoning is not None else None
         if self.response_format is not None or not self.tools or self.choice is None:
             return self.response_format, reasoning
-        grammar = tool_call_grammar(self.tools, self.choice, tokenizer=service.grammar_tokenizer(),
-                                    reasoning=reasoning is not None,
-                                    starts_in_reasoning=bool(reasoning and reasoning.starts_in_reasoning))
+        grammar = tool_call_grammar(
+            self.tools,
+            self.choice,
+            tokenizer=service.grammar_tokenizer(),
+            reasoning=reasoning is not None,
+            starts_in_reasoning=bool(reasoning and reasoning.starts_in_reasoning),
+        )
         return (GuidedDecoding.lark(grammar) if grammar else None), reasoning
 
     @property
@@ -49,7 +53,9 @@ class ChatFeatures:
 
 def chat_features(service, body: dict, messages: list[dict]) -> ChatFeatures:
     tools = parse_openai_tools(body.get("tools"))
-    choice = parse_openai_tool_choice(body.get("tool_choice"), tools, parallel_tool_calls=body.get("parallel_tool_calls"))
+    choice = parse_openai_tool_choice(
+        body.get("tool_choice"), tools, parallel_tool_calls=body.get("parallel_tool_calls")
+    )
     try:
         response_format = guided_from_response_format(body.get("response_format"))
     except StructuredOutputError as error:
@@ -58,5 +64,11 @@ def chat_features(service, body: dict, messages: list[dict]) -> ChatFeatures:
         raise bad_request("response_format cannot be combined with a tool_choice that forces a call", "tool_choice")
     active = () if choice.mode == "none" or response_format is not None else tools
     template_tools = [t.to_openai() for t in tools] if tools and choice.mode != "none" else None
-    return ChatFeatures(messages_for_template(messages), active, choice if active else None, response_format,
-                        ReasoningParser.for_tokenizer(service.tokenizer), template_tools)
+    return ChatFeatures(
+        messages_for_template(messages),
+        active,
+        choice if active else None,
+        response_format,
+        ReasoningParser.for_tokenizer(service.tokenizer),
+        template_tools,
+    )

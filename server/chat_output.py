@@ -5,8 +5,8 @@ arguments validated against the tool's schema)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from .reasoning import ReasoningParser
 from .tool_stream import StreamingToolParser, openai_deltas, parse_tool_calls
@@ -45,8 +45,9 @@ class ChatOutputParser:
         if self._reasoning is None:
             return self._content(text, final=final, cut=cut)
         split = self._reasoning.finish() if final else self._reasoning.feed(text)
-        return ([_reasoning_delta(split.reasoning)] if split.reasoning else []) + self._content(split.content, final=final,
-                                                                                                 cut=cut)
+        return ([_reasoning_delta(split.reasoning)] if split.reasoning else []) + self._content(
+            split.content, final=final, cut=cut
+        )
 
     def _content(self, text: str, *, final: bool, cut: bool = False) -> list[dict]:
         if self._tools is None:
@@ -65,8 +66,9 @@ def chat_finish_reason(finish_reason: str | None, has_tool_calls: bool) -> str |
     return "tool_calls"
 
 
-def parse_chat_output(text: str, *, tools: Sequence[ToolSpec], reasoning: ReasoningParser | None,
-                      finish_reason: str | None = None) -> ParsedOutput:
+def parse_chat_output(
+    text: str, *, tools: Sequence[ToolSpec], reasoning: ReasoningParser | None, finish_reason: str | None = None
+) -> ParsedOutput:
     """The whole text of a choice; `finish_reason` "length" drops a tool call left half-written."""
     reasoning_text = None
     if reasoning is not None:

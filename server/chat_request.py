@@ -51,12 +51,21 @@ def prepare_chat(service, body: dict, *, template_kwargs: dict | None = None) ->
     fields["guided"], reasoning = features.for_prompt(service, text)
     max_tokens_param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     params = service.sampling_params(fields, rename={"max_tokens": max_tokens_param})
-    return ChatRequest(service.encode_chat(text), params, logprobs, top, features.tools, reasoning,
-                       features.incremental_tool_stream, max_tokens_param)
+    return ChatRequest(
+        service.encode_chat(text),
+        params,
+        logprobs,
+        top,
+        features.tools,
+        reasoning,
+        features.incremental_tool_stream,
+        max_tokens_param,
+    )
 
 
-def render_chat_prompt(service, body: dict, messages: list[dict] | None = None,
-                       template_kwargs: dict | None = None) -> tuple[str, ChatFeatures]:
+def render_chat_prompt(
+    service, body: dict, messages: list[dict] | None = None, template_kwargs: dict | None = None
+) -> tuple[str, ChatFeatures]:
     """The prompt text of an OpenAI-shaped chat body (tools, tool turns and template kwargs included):
     what /v1/chat/completions generates from and /v1/tokenize counts."""
     messages = chat_messages(body, "messages") if messages is None else messages
@@ -65,6 +74,10 @@ def render_chat_prompt(service, body: dict, messages: list[dict] | None = None,
     if get_optional(body, "enable_thinking", bool) is not None:
         kwargs["enable_thinking"] = body["enable_thinking"]
     features = chat_features(service, body, messages)
-    text = service.render_chat(features.messages, tools=features.template_tools, template_kwargs=kwargs,
-                               add_generation_prompt=get_bool(body, "add_generation_prompt", True))
+    text = service.render_chat(
+        features.messages,
+        tools=features.template_tools,
+        template_kwargs=kwargs,
+        add_generation_prompt=get_bool(body, "add_generation_prompt", True),
+    )
     return text, features

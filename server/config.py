@@ -41,11 +41,15 @@ class ServeConfig:
 
         if is_fp8(self.kv_cache_dtype):
             if self.target == "cpu":
-                raise ValueError("--kv-cache-dtype fp8 needs a GPU target (--target h200): on the CPU every KV "
-                                 "write would convert the whole FP8 pool")
+                raise ValueError(
+                    "--kv-cache-dtype fp8 needs a GPU target (--target h200): on the CPU every KV "
+                    "write would convert the whole FP8 pool"
+                )
             if self.deterministic:
-                raise ValueError("--kv-cache-dtype fp8 is not available with --deterministic: its plans write KV "
-                                 "through XLA's scatter, which converts the whole FP8 pool")
+                raise ValueError(
+                    "--kv-cache-dtype fp8 is not available with --deterministic: its plans write KV "
+                    "through XLA's scatter, which converts the whole FP8 pool"
+                )
 
 
 _ENV_PREFIX = "EMBER_"
@@ -100,11 +104,17 @@ _FLAGS = {
     "--served-model-name": ("served_model_name", str, "the model name clients see and send"),
     "--ctx": ("ctx", _positive_int, "longest context of one request, prompt + output (tokens)"),
     "--kv-memory-gib": ("kv_memory_gib", _positive_float, "memory for the KV cache pool, GiB"),
-    "--kv-cache-dtype": ("kv_cache_dtype", _kv_cache_dtype,
-                         "KV cache element type: auto (the activations'), fp8 (e4m3, no scale: half the bytes), "
-                         "bfloat16, float32"),
+    "--kv-cache-dtype": (
+        "kv_cache_dtype",
+        _kv_cache_dtype,
+        "KV cache element type: auto (the activations'), fp8 (e4m3, no scale: half the bytes), bfloat16, float32",
+    ),
     "--max-num-seqs": ("max_num_seqs", _positive_int, "sequences decoded together at most"),
-    "--max-batched-tokens": ("max_batched_tokens", _positive_int, "tokens per engine step at most (default: the target's largest prefill chunk)"),
+    "--max-batched-tokens": (
+        "max_batched_tokens",
+        _positive_int,
+        "tokens per engine step at most (default: the target's largest prefill chunk)",
+    ),
     "--max-queue-depth": ("max_queue_depth", _positive_int, "waiting requests beyond which new ones get 429"),
     "--request-timeout": ("request_timeout", _positive_float, "seconds a request may take before 504"),
     "--max-output-tokens": ("max_output_tokens", _positive_int, "cap for requests that omit max_tokens"),
@@ -123,11 +133,11 @@ _SWITCHES = {
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, (name, parse, help_text) in _FLAGS.items():
-        parser.add_argument(flag, dest=name, type=parse, default=None,
-                            help=f"{help_text} [env {_env_name(name)}]")
+        parser.add_argument(flag, dest=name, type=parse, default=None, help=f"{help_text} [env {_env_name(name)}]")
     for flag, (name, help_text) in _SWITCHES.items():
-        parser.add_argument(flag, dest=name, action="store_true", default=None,
-                            help=f"{help_text} [env {_env_name(name)}]")
+        parser.add_argument(
+            flag, dest=name, action="store_true", default=None, help=f"{help_text} [env {_env_name(name)}]"
+        )
 
 
 def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> ServeConfig:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sanic import Blueprint, response
 
-from .errors import ApiError, bad_request
 from .chat_request import render_chat_prompt
+from .errors import ApiError, bad_request
 from .generation import Generation, new_id
 from .metrics import CONTENT_TYPE
 from .openai_logprobs import token_text
@@ -33,13 +33,22 @@ async def info(request):
     service = request.app.ctx.service
     service.require_ready()
     model = service.model
-    return response.json({
-        "model": service.model_name, "architecture": model.spec.arch, "max_context_length": service.context_length,
-        "max_output_tokens": min(service.context_length - 1, service.config.max_output_tokens or service.context_length),
-        "vocab_size": service.vocab_size, "target": service.config.target,
-        "deterministic": service.engine.config.deterministic, "max_num_seqs": service.engine.config.max_num_seqs,
-        "kv_block_size": service.engine.config.block_size, "dtype": str(model.dtype),
-    })
+    return response.json(
+        {
+            "model": service.model_name,
+            "architecture": model.spec.arch,
+            "max_context_length": service.context_length,
+            "max_output_tokens": min(
+                service.context_length - 1, service.config.max_output_tokens or service.context_length
+            ),
+            "vocab_size": service.vocab_size,
+            "target": service.config.target,
+            "deterministic": service.engine.config.deterministic,
+            "max_num_seqs": service.engine.config.max_num_seqs,
+            "kv_block_size": service.engine.config.block_size,
+            "dtype": str(model.dtype),
+        }
+    )
 
 
 @blueprint.get("/v1/capacity")
@@ -47,9 +56,15 @@ async def capacity(request):
     service = request.app.ctx.service
     engine = service.require_ready()
     snap = engine.snapshot()
-    return response.json({"active": snap["running"], "waiting": snap["waiting"],
-                          "free_kv_blocks": snap["free_kv_blocks"], "total_kv_blocks": snap["total_kv_blocks"],
-                          "accepting": bool(snap["accepting"]) and service.is_ready})
+    return response.json(
+        {
+            "active": snap["running"],
+            "waiting": snap["waiting"],
+            "free_kv_blocks": snap["free_kv_blocks"],
+            "total_kv_blocks": snap["total_kv_blocks"],
+            "accepting": bool(snap["accepting"]) and service.is_ready,
+        }
+    )
 
 
 @blueprint.get("/v1/models")
@@ -68,8 +83,14 @@ async def model(request, name: str):
 
 
 def model_card(service) -> dict:
-    return {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "ember",
-            "max_model_len": service.context_length, "context_length": service.context_length}
+    return {
+        "id": service.model_name,
+        "object": "model",
+        "created": service.created,
+        "owned_by": "ember",
+        "max_model_len": service.context_length,
+        "context_length": service.context_length,
+    }
 
 
 @blueprint.post("/v1/tokenize")
@@ -120,25 +141,48 @@ async def score(request):
     else:
         forced = service.check_token_ids(completion, "completion")
     top = get_int(body, "top_logprobs", 0, minimum=0, maximum=20)
-    params = service.sampling_params({
-        "temperature": 0.0, "logprobs": top, "max_tokens": len(forced), "forced_token_ids": tuple(forced),
-        "ignore_eos": True, "repetition_penalty": get_optional(body, "repetition_penalty", (int, float)),
-        "presence_penalty": get_optional(body, "presence_penalty", (int, float)),
-        "frequency_penalty": get_optional(body, "frequency_penalty", (int, float)),
-        "logit_bias": logit_bias_field(body), "skip_special_tokens": False})
-    generation = Generation.start(service, prompt_ids, params, request_id=new_id("score-"),
-                                  max_tokens_param="completion", prompt_param="prompt")
+    params = service.sampling_params(
+        {
+            "temperature": 0.0,
+            "logprobs": top,
+            "max_tokens": len(forced),
+            "forced_token_ids": tuple(forced),
+            "ignore_eos": True,
+            "repetition_penalty": get_optional(body, "repetition_penalty", (int, float)),
+            "presence_penalty": get_optional(body, "presence_penalty", (int, float)),
+            "frequency_penalty": get_optional(body, "frequency_penalty", (int, float)),
+            "logit_bias": logit_bias_field(body),
+            "skip_special_tokens": False,
+        }
+    )
+    generation = Generation.start(
+        service, prompt_ids, params, request_id=new_id("score-"), max_tokens_param="completion", prompt_param="prompt"
+    )
     result = await generation.collect()
     entries = result.choices[0].logprobs
     if len(entries) != len(forced):
         raise ApiError(500, f"scoring returned {len(entries)} of {len(forced)} positions")
-    tokens = [{"token_id": e.token_id, "token": token_text(service.tokenizer, e.token_id),
-               "logprob": _json_logprob(e.logprob),
-               "top_logprobs": [{"token_id": i, "token": token_text(service.tokenizer, i), "logprob": _json_logprob(lp)}
-                                for i, lp in e.top]} for e in entries]
-    return response.json({"object": "score", "model": service.model_name, "tokens": tokens,
-                          "total_logprob": sum(t["logprob"] for t in tokens),
-                          "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(forced)}})
+    tokens = [
+        {
+            "token_id": e.token_id,
+            "token": token_text(service.tokenizer, e.token_id),
+            "logprob": _json_logprob(e.logprob),
+            "top_logprobs": [
+                {"token_id": i, "token": token_text(service.tokenizer, i), "logprob": _json_logprob(lp)}
+                for i, lp in e.top
+            ],
+        }
+        for e in entries
+    ]
+    return response.json(
+        {
+            "object": "score",
+            "model": service.model_name,
+            "tokens": tokens,
+            "total_logprob": sum(t["logprob"] for t in tokens),
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(forced)},
+        }
+    )
 
 
 def _json_logprob(value: float) -> float:

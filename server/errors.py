@@ -57,5 +57,11 @@ def error_body(protocol: str, error: ApiError) -> dict:
         return {"type": "error", "error": {"type": anthropic_type, "message": error.message}}
     if protocol == "ollama":
         return {"error": error.message}
-    return {"error": {"message": error.message, "type": openai_type, "param": error.param,
-                      "code": error.code or (str(error.status) if error.status >= 500 else None)}}
+    return {
+        "error": {
+            "message": error.message,
+            "type": openai_type,
+            "param": error.param,
+            "code": error.code or (str(error.status) if error.status >= 500 else None),
+        }
+    }

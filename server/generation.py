@@ -9,11 +9,10 @@ every way out (client gone, deadline, error), so no request outlives its HTTP ex
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 from ..runtime.sampling_params import SamplingParams
 from ..runtime.streams import RequestOutput, RequestStream, TokenLogprob, Usage
@@ -43,8 +42,15 @@ class GenerationResult:
 
 
 class Generation:
-    def __init__(self, service, stream: RequestStream, request_id: str, prompt_ids: list[int],
-                 params: SamplingParams, arrival: float):
+    def __init__(
+        self,
+        service,
+        stream: RequestStream,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        arrival: float,
+    ):
         self.service, self.stream, self.request_id = service, stream, request_id
         self.prompt_ids, self.params = prompt_ids, params
         self.deadline = arrival + service.config.request_timeout
@@ -55,12 +61,21 @@ class Generation:
         self._released = False
 
     @classmethod
-    def start(cls, service, prompt_ids: list[int], params: SamplingParams, *, request_id: str | None = None,
-              max_tokens_param: str = "max_tokens", prompt_param: str = "messages") -> Generation:
+    def start(
+        cls,
+        service,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        max_tokens_param: str = "max_tokens",
+        prompt_param: str = "messages",
+    ) -> Generation:
         arrival = time.monotonic()
         request_id = request_id or new_id("req-")
-        stream = service.submit(prompt_ids, params, request_id=request_id, max_tokens_param=max_tokens_param,
-                                prompt_param=prompt_param)
+        stream = service.submit(
+            prompt_ids, params, request_id=request_id, max_tokens_param=max_tokens_param, prompt_param=prompt_param
+        )
         service.metrics.request_started()
         service.in_flight += 1
         return cls(service, stream, request_id, prompt_ids, params, arrival)
@@ -75,7 +90,7 @@ class Generation:
                     raise ApiError(504, f"the request took longer than {self.service.config.request_timeout:g} s")
                 try:
                     output = await self.stream.next_output(min(left, self.service.config.heartbeat_s))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     yield HEARTBEAT
                     continue
                 if output is None:

@@ -47,10 +47,18 @@ def model_card(service) -> dict[str, Any]:
     facts = model_facts(service.model)
     trained = int(service.model.dims.as_dict().get("max_context") or 0) or service.context_length
     template = getattr(service.tokenizer, "chat_template", None) or ""
-    card = {"id": service.model_name, "object": "model", "type": "llm", "publisher": _publisher(service),
-            "arch": service.model.spec.arch, "compatibility_type": facts.format,
-            "quantization": facts.quantization, "state": "loaded", "max_context_length": trained,
-            "loaded_context_length": service.context_length}
+    card = {
+        "id": service.model_name,
+        "object": "model",
+        "type": "llm",
+        "publisher": _publisher(service),
+        "arch": service.model.spec.arch,
+        "compatibility_type": facts.format,
+        "quantization": facts.quantization,
+        "state": "loaded",
+        "max_context_length": trained,
+        "loaded_context_length": service.context_length,
+    }
     if "tools" in template:
         card["capabilities"] = ["tool_use"]
     return card
@@ -79,8 +87,9 @@ async def model(request, name: str):
 
 @blueprint.post("/api/v0/embeddings")
 async def embeddings(request):
-    raise ApiError(501, f"embeddings are not supported: '{request.app.ctx.service.model_name}' is a text "
-                        "generation model")
+    raise ApiError(
+        501, f"embeddings are not supported: '{request.app.ctx.service.model_name}' is a text generation model"
+    )
 
 
 # ---- the blocks LM Studio adds ------------------------------------------------------------------
@@ -95,11 +104,17 @@ def lmstudio_blocks(service, generation: Generation, finish_reason: str | None) 
         working = max(usage.e2e_s - usage.queue_s, 0.0)
         blocks["stats"] = {
             "tokens_per_second": usage.completion_tokens / working if working > 0 else 0.0,
-            "time_to_first_token": usage.ttft_s, "generation_time": working,
-            "stop_reason": _stop_reason(service, usage, finish_reason or ending[0], ending[1])}
+            "time_to_first_token": usage.ttft_s,
+            "generation_time": working,
+            "stop_reason": _stop_reason(service, usage, finish_reason or ending[0], ending[1]),
+        }
     facts = model_facts(service.model)
-    blocks["model_info"] = {"arch": service.model.spec.arch, "quant": facts.quantization, "format": facts.format,
-                            "context_length": service.context_length}
+    blocks["model_info"] = {
+        "arch": service.model.spec.arch,
+        "quant": facts.quantization,
+        "format": facts.format,
+        "context_length": service.context_length,
+    }
     blocks["runtime"] = {"name": "ember", "version": _ember_version(), "supported_formats": _SUPPORTED_FORMATS}
     return blocks
 
@@ -126,15 +141,17 @@ async def chat_completions(request):
     body = json_body(request)
     chat = prepare_chat(service, body)
     completion_id = new_id("chatcmpl-")
-    generation = Generation.start(service, chat.prompt_ids, chat.params, request_id=completion_id,
-                                  max_tokens_param=chat.max_tokens_param)
+    generation = Generation.start(
+        service, chat.prompt_ids, chat.params, request_id=completion_id, max_tokens_param=chat.max_tokens_param
+    )
 
     def blocks(finish_reason):
         return lmstudio_blocks(service, generation, finish_reason)
 
     if get_bool(body, "stream", False):
-        return await stream_chat(request, service, chat, generation, completion_id, include_usage(service, body),
-                                 extra=blocks)
+        return await stream_chat(
+            request, service, chat, generation, completion_id, include_usage(service, body), extra=blocks
+        )
     return await complete_chat(service, chat, generation, completion_id, extra=blocks)
 
 

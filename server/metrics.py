@@ -36,14 +36,23 @@ class _EngineCollector:
         for metric, help_text, value in (
             ("ember:prefix_cache_queries", "Prompts looked up in the prefix cache", kv.prefix_queries if kv else 0),
             ("ember:prefix_cache_hits", "Prompts that reused at least one cached block", kv.prefix_hits if kv else 0),
-            ("ember:prefix_cache_reused_tokens", "Prompt tokens served from the prefix cache",
-             kv.reused_tokens if kv else 0),
+            (
+                "ember:prefix_cache_reused_tokens",
+                "Prompt tokens served from the prefix cache",
+                kv.reused_tokens if kv else 0,
+            ),
             ("ember:prefix_cache_evictions", "Cached blocks evicted to make room", kv.evictions if kv else 0),
             ("ember:num_preemptions", "Requests preempted for lack of KV blocks", snap["preemptions"] if snap else 0),
-            ("ember:prompt_tokens", "Prompt tokens of finished requests",
-             engine.counters.prompt_tokens if engine else 0),
-            ("ember:generation_tokens", "Generated tokens of finished requests",
-             engine.counters.generation_tokens if engine else 0),
+            (
+                "ember:prompt_tokens",
+                "Prompt tokens of finished requests",
+                engine.counters.prompt_tokens if engine else 0,
+            ),
+            (
+                "ember:generation_tokens",
+                "Generated tokens of finished requests",
+                engine.counters.generation_tokens if engine else 0,
+            ),
         ):
             family = CounterMetricFamily(metric, help_text, labels=label)
             family.add_metric(name, value)
@@ -54,20 +63,37 @@ class ServerMetrics:
     def __init__(self, service):
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(service))
-        self.ttft = Histogram("ember:time_to_first_token_seconds", "Arrival to first token",
-                              buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.itl = Histogram("ember:inter_token_latency_seconds", "Time between streamed token outputs",
-                             buckets=_ITL_BUCKETS, registry=self.registry)
-        self.e2e = Histogram("ember:e2e_request_latency_seconds", "Arrival to finish",
-                             buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.queue = Histogram("ember:request_queue_time_seconds", "Arrival to first scheduled",
-                               buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.outcomes = Counter("ember:request_success", "Finished generations by finish reason",
-                                ["finished_reason"], registry=self.registry)
-        self.http = Counter("ember:http_requests", "HTTP responses by route and status",
-                            ["route", "status"], registry=self.registry)
-        self.started = Counter("ember:requests_started", "Generations submitted to the engine",
-                               registry=self.registry)
+        self.ttft = Histogram(
+            "ember:time_to_first_token_seconds",
+            "Arrival to first token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            "ember:inter_token_latency_seconds",
+            "Time between streamed token outputs",
+            buckets=_ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "ember:e2e_request_latency_seconds", "Arrival to finish", buckets=_LATENCY_BUCKETS, registry=self.registry
+        )
+        self.queue = Histogram(
+            "ember:request_queue_time_seconds",
+            "Arrival to first scheduled",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.outcomes = Counter(
+            "ember:request_success",
+            "Finished generations by finish reason",
+            ["finished_reason"],
+            registry=self.registry,
+        )
+        self.http = Counter(
+            "ember:http_requests", "HTTP responses by route and status", ["route", "status"], registry=self.registry
+        )
+        self.started = Counter("ember:requests_started", "Generations submitted to the engine", registry=self.registry)
 
     def request_started(self) -> None:
         self.started.inc()

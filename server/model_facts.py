@@ -13,17 +13,50 @@ from typing import Any
 
 # llama.cpp's `general.file_type` (enum llama_ftype) -> the name Ollama and LM Studio show.
 _GGUF_FILE_TYPES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
-    12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
-    19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
-    26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16",
-    36: "TQ1_0", 37: "TQ2_0",
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    19: "IQ2_XXS",
+    20: "IQ2_XS",
+    21: "Q2_K_S",
+    22: "IQ3_XS",
+    23: "IQ3_XXS",
+    24: "IQ1_S",
+    25: "IQ4_NL",
+    26: "IQ3_S",
+    27: "IQ3_M",
+    28: "IQ2_S",
+    29: "IQ2_M",
+    30: "IQ4_XS",
+    31: "IQ1_M",
+    32: "BF16",
+    36: "TQ1_0",
+    37: "TQ2_0",
 }
 # Spec dimension name -> the key GGUF metadata keeps it under (after "<arch>.").
 _GGUF_DIM_KEYS = {
-    "d": "embedding_length", "layers": "block_count", "hq": "attention.head_count",
-    "hkv": "attention.head_count_kv", "dh": "attention.key_length", "ffn": "feed_forward_length",
-    "vocab": "vocab_size", "eps": "attention.layer_norm_rms_epsilon", "theta": "rope.freq_base",
+    "d": "embedding_length",
+    "layers": "block_count",
+    "hq": "attention.head_count",
+    "hkv": "attention.head_count_kv",
+    "dh": "attention.key_length",
+    "ffn": "feed_forward_length",
+    "vocab": "vocab_size",
+    "eps": "attention.layer_norm_rms_epsilon",
+    "theta": "rope.freq_base",
 }
 
 
@@ -60,7 +93,8 @@ def _compute(ckpt) -> ModelFacts:
         files = [path]
         shapes = [info.shape for info in gguf.tensors.values()]
         quant = _GGUF_FILE_TYPES.get(ckpt.metadata.get("general.file_type")) or _dominant(
-            {name: (info.type_name, info.nbytes) for name, info in gguf.tensors.items()})
+            {name: (info.type_name, info.nbytes) for name, info in gguf.tensors.items()}
+        )
         fmt = "gguf"
     else:
         files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]

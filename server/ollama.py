@@ -31,8 +31,20 @@ from .errors import ApiError
 from .generation import HEARTBEAT, Generation, new_id
 from .ollama_generate import generate
 from .ollama_models import check_ollama_model, register_model_routes, requested_name
-from .ollama_request import (ToolCallCollector, created_at, done_fields, done_reason, fit_to_context, load_reply,
-                             ollama_messages, ollama_tools, openai_fields, split_deltas, template_kwargs, tool_call)
+from .ollama_request import (
+    ToolCallCollector,
+    created_at,
+    done_fields,
+    done_reason,
+    fit_to_context,
+    load_reply,
+    ollama_messages,
+    ollama_tools,
+    openai_fields,
+    split_deltas,
+    template_kwargs,
+    tool_call,
+)
 from .openai_logprobs import chat_logprobs
 from .request_fields import get_bool, json_body
 from .sse import ndjson, open_ndjson
@@ -69,8 +81,13 @@ async def chat(request):
     chat_request = prepare_chat(service, openai_body, template_kwargs=template_kwargs(service, body, model))
     chat_request.params = fit_to_context(service, chat_request.prompt_ids, chat_request.params)
     stream = get_bool(body, "stream", True)
-    generation = Generation.start(service, chat_request.prompt_ids, chat_request.params,
-                                  request_id=new_id("ollama-chat-"), max_tokens_param="options.num_predict")
+    generation = Generation.start(
+        service,
+        chat_request.prompt_ids,
+        chat_request.params,
+        request_id=new_id("ollama-chat-"),
+        max_tokens_param="options.num_predict",
+    )
     base = {"model": model}
     if stream:
         return await _stream_chat(request, chat_request, generation, base, started)
@@ -101,8 +118,12 @@ async def _stream_chat(request, chat_request: ChatRequest, generation: Generatio
     finish_reason = None
 
     def line(content: str = "", **extra) -> dict:
-        return {**base, "created_at": created_at(), "message": {"role": "assistant", "content": content, **extra},
-                "done": False}
+        return {
+            **base,
+            "created_at": created_at(),
+            "message": {"role": "assistant", "content": content, **extra},
+            "done": False,
+        }
 
     try:
         async for output in generation.events():
@@ -116,8 +137,9 @@ async def _stream_chat(request, chat_request: ChatRequest, generation: Generatio
             content, thinking = split_deltas(deltas)
             calls.add(deltas)
             extra: dict[str, Any] = {"thinking": thinking} if thinking else {}
-            logprobs = (_logprobs(service, chat_request, output.logprobs)
-                        if chat_request.logprobs and output.logprobs else None)
+            logprobs = (
+                _logprobs(service, chat_request, output.logprobs) if chat_request.logprobs and output.logprobs else None
+            )
             if content or thinking or logprobs:
                 chunk = line(content, **extra)
                 if logprobs:
@@ -152,12 +174,17 @@ def _not_supported_handler(reason: str):
     async def handler(request, **_):
         service = request.app.ctx.service
         raise ApiError(501, f"{reason}: Ember serves one model, '{service.model_name}', loaded at startup")
+
     return handler
 
 
 for (_method, _uri), _reason in _NOT_SUPPORTED.items():
-    blueprint.add_route(_not_supported_handler(_reason), _uri, methods=[_method],
-                        name=_uri.strip("/").replace("/", "_"))
-blueprint.add_route(_not_supported_handler("uploading blobs is not supported"), "/api/blobs/<digest>",
-                    methods=["HEAD", "POST"], name="api_blobs")
-
+    blueprint.add_route(
+        _not_supported_handler(_reason), _uri, methods=[_method], name=_uri.strip("/").replace("/", "_")
+    )
+blueprint.add_route(
+    _not_supported_handler("uploading blobs is not supported"),
+    "/api/blobs/<digest>",
+    methods=["HEAD", "POST"],
+    name="api_blobs",
+)

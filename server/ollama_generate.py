@@ -14,8 +14,16 @@ from .chat_request import ChatRequest, prepare_chat
 from .errors import ApiError, bad_request
 from .generation import HEARTBEAT, Generation, new_id
 from .ollama_models import check_ollama_model, requested_name
-from .ollama_request import (created_at, done_fields, done_reason, fit_to_context, load_reply, openai_fields,
-                             split_deltas, template_kwargs)
+from .ollama_request import (
+    created_at,
+    done_fields,
+    done_reason,
+    fit_to_context,
+    load_reply,
+    openai_fields,
+    split_deltas,
+    template_kwargs,
+)
 from .openai_logprobs import chat_logprobs
 from .request_fields import get_bool, get_str, json_body, openai_sampling_fields
 from .sse import ndjson, open_ndjson
@@ -31,8 +39,11 @@ def _generate_prompt(service, body: dict, model: str) -> tuple[ChatRequest | Non
         raise bad_request("images are not supported: the served model reads text only", "images")
     template = get_str(body, "template", "")
     if template and template.strip() not in _TRIVIAL_TEMPLATES:
-        raise bad_request("template overrides are not supported: Ember renders the model's own chat template "
-                          "(send raw: true with a prompt formatted as you need)", "template")
+        raise bad_request(
+            "template overrides are not supported: Ember renders the model's own chat template "
+            "(send raw: true with a prompt formatted as you need)",
+            "template",
+        )
     raw = get_bool(body, "raw", False) or bool(template)
     prompt = get_str(body, "prompt", "")
     context = body.get("context") or []
@@ -40,15 +51,19 @@ def _generate_prompt(service, body: dict, model: str) -> tuple[ChatRequest | Non
         context = service.check_token_ids(context, "context")
     fields = openai_fields(body)
     if raw:
-        ids = (context + service.tokenizer.encode(prompt, add_special_tokens=False) if context
-               else service.encode_text(prompt))
+        ids = (
+            context + service.tokenizer.encode(prompt, add_special_tokens=False)
+            if context
+            else service.encode_text(prompt)
+        )
         return None, ids, _raw_params(service, fields, body.get("format"))
     messages = [{"role": "user", "content": prompt}]
     system = get_str(body, "system", "")
     if system:
         messages.insert(0, {"role": "system", "content": system})
-    chat_request = prepare_chat(service, {"messages": messages, **fields},
-                                template_kwargs=template_kwargs(service, body, model))
+    chat_request = prepare_chat(
+        service, {"messages": messages, **fields}, template_kwargs=template_kwargs(service, body, model)
+    )
     chat_request.prompt_ids = context + chat_request.prompt_ids
     return chat_request, chat_request.prompt_ids, chat_request.params
 
@@ -79,8 +94,14 @@ async def generate(request):
         return load_reply(body, model, chat=False)
     chat_request, prompt_ids, params = _generate_prompt(service, body, model)
     params = fit_to_context(service, prompt_ids, params)
-    generation = Generation.start(service, prompt_ids, params, request_id=new_id("ollama-gen-"),
-                                  max_tokens_param="options.num_predict", prompt_param="prompt")
+    generation = Generation.start(
+        service,
+        prompt_ids,
+        params,
+        request_id=new_id("ollama-gen-"),
+        max_tokens_param="options.num_predict",
+        prompt_param="prompt",
+    )
     want_logprobs = params.logprobs is not None
     top = params.logprobs or 0
     base = {"model": model}
@@ -103,8 +124,15 @@ async def generate(request):
     return response.json(reply)
 
 
-async def _stream_generate(request, chat_request: ChatRequest | None, generation: Generation, base: dict,
-                           started: float, want_logprobs: bool, top: int):
+async def _stream_generate(
+    request,
+    chat_request: ChatRequest | None,
+    generation: Generation,
+    base: dict,
+    started: float,
+    want_logprobs: bool,
+    top: int,
+):
     service = request.app.ctx.service
     resp = await open_ndjson(request)
     parser = chat_request.new_stream_parser() if chat_request is not None else None
@@ -140,4 +168,3 @@ async def _stream_generate(request, chat_request: ChatRequest | None, generation
         await resp.send(ndjson({"error": error.message}))
     await resp.eof()
     return resp
-

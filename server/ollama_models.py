@@ -8,7 +8,7 @@ one, and requests may name it with or without `:latest`."""
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sanic import response
@@ -43,21 +43,33 @@ def requested_name(service, requested: Any) -> str:
 
 
 def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(timestamp, UTC).isoformat().replace("+00:00", "Z")
 
 
 def model_details(service) -> dict[str, Any]:
     facts = model_facts(service.model)
     arch = service.model.spec.arch
-    return {"parent_model": "", "format": facts.format, "family": arch, "families": [arch],
-            "parameter_size": facts.parameter_size, "quantization_level": facts.quantization}
+    return {
+        "parent_model": "",
+        "format": facts.format,
+        "family": arch,
+        "families": [arch],
+        "parameter_size": facts.parameter_size,
+        "quantization_level": facts.quantization,
+    }
 
 
 def _listing(service) -> dict[str, Any]:
     facts = model_facts(service.model)
     name = ollama_name(service)
-    return {"name": name, "model": name, "modified_at": _iso(facts.modified_at or service.created),
-            "size": facts.size_bytes, "digest": facts.digest, "details": model_details(service)}
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": _iso(facts.modified_at or service.created),
+        "size": facts.size_bytes,
+        "digest": facts.digest,
+        "details": model_details(service),
+    }
 
 
 async def tags(request):
@@ -73,9 +85,14 @@ async def ps(request):
     del entry["modified_at"]
     size = entry["size"] + _kv_bytes(service, engine)
     on_device = service.config.target != "cpu"
-    entry.update({"size": size, "size_vram": size if on_device else 0,
-                  "expires_at": _iso(time.time() + _NEVER_EXPIRES.total_seconds()),
-                  "context_length": service.context_length})
+    entry.update(
+        {
+            "size": size,
+            "size_vram": size if on_device else 0,
+            "expires_at": _iso(time.time() + _NEVER_EXPIRES.total_seconds()),
+            "context_length": service.context_length,
+        }
+    )
     return response.json({"models": [entry]})
 
 
@@ -85,8 +102,9 @@ def _kv_bytes(service, engine) -> int:
         from ..runtime.engine import kv_bytes_per_block
 
         blocks = int(engine.snapshot()["total_kv_blocks"])
-        return blocks * int(kv_bytes_per_block(service.model, engine.config.block_size,
-                                               kv_cache_dtype=engine.config.kv_cache_dtype))
+        return blocks * int(
+            kv_bytes_per_block(service.model, engine.config.block_size, kv_cache_dtype=engine.config.kv_cache_dtype)
+        )
     except Exception:  # a figure for a listing: never worth failing the request over
         return 0
 
@@ -105,12 +123,17 @@ async def show(request):
     info = architecture_info(service.model, service.context_length)
     if not get_bool(body, "verbose", False):
         info = {k: v for k, v in info.items() if not k.startswith("tokenizer.")}
-    return response.json({
-        "modelfile": _modelfile(service, template, parameters),
-        "parameters": parameters, "template": template, "details": model_details(service),
-        "model_info": info, "capabilities": capabilities(service, template),
-        "modified_at": _iso(facts.modified_at or service.created),
-    })
+    return response.json(
+        {
+            "modelfile": _modelfile(service, template, parameters),
+            "parameters": parameters,
+            "template": template,
+            "details": model_details(service),
+            "model_info": info,
+            "capabilities": capabilities(service, template),
+            "modified_at": _iso(facts.modified_at or service.created),
+        }
+    )
 
 
 def capabilities(service, template: str) -> list[str]:
@@ -136,9 +159,14 @@ def thinks(service) -> bool:
 def _parameters_text(service) -> str:
     """The defaults a request gets (the checkpoint's generation_config), Modelfile PARAMETER style."""
     params = service.engine.default_params()
-    lines = [f"temperature {params.temperature:g}", f"top_k {params.top_k}", f"top_p {params.top_p:g}",
-             f"min_p {params.min_p:g}", f"repeat_penalty {params.repetition_penalty:g}",
-             f"num_ctx {service.context_length}"]
+    lines = [
+        f"temperature {params.temperature:g}",
+        f"top_k {params.top_k}",
+        f"top_p {params.top_p:g}",
+        f"min_p {params.min_p:g}",
+        f"repeat_penalty {params.repetition_penalty:g}",
+        f"num_ctx {service.context_length}",
+    ]
     for token_id in sorted(service.eos_ids):
         text = service.tokenizer.decode([token_id], skip_special_tokens=False)
         if text:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sanic import response
@@ -22,11 +22,15 @@ _NUMBER = (int, float)
 # Ollama option -> OpenAI chat field, for the sampling options Ember applies. Other documented options
 # (num_ctx, num_keep, repeat_last_n, typical_p, tfs_z, mirostat*, penalize_newline, num_batch, num_gpu,
 # num_thread, use_mmap, ...) are accepted and ignored, as Ollama ignores options a runner lacks.
-_SAMPLING_OPTIONS = (("temperature", "temperature", _NUMBER), ("top_p", "top_p", _NUMBER),
-                     ("min_p", "min_p", _NUMBER), ("seed", "seed", int),
-                     ("presence_penalty", "presence_penalty", _NUMBER),
-                     ("frequency_penalty", "frequency_penalty", _NUMBER),
-                     ("repeat_penalty", "repetition_penalty", _NUMBER))
+_SAMPLING_OPTIONS = (
+    ("temperature", "temperature", _NUMBER),
+    ("top_p", "top_p", _NUMBER),
+    ("min_p", "min_p", _NUMBER),
+    ("seed", "seed", int),
+    ("presence_penalty", "presence_penalty", _NUMBER),
+    ("frequency_penalty", "frequency_penalty", _NUMBER),
+    ("repeat_penalty", "repetition_penalty", _NUMBER),
+)
 
 
 # ---- request translation ------------------------------------------------------------------------
@@ -117,7 +121,7 @@ def fit_to_context(service, prompt_ids: list[int], params: SamplingParams) -> Sa
 
 
 def created_at() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _ns(seconds: float) -> int:
@@ -126,11 +130,16 @@ def _ns(seconds: float) -> int:
 
 def done_fields(usage, reason: str, started: float) -> dict[str, Any]:
     """The closing fields of a reply: counts and integer-nanosecond durations."""
-    return {"done": True, "done_reason": reason,
-            "total_duration": _ns(max(time.perf_counter() - started, usage.e2e_s)),
-            "load_duration": _ns(usage.queue_s), "prompt_eval_count": usage.prompt_tokens,
-            "prompt_eval_duration": _ns(usage.ttft_s - usage.queue_s), "eval_count": usage.completion_tokens,
-            "eval_duration": _ns(usage.decode_s)}
+    return {
+        "done": True,
+        "done_reason": reason,
+        "total_duration": _ns(max(time.perf_counter() - started, usage.e2e_s)),
+        "load_duration": _ns(usage.queue_s),
+        "prompt_eval_count": usage.prompt_tokens,
+        "prompt_eval_duration": _ns(usage.ttft_s - usage.queue_s),
+        "eval_count": usage.completion_tokens,
+        "eval_duration": _ns(usage.decode_s),
+    }
 
 
 def done_reason(finish_reason: str | None) -> str:
@@ -144,8 +153,13 @@ def tool_call(call: dict, index: int) -> dict:
         arguments = json.loads(function.get("arguments") or "{}")
     except ValueError:
         arguments = {}
-    return {"function": {"index": index, "name": function.get("name", ""),
-                         "arguments": arguments if isinstance(arguments, dict) else {}}}
+    return {
+        "function": {
+            "index": index,
+            "name": function.get("name", ""),
+            "arguments": arguments if isinstance(arguments, dict) else {},
+        }
+    }
 
 
 class ToolCallCollector:
@@ -158,8 +172,9 @@ class ToolCallCollector:
     def add(self, deltas: list[dict]) -> None:
         for delta in deltas:
             for part in delta.get("tool_calls") or ():
-                call = self.calls.setdefault(part.get("index", len(self.calls)),
-                                             {"function": {"name": "", "arguments": ""}})
+                call = self.calls.setdefault(
+                    part.get("index", len(self.calls)), {"function": {"name": "", "arguments": ""}}
+                )
                 function = part.get("function") or {}
                 call["function"]["name"] += function.get("name") or ""
                 call["function"]["arguments"] += function.get("arguments") or ""
@@ -167,7 +182,7 @@ class ToolCallCollector:
     def ready(self, final: bool) -> list[dict]:
         """Calls complete so far: every one but the last until the stream ends."""
         upto = len(self.calls) if final else max(len(self.calls) - 1, 0)
-        out = [tool_call(self.calls[i], i) for i in sorted(self.calls)[self.sent:upto]]
+        out = [tool_call(self.calls[i], i) for i in sorted(self.calls)[self.sent : upto]]
         self.sent = max(self.sent, upto)
         return out
 
@@ -186,4 +201,3 @@ def load_reply(body: dict, model: str, chat: bool):
     reply.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
     reply.update({"done": True, "done_reason": reason})
     return response.json(reply)
-

@@ -5,7 +5,7 @@ the usage chunk with `choices: []`, then `[DONE]`) or as one JSON object."""
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from sanic import Blueprint, response
 
@@ -27,8 +27,9 @@ async def chat_completions(request):
     chat = prepare_chat(service, body)
     stream = get_bool(body, "stream", False)
     completion_id = new_id("chatcmpl-")
-    generation = Generation.start(service, chat.prompt_ids, chat.params, request_id=completion_id,
-                                  max_tokens_param=chat.max_tokens_param)
+    generation = Generation.start(
+        service, chat.prompt_ids, chat.params, request_id=completion_id, max_tokens_param=chat.max_tokens_param
+    )
     if stream:
         return await stream_chat(request, service, chat, generation, completion_id, include_usage(service, body))
     return await complete_chat(service, chat, generation, completion_id)
@@ -50,23 +51,44 @@ async def complete_chat(service, chat: ChatRequest, generation: Generation, comp
         if parsed.tool_calls:
             message["tool_calls"] = parsed.tool_calls
         finish = chat_finish_reason(choice.finish_reason, bool(parsed.tool_calls))
-        entry = {"index": choice.index, "message": message, "finish_reason": finish,
-                 "logprobs": chat_logprobs(service.tokenizer, choice.logprobs, chat.top_logprobs)
-                 if chat.logprobs else None}
+        entry = {
+            "index": choice.index,
+            "message": message,
+            "finish_reason": finish,
+            "logprobs": chat_logprobs(service.tokenizer, choice.logprobs, chat.top_logprobs) if chat.logprobs else None,
+        }
         if choice.stop_reason is not None:
             entry["stop_reason"] = choice.stop_reason
         choices.append(entry)
-    payload = {"id": completion_id, "object": "chat.completion", "created": int(time.time()),
-               "model": service.model_name, "choices": choices, "usage": usage_dict(result.usage),
-               "system_fingerprint": fingerprint(service)}
+    payload = {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": service.model_name,
+        "choices": choices,
+        "usage": usage_dict(result.usage),
+        "system_fingerprint": fingerprint(service),
+    }
     return response.json({**payload, **(extra(choices[0]["finish_reason"]) if extra else {})})
 
 
-async def stream_chat(request, service, chat: ChatRequest, generation: Generation, completion_id: str,
-                      include_usage: bool, extra: Extra = None):
+async def stream_chat(
+    request,
+    service,
+    chat: ChatRequest,
+    generation: Generation,
+    completion_id: str,
+    include_usage: bool,
+    extra: Extra = None,
+):
     created = int(time.time())
-    base = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-            "model": service.model_name, "system_fingerprint": fingerprint(service)}
+    base = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": service.model_name,
+        "system_fingerprint": fingerprint(service),
+    }
 
     def chunk(index: int, delta: dict, finish_reason=None, logprobs=None, more: dict | None = None) -> str:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -86,8 +108,11 @@ async def stream_chat(request, service, chat: ChatRequest, generation: Generatio
             deltas = parser.feed(output.text) if output.text else []
             if output.finish_reason is not None:
                 deltas += parser.finish(output.finish_reason)
-            logprobs = (chat_logprobs(service.tokenizer, list(output.logprobs), chat.top_logprobs)
-                        if chat.logprobs and output.logprobs else None)
+            logprobs = (
+                chat_logprobs(service.tokenizer, list(output.logprobs), chat.top_logprobs)
+                if chat.logprobs and output.logprobs
+                else None
+            )
             for delta in deltas:
                 await resp.send(chunk(output.index, delta, logprobs=logprobs))
                 logprobs = None
@@ -118,9 +143,12 @@ def include_usage(service, body: dict) -> bool:
 
 
 def usage_dict(usage) -> dict:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
 
 
 def fingerprint(service) -> str:

@@ -49,14 +49,16 @@ def prepare_completion(service, body: dict) -> CompletionRequest:
     params = service.sampling_params(fields)
     echo = get_bool(body, "echo", False)
     echo_text = service.tokenizer.decode(prompt_ids, skip_special_tokens=False) if echo else ""
-    return CompletionRequest(prompt_ids, params, logprobs, echo_text, get_bool(body, "stream", False),
-                             include_usage(service, body))
+    return CompletionRequest(
+        prompt_ids, params, logprobs, echo_text, get_bool(body, "stream", False), include_usage(service, body)
+    )
 
 
 def start_completion(service, completion: CompletionRequest) -> tuple[Generation, str]:
     completion_id = new_id("cmpl-")
-    return Generation.start(service, completion.prompt_ids, completion.params, request_id=completion_id,
-                            prompt_param="prompt"), completion_id
+    return Generation.start(
+        service, completion.prompt_ids, completion.params, request_id=completion_id, prompt_param="prompt"
+    ), completion_id
 
 
 @blueprint.post("/v1/completions")
@@ -69,35 +71,54 @@ async def completions(request):
     return await complete_completion(service, completion, generation, completion_id)
 
 
-async def complete_completion(service, completion: CompletionRequest, generation: Generation, completion_id: str,
-                              extra: Extra = None):
+async def complete_completion(
+    service, completion: CompletionRequest, generation: Generation, completion_id: str, extra: Extra = None
+):
     result = await generation.collect()
     echo = completion.echo_text
     choices = []
     for choice in result.choices:
-        entry = {"index": choice.index, "text": echo + choice.text, "finish_reason": choice.finish_reason,
-                 "logprobs": completion_logprobs(service.tokenizer, choice.logprobs, completion.logprobs, len(echo))
-                 if completion.logprobs is not None else None}
+        entry = {
+            "index": choice.index,
+            "text": echo + choice.text,
+            "finish_reason": choice.finish_reason,
+            "logprobs": completion_logprobs(service.tokenizer, choice.logprobs, completion.logprobs, len(echo))
+            if completion.logprobs is not None
+            else None,
+        }
         if choice.stop_reason is not None:
             entry["stop_reason"] = choice.stop_reason
         choices.append(entry)
-    payload = {"id": completion_id, "object": "text_completion", "created": int(time.time()),
-               "model": service.model_name, "choices": choices, "usage": usage_dict(result.usage),
-               "system_fingerprint": fingerprint(service)}
+    payload = {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": service.model_name,
+        "choices": choices,
+        "usage": usage_dict(result.usage),
+        "system_fingerprint": fingerprint(service),
+    }
     return response.json({**payload, **(extra(choices[0]["finish_reason"]) if extra else {})})
 
 
-async def stream_completion(request, service, completion: CompletionRequest, generation: Generation,
-                            completion_id: str, extra: Extra = None):
-    base = {"id": completion_id, "object": "text_completion", "created": int(time.time()),
-            "model": service.model_name, "system_fingerprint": fingerprint(service)}
+async def stream_completion(
+    request, service, completion: CompletionRequest, generation: Generation, completion_id: str, extra: Extra = None
+):
+    base = {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": service.model_name,
+        "system_fingerprint": fingerprint(service),
+    }
     resp = await open_stream(request)
     echo = completion.echo_text
     offsets = {i: len(echo) for i in range(generation.params.n)}
     if echo:
         for i in offsets:
-            await resp.send(data({**base, "choices": [{"index": i, "text": echo, "logprobs": None,
-                                                      "finish_reason": None}]}))
+            await resp.send(
+                data({**base, "choices": [{"index": i, "text": echo, "logprobs": None, "finish_reason": None}]})
+            )
     try:
         async for output in generation.events():
             if output is HEARTBEAT:
@@ -105,15 +126,29 @@ async def stream_completion(request, service, completion: CompletionRequest, gen
                 continue
             lp = None
             if completion.logprobs is not None and output.logprobs:
-                lp = completion_logprobs(service.tokenizer, list(output.logprobs), completion.logprobs,
-                                         offsets[output.index])
+                lp = completion_logprobs(
+                    service.tokenizer, list(output.logprobs), completion.logprobs, offsets[output.index]
+                )
             offsets[output.index] += len(output.text)
             if output.text or lp is not None or output.finish_reason is not None:
                 last = output.usage is not None and not completion.include_usage
                 more = extra(generation.endings.get(0, (None,))[0]) if extra and last else {}
-                await resp.send(data({**base, "choices": [{"index": output.index, "text": output.text,
-                                                          "logprobs": lp, "finish_reason": output.finish_reason}],
-                                      **more}))
+                await resp.send(
+                    data(
+                        {
+                            **base,
+                            "choices": [
+                                {
+                                    "index": output.index,
+                                    "text": output.text,
+                                    "logprobs": lp,
+                                    "finish_reason": output.finish_reason,
+                                }
+                            ],
+                            **more,
+                        }
+                    )
+                )
         if completion.include_usage and generation.usage is not None:
             more = extra(generation.endings.get(0, (None,))[0]) if extra else {}
             await resp.send(data({**base, "choices": [], "usage": usage_dict(generation.usage), **more}))

@@ -18,8 +18,13 @@ from .chat_request import ChatRequest, prepare_chat
 from .errors import ApiError, error_body
 from .generation import HEARTBEAT, Generation, new_id
 from .openai_responses_input import ResponsesRequest, parse_responses_request, remap_error
-from .openai_responses_output import (INCOMPLETE_REASONS, ResponseEventWriter, output_items, response_object,
-                                      usage_object)
+from .openai_responses_output import (
+    INCOMPLETE_REASONS,
+    ResponseEventWriter,
+    output_items,
+    response_object,
+    usage_object,
+)
 from .request_fields import json_body
 from .sse import HEARTBEAT_COMMENT, event, open_stream
 
@@ -36,8 +41,14 @@ async def create_response(request):
     try:
         chat = prepare_chat(service, parsed.chat_body)
         response_id = new_id("resp_")
-        generation = Generation.start(service, chat.prompt_ids, chat.params, request_id=response_id,
-                                      max_tokens_param="max_completion_tokens", prompt_param="messages")
+        generation = Generation.start(
+            service,
+            chat.prompt_ids,
+            chat.params,
+            request_id=response_id,
+            max_tokens_param="max_completion_tokens",
+            prompt_param="messages",
+        )
     except ApiError as error:
         raise remap_error(error, parsed) from None
     made = _Made(service, parsed, chat, response_id)
@@ -53,8 +64,12 @@ async def create_response(request):
 
 @blueprint.get("/v1/responses/<response_id:str>")
 async def get_response(request, response_id: str):
-    raise ApiError(404, f"no response '{response_id}': this server is stateless and stores no responses",
-                   "response_id", code="not_found")
+    raise ApiError(
+        404,
+        f"no response '{response_id}': this server is stateless and stores no responses",
+        "response_id",
+        code="not_found",
+    )
 
 
 class _Made:
@@ -64,11 +79,27 @@ class _Made:
         self.service, self.parsed, self.chat, self.id = service, parsed, chat, response_id
         self.created_at = int(time.time())
 
-    def response(self, status: str, output: list[dict], usage: dict | None = None,
-                 finish_reason: str | None = None, error: dict | None = None) -> dict:
+    def response(
+        self,
+        status: str,
+        output: list[dict],
+        usage: dict | None = None,
+        finish_reason: str | None = None,
+        error: dict | None = None,
+    ) -> dict:
         reason = INCOMPLETE_REASONS.get(finish_reason or "") if status == "incomplete" else None
-        return response_object(self.id, self.created_at, self.service.model_name, self.parsed.echo, self.chat.params,
-                               status=status, output=output, usage=usage, incomplete_reason=reason, error=error)
+        return response_object(
+            self.id,
+            self.created_at,
+            self.service.model_name,
+            self.parsed.echo,
+            self.chat.params,
+            status=status,
+            output=output,
+            usage=usage,
+            incomplete_reason=reason,
+            error=error,
+        )
 
     def token_count(self, text: str | None) -> int:
         return len(self.service.tokenizer.encode(text, add_special_tokens=False)) if text else 0
@@ -87,8 +118,12 @@ async def _stream(request, made: _Made, generation: Generation):
         for kind, payload in events:
             await resp.send(event(kind, payload))
 
-    await send([writer.lifecycle("response.created", made.response("in_progress", [])),
-                writer.lifecycle("response.in_progress", made.response("in_progress", []))])
+    await send(
+        [
+            writer.lifecycle("response.created", made.response("in_progress", [])),
+            writer.lifecycle("response.in_progress", made.response("in_progress", [])),
+        ]
+    )
     parser = made.chat.new_stream_parser()
     try:
         async for output in generation.events():
@@ -108,8 +143,14 @@ async def _stream(request, made: _Made, generation: Generation):
                 await send([writer.lifecycle(f"response.{status}", final)])
     except ApiError as error:  # headers are out: the error travels as events
         body = error_body("openai", error)["error"]
-        await send([writer.event("error", code=body["code"], message=body["message"], param=body["param"]),
-                    writer.lifecycle("response.failed", made.response(
-                        "failed", writer.output, error={"code": "server_error", "message": error.message}))])
+        await send(
+            [
+                writer.event("error", code=body["code"], message=body["message"], param=body["param"]),
+                writer.lifecycle(
+                    "response.failed",
+                    made.response("failed", writer.output, error={"code": "server_error", "message": error.message}),
+                ),
+            ]
+        )
     await resp.eof()
     return resp

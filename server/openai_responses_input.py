@@ -35,6 +35,7 @@ _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 @dataclass
 class ResponsesRequest:
     """A checked Responses body: the chat body to run, plus what the response object echoes back."""
+
     chat_body: dict
     stream: bool
     echo: dict  # instructions, max_output_tokens, tools, tool_choice, text, reasoning, ... as the client sent
@@ -58,11 +59,16 @@ class ResponsesRequest:
             if not source.startswith("input["):  # instructions, or input as one string
                 return source
             return source + (match.group(3) if match.group(2) is None else "")
-        for chat, ours in (("messages", "input"), ("max_completion_tokens", "max_output_tokens"),
-                           ("response_format.json_schema", "text.format"), ("response_format", "text.format"),
-                           ("reasoning_effort", "reasoning.effort"), ("tool_choice.function", "tool_choice")):
+        for chat, ours in (
+            ("messages", "input"),
+            ("max_completion_tokens", "max_output_tokens"),
+            ("response_format.json_schema", "text.format"),
+            ("response_format", "text.format"),
+            ("reasoning_effort", "reasoning.effort"),
+            ("tool_choice.function", "tool_choice"),
+        ):
             if param == chat or param.startswith(chat + ".") or param.startswith(chat + "["):
-                return ours + param[len(chat):]
+                return ours + param[len(chat) :]
         match = re.match(r"^tools\[(\d+)\]\.function(.*)$", param)
         if match:
             return f"tools[{match.group(1)}]{match.group(2)}"
@@ -75,11 +81,14 @@ def _call_suffix(suffix: str) -> str:
 
 
 def parse_responses_request(body: dict) -> ResponsesRequest:
-    for key, why in (("previous_response_id", "responses are not stored"),
-                     ("conversation", "conversations are not stored")):
+    for key, why in (
+        ("previous_response_id", "responses are not stored"),
+        ("conversation", "conversations are not stored"),
+    ):
         if body.get(key) is not None:
-            raise bad_request(f"{key} is not supported: this server is stateless ({why}); send the whole "
-                              f"conversation in input", key)
+            raise bad_request(
+                f"{key} is not supported: this server is stateless ({why}); send the whole conversation in input", key
+            )
     if get_bool(body, "background", False):
         raise bad_request("background responses are not supported (nothing is stored to poll)", "background")
     if body.get("prompt") is not None:
@@ -108,17 +117,30 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
     tools, choice = _tools(body)
     response_format, text = _text_format(body)
     effort = _reasoning(body)
-    chat = {"model": body.get("model"), "messages": messages, "max_completion_tokens": max_output_tokens,
-            "temperature": get_optional(body, "temperature", (int, float)),
-            "top_p": get_optional(body, "top_p", (int, float)), "tools": tools or None, "tool_choice": choice,
-            "parallel_tool_calls": get_optional(body, "parallel_tool_calls", bool),
-            "response_format": response_format, "reasoning_effort": effort}
+    chat = {
+        "model": body.get("model"),
+        "messages": messages,
+        "max_completion_tokens": max_output_tokens,
+        "temperature": get_optional(body, "temperature", (int, float)),
+        "top_p": get_optional(body, "top_p", (int, float)),
+        "tools": tools or None,
+        "tool_choice": choice,
+        "parallel_tool_calls": get_optional(body, "parallel_tool_calls", bool),
+        "response_format": response_format,
+        "reasoning_effort": effort,
+    }
     request.chat_body = {k: v for k, v in chat.items() if v is not None}
-    request.echo = {"instructions": instructions, "max_output_tokens": max_output_tokens,
-                    "parallel_tool_calls": get_bool(body, "parallel_tool_calls", True),
-                    "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
-                    "text": text, "reasoning": {"effort": effort, "summary": None}, "metadata": metadata,
-                    "user": get_optional(body, "user", str)}
+    request.echo = {
+        "instructions": instructions,
+        "max_output_tokens": max_output_tokens,
+        "parallel_tool_calls": get_bool(body, "parallel_tool_calls", True),
+        "tools": body.get("tools") or [],
+        "tool_choice": body.get("tool_choice") or "auto",
+        "text": text,
+        "reasoning": {"effort": effort, "summary": None},
+        "metadata": metadata,
+        "user": get_optional(body, "user", str),
+    }
     return request
 
 
@@ -164,17 +186,22 @@ def _input_messages(raw: Any, request: ResponsesRequest) -> list[dict]:
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise bad_request("a function_call_output needs the call_id of its call", f"{where}.call_id")
-            messages.append({"role": "tool", "tool_call_id": call_id,
-                             "content": _content(item.get("output"), f"{where}.output")})
+            messages.append(
+                {"role": "tool", "tool_call_id": call_id, "content": _content(item.get("output"), f"{where}.output")}
+            )
             request.sources.append(where)
         elif kind == "reasoning":
             continue  # past reasoning: chat templates drop it from history anyway
         elif kind == "item_reference":
-            raise bad_request("item_reference is not supported: this server is stateless (nothing is stored)",
-                              f"{where}.type")
+            raise bad_request(
+                "item_reference is not supported: this server is stateless (nothing is stored)", f"{where}.type"
+            )
         else:
-            raise bad_request(f"input item type {kind!r} is not supported (message, function_call, "
-                              f"function_call_output and reasoning are)", f"{where}.type")
+            raise bad_request(
+                f"input item type {kind!r} is not supported (message, function_call, "
+                f"function_call_output and reasoning are)",
+                f"{where}.type",
+            )
     if not messages:
         raise bad_request("input has no messages", "input")
     return messages
@@ -191,8 +218,9 @@ def _content(content: Any, param: str) -> str:
             raise bad_request("content parts must be objects with a type", f"{param}[{j}]")
         key = "refusal" if part["type"] == "refusal" else "text"
         if part["type"] not in (*_TEXT_PARTS, "refusal"):
-            raise bad_request(f"content part type {part['type']!r} is not supported by this text model",
-                              f"{param}[{j}].type")
+            raise bad_request(
+                f"content part type {part['type']!r} is not supported by this text model", f"{param}[{j}].type"
+            )
         if not isinstance(part.get(key), str):
             raise bad_request(f"a {part['type']} part needs a string {key}", f"{param}[{j}].{key}")
         texts.append(part[key])
@@ -209,8 +237,11 @@ def _function_call(item: dict, where: str) -> dict:
         arguments = None
     if not isinstance(arguments, dict):
         raise bad_request("arguments must be a JSON object (as a string)", f"{where}.arguments")
-    return {"id": item["call_id"], "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"] or "{}"}}
+    return {
+        "id": item["call_id"],
+        "type": "function",
+        "function": {"name": item["name"], "arguments": item["arguments"] or "{}"},
+    }
 
 
 # ---- tools, text.format, reasoning ---------------------------------------------------------------
@@ -228,14 +259,19 @@ def _tools(body: dict) -> tuple[list[dict], Any]:
         if not isinstance(tool, dict):
             raise bad_request("each tool must be an object", where)
         if tool.get("type") != "function":
-            raise bad_request(f"tool type {tool.get('type')!r} is not supported; only function tools are "
-                              f"(hosted tools need OpenAI's servers)", f"{where}.type")
+            raise bad_request(
+                f"tool type {tool.get('type')!r} is not supported; only function tools are "
+                f"(hosted tools need OpenAI's servers)",
+                f"{where}.type",
+            )
         if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
             raise bad_request("strict must be a boolean", f"{where}.strict")
-        make_tool_spec(tool.get("name"), tool.get("description"), tool.get("parameters"), where,
-                       schema_key="parameters")  # checked here so errors name the Responses fields
-        function = {key: tool[key] for key in ("name", "description", "parameters", "strict")
-                    if tool.get(key) is not None}
+        make_tool_spec(
+            tool.get("name"), tool.get("description"), tool.get("parameters"), where, schema_key="parameters"
+        )  # checked here so errors name the Responses fields
+        function = {
+            key: tool[key] for key in ("name", "description", "parameters", "strict") if tool.get(key) is not None
+        }
         tools.append({"type": "function", "function": function})
     return tools, _tool_choice(body.get("tool_choice"), tools)
 
@@ -264,8 +300,10 @@ def _tool_choice(raw: Any, tools: list[dict]) -> Any:
             raise bad_request("allowed_tools may only name function tools given in tools", "tool_choice.tools")
         tools[:] = [t for t in tools if t["function"]["name"] in names]  # the others may not be called
         return mode
-    raise bad_request("tool_choice must be 'auto', 'none', 'required', a function or allowed_tools",
-                      "tool_choice.type" if "type" in raw else "tool_choice")
+    raise bad_request(
+        "tool_choice must be 'auto', 'none', 'required', a function or allowed_tools",
+        "tool_choice.type" if "type" in raw else "tool_choice",
+    )
 
 
 def _text_format(body: dict) -> tuple[dict | None, dict]:

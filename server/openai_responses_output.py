@@ -24,8 +24,13 @@ INCOMPLETE_REASONS = {"length": "max_output_tokens"}
 
 
 def message_item(item_id: str, text: str, status: str) -> dict:
-    return {"type": "message", "id": item_id, "role": "assistant", "status": status,
-            "content": [output_text_part(text)]}
+    return {
+        "type": "message",
+        "id": item_id,
+        "role": "assistant",
+        "status": status,
+        "content": [output_text_part(text)],
+    }
 
 
 def output_text_part(text: str) -> dict:
@@ -34,13 +39,24 @@ def output_text_part(text: str) -> dict:
 
 def reasoning_item(item_id: str, text: str, status: str) -> dict:
     # Open-weight reasoning is shown as is (reasoning_text); there is no summariser, so summary is empty.
-    return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}],
-            "status": status}
+    return {
+        "type": "reasoning",
+        "id": item_id,
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "status": status,
+    }
 
 
 def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
-            "status": status}
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
 
 
 def output_items(parsed, status: str) -> list[dict]:
@@ -52,8 +68,9 @@ def output_items(parsed, status: str) -> list[dict]:
         items.append(message_item(new_id("msg_"), parsed.content or "", "completed"))
     for call in parsed.tool_calls:
         function = call["function"]
-        items.append(function_call_item(new_id("fc_"), call["id"], function["name"], function["arguments"],
-                                        "completed"))
+        items.append(
+            function_call_item(new_id("fc_"), call["id"], function["name"], function["arguments"], "completed")
+        )
     if status == "incomplete":
         items[-1]["status"] = "incomplete"
     return items
@@ -63,26 +80,55 @@ def usage_object(usage, reasoning_tokens: int = 0) -> dict | None:
     if usage is None:
         return None
     # Ember's prefix cache fills itself: no tokens are written to a cache on request, so cache_write_tokens is 0.
-    return {"input_tokens": usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
-            "output_tokens": usage.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens, usage.completion_tokens)},
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens, usage.completion_tokens)},
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    }
 
 
-def response_object(response_id: str, created_at: int, model: str, echo: dict, params, *, status: str,
-                    output: list[dict], usage: dict | None = None, incomplete_reason: str | None = None,
-                    error: dict | None = None) -> dict:
-    return {"id": response_id, "object": "response", "created_at": created_at, "status": status,
-            "completed_at": int(time.time()) if status == "completed" else None,
-            "background": False, "error": error,
-            "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
-            "instructions": echo["instructions"], "max_output_tokens": echo["max_output_tokens"],
-            "model": model, "output": output, "parallel_tool_calls": echo["parallel_tool_calls"],
-            "previous_response_id": None, "reasoning": echo["reasoning"], "store": False,
-            "temperature": params.temperature, "text": echo["text"], "tool_choice": echo["tool_choice"],
-            "tools": echo["tools"], "top_p": params.top_p, "truncation": "disabled", "usage": usage,
-            "user": echo["user"], "metadata": echo["metadata"]}
+def response_object(
+    response_id: str,
+    created_at: int,
+    model: str,
+    echo: dict,
+    params,
+    *,
+    status: str,
+    output: list[dict],
+    usage: dict | None = None,
+    incomplete_reason: str | None = None,
+    error: dict | None = None,
+) -> dict:
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "completed_at": int(time.time()) if status == "completed" else None,
+        "background": False,
+        "error": error,
+        "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
+        "instructions": echo["instructions"],
+        "max_output_tokens": echo["max_output_tokens"],
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": echo["parallel_tool_calls"],
+        "previous_response_id": None,
+        "reasoning": echo["reasoning"],
+        "store": False,
+        "temperature": params.temperature,
+        "text": echo["text"],
+        "tool_choice": echo["tool_choice"],
+        "tools": echo["tools"],
+        "top_p": params.top_p,
+        "truncation": "disabled",
+        "usage": usage,
+        "user": echo["user"],
+        "metadata": echo["metadata"],
+    }
 
 
 class ResponseEventWriter:
@@ -144,15 +190,25 @@ class ResponseEventWriter:
             part = {"type": "reasoning_text", "text": ""}
         self._open, self._text = item, ""
         events.append(self.event("response.output_item.added", output_index=self.output_index, item=dict(item)))
-        events.append(self.event("response.content_part.added", item_id=item["id"], output_index=self.output_index,
-                                 content_index=0, part=part))
+        events.append(
+            self.event(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=self.output_index,
+                content_index=0,
+                part=part,
+            )
+        )
         return events
 
     def _text_delta(self, kind: str, text: str) -> list[tuple[str, dict]]:
         self._text += text
         extra = {"logprobs": []} if kind == "response.output_text.delta" else {}
-        return [self.event(kind, item_id=self._open["id"], output_index=self.output_index, content_index=0,
-                           delta=text, **extra)]
+        return [
+            self.event(
+                kind, item_id=self._open["id"], output_index=self.output_index, content_index=0, delta=text, **extra
+            )
+        ]
 
     def _tool_call(self, call: dict) -> list[tuple[str, dict]]:
         events = []
@@ -160,17 +216,25 @@ class ResponseEventWriter:
         index = call.get("index", 0)
         if self._open is None or self._open["type"] != "function_call" or self._call_index != index:
             events += self._close("completed")
-            self._open = function_call_item(new_id("fc_"), call.get("id") or new_id("call_"),
-                                            function.get("name") or "", "", "in_progress")
+            self._open = function_call_item(
+                new_id("fc_"), call.get("id") or new_id("call_"), function.get("name") or "", "", "in_progress"
+            )
             self._text, self._call_index = "", index
-            events.append(self.event("response.output_item.added", output_index=self.output_index,
-                                     item=dict(self._open)))
+            events.append(
+                self.event("response.output_item.added", output_index=self.output_index, item=dict(self._open))
+            )
         elif function.get("name"):
             self._open["name"] += function["name"]
         if function.get("arguments"):
             self._text += function["arguments"]
-            events.append(self.event("response.function_call_arguments.delta", item_id=self._open["id"],
-                                     output_index=self.output_index, delta=function["arguments"]))
+            events.append(
+                self.event(
+                    "response.function_call_arguments.delta",
+                    item_id=self._open["id"],
+                    output_index=self.output_index,
+                    delta=function["arguments"],
+                )
+            )
         return events
 
     def _close(self, status: str) -> list[tuple[str, dict]]:
@@ -181,8 +245,9 @@ class ResponseEventWriter:
         events = []
         if item["type"] == "message":
             part = output_text_part(self._text)
-            events.append(self.event("response.output_text.done", **where, content_index=0, text=self._text,
-                                     logprobs=[]))
+            events.append(
+                self.event("response.output_text.done", **where, content_index=0, text=self._text, logprobs=[])
+            )
             events.append(self.event("response.content_part.done", **where, content_index=0, part=part))
             item = message_item(item["id"], self._text, status)
         elif item["type"] == "reasoning":
@@ -191,8 +256,9 @@ class ResponseEventWriter:
             events.append(self.event("response.content_part.done", **where, content_index=0, part=part))
             item = reasoning_item(item["id"], self._text, status)
         else:
-            events.append(self.event("response.function_call_arguments.done", **where, name=item["name"],
-                                     arguments=self._text))
+            events.append(
+                self.event("response.function_call_arguments.done", **where, name=item["name"], arguments=self._text)
+            )
             item = function_call_item(item["id"], item["call_id"], item["name"], self._text, status)
         events.append(self.event("response.output_item.done", output_index=self.output_index, item=item))
         self.output.append(item)

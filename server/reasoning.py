@@ -63,11 +63,11 @@ class ReasoningParser:
             body = text.lstrip()
             if not body.startswith(self.start_tag):
                 return ReasoningSplit("", text)
-            text = body[len(self.start_tag):]
+            text = body[len(self.start_tag) :]
         end = text.find(self.end_tag)
         if end < 0:
             return ReasoningSplit(text.strip(), "")
-        return ReasoningSplit(text[:end].strip(), text[end + len(self.end_tag):].lstrip())
+        return ReasoningSplit(text[:end].strip(), text[end + len(self.end_tag) :].lstrip())
 
     def stream(self) -> ReasoningStream:
         """A fresh streaming splitter (one per choice)."""
@@ -89,9 +89,9 @@ class ReasoningStream:
     def __init__(self, parser: ReasoningParser):
         self._start, self._end = parser.start_tag, parser.end_tag
         self._state = self._REASONING if parser.starts_in_reasoning else self._BEFORE
-        self._buffer = ""            # text received and not yet emitted
+        self._buffer = ""  # text received and not yet emitted
         self._reasoning_started = False  # leading whitespace of reasoning is dropped until then
-        self._content_started = False    # likewise for content after the end tag
+        self._content_started = False  # likewise for content after the end tag
 
     @property
     def in_reasoning(self) -> bool:
@@ -104,7 +104,7 @@ class ReasoningStream:
             if self._state == self._BEFORE:
                 body = self._buffer.lstrip()
                 if body.startswith(self._start):
-                    self._state, self._buffer = self._REASONING, body[len(self._start):]
+                    self._state, self._buffer = self._REASONING, body[len(self._start) :]
                 elif self._start.startswith(body):
                     return out  # only whitespace or a part of the start tag so far
                 else:
@@ -114,12 +114,12 @@ class ReasoningStream:
                 end = self._buffer.find(self._end)
                 if end >= 0:
                     out += ReasoningSplit(self._reasoning_text(self._buffer[:end].rstrip()), "")
-                    self._state, self._buffer = self._CONTENT, self._buffer[end + len(self._end):]
+                    self._state, self._buffer = self._CONTENT, self._buffer[end + len(self._end) :]
                     continue
                 held = len(self._buffer) - partial_tag_length(self._buffer, self._end)
                 ready = self._buffer[:held].rstrip()  # trailing whitespace may precede the end tag
                 out += ReasoningSplit(self._reasoning_text(ready), "")
-                self._buffer = self._buffer[len(ready):]
+                self._buffer = self._buffer[len(ready) :]
                 return out
             else:
                 text = self._buffer

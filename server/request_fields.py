@@ -26,14 +26,21 @@ def json_body(request) -> dict:
         try:
             json.dumps(body, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:  # the tokenizer and templates need real text
-            raise bad_request("the body contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff): "
-                              "not valid Unicode text") from None
+            raise bad_request(
+                "the body contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff): not valid Unicode text"
+            ) from None
     return body
 
 
 def _type_name(types) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-             dict: "an object"}
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }
     types = types if isinstance(types, tuple) else (types,)
     if float in types:
         return "a number"
@@ -59,8 +66,15 @@ def get_bool(body: dict, key: str, default: bool) -> bool:
     return default if value is None else value
 
 
-def get_int(body: dict, key: str, default: int | None, *, minimum: int | None = None,
-            maximum: int | None = None, param: str | None = None) -> int | None:
+def get_int(
+    body: dict,
+    key: str,
+    default: int | None,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    param: str | None = None,
+) -> int | None:
     value = get_optional(body, key, int, param)
     if value is None:
         return default
@@ -137,8 +151,7 @@ def chat_messages(body: dict, key: str = "messages") -> list[dict]:
         message = dict(message)
         if role == "developer":
             message["role"] = "system"
-        message["content"] = content_text(message.get("content"), f"{where}.content",
-                                          allow_none=role == "assistant")
+        message["content"] = content_text(message.get("content"), f"{where}.content", allow_none=role == "assistant")
         for name in ("tool_call_id", "name"):  # looked up and shown by the template: must be text
             if message.get(name) is not None and not isinstance(message[name], str):
                 raise bad_request(f"{name} must be a string", f"{where}.{name}")
@@ -159,8 +172,9 @@ def content_text(content: Any, param: str, *, allow_none: bool = False) -> str |
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                 raise bad_request("content parts must be objects with a type", f"{param}[{j}]")
             if part["type"] not in ("text", "input_text", "output_text"):
-                raise bad_request(f"content part type {part['type']!r} is not supported by this text model",
-                                  f"{param}[{j}].type")
+                raise bad_request(
+                    f"content part type {part['type']!r} is not supported by this text model", f"{param}[{j}].type"
+                )
             if not isinstance(part.get("text"), str):
                 raise bad_request("a text part needs a string text", f"{param}[{j}].text")
             texts.append(part["text"])
@@ -168,8 +182,9 @@ def content_text(content: Any, param: str, *, allow_none: bool = False) -> str |
     raise bad_request("content must be a string or an array of content parts", param)
 
 
-def openai_sampling_fields(body: dict, *, max_tokens_keys: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
-                           ) -> dict[str, Any]:
+def openai_sampling_fields(
+    body: dict, *, max_tokens_keys: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+) -> dict[str, Any]:
     """The OpenAI sampling fields (plus vLLM's extras) as SamplingParams names; None = omitted."""
     max_tokens = None
     for key in max_tokens_keys:

@@ -12,9 +12,10 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..runtime.engine import Engine, EngineFailedError, kv_bytes_per_block, sized_config
 from ..runtime.loader.chat_template import ChatTemplate, ChatTemplateError
@@ -31,9 +32,21 @@ from .metrics import ServerMetrics
 CPU_DEFAULT_CONTEXT = 8192  # the default --ctx cap: a decode step reads every block of the table width
 # Template inputs a request may not override through chat_template_kwargs: they change how the
 # template itself works rather than what it says.
-RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt",
-                                      "continue_final_message", "bos_token", "eos_token", "chat_template",
-                                      "tokenize", "raise_exception", "strftime_now"})
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "bos_token",
+        "eos_token",
+        "chat_template",
+        "tokenize",
+        "raise_exception",
+        "strftime_now",
+    }
+)
 _SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
 
 
@@ -66,8 +79,12 @@ class ModelService:
             tokenizer = load_tokenizer(model.checkpoint)
             self.model, self.tokenizer = model, tokenizer
             if tokenizer.chat_template:
-                self.template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token,
-                                             eos_token=tokenizer.eos_token, origin="model")
+                self.template = ChatTemplate(
+                    tokenizer.chat_template,
+                    bos_token=tokenizer.bos_token,
+                    eos_token=tokenizer.eos_token,
+                    origin="model",
+                )
             self.eos_ids = end_of_generation_ids(tokenizer, model.checkpoint.generation_config)
             context = self._context_length(model)
             kv_bytes = int(self.config.kv_memory_gib * 2**30)
@@ -75,12 +92,19 @@ class ModelService:
             kv_cache_dtype = self.config.kv_cache_dtype
             min_bytes = kv_bytes_per_block(model, block, kv_cache_dtype=kv_cache_dtype) * math.ceil(context / block)
             engine_config = sized_config(
-                model, kv_memory_bytes=max(kv_bytes, min_bytes), block_size=block, max_model_len=context,
+                model,
+                kv_memory_bytes=max(kv_bytes, min_bytes),
+                block_size=block,
+                max_model_len=context,
                 max_num_seqs=self.config.max_num_seqs,
-                max_batched_tokens=self.config.max_batched_tokens or max(
-                    model.plan.manifest["entries"]["forward"]["prefill_buckets"]),
-                max_queue_depth=self.config.max_queue_depth, deterministic=self.config.deterministic,
-                max_queue_wait_s=self.config.request_timeout, keep_executables=True, kv_cache_dtype=kv_cache_dtype)
+                max_batched_tokens=self.config.max_batched_tokens
+                or max(model.plan.manifest["entries"]["forward"]["prefill_buckets"]),
+                max_queue_depth=self.config.max_queue_depth,
+                deterministic=self.config.deterministic,
+                max_queue_wait_s=self.config.request_timeout,
+                keep_executables=True,
+                kv_cache_dtype=kv_cache_dtype,
+            )
             self.engine = Engine(model, tokenizer, engine_config, stop_token_ids=self.eos_ids)
             try:
                 self.engine.grammar_tokenizer()  # ~1 s for a 150k vocabulary: once, before serving
@@ -120,7 +144,9 @@ class ModelService:
 
     def require_ready(self) -> Engine:
         if self.engine_failure is not None:
-            raise ApiError(503, f"the engine stopped after an internal error: {self.engine_failure}; restart the server")
+            raise ApiError(
+                503, f"the engine stopped after an internal error: {self.engine_failure}; restart the server"
+            )
         if self.state == "ready" and self.engine is not None:
             return self.engine
         if self.state == "draining":
@@ -136,8 +162,12 @@ class ModelService:
         if not isinstance(requested, str):
             raise bad_request("model must be a string", param)
         if requested not in (self.model_name, self.config.model):
-            raise ApiError(404, f"the model '{requested}' does not exist; this server serves "
-                                f"'{self.model_name}'", param, code="model_not_found")
+            raise ApiError(
+                404,
+                f"the model '{requested}' does not exist; this server serves '{self.model_name}'",
+                param,
+                code="model_not_found",
+            )
 
     # ---- what the protocols share ---------------------------------------------------------------
 
@@ -149,9 +179,15 @@ class ModelService:
     def vocab_size(self) -> int:
         return int(self.model.dims.vocab)
 
-    def render_chat(self, messages: list[dict], *, tools: list[dict] | None = None,
-                    template_kwargs: Mapping[str, Any] | None = None, add_generation_prompt: bool = True,
-                    param: str = "messages") -> str:
+    def render_chat(
+        self,
+        messages: list[dict],
+        *,
+        tools: list[dict] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+        param: str = "messages",
+    ) -> str:
         self.require_ready()
         if self.template is None:
             raise bad_request("this model has no chat template: use the completions endpoint", param)
@@ -160,8 +196,9 @@ class ModelService:
         if refused:
             raise bad_request(f"chat_template_kwargs may not set {', '.join(refused)}", "chat_template_kwargs")
         try:
-            return self.template.render(messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
-                                        **kwargs)
+            return self.template.render(
+                messages, tools=tools or None, add_generation_prompt=add_generation_prompt, **kwargs
+            )
         except ChatTemplateError as error:
             raise bad_request(f"the chat template rejected the messages: {error.problem}", param) from error
 
@@ -181,8 +218,9 @@ class ModelService:
                 raise bad_request(f"token ids must be integers in [0, {vocab})", f"{param}[{i}]")
         return list(ids)
 
-    def sampling_params(self, fields_given: Mapping[str, Any], *, rename: Mapping[str, str] | None = None
-                        ) -> SamplingParams:
+    def sampling_params(
+        self, fields_given: Mapping[str, Any], *, rename: Mapping[str, str] | None = None
+    ) -> SamplingParams:
         """SamplingParams from a request's fields (SamplingParams names; None = omitted), on top of the
         checkpoint's generation_config. `rename` maps field names back to the protocol's for errors."""
         engine = self.require_ready()
@@ -196,20 +234,32 @@ class ModelService:
             raise bad_request(str(error), param) from error
         return params
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str,
-               max_tokens_param: str = "max_tokens", prompt_param: str = "messages") -> RequestStream:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str,
+        max_tokens_param: str = "max_tokens",
+        prompt_param: str = "messages",
+    ) -> RequestStream:
         """Queue a request. max_tokens absent: until the model stops, up to the configured cap."""
         engine = self.require_ready()
         room = self.context_length - len(prompt_ids)
         if room < 1:
-            raise bad_request(f"the prompt is {len(prompt_ids)} tokens; this model's context is "
-                              f"{self.context_length} tokens", prompt_param)
+            raise bad_request(
+                f"the prompt is {len(prompt_ids)} tokens; this model's context is {self.context_length} tokens",
+                prompt_param,
+            )
         if params.max_tokens is None:
             cap = min(room, self.config.max_output_tokens or room)
             params = replace(params, max_tokens=cap)
         elif params.max_tokens > room:
-            raise bad_request(f"max_tokens ({params.max_tokens}) + the prompt ({len(prompt_ids)} tokens) exceed "
-                              f"the context of {self.context_length} tokens", max_tokens_param)
+            raise bad_request(
+                f"max_tokens ({params.max_tokens}) + the prompt ({len(prompt_ids)} tokens) exceed "
+                f"the context of {self.context_length} tokens",
+                max_tokens_param,
+            )
         try:
             return engine.submit(prompt_ids, params, request_id=request_id)
         except QueueFullError as error:

@@ -46,8 +46,7 @@ def guided_from_response_format(response_format: Any, param: str = "response_for
         raise StructuredOutputError(param, "must be an object")
     kind = response_format.get("type")
     if kind not in RESPONSE_FORMAT_TYPES:
-        raise StructuredOutputError(f"{param}.type", f"must be one of {', '.join(RESPONSE_FORMAT_TYPES)}, "
-                                                     f"got {kind!r}")
+        raise StructuredOutputError(f"{param}.type", f"must be one of {', '.join(RESPONSE_FORMAT_TYPES)}, got {kind!r}")
     if kind == "text":
         return None
     if kind == "json_object":
@@ -106,8 +105,12 @@ def check_json_schema(schema: dict, param: str) -> None:
         validator.check_schema(schema)
     except jsonschema.SchemaError as error:
         raise StructuredOutputError(_path(param, error.path), error.message) from None
-    except (jsonschema.exceptions.UnknownType, jsonschema.exceptions.RefResolutionError, TypeError,
-            ValueError) as error:  # odd `$schema` values and the like: still the client's schema
+    except (
+        jsonschema.exceptions.UnknownType,
+        jsonschema.exceptions.RefResolutionError,
+        TypeError,
+        ValueError,
+    ) as error:  # odd `$schema` values and the like: still the client's schema
         raise StructuredOutputError(param, str(error).split("\n", 1)[0]) from None
 
 
@@ -127,6 +130,12 @@ def _path(param: str, parts: Iterable[Any]) -> str:
 
 
 def _json_type(value: Any) -> str:
-    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
-             type(None): "null"}
+    names = {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        type(None): "null",
+    }
     return names.get(type(value), type(value).__name__)

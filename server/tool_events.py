@@ -53,8 +53,18 @@ def openai_deltas(events: Iterable[ToolEvent]) -> list[dict[str, Any]]:
             else:
                 deltas.append({"content": event.text})
         elif isinstance(event, ToolCallStart):
-            deltas.append({"tool_calls": [{"index": event.index, "id": event.id, "type": "function",
-                                           "function": {"name": event.name, "arguments": ""}}]})
+            deltas.append(
+                {
+                    "tool_calls": [
+                        {
+                            "index": event.index,
+                            "id": event.id,
+                            "type": "function",
+                            "function": {"name": event.name, "arguments": ""},
+                        }
+                    ]
+                }
+            )
         elif isinstance(event, ToolCallArgs):
             if last is not None and "tool_calls" in last and last["tool_calls"][0]["index"] == event.index:
                 last["tool_calls"][0]["function"]["arguments"] += event.fragment

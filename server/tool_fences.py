@@ -26,8 +26,7 @@ _BLANKS = " \t"  # what may stand before a fence on its line
 # Between two call objects of one `<tool_call>` block: the first one's closing brace, up to the second's opening one.
 NEXT_CALL_OBJECT = re.compile(r"\s*\}\s*(?=\{)")
 # The start of a call in the template's order, up to the first character of the arguments value.
-CANONICAL_PREFIX = re.compile(
-    r'\s*\{\s*"name"\s*:\s*"([a-zA-Z0-9_-]{1,64})"\s*,\s*"(arguments|parameters)"\s*:\s*')
+CANONICAL_PREFIX = re.compile(r'\s*\{\s*"name"\s*:\s*"([a-zA-Z0-9_-]{1,64})"\s*,\s*"(arguments|parameters)"\s*:\s*')
 _DECODER = json.JSONDecoder()
 
 Call = tuple[str, str]  # (name, arguments JSON text)
@@ -57,7 +56,7 @@ def _call_of(value: Any, tools: Mapping[str, ToolSpec], body: str | None = None)
     match = CANONICAL_PREFIX.match(body) if body is not None else None
     if match and match.group(1) == spec.name and match.group(2) == key:
         _, end = _DECODER.raw_decode(body, match.end())
-        return spec.name, body[match.end():end]
+        return spec.name, body[match.end() : end]
     return spec.name, json.dumps(arguments, ensure_ascii=False)
 
 
@@ -157,13 +156,13 @@ def line_blank_after(line_blank: bool, text: str) -> bool:
     """The line state after `text` follows a position whose state is `line_blank`."""
     newline = text.rfind("\n")
     if newline >= 0:
-        line_blank, text = True, text[newline + 1:]
+        line_blank, text = True, text[newline + 1 :]
     return line_blank and not text.strip(_BLANKS)
 
 
 def line_blank_at(text: str, pos: int) -> bool:
     """The line state at `pos` of a whole reply."""
-    return not text[text.rfind("\n", 0, pos) + 1:pos].strip(_BLANKS)
+    return not text[text.rfind("\n", 0, pos) + 1 : pos].strip(_BLANKS)
 
 
 def is_call_language(info: str) -> bool:
@@ -188,8 +187,8 @@ def fence_body_start(text: str, fence: int) -> int | None:
     call (an accepted info string on a complete line, and the body's first non-blank character is
     `{` or `[`), else None: then it is an ordinary code block."""
     newline = text.find("\n", fence + len(FENCE))
-    if newline < 0 or not is_call_language(text[fence + len(FENCE):newline]):
+    if newline < 0 or not is_call_language(text[fence + len(FENCE) : newline]):
         return None
-    body = text[newline + 1:]
+    body = text[newline + 1 :]
     stripped = body.lstrip()
     return newline + 1 if stripped[:1] in ("{", "[") else None

@@ -44,7 +44,6 @@ from typing import Any, Protocol
 from ember.server.tools import ToolChoice, ToolSpec
 
 
-
 class _LLTokenizer(Protocol):  # the parts of llguidance.LLTokenizer used here
     def tokenize_str(self, text: str, *, parse_special: bool = False) -> list[int]: ...
 
@@ -98,11 +97,17 @@ def _call_rules(tools: Sequence[ToolSpec], tags: _Tags, parallel: bool) -> list[
     last call object (and a few blanks) without the closing tag: the model's end-of-turn token there is
     a finished turn (its top choice after the last `}`, measured), and the parser takes such a block."""
     objects = 'call_object ("\\n" call_object)*' if parallel else "call_object"
-    rules = [f'call_body: "\\n" {objects} "\\n" ' + tags["</tool_call>"],
-             f'last_call_body: "\\n" {objects} (BLANKS | "\\n" {tags["</tool_call>"]} BLANKS?)?',
-             f"BLANKS: {BLANKS}",
-             "call_object: " + _lark_string('{"name": ') + " (" + " | ".join(f"fn_{i}" for i in range(len(tools)))
-             + ") " + _lark_string("}")]
+    rules = [
+        f'call_body: "\\n" {objects} "\\n" ' + tags["</tool_call>"],
+        f'last_call_body: "\\n" {objects} (BLANKS | "\\n" {tags["</tool_call>"]} BLANKS?)?',
+        f"BLANKS: {BLANKS}",
+        "call_object: "
+        + _lark_string('{"name": ')
+        + " ("
+        + " | ".join(f"fn_{i}" for i in range(len(tools)))
+        + ") "
+        + _lark_string("}"),
+    ]
     for i, spec in enumerate(tools):
         # Rules are named by position: tool names may hold characters Lark names cannot ("-").
         rules.append(f"fn_{i}: " + _lark_string(f'"{spec.name}", "arguments": ') + f" args_{i}")
@@ -122,8 +127,14 @@ def _reasoning_rules(reasoning: bool, starts_in_reasoning: bool, tags: _Tags) ->
     return "think? ", [f"think: {tags['<think>']} think_body /\\s*/", *rules]
 
 
-def tool_call_grammar(tools: Sequence[ToolSpec], choice: ToolChoice, *, tokenizer: _LLTokenizer | None = None,
-                      reasoning: bool = False, starts_in_reasoning: bool = False) -> str | None:
+def tool_call_grammar(
+    tools: Sequence[ToolSpec],
+    choice: ToolChoice,
+    *,
+    tokenizer: _LLTokenizer | None = None,
+    reasoning: bool = False,
+    starts_in_reasoning: bool = False,
+) -> str | None:
     """The Lark grammar for llguidance (`LLMatcher.grammar_from_lark(text)`) that enforces `choice`,
     or None when nothing is enforced (tool_choice none, or no tools). `tokenizer`, the matcher's
     `llguidance.LLTokenizer`, says which tags are special tokens; without it tags are plain text."""

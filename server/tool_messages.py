@@ -48,11 +48,13 @@ def messages_for_template(messages: Sequence[dict[str, Any]], *, param: str = "m
             calls = message["tool_calls"]
             if not isinstance(calls, list):
                 raise ToolError("tool_calls must be an array", f"{param}[{i}].tool_calls")
-            message["tool_calls"] = [_template_call(call, f"{param}[{i}].tool_calls[{j}]")
-                                     for j, call in enumerate(calls)]
+            message["tool_calls"] = [
+                _template_call(call, f"{param}[{i}].tool_calls[{j}]") for j, call in enumerate(calls)
+            ]
             last_call_names = [call["function"]["name"] for call in message["tool_calls"]]
-            names_by_id.update((c["id"], c["function"]["name"]) for c in message["tool_calls"]
-                               if isinstance(c.get("id"), str))
+            names_by_id.update(
+                (c["id"], c["function"]["name"]) for c in message["tool_calls"] if isinstance(c.get("id"), str)
+            )
             tool_replies_seen = 0
         elif role == "tool":
             if "name" not in message:
@@ -75,9 +77,13 @@ def _template_call(call: Any, where: str) -> dict[str, Any]:
     function = call.get("function")
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         raise ToolError("a tool call needs function.name", f"{where}.function.name")
-    normalised = {"type": "function", "function": {
-        "name": function["name"],
-        "arguments": _arguments_object(function.get("arguments"), f"{where}.function.arguments")}}
+    normalised = {
+        "type": "function",
+        "function": {
+            "name": function["name"],
+            "arguments": _arguments_object(function.get("arguments"), f"{where}.function.arguments"),
+        },
+    }
     if isinstance(call.get("id"), str):
         normalised["id"] = call["id"]
     return normalised
@@ -102,8 +108,7 @@ def _text_of(content: Any, param: str) -> str:
     return "".join(texts)
 
 
-def anthropic_messages_to_openai(messages: Any, system: Any = None, *, param: str = "messages"
-                                 ) -> list[dict[str, Any]]:
+def anthropic_messages_to_openai(messages: Any, system: Any = None, *, param: str = "messages") -> list[dict[str, Any]]:
     """Anthropic Messages API conversation -> OpenAI-style chat messages (tool calls with dict
     arguments, results as `role: "tool"`). A user turn's tool_result blocks become tool messages
     placed before the rest of that turn's text; an assistant's thinking blocks become
@@ -140,8 +145,16 @@ def _anthropic_turn(role: str, blocks: list[Any], where: str) -> list[dict[str, 
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("name"), str) or not isinstance(block.get("id"), str):
                 raise ToolError("a tool_use block needs an id and a name", here)
-            calls.append({"id": block["id"], "type": "function", "function": {
-                "name": block["name"], "arguments": _arguments_object(block.get("input"), f"{here}.input")}})
+            calls.append(
+                {
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {
+                        "name": block["name"],
+                        "arguments": _arguments_object(block.get("input"), f"{here}.input"),
+                    },
+                }
+            )
         elif kind == "tool_result" and role == "user":
             if not isinstance(block.get("tool_use_id"), str):
                 raise ToolError("a tool_result block needs a tool_use_id", f"{here}.tool_use_id")

@@ -56,17 +56,48 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ember.server.tool_events import (ContentDelta, ToolCallArgs, ToolCallEnd, ToolCallStart, ToolEvent,
-                                      anthropic_input_json_delta, anthropic_tool_use_start, openai_deltas)
-from ember.server.tool_fences import (CANONICAL_PREFIX, FENCE, NEXT_CALL_OBJECT, JsonEndScanner, fence_body_start,
-                                      find_fence, is_call_language, line_blank_after, line_blank_at,
-                                      may_be_call_language, parse_call_body, parse_fence_body, partial_fence_length)
-from ember.server.tools import ToolCall, ToolSpec, new_tool_call_id
 from ember.server.text_holdback import partial_tag_length
+from ember.server.tool_events import (
+    ContentDelta,
+    ToolCallArgs,
+    ToolCallEnd,
+    ToolCallStart,
+    ToolEvent,
+    anthropic_input_json_delta,
+    anthropic_tool_use_start,
+    openai_deltas,
+)
+from ember.server.tool_fences import (
+    CANONICAL_PREFIX,
+    FENCE,
+    NEXT_CALL_OBJECT,
+    JsonEndScanner,
+    fence_body_start,
+    find_fence,
+    is_call_language,
+    line_blank_after,
+    line_blank_at,
+    may_be_call_language,
+    parse_call_body,
+    parse_fence_body,
+    partial_fence_length,
+)
+from ember.server.tools import ToolCall, ToolSpec, new_tool_call_id
 
-__all__ = ["ContentDelta", "ParsedReply", "StreamingToolParser", "ToolCallArgs", "ToolCallEnd", "ToolCallStart",
-           "ToolEvent", "anthropic_input_json_delta", "anthropic_tool_use_start", "openai_deltas",
-           "parse_call_body", "parse_tool_calls"]
+__all__ = [
+    "ContentDelta",
+    "ParsedReply",
+    "StreamingToolParser",
+    "ToolCallArgs",
+    "ToolCallEnd",
+    "ToolCallStart",
+    "ToolEvent",
+    "anthropic_input_json_delta",
+    "anthropic_tool_use_start",
+    "openai_deltas",
+    "parse_call_body",
+    "parse_tool_calls",
+]
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -78,8 +109,9 @@ class ParsedReply:
     calls: tuple[ToolCall, ...]
 
 
-def parse_tool_calls(text: str, tools: Sequence[ToolSpec], *, cut: bool = False,
-                     id_factory: Callable[[], str] = new_tool_call_id) -> ParsedReply:
+def parse_tool_calls(
+    text: str, tools: Sequence[ToolSpec], *, cut: bool = False, id_factory: Callable[[], str] = new_tool_call_id
+) -> ParsedReply:
     """Split a whole generated reply into content text and tool calls. `cut`: generation was stopped
     by max_tokens, so a `<tool_call>` block left open that is not a whole call is dropped."""
     by_name = {spec.name: spec for spec in tools}
@@ -92,7 +124,7 @@ def parse_tool_calls(text: str, tools: Sequence[ToolSpec], *, cut: bool = False,
             pieces.append(text[pos:tag])
             close = text.find(CLOSE_TAG, tag + len(OPEN_TAG))
             end = len(text) if close < 0 else close + len(CLOSE_TAG)
-            calls = parse_call_body(text[tag + len(OPEN_TAG):close if close >= 0 else len(text)], by_name)
+            calls = parse_call_body(text[tag + len(OPEN_TAG) : close if close >= 0 else len(text)], by_name)
             if calls:
                 pieces.extend(ToolCall(id_factory(), *call) for call in calls)
             elif cut and close < 0:  # half-written when max_tokens stopped it: dropped, the blanks before it too
@@ -103,7 +135,7 @@ def parse_tool_calls(text: str, tools: Sequence[ToolSpec], *, cut: bool = False,
             pieces.append(text[pos:fence])
             close = find_fence(text, body, True)
             end = len(text) if close < 0 else close + len(FENCE)
-            calls = parse_fence_body(text[body:close if close >= 0 else len(text)], by_name)
+            calls = parse_fence_body(text[body : close if close >= 0 else len(text)], by_name)
             pieces.extend([ToolCall(id_factory(), *call) for call in calls] if calls else [text[fence:end]])
         elif fence >= 0:  # an ordinary code block opens or closes: the fence is content
             end = fence + len(FENCE)
@@ -139,32 +171,33 @@ _TEXT, _TAG, _FENCE, _VERBATIM = "text", "tag", "fence", "verbatim"  # what the 
 class StreamingToolParser:
     """Feed the text deltas of one choice; get content and tool-call events back."""
 
-    def __init__(self, tools: Sequence[ToolSpec], *, incremental: bool = False,
-                 id_factory: Callable[[], str] = new_tool_call_id):
+    def __init__(
+        self, tools: Sequence[ToolSpec], *, incremental: bool = False, id_factory: Callable[[], str] = new_tool_call_id
+    ):
         self._tools = {spec.name: spec for spec in tools}
         self._incremental = incremental
         self._new_id = id_factory
         # _TEXT; _TAG: in a <tool_call> block; _FENCE: in a fenced block that may be a call;
         # _VERBATIM: in a rejected fenced block, which is content up to its closing fence
         self._mode = _TEXT
-        self._pending = ""      # text not yet emitted: trailing whitespace + what may start a tag or fence
+        self._pending = ""  # text not yet emitted: trailing whitespace + what may start a tag or fence
         self._line_blank = True  # whether the line before _pending holds only blanks so far
-        self._in_code = False   # inside an ordinary code block: the next fence closes it
+        self._in_code = False  # inside an ordinary code block: the next fence closes it
         self._after_call = False  # drop whitespace until the next non-space text
         self._calls: list[ToolCall] = []
         self._reset_block()
         # incremental mode: the call being streamed
         self._open: ToolCallStart | None = None
         self._args_start = 0
-        self._args_sent = 0     # characters of arguments already emitted, from _args_start
+        self._args_sent = 0  # characters of arguments already emitted, from _args_start
         self._scanner = JsonEndScanner()
 
     def _reset_block(self) -> None:
         """Forget the block (a tag block, or a fenced block that may be a call) just read."""
-        self._opener = ""       # <tool_call>, or the fence's line ("```json\n")
-        self._body = ""         # the block's text after the opener
-        self._close_from = 0    # where to look for the end in _body (earlier text has none)
-        self._held_space = ""   # whitespace before the block: dropped if the block is a call
+        self._opener = ""  # <tool_call>, or the fence's line ("```json\n")
+        self._body = ""  # the block's text after the opener
+        self._close_from = 0  # where to look for the end in _body (earlier text has none)
+        self._held_space = ""  # whitespace before the block: dropped if the block is a call
         self._value_start: int | None = None  # fence: where its JSON value starts in _body
         self._value = JsonEndScanner()  # fence: where that value ends
         self._value_scanned = 0
@@ -186,8 +219,7 @@ class StreamingToolParser:
             self._body += delta
         else:
             self._pending += delta
-        steps = {_TEXT: self._scan_text, _TAG: self._scan_tag, _FENCE: self._scan_fence,
-                 _VERBATIM: self._scan_verbatim}
+        steps = {_TEXT: self._scan_text, _TAG: self._scan_tag, _FENCE: self._scan_fence, _VERBATIM: self._scan_verbatim}
         while steps[self._mode](events):  # each step says whether it moved on to another mode
             pass
         return events
@@ -230,7 +262,7 @@ class StreamingToolParser:
         text = self._pending
         if self._after_call:
             stripped = text.lstrip()
-            self._line_blank = line_blank_after(self._line_blank, text[:len(text) - len(stripped)])
+            self._line_blank = line_blank_after(self._line_blank, text[: len(text) - len(stripped)])
             self._pending = text = stripped
             if not text:
                 return False
@@ -241,26 +273,26 @@ class StreamingToolParser:
             return self._open_block(events, _TAG, tag, OPEN_TAG)
         if fence >= 0 and not self._in_code:
             newline = text.find("\n", fence + len(FENCE))
-            info = text[fence + len(FENCE):newline if newline >= 0 else len(text)]
+            info = text[fence + len(FENCE) : newline if newline >= 0 else len(text)]
             if newline >= 0 and is_call_language(info):
-                return self._open_block(events, _FENCE, fence, text[fence:newline + 1])
+                return self._open_block(events, _FENCE, fence, text[fence : newline + 1])
             if newline < 0 and may_be_call_language(info):  # wait for the rest of the fence's line
                 self._emit_pending(events, len(text[:fence].rstrip()))
                 return False
         if fence >= 0:  # an ordinary code block opens or closes: the fence is content
-            self._emit(events, text[:fence + len(FENCE)])
+            self._emit(events, text[: fence + len(FENCE)])
             self._in_code = not self._in_code
-            return self._to_text(text[fence + len(FENCE):], line_blank=False)
+            return self._to_text(text[fence + len(FENCE) :], line_blank=False)
         hold = max(partial_tag_length(text, OPEN_TAG), partial_fence_length(text, self._line_blank))
-        self._emit_pending(events, len(text[:len(text) - hold].rstrip()))  # whitespace is held: a call may follow
+        self._emit_pending(events, len(text[: len(text) - hold].rstrip()))  # whitespace is held: a call may follow
         return False
 
     def _open_block(self, events: list[ToolEvent], mode: str, at: int, opener: str) -> bool:
         before = self._pending[:at]
         kept = before.rstrip()
         self._emit(events, kept)
-        self._held_space = before[len(kept):]
-        self._mode, self._opener, self._body = mode, opener, self._pending[at + len(opener):]
+        self._held_space = before[len(kept) :]
+        self._mode, self._opener, self._body = mode, opener, self._pending[at + len(opener) :]
         self._pending = ""
         return True
 
@@ -268,8 +300,8 @@ class StreamingToolParser:
         """A rejected fenced block: content up to and including its closing fence."""
         close = find_fence(self._pending, 0, self._line_blank)
         if close >= 0:
-            self._emit(events, self._pending[:close + len(FENCE)])
-            return self._to_text(self._pending[close + len(FENCE):], line_blank=False)
+            self._emit(events, self._pending[: close + len(FENCE)])
+            return self._to_text(self._pending[close + len(FENCE) :], line_blank=False)
         self._emit_pending(events, len(self._pending) - partial_fence_length(self._pending, self._line_blank))
         return False
 
@@ -285,7 +317,7 @@ class StreamingToolParser:
             return False
         self._body = body[:close]
         self._end_block(events, closed=True)
-        return self._to_text(body[close + len(CLOSE_TAG):], line_blank=False)
+        return self._to_text(body[close + len(CLOSE_TAG) :], line_blank=False)
 
     def _scan_fence(self, events: list[ToolEvent]) -> bool:
         body = self._body
@@ -295,7 +327,7 @@ class StreamingToolParser:
                 return False
             if body[first] not in "{[":  # an ordinary code block: its fence is content, the rest is text
                 self._emit(events, self._held_space + FENCE)
-                rest = self._opener[len(FENCE):] + body
+                rest = self._opener[len(FENCE) :] + body
                 self._reset_block()
                 self._in_code = True
                 return self._to_text(rest, line_blank=False)
@@ -304,7 +336,7 @@ class StreamingToolParser:
         if close >= 0:
             self._body = body[:close]
             self._end_block(events, closed=True)
-            return self._to_text(body[close + len(FENCE):], line_blank=False)
+            return self._to_text(body[close + len(FENCE) :], line_blank=False)
         self._close_from = body.rfind("\n") + 1
         limit = len(body) - partial_fence_length(body, True)
         if self._open is None and not self._may_be_call(limit):  # content up to the closing fence
@@ -323,8 +355,8 @@ class StreamingToolParser:
             self._value_scanned = len(body)
             if value.end is None:
                 return True
-            self._value_is_call = parse_fence_body(body[self._value_start:value.end], self._tools) is not None
-        return self._value_is_call and not body[value.end:limit].strip()
+            self._value_is_call = parse_fence_body(body[self._value_start : value.end], self._tools) is not None
+        return self._value_is_call and not body[value.end : limit].strip()
 
     def _stream_arguments(self, events: list[ToolEvent], limit: int) -> None:
         """Incremental mode: announce each call of the block once its name is known, then send its
@@ -377,8 +409,9 @@ class StreamingToolParser:
 
     def _finish_open_call(self, events: list[ToolEvent]) -> None:
         start = self._open
-        self._finish_call(events, ToolCall(start.id, start.name,
-                                           self._body[self._args_start:self._args_start + self._args_sent]))
+        self._finish_call(
+            events, ToolCall(start.id, start.name, self._body[self._args_start : self._args_start + self._args_sent])
+        )
 
     def _finish_call(self, events: list[ToolEvent], call: ToolCall) -> None:
         events.append(ToolCallEnd(len(self._calls), call))

@@ -77,8 +77,9 @@ def make_tool_spec(name: Any, description: Any, parameters: Any, where: str, *, 
         validator_class.check_schema(parameters)
     except SchemaError as error:
         path = "".join(f"[{p!r}]" if isinstance(p, str) else f"[{p}]" for p in error.path)
-        raise ToolError(f"invalid JSON Schema{' at ' + path if path else ''}: {error.message}",
-                        f"{where}.{schema_key}") from None
+        raise ToolError(
+            f"invalid JSON Schema{' at ' + path if path else ''}: {error.message}", f"{where}.{schema_key}"
+        ) from None
     return ToolSpec(name, description, parameters, validator_class(parameters))
 
 
@@ -112,8 +113,15 @@ def parse_openai_tools(raw: Any, *, param: str = "tools", require_type: bool = T
         function = item.get("function")
         if not isinstance(function, dict):
             raise ToolError("a function tool needs a function object", f"{where}.function")
-        specs.append(make_tool_spec(function.get("name"), function.get("description"), function.get("parameters"),
-                                    f"{where}.function", schema_key="parameters"))
+        specs.append(
+            make_tool_spec(
+                function.get("name"),
+                function.get("description"),
+                function.get("parameters"),
+                f"{where}.function",
+                schema_key="parameters",
+            )
+        )
     return _check_unique(specs, param + "[{i}].function.name")
 
 
@@ -139,8 +147,9 @@ class ToolChoice:
         return self.mode in ("required", "function")
 
 
-def parse_openai_tool_choice(raw: Any, tools: Sequence[ToolSpec], *, parallel_tool_calls: Any = None,
-                             param: str = "tool_choice") -> ToolChoice:
+def parse_openai_tool_choice(
+    raw: Any, tools: Sequence[ToolSpec], *, parallel_tool_calls: Any = None, param: str = "tool_choice"
+) -> ToolChoice:
     """OpenAI `tool_choice` ("auto" | "none" | "required" | {"type": "function", "function": {"name"}})
     plus `parallel_tool_calls`. Absent: "auto" with tools, "none" without (OpenAI's defaults)."""
     if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
@@ -186,15 +195,15 @@ def parse_anthropic_tools(raw: Any, *, param: str = "tools") -> tuple[ToolSpec, 
         if not isinstance(item, dict):
             raise ToolError("each tool must be an object", where)
         if item.get("type", "custom") != "custom":
-            raise ToolError(f"tool type {item.get('type')!r} is not supported; only custom tools are",
-                            f"{where}.type")
+            raise ToolError(f"tool type {item.get('type')!r} is not supported; only custom tools are", f"{where}.type")
         if "input_schema" not in item:
             raise ToolError("a tool needs an input_schema", f"{where}.input_schema")
         schema = item["input_schema"]
         if schema is None:
             raise ToolError("input_schema must be a JSON Schema object", f"{where}.input_schema")
-        specs.append(make_tool_spec(item.get("name"), item.get("description"), schema, where,
-                                    schema_key="input_schema"))
+        specs.append(
+            make_tool_spec(item.get("name"), item.get("description"), schema, where, schema_key="input_schema")
+        )
     return _check_unique(specs, param + "[{i}].name")
 
 
@@ -256,8 +265,12 @@ def anthropic_tool_use_id(call_id: str) -> str:
 
 def anthropic_tool_use(call: ToolCall) -> dict[str, Any]:
     """A `tool_use` content block of an Anthropic message."""
-    return {"type": "tool_use", "id": anthropic_tool_use_id(call.id), "name": call.name,
-            "input": call.arguments_object()}
+    return {
+        "type": "tool_use",
+        "id": anthropic_tool_use_id(call.id),
+        "name": call.name,
+        "input": call.arguments_object(),
+    }
 
 
 def ollama_tool_calls(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:

@@ -43,9 +43,14 @@ def bpe_tokenizer(tmp_path_factory) -> Path:
     """A six-token BPE tokenizer.json (one control token) for the GGUF writers' vocabularies."""
     folder = tmp_path_factory.mktemp("tok")
     vocab = {"a": 0, "b": 1, "c": 2, "ab": 3, "abc": 4, "d": 5}
-    (folder / "tokenizer.json").write_text(json.dumps({
-        "model": {"type": "BPE", "vocab": vocab, "merges": ["a b", "ab c", "c d"]},
-        "added_tokens": [{"id": 6, "content": "<|end|>"}]}))
+    (folder / "tokenizer.json").write_text(
+        json.dumps(
+            {
+                "model": {"type": "BPE", "vocab": vocab, "merges": ["a b", "ab c", "c d"]},
+                "added_tokens": [{"id": 6, "content": "<|end|>"}],
+            }
+        )
+    )
     return folder
 
 

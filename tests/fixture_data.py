@@ -50,8 +50,13 @@ def real_reference(model: str) -> dict[str, Any]:
     meta = json.loads((real_dir / f"{model}.json").read_text(encoding="utf-8"))
     result["meta"] = meta
     result["greedy"] = [
-        {"prompt_ids": result[f"greedy_prompt_ids_{k}"], "out_ids": result[f"greedy_out_{k}"],
-         "margins": result[f"greedy_margin_{k}"], "kind": prompt["kind"], "text": prompt["text"]}
+        {
+            "prompt_ids": result[f"greedy_prompt_ids_{k}"],
+            "out_ids": result[f"greedy_out_{k}"],
+            "margins": result[f"greedy_margin_{k}"],
+            "kind": prompt["kind"],
+            "text": prompt["text"],
+        }
         for k, prompt in enumerate(meta["greedy_prompts"])
     ]
     return result
@@ -74,8 +79,7 @@ def _xlogy_ratio(p: np.ndarray, log_p: np.ndarray, log_q: np.ndarray) -> np.ndar
     return np.where(p > 0, p * (log_p - log_q), 0.0)
 
 
-def topk_kl(ref_top_ids: np.ndarray, ref_top_logprobs: np.ndarray,
-            our_logprobs_full: np.ndarray) -> np.ndarray:
+def topk_kl(ref_top_ids: np.ndarray, ref_top_logprobs: np.ndarray, our_logprobs_full: np.ndarray) -> np.ndarray:
     """KL(p_ref || q_ours) per position over K+1 buckets: the reference's top-K ids and "the rest".
 
     ref_top_ids int [T, K], ref_top_logprobs float [T, K] (log-probs of the full reference
@@ -86,8 +90,9 @@ def topk_kl(ref_top_ids: np.ndarray, ref_top_logprobs: np.ndarray,
     ref_top_ids = np.asarray(ref_top_ids)
     ref_log_p = np.asarray(ref_top_logprobs, dtype=np.float64)
     if ref_top_ids.shape != ref_log_p.shape or our_logprobs_full.shape[0] != ref_top_ids.shape[0]:
-        raise ValueError(f"shape mismatch: ids {ref_top_ids.shape}, logprobs {ref_log_p.shape}, "
-                         f"ours {our_logprobs_full.shape}")
+        raise ValueError(
+            f"shape mismatch: ids {ref_top_ids.shape}, logprobs {ref_log_p.shape}, ours {our_logprobs_full.shape}"
+        )
     rows = ref_top_ids.shape[0]
     p_top = np.exp(ref_log_p)
     p_rest = np.clip(1.0 - p_top.sum(axis=-1), 0.0, 1.0)  # [T]

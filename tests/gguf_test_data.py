@@ -18,8 +18,12 @@ Q = gguf.GGMLQuantizationType
 
 # Where each block keeps its fp16 scales (byte offsets inside the block).
 FP16_SCALE_OFFSETS: dict[int, tuple[int, ...]] = {
-    Q.Q8_0: (0,), Q.Q4_0: (0,), Q.Q5_0: (0,),
-    Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,),
+    Q.Q8_0: (0,),
+    Q.Q4_0: (0,),
+    Q.Q5_0: (0,),
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208,),
 }
 
 
@@ -30,7 +34,9 @@ def _make_finite(bits: np.ndarray, exponent_mask: int) -> np.ndarray:
     return np.where(special, bits & ~np.uint16(top_exponent_bit), bits).astype(np.uint16)
 
 
-def random_tensor_bytes(rng: np.random.Generator, ggml_type: int, n_elements: int, *, finite: bool = True) -> np.ndarray:
+def random_tensor_bytes(
+    rng: np.random.Generator, ggml_type: int, n_elements: int, *, finite: bool = True
+) -> np.ndarray:
     """Random raw bytes for `n_elements` of `ggml_type` (uint8, 1-D).
 
     With finite=True every fp16/bf16 scale or value is a finite number (zeros
@@ -47,8 +53,8 @@ def random_tensor_bytes(rng: np.random.Generator, ggml_type: int, n_elements: in
         elif ggml_type == Q.F32:
             raw = rng.standard_normal(n_elements).astype("<f4").view(np.uint8).reshape(n_blocks, block_bytes)
         for offset in FP16_SCALE_OFFSETS.get(ggml_type, ()):
-            scale = np.ascontiguousarray(raw[:, offset:offset + 2]).view("<u2")
-            raw[:, offset:offset + 2] = _make_finite(scale, 0x7C00).view(np.uint8)
+            scale = np.ascontiguousarray(raw[:, offset : offset + 2]).view("<u2")
+            raw[:, offset : offset + 2] = _make_finite(scale, 0x7C00).view(np.uint8)
     return raw.reshape(-1)
 
 

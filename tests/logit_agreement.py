@@ -16,7 +16,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 def _bf16_ulp(x: np.ndarray) -> np.ndarray:
     """The spacing of bfloat16 values at |x| (8 significant bits)."""
-    return np.exp2(np.floor(np.log2(np.maximum(np.abs(x), 2.0 ** -126))) - 7)
+    return np.exp2(np.floor(np.log2(np.maximum(np.abs(x), 2.0**-126))) - 7)
 
 
 def agreement(exact: np.ndarray, fast: np.ndarray) -> dict:
@@ -28,11 +28,15 @@ def agreement(exact: np.ndarray, fast: np.ndarray) -> dict:
     # seen at 0, 1 and 3 steps: tools/results/h200_gpu_engine_tests_9af0c7d.json)
     decisive = margin > 4 * _bf16_ulp(top2[:, 1])
     flipped = exact.argmax(-1) != fast.argmax(-1)
-    return {"top1_agreement": float(1.0 - flipped.mean()), "mean_kl": float(kl.mean()), "max_kl": float(kl.max()),
-            "decisive_positions": int(decisive.sum()),
-            "top1_agreement_where_decisive": float(1.0 - flipped[decisive].mean()),
-            # how close to a tie the reference's top two logits were where the argmax moved
-            "flipped_top2_margins": [round(float(m), 5) for m in margin[flipped]]}
+    return {
+        "top1_agreement": float(1.0 - flipped.mean()),
+        "mean_kl": float(kl.mean()),
+        "max_kl": float(kl.max()),
+        "decisive_positions": int(decisive.sum()),
+        "top1_agreement_where_decisive": float(1.0 - flipped[decisive].mean()),
+        # how close to a tie the reference's top two logits were where the argmax moved
+        "flipped_top2_margins": [round(float(m), 5) for m in margin[flipped]],
+    }
 
 
 def record_gpu_result(key: str, value) -> None:

@@ -21,10 +21,19 @@ from pathlib import Path
 import numpy as np
 
 TINY_QWEN_CONFIG = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0, "max_position_embeddings": 32768, "tie_word_embeddings": True,
-    "vocab_size": 151936, "torch_dtype": "float32",
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+    "vocab_size": 151936,
+    "torch_dtype": "float32",
 }
 
 
@@ -41,9 +50,17 @@ def write_tiny_chat_model(folder: Path, gguf_path: Path, *, seed: int = 0) -> Pa
     metadata = open_checkpoint(gguf_path).metadata
     tokenizer = Tokenizer.from_gguf_metadata(metadata, source=str(gguf_path))
     (folder / "tokenizer.json").write_text(tokenizer.backend.to_str())
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": tokenizer.chat_template, "eos_token": "<|im_end|>", "bos_token": None,
-        "pad_token": "<|endoftext|>", "add_bos_token": False}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": tokenizer.chat_template,
+                "eos_token": "<|im_end|>",
+                "bos_token": None,
+                "pad_token": "<|endoftext|>",
+                "add_bos_token": False,
+            }
+        )
+    )
     (folder / "config.json").write_text(json.dumps(TINY_QWEN_CONFIG))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}))
     rng = np.random.default_rng(seed)
@@ -58,15 +75,22 @@ def write_tiny_chat_model(folder: Path, gguf_path: Path, *, seed: int = 0) -> Pa
     tensors = {"model.embed_tokens.weight": w(v, d), "model.norm.weight": np.ones(d, np.float32)}
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        tensors.update({
-            p + "input_layernorm.weight": np.ones(d, np.float32),
-            p + "post_attention_layernorm.weight": np.ones(d, np.float32),
-            p + "self_attn.q_proj.weight": w(d, d), p + "self_attn.q_proj.bias": w(d),
-            p + "self_attn.k_proj.weight": w(kv, d), p + "self_attn.k_proj.bias": w(kv),
-            p + "self_attn.v_proj.weight": w(kv, d), p + "self_attn.v_proj.bias": w(kv),
-            p + "self_attn.o_proj.weight": w(d, d),
-            p + "mlp.gate_proj.weight": w(f, d), p + "mlp.up_proj.weight": w(f, d), p + "mlp.down_proj.weight": w(d, f),
-        })
+        tensors.update(
+            {
+                p + "input_layernorm.weight": np.ones(d, np.float32),
+                p + "post_attention_layernorm.weight": np.ones(d, np.float32),
+                p + "self_attn.q_proj.weight": w(d, d),
+                p + "self_attn.q_proj.bias": w(d),
+                p + "self_attn.k_proj.weight": w(kv, d),
+                p + "self_attn.k_proj.bias": w(kv),
+                p + "self_attn.v_proj.weight": w(kv, d),
+                p + "self_attn.v_proj.bias": w(kv),
+                p + "self_attn.o_proj.weight": w(d, d),
+                p + "mlp.gate_proj.weight": w(f, d),
+                p + "mlp.up_proj.weight": w(f, d),
+                p + "mlp.down_proj.weight": w(d, f),
+            }
+        )
     save_file(tensors, str(folder / "model.safetensors"))
     return folder
 
@@ -84,8 +108,17 @@ class LiveServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = model.parent / f"serve-{self.port}.log"
-        args = [sys.executable, "-m", "ember.tools.cli", "serve", "--model", str(model), "--port", str(self.port),
-                *extra_args]
+        args = [
+            sys.executable,
+            "-m",
+            "ember.tools.cli",
+            "serve",
+            "--model",
+            str(model),
+            "--port",
+            str(self.port),
+            *extra_args,
+        ]
         full_env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
         self._log = open(self.log_path, "w")
         self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)

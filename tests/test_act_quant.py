@@ -10,12 +10,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, pick_config, quant_matmul_ref
+from ember.compiler.ops.quant import (
+    QuantMatmulConfig,
+    launch_plan,
+    pack,
+    pick_config,
+    quant_matmul_ref,
+    random_gguf_bytes,
+)
 from ember.compiler.ops.quant import config as config_module
-from ember.compiler.ops.quant import random_gguf_bytes
-from ember.compiler.ops.quant.act_quant import (act_terms, dp4a_matmul_ref, packed_shapes, quantize_activations,
-                                               quantize_blocks)
-
+from ember.compiler.ops.quant.act_quant import (
+    act_terms,
+    dp4a_matmul_ref,
+    packed_shapes,
+    quantize_activations,
+    quantize_blocks,
+)
 
 ELEMENT = {"q4_k": lambda h, q, j: q + 4 * h + 8 * j, "q6_k": lambda h, q, j: 16 * h + 4 * j + q}
 
@@ -24,7 +34,7 @@ def unpack(qa: np.ndarray, k: int, order: str = "q4_k") -> np.ndarray:
     """qa int32 [m, k/4] -> int8 [m, k] in element order, following the documented packings independently:
     byte j of word 8b + 4h + q of block b is element q + 4h + 8j (Q4_K) or 16h + 4j + q (Q6_K)."""
     m = qa.shape[0]
-    lanes = qa.view(np.int8).reshape(m, k // 32, 2, 4, 4)    # [m, block, h, q, byte j]
+    lanes = qa.view(np.int8).reshape(m, k // 32, 2, 4, 4)  # [m, block, h, q, byte j]
     out = np.empty((m, k // 32, 32), np.int8)
     for h in range(2):
         for q in range(4):
@@ -34,8 +44,13 @@ def unpack(qa: np.ndarray, k: int, order: str = "q4_k") -> np.ndarray:
 
 
 @settings(max_examples=25, deadline=None)
-@given(m=st.integers(1, 5), blocks=st.integers(1, 6), seed=st.integers(0, 2**31 - 1),
-       scale=st.sampled_from([1e-3, 1.0, 300.0]), order=st.sampled_from(["q4_k", "q6_k"]))
+@given(
+    m=st.integers(1, 5),
+    blocks=st.integers(1, 6),
+    seed=st.integers(0, 2**31 - 1),
+    scale=st.sampled_from([1e-3, 1.0, 300.0]),
+    order=st.sampled_from(["q4_k", "q6_k"]),
+)
 def test_packing_and_rounding(m, blocks, seed, scale, order):
     rng = np.random.default_rng(seed)
     k = 32 * blocks
@@ -85,14 +100,21 @@ def test_dp4a_reference_error_on_gaussian_activations(fmt):
     w = pack(random_gguf_bytes(rng, fmt, shape, realistic=True), fmt, shape)
     x = jnp.asarray(rng.standard_normal((4, 1536)).astype(np.float32))
     expected = np.asarray(quant_matmul_ref(x, w))
-    rel = {terms: np.linalg.norm(np.asarray(dp4a_matmul_ref(x, w, terms=terms)) - expected) / np.linalg.norm(expected)
-           for terms in (1, 2)}
+    rel = {
+        terms: np.linalg.norm(np.asarray(dp4a_matmul_ref(x, w, terms=terms)) - expected) / np.linalg.norm(expected)
+        for terms in (1, 2)
+    }
     assert 1e-4 < rel[1] < 1e-2 and rel[2] < 1e-4 and rel[2] < rel[1] / 50
 
 
 @settings(max_examples=20, deadline=None)
-@given(m=st.integers(1, 3), blocks=st.integers(1, 5), seed=st.integers(0, 2**31 - 1),
-       scale=st.sampled_from([1e-3, 1.0, 300.0]), order=st.sampled_from(["q4_k", "q6_k"]))
+@given(
+    m=st.integers(1, 3),
+    blocks=st.integers(1, 5),
+    seed=st.integers(0, 2**31 - 1),
+    scale=st.sampled_from([1e-3, 1.0, 300.0]),
+    order=st.sampled_from(["q4_k", "q6_k"]),
+)
 def test_a_second_term_rounds_the_first_ones_residual(m, blocks, seed, scale, order):
     """terms=2: the first term's words and factors as with one term, then the residual's: its codes within
     half a step dx' <= dx / 254 of what the first left (so x within dx' / 2), its sx slot 0."""
@@ -104,10 +126,10 @@ def test_a_second_term_rounds_the_first_ones_residual(m, blocks, seed, scale, or
     qa, da = (np.asarray(a) for a in quantize_activations(jnp.asarray(x), order, terms=2))
     assert (qa.shape, da.shape) == ((m, k // 2), (m, k // 32, 8))
     assert [s.shape for s in packed_shapes(m, k, 2)] == [qa.shape, da.shape]
-    np.testing.assert_array_equal(qa[:, :k // 4], one[0])
+    np.testing.assert_array_equal(qa[:, : k // 4], one[0])
     np.testing.assert_array_equal(da[..., :4], one[1])
-    q1 = unpack(qa[:, :k // 4], k, order).astype(np.float32).reshape(m, blocks, 32)
-    q2 = unpack(np.ascontiguousarray(qa[:, k // 4:]), k, order).astype(np.float32).reshape(m, blocks, 32)
+    q1 = unpack(qa[:, : k // 4], k, order).astype(np.float32).reshape(m, blocks, 32)
+    q2 = unpack(np.ascontiguousarray(qa[:, k // 4 :]), k, order).astype(np.float32).reshape(m, blocks, 32)
     dx, dx2 = da[..., 0], da[..., 4]
     assert (da[..., 5] == 0).all()
     np.testing.assert_array_equal(da[..., 6], q2[..., :16].sum(-1))
@@ -133,8 +155,9 @@ def test_dp4a_reference_rejects_other_formats():
         dp4a_matmul_ref(jnp.ones((1, 256)), w)
 
 
-@pytest.mark.parametrize("m, groups, rows", [(1, 1, 1), (4, 1, 4), (8, 1, 8), (9, 2, 5), (11, 2, 6), (16, 2, 8),
-                                             (17, 3, 6)])
+@pytest.mark.parametrize(
+    "m, groups, rows", [(1, 1, 1), (4, 1, 4), (8, 1, 8), (9, 2, 5), (11, 2, 6), (16, 2, 8), (17, 3, 6)]
+)
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
 def test_dp4a_plan_row_groups(fmt, m, groups, rows):
     plan = launch_plan(fmt, m, 1536, 8960, QuantMatmulConfig(variant="dp4a", block_n=16, split_k=8))

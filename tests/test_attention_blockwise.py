@@ -52,11 +52,10 @@ class World:
         return own + [0] * (width - len(own))
 
 
-def make_world(seed: int, hq: int, hkv: int, dh: int, block_size: int, sequences: int,
-               max_len: int = MAX_LEN) -> World:
+def make_world(seed: int, hq: int, hkv: int, dh: int, block_size: int, sequences: int, max_len: int = MAX_LEN) -> World:
     per_seq = -(-max_len // block_size) + 1  # one spare block past the longest context, holding garbage
     ids = np.random.default_rng(seed).permutation(np.arange(1, 1 + sequences * per_seq)).tolist()
-    blocks = tuple(tuple(ids[s * per_seq:(s + 1) * per_seq]) for s in range(sequences))
+    blocks = tuple(tuple(ids[s * per_seq : (s + 1) * per_seq]) for s in range(sequences))
     return World(hq, hkv, dh, block_size, seed, blocks, 1 + sequences * per_seq + 2)
 
 
@@ -77,8 +76,19 @@ def needed_blocks(world: World, pos: int) -> int:
     return pos // world.block_size + 1
 
 
-def step(fn, world: World, pools, decode: list[tuple[int, int]], chunk: tuple[int, int, int] | None,
-         window: int, width: int | None = None, *, trim: bool = False, kinds: int = 1, state: int = 0):
+def step(
+    fn,
+    world: World,
+    pools,
+    decode: list[tuple[int, int]],
+    chunk: tuple[int, int, int] | None,
+    window: int,
+    width: int | None = None,
+    *,
+    trim: bool = False,
+    kinds: int = 1,
+    state: int = 0,
+):
     """Run one step. decode: (sequence, position) rows; chunk: (sequence, first position, token count).
     trim: each table holds block 0 for the blocks wholly before its earliest query's window (what the
     runtime's sliding kind hands back); kinds/state: the batch has `kinds` rows of slots and tables, this
@@ -100,14 +110,23 @@ def step(fn, world: World, pools, decode: list[tuple[int, int]], chunk: tuple[in
         tokens=jnp.zeros(len(rows), jnp.int32),
         positions=jnp.asarray([p for _, p in rows], jnp.int32),
         slots=per_kind([world.slot(s, p) for s, p in rows]),
-        dec_block_tables=per_kind(np.asarray([world.table(s, width, dropped(p)) for s, p in decode],
-                                             np.int32).reshape(-1, width)),
+        dec_block_tables=per_kind(
+            np.asarray([world.table(s, width, dropped(p)) for s, p in decode], np.int32).reshape(-1, width)
+        ),
         dec_ctx_lens=jnp.asarray([p + 1 for _, p in decode], jnp.int32),
         pre_block_table=per_kind([world.table(chunk[0], width, dropped(chunk[1])) if chunk else [0] * width]),
         logit_rows=jnp.zeros(1, jnp.int32),
     )
-    out, k_pool, v_pool = fn(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.int32(window), jnp.float32(state),
-                             *pools, batch, scale=1.0 / math.sqrt(world.dh))
+    out, k_pool, v_pool = fn(
+        jnp.asarray(q),
+        jnp.asarray(k),
+        jnp.asarray(v),
+        jnp.int32(window),
+        jnp.float32(state),
+        *pools,
+        batch,
+        scale=1.0 / math.sqrt(world.dh),
+    )
     return np.asarray(out), (k_pool, v_pool)
 
 
@@ -121,8 +140,12 @@ seeds = st.integers(0, 2**31 - 1)
 # each example compiles 2-4 programs (~1 s each on a CI core), so CI runs a few rich examples (several ragged
 # rows each); EMBER_ATTENTION_EXAMPLES=50 runs a wider sweep by hand
 # (no shrinking: every shrink step recompiles, and a failing example is already small)
-SETTINGS = settings(max_examples=int(os.environ.get("EMBER_ATTENTION_EXAMPLES", 4)), deadline=None,
-                    derandomize=True, phases=(Phase.explicit, Phase.generate))
+SETTINGS = settings(
+    max_examples=int(os.environ.get("EMBER_ATTENTION_EXAMPLES", 4)),
+    deadline=None,
+    derandomize=True,
+    phases=(Phase.explicit, Phase.generate),
+)
 
 
 @SETTINGS
@@ -161,8 +184,17 @@ def test_doubled_table_width_changes_no_bit(heads, dh, block_size, window, dec_p
 
 
 @SETTINGS
-@given(head_shapes, dims, block_sizes, windows, positions, st.lists(positions, max_size=3),
-       st.lists(positions, max_size=3), st.none() | chunks, seeds)
+@given(
+    head_shapes,
+    dims,
+    block_sizes,
+    windows,
+    positions,
+    st.lists(positions, max_size=3),
+    st.lists(positions, max_size=3),
+    st.none() | chunks,
+    seeds,
+)
 def test_decode_row_ignores_its_neighbours(heads, dh, block_size, window, pos, before, after, chunk, seed):
     others = before + after
     world = make_world(seed, *heads, dh, block_size, len(others) + 2)
@@ -177,8 +209,17 @@ def test_decode_row_ignores_its_neighbours(heads, dh, block_size, window, pos, b
 
 
 @SETTINGS
-@given(head_shapes, dims, block_sizes, windows, st.integers(0, 24), st.integers(2, 12), st.integers(1, 11),
-       st.lists(positions, max_size=2), seeds)
+@given(
+    head_shapes,
+    dims,
+    block_sizes,
+    windows,
+    st.integers(0, 24),
+    st.integers(2, 12),
+    st.integers(1, 11),
+    st.lists(positions, max_size=2),
+    seeds,
+)
 @example((4, 2), 16, 4, 3, 9, 12, 5, [30], 6)  # GQA, window, a chunk over four blocks, a decode neighbour
 def test_prefill_chunking_changes_no_bit(heads, dh, block_size, window, start, count, split, dec_positions, seed):
     split = min(split, count - 1)  # the first chunk's tokens; the second chunk has the rest
@@ -188,9 +229,16 @@ def test_prefill_chunking_changes_no_bit(heads, dh, block_size, window, start, c
     pools = initial_pools(world, {s: p for s, p in decode} | {seq: start})
     whole, pools_whole = step(blockwise, world, pools, [], (seq, start, count), window)
     first, pools_after = step(blockwise, world, pools, decode, (seq, start, split), window)
-    second, _ = step(blockwise, world, pools_after, [], (seq, start + split, count - split), window,
-                     width=needed_blocks(world, MAX_LEN + 11))  # also a wider table than needed
-    chunked = np.concatenate([first[len(decode):], second])
+    second, _ = step(
+        blockwise,
+        world,
+        pools_after,
+        [],
+        (seq, start + split, count - split),
+        window,
+        width=needed_blocks(world, MAX_LEN + 11),
+    )  # also a wider table than needed
+    chunked = np.concatenate([first[len(decode) :], second])
     assert np.array_equal(whole, chunked)
     # a chunk of one is a decode row: the chunk's last token recomputed as a decode step (as after a
     # preemption) beside another row gives the same bits
@@ -202,8 +250,9 @@ def test_prefill_chunking_changes_no_bit(heads, dh, block_size, window, start, c
 @SETTINGS
 @given(head_shapes, dims, block_sizes, st.sampled_from([1, 3, 8]), st.lists(positions, max_size=3), chunks, seeds)
 @example((4, 2), 16, 4, 3, [37, 9], (13, 10), 5)  # a chunk whose first query reaches back into a dropped block's
-def test_sliding_kind_reading_block_0_for_dropped_blocks_changes_no_bit(heads, dh, block_size, window,
-                                                                          dec_positions, chunk, seed):
+def test_sliding_kind_reading_block_0_for_dropped_blocks_changes_no_bit(
+    heads, dh, block_size, window, dec_positions, chunk, seed
+):
     """Both ops: tables holding block 0 (full of garbage) where a sliding kind dropped blocks before the
     earliest query's window — chunked prefill included — give the bits of the untrimmed tables, and a
     layer reads the kind row its state index names."""
@@ -266,8 +315,9 @@ def test_bits_hold_at_a_serving_shape():
     pools = initial_pools(world, {s: p for s, p in decode} | {target: 1000, chunk_seq: start})
     for window in (0, 300):
         alone, _ = step(blockwise, world, pools, [(target, 1000)], None, window)
-        crowded, _ = step(blockwise, world, pools, decode[:5] + [(target, 1000)] + decode[5:],
-                          (chunk_seq, start, count), window)
+        crowded, _ = step(
+            blockwise, world, pools, decode[:5] + [(target, 1000)] + decode[5:], (chunk_seq, start, count), window
+        )
         wide, _ = step(blockwise, world, pools, [(target, 1000)] + decode, None, window, width=128)
         assert np.array_equal(alone[0], crowded[5]) and np.array_equal(alone[0], wide[0])
         whole, pools_whole = step(blockwise, world, pools, decode, (chunk_seq, start, count), window)

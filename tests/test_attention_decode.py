@@ -19,16 +19,27 @@ from hypothesis import strategies as st
 from ember.compiler.batch import StepBatch
 from ember.compiler.ops.attention import _attend, _gather, _table_slots, paged_attention
 from ember.compiler.ops.attention_gpu import (
-    DecodeAttentionConfig, combine_partials, decode_launch_plan, paged_attention_emulated, paged_decode_attention,
+    DecodeAttentionConfig,
+    combine_partials,
+    decode_launch_plan,
+    paged_attention_emulated,
+    paged_decode_attention,
 )
 
-emulated_decode = jax.jit(functools.partial(paged_decode_attention, backend="emulate"),
-                          static_argnames=("scale", "config", "splits"))
+emulated_decode = jax.jit(
+    functools.partial(paged_decode_attention, backend="emulate"), static_argnames=("scale", "config", "splits")
+)
 reference_decode = jax.jit(
     lambda q, k_pool, v_pool, tables, pos, window, scale: _attend(
-        q[:, None], _gather(k_pool, _table_slots(tables, k_pool.shape[1])),
-        _gather(v_pool, _table_slots(tables, k_pool.shape[1])), pos[:, None], window, scale)[:, 0],
-    static_argnames="scale")
+        q[:, None],
+        _gather(k_pool, _table_slots(tables, k_pool.shape[1])),
+        _gather(v_pool, _table_slots(tables, k_pool.shape[1])),
+        pos[:, None],
+        window,
+        scale,
+    )[:, 0],
+    static_argnames="scale",
+)
 entry = jax.jit(paged_attention_emulated, static_argnames="scale")
 reference_op = jax.jit(paged_attention, static_argnames="scale")
 
@@ -39,8 +50,7 @@ EXAMPLES = int(os.environ.get("EMBER_ATTENTION_EXAMPLES", 2))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, phases=(Phase.explicit, Phase.generate))
 
 
-def decode_case(seed: int, hq: int, hkv: int, dh: int, block_size: int, window: int, ctx: list[int],
-                spare: int = 1):
+def decode_case(seed: int, hq: int, hkv: int, dh: int, block_size: int, window: int, ctx: list[int], spare: int = 1):
     """Pools of random values, scattered blocks, ragged contexts (positions = ctx - 1). `tables` lists every
     block (what the reference reads); `trimmed` holds block 0 where a block lies wholly before the window
     (a sliding kind's table), and `nan_pools` fill block 0 with NaN: a walk that skips dropped blocks (and
@@ -53,14 +63,21 @@ def decode_case(seed: int, hq: int, hkv: int, dh: int, block_size: int, window: 
     trimmed = blocks.copy()
     if window:
         for r, n in enumerate(ctx):
-            trimmed[r, :max(0, n - window) // block_size] = 0
+            trimmed[r, : max(0, n - window) // block_size] = 0
     nan_pools = pools.copy()
     nan_pools[:, 0] = np.nan
     q = rng.standard_normal((b, hq, dh)).astype(np.float32)
     ctx = np.asarray(ctx, np.int32)
-    return dict(q=jnp.asarray(q), pools=jnp.asarray(pools), nan_pools=jnp.asarray(nan_pools),
-                tables=jnp.asarray(blocks, jnp.int32), trimmed=jnp.asarray(trimmed, jnp.int32),
-                ctx=jnp.asarray(ctx), pos=jnp.asarray(ctx - 1), window=jnp.int32(window))
+    return dict(
+        q=jnp.asarray(q),
+        pools=jnp.asarray(pools),
+        nan_pools=jnp.asarray(nan_pools),
+        tables=jnp.asarray(blocks, jnp.int32),
+        trimmed=jnp.asarray(trimmed, jnp.int32),
+        ctx=jnp.asarray(ctx),
+        pos=jnp.asarray(ctx - 1),
+        window=jnp.int32(window),
+    )
 
 
 group_heads = st.sampled_from([(g * hkv, hkv) for g in (1, 4, 6, 8) for hkv in (1, 2)])
@@ -71,8 +88,16 @@ contexts = st.lists(st.integers(1, 130), min_size=1, max_size=4)
 
 
 @SETTINGS
-@given(group_heads, head_dims, block_sizes, windows, contexts, st.integers(1, 8), st.sampled_from([16, 64]),
-       st.integers(0, 2**31 - 1))
+@given(
+    group_heads,
+    head_dims,
+    block_sizes,
+    windows,
+    contexts,
+    st.integers(1, 8),
+    st.sampled_from([16, 64]),
+    st.integers(0, 2**31 - 1),
+)
 @example((12, 2), 128, 16, 24, [130, 1, 47, 16], 8, 16, 3)  # G 6, sliding, ragged, a 1-token row, 8 splits
 @example((8, 1), 64, 32, 0, [128, 33, 64], 3, 16, 4)  # G 8, several iterations per split, block boundaries
 @example((4, 1), 128, 16, 40, [120, 75], 2, 16, 5)  # G 4, a window start inside a block, 2 iterations per split
@@ -81,12 +106,30 @@ def test_emulation_matches_reference(heads, dh, block_size, window, ctx, splits,
     scale = 1.0 / math.sqrt(dh)
     want = reference_decode(case["q"], *case["pools"], case["tables"], case["pos"], case["window"], scale=scale)
     config = DecodeAttentionConfig(block_n=block_n)
-    got = emulated_decode(case["q"], *case["pools"], case["tables"], case["ctx"], case["pos"], case["window"],
-                          scale=scale, config=config, splits=splits)
+    got = emulated_decode(
+        case["q"],
+        *case["pools"],
+        case["tables"],
+        case["ctx"],
+        case["pos"],
+        case["window"],
+        scale=scale,
+        config=config,
+        splits=splits,
+    )
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, rtol=1e-5)
     # a sliding kind's trimmed table over NaN-filled block 0: dropped blocks are never read
-    sliding = emulated_decode(case["q"], *case["nan_pools"], case["trimmed"], case["ctx"], case["pos"],
-                              case["window"], scale=scale, config=config, splits=splits)
+    sliding = emulated_decode(
+        case["q"],
+        *case["nan_pools"],
+        case["trimmed"],
+        case["ctx"],
+        case["pos"],
+        case["window"],
+        scale=scale,
+        config=config,
+        splits=splits,
+    )
     if window:
         np.testing.assert_array_equal(np.asarray(sliding), np.asarray(got))
 
@@ -111,8 +154,9 @@ def test_combine_ignores_empty_splits():
     assert not np.any(np.asarray(empty))
 
 
-@pytest.mark.parametrize("batch,hkv,width", [(1, 2, 2048), (1, 8, 2048), (32, 2, 2048), (32, 8, 2048),
-                                             (256, 8, 2048), (4, 2, 8), (1, 1, 1)])
+@pytest.mark.parametrize(
+    "batch,hkv,width", [(1, 2, 2048), (1, 8, 2048), (32, 2, 2048), (32, 8, 2048), (256, 8, 2048), (4, 2, 8), (1, 1, 1)]
+)
 def test_launch_plan_splits(batch, hkv, width):
     config = DecodeAttentionConfig()
     plan = decode_launch_plan(batch, 4 * hkv, hkv, 128, 16, width, dot_fp32=False, config=config)
@@ -152,23 +196,30 @@ def _step_batch(rng, decode_ctx, chunk, block_size, width, kinds, state, window)
     def trim(s, earliest):  # a sliding kind hands back blocks wholly before its earliest query's window
         table = blocks[s].copy()
         if window:
-            table[:max(0, earliest - window + 1) // block_size] = 0
+            table[: max(0, earliest - window + 1) // block_size] = 0
         return table
 
     per_kind = lambda a: jnp.asarray(np.stack([a if i == state else np.zeros_like(a) for i in range(kinds)]), jnp.int32)
     batch = StepBatch(
-        tokens=jnp.zeros(len(rows), jnp.int32), positions=jnp.asarray([p for _, p in rows], jnp.int32),
+        tokens=jnp.zeros(len(rows), jnp.int32),
+        positions=jnp.asarray([p for _, p in rows], jnp.int32),
         slots=per_kind(np.asarray([slot(s, p) for s, p in rows])),
         dec_block_tables=per_kind(np.asarray([trim(s, n - 1) for s, n in enumerate(decode_ctx)]).reshape(-1, width)),
         dec_ctx_lens=jnp.asarray(decode_ctx, jnp.int32),
         pre_block_table=per_kind((trim(seqs - 1, chunk[0]) if chunk else np.zeros(width, np.int64))[None]),
-        logit_rows=jnp.zeros(1, jnp.int32))
+        logit_rows=jnp.zeros(1, jnp.int32),
+    )
     return batch, len(rows), 1 + seqs * width
 
 
 @settings(SETTINGS, max_examples=max(1, EXAMPLES // 2))
-@given(st.sampled_from([(4, 1), (12, 2), (8, 2)]), st.sampled_from([0, 6]), st.lists(st.integers(1, 70), max_size=3),
-       st.none() | st.tuples(st.integers(0, 40), st.integers(1, 9)), st.integers(0, 2**31 - 1))
+@given(
+    st.sampled_from([(4, 1), (12, 2), (8, 2)]),
+    st.sampled_from([0, 6]),
+    st.lists(st.integers(1, 70), max_size=3),
+    st.none() | st.tuples(st.integers(0, 40), st.integers(1, 9)),
+    st.integers(0, 2**31 - 1),
+)
 @example((12, 2), 6, [70, 1, 33], (21, 9), 1)  # decode rows beside a chunk, sliding, state kind 1 of 2
 def test_entry_matches_reference_op(heads, window, decode_ctx, chunk, seed):
     if not decode_ctx and chunk is None:

@@ -22,16 +22,21 @@ pytest.importorskip("triton")
 if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda)", allow_module_level=True)
 
+from test_attention_decode import _step_batch  # noqa: E402  (tests/ is on sys.path: conftest)
+
 from ember.compiler.ops.attention import _attend, _gather, _table_slots, paged_attention  # noqa: E402
 from ember.compiler.ops.attention_gpu import (  # noqa: E402
-    paged_attention as paged_attention_h200, paged_decode_attention,
+    paged_attention as paged_attention_h200,
 )
-from test_attention_decode import _step_batch  # noqa: E402  (tests/ is on sys.path: conftest)
+from ember.compiler.ops.attention_gpu import (
+    paged_decode_attention,
+)
 
 pytestmark = pytest.mark.gpu
 
-kernel = jax.jit(functools.partial(paged_decode_attention, backend="triton"),
-                 static_argnames=("scale", "config", "splits"))
+kernel = jax.jit(
+    functools.partial(paged_decode_attention, backend="triton"), static_argnames=("scale", "config", "splits")
+)
 
 
 @functools.partial(jax.jit, static_argnames="scale")
@@ -40,8 +45,9 @@ def reference(q, k_pool, v_pool, tables, pos, window, *, scale):
     # fp32 matmuls in TF32 by default (~1e-3 relative); the reference must not
     slots = _table_slots(tables, k_pool.shape[1])
     with jax.default_matmul_precision("highest"):
-        return _attend(q.astype(jnp.float32)[:, None], _gather(k_pool, slots), _gather(v_pool, slots),
-                       pos[:, None], window, scale)[:, 0]
+        return _attend(
+            q.astype(jnp.float32)[:, None], _gather(k_pool, slots), _gather(v_pool, slots), pos[:, None], window, scale
+        )[:, 0]
 
 
 TOLERANCE = {jnp.bfloat16: 2e-2, jnp.float32: 1e-4}
@@ -63,16 +69,26 @@ def trim(tables: np.ndarray, ctx: list[int], window: int, block_size: int) -> np
     trimmed = tables.copy()
     if window:
         for r, n in enumerate(ctx):
-            trimmed[r, :max(0, n - window) // block_size] = 0
+            trimmed[r, : max(0, n - window) // block_size] = 0
     return trimmed
 
 
-@settings(max_examples=int(os.environ.get("EMBER_ATTENTION_GPU_EXAMPLES", 30)), deadline=None, derandomize=True,
-          phases=(Phase.explicit, Phase.generate))
-@given(st.sampled_from([(12, 2), (32, 8), (4, 1), (24, 4), (8, 1), (16, 16)]),  # GQA groups 6, 4, 4, 6, 8, 1
-       st.sampled_from([64, 128, 256]), st.sampled_from([16, 32]), st.sampled_from([jnp.bfloat16, jnp.float32]),
-       st.sampled_from([0, 1, 100, 4096]), st.lists(st.integers(1, 32768), min_size=1, max_size=6),
-       st.none() | st.integers(1, 16), st.integers(0, 2**31 - 1))
+@settings(
+    max_examples=int(os.environ.get("EMBER_ATTENTION_GPU_EXAMPLES", 30)),
+    deadline=None,
+    derandomize=True,
+    phases=(Phase.explicit, Phase.generate),
+)
+@given(
+    st.sampled_from([(12, 2), (32, 8), (4, 1), (24, 4), (8, 1), (16, 16)]),  # GQA groups 6, 4, 4, 6, 8, 1
+    st.sampled_from([64, 128, 256]),
+    st.sampled_from([16, 32]),
+    st.sampled_from([jnp.bfloat16, jnp.float32]),
+    st.sampled_from([0, 1, 100, 4096]),
+    st.lists(st.integers(1, 32768), min_size=1, max_size=6),
+    st.none() | st.integers(1, 16),
+    st.integers(0, 2**31 - 1),
+)
 @example((12, 2), 128, 16, jnp.bfloat16, 0, [32768, 1, 4097, 100], None, 0)  # Qwen2.5-1.5B shape, 32k
 @example((32, 8), 128, 16, jnp.bfloat16, 4096, [32768, 5000, 17], 3, 1)  # Llama-3-8B shape, sliding
 @example((12, 2), 128, 32, jnp.float32, 0, [30000, 2], 1, 2)  # fp32 pool, single-split kernel
@@ -84,16 +100,25 @@ def test_kernel_matches_reference(heads, dh, block_size, dtype, window, ctx, spl
     pos = ctx_lens - 1
     pools = pools.at[:, 0].set(jnp.nan)  # only the trimmed tables name block 0: the kernel must skip it
     want = np.asarray(reference(q, *pools, jnp.asarray(tables), pos, jnp.int32(window), scale=scale))
-    got = kernel(q, *pools, jnp.asarray(trim(tables, ctx, window, block_size)), ctx_lens, pos, jnp.int32(window),
-                 scale=scale, splits=splits)
+    got = kernel(
+        q,
+        *pools,
+        jnp.asarray(trim(tables, ctx, window, block_size)),
+        ctx_lens,
+        pos,
+        jnp.int32(window),
+        scale=scale,
+        splits=splits,
+    )
     assert got.shape == q.shape and got.dtype == q.dtype
     got = np.asarray(got.astype(jnp.float32))
     tol = TOLERANCE[dtype]
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * float(np.abs(want).max()))
 
 
-@pytest.mark.parametrize("heads, ctx, splits", [((12, 2), [32768, 1, 4097, 100], None), ((32, 8), [5000, 17], 3),
-                                                 ((8, 1), [300], 1)])
+@pytest.mark.parametrize(
+    "heads, ctx, splits", [((12, 2), [32768, 1, 4097, 100], None), ((32, 8), [5000, 17], 3), ((8, 1), [300], 1)]
+)
 def test_kernel_on_fp8_pools_matches_reference(heads, ctx, splits):
     # kv_cache_dtype="fp8": bf16 q over float8 e4m3 pools (single, split and long rows); the reference reads the
     # same pools widened to fp32
@@ -113,7 +138,7 @@ def test_block_offsets_past_2_31_elements():
     hq, hkv, dh, bs, nb = 32, 8, 128, 16, 140_000
     rng = np.random.default_rng(0)
     small = jnp.asarray(rng.standard_normal((2, 9, bs, hkv, dh)), jnp.bfloat16)  # block 0 + 8 real blocks
-    big = [jnp.zeros((nb, bs, hkv, dh), jnp.bfloat16).at[nb - 8:].set(small[i, 1:]) for i in range(2)]
+    big = [jnp.zeros((nb, bs, hkv, dh), jnp.bfloat16).at[nb - 8 :].set(small[i, 1:]) for i in range(2)]
     tables_small = jnp.asarray([[1, 2, 3, 4], [8, 7, 6, 5]], jnp.int32)
     tables_big = tables_small + (nb - 9)
     ctx = jnp.asarray([64, 50], jnp.int32)
@@ -124,20 +149,23 @@ def test_block_offsets_past_2_31_elements():
         np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("dtype, pool_dtype", [(jnp.bfloat16, None), (jnp.float32, None),
-                                               (jnp.bfloat16, jnp.float8_e4m3fn)], ids=["bf16", "f32", "bf16-fp8kv"])
+@pytest.mark.parametrize(
+    "dtype, pool_dtype",
+    [(jnp.bfloat16, None), (jnp.float32, None), (jnp.bfloat16, jnp.float8_e4m3fn)],
+    ids=["bf16", "f32", "bf16-fp8kv"],
+)
 @pytest.mark.parametrize("window", [0, 6])
 def test_h200_entry_matches_reference_op(dtype, pool_dtype, window):
     # decode rows beside a prefill chunk in one jitted step; the layer's tables at kind row 1 of 2. An FP8 pool
     # (kv_cache_dtype="fp8"): the decode and prefill kernels widen its tiles to q's dtype
     hq, hkv, dh, block_size, width = 12, 2, 128, 16, 8
     rng = np.random.default_rng(window)
-    batch, n, num_blocks = _step_batch(rng, [70, 1, 33, 128], (21, 9), block_size, width, kinds=2, state=1,
-                                       window=window)
+    batch, n, num_blocks = _step_batch(
+        rng, [70, 1, 33, 128], (21, 9), block_size, width, kinds=2, state=1, window=window
+    )
     q = jnp.asarray(rng.standard_normal((n, hq, dh)), dtype)
     k, v = (jnp.asarray(rng.standard_normal((n, hkv, dh)), dtype) for _ in range(2))
-    pools = [jnp.asarray(rng.standard_normal((num_blocks, block_size, hkv, dh)), pool_dtype or dtype)
-             for _ in range(2)]
+    pools = [jnp.asarray(rng.standard_normal((num_blocks, block_size, hkv, dh)), pool_dtype or dtype) for _ in range(2)]
     args = (q, k, v, jnp.int32(window), jnp.float32(1), *pools, batch)
     got, got_k, got_v = jax.jit(paged_attention_h200, static_argnames="scale")(*args, scale=0.125)
     with jax.default_matmul_precision("highest"):  # XLA GPU's default fp32 matmul is TF32 (~1e-3 relative)
@@ -148,7 +176,6 @@ def test_h200_entry_matches_reference_op(dtype, pool_dtype, window):
     np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), want, rtol=tol, atol=tol * np.abs(want).max())
     for got_pool, want_pool in ((got_k, want_k), (got_v, want_v)):  # the reference's KV write, bit for bit
         assert np.array_equal(np.asarray(got_pool), np.asarray(want_pool))
-
 
 
 @pytest.mark.parametrize("heads, ctx", [((12, 2), [129]), ((32, 8), [4096, 17]), ((8, 1), [300, 2, 1000])])
@@ -163,8 +190,9 @@ def test_combine_writing_int8_activations_matches_the_plain_combine_and_quantize
     lens = jnp.asarray(ctx, jnp.int32)
     args = (q, *pools, jnp.asarray(tables), lens, lens - 1, jnp.int32(0))
     plain = kernel(*args, scale=0.1, splits=7)
-    fused = jax.jit(functools.partial(paged_decode_attention, backend="triton", scale=0.1, splits=7,
-                                      activations_for=order))
+    fused = jax.jit(
+        functools.partial(paged_decode_attention, backend="triton", scale=0.1, splits=7, activations_for=order)
+    )
     out, (qa, da) = fused(*args)
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(plain, np.float32))
     qa_ref, da_ref = jax.jit(lambda h: quantize_activations_gpu(h, order))(out.reshape(len(ctx), -1))
@@ -172,11 +200,17 @@ def test_combine_writing_int8_activations_matches_the_plain_combine_and_quantize
     np.testing.assert_array_equal(np.asarray(da), np.asarray(da_ref))
 
 
-@pytest.mark.parametrize("style, window, heads, pool_dtype", [("neox", 0, (12, 2), jnp.bfloat16),
-                                                              ("interleaved", 6, (32, 8), jnp.bfloat16),
-                                                              ("neox", 0, (12, 2), jnp.float8_e4m3fn)])
-def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(monkeypatch, style, window, heads,
-                                                                           pool_dtype):
+@pytest.mark.parametrize(
+    "style, window, heads, pool_dtype",
+    [
+        ("neox", 0, (12, 2), jnp.bfloat16),
+        ("interleaved", 6, (32, 8), jnp.bfloat16),
+        ("neox", 0, (12, 2), jnp.float8_e4m3fn),
+    ],
+)
+def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(
+    monkeypatch, style, window, heads, pool_dtype
+):
     """The default (a step of decode rows: RoPE and the K/V write inside the split partials kernel) against
     EMBER_FUSED_ROPE_DECODE=0 (rope_write then the partials): the pools bit-equal, the output to the last bf16
     bit or so (the own token's score and V row are summed outside the tensor-core dots)."""
@@ -186,8 +220,9 @@ def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(monke
     hq, hkv = heads
     dh, block_size, width = 128, 16, 64
     rng = np.random.default_rng(window)
-    batch, n, num_blocks = _step_batch(rng, [700, 1, 33, 1024], None, block_size, width, kinds=2, state=1,
-                                       window=window)
+    batch, n, num_blocks = _step_batch(
+        rng, [700, 1, 33, 1024], None, block_size, width, kinds=2, state=1, window=window
+    )
     q = jnp.asarray(rng.standard_normal((n, hq, dh)), jnp.bfloat16)
     k, v = (jnp.asarray(rng.standard_normal((n, hkv, dh)), jnp.bfloat16) for _ in range(2))
     pools = [jnp.asarray(rng.standard_normal((num_blocks, block_size, hkv, dh)), pool_dtype) for _ in range(2)]
@@ -196,8 +231,10 @@ def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(monke
     def run(flag):  # the switch is read at trace time: one trace each
         monkeypatch.setenv(paged.FUSED_ROPE_DECODE_ENV, flag)
         step = jax.jit(functools.partial(paged.rope_paged_attention, style=style, scale=0.125))
-        return [np.asarray(a.astype(jnp.float32)) for a in step(q, k, v, batch.positions, inv_freq, jnp.int32(window),
-                                                                 jnp.int32(1), *pools, batch)]
+        return [
+            np.asarray(a.astype(jnp.float32))
+            for a in step(q, k, v, batch.positions, inv_freq, jnp.int32(window), jnp.int32(1), *pools, batch)
+        ]
 
     (got, got_k, got_v), (want, want_k, want_v) = run("1"), run("0")
     np.testing.assert_array_equal(got_k, want_k)

@@ -18,8 +18,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ember.compiler.ops.attention import _attend
-from ember.compiler.ops.attention_gpu.prefill import (PrefillAttentionConfig, chunk_info, launch_plan,
-                                                      prefill_attention_emulated, tile_ranges, useful_flops)
+from ember.compiler.ops.attention_gpu.prefill import (
+    PrefillAttentionConfig,
+    chunk_info,
+    launch_plan,
+    prefill_attention_emulated,
+    tile_ranges,
+    useful_flops,
+)
 
 
 @dataclass(frozen=True)
@@ -50,19 +56,21 @@ WORLDS = (  # GQA groups 1 / 4 / 6 / 8, dh 64 / 128, pages 16 / 32, tiles smalle
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def emulated(world: World):
     config = PrefillAttentionConfig(block_m=world.block_m, block_n=world.block_n, kv_splits=world.splits)
-    return jax.jit(functools.partial(prefill_attention_emulated, scale=world.dh ** -0.5, config=config))
+    return jax.jit(functools.partial(prefill_attention_emulated, scale=world.dh**-0.5, config=config))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(world: World):
     def run(q, k_pool, v_pool, table, positions, window):
         keys = k_pool[table].reshape(-1, world.hkv, world.dh).astype(jnp.float32)  # [W * page, hkv, dh]
         values = v_pool[table].reshape(-1, world.hkv, world.dh).astype(jnp.float32)
-        return _attend(q.astype(jnp.float32)[None], keys[None], values[None], positions[None], window,
-                       world.dh ** -0.5)[0]
+        return _attend(q.astype(jnp.float32)[None], keys[None], values[None], positions[None], window, world.dh**-0.5)[
+            0
+        ]
+
     return jax.jit(run)
 
 
@@ -74,9 +82,9 @@ def make_case(world: World, seed: int, num_tokens: int, start: int, window: int)
     shape = (num_blocks, world.page, world.hkv, world.dh)
     k_pool = jnp.asarray(rng.standard_normal(shape) * 2, world.dtype)
     v_pool = jnp.asarray(rng.standard_normal(shape), world.dtype)
-    table = rng.permutation(np.arange(1, num_blocks))[:world.table_width].astype(np.int32)
+    table = rng.permutation(np.arange(1, num_blocks))[: world.table_width].astype(np.int32)
     if window > 0:
-        table[:max(0, start - window + 1) // world.page] = 0
+        table[: max(0, start - window + 1) // world.page] = 0
     q = jnp.asarray(rng.standard_normal((world.chunk, world.hq, world.dh)), world.dtype)
     positions = np.zeros(world.chunk, np.int32)  # padding rows: position 0, as runtime/step_inputs.py
     positions[:num_tokens] = np.arange(start, start + num_tokens)
@@ -112,10 +120,16 @@ def test_explicit_num_tokens_agrees_and_empty_chunk_is_zero() -> None:
     world = WORLDS[0]
     q, k_pool, v_pool, table, positions = make_case(world, 3, 20, 50, 0)
     derived = emulated(world)(q, k_pool, v_pool, table, positions, None, jnp.int32(0))
-    explicit = jax.jit(functools.partial(prefill_attention_emulated, scale=world.dh ** -0.5,
-                                         config=PrefillAttentionConfig(block_m=16, block_n=16, kv_splits=1)))
-    np.testing.assert_array_equal(np.asarray(derived[:20]),
-                                  np.asarray(explicit(q, k_pool, v_pool, table, positions, jnp.int32(20), 0)[:20]))
+    explicit = jax.jit(
+        functools.partial(
+            prefill_attention_emulated,
+            scale=world.dh**-0.5,
+            config=PrefillAttentionConfig(block_m=16, block_n=16, kv_splits=1),
+        )
+    )
+    np.testing.assert_array_equal(
+        np.asarray(derived[:20]), np.asarray(explicit(q, k_pool, v_pool, table, positions, jnp.int32(20), 0)[:20])
+    )
     assert not np.asarray(explicit(q, k_pool, v_pool, table, positions, jnp.int32(0), 0)).any()
 
 
@@ -146,12 +160,18 @@ def test_launch_plan_shapes() -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(chunk=st.sampled_from([16, 64, 256, 512, 1024, 2048, 4096, 16384]), data=st.data(),
-       group=st.sampled_from([1, 4, 6, 8]), block_m=st.sampled_from([16, 32, 64, 128]),
-       block_n=st.sampled_from([16, 32, 64, 128]), splits=st.integers(1, 5),
-       window=st.sampled_from([0, 1, 100, 512, 4096]))
-def test_tile_ranges_cover_every_visible_key_and_skip_masks_only_where_safe(chunk, data, group, block_m, block_n,
-                                                                             splits, window) -> None:
+@given(
+    chunk=st.sampled_from([16, 64, 256, 512, 1024, 2048, 4096, 16384]),
+    data=st.data(),
+    group=st.sampled_from([1, 4, 6, 8]),
+    block_m=st.sampled_from([16, 32, 64, 128]),
+    block_n=st.sampled_from([16, 32, 64, 128]),
+    splits=st.integers(1, 5),
+    window=st.sampled_from([0, 1, 100, 512, 4096]),
+)
+def test_tile_ranges_cover_every_visible_key_and_skip_masks_only_where_safe(
+    chunk, data, group, block_m, block_n, splits, window
+) -> None:
     """Per program (tile of packed rows): the splits' tile ranges are disjoint, in order, cover every key some
     row sees and nothing past the tile's last query; an unmasked tile is seen whole by every row (padding
     rows act as the last valid token); at most two masked tiles per split on each ragged end."""
@@ -162,9 +182,9 @@ def test_tile_ranges_cover_every_visible_key_and_skip_masks_only_where_safe(chun
         first, last = pid_m * block_m, min(pid_m * block_m + block_m, num_tokens * group) - 1
         visited = []
         for split in range(splits):
-            s_begin, mid_begin, mid_end, s_end = tile_ranges(pid_m, split, start, num_tokens, window,
-                                                             block_m=block_m, block_n=block_n, group=group,
-                                                             splits=splits)
+            s_begin, mid_begin, mid_end, s_end = tile_ranges(
+                pid_m, split, start, num_tokens, window, block_m=block_m, block_n=block_n, group=group, splits=splits
+            )
             assert s_begin <= mid_begin <= mid_end <= s_end
             visited += range(s_begin, s_end)
             if first > last:  # a tile of padding rows reads nothing

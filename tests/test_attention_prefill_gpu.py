@@ -50,7 +50,7 @@ def make_case(chunk, valid, prefix, hq, hkv, dh, page, window, dtype, seed=0, wi
     v_pool = jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
     table = rng.permutation(np.arange(1, num_blocks))[:width].astype(np.int32)
     if window > 0:
-        table[:max(0, prefix - window + 1) // page] = 0  # handed back by the sliding kind
+        table[: max(0, prefix - window + 1) // page] = 0  # handed back by the sliding kind
     q = jnp.asarray(rng.standard_normal((chunk, hq, dh), np.float32), dtype)
     positions = np.zeros(chunk, np.int32)
     positions[:valid] = np.arange(prefix, prefix + valid)
@@ -67,19 +67,30 @@ def reference(q, k_pool, v_pool, table, positions, window, scale, valid):
     _, page, hkv, dh = k_pool.shape
     keys = k_pool.astype(jnp.float32)[table].reshape(-1, hkv, dh)
     values = v_pool.astype(jnp.float32)[table].reshape(-1, hkv, dh)
-    parts = [reference_slice(q[i:i + QUERY_SLICE].astype(jnp.float32), keys, values,
-                             positions[i:i + QUERY_SLICE], window, scale=scale)
-             for i in range(0, valid, QUERY_SLICE)]
+    parts = [
+        reference_slice(
+            q[i : i + QUERY_SLICE].astype(jnp.float32),
+            keys,
+            values,
+            positions[i : i + QUERY_SLICE],
+            window,
+            scale=scale,
+        )
+        for i in range(0, valid, QUERY_SLICE)
+    ]
     return np.concatenate([np.asarray(p) for p in parts])[:valid]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"C{c[0]}-n{c[1]}-p{c[2]}-{c[3]}x{c[4]}x{c[5]}-pg{c[6]}-w{c[7]}"
-                         + ("-cfg" if c[8] else ""))
+@pytest.mark.parametrize(
+    "case",
+    CASES,
+    ids=lambda c: f"C{c[0]}-n{c[1]}-p{c[2]}-{c[3]}x{c[4]}x{c[5]}-pg{c[6]}-w{c[7]}" + ("-cfg" if c[8] else ""),
+)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
 def test_kernel_matches_reference(case, dtype) -> None:
     chunk, valid, prefix, hq, hkv, dh, page, window, config = case
     q, k_pool, v_pool, table, positions = make_case(chunk, valid, prefix, hq, hkv, dh, page, window, dtype)
-    scale = dh ** -0.5
+    scale = dh**-0.5
     run = jax.jit(functools.partial(prefill_attention, scale=scale, config=config))
     got = run(q, k_pool, v_pool, table, positions, None, jnp.int32(window))  # valid rows from positions
     assert got.shape == q.shape and got.dtype == dtype
@@ -91,11 +102,12 @@ def test_kernel_matches_reference(case, dtype) -> None:
 
 def test_one_compiled_kernel_serves_every_chunk_of_a_bucket() -> None:
     """num_tokens, the start position and the window are device values: no recompile, no host sync."""
-    run = jax.jit(functools.partial(prefill_attention, scale=128 ** -0.5))
+    run = jax.jit(functools.partial(prefill_attention, scale=128**-0.5))
     for valid, prefix, window in ((256, 0, 0), (100, 37, 0), (256, 900, 64), (1, 1200, 0)):
-        q, k_pool, v_pool, table, positions = make_case(256, valid, prefix, 12, 2, 128, 16, window, jnp.bfloat16,
-                                                        width=100)  # one table width and pool for the bucket
+        q, k_pool, v_pool, table, positions = make_case(
+            256, valid, prefix, 12, 2, 128, 16, window, jnp.bfloat16, width=100
+        )  # one table width and pool for the bucket
         got = np.asarray(run(q, k_pool, v_pool, table, positions, jnp.int32(valid), jnp.int32(window)), np.float32)
-        expected = reference(q, k_pool, v_pool, table, positions, jnp.int32(window), 128 ** -0.5, valid)
+        expected = reference(q, k_pool, v_pool, table, positions, jnp.int32(window), 128**-0.5, valid)
         np.testing.assert_allclose(got[:valid], expected, rtol=1e-2, atol=1e-2)
     assert run._cache_size() == 1

@@ -16,8 +16,14 @@ from ember.tools.bench_processes import measure_hf, run_child
 
 def test_arguments_have_the_suite_defaults_and_reject_nonsense():
     args = bench_hf.parse_args(["--config", "c.json"])
-    assert (args.batch, args.prompt_tokens, args.new_tokens, args.compile, args.device, args.dtype) == \
-        ([1, 32], 256, 256, "auto", "cuda", "bfloat16")
+    assert (args.batch, args.prompt_tokens, args.new_tokens, args.compile, args.device, args.dtype) == (
+        [1, 32],
+        256,
+        256,
+        "auto",
+        "cuda",
+        "bfloat16",
+    )
     for bad in (["--batch", "0"], ["--new-tokens", "1"], ["--compile", "max"], ["--repeats", "0"]):
         with pytest.raises(SystemExit):
             bench_hf.parse_args(["--config", "c.json", *bad])
@@ -52,8 +58,16 @@ open(args[args.index("--out") + 1], "w").write(json.dumps(out))
 
 def test_the_suite_runs_the_hf_child_and_reads_its_file(tmp_path):
     python = _fake_python(tmp_path, [{"batch": 1, "decode_tokens_per_s": 50.0}])
-    got = measure_hf({"model_type": "llama"}, batches=(1, 32), prompt_tokens=256, new_tokens=256, device="cuda",
-                     compile_mode="forward", python=python, timeout=30)
+    got = measure_hf(
+        {"model_type": "llama"},
+        batches=(1, 32),
+        prompt_tokens=256,
+        new_tokens=256,
+        device="cuda",
+        compile_mode="forward",
+        python=python,
+        timeout=30,
+    )
     assert got["seen_model_type"] == "llama" and got["seen_batch"] == ["1", "32"] and got["wall_s"] >= 0
     failed = run_child([sys.executable, "-c", "import sys; sys.exit('no torch here')"], {}, 30)
     assert failed["error"].startswith("exit 1") and "no torch here" in failed["error"]
@@ -62,14 +76,26 @@ def test_the_suite_runs_the_hf_child_and_reads_its_file(tmp_path):
 def test_the_hf_section_lands_in_the_suite_json_with_ratios(tmp_path):
     from dataclasses import replace
 
-    from ember.tools.bench_report import attach_hf_ratios
-    from ember.tools.bench_suite import run_suite
     from test_bench_suite import CONFIG, TINY
 
-    python = _fake_python(tmp_path, [{"batch": 1, "decode_tokens_per_s": 50.0, "decode_rows": 1, "bytes_per_step": 10**9},
-                                     {"batch": 2, "error": "OOM"}])
-    result = run_suite([TINY], target="cpu", sections=("hf",), out_dir=tmp_path / "out", commit="x",
-                       config=replace(CONFIG, hf_python=python, hf_device="cpu"))
+    from ember.tools.bench_report import attach_hf_ratios
+    from ember.tools.bench_suite import run_suite
+
+    python = _fake_python(
+        tmp_path,
+        [
+            {"batch": 1, "decode_tokens_per_s": 50.0, "decode_rows": 1, "bytes_per_step": 10**9},
+            {"batch": 2, "error": "OOM"},
+        ],
+    )
+    result = run_suite(
+        [TINY],
+        target="cpu",
+        sections=("hf",),
+        out_dir=tmp_path / "out",
+        commit="x",
+        config=replace(CONFIG, hf_python=python, hf_device="cpu"),
+    )
     hf = result["hf"]["qwen2-tiny"]
     assert hf["shape"] == "qwen2-tiny" and hf["seen_model_type"] == "qwen2" and hf["runs"][1]["error"] == "OOM"
     bandwidth = max(result["bandwidth"]["copy_gb_s"] + result["bandwidth"]["read_gb_s"])  # the same roofline rule
@@ -87,10 +113,26 @@ TORCH_PYTHON = os.environ.get("EMBER_TORCH_PYTHON", "/work/venv311/bin/python")
 def test_a_real_tiny_hf_run_on_cpu(tmp_path):
     from ember.tools.bench import SYNTHETIC_SHAPES
 
-    config = {**SYNTHETIC_SHAPES["llama3-8b"][1], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 1000}
-    got = measure_hf(config, batches=(1, 2), prompt_tokens=8, new_tokens=4, device="cpu", compile_mode="none",
-                     python=TORCH_PYTHON, timeout=300)
+    config = {
+        **SYNTHETIC_SHAPES["llama3-8b"][1],
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+    }
+    got = measure_hf(
+        config,
+        batches=(1, 2),
+        prompt_tokens=8,
+        new_tokens=4,
+        device="cpu",
+        compile_mode="none",
+        python=TORCH_PYTHON,
+        timeout=300,
+    )
     assert "error" not in got, got
     assert [r["batch"] for r in got["runs"]] == [1, 2] and all(r["decode_steps"] == 3 for r in got["runs"])
     assert got["parameters"] > 0 and got["compile"] == "none"

@@ -7,16 +7,25 @@ machine: the fast tests run its child in-process; the whole section runs under `
 import json
 
 import pytest
+from fixture_data import FIXTURES_DIR
 
 from ember.tools import bench_report
 from ember.tools.bench import SYNTHETIC_SHAPES, kv_bytes_read, parse_synthetic
 from ember.tools.bench_suite import SuiteConfig, run_suite
-from fixture_data import FIXTURES_DIR
 
 TINY = "synthetic:qwen2-tiny"
-CONFIG = SuiteConfig(contexts=(16, 40), context_decode_tokens=4, prefill_lengths=(24,), prefill_chunk=32,
-                     prefill_repeats=1, concurrency=(1, 2), prompt_tokens=8, output_tokens=4, ttft_concurrency=2,
-                     bandwidth_gib=0.01)
+CONFIG = SuiteConfig(
+    contexts=(16, 40),
+    context_decode_tokens=4,
+    prefill_lengths=(24,),
+    prefill_chunk=32,
+    prefill_repeats=1,
+    concurrency=(1, 2),
+    prompt_tokens=8,
+    output_tokens=4,
+    ttft_concurrency=2,
+    bandwidth_gib=0.01,
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +42,16 @@ def tokenizer_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory, tokenizer_dir):
     out = tmp_path_factory.mktemp("bench")
-    result = run_suite([TINY, "synthetic:llama3-8b-fp8"], target="cpu", out_dir=out, hf=False,
-                       sections=("context", "prefill", "concurrency", "ttft"), tokenizer_dir=tokenizer_dir,
-                       commit="abc1234", config=CONFIG)
+    result = run_suite(
+        [TINY, "synthetic:llama3-8b-fp8"],
+        target="cpu",
+        out_dir=out,
+        hf=False,
+        sections=("context", "prefill", "concurrency", "ttft"),
+        tokenizer_dir=tokenizer_dir,
+        commit="abc1234",
+        config=CONFIG,
+    )
     return out, result
 
 
@@ -55,8 +71,9 @@ def test_the_suite_writes_every_section_for_the_tiny_model(suite):
     assert entry["context"]["runs"][0]["decode_tokens"] == 4  # N decode steps after the prompt's prefill
     assert entry["concurrency"]["runs"][1]["steady_decode_tokens"] > 0
     run = entry["concurrency"]["runs"][1]
-    assert 0 < run["mean_decode_rows"] <= 2 and run["steady_decode_steps"] * run["mean_decode_rows"] == \
-        pytest.approx(run["steady_decode_tokens"], abs=run["steady_decode_steps"] * 0.05)
+    assert 0 < run["mean_decode_rows"] <= 2 and run["steady_decode_steps"] * run["mean_decode_rows"] == pytest.approx(
+        run["steady_decode_tokens"], abs=run["steady_decode_steps"] * 0.05
+    )
     # FP8 projections need a target whose linear op takes them (h200): on cpu the model fails to load, and says why
     assert "no FP8 projections" in json.dumps(saved["models"]["synthetic:llama3-8b-fp8"])
 
@@ -80,8 +97,9 @@ def test_roofline_fractions_come_from_the_measured_rate_and_bandwidth(suite):
     for run in entry["concurrency"]["runs"]:
         c = run["concurrency"]
         assert run["roofline_tokens_per_s"] == pytest.approx(c * bandwidth * 1e9 / run["bytes_per_step"], rel=1e-3)
-        assert run["roofline_fraction"] == pytest.approx(run["decode_tokens_per_s"] / run["roofline_tokens_per_s"],
-                                                         rel=1e-2)
+        assert run["roofline_fraction"] == pytest.approx(
+            run["decode_tokens_per_s"] / run["roofline_tokens_per_s"], rel=1e-2
+        )
 
 
 def test_the_report_has_the_figures_and_the_issue_targets(suite):
@@ -100,16 +118,33 @@ def test_the_report_has_the_figures_and_the_issue_targets(suite):
 
 def test_report_targets_ratios_and_merge():
     def piece(model, sections):
-        return {"commit": "c1", "target": "h200", "started_at": "t", "sections": list(sections),
-                "bandwidth": {"copy_gb_s": [4000.0]}, "models": {model: sections}, "hf": {}}
+        return {
+            "commit": "c1",
+            "target": "h200",
+            "started_at": "t",
+            "sections": list(sections),
+            "bandwidth": {"copy_gb_s": [4000.0]},
+            "models": {model: sections},
+            "hf": {},
+        }
 
-    runs = [{"concurrency": c, "decode_tokens_per_s": tps, "roofline_fraction": 0.5} for c, tps in
-            ((1, 260.0), (8, 1100.0), (32, 5000.0))]
+    runs = [
+        {"concurrency": c, "decode_tokens_per_s": tps, "roofline_fraction": 0.5}
+        for c, tps in ((1, 260.0), (8, 1100.0), (32, 5000.0))
+    ]
     a = piece("synthetic:llama3-8b", {"concurrency": {"runs": runs}, "status": "measured"})
-    b = piece("synthetic:llama3-8b", {"startup": {"cold": {"precompile_s": 200, "shapes": 17, "load_s": 3},
-                                                  "warm": {"wall_s": 75.0, "load_s": 3, "precompile_s": 50}}})
-    b["hf"] = {"llama3-8b": {"runs": [{"batch": 1, "decode_tokens_per_s": 52.0},
-                                      {"batch": 32, "decode_tokens_per_s": 1000.0}]}}
+    b = piece(
+        "synthetic:llama3-8b",
+        {
+            "startup": {
+                "cold": {"precompile_s": 200, "shapes": 17, "load_s": 3},
+                "warm": {"wall_s": 75.0, "load_s": 3, "precompile_s": 50},
+            }
+        },
+    )
+    b["hf"] = {
+        "llama3-8b": {"runs": [{"batch": 1, "decode_tokens_per_s": 52.0}, {"batch": 32, "decode_tokens_per_s": 1000.0}]}
+    }
     merged = bench_report.merge([a, b])
     entry = merged["models"]["synthetic:llama3-8b"]
     assert set(entry) >= {"concurrency", "startup"} and len(merged["pieces"]) == 2
@@ -129,13 +164,19 @@ def test_synthetic_names_and_kv_bytes():
     with pytest.raises(ValueError, match="unknown synthetic shape"):
         parse_synthetic("synthetic:llama3-70b")
     config = SYNTHETIC_SHAPES["llama3-8b"][1]
-    assert (config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"],
-            config["num_attention_heads"], config["num_key_value_heads"], config["vocab_size"]) == \
-        (32, 4096, 14336, 32, 8, 128256)
+    assert (
+        config["num_hidden_layers"],
+        config["hidden_size"],
+        config["intermediate_size"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["vocab_size"],
+    ) == (32, 4096, 14336, 32, 8, 128256)
 
     class FakeModel:  # kv_bytes_read needs only the dims, the KV dtype and the layers' state kinds
         class dims:
             hkv, dh = 8, 128
+
         dtype = "float16"
         layer_state_kinds = ("kv",) * 31 + ("kv_4",)
         paged_kinds = (type("K", (), {"name": "kv", "window": 0}), type("K", (), {"name": "kv_4", "window": 4}))
@@ -161,20 +202,33 @@ def test_the_startup_child_loads_compiles_and_reports(tokenizer_dir, capsys):
     from ember.tools.bench_processes import startup_child
     from ember.tools.bench_suite import Suite
 
-    suite = Suite([TINY], target="cpu", sections=("startup",), out_dir=".", tokenizer_dir=tokenizer_dir,
-                  commit="x", config=CONFIG)
+    suite = Suite(
+        [TINY], target="cpu", sections=("startup",), out_dir=".", tokenizer_dir=tokenizer_dir, commit="x", config=CONFIG
+    )
     engine = dataclasses.asdict(suite.batch_config())
     assert engine["max_num_seqs"] == 2 and engine["max_model_len"] == 12  # the concurrency engine's config
-    assert startup_child(["--model", TINY, "--target", "cpu", "--tokenizer", tokenizer_dir,
-                           "--engine", json.dumps(engine)]) == 0
+    assert (
+        startup_child(
+            ["--model", TINY, "--target", "cpu", "--tokenizer", tokenizer_dir, "--engine", json.dumps(engine)]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["shapes"] == 4 and report["load_s"] >= 0 and report["precompile_s"] >= 0  # 2 decode + 2 prefill
 
 
 @pytest.mark.slow
 def test_the_startup_section_runs_a_cold_then_a_warm_process(tmp_path, tokenizer_dir):
-    result = run_suite([TINY], target="cpu", out_dir=tmp_path, hf=False, sections=("startup",),
-                       tokenizer_dir=tokenizer_dir, commit="x", config=CONFIG)
+    result = run_suite(
+        [TINY],
+        target="cpu",
+        out_dir=tmp_path,
+        hf=False,
+        sections=("startup",),
+        tokenizer_dir=tokenizer_dir,
+        commit="x",
+        config=CONFIG,
+    )
     startup = result["models"][TINY]["startup"]
     assert "error" not in startup["cold"] and "error" not in startup["warm"], startup
     assert startup["cold"]["shapes"] == startup["warm"]["shapes"] == 4
@@ -186,11 +240,11 @@ def test_the_startup_section_runs_a_cold_then_a_warm_process(tmp_path, tokenizer
 def test_device_drawn_synthetic_weights_equal_the_loader_path(arch):
     import jax
     import numpy as np
+    from fixture_data import tiny_fixture
 
     from ember.compiler.spec import spec_for_arch
     from ember.runtime.model import load_model
     from ember.runtime.synthetic import synthetic_checkpoint, synthetic_model
-    from fixture_data import tiny_fixture
 
     config = json.loads((tiny_fixture(arch)[0] / "config.json").read_text())
     drawn = synthetic_model(spec_for_arch(arch), config, seed=3)
@@ -200,8 +254,10 @@ def test_device_drawn_synthetic_weights_equal_the_loader_path(arch):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     other_seed = synthetic_model(spec_for_arch(arch), config, seed=4)
-    assert not np.array_equal(np.asarray(other_seed.params.layers[0]["ffn_down.weight"]),
-                              np.asarray(drawn.params.layers[0]["ffn_down.weight"]))
+    assert not np.array_equal(
+        np.asarray(other_seed.params.layers[0]["ffn_down.weight"]),
+        np.asarray(drawn.params.layers[0]["ffn_down.weight"]),
+    )
 
 
 def test_a_failing_measurement_or_model_is_recorded_and_the_suite_goes_on(tmp_path, tokenizer_dir, monkeypatch):
@@ -224,8 +280,16 @@ def test_a_failing_measurement_or_model_is_recorded_and_the_suite_goes_on(tmp_pa
     monkeypatch.setattr(bench_suite, "load_bench_model", load)
     with pytest.raises(ValueError, match="unknown synthetic shape 'qwen2-tiny-nope'"):  # before any measuring
         run_suite(["synthetic:qwen2-tiny-nope"], target="cpu", out_dir=tmp_path, config=CONFIG)
-    result = run_suite([TINY + "-q4_k_m", TINY], target="cpu", out_dir=tmp_path, hf=False,
-                       sections=("context",), tokenizer_dir=tokenizer_dir, commit="x", config=CONFIG)
+    result = run_suite(
+        [TINY + "-q4_k_m", TINY],
+        target="cpu",
+        out_dir=tmp_path,
+        hf=False,
+        sections=("context",),
+        tokenizer_dir=tokenizer_dir,
+        commit="x",
+        config=CONFIG,
+    )
     assert result["models"][TINY + "-q4_k_m"]["error"] == "load: RuntimeError: RESOURCE_EXHAUSTED while loading"
     runs = result["models"][TINY]["context"]["runs"]
     assert "error" not in runs[0] and runs[0]["decode_tokens_per_s"] > 0
@@ -244,8 +308,30 @@ def test_ember_bench_suite_flags_reach_the_suite(monkeypatch, tmp_path):
         return {"models": {m: {} for m in models}, "wall_s": 0.0}
 
     monkeypatch.setattr(bench_suite, "run_suite", fake_run_suite)
-    assert main(["bench", "--suite", "--out", str(tmp_path), "--target", "h200", "--commit", "abc",
-                 "--sections", "context", "hf", "--concurrency", "1", "32", "--contexts", "128", "--no-hf"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--suite",
+                "--out",
+                str(tmp_path),
+                "--target",
+                "h200",
+                "--commit",
+                "abc",
+                "--sections",
+                "context",
+                "hf",
+                "--concurrency",
+                "1",
+                "32",
+                "--contexts",
+                "128",
+                "--no-hf",
+            ]
+        )
+        == 0
+    )
     assert seen["models"] == bench_suite.DEFAULT_MODELS and seen["sections"] == ["context", "hf"]
     assert seen["hf"] is False and seen["commit"] == "abc" and seen["target"] == "h200"
     config = seen["config"]
@@ -256,8 +342,15 @@ def test_ember_bench_suite_flags_reach_the_suite(monkeypatch, tmp_path):
 def test_lazy_compile_warms_each_concurrency_instead_of_precompiling(tmp_path, tokenizer_dir):
     import dataclasses
 
-    result = run_suite([TINY], target="cpu", out_dir=tmp_path, hf=False, sections=("concurrency",),
-                       tokenizer_dir=tokenizer_dir, config=dataclasses.replace(CONFIG, precompile=False))
+    result = run_suite(
+        [TINY],
+        target="cpu",
+        out_dir=tmp_path,
+        hf=False,
+        sections=("concurrency",),
+        tokenizer_dir=tokenizer_dir,
+        config=dataclasses.replace(CONFIG, precompile=False),
+    )
     section = result["models"][TINY]["concurrency"]
     assert "precompile_s" not in section
     assert [r["concurrency"] for r in section["runs"]] == [1, 2]

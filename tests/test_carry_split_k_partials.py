@@ -47,8 +47,12 @@ def test_plans_without_a_summing_reader_are_unchanged(arch):
 def test_the_pass_leaves_graphs_it_does_not_match_alone():
     graph = _graph("qwen2", "h200")
     layer = graph.region("layer")
-    unmarked = graph.with_region(replace(layer, nodes=tuple(
-        replace(n, attrs=tuple((k, v) for k, v in n.attrs if k != "partials")) for n in layer.nodes)))
+    unmarked = graph.with_region(
+        replace(
+            layer,
+            nodes=tuple(replace(n, attrs=tuple((k, v) for k, v in n.attrs if k != "partials")) for n in layer.nodes),
+        )
+    )
     assert carry_split_k_partials(unmarked) == graph
     # the carried output also read inside the layer
     read = read_elsewhere(unmarked, layer.outputs[1])
@@ -67,8 +71,9 @@ def test_every_reader_sums_partials_as_the_projection_would_have():
     y = SplitKPartials(parts, 2, jnp.bfloat16)
     summed = materialized(y)
     assert summed.shape == y.shape == (2, 64) and summed.dtype == jnp.bfloat16
-    np.testing.assert_array_equal(np.asarray(summed, np.float32),
-                                  np.asarray(jnp.sum(parts[:, :2], axis=0).astype(jnp.bfloat16), np.float32))
+    np.testing.assert_array_equal(
+        np.asarray(summed, np.float32), np.asarray(jnp.sum(parts[:, :2], axis=0).astype(jnp.bfloat16), np.float32)
+    )
     assert materialized(summed) is summed
     x = jnp.asarray(rng.standard_normal((2, 64)), jnp.bfloat16)
     w = jnp.ones((64,), jnp.bfloat16)
@@ -87,8 +92,9 @@ def test_gated_linear_returns_partials_only_when_asked_and_split(out, inner, spl
     gate_up = jnp.zeros((1, 2 * inner), jnp.bfloat16)
     with linear_quant.use_quant_backend("triton"):
         for partials in (False, True):
-            got = jax.eval_shape(lambda g, w: linear_quant.gated_linear(g, w, act="silu", partials=partials),
-                                 gate_up, w)
+            got = jax.eval_shape(
+                lambda g, w: linear_quant.gated_linear(g, w, act="silu", partials=partials), gate_up, w
+            )
             if partials and split:
                 assert isinstance(got, SplitKPartials) and got.rows == 1 and got.dtype == jnp.bfloat16
                 assert got.parts.shape[0] > 1 and got.parts.shape[2] == out and got.parts.dtype == jnp.float32

@@ -37,8 +37,12 @@ def real_cases() -> list[tuple[str, dict]]:
 @pytest.mark.parametrize(("fixture", "case"), real_cases())
 def test_real_templates_render_like_hf(fixture, case):
     special = fixture["special"]
-    template = ChatTemplate(fixture["chat"]["template"], bos_token=special["bos_token"],
-                            eos_token=special["eos_token"], origin=fixture["header"]["chat_template_origin"])
+    template = ChatTemplate(
+        fixture["chat"]["template"],
+        bos_token=special["bos_token"],
+        eos_token=special["eos_token"],
+        origin=fixture["header"]["chat_template_origin"],
+    )
     messages, tools = json.loads(case["messages_json"]), json.loads(case["tools_json"])
     if "error" in case:  # the template's own raise_exception
         with pytest.raises(ChatTemplateError) as caught:
@@ -59,8 +63,10 @@ def test_blocks_are_trimmed_like_hf():
 
 
 def test_loop_controls_and_generation_blocks_work():
-    source = ("{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% endif %}"
-              "{{ i }}{% endfor %}|{% generation %}{{ messages[0].content }}{% endgeneration %}")
+    source = (
+        "{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% endif %}"
+        "{{ i }}{% endfor %}|{% generation %}{{ messages[0].content }}{% endgeneration %}"
+    )
     assert render(source) == "02|hi"
 
 
@@ -87,14 +93,21 @@ def test_none_valued_keys_are_dropped_and_reasoning_is_aliased():
 
 
 def test_strftime_now_uses_the_clock():
-    template = ChatTemplate("{{ strftime_now('%d %b %Y') }}", bos_token=None, eos_token=None, origin="o",
-                            clock=lambda: datetime(2025, 3, 9, 12, 0))
+    template = ChatTemplate(
+        "{{ strftime_now('%d %b %Y') }}",
+        bos_token=None,
+        eos_token=None,
+        origin="o",
+        clock=lambda: datetime(2025, 3, 9, 12, 0),
+    )
     assert template.render([]) == "09 Mar 2025"
 
 
 def test_namespace_and_dict_globals_work():
-    source = ("{% set ns = namespace(count=0) %}{% for m in messages %}{% set ns.count = ns.count + 1 %}{% endfor %}"
-              "{{ ns.count }} {{ dict(a=1) | tojson }} {{ dict.fromkeys(['x'], 0) | tojson }}")
+    source = (
+        "{% set ns = namespace(count=0) %}{% for m in messages %}{% set ns.count = ns.count + 1 %}{% endfor %}"
+        "{{ ns.count }} {{ dict(a=1) | tojson }} {{ dict.fromkeys(['x'], 0) | tojson }}"
+    )
     assert render(source, [{"role": "user", "content": "a"}] * 3) == '3 {"a": 1} {"x": 0}'
 
 
@@ -105,13 +118,16 @@ def test_raise_exception_becomes_chat_template_error_with_the_message():
     assert str(caught.value) == "inline: Only user and assistant roles are supported"
 
 
-@pytest.mark.parametrize(("source", "problem"), [
-    ("{% for m in messages %}", "syntax error on line 1"),
-    ("{{ messages[0].content + 1 }}", "TypeError"),
-    ("{{ 1 / 0 }}", "ZeroDivisionError"),
-    ("{{ messages | no_such_filter }}", "syntax error"),
-    ("{{ undefined_thing.attr }}", "rendering failed"),
-])
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [
+        ("{% for m in messages %}", "syntax error on line 1"),
+        ("{{ messages[0].content + 1 }}", "TypeError"),
+        ("{{ 1 / 0 }}", "ZeroDivisionError"),
+        ("{{ messages | no_such_filter }}", "syntax error"),
+        ("{{ undefined_thing.attr }}", "rendering failed"),
+    ],
+)
 def test_broken_templates_raise_chat_template_error(source, problem):
     with pytest.raises(ChatTemplateError, match=problem):
         render(source)

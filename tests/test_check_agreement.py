@@ -58,5 +58,6 @@ def test_the_int8_activation_modes_compute_the_kernels_references():
     np.testing.assert_array_equal(run["one"], np.asarray(dp4a_matmul_ref(x, w, terms=1)))
     errors = {mode: np.abs(run[mode] - run["float"]).max() for mode in ("one", "two")}
     assert errors["two"] < errors["one"] / 50
-    np.testing.assert_array_equal(np.asarray(check_agreement.int8_activation_matmul("one")(x, q8)),
-                                  np.asarray(quant_matmul_ref(x, q8)))
+    np.testing.assert_array_equal(
+        np.asarray(check_agreement.int8_activation_matmul("one")(x, q8)), np.asarray(quant_matmul_ref(x, q8))
+    )

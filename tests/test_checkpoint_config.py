@@ -4,10 +4,10 @@ import json
 import shutil
 
 import pytest
+from fixture_data import tiny_fixture
 
 from ember.runtime.loader.errors import CheckpointError
 from ember.runtime.model import load_model
-from fixture_data import tiny_fixture
 
 
 def _copy(tmp_path, arch="qwen3"):
@@ -41,7 +41,9 @@ def test_unsupported_architecture(tmp_path):
 def test_tensor_with_wrong_shape(tmp_path):
     folder = _copy(tmp_path)
     _edit_config(folder, lambda c: c.update(intermediate_size=c["intermediate_size"] * 2))
-    with pytest.raises(CheckpointError, match=r"tensor 'model.layers.0.mlp.\w+_proj.weight' has shape \[.*\], expected"):
+    with pytest.raises(
+        CheckpointError, match=r"tensor 'model.layers.0.mlp.\w+_proj.weight' has shape \[.*\], expected"
+    ):
         load_model(folder)
 
 

@@ -6,16 +6,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixture_data import real_reference
 
 from ember.tools.cli import main
-from fixture_data import real_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _ember(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ember.tools.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "ember.tools.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
 
 
 def test_compile_writes_plan_and_manifest(tmp_path, capsys):
@@ -53,12 +54,13 @@ def test_bad_arguments_exit_2():
 @pytest.mark.real_model
 def test_generate_prints_only_text_on_stdout(gemma_gguf):
     case = real_reference("gemma-3-270m")["greedy"][0]  # "The capital of France is"
-    result = _ember("generate", "--model", "gemma-3-270m", "--prompt", case["text"], "--max-tokens", "8",
-                    "--temperature", "0")
+    result = _ember(
+        "generate", "--model", "gemma-3-270m", "--prompt", case["text"], "--max-tokens", "8", "--temperature", "0"
+    )
     assert result.returncode == 0, result.stderr
     # Greedy text equals transformers' continuation (first 8 tokens), and nothing else is on stdout.
-    from ember.runtime.loader.tokenizer import Tokenizer
     from ember.runtime.loader.gguf_reader import GGUFFile
+    from ember.runtime.loader.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf_metadata(GGUFFile(gemma_gguf).metadata, source=str(gemma_gguf))
     expected = tokenizer.decode(case["out_ids"][:8].tolist(), skip_special_tokens=True)

@@ -7,8 +7,8 @@ import json
 import re
 import struct
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import gguf
 import numpy as np
@@ -95,7 +95,9 @@ def test_the_pristine_file_opens(layout: GGUFLayout) -> None:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.integers(min_value=0))
-def test_truncation_anywhere_before_the_last_tensor_byte_is_caught(layout: GGUFLayout, tmp_path: Path, cut: int) -> None:
+def test_truncation_anywhere_before_the_last_tensor_byte_is_caught(
+    layout: GGUFLayout, tmp_path: Path, cut: int
+) -> None:
     cut %= layout.data_end
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(layout.data[:cut])
@@ -104,7 +106,7 @@ def test_truncation_anywhere_before_the_last_tensor_byte_is_caught(layout: GGUFL
 
 def test_trailing_padding_may_be_cut(layout: GGUFLayout, tmp_path: Path) -> None:
     trimmed = tmp_path / "trimmed.gguf"
-    trimmed.write_bytes(layout.data[:layout.data_end])
+    trimmed.write_bytes(layout.data[: layout.data_end])
     with GGUFFile(trimmed) as f:
         assert f.load("w.c").shape == (1, 256)
 
@@ -112,6 +114,7 @@ def test_trailing_padding_may_be_cut(layout: GGUFLayout, tmp_path: Path) -> None
 def put(fmt: str, value: int) -> Callable[[bytearray, int], None]:
     def write(data: bytearray, offset: int) -> None:
         struct.pack_into(fmt, data, offset, value)
+
     return write
 
 
@@ -124,34 +127,106 @@ GGUF_PATCHES = [
     ("huge tensor count", lambda l: 8, put("<Q", 2**63), r"tensor count is 9223372036854775808, more than"),
     ("too many tensors", lambda l: 8, put("<Q", 10**6), r"tensor count is 1000000, more than the \d+ bytes left"),
     ("huge kv count", lambda l: 16, put("<Q", 2**64 - 1), r"metadata key/value count is \d+, more than"),
-    ("huge key length", lambda l: l.kv_part("t.aa", 0), put("<Q", 2**62), r"key of metadata entry #\d claims \d+ bytes, past the end"),
-    ("huge string value", lambda l: l.kv_part("general.architecture", 3), put("<Q", 2**40),
-     r"metadata 'general.architecture' claims 1099511627776 bytes, past the end"),
-    ("huge array count", lambda l: l.kv_part("tokenizer.ggml.tokens", 4), put("<Q", 2**61),
-     r"element count of metadata 'tokenizer.ggml.tokens' is \d+, more than"),
-    ("array string too long", lambda l: l.kv_part("tokenizer.ggml.tokens", 7), put("<Q", 10**9),
-     r"metadata 'tokenizer.ggml.tokens'\[1\] .* past the end of the file"),
-    ("unknown value type", lambda l: l.kv_part("t.aa", 2), put("<I", 13), r"metadata 't.aa' has unknown metadata value type 13"),
-    ("unknown element type", lambda l: l.kv_part("tokenizer.ggml.tokens", 3), put("<I", 77),
-     r"array of unknown metadata value type 77"),
-    ("duplicate key", lambda l: l.kv_part("t.bb", 1), lambda d, o: d.__setitem__(slice(o, o + 4), b"t.aa"),
-     r"duplicate metadata key 't.aa'"),
-    ("zero alignment", lambda l: l.kv_part("general.alignment", 3), put("<I", 0), r"general.alignment is 0, not a positive power of two"),
+    (
+        "huge key length",
+        lambda l: l.kv_part("t.aa", 0),
+        put("<Q", 2**62),
+        r"key of metadata entry #\d claims \d+ bytes, past the end",
+    ),
+    (
+        "huge string value",
+        lambda l: l.kv_part("general.architecture", 3),
+        put("<Q", 2**40),
+        r"metadata 'general.architecture' claims 1099511627776 bytes, past the end",
+    ),
+    (
+        "huge array count",
+        lambda l: l.kv_part("tokenizer.ggml.tokens", 4),
+        put("<Q", 2**61),
+        r"element count of metadata 'tokenizer.ggml.tokens' is \d+, more than",
+    ),
+    (
+        "array string too long",
+        lambda l: l.kv_part("tokenizer.ggml.tokens", 7),
+        put("<Q", 10**9),
+        r"metadata 'tokenizer.ggml.tokens'\[1\] .* past the end of the file",
+    ),
+    (
+        "unknown value type",
+        lambda l: l.kv_part("t.aa", 2),
+        put("<I", 13),
+        r"metadata 't.aa' has unknown metadata value type 13",
+    ),
+    (
+        "unknown element type",
+        lambda l: l.kv_part("tokenizer.ggml.tokens", 3),
+        put("<I", 77),
+        r"array of unknown metadata value type 77",
+    ),
+    (
+        "duplicate key",
+        lambda l: l.kv_part("t.bb", 1),
+        lambda d, o: d.__setitem__(slice(o, o + 4), b"t.aa"),
+        r"duplicate metadata key 't.aa'",
+    ),
+    (
+        "zero alignment",
+        lambda l: l.kv_part("general.alignment", 3),
+        put("<I", 0),
+        r"general.alignment is 0, not a positive power of two",
+    ),
     ("odd alignment", lambda l: l.kv_part("general.alignment", 3), put("<I", 48), r"general.alignment is 48"),
-    ("five dims", lambda l: l.tensor_part("w.a", 2), put("<I", 5), r"tensor 'w.a' has 5 dimensions \(GGUF allows 1 to 4\)"),
+    (
+        "five dims",
+        lambda l: l.tensor_part("w.a", 2),
+        put("<I", 5),
+        r"tensor 'w.a' has 5 dimensions \(GGUF allows 1 to 4\)",
+    ),
     ("zero dims", lambda l: l.tensor_part("w.a", 2), put("<I", 0), r"tensor 'w.a' has 0 dimensions"),
     ("absurd dims", lambda l: l.tensor_part("w.a", 2), put("<I", 2**32 - 1), r"tensor 'w.a' has 4294967295 dimensions"),
-    ("overflowing dims", lambda l: l.tensor_part("w.a", 3),
-     lambda d, o: struct.pack_into("<QQ", d, o, 2**40, 2**40), r"tensor 'w.a' has dims \[\d+, \d+\] whose element count overflows"),
-    ("dim past EOF", lambda l: l.tensor_part("w.a", 3) + 8, put("<Q", 10**6), r"tensor 'w.a' data \(bytes \d+\.\.\d+\) runs past the end of the file"),
-    ("row not whole blocks", lambda l: l.tensor_part("w.a", 3), put("<Q", 33),
-     r"tensor 'w.a' has rows of 33 elements, not a multiple of the Q8_0 block size 32"),
+    (
+        "overflowing dims",
+        lambda l: l.tensor_part("w.a", 3),
+        lambda d, o: struct.pack_into("<QQ", d, o, 2**40, 2**40),
+        r"tensor 'w.a' has dims \[\d+, \d+\] whose element count overflows",
+    ),
+    (
+        "dim past EOF",
+        lambda l: l.tensor_part("w.a", 3) + 8,
+        put("<Q", 10**6),
+        r"tensor 'w.a' data \(bytes \d+\.\.\d+\) runs past the end of the file",
+    ),
+    (
+        "row not whole blocks",
+        lambda l: l.tensor_part("w.a", 3),
+        put("<Q", 33),
+        r"tensor 'w.a' has rows of 33 elements, not a multiple of the Q8_0 block size 32",
+    ),
     ("unknown ggml type", lambda l: l.tensor_part("w.b", 4), put("<I", 99), r"tensor 'w.b' has unknown ggml type 99"),
-    ("offset past EOF", lambda l: l.tensor_part("w.c", 5), put("<Q", 2**40), r"tensor 'w.c' data .* runs past the end of the file"),
-    ("misaligned offset", lambda l: l.tensor_part("w.c", 5), lambda d, o: struct.pack_into("<Q", d, o, struct.unpack_from("<Q", d, o)[0] + 4),
-     r"tensor 'w.c' data offset \d+ is not aligned to 32 bytes"),
-    ("duplicate tensor", lambda l: l.tensor_part("w.b", 1), lambda d, o: d.__setitem__(slice(o, o + 3), b"w.a"), r"duplicate tensor name 'w.a'"),
-    ("huge tensor name", lambda l: l.tensor_part("w.b", 0), put("<Q", 2**63), r"name of tensor #1 claims \d+ bytes, past the end"),
+    (
+        "offset past EOF",
+        lambda l: l.tensor_part("w.c", 5),
+        put("<Q", 2**40),
+        r"tensor 'w.c' data .* runs past the end of the file",
+    ),
+    (
+        "misaligned offset",
+        lambda l: l.tensor_part("w.c", 5),
+        lambda d, o: struct.pack_into("<Q", d, o, struct.unpack_from("<Q", d, o)[0] + 4),
+        r"tensor 'w.c' data offset \d+ is not aligned to 32 bytes",
+    ),
+    (
+        "duplicate tensor",
+        lambda l: l.tensor_part("w.b", 1),
+        lambda d, o: d.__setitem__(slice(o, o + 3), b"w.a"),
+        r"duplicate tensor name 'w.a'",
+    ),
+    (
+        "huge tensor name",
+        lambda l: l.tensor_part("w.b", 0),
+        put("<Q", 2**63),
+        r"name of tensor #1 claims \d+ bytes, past the end",
+    ),
 ]
 
 
@@ -201,27 +276,63 @@ def test_valid_crafted_header_is_accepted(tmp_path: Path) -> None:
 
 
 SAFETENSORS_LIES = [
-    ("header length past EOF", {"a": entry("F32", [1], 0, 4)}, 4, 10**6, r"header length 1000000 runs past the end of the file"),
+    (
+        "header length past EOF",
+        {"a": entry("F32", [1], 0, 4)},
+        4,
+        10**6,
+        r"header length 1000000 runs past the end of the file",
+    ),
     ("header not JSON", b"{not json", 0, None, r"header is not valid JSON"),
     ("header not UTF-8", b'{"\xff": 1}', 0, None, r"header is not valid JSON"),
     ("header is a list", [1, 2], 0, None, r"header JSON is not an object"),
-    ("duplicate names", b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}',
-     8, None, r"duplicate key 'a'"),
+    (
+        "duplicate names",
+        b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}',
+        8,
+        None,
+        r"duplicate key 'a'",
+    ),
     ("metadata not strings", {"__metadata__": {"x": 1}}, 0, None, r"__metadata__ must be an object of strings"),
     ("entry not an object", {"a": [1, 2]}, 0, None, r"tensor 'a' header entry must be an object"),
     ("unknown dtype", {"a": entry("F7", [1], 0, 4)}, 4, None, r"tensor 'a' has unknown or unsupported dtype 'F7'"),
     ("negative dim", {"a": entry("F32", [-1], 0, 4)}, 4, None, r"tensor 'a' has invalid shape \[-1\]"),
     ("boolean dim", {"a": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}}, 4, None, r"invalid shape"),
-    ("three offsets", {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4, 8]}}, 8, None, r"invalid data_offsets"),
-    ("size mismatch", {"a": entry("F32", [3], 0, 8)}, 8, None, r"shape \[3\] of F32 needs 12 bytes but data_offsets \[0, 8\] span 8"),
-    ("offsets past data", {"a": entry("F32", [4], 0, 16)}, 8, None, r"data_offsets \[0, 16\] run past the end of the data section \(8 bytes\)"),
+    (
+        "three offsets",
+        {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4, 8]}},
+        8,
+        None,
+        r"invalid data_offsets",
+    ),
+    (
+        "size mismatch",
+        {"a": entry("F32", [3], 0, 8)},
+        8,
+        None,
+        r"shape \[3\] of F32 needs 12 bytes but data_offsets \[0, 8\] span 8",
+    ),
+    (
+        "offsets past data",
+        {"a": entry("F32", [4], 0, 16)},
+        8,
+        None,
+        r"data_offsets \[0, 16\] run past the end of the data section \(8 bytes\)",
+    ),
     ("offsets reversed", {"a": entry("F32", [1], 8, 4)}, 8, None, r"data_offsets \[8, 4\] are out of order"),
-    ("overlap", {"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 4, 12)}, 12, None, r"tensors 'a' and 'b' overlap"),
+    (
+        "overlap",
+        {"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 4, 12)},
+        12,
+        None,
+        r"tensors 'a' and 'b' overlap",
+    ),
 ]
 
 
-@pytest.mark.parametrize("header, data_len, header_len, problem", [l[1:] for l in SAFETENSORS_LIES],
-                         ids=[l[0] for l in SAFETENSORS_LIES])
+@pytest.mark.parametrize(
+    "header, data_len, header_len, problem", [l[1:] for l in SAFETENSORS_LIES], ids=[l[0] for l in SAFETENSORS_LIES]
+)
 def test_lying_safetensors_header_is_rejected(tmp_path: Path, header, data_len: int, header_len, problem: str) -> None:
     path = write_safetensors(tmp_path / "lie.safetensors", header, bytes(data_len), header_len=header_len)
     assert_rejected(read_safetensors_header, path, problem)
@@ -252,6 +363,5 @@ def valid_safetensors(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 @given(cut=st.integers(min_value=0))
 def test_truncated_safetensors_is_rejected_anywhere(valid_safetensors: bytes, tmp_path: Path, cut: int) -> None:
     truncated = tmp_path / "truncated.safetensors"
-    truncated.write_bytes(valid_safetensors[:cut % len(valid_safetensors)])
-    assert_rejected(read_safetensors_header, truncated,
-                    r"truncated|past the end|not valid JSON")
+    truncated.write_bytes(valid_safetensors[: cut % len(valid_safetensors)])
+    assert_rejected(read_safetensors_header, truncated, r"truncated|past the end|not valid JSON")

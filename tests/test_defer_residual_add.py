@@ -52,7 +52,10 @@ def test_nothing_pending_before_the_first_layer_passes_x_through():
     w = jnp.asarray(rng.uniform(0.5, 1.5, 64), jnp.bfloat16)
     want = norm.rms_norm(x, w, eps=1e-6)
     assert embedding.add(x, None) is x
-    for s, h in (norm.add_rms_norm(x, None, w, eps=1e-6), norm_gpu.add_rms_norm(x, None, w, eps=1e-6),
-                 norm_quant_gpu.add_rms_norm_to_proj(x, None, w, None, eps=1e-6)):
+    for s, h in (
+        norm.add_rms_norm(x, None, w, eps=1e-6),
+        norm_gpu.add_rms_norm(x, None, w, eps=1e-6),
+        norm_quant_gpu.add_rms_norm_to_proj(x, None, w, None, eps=1e-6),
+    ):
         assert s is x
         np.testing.assert_array_equal(np.asarray(h, np.float32), np.asarray(want, np.float32))

@@ -83,9 +83,19 @@ def test_gated_mlp_makes_the_activation_in_the_gate_up_epilogue(gpu_trace):
     assert jax.eval_shape(mlp, x, gate_up, down).shape == (1, 4096)
 
 
-@pytest.mark.parametrize("out, inner, kernel", [(128256, 4096, True), (2 * 14336, 4096, True), (6144, 4096, True),
-                                                (4096, 4096, True), (4096, 14336, False), (1536, 1536, False),
-                                                (2 * 8960, 1536, False), (1536, 8960, False)])
+@pytest.mark.parametrize(
+    "out, inner, kernel",
+    [
+        (128256, 4096, True),
+        (2 * 14336, 4096, True),
+        (6144, 4096, True),
+        (4096, 4096, True),
+        (4096, 14336, False),
+        (1536, 1536, False),
+        (2 * 8960, 1536, False),
+        (1536, 8960, False),
+    ],
+)
 def test_the_table_takes_the_measured_shapes_only(out, inner, kernel):
     # the 8B shapes where the kernel measured faster than XLA's GEMM and what follows it; the 8B down
     # projection (slower) and unmeasured shapes (the 1.5B's) keep XLA

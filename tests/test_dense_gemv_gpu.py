@@ -18,8 +18,14 @@ from ember.compiler.ops.dense_gemv import dense_gemv, dense_gemv_gate_up, dense_
 
 pytestmark = pytest.mark.gpu
 
-CONFIGS = ["", "block_n=8/block_k=1024", "block_n=2/block_k=1024/num_warps=8", "block_k=256/prefetch=0",
-           "use_dot=1/block_n=64/block_k=256/num_stages=3", "use_dot=1/block_n=32/block_k=128/num_stages=4/split_k=3"]
+CONFIGS = [
+    "",
+    "block_n=8/block_k=1024",
+    "block_n=2/block_k=1024/num_warps=8",
+    "block_k=256/prefetch=0",
+    "use_dot=1/block_n=64/block_k=256/num_stages=3",
+    "use_dot=1/block_n=32/block_k=128/num_stages=4/split_k=3",
+]
 
 
 def _operands(rng, out: int, inner: int):
@@ -37,9 +43,10 @@ def test_the_gemv_matches_the_reference_and_xla(monkeypatch, config, out, inner)
     got = np.asarray(jax.jit(lambda x, w: dense_gemv(x, w))(x, w), np.float32)
     exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
     # fp32 accumulation, then the bf16 output's rounding (2**-9 relative) at the largest outputs
-    assert np.max(np.abs(got - exact)) <= 2.0 ** -7 * np.abs(exact).max()
-    xla = np.asarray(jax.jit(lambda x, w: jnp.dot(x, w.T, preferred_element_type=jnp.float32).astype(x.dtype))(x, w),
-                     np.float32)
+    assert np.max(np.abs(got - exact)) <= 2.0**-7 * np.abs(exact).max()
+    xla = np.asarray(
+        jax.jit(lambda x, w: jnp.dot(x, w.T, preferred_element_type=jnp.float32).astype(x.dtype))(x, w), np.float32
+    )
     assert np.mean(got == xla) > 0.9  # the same sums in another order: most outputs round alike
 
 
@@ -58,7 +65,7 @@ def test_the_gate_up_epilogue_matches_the_gemv_then_the_activation(ffn, inner):
     got = np.asarray(jax.jit(lambda x, w: dense_gemv_gate_up(x, w))(x, w), np.float32)
     xla = np.asarray(jax.jit(lambda x, w: gated_act_packed(dense_gemv(x, w), act="silu"))(x, w), np.float32)
     # the epilogue rounds silu(gate) and the product once each (HF); XLA's fusion otherwise: within two ulps
-    assert np.all(np.abs(got - xla) <= 2.0 ** -6 * np.abs(xla) + 1e-6)
+    assert np.all(np.abs(got - xla) <= 2.0**-6 * np.abs(xla) + 1e-6)
 
 
 def test_8b_decode_steps_with_the_dense_gemv_agree_with_xla_s(monkeypatch):

@@ -3,14 +3,13 @@ gets alone; n, logprobs, stop strings, abort and capacity behave; KV is all retu
 
 import numpy as np
 import pytest
+from fixture_data import tiny_fixture
 
 from ember.runtime.engine import Engine, EngineConfig
-from ember.runtime.loader.tokenizer import Tokenizer
 from ember.runtime.model import load_model
 from ember.runtime.sampling_params import SamplingParams
 from ember.runtime.scheduler import QueueFullError
 from ember.runtime.sequence_runner import SequenceRunner
-from fixture_data import tiny_fixture
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -41,8 +40,7 @@ def _alone(model, prompt, max_tokens, kv_dtype=None):
 
 
 def _engine(model, **kw):
-    config = EngineConfig(**{"num_blocks": 64, "max_model_len": 256, "max_num_seqs": 4, "max_batched_tokens": 48,
-                             **kw})
+    config = EngineConfig(**{"num_blocks": 64, "max_model_len": 256, "max_num_seqs": 4, "max_batched_tokens": 48, **kw})
     return Engine(model, ByteTokenizer(), config)
 
 
@@ -97,7 +95,7 @@ def test_stop_string_ends_the_choice(qwen3):
         engine.close()
     final = stopped[0][-1]
     assert final.finish_reason == "stop" and final.stop_reason == stop
-    assert "".join(o.text for o in stopped[0]) == text[:text.index(stop)]
+    assert "".join(o.text for o in stopped[0]) == text[: text.index(stop)]
 
 
 def test_abort_frees_blocks_and_queue_limit(qwen3):
@@ -120,8 +118,10 @@ def test_abort_frees_blocks_and_queue_limit(qwen3):
 def test_deterministic_mode_is_batch_invariant(qwen3):
     """Bit-identical tokens and logprobs alone and beside other requests of different lengths."""
     rng = np.random.default_rng(2)
-    target = (rng.integers(3, 250, size=37).tolist(), SamplingParams(max_tokens=10, temperature=0.8, seed=3,
-                                                                      logprobs=2, ignore_eos=True))
+    target = (
+        rng.integers(3, 250, size=37).tolist(),
+        SamplingParams(max_tokens=10, temperature=0.8, seed=3, logprobs=2, ignore_eos=True),
+    )
     others = [(rng.integers(3, 250, size=n).tolist(), SamplingParams(max_tokens=8, **GREEDY)) for n in (5, 70, 23)]
 
     def run(requests):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import types
 
 import pytest
+from fixture_data import tiny_fixture
+from test_engine import ByteTokenizer
 
 from ember.runtime.engine import Engine, EngineConfig, EngineFailedError
 from ember.runtime.model import load_model
@@ -13,14 +15,15 @@ from ember.runtime.sampling_params import SamplingParams
 from ember.server.config import ServeConfig
 from ember.server.errors import ApiError
 from ember.server.service import ModelService
-from fixture_data import tiny_fixture
-from test_engine import ByteTokenizer
 
 
 def test_a_dead_engine_thread_ends_its_requests_and_refuses_new_ones(monkeypatch):
     path, _ = tiny_fixture("qwen3")
-    engine = Engine(load_model(path), ByteTokenizer(), EngineConfig(num_blocks=64, max_model_len=256, max_num_seqs=4,
-                                                                    max_batched_tokens=48))
+    engine = Engine(
+        load_model(path),
+        ByteTokenizer(),
+        EngineConfig(num_blocks=64, max_model_len=256, max_num_seqs=4, max_batched_tokens=48),
+    )
     schedule, calls = engine.scheduler.schedule, []
 
     def broken_schedule():

@@ -5,13 +5,13 @@ rows (which are streamed at once), and every KV block comes back."""
 
 import numpy as np
 import pytest
+from fixture_data import tiny_fixture
+from test_engine import ByteTokenizer
 
 import ember.runtime.engine_loop as engine_module
 from ember.runtime.engine import Engine, EngineConfig
 from ember.runtime.model import load_model
 from ember.runtime.sampling_params import SamplingParams
-from fixture_data import tiny_fixture
-from test_engine import ByteTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,13 @@ def _summary(outputs):
         usage = None
         for index, outs in by_choice.items():
             logprobs = [(lp.token_id, round(lp.logprob, 5)) for o in outs for lp in (o.logprobs or ())]
-            choices[index] = ("".join(o.text for o in outs), [t for o in outs for t in o.token_ids], logprobs,
-                              outs[-1].finish_reason, outs[-1].stop_reason)
+            choices[index] = (
+                "".join(o.text for o in outs),
+                [t for o in outs for t in o.token_ids],
+                logprobs,
+                outs[-1].finish_reason,
+                outs[-1].stop_reason,
+            )
             usage = next((o.usage for o in outs if o.usage is not None), usage)
         result.append((choices, usage.prompt_tokens, usage.completion_tokens))
     return result

@@ -1,14 +1,13 @@
 """The engine on the real default model (CPU): concurrent requests equal running alone, and a prefix-cache
 hit gives the uncached result, bit for bit in deterministic mode."""
 
-import numpy as np
 import pytest
+from fixture_data import passage_text
 
 from ember.runtime.engine import Engine, EngineConfig
 from ember.runtime.model import load_model
 from ember.runtime.prompting import load_tokenizer
 from ember.runtime.sampling_params import SamplingParams
-from fixture_data import passage_text
 
 pytestmark = pytest.mark.real_model
 
@@ -30,20 +29,27 @@ def _run(engine, requests):
     results = []
     for stream in streams:
         outputs = stream.collect()[0]
-        results.append(([t for o in outputs for t in o.token_ids],
-                        [lp.logprob for o in outputs for lp in (o.logprobs or ())], outputs[-1].usage))
+        results.append(
+            (
+                [t for o in outputs for t in o.token_ids],
+                [lp.logprob for o in outputs for lp in (o.logprobs or ())],
+                outputs[-1].usage,
+            )
+        )
     return results
 
 
 def _prompts(tokenizer, lengths):
     ids = tokenizer.encode(passage_text() * 4, add_special_tokens=False)
-    return [ids[i * 7:i * 7 + n] for i, n in enumerate(lengths)]
+    return [ids[i * 7 : i * 7 + n] for i, n in enumerate(lengths)]
 
 
 def _check_concurrent_equals_alone(qwen, lengths, max_tokens):
     model, tokenizer = qwen
-    requests = [(p, SamplingParams(temperature=0.0, max_tokens=m, logprobs=0, ignore_eos=True))
-                for p, m in zip(_prompts(tokenizer, lengths), max_tokens)]
+    requests = [
+        (p, SamplingParams(temperature=0.0, max_tokens=m, logprobs=0, ignore_eos=True))
+        for p, m in zip(_prompts(tokenizer, lengths), max_tokens)
+    ]
     engine = _engine(model, tokenizer)
     try:
         together = _run(engine, requests)

@@ -45,10 +45,10 @@ def test_each_signature_and_identity_gets_its_own_executable(tmp_path):
     params, kv, x = _args()
     step = CachedStep(_jitted(), 2, "model A", tmp_path)
     a, kv = step(2.0, True, params, kv, x)
-    b, kv = step(2.0, False, params, kv, x)                      # another static argument
+    b, kv = step(2.0, False, params, kv, x)  # another static argument
     c, kv = step(2.0, False, params, kv, np.ones((4, 2), np.float32))  # another shape
     assert np.asarray(b).shape == (4,) and np.asarray(c).shape == (4, 2) and float(a) == float(np.asarray(b).sum())
-    other = CachedStep(_jitted(), 2, "model B", tmp_path)        # another model: compiled, not read back
+    other = CachedStep(_jitted(), 2, "model B", tmp_path)  # another model: compiled, not read back
     other(2.0, True, params, kv, x)
     assert other.loaded_from_disk == 0 and len(list(tmp_path.glob("*.exe"))) == 4
 

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from fixture_data import (REAL_MODELS, TINY_ARCHS, _log_normalize, full_kl, passage_text,
-                          real_reference, tiny_fixture, top1_agreement, topk_kl)
+from fixture_data import (
+    REAL_MODELS,
+    TINY_ARCHS,
+    _log_normalize,
+    full_kl,
+    passage_text,
+    real_reference,
+    tiny_fixture,
+    top1_agreement,
+    topk_kl,
+)
 
 
 def _reference_topk(log_p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -30,8 +38,7 @@ def test_logits_and_logprobs_give_the_same_kl() -> None:
     log_p = _random_logprobs(rng, 4, 300, 2.0)
     logits_q = rng.normal(0.0, 2.0, size=(4, 300)) + 17.0  # unnormalised on purpose
     ids, top = _reference_topk(log_p, 128)
-    np.testing.assert_allclose(topk_kl(ids, top, logits_q), topk_kl(ids, top, _log_normalize(logits_q)),
-                               rtol=1e-12)
+    np.testing.assert_allclose(topk_kl(ids, top, logits_q), topk_kl(ids, top, _log_normalize(logits_q)), rtol=1e-12)
 
 
 def test_shifted_distribution_has_positive_kl() -> None:

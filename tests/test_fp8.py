@@ -13,8 +13,15 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ember.compiler.ops import linear_quant
-from ember.compiler.ops.quant.fp8 import (FP8_MAX, Fp8Weight, dequantize_fp8, fp8_linear, fp8_reference_matmul,
-                                          fp8_rows, quantize_fp8)
+from ember.compiler.ops.quant.fp8 import (
+    FP8_MAX,
+    Fp8Weight,
+    dequantize_fp8,
+    fp8_linear,
+    fp8_reference_matmul,
+    fp8_rows,
+    quantize_fp8,
+)
 from ember.compiler.spec import spec_for_arch
 from ember.runtime.sequence_runner import SequenceRunner
 from ember.runtime.synthetic import synthetic_model
@@ -33,22 +40,32 @@ def test_quantization_keeps_each_weight_within_e4m3_rounding(blocked):
     assert q.values.dtype == jnp.float8_e4m3fn and q.blocked == blocked
     assert q.scale.shape == ((3, 2) if blocked else (300,))
     back = np.asarray(dequantize_fp8(q))
-    scale = np.repeat(np.repeat(np.asarray(q.scale), 128, 0)[:300], 128, 1)[:, :200] if blocked else \
-        np.asarray(q.scale)[:, None]
+    scale = (
+        np.repeat(np.repeat(np.asarray(q.scale), 128, 0)[:300], 128, 1)[:, :200]
+        if blocked
+        else np.asarray(q.scale)[:, None]
+    )
     # e4m3: 3 mantissa bits (relative step 1/8, rounding 1/16); below 2**-6 the step is 2**-9 of the scale
-    assert np.all(np.abs(back - w) <= np.maximum(np.abs(w) / 16, scale * 2.0 ** -10) * 1.0001)
+    assert np.all(np.abs(back - w) <= np.maximum(np.abs(w) / 16, scale * 2.0**-10) * 1.0001)
     largest = np.abs(np.asarray(q.values.astype(jnp.float32)))
     assert largest.max() == FP8_MAX  # every row / block uses the top of the range
 
 
 @settings(max_examples=25, deadline=None)
-@given(rows=st.integers(1, 20), out=st.integers(1, 300), inner=st.integers(1, 260), blocked=st.booleans(),
-       bf16=st.booleans(), seed=st.integers(0, 1000))
+@given(
+    rows=st.integers(1, 20),
+    out=st.integers(1, 300),
+    inner=st.integers(1, 260),
+    blocked=st.booleans(),
+    bf16=st.booleans(),
+    seed=st.integers(0, 1000),
+)
 @example(rows=1, out=1, inner=111, blocked=True, bf16=True, seed=129)  # a sum that cancels to much less than its terms
 def test_the_projection_matches_float64(rows, out, inner, blocked, bf16, seed):
     w = quantize_fp8(_matrix(seed, out, inner), blocked=blocked)
-    x = jnp.asarray(np.random.default_rng(seed + 1).standard_normal((rows, inner)), jnp.bfloat16 if bf16 else
-                    jnp.float32)
+    x = jnp.asarray(
+        np.random.default_rng(seed + 1).standard_normal((rows, inner)), jnp.bfloat16 if bf16 else jnp.float32
+    )
     want = fp8_reference_matmul(x.astype(jnp.float32), w)
     got = np.asarray(jax.jit(fp8_linear)(x, w).astype(jnp.float32))
     assert got.dtype == np.float32 and got.shape == (rows, out)
@@ -57,7 +74,7 @@ def test_the_projection_matches_float64(rows, out, inner, blocked, bf16, seed):
     magnitude = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(dequantize_fp8(w), np.float64)).T
     bound = 1e-5 * magnitude + 1e-6
     if bf16:
-        bound += 2.0 ** -8 * np.abs(want) + (2.0 ** -8 * magnitude if blocked else 0.0)
+        bound += 2.0**-8 * np.abs(want) + (2.0**-8 * magnitude if blocked else 0.0)
     assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) / bound)
 
 
@@ -86,9 +103,15 @@ def test_a_synthetic_fp8_model_through_the_h200_plans(weight_format):
     assert not isinstance(fp8.params.globals["token_embd.weight"], Fp8Weight)  # embedding / head stay bf16
     assert weight_bytes_per_step(fp8) < weight_bytes_per_step(bf16)
     # the same model with every FP8 weight dequantized (to float32: the bf16 plan casts it as it reads it)
-    plain = dataclasses.replace(fp8, params=fp8.params._replace(layers=[
-        {k: dequantize_fp8(w) if isinstance(w, Fp8Weight) else w for k, w in layer.items()}
-        for layer in fp8.params.layers]))
+    plain = dataclasses.replace(
+        fp8,
+        params=fp8.params._replace(
+            layers=[
+                {k: dequantize_fp8(w) if isinstance(w, Fp8Weight) else w for k, w in layer.items()}
+                for layer in fp8.params.layers
+            ]
+        ),
+    )
     tokens = list(np.random.default_rng(5).integers(0, 1000, 24))
     got = SequenceRunner(fp8, 64).prefill(tokens, all_logits=True).astype(np.float32)
     want = SequenceRunner(plain, 64).prefill(tokens, all_logits=True).astype(np.float32)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from fixture_data import tiny_fixture
 
 from ember.compiler.ops.quant.fp8 import Fp8Weight, quantize_fp8
 from ember.compiler.ops.quant.layout import WeightGroup
@@ -17,7 +18,6 @@ from ember.runtime.loader.errors import CheckpointError
 from ember.runtime.loader.safetensors_dir import open_hf_checkpoint
 from ember.runtime.model import load_model
 from ember.runtime.sequence_runner import SequenceRunner
-from fixture_data import tiny_fixture
 
 _DTYPES = {np.dtype(np.float32): "F32", np.dtype(ml_dtypes.float8_e4m3fn): "F8_E4M3"}
 
@@ -26,8 +26,11 @@ def _write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
     header, offset, blobs = {}, 0, []
     for name, array in tensors.items():
         data = np.ascontiguousarray(array).tobytes()
-        header[name] = {"dtype": _DTYPES[array.dtype], "shape": list(array.shape),
-                        "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": _DTYPES[array.dtype],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         offset += len(data)
         blobs.append(data)
     encoded = json.dumps(header).encode()
@@ -51,8 +54,7 @@ def _fp8_pair(tmp_path, scheme: str):
             scale = np.asarray([np.abs(w).max() / 448.0], np.float32)
             values = np.asarray(jnp.asarray(w / scale[0]).astype(jnp.float8_e4m3fn))
         fp8[name] = values
-        fp8[name + ("_scale_inv" if scheme == "block" else "_scale")] = \
-            scale if scheme != "channel" else scale[:, None]
+        fp8[name + ("_scale_inv" if scheme == "block" else "_scale")] = scale if scheme != "channel" else scale[:, None]
         out, inner = w.shape
         if scheme == "block":
             full_scale = np.repeat(np.repeat(scale, 128, 0)[:out], 128, 1)[:, :inner]
@@ -102,8 +104,10 @@ def test_a_missing_or_misshapen_scale_is_a_clear_error(tmp_path):
     fp8_dir, _ = _fp8_pair(tmp_path, "channel")
     ckpt_file = fp8_dir / "model.safetensors"
     original = open_hf_checkpoint(fp8_dir)
-    tensors = {n: (original.load_fp8(n) if original.entry(n).dtype == "F8_E4M3" else original.load(n))
-               for n in original.tensor_names}
+    tensors = {
+        n: (original.load_fp8(n) if original.entry(n).dtype == "F8_E4M3" else original.load(n))
+        for n in original.tensor_names
+    }
     original.close()
     scale = "model.layers.0.self_attn.q_proj.weight_scale"
     broken = dict(tensors)

@@ -4,18 +4,16 @@ run in Triton's interpreter: tools/check_fp8_kernels.py, tests/test_triton_inter
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from triton_calls import triton_calls
 
 from ember.compiler.ops.quant import fp8 as fp8_module
 from ember.compiler.ops.quant.fp8 import GEMV_MAX_ROWS, fp8_linear, quantize_fp8, use_fp8_gemv
 from ember.compiler.ops.quant.fp8_gemv import fp8_gemv
-from ember.compiler.ops.quant.fp8_gemv_config import (FP8_RULES, Fp8GemvConfig, launch_plan,
-                                                      pick_fp8_config)
-from triton_calls import triton_calls
+from ember.compiler.ops.quant.fp8_gemv_config import FP8_RULES, Fp8GemvConfig, launch_plan, pick_fp8_config
 
 SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 
@@ -51,10 +49,19 @@ def test_block_scales_take_128_wide_dot_sub_tiles():
     assert launch_plan(1, 256, 1024, Fp8GemvConfig(block_k=64), blocked=True)["meta"]["KS"] == 64
 
 
-@pytest.mark.parametrize("kwargs, m, match", [
-    (dict(block_n=24), 1, "block_n"), (dict(block_n=512), 1, "block_n"), (dict(block_k=8), 1, "block_k"),
-    (dict(block_k=96), 1, "block_k"), (dict(block_n=8, use_dot=True), 4, "use_dot"), (dict(split_k=0), 1, "split_k"),
-    (dict(), 0, "activation rows"), (dict(), GEMV_MAX_ROWS + 1, "activation rows")])
+@pytest.mark.parametrize(
+    "kwargs, m, match",
+    [
+        (dict(block_n=24), 1, "block_n"),
+        (dict(block_n=512), 1, "block_n"),
+        (dict(block_k=8), 1, "block_k"),
+        (dict(block_k=96), 1, "block_k"),
+        (dict(block_n=8, use_dot=True), 4, "use_dot"),
+        (dict(split_k=0), 1, "split_k"),
+        (dict(), 0, "activation rows"),
+        (dict(), GEMV_MAX_ROWS + 1, "activation rows"),
+    ],
+)
 def test_bad_configs_and_row_counts_are_refused(kwargs, m, match):
     with pytest.raises(ValueError, match=match):
         launch_plan(m, 256, 512, Fp8GemvConfig(**kwargs), blocked=False)
@@ -73,8 +80,10 @@ def test_the_rules_are_ordered_and_end_in_a_catch_all():
         assert launch_plan(min(rule.max_m, GEMV_MAX_ROWS), 1024, 4096, rule.config, blocked=True)
 
 
-@pytest.mark.parametrize("m, out, inner, blocked", [(1, 6144, 4096, False), (1, 4096, 14336, True),
-                                                     (8, 1024, 4096, True), (16, 28672, 4096, False)])
+@pytest.mark.parametrize(
+    "m, out, inner, blocked",
+    [(1, 6144, 4096, False), (1, 4096, 14336, True), (8, 1024, 4096, True), (16, 28672, 4096, False)],
+)
 def test_the_gemv_lowers_to_one_native_kernel(m, out, inner, blocked):
     w = quantize_fp8(jnp.zeros((out, inner), jnp.float32), blocked=blocked)
     x = jnp.zeros((m, inner), jnp.bfloat16)
@@ -138,13 +147,20 @@ def test_the_fused_forms_match_the_unfused_path_on_this_cpu():
     whole = np.asarray(fp8_module.fp8_linear_xla(x, w), np.float32)
     np.testing.assert_array_equal(np.concatenate([np.asarray(p, np.float32) for p in parts], axis=1), whole)
     from ember.compiler.ops.activation import gated_act_packed
-    np.testing.assert_array_equal(np.asarray(fp8_module.fp8_linear_gate_up_silu(x, w), np.float32),
-                                  np.asarray(gated_act_packed(fp8_linear(x, w), act="silu"), np.float32))
+
+    np.testing.assert_array_equal(
+        np.asarray(fp8_module.fp8_linear_gate_up_silu(x, w), np.float32),
+        np.asarray(gated_act_packed(fp8_linear(x, w), act="silu"), np.float32),
+    )
 
 
 def test_the_gate_up_epilogue_and_the_word_loop_refuse_what_they_cannot_do():
-    for kwargs, blocked, out in ((dict(), True, 256), (dict(split_k=2), False, 256), (dict(block_n=1), False, 256),
-                                 (dict(), False, 255)):
+    for kwargs, blocked, out in (
+        (dict(), True, 256),
+        (dict(split_k=2), False, 256),
+        (dict(block_n=1), False, 256),
+        (dict(), False, 255),
+    ):
         with pytest.raises(ValueError, match="gate/up epilogue"):
             launch_plan(1, out, 512, Fp8GemvConfig(**kwargs), blocked=blocked, gate_up=True)
     plan = launch_plan(1, 256, 512, Fp8GemvConfig(block_n=8), blocked=False, gate_up=True)

@@ -44,22 +44,25 @@ def test_the_gemv_matches_the_reference(config, out, inner, blocked, m):
     got = np.asarray(jax.jit(lambda x: fp8_gemv(x, weight, config))(x), np.float32)
     exact = fp8_reference_matmul(np.asarray(x, np.float32), weight)
     # fp32 accumulation, then the bf16 output's rounding (2**-9 relative) at the largest outputs
-    assert np.max(np.abs(got - exact)) <= 2.0 ** -7 * np.abs(exact).max()
+    assert np.max(np.abs(got - exact)) <= 2.0**-7 * np.abs(exact).max()
 
 
 def test_the_word_loop_takes_only_bf16_activations():
     rng = np.random.default_rng(3)
     weight = quantize_fp8(rng.standard_normal((256, 512)).astype(np.float32))
     x = jnp.asarray(rng.standard_normal((1, 512)), jnp.float32)
-    got = np.asarray(jax.jit(lambda x: fp8_gemv(x, weight, Fp8GemvConfig(block_n=8, block_k=256, words=True)))(x),
-                     np.float64)
+    got = np.asarray(
+        jax.jit(lambda x: fp8_gemv(x, weight, Fp8GemvConfig(block_n=8, block_k=256, words=True)))(x), np.float64
+    )
     exact = fp8_reference_matmul(np.asarray(x), weight)
     assert np.max(np.abs(got - exact)) <= 1e-5 * np.abs(exact).max()  # f32: the CUDA-core loop, exact to fp32
 
 
 @pytest.mark.parametrize("ffn, inner, m", [(14336, 4096, 1), (36, 1000, 2)])
-@pytest.mark.parametrize("config", [Fp8GemvConfig(block_n=8, block_k=1024, words=True),
-                                    Fp8GemvConfig(block_n=4, block_k=256, step_reduce=True)])
+@pytest.mark.parametrize(
+    "config",
+    [Fp8GemvConfig(block_n=8, block_k=1024, words=True), Fp8GemvConfig(block_n=4, block_k=256, step_reduce=True)],
+)
 def test_the_gate_up_epilogue_matches_the_gemv_then_the_activation(ffn, inner, m, config):
     from ember.compiler.ops.activation import gated_act_packed
     from ember.compiler.ops.quant.fp8_gemv import fp8_gemv_gate_up
@@ -74,10 +77,10 @@ def test_the_gate_up_epilogue_matches_the_gemv_then_the_activation(ffn, inner, m
     # an output may round the other way, rarely)
     silu = (gate / (1.0 + np.exp(-gate))).astype(ml_dtypes.bfloat16).astype(np.float64)
     hf = (silu * up).astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
-    assert np.all(np.abs(got - hf) <= 2.0 ** -7 * np.abs(hf) + 1e-6) and np.mean(got == hf) > 0.99
+    assert np.all(np.abs(got - hf) <= 2.0**-7 * np.abs(hf) + 1e-6) and np.mean(got == hf) > 0.99
     # XLA's fusion of the jnp activation (the path without the epilogue) rounds otherwise: within two ulps
     xla = np.asarray(jax.jit(lambda x: gated_act_packed(fp8_gemv(x, w, config), act="silu"))(x), np.float32)
-    assert np.all(np.abs(got - xla) <= 2.0 ** -6 * np.abs(xla) + 1e-6)
+    assert np.all(np.abs(got - xla) <= 2.0**-6 * np.abs(xla) + 1e-6)
 
 
 @pytest.mark.parametrize("sizes, inner", [((4096, 1024, 1024), 4096), ((64, 16, 24), 200)])

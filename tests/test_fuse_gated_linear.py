@@ -28,8 +28,10 @@ def test_h200_default_plans_fuse_and_the_others_keep_bothlayer_ops(spec):
     assert node.attr("act") in ("silu", "gelu_tanh") and node.weight("weight").startswith("ffn_down")
     h200 = compile_graph(loaded, get_target("h200"))  # there fuse_gated_mlp takes the gated_linear on
     assert "gated_act_packed" not in layer_ops(h200) and "gated_mlp" in layer_ops(h200)
-    for graph in (compile_graph(loaded, get_target("h200"), variant="deterministic"),
-                  compile_graph(loaded, get_target("cpu"))):
+    for graph in (
+        compile_graph(loaded, get_target("h200"), variant="deterministic"),
+        compile_graph(loaded, get_target("cpu")),
+    ):
         assert "gated_act_packed" in layer_ops(graph) and "gated_linear" not in layer_ops(graph)
 
 
@@ -66,8 +68,12 @@ def test_silu_gated_decode_lowers_to_the_quantizer_and_the_gemv_alone(monkeypatc
     monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
     w = pack(random_gguf_bytes(np.random.default_rng(0), "q4_k", (1536, 8960)), "q4_k", (1536, 8960))
     with linear_quant.use_quant_backend("triton"):
-        text = jax.jit(lambda g, w: linear_quant.gated_linear(g, w, act="silu")).trace(
-            jnp.zeros((1, 2 * 8960), jnp.bfloat16), w).lower(lowering_platforms=("cuda",)).as_text()
+        text = (
+            jax.jit(lambda g, w: linear_quant.gated_linear(g, w, act="silu"))
+            .trace(jnp.zeros((1, 2 * 8960), jnp.bfloat16), w)
+            .lower(lowering_platforms=("cuda",))
+            .as_text()
+        )
     calls = [line for line in text.splitlines() if XLA_TRITON_TARGET in line]
     assert len(calls) == 2 and "quantize_rows_kernel" in calls[0] and "dp4a_gemv_kernel" in calls[1]
     assert "stablehlo.logistic" not in text and "stablehlo.multiply" not in text

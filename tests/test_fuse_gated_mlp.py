@@ -33,8 +33,10 @@ def test_h200_default_plans_fuse_and_the_others_do_not(spec):
     assert node.attr("act") in ("silu", "gelu_tanh") and node.kernel == "ember.compiler.ops.linear_quant:gated_mlp"
     # carry_split_k_partials' mark on the gated_linear carried over (gemma3's post-norms: no carried partials)
     assert node.attr("partials", False) is (not spec.endswith("gemma3.toml"))
-    for graph in (compile_graph(loaded, get_target("h200"), variant="deterministic"),
-                  compile_graph(loaded, get_target("cpu"))):
+    for graph in (
+        compile_graph(loaded, get_target("h200"), variant="deterministic"),
+        compile_graph(loaded, get_target("cpu")),
+    ):
         assert "gated_mlp" not in layer_ops(graph)
 
 
@@ -69,6 +71,10 @@ def test_an_fp8_mlp_at_one_row_is_two_gemv_launches_on_a_gpu(monkeypatch):
     gate_up = quantize_fp8(jnp.zeros((2 * 14336, 4096), jnp.float32))
     down = quantize_fp8(jnp.zeros((4096, 14336), jnp.float32))
     x = jnp.zeros((1, 4096), jnp.bfloat16)
-    text = jax.jit(lambda x: linear_quant.gated_mlp(x, gate_up, down, act="silu")).trace(x).lower(
-        lowering_platforms=("cuda",)).as_text()
+    text = (
+        jax.jit(lambda x: linear_quant.gated_mlp(x, gate_up, down, act="silu"))
+        .trace(x)
+        .lower(lowering_platforms=("cuda",))
+        .as_text()
+    )
     assert text.count(XLA_TRITON_TARGET) == 2 and "multiply" not in text and "slice" not in text

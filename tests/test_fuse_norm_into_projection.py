@@ -40,8 +40,10 @@ def test_h200_default_plans_tell_each_norm_its_projection(spec):
         # add the residual (the first one the add the layer before left it: defer_residual_add)
         assert not _nodes(fused, "rms_norm_to_proj") and len(_nodes(fused, "add_rms_norm_to_proj")) == 2
         assert _nodes(fused, "rms_norm_to_proj", "epilogue")[0].weight("reader") == "output.weight"
-    for graph in (compile_graph(loaded, get_target("h200"), variant="deterministic"),
-                  compile_graph(loaded, get_target("cpu"))):
+    for graph in (
+        compile_graph(loaded, get_target("h200"), variant="deterministic"),
+        compile_graph(loaded, get_target("cpu")),
+    ):
         assert not _nodes(graph, "rms_norm_to_proj") and not _nodes(graph, "add_rms_norm_to_proj")
 
 
@@ -59,10 +61,12 @@ def test_off_the_gpu_the_norms_are_the_references():
     x, y = (jnp.asarray(rng.standard_normal((2, 256)), jnp.float32) for _ in range(2))
     w = jnp.asarray(rng.uniform(0.5, 1.5, 256), jnp.float32)
     reader = pack(random_gguf_bytes(rng, "q4_k", (64, 256)), "q4_k", (64, 256))
-    np.testing.assert_array_equal(norm_quant_gpu.rms_norm_to_proj(x, w, reader, eps=1e-6),
-                                  norm.rms_norm(x, w, eps=1e-6))
-    for got, want in zip(norm_quant_gpu.add_rms_norm_to_proj(x, y, w, reader, eps=1e-6),
-                         norm.add_rms_norm(x, y, w, eps=1e-6)):
+    np.testing.assert_array_equal(
+        norm_quant_gpu.rms_norm_to_proj(x, w, reader, eps=1e-6), norm.rms_norm(x, w, eps=1e-6)
+    )
+    for got, want in zip(
+        norm_quant_gpu.add_rms_norm_to_proj(x, y, w, reader, eps=1e-6), norm.add_rms_norm(x, y, w, eps=1e-6)
+    ):
         np.testing.assert_array_equal(got, want)
 
 
@@ -86,8 +90,11 @@ def test_decode_norm_then_qkv_lowers_to_two_kernels(add, monkeypatch):
     monkeypatch.delenv(norm_quant_gpu.FUSED_ENV, raising=False)  # on by default
 
     def step(x, nw, w):
-        h = (norm_quant_gpu.add_rms_norm_to_proj(x, x, nw, w, eps=1e-6)[1] if add
-             else norm_quant_gpu.rms_norm_to_proj(x, nw, w, eps=1e-6))
+        h = (
+            norm_quant_gpu.add_rms_norm_to_proj(x, x, nw, w, eps=1e-6)[1]
+            if add
+            else norm_quant_gpu.rms_norm_to_proj(x, nw, w, eps=1e-6)
+        )
         assert isinstance(h, linear_quant.QuantizedInput) and h.order == "q4_k"
         return linear_quant.linear_split(h, w, sizes=(1536, 256, 256))
 
@@ -114,8 +121,12 @@ def test_a_q6_k_v_part_reads_the_norms_q4_k_activations(pair, monkeypatch):
     monkeypatch.setattr(norm_gpu, "triton_available", lambda: True)
     monkeypatch.setenv("EMBER_DP4A_PAIR", "1" if pair else "0")
     rng = np.random.default_rng(0)
-    w = WeightGroup((pack(random_gguf_bytes(rng, "q4_k", (1792, 1536)), "q4_k", (1792, 1536)),
-                     pack(random_gguf_bytes(rng, "q6_k", (256, 1536)), "q6_k", (256, 1536))))
+    w = WeightGroup(
+        (
+            pack(random_gguf_bytes(rng, "q4_k", (1792, 1536)), "q4_k", (1792, 1536)),
+            pack(random_gguf_bytes(rng, "q6_k", (256, 1536)), "q6_k", (256, 1536)),
+        )
+    )
     x, nw = jnp.zeros((1, 1536), jnp.bfloat16), jnp.ones((1536,), jnp.bfloat16)
     bias = jnp.zeros((2048,), jnp.bfloat16)
 
@@ -142,8 +153,10 @@ def test_h200_default_plans_tell_the_attention_its_output_projection(spec):
     assert len(nodes) == 1 and not _nodes(fused, "rope_attention")
     consumer = [n for n in fused.region("layer").nodes if nodes[0].outputs[0] in n.inputs]
     assert len(consumer) == 1 and consumer[0].weight("weight") == nodes[0].weight("reader") == "attn_output.weight"
-    for graph in (compile_graph(loaded, get_target("h200"), variant="deterministic"),
-                  compile_graph(loaded, get_target("cpu"))):
+    for graph in (
+        compile_graph(loaded, get_target("h200"), variant="deterministic"),
+        compile_graph(loaded, get_target("cpu")),
+    ):
         assert not _nodes(graph, "rope_attention_to_proj")
 
 
@@ -166,14 +179,33 @@ def test_decode_attention_writes_the_output_projections_int8_activations(monkeyp
     q, k, v = (jnp.zeros((1, heads, dh), jnp.bfloat16) for heads in (hq, hkv, hkv))
     pool = jnp.zeros((width + 1, 16, hkv, dh), jnp.bfloat16)
     zeros = np.zeros(1, np.int32)
-    batch = StepBatch(tokens=zeros, positions=zeros, slots=np.zeros((1, 1), np.int32),
-                      dec_block_tables=np.zeros((1, 1, width), np.int32), dec_ctx_lens=np.ones(1, np.int32),
-                      pre_block_table=np.zeros((1, 1, width), np.int32), logit_rows=zeros)
+    batch = StepBatch(
+        tokens=zeros,
+        positions=zeros,
+        slots=np.zeros((1, 1), np.int32),
+        dec_block_tables=np.zeros((1, 1, width), np.int32),
+        dec_ctx_lens=np.ones(1, np.int32),
+        pre_block_table=np.zeros((1, 1, width), np.int32),
+        logit_rows=zeros,
+    )
     inv_freq = jnp.ones((dh // 2,), jnp.float32)
 
     def step(q, k, v, pool, w):
-        a, _, _ = paged.rope_paged_attention_to_proj(q, k, v, batch.positions, inv_freq, jnp.int32(0), jnp.int32(0),
-                                                     w, pool, pool, batch, style="neox", scale=0.1)
+        a, _, _ = paged.rope_paged_attention_to_proj(
+            q,
+            k,
+            v,
+            batch.positions,
+            inv_freq,
+            jnp.int32(0),
+            jnp.int32(0),
+            w,
+            pool,
+            pool,
+            batch,
+            style="neox",
+            scale=0.1,
+        )
         assert isinstance(a, linear_quant.QuantizedInput) == fused
         return linear_quant.linear(a, w)
 

@@ -23,9 +23,15 @@ def test_h200_default_plans_fuse_and_the_others_keep_bothlayer_ops(spec):
     node = next(n for n in fused.region("layer").nodes if n.op == "rope_attention_to_proj")
     assert node.attr("style") in ("neox", "interleaved") and node.attr("scale") is not None
     assert node.kernel == "ember.compiler.ops.attention_gpu.paged:rope_paged_attention_to_proj"
-    for graph in (compile_graph(loaded, get_target("h200"), variant="deterministic"),
-                  compile_graph(loaded, get_target("cpu"))):
-        assert "rope_apply" in layer_ops(graph) and "attention" in layer_ops(graph) and "rope_attention" not in layer_ops(graph)
+    for graph in (
+        compile_graph(loaded, get_target("h200"), variant="deterministic"),
+        compile_graph(loaded, get_target("cpu")),
+    ):
+        assert (
+            "rope_apply" in layer_ops(graph)
+            and "attention" in layer_ops(graph)
+            and "rope_attention" not in layer_ops(graph)
+        )
 
 
 def test_a_rotated_value_read_elsewhere_is_not_fused():
@@ -34,5 +40,6 @@ def test_a_rotated_value_read_elsewhere_is_not_fused():
     attention = next(n for n in layer.nodes if n.op == "attention")
     graph = read_elsewhere(graph, attention.inputs[0])
     assert "rope_attention" not in layer_ops(fuse_rope_attention(graph))
-    assert "rope_attention" in layer_ops(fuse_rope_attention(compile_graph(load_spec("specs/qwen2.toml"),
-                                                                      get_target("cpu"))))
+    assert "rope_attention" in layer_ops(
+        fuse_rope_attention(compile_graph(load_spec("specs/qwen2.toml"), get_target("cpu")))
+    )

@@ -31,9 +31,15 @@ def test_compiler_and_runtime_name_no_architecture():
     names = {a for a in known_archs()} | {"qwen", "llama", "gemma", "mistral"}
     pattern = re.compile(r"\b(" + "|".join(sorted(names)) + r")\b", re.IGNORECASE)
     offenders = []
-    for folder in ("compiler", "runtime/model.py", "runtime/weights.py", "runtime/dims.py",
-                   "runtime/sequence_runner.py", "runtime/plans.py"):
-        for path in ([ROOT / folder] if folder.endswith(".py") else (ROOT / folder).rglob("*")):
+    for folder in (
+        "compiler",
+        "runtime/model.py",
+        "runtime/weights.py",
+        "runtime/dims.py",
+        "runtime/sequence_runner.py",
+        "runtime/plans.py",
+    ):
+        for path in [ROOT / folder] if folder.endswith(".py") else (ROOT / folder).rglob("*"):
             if path.suffix in (".py", ".j2"):
                 for number, line in enumerate(path.read_text().splitlines(), 1):
                     if pattern.search(line):

@@ -30,10 +30,18 @@ TENSOR_LAYOUT: dict[str, tuple[int, tuple[int, ...]]] = {
 }
 
 METADATA = {
-    "t.u8": (200, V.UINT8), "t.i8": (-100, V.INT8), "t.u16": (60000, V.UINT16), "t.i16": (-30000, V.INT16),
-    "t.u32": (4_000_000_000, V.UINT32), "t.i32": (-2_000_000_000, V.INT32), "t.f32": (0.1, V.FLOAT32),
-    "t.bool": (True, V.BOOL), "t.string": ("héllo ✓", V.STRING), "t.u64": (2**63 + 5, V.UINT64),
-    "t.i64": (-(2**62), V.INT64), "t.f64": (0.1, V.FLOAT64),
+    "t.u8": (200, V.UINT8),
+    "t.i8": (-100, V.INT8),
+    "t.u16": (60000, V.UINT16),
+    "t.i16": (-30000, V.INT16),
+    "t.u32": (4_000_000_000, V.UINT32),
+    "t.i32": (-2_000_000_000, V.INT32),
+    "t.f32": (0.1, V.FLOAT32),
+    "t.bool": (True, V.BOOL),
+    "t.string": ("héllo ✓", V.STRING),
+    "t.u64": (2**63 + 5, V.UINT64),
+    "t.i64": (-(2**62), V.INT64),
+    "t.f64": (0.1, V.FLOAT64),
     "t.strings": (["a", "", "<0xFF>", "Ġthe"], V.ARRAY, V.STRING),
     "t.ints": ([1, -2, 3], V.ARRAY, V.INT32),
     "t.floats": ([0.5, -1.25], V.ARRAY, V.FLOAT32),
@@ -43,18 +51,32 @@ METADATA = {
 }
 EXPECTED_METADATA = {
     "general.architecture": "tiny",
-    "t.u8": 200, "t.i8": -100, "t.u16": 60000, "t.i16": -30000, "t.u32": 4_000_000_000,
-    "t.i32": -2_000_000_000, "t.f32": float(np.float32(0.1)), "t.bool": True, "t.string": "héllo ✓",
-    "t.u64": 2**63 + 5, "t.i64": -(2**62), "t.f64": 0.1,
-    "t.strings": ["a", "", "<0xFF>", "Ġthe"], "t.ints": [1, -2, 3], "t.floats": [0.5, -1.25],
-    "t.bools": [True, False, True], "t.u64s": [2**64 - 1, 0], "t.nested": [[1, 2], [3]],
+    "t.u8": 200,
+    "t.i8": -100,
+    "t.u16": 60000,
+    "t.i16": -30000,
+    "t.u32": 4_000_000_000,
+    "t.i32": -2_000_000_000,
+    "t.f32": float(np.float32(0.1)),
+    "t.bool": True,
+    "t.string": "héllo ✓",
+    "t.u64": 2**63 + 5,
+    "t.i64": -(2**62),
+    "t.f64": 0.1,
+    "t.strings": ["a", "", "<0xFF>", "Ġthe"],
+    "t.ints": [1, -2, 3],
+    "t.floats": [0.5, -1.25],
+    "t.bools": [True, False, True],
+    "t.u64s": [2**64 - 1, 0],
+    "t.nested": [[1, 2], [3]],
 }
 
 
 def write_tiny_model(path: Path, *, alignment: int | None = None, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
-    tensors = {name: (t, random_tensor_bytes(rng, t, int(np.prod(shape))), shape)
-               for name, (t, shape) in TENSOR_LAYOUT.items()}
+    tensors = {
+        name: (t, random_tensor_bytes(rng, t, int(np.prod(shape))), shape) for name, (t, shape) in TENSOR_LAYOUT.items()
+    }
     return write_gguf(path, tensors, METADATA, alignment=alignment)
 
 
@@ -88,8 +110,14 @@ def test_tensor_directory_agrees_with_gguf_reader(tmp_path: Path, alignment: int
         assert list(f.tensors) == [t.name for t in reference.tensors]
         for ref in reference.tensors:
             info = f.tensors[ref.name]
-            assert info == GGUFTensorInfo(ref.name, TENSOR_LAYOUT[ref.name][1], int(ref.tensor_type),
-                                          ref.tensor_type.name, ref.data_offset, int(ref.n_bytes))
+            assert info == GGUFTensorInfo(
+                ref.name,
+                TENSOR_LAYOUT[ref.name][1],
+                int(ref.tensor_type),
+                ref.tensor_type.name,
+                ref.data_offset,
+                int(ref.n_bytes),
+            )
             assert info.offset % f.alignment == 0
 
 
@@ -192,7 +220,11 @@ def test_real_model_header_agrees_with_gguf_reader(real_model: tuple[GGUFFile, g
     for ref in reference.tensors:
         info = ours.tensors[ref.name]
         assert (info.shape, info.ggml_type, info.offset, info.nbytes) == (
-            tuple(reversed(ref.shape.tolist())), int(ref.tensor_type), ref.data_offset, int(ref.n_bytes))
+            tuple(reversed(ref.shape.tolist())),
+            int(ref.tensor_type),
+            ref.data_offset,
+            int(ref.n_bytes),
+        )
     for key, field in reference.fields.items():
         if not key.startswith("GGUF."):
             assert ours.metadata[key] == field.contents(), key
@@ -206,5 +238,5 @@ def test_real_model_load_matches_gguf_for_every_type(real_model: tuple[GGUFFile,
         by_type.setdefault(int(ref.tensor_type), []).append(ref)
     assert set(by_type) <= {Q.F32, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K}
     for refs in by_type.values():
-        for ref in refs[:SAMPLES_PER_TYPE] + refs[len(refs) // 2:len(refs) // 2 + 1]:
+        for ref in refs[:SAMPLES_PER_TYPE] + refs[len(refs) // 2 : len(refs) // 2 + 1]:
             assert_bitwise_equal(ours.load(ref.name), gguf.quants.dequantize(ref.data, ref.tensor_type))

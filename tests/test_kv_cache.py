@@ -17,8 +17,10 @@ BS = 4
 
 
 def two_kinds(window: int, full_blocks: int = 64, window_blocks: int = 64) -> KVCache:
-    return KVCache({"kv": BlockPool(full_blocks, BS), "kv_window": BlockPool(window_blocks, BS, kind="kv_window")},
-                   {"kv_window": window})
+    return KVCache(
+        {"kv": BlockPool(full_blocks, BS), "kv_window": BlockPool(window_blocks, BS, kind="kv_window")},
+        {"kv_window": window},
+    )
 
 
 def held(kv: KVCache, state, kind: str) -> int:

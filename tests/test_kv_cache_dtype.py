@@ -8,15 +8,15 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from fixture_data import tiny_fixture
+from test_engine import GREEDY, ByteTokenizer, _alone, _tokens
+from test_h200_target import _log_softmax
 
 from ember.compiler.ops.attention import to_pool_dtype
 from ember.runtime.engine import Engine, EngineConfig, kv_bytes_per_block, sized_config
 from ember.runtime.model import load_model
 from ember.runtime.sampling_params import SamplingParams
 from ember.runtime.sequence_runner import SequenceRunner
-from fixture_data import tiny_fixture
-from test_engine import GREEDY, ByteTokenizer, _alone, _tokens
-from test_h200_target import _log_softmax
 
 FP8 = np.dtype(jnp.float8_e4m3fn)
 
@@ -28,7 +28,7 @@ def qwen3():
 
 
 def test_the_write_rounds_to_nearest_and_saturates():
-    x = jnp.asarray([0.1, -3.3, 447.0, 460.0, 1e4, -1e9, 2.0 ** -9], jnp.float32)
+    x = jnp.asarray([0.1, -3.3, 447.0, 460.0, 1e4, -1e9, 2.0**-9], jnp.float32)
     got = np.asarray(to_pool_dtype(x, jnp.float8_e4m3fn))
     assert got.dtype == FP8
     want = np.asarray(x).astype(ml_dtypes.float8_e4m3fn)[:3]  # in range: round to nearest even
@@ -50,8 +50,11 @@ def test_fp8_pools_take_a_quarter_of_float32_bytes(qwen3):
 def test_engine_on_fp8_pools_matches_each_request_alone(qwen3):
     rng = np.random.default_rng(3)
     cases = [(rng.integers(3, 250, size=n).tolist(), m) for n, m in ((5, 9), (40, 6), (77, 12))]
-    engine = Engine(qwen3, ByteTokenizer(), EngineConfig(num_blocks=64, max_model_len=256, max_num_seqs=4,
-                                                         max_batched_tokens=48, kv_cache_dtype="fp8"))
+    engine = Engine(
+        qwen3,
+        ByteTokenizer(),
+        EngineConfig(num_blocks=64, max_model_len=256, max_num_seqs=4, max_batched_tokens=48, kv_cache_dtype="fp8"),
+    )
     try:
         assert all(k.dtype == FP8 and v.dtype == FP8 for k, v in engine.executor.kv)
         streams = [engine.submit(p, SamplingParams(max_tokens=m, **GREEDY)) for p, m in cases]
@@ -83,14 +86,17 @@ def test_attention_over_an_fp8_pool_is_attention_over_its_rounded_values(op):
     # the same step on an FP8 pool and on a float32 pool written with the FP8-rounded K / V: the outputs equal
     # (a read widens exactly) and the pools hold the same values
     import jax
+    from test_attention_decode import _step_batch
 
     from ember.compiler.ops.attention import paged_attention
     from ember.compiler.ops.attention_blockwise import paged_attention_blockwise
     from ember.compiler.ops.attention_gpu import paged_attention_emulated
-    from test_attention_decode import _step_batch
 
-    fn = {"reference": paged_attention, "h200_emulated": paged_attention_emulated,
-          "blockwise": paged_attention_blockwise}[op]
+    fn = {
+        "reference": paged_attention,
+        "h200_emulated": paged_attention_emulated,
+        "blockwise": paged_attention_blockwise,
+    }[op]
     hq, hkv, dh, block_size, width = 8, 2, 32, 16, 8
     rng = np.random.default_rng(5)
     batch, n, num_blocks = _step_batch(rng, [70, 1, 33], (21, 9), block_size, width, kinds=1, state=0, window=0)
@@ -101,9 +107,16 @@ def test_attention_over_an_fp8_pool_is_attention_over_its_rounded_values(op):
     wide_pools = [p.astype(jnp.float32) for p in fp8_pools]
     step = jax.jit(fn, static_argnames="scale")
     got, got_k, got_v = step(q, k, v, jnp.int32(0), jnp.int32(0), *fp8_pools, batch, scale=0.2)
-    want, want_k, want_v = step(q, to_pool_dtype(k, jnp.float8_e4m3fn).astype(jnp.float32),
-                                to_pool_dtype(v, jnp.float8_e4m3fn).astype(jnp.float32), jnp.int32(0), jnp.int32(0),
-                                *wide_pools, batch, scale=0.2)
+    want, want_k, want_v = step(
+        q,
+        to_pool_dtype(k, jnp.float8_e4m3fn).astype(jnp.float32),
+        to_pool_dtype(v, jnp.float8_e4m3fn).astype(jnp.float32),
+        jnp.int32(0),
+        jnp.int32(0),
+        *wide_pools,
+        batch,
+        scale=0.2,
+    )
     assert got_k.dtype == FP8
     if op == "h200_emulated":  # an FP8 pool's decode tiles hold twice the tokens: fp32 sums in another order
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
@@ -120,11 +133,14 @@ def test_serve_flag_and_environment_choose_the_kv_dtype():
     add_serve_arguments(parser)
     h200 = ["--target", "h200"]
     assert config_from_args(parser.parse_args(["--kv-cache-dtype", "fp8", *h200]), environ={}).kv_cache_dtype == "fp8"
-    assert config_from_args(parser.parse_args(h200), environ={"EMBER_KV_CACHE_DTYPE": "fp8_e4m3"}).kv_cache_dtype \
+    assert (
+        config_from_args(parser.parse_args(h200), environ={"EMBER_KV_CACHE_DTYPE": "fp8_e4m3"}).kv_cache_dtype
         == "fp8_e4m3"
+    )
     assert config_from_args(parser.parse_args([]), environ={}).kv_cache_dtype == "auto"
-    assert config_from_args(parser.parse_args(["--kv-cache-dtype", "bfloat16"]), environ={}).kv_cache_dtype \
-        == "bfloat16"
+    assert (
+        config_from_args(parser.parse_args(["--kv-cache-dtype", "bfloat16"]), environ={}).kv_cache_dtype == "bfloat16"
+    )
     with pytest.raises(SystemExit):
         parser.parse_args(["--kv-cache-dtype", "int4"])
     # FP8 pools only where the kernels write them (XLA's scatter converts a whole FP8 pool per write)

@@ -69,17 +69,20 @@ _linear = jax.jit(linear_quant.linear)
 _linear_split = jax.jit(linear_quant.linear_split, static_argnames="sizes")
 
 
-@pytest.mark.parametrize("formats", [("q4_k", "q4_k", "q6_k"), ("q4_k", "float", "q6_k"), ("q8_0", "q4_k")],
-                         ids="+".join)
+@pytest.mark.parametrize(
+    "formats", [("q4_k", "q4_k", "q6_k"), ("q4_k", "float", "q6_k"), ("q8_0", "q4_k")], ids="+".join
+)
 @pytest.mark.parametrize("rows", [1, 33])
 @settings(max_examples=3, deadline=None)
 @given(seed=st.integers(0, 2**31))
 def test_weight_group_runs_one_matmul_per_part(formats, rows, seed):
     """Parts of different formats (and float parts: a format the target does not keep)."""
     rng = np.random.default_rng(seed)
-    sizes = (16, 8, 8)[:len(formats)]
-    parts = tuple(rng.standard_normal((n, INNER)).astype(np.float32) if fmt == "float" else _weight(rng, fmt, n)[1]
-                  for fmt, n in zip(formats, sizes))
+    sizes = (16, 8, 8)[: len(formats)]
+    parts = tuple(
+        rng.standard_normal((n, INNER)).astype(np.float32) if fmt == "float" else _weight(rng, fmt, n)[1]
+        for fmt, n in zip(formats, sizes)
+    )
     group = WeightGroup(parts)
     assert group.shape == (sum(sizes), INNER)
     x = jnp.asarray(rng.standard_normal((rows, INNER)), jnp.float32)
@@ -119,7 +122,9 @@ def test_plain_arrays_take_the_reference_ops_bit_for_bit():
     w = jnp.asarray(rng.standard_normal((12, 64)), jnp.float32)
     b = jnp.asarray(rng.standard_normal(12), jnp.float32)
     np.testing.assert_array_equal(linear_quant.linear(x, w, b), linear_ref.linear(x, w, b))
-    for got, want in zip(linear_quant.linear_split(x, w, b, sizes=(4, 8)), linear_ref.linear_split(x, w, b, sizes=(4, 8))):
+    for got, want in zip(
+        linear_quant.linear_split(x, w, b, sizes=(4, 8)), linear_ref.linear_split(x, w, b, sizes=(4, 8))
+    ):
         np.testing.assert_array_equal(got, want)
     ids = jnp.asarray([3, 0, 11], jnp.int32)
     np.testing.assert_array_equal(linear_quant.embedding(ids, w), embedding_ref.embedding(ids, w))
@@ -180,8 +185,9 @@ def test_gemv_row_bound_per_format(monkeypatch):
     assert linear_quant.gemv_max_rows("q4_k") == 16
     # the bound decides the path: 40 rows of a Q4_K weight reach quant_matmul (the GEMV) only under 64
     calls = []
-    monkeypatch.setattr(linear_quant, "quant_matmul",
-                        lambda x, w, backend, activations: calls.append(x.shape[0]) or x[:, :16] * 0)
+    monkeypatch.setattr(
+        linear_quant, "quant_matmul", lambda x, w, backend, activations: calls.append(x.shape[0]) or x[:, :16] * 0
+    )
     _, w = _weight(np.random.default_rng(6), "q4_k", 16)
     linear_quant.linear(jnp.zeros((40, INNER), jnp.float32), w)
     monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)

@@ -3,14 +3,14 @@ per call, requests that stop inside a call end there, and every KV block comes b
 
 import numpy as np
 import pytest
+from fixture_data import tiny_fixture
+from test_engine import ByteTokenizer, _tokens
 
 from ember.runtime.engine import Engine, EngineConfig
 from ember.runtime.lookahead import lookahead_steps, row_can_run_ahead
 from ember.runtime.model import load_model
 from ember.runtime.sampling_params import RowState, SamplingParams
 from ember.runtime.step_plan import DecodeRow, PrefillChunk, StepPlan
-from fixture_data import tiny_fixture
-from test_engine import ByteTokenizer, _tokens
 
 STEPS = 4
 
@@ -22,8 +22,9 @@ def qwen3():
 
 
 def _run(model, decode_steps, cases):
-    config = EngineConfig(num_blocks=64, max_model_len=256, max_num_seqs=4, max_batched_tokens=48,
-                          decode_steps=decode_steps)
+    config = EngineConfig(
+        num_blocks=64, max_model_len=256, max_num_seqs=4, max_batched_tokens=48, decode_steps=decode_steps
+    )
     engine = Engine(model, ByteTokenizer(), config, stop_token_ids=frozenset({7}))
     try:
         streams = [engine.submit(prompt, params) for prompt, params in cases]
@@ -63,8 +64,10 @@ def test_runs_ahead_give_the_tokens_and_logprobs_of_single_steps(qwen3):
 def test_requests_ending_one_step_apart_still_run_ahead(qwen3):
     # a batch filled over time ends one request per step: every call has a row with < STEPS tokens left
     rng = np.random.default_rng(5)
-    cases = [(rng.integers(8, 250, size=10).tolist(), SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=m))
-             for m in (13, 14, 15, 16)]
+    cases = [
+        (rng.integers(8, 250, size=10).tolist(), SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=m))
+        for m in (13, 14, 15, 16)
+    ]
     single, _, _ = _run(qwen3, 1, cases)
     ahead, counters, snapshot = _run(qwen3, STEPS, cases)
     assert [t for t, _ in ahead] == [t for t, _ in single]
@@ -86,9 +89,9 @@ def test_a_request_stopping_inside_a_call_ends_there(qwen3):
     alone, _, _ = _run(qwen3, 1, [(prompt, params)])
     stop_at = alone[0][0][0][5]  # the 6th greedy token: stop on it
     stopping = SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[stop_at], ignore_eos=True)
-    (tokens, outs), = _run(qwen3, STEPS, [(prompt, stopping)])[0]
+    ((tokens, outs),) = _run(qwen3, STEPS, [(prompt, stopping)])[0]
     first = alone[0][0][0].index(stop_at)
-    assert tokens[0] == alone[0][0][0][:first + 1]
+    assert tokens[0] == alone[0][0][0][: first + 1]
     assert outs[0][-1].finish_reason == "stop"
 
 
@@ -104,8 +107,13 @@ def test_what_may_run_ahead():
     assert lookahead_steps(decode, [plain], steps=1, waiting=0) == 1
     chunk = StepPlan((), (PrefillChunk("b", 0, (1, 2), ((33,), (34,)), True),), {"b": ((2,),)})
     assert lookahead_steps(chunk, [plain], steps=8, waiting=0) == 1
-    for blocked in (dict(repetition_penalty=1.1), dict(presence_penalty=0.5), dict(frequency_penalty=0.2),
-                    dict(min_tokens=5), dict(forced_token_ids=[4, 5, 6])):
+    for blocked in (
+        dict(repetition_penalty=1.1),
+        dict(presence_penalty=0.5),
+        dict(frequency_penalty=0.2),
+        dict(min_tokens=5),
+        dict(forced_token_ids=[4, 5, 6]),
+    ):
         assert not row_can_run_ahead(_row(**blocked)), blocked
     assert row_can_run_ahead(_row(temperature=0.7, top_p=0.9, logit_bias={5: 2.0}, min_tokens=1))
 
@@ -115,8 +123,10 @@ def test_chained_calls_give_the_tokens_of_single_steps_and_free_every_block(qwen
     rng = np.random.default_rng(11)
     cases = [
         (rng.integers(8, 250, size=7).tolist(), SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=41)),
-        (rng.integers(8, 250, size=19).tolist(),
-         SamplingParams(temperature=0.8, top_k=30, seed=3, ignore_eos=True, max_tokens=38, logprobs=1)),
+        (
+            rng.integers(8, 250, size=19).tolist(),
+            SamplingParams(temperature=0.8, top_k=30, seed=3, ignore_eos=True, max_tokens=38, logprobs=1),
+        ),
         (rng.integers(8, 250, size=3).tolist(), SamplingParams(temperature=0.0, max_tokens=45)),  # may hit eos 7
     ]
     single, _, _ = _run(qwen3, 1, cases)
@@ -124,8 +134,9 @@ def test_chained_calls_give_the_tokens_of_single_steps_and_free_every_block(qwen
     assert counters.chained_calls >= 3
     for (tokens_1, outs_1), (tokens_n, outs_n) in zip(single, ahead, strict=True):
         assert tokens_n == tokens_1
-        np.testing.assert_allclose([lp for _, lp in _logprobs(outs_n)], [lp for _, lp in _logprobs(outs_1)],
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            [lp for _, lp in _logprobs(outs_n)], [lp for _, lp in _logprobs(outs_1)], rtol=1e-5, atol=1e-5
+        )
     assert snapshot["free_kv_blocks"] == snapshot["total_kv_blocks"]
 
 
@@ -138,7 +149,7 @@ def test_a_stop_inside_a_chained_call_ends_the_request_there(qwen3):
     first = greedy.index(stop_at)
     stopping = SamplingParams(temperature=0.0, max_tokens=60, stop_token_ids=[stop_at], ignore_eos=True)
     ((tokens, outs),), counters, snapshot = _run(qwen3, STEPS, [(prompt, stopping)])
-    assert tokens[0] == greedy[:first + 1] and outs[0][-1].finish_reason == "stop"
+    assert tokens[0] == greedy[: first + 1] and outs[0][-1].finish_reason == "stop"
     assert snapshot["free_kv_blocks"] == snapshot["total_kv_blocks"]
 
 
@@ -151,9 +162,11 @@ def test_a_failed_call_with_a_chained_call_behind_it_ends_its_requests(qwen3, mo
         collect = launch(plan, rows, steps, **kwargs)
         calls.append(steps)
         if steps > 1 and calls.count(steps) == 3:
+
             def broken():
                 collect()
                 raise RuntimeError("device lost")
+
             return broken
         return collect
 
@@ -179,8 +192,7 @@ def test_aborts_and_arrivals_while_calls_are_chained_lose_nothing(qwen3):
     import threading
     import time
 
-    config = EngineConfig(num_blocks=96, max_model_len=256, max_num_seqs=6, max_batched_tokens=48,
-                          decode_steps=STEPS)
+    config = EngineConfig(num_blocks=96, max_model_len=256, max_num_seqs=6, max_batched_tokens=48, decode_steps=STEPS)
     engine = Engine(qwen3, ByteTokenizer(), config, stop_token_ids=frozenset({7}))
     rng = random.Random(17)
     ids = [f"r{i}" for i in range(24)] + ["long0", "long1"]  # the last two are never aborted: calls chain
@@ -195,16 +207,21 @@ def test_aborts_and_arrivals_while_calls_are_chained_lose_nothing(qwen3):
     try:
         for rid in ids:
             long = rid.startswith("long")
-            params = SamplingParams(temperature=rng.choice([0.0, 0.9]), seed=rng.randrange(100),
-                                    ignore_eos=long or rng.random() < .5, max_tokens=50 if long else rng.randrange(5, 60))
-            streams[rid] = engine.submit([rng.randrange(8, 250) for _ in range(rng.randrange(3, 40))], params,
-                                         request_id=rid)
+            params = SamplingParams(
+                temperature=rng.choice([0.0, 0.9]),
+                seed=rng.randrange(100),
+                ignore_eos=long or rng.random() < 0.5,
+                max_tokens=50 if long else rng.randrange(5, 60),
+            )
+            streams[rid] = engine.submit(
+                [rng.randrange(8, 250) for _ in range(rng.randrange(3, 40))], params, request_id=rid
+            )
             thread = threading.Thread(target=read, args=(rid, streams[rid]))
             thread.start()
             threads.append(thread)
             time.sleep(rng.random() * 0.02)
             if rng.random() < 0.3 and not long:
-                engine.abort(rng.choice(ids[:len(streams)]))
+                engine.abort(rng.choice(ids[: len(streams)]))
         for thread in threads:
             thread.join(timeout=120)
         assert sorted(finals) == sorted(ids)
@@ -224,15 +241,15 @@ def test_the_first_decode_call_is_chained_behind_the_prefill(qwen3):
     # one request (batch 1): its first run-ahead call is dispatched behind the prefill step, before the
     # prefill's token is read; same tokens and logprobs as one step per call, every block back
     prompt = np.random.default_rng(4).integers(8, 250, size=21).tolist()
-    cases = [(prompt, SamplingParams(temperature=0.7, seed=2, ignore_eos=True, max_tokens=1 + 3 * STEPS,
-                                     logprobs=1))]
+    cases = [(prompt, SamplingParams(temperature=0.7, seed=2, ignore_eos=True, max_tokens=1 + 3 * STEPS, logprobs=1))]
     single, _, _ = _run(qwen3, 1, cases)
     ahead, counters, snapshot = _run(qwen3, STEPS, cases)
     assert ahead[0][0] == single[0][0]
-    np.testing.assert_allclose([lp for _, lp in _logprobs(ahead[0][1])], [lp for _, lp in _logprobs(single[0][1])],
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        [lp for _, lp in _logprobs(ahead[0][1])], [lp for _, lp in _logprobs(single[0][1])], rtol=1e-5, atol=1e-5
+    )
     assert counters.device_calls == 1 + 3 and counters.chained_calls == 3  # every decode call chained
     assert snapshot["free_kv_blocks"] == snapshot["total_kv_blocks"]
     # max_tokens 1: nothing to chain behind the prefill; the request still ends after its one token
-    (tokens, _), = _run(qwen3, STEPS, [(prompt, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1))])[0]
+    ((tokens, _),) = _run(qwen3, STEPS, [(prompt, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1))])[0]
     assert len(tokens) == 1

@@ -26,12 +26,14 @@ def test_kernels_match_the_references(rows, n, dtype):
     x = (jax.random.normal(keys[0], (rows, n)) * 3).astype(dtype)
     y = jax.random.normal(keys[1], (rows, n)).astype(dtype)
     w = jax.random.uniform(keys[2], (n,), minval=0.5, maxval=1.5).astype(dtype)
-    tol = 1e-5 if dtype == jnp.float32 else 2 ** -7
+    tol = 1e-5 if dtype == jnp.float32 else 2**-7
     s, out = jax.jit(lambda x, y, w: add_rms_norm_triton(x, y, w, eps=1e-5))(x, y, w)
     want_s, want = norm.add_rms_norm(x, y, w, eps=1e-5)
     np.testing.assert_array_equal(np.asarray(s, np.float32), np.asarray(want_s, np.float32))
-    for got, ref in ((out, want), (jax.jit(lambda x, w: rms_norm_triton(x, w, eps=1e-5))(x, w),
-                                    norm.rms_norm(x, w, eps=1e-5))):
+    for got, ref in (
+        (out, want),
+        (jax.jit(lambda x, w: rms_norm_triton(x, w, eps=1e-5))(x, w), norm.rms_norm(x, w, eps=1e-5)),
+    ):
         got, ref = np.asarray(got, np.float32), np.asarray(ref, np.float32)
         assert np.max(np.abs(got - ref) / (np.abs(ref) + 1e-3)) <= tol
 
@@ -53,9 +55,12 @@ def test_norms_writing_int8_activations_match_the_plain_kernels(rows, n, order, 
     y = jax.random.normal(keys[1], (rows, n)).astype(jnp.bfloat16) if add else None
     w = jax.random.uniform(keys[2], (n,), minval=0.5, maxval=1.5).astype(jnp.bfloat16)
     got = jax.jit(lambda x, y, w: norm_quantize_triton(x, y, w, eps=1e-6, order=order))(x, y, w)
-    plain = (jax.jit(lambda x, y, w: add_rms_norm_triton(x, y, w, eps=1e-6))(x, y, w) if add
-             else (jax.jit(lambda x, w: rms_norm_triton(x, w, eps=1e-6))(x, w),))
-    for a, b in zip(got[:len(plain)], plain):
+    plain = (
+        jax.jit(lambda x, y, w: add_rms_norm_triton(x, y, w, eps=1e-6))(x, y, w)
+        if add
+        else (jax.jit(lambda x, w: rms_norm_triton(x, w, eps=1e-6))(x, w),)
+    )
+    for a, b in zip(got[: len(plain)], plain):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
     qa, da = got[-2:]
     qa_kernel, da_kernel = jax.jit(lambda h: quantize_activations_gpu(h, order))(plain[-1])
@@ -65,7 +70,7 @@ def test_norms_writing_int8_activations_match_the_plain_kernels(rows, n, order, 
     # the first int8 term (act_quant.py: a second one, EMBER_ACT_TERMS=2, rounds the first one's residual, which
     # XLA may fuse into an FMA here; the Triton quantizer it equals above is checked against the reference in
     # the interpreter, tools/check_dp4a_kernels.py)
-    qa, qa_ref = np.asarray(qa)[:, :n // 4], np.asarray(qa_ref)[:, :n // 4]
+    qa, qa_ref = np.asarray(qa)[:, : n // 4], np.asarray(qa_ref)[:, : n // 4]
     codes = lambda words: np.asarray(words).view(np.int8).astype(np.int32)  # noqa: E731
     off = np.abs(codes(qa) - codes(qa_ref))  # [rows, n] in packed order: a block's 32 codes stay in its 8 words
     assert off.max() <= 1
@@ -91,9 +96,11 @@ def test_norm_summing_split_k_partials_equals_the_norm_of_their_sum(rows, rows_p
     summed = parts[0, :rows]
     for k in range(1, splits):
         summed = summed + parts[k, :rows]
-    got = jax.jit(lambda x, p, w: norm_quantize_triton(x, SplitKPartials(p, rows, x.dtype), w, eps=1e-6,
-                                                       order=order))(x, parts, w)
+    got = jax.jit(lambda x, p, w: norm_quantize_triton(x, SplitKPartials(p, rows, x.dtype), w, eps=1e-6, order=order))(
+        x, parts, w
+    )
     want = jax.jit(lambda x, y, w: norm_quantize_triton(x, y, w, eps=1e-6, order=order))(
-        x, summed.astype(jnp.bfloat16), w)
+        x, summed.astype(jnp.bfloat16), w
+    )
     for a, b in zip(got, want):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))

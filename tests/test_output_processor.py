@@ -14,7 +14,7 @@ from itertools import accumulate
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ember.runtime.loader.tokenizer import Tokenizer
@@ -104,12 +104,17 @@ def test_stop_string_spanning_tokens_and_starting_inside_one():
     assert (deltas[-1].finish_reason, deltas[-1].stop_reason, deltas[-1].token_ids) == ("stop", "lo wor", (260, 265))
 
 
-@pytest.mark.parametrize(("stops", "text", "reason"), [
-    (["hello there", "llo"], "he", "llo"), (["llo", "hello there"], "he", "llo"),  # completed first wins
-    (["o w", "lo w"], "hel", "lo w"), (["lo w", "o w"], "hel", "lo w"),  # completed together: starting first
-    (["ll", "xyz"], "he", "ll"),  # and the text after it inside the same token is dropped
-    (["o world", "wo"], "hello ", "wo"),  # both in one token: "wo" ends first though "o world" starts first
-])
+@pytest.mark.parametrize(
+    ("stops", "text", "reason"),
+    [
+        (["hello there", "llo"], "he", "llo"),
+        (["llo", "hello there"], "he", "llo"),  # completed first wins
+        (["o w", "lo w"], "hel", "lo w"),
+        (["lo w", "o w"], "hel", "lo w"),  # completed together: starting first
+        (["ll", "xyz"], "he", "ll"),  # and the text after it inside the same token is dropped
+        (["o world", "wo"], "hello ", "wo"),  # both in one token: "wo" ends first though "o world" starts first
+    ],
+)
 def test_the_stop_string_completed_first_wins(stops, text, reason):
     deltas = drive(processor(qwen(), stop=stops), ids_of(qwen(), "hello world"))
     assert (joined(deltas), deltas[-1].finish_reason, deltas[-1].stop_reason) == (text, "stop", reason)
@@ -210,14 +215,22 @@ def test_logprobs_travel_with_their_token_ids():
     ids = ids_of(tok, "a\nb")  # "a", "\n" held for stop "\nx", "b"
     deltas = drive(processor(tok, stop=["\nx"]), ids, logprobs=["lp-a", "lp-nl", "lp-b"])
     assert [(d.token_ids, d.logprobs) for d in deltas] == [
-        ((ids[0],), ("lp-a",)), ((), None), ((ids[1], ids[2]), ("lp-nl", "lp-b")), ((), None)]
+        ((ids[0],), ("lp-a",)),
+        ((), None),
+        ((ids[1], ids[2]), ("lp-nl", "lp-b")),
+        ((), None),
+    ]
     assert drive(processor(tok), ids)[0].logprobs is None
 
 
-@pytest.mark.parametrize(("options", "problem"), [
-    ({"stop": [""]}, "non-empty"), ({"max_tokens": 0}, "max_tokens"),
-    ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
-])
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"stop": [""]}, "non-empty"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+    ],
+)
 def test_bad_settings_are_rejected(options, problem):
     with pytest.raises(ValueError, match=problem):
         processor(qwen(), **options)
@@ -237,15 +250,26 @@ def test_characters_split_over_byte_tokens_never_stream_a_replacement_char(name)
 # ---- the contract, as a property against decode() of the whole sequence ------------------------
 
 
-def reference(tok: Tokenizer, ids, *, stop, stop_token_ids, eos_token_ids, ignore_eos, min_tokens, max_tokens,
-              include_stop_str_in_output, skip_special_tokens):
+def reference(
+    tok: Tokenizer,
+    ids,
+    *,
+    stop,
+    stop_token_ids,
+    eos_token_ids,
+    ignore_eos,
+    min_tokens,
+    max_tokens,
+    include_stop_str_in_output,
+    skip_special_tokens,
+):
     """(text, output ids, finish_reason, stop_reason, start of the stop string or None) computed from
     decode() of prefixes: what the processor must stream."""
     ids = list(ids[:max_tokens])
     stop_ids = set(stop_token_ids) | (set() if ignore_eos else set(eos_token_ids))
     stop_at = next((k for k, t in enumerate(ids) if t in stop_ids and k >= min_tokens), None)
     body = ids[:stop_at] if stop_at is not None else ids
-    consumed = ids[:stop_at + 1] if stop_at is not None else ids
+    consumed = ids[: stop_at + 1] if stop_at is not None else ids
     text = tok.decode(body, skip_special_tokens)
 
     def seen(k: int) -> int:  # text the stream has after k ids (it holds back a trailing incomplete character)
@@ -262,7 +286,7 @@ def reference(tok: Tokenizer, ids, *, stop, stop_token_ids, eos_token_ids, ignor
         end, start, s = min(matches)
         k = next((k for k in range(1, len(body) + 1) if seen(k) >= end), None)
         out_ids = body[:k] if k is not None else consumed  # None: only the final flush completed it
-        return text[:end if include_stop_str_in_output else start], out_ids, "stop", s, start
+        return text[: end if include_stop_str_in_output else start], out_ids, "stop", s, start
     if stop_at is not None:
         return text, consumed, "stop", ids[stop_at] if ids[stop_at] in stop_token_ids else None, None
     return text, consumed, "length", None, None
@@ -271,15 +295,23 @@ def reference(tok: Tokenizer, ids, *, stop, stop_token_ids, eos_token_ids, ignor
 def check_against_reference(tok: Tokenizer, ids, data) -> None:
     decoded = tok.decode(ids, skip_special_tokens=True)
     substring = st.integers(0, max(len(decoded) - 1, 0)).flatmap(
-        lambda i: st.integers(1, 6).map(lambda n: decoded[i:i + n]))
-    stop = data.draw(st.lists(st.one_of(substring, st.text("lo \n!wé€", min_size=1, max_size=4)), max_size=3)
-                     .map(lambda stops: [s for s in stops if s]), label="stop")
+        lambda i: st.integers(1, 6).map(lambda n: decoded[i : i + n])
+    )
+    stop = data.draw(
+        st.lists(st.one_of(substring, st.text("lo \n!wé€", min_size=1, max_size=4)), max_size=3).map(
+            lambda stops: [s for s in stops if s]
+        ),
+        label="stop",
+    )
     options = dict(
-        stop=stop, stop_token_ids=data.draw(st.lists(st.sampled_from(ids), max_size=1), label="stop ids"),
-        eos_token_ids=tok.eos_token_ids, ignore_eos=data.draw(st.booleans(), label="ignore_eos"),
+        stop=stop,
+        stop_token_ids=data.draw(st.lists(st.sampled_from(ids), max_size=1), label="stop ids"),
+        eos_token_ids=tok.eos_token_ids,
+        ignore_eos=data.draw(st.booleans(), label="ignore_eos"),
         max_tokens=data.draw(st.integers(1, len(ids) + 2), label="max_tokens"),
         include_stop_str_in_output=data.draw(st.booleans(), label="include"),
-        skip_special_tokens=data.draw(st.booleans(), label="skip"))
+        skip_special_tokens=data.draw(st.booleans(), label="skip"),
+    )
     options["min_tokens"] = data.draw(st.integers(0, min(3, options["max_tokens"])), label="min_tokens")
     text, out_ids, finish, stop_reason, stop_start = reference(tok, ids, **options)
 
@@ -292,11 +324,12 @@ def check_against_reference(tok: Tokenizer, ids, data) -> None:
         if proc.done:
             break
         # Liveness: only a proper prefix of a stop string may be held back.
-        seen = tok.decode(ids[:index + 1], options["skip_special_tokens"]).rstrip(REPLACEMENT_CHAR)
+        seen = tok.decode(ids[: index + 1], options["skip_special_tokens"]).rstrip(REPLACEMENT_CHAR)
         assert seen.startswith(emitted)
-        held = seen[len(emitted):]
-        assert not held or (not options["include_stop_str_in_output"]
-                            and any(s.startswith(held) and s != held for s in stop)), (held, stop)
+        held = seen[len(emitted) :]
+        assert not held or (
+            not options["include_stop_str_in_output"] and any(s.startswith(held) and s != held for s in stop)
+        ), (held, stop)
     if not proc.done:
         deltas.append(proc.finish("length"))
     assert joined(deltas) == text == proc.text
@@ -317,8 +350,11 @@ def test_skipped_special_token_keeps_the_space_of_the_next_word_in_llama_style_s
 @cache
 def byte_and_special_tokens(tok: Tokenizer) -> tuple[dict[int, int], frozenset[int]]:
     """SentencePiece `<0xXX>` byte tokens (id -> byte) and the special tokens (skipped by decode)."""
-    byte_tokens = {i: int(match.group(1), 16) for i in range(min(tok.vocab_size, 600))
-                   if (match := BYTE_TOKEN.fullmatch(tok.id_to_token(i) or ""))}
+    byte_tokens = {
+        i: int(match.group(1), 16)
+        for i in range(min(tok.vocab_size, 600))
+        if (match := BYTE_TOKEN.fullmatch(tok.id_to_token(i) or ""))
+    }
     special = frozenset(i for i, t in tok.backend.get_added_tokens_decoder().items() if t.special)
     return byte_tokens, special
 
@@ -348,15 +384,22 @@ def token_sequences(tok: Tokenizer, max_size: int):
     pieces = single
     if byte_tokens:
         pieces = st.one_of(single, st.sampled_from([ids_of(tok, c) for c in MULTIBYTE_TEXTS]))
-    return (st.lists(pieces, min_size=1, max_size=max_size).map(lambda p: sum(p, []))
-            .filter(lambda ids: byte_runs_hold_one_character(tok, ids)))
+    return (
+        st.lists(pieces, min_size=1, max_size=max_size)
+        .map(lambda p: sum(p, []))
+        .filter(lambda ids: byte_runs_hold_one_character(tok, ids))
+    )
 
 
 def draw_ids(tok: Tokenizer, data, alphabet: str, max_tokens: int) -> list[int]:
     """Random ids from the vocabulary, or the ids of random text."""
     if data.draw(st.booleans(), label="natural text"):
-        text = data.draw(st.text(alphabet, min_size=1, max_size=3 * max_tokens)
-                         .filter(lambda t: byte_runs_hold_one_character(tok, ids_of(tok, t))), label="text")
+        text = data.draw(
+            st.text(alphabet, min_size=1, max_size=3 * max_tokens).filter(
+                lambda t: byte_runs_hold_one_character(tok, ids_of(tok, t))
+            ),
+            label="text",
+        )
         return ids_of(tok, text)
     return data.draw(token_sequences(tok, max_tokens), label="ids")
 
@@ -371,8 +414,9 @@ def test_streamed_output_matches_decode_cut_at_the_stop(name, data):
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("model", ["qwen", "gemma"])
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_real_vocabularies_stream_like_decode(model, request, data):
     tok = real(request.getfixturevalue(f"{model}_gguf"))
@@ -389,5 +433,5 @@ def test_real_vocabularies_emoji_and_cjk_never_stream_a_replacement_char(model, 
     assert joined(deltas) == text and deltas[-1].finish_reason == "length"
     assert not any(REPLACEMENT_CHAR in d.text for d in deltas)
     deltas = drive(processor(tok, stop=["💻", "\n\n"], eos_token_ids=tok.eos_token_ids), ids)
-    assert joined(deltas) == text[:text.index("💻")] and deltas[-1].stop_reason == "💻"
+    assert joined(deltas) == text[: text.index("💻")] and deltas[-1].stop_reason == "💻"
     assert not any(REPLACEMENT_CHAR in d.text for d in deltas)

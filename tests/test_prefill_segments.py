@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fixture_data import tiny_fixture
 
 from ember.compiler.batch import StepBatch
 from ember.compiler.ops.attention import paged_attention
@@ -21,7 +22,6 @@ from ember.runtime.model import load_model
 from ember.runtime.sampling_params import SamplingParams
 from ember.runtime.step_inputs import PrefillShapes, StepShape, all_step_shapes, build_step_batch, step_shape
 from ember.runtime.step_plan import DecodeRow, PrefillChunk, StepPlan
-from fixture_data import tiny_fixture
 
 BS = 4  # tokens per KV block
 
@@ -43,10 +43,15 @@ def test_prefill_shapes_bound_a_step_by_the_largest_bucket():
 
 def test_step_batch_lays_each_chunk_out_in_its_own_segment():
     tables = {"d": ((1, 2),), "a": ((3, 4),), "b": ((5,),), "c": ((6, 7, 8),)}
-    plan = StepPlan(decodes=(DecodeRow("d", 9, 5, (2 * BS + 1,)),),
-                    prefills=(_chunk("a", 0, 6, tables["a"][0]), _chunk("b", 0, 3, tables["b"][0]),
-                              _chunk("c", 4, 7, tables["c"][0], completes=False)),
-                    block_tables=tables)
+    plan = StepPlan(
+        decodes=(DecodeRow("d", 9, 5, (2 * BS + 1,)),),
+        prefills=(
+            _chunk("a", 0, 6, tables["a"][0]),
+            _chunk("b", 0, 3, tables["b"][0]),
+            _chunk("c", 4, 7, tables["c"][0], completes=False),
+        ),
+        block_tables=tables,
+    )
     assert plan.logit_rows == (0, 6, 9) and plan.logit_request_ids == ("d", "a", "b")
     shape = step_shape(plan, (1, 2), PrefillShapes((8, 32), (1, 2, 4), 8), table_blocks=4)
     assert shape == StepShape(2, 4 * 8, 4, 1, 4)  # a mixed step: decode rows padded to the largest bucket
@@ -54,7 +59,7 @@ def test_step_batch_lays_each_chunk_out_in_its_own_segment():
     assert batch.pre_block_table.shape == (1, 4, 4) and batch.num_segments == 4
     assert batch.pre_block_table[0, :, :3].tolist() == [[3, 4, 0], [5, 0, 0], [6, 7, 8], [0, 0, 0]]
     assert batch.tokens[:2].tolist() == [9, 0] and batch.positions[:2].tolist() == [5, 0]
-    seg = lambda a, s: a[2 + 8 * s: 2 + 8 * (s + 1)].tolist()  # noqa: E731
+    seg = lambda a, s: a[2 + 8 * s : 2 + 8 * (s + 1)].tolist()  # noqa: E731
     assert seg(batch.positions, 0) == [0, 1, 2, 3, 4, 5, 0, 0] and seg(batch.tokens, 1) == [100, 101, 102] + [0] * 5
     assert seg(batch.positions, 2) == [4, 5, 6, 7, 8, 9, 10, 0] and seg(batch.tokens, 3) == [0] * 8
     assert seg(batch.slots[0], 2) == [7 * BS, 7 * BS + 1, 7 * BS + 2, 7 * BS + 3, 8 * BS, 8 * BS + 1, 8 * BS + 2, 0]
@@ -71,7 +76,7 @@ def _segmented_case(seed: int, dtype, window: int):
     pool = lambda: jnp.asarray(rng.standard_normal((blocks, BS, hkv, dh)), dtype)  # noqa: E731
     k_pool, v_pool = pool(), pool()
     owned = rng.permutation(np.arange(1, blocks))
-    tables = [owned[i * width:(i + 1) * width].astype(np.int32) for i in range(5)]  # 3 decode + 2 chunk seqs
+    tables = [owned[i * width : (i + 1) * width].astype(np.int32) for i in range(5)]  # 3 decode + 2 chunk seqs
     dec_pos = [20, 3, 9]
     chunks = [(3, 13, 5), (4, 0, 8)]  # (sequence, start, tokens)
     positions = dec_pos + [0] * 24
@@ -81,11 +86,15 @@ def _segmented_case(seed: int, dtype, window: int):
             positions[3 + 8 * s + i] = start + i
             slots[3 + 8 * s + i] = int(tables[seq][(start + i) // BS]) * BS + (start + i) % BS
     n = len(positions)
-    batch = StepBatch(tokens=jnp.zeros(n, jnp.int32), positions=jnp.asarray(positions, jnp.int32),
-                      slots=jnp.asarray([slots], jnp.int32), dec_block_tables=jnp.asarray(np.stack(tables[:3])[None]),
-                      dec_ctx_lens=jnp.asarray([p + 1 for p in dec_pos], jnp.int32),
-                      pre_block_table=jnp.asarray(np.stack([tables[3], tables[4], np.zeros(width, np.int32)])[None]),
-                      logit_rows=jnp.zeros(6, jnp.int32))
+    batch = StepBatch(
+        tokens=jnp.zeros(n, jnp.int32),
+        positions=jnp.asarray(positions, jnp.int32),
+        slots=jnp.asarray([slots], jnp.int32),
+        dec_block_tables=jnp.asarray(np.stack(tables[:3])[None]),
+        dec_ctx_lens=jnp.asarray([p + 1 for p in dec_pos], jnp.int32),
+        pre_block_table=jnp.asarray(np.stack([tables[3], tables[4], np.zeros(width, np.int32)])[None]),
+        logit_rows=jnp.zeros(6, jnp.int32),
+    )
     q = jnp.asarray(rng.standard_normal((n, hq, dh)), dtype)
     kv = lambda: jnp.asarray(rng.standard_normal((n, hkv, dh)), dtype)  # noqa: E731
     return (q, kv(), kv(), jnp.int32(window), jnp.int32(0), k_pool, v_pool, batch), chunks
@@ -95,29 +104,41 @@ def _one_segment(args, s: int, chunk_len: int = 8):
     """The same step with only segment s's chunk (and no decode rows): what one chunk per step computes."""
     q, k, v, window, state, k_pool, v_pool, batch = args
     rows = slice(3 + chunk_len * s, 3 + chunk_len * (s + 1))
-    one = StepBatch(tokens=batch.tokens[rows], positions=batch.positions[rows], slots=batch.slots[:, rows],
-                    dec_block_tables=batch.dec_block_tables[:, :0], dec_ctx_lens=batch.dec_ctx_lens[:0],
-                    pre_block_table=batch.pre_block_table[:, s:s + 1], logit_rows=batch.logit_rows[:1])
+    one = StepBatch(
+        tokens=batch.tokens[rows],
+        positions=batch.positions[rows],
+        slots=batch.slots[:, rows],
+        dec_block_tables=batch.dec_block_tables[:, :0],
+        dec_ctx_lens=batch.dec_ctx_lens[:0],
+        pre_block_table=batch.pre_block_table[:, s : s + 1],
+        logit_rows=batch.logit_rows[:1],
+    )
     return q[rows], k[rows], v[rows], window, state, k_pool, v_pool, one
 
 
 @pytest.mark.parametrize("window", [0, 6])
 def test_each_segment_attends_to_its_own_sequence(window):
     args, chunks = _segmented_case(3, jnp.float32, window)
-    ops = {name: jax.jit(functools.partial(fn, scale=0.25)) for name, fn in (
-        ("reference", paged_attention), ("blockwise", paged_attention_blockwise), ("h200", paged_attention_emulated))}
+    ops = {
+        name: jax.jit(functools.partial(fn, scale=0.25))
+        for name, fn in (
+            ("reference", paged_attention),
+            ("blockwise", paged_attention_blockwise),
+            ("h200", paged_attention_emulated),
+        )
+    }
     want, want_k, _ = ops["reference"](*args)
-    valid = np.r_[0:3, 3:3 + chunks[0][2], 11:11 + chunks[1][2]]  # padding rows' outputs are unspecified
+    valid = np.r_[0:3, 3 : 3 + chunks[0][2], 11 : 11 + chunks[1][2]]  # padding rows' outputs are unspecified
     for name, op in ops.items():
         got, got_k, _ = op(*args)
-        np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], rtol=2e-5, atol=2e-5,
-                                   err_msg=name)
+        np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], rtol=2e-5, atol=2e-5, err_msg=name)
         np.testing.assert_array_equal(np.asarray(got_k), np.asarray(want_k))  # every row's K written once
         for s, (_, _, n) in enumerate(chunks):
             alone, _, _ = op(*_one_segment(args, s))
             rows = slice(3 + 8 * s, 3 + 8 * s + n)
-            np.testing.assert_allclose(np.asarray(got[rows]), np.asarray(alone[:n]), rtol=2e-5, atol=2e-5,
-                                       err_msg=f"{name} segment {s}")
+            np.testing.assert_allclose(
+                np.asarray(got[rows]), np.asarray(alone[:n]), rtol=2e-5, atol=2e-5, err_msg=f"{name} segment {s}"
+            )
 
 
 def test_segments_in_bf16_through_the_h200_path():
@@ -125,7 +146,7 @@ def test_segments_in_bf16_through_the_h200_path():
     got = jax.jit(functools.partial(paged_attention_emulated, scale=0.25))(*args)[0].astype(jnp.float32)
     f32 = [a.astype(jnp.float32) if isinstance(a, jax.Array) and a.dtype == jnp.bfloat16 else a for a in args]
     want = jax.jit(functools.partial(paged_attention, scale=0.25))(*f32)[0]
-    valid = np.r_[0:3, 3:3 + chunks[0][2], 11:11 + chunks[1][2]]
+    valid = np.r_[0:3, 3 : 3 + chunks[0][2], 11 : 11 + chunks[1][2]]
     np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], rtol=2e-2, atol=2e-2)
 
 
@@ -136,8 +157,9 @@ def test_the_engine_prefills_a_burst_of_prompts_together_with_unchanged_outputs(
     model = load_model(path)
     layouts = PrefillShapes((32, 128), (1, 2, 4), segment_max_tokens=32)
     monkeypatch.setattr(engine_module, "prefill_shapes", lambda entry, config: layouts)
-    engine = Engine(model, ByteTokenizer(), EngineConfig(num_blocks=96, max_model_len=128, max_num_seqs=8,
-                                                         max_batched_tokens=128))
+    engine = Engine(
+        model, ByteTokenizer(), EngineConfig(num_blocks=96, max_model_len=128, max_num_seqs=8, max_batched_tokens=128)
+    )
     chunk_counts = []
     launch = engine.executor.launch
 

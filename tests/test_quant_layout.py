@@ -14,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ember.compiler.ops.quant import (
-    FORMATS, QuantMatmulConfig, dequantize, launch_plan, pack, pick_config, quant_matmul, quant_matmul_ref,
+    FORMATS,
+    QuantMatmulConfig,
+    dequantize,
+    launch_plan,
+    pack,
+    pick_config,
+    quant_matmul,
+    quant_matmul_ref,
     random_gguf_bytes,
 )
 

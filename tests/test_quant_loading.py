@@ -31,18 +31,35 @@ KEPT = ("q4_k", "q6_k", "q8_0")
 _QUANT = "ember.compiler.ops.linear_quant"
 # the cpu target (fp32 reference ops) with the quantized-weight kernels and every GGUF format kept
 CPU_QUANT = dataclasses.replace(
-    get_target("cpu"), name="cpu_quant", quantized_formats=KEPT,
-    kernels={**get_target("cpu").kernels, "linear": f"{_QUANT}:linear", "linear_split": f"{_QUANT}:linear_split",
-             "embedding": f"{_QUANT}:embedding"})
+    get_target("cpu"),
+    name="cpu_quant",
+    quantized_formats=KEPT,
+    kernels={
+        **get_target("cpu").kernels,
+        "linear": f"{_QUANT}:linear",
+        "linear_split": f"{_QUANT}:linear_split",
+        "embedding": f"{_QUANT}:embedding",
+    },
+)
 
-TINY = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "intermediate_size": 512, "vocab_size": 320, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-        "max_position_embeddings": 512}
+TINY = {
+    "hidden_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 512,
+    "vocab_size": 320,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 512,
+}
 MODELS = {
     # tied head (token_embd Q6_K read by the gather and the LM head); layer 1: q Q4_K + k Q5_0 (kept when
     # q5_0 is, else a float part) + v Q6_K; layer 0: gate Q4_K + up Q8_0
-    "qwen2": dict(config={**TINY, "tie_word_embeddings": True},
-                  types={"blk.1.attn_k.weight": "Q5_0", "blk.0.ffn_up.weight": "Q8_0"}),
+    "qwen2": dict(
+        config={**TINY, "tie_word_embeddings": True},
+        types={"blk.1.attn_k.weight": "Q5_0", "blk.0.ffn_up.weight": "Q8_0"},
+    ),
     # untied Q6_K head, q/k rows permuted in the file (unpermute_rotary on raw block rows)
     "llama": dict(config={**TINY, "tie_word_embeddings": False}, types={}),
 }
@@ -51,8 +68,9 @@ MODELS = {
 def _write_tiny_gguf(arch: str, path: Path) -> Path:
     ckpt = synthetic_gguf_checkpoint(spec_for_arch(arch), MODELS[arch]["config"], seed=3, types=MODELS[arch]["types"])
     value_types = {str: gguf.GGUFValueType.STRING, int: gguf.GGUFValueType.UINT32, float: gguf.GGUFValueType.FLOAT32}
-    metadata = {key: (value, value_types[type(value)]) for key, value in ckpt.metadata.items()
-                if key != "general.architecture"}
+    metadata = {
+        key: (value, value_types[type(value)]) for key, value in ckpt.metadata.items() if key != "general.architecture"
+    }
     tensors = {name: (info.ggml_type, ckpt.raw(name), info.shape) for name, info in ckpt._gguf.tensors.items()}
     return write_gguf(path, tensors, metadata, arch=spec_for_arch(arch).gguf_architecture)
 
@@ -73,8 +91,11 @@ def tiny_gguf(request, tmp_path_factory) -> tuple[str, Path]:
     return request.param, _write_tiny_gguf(request.param, tmp_path_factory.mktemp("gguf") / f"{request.param}.gguf")
 
 
-@pytest.mark.parametrize("dense_copies, formats", [(False, KEPT), (True, KEPT), (False, KEPT + ("q5_0",))],
-                         ids=["kept", "kept+dense", "kept+q5_0"])
+@pytest.mark.parametrize(
+    "dense_copies, formats",
+    [(False, KEPT), (True, KEPT), (False, KEPT + ("q5_0",))],
+    ids=["kept", "kept+dense", "kept+q5_0"],
+)
 def test_kept_formats_give_the_dequantizing_loads_logits(tiny_gguf, quant_plans, dense_copies, formats):
     arch, path = tiny_gguf
     exact = load_model(path, target="cpu")
@@ -90,7 +111,7 @@ def test_kept_formats_give_the_dequantizing_loads_logits(tiny_gguf, quant_plans,
         want = SequenceRunner(exact, 64).prefill(tokens, all_logits=True)
         runner = SequenceRunner(kept, 64)
         _close(runner.prefill(tokens[:-1], all_logits=True), want[:-1])  # 21 rows: dequantize, or the copies
-        _close(runner.decode(tokens[-1]), want[-1])                      # 1 row: the GEMV path
+        _close(runner.decode(tokens[-1]), want[-1])  # 1 row: the GEMV path
     assert kept.deterministic_plan().target == CPU_QUANT.name
 
 
@@ -119,19 +140,23 @@ def _check_dense_copies(model) -> None:
 
 def _check_layout(arch: str, model, formats: tuple[str, ...]) -> None:
     """What stayed quantized: so the equality above cannot hold by everything being float."""
+
     def kept(entry):
         return {k: v.kept if isinstance(v, DenseBacked) else v for k, v in entry.items()}
 
     g, layer0, layer1 = kept(model.params.globals), kept(model.params.layers[0]), kept(model.params.layers[1])
     qkv = "attn_q+attn_k+attn_v.weight"
     assert isinstance(layer0[qkv], QuantizedWeight) and layer0[qkv].format == "q4_k"  # one format: concatenated
-    assert isinstance(layer1[qkv], WeightGroup)                                       # v is Q6_K: a group
+    assert isinstance(layer1[qkv], WeightGroup)  # v is Q6_K: a group
     assert isinstance(layer1["ffn_down.weight"], QuantizedWeight) and layer1["ffn_down.weight"].format == "q6_k"
     assert not isinstance(layer0["ffn_norm.weight"], (QuantizedWeight, WeightGroup))
     assert isinstance(g["output.weight"], QuantizedWeight) and g["output.weight"].format == "q6_k"
     if arch == "qwen2":
-        assert [p.format if isinstance(p, QuantizedWeight) else "float" for p in layer1[qkv].parts] == \
-            ["q4_k", "q5_0" if "q5_0" in formats else "float", "q6_k"]
+        assert [p.format if isinstance(p, QuantizedWeight) else "float" for p in layer1[qkv].parts] == [
+            "q4_k",
+            "q5_0" if "q5_0" in formats else "float",
+            "q6_k",
+        ]
         assert [p.format for p in layer0["ffn_gate+ffn_up.weight"].parts] == ["q4_k", "q8_0"]
         assert g["token_embd.weight"].format == "q6_k" and g["token_embd.weight"].dtype == "float32"  # tied
     else:  # q and k (both Q4_K) merged into one part beside the Q6_K v: two matmuls, not three
@@ -160,11 +185,11 @@ def test_fetch_raw_only_for_kept_matrices(tmp_path):
     ckpt = open_checkpoint(path)
     resolved = resolve(spec, ckpt)
     kept = WeightLoader(spec, ckpt, resolved, keep_formats=KEPT)
-    assert kept.fetch_raw("blk.1.attn_k.weight") is None        # Q5_0: no device layout
-    assert kept.fetch_raw("blk.0.attn_q.bias") is None          # F32 vector
-    assert kept.fetch_raw("output.weight").format == "q6_k"     # tied: follows token_embd
+    assert kept.fetch_raw("blk.1.attn_k.weight") is None  # Q5_0: no device layout
+    assert kept.fetch_raw("blk.0.attn_q.bias") is None  # F32 vector
+    assert kept.fetch_raw("output.weight").format == "q6_k"  # tied: follows token_embd
     only_q4 = WeightLoader(spec, ckpt, resolved, keep_formats=("q4_k",))
-    assert only_q4.fetch_raw("blk.1.attn_v.weight") is None     # Q6_K, not kept by this target
+    assert only_q4.fetch_raw("blk.1.attn_v.weight") is None  # Q6_K, not kept by this target
     assert WeightLoader(spec, ckpt, resolved).fetch_raw("blk.0.attn_q.weight") is None  # cpu: dequantize all
     with pytest.raises(ValueError, match="no device layout"):
         WeightLoader(spec, ckpt, resolved, keep_formats=("q4k",))

@@ -25,9 +25,15 @@ pytestmark = pytest.mark.gpu
 
 SHAPES = [
     # Qwen2.5-1.5B: q/o, k/v, gate/up, down, LM head
-    (1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (151936, 1536),
+    (1536, 1536),
+    (256, 1536),
+    (8960, 1536),
+    (1536, 8960),
+    (151936, 1536),
     # Llama-3-8B: q/o, gate/up, down
-    (4096, 4096), (14336, 4096), (4096, 14336),
+    (4096, 4096),
+    (14336, 4096),
+    (4096, 14336),
 ]
 TOLERANCE = {jnp.bfloat16: 1e-2, jnp.float32: 1e-4}
 
@@ -61,8 +67,9 @@ def test_kernel_matches_reference(fmt: str, shape: tuple[int, int], m: int, dtyp
     else:
         expected = np.asarray(reference_matmul()(x.astype(jnp.float32), w))
     tol = TOLERANCE[dtype]
-    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), expected,
-                               rtol=tol, atol=tol * float(np.abs(expected).max()))
+    np.testing.assert_allclose(
+        np.asarray(got.astype(jnp.float32)), expected, rtol=tol, atol=tol * float(np.abs(expected).max())
+    )
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -77,8 +84,11 @@ def test_split_kernel_for_decode_still_matches(fmt: str, shape: tuple[int, int],
     test_kernel_matches_reference(fmt, shape, m, jnp.bfloat16)
 
 
-ROWS_CONFIGS = [dict(block_n=4, split_k=8, sb_per_step=4, num_warps=1), dict(block_n=8, split_k=3, sb_per_step=1),
-                dict(block_n=64, split_k=1, sb_per_step=2, num_warps=8, prefetch=False)]
+ROWS_CONFIGS = [
+    dict(block_n=4, split_k=8, sb_per_step=4, num_warps=1),
+    dict(block_n=8, split_k=3, sb_per_step=1),
+    dict(block_n=64, split_k=1, sb_per_step=2, num_warps=8, prefetch=False),
+]
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -93,8 +103,9 @@ def test_rows_configs_match_reference(fmt: str, kwargs: dict, m: int) -> None:
     config = QuantMatmulConfig(variant="rows", num_stages=1, **kwargs)
     got = jax.jit(functools.partial(quant_matmul, backend="triton", config=config))(x, w)
     expected = np.asarray(jax.jit(quant_matmul_ref)(x.astype(jnp.float32), w))
-    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), expected, rtol=1e-2,
-                               atol=1e-2 * float(np.abs(expected).max()))
+    np.testing.assert_allclose(
+        np.asarray(got.astype(jnp.float32)), expected, rtol=1e-2, atol=1e-2 * float(np.abs(expected).max())
+    )
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
@@ -114,12 +125,16 @@ def test_dp4a_configs_match_their_reference(fmt: str, kwargs: dict, m: int, dtyp
     assert got.shape == (m, shape[0]) and got.dtype == dtype
     expected = np.asarray(jax.jit(dp4a_matmul_ref)(x.astype(jnp.float32), w))
     tol = 1e-2 if dtype == jnp.bfloat16 else 1e-5
-    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), expected, rtol=tol,
-                               atol=tol * float(np.abs(expected).max()))
+    np.testing.assert_allclose(
+        np.asarray(got.astype(jnp.float32)), expected, rtol=tol, atol=tol * float(np.abs(expected).max())
+    )
 
 
-@pytest.mark.parametrize("fmt, sizes", [("q4_k", (1536, 256, 256)), ("q4_k", (1536, 256)), ("q6_k", (256,))],
-                         ids=["q4_k-qkv", "q4_k-qk", "q6_k-v"])
+@pytest.mark.parametrize(
+    "fmt, sizes",
+    [("q4_k", (1536, 256, 256)), ("q4_k", (1536, 256)), ("q6_k", (256,))],
+    ids=["q4_k-qkv", "q4_k-qk", "q6_k-v"],
+)
 def test_dp4a_parts_launch_equals_the_gemv_then_bias_and_slices(fmt: str, sizes) -> None:
     """The parts kernel (q / k / v written apart, bias added in its epilogue) against the plain dp4a GEMV's
     output plus the bias, sliced: the same sums, the same two roundings, so bit for bit (the 1.5B model's
@@ -160,8 +175,9 @@ def test_dp4a_silu_gated_matches_the_activation_then_the_reference(fmt: str, m: 
     assert got.shape == (m, 1536) and got.dtype == jnp.bfloat16
     hidden = jax.jit(lambda g: gated_act_packed(g, act="silu"))(gate_up)
     expected = np.asarray(jax.jit(dp4a_matmul_ref)(hidden.astype(jnp.float32), w))
-    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), expected, rtol=1e-2,
-                               atol=1e-2 * float(np.abs(expected).max()))
+    np.testing.assert_allclose(
+        np.asarray(got.astype(jnp.float32)), expected, rtol=1e-2, atol=1e-2 * float(np.abs(expected).max())
+    )
 
 
 @pytest.mark.parametrize("m, parts", [(1, True), (1, False), (3, False)])
@@ -207,15 +223,17 @@ def test_dp4a_pair_launch_equals_a_launch_per_part() -> None:
     m = 1
     x = jax.random.normal(jax.random.key(m), (m, 1536), jnp.float32).astype(jnp.bfloat16)
     bias = (jax.random.normal(jax.random.key(9), (2048,), jnp.float32) * 0.1).astype(jnp.bfloat16)
-    got = jax.jit(lambda x, wa, wb, b: quant_matmul_pair_parts(x, (wa, wb), b, ((1536, 256), (256,)),
-                                                               backend="triton"))(x, wa, wb, bias)
+    got = jax.jit(
+        lambda x, wa, wb, b: quant_matmul_pair_parts(x, (wa, wb), b, ((1536, 256), (256,)), backend="triton")
+    )(x, wa, wb, bias)
     assert got is not None and [g.shape for g in got] == [(m, 1536), (m, 256), (m, 256)]
 
     def apart(x, wa, wb, b):
         qa, da = quantize_activations_gpu(x, "q4_k")
-        return (*quant_matmul_parts(x, wa, b, (1536, 256), backend="triton", activations=(qa, da, "q4_k")),
-                *quant_matmul_parts(x, wb, b, (256,), bias_offset=1792, backend="triton",
-                                    activations=(qa, da, "q4_k")))
+        return (
+            *quant_matmul_parts(x, wa, b, (1536, 256), backend="triton", activations=(qa, da, "q4_k")),
+            *quant_matmul_parts(x, wb, b, (256,), bias_offset=1792, backend="triton", activations=(qa, da, "q4_k")),
+        )
 
     want = jax.jit(apart)(x, wa, wb, bias)
     for i, (g, w) in enumerate(zip(got, want)):
@@ -223,4 +241,4 @@ def test_dp4a_pair_launch_equals_a_launch_per_part() -> None:
         if i < 2:
             np.testing.assert_array_equal(g, w)
         else:
-            np.testing.assert_allclose(g, w, rtol=2 ** -7, atol=2 ** -7 * float(np.abs(w).max()))
+            np.testing.assert_allclose(g, w, rtol=2**-7, atol=2**-7 * float(np.abs(w).max()))

@@ -21,9 +21,9 @@ if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda)", allow_module_level=True)
 
 from ember.compiler.codegen.emit import generate, write_plan  # noqa: E402
+from ember.compiler.ops import triton_launch  # noqa: E402
 from ember.compiler.ops.linear_quant import use_quant_backend  # noqa: E402
 from ember.compiler.ops.quant import DenseBacked, QuantizedWeight, WeightGroup  # noqa: E402
-from ember.compiler.ops import triton_launch  # noqa: E402
 from ember.compiler.passes.select_kernels import VARIANTS  # noqa: E402
 from ember.compiler.pipeline import compile_graph  # noqa: E402
 from ember.compiler.spec import spec_for_arch  # noqa: E402
@@ -38,9 +38,18 @@ pytestmark = pytest.mark.gpu
 QUANT = "ember.compiler.ops.linear_quant"
 QUANT_KERNELS = "ember.compiler.ops.quant."  # the modules of the quantized GEMV kernels
 # Qwen2.5-Coder-1.5B as its Q4_K_M file has it: untied head (Q6_K), Q6_K attn_v / ffn_down in 14 layers
-QWEN_1_5B = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536, "num_hidden_layers": 28,
-             "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,
-             "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False}
+QWEN_1_5B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_size": 1536,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "intermediate_size": 8960,
+    "vocab_size": 151936,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+}
 
 
 def _quant_target(tmp_path_factory):
@@ -48,13 +57,22 @@ def _quant_target(tmp_path_factory):
     if {"q4_k", "q6_k", "q8_0"} <= set(h200.quantized_formats) and h200.kernels["linear"].startswith(QUANT):
         return h200, GENERATED_DIR
     local = dataclasses.replace(
-        h200, name="h200_quant", quantized_formats=("q4_k", "q6_k", "q8_0"),
-        kernels={**h200.kernels, "linear": f"{QUANT}:linear", "linear_split": f"{QUANT}:linear_split",
-                 "embedding": f"{QUANT}:embedding"})
+        h200,
+        name="h200_quant",
+        quantized_formats=("q4_k", "q6_k", "q8_0"),
+        kernels={
+            **h200.kernels,
+            "linear": f"{QUANT}:linear",
+            "linear_split": f"{QUANT}:linear_split",
+            "embedding": f"{QUANT}:embedding",
+        },
+    )
     root = tmp_path_factory.mktemp("generated")
     spec = spec_for_arch("qwen2")
-    write_plan({v: generate(compile_graph(spec, local, variant=v), spec, local, v) for v in VARIANTS},
-               root / local.name / spec.arch)
+    write_plan(
+        {v: generate(compile_graph(spec, local, variant=v), spec, local, v) for v in VARIANTS},
+        root / local.name / spec.arch,
+    )
     return local, root
 
 
@@ -100,8 +118,10 @@ def test_quantized_layout_on_the_device(model):
     layers, globals_ = [_kept(layer) for layer in model.params.layers], _kept(model.params.globals)
     assert model.dtype == np.dtype("bfloat16")
     assert isinstance(globals_["output.weight"], QuantizedWeight) and globals_["output.weight"].format == "q6_k"
-    assert isinstance(globals_["token_embd.weight"], QuantizedWeight) and globals_["token_embd.weight"].dtype == "bfloat16"
-    assert isinstance(layers[0]["attn_q+attn_k+attn_v.weight"], WeightGroup)      # Q4_K q/k + Q6_K v
+    assert (
+        isinstance(globals_["token_embd.weight"], QuantizedWeight) and globals_["token_embd.weight"].dtype == "bfloat16"
+    )
+    assert isinstance(layers[0]["attn_q+attn_k+attn_v.weight"], WeightGroup)  # Q4_K q/k + Q6_K v
     assert isinstance(layers[2]["attn_q+attn_k+attn_v.weight"], QuantizedWeight)  # all Q4_K
     weight_bytes = sum(v.nbytes for group in (globals_, *layers) for v in group.values())
     assert weight_bytes < 1.3e9  # what the GEMVs read is GGUF-sized (~1.1 GB), not the 3 GB bf16 copy
@@ -116,8 +136,10 @@ def test_triton_decode_step_matches_the_reference_backend(model, monkeypatch):
     scale = float(np.abs(reference).max())
     assert scale > 0.1
     rel = float(np.linalg.norm(triton - reference) / np.linalg.norm(reference))
-    print(f"decode logits: relative L2 error {rel:.2e}, max |diff| {np.abs(triton - reference).max():.3g} "
-          f"of max |logit| {scale:.3g}, {launches} Triton launches")
+    print(
+        f"decode logits: relative L2 error {rel:.2e}, max |diff| {np.abs(triton - reference).max():.3g} "
+        f"of max |logit| {scale:.3g}, {launches} Triton launches"
+    )
     # Calibrated on CPU with a cruder stand-in for the kernel (bf16 weights, bf16 dot): rel 3.3e-3, max
     # |diff| 0.031 of 6.06. Not argmax equality: random logits' top two are often closer than that.
     assert rel < 2e-2

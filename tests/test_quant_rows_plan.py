@@ -62,13 +62,21 @@ def test_rows_plan_examples() -> None:
     assert plan["meta"]["S"] == 16 and plan["meta"]["UNITS_PER_SPLIT"] == 48 and plan["meta"]["PREFETCH"]
 
 
-@pytest.mark.parametrize("config, m, match", [
-    (rows(block_n=2), 1, "block_n"), (rows(block_n=24), 1, "block_n"), (rows(block_n=1024), 1, "block_n"),
-    (rows(sb_per_step=3), 1, "sb_per_step"), (rows(sb_per_step=32), 1, "sb_per_step"),
-    (rows(sb_per_step=0), 1, "sb_per_step"), (rows(split_k=0), 1, "split_k"),
-    (rows(), 5, "activation rows"), (rows(), 0, "activation rows"),
-    (QuantMatmulConfig(variant="columns"), 1, "unknown kernel variant"),
-])
+@pytest.mark.parametrize(
+    "config, m, match",
+    [
+        (rows(block_n=2), 1, "block_n"),
+        (rows(block_n=24), 1, "block_n"),
+        (rows(block_n=1024), 1, "block_n"),
+        (rows(sb_per_step=3), 1, "sb_per_step"),
+        (rows(sb_per_step=32), 1, "sb_per_step"),
+        (rows(sb_per_step=0), 1, "sb_per_step"),
+        (rows(split_k=0), 1, "split_k"),
+        (rows(), 5, "activation rows"),
+        (rows(), 0, "activation rows"),
+        (QuantMatmulConfig(variant="columns"), 1, "unknown kernel variant"),
+    ],
+)
 def test_rows_plan_rejects_bad_configs(config, m, match) -> None:
     with pytest.raises(ValueError, match=match):
         launch_plan("q4_k", m, 64, 512, config)

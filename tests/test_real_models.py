@@ -4,10 +4,10 @@ greedy continuations of 5 prompts (32 tokens each)."""
 
 import numpy as np
 import pytest
+from fixture_data import real_reference, top1_agreement, topk_kl
 
 from ember.runtime.model import load_model
 from ember.runtime.sequence_runner import SequenceRunner
-from fixture_data import real_reference, top1_agreement, topk_kl
 
 pytestmark = pytest.mark.real_model
 

@@ -29,8 +29,9 @@ def make_tensors(seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def write_folder(folder: Path, tensors: dict[str, np.ndarray], *, shards: int = 1,
-                 generation_config: dict | None = None) -> Path:
+def write_folder(
+    folder: Path, tensors: dict[str, np.ndarray], *, shards: int = 1, generation_config: dict | None = None
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(CONFIG))
     if generation_config is not None:
@@ -111,7 +112,9 @@ def test_random_tensors_round_trip(tmp_path_factory: pytest.TempPathFactory, sha
 def test_non_float_tensor_and_unknown_name_are_errors(tmp_path: Path) -> None:
     folder = write_folder(tmp_path / "m", {"ids": np.arange(4, dtype=np.int64), "w": np.ones(2, np.float32)})
     checkpoint = open_hf_checkpoint(folder)
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'ids' has dtype I64, which does not load as float32"):
+    with pytest.raises(
+        CheckpointError, match=r"model\.safetensors: tensor 'ids' has dtype I64, which does not load as float32"
+    ):
         checkpoint.load("ids")
     with pytest.raises(CheckpointError, match=r"no tensor named 'nope'"):
         checkpoint.load("nope")

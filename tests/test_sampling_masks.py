@@ -12,13 +12,23 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_sampling import (
+    PROPERTY,
+    SAMPLE,
+    SLOTS,
+    WINDOW,
+    K,
+    V,
+    draw_logits,
+    np_allowed,
+    np_log_softmax,
+    np_processed,
+    rows_with_history,
+    sampled_params,
+)
 
 from ember.compiler.ops.sampling import unpack_mask
 from ember.runtime.sampling_params import RowState, SamplingParams, pack_batch
-from test_sampling import (
-    K, PROPERTY, SAMPLE, SLOTS, V, WINDOW, draw_logits, np_allowed, np_log_softmax, np_processed, rows_with_history,
-    sampled_params,
-)
 
 
 def pack_mask(allowed):
@@ -35,15 +45,20 @@ def run_masked(rows, logits, allowed=None, forced=None, **kw):
         batch = batch._replace(allowed_mask=pack_mask(allowed))
     if forced is not None:
         batch = batch._replace(forced_token=np.asarray(forced, np.int32))
-    result = SAMPLE(jnp.asarray(logits, jnp.float32), jax.tree.map(jnp.asarray, batch), num_top_logprobs=K,
-                    candidate_window=kw.get("window", WINDOW))
+    result = SAMPLE(
+        jnp.asarray(logits, jnp.float32),
+        jax.tree.map(jnp.asarray, batch),
+        num_top_logprobs=K,
+        candidate_window=kw.get("window", WINDOW),
+    )
     return jax.tree.map(np.asarray, result)
 
 
 @st.composite
 def masks(draw, rows=4, vocab=V):
-    allowed = np.array(draw(st.lists(st.lists(st.booleans(), min_size=vocab, max_size=vocab), min_size=rows,
-                                     max_size=rows)))
+    allowed = np.array(
+        draw(st.lists(st.lists(st.booleans(), min_size=vocab, max_size=vocab), min_size=rows, max_size=rows))
+    )
     sparse = draw(st.lists(st.integers(0, vocab - 1), min_size=rows, max_size=rows))
     for r, keep in enumerate(draw(st.lists(st.booleans(), min_size=rows, max_size=rows))):
         if keep:  # a grammar often allows a single token
@@ -59,8 +74,12 @@ def test_unpack_mask_reads_llguidance_bit_order():
 
 
 @PROPERTY
-@given(rows_with_history(st.one_of(st.just(SamplingParams(temperature=0.0)), sampled_params())), masks(),
-       st.integers(0, 2**32 - 1), st.floats(0.2, 8.0))
+@given(
+    rows_with_history(st.one_of(st.just(SamplingParams(temperature=0.0)), sampled_params())),
+    masks(),
+    st.integers(0, 2**32 - 1),
+    st.floats(0.2, 8.0),
+)
 def test_sampled_tokens_are_always_allowed_by_the_mask(rows, allowed, logit_seed, scale):
     logits = draw_logits(logit_seed, scale)
     masked, free = run_masked(rows, logits, allowed), run_masked(rows, logits)
@@ -80,8 +99,12 @@ def test_sampled_tokens_are_always_allowed_by_the_mask(rows, allowed, logit_seed
 
 
 @PROPERTY
-@given(st.lists(st.one_of(st.just(SamplingParams(temperature=0.0)), sampled_params()), min_size=4, max_size=4),
-       masks(), st.integers(0, 2**32 - 1), st.floats(0.2, 8.0))
+@given(
+    st.lists(st.one_of(st.just(SamplingParams(temperature=0.0)), sampled_params()), min_size=4, max_size=4),
+    masks(),
+    st.integers(0, 2**32 - 1),
+    st.floats(0.2, 8.0),
+)
 def test_an_all_ones_row_is_bit_identical_beside_masked_neighbours(params, allowed, logit_seed, scale):
     logits = draw_logits(logit_seed, scale)
     rows = [RowState(p, seed=7 + r, prompt_ids=[0], output_ids=[]) for r, p in enumerate(params)]
@@ -93,10 +116,16 @@ def test_an_all_ones_row_is_bit_identical_beside_masked_neighbours(params, allow
 
 def test_the_grammar_wins_over_banned_tokens():
     # the only allowed token is banned by logit_bias (greedy row) / suppressed by min_tokens (sampled row)
-    rows = [RowState(SamplingParams(temperature=0.0, logit_bias={9: -math.inf}), seed=1, prompt_ids=[0],
-                     output_ids=[]),
-            RowState(SamplingParams(temperature=1.0, top_k=3, min_tokens=2), seed=2, prompt_ids=[0], output_ids=[],
-                     min_tokens_suppress_ids=(9,))]
+    rows = [
+        RowState(SamplingParams(temperature=0.0, logit_bias={9: -math.inf}), seed=1, prompt_ids=[0], output_ids=[]),
+        RowState(
+            SamplingParams(temperature=1.0, top_k=3, min_tokens=2),
+            seed=2,
+            prompt_ids=[0],
+            output_ids=[],
+            min_tokens_suppress_ids=(9,),
+        ),
+    ]
     allowed = np.zeros((2, V), bool)
     allowed[:, 9] = True
     result = run_masked(rows, draw_logits(3, 2.0, rows=2), allowed)
@@ -104,8 +133,12 @@ def test_the_grammar_wins_over_banned_tokens():
 
 
 @PROPERTY
-@given(rows_with_history(st.one_of(st.just(SamplingParams(temperature=0.0)), sampled_params())),
-       st.lists(st.integers(-1, V - 1), min_size=4, max_size=4), st.integers(0, 2**32 - 1), st.floats(0.2, 8.0))
+@given(
+    rows_with_history(st.one_of(st.just(SamplingParams(temperature=0.0)), sampled_params())),
+    st.lists(st.integers(-1, V - 1), min_size=4, max_size=4),
+    st.integers(0, 2**32 - 1),
+    st.floats(0.2, 8.0),
+)
 def test_forced_tokens_report_the_logprobs_generation_would(rows, forced, logit_seed, scale):
     logits = draw_logits(logit_seed, scale)
     result, free = run_masked(rows, logits, forced=forced), run_masked(rows, logits)
@@ -116,28 +149,33 @@ def test_forced_tokens_report_the_logprobs_generation_would(rows, forced, logit_
             assert result.tokens[r] == free.tokens[r] and result.logprob[r] == free.logprob[r]
             continue
         assert result.tokens[r] == forced[r]
-        np.testing.assert_allclose(result.logprob[r], np_log_softmax(np_processed(logits[r], row))[forced[r]],
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            result.logprob[r], np_log_softmax(np_processed(logits[r], row))[forced[r]], rtol=1e-5, atol=1e-5
+        )
         if forced[r] == free.tokens[r]:  # the very token generation picked: bit-identical
             assert result.logprob[r] == free.logprob[r]
 
 
 def test_pack_batch_masks_and_forced_tokens():
-    rows = [RowState(SamplingParams(temperature=0.8, forced_token_ids=(5, 6, 7)), seed=1, prompt_ids=[1],
-                     output_ids=[5]),
-            RowState(SamplingParams(temperature=0.8), seed=2, prompt_ids=[1], output_ids=[])]
+    rows = [
+        RowState(SamplingParams(temperature=0.8, forced_token_ids=(5, 6, 7)), seed=1, prompt_ids=[1], output_ids=[5]),
+        RowState(SamplingParams(temperature=0.8), seed=2, prompt_ids=[1], output_ids=[]),
+    ]
     b = pack_batch(rows, vocab_size=70, history_bucket=1, num_rows=3)
     assert b.allowed_mask.shape == (3, 3) and np.all(b.allowed_mask == -1)  # ceil(70 / 32) words, all allowed
     assert b.forced_token.tolist() == [6, -1, -1]  # the second forced token: one was generated already
     assert b.temperature.tolist()[:2] == [0.0, np.float32(0.8)]  # a forced row draws nothing
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(forced_token_ids=()), "forced_token_ids"),
-    (dict(forced_token_ids=(1, V)), "forced_token_ids"),
-    (dict(forced_token_ids=(1, 2), max_tokens=1), "max_tokens"),
-    (dict(forced_token_ids=(1, 2), n=2), "n"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(forced_token_ids=()), "forced_token_ids"),
+        (dict(forced_token_ids=(1, V)), "forced_token_ids"),
+        (dict(forced_token_ids=(1, 2), max_tokens=1), "max_tokens"),
+        (dict(forced_token_ids=(1, 2), n=2), "n"),
+    ],
+)
 def test_forced_token_validation_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
         SamplingParams(**kwargs).validate(V)

@@ -17,9 +17,9 @@ import pytest
 
 from ember.runtime.kv import BlockPool
 from ember.runtime.kv_cache import KVCache
-from ember.runtime.state_kinds import window_pool_blocks
 from ember.runtime.requests import Request, RequestStatus
 from ember.runtime.scheduler import QueueFullError, RequestTooLongError, Scheduler, StepPlan
+from ember.runtime.state_kinds import window_pool_blocks
 from ember.runtime.step_inputs import PrefillShapes
 
 VOCAB = 64
@@ -30,7 +30,7 @@ _WEIGHTS = np.random.default_rng(7).integers(1, 1 << 20, size=4096)
 def next_token(context) -> int:
     """The mock model: depends on every token of the context and its position."""
     context = np.asarray(context, np.int64)
-    return int((context * _WEIGHTS[:len(context)]).sum() % 1_000_003 % VOCAB)
+    return int((context * _WEIGHTS[: len(context)]).sum() % 1_000_003 % VOCAB)
 
 
 def generate_alone(prompt: list[int], max_tokens: int, stop=(STOP,)) -> list[int]:
@@ -75,7 +75,7 @@ class MockPlan:
         for c in plan.prefills:  # the chunk's first query reaches furthest back; its last one gives logits
             rows += [(c.request_id, c.start, False), (c.request_id, c.end - 1, c.completes)]
         for request_id, last, logits in rows:
-            truth = self.scheduler.get(request_id).all_token_ids[:last + 1]
+            truth = self.scheduler.get(request_id).all_token_ids[: last + 1]
             for k, kind in enumerate(kv.kinds):
                 table = np.asarray(plan.block_tables[request_id][k])
                 first = max(0, last - kind.window + 1) if kind.window else 0
@@ -137,14 +137,26 @@ def drive(s: Scheduler, mock: MockPlan, max_steps: int = 10_000, on_step=None) -
     raise AssertionError("did not drain")
 
 
-def make(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, depth=64, buckets=(16, 32), window=0,
-         window_blocks=None, segments=(1,), segment_max=512) -> tuple:
+def make(
+    num_blocks=64,
+    block_size=4,
+    max_num_seqs=8,
+    budget=32,
+    depth=64,
+    buckets=(16, 32),
+    window=0,
+    window_blocks=None,
+    segments=(1,),
+    segment_max=512,
+) -> tuple:
     """window > 0 adds a sliding-window kind "kv_window" (its own pool of window_blocks, default num_blocks)
     beside the full kind, as a model with sliding layers has. segments: chunks one step may carry."""
     kv = BlockPool(num_blocks, block_size)
     if window:
-        kv = KVCache({"kv": kv, "kv_window": BlockPool(window_blocks or num_blocks, block_size, kind="kv_window")},
-                     {"kv_window": window})
+        kv = KVCache(
+            {"kv": kv, "kv_window": BlockPool(window_blocks or num_blocks, block_size, kind="kv_window")},
+            {"kv_window": window},
+        )
     shapes = PrefillShapes(tuple(buckets), tuple(segments), segment_max)
     return (s := Scheduler(kv, max_num_seqs, budget, depth, buckets, prefill_shapes=shapes)), MockPlan(s)
 
@@ -171,7 +183,10 @@ def test_decodes_first_then_one_chunk_fills_the_budget():
     (chunk,) = plan.prefills
     assert chunk.request_id == "long" and (chunk.start, chunk.end) == (0, 12)
     assert plan.num_tokens == 16 and plan.logit_rows == (0, 1, 2, 3)  # chunk 0..12 is not the last
-    assert plan.decode_token_ids().shape == plan.decode_positions().shape == (4,) and plan.decode_slots().shape == (1, 4)
+    assert plan.decode_token_ids().shape == plan.decode_positions().shape == (4,) and plan.decode_slots().shape == (
+        1,
+        4,
+    )
     d0 = list(plan.block_tables["d0"][0])
     assert plan.decode_block_tables(8)[0, 0].tolist() == d0 + [0] * (8 - len(d0))  # padded with reserved block 0
     tables = plan.prefill_block_tables(2, 4)  # [K, segments, width]: the second segment is padding
@@ -360,11 +375,13 @@ def test_abort_at_every_state_frees_everything(state, window):
     if state == "preempted":
         s.add(request("o", prompt_of(6, 2), max_tokens=25, stop=()))  # older: it preempts the victim
     s.add(victim := request("v", prompt_of(20, 1), max_tokens=20, stop=()))
-    conditions = {"waiting": lambda: True,
-                  "mid_prefill": lambda: 0 < victim.num_computed_tokens < victim.num_prompt_tokens,
-                  "decoding": lambda: len(victim.output_token_ids) >= 2,
-                  "preempted": lambda: victim.status is RequestStatus.PREEMPTED,
-                  "between_steps": lambda: len(victim.output_token_ids) >= 1}
+    conditions = {
+        "waiting": lambda: True,
+        "mid_prefill": lambda: 0 < victim.num_computed_tokens < victim.num_prompt_tokens,
+        "decoding": lambda: len(victim.output_token_ids) >= 2,
+        "preempted": lambda: victim.status is RequestStatus.PREEMPTED,
+        "between_steps": lambda: len(victim.output_token_ids) >= 1,
+    }
     for _ in range(200):
         if conditions[state]():
             break
@@ -423,16 +440,28 @@ def test_extra_state_kind_is_owned_and_released_like_kv():
 SOAK_RULE_BLOCKS = window_pool_blocks(6, 4, max_num_seqs=8, max_batched_tokens=24) + 1  # + reserved block 0
 
 
-@pytest.mark.parametrize("window, window_blocks, segments", [(0, None, (1,)), (6, SOAK_RULE_BLOCKS, (1,)), (6, 12, (1,)),
-                                                        (0, None, (1, 2, 4)), (6, 12, (1, 2))],
-                         ids=["full_only", "sliding_by_rule", "sliding_tight", "full_segments", "sliding_segments"])
+@pytest.mark.parametrize(
+    "window, window_blocks, segments",
+    [(0, None, (1,)), (6, SOAK_RULE_BLOCKS, (1,)), (6, 12, (1,)), (0, None, (1, 2, 4)), (6, 12, (1, 2))],
+    ids=["full_only", "sliding_by_rule", "sliding_tight", "full_segments", "sliding_segments"],
+)
 def test_soak_500_requests_with_aborts_and_preemptions(window, window_blocks, segments):
     """Also with a sliding-window kind of W=6 (not a multiple of the 4-token block) beside the full kind:
     its pool sized by the rule, or so tight that it, not the full pool, forces preemptions; and with several
     prefill chunks per step."""
     rng = random.Random(1234)
-    s, mock = make(num_blocks=40, block_size=4, max_num_seqs=8, budget=24, depth=12, buckets=(8, 16),
-                   window=window, window_blocks=window_blocks, segments=segments, segment_max=8)
+    s, mock = make(
+        num_blocks=40,
+        block_size=4,
+        max_num_seqs=8,
+        budget=24,
+        depth=12,
+        buckets=(8, 16),
+        window=window,
+        window_blocks=window_blocks,
+        segments=segments,
+        segment_max=8,
+    )
     bases = [prompt_of(rng.randint(8, 30), 100 + i) for i in range(6)]
     pending = []
     for i in range(500):
@@ -480,7 +509,7 @@ def test_soak_500_requests_with_aborts_and_preemptions(window, window_blocks, se
             assert streamed[rid] == expected, rid
             assert finished[rid] == ("stop" if expected[-1] == STOP else "length")
         else:
-            assert streamed[rid] == expected[:len(streamed[rid])], rid  # aborted: a clean prefix
+            assert streamed[rid] == expected[: len(streamed[rid])], rid  # aborted: a clean prefix
     pool = s.pool
     assert pool.free_blocks == pool.num_usable_blocks == pool.num_blocks - 1  # free + cached-free
     assert s.kv.all_free()  # every kind's pool

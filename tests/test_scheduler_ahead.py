@@ -5,9 +5,9 @@ updated in dispatch order; a failed or dropped chained plan leaves the pool cons
 from dataclasses import replace
 
 import pytest
+from test_scheduler import check_invariants, make, prompt_of, request
 
 from ember.runtime.step_plan import slots_at
-from test_scheduler import check_invariants, make, prompt_of, request
 
 STEPS = 4
 
@@ -27,10 +27,15 @@ def _apply(s, mock, plan):
     reads), then update_ahead; each row's input token is the one sampled at the step before, as on the device."""
     bs = s.pool.block_size
     for step in range(STEPS):
-        rows = tuple(replace(r, position=r.position + step,
-                             token_id=s.get(r.request_id).all_token_ids[r.position + step],
-                             slots=slots_at(plan.block_tables[r.request_id], r.position + step, bs))
-                     for r in plan.decodes)
+        rows = tuple(
+            replace(
+                r,
+                position=r.position + step,
+                token_id=s.get(r.request_id).all_token_ids[r.position + step],
+                slots=slots_at(plan.block_tables[r.request_id], r.position + step, bs),
+            )
+            for r in plan.decodes
+        )
         s.update_ahead(plan, step, mock.run(replace(plan, decodes=rows)))
 
 

@@ -16,17 +16,32 @@ from ember.server.errors import ApiError
 
 MODEL = "tiny-qwen-chat"
 HELLO = [{"role": "user", "content": "Say hi."}]
-WEATHER_TOOL = {"name": "get_weather", "description": "Weather for a city",
-                "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
-                                 "required": ["city"], "additionalProperties": False}}  # bounded: the model is random
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}  # bounded: the model is random
 TOOL_TURNS = [
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": [{"type": "text", "text": "Let me look."},
-                                      {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
-                                       "input": {"city": "Paris"}}]},
-    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
-                                  "content": [{"type": "text", "text": "18 C and sunny"}]},
-                                 {"type": "text", "text": "Thanks!"}]},
+    {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "Let me look."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+        ],
+    },
+    {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "18 C and sunny"}]},
+            {"type": "text", "text": "Thanks!"},
+        ],
+    },
 ]
 
 
@@ -60,9 +75,9 @@ def _raw_events(server, body: dict) -> list[tuple[str, dict]]:
         assert reply.headers["content-type"].startswith("text/event-stream")
         for line in reply.iter_lines():
             if line.startswith("event: "):
-                name = line[len("event: "):]
+                name = line[len("event: ") :]
             elif line.startswith("data: "):
-                events.append((name, json.loads(line[len("data: "):])))
+                events.append((name, json.loads(line[len("data: ") :])))
     return events
 
 
@@ -70,50 +85,108 @@ def _raw_events(server, body: dict) -> list[tuple[str, dict]]:
 
 
 def test_request_becomes_an_openai_chat_body():
-    translated = openai_chat_body({
-        "model": MODEL, "max_tokens": 9, "system": [{"type": "text", "text": "Be "},
-                                                    {"type": "text", "text": "brief."}],
-        "messages": TOOL_TURNS, "stop_sequences": ["END"], "temperature": 0.5, "top_k": 3, "seed": 1,
-        "tools": [WEATHER_TOOL], "tool_choice": {"type": "tool", "name": "get_weather"},
-        "thinking": {"type": "enabled", "budget_tokens": 1024}, "metadata": {"user_id": "u"}})
+    translated = openai_chat_body(
+        {
+            "model": MODEL,
+            "max_tokens": 9,
+            "system": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}],
+            "messages": TOOL_TURNS,
+            "stop_sequences": ["END"],
+            "temperature": 0.5,
+            "top_k": 3,
+            "seed": 1,
+            "tools": [WEATHER_TOOL],
+            "tool_choice": {"type": "tool", "name": "get_weather"},
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "metadata": {"user_id": "u"},
+        }
+    )
     body, kwargs = translated.body, translated.template_kwargs
     assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "tool", "user"]
     assert body["messages"][0]["content"] == "Be brief."
     assert body["messages"][2]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Paris"}}
     assert body["messages"][3] == {"role": "tool", "tool_call_id": "toolu_1", "content": "18 C and sunny"}
-    assert body["tools"] == [{"type": "function", "function": {
-        "name": "get_weather", "description": "Weather for a city", "parameters": WEATHER_TOOL["input_schema"]}}]
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather for a city",
+                "parameters": WEATHER_TOOL["input_schema"],
+            },
+        }
+    ]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     assert (body["max_tokens"], body["stop"], body["temperature"], body["top_k"], body["seed"]) == (
-        9, ["END"], 0.5, 3, 1)
+        9,
+        ["END"],
+        0.5,
+        3,
+        1,
+    )
     assert kwargs == {"enable_thinking": True}
     assert translated.prefill == ""
-    any_choice = openai_chat_body({"max_tokens": 1, "messages": HELLO, "tools": [WEATHER_TOOL],
-                                   "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
-                                   "thinking": {"type": "disabled"}})
+    any_choice = openai_chat_body(
+        {
+            "max_tokens": 1,
+            "messages": HELLO,
+            "tools": [WEATHER_TOOL],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+            "thinking": {"type": "disabled"},
+        }
+    )
     assert (any_choice.body["tool_choice"], any_choice.body["parallel_tool_calls"]) == ("required", False)
     assert any_choice.template_kwargs == {"enable_thinking": False}
 
 
 def test_a_final_assistant_text_is_a_prefill():
-    prefilled = openai_chat_body({"max_tokens": 1, "messages": [
-        *HELLO, {"role": "assistant", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}]})
+    prefilled = openai_chat_body(
+        {
+            "max_tokens": 1,
+            "messages": [
+                *HELLO,
+                {"role": "assistant", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]},
+            ],
+        }
+    )
     assert prefilled.body["messages"] == HELLO and prefilled.prefill == "Hello"
     assert openai_chat_body({"max_tokens": 1, "messages": TOOL_TURNS[:2]}).prefill == ""  # a past tool call
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"messages": HELLO}, "max_tokens"),
-    ({"max_tokens": 0, "messages": HELLO}, "max_tokens"),
-    ({"max_tokens": 5, "messages": HELLO, "bogus": 1}, "bogus"),
-    ({"max_tokens": 5, "messages": [{"role": "user", "content": [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]}, "messages[0]"),
-    ({"max_tokens": 5, "messages": HELLO, "stop_sequences": ["ok", 3]}, "stop_sequences"),
-    ({"max_tokens": 5, "messages": HELLO, "thinking": {"type": "sometimes"}}, "thinking.type"),
-    ({"max_tokens": 5, "messages": HELLO, "tools": [{"name": "f"}]}, "tools[0].input_schema"),
-    ({"max_tokens": 5, "messages": HELLO, "tools": [WEATHER_TOOL], "tool_choice": {"type": "tool", "name": "nope"}},
-     "tool_choice.name"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"messages": HELLO}, "max_tokens"),
+        ({"max_tokens": 0, "messages": HELLO}, "max_tokens"),
+        ({"max_tokens": 5, "messages": HELLO, "bogus": 1}, "bogus"),
+        (
+            {
+                "max_tokens": 5,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+                        ],
+                    }
+                ],
+            },
+            "messages[0]",
+        ),
+        ({"max_tokens": 5, "messages": HELLO, "stop_sequences": ["ok", 3]}, "stop_sequences"),
+        ({"max_tokens": 5, "messages": HELLO, "thinking": {"type": "sometimes"}}, "thinking.type"),
+        ({"max_tokens": 5, "messages": HELLO, "tools": [{"name": "f"}]}, "tools[0].input_schema"),
+        (
+            {
+                "max_tokens": 5,
+                "messages": HELLO,
+                "tools": [WEATHER_TOOL],
+                "tool_choice": {"type": "tool", "name": "nope"},
+            },
+            "tool_choice.name",
+        ),
+    ],
+)
 def test_invalid_requests_name_the_field(body, field):
     with pytest.raises(ApiError) as caught:
         openai_chat_body(body)
@@ -122,24 +195,44 @@ def test_invalid_requests_name_the_field(body, field):
 
 def test_block_writer_closes_each_block_before_the_next():
     writer = BlockWriter()
-    events = writer.feed([{"reasoning_content": "hm", "reasoning": "hm"}, {"content": "Sure"}, {"content": "."},
-                          {"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
-                                           "function": {"name": "f", "arguments": ""}}]},
-                          {"tool_calls": [{"index": 0, "function": {"arguments": '{"x": 1}'}}]},
-                          {"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
-                                           "function": {"name": "g", "arguments": "{}"}}]}])
+    events = writer.feed(
+        [
+            {"reasoning_content": "hm", "reasoning": "hm"},
+            {"content": "Sure"},
+            {"content": "."},
+            {
+                "tool_calls": [
+                    {"index": 0, "id": "call_a", "type": "function", "function": {"name": "f", "arguments": ""}}
+                ]
+            },
+            {"tool_calls": [{"index": 0, "function": {"arguments": '{"x": 1}'}}]},
+            {
+                "tool_calls": [
+                    {"index": 1, "id": "call_b", "type": "function", "function": {"name": "g", "arguments": "{}"}}
+                ]
+            },
+        ]
+    )
     events += writer.close()
-    shape = [(name, payload["index"], (payload.get("content_block") or payload.get("delta") or {}).get("type"))
-             for name, payload in events]
+    shape = [
+        (name, payload["index"], (payload.get("content_block") or payload.get("delta") or {}).get("type"))
+        for name, payload in events
+    ]
     assert shape == [
-        ("content_block_start", 0, "thinking"), ("content_block_delta", 0, "thinking_delta"),
+        ("content_block_start", 0, "thinking"),
+        ("content_block_delta", 0, "thinking_delta"),
         ("content_block_stop", 0, None),
-        ("content_block_start", 1, "text"), ("content_block_delta", 1, "text_delta"),
-        ("content_block_delta", 1, "text_delta"), ("content_block_stop", 1, None),
-        ("content_block_start", 2, "tool_use"), ("content_block_delta", 2, "input_json_delta"),
+        ("content_block_start", 1, "text"),
+        ("content_block_delta", 1, "text_delta"),
+        ("content_block_delta", 1, "text_delta"),
+        ("content_block_stop", 1, None),
+        ("content_block_start", 2, "tool_use"),
+        ("content_block_delta", 2, "input_json_delta"),
         ("content_block_stop", 2, None),
-        ("content_block_start", 3, "tool_use"), ("content_block_delta", 3, "input_json_delta"),
-        ("content_block_stop", 3, None)]
+        ("content_block_start", 3, "tool_use"),
+        ("content_block_delta", 3, "input_json_delta"),
+        ("content_block_stop", 3, None),
+    ]
     assert events[7][1]["content_block"] == {"type": "tool_use", "id": "toolu_a", "name": "f", "input": {}}
     assert writer.has_tool_calls and writer.close() == []
 
@@ -211,15 +304,17 @@ def test_raw_sse_event_names_match_payload_types(server):
 
 def test_stop_sequence_truncates_and_is_reported(client):
     whole = _text(_greedy(client, max_tokens=12))
-    tail = whole[len(whole) // 2:]
-    stop = next((tail[i:i + 3] for i in range(len(tail)) if tail[i:i + 3].strip() and "\ufffd" not in tail[i:i + 3]),
-                None)
+    tail = whole[len(whole) // 2 :]
+    stop = next(
+        (tail[i : i + 3] for i in range(len(tail)) if tail[i : i + 3].strip() and "\ufffd" not in tail[i : i + 3]), None
+    )
     assert stop, f"no usable stop string in {whole!r}"
     message = _greedy(client, max_tokens=12, stop_sequences=[stop])
     assert message.stop_reason == "stop_sequence" and message.stop_sequence == stop
-    assert _text(message) == whole[:whole.index(stop)]
-    with client.messages.stream(model=MODEL, max_tokens=12, messages=HELLO, stop_sequences=[stop],
-                                extra_body=GREEDY) as stream:
+    assert _text(message) == whole[: whole.index(stop)]
+    with client.messages.stream(
+        model=MODEL, max_tokens=12, messages=HELLO, stop_sequences=[stop], extra_body=GREEDY
+    ) as stream:
         final = stream.get_final_message()
     assert (final.stop_reason, final.stop_sequence, _text(final)) == ("stop_sequence", stop, _text(message))
 
@@ -227,8 +322,9 @@ def test_stop_sequence_truncates_and_is_reported(client):
 def test_system_prompt_as_string_or_blocks(client):
     plain = _count(client, messages=HELLO)
     as_string = _count(client, messages=HELLO, system="You are terse.")
-    as_blocks = _count(client, messages=HELLO, system=[{"type": "text", "text": "You are "},
-                                                       {"type": "text", "text": "terse."}])
+    as_blocks = _count(
+        client, messages=HELLO, system=[{"type": "text", "text": "You are "}, {"type": "text", "text": "terse."}]
+    )
     assert as_string == as_blocks and as_string != plain
     message = _greedy(client, max_tokens=3, system=[{"type": "text", "text": "You are terse."}])
     assert message.usage.input_tokens + message.usage.cache_read_input_tokens == as_blocks
@@ -244,16 +340,24 @@ def test_prefill_continues_the_assistant_message(client):
 
 def test_count_tokens_matches_the_openai_prompt(client, server):
     counted = _count(client, messages=HELLO, system="You are terse.")
-    reply = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
-        "model": MODEL, "max_tokens": 1, "messages": [{"role": "system", "content": "You are terse."}, *HELLO]})
+    reply = httpx.post(
+        server.url + "/v1/chat/completions",
+        timeout=120,
+        json={"model": MODEL, "max_tokens": 1, "messages": [{"role": "system", "content": "You are terse."}, *HELLO]},
+    )
     assert reply.status_code == 200 and counted == reply.json()["usage"]["prompt_tokens"]
 
 
 def test_tool_result_turn_renders(client):
     first = _count(client, messages=TOOL_TURNS[:1], tools=[WEATHER_TOOL])
     full = _count(client, messages=TOOL_TURNS, tools=[WEATHER_TOOL])
-    errored = [*TOOL_TURNS[:2], {"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "no such city", "is_error": True}]}]
+    errored = [
+        *TOOL_TURNS[:2],
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "no such city", "is_error": True}],
+        },
+    ]
     assert full > first + 10 and _count(client, messages=errored, tools=[WEATHER_TOOL]) > first
     message = _greedy(client, max_tokens=3, messages=TOOL_TURNS, tools=[WEATHER_TOOL])
     assert message.usage.input_tokens + message.usage.cache_read_input_tokens == full
@@ -273,8 +377,18 @@ def test_errors_have_anthropic_shape(client):
         _greedy(client, max_tokens=3, extra_body={"bogus": True})
     assert caught.value.body["error"]["message"].startswith("bogus")
     with pytest.raises(anthropic.BadRequestError) as caught:
-        _greedy(client, max_tokens=3, messages=[{"role": "user", "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
+        _greedy(
+            client,
+            max_tokens=3,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+                    ],
+                }
+            ],
+        )
     assert "image" in caught.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError):
         _greedy(client, max_tokens=3000)  # past the 2048-token context
@@ -292,4 +406,5 @@ def test_forced_tool_use(client):
         final = stream.get_final_message()
     assert "input_json_delta" in kinds and final.stop_reason == "tool_use"
     assert [(b.type, b.name, b.input) for b in final.content if b.type == "tool_use"] == [
-        ("tool_use", "get_weather", calls[0].input)]
+        ("tool_use", "get_weather", calls[0].input)
+    ]

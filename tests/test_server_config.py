@@ -20,9 +20,17 @@ def test_defaults_without_flags_or_environment():
 
 
 def test_environment_fills_what_flags_leave_out():
-    config = _parse(["--port", "9000"], {"EMBER_PORT": "1", "EMBER_MAX_NUM_SEQS": "3", "EMBER_DETERMINISTIC": "1",
-                                         "EMBER_CORS_ORIGINS": "https://a, https://b", "EMBER_API_KEY": "k",
-                                         "EMBER_STREAM_USAGE": "0"})
+    config = _parse(
+        ["--port", "9000"],
+        {
+            "EMBER_PORT": "1",
+            "EMBER_MAX_NUM_SEQS": "3",
+            "EMBER_DETERMINISTIC": "1",
+            "EMBER_CORS_ORIGINS": "https://a, https://b",
+            "EMBER_API_KEY": "k",
+            "EMBER_STREAM_USAGE": "0",
+        },
+    )
     assert config.port == 9000 and config.max_num_seqs == 3 and config.deterministic
     assert config.cors_origins == ("https://a", "https://b") and config.api_key == "k"
     assert config.stream_usage is False
@@ -33,8 +41,9 @@ def test_switch_flags_turn_things_off_and_on():
     assert config.deterministic and not config.stream_usage and not config.precompile
 
 
-@pytest.mark.parametrize(("name", "value"), [("EMBER_PORT", "http"), ("EMBER_MAX_NUM_SEQS", "0"),
-                                             ("EMBER_DETERMINISTIC", "maybe")])
+@pytest.mark.parametrize(
+    ("name", "value"), [("EMBER_PORT", "http"), ("EMBER_MAX_NUM_SEQS", "0"), ("EMBER_DETERMINISTIC", "maybe")]
+)
 def test_bad_environment_values_exit_with_the_variable_named(name, value):
     with pytest.raises(SystemExit, match=name):
         _parse([], {name: value})

@@ -17,9 +17,27 @@ KEY = "sekrit-key"
 def strict(tiny_chat_model):
     from server_support import LiveServer
 
-    live = LiveServer(tiny_chat_model, "--max-num-seqs", "4", "--max-batched-tokens", "128", "--ctx", "2048",
-                      "--heartbeat-s", "0.2", "--api-key", KEY, "--cors-origins", "https://app.example",
-                      "--max-queue-depth", "2", "--request-timeout", "4", "--max-output-tokens", "40")
+    live = LiveServer(
+        tiny_chat_model,
+        "--max-num-seqs",
+        "4",
+        "--max-batched-tokens",
+        "128",
+        "--ctx",
+        "2048",
+        "--heartbeat-s",
+        "0.2",
+        "--api-key",
+        KEY,
+        "--cors-origins",
+        "https://app.example",
+        "--max-queue-depth",
+        "2",
+        "--request-timeout",
+        "4",
+        "--max-output-tokens",
+        "40",
+    )
     yield live
     live.stop()
 
@@ -39,30 +57,41 @@ def test_health_is_public_and_everything_else_needs_the_key(strict):
     assert wrong.status_code == 401 and wrong.json()["type"] == "error"  # Anthropic's shape on its route
     assert httpx.get(strict.url + "/api/tags").json() == {"error": wrong.json()["error"]["message"]}
     assert httpx.post(strict.url + "/v1/chat/completions", json=_chat(), headers=AUTH).status_code == 200
-    assert httpx.post(strict.url + "/v1/chat/completions", json=_chat(),
-                      headers={"x-api-key": KEY}).status_code == 200
+    assert httpx.post(strict.url + "/v1/chat/completions", json=_chat(), headers={"x-api-key": KEY}).status_code == 200
 
 
 def test_cors_only_for_configured_origins(strict):
-    pre = httpx.options(strict.url + "/v1/chat/completions",
-                        headers={"Origin": "https://app.example", "Access-Control-Request-Method": "POST"})
+    pre = httpx.options(
+        strict.url + "/v1/chat/completions",
+        headers={"Origin": "https://app.example", "Access-Control-Request-Method": "POST"},
+    )
     assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == "https://app.example"
     other = httpx.options(strict.url + "/v1/chat/completions", headers={"Origin": "https://evil.example"})
     assert "access-control-allow-origin" not in other.headers
-    ok = httpx.post(strict.url + "/v1/chat/completions", json=_chat(), headers={**AUTH, "Origin": "https://app.example"})
+    ok = httpx.post(
+        strict.url + "/v1/chat/completions", json=_chat(), headers={**AUTH, "Origin": "https://app.example"}
+    )
     assert ok.headers["access-control-allow-origin"] == "https://app.example"
 
 
 def test_absent_max_tokens_runs_to_the_configured_cap(strict):
-    reply = httpx.post(strict.url + "/v1/completions", headers=AUTH, timeout=60,
-                       json={"prompt": "a", "temperature": 0, "ignore_eos": True}).json()
+    reply = httpx.post(
+        strict.url + "/v1/completions",
+        headers=AUTH,
+        timeout=60,
+        json={"prompt": "a", "temperature": 0, "ignore_eos": True},
+    ).json()
     assert reply["usage"]["completion_tokens"] == 40 and reply["choices"][0]["finish_reason"] == "length"
 
 
 def test_deadline_gives_504_and_frees_the_request(strict):
     started = time.monotonic()
-    reply = httpx.post(strict.url + "/v1/completions", headers=AUTH, timeout=60,
-                       json={"prompt": "a", "max_tokens": 2000, "ignore_eos": True, "min_tokens": 2000})
+    reply = httpx.post(
+        strict.url + "/v1/completions",
+        headers=AUTH,
+        timeout=60,
+        json={"prompt": "a", "max_tokens": 2000, "ignore_eos": True, "min_tokens": 2000},
+    )
     assert reply.status_code == 504 and reply.json()["error"]["type"] == "timeout_error"
     assert time.monotonic() - started < 15
     _wait_idle(strict)
@@ -109,13 +138,16 @@ def test_queue_overflow_is_429_and_a_queued_stream_gets_heartbeats(strict):
             lines: list[str] = []
 
             async def queued_stream():
-                async with client.stream("POST", strict.url + "/v1/completions",
-                                         json={"prompt": "y", "max_tokens": 2, "stream": True}) as resp:
+                async with client.stream(
+                    "POST", strict.url + "/v1/completions", json={"prompt": "y", "max_tokens": 2, "stream": True}
+                ) as resp:
                     async for line in resp.aiter_lines():
                         lines.append(line)
 
             streamer = asyncio.create_task(queued_stream())
-            second = asyncio.create_task(client.post(strict.url + "/v1/completions", json={"prompt": "z", "max_tokens": 2}))
+            second = asyncio.create_task(
+                client.post(strict.url + "/v1/completions", json={"prompt": "z", "max_tokens": 2})
+            )
             await _until(lambda: _capacity(strict)["waiting"] == 2)
             overflow = await client.post(strict.url + "/v1/completions", json={"prompt": "w", "max_tokens": 2})
             await _until(lambda: ": ping" in lines)
@@ -144,9 +176,16 @@ async def _until(condition, timeout: float = 10.0) -> None:
 
 def test_metrics_are_prometheus_text_with_vllm_style_names(strict):
     text = httpx.get(strict.url + "/metrics", headers=AUTH).text
-    for name in ("ember:num_requests_running", "ember:num_requests_waiting", "ember:kv_cache_usage_perc",
-                 "ember:prompt_tokens_total", "ember:generation_tokens_total",
-                 "ember:time_to_first_token_seconds_bucket", "ember:inter_token_latency_seconds_bucket",
-                 "ember:e2e_request_latency_seconds_bucket", "ember:prefix_cache_hits_total",
-                 'ember:request_success_total{finished_reason="length"}'):
+    for name in (
+        "ember:num_requests_running",
+        "ember:num_requests_waiting",
+        "ember:kv_cache_usage_perc",
+        "ember:prompt_tokens_total",
+        "ember:generation_tokens_total",
+        "ember:time_to_first_token_seconds_bucket",
+        "ember:inter_token_latency_seconds_bucket",
+        "ember:e2e_request_latency_seconds_bucket",
+        "ember:prefix_cache_hits_total",
+        'ember:request_success_total{finished_reason="length"}',
+    ):
         assert name in text, name

@@ -10,7 +10,6 @@ import random
 import time
 
 import httpx
-
 from server_support import LiveServer
 
 ARGS = ("--max-num-seqs", "4", "--max-batched-tokens", "128", "--ctx", "2048", "--heartbeat-s", "0.5")
@@ -33,11 +32,13 @@ async def _stream_lines(client: httpx.AsyncClient, url: str, body: dict) -> list
 def test_sigterm_lets_eight_streams_finish_then_exits(tiny_chat_model):
     live = LiveServer(tiny_chat_model, *ARGS, "--drain-grace-s", "60")
     try:
+
         async def run():
             async with httpx.AsyncClient(timeout=60) as client:
                 body = {"prompt": "go", "max_tokens": 24, "min_tokens": 24, "ignore_eos": True, "stream": True}
-                streams = [asyncio.create_task(_stream_lines(client, live.url + "/v1/completions", body))
-                           for _ in range(8)]
+                streams = [
+                    asyncio.create_task(_stream_lines(client, live.url + "/v1/completions", body)) for _ in range(8)
+                ]
                 while True:
                     cap = (await client.get(live.url + "/v1/capacity")).json()
                     if cap["active"] + cap["waiting"] == 8:
@@ -62,10 +63,23 @@ def test_sigterm_lets_eight_streams_finish_then_exits(tiny_chat_model):
 
 def _soak_request(rng: random.Random, i: int) -> tuple[str, dict | bytes, str]:
     """(path, body, kind) of the i-th soak request."""
-    weather = {"type": "function", "function": {"name": "weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
-    chat = {"messages": [{"role": "user", "content": f"request {i}: " + "word " * rng.randrange(1, 60)}],
-            "max_tokens": rng.randrange(1, 12), "temperature": rng.choice([0, 0.8]), "seed": i}
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 8}},
+                "required": ["city"],
+            },
+        },
+    }
+    chat = {
+        "messages": [{"role": "user", "content": f"request {i}: " + "word " * rng.randrange(1, 60)}],
+        "max_tokens": rng.randrange(1, 12),
+        "temperature": rng.choice([0, 0.8]),
+        "seed": i,
+    }
     kind = rng.choice(["chat", "stream", "completion", "tools", "json", "invalid", "disconnect", "anthropic"])
     if kind == "stream":
         return "/v1/chat/completions", {**chat, "stream": True}, kind
@@ -76,8 +90,13 @@ def _soak_request(rng: random.Random, i: int) -> tuple[str, dict | bytes, str]:
     if kind == "json":
         return "/v1/chat/completions", {**chat, "max_tokens": 40, "response_format": {"type": "json_object"}}, kind
     if kind == "invalid":
-        return "/v1/chat/completions", rng.choice([b"{broken", {"messages": []}, {**chat, "temperature": -1},
-                                                   {**chat, "n": 99}, {"messages": "hi"}]), kind
+        return (
+            "/v1/chat/completions",
+            rng.choice(
+                [b"{broken", {"messages": []}, {**chat, "temperature": -1}, {**chat, "n": 99}, {"messages": "hi"}]
+            ),
+            kind,
+        )
     if kind == "disconnect":
         return "/v1/chat/completions", {**chat, "max_tokens": 200, "min_tokens": 200, "stream": True}, kind
     return "/v1/messages", {"messages": chat["messages"], "max_tokens": chat["max_tokens"]}, kind

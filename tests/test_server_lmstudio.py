@@ -11,8 +11,15 @@ import pytest
 from ember.runtime.streams import Usage
 from ember.server.lmstudio import _stop_reason
 
-STOP_REASONS = {"eosFound", "stopStringFound", "maxPredictedTokensReached", "contextLengthReached", "toolCalls",
-                "userStopped", "failed"}
+STOP_REASONS = {
+    "eosFound",
+    "stopStringFound",
+    "maxPredictedTokensReached",
+    "contextLengthReached",
+    "toolCalls",
+    "userStopped",
+    "failed",
+}
 HELLO = [{"role": "user", "content": "Say hello."}]
 
 
@@ -33,8 +40,7 @@ def assert_lmstudio_blocks(payload: dict, completion_tokens: int) -> None:
     assert 0 < stats["time_to_first_token"]
     assert 0 < stats["generation_time"]
     assert stats["tokens_per_second"] == pytest.approx(completion_tokens / stats["generation_time"])
-    assert payload["model_info"] == {"arch": "qwen2", "quant": "F32", "format": "safetensors",
-                                     "context_length": 2048}
+    assert payload["model_info"] == {"arch": "qwen2", "quant": "F32", "format": "safetensors", "context_length": 2048}
     runtime = payload["runtime"]
     assert runtime["name"] == "ember" and "gguf" in runtime["supported_formats"] and runtime["version"]
 
@@ -80,8 +86,9 @@ def test_embeddings_are_501(http, model_id):
 
 
 def test_chat_completion_has_stats_model_info_and_runtime(http, model_id):
-    reply = http.post("/api/v0/chat/completions", json={"model": model_id, "messages": HELLO, "max_tokens": 5,
-                                                         "temperature": 0})
+    reply = http.post(
+        "/api/v0/chat/completions", json={"model": model_id, "messages": HELLO, "max_tokens": 5, "temperature": 0}
+    )
     assert reply.status_code == 200, reply.text
     payload = reply.json()
     assert payload["object"] == "chat.completion" and payload["model"] == model_id
@@ -109,8 +116,13 @@ def test_chat_stream_carries_the_blocks_on_its_last_chunk(http, model_id):
 
 
 def test_chat_stream_without_usage_puts_the_blocks_on_the_finish_chunk(http, model_id):
-    body = {"model": model_id, "messages": HELLO, "max_tokens": 3, "stream": True,
-            "stream_options": {"include_usage": False}}
+    body = {
+        "model": model_id,
+        "messages": HELLO,
+        "max_tokens": 3,
+        "stream": True,
+        "stream_options": {"include_usage": False},
+    }
     chunks = sse_events(http, "/api/v0/chat/completions", body)
     last = chunks[-1]
     assert last["choices"][0]["finish_reason"] in ("stop", "length")
@@ -130,8 +142,10 @@ def test_context_length_reached(http, model_id):
 
 
 def test_completion_has_stats(http, model_id):
-    reply = http.post("/api/v0/completions", json={"model": model_id, "prompt": "Once upon a time",
-                                                    "max_tokens": 4, "temperature": 0, "logprobs": 1})
+    reply = http.post(
+        "/api/v0/completions",
+        json={"model": model_id, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "logprobs": 1},
+    )
     assert reply.status_code == 200, reply.text
     payload = reply.json()
     assert payload["object"] == "text_completion"
@@ -164,12 +178,21 @@ class _Service:
     context_length = 100
 
 
-@pytest.mark.parametrize("finish, stop, tokens, expected", [
-    ("stop", None, 5, "eosFound"), ("stop", 151645, 5, "eosFound"), ("stop", "END", 5, "stopStringFound"),
-    ("length", None, 5, "maxPredictedTokensReached"), ("length", None, 90, "contextLengthReached"),
-    ("tool_calls", None, 5, "toolCalls"), ("abort", None, 5, "userStopped"), ("error", None, 5, "failed"),
-])
+@pytest.mark.parametrize(
+    "finish, stop, tokens, expected",
+    [
+        ("stop", None, 5, "eosFound"),
+        ("stop", 151645, 5, "eosFound"),
+        ("stop", "END", 5, "stopStringFound"),
+        ("length", None, 5, "maxPredictedTokensReached"),
+        ("length", None, 90, "contextLengthReached"),
+        ("tool_calls", None, 5, "toolCalls"),
+        ("abort", None, 5, "userStopped"),
+        ("error", None, 5, "failed"),
+    ],
+)
 def test_stop_reason_names(finish, stop, tokens, expected):
-    usage = Usage(prompt_tokens=10, completion_tokens=tokens, cached_tokens=0, queue_s=0, ttft_s=0.1, decode_s=0.2,
-                  e2e_s=0.3)
+    usage = Usage(
+        prompt_tokens=10, completion_tokens=tokens, cached_tokens=0, queue_s=0, ttft_s=0.1, decode_s=0.2, e2e_s=0.3
+    )
     assert _stop_reason(_Service(), usage, finish, stop) == expected

@@ -50,8 +50,11 @@ def test_stream_matches_the_non_streamed_greedy_answer(client):
 
 
 def test_streamed_logprobs_one_entry_per_token(client):
-    chunks = list(_greedy(client, max_tokens=6, stream=True, logprobs=True, top_logprobs=3,
-                          stream_options={"include_usage": True}))
+    chunks = list(
+        _greedy(
+            client, max_tokens=6, stream=True, logprobs=True, top_logprobs=3, stream_options={"include_usage": True}
+        )
+    )
     entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert len(entries) == 6 == chunks[-1].usage.completion_tokens
     for entry in entries:  # greedy: the chosen token is the most likely one
@@ -70,19 +73,21 @@ def test_n_choices_with_a_seed_are_reproducible(client):
 
 def test_stop_string_is_never_emitted(client):
     whole = _greedy(client, max_tokens=12).choices[0].message.content
-    stop = whole[len(whole) // 2:][:3]
+    stop = whole[len(whole) // 2 :][:3]
     assert stop
     stopped = _greedy(client, max_tokens=12, stop=[stop])
     text = stopped.choices[0].message.content
     assert stopped.choices[0].finish_reason == "stop" and stop not in text and whole.startswith(text)
-    streamed = "".join(c.choices[0].delta.content or "" for c in _greedy(client, max_tokens=12, stop=[stop],
-                                                                         stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or "" for c in _greedy(client, max_tokens=12, stop=[stop], stream=True) if c.choices
+    )
     assert streamed == text
 
 
 def test_completions_with_echo_logprobs_and_token_ids(client):
-    reply = client.completions.create(model="tiny-qwen-chat", prompt="def add(a, b):", max_tokens=5, temperature=0,
-                                      echo=True, logprobs=2)
+    reply = client.completions.create(
+        model="tiny-qwen-chat", prompt="def add(a, b):", max_tokens=5, temperature=0, echo=True, logprobs=2
+    )
     choice = reply.choices[0]
     assert choice.text.startswith("def add(a, b):")
     assert len(choice.logprobs.tokens) == 5 and all(len(t) <= 2 for t in choice.logprobs.top_logprobs)
@@ -92,8 +97,16 @@ def test_completions_with_echo_logprobs_and_token_ids(client):
 
 
 def test_streamed_completion_usage_chunk(client):
-    chunks = list(client.completions.create(model="tiny-qwen-chat", prompt="x = ", max_tokens=4, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="tiny-qwen-chat",
+            prompt="x = ",
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
 
 
@@ -125,11 +138,19 @@ def test_bad_json_and_oversized_bodies(server):
     assert huge.status_code == 413 and huge.json()["error"]["type"] == "invalid_request_error"
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                                    "unit": {"enum": ["c", "f"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def _check_weather_arguments(arguments: str) -> None:
@@ -139,8 +160,15 @@ def _check_weather_arguments(arguments: str) -> None:
 
 
 def test_required_tool_choice_returns_a_schema_valid_call(client):
-    reply = client.chat.completions.create(model="tiny-qwen-chat", messages=MESSAGES, tools=[WEATHER],
-                                           tool_choice="required", max_tokens=80, temperature=0.7, seed=3)
+    reply = client.chat.completions.create(
+        model="tiny-qwen-chat",
+        messages=MESSAGES,
+        tools=[WEATHER],
+        tool_choice="required",
+        max_tokens=80,
+        temperature=0.7,
+        seed=3,
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
     call = choice.message.tool_calls[0]
@@ -149,27 +177,48 @@ def test_required_tool_choice_returns_a_schema_valid_call(client):
 
 
 def test_streamed_tool_call_is_assembled_by_the_sdk(client):
-    with client.chat.completions.stream(model="tiny-qwen-chat", messages=MESSAGES, tools=[WEATHER],
-                                        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-                                        max_tokens=80, temperature=0) as stream:
+    with client.chat.completions.stream(
+        model="tiny-qwen-chat",
+        messages=MESSAGES,
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=80,
+        temperature=0,
+    ) as stream:
         final = stream.get_final_completion()
     choice = final.choices[0]
     assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
     _check_weather_arguments(choice.message.tool_calls[0].function.arguments)
     # the same request unstreamed gives the same call (greedy)
-    whole = client.chat.completions.create(model="tiny-qwen-chat", messages=MESSAGES, tools=[WEATHER],
-                                           tool_choice={"type": "function", "function": {"name": "get_weather"}},
-                                           max_tokens=80, temperature=0)
+    whole = client.chat.completions.create(
+        model="tiny-qwen-chat",
+        messages=MESSAGES,
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=80,
+        temperature=0,
+    )
     assert whole.choices[0].message.tool_calls[0].function.arguments == choice.message.tool_calls[0].function.arguments
 
 
 def test_tool_results_render_in_a_later_turn(client):
     history = MESSAGES + [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
-            "name": "get_weather", "arguments": '{"city": "Oslo", "unit": "c"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": -3}'}]
-    reply = client.chat.completions.create(model="tiny-qwen-chat", messages=history, tools=[WEATHER],
-                                           tool_choice="none", max_tokens=3)
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "c"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": -3}'},
+    ]
+    reply = client.chat.completions.create(
+        model="tiny-qwen-chat", messages=history, tools=[WEATHER], tool_choice="none", max_tokens=3
+    )
     assert reply.choices[0].finish_reason == "length"
     tokens = client.post("/tokenize", body={"messages": history}, cast_to=httpx.Response).json()
     text = client.post("/detokenize", body={"tokens": tokens["tokens"]}, cast_to=httpx.Response).json()["prompt"]
@@ -177,12 +226,19 @@ def test_tool_results_render_in_a_later_turn(client):
 
 
 def test_json_schema_response_format_is_enforced(client):
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
-                                               "tag": {"enum": ["a", "b"]}},
-              "required": ["n", "tag"], "additionalProperties": False}
-    reply = client.chat.completions.create(model="tiny-qwen-chat", messages=MESSAGES, max_tokens=60, temperature=0,
-                                           response_format={"type": "json_schema",
-                                                            "json_schema": {"name": "t", "schema": schema}})
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "tag": {"enum": ["a", "b"]}},
+        "required": ["n", "tag"],
+        "additionalProperties": False,
+    }
+    reply = client.chat.completions.create(
+        model="tiny-qwen-chat",
+        messages=MESSAGES,
+        max_tokens=60,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}},
+    )
     import jsonschema
 
     jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
@@ -191,11 +247,22 @@ def test_json_schema_response_format_is_enforced(client):
 
 def test_invalid_schema_and_tools_are_400_naming_the_field(client):
     with pytest.raises(openai.BadRequestError) as error:
-        client.chat.completions.create(model="tiny-qwen-chat", messages=MESSAGES, max_tokens=4, response_format={
-            "type": "json_schema", "json_schema": {"name": "t", "schema": {"type": "object", "properties": {
-                "a": {"type": "nonsense"}}}}})
+        client.chat.completions.create(
+            model="tiny-qwen-chat",
+            messages=MESSAGES,
+            max_tokens=4,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "t", "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}},
+            },
+        )
     assert error.value.body["param"].startswith("response_format.json_schema.schema")
     with pytest.raises(openai.BadRequestError) as error:
-        client.chat.completions.create(model="tiny-qwen-chat", messages=MESSAGES, max_tokens=4, tools=[WEATHER],
-                                       tool_choice={"type": "function", "function": {"name": "nope"}})
+        client.chat.completions.create(
+            model="tiny-qwen-chat",
+            messages=MESSAGES,
+            max_tokens=4,
+            tools=[WEATHER],
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        )
     assert error.value.body["param"] == "tool_choice.function.name"

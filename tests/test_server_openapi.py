@@ -21,25 +21,50 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.core import NOT_SET
 from schemathesis.generation.modes import GenerationMode
-from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
-                                               status_code_conformance)
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 FUZZ_MAX_TOKENS = 6
 FUZZ_MAX_N = 2
 MAX_EXAMPLES = int(os.environ.get("EMBER_FUZZ_EXAMPLES", "20"))  # per operation and mode; raise it locally
-OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/v1/tokenize",
-                 "/v1/detokenize", "/v1/score")
-_TOKEN_FIELDS = {"/v1/chat/completions": ("max_tokens", "max_completion_tokens"),
-                 "/v1/completions": ("max_tokens",), "/v1/responses": ("max_output_tokens",)}
+OPENAI_ROUTES = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/models",
+    "/v1/tokenize",
+    "/v1/detokenize",
+    "/v1/score",
+)
+_TOKEN_FIELDS = {
+    "/v1/chat/completions": ("max_tokens", "max_completion_tokens"),
+    "/v1/completions": ("max_tokens",),
+    "/v1/responses": ("max_output_tokens",),
+}
 
 
 # (path, method) of each fuzzed operation: the OpenAI routes and Ember's tokenize/detokenize/score
-OPERATIONS = [("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/responses", "POST"),
-              ("/v1/responses/{response_id}", "GET"), ("/v1/models", "GET"), ("/v1/models/{model}", "GET"),
-              ("/v1/tokenize", "POST"), ("/v1/detokenize", "POST"), ("/v1/score", "POST")]
+OPERATIONS = [
+    ("/v1/chat/completions", "POST"),
+    ("/v1/completions", "POST"),
+    ("/v1/responses", "POST"),
+    ("/v1/responses/{response_id}", "GET"),
+    ("/v1/models", "GET"),
+    ("/v1/models/{model}", "GET"),
+    ("/v1/tokenize", "POST"),
+    ("/v1/detokenize", "POST"),
+    ("/v1/score", "POST"),
+]
 # negative (schema-violating) requests for the operations with a body; the GETs have nothing to break
-RUNS = [(path, method, mode) for path, method in OPERATIONS
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if method == "POST" or mode == "positive"]
+RUNS = [
+    (path, method, mode)
+    for path, method in OPERATIONS
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    if method == "POST" or mode == "positive"
+]
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
@@ -79,8 +104,13 @@ def test_generated_requests_never_get_a_server_error(api_schema, path, method, m
     sent = []
 
     @given(case=operation.as_strategy(mode))
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],
+    )
     def run(case):
         if case.body is not NOT_SET:
             case.body = cheap(path, case.body)
@@ -100,7 +130,7 @@ def test_openapi_document_describes_the_openai_routes(server):
     schemas = doc["components"]["schemas"]
     for name in ("ChatCompletionRequest", "CompletionRequest", "ResponseRequest"):
         assert schemas[name]["properties"]["model"]["enum"] == [model]
-    for name, body in schemas.items():
+    for body in schemas.values():
         jsonschema.Draft202012Validator.check_schema(body)
     chat = doc["paths"]["/v1/chat/completions"]["post"]["responses"]
     for status in ("400", "401", "404", "413", "429", "503", "504"):
@@ -113,19 +143,26 @@ def test_openapi_document_describes_the_openai_routes(server):
 def test_error_answers_match_the_documented_error_shape(server):
     doc = httpx.get(server.url + "/openapi.json", timeout=30).json()
     error_schema = doc["components"]["schemas"]["Error"]
-    for body in ({"messages": []}, {"messages": [{"role": "user", "content": "hi"}], "model": "nope"},
-                 {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}):
+    for body in (
+        {"messages": []},
+        {"messages": [{"role": "user", "content": "hi"}], "model": "nope"},
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6},
+    ):
         answer = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
         assert answer.status_code in (400, 404)
         jsonschema.validate(answer.json(), error_schema)
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/tokenize"])
-@pytest.mark.parametrize("body", [
-    b"[" * 100_000,  # nested past Python's recursion limit (was a 500: RecursionError)
-    b'{"prompt": "\\ud800", "input": "\\ud800", "messages": [{"role": "user", "content": "a\\udc00b"}]}',  # lone
-    # surrogates cannot be tokenized (was a 500: TypeError from the tokenizer)
-], ids=["deep-nesting", "lone-surrogate"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000,  # nested past Python's recursion limit (was a 500: RecursionError)
+        b'{"prompt": "\\ud800", "input": "\\ud800", "messages": [{"role": "user", "content": "a\\udc00b"}]}',  # lone
+        # surrogates cannot be tokenized (was a 500: TypeError from the tokenizer)
+    ],
+    ids=["deep-nesting", "lone-surrogate"],
+)
 def test_bodies_the_fuzzer_rarely_builds_are_400(server, path, body):
     answer = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=60)
     assert answer.status_code == 400, answer.text
@@ -133,14 +170,19 @@ def test_bodies_the_fuzzer_rarely_builds_are_400(server, path, body):
 
 
 def test_paired_surrogate_escapes_are_text(server):
-    answer = httpx.post(server.url + "/v1/tokenize", content=b'{"prompt": "\\ud83d\\ude00"}',
-                        headers={"content-type": "application/json"}, timeout=60)
+    answer = httpx.post(
+        server.url + "/v1/tokenize",
+        content=b'{"prompt": "\\ud83d\\ude00"}',
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
     assert answer.status_code == 200 and answer.json()["count"] >= 1
 
 
 def _strict_json(text: str):
     def refuse(constant):
         raise ValueError(f"not JSON: {constant}")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -159,15 +201,25 @@ def test_score_of_an_impossible_token_is_still_json(server):
 def test_a_tool_message_with_an_object_call_id_is_400(server, path):
     """Found by the fuzzer: a tool message's tool_call_id is looked up by the tool-turn translation; an
     object there was a 500 (TypeError: unhashable type)."""
-    body = {"messages": [{"role": "user", "content": "hi"},
-                         {"role": "tool", "content": "22 C", "tool_call_id": {"id": "call_1"}}], "max_tokens": 2}
+    body = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "tool", "content": "22 C", "tool_call_id": {"id": "call_1"}},
+        ],
+        "max_tokens": 2,
+    }
     answer = httpx.post(server.url + path, json=body, timeout=60)
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == "messages[1].tool_call_id"
 
 
 def test_huge_temperature_under_a_grammar_is_not_a_500(server):
-    body = {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"},
-            "max_tokens": 6, "temperature": 1e308, "seed": 0}
+    body = {
+        "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_object"},
+        "max_tokens": 6,
+        "temperature": 1e308,
+        "seed": 0,
+    }
     answer = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
     assert answer.status_code < 500, answer.text

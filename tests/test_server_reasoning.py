@@ -28,18 +28,21 @@ def test_only_models_with_think_tokens_get_a_parser():
     assert ReasoningParser.for_tokenizer(Vocabulary("<tool_call>")) is None
 
 
-@pytest.mark.parametrize(("parser", "text", "reasoning", "content"), [
-    (PARSER, "<think>\nLet me see.\n</think>\n\nParis.", "Let me see.", "Paris."),
-    (PARSER, "  <think>a</think>b", "a", "b"),
-    (PARSER, "Paris.", "", "Paris."),
-    (PARSER, " Paris <think>x</think>", "", " Paris <think>x</think>"),  # only a leading block is reasoning
-    (PARSER, "<think>cut off by max_tokens\n", "cut off by max_tokens", ""),
-    (PARSER, "<think>\n\n</think>\n\nHi", "", "Hi"),
-    (PARSER, "<think>a</think>b</think>c", "a", "b</think>c"),
-    (INSIDE, "Let me see.\n</think>\n\nParis.", "Let me see.", "Paris."),
-    (INSIDE, "no end tag", "no end tag", ""),
-    (INSIDE, "</think>Paris", "", "Paris"),
-])
+@pytest.mark.parametrize(
+    ("parser", "text", "reasoning", "content"),
+    [
+        (PARSER, "<think>\nLet me see.\n</think>\n\nParis.", "Let me see.", "Paris."),
+        (PARSER, "  <think>a</think>b", "a", "b"),
+        (PARSER, "Paris.", "", "Paris."),
+        (PARSER, " Paris <think>x</think>", "", " Paris <think>x</think>"),  # only a leading block is reasoning
+        (PARSER, "<think>cut off by max_tokens\n", "cut off by max_tokens", ""),
+        (PARSER, "<think>\n\n</think>\n\nHi", "", "Hi"),
+        (PARSER, "<think>a</think>b</think>c", "a", "b</think>c"),
+        (INSIDE, "Let me see.\n</think>\n\nParis.", "Let me see.", "Paris."),
+        (INSIDE, "no end tag", "no end tag", ""),
+        (INSIDE, "</think>Paris", "", "Paris"),
+    ],
+)
 def test_split(parser, text, reasoning, content):
     assert parser.split(text) == ReasoningSplit(reasoning, content)
 
@@ -58,8 +61,13 @@ def stream(parser: ReasoningParser, text: str, cuts: list[int]) -> list[Reasonin
     return [splitter.feed(text[a:b]) for a, b in itertools.pairwise(bounds)] + [splitter.finish()]
 
 
-PIECES = st.lists(st.one_of(st.text(alphabet="ab <>/\n", max_size=6),
-                            st.sampled_from(["<think>", "</think>", "<thi", "</thin", "\n\n", " "])), max_size=8)
+PIECES = st.lists(
+    st.one_of(
+        st.text(alphabet="ab <>/\n", max_size=6),
+        st.sampled_from(["<think>", "</think>", "<thi", "</thin", "\n\n", " "]),
+    ),
+    max_size=8,
+)
 
 
 @settings(max_examples=400, deadline=None)

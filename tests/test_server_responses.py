@@ -22,8 +22,13 @@ from ember.server.openai_responses_input import parse_responses_request
 from ember.server.openai_responses_output import ResponseEventWriter, output_items, response_object
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city",
-                "parameters": WEATHER, "strict": True}
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "parameters": WEATHER,
+    "strict": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +62,15 @@ def check_response(response, model: str, max_output_tokens: int) -> None:
 
 
 def test_create_with_a_string_input(client, model):
-    response = client.responses.create(model=model, input="Say hello.", instructions="Be brief.",
-                                       max_output_tokens=8, temperature=0.5, top_p=0.9, metadata={"run": "1"})
+    response = client.responses.create(
+        model=model,
+        input="Say hello.",
+        instructions="Be brief.",
+        max_output_tokens=8,
+        temperature=0.5,
+        top_p=0.9,
+        metadata={"run": "1"},
+    )
     check_response(response, model, 8)
     assert response.instructions == "Be brief." and response.max_output_tokens == 8
     assert response.temperature == 0.5 and response.top_p == 0.9 and response.metadata == {"run": "1"}
@@ -67,26 +79,40 @@ def test_create_with_a_string_input(client, model):
 
 def test_input_tokens_are_the_chat_templates_tokens(client, model, server):
     """instructions + input items render exactly as the same conversation does on the chat path."""
-    items = [{"role": "developer", "content": "Answer in French."},
-             {"role": "user", "content": [{"type": "input_text", "text": "Hi "},
-                                          {"type": "input_text", "text": "there"}]},
-             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Bonjour"}]},
-             {"role": "user", "content": "How are you?"}]
+    items = [
+        {"role": "developer", "content": "Answer in French."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Hi "}, {"type": "input_text", "text": "there"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Bonjour"}]},
+        {"role": "user", "content": "How are you?"},
+    ]
     response = client.responses.create(model=model, input=items, instructions="You are terse.", max_output_tokens=2)
     check_response(response, model, 2)
-    messages = [{"role": "system", "content": "You are terse."}, {"role": "system", "content": "Answer in French."},
-                {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Bonjour"},
-                {"role": "user", "content": "How are you?"}]
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "system", "content": "Answer in French."},
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Bonjour"},
+        {"role": "user", "content": "How are you?"},
+    ]
     tokens = httpx.post(server.url + "/v1/tokenize", json={"messages": messages}, timeout=60).json()
     assert response.usage.input_tokens == tokens["count"]
 
 
 def test_function_call_history_and_tools(client, model):
-    items = [{"role": "user", "content": "Weather in Paris?"},
-             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
-             {"type": "function_call_output", "call_id": "call_1", "output": "22 C, sunny"}]
-    response = client.responses.create(model=model, input=items, tools=[WEATHER_TOOL], tool_choice="auto",
-                                       max_output_tokens=6, store=False, reasoning={"effort": "low"})
+    items = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "22 C, sunny"},
+    ]
+    response = client.responses.create(
+        model=model,
+        input=items,
+        tools=[WEATHER_TOOL],
+        tool_choice="auto",
+        max_output_tokens=6,
+        store=False,
+        reasoning={"effort": "low"},
+    )
     assert response.status in ("completed", "incomplete")
     assert [tool.name for tool in response.tools] == ["get_weather"] and response.tool_choice == "auto"
     for item in response.output:
@@ -97,8 +123,11 @@ def test_function_call_history_and_tools(client, model):
 
 
 def test_text_formats_are_accepted(client, model):
-    for text in ({"format": {"type": "text"}}, {"format": {"type": "json_object"}},
-                 {"format": {"type": "json_schema", "name": "city", "schema": WEATHER, "strict": True}}):
+    for text in (
+        {"format": {"type": "text"}},
+        {"format": {"type": "json_object"}},
+        {"format": {"type": "json_schema", "name": "city", "schema": WEATHER, "strict": True}},
+    ):
         response = client.responses.create(model=model, input="A city, as JSON.", text=text, max_output_tokens=4)
         assert response.text.format.type == text["format"]["type"]
         assert response.status in ("completed", "incomplete")
@@ -106,22 +135,29 @@ def test_text_formats_are_accepted(client, model):
 
 def test_a_forced_function_call_is_a_function_call_item(client, model):
     """tool_choice naming a function: the grammar makes the random model call it with valid arguments."""
-    tool = {**WEATHER_TOOL, "parameters": {**WEATHER, "properties": {"city": {"type": "string", "maxLength": 6}},
-                                           "additionalProperties": False}}
+    tool = {
+        **WEATHER_TOOL,
+        "parameters": {
+            **WEATHER,
+            "properties": {"city": {"type": "string", "maxLength": 6}},
+            "additionalProperties": False,
+        },
+    }
     choice = {"type": "function", "name": "get_weather"}
-    response = client.responses.create(model=model, input="Weather in Oslo?", tools=[tool], tool_choice=choice,
-                                       max_output_tokens=60, temperature=0)
+    response = client.responses.create(
+        model=model, input="Weather in Oslo?", tools=[tool], tool_choice=choice, max_output_tokens=60, temperature=0
+    )
     calls = [item for item in response.output if item.type == "function_call"]
     assert response.status == "completed" and len(calls) == 1
     assert calls[0].name == "get_weather" and calls[0].call_id.startswith("call_") and calls[0].id.startswith("fc_")
     assert set(json.loads(calls[0].arguments)) == {"city"}
-    with client.responses.stream(model=model, input="Weather in Oslo?", tools=[tool], tool_choice=choice,
-                                 max_output_tokens=60, temperature=0) as stream:
+    with client.responses.stream(
+        model=model, input="Weather in Oslo?", tools=[tool], tool_choice=choice, max_output_tokens=60, temperature=0
+    ) as stream:
         events = list(stream)
     kinds = [e.type for e in events]
     assert kinds[2] == "response.output_item.added" and events[2].item.type == "function_call"
-    assert kinds[-3:] == ["response.function_call_arguments.done", "response.output_item.done",
-                          "response.completed"]
+    assert kinds[-3:] == ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
     streamed = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     final = stream.get_final_response()  # the SDK helper's own accumulated response
     assert [item.type for item in final.output] == ["function_call"]
@@ -131,9 +167,13 @@ def test_a_forced_function_call_is_a_function_call_item(client, model):
 
 def test_json_schema_format_gives_matching_json(client, model):
     schema = {**WEATHER, "properties": {"city": {"type": "string", "maxLength": 6}}, "additionalProperties": False}
-    response = client.responses.create(model=model, input="JSON please", max_output_tokens=60, temperature=0,
-                                       text={"format": {"type": "json_schema", "name": "w", "schema": schema,
-                                                        "strict": True}})
+    response = client.responses.create(
+        model=model,
+        input="JSON please",
+        max_output_tokens=60,
+        temperature=0,
+        text={"format": {"type": "json_schema", "name": "w", "schema": schema, "strict": True}},
+    )
     if response.status == "completed":
         assert set(json.loads(response.output_text)) == {"city"}
 
@@ -150,23 +190,28 @@ def test_previous_response_id_is_refused(client, model):
         client.responses.retrieve(first.id)  # nothing is stored
 
 
-@pytest.mark.parametrize(("extra", "param"), [
-    ({"tools": [{"type": "web_search_preview"}]}, "tools[0].type"),
-    ({"tools": [{"type": "function", "name": "bad name"}]}, "tools[0].name"),
-    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "objekt"}}]}, "tools[0].parameters"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
-     "input[0].content[0].type"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
-    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]}, "input[0].arguments"),
-    ({"background": True}, "background"),
-    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
-    ({"text": {"format": {"type": "json_schema", "schema": WEATHER}}}, "text.format.name"),
-    ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER_TOOL]}, "tool_choice.name"),
-    ({"max_output_tokens": 10**6}, "max_output_tokens"),
-    ({"max_output_tokens": 0}, "max_output_tokens"),
-    ({"temperature": -1}, "temperature"),
-    ({"input": []}, "input"),
-])
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [{"type": "web_search_preview"}]}, "tools[0].type"),
+        ({"tools": [{"type": "function", "name": "bad name"}]}, "tools[0].name"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "objekt"}}]}, "tools[0].parameters"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+            "input[0].content[0].type",
+        ),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]}, "input[0].arguments"),
+        ({"background": True}, "background"),
+        ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+        ({"text": {"format": {"type": "json_schema", "schema": WEATHER}}}, "text.format.name"),
+        ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER_TOOL]}, "tool_choice.name"),
+        ({"max_output_tokens": 10**6}, "max_output_tokens"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"input": []}, "input"),
+    ],
+)
 def test_invalid_requests_name_the_responses_field(client, model, extra, param):
     body = {"model": model, "input": "Hello", "max_output_tokens": 2, **extra}
     with pytest.raises(openai.BadRequestError) as caught:
@@ -182,8 +227,14 @@ def test_unknown_model_is_404(client):
 # ---- streaming ----------------------------------------------------------------------------------------
 
 
-MESSAGE_EVENTS = ["response.output_item.added", "response.content_part.added", "response.output_text.delta",
-                  "response.output_text.done", "response.content_part.done", "response.output_item.done"]
+MESSAGE_EVENTS = [
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+]
 
 
 def test_stream_event_order_and_agreement(client, model):
@@ -244,9 +295,17 @@ def test_a_client_that_leaves_mid_stream_frees_its_request(server, model):
 
 # ---- offline: the event writer and the request translation ----------------------------------------------
 
-ECHO = {"instructions": None, "max_output_tokens": None, "parallel_tool_calls": True, "tools": [],
-        "tool_choice": "auto", "text": {"format": {"type": "text"}}, "reasoning": {"effort": None, "summary": None},
-        "metadata": {}, "user": None}
+ECHO = {
+    "instructions": None,
+    "max_output_tokens": None,
+    "parallel_tool_calls": True,
+    "tools": [],
+    "tool_choice": "auto",
+    "text": {"format": {"type": "text"}},
+    "reasoning": {"effort": None, "summary": None},
+    "metadata": {},
+    "user": None,
+}
 PARAMS = SimpleNamespace(temperature=0.7, top_p=1.0)
 
 
@@ -265,14 +324,29 @@ def test_writer_streams_reasoning_text_and_tool_calls_as_the_sdk_expects():
     writer = ResponseEventWriter()
     start = response_object("resp_1", 0, "m", ECHO, PARAMS, status="in_progress", output=[])
     events = [writer.lifecycle("response.created", start), writer.lifecycle("response.in_progress", start)]
-    for delta in [{"reasoning_content": "Let me", "reasoning": "Let me"}, {"reasoning_content": " think"},
-                  {"content": "Checking"}, {"content": " now."},
-                  {"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
-                                   "function": {"name": "get_weather", "arguments": ""}}]},
-                  {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
-                  {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]},
-                  {"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
-                                   "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}]:
+    for delta in [
+        {"reasoning_content": "Let me", "reasoning": "Let me"},
+        {"reasoning_content": " think"},
+        {"content": "Checking"},
+        {"content": " now."},
+        {
+            "tool_calls": [
+                {"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+            ]
+        },
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]},
+        {
+            "tool_calls": [
+                {
+                    "index": 1,
+                    "id": "call_b",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+                }
+            ]
+        },
+    ]:
         events += writer.feed(delta)
     events += writer.finish("completed")
     final = response_object("resp_1", 0, "m", ECHO, PARAMS, status="completed", output=writer.output)
@@ -283,7 +357,9 @@ def test_writer_streams_reasoning_text_and_tool_calls_as_the_sdk_expects():
     assert response.output[0].content[0].text == writer.reasoning_text == "Let me think"
     assert response.output_text == streamed_text == "Checking now."
     assert [(c.call_id, c.name, json.loads(c.arguments)) for c in response.output[2:]] == [
-        ("call_a", "get_weather", {"city": "Paris"}), ("call_b", "get_weather", {"city": "Rome"})]
+        ("call_a", "get_weather", {"city": "Paris"}),
+        ("call_b", "get_weather", {"city": "Rome"}),
+    ]
     kinds = [kind for kind, _ in events]
     assert kinds.count("response.function_call_arguments.done") == 2
     assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
@@ -308,23 +384,40 @@ def test_whole_output_items():
 def test_translation_to_a_chat_body():
     said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}]}
     result = {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "cold"}]}
-    body = {"model": "m", "instructions": "Sys", "max_output_tokens": 9, "temperature": 0.2,
-            "parallel_tool_calls": False,
-            "input": [{"role": "user", "content": "Hi"}, said,
-                      {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
-                      {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": ""},
-                      result, {"type": "reasoning", "id": "rs_1", "summary": []}],
-            "tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "name": "get_weather"},
-            "text": {"format": {"type": "json_schema", "name": "w", "schema": WEATHER}},
-            "reasoning": {"effort": "high"}}
+    body = {
+        "model": "m",
+        "instructions": "Sys",
+        "max_output_tokens": 9,
+        "temperature": 0.2,
+        "parallel_tool_calls": False,
+        "input": [
+            {"role": "user", "content": "Hi"},
+            said,
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
+            {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": ""},
+            result,
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+        ],
+        "tools": [WEATHER_TOOL],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "text": {"format": {"type": "json_schema", "name": "w", "schema": WEATHER}},
+        "reasoning": {"effort": "high"},
+    }
     request = parse_responses_request(body)
     chat = request.chat_body
     assert chat["messages"] == [
-        {"role": "system", "content": "Sys"}, {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Let me look.", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}},
-            {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "cold"}]
+        {"role": "system", "content": "Sys"},
+        {"role": "user", "content": "Hi"},
+        {
+            "role": "assistant",
+            "content": "Let me look.",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}},
+                {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "cold"},
+    ]
     assert chat["tools"] == [{"type": "function", "function": {k: v for k, v in WEATHER_TOOL.items() if k != "type"}}]
     assert chat["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}}
@@ -341,8 +434,17 @@ def test_translation_to_a_chat_body():
 
 def test_allowed_tools_narrows_the_tools():
     other = {**WEATHER_TOOL, "name": "get_time"}
-    request = parse_responses_request({"input": "x", "tools": [WEATHER_TOOL, other], "tool_choice": {
-        "type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_time"}]}})
+    request = parse_responses_request(
+        {
+            "input": "x",
+            "tools": [WEATHER_TOOL, other],
+            "tool_choice": {
+                "type": "allowed_tools",
+                "mode": "required",
+                "tools": [{"type": "function", "name": "get_time"}],
+            },
+        }
+    )
     assert [t["function"]["name"] for t in request.chat_body["tools"]] == ["get_time"]
     assert request.chat_body["tool_choice"] == "required"
     with pytest.raises(ApiError) as caught:

@@ -13,19 +13,42 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ember.server.chat_output import chat_finish_reason, parse_chat_output
-from ember.server.tool_stream import (ContentDelta, StreamingToolParser, ToolCallArgs, ToolCallEnd, ToolCallStart,
-                                      anthropic_input_json_delta, anthropic_tool_use_start, openai_deltas,
-                                      parse_tool_calls)
-from ember.server.tools import (ToolChoice, ToolError, anthropic_tool_use, new_tool_call_id,
-                                ollama_tool_calls, openai_tool_calls, parse_anthropic_tool_choice,
-                                parse_anthropic_tools, parse_ollama_tools, parse_openai_tool_choice,
-                                parse_openai_tools)
+from ember.server.tool_stream import (
+    ContentDelta,
+    StreamingToolParser,
+    ToolCallArgs,
+    ToolCallEnd,
+    ToolCallStart,
+    anthropic_input_json_delta,
+    anthropic_tool_use_start,
+    openai_deltas,
+    parse_tool_calls,
+)
+from ember.server.tools import (
+    ToolChoice,
+    ToolError,
+    anthropic_tool_use,
+    new_tool_call_id,
+    ollama_tool_calls,
+    openai_tool_calls,
+    parse_anthropic_tool_choice,
+    parse_anthropic_tools,
+    parse_ollama_tools,
+    parse_openai_tool_choice,
+    parse_openai_tools,
+)
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-           "required": ["city"], "additionalProperties": False}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 RAW_TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather {for} a city",
-                                      "parameters": WEATHER}},
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather {for} a city", "parameters": WEATHER},
+    },
     {"type": "function", "function": {"name": "get-time"}},  # no parameters: takes nothing
 ]
 TOOLS = parse_openai_tools(RAW_TOOLS)
@@ -54,21 +77,28 @@ def test_openai_tools_become_specs_and_render_back():
     assert parse_ollama_tools([{"function": RAW_TOOLS[0]["function"]}])[0].name == "get_weather"
 
 
-@pytest.mark.parametrize(("tools", "param"), [
-    ({"type": "function"}, "tools"),
-    (["x"], "tools[0]"),
-    ([RAW_TOOLS[0], {"type": "retrieval"}], "tools[1].type"),
-    ([{"type": "function"}], "tools[0].function"),
-    ([{"type": "function", "function": {"name": "has space"}}], "tools[0].function.name"),
-    ([{"type": "function", "function": {"name": "x" * 65}}], "tools[0].function.name"),
-    ([{"type": "function", "function": {"name": "f", "description": 3}}], "tools[0].function.description"),
-    ([RAW_TOOLS[0], {"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}],
-     "tools[1].function.parameters"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"properties": {"a": {"minLength": -1}}}}}],
-     "tools[0].function.parameters"),
-    ([{"type": "function", "function": {"name": "f", "parameters": "object"}}], "tools[0].function.parameters"),
-    ([RAW_TOOLS[0], RAW_TOOLS[0]], "tools[1].function.name"),
-])
+@pytest.mark.parametrize(
+    ("tools", "param"),
+    [
+        ({"type": "function"}, "tools"),
+        (["x"], "tools[0]"),
+        ([RAW_TOOLS[0], {"type": "retrieval"}], "tools[1].type"),
+        ([{"type": "function"}], "tools[0].function"),
+        ([{"type": "function", "function": {"name": "has space"}}], "tools[0].function.name"),
+        ([{"type": "function", "function": {"name": "x" * 65}}], "tools[0].function.name"),
+        ([{"type": "function", "function": {"name": "f", "description": 3}}], "tools[0].function.description"),
+        (
+            [RAW_TOOLS[0], {"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}],
+            "tools[1].function.parameters",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"a": {"minLength": -1}}}}}],
+            "tools[0].function.parameters",
+        ),
+        ([{"type": "function", "function": {"name": "f", "parameters": "object"}}], "tools[0].function.parameters"),
+        ([RAW_TOOLS[0], RAW_TOOLS[0]], "tools[1].function.name"),
+    ],
+)
 def test_bad_openai_tools_name_the_field(tools, param):
     with pytest.raises(ToolError) as caught:
         parse_openai_tools(tools)
@@ -80,19 +110,23 @@ def test_openai_tool_choice():
     assert parse_openai_tool_choice(None, ()) == ToolChoice("none")
     assert parse_openai_tool_choice("auto", ()) == ToolChoice("none")
     assert parse_openai_tool_choice("none", TOOLS) == ToolChoice("none")
-    assert parse_openai_tool_choice("required", TOOLS, parallel_tool_calls=False) == ToolChoice("required",
-                                                                                                parallel=False)
+    assert parse_openai_tool_choice("required", TOOLS, parallel_tool_calls=False) == ToolChoice(
+        "required", parallel=False
+    )
     named = parse_openai_tool_choice({"type": "function", "function": {"name": "get-time"}}, TOOLS)
     assert named == ToolChoice("function", "get-time", parallel=False) and named.forces_call
 
 
-@pytest.mark.parametrize(("choice", "kwargs", "param"), [
-    ("sometimes", {}, "tool_choice"),
-    ({"type": "function", "function": {"name": "nope"}}, {}, "tool_choice.function.name"),
-    ({"type": "function", "function": {}}, {}, "tool_choice.function.name"),
-    ({"type": "tool", "name": "get-time"}, {}, "tool_choice"),
-    ("auto", {"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
-])
+@pytest.mark.parametrize(
+    ("choice", "kwargs", "param"),
+    [
+        ("sometimes", {}, "tool_choice"),
+        ({"type": "function", "function": {"name": "nope"}}, {}, "tool_choice.function.name"),
+        ({"type": "function", "function": {}}, {}, "tool_choice.function.name"),
+        ({"type": "tool", "name": "get-time"}, {}, "tool_choice"),
+        ("auto", {"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ],
+)
 def test_bad_openai_tool_choice_names_the_field(choice, kwargs, param):
     with pytest.raises(ToolError) as caught:
         parse_openai_tool_choice(choice, TOOLS, **kwargs)
@@ -105,26 +139,35 @@ def test_required_without_tools_is_an_error():
 
 
 def test_anthropic_tools_and_tool_choice():
-    tools = parse_anthropic_tools([{"name": "get_weather", "description": "d", "input_schema": WEATHER},
-                                   {"type": "custom", "name": "noop", "input_schema": {"type": "object"}}])
+    tools = parse_anthropic_tools(
+        [
+            {"name": "get_weather", "description": "d", "input_schema": WEATHER},
+            {"type": "custom", "name": "noop", "input_schema": {"type": "object"}},
+        ]
+    )
     assert tools[0].to_openai()["function"] == {"name": "get_weather", "description": "d", "parameters": WEATHER}
     assert parse_anthropic_tool_choice(None, tools) == ToolChoice("auto")
-    assert parse_anthropic_tool_choice({"type": "any", "disable_parallel_tool_use": True}, tools) == \
-        ToolChoice("required", parallel=False)
-    assert parse_anthropic_tool_choice({"type": "tool", "name": "noop"}, tools) == \
-        ToolChoice("function", "noop", parallel=False)
+    assert parse_anthropic_tool_choice({"type": "any", "disable_parallel_tool_use": True}, tools) == ToolChoice(
+        "required", parallel=False
+    )
+    assert parse_anthropic_tool_choice({"type": "tool", "name": "noop"}, tools) == ToolChoice(
+        "function", "noop", parallel=False
+    )
     assert parse_anthropic_tool_choice({"type": "none"}, tools).mode == "none"
 
 
-@pytest.mark.parametrize(("tools", "choice", "param"), [
-    ([{"name": "f"}], None, "tools[0].input_schema"),
-    ([{"name": "f", "input_schema": {"type": 5}}], None, "tools[0].input_schema"),
-    ([{"type": "web_search_20250305", "name": "web_search"}], None, "tools[0].type"),
-    ([{"name": "bad name", "input_schema": {}}], None, "tools[0].name"),
-    ([{"name": "f", "input_schema": {}}], {"type": "tool", "name": "g"}, "tool_choice.name"),
-    ([{"name": "f", "input_schema": {}}], {"type": "sometimes"}, "tool_choice.type"),
-    ([{"name": "f", "input_schema": {}}], "auto", "tool_choice"),
-])
+@pytest.mark.parametrize(
+    ("tools", "choice", "param"),
+    [
+        ([{"name": "f"}], None, "tools[0].input_schema"),
+        ([{"name": "f", "input_schema": {"type": 5}}], None, "tools[0].input_schema"),
+        ([{"type": "web_search_20250305", "name": "web_search"}], None, "tools[0].type"),
+        ([{"name": "bad name", "input_schema": {}}], None, "tools[0].name"),
+        ([{"name": "f", "input_schema": {}}], {"type": "tool", "name": "g"}, "tool_choice.name"),
+        ([{"name": "f", "input_schema": {}}], {"type": "sometimes"}, "tool_choice.type"),
+        ([{"name": "f", "input_schema": {}}], "auto", "tool_choice"),
+    ],
+)
 def test_bad_anthropic_tools_name_the_field(tools, choice, param):
     with pytest.raises(ToolError) as caught:
         parse_anthropic_tool_choice(choice, parse_anthropic_tools(tools))
@@ -152,27 +195,34 @@ def test_text_before_and_parallel_calls():
     assert calls_of(reply) == [("get_weather", '{"city": "Paris"}'), ("get-time", "{}")]
 
 
-TWO_IN_ONE_BLOCK = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo"}}\n'
-                    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+TWO_IN_ONE_BLOCK = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo"}}\n'
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
 
 
 def test_several_call_objects_in_one_block_are_parallel_calls():
     reply = parse_tool_calls("Sure.\n" + TWO_IN_ONE_BLOCK, TOOLS)
-    assert reply.content == "Sure." and calls_of(reply) == [("get_weather", '{"city": "Tokyo"}'),
-                                                            ("get_weather", '{"city": "Paris"}')]
+    assert reply.content == "Sure." and calls_of(reply) == [
+        ("get_weather", '{"city": "Tokyo"}'),
+        ("get_weather", '{"city": "Paris"}'),
+    ]
 
 
-@pytest.mark.parametrize("block", [
-    TWO_IN_ONE_BLOCK.replace('"Paris"', "1"),                  # one object of the block is no valid call
-    TWO_IN_ONE_BLOCK.replace('\n{"name"', ' x {"name"'),
-    call_text("get_weather", '{"city": "Paris"'),              # malformed JSON
-    call_text("get_wether", '{"city": "Paris"}'),              # unknown tool
-    call_text("get_weather", '{"town": "Paris"}'),             # against the schema
-    call_text("get_weather", '{"city": "Paris", "days": "2"}'),
-    call_text("get_weather", '"Paris"'),                       # arguments not an object
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": NaN}}\n</tool_call>',
-    "<tool_call>\nnot json at all",                            # unclosed and invalid
-])
+@pytest.mark.parametrize(
+    "block",
+    [
+        TWO_IN_ONE_BLOCK.replace('"Paris"', "1"),  # one object of the block is no valid call
+        TWO_IN_ONE_BLOCK.replace('\n{"name"', ' x {"name"'),
+        call_text("get_weather", '{"city": "Paris"'),  # malformed JSON
+        call_text("get_wether", '{"city": "Paris"}'),  # unknown tool
+        call_text("get_weather", '{"town": "Paris"}'),  # against the schema
+        call_text("get_weather", '{"city": "Paris", "days": "2"}'),
+        call_text("get_weather", '"Paris"'),  # arguments not an object
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": NaN}}\n</tool_call>',
+        "<tool_call>\nnot json at all",  # unclosed and invalid
+    ],
+)
 def test_rejected_blocks_stay_in_the_content_verbatim(block):
     text = "Hi. " + block + " Bye."
     reply = parse_tool_calls(text, TOOLS)
@@ -185,17 +235,25 @@ def test_an_unclosed_valid_block_at_the_end_is_a_call():
 
 
 def test_other_key_orders_and_missing_arguments():
-    reply = parse_tool_calls('<tool_call>{"arguments": {"city": "Nice"}, "name": "get_weather"}</tool_call>'
-                             '<tool_call>{"name": "get-time"}</tool_call>', TOOLS)
+    reply = parse_tool_calls(
+        '<tool_call>{"arguments": {"city": "Nice"}, "name": "get_weather"}</tool_call>'
+        '<tool_call>{"name": "get-time"}</tool_call>',
+        TOOLS,
+    )
     assert calls_of(reply) == [("get_weather", '{"city": "Nice"}'), ("get-time", "{}")]
 
 
 def test_protocol_renderings_of_calls():
     calls = parse_tool_calls(PARIS, TOOLS, id_factory=lambda: "call_abc").calls
-    assert openai_tool_calls(calls) == [{"id": "call_abc", "type": "function",
-                                         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
-    assert anthropic_tool_use(calls[0]) == {"type": "tool_use", "id": "toolu_abc", "name": "get_weather",
-                                            "input": {"city": "Paris"}}
+    assert openai_tool_calls(calls) == [
+        {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    ]
+    assert anthropic_tool_use(calls[0]) == {
+        "type": "tool_use",
+        "id": "toolu_abc",
+        "name": "get_weather",
+        "input": {"city": "Paris"},
+    }
     assert ollama_tool_calls(calls) == [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
 
 
@@ -216,43 +274,65 @@ def test_the_default_models_fenced_reply_is_a_call(tail):
     assert reply.content == "" and calls_of(reply) == [("get_weather", FENCED_PARIS_ARGS)]
     output = parse_chat_output(FENCED_PARIS + tail, tools=TOOLS, reasoning=None)
     assert output.content is None and [json.loads(c["function"]["arguments"]) for c in output.tool_calls] == [
-        {"city": "Paris"}]
+        {"city": "Paris"}
+    ]
 
 
-@pytest.mark.parametrize(("text", "content", "calls"), [
-    (fenced('{"name": "get-time", "arguments": {}}', ""), "", [("get-time", "{}")]),
-    (fenced('{"name": "get-time"}', "tool_call"), "", [("get-time", "{}")]),
-    (fenced('{"name": "get_weather", "parameters": {"city": "Rome"}}', " JSON "), "",
-     [("get_weather", '{"city": "Rome"}')]),
-    (fenced('{"arguments": {"city": "Nice"}, "name": "get_weather"}'), "", [("get_weather", '{"city": "Nice"}')]),
-    (fenced('[{"name": "get-time", "arguments": {}},\n {"name": "get_weather", "arguments": {"city":"Oslo"}}]'), "",
-     [("get-time", "{}"), ("get_weather", '{"city": "Oslo"}')]),
-    ("Let me check.\n\n" + FENCED_PARIS + "\n\nDone.", "Let me check.Done.", [("get_weather", FENCED_PARIS_ARGS)]),
-    ('  ```json\n  {"name": "get-time"}\n  ```', "", [("get-time", "{}")]),              # indented fences
-    (FENCED_PARIS.removesuffix("\n```"), "", [("get_weather", FENCED_PARIS_ARGS)]),      # cut off: still a call
-    (fenced('{"name": "get-time"}') + "\n" + PARIS, "", [("get-time", "{}"), ("get_weather", '{"city": "Paris"}')]),
-    ("```python\nprint(1)\n```\nThen:\n" + fenced('{"name": "get-time"}'), "```python\nprint(1)\n```\nThen:",
-     [("get-time", "{}")]),
-    ("```xml\n" + PARIS + "\n```", "```xml```", [("get_weather", '{"city": "Paris"}')]),  # tags in a code block
-])
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        (fenced('{"name": "get-time", "arguments": {}}', ""), "", [("get-time", "{}")]),
+        (fenced('{"name": "get-time"}', "tool_call"), "", [("get-time", "{}")]),
+        (
+            fenced('{"name": "get_weather", "parameters": {"city": "Rome"}}', " JSON "),
+            "",
+            [("get_weather", '{"city": "Rome"}')],
+        ),
+        (fenced('{"arguments": {"city": "Nice"}, "name": "get_weather"}'), "", [("get_weather", '{"city": "Nice"}')]),
+        (
+            fenced('[{"name": "get-time", "arguments": {}},\n {"name": "get_weather", "arguments": {"city":"Oslo"}}]'),
+            "",
+            [("get-time", "{}"), ("get_weather", '{"city": "Oslo"}')],
+        ),
+        ("Let me check.\n\n" + FENCED_PARIS + "\n\nDone.", "Let me check.Done.", [("get_weather", FENCED_PARIS_ARGS)]),
+        ('  ```json\n  {"name": "get-time"}\n  ```', "", [("get-time", "{}")]),  # indented fences
+        (FENCED_PARIS.removesuffix("\n```"), "", [("get_weather", FENCED_PARIS_ARGS)]),  # cut off: still a call
+        (fenced('{"name": "get-time"}') + "\n" + PARIS, "", [("get-time", "{}"), ("get_weather", '{"city": "Paris"}')]),
+        (
+            "```python\nprint(1)\n```\nThen:\n" + fenced('{"name": "get-time"}'),
+            "```python\nprint(1)\n```\nThen:",
+            [("get-time", "{}")],
+        ),
+        ("```xml\n" + PARIS + "\n```", "```xml```", [("get_weather", '{"city": "Paris"}')]),  # tags in a code block
+    ],
+)
 def test_fenced_calls(text, content, calls):
     reply = parse_tool_calls(text, TOOLS)
     assert (reply.content, calls_of(reply)) == (content, calls)
 
 
-@pytest.mark.parametrize("text", [
-    fenced('{"name": "nope", "arguments": {}}'),                           # unknown tool
-    fenced('{"a": [1, 2]}'),                                               # JSON that is not a call
-    fenced('{"name": "get_weather", "arguments": {"town": "Paris"}}'),     # against the schema
-    fenced('{"name": "get_weather", "arguments": {"city": "Paris"}'),      # malformed
-    fenced('{"name": "get-time"} and more'),
-    fenced("[]"), fenced('[{"name": "get-time"}, {"name": "nope"}]'),
-    fenced('{"name": "get-time"}', "python"), fenced('{"name": "get-time"}', "jsonc"),
-    fenced("print('hi')", "python"), fenced("hello"), "```json", "```json\n", "```\n\n```",
-    'Use ```json\n{"name": "get-time"}\n``` like this.',                  # not at the start of a line
-    "```\n" + fenced('{"name": "get-time"}'),                             # that fence closes an ordinary block
-    "```text\n" + fenced('{"name": "get-time"}', ""),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        fenced('{"name": "nope", "arguments": {}}'),  # unknown tool
+        fenced('{"a": [1, 2]}'),  # JSON that is not a call
+        fenced('{"name": "get_weather", "arguments": {"town": "Paris"}}'),  # against the schema
+        fenced('{"name": "get_weather", "arguments": {"city": "Paris"}'),  # malformed
+        fenced('{"name": "get-time"} and more'),
+        fenced("[]"),
+        fenced('[{"name": "get-time"}, {"name": "nope"}]'),
+        fenced('{"name": "get-time"}', "python"),
+        fenced('{"name": "get-time"}', "jsonc"),
+        fenced("print('hi')", "python"),
+        fenced("hello"),
+        "```json",
+        "```json\n",
+        "```\n\n```",
+        'Use ```json\n{"name": "get-time"}\n``` like this.',  # not at the start of a line
+        "```\n" + fenced('{"name": "get-time"}'),  # that fence closes an ordinary block
+        "```text\n" + fenced('{"name": "get-time"}', ""),
+    ],
+)
 def test_fences_that_are_not_calls_stay_content_verbatim(text):
     for framed in (text, "Hi.\n" + text + "\nBye."):
         reply = parse_tool_calls(framed, TOOLS)
@@ -284,12 +364,15 @@ def test_a_fenced_call_streams_without_leaking_the_fence(incremental):
     assert text[start] == "`" and start == len(text) - 2
 
 
-@pytest.mark.parametrize(("text", "released"), [
-    ("```python\nprint(1)\n```\n", "```p"),       # another language: known at its first letter
-    ("```\nplain words\n```\n", "```\np"),        # the body does not start a JSON value
-    ('```json\n{"a": 1}\nmore\n```\n', '```json\n{"a": 1}'),             # the JSON value ended and is no call
-    ('```json\n{"name": "get-time"} x\n```\n', '```json\n{"name": "get-time"} x'),  # a call, then more
-])
+@pytest.mark.parametrize(
+    ("text", "released"),
+    [
+        ("```python\nprint(1)\n```\n", "```p"),  # another language: known at its first letter
+        ("```\nplain words\n```\n", "```\np"),  # the body does not start a JSON value
+        ('```json\n{"a": 1}\nmore\n```\n', '```json\n{"a": 1}'),  # the JSON value ended and is no call
+        ('```json\n{"name": "get-time"} x\n```\n', '```json\n{"name": "get-time"} x'),  # a call, then more
+    ],
+)
 def test_code_blocks_are_released_as_soon_as_they_cannot_be_calls(text, released):
     steps = feed_by_char(text)
     so_far = content_by_step(steps)
@@ -301,27 +384,48 @@ def test_code_blocks_are_released_as_soon_as_they_cannot_be_calls(text, released
 def test_code_after_a_release_streams_at_once():  # only blanks (a call may follow) and fences are held
     text = "```python\nprint(1)\nx = 2\n```\nok"
     so_far = content_by_step(feed_by_char(text))
-    assert all(so_far[i] == text[:i + 1] for i in range(len("```python"), len(text)) if text[i] not in " \n`")
-
+    assert all(so_far[i] == text[: i + 1] for i in range(len("```python"), len(text)) if text[i] not in " \n`")
 
 
 # ---- streaming -------------------------------------------------------------------------------------
 
-VALID_BLOCKS = [PARIS, call_text("get-time", "{}"), call_text("get_weather", '{"city":"Oslo","days":3}'),
-                call_text("get_weather", '{"city": "a}\\"</tool_"}'),
-                TWO_IN_ONE_BLOCK,
-                '<tool_call>{"arguments": {"city": "Rome"}, "name": "get_weather"}</tool_call>',
-                FENCED_PARIS, fenced('{"name": "get-time", "arguments": {}}', ""),
-                fenced('{"name": "get_weather", "parameters": {"city": "a\\n```"}}', "tool_call"),
-                fenced('[{"name": "get-time"}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]'),
-                '  ```JSON \n  {"arguments": {"city": "Nice"}, "name": "get_weather"}\n  ```']
-INVALID_BLOCKS = [call_text("nope", "{}"), call_text("get_weather", '{"city": 1}'), "<tool_call>\n{\"name\": ",
-                  call_text("get_weather", '{"city": "x"'), "</tool_call>", "<tool_", "<tool_call",
-                  fenced('{"name": "nope", "arguments": {}}'), fenced('{"a": [1, "```"]}'), fenced("[]"),
-                  fenced('{"name": "get-time"} x'), fenced("print('```')", "python"), fenced("a\n  b", ""),
-                  fenced('{"name": "get_weather", "arguments": {"city": 1}}'), FENCED_PARIS.removesuffix("```"),
-                  "```", "``", "```js", "```json\n", "```\n{", '```json\n{"name": "get-time"']
-TEXT = st.text(alphabet="ab {}[]\"<>/_\n`", max_size=10)
+VALID_BLOCKS = [
+    PARIS,
+    call_text("get-time", "{}"),
+    call_text("get_weather", '{"city":"Oslo","days":3}'),
+    call_text("get_weather", '{"city": "a}\\"</tool_"}'),
+    TWO_IN_ONE_BLOCK,
+    '<tool_call>{"arguments": {"city": "Rome"}, "name": "get_weather"}</tool_call>',
+    FENCED_PARIS,
+    fenced('{"name": "get-time", "arguments": {}}', ""),
+    fenced('{"name": "get_weather", "parameters": {"city": "a\\n```"}}', "tool_call"),
+    fenced('[{"name": "get-time"}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]'),
+    '  ```JSON \n  {"arguments": {"city": "Nice"}, "name": "get_weather"}\n  ```',
+]
+INVALID_BLOCKS = [
+    call_text("nope", "{}"),
+    call_text("get_weather", '{"city": 1}'),
+    '<tool_call>\n{"name": ',
+    call_text("get_weather", '{"city": "x"'),
+    "</tool_call>",
+    "<tool_",
+    "<tool_call",
+    fenced('{"name": "nope", "arguments": {}}'),
+    fenced('{"a": [1, "```"]}'),
+    fenced("[]"),
+    fenced('{"name": "get-time"} x'),
+    fenced("print('```')", "python"),
+    fenced("a\n  b", ""),
+    fenced('{"name": "get_weather", "arguments": {"city": 1}}'),
+    FENCED_PARIS.removesuffix("```"),
+    "```",
+    "``",
+    "```js",
+    "```json\n",
+    "```\n{",
+    '```json\n{"name": "get-time"',
+]
+TEXT = st.text(alphabet='ab {}[]"<>/_\n`', max_size=10)
 SPACE = st.sampled_from(["", " ", "\n", "\n\n"])
 PIECES = st.lists(st.one_of(TEXT, SPACE, st.sampled_from(VALID_BLOCKS), st.sampled_from(INVALID_BLOCKS)), max_size=6)
 
@@ -334,8 +438,9 @@ def stream(text: str, cuts: list[int], *, cut: bool = False, **kwargs) -> list:
         events += parser.feed(text[a:b])
     events += parser.finish(cut=cut)
     assert parser.has_tool_calls() == any(isinstance(e, ToolCallEnd) for e in events)
-    assert [(c.name, c.arguments) for c in parser.calls] == [(e.call.name, e.call.arguments)
-                                                             for e in events if isinstance(e, ToolCallEnd)]
+    assert [(c.name, c.arguments) for c in parser.calls] == [
+        (e.call.name, e.call.arguments) for e in events if isinstance(e, ToolCallEnd)
+    ]
     return events
 
 
@@ -378,7 +483,7 @@ def test_output_cut_by_max_tokens_streams_as_it_parses_whole(pieces, cuts):
 
 @pytest.mark.parametrize("incremental", [False, True])
 def test_a_call_cut_mid_arguments_is_neither_a_call_nor_content(incremental):
-    text = "Checking.\n" + PARIS + "\n" + call_text("get_weather", '{"city": "To')[:-len('}\n</tool_call>')]
+    text = "Checking.\n" + PARIS + "\n" + call_text("get_weather", '{"city": "To')[: -len("}\n</tool_call>")]
     whole = parse_tool_calls(text, TOOLS, cut=True)
     assert whole.content == "Checking." and calls_of(whole) == [("get_weather", '{"city": "Paris"}')]
     parsed = parse_chat_output(text, tools=TOOLS, reasoning=None, finish_reason="length")
@@ -391,17 +496,27 @@ def test_a_call_cut_mid_arguments_is_neither_a_call_nor_content(incremental):
     assert "<tool_call>" in parse_tool_calls(text, TOOLS).content
 
 
-@pytest.mark.parametrize(("engine", "calls", "expected"), [
-    ("stop", True, "tool_calls"), ("stop", False, "stop"), ("length", True, "length"), ("length", False, "length"),
-    ("abort", False, "abort")])
+@pytest.mark.parametrize(
+    ("engine", "calls", "expected"),
+    [
+        ("stop", True, "tool_calls"),
+        ("stop", False, "stop"),
+        ("length", True, "length"),
+        ("length", False, "length"),
+        ("abort", False, "abort"),
+    ],
+)
 def test_finish_reason_tool_calls_only_when_the_turn_ended_after_calls(engine, calls, expected):
     assert chat_finish_reason(engine, calls) == expected
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(st.text(alphabet="ab {}[]\"/_\n`", max_size=10), SPACE, st.sampled_from(VALID_BLOCKS)),
-                max_size=6),
-       st.lists(st.integers(0, 10_000), max_size=12))
+@given(
+    st.lists(
+        st.one_of(st.text(alphabet='ab {}[]"/_\n`', max_size=10), SPACE, st.sampled_from(VALID_BLOCKS)), max_size=6
+    ),
+    st.lists(st.integers(0, 10_000), max_size=12),
+)
 def test_incremental_stream_equals_whole_parse_for_valid_calls(pieces, cuts):
     text = "".join(pieces)
     reply = parse_tool_calls(text, TOOLS)
@@ -439,9 +554,14 @@ def accumulate_openai(deltas: list[dict]) -> list[dict]:
         for entry in delta.get("tool_calls", []):
             if entry["index"] not in calls:
                 assert set(entry) == {"index", "id", "type", "function"} and set(entry["function"]) == {
-                    "name", "arguments"}
-                calls[entry["index"]] = {"id": entry["id"], "type": "function",
-                                         "function": {"name": entry["function"]["name"], "arguments": ""}}
+                    "name",
+                    "arguments",
+                }
+                calls[entry["index"]] = {
+                    "id": entry["id"],
+                    "type": "function",
+                    "function": {"name": entry["function"]["name"], "arguments": ""},
+                }
             else:
                 assert set(entry) == {"index", "function"} and set(entry["function"]) == {"arguments"}
             calls[entry["index"]]["function"]["arguments"] += entry["function"]["arguments"]
@@ -449,18 +569,23 @@ def accumulate_openai(deltas: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize("incremental", [False, True])
-@pytest.mark.parametrize("calls", [
-    PARIS + "\n" + call_text("get_weather", '{"city": "Oslo", "days": 2}'),
-    "\n" + FENCED_PARIS + "\n" + fenced('[{"name": "get-time"},\n {"name": "get_weather", "arguments": {"days": 2,'
-                                        ' "city": "Oslo"}}]'),
-])
+@pytest.mark.parametrize(
+    "calls",
+    [
+        PARIS + "\n" + call_text("get_weather", '{"city": "Oslo", "days": 2}'),
+        "\n"
+        + FENCED_PARIS
+        + "\n"
+        + fenced('[{"name": "get-time"},\n {"name": "get_weather", "arguments": {"days": 2, "city": "Oslo"}}]'),
+    ],
+)
 def test_openai_deltas_follow_the_streaming_contract(incremental, calls):
     text = "Checking. " + calls
     ids = counter_ids()
     parser = StreamingToolParser(TOOLS, incremental=incremental, id_factory=ids)
     deltas = []
     for i in range(0, len(text), 7):
-        deltas += openai_deltas(parser.feed(text[i:i + 7]))
+        deltas += openai_deltas(parser.feed(text[i : i + 7]))
     deltas += openai_deltas(parser.finish())
     assert "".join(d.get("content", "") for d in deltas) == "Checking."
     assert accumulate_openai(deltas) == openai_tool_calls(parse_tool_calls(text, TOOLS, id_factory=counter_ids()).calls)
@@ -468,8 +593,10 @@ def test_openai_deltas_follow_the_streaming_contract(incremental, calls):
 
 def test_anthropic_stream_pieces():
     start = ToolCallStart(0, "call_xyz", "get_weather")
-    assert anthropic_tool_use_start(start) == {"type": "tool_use", "id": "toolu_xyz", "name": "get_weather",
-                                               "input": {}}
+    assert anthropic_tool_use_start(start) == {
+        "type": "tool_use",
+        "id": "toolu_xyz",
+        "name": "get_weather",
+        "input": {},
+    }
     assert anthropic_input_json_delta(ToolCallArgs(0, '{"ci')) == {"type": "input_json_delta", "partial_json": '{"ci'}
-
-

@@ -6,13 +6,13 @@ import math
 
 import numpy as np
 import pytest
+from fixture_data import tiny_fixture
 
 from ember.runtime.engine import Engine, EngineConfig, kv_bytes_per_block, sized_config
 from ember.runtime.kv import RESERVED_BLOCK
 from ember.runtime.model import load_model
 from ember.runtime.sampling_params import SamplingParams
 from ember.runtime.sequence_runner import SequenceRunner
-from fixture_data import tiny_fixture
 
 BS = 4  # small blocks: a window of 8 tokens is 2-3 blocks, prompts span many windows
 GREEDY = dict(temperature=0.0, ignore_eos=True, logprobs=1)
@@ -50,8 +50,16 @@ def _alone(model, prompt, max_tokens):
 
 
 def _run(model, cases, **config):
-    config = EngineConfig(**{"num_blocks": 64, "block_size": BS, "max_model_len": 128, "max_num_seqs": 4,
-                             "max_batched_tokens": 24, **config})
+    config = EngineConfig(
+        **{
+            "num_blocks": 64,
+            "block_size": BS,
+            "max_model_len": 128,
+            "max_num_seqs": 4,
+            "max_batched_tokens": 24,
+            **config,
+        }
+    )
     engine = Engine(model, ByteTokenizer(), config)
     window = {k.name: k.window for k in engine.kv.kinds}["kv_window"]
     peak = {"held": 0, "used": 0}
@@ -90,8 +98,11 @@ def test_sliding_pool_holds_only_the_window_and_tokens_match_the_reference(gemma
     # transformers' own greedy tokens and logprobs for the fixture prompt
     hf_logits = [ref["prefill_logits"][-1]] + list(ref["decode_logits"])
     hf = [(int(np.argmax(l)), float(_log_softmax(l).max())) for l in hf_logits]
-    assert [t for t, _ in results[0]] == [t for t, _ in hf] == [int(ref["prefill_logits"][-1].argmax())] + \
-        ref["decode_ids"].tolist()
+    assert (
+        [t for t, _ in results[0]]
+        == [t for t, _ in hf]
+        == [int(ref["prefill_logits"][-1].argmax())] + ref["decode_ids"].tolist()
+    )
     np.testing.assert_allclose([lp for _, lp in results[0]], [lp for _, lp in hf], atol=1e-4)
     # the sliding kind's pool is sized to the window (4 seqs * (2 + 1) + 24 / 4 = 18 usable blocks), not
     # to the context; requests held at most ceil(8 / 4) + 1 = 3 blocks of it between steps

@@ -15,22 +15,37 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("mutate, field, expected", [
-    (lambda t: t.replace("rms_norm(x, 'attn_norm', eps)", "rms_nrom(x, 'attn_norm', eps)"),
-     "layer.ops[0]", "unknown op 'rms_nrom'"),
-    (lambda t: t.replace('arch = "qwen3"', 'arch = 3'), "arch", "non-empty string"),
-    (lambda t: "bogus = 1\n" + t, "bogus", "unknown top-level field"),
-    (lambda t: t + "\nbogus = 1\n", "layer.bogus", "unknown field"),
-    (lambda t: t.replace("[dims]", "[dimz]"), "dimz", "unknown top-level field"),
-    (lambda t: t.replace('shape = "hq * dh, d"', 'shape = "hq * dhh, d"'), "shape", "unknown dimensions ['dhh']"),
-    (lambda t: t.replace("a = attention(q, k, v, scale=attn_scale)", "a = attention(q, k, v, scale=attn_scale"),
-     "layer.ops[6]", "not a statement"),
-    (lambda t: t.replace("a = attention(q, k, v, scale=attn_scale)", "a = __import__('os')"),
-     "layer.ops[6]", "unknown op '__import__'"),
-    (lambda t: t.replace('d = { hf = "hidden_size", gguf = "embedding_length" }', 'd = "hidden_size"'),
-     "dims.d", "expected a table"),
-    (lambda t: t.replace('hf_transform', 'hf_transform') + "", None, None),
-])
+@pytest.mark.parametrize(
+    "mutate, field, expected",
+    [
+        (
+            lambda t: t.replace("rms_norm(x, 'attn_norm', eps)", "rms_nrom(x, 'attn_norm', eps)"),
+            "layer.ops[0]",
+            "unknown op 'rms_nrom'",
+        ),
+        (lambda t: t.replace('arch = "qwen3"', "arch = 3"), "arch", "non-empty string"),
+        (lambda t: "bogus = 1\n" + t, "bogus", "unknown top-level field"),
+        (lambda t: t + "\nbogus = 1\n", "layer.bogus", "unknown field"),
+        (lambda t: t.replace("[dims]", "[dimz]"), "dimz", "unknown top-level field"),
+        (lambda t: t.replace('shape = "hq * dh, d"', 'shape = "hq * dhh, d"'), "shape", "unknown dimensions ['dhh']"),
+        (
+            lambda t: t.replace("a = attention(q, k, v, scale=attn_scale)", "a = attention(q, k, v, scale=attn_scale"),
+            "layer.ops[6]",
+            "not a statement",
+        ),
+        (
+            lambda t: t.replace("a = attention(q, k, v, scale=attn_scale)", "a = __import__('os')"),
+            "layer.ops[6]",
+            "unknown op '__import__'",
+        ),
+        (
+            lambda t: t.replace('d = { hf = "hidden_size", gguf = "embedding_length" }', 'd = "hidden_size"'),
+            "dims.d",
+            "expected a table",
+        ),
+        (lambda t: t.replace("hf_transform", "hf_transform") + "", None, None),
+    ],
+)
 def test_malformed_spec_names_file_field_and_expectation(tmp_path, mutate, field, expected):
     text = mutate(BASE)
     if field is None:  # control: the unmodified spec loads

@@ -5,7 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ember.compiler.ops.sampling import SampleResult
 from ember.runtime.step_io import pack_arrays, pack_result, unpack_arrays, unpack_result
@@ -18,15 +19,17 @@ def _random_array(rng: np.random.Generator, dtype, shape) -> np.ndarray:
         return rng.random(shape) < 0.5
     if dtype is np.float32:  # any bit pattern that is a float, specials included
         values = rng.standard_normal(shape).astype(np.float32) * 1e30
-        values.reshape(-1)[:3] = [np.inf, -np.inf, -0.0][:values.size]
+        values.reshape(-1)[:3] = [np.inf, -np.inf, -0.0][: values.size]
         return values
     info = np.iinfo(dtype)
     return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(DTYPES), st.lists(st.integers(0, 5), max_size=3)), max_size=6),
-       st.integers(0, 2**32 - 1))
+@given(
+    st.lists(st.tuples(st.sampled_from(DTYPES), st.lists(st.integers(0, 5), max_size=3)), max_size=6),
+    st.integers(0, 2**32 - 1),
+)
 def test_unpacked_inputs_equal_the_packed_arrays_bit_for_bit(specs, seed):
     rng = np.random.default_rng(seed)
     arrays = [_random_array(rng, dtype, tuple(shape)) for dtype, shape in specs]
@@ -51,11 +54,14 @@ def test_pack_arrays_rejects_an_unsupported_dtype():
 def test_the_step_result_comes_back_from_one_array():
     rng = np.random.default_rng(0)
     r, k = 5, 4
-    result = SampleResult(tokens=jnp.asarray(rng.integers(0, 150000, r), jnp.int32),
-                          logprob=jnp.asarray(-rng.random(r) * 30, jnp.float32),
-                          top_ids=jnp.asarray(rng.integers(0, 150000, (r, k)), jnp.int32),
-                          top_logprobs=jnp.asarray(np.concatenate([-rng.random((r, k - 1)), np.full((r, 1), -np.inf)],
-                                                                  axis=1), jnp.float32))
+    result = SampleResult(
+        tokens=jnp.asarray(rng.integers(0, 150000, r), jnp.int32),
+        logprob=jnp.asarray(-rng.random(r) * 30, jnp.float32),
+        top_ids=jnp.asarray(rng.integers(0, 150000, (r, k)), jnp.int32),
+        top_logprobs=jnp.asarray(
+            np.concatenate([-rng.random((r, k - 1)), np.full((r, 1), -np.inf)], axis=1), jnp.float32
+        ),
+    )
     packed = np.asarray(jax.jit(pack_result)(result))
     assert packed.shape == (r, 2 + 2 * k) and packed.dtype == np.int32
     for got, want in zip(unpack_result(packed), result, strict=True):

@@ -3,12 +3,12 @@
 import json
 
 import numpy as np
+from fixture_data import tiny_fixture
 
 from ember.compiler.spec import spec_for_arch
 from ember.runtime.model import load_model
 from ember.runtime.sequence_runner import SequenceRunner
 from ember.runtime.synthetic import synthetic_checkpoint
-from fixture_data import tiny_fixture
 
 
 def test_synthetic_model_matches_the_tiny_config_shapes_and_runs():
@@ -21,5 +21,6 @@ def test_synthetic_model_matches_the_tiny_config_shapes_and_runs():
     logits = SequenceRunner(model, 32).prefill(list(range(3, 20)), all_logits=True)
     assert logits.shape == (17, model.dims.vocab) and np.isfinite(logits).all()
     again = load_model(synthetic_checkpoint(spec_for_arch("gemma3"), config, seed=1))
-    np.testing.assert_array_equal(np.asarray(again.params.globals["token_embd.weight"]),
-                                  np.asarray(model.params.globals["token_embd.weight"]))
+    np.testing.assert_array_equal(
+        np.asarray(again.params.globals["token_embd.weight"]), np.asarray(model.params.globals["token_embd.weight"])
+    )

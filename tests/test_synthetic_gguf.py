@@ -23,9 +23,18 @@ from ember.runtime.synthetic_gguf import q4_k_m_types, synthetic_gguf_checkpoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "real" / "q4_k_m_tensor_types.json"
 REAL = json.loads(FIXTURE.read_text())
-LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
-             "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
-             "vocab_size": 128256, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False}
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+}
 
 
 def _real_types(model: str) -> tuple[dict[str, str], dict[str, tuple[int, ...]] | None]:
@@ -58,15 +67,22 @@ def test_q4_k_m_rule_reproduces_the_real_files_types(model, source):
 
 
 def test_q4_k_m_rule_details():
-    shapes = {"token_embd.weight": (1000, 640), "blk.0.attn_v.weight": (256, 640), "blk.0.ffn_down.weight": (640, 2048),
-              "blk.0.attn_q.weight": (1024, 640), "blk.0.attn_norm.weight": (640,), "blk.0.attn_q.bias": (1024,)}
+    shapes = {
+        "token_embd.weight": (1000, 640),
+        "blk.0.attn_v.weight": (256, 640),
+        "blk.0.ffn_down.weight": (640, 2048),
+        "blk.0.attn_q.weight": (1024, 640),
+        "blk.0.attn_norm.weight": (640,),
+        "blk.0.attn_q.bias": (1024,),
+    }
     types = q4_k_m_types(shapes, 1)
     assert types == {
-        "token_embd.weight": "Q8_0",      # tied (no output.weight): the head's rule; 640 is not whole 256-blocks
-        "blk.0.attn_v.weight": "Q8_0",    # use_more_bits(0, 1) -> Q6_K, row 640 falls back to Q8_0
+        "token_embd.weight": "Q8_0",  # tied (no output.weight): the head's rule; 640 is not whole 256-blocks
+        "blk.0.attn_v.weight": "Q8_0",  # use_more_bits(0, 1) -> Q6_K, row 640 falls back to Q8_0
         "blk.0.ffn_down.weight": "Q6_K",
-        "blk.0.attn_q.weight": "Q5_0",    # Q4_K's fallback
-        "blk.0.attn_norm.weight": "F32", "blk.0.attn_q.bias": "F32",
+        "blk.0.attn_q.weight": "Q5_0",  # Q4_K's fallback
+        "blk.0.attn_norm.weight": "F32",
+        "blk.0.attn_q.bias": "F32",
     }
     with pytest.raises(ValueError, match="layer_order"):
         q4_k_m_types(shapes, 1, layer_order="random")
@@ -83,8 +99,16 @@ def test_an_8b_shape_is_described_without_drawing_it():
 
 
 def test_tensors_are_seeded_valid_and_scaled():
-    config = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "intermediate_size": 512, "vocab_size": 300, "rms_norm_eps": 1e-6, "tie_word_embeddings": True}
+    config = {
+        "hidden_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 512,
+        "vocab_size": 300,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+    }
     spec = spec_for_arch("qwen2")
     ckpt = synthetic_gguf_checkpoint(spec, config, seed=1)
     assert "output.weight" not in ckpt._gguf.tensors and ckpt._gguf.tensors["token_embd.weight"].type_name == "Q6_K"

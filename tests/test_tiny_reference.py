@@ -3,10 +3,10 @@ for a 40-token prefill and 16 decode steps over the paged KV cache."""
 
 import numpy as np
 import pytest
+from fixture_data import TINY_ARCHS, tiny_fixture
 
 from ember.runtime.model import load_model
 from ember.runtime.sequence_runner import SequenceRunner
-from fixture_data import TINY_ARCHS, tiny_fixture
 
 TOLERANCE = 1e-4
 

@@ -66,9 +66,16 @@ def test_byte_level_bpe_merges_words_and_keeps_special_tokens_whole():
     assert tokenizer.eos_token_ids == (tid("<|im_end|>"), tid("<|endoftext|>"))
 
 
-@pytest.mark.parametrize("text", [
-    "", "hello world", "  x\t\ty\n\n\n", "你好 🧑‍💻 👨‍👩‍👧‍👦 €", "<|endoftext|>a<|im_end|>",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "hello world",
+        "  x\t\ty\n\n\n",
+        "你好 🧑‍💻 👨‍👩‍👧‍👦 €",
+        "<|endoftext|>a<|im_end|>",
+    ],
+)
 def test_byte_level_bpe_round_trips_any_text(text):
     tokenizer, _ = synthetic("gpt2_qwen2")
     assert tokenizer.decode(tokenizer.encode(text)) == text
@@ -107,16 +114,19 @@ def test_byte_alphabet_is_gpt2s():
     assert (alphabet[ord("A")], alphabet[ord(" ")], alphabet[ord("\n")], alphabet[0]) == ("A", "Ġ", "Ċ", "Ā")
 
 
-@pytest.mark.parametrize(("change", "problem"), [
-    ({"tokenizer.ggml.model": None}, "no tokenizer"),
-    ({"tokenizer.ggml.model": "rwkv"}, "unsupported tokenizer.ggml.model"),
-    ({"tokenizer.ggml.pre": "made-up"}, "unsupported tokenizer.ggml.pre"),
-    ({"tokenizer.ggml.merges": None}, "needs tokenizer.ggml.merges"),
-    ({"tokenizer.ggml.eos_token_id": 10**6}, "outside the vocabulary"),
-    ({"tokenizer.ggml.token_type": [1, 1]}, "entries for"),
-    ({"tokenizer.ggml.merges": ["h e l"]}, "not two tokens"),
-    ({"tokenizer.ggml.merges": ["h zz"]}, "cannot build the tokenizer"),
-])
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"tokenizer.ggml.model": None}, "no tokenizer"),
+        ({"tokenizer.ggml.model": "rwkv"}, "unsupported tokenizer.ggml.model"),
+        ({"tokenizer.ggml.pre": "made-up"}, "unsupported tokenizer.ggml.pre"),
+        ({"tokenizer.ggml.merges": None}, "needs tokenizer.ggml.merges"),
+        ({"tokenizer.ggml.eos_token_id": 10**6}, "outside the vocabulary"),
+        ({"tokenizer.ggml.token_type": [1, 1]}, "entries for"),
+        ({"tokenizer.ggml.merges": ["h e l"]}, "not two tokens"),
+        ({"tokenizer.ggml.merges": ["h zz"]}, "cannot build the tokenizer"),
+    ],
+)
 def test_bad_gguf_metadata_raises_checkpoint_error_naming_the_file(change, problem):
     metadata = {**load_fixture("synthetic")["cases"]["gpt2_qwen2"]["metadata"], **change}
     metadata = {k: v for k, v in metadata.items() if v is not None}
@@ -137,8 +147,12 @@ def test_with_extra_eos_adds_ids_once_and_rejects_unknown_ones():
 def test_from_hf_dir_reads_special_tokens_bos_setting_and_chat_template(tmp_path):
     source, _ = synthetic("gpt2_qwen2")
     source.backend.save(str(tmp_path / "tokenizer.json"))
-    config = {"bos_token": {"content": "<|endoftext|>"}, "eos_token": "<|im_end|>", "add_bos_token": True,
-              "chat_template": [{"name": "default", "template": "{{ messages }}"}, {"name": "rag", "template": "x"}]}
+    config = {
+        "bos_token": {"content": "<|endoftext|>"},
+        "eos_token": "<|im_end|>",
+        "add_bos_token": True,
+        "chat_template": [{"name": "default", "template": "{{ messages }}"}, {"name": "rag", "template": "x"}],
+    }
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     tokenizer = Tokenizer.from_hf_dir(tmp_path)
     tid = tokenizer.token_to_id
@@ -231,10 +245,13 @@ def test_real_gguf_tokenizer_encodes_and_decodes_like_hf(model):
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize(("model", "stop_tokens"), [
-    ("qwen2.5-coder-1.5b-instruct", ("<|im_end|>", "<|endoftext|>")),
-    ("gemma-3-270m", ("<eos>", "<end_of_turn>")),
-])
+@pytest.mark.parametrize(
+    ("model", "stop_tokens"),
+    [
+        ("qwen2.5-coder-1.5b-instruct", ("<|im_end|>", "<|endoftext|>")),
+        ("gemma-3-270m", ("<eos>", "<end_of_turn>")),
+    ],
+)
 def test_real_gguf_special_tokens_match_hf(model, stop_tokens):
     tokenizer, special = real_tokenizer(model), load_fixture(model)["special"]
     assert (tokenizer.bos_token, tokenizer.bos_token_id) == (special["bos_token"], special["bos_token_id"])

@@ -21,12 +21,23 @@ import pytest
 pytestmark = pytest.mark.real_model
 
 MODEL = "qwen2.5-coder-1.5b-instruct"
-WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "description": "The city name"}},
-                  "required": ["city"]}
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
-                                            "parameters": WEATHER_SCHEMA}}
-TIME = {"type": "function", "function": {"name": "get_time", "description": "Get the local time in a city",
-                                         "parameters": WEATHER_SCHEMA}}
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "description": "The city name"}},
+    "required": ["city"],
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": WEATHER_SCHEMA,
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {"name": "get_time", "description": "Get the local time in a city", "parameters": WEATHER_SCHEMA},
+}
 TOKYO = [{"role": "user", "content": "Weather in Tokyo?"}]
 TWO_CITIES = [{"role": "user", "content": "What's the weather in Tokyo and in Paris?"}]
 GREEDY = {"temperature": 0, "max_tokens": 64}
@@ -39,9 +50,20 @@ def real_server(qwen_gguf):
 
     # Two sequences, one 512-token prefill chunk: few step shapes to compile on CPU; the tools' system
     # prompt is a prefix-cache hit after the first request.
-    live = LiveServer(qwen_gguf, "--served-model-name", MODEL, "--max-num-seqs", "2", "--max-batched-tokens", "512",
-                      "--ctx", "2048",
-                      "--heartbeat-s", "5", ready_timeout=900)
+    live = LiveServer(
+        qwen_gguf,
+        "--served-model-name",
+        MODEL,
+        "--max-num-seqs",
+        "2",
+        "--max-batched-tokens",
+        "512",
+        "--ctx",
+        "2048",
+        "--heartbeat-s",
+        "5",
+        ready_timeout=900,
+    )
     yield live
     live.stop()
 
@@ -73,8 +95,9 @@ def streamed_chat(client, **kwargs) -> tuple[str, dict[int, list[str]], str | No
 
 
 def test_required_single_city_gives_one_call_and_ends(openai_client):
-    reply = openai_client.chat.completions.create(model=MODEL, messages=TOKYO, tools=[WEATHER],
-                                                  tool_choice="required", **GREEDY)
+    reply = openai_client.chat.completions.create(
+        model=MODEL, messages=TOKYO, tools=[WEATHER], tool_choice="required", **GREEDY
+    )
     choice = reply.choices[0]
     assert weather_calls(choice.message.tool_calls) == [("get_weather", {"city": "Tokyo"})]
     assert choice.finish_reason == "tool_calls" and not choice.message.content
@@ -82,15 +105,17 @@ def test_required_single_city_gives_one_call_and_ends(openai_client):
 
 
 def test_required_single_city_streamed_equals_whole(openai_client):
-    content, calls, finish = streamed_chat(openai_client, messages=TOKYO, tools=[WEATHER], tool_choice="required",
-                                           **GREEDY)
+    content, calls, finish = streamed_chat(
+        openai_client, messages=TOKYO, tools=[WEATHER], tool_choice="required", **GREEDY
+    )
     assert [(name, json.loads(args)) for name, args in calls.values()] == [("get_weather", {"city": "Tokyo"})]
     assert finish == "tool_calls" and content == ""
 
 
 def test_a_call_cut_by_max_tokens_is_length_and_no_call(openai_client):
-    reply = openai_client.chat.completions.create(model=MODEL, messages=TOKYO, tools=[WEATHER],
-                                                  tool_choice="required", temperature=0, max_tokens=10)
+    reply = openai_client.chat.completions.create(
+        model=MODEL, messages=TOKYO, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=10
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "length" and reply.usage.completion_tokens == 10
     assert not choice.message.tool_calls and not choice.message.content
@@ -98,10 +123,18 @@ def test_a_call_cut_by_max_tokens_is_length_and_no_call(openai_client):
 
 def test_anthropic_named_tool_gives_one_tool_use(real_server):
     client = anthropic.Anthropic(base_url=real_server.url, api_key="unused", max_retries=0, timeout=600)
-    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
-              "input_schema": WEATHER_SCHEMA} for t in (WEATHER, TIME)]
-    message = client.messages.create(model=MODEL, max_tokens=64, extra_body=ZERO_T, messages=TOKYO, tools=tools,
-                                     tool_choice={"type": "tool", "name": "get_weather"})
+    tools = [
+        {"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": WEATHER_SCHEMA}
+        for t in (WEATHER, TIME)
+    ]
+    message = client.messages.create(
+        model=MODEL,
+        max_tokens=64,
+        extra_body=ZERO_T,
+        messages=TOKYO,
+        tools=tools,
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
     uses = [(block.name, block.input) for block in message.content if block.type == "tool_use"]
     assert uses == [("get_weather", {"city": "Tokyo"})]
     assert message.stop_reason == "tool_use" and message.usage.output_tokens < 64
@@ -109,8 +142,9 @@ def test_anthropic_named_tool_gives_one_tool_use(real_server):
 
 def test_ollama_tools_give_one_call_and_stop(real_server):
     client = ollama.Client(host=real_server.url, timeout=600)
-    reply = client.chat(model=MODEL, messages=TOKYO, tools=[WEATHER], stream=False,
-                        options={"temperature": 0, "num_predict": 64})
+    reply = client.chat(
+        model=MODEL, messages=TOKYO, tools=[WEATHER], stream=False, options={"temperature": 0, "num_predict": 64}
+    )
     calls = [(call.function.name, dict(call.function.arguments)) for call in reply.message.tool_calls or ()]
     assert calls == [("get_weather", {"city": "Tokyo"})]
     assert reply.done_reason == "stop" and "<tool_call>" not in reply.message.content and reply.eval_count < 64
@@ -129,23 +163,29 @@ def test_two_cities_with_parallel_calls_give_two_distinct_calls(openai_client, s
     else:
         choice = openai_client.chat.completions.create(model=MODEL, **kwargs).choices[0]
         got, finish, content = weather_calls(choice.message.tool_calls), choice.finish_reason, choice.message.content
-    assert sorted(args["city"] for _, args in got) == ["Paris", "Tokyo"] and {name for name, _ in got} == {"get_weather"}
+    assert sorted(args["city"] for _, args in got) == ["Paris", "Tokyo"] and {name for name, _ in got} == {
+        "get_weather"
+    }
     assert finish == "tool_calls" and not content
 
 
 @pytest.mark.slow
 def test_required_without_parallel_calls_gives_one_call(openai_client):
-    choice = openai_client.chat.completions.create(model=MODEL, messages=TWO_CITIES, tools=[WEATHER],
-                                                   tool_choice="required", parallel_tool_calls=False,
-                                                   **GREEDY).choices[0]
+    choice = openai_client.chat.completions.create(
+        model=MODEL, messages=TWO_CITIES, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, **GREEDY
+    ).choices[0]
     assert len(choice.message.tool_calls) == 1 and choice.finish_reason == "tool_calls"
 
 
 @pytest.mark.slow
 def test_named_function_streamed_gives_one_call(openai_client):
-    content, calls, finish = streamed_chat(openai_client, messages=TOKYO, tools=[WEATHER, TIME],
-                                           tool_choice={"type": "function", "function": {"name": "get_time"}},
-                                           **GREEDY)
+    content, calls, finish = streamed_chat(
+        openai_client,
+        messages=TOKYO,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        **GREEDY,
+    )
     assert [(name, json.loads(args)) for name, args in calls.values()] == [("get_time", {"city": "Tokyo"})]
     assert finish == "tool_calls" and content == ""
 
@@ -153,16 +193,32 @@ def test_named_function_streamed_gives_one_call(openai_client):
 @pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_auto_after_a_tool_result_answers_without_a_half_written_call(openai_client, stream):
-    messages = [*TOKYO, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Tokyo"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature_c": 18, "sky": "clear"}'}]
+    messages = [
+        *TOKYO,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Tokyo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature_c": 18, "sky": "clear"}'},
+    ]
     kwargs = dict(messages=messages, tools=[WEATHER], tool_choice="auto", temperature=0, max_tokens=96)
     if stream:
         content, calls, finish = streamed_chat(openai_client, **kwargs)
         got = [(name, json.loads(args)) for name, args in calls.values()]
     else:
         choice = openai_client.chat.completions.create(model=MODEL, **kwargs).choices[0]
-        content, finish, got = choice.message.content or "", choice.finish_reason, weather_calls(choice.message.tool_calls)
+        content, finish, got = (
+            choice.message.content or "",
+            choice.finish_reason,
+            weather_calls(choice.message.tool_calls),
+        )
     assert "<tool_call>" not in content and "</tool_call>" not in content
     assert finish in ("stop", "tool_calls") and (finish == "tool_calls") == bool(got)
     assert got or "18" in content  # a text answer uses the tool's result
@@ -170,32 +226,53 @@ def test_auto_after_a_tool_result_answers_without_a_half_written_call(openai_cli
 
 @pytest.mark.slow
 def test_responses_api_required_gives_one_function_call(openai_client):
-    response = openai_client.responses.create(model=MODEL, input="Weather in Tokyo?", tools=[
-        {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
-         "parameters": WEATHER_SCHEMA}], tool_choice="required", temperature=0, max_output_tokens=64)
+    response = openai_client.responses.create(
+        model=MODEL,
+        input="Weather in Tokyo?",
+        tools=[
+            {
+                "type": "function",
+                "name": "get_weather",
+                "description": "Get the current weather in a city",
+                "parameters": WEATHER_SCHEMA,
+            }
+        ],
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=64,
+    )
     calls = [(item.name, json.loads(item.arguments)) for item in response.output if item.type == "function_call"]
     assert calls == [("get_weather", {"city": "Tokyo"})] and response.status == "completed"
 
 
 @pytest.mark.slow
 def test_responses_api_cut_call_is_incomplete(openai_client):
-    response = openai_client.responses.create(model=MODEL, input="Weather in Tokyo?", tools=[
-        {"type": "function", "name": "get_weather", "parameters": WEATHER_SCHEMA}], tool_choice="required",
-        temperature=0, max_output_tokens=10)
+    response = openai_client.responses.create(
+        model=MODEL,
+        input="Weather in Tokyo?",
+        tools=[{"type": "function", "name": "get_weather", "parameters": WEATHER_SCHEMA}],
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=10,
+    )
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
 
 
 @pytest.mark.slow
 def test_anthropic_streamed_two_cities_and_cut(real_server):
     client = anthropic.Anthropic(base_url=real_server.url, api_key="unused", max_retries=0, timeout=600)
-    tools = [{"name": "get_weather", "description": "Get the current weather in a city", "input_schema": WEATHER_SCHEMA}]
-    with client.messages.stream(model=MODEL, max_tokens=64, extra_body=ZERO_T, messages=TWO_CITIES, tools=tools,
-                                tool_choice={"type": "any"}) as stream:
+    tools = [
+        {"name": "get_weather", "description": "Get the current weather in a city", "input_schema": WEATHER_SCHEMA}
+    ]
+    with client.messages.stream(
+        model=MODEL, max_tokens=64, extra_body=ZERO_T, messages=TWO_CITIES, tools=tools, tool_choice={"type": "any"}
+    ) as stream:
         message = stream.get_final_message()
     cities = sorted(block.input["city"] for block in message.content if block.type == "tool_use")
     assert cities == ["Paris", "Tokyo"] and message.stop_reason == "tool_use"
-    cut = client.messages.create(model=MODEL, max_tokens=10, extra_body=ZERO_T, messages=TOKYO, tools=tools,
-                                 tool_choice={"type": "any"})
+    cut = client.messages.create(
+        model=MODEL, max_tokens=10, extra_body=ZERO_T, messages=TOKYO, tools=tools, tool_choice={"type": "any"}
+    )
     assert cut.stop_reason == "max_tokens" and not [b for b in cut.content if b.type == "tool_use"]
 
 
@@ -204,12 +281,19 @@ def test_ollama_streamed_answer_after_a_tool_result(real_server):
     """Ollama has no tool_choice (auto only): after a tool result the model answers in text or calls again,
     and a streamed reply never carries a call's text in its content."""
     client = ollama.Client(host=real_server.url, timeout=600)
-    messages = [*TOKYO, {"role": "assistant", "content": "",
-                         "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Tokyo"}}}]},
-                {"role": "tool", "content": '{"temperature_c": 18, "sky": "clear"}', "tool_name": "get_weather"}]
+    messages = [
+        *TOKYO,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Tokyo"}}}],
+        },
+        {"role": "tool", "content": '{"temperature_c": 18, "sky": "clear"}', "tool_name": "get_weather"},
+    ]
     content, calls, done = "", [], None
-    for part in client.chat(model=MODEL, messages=messages, tools=[WEATHER], stream=True,
-                            options={"temperature": 0, "num_predict": 96}):
+    for part in client.chat(
+        model=MODEL, messages=messages, tools=[WEATHER], stream=True, options={"temperature": 0, "num_predict": 96}
+    ):
         content += part.message.content or ""
         calls += [(call.function.name, dict(call.function.arguments)) for call in part.message.tool_calls or ()]
         done = part.done_reason or done

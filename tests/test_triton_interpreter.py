@@ -12,13 +12,23 @@ import pytest
 
 from ember.compiler.ops.quant.act_quant import act_terms
 
-CHECKS = [("check_attention_kernels", "interpret"), ("check_prefill_kernels", "interpret"),
-          ("check_quant_kernels", "interpret"), ("check_quant_kernels", "rows"), ("check_dp4a_kernels", "interpret"),
-          ("check_fp8_kernels", "interpret"), ("check_norm_kernels", "interpret"), ("check_rope_kernels", "interpret"),
-          ("check_split_kernels", "interpret")]
+CHECKS = [
+    ("check_attention_kernels", "interpret"),
+    ("check_prefill_kernels", "interpret"),
+    ("check_quant_kernels", "interpret"),
+    ("check_quant_kernels", "rows"),
+    ("check_dp4a_kernels", "interpret"),
+    ("check_fp8_kernels", "interpret"),
+    ("check_norm_kernels", "interpret"),
+    ("check_rope_kernels", "interpret"),
+    ("check_split_kernels", "interpret"),
+]
 # the int8 activations' producers and the integer-dot GEMV again with the other number of terms (act_quant.py)
-OTHER_TERMS = [("check_dp4a_kernels", "interpret"), ("check_norm_kernels", "interpret"),
-               ("check_attention_kernels", "combine-quant")]
+OTHER_TERMS = [
+    ("check_dp4a_kernels", "interpret"),
+    ("check_norm_kernels", "interpret"),
+    ("check_attention_kernels", "combine-quant"),
+]
 CASES = [(tool, mode, None) for tool, mode in CHECKS] + [(tool, mode, "other") for tool, mode in OTHER_TERMS]
 
 
@@ -27,6 +37,7 @@ def test_triton_kernels_match_their_references_in_the_interpreter(tool, mode, te
     env = dict(os.environ)
     if terms:
         env["EMBER_ACT_TERMS"] = "1" if act_terms() == 2 else "2"
-    done = subprocess.run([sys.executable, "-m", f"ember.tools.{tool}", mode], capture_output=True, text=True,
-                          timeout=900, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", f"ember.tools.{tool}", mode], capture_output=True, text=True, timeout=900, env=env
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]  # the tools exit 1 on any mismatch

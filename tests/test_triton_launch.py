@@ -12,16 +12,17 @@ import numpy as np
 import pytest
 import triton
 import triton.language as tl
+from triton_calls import triton_calls
 
 from ember.compiler.ops.attention_gpu.decode import decode_launch_plan, paged_decode_attention
 from ember.compiler.ops.attention_gpu.prefill import launch_plan as prefill_launch_plan
 from ember.compiler.ops.attention_gpu.prefill import pick_config, prefill_attention
-from ember.compiler.ops.quant.config import QuantMatmulConfig, pick_config as pick_quant_config
+from ember.compiler.ops.quant.config import QuantMatmulConfig
+from ember.compiler.ops.quant.config import pick_config as pick_quant_config
 from ember.compiler.ops.quant.layout import pack, random_gguf_bytes
 from ember.compiler.ops.quant.matmul import launch_plan as quant_launch_plan
 from ember.compiler.ops.quant.matmul import triton_quant_matmul
 from ember.compiler.ops.triton_launch import kernel_ttir, triton_call
-from triton_calls import triton_calls
 
 BF16 = jnp.bfloat16
 
@@ -35,12 +36,18 @@ def test_decode_attention_lowers_to_native_kernels(rows, width):
     pool = jnp.zeros((64, bs, hkv, dh), BF16)
     tables = jnp.zeros((rows, width), jnp.int32)
     lens = jnp.ones((rows,), jnp.int32)
-    calls = triton_calls(lambda q, p, t, n: paged_decode_attention(q, p, p, t, n, n - 1, jnp.int32(0), scale=0.1,
-                                                                    backend="triton"), q, pool, tables, lens)
+    calls = triton_calls(
+        lambda q, p, t, n: paged_decode_attention(q, p, p, t, n, n - 1, jnp.int32(0), scale=0.1, backend="triton"),
+        q,
+        pool,
+        tables,
+        lens,
+    )
     plan = decode_launch_plan(rows, hq, hkv, dh, bs, width, dot_fp32=False, scale=0.1)
     single = plan["splits"] == 1
-    assert [c["name"] for c in calls] == (["paged_decode_kernel"] if single else
-                                         ["paged_decode_partials_kernel", "paged_decode_combine_kernel"])
+    assert [c["name"] for c in calls] == (
+        ["paged_decode_kernel"] if single else ["paged_decode_partials_kernel", "paged_decode_combine_kernel"]
+    )
     assert calls[0]["grid"] == plan["grid"]
     if not single:
         assert calls[1]["grid"] == (rows, hq, 1)
@@ -53,19 +60,33 @@ def test_prefill_attention_lowers_to_one_native_kernel(dtype):
     chunk, hq, hkv, dh, bs, width = 512, 32, 8, 128, 16, 64
     q = jnp.zeros((chunk, hq, dh), dtype)
     pool = jnp.zeros((width + 1, bs, hkv, dh), dtype)
-    calls = triton_calls(lambda q, p, t, pos: prefill_attention(q, p, p, t, pos, jnp.int32(chunk), jnp.int32(0),
-                                                                 scale=0.1),
-                          q, pool, jnp.zeros((width,), jnp.int32), jnp.arange(chunk, dtype=jnp.int32))
+    calls = triton_calls(
+        lambda q, p, t, pos: prefill_attention(q, p, p, t, pos, jnp.int32(chunk), jnp.int32(0), scale=0.1),
+        q,
+        pool,
+        jnp.zeros((width,), jnp.int32),
+        jnp.arange(chunk, dtype=jnp.int32),
+    )
     plan = prefill_launch_plan(chunk, hq, hkv, dh, bs, width, scale=0.1, config=pick_config(dh, dtype))
     assert [c["name"] for c in calls] == ["prefill_attention_kernel"]
     assert calls[0]["grid"] == tuple(plan.grid) + (1,) * (3 - len(plan.grid))
 
 
-@pytest.mark.parametrize("fmt, rows, out, inner, variant", [
-    ("q4_k", 1, 1536, 1536, "split"), ("q4_k", 16, 8960, 1536, "split"), ("q6_k", 1, 1536, 8960, "split"),
-    ("q8_0", 4, 256, 1536, "split"), ("q4_k", 1, 4096, 14336, "rows"), ("q4_k", 3, 1536, 1536, "rows"),
-    ("q4_k", 1, 17920, 1536, "dp4a"), ("q6_k", 11, 151936, 1536, "dp4a"), ("q5_0", 1, 4096, 640, "rows"),
-    ("q5_0", 8, 1536, 640, "split")])
+@pytest.mark.parametrize(
+    "fmt, rows, out, inner, variant",
+    [
+        ("q4_k", 1, 1536, 1536, "split"),
+        ("q4_k", 16, 8960, 1536, "split"),
+        ("q6_k", 1, 1536, 8960, "split"),
+        ("q8_0", 4, 256, 1536, "split"),
+        ("q4_k", 1, 4096, 14336, "rows"),
+        ("q4_k", 3, 1536, 1536, "rows"),
+        ("q4_k", 1, 17920, 1536, "dp4a"),
+        ("q6_k", 11, 151936, 1536, "dp4a"),
+        ("q5_0", 1, 4096, 640, "rows"),
+        ("q5_0", 8, 1536, 640, "split"),
+    ],
+)
 def test_quantized_gemv_lowers_to_native_kernels(fmt, rows, out, inner, variant, monkeypatch):
     from ember.compiler.ops.quant import config as quant_config
     from ember.compiler.ops.quant.triton_act_quant import quantize_plan
@@ -106,8 +127,12 @@ def test_packed_qkv_decode_writes_each_projection_apart(grouped, monkeypatch):
     w = WeightGroup((weight("q4_k", 1792), weight("q6_k", 256))) if grouped else weight("q4_k", 2048)
     with linear_quant.use_quant_backend("triton"):
         fn = lambda x, w, b: linear_quant.linear_split(x, w, b, sizes=sizes)  # noqa: E731
-        text = jax.jit(fn).trace(jnp.zeros((1, 1536), BF16), w, jnp.zeros((2048,), BF16)).lower(
-            lowering_platforms=("cuda",)).as_text()
+        text = (
+            jax.jit(fn)
+            .trace(jnp.zeros((1, 1536), BF16), w, jnp.zeros((2048,), BF16))
+            .lower(lowering_platforms=("cuda",))
+            .as_text()
+        )
         calls = triton_calls(fn, jnp.zeros((1, 1536), BF16), w, jnp.zeros((2048,), BF16))
         outs = jax.eval_shape(fn, jnp.zeros((1, 1536), BF16), w, jnp.zeros((2048,), BF16))
     names = [c["name"] for c in calls]
@@ -117,8 +142,9 @@ def test_packed_qkv_decode_writes_each_projection_apart(grouped, monkeypatch):
     assert [o.shape for o in outs] == [(1, n) for n in sizes] and all(o.dtype == BF16 for o in outs)
 
 
-@pytest.mark.parametrize("fmt, d, ffn, by_norm", [("q4_k", 1536, 8960, True), ("q6_k", 1536, 8960, True),
-                                                  ("q4_k", 4096, 14336, False)])
+@pytest.mark.parametrize(
+    "fmt, d, ffn, by_norm", [("q4_k", 1536, 8960, True), ("q6_k", 1536, 8960, True), ("q4_k", 4096, 14336, False)]
+)
 def test_down_projection_partials_are_summed_by_the_next_norm(fmt, d, ffn, by_norm, monkeypatch):
     """A down projection (split-K) at batch 1 marked partials=True (carry_split_k_partials) into the next
     layer's add_rms_norm_to_proj: its quantizer, GEMV and the norm kernel, and no XLA reduce between them
@@ -137,10 +163,12 @@ def test_down_projection_partials_are_summed_by_the_next_norm(fmt, d, ffn, by_no
     assert splits > 1 and (splits * d * 4 <= norm_quant_gpu.PARTIALS_MAX_BYTES) is by_norm
     args = (jnp.zeros((1, d), BF16), jnp.zeros((1, 2 * ffn), BF16), jnp.ones((d,), BF16), down, qkv)
     for partials in (True, False):
+
         def fn(x, gate_up, norm_w, down, qkv):
             t = linear_quant.gated_linear(gate_up, down, act="silu", partials=partials)
             s, h = norm_quant_gpu.add_rms_norm_to_proj(x, t, norm_w, qkv, eps=1e-6)
             return s, h.qa, h.da
+
         with linear_quant.use_quant_backend("triton"):
             text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
             calls = triton_calls(fn, *args)
@@ -166,23 +194,35 @@ def test_plain_scalars_are_specialised_and_pointers_aligned():
 def test_arguments_that_do_not_fit_are_refused():
     x = jnp.zeros((1000,), jnp.float32)
     out = jax.ShapeDtypeStruct(x.shape, x.dtype)
-    call = lambda *arrays, **constants: jax.jit(  # noqa: E731
-        lambda *a: triton_call(*a, kernel=_scale_kernel, out_shape=out, grid=(8,), **constants)
-    ).trace(*arrays).lower(lowering_platforms=("cuda",))
+    call = lambda *arrays, **constants: (
+        jax.jit(  # noqa: E731
+            lambda *a: triton_call(*a, kernel=_scale_kernel, out_shape=out, grid=(8,), **constants)
+        )
+        .trace(*arrays)
+        .lower(lowering_platforms=("cuda",))
+    )
     with pytest.raises(TypeError, match="takes pointers"):
         call(x, x, n=1000, FACTOR=2.0, BLOCK=128)  # one array too many
     with pytest.raises(TypeError, match="no arguments"):
         call(x, n=1000, FACTOR=2.0, BLOCK=128, SPEED=1)
     with pytest.raises(ValueError, match="grid"):
-        jax.jit(lambda a: triton_call(a, kernel=_scale_kernel, out_shape=out, grid=(0,), n=1000, FACTOR=2.0,
-                                      BLOCK=128)).trace(x)
+        jax.jit(
+            lambda a: triton_call(a, kernel=_scale_kernel, out_shape=out, grid=(0,), n=1000, FACTOR=2.0, BLOCK=128)
+        ).trace(x)
 
 
 def test_the_launch_switch_rejects_unknown_values(monkeypatch):
     monkeypatch.setenv("EMBER_TRITON_LAUNCH", "cuda_graphs")
     with pytest.raises(ValueError, match="EMBER_TRITON_LAUNCH"):
-        triton_call(jnp.zeros((4,)), kernel=_scale_kernel, out_shape=jax.ShapeDtypeStruct((4,), jnp.float32),
-                    grid=(1,), n=4, FACTOR=1.0, BLOCK=4)
+        triton_call(
+            jnp.zeros((4,)),
+            kernel=_scale_kernel,
+            out_shape=jax.ShapeDtypeStruct((4,), jnp.float32),
+            grid=(1,),
+            n=4,
+            FACTOR=1.0,
+            BLOCK=4,
+        )
 
 
 @pytest.mark.parametrize("shape", [(1, 4096), (3, 1536), (256, 4096)])
@@ -230,8 +270,9 @@ def test_rope_decode_attention_lowers_to_one_partials_kernel_writing_the_pools(r
     freq = jnp.zeros((dh // 2,), jnp.float32)
 
     def step(q, k, pool, tables, n):
-        return rope_decode_attention(q, k, k, n - 1, freq, n, pool, pool, tables, n, jnp.int32(0), style=style,
-                                     scale=0.1)
+        return rope_decode_attention(
+            q, k, k, n - 1, freq, n, pool, pool, tables, n, jnp.int32(0), style=style, scale=0.1
+        )
 
     plan = decode_launch_plan(rows, hq, hkv, dh, bs, width, dot_fp32=False, scale=0.1)
     if plan["splits"] == 1:
@@ -257,15 +298,25 @@ def test_rope_attention_of_a_decode_step_launches_the_fused_partials_when_switch
     q, k = jnp.zeros((1, hq, dh), BF16), jnp.zeros((1, hkv, dh), BF16)
     pool = jnp.zeros((width + 1, 16, hkv, dh), BF16)
     zeros = np.zeros(1, np.int32)
-    batch = StepBatch(tokens=zeros, positions=zeros, slots=np.zeros((1, 1), np.int32),
-                      dec_block_tables=np.zeros((1, 1, width), np.int32), dec_ctx_lens=np.ones(1, np.int32),
-                      pre_block_table=np.zeros((1, 1, width), np.int32), logit_rows=zeros)
+    batch = StepBatch(
+        tokens=zeros,
+        positions=zeros,
+        slots=np.zeros((1, 1), np.int32),
+        dec_block_tables=np.zeros((1, 1, width), np.int32),
+        dec_ctx_lens=np.ones(1, np.int32),
+        pre_block_table=np.zeros((1, 1, width), np.int32),
+        logit_rows=zeros,
+    )
     freq = jnp.ones((dh // 2,), jnp.float32)
 
     def step(q, k, pool):
-        return paged.rope_paged_attention(q, k, k, batch.positions, freq, jnp.int32(0), jnp.int32(0), pool, pool,
-                                          batch, style="neox", scale=0.1)
+        return paged.rope_paged_attention(
+            q, k, k, batch.positions, freq, jnp.int32(0), jnp.int32(0), pool, pool, batch, style="neox", scale=0.1
+        )
 
     names = [c["name"] for c in triton_calls(step, q, k, pool)]
-    assert names == (["paged_decode_rope_partials_kernel", "paged_decode_combine_kernel"] if fused == "1" else
-                     ["rope_write_kernel", "paged_decode_partials_kernel", "paged_decode_combine_kernel"])
+    assert names == (
+        ["paged_decode_rope_partials_kernel", "paged_decode_combine_kernel"]
+        if fused == "1"
+        else ["rope_write_kernel", "paged_decode_partials_kernel", "paged_decode_combine_kernel"]
+    )

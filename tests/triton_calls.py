@@ -17,8 +17,13 @@ def triton_calls(fn, *args) -> list[dict]:
         if XLA_TRITON_TARGET not in line:
             continue
         field = lambda key: int(re.search(rf"{key} = (\d+) : i32", line).group(1))  # noqa: E731
-        calls.append({"name": re.search(r'name = "([^"]+)"', line).group(1),
-                      "grid": (field("grid_x"), field("grid_y"), field("grid_z")),
-                      "num_warps": field("num_warps"), "num_stages": field("num_stages"),
-                      "ir": re.search(r'ir = "(.*?)", name', line).group(1)})
+        calls.append(
+            {
+                "name": re.search(r'name = "([^"]+)"', line).group(1),
+                "grid": (field("grid_x"), field("grid_y"), field("grid_z")),
+                "num_warps": field("num_warps"),
+                "num_stages": field("num_stages"),
+                "ir": re.search(r'ir = "(.*?)", name', line).group(1),
+            }
+        )
     return calls

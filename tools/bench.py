@@ -26,8 +26,9 @@ from ..compiler.spec import gathered_only_weights
 def _commit() -> str:
     try:
         root = Path(__file__).resolve().parent.parent
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                              text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -51,10 +52,13 @@ def _run_concurrent(engine, prompts: list[list[int]], output_tokens: int) -> dic
     steady = wall - last_first_token
     ttft = np.array([u.ttft_s for u in usages])
     return {
-        "concurrency": len(prompts), "wall_s": round(wall, 2), "generated_tokens": generated,
+        "concurrency": len(prompts),
+        "wall_s": round(wall, 2),
+        "generated_tokens": generated,
         "output_tokens_per_s": round(generated / wall, 2),
         "decode_tokens_per_s": round(len(prompts) * (output_tokens - 1) / steady, 2) if steady > 0 else None,
-        "ttft_p50_s": round(float(np.percentile(ttft, 50)), 2), "ttft_p99_s": round(float(np.percentile(ttft, 99)), 2),
+        "ttft_p50_s": round(float(np.percentile(ttft, 50)), 2),
+        "ttft_p99_s": round(float(np.percentile(ttft, 99)), 2),
     }
 
 
@@ -62,24 +66,68 @@ def _run_concurrent(engine, prompts: list[list[int]], output_tokens: int) -> dic
 # checkpoint; the tokenizer (only used to detokenize) comes from `--tokenizer DIR` (an HF folder). Configs use
 # HF config.json keys (model_type included, so tools/bench_hf.py builds the same shape in transformers).
 SYNTHETIC_PREFIX = "synthetic:"
-_QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rms_norm_eps": 1e-6,
-          "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
+_QWEN2 = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+}
 SYNTHETIC_SHAPES = {
-    "qwen2.5-1.5b": ("qwen2", {**_QWEN2, "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
-                               "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,
-                               "max_position_embeddings": 32768, "tie_word_embeddings": True}),
+    "qwen2.5-1.5b": (
+        "qwen2",
+        {
+            **_QWEN2,
+            "hidden_size": 1536,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 12,
+            "num_key_value_heads": 2,
+            "intermediate_size": 8960,
+            "vocab_size": 151936,
+            "max_position_embeddings": 32768,
+            "tie_word_embeddings": True,
+        },
+    ),
     # Llama-3-8B's shape; Llama 3.1's rope scaling and context length, so contexts to 32k are in range
-    "llama3-8b": ("llama", {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-                            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                            "head_dim": 128, "intermediate_size": 14336, "vocab_size": 128256,
-                            "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "tie_word_embeddings": False,
-                            "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                "original_max_position_embeddings": 8192}}),
+    "llama3-8b": (
+        "llama",
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "intermediate_size": 14336,
+            "vocab_size": 128256,
+            "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 131072,
+            "tie_word_embeddings": False,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        },
+    ),
     # a few-MB model of the same family, for smoke tests of the bench tools on any machine
-    "qwen2-tiny": ("qwen2", {**_QWEN2, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                             "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 151936,
-                             "max_position_embeddings": 4096, "tie_word_embeddings": True}),
+    "qwen2-tiny": (
+        "qwen2",
+        {
+            **_QWEN2,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 128,
+            "vocab_size": 151936,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": True,
+        },
+    ),
 }
 # `<shape>-<format>`: weights in a quantized checkpoint layout (random values, the real block layout), made by
 # ember.runtime.synthetic_gguf; without a suffix, float weights in the target's activation dtype.
@@ -90,10 +138,10 @@ QUANTIZED_FORMATS = ("q4_k_m", "fp8", "fp8_block")
 
 def parse_synthetic(name: str) -> tuple[str, str | None]:
     """'synthetic:llama3-8b-q4_k_m' -> ('llama3-8b', 'q4_k_m'); 'synthetic:llama3-8b' -> ('llama3-8b', None)."""
-    rest = name[len(SYNTHETIC_PREFIX):] if name.startswith(SYNTHETIC_PREFIX) else name
+    rest = name[len(SYNTHETIC_PREFIX) :] if name.startswith(SYNTHETIC_PREFIX) else name
     for fmt in QUANTIZED_FORMATS:
-        if rest.endswith(f"-{fmt}") and rest[:-len(fmt) - 1] in SYNTHETIC_SHAPES:
-            return rest[:-len(fmt) - 1], fmt
+        if rest.endswith(f"-{fmt}") and rest[: -len(fmt) - 1] in SYNTHETIC_SHAPES:
+            return rest[: -len(fmt) - 1], fmt
     if rest not in SYNTHETIC_SHAPES:
         known = [*SYNTHETIC_SHAPES, *(f"{s}-{f}" for s in SYNTHETIC_SHAPES for f in QUANTIZED_FORMATS)]
         raise ValueError(f"unknown synthetic shape {rest!r} (known: {', '.join(known)})")
@@ -117,8 +165,10 @@ def _synthetic_model(name: str, target: str, tokenizer_dir: str | None):
         try:
             from ..runtime.synthetic_gguf import synthetic_gguf_checkpoint
         except ImportError as error:
-            raise ValueError(f"{name} needs ember.runtime.synthetic_gguf (synthetic GGUF checkpoints in the "
-                             f"{fmt} layout), which this tree does not have: {error}") from None
+            raise ValueError(
+                f"{name} needs ember.runtime.synthetic_gguf (synthetic GGUF checkpoints in the "
+                f"{fmt} layout), which this tree does not have: {error}"
+            ) from None
         model = load_model(synthetic_gguf_checkpoint(spec, config, scheme=fmt, seed=0), target=target)
     return model, Tokenizer.from_hf_dir(tokenizer_dir)
 
@@ -146,8 +196,7 @@ def weight_bytes_per_step(model, rows: int = 1) -> int:
 
     gathered = gathered_only_weights(model.spec)
     seen: dict[int, int] = {}
-    groups = [{k: v for k, v in model.params.globals.items() if k.split(".")[0] not in gathered},
-              *model.params.layers]
+    groups = [{k: v for k, v in model.params.globals.items() if k.split(".")[0] not in gathered}, *model.params.layers]
     for group in groups:
         for leaf in jax.tree.leaves({k: form_for_rows(rows, v) for k, v in group.items()}):
             seen[id(leaf)] = int(leaf.nbytes)
@@ -166,6 +215,7 @@ def kv_bytes_read(model, context: int, kv_cache_dtype: str = "auto") -> int:
 
 
 # ---- measuring helpers of the suite (tools/bench_suite.py) ------------------------------------------------
+
 
 class StepClock:
     """When each engine device call finished, with the decode tokens it made, its decode steps and whether
@@ -190,10 +240,13 @@ class StepClock:
 
             def timed_collect():
                 result = collect()
-                self.steps.append((time.perf_counter(), plan.num_decode * len(result), len(result),
-                                   bool(plan.prefills)))
+                self.steps.append(
+                    (time.perf_counter(), plan.num_decode * len(result), len(result), bool(plan.prefills))
+                )
                 return result
+
             return timed_collect
+
         return timed
 
     def decode_after_prefill(self) -> tuple[int, float, int]:
@@ -222,10 +275,14 @@ class StepClock:
         prefill_launches = [i for i, (*_, pre) in enumerate(self.launches) if pre]
         if last_prefill is None or not prefill_launches or prefill_launches[-1] + 1 >= len(self.launches):
             return {}
-        after = self.launches[prefill_launches[-1] + 1:]
+        after = self.launches[prefill_launches[-1] + 1 :]
         began, returned, chained, _ = after[0]
-        return {"began_ms": round((began - last_prefill) * 1e3, 2), "launch_ms": round((returned - began) * 1e3, 2),
-                "chained": chained, "launch_ms_all": [round((b - a) * 1e3, 2) for a, b, _, _ in after[:4]]}
+        return {
+            "began_ms": round((began - last_prefill) * 1e3, 2),
+            "launch_ms": round((returned - began) * 1e3, 2),
+            "chained": chained,
+            "launch_ms_all": [round((b - a) * 1e3, 2) for a, b, _, _ in after[:4]],
+        }
 
 
 def single_request(engine, prompt: list[int], max_tokens: int):
@@ -250,30 +307,51 @@ def model_facts(model, kv_cache_dtype: str = "auto") -> dict:
     for leaf in jax.tree.leaves((model.params.globals, model.params.layers)):
         dtypes[str(leaf.dtype)] = dtypes.get(str(leaf.dtype), 0) + int(leaf.nbytes)
     dims = model.dims.as_dict()
-    return {"arch": model.spec.arch, "checkpoint_format": model.checkpoint.format,
-            "weight_bytes_per_step": weight_bytes_per_step(model), "weight_bytes_by_dtype": dtypes,
-            "kv_dtype": str(kv_dtype(model, kv_cache_dtype)),
-            "dims": {k: int(dims[k]) for k in ("layers", "d", "hq", "hkv", "dh", "ffn", "vocab") if k in dims}}
+    return {
+        "arch": model.spec.arch,
+        "checkpoint_format": model.checkpoint.format,
+        "weight_bytes_per_step": weight_bytes_per_step(model),
+        "weight_bytes_by_dtype": dtypes,
+        "kv_dtype": str(kv_dtype(model, kv_cache_dtype)),
+        "dims": {k: int(dims[k]) for k in ("layers", "d", "hq", "hkv", "dh", "ffn", "vocab") if k in dims},
+    }
 
 
 def apply_rooflines(result: dict, bandwidth_gb_s: float | None) -> None:
     """Roofline of every decode figure (Ember's context and concurrency runs, HF's runs) from its measured
     rate, bytes read per step and rows per step, with the run's bandwidth (the highest copy or read
     bandwidth measured in the run, tools/hbm_probe.py: the strictest roofline)."""
-    runs = [run for entry in result.get("models", {}).values() for section in ("context", "concurrency")
-            if isinstance(entry.get(section), dict) for run in entry[section].get("runs", [])]
+    runs = [
+        run
+        for entry in result.get("models", {}).values()
+        for section in ("context", "concurrency")
+        if isinstance(entry.get(section), dict)
+        for run in entry[section].get("runs", [])
+    ]
     runs += [run for hf in result.get("hf", {}).values() for run in hf.get("runs", [])]
     for run in runs:
         rate = run.get("decode_tokens_per_s")
         if not rate or not bandwidth_gb_s or "bytes_per_step" not in run:
             continue
         roofline = run["decode_rows"] * bandwidth_gb_s * 1e9 / run["bytes_per_step"]
-        run.update(bandwidth_gb_s=bandwidth_gb_s, roofline_tokens_per_s=round(roofline, 1),
-                   roofline_fraction=round(rate / roofline, 4))
+        run.update(
+            bandwidth_gb_s=bandwidth_gb_s,
+            roofline_tokens_per_s=round(roofline, 1),
+            roofline_fraction=round(rate / roofline, 4),
+        )
 
 
-def run_bench(model_name: str, *, target: str, concurrency: list[int], prompt_tokens: int, output_tokens: int,
-              deterministic: bool, tokenizer_dir: str | None = None, kv_cache_dtype: str = "auto") -> dict:
+def run_bench(
+    model_name: str,
+    *,
+    target: str,
+    concurrency: list[int],
+    prompt_tokens: int,
+    output_tokens: int,
+    deterministic: bool,
+    tokenizer_dir: str | None = None,
+    kv_cache_dtype: str = "auto",
+) -> dict:
     import jax
 
     from ..runtime.engine import Engine, EngineConfig
@@ -283,32 +361,53 @@ def run_bench(model_name: str, *, target: str, concurrency: list[int], prompt_to
     load_s = time.perf_counter() - started
     context = prompt_tokens + output_tokens
     top = max(concurrency)
-    config = EngineConfig(num_blocks=top * (-(-context // 16) + 1) + 1, max_model_len=context, max_num_seqs=top,
-                          max_batched_tokens=512, deterministic=deterministic, enable_prefix_caching=False,
-                          kv_cache_dtype=kv_cache_dtype)
+    config = EngineConfig(
+        num_blocks=top * (-(-context // 16) + 1) + 1,
+        max_model_len=context,
+        max_num_seqs=top,
+        max_batched_tokens=512,
+        deterministic=deterministic,
+        enable_prefix_caching=False,
+        kv_cache_dtype=kv_cache_dtype,
+    )
     engine = Engine(model, tokenizer, config)
     try:
         compile_s = engine.precompile(progress=True)
         rng = np.random.default_rng(0)
         vocab = int(model.dims.vocab)
         _run_concurrent(engine, [rng.integers(0, vocab, prompt_tokens).tolist()], 2)  # warm-up
-        runs = [_run_concurrent(engine, [rng.integers(0, vocab, prompt_tokens).tolist() for _ in range(c)],
-                                output_tokens) for c in concurrency]
+        runs = [
+            _run_concurrent(engine, [rng.integers(0, vocab, prompt_tokens).tolist() for _ in range(c)], output_tokens)
+            for c in concurrency
+        ]
     finally:
         engine.close()
     return {
-        "model": model_name, "arch": model.spec.arch, "target": target, "commit": _commit(),
+        "model": model_name,
+        "arch": model.spec.arch,
+        "target": target,
+        "commit": _commit(),
         "machine": f"{platform.machine()}, {jax.device_count()} {jax.devices()[0].platform} device(s)",
-        "deterministic": deterministic, "kv_cache_dtype": kv_cache_dtype, "prompt_tokens": prompt_tokens,
+        "deterministic": deterministic,
+        "kv_cache_dtype": kv_cache_dtype,
+        "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
-        "load_s": round(load_s, 1), "precompile_s": round(compile_s, 1), "runs": runs,
+        "load_s": round(load_s, 1),
+        "precompile_s": round(compile_s, 1),
+        "runs": runs,
     }
 
 
 def main_bench(args) -> int:
-    result = run_bench(args.model, target=args.target, concurrency=args.concurrency or [1, 4, 16],
-                       prompt_tokens=args.prompt_tokens or 256, output_tokens=args.output_tokens or 128,
-                       deterministic=args.deterministic, tokenizer_dir=args.tokenizer,
-                       kv_cache_dtype=args.kv_cache_dtype or "auto")
+    result = run_bench(
+        args.model,
+        target=args.target,
+        concurrency=args.concurrency or [1, 4, 16],
+        prompt_tokens=args.prompt_tokens or 256,
+        output_tokens=args.output_tokens or 128,
+        deterministic=args.deterministic,
+        tokenizer_dir=args.tokenizer,
+        kv_cache_dtype=args.kv_cache_dtype or "auto",
+    )
     print(json.dumps(result, indent=2))
     return 0

@@ -34,16 +34,21 @@ from ember.compiler.ops.attention_gpu.decode import DecodeAttentionConfig, decod
 
 MODELS = {"qwen2.5-1.5b": (12, 2, 128), "llama-3-8b": (32, 8, 128)}
 SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
-SWEEP_CONFIGS = [DecodeAttentionConfig(block_n=n, num_warps=w, num_stages=s)
-                 for n in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
+SWEEP_CONFIGS = [
+    DecodeAttentionConfig(block_n=n, num_warps=w, num_stages=s)
+    for n in (32, 64, 128)
+    for w in (4, 8)
+    for s in (2, 3, 4)
+]
 
 
 def _log(*parts) -> None:
     print(*parts, file=sys.stderr, flush=True)
 
 
-def make_inputs(hq: int, hkv: int, dh: int, batch: int, ctx: int, block_size: int, dtype, seed: int = 0,
-                max_model_len: int = 0):
+def make_inputs(
+    hq: int, hkv: int, dh: int, batch: int, ctx: int, block_size: int, dtype, seed: int = 0, max_model_len: int = 0
+):
     """Rows at context ctx; the table is max(ctx, max_model_len) / block_size wide (entries past a row's
     blocks hold block 0, as the runtime pads them)."""
     used = -(-ctx // block_size)
@@ -71,6 +76,7 @@ def reference_decode(q, k_pool, v_pool, tables, ctx_lens, *, scale):
 
 def time_chain(fn, inputs, iters: int, reps: int) -> float:
     """µs per call of fn(q, pools...) chained `iters` times in one executable (median of `reps`)."""
+
     @jax.jit
     def chain(q, *rest):
         for _ in range(iters):  # unrolled: a device while loop would sync with the host every iteration
@@ -90,8 +96,9 @@ BACKEND = "triton"  # --backend emulate: the jnp emulation (a CPU smoke run of t
 
 
 def kernel_fn(scale, config, splits):
-    return lambda q, k, v, t, c: paged_decode_attention(q, k, v, t, c, c - 1, 0, scale=scale, backend=BACKEND,
-                                                        config=config, splits=splits)
+    return lambda q, k, v, t, c: paged_decode_attention(
+        q, k, v, t, c, c - 1, 0, scale=scale, backend=BACKEND, config=config, splits=splits
+    )
 
 
 def bench_case(model: str, batch: int, ctx: int, args) -> dict:
@@ -101,25 +108,39 @@ def bench_case(model: str, batch: int, ctx: int, args) -> dict:
     scale = 1.0 / math.sqrt(dh)
     config = DecodeAttentionConfig()
     width = inputs[3].shape[1]
-    plan = decode_launch_plan(batch, hq, hkv, dh, args.block_size, width, dot_fp32=dtype == jnp.float32,
-                              config=config)
+    plan = decode_launch_plan(batch, hq, hkv, dh, args.block_size, width, dot_fp32=dtype == jnp.float32, config=config)
     kv_bytes = 2 * batch * ctx * hkv * dh * dtype.itemsize
     moved = kv_bytes + 2 * batch * hq * dh * dtype.itemsize
     kernel_us = time_chain(kernel_fn(scale, config, None), inputs, args.iters, args.reps)
-    row = dict(model=model, hq=hq, hkv=hkv, dh=dh, batch=batch, context=ctx, table_tokens=width * args.block_size,
-               block_size=args.block_size,
-               dtype=dtype.name, splits=plan["splits"], kernel_us=round(kernel_us, 2), bytes=moved,
-               kernel_gbps=round(moved / kernel_us / 1e3, 1),
-               roofline=round(moved / kernel_us / 1e3 / args.peak_gbps, 3))
+    row = dict(
+        model=model,
+        hq=hq,
+        hkv=hkv,
+        dh=dh,
+        batch=batch,
+        context=ctx,
+        table_tokens=width * args.block_size,
+        block_size=args.block_size,
+        dtype=dtype.name,
+        splits=plan["splits"],
+        kernel_us=round(kernel_us, 2),
+        bytes=moved,
+        kernel_gbps=round(moved / kernel_us / 1e3, 1),
+        roofline=round(moved / kernel_us / 1e3 / args.peak_gbps, 3),
+    )
     gathered = 2 * batch * width * args.block_size * hkv * dh * 4
     if gathered <= args.ref_limit_gb * 1e9:
         ref = jax.jit(lambda *a: reference_decode(*a, scale=scale))
         ref_us = time_chain(lambda *a: reference_decode(*a, scale=scale), inputs, args.iters, args.reps)
         got = jax.jit(kernel_fn(scale, config, None))(*inputs).astype(jnp.float32)
         want = ref(*inputs).astype(jnp.float32)
-        row.update(reference_us=round(ref_us, 2), speedup=round(ref_us / kernel_us, 2),
-                   reference_gbps=round(moved / ref_us / 1e3, 1),
-                   max_abs_err=float(jnp.max(jnp.abs(got - want))), max_abs_ref=float(jnp.max(jnp.abs(want))))
+        row.update(
+            reference_us=round(ref_us, 2),
+            speedup=round(ref_us / kernel_us, 2),
+            reference_gbps=round(moved / ref_us / 1e3, 1),
+            max_abs_err=float(jnp.max(jnp.abs(got - want))),
+            max_abs_ref=float(jnp.max(jnp.abs(want))),
+        )
     else:
         row.update(reference_us=None, speedup=None, reference_gbps=None, max_abs_err=None)
     if args.sweep:
@@ -159,8 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,32,256")
     parser.add_argument("--contexts", default="128,4096,16384,32768")
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--max-model-len", type=int, default=0,
-                        help="table width in tokens (an engine's max context); default: each case's context")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=0,
+        help="table width in tokens (an engine's max context); default: each case's context",
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--reps", type=int, default=5)
@@ -181,8 +206,19 @@ def main(argv: list[str] | None = None) -> int:
                 row = bench_case(model, batch, ctx, args)
                 _log(json.dumps({k: v for k, v in row.items() if k != "sweep"}))
                 results.append(row)
-    print(json.dumps(dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__, backend=BACKEND,
-                          default_config=asdict(DecodeAttentionConfig()), args=vars(args), results=results), indent=1))
+    print(
+        json.dumps(
+            dict(
+                device=str(jax.devices()[0].device_kind),
+                jax=jax.__version__,
+                backend=BACKEND,
+                default_config=asdict(DecodeAttentionConfig()),
+                args=vars(args),
+                results=results,
+            ),
+            indent=1,
+        )
+    )
     return 0
 
 

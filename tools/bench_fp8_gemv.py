@@ -49,22 +49,48 @@ L2_FLUSH_BYTES = 128 << 20  # weights cycled per run: 2.5x the H200's 50 MB L2
 MIN_CALLS, MAX_CALLS = 8, 64  # weight copies
 MIN_TOTAL_CALLS = 384  # calls per executable (the copies cycled)
 _C = Fp8GemvConfig
-SWEEP = ([_C(block_n=bn, block_k=bk, split_k=s, step_reduce=True) for bn, bk in ((16, 512), (32, 256), (8, 1024))
-          for s in (1, 2, 4)]
-         + [_C(block_n=16, block_k=512, split_k=2, step_reduce=True, num_warps=w) for w in (2, 8)]
-         + [_C(block_n=16, block_k=512, split_k=2, step_reduce=True, prefetch=False)]
-         + [_C(block_n=32, block_k=256, split_k=2), _C(block_n=16, block_k=256, split_k=2)]
-         + [_C(block_n=bn, block_k=bk, split_k=s, use_dot=True, num_stages=st)
-            for bn, bk, s, st in ((32, 256, 2, 3), (32, 256, 4, 3), (64, 256, 1, 3), (64, 128, 2, 4), (32, 512, 2, 2),
-                                  (16, 256, 4, 3))]
-         + [_C(block_n=bn, block_k=bk, split_k=s, num_warps=w, words=True)
-            for bn, bk, s, w in ((8, 1024, 1, 4), (16, 512, 1, 4), (16, 1024, 1, 8), (8, 1024, 1, 2), (32, 256, 1, 4))])
+SWEEP = (
+    [
+        _C(block_n=bn, block_k=bk, split_k=s, step_reduce=True)
+        for bn, bk in ((16, 512), (32, 256), (8, 1024))
+        for s in (1, 2, 4)
+    ]
+    + [_C(block_n=16, block_k=512, split_k=2, step_reduce=True, num_warps=w) for w in (2, 8)]
+    + [_C(block_n=16, block_k=512, split_k=2, step_reduce=True, prefetch=False)]
+    + [_C(block_n=32, block_k=256, split_k=2), _C(block_n=16, block_k=256, split_k=2)]
+    + [
+        _C(block_n=bn, block_k=bk, split_k=s, use_dot=True, num_stages=st)
+        for bn, bk, s, st in (
+            (32, 256, 2, 3),
+            (32, 256, 4, 3),
+            (64, 256, 1, 3),
+            (64, 128, 2, 4),
+            (32, 512, 2, 2),
+            (16, 256, 4, 3),
+        )
+    ]
+    + [
+        _C(block_n=bn, block_k=bk, split_k=s, num_warps=w, words=True)
+        for bn, bk, s, w in ((8, 1024, 1, 4), (16, 512, 1, 4), (16, 1024, 1, 8), (8, 1024, 1, 2), (32, 256, 1, 4))
+    ]
+)
 # the 4-byte word loop (the one-row picks: 1.05-1.17x the byte loop at 28672x4096 / 4096x14336): its tiles.
 # Measured and dropped (tools/results/h200_fp8_gemv_words_69b267c.json): 2-3 tiles in flight in registers
 # and cp.async stages in shared memory, neither ahead of one register tile.
-SWEEP_WORDS = [_C(block_n=bn, block_k=bk, num_warps=w, words=True)
-               for bn, bk, w in ((2, 1024, 4), (4, 1024, 4), (8, 1024, 4), (16, 1024, 8), (4, 512, 4), (8, 512, 4),
-                                 (16, 512, 4), (8, 1024, 2), (4, 1024, 2))]
+SWEEP_WORDS = [
+    _C(block_n=bn, block_k=bk, num_warps=w, words=True)
+    for bn, bk, w in (
+        (2, 1024, 4),
+        (4, 1024, 4),
+        (8, 1024, 4),
+        (16, 1024, 8),
+        (4, 512, 4),
+        (8, 512, 4),
+        (16, 512, 4),
+        (8, 1024, 2),
+        (4, 1024, 2),
+    )
+]
 
 
 def copies_for(nbytes: int) -> int:
@@ -121,23 +147,31 @@ def sweep(shape, blocked, x, weights, nbytes, runs, configs) -> list[dict]:
     if ok:
         best = ok[0]
         best["max_rel_err_vs_reference"] = max_rel_err(x, weights[0], Fp8GemvConfig(**best["config"]))
-        print(f"    sweep best of {len(ok)}: {best['us']} us {best['gb_s']} GB/s err "
-              f"{best['max_rel_err_vs_reference']:.1e} {best['config']}", flush=True)
+        print(
+            f"    sweep best of {len(ok)}: {best['us']} us {best['gb_s']} GB/s err "
+            f"{best['max_rel_err_vs_reference']:.1e} {best['config']}",
+            flush=True,
+        )
     return ok[:6] + [r for r in results if "error" in r]
 
 
-HEADER = (f"{'layout':6} {'out x in':>12} {'m':>2} | {'kernel us':>9} {'GB/s':>6} {'frac':>5} | {'xla us':>8} "
-          f"{'GB/s':>6} {'frac':>5} | {'bf16 us':>8} {'GB/s':>6} | {'vs xla':>6} {'err':>8}  config")
+HEADER = (
+    f"{'layout':6} {'out x in':>12} {'m':>2} | {'kernel us':>9} {'GB/s':>6} {'frac':>5} | {'xla us':>8} "
+    f"{'GB/s':>6} {'frac':>5} | {'bf16 us':>8} {'GB/s':>6} | {'vs xla':>6} {'err':>8}  config"
+)
 
 
 def print_row(r: dict) -> None:
     get = lambda key, f="{:.1f}": f.format(r[key]) if key in r else "err"  # noqa: E731
     c = r["config"]
-    print(f"{r['layout']:6} {r['out']:>5}x{r['in']:<6} {r['m']:>2} | {get('kernel_us'):>9} {get('kernel_gb_s', '{:.0f}'):>6} "
-          f"{get('kernel_frac_copy', '{:.2f}'):>5} | {get('xla_us'):>8} {get('xla_gb_s', '{:.0f}'):>6} "
-          f"{get('xla_frac_copy', '{:.2f}'):>5} | {get('bf16_us'):>8} {get('bf16_gb_s', '{:.0f}'):>6} | "
-          f"{get('kernel_speedup_vs_xla', '{:.2f}x'):>6} {r.get('max_rel_err_vs_reference', float('nan')):>8.1e}  "
-          f"bn={c['block_n']} bk={c['block_k']} split={r['split_k']} dot={int(c['use_dot'])}", flush=True)
+    print(
+        f"{r['layout']:6} {r['out']:>5}x{r['in']:<6} {r['m']:>2} | {get('kernel_us'):>9} {get('kernel_gb_s', '{:.0f}'):>6} "
+        f"{get('kernel_frac_copy', '{:.2f}'):>5} | {get('xla_us'):>8} {get('xla_gb_s', '{:.0f}'):>6} "
+        f"{get('xla_frac_copy', '{:.2f}'):>5} | {get('bf16_us'):>8} {get('bf16_gb_s', '{:.0f}'):>6} | "
+        f"{get('kernel_speedup_vs_xla', '{:.2f}x'):>6} {r.get('max_rel_err_vs_reference', float('nan')):>8.1e}  "
+        f"bn={c['block_n']} bk={c['block_k']} split={r['split_k']} dot={int(c['use_dot'])}",
+        flush=True,
+    )
     for key in [k for k in r if k.endswith("error") and k != "max_rel_err_vs_reference"]:
         print(f"    {key}: {r[key]}", flush=True)
 
@@ -155,9 +189,16 @@ def bench_shape(shape, args, bandwidth: float, rng) -> list[dict]:
         for m in args.m:
             x = jax.random.normal(jax.random.key(m), (m, inner), jnp.float32).astype(jnp.bfloat16)
             config = pick_fp8_config(m, out, inner, blocked=blocked)
-            row = {"layout": layout, "out": out, "in": inner, "m": m, "weight_bytes": nbytes, "calls": len(weights),
-                   "config": dataclasses.asdict(config),
-                   "split_k": launch_plan(m, out, inner, config, blocked=blocked)["split_k"]}
+            row = {
+                "layout": layout,
+                "out": out,
+                "in": inner,
+                "m": m,
+                "weight_bytes": nbytes,
+                "calls": len(weights),
+                "config": dataclasses.asdict(config),
+                "split_k": launch_plan(m, out, inner, config, blocked=blocked)["split_k"],
+            }
             try:
                 row["max_rel_err_vs_reference"] = max_rel_err(x, weights[0], config)
             except Exception as error:
@@ -173,8 +214,9 @@ def bench_shape(shape, args, bandwidth: float, rng) -> list[dict]:
                 row["kernel_speedup_vs_xla"] = round(row["xla_us"] / row["kernel_us"], 2)
             print_row(row)
             if args.sweep and m == 1:
-                row["sweep"] = sweep(shape, blocked, x, weights, nbytes, args.runs,
-                                     SWEEP_WORDS if args.sweep == "words" else SWEEP)
+                row["sweep"] = sweep(
+                    shape, blocked, x, weights, nbytes, args.runs, SWEEP_WORDS if args.sweep == "words" else SWEEP
+                )
             rows.append(row)
         del weights
     return rows
@@ -186,8 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", nargs="+", default=["chan", "block"], choices=["chan", "block"])
     parser.add_argument("--m", nargs="+", type=int, default=[1, 8, 16], help="activation rows (<= 16)")
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "words"],
-                        help="time SWEEP (or SWEEP_WORDS: the word loop's tiles) per shape and layout at m = 1")
+    parser.add_argument(
+        "--sweep",
+        nargs="?",
+        const="all",
+        choices=["all", "words"],
+        help="time SWEEP (or SWEEP_WORDS: the word loop's tiles) per shape and layout at m = 1",
+    )
     parser.add_argument("--no-bf16", action="store_true", help="skip the dense bf16 reference")
     args = parser.parse_args(argv)
     args.runs = max(args.runs, 20)

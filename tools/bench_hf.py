@@ -61,8 +61,12 @@ def decode_rate(stamps: list[float], batch: int) -> dict:
         raise ValueError(f"need two or more increasing step times, got {len(stamps)}")
     steps = len(stamps) - 1
     seconds = stamps[-1] - stamps[0]
-    return {"decode_steps": steps, "decode_s": round(seconds, 4), "ms_per_step": round(1e3 * seconds / steps, 3),
-            "decode_tokens_per_s": round(batch * steps / seconds, 2)}
+    return {
+        "decode_steps": steps,
+        "decode_s": round(seconds, 4),
+        "ms_per_step": round(1e3 * seconds / steps, 3),
+        "decode_tokens_per_s": round(batch * steps / seconds, 2),
+    }
 
 
 def best_run(runs: list[dict]) -> dict:
@@ -75,8 +79,7 @@ def bytes_per_step(model, batch: int, context: int) -> int:
     """Bytes one decode step reads (Ember's roofline rule): every parameter except an input embedding
     that is only gathered from (untied), plus each row's K and V at `context` tokens."""
     embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    weights = sum(p.numel() * p.element_size() for p in model.parameters()
-                  if p is not embed or embed is head)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed or embed is head)
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     kv = c.num_hidden_layers * context * c.num_key_value_heads * head_dim * 2 * embed.element_size()
@@ -121,9 +124,15 @@ def run_batch(model, batch: int, args) -> dict:
         stamps: list[float] = []
         begun = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, pad_token_id=0,
-                                 stopping_criteria=_stamp_criteria(args.device, stamps))
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                pad_token_id=0,
+                stopping_criteria=_stamp_criteria(args.device, stamps),
+            )
         if out.shape[1] != args.prompt_tokens + args.new_tokens:
             raise RuntimeError(f"generate stopped early: {out.shape[1] - args.prompt_tokens} of {args.new_tokens}")
         return begun, stamps
@@ -135,8 +144,13 @@ def run_batch(model, batch: int, args) -> dict:
     for _ in range(args.repeats):
         begun, stamps = once()
         runs.append({**decode_rate(stamps, batch), "prefill_s": round(stamps[0] - begun, 4)})
-    return {"batch": batch, "warmup_s": round(warmup_s, 1), **best_run(runs), "decode_rows": batch,
-            "bytes_per_step": bytes_per_step(model, batch, args.prompt_tokens + args.new_tokens // 2)}
+    return {
+        "batch": batch,
+        "warmup_s": round(warmup_s, 1),
+        **best_run(runs),
+        "decode_rows": batch,
+        "bytes_per_step": bytes_per_step(model, batch, args.prompt_tokens + args.new_tokens // 2),
+    }
 
 
 def run(args) -> dict:
@@ -153,10 +167,19 @@ def run(args) -> dict:
         model.generation_config.disable_compile = True  # one compiled forward, not generate's as well
     elif args.compile == "none":
         model.generation_config.disable_compile = True
-    result = {"torch": torch.__version__, "transformers": transformers.__version__, "device": _device_name(args.device),
-              "dtype": args.dtype, "compile": args.compile, "cache": "static", "prompt_tokens": args.prompt_tokens,
-              "new_tokens": args.new_tokens, "init_s": round(init_s, 1),
-              "parameters": sum(p.numel() for p in model.parameters()), "runs": []}
+    result = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": _device_name(args.device),
+        "dtype": args.dtype,
+        "compile": args.compile,
+        "cache": "static",
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "init_s": round(init_s, 1),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "runs": [],
+    }
     for batch in args.batch:
         try:
             result["runs"].append(run_batch(model, batch, args))

@@ -33,20 +33,43 @@ import jax
 import jax.numpy as jnp
 
 from ember.compiler.ops.attention import _attend
-from ember.compiler.ops.attention_gpu.prefill import (PrefillAttentionConfig, launch_plan, pick_config,
-                                                      prefill_attention, useful_flops)
+from ember.compiler.ops.attention_gpu.prefill import (
+    PrefillAttentionConfig,
+    launch_plan,
+    pick_config,
+    prefill_attention,
+    useful_flops,
+)
 
 SHAPES = ((12, 2, 128), (32, 8, 128))  # (hq, hkv, dh)
 # (chunk, prefix, table width in blocks: None = just the context; 2048 = an engine with a 32k context, whose
 # table width decides the KV split (launch_plan) whatever the prefix is)
-CASES = ((512, 0, None), (512, 12288, None), (4096, 0, None), (4096, 12288, None),
-         (16, 12288, None), (64, 12288, None), (512, 0, 2048), (64, 0, 2048))
+CASES = (
+    (512, 0, None),
+    (512, 12288, None),
+    (4096, 0, None),
+    (4096, 12288, None),
+    (16, 12288, None),
+    (64, 12288, None),
+    (512, 0, 2048),
+    (64, 0, 2048),
+)
 PAGE = 16
 REFERENCE_LIMIT_BYTES = 24 << 30  # fp32 scores of the reference; XLA holds ~3 such buffers
 TARGET_RUN_S = 0.02  # calls per run: enough to make a run last about this long
-SWEEP_CONFIGS = tuple(PrefillAttentionConfig(block_m=m, block_n=n, num_warps=w, num_stages=s)
-                      for m, n, w, s in ((128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 4, 3), (128, 128, 8, 3),
-                                         (128, 128, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (64, 128, 4, 3)))
+SWEEP_CONFIGS = tuple(
+    PrefillAttentionConfig(block_m=m, block_n=n, num_warps=w, num_stages=s)
+    for m, n, w, s in (
+        (128, 64, 8, 3),
+        (128, 64, 8, 2),
+        (128, 64, 4, 3),
+        (128, 128, 8, 3),
+        (128, 128, 8, 2),
+        (128, 32, 8, 3),
+        (64, 64, 4, 3),
+        (64, 128, 4, 3),
+    )
+)
 
 
 def make_inputs(hq, hkv, dh, chunk, prefix, width=None, dtype=jnp.bfloat16, seed=0):
@@ -96,16 +119,26 @@ def bench(sweep: bool = False, runs: int = 7) -> dict:
         raise SystemExit("needs an NVIDIA GPU: run with JAX_PLATFORMS=cuda")
     results = []
     for hq, hkv, dh in SHAPES:
-        scale = dh ** -0.5
+        scale = dh**-0.5
         for chunk, prefix, width in CASES:
             q, k_pool, v_pool, table, positions = make_inputs(hq, hkv, dh, chunk, prefix, width)
             rest = (k_pool, v_pool, table, positions)
             flops = useful_flops(chunk, prefix, 0, hq, dh)
             config = pick_config(dh, q.dtype)
             plan = launch_plan(chunk, hq, hkv, dh, PAGE, table.shape[0], scale=scale, config=config)
-            row = dict(hq=hq, hkv=hkv, dh=dh, chunk=chunk, prefix=prefix, table_blocks=int(table.shape[0]),
-                       dtype="bfloat16", page=PAGE,
-                       gflop=round(flops / 1e9, 3), config=dataclasses.asdict(config), grid=list(plan.grid))
+            row = dict(
+                hq=hq,
+                hkv=hkv,
+                dh=dh,
+                chunk=chunk,
+                prefix=prefix,
+                table_blocks=int(table.shape[0]),
+                dtype="bfloat16",
+                page=PAGE,
+                gflop=round(flops / 1e9, 3),
+                config=dataclasses.asdict(config),
+                grid=list(plan.grid),
+            )
             kernel = kernel_fn(scale)
             us, calls = time_per_call(lambda x, *r: kernel(x, *r), q, rest, runs)
             row.update(kernel_us=round(us, 2), kernel_tflops=round(flops / us / 1e6, 1), calls=calls)
@@ -120,8 +153,11 @@ def bench(sweep: bool = False, runs: int = 7) -> dict:
                 expected = jax.jit(ref)(q, *rest).astype(jnp.float32)
                 row["max_abs_err"] = float(jnp.max(jnp.abs(got - expected)))
                 ref_us, _ = time_per_call(lambda x, *r: ref(x, *r), q, rest, max(3, runs // 2))
-                row.update(reference_us=round(ref_us, 2), reference_tflops=round(flops / ref_us / 1e6, 1),
-                           speedup=round(ref_us / us, 2))
+                row.update(
+                    reference_us=round(ref_us, 2),
+                    reference_tflops=round(flops / ref_us / 1e6, 1),
+                    speedup=round(ref_us / us, 2),
+                )
             else:
                 row["reference"] = f"skipped: fp32 scores of {score_bytes / 2**30:.0f} GiB"
             if sweep and chunk >= 512 and width is None:  # (the short chunks only show what the KV split buys)
@@ -145,14 +181,28 @@ def sweep_case(q, rest, flops, scale, runs) -> list[dict]:
             except Exception as error:  # e.g. out of shared memory: report, keep sweeping
                 entry["error"] = str(error).splitlines()[0][:200]
             out.append(entry)
-            plan = launch_plan(q.shape[0], q.shape[1], rest[0].shape[2], q.shape[2], PAGE, rest[2].shape[0],
-                               scale=scale, config=dataclasses.replace(config, kv_splits=None))
+            plan = launch_plan(
+                q.shape[0],
+                q.shape[1],
+                rest[0].shape[2],
+                q.shape[2],
+                PAGE,
+                rest[2].shape[0],
+                scale=scale,
+                config=dataclasses.replace(config, kv_splits=None),
+            )
             if plan.splits == 1:
                 break  # the default does not split here: kv_splits=1 is the same kernel
     return out
 
 
 if __name__ == "__main__":
-    print(json.dumps(bench(sweep="--sweep" in sys.argv[1:],
-                           runs=int(sys.argv[sys.argv.index("--runs") + 1]) if "--runs" in sys.argv else 7),
-                     indent=1))
+    print(
+        json.dumps(
+            bench(
+                sweep="--sweep" in sys.argv[1:],
+                runs=int(sys.argv[sys.argv.index("--runs") + 1]) if "--runs" in sys.argv else 7,
+            ),
+            indent=1,
+        )
+    )

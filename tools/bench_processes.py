@@ -18,8 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def run_child(cmd: list[str], env: dict, timeout: float, json_file: Path | None = None) -> dict:
@@ -39,8 +39,9 @@ def run_child(cmd: list[str], env: dict, timeout: float, json_file: Path | None 
         return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}", "wall_s": wall}
 
 
-def measure_startup(model: str, target: str, tokenizer_dir: str | None, engine: dict,
-                    timeout: Callable[[], float]) -> dict:
+def measure_startup(
+    model: str, target: str, tokenizer_dir: str | None, engine: dict, timeout: Callable[[], float]
+) -> dict:
     """Cold compile then warm start of `model` with EngineConfig(**engine), each in a fresh process.
     The compiled plans are then copied into this process's JAX cache (if it has one), so the suite's own
     engine of the same config loads them instead of compiling them again."""
@@ -50,8 +51,18 @@ def measure_startup(model: str, target: str, tokenizer_dir: str | None, engine: 
     from ..runtime.model import enable_compilation_cache
 
     enable_compilation_cache()
-    cmd = [sys.executable, "-m", "ember.tools.bench_processes", "startup-child", "--model", model,
-           "--target", target, "--engine", json.dumps(engine)] + (["--tokenizer", tokenizer_dir] if tokenizer_dir else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "ember.tools.bench_processes",
+        "startup-child",
+        "--model",
+        model,
+        "--target",
+        target,
+        "--engine",
+        json.dumps(engine),
+    ] + (["--tokenizer", tokenizer_dir] if tokenizer_dir else [])
     fresh = Path(tempfile.mkdtemp(prefix="ember-bench-jax-cache-"))
     try:
         # cold: XLA's persistent cache and Triton's kernel cache both start empty
@@ -63,19 +74,49 @@ def measure_startup(model: str, target: str, tokenizer_dir: str | None, engine: 
             shutil.copytree(fresh, shared, dirs_exist_ok=True, ignore=shutil.ignore_patterns("triton", DIRECTORY))
     finally:
         shutil.rmtree(fresh, ignore_errors=True)
-    return {"engine": engine, "cold": cold, "warm": warm, "cold_compile_s": cold.get("precompile_s"),
-            "warm_start_s": warm.get("wall_s"), "warm_precompile_s": warm.get("precompile_s")}
+    return {
+        "engine": engine,
+        "cold": cold,
+        "warm": warm,
+        "cold_compile_s": cold.get("precompile_s"),
+        "warm_start_s": warm.get("wall_s"),
+        "warm_precompile_s": warm.get("precompile_s"),
+    }
 
 
-def measure_hf(config: dict, *, batches, prompt_tokens: int, new_tokens: int, device: str, compile_mode: str,
-               python: str, timeout: float) -> dict:
+def measure_hf(
+    config: dict,
+    *,
+    batches,
+    prompt_tokens: int,
+    new_tokens: int,
+    device: str,
+    compile_mode: str,
+    python: str,
+    timeout: float,
+) -> dict:
     """tools/bench_hf.py on an HF config (a synthetic shape's), in a subprocess under `python`."""
     with tempfile.TemporaryDirectory(prefix="ember-bench-hf-") as tmp:
         config_path, out_path = Path(tmp) / "config.json", Path(tmp) / "hf.json"
         config_path.write_text(json.dumps(config))
-        cmd = [python, str(Path(__file__).with_name("bench_hf.py")), "--config", str(config_path),
-               "--batch", *map(str, batches), "--prompt-tokens", str(prompt_tokens), "--new-tokens", str(new_tokens),
-               "--device", device, "--compile", compile_mode, "--out", str(out_path)]
+        cmd = [
+            python,
+            str(Path(__file__).with_name("bench_hf.py")),
+            "--config",
+            str(config_path),
+            "--batch",
+            *map(str, batches),
+            "--prompt-tokens",
+            str(prompt_tokens),
+            "--new-tokens",
+            str(new_tokens),
+            "--device",
+            device,
+            "--compile",
+            compile_mode,
+            "--out",
+            str(out_path),
+        ]
         return run_child(cmd, dict(os.environ), timeout, json_file=out_path)
 
 
@@ -98,11 +139,21 @@ def startup_child(argv: list[str]) -> int:
         precompile_s = engine.precompile()
         shapes = engine.executor.shapes()
         # decode-only shapes also compile a several-steps-per-call variant where the engine runs ahead
-        ahead = sum(1 for s in shapes if s.prefill_tokens == 0) if getattr(engine.executor, "multi_step_fn", None) else 0
+        ahead = (
+            sum(1 for s in shapes if s.prefill_tokens == 0) if getattr(engine.executor, "multi_step_fn", None) else 0
+        )
     finally:
         engine.close()
-    print(json.dumps({"load_s": round(load_s, 1), "precompile_s": round(precompile_s, 1), "shapes": len(shapes),
-                      "executables": len(shapes) + ahead}))
+    print(
+        json.dumps(
+            {
+                "load_s": round(load_s, 1),
+                "precompile_s": round(precompile_s, 1),
+                "shapes": len(shapes),
+                "executables": len(shapes) + ahead,
+            }
+        )
+    )
     return 0
 
 

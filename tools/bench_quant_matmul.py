@@ -58,26 +58,48 @@ SHAPES = {
 # about half the layers (runtime/synthetic_gguf.py) and the output head Q6_K; the head of a tied model is
 # its Q6_K embedding table).
 DECODE_SHAPES = {
-    "q4_k": [(1792, 1536), (2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960),       # 1.5B: q+k, q+k+v, o, gate+up, down
-             (5120, 4096), (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],   # 8B
-    "q6_k": [(256, 1536), (1536, 8960), (151936, 1536),                                   # 1.5B: v, down, head
-             (1024, 4096), (4096, 14336), (128256, 4096)],                                # 8B
+    "q4_k": [
+        (1792, 1536),
+        (2048, 1536),
+        (1536, 1536),
+        (17920, 1536),
+        (1536, 8960),  # 1.5B: q+k, q+k+v, o, gate+up, down
+        (5120, 4096),
+        (6144, 4096),
+        (4096, 4096),
+        (28672, 4096),
+        (4096, 14336),
+    ],  # 8B
+    "q6_k": [
+        (256, 1536),
+        (1536, 8960),
+        (151936, 1536),  # 1.5B: v, down, head
+        (1024, 4096),
+        (4096, 14336),
+        (128256, 4096),
+    ],  # 8B
     "q8_0": [(1536, 1536), (151936, 1536)],
     "q5_0": [(1536, 640), (4096, 640)],  # gemma-3-270m Q4_K_M: q+k+v, gate+up (rows of 640: no 256-blocks)
 }
 L2_FLUSH_BYTES = 128 << 20  # weights cycled per run: 2.5x the H200's 50 MB L2
 MIN_CALLS, MAX_CALLS = 16, 256  # (the cap leaves the ~0.2-0.4 MB k/v projections partly L2-resident)
-SWEEP = ([QuantMatmulConfig(block_n=b, split_k=s, num_warps=w) for b in (32, 64, 128) for s in (1, 2, 4) for w in (4, 8)]
-         + [QuantMatmulConfig(block_n=16, split_k=s) for s in (4, 8)]
-         + [QuantMatmulConfig(block_n=64, num_stages=st) for st in (2, 4)]
-         + [QuantMatmulConfig(block_n=b, split_k=s, use_dot=True) for b, s in ((32, 2), (64, 1))])
+SWEEP = (
+    [QuantMatmulConfig(block_n=b, split_k=s, num_warps=w) for b in (32, 64, 128) for s in (1, 2, 4) for w in (4, 8)]
+    + [QuantMatmulConfig(block_n=16, split_k=s) for s in (4, 8)]
+    + [QuantMatmulConfig(block_n=64, num_stages=st) for st in (2, 4)]
+    + [QuantMatmulConfig(block_n=b, split_k=s, use_dot=True) for b, s in ((32, 2), (64, 1))]
+)
+
+
 # the "rows" variant (triton_gemv.py, m <= 4): a default timed beside the split kernel, and a small sweep at m = 1
 def rows_config(m: int) -> QuantMatmulConfig:
     return QuantMatmulConfig(variant="rows", block_n=64 if m == 1 else 32, sb_per_step=2)
 
 
-ROWS_SWEEP = [QuantMatmulConfig(variant="rows", block_n=b, sb_per_step=sb, num_warps=w)
-              for b, sb, w in ((16, 8, 4), (32, 2, 4), (32, 8, 4), (64, 4, 8), (128, 2, 8))]
+ROWS_SWEEP = [
+    QuantMatmulConfig(variant="rows", block_n=b, sb_per_step=sb, num_warps=w)
+    for b, sb, w in ((16, 8, 4), (32, 2, 4), (32, 8, 4), (64, 4, 8), (128, 2, 8))
+]
 ROWS_FORMATS = ("q4_k", "q6_k", "q8_0", "q5_0")
 BACKEND = "triton"  # --backend reference: a CPU smoke test of this script's plumbing
 
@@ -86,10 +108,18 @@ def plane_shapes(fmt: str, shape: tuple[int, int]) -> dict[str, tuple[tuple[int,
     out, inner = shape
     sb, blk = inner // 256, inner // 32
     return {
-        "q4_k": {"qs": ((sb, out, 32), np.uint32), "scales": ((sb, out, 3), np.uint32),
-                 "d": ((sb, out), np.float16), "dmin": ((sb, out), np.float16)},
-        "q6_k": {"ql": ((sb, out, 32), np.uint32), "qh": ((sb, out, 16), np.uint32),
-                 "scales": ((sb, out, 16), np.int8), "d": ((sb, out), np.float16)},
+        "q4_k": {
+            "qs": ((sb, out, 32), np.uint32),
+            "scales": ((sb, out, 3), np.uint32),
+            "d": ((sb, out), np.float16),
+            "dmin": ((sb, out), np.float16),
+        },
+        "q6_k": {
+            "ql": ((sb, out, 32), np.uint32),
+            "qh": ((sb, out, 16), np.uint32),
+            "scales": ((sb, out, 16), np.int8),
+            "d": ((sb, out), np.float16),
+        },
         "q8_0": {"qs": ((blk, out, 32), np.int8), "d": ((blk, out), np.float16)},
         "q5_0": {"qs": ((blk, out, 16), np.uint8), "qh": ((blk, out), np.uint32), "d": ((blk, out), np.float16)},
     }[fmt]
@@ -151,16 +181,27 @@ def bench_case(fmt: str, shape: tuple[int, int], ms: list[int], args, bandwidth:
     for m in ms:
         x = jax.random.normal(jax.random.key(m), (m, shape[1]), jnp.float32).astype(jnp.bfloat16)
         config = pick_config(fmt, m, *shape)
-        row = {"format": fmt, "out": shape[0], "in": shape[1], "m": m, "weight_bytes": nbytes,
-               "bf16_bytes": dense_bytes, "calls": len(weights), "config": dataclasses.asdict(config),
-               "split_k": launch_plan(fmt, m, *shape, config)["split_k"]}
+        row = {
+            "format": fmt,
+            "out": shape[0],
+            "in": shape[1],
+            "m": m,
+            "weight_bytes": nbytes,
+            "bf16_bytes": dense_bytes,
+            "calls": len(weights),
+            "config": dataclasses.asdict(config),
+            "split_k": launch_plan(fmt, m, *shape, config)["split_k"],
+        }
         try:
             row["max_rel_err_vs_reference"] = max_rel_err(x, weights[0], config)
         except Exception as error:
             row["max_rel_err_vs_reference"] = float("nan")
             row["check_error"] = f"{type(error).__name__}: {str(error)[:300]}"
-        timings = {"kernel": (kernel_fn(config), weights, nbytes), "xla_ref": (xla_ref_fn, weights, nbytes),
-                   "bf16": (bf16_fn, dense, dense_bytes)}
+        timings = {
+            "kernel": (kernel_fn(config), weights, nbytes),
+            "xla_ref": (xla_ref_fn, weights, nbytes),
+            "bf16": (bf16_fn, dense, dense_bytes),
+        }
         for name, (fn, ws, nb) in timings.items():
             try:
                 seconds = time_calls(fn, x, ws, args.runs)
@@ -190,15 +231,21 @@ def rows_case(row, fmt, shape, m, x, weights, nbytes, runs, bandwidth) -> None:
     try:
         info["max_rel_err_vs_reference"] = max_rel_err(x, weights[0], config)
         seconds = time_calls(kernel_fn(config), x, weights, runs)
-        info.update(us=round(seconds * 1e6, 2), gb_s=round(nbytes / seconds / 1e9, 1),
-                    frac_copy=round(nbytes / seconds / 1e9 / bandwidth, 3))
+        info.update(
+            us=round(seconds * 1e6, 2),
+            gb_s=round(nbytes / seconds / 1e9, 1),
+            frac_copy=round(nbytes / seconds / 1e9 / bandwidth, 3),
+        )
         if "kernel_us" in row:
             info["speedup_vs_kernel"] = round(row["kernel_us"] / info["us"], 2)
         if "bf16_us" in row:
             info["speedup_vs_bf16"] = round(row["bf16_us"] / info["us"], 2)
-        print(f"    rows {info['us']:.1f} us {info['gb_s']:.0f} GB/s frac {info['frac_copy']:.2f} "
-              f"err {info['max_rel_err_vs_reference']:.1e} x{info.get('speedup_vs_kernel', 0):.2f} vs kernel "
-              f"x{info.get('speedup_vs_bf16', 0):.2f} vs bf16  block_n={config.block_n} sb_per_step={config.sb_per_step}", flush=True)
+        print(
+            f"    rows {info['us']:.1f} us {info['gb_s']:.0f} GB/s frac {info['frac_copy']:.2f} "
+            f"err {info['max_rel_err_vs_reference']:.1e} x{info.get('speedup_vs_kernel', 0):.2f} vs kernel "
+            f"x{info.get('speedup_vs_bf16', 0):.2f} vs bf16  block_n={config.block_n} sb_per_step={config.sb_per_step}",
+            flush=True,
+        )
     except Exception as error:
         info["error"] = f"{type(error).__name__}: {str(error)[:300]}"
         print(f"    rows error: {info['error']}", flush=True)
@@ -215,8 +262,13 @@ def sweep(fmt, shape, m, x, weights, nbytes, runs, configs=None, label="") -> li
         except Exception as error:
             results.append({"config": dataclasses.asdict(config), "error": str(error)[:200]})
             continue
-        results.append({"config": dataclasses.asdict(config), "us": round(seconds * 1e6, 2),
-                        "gb_s": round(nbytes / seconds / 1e9, 1)})
+        results.append(
+            {
+                "config": dataclasses.asdict(config),
+                "us": round(seconds * 1e6, 2),
+                "gb_s": round(nbytes / seconds / 1e9, 1),
+            }
+        )
     timed = sorted((r for r in results if "us" in r), key=lambda r: r["us"])
     if timed:
         best = timed[0]
@@ -229,17 +281,23 @@ def sweep(fmt, shape, m, x, weights, nbytes, runs, configs=None, label="") -> li
     return timed[:5] + [r for r in results if "error" in r]
 
 
-HEADER = (f"{'fmt':5} {'out x in':>13} {'m':>2} | {'kernel us':>9} {'GB/s':>7} {'frac':>5} | "
-          f"{'xla_ref us':>10} {'GB/s':>7} | {'bf16 us':>8} {'GB/s':>7} | {'vs ref':>6} {'vs bf16':>7} {'err':>8}")
+HEADER = (
+    f"{'fmt':5} {'out x in':>13} {'m':>2} | {'kernel us':>9} {'GB/s':>7} {'frac':>5} | "
+    f"{'xla_ref us':>10} {'GB/s':>7} | {'bf16 us':>8} {'GB/s':>7} | {'vs ref':>6} {'vs bf16':>7} {'err':>8}"
+)
 
 
 def print_row(r: dict) -> None:
     def get(key, fmt="{:.1f}"):
         return fmt.format(r[key]) if key in r else "err"
-    print(f"{r['format']:5} {r['out']:>6}x{r['in']:<6} {r['m']:>2} | {get('kernel_us'):>9} {get('kernel_gb_s'):>7} "
-          f"{get('kernel_frac_copy', '{:.2f}'):>5} | {get('xla_ref_us'):>10} {get('xla_ref_gb_s'):>7} | "
-          f"{get('bf16_us'):>8} {get('bf16_gb_s'):>7} | {get('kernel_speedup_vs_xla_ref', '{:.1f}x'):>6} "
-          f"{get('kernel_speedup_vs_bf16', '{:.2f}x'):>7} {r['max_rel_err_vs_reference']:>8.1e}", flush=True)
+
+    print(
+        f"{r['format']:5} {r['out']:>6}x{r['in']:<6} {r['m']:>2} | {get('kernel_us'):>9} {get('kernel_gb_s'):>7} "
+        f"{get('kernel_frac_copy', '{:.2f}'):>5} | {get('xla_ref_us'):>10} {get('xla_ref_gb_s'):>7} | "
+        f"{get('bf16_us'):>8} {get('bf16_gb_s'):>7} | {get('kernel_speedup_vs_xla_ref', '{:.1f}x'):>6} "
+        f"{get('kernel_speedup_vs_bf16', '{:.2f}x'):>7} {r['max_rel_err_vs_reference']:>8.1e}",
+        flush=True,
+    )
     for key in ("check_error", "kernel_error", "xla_ref_error", "bf16_error"):
         if key in r:
             print(f"    {key}: {r[key]}", flush=True)
@@ -251,13 +309,18 @@ def start_run(runs: int, copies_note: str) -> tuple[Path, float, dict]:
     out_dir = Path(os.environ.get("OUT", "./out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     bandwidth = copy_bandwidth(runs=runs)
-    result = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
-              "copy_bandwidth_gb_s": round(bandwidth, 1), "activations": "bfloat16",
-              "timing": f"median of {runs} runs; one run = one executable of `calls` projections, each on its "
-                        f"own copy of the weight (>= {L2_FLUSH_BYTES >> 20} MB together, {copies_note})",
-              "cases": []}
+    result = {
+        "devices": [str(d) for d in jax.devices()],
+        "jax": jax.__version__,
+        "copy_bandwidth_gb_s": round(bandwidth, 1),
+        "activations": "bfloat16",
+        "timing": f"median of {runs} runs; one run = one executable of `calls` projections, each on its "
+        f"own copy of the weight (>= {L2_FLUSH_BYTES >> 20} MB together, {copies_note})",
+        "cases": [],
+    }
     try:
         import triton
+
         result["triton"] = triton.__version__
     except ImportError:
         pass
@@ -272,15 +335,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--m", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--runs", type=int, default=25)
     parser.add_argument("--sweep", action="store_true")
-    parser.add_argument("--rows", action="store_true",
-                        help="also time the rows variant (q4_k, m <= 4) and, at m = 1, sweep ROWS_SWEEP")
-    parser.add_argument("--rows-sweep", action="store_true",
-                        help="only sweep the rows variant (m <= 4 of --m; shapes: --shapes or DECODE_SHAPES per "
-                             "format) beside the split and rows defaults; prints the best per case")
-    parser.add_argument("--sweep-max-calls", type=int, default=64,
-                        help="--rows-sweep: at most this many weight copies per executable (compile time)")
-    parser.add_argument("--budget-s", type=float, default=600.0,
-                        help="--rows-sweep: start no new shape after this many seconds")
+    parser.add_argument(
+        "--rows", action="store_true", help="also time the rows variant (q4_k, m <= 4) and, at m = 1, sweep ROWS_SWEEP"
+    )
+    parser.add_argument(
+        "--rows-sweep",
+        action="store_true",
+        help="only sweep the rows variant (m <= 4 of --m; shapes: --shapes or DECODE_SHAPES per "
+        "format) beside the split and rows defaults; prints the best per case",
+    )
+    parser.add_argument(
+        "--sweep-max-calls",
+        type=int,
+        default=64,
+        help="--rows-sweep: at most this many weight copies per executable (compile time)",
+    )
+    parser.add_argument(
+        "--budget-s", type=float, default=600.0, help="--rows-sweep: start no new shape after this many seconds"
+    )
     parser.add_argument("--backend", default="triton", choices=["triton", "reference"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     global BACKEND

@@ -24,8 +24,7 @@ from ember.compiler.ops.quant import pick_config
 from ember.compiler.ops.quant.config import QuantMatmulConfig
 from ember.compiler.ops.quant.matmul import launch_plan
 from ember.tools import bench_quant_matmul as bench
-from ember.tools.bench_quant_matmul import (DECODE_SHAPES, copies_for, kernel_fn, max_rel_err, random_weight,
-                                             replicate)
+from ember.tools.bench_quant_matmul import DECODE_SHAPES, copies_for, kernel_fn, max_rel_err, random_weight, replicate
 from ember.tools.hbm_probe import median_run_seconds
 
 
@@ -33,8 +32,8 @@ def rows_candidates(fmt: str, m: int, out: int, inner: int) -> list[QuantMatmulC
     """~10-20 rows-variant configs for one case, distinct launch plans: row tiles 4..64, for each the
     smallest split_k (1..8) giving >= 4 programs per SM and the next one, and (sb_per_step, num_warps)
     pairs that give ~4-16 fp32 accumulators per thread per activation row (fewer at m = 4: registers)."""
-    unit_w = 16 if fmt == "q6_k" else 32                 # accumulator width per unit and row
-    per_sb = 8 if fmt in ("q8_0", "q5_0") else 1         # Q8_0 / Q5_0: 8 blocks per sb_per_step
+    unit_w = 16 if fmt == "q6_k" else 32  # accumulator width per unit and row
+    per_sb = 8 if fmt in ("q8_0", "q5_0") else 1  # Q8_0 / Q5_0: 8 blocks per sb_per_step
     units = inner // (32 if fmt in ("q8_0", "q5_0") else 256)
     targets = (8, 16) if m == 1 else (4, 8)
     seen, found = set(), []
@@ -42,7 +41,7 @@ def rows_candidates(fmt: str, m: int, out: int, inner: int) -> list[QuantMatmulC
         tiles = -(-out // bn)
         splits = [k for k in (1, 2, 4, 8) if k <= units]
         first = next((i for i, k in enumerate(splits) if tiles * k >= 4 * 132), len(splits) - 1)
-        for split in splits[first:first + 2]:
+        for split in splits[first : first + 2]:
             if tiles * split > 132 * 64:
                 continue
             for acc in targets:
@@ -50,8 +49,9 @@ def rows_candidates(fmt: str, m: int, out: int, inner: int) -> list[QuantMatmulC
                     warps = per_sb * sb * bn * unit_w // (32 * acc)
                     if warps not in (1, 2, 4, 8):
                         continue
-                    config = QuantMatmulConfig(variant="rows", block_n=bn, split_k=split, sb_per_step=sb,
-                                               num_warps=warps, num_stages=1)
+                    config = QuantMatmulConfig(
+                        variant="rows", block_n=bn, split_k=split, sb_per_step=sb, num_warps=warps, num_stages=1
+                    )
                     plan = launch_plan(fmt, m, out, inner, config)
                     key = (plan["grid"], tuple(sorted(plan["meta"].items())), warps)
                     if key not in seen:
@@ -99,17 +99,27 @@ def rows_sweep_case(fmt, shape, m, x, weights, nbytes, runs, bandwidth) -> dict:
         results.append(info)
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
         futures = [(info, config, pool.submit(low.compile)) for info, config, low in lowered]
-        for info, config, future in futures:
+        for info, _config, future in futures:
             try:
                 seconds = time_executable(future.result(), x, weights, runs)
             except Exception as error:
                 info["error"] = f"{type(error).__name__}: {str(error)[:200]}"
                 continue
-            info.update(us=round(seconds * 1e6, 2), gb_s=round(nbytes / seconds / 1e9, 1),
-                        frac_copy=round(nbytes / seconds / 1e9 / bandwidth, 3))
+            info.update(
+                us=round(seconds * 1e6, 2),
+                gb_s=round(nbytes / seconds / 1e9, 1),
+                frac_copy=round(nbytes / seconds / 1e9 / bandwidth, 3),
+            )
     timed = sorted((r for r in results if "us" in r and r["label"] != "split_default"), key=lambda r: r["us"])
-    case = {"format": fmt, "out": shape[0], "in": shape[1], "m": m, "weight_bytes": nbytes, "calls": len(weights),
-            "results": results}
+    case = {
+        "format": fmt,
+        "out": shape[0],
+        "in": shape[1],
+        "m": m,
+        "weight_bytes": nbytes,
+        "calls": len(weights),
+        "results": results,
+    }
     by_label = {r["label"]: r for r in results}
     for key in ("split_default", "rows_default"):
         case[key] = by_label[key]
@@ -128,23 +138,31 @@ def rows_sweep_case(fmt, shape, m, x, weights, nbytes, runs, bandwidth) -> dict:
 def print_sweep_case(case: dict) -> None:
     def cell(r):
         return f"{r['us']:8.1f} {r['frac_copy']:5.2f}" if r and "us" in r else f"{'err':>8} {'':5}"
+
     best = case.get("best")
     described = ""
     if best:
         c = best["config"]
-        described = (f"bn={c['block_n']} split={best['split_k']} sb={c['sb_per_step']} warps={c['num_warps']} "
-                     f"err={best.get('max_rel_err_vs_reference', float('nan')):.1e}")
+        described = (
+            f"bn={c['block_n']} split={best['split_k']} sb={c['sb_per_step']} warps={c['num_warps']} "
+            f"err={best.get('max_rel_err_vs_reference', float('nan')):.1e}"
+        )
     errors = sum("error" in r for r in case["results"])
-    print(f"{case['format']:5} {case['out']:>6}x{case['in']:<6} {case['m']:>2} | {cell(case['split_default'])} | "
-          f"{cell(case['rows_default'])} | {cell(best)} {described} | {len(case['results'])} configs"
-          + (f", {errors} failed" if errors else ""), flush=True)
+    print(
+        f"{case['format']:5} {case['out']:>6}x{case['in']:<6} {case['m']:>2} | {cell(case['split_default'])} | "
+        f"{cell(case['rows_default'])} | {cell(best)} {described} | {len(case['results'])} configs"
+        + (f", {errors} failed" if errors else ""),
+        flush=True,
+    )
     for r in case["results"]:
         if "error" in r and r["label"] != "candidate":
             print(f"    {r['label']} error: {r['error']}", flush=True)
 
 
-SWEEP_HEADER = (f"{'fmt':5} {'out x in':>13} {'m':>2} | {'split us':>8} {'frac':>5} | {'rows us':>8} {'frac':>5} | "
-                f"{'best us':>8} {'frac':>5} best rows config")
+SWEEP_HEADER = (
+    f"{'fmt':5} {'out x in':>13} {'m':>2} | {'split us':>8} {'frac':>5} | {'rows us':>8} {'frac':>5} | "
+    f"{'best us':>8} {'frac':>5} best rows config"
+)
 
 
 def run_rows_sweep(args, bandwidth: float, result: dict, out_dir: Path) -> None:
@@ -166,8 +184,9 @@ def run_rows_sweep(args, bandwidth: float, result: dict, out_dir: Path) -> None:
             weights = replicate(host, min(args.sweep_max_calls, copies_for(host.nbytes)))
             for m in [m for m in args.m if m <= 4]:
                 x = jax.random.normal(jax.random.key(m), (m, shape[1]), jnp.float32).astype(jnp.bfloat16)
-                result["rows_sweep"].append(rows_sweep_case(fmt, shape, m, x, weights, host.nbytes, args.runs,
-                                                            bandwidth))
+                result["rows_sweep"].append(
+                    rows_sweep_case(fmt, shape, m, x, weights, host.nbytes, args.runs, bandwidth)
+                )
                 (out_dir / "quant_matmul.json").write_text(json.dumps(result, indent=1))
             del weights
     print(f"rows sweep: {time.perf_counter() - started:.0f} s")

@@ -38,12 +38,27 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench import (SYNTHETIC_PREFIX, SYNTHETIC_SHAPES, StepClock, _commit, _run_concurrent, apply_rooflines,
-                    kv_bytes_read, load_bench_model, model_facts, parse_synthetic, single_request,
-                    weight_bytes_per_step)
+from .bench import (
+    SYNTHETIC_PREFIX,
+    SYNTHETIC_SHAPES,
+    StepClock,
+    _commit,
+    _run_concurrent,
+    apply_rooflines,
+    kv_bytes_read,
+    load_bench_model,
+    model_facts,
+    parse_synthetic,
+    single_request,
+    weight_bytes_per_step,
+)
 
-DEFAULT_MODELS = ("synthetic:qwen2.5-1.5b-q4_k_m", "synthetic:llama3-8b", "synthetic:llama3-8b-q4_k_m",
-                  "synthetic:llama3-8b-fp8")
+DEFAULT_MODELS = (
+    "synthetic:qwen2.5-1.5b-q4_k_m",
+    "synthetic:llama3-8b",
+    "synthetic:llama3-8b-q4_k_m",
+    "synthetic:llama3-8b-fp8",
+)
 SECTIONS = ("context", "prefill", "concurrency", "ttft", "startup", "hf")
 
 
@@ -72,8 +87,18 @@ class SuiteConfig:
 
 
 class Suite:
-    def __init__(self, models, *, target: str, sections, out_dir, tokenizer_dir: str | None, commit: str | None,
-                 config: SuiteConfig, hf: bool = True):
+    def __init__(
+        self,
+        models,
+        *,
+        target: str,
+        sections,
+        out_dir,
+        tokenizer_dir: str | None,
+        commit: str | None,
+        config: SuiteConfig,
+        hf: bool = True,
+    ):
         unknown = set(sections) - set(SECTIONS)
         if unknown:
             raise ValueError(f"unknown sections {sorted(unknown)} (known: {', '.join(SECTIONS)})")
@@ -84,9 +109,17 @@ class Suite:
         self.sections = [s for s in SECTIONS if s in sections and (hf or s != "hf")]
         self.out_dir, self.tokenizer_dir = Path(out_dir), tokenizer_dir
         self.started = time.perf_counter()
-        self.result = {"suite": "ember bench --suite", "commit": commit or _commit(), "target": target,
-                       "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "sections": self.sections,
-                       "config": dataclasses.asdict(config), "bandwidth": {}, "models": {}, "hf": {}}
+        self.result = {
+            "suite": "ember bench --suite",
+            "commit": commit or _commit(),
+            "target": target,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "sections": self.sections,
+            "config": dataclasses.asdict(config),
+            "bandwidth": {},
+            "models": {},
+            "hf": {},
+        }
 
     # ---- bookkeeping ---------------------------------------------------------------------------------
 
@@ -141,10 +174,17 @@ class Suite:
         from . import hbm_probe
 
         device = jax.devices()[0]
-        self.result["machine"] = {"device": getattr(device, "device_kind", str(device)), "platform": device.platform,
-                                  "devices": jax.device_count(), "jax": jax.__version__}
-        self.result["bandwidth"] = {"copy_gb_s": [], "read_gb_s": [],
-                                    "method": hbm_probe.METHOD.format(gib=self.config.bandwidth_gib)}
+        self.result["machine"] = {
+            "device": getattr(device, "device_kind", str(device)),
+            "platform": device.platform,
+            "devices": jax.device_count(),
+            "jax": jax.__version__,
+        }
+        self.result["bandwidth"] = {
+            "copy_gb_s": [],
+            "read_gb_s": [],
+            "method": hbm_probe.METHOD.format(gib=self.config.bandwidth_gib),
+        }
         self.measure_bandwidth()
         self.log(f"HBM bandwidth {self.result['bandwidth']} GB/s")
         self.save()
@@ -189,8 +229,11 @@ class Suite:
             entry["error"] = f"load: {type(error).__name__}: {str(error)[:2000]}"
             self.save()
             return
-        entry.update(status="measured", load_s=round(time.perf_counter() - begun, 1),
-                     **model_facts(model, self.config.kv_cache_dtype))
+        entry.update(
+            status="measured",
+            load_s=round(time.perf_counter() - begun, 1),
+            **model_facts(model, self.config.kv_cache_dtype),
+        )
         self.log(f"{name}: loaded in {entry['load_s']} s, {entry['weight_bytes_per_step'] / 1e9:.2f} GB read per step")
         single = [s for s in ("context", "prefill") if s in wanted]
         if single:
@@ -202,16 +245,20 @@ class Suite:
                 warm = self.guarded(f"{name} warm-up (batch-1 engine)", {}, self.warm_single, engine, model)
                 for section in single:
                     entry[section]["warmup"] = warm
-                    self.guarded(f"{name} {section}", entry[section], getattr(self, f"run_{section}"), engine,
-                                 model, clock)
+                    self.guarded(
+                        f"{name} {section}", entry[section], getattr(self, f"run_{section}"), engine, model, clock
+                    )
+
             self.with_engine(config, model, tokenizer, [entry[s] for s in single], batch1)
         if wanted & {"concurrency", "ttft"}:
             config = self.batch_config()
             out = entry["concurrency"] = {"engine": dataclasses.asdict(config), "runs": []}
 
             def batched(engine, clock):
-                self.guarded(f"{name} concurrency", out, self.run_concurrency, engine, model, clock,
-                             "concurrency" in wanted)
+                self.guarded(
+                    f"{name} concurrency", out, self.run_concurrency, engine, model, clock, "concurrency" in wanted
+                )
+
             self.with_engine(config, model, tokenizer, [out], batched)
             if "ttft" in wanted:
                 entry["ttft"] = self.ttft_from(out)
@@ -245,9 +292,14 @@ class Suite:
         c = self.config
         longest = max([*c.contexts, *c.prefill_lengths]) + c.context_decode_tokens + 1
         blocks = -(-longest // 16)
-        return EngineConfig(num_blocks=blocks + 2, max_model_len=blocks * 16, max_num_seqs=1,
-                            max_batched_tokens=c.prefill_chunk, enable_prefix_caching=False,
-                            kv_cache_dtype=c.kv_cache_dtype)
+        return EngineConfig(
+            num_blocks=blocks + 2,
+            max_model_len=blocks * 16,
+            max_num_seqs=1,
+            max_batched_tokens=c.prefill_chunk,
+            enable_prefix_caching=False,
+            kv_cache_dtype=c.kv_cache_dtype,
+        )
 
     def batch_config(self):
         from ..runtime.engine import EngineConfig
@@ -256,9 +308,14 @@ class Suite:
         top = max([*c.concurrency, c.ttft_concurrency])
         context = c.prompt_tokens + c.output_tokens
         # a step's budget as a server's (the largest prefill chunk): decode rows plus as many prompts as fit
-        return EngineConfig(num_blocks=top * (-(-context // 16) + 1) + 1, max_model_len=context, max_num_seqs=top,
-                            max_batched_tokens=max(c.prefill_chunk, c.prompt_tokens + top),
-                            enable_prefix_caching=False, kv_cache_dtype=c.kv_cache_dtype)
+        return EngineConfig(
+            num_blocks=top * (-(-context // 16) + 1) + 1,
+            max_model_len=context,
+            max_num_seqs=top,
+            max_batched_tokens=max(c.prefill_chunk, c.prompt_tokens + top),
+            enable_prefix_caching=False,
+            kv_cache_dtype=c.kv_cache_dtype,
+        )
 
     def warm_single(self, out: dict, engine, model) -> None:
         """Compile only the shapes the batch-1 measurements use (a 32k-context engine has many): one short
@@ -269,15 +326,17 @@ class Suite:
         chunk = min(self.config.prefill_chunk, max(buckets))
         lengths = {}
         for n in {*self.config.contexts, *self.config.prefill_lengths}:
-            for piece in ([n] if n <= chunk else [chunk] + ([n % chunk] if n % chunk else [])):
+            for piece in [n] if n <= chunk else [chunk] + ([n % chunk] if n % chunk else []):
                 lengths.setdefault(bucket(piece, buckets), piece)
         begun = time.perf_counter()
         rng = np.random.default_rng(1)
         for piece in sorted(lengths.values()):  # decoding as many tokens as a measurement: the same executables
-            single_request(engine, rng.integers(0, int(model.dims.vocab), piece).tolist(),
-                            self.config.context_decode_tokens + 1)
-        out.update(chunk_tokens=chunk, prompt_lengths=sorted(lengths.values()),
-                   seconds=round(time.perf_counter() - begun, 1))
+            single_request(
+                engine, rng.integers(0, int(model.dims.vocab), piece).tolist(), self.config.context_decode_tokens + 1
+            )
+        out.update(
+            chunk_tokens=chunk, prompt_lengths=sorted(lengths.values()), seconds=round(time.perf_counter() - begun, 1)
+        )
 
     # ---- sections ----------------------------------------------------------------------------------------
 
@@ -286,16 +345,23 @@ class Suite:
         rng = np.random.default_rng(2)
         weights = weight_bytes_per_step(model)
         for ctx in sorted(self.config.contexts):
+
             def one(row: dict, ctx: int) -> None:
                 clock.reset()
                 usage = single_request(engine, rng.integers(0, int(model.dims.vocab), ctx).tolist(), n + 1)
                 tokens, seconds, _ = clock.decode_after_prefill()
                 rate = tokens / seconds
-                row.update(decode_tokens=tokens, decode_tokens_per_s=round(rate, 2), ms_per_token=round(1e3 / rate, 3),
-                           ttft_s=round(usage.ttft_s, 3), decode_rows=1, call_ends_ms=clock.decode_call_ends_ms(),
-                           first_decode_launch=clock.first_decode_launch_ms(),
-                           bytes_per_step=int(weights + kv_bytes_read(model, ctx + n // 2,
-                                                                       self.config.kv_cache_dtype)))
+                row.update(
+                    decode_tokens=tokens,
+                    decode_tokens_per_s=round(rate, 2),
+                    ms_per_token=round(1e3 / rate, 3),
+                    ttft_s=round(usage.ttft_s, 3),
+                    decode_rows=1,
+                    call_ends_ms=clock.decode_call_ends_ms(),
+                    first_decode_launch=clock.first_decode_launch_ms(),
+                    bytes_per_step=int(weights + kv_bytes_read(model, ctx + n // 2, self.config.kv_cache_dtype)),
+                )
+
             out["runs"].append(row := {"context": ctx})
             self.guarded(f"context {ctx}", row, one, ctx)
 
@@ -303,11 +369,18 @@ class Suite:
         rng = np.random.default_rng(3)
         out["chunk_tokens"] = min(self.config.prefill_chunk, max(engine.executor.prefill.buckets))
         for length in sorted(self.config.prefill_lengths):
+
             def one(row: dict, length: int) -> None:
-                ttfts = [single_request(engine, rng.integers(0, int(model.dims.vocab), length).tolist(), 1).ttft_s
-                         for _ in range(self.config.prefill_repeats)]
-                row.update(ttft_s=round(min(ttfts), 4), ttft_all_s=[round(t, 4) for t in ttfts],
-                           prefill_tokens_per_s=round(length / min(ttfts), 1))
+                ttfts = [
+                    single_request(engine, rng.integers(0, int(model.dims.vocab), length).tolist(), 1).ttft_s
+                    for _ in range(self.config.prefill_repeats)
+                ]
+                row.update(
+                    ttft_s=round(min(ttfts), 4),
+                    ttft_all_s=[round(t, 4) for t in ttfts],
+                    prefill_tokens_per_s=round(length / min(ttfts), 1),
+                )
+
             out["runs"].append(row := {"prompt_tokens": length})
             self.guarded(f"prefill {length}", row, one, length)
 
@@ -320,24 +393,34 @@ class Suite:
         vocab = int(model.dims.vocab)
         _run_concurrent(engine, [rng.integers(0, vocab, c.prompt_tokens).tolist()], 2)  # warm-up
         mean_kv = kv_bytes_read(model, c.prompt_tokens + c.output_tokens // 2, c.kv_cache_dtype)
-        for conc in (c.concurrency if full else (c.ttft_concurrency,)):
+        for conc in c.concurrency if full else (c.ttft_concurrency,):
+
             def one(row: dict, conc: int) -> None:
                 if not c.precompile:  # the same workload once, untimed: it compiles every shape the timed run uses
                     started = time.perf_counter()  # (a shorter warm-up missed some: H200 run of 8a19fb1)
-                    _run_concurrent(engine, [rng.integers(0, vocab, c.prompt_tokens).tolist() for _ in range(conc)],
-                                    c.output_tokens)
+                    _run_concurrent(
+                        engine, [rng.integers(0, vocab, c.prompt_tokens).tolist() for _ in range(conc)], c.output_tokens
+                    )
                     row["warmup_s"] = round(time.perf_counter() - started, 1)
                 clock.reset()
-                row.update(_run_concurrent(engine, [rng.integers(0, vocab, c.prompt_tokens).tolist()
-                                                    for _ in range(conc)], c.output_tokens))
+                row.update(
+                    _run_concurrent(
+                        engine, [rng.integers(0, vocab, c.prompt_tokens).tolist() for _ in range(conc)], c.output_tokens
+                    )
+                )
                 tokens, seconds, steps = clock.decode_after_prefill()
                 row["decode_tokens_per_s_stream"] = row.pop("decode_tokens_per_s")  # bench.py's definition
                 rate = tokens / seconds if seconds > 0 else None
                 # requests admitted one prefill chunk per step finish one step apart: the window's batch shrinks
-                row.update(decode_tokens_per_s=round(rate, 2) if rate else None, steady_decode_tokens=tokens,
-                           steady_decode_steps=steps, mean_decode_rows=round(tokens / steps, 1) if steps else None,
-                           bytes_per_step=int(weight_bytes_per_step(model, conc) + conc * mean_kv),
-                           decode_rows=conc)
+                row.update(
+                    decode_tokens_per_s=round(rate, 2) if rate else None,
+                    steady_decode_tokens=tokens,
+                    steady_decode_steps=steps,
+                    mean_decode_rows=round(tokens / steps, 1) if steps else None,
+                    bytes_per_step=int(weight_bytes_per_step(model, conc) + conc * mean_kv),
+                    decode_rows=conc,
+                )
+
             out["runs"].append(row := {"concurrency": conc})
             self.guarded(f"concurrency {conc}", row, one, conc)
 
@@ -358,10 +441,19 @@ class Suite:
         from .bench_processes import measure_hf
 
         c = self.config
-        out.update(shape=shape, **measure_hf(SYNTHETIC_SHAPES[shape][1], batches=c.hf_batches,
-                                             prompt_tokens=c.prompt_tokens, new_tokens=c.output_tokens,
-                                             device=c.hf_device, compile_mode=c.hf_compile, python=c.hf_python,
-                                             timeout=self.remaining_timeout()))
+        out.update(
+            shape=shape,
+            **measure_hf(
+                SYNTHETIC_SHAPES[shape][1],
+                batches=c.hf_batches,
+                prompt_tokens=c.prompt_tokens,
+                new_tokens=c.output_tokens,
+                device=c.hf_device,
+                compile_mode=c.hf_compile,
+                python=c.hf_python,
+                timeout=self.remaining_timeout(),
+            ),
+        )
 
     def remaining_timeout(self) -> float:
         if not self.config.deadline_s:
@@ -377,28 +469,65 @@ def _hf_shape(model_name: str) -> str | None:
     return parse_synthetic(model_name)[0]
 
 
-def run_suite(models, *, target: str, sections=SECTIONS, out_dir, hf: bool = True, tokenizer_dir: str | None = None,
-              commit: str | None = None, config: SuiteConfig = SuiteConfig()) -> dict:
+def run_suite(
+    models,
+    *,
+    target: str,
+    sections=SECTIONS,
+    out_dir,
+    hf: bool = True,
+    tokenizer_dir: str | None = None,
+    commit: str | None = None,
+    config: SuiteConfig = SuiteConfig(),
+) -> dict:
     # XLA's default takes 75% of the GPU at start; the suite's own subprocesses (startup, HF) need room beside it
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    suite = Suite(models, target=target, sections=sections, out_dir=out_dir, tokenizer_dir=tokenizer_dir,
-                  commit=commit, config=config, hf=hf)
+    suite = Suite(
+        models,
+        target=target,
+        sections=sections,
+        out_dir=out_dir,
+        tokenizer_dir=tokenizer_dir,
+        commit=commit,
+        config=config,
+        hf=hf,
+    )
     return suite.run()
 
 
 def main_suite(args) -> int:
     """`ember bench --suite ...` (tools/cli.py parses the flags)."""
-    overrides = {k: (tuple(v) if isinstance(v, list) else v) for k, v in {
-        "contexts": args.contexts, "context_decode_tokens": args.context_decode_tokens,
-        "prefill_lengths": args.prefill_lengths, "prefill_chunk": args.prefill_chunk,
-        "concurrency": args.concurrency, "prompt_tokens": args.prompt_tokens,
-        "output_tokens": args.output_tokens, "ttft_concurrency": args.ttft_concurrency,
-        "bandwidth_gib": args.bandwidth_gib, "hf_batches": args.hf_batches, "hf_compile": args.hf_compile,
-        "hf_device": args.hf_device, "hf_python": args.hf_python, "deadline_s": args.deadline_s,
-        "precompile": False if args.lazy_compile else None, "kv_cache_dtype": args.kv_cache_dtype,
-    }.items() if v is not None}
-    result = run_suite(args.models or DEFAULT_MODELS, target=args.target, sections=args.sections or SECTIONS,
-                       out_dir=args.out, hf=not args.no_hf, tokenizer_dir=args.tokenizer, commit=args.commit,
-                       config=SuiteConfig(**overrides))
+    overrides = {
+        k: (tuple(v) if isinstance(v, list) else v)
+        for k, v in {
+            "contexts": args.contexts,
+            "context_decode_tokens": args.context_decode_tokens,
+            "prefill_lengths": args.prefill_lengths,
+            "prefill_chunk": args.prefill_chunk,
+            "concurrency": args.concurrency,
+            "prompt_tokens": args.prompt_tokens,
+            "output_tokens": args.output_tokens,
+            "ttft_concurrency": args.ttft_concurrency,
+            "bandwidth_gib": args.bandwidth_gib,
+            "hf_batches": args.hf_batches,
+            "hf_compile": args.hf_compile,
+            "hf_device": args.hf_device,
+            "hf_python": args.hf_python,
+            "deadline_s": args.deadline_s,
+            "precompile": False if args.lazy_compile else None,
+            "kv_cache_dtype": args.kv_cache_dtype,
+        }.items()
+        if v is not None
+    }
+    result = run_suite(
+        args.models or DEFAULT_MODELS,
+        target=args.target,
+        sections=args.sections or SECTIONS,
+        out_dir=args.out,
+        hf=not args.no_hf,
+        tokenizer_dir=args.tokenizer,
+        commit=args.commit,
+        config=SuiteConfig(**overrides),
+    )
     print(json.dumps({"out": str(args.out), "models": list(result["models"]), "wall_s": result["wall_s"]}))
     return 0

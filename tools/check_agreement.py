@@ -48,6 +48,7 @@ def int8_activation_matmul(mode: str):
         if mode == "float" or w.format not in act_quant.PACKINGS:
             return quant_matmul_ref(x, w)
         return act_quant.dp4a_matmul_ref(x, w, terms=1 if mode == "one" else 2).astype(x.dtype)
+
     return matmul
 
 
@@ -57,8 +58,10 @@ def _int8_activations(mode: str | None):
         yield None
         return
     formats = {"EMBER_QUANTIZED_FORMATS": "q4_k,q6_k,q8_0,q5_0", "EMBER_DENSE_COPIES": "0"}
-    with mock.patch.dict(os.environ, formats), \
-            mock.patch("ember.compiler.ops.quant.matmul.quant_matmul_ref", int8_activation_matmul(mode)):
+    with (
+        mock.patch.dict(os.environ, formats),
+        mock.patch("ember.compiler.ops.quant.matmul.quant_matmul_ref", int8_activation_matmul(mode)),
+    ):
         yield 16  # prefill chunk: every projection stays on the GEMV path
 
 
@@ -71,8 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text", default=str(PASSAGE), help="the text --model is teacher-forced on")
     parser.add_argument("--reference-dtype", help="run the cpu target in this dtype (default: its own, float32)")
     parser.add_argument("--target-dtype", help="run --target in this dtype (default: its own)")
-    parser.add_argument("--int8-activations", choices=("float", "one", "two"),
-                        help="the target's Q4_K / Q6_K matmuls on int8 activations (see above)")
+    parser.add_argument(
+        "--int8-activations",
+        choices=("float", "one", "two"),
+        help="the target's Q4_K / Q6_K matmuls on int8 activations (see above)",
+    )
     args = parser.parse_args(argv)
     from ember.compiler.spec import spec_for_arch
     from ember.runtime.model import load_model
@@ -85,11 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         from ember.runtime.prompting import load_tokenizer
 
         checkpoint = lambda: open_checkpoint(args.model)  # noqa: E731
-        tokens = load_tokenizer(checkpoint()).encode(open(args.text).read())[:args.positions]
+        tokens = load_tokenizer(checkpoint()).encode(open(args.text).read())[: args.positions]
     else:
         arch, config = SYNTHETIC_SHAPES[args.shape]
         checkpoint = lambda: synthetic_checkpoint(spec_for_arch(arch), config)  # noqa: E731
         tokens = np.random.default_rng(7).integers(0, config["vocab_size"], args.positions).tolist()
+
     def logits(target, dtype, int8):
         with _int8_activations(int8) as chunk:
             model = load_model(checkpoint(), target=target, activation_dtype=dtype)
@@ -101,15 +108,23 @@ def main(argv: list[str] | None = None) -> int:
     p_exact, p_other = _log_softmax(exact), _log_softmax(other)
     kl = (np.exp(p_exact) * (p_exact - p_other)).sum(-1)
     top2 = np.sort(exact, -1)[:, -2:]
-    print(json.dumps({"checkpoint": args.model or f"synthetic:{args.shape}", "positions": len(tokens),
-                      "tokens": "text: " + Path(args.text).name if args.model else "random",
-                      "target": f"{args.target}, {args.target_dtype or 'its own dtype'}"
-                                + (f", int8 activations: {args.int8_activations}" if args.int8_activations else ""),
-                      "reference": f"cpu target, {args.reference_dtype or 'float32'}",
-                      "top1_agreement": float((exact.argmax(-1) == other.argmax(-1)).mean()),
-                      "mean_kl": float(kl.mean()), "max_kl": float(kl.max()),
-                      "reference_median_top1_prob": float(np.median(np.exp(p_exact.max(-1)))),
-                      "reference_median_top1_top2_logit_gap": float(np.median(top2[:, 1] - top2[:, 0]))}))
+    print(
+        json.dumps(
+            {
+                "checkpoint": args.model or f"synthetic:{args.shape}",
+                "positions": len(tokens),
+                "tokens": "text: " + Path(args.text).name if args.model else "random",
+                "target": f"{args.target}, {args.target_dtype or 'its own dtype'}"
+                + (f", int8 activations: {args.int8_activations}" if args.int8_activations else ""),
+                "reference": f"cpu target, {args.reference_dtype or 'float32'}",
+                "top1_agreement": float((exact.argmax(-1) == other.argmax(-1)).mean()),
+                "mean_kl": float(kl.mean()),
+                "max_kl": float(kl.max()),
+                "reference_median_top1_prob": float(np.median(np.exp(p_exact.max(-1)))),
+                "reference_median_top1_top2_logit_gap": float(np.median(top2[:, 1] - top2[:, 0])),
+            }
+        )
+    )
     return 0
 
 

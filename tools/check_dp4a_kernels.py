@@ -56,8 +56,9 @@ def interpret() -> int:
     for fmt, order in (("q4_k", "q4_k"), ("q6_k", "q6_k"), ("q6_k", "q4_k")):
         for (out, inner), (block_n, split_k, sb, prefetch), ms in CASES:
             w = pack(random_gguf_bytes(rng, fmt, (out, inner), realistic=True), fmt, (out, inner))
-            config = QuantMatmulConfig(variant="dp4a", block_n=block_n, split_k=split_k, sb_per_step=sb,
-                                       prefetch=prefetch)
+            config = QuantMatmulConfig(
+                variant="dp4a", block_n=block_n, split_k=split_k, sb_per_step=sb, prefetch=prefetch
+            )
             for m in ms:
                 x = rng.standard_normal((m, inner)).astype(np.float32)
                 x[0, :32] = 0.0  # an all-zero activation block (dx = 0)
@@ -67,12 +68,15 @@ def interpret() -> int:
                 qa, da = (np.asarray(a) for a in pad_rows(*quantize_activations(jnp.asarray(x), order), meta["M_PAD"]))
                 meta["TERMS"] = da.shape[-1] // FACTORS
                 y = HostBuffer(np.full((plan["split_k"], meta["M_PAD"], out), np.nan, np.float32))
-                dp4a_gemv_kernel[plan["grid"]](HostBuffer(qa), HostBuffer(da),
-                                               *(HostBuffer(w.planes[n]) for n in DP4A_PLANES[fmt]), y, **meta)
+                dp4a_gemv_kernel[plan["grid"]](
+                    HostBuffer(qa), HostBuffer(da), *(HostBuffer(w.planes[n]) for n in DP4A_PLANES[fmt]), y, **meta
+                )
                 failures += _compared(
-                    y.array.sum(axis=0)[:m], expected,
+                    y.array.sum(axis=0)[:m],
+                    expected,
                     f"dp4a {fmt} (activations {order}) {out}x{inner} m={m:<2} R={meta['R']} block_n={block_n} "
-                    f"grid={plan['grid']} S={meta['S']} exact={meta['EXACT']} prefetch={meta['PREFETCH']}")
+                    f"grid={plan['grid']} S={meta['S']} exact={meta['EXACT']} prefetch={meta['PREFETCH']}",
+                )
     return 1 if failures else 0
 
 
@@ -106,20 +110,32 @@ def interpret_parts() -> int:
             x = rng.standard_normal((m, inner)).astype(np.float32)
             expected = np.asarray(dp4a_matmul_ref(jnp.asarray(x), w))
             if bias is not None:
-                expected = expected + bias[offset:offset + out]
+                expected = expected + bias[offset : offset + out]
             plan = launch_plan(fmt, m, out, inner, config)
-            meta = dict(plan["meta"], ASM=False, HAS_BIAS=bias is not None, BIAS_OFFSET=offset or 0,
-                        **parts_plan(plan, sizes, out))
+            meta = dict(
+                plan["meta"],
+                ASM=False,
+                HAS_BIAS=bias is not None,
+                BIAS_OFFSET=offset or 0,
+                **parts_plan(plan, sizes, out),
+            )
             qa, da = (np.asarray(a) for a in pad_rows(*quantize_activations(jnp.asarray(x), fmt), meta["M_PAD"]))
             meta["TERMS"] = da.shape[-1] // FACTORS
             widths = (*sizes, 1, 1)[:3]
             outs = [HostBuffer(np.full((meta["M_PAD"], width), np.nan, np.float32)) for width in widths]
             dp4a_gemv_parts_kernel[plan["grid"]](
-                HostBuffer(qa), HostBuffer(da), *(HostBuffer(w.planes[n]) for n in DP4A_PLANES[fmt]),
-                HostBuffer(np.zeros(1, np.float32) if bias is None else bias), *outs, **meta)
-            failures += _compared(np.concatenate([o.array[:m] for o in outs[:len(sizes)]], axis=1), expected,
-                                  f"dp4a parts {fmt} sizes={sizes} bias_offset={offset} m={m} R={meta['R']} "
-                                  f"block_n={block_n}")
+                HostBuffer(qa),
+                HostBuffer(da),
+                *(HostBuffer(w.planes[n]) for n in DP4A_PLANES[fmt]),
+                HostBuffer(np.zeros(1, np.float32) if bias is None else bias),
+                *outs,
+                **meta,
+            )
+            failures += _compared(
+                np.concatenate([o.array[:m] for o in outs[: len(sizes)]], axis=1),
+                expected,
+                f"dp4a parts {fmt} sizes={sizes} bias_offset={offset} m={m} R={meta['R']} block_n={block_n}",
+            )
     return 1 if failures else 0
 
 
@@ -136,8 +152,10 @@ def interpret_pair() -> int:
     failures, inner = 0, 1536
     rng = np.random.default_rng(8)
     # (A's projections, B's format and rows, A's and B's (block_n, sb_per_step), activation rows)
-    for run_a, (fmt_b, out_b), tiles, ms in (((24, 8), ("q6_k", 8), ((8, 2), (4, 4)), [1, 3]),
-                                             ((20,), ("q4_k", 12), ((16, 4), (8, 1)), [2, 11])):
+    for run_a, (fmt_b, out_b), tiles, ms in (
+        ((24, 8), ("q6_k", 8), ((8, 2), (4, 4)), [1, 3]),
+        ((20,), ("q4_k", 12), ((16, 4), (8, 1)), [2, 11]),
+    ):
         out_a = sum(run_a)
         wa = pack(random_gguf_bytes(rng, "q4_k", (out_a, inner), realistic=True), "q4_k", (out_a, inner))
         wb = pack(random_gguf_bytes(rng, fmt_b, (out_b, inner), realistic=True), fmt_b, (out_b, inner))
@@ -146,23 +164,46 @@ def interpret_pair() -> int:
             x = rng.standard_normal((m, inner)).astype(np.float32)
             expected = np.concatenate([np.asarray(dp4a_matmul_ref(jnp.asarray(x), w)) for w in (wa, wb)], axis=1)
             expected = expected + bias
-            (pa, pb) = (launch_plan(f, m, o, inner, QuantMatmulConfig(variant="dp4a", block_n=bn, sb_per_step=sb))
-                        for f, o, (bn, sb) in (("q4_k", out_a, tiles[0]), (fmt_b, out_b, tiles[1])))
+            (pa, pb) = (
+                launch_plan(f, m, o, inner, QuantMatmulConfig(variant="dp4a", block_n=bn, sb_per_step=sb))
+                for f, o, (bn, sb) in (("q4_k", out_a, tiles[0]), (fmt_b, out_b, tiles[1]))
+            )
             ma, mb = pa["meta"], pb["meta"]
             qa, da = (np.asarray(a) for a in pad_rows(*quantize_activations(jnp.asarray(x), "q4_k"), ma["M_PAD"]))
             widths = (run_a[0], run_a[1] if len(run_a) == 2 else 1, out_b)
             outs = [HostBuffer(np.full((ma["M_PAD"], width), np.nan, np.float32)) for width in widths]
             dp4a_gemv_pair_kernel[(pa["grid"][0] + pb["grid"][0], 1, 1)](
-                HostBuffer(qa), HostBuffer(da), *(HostBuffer(wa.planes[n]) for n in DP4A_PLANES["q4_k"]),
-                *(HostBuffer(wb.planes[n]) for n in DP4A_PLANES[fmt_b]), HostBuffer(bias), *outs,
-                M_PAD=ma["M_PAD"], K=inner, R=ma["R"], NA=out_a, N1=run_a[0], NB=out_b,
-                TILES_A=pa["grid"][0] // (ma["M_PAD"] // ma["R"]), BLOCK_N_A=ma["BLOCK_N"], S_A=ma["S"],
-                PREFETCH_A=ma["PREFETCH"], EXACT_A=ma["EXACT"], BLOCK_N_B=mb["BLOCK_N"], S_B=mb["S"],
-                PREFETCH_B=mb["PREFETCH"], EXACT_B=mb["EXACT"], Q6_B=fmt_b == "q6_k", ASM=False, HAS_BIAS=True,
-                BIAS_OFFSET=0, TERMS=da.shape[-1] // FACTORS)
+                HostBuffer(qa),
+                HostBuffer(da),
+                *(HostBuffer(wa.planes[n]) for n in DP4A_PLANES["q4_k"]),
+                *(HostBuffer(wb.planes[n]) for n in DP4A_PLANES[fmt_b]),
+                HostBuffer(bias),
+                *outs,
+                M_PAD=ma["M_PAD"],
+                K=inner,
+                R=ma["R"],
+                NA=out_a,
+                N1=run_a[0],
+                NB=out_b,
+                TILES_A=pa["grid"][0] // (ma["M_PAD"] // ma["R"]),
+                BLOCK_N_A=ma["BLOCK_N"],
+                S_A=ma["S"],
+                PREFETCH_A=ma["PREFETCH"],
+                EXACT_A=ma["EXACT"],
+                BLOCK_N_B=mb["BLOCK_N"],
+                S_B=mb["S"],
+                PREFETCH_B=mb["PREFETCH"],
+                EXACT_B=mb["EXACT"],
+                Q6_B=fmt_b == "q6_k",
+                ASM=False,
+                HAS_BIAS=True,
+                BIAS_OFFSET=0,
+                TERMS=da.shape[-1] // FACTORS,
+            )
             kept = [outs[0].array[:m]] + ([outs[1].array[:m]] if len(run_a) == 2 else []) + [outs[2].array[:m]]
-            failures += _compared(np.concatenate(kept, axis=1), expected,
-                                  f"dp4a pair q4_k {run_a} + {fmt_b} ({out_b},) m={m} R={ma['R']}")
+            failures += _compared(
+                np.concatenate(kept, axis=1), expected, f"dp4a pair q4_k {run_a} + {fmt_b} ({out_b},) m={m} R={ma['R']}"
+            )
     return 1 if failures else 0
 
 
@@ -175,8 +216,16 @@ def activation_buffers(m: int, k: int):
     return HostBuffer(np.zeros(qa.shape, np.int32)), HostBuffer(np.full(da.shape, np.nan, np.float32))
 
 
-def compare_activations(qa: np.ndarray, da: np.ndarray, qa_ref: np.ndarray, da_ref: np.ndarray, *,
-                        tol: float = 1e-5, code_slack: int = 0, min_same: float = 1.0) -> tuple[bool, str]:
+def compare_activations(
+    qa: np.ndarray,
+    da: np.ndarray,
+    qa_ref: np.ndarray,
+    da_ref: np.ndarray,
+    *,
+    tol: float = 1e-5,
+    code_slack: int = 0,
+    min_same: float = 1.0,
+) -> tuple[bool, str]:
     """A producer's int8 activations (qa [m, T k/4], da [m, k/32, 4 T]) against act_quant.quantize_activations':
     (failed, note). The first term: its codes within code_slack of the reference's (min_same of its words
     equal) and its (dx, sx, s0, s1) within tol of the largest. A second term rounds the first one's residual,
@@ -197,9 +246,10 @@ def compare_activations(qa: np.ndarray, da: np.ndarray, qa_ref: np.ndarray, da_r
         diff2 = int(np.abs(codes(second) - codes(second_ref)).max())
         dx_err = float(np.abs(da[..., 4] - da_ref[..., 4]).max() / max(np.abs(da_ref[..., 4]).max(), 1e-30))
         sums = float(np.abs(da[..., 6:] - da_ref[..., 6:]).max())
-        failed = failed or not (diff2 <= 1 and unequal <= max(2, second.size // 1000) and dx_err < 1e-3
-                                and sums <= 2)
-        note += f"; second term: {unequal} of {second.size} words unequal, max code diff {diff2}, dx' rel_err={dx_err:.1e}"
+        failed = failed or not (diff2 <= 1 and unequal <= max(2, second.size // 1000) and dx_err < 1e-3 and sums <= 2)
+        note += (
+            f"; second term: {unequal} of {second.size} words unequal, max code diff {diff2}, dx' rel_err={dx_err:.1e}"
+        )
     return failed, note
 
 
@@ -213,8 +263,10 @@ def interpret_quantize() -> int:
 
     failures = 0
     rng = np.random.default_rng(4)
-    for (m, k, scale), order in itertools.product(((1, 1536, 1.0), (3, 8960, 30.0), (2, 544, 1e-3)),  # 544: a
-                                                  ("q4_k", "q6_k")):                             # masked program
+    for (m, k, scale), order in itertools.product(
+        ((1, 1536, 1.0), (3, 8960, 30.0), (2, 544, 1e-3)),  # 544: a
+        ("q4_k", "q6_k"),
+    ):  # masked program
         x = (rng.standard_normal((m, k)) * scale).astype(np.float32)
         x[0, 64:96] = 0.0
         x[-1, :32] = np.arange(32) - 15.5  # with max |x| = 127 (inv = 1) these are ties: rounded to even
@@ -242,8 +294,9 @@ def interpret_quantize_gated() -> int:
     rng = np.random.default_rng(5)
     for (m, k), order in itertools.product(((1, 1536), (2, 8960)), ("q4_k", "q6_k")):
         gate_up = (rng.standard_normal((m, 2 * k)) * 3.0).astype(np.float32)
-        qa_ref, da_ref = (np.asarray(a) for a in
-                          quantize_activations(gated_act_packed(jnp.asarray(gate_up), act="silu"), order))
+        qa_ref, da_ref = (
+            np.asarray(a) for a in quantize_activations(gated_act_packed(jnp.asarray(gate_up), act="silu"), order)
+        )
         plan = quantize_plan(m, k, order, silu_gated=True)
         qa, da = activation_buffers(m, k)
         quantize_rows_kernel[plan["grid"]](HostBuffer(gate_up), qa, da, ASM=False, **plan["meta"])
@@ -268,25 +321,40 @@ def compile_all() -> int:
                 plan = launch_plan(fmt, m, out, inner, config)
                 out_dtype = "bf16" if plan["split_k"] == 1 else "fp32"
                 types = ["*i32", "*fp32", *PLANE_TYPES[fmt], "*" + out_dtype]
-                label = (f"{fmt} m={m} {out:>6}x{inner:<5} bn={config.block_n:<2} split={plan['split_k']} "
-                         f"S={plan['meta']['S']:<2} warps={config.num_warps}")
+                label = (
+                    f"{fmt} m={m} {out:>6}x{inner:<5} bn={config.block_n:<2} split={plan['split_k']} "
+                    f"S={plan['meta']['S']:<2} warps={config.num_warps}"
+                )
                 try:
-                    compiled = compile_sm90(dp4a_gemv_kernel, types, plan["meta"], num_warps=config.num_warps,
-                                            num_stages=config.num_stages)
+                    compiled = compile_sm90(
+                        dp4a_gemv_kernel, types, plan["meta"], num_warps=config.num_warps, num_stages=config.num_stages
+                    )
                 except Exception as error:
                     failures += 1
                     print(f"FAIL {label}: {error}", flush=True)
                     continue
                 ptx = compiled.asm["ptx"]
-                print(f"ok  {label} {ptxas_usage(ptx)} smem={compiled.metadata.shared} dp4a={ptx.count('dp4a')} "
-                      f"ld.v4={ptx.count('ld.global.v4')}", flush=True)
+                print(
+                    f"ok  {label} {ptxas_usage(ptx)} smem={compiled.metadata.shared} dp4a={ptx.count('dp4a')} "
+                    f"ld.v4={ptx.count('ld.global.v4')}",
+                    flush=True,
+                )
     from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
+
     for k in (1536, 8960):
-        compiled = compile_sm90(quantize_rows_kernel, ["*bf16", "*i32", "*fp32"],
-                                dict(quantize_plan(1, k, "q6_k")["meta"], ASM=True), num_warps=4, num_stages=1)
+        compiled = compile_sm90(
+            quantize_rows_kernel,
+            ["*bf16", "*i32", "*fp32"],
+            dict(quantize_plan(1, k, "q6_k")["meta"], ASM=True),
+            num_warps=4,
+            num_stages=1,
+        )
         ptx = compiled.asm["ptx"]
-        print(f"ok  quantize k={k} {ptxas_usage(ptx)} smem={compiled.metadata.shared} "
-              f"cvt.rni={ptx.count('cvt.rni.s32.f32')}", flush=True)
+        print(
+            f"ok  quantize k={k} {ptxas_usage(ptx)} smem={compiled.metadata.shared} "
+            f"cvt.rni={ptx.count('cvt.rni.s32.f32')}",
+            flush=True,
+        )
     return 1 if failures else 0
 
 

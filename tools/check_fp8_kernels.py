@@ -87,10 +87,20 @@ def interpret() -> int:
             x = rng.standard_normal((m, inner)).astype(dtype)
             plan = launch_plan(m, out, inner, config, blocked=blocked)
             splits = plan["split_k"]
-            y = Buffer(np.full((splits, m, out), np.nan, dtype if splits == 1 else np.float32),
-                       tname if splits == 1 else "fp32")
-            fp8_gemv_kernel[plan["grid"]](Buffer(x, tname), codes, scale, y, IEEE=dtype_name == "float32",
-                                          W_BITCAST=True, SCALED=True, **plan["meta"])
+            y = Buffer(
+                np.full((splits, m, out), np.nan, dtype if splits == 1 else np.float32),
+                tname if splits == 1 else "fp32",
+            )
+            fp8_gemv_kernel[plan["grid"]](
+                Buffer(x, tname),
+                codes,
+                scale,
+                y,
+                IEEE=dtype_name == "float32",
+                W_BITCAST=True,
+                SCALED=True,
+                **plan["meta"],
+            )
             got = y.array.astype(np.float32).sum(axis=0)
             exact = fp8_reference_matmul(np.asarray(x, np.float32), w)
             jnp_path = np.asarray(fp8_linear_xla(jnp.asarray(x), w), np.float32)
@@ -98,12 +108,15 @@ def interpret() -> int:
             err = float(np.abs(got - exact).max() / spread)
             err_jnp = float(np.abs(got - jnp_path).max() / spread)
             # f32: accumulation order only; bf16: the output's rounding (2**-9 relative) at the largest outputs
-            tol = 1e-5 if dtype_name == "float32" else 2.0 ** -7
+            tol = 1e-5 if dtype_name == "float32" else 2.0**-7
             bad = not (err < tol and err_jnp < tol)  # NaN (an unwritten row or split) fails too
             failures += bad
-            print(f"{'BAD' if bad else 'ok '} {out}x{inner} {'block' if blocked else 'chan '} m={m:<2} "
-                  f"{dtype_name:8} bn={config.block_n:<2} bk={config.block_k:<3} dot={int(config.use_dot)} "
-                  f"pf={int(plan['meta']['PREFETCH'])} grid={plan['grid'][:2]} split={splits} err_f64={err:.1e} err_jnp={err_jnp:.1e}", flush=True)
+            print(
+                f"{'BAD' if bad else 'ok '} {out}x{inner} {'block' if blocked else 'chan '} m={m:<2} "
+                f"{dtype_name:8} bn={config.block_n:<2} bk={config.block_k:<3} dot={int(config.use_dot)} "
+                f"pf={int(plan['meta']['PREFETCH'])} grid={plan['grid'][:2]} split={splits} err_f64={err:.1e} err_jnp={err_jnp:.1e}",
+                flush=True,
+            )
     failures += _interpret_fused_forms(rng, Buffer)
     failures += _interpret_dense(rng, Buffer)
     print(f"{failures} mismatches" if failures else "all match")
@@ -113,11 +126,15 @@ def interpret() -> int:
 # the fused forms: (ffn, in, config kwargs, m): a packed gate/up weight [2 ffn, in] whose epilogue writes
 # silu(gate) * up [m, ffn] (ffn not a multiple of block_n / 2: masked pairs), and (sizes, in, blocked, config
 # kwargs, m): three projections' outputs from one launch (sizes: row-tile multiples)
-GATE_UP_CASES = [(36, 300, dict(block_n=8, block_k=64, words=True), 1),
-                 (40, 160, dict(block_n=4, block_k=32, words=True, prefetch=False), 2),
-                 (24, 200, dict(block_n=16, block_k=64, step_reduce=True), 1)]
-PARTS_CASES = [((64, 16, 24), 200, False, dict(block_n=8, block_k=64, words=True), 1),
-               ((32, 32, 8), 160, True, dict(block_n=8, block_k=32, words=True, prefetch=False), 2)]
+GATE_UP_CASES = [
+    (36, 300, dict(block_n=8, block_k=64, words=True), 1),
+    (40, 160, dict(block_n=4, block_k=32, words=True, prefetch=False), 2),
+    (24, 200, dict(block_n=16, block_k=64, step_reduce=True), 1),
+]
+PARTS_CASES = [
+    ((64, 16, 24), 200, False, dict(block_n=8, block_k=64, words=True), 1),
+    ((32, 32, 8), 160, True, dict(block_n=8, block_k=32, words=True, prefetch=False), 2),
+]
 
 
 def _interpret_fused_forms(rng, Buffer) -> int:
@@ -126,8 +143,7 @@ def _interpret_fused_forms(rng, Buffer) -> int:
 
     from ember.compiler.ops.activation import gated_act_packed
     from ember.compiler.ops.quant.fp8 import fp8_reference_matmul
-    from ember.compiler.ops.quant.fp8_gemv import (Fp8GemvConfig, fp8_gemv_kernel, fp8_gemv_parts_kernel,
-                                                   launch_plan)
+    from ember.compiler.ops.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv_kernel, fp8_gemv_parts_kernel, launch_plan
 
     bf16 = ml_dtypes.bfloat16
     failures = 0
@@ -136,12 +152,13 @@ def _interpret_fused_forms(rng, Buffer) -> int:
         x = rng.standard_normal((m, inner)).astype(bf16)
         plan = launch_plan(m, 2 * ffn, inner, Fp8GemvConfig(**kwargs), blocked=False, gate_up=True)
         y = Buffer(np.full((m, ffn), np.nan, bf16), "bf16")
-        fp8_gemv_kernel[plan["grid"]](Buffer(x, "bf16"), *_weight_buffers(w, Buffer), y, IEEE=False,
-                                      W_BITCAST=True, SCALED=True, **plan["meta"])
+        fp8_gemv_kernel[plan["grid"]](
+            Buffer(x, "bf16"), *_weight_buffers(w, Buffer), y, IEEE=False, W_BITCAST=True, SCALED=True, **plan["meta"]
+        )
         product = fp8_reference_matmul(np.asarray(x, np.float32), w).astype(bf16)
         exact = np.asarray(gated_act_packed(jnp.asarray(product), act="silu"), np.float32)
         err = float(np.abs(y.array.astype(np.float32) - exact).max() / np.abs(exact).max())  # NaN: unwritten
-        bad = not err < 2.0 ** -6  # the product's and the activation's bf16 roundings, each within an ulp
+        bad = not err < 2.0**-6  # the product's and the activation's bf16 roundings, each within an ulp
         failures += bad
         print(f"{'BAD' if bad else 'ok '} gate/up {2 * ffn}x{inner} m={m} {kwargs} err_f64={err:.1e}", flush=True)
     for sizes, inner, blocked, kwargs, m in PARTS_CASES:
@@ -150,26 +167,39 @@ def _interpret_fused_forms(rng, Buffer) -> int:
         x = rng.standard_normal((m, inner)).astype(bf16)
         plan = launch_plan(m, out, inner, Fp8GemvConfig(**kwargs), blocked=blocked)
         outs = [Buffer(np.full((m, size), np.nan, bf16), "bf16") for size in sizes]
-        fp8_gemv_parts_kernel[plan["grid"]](Buffer(x, "bf16"), *_weight_buffers(w, Buffer), *outs, IEEE=False,
-                                            W_BITCAST=True, SCALED=True, N1=sizes[0], N2=sizes[0] + sizes[1],
-                                            **plan["meta"])
+        fp8_gemv_parts_kernel[plan["grid"]](
+            Buffer(x, "bf16"),
+            *_weight_buffers(w, Buffer),
+            *outs,
+            IEEE=False,
+            W_BITCAST=True,
+            SCALED=True,
+            N1=sizes[0],
+            N2=sizes[0] + sizes[1],
+            **plan["meta"],
+        )
         exact = fp8_reference_matmul(np.asarray(x, np.float32), w)
         got = np.concatenate([o.array.astype(np.float32) for o in outs], axis=1)
         err = float(np.abs(got - exact).max() / np.abs(exact).max())  # NaN: a part left unwritten
-        bad = not err < 2.0 ** -7
+        bad = not err < 2.0**-7
         failures += bad
-        print(f"{'BAD' if bad else 'ok '} parts {sizes} x {inner} {'block' if blocked else 'chan '} m={m} "
-              f"err_f64={err:.1e}", flush=True)
+        print(
+            f"{'BAD' if bad else 'ok '} parts {sizes} x {inner} {'block' if blocked else 'chan '} m={m} "
+            f"err_f64={err:.1e}",
+            flush=True,
+        )
     return failures
 
 
 # the same kernels on plain bf16 weights (compiler/ops/dense_gemv.py, SCALED off): (form, out or sizes, in,
 # config kwargs, m, activation dtype): masked rows and columns, the prefetch on and off, split-K, f32 x
-DENSE_CASES = [("plain", 200, 420, dict(block_n=4, block_k=64, step_reduce=True), 1, "bfloat16"),
-               ("plain", 136, 300, dict(block_n=8, block_k=128, split_k=2, step_reduce=True), 2, "float32"),
-               ("plain", 72, 160, dict(block_n=4, block_k=32, step_reduce=True, prefetch=False), 1, "bfloat16"),
-               ("gate_up", 36, 300, dict(block_n=4, block_k=64, step_reduce=True), 1, "bfloat16"),
-               ("parts", (64, 16, 24), 200, dict(block_n=8, block_k=64, step_reduce=True), 1, "bfloat16")]
+DENSE_CASES = [
+    ("plain", 200, 420, dict(block_n=4, block_k=64, step_reduce=True), 1, "bfloat16"),
+    ("plain", 136, 300, dict(block_n=8, block_k=128, split_k=2, step_reduce=True), 2, "float32"),
+    ("plain", 72, 160, dict(block_n=4, block_k=32, step_reduce=True, prefetch=False), 1, "bfloat16"),
+    ("gate_up", 36, 300, dict(block_n=4, block_k=64, step_reduce=True), 1, "bfloat16"),
+    ("parts", (64, 16, 24), 200, dict(block_n=8, block_k=64, step_reduce=True), 1, "bfloat16"),
+]
 
 
 def _interpret_dense(rng, Buffer) -> int:
@@ -177,8 +207,7 @@ def _interpret_dense(rng, Buffer) -> int:
     import ml_dtypes
 
     from ember.compiler.ops.activation import gated_act_packed
-    from ember.compiler.ops.quant.fp8_gemv import (Fp8GemvConfig, fp8_gemv_kernel, fp8_gemv_parts_kernel,
-                                                   launch_plan)
+    from ember.compiler.ops.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv_kernel, fp8_gemv_parts_kernel, launch_plan
 
     bf16 = ml_dtypes.bfloat16
     names = {"float32": (np.float32, "fp32"), "bfloat16": (bf16, "bf16")}
@@ -193,7 +222,7 @@ def _interpret_dense(rng, Buffer) -> int:
         plan = launch_plan(m, out, inner, Fp8GemvConfig(**kwargs), blocked=False, gate_up=form == "gate_up")
         args = (Buffer(x, tname), Buffer(w, "bf16"), no_scale)
         flags = dict(IEEE=dtype_name == "float32", W_BITCAST=False, SCALED=False, **plan["meta"])
-        tol = 1e-5 if dtype_name == "float32" else 2.0 ** -7
+        tol = 1e-5 if dtype_name == "float32" else 2.0**-7
         if form == "parts":
             outs = [Buffer(np.full((m, part), np.nan, dtype), tname) for part in size]
             fp8_gemv_parts_kernel[plan["grid"]](*args, *outs, N1=size[0], N2=size[0] + size[1], **flags)
@@ -203,18 +232,23 @@ def _interpret_dense(rng, Buffer) -> int:
             fp8_gemv_kernel[plan["grid"]](*args, y, **flags)
             got = y.array.astype(np.float32)
             exact = np.asarray(gated_act_packed(jnp.asarray(exact.astype(dtype)), act="silu"), np.float32)
-            tol = 2.0 ** -6  # the product's and the activation's bf16 roundings
+            tol = 2.0**-6  # the product's and the activation's bf16 roundings
         else:
             splits = plan["split_k"]
-            y = Buffer(np.full((splits, m, out), np.nan, dtype if splits == 1 else np.float32),
-                       tname if splits == 1 else "fp32")
+            y = Buffer(
+                np.full((splits, m, out), np.nan, dtype if splits == 1 else np.float32),
+                tname if splits == 1 else "fp32",
+            )
             fp8_gemv_kernel[plan["grid"]](*args, y, **flags)
             got = y.array.astype(np.float32).sum(axis=0)
         err = float(np.abs(got - exact).max() / np.abs(exact).max())  # NaN: something left unwritten
         bad = not err < tol
         failures += bad
-        print(f"{'BAD' if bad else 'ok '} dense {form} {size}x{inner} m={m} {dtype_name} {kwargs} "
-              f"split={plan['split_k']} err_f64={err:.1e}", flush=True)
+        print(
+            f"{'BAD' if bad else 'ok '} dense {form} {size}x{inner} m={m} {dtype_name} {kwargs} "
+            f"split={plan['split_k']} err_f64={err:.1e}",
+            flush=True,
+        )
     return failures
 
 
@@ -229,23 +263,31 @@ def compile_all() -> int:
                 config = pick_fp8_config(m, out, inner, blocked=blocked)
                 plan = launch_plan(m, out, inner, config, blocked=blocked)
                 out_type = "bf16" if plan["split_k"] == 1 else "fp32"
-                label = (f"{'block' if blocked else 'chan '} m={m:<2} {out:>5}x{inner:<5} bn={config.block_n:<2} "
-                         f"bk={config.block_k} split={plan['split_k']} warps={config.num_warps} "
-                         f"stages={config.num_stages} dot={int(config.use_dot)} grid={plan['grid'][:2]}")
+                label = (
+                    f"{'block' if blocked else 'chan '} m={m:<2} {out:>5}x{inner:<5} bn={config.block_n:<2} "
+                    f"bk={config.block_k} split={plan['split_k']} warps={config.num_warps} "
+                    f"stages={config.num_stages} dot={int(config.use_dot)} grid={plan['grid'][:2]}"
+                )
                 try:
-                    compiled = compile_sm90(fp8_gemv_kernel, ["*bf16", "*fp8e4nv", "*fp32", "*" + out_type],
-                                            dict(plan["meta"], IEEE=False, W_BITCAST=False, SCALED=True),
-                                            num_warps=config.num_warps, num_stages=config.num_stages)
+                    compiled = compile_sm90(
+                        fp8_gemv_kernel,
+                        ["*bf16", "*fp8e4nv", "*fp32", "*" + out_type],
+                        dict(plan["meta"], IEEE=False, W_BITCAST=False, SCALED=True),
+                        num_warps=config.num_warps,
+                        num_stages=config.num_stages,
+                    )
                 except Exception as error:
                     failures += 1
                     print(f"FAIL {label}: {type(error).__name__}: {str(error)[:400]}", flush=True)
                     continue
                 ptx = compiled.asm["ptx"]
-                print(f"ok  {label} {ptxas_usage(ptx)} smem={compiled.metadata.shared} "
-                      f"ld.v4={ptx.count('ld.global.v4')} ld.v2={ptx.count('ld.global.v2')} "
-                      f"cp.async={ptx.count('cp.async.cg') + ptx.count('cp.async.ca')} "
-                      f"cvt.e4m3={len(re.findall(r'cvt\.rn\.f16x2\.e4m3x2', ptx))} mma={ptx.count('mma.sync')}",
-                      flush=True)
+                print(
+                    f"ok  {label} {ptxas_usage(ptx)} smem={compiled.metadata.shared} "
+                    f"ld.v4={ptx.count('ld.global.v4')} ld.v2={ptx.count('ld.global.v2')} "
+                    f"cp.async={ptx.count('cp.async.cg') + ptx.count('cp.async.ca')} "
+                    f"cvt.e4m3={len(re.findall(r'cvt\.rn\.f16x2\.e4m3x2', ptx))} mma={ptx.count('mma.sync')}",
+                    flush=True,
+                )
     return 1 if failures else 0
 
 

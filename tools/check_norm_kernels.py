@@ -16,8 +16,13 @@ import numpy as np
 
 # (rows, n, dtype name, eps): n a power of two and not (a masked tile), one row and several, bf16 and f32,
 # the hidden sizes of the benchmark shapes (1536, 4096)
-CASES = [(1, 1536, "bfloat16", 1e-6), (3, 4096, "bfloat16", 1e-5), (5, 96, "float32", 1e-6),
-         (2, 1536, "float32", 1e-5), (7, 40, "bfloat16", 1e-6)]
+CASES = [
+    (1, 1536, "bfloat16", 1e-6),
+    (3, 4096, "bfloat16", 1e-5),
+    (5, 96, "float32", 1e-6),
+    (2, 1536, "float32", 1e-5),
+    (7, 40, "bfloat16", 1e-6),
+]
 
 
 def patch_interpreter_rne() -> None:
@@ -58,8 +63,8 @@ def interpret() -> int:
     import ml_dtypes
 
     from ember.compiler.ops import norm
-    from ember.tools.check_quant_kernels import HostBuffer
     from ember.compiler.ops.norm_gpu import add_rms_norm_kernel, launch_plan, rms_norm_kernel
+    from ember.tools.check_quant_kernels import HostBuffer
 
     failures = 0
     rng = np.random.default_rng(0)
@@ -69,21 +74,28 @@ def interpret() -> int:
         y = rng.standard_normal((rows, n)).astype(dtype)
         w = rng.uniform(0.5, 1.5, n).astype(dtype)
         plan = launch_plan(rows, n)
-        want_s, want = (np.asarray(a).astype(np.float32)
-                        for a in norm.add_rms_norm(jnp.asarray(x), jnp.asarray(y), jnp.asarray(w), eps=eps))
+        want_s, want = (
+            np.asarray(a).astype(np.float32)
+            for a in norm.add_rms_norm(jnp.asarray(x), jnp.asarray(y), jnp.asarray(w), eps=eps)
+        )
         want_alone = np.asarray(norm.rms_norm(jnp.asarray(x), jnp.asarray(w), eps=eps)).astype(np.float32)
         s, out, alone = (HostBuffer(np.zeros((rows, n), dtype)) for _ in range(3))
         add_rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(y), HostBuffer(w), s, out, EPS=eps, **plan["meta"])
         rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), alone, EPS=eps, **plan["meta"])
         # the sum is rounded as the reference rounds it: equal; the norm within one rounding of the dtype
-        tol = 1e-5 if dtype_name == "float32" else 2 ** -7
+        tol = 1e-5 if dtype_name == "float32" else 2**-7
         sum_ok = np.array_equal(s.array.astype(np.float32), want_s)
-        errs = [float(np.max(np.abs(got.array.astype(np.float32) - ref) / (np.abs(ref) + 1e-3)))
-                for got, ref in ((out, want), (alone, want_alone))]
+        errs = [
+            float(np.max(np.abs(got.array.astype(np.float32) - ref) / (np.abs(ref) + 1e-3)))
+            for got, ref in ((out, want), (alone, want_alone))
+        ]
         bad = not sum_ok or max(errs) > tol
         failures += bad
-        print(f"{'BAD' if bad else 'ok '} rows={rows} n={n} {dtype_name:8} sum_equal={sum_ok} "
-              f"rel_err add_rms_norm={errs[0]:.1e} rms_norm={errs[1]:.1e}", flush=True)
+        print(
+            f"{'BAD' if bad else 'ok '} rows={rows} n={n} {dtype_name:8} sum_equal={sum_ok} "
+            f"rel_err add_rms_norm={errs[0]:.1e} rms_norm={errs[1]:.1e}",
+            flush=True,
+        )
     return 1 if failures else 0
 
 
@@ -106,8 +118,8 @@ def interpret_quantized() -> int:
     failures = 0
     rng = np.random.default_rng(1)
     for (rows, n, dtype_name), order, add in itertools.product(
-            ((1, 1536, "bfloat16"), (3, 4096, "float32"), (2, 96, "bfloat16")), ("q4_k", "q6_k"),
-            ("", "add", "partials")):
+        ((1, 1536, "bfloat16"), (3, 4096, "float32"), (2, 96, "bfloat16")), ("q4_k", "q6_k"), ("", "add", "partials")
+    ):
         dtype = ml_dtypes.bfloat16 if dtype_name == "bfloat16" else np.float32
         x = (rng.standard_normal((rows, n)) * 3).astype(dtype)
         y = rng.standard_normal((rows, n)).astype(dtype)
@@ -125,21 +137,27 @@ def interpret_quantized() -> int:
                     y = y + parts[k, :rows]
                 y = y.astype(dtype)
                 operand, extra = HostBuffer(parts), {"SPLITS": 5, "ROWS_PAD": rows + 2}
-            add_rms_norm_quant_kernel[plan["grid"]](HostBuffer(x), operand, HostBuffer(w), s, out, qa, da,
-                                                    EPS=1e-6, ASM=False, **plan["meta"], **extra)
-            add_rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(y), HostBuffer(w), s_plain, out_plain,
-                                              EPS=1e-6, **base)
+            add_rms_norm_quant_kernel[plan["grid"]](
+                HostBuffer(x), operand, HostBuffer(w), s, out, qa, da, EPS=1e-6, ASM=False, **plan["meta"], **extra
+            )
+            add_rms_norm_kernel[plan["grid"]](
+                HostBuffer(x), HostBuffer(y), HostBuffer(w), s_plain, out_plain, EPS=1e-6, **base
+            )
         else:
-            rms_norm_quant_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), out, qa, da, EPS=1e-6, ASM=False,
-                                                **plan["meta"])
+            rms_norm_quant_kernel[plan["grid"]](
+                HostBuffer(x), HostBuffer(w), out, qa, da, EPS=1e-6, ASM=False, **plan["meta"]
+            )
             rms_norm_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), out_plain, EPS=1e-6, **base)
         rows_equal = np.array_equal(out.array, out_plain.array) and (not add or np.array_equal(s.array, s_plain.array))
         qa_ref, da_ref = (np.asarray(a) for a in quantize_activations(jnp.asarray(out.array.astype(np.float32)), order))
         mismatch, note = compare_activations(qa.array, da.array, qa_ref, da_ref)
         bad = not rows_equal or mismatch
         failures += bad
-        print(f"{'BAD' if bad else 'ok '} norm+quantize {add + ' ' if add else ''}{order} rows={rows} n={n} "
-              f"{dtype_name} rows equal={rows_equal} {note}", flush=True)
+        print(
+            f"{'BAD' if bad else 'ok '} norm+quantize {add + ' ' if add else ''}{order} rows={rows} n={n} "
+            f"{dtype_name} rows equal={rows_equal} {note}",
+            flush=True,
+        )
     return 1 if failures else 0
 
 

@@ -45,7 +45,7 @@ def random_case(rng, *, chunk, num_tokens, start, hq, hkv, dh, page, window, dty
     v_pool = rng.standard_normal(pool_shape).astype(dtype)
     table = rng.permutation(np.arange(1, num_blocks))[:width].astype(np.int32)
     if window > 0:
-        table[:max(0, start - window + 1) // page] = 0
+        table[: max(0, start - window + 1) // page] = 0
     q = rng.standard_normal((chunk, hq, dh)).astype(dtype)
     positions = np.zeros(chunk, np.int32)
     positions[:num_tokens] = np.arange(start, start + num_tokens)
@@ -70,7 +70,7 @@ def interpret() -> int:
     patch_interpreter()
     import ml_dtypes
 
-    from ember.compiler.ops.attention_gpu.prefill import (PrefillAttentionConfig, combine_splits, launch_plan)
+    from ember.compiler.ops.attention_gpu.prefill import PrefillAttentionConfig, combine_splits, launch_plan
     from ember.compiler.ops.attention_gpu.prefill_kernel import prefill_attention_kernel
 
     cases = [  # chunk, valid, start, hq, hkv, dh, page, window, block_m, block_n, splits
@@ -88,16 +88,40 @@ def interpret() -> int:
     for dtype in (np.float32, ml_dtypes.bfloat16):
         for chunk, valid, start, hq, hkv, dh, page, window, bm, bn, splits in cases:
             q, k_pool, v_pool, table, positions = random_case(
-                rng, chunk=chunk, num_tokens=valid, start=start, hq=hq, hkv=hkv, dh=dh, page=page,
-                window=window, dtype=dtype)
-            scale = dh ** -0.5
-            plan = launch_plan(chunk, hq, hkv, dh, page, len(table), scale=scale,
-                               config=PrefillAttentionConfig(block_m=bm, block_n=bn, kv_splits=splits))
+                rng,
+                chunk=chunk,
+                num_tokens=valid,
+                start=start,
+                hq=hq,
+                hkv=hkv,
+                dh=dh,
+                page=page,
+                window=window,
+                dtype=dtype,
+            )
+            scale = dh**-0.5
+            plan = launch_plan(
+                chunk,
+                hq,
+                hkv,
+                dh,
+                page,
+                len(table),
+                scale=scale,
+                config=PrefillAttentionConfig(block_m=bm, block_n=bn, kv_splits=splits),
+            )
             info = np.array([positions[0], valid, window], np.int32)
             bufs = _output_buffers(plan.splits, chunk, hq, dh, dtype)
-            prefill_attention_kernel[plan.grid](HostBuffer(q), HostBuffer(k_pool), HostBuffer(v_pool),
-                                                IntBuffer(table), IntBuffer(info), *bufs,
-                                                IEEE=dtype == np.float32, **plan.meta)
+            prefill_attention_kernel[plan.grid](
+                HostBuffer(q),
+                HostBuffer(k_pool),
+                HostBuffer(v_pool),
+                IntBuffer(table),
+                IntBuffer(info),
+                *bufs,
+                IEEE=dtype == np.float32,
+                **plan.meta,
+            )
             got = bufs[0].array.astype(np.float32)
             if plan.splits > 1:
                 got = np.asarray(combine_splits(got, bufs[1].array, bufs[2].array))
@@ -107,12 +131,16 @@ def interpret() -> int:
             tol = 2e-5 if dtype == np.float32 else 1e-2
             bad = not (err < tol and np.isfinite(got).all())
             failures += bad
-            print(f"{'BAD' if bad else 'ok '} {np.dtype(dtype).name:8} C={chunk} valid={valid} start={start} "
-                  f"hq={hq} hkv={hkv} dh={dh} page={page} window={window} bm={plan.block_m} bn={bn} "
-                  f"splits={plan.splits} err={err:.1e}", flush=True)
+            print(
+                f"{'BAD' if bad else 'ok '} {np.dtype(dtype).name:8} C={chunk} valid={valid} start={start} "
+                f"hq={hq} hkv={hkv} dh={dh} page={page} window={window} bm={plan.block_m} bn={bn} "
+                f"splits={plan.splits} err={err:.1e}",
+                flush=True,
+            )
     for dtype in (np.float32, ml_dtypes.bfloat16):
-        failures += _interpret_segments(rng, dtype, launch_plan, combine_splits, PrefillAttentionConfig,
-                                        prefill_attention_kernel)
+        failures += _interpret_segments(
+            rng, dtype, launch_plan, combine_splits, PrefillAttentionConfig, prefill_attention_kernel
+        )
     return 1 if failures else 0
 
 
@@ -121,8 +149,11 @@ def _output_buffers(splits: int, rows: int, hq: int, dh: int, dtype) -> list:
     if splits == 1:
         outs = [np.full((rows, hq, dh), np.nan, dtype), np.zeros(1, np.float32), np.zeros(1, np.float32)]
     else:
-        outs = [np.full((splits, rows, hq, dh), np.nan, np.float32), np.full((splits, rows, hq), np.nan, np.float32),
-                np.full((splits, rows, hq), np.nan, np.float32)]
+        outs = [
+            np.full((splits, rows, hq, dh), np.nan, np.float32),
+            np.full((splits, rows, hq), np.nan, np.float32),
+            np.full((splits, rows, hq), np.nan, np.float32),
+        ]
     return [HostBuffer(o) for o in outs]
 
 
@@ -136,38 +167,78 @@ def _interpret_segments(rng, dtype, launch_plan, combine_splits, config_cls, ker
     """Several chunks (one per sequence) in one launch: SEGMENTS > 1 over one shared pool."""
     failures = 0
     for segments, chunk, hq, hkv, dh, page, window, bm, bn, splits in SEGMENT_CASES:
-        cases = [random_case(rng, chunk=chunk, num_tokens=valid, start=start, hq=hq, hkv=hkv, dh=dh, page=page,
-                             window=window, dtype=dtype) for valid, start in segments]
+        cases = [
+            random_case(
+                rng,
+                chunk=chunk,
+                num_tokens=valid,
+                start=start,
+                hq=hq,
+                hkv=hkv,
+                dh=dh,
+                page=page,
+                window=window,
+                dtype=dtype,
+            )
+            for valid, start in segments
+        ]
         offsets = np.cumsum([0] + [c[1].shape[0] for c in cases])
         k_pool = np.concatenate([c[1] for c in cases])
         v_pool = np.concatenate([c[2] for c in cases])
         width = max(len(c[3]) for c in cases)
         tables = np.zeros((len(cases), width), np.int32)
         for s, c in enumerate(cases):  # each table into its own part of the pool (block 0 stays block 0)
-            tables[s, :len(c[3])] = np.where(c[3] > 0, c[3] + offsets[s], 0)
+            tables[s, : len(c[3])] = np.where(c[3] > 0, c[3] + offsets[s], 0)
         q = np.concatenate([c[0] for c in cases])
         positions = np.concatenate([c[4] for c in cases])
         info = np.array([[c[4][0], valid, window] for c, (valid, _) in zip(cases, segments)], np.int32)
-        plan = launch_plan(chunk, hq, hkv, dh, page, width, scale=dh ** -0.5, segments=len(cases),
-                           config=config_cls(block_m=bm, block_n=bn, kv_splits=splits))
+        plan = launch_plan(
+            chunk,
+            hq,
+            hkv,
+            dh,
+            page,
+            width,
+            scale=dh**-0.5,
+            segments=len(cases),
+            config=config_cls(block_m=bm, block_n=bn, kv_splits=splits),
+        )
         bufs = _output_buffers(plan.splits, len(cases) * chunk, hq, dh, dtype)
-        kernel[plan.grid](HostBuffer(q), HostBuffer(k_pool), HostBuffer(v_pool), IntBuffer(tables), IntBuffer(info),
-                          *bufs, IEEE=dtype == np.float32, **plan.meta)
+        kernel[plan.grid](
+            HostBuffer(q),
+            HostBuffer(k_pool),
+            HostBuffer(v_pool),
+            IntBuffer(tables),
+            IntBuffer(info),
+            *bufs,
+            IEEE=dtype == np.float32,
+            **plan.meta,
+        )
         got = bufs[0].array.astype(np.float32)
         if plan.splits > 1:
             got = np.asarray(combine_splits(got, bufs[1].array, bufs[2].array))
         err = 0.0
         for s, (valid, _) in enumerate(segments):
             if valid:
-                expected = reference_output(q[s * chunk:(s + 1) * chunk], k_pool, v_pool, tables[s],
-                                            positions[s * chunk:(s + 1) * chunk], window, dh ** -0.5)
-                seg = got[s * chunk:(s + 1) * chunk]
+                expected = reference_output(
+                    q[s * chunk : (s + 1) * chunk],
+                    k_pool,
+                    v_pool,
+                    tables[s],
+                    positions[s * chunk : (s + 1) * chunk],
+                    window,
+                    dh**-0.5,
+                )
+                seg = got[s * chunk : (s + 1) * chunk]
                 err = max(err, float((np.abs(seg - expected) / (1 + np.abs(expected)))[:valid].max()))
         tol = 2e-5 if dtype == np.float32 else 1e-2
         bad = not (err < tol and np.isfinite(got).all())
         failures += bad
-        print(f"{'BAD' if bad else 'ok '} {np.dtype(dtype).name:8} segments={len(cases)} C={chunk} "
-              f"hq={hq} hkv={hkv} window={window} splits={plan.splits} err={err:.1e}", flush=True)
+        print(
+            f"{'BAD' if bad else 'ok '} {np.dtype(dtype).name:8} segments={len(cases)} C={chunk} "
+            f"hq={hq} hkv={hkv} window={window} splits={plan.splits} err={err:.1e}",
+            flush=True,
+        )
     return failures
 
 
@@ -194,32 +265,42 @@ def compile_all() -> int:
 
     failures = 0
     # (chunk, hq, hkv, dh, page, table width, config changes): Qwen2.5-1.5B, Llama-3-8B, Gemma-3-270M shapes
-    shapes = [(512, 12, 2, 128, 16, 1024, {}), (4096, 32, 8, 128, 16, 1024, {}), (16, 32, 8, 128, 16, 1024, {}),
-              (256, 4, 1, 256, 32, 64, {}), (64, 16, 16, 64, 16, 256, {}), (4096, 16, 16, 64, 16, 1024, {}),
-              (4096, 32, 8, 128, 16, 1024, dict(block_n=128)),  # the largest tiles of the bench sweep
-              (4096, 32, 8, 128, 16, 1024, dict(block_n=128, num_stages=2))]
+    shapes = [
+        (512, 12, 2, 128, 16, 1024, {}),
+        (4096, 32, 8, 128, 16, 1024, {}),
+        (16, 32, 8, 128, 16, 1024, {}),
+        (256, 4, 1, 256, 32, 64, {}),
+        (64, 16, 16, 64, 16, 256, {}),
+        (4096, 16, 16, 64, 16, 1024, {}),
+        (4096, 32, 8, 128, 16, 1024, dict(block_n=128)),  # the largest tiles of the bench sweep
+        (4096, 32, 8, 128, 16, 1024, dict(block_n=128, num_stages=2)),
+    ]
     for dtype in ("bf16", "fp32"):
         for chunk, hq, hkv, dh, page, width, changes in shapes:
             if changes and dtype == "fp32":  # the sweep's tile variants are bf16 ones
                 continue
             config = replace(pick_config(dh, "float32" if dtype == "fp32" else "bfloat16"), **changes)
-            plan = launch_plan(chunk, hq, hkv, dh, page, width, scale=dh ** -0.5, config=config)
+            plan = launch_plan(chunk, hq, hkv, dh, page, width, scale=dh**-0.5, config=config)
             out_dtype = dtype if plan.splits == 1 else "fp32"
             types = ["*" + dtype, "*" + dtype, "*" + dtype, "*i32", "*i32", "*" + out_dtype, "*fp32", "*fp32"]
             constants = dict(plan.meta, IEEE=dtype == "fp32")
             try:
-                compiled = compile_sm90(kernel, types, constants, num_warps=config.num_warps,
-                                        num_stages=config.num_stages)
+                compiled = compile_sm90(
+                    kernel, types, constants, num_warps=config.num_warps, num_stages=config.num_stages
+                )
             except Exception as error:  # report every shape, then fail
                 failures += 1
                 print(f"FAIL {dtype} C={chunk} {hq}/{hkv}/{dh} page={page} {config}: {error}", flush=True)
                 continue
             ptx = compiled.asm["ptx"]
-            print(f"ok  {dtype} C={chunk:<5} hq/hkv/dh={hq}/{hkv}/{dh} page={page} grid={plan.grid} "
-                  f"bm={plan.block_m} bn={plan.block_n} warps={config.num_warps} stages={config.num_stages} "
-                  f"smem={compiled.metadata.shared} {resource_usage(compiled)} "
-                  f"wgmma={ptx.count('wgmma.mma_async')} mma={ptx.count('mma.sync')} "
-                  f"cp.async={ptx.count('cp.async.cg') + ptx.count('cp.async.ca')}", flush=True)
+            print(
+                f"ok  {dtype} C={chunk:<5} hq/hkv/dh={hq}/{hkv}/{dh} page={page} grid={plan.grid} "
+                f"bm={plan.block_m} bn={plan.block_n} warps={config.num_warps} stages={config.num_stages} "
+                f"smem={compiled.metadata.shared} {resource_usage(compiled)} "
+                f"wgmma={ptx.count('wgmma.mma_async')} mma={ptx.count('mma.sync')} "
+                f"cp.async={ptx.count('cp.async.cg') + ptx.count('cp.async.ca')}",
+                flush=True,
+            )
     return 1 if failures else 0
 
 

@@ -24,8 +24,12 @@ import sys
 
 import numpy as np
 
-PLANE_TYPES = {"q4_k": ["*u32", "*u32", "*fp16", "*fp16"], "q6_k": ["*u32", "*u32", "*i8", "*fp16"],
-               "q8_0": ["*i8", "*fp16"], "q5_0": ["*u8", "*u32", "*fp16"]}
+PLANE_TYPES = {
+    "q4_k": ["*u32", "*u32", "*fp16", "*fp16"],
+    "q6_k": ["*u32", "*u32", "*i8", "*fp16"],
+    "q8_0": ["*i8", "*fp16"],
+    "q5_0": ["*u8", "*u32", "*fp16"],
+}
 
 
 def patch_interpreter() -> None:
@@ -73,8 +77,16 @@ class HostBuffer:
     def __init__(self, array: np.ndarray) -> None:
         import ml_dtypes
 
-        names = {np.uint32: "u32", np.int32: "i32", np.int8: "i8", np.uint8: "u8", np.float16: "fp16",
-                 np.float32: "fp32", ml_dtypes.bfloat16: "bf16", ml_dtypes.float8_e4m3fn: "fp8e4nv"}
+        names = {
+            np.uint32: "u32",
+            np.int32: "i32",
+            np.int8: "i8",
+            np.uint8: "u8",
+            np.float16: "fp16",
+            np.float32: "fp32",
+            ml_dtypes.bfloat16: "bf16",
+            ml_dtypes.float8_e4m3fn: "fp8e4nv",
+        }
         self.array = np.ascontiguousarray(array)
         self.dtype = next(v for k, v in names.items() if self.array.dtype == np.dtype(k))
 
@@ -105,14 +117,22 @@ def interpret(formats: list[str]) -> int:
                 for config in configs:
                     plan = launch_plan(fmt, m, out, inner, config)
                     y = HostBuffer(np.zeros((plan["split_k"], m, out), dtype if plan["split_k"] == 1 else np.float32))
-                    kernel[plan["grid"]](HostBuffer(x), *(HostBuffer(w.planes[n]) for n in names), y,
-                                         IEEE=dtype == np.float32, **plan["meta"])
+                    kernel[plan["grid"]](
+                        HostBuffer(x),
+                        *(HostBuffer(w.planes[n]) for n in names),
+                        y,
+                        IEEE=dtype == np.float32,
+                        **plan["meta"],
+                    )
                     got = y.array.astype(np.float32).sum(axis=0)
                     err = float(np.abs(got - expected).max() / np.abs(expected).max())
                     tol = 1e-4 if dtype == np.float32 else 1e-2
                     failures += err >= tol
-                    print(f"{'ok ' if err < tol else 'BAD'} {fmt} m={m:<2} {np.dtype(dtype).name:8} "
-                          f"block_n={config.block_n} split_k={plan['split_k']} rel_err={err:.1e}", flush=True)
+                    print(
+                        f"{'ok ' if err < tol else 'BAD'} {fmt} m={m:<2} {np.dtype(dtype).name:8} "
+                        f"block_n={config.block_n} split_k={plan['split_k']} rel_err={err:.1e}",
+                        flush=True,
+                    )
     return 1 if failures else 0
 
 
@@ -161,9 +181,12 @@ def interpret_rows(formats: list[str]) -> int:
                 bad = not err < tol  # NaN (an unwritten row or split) fails too
                 failures += bad
                 meta = plan["meta"]
-                print(f"{'BAD' if bad else 'ok '} rows {fmt} {out}x{inner} m={m} {dtype_name:8} block_n={block_n} "
-                      f"grid={plan['grid'][:2]} S={meta['S']} units/split={meta['UNITS_PER_SPLIT']} "
-                      f"prefetch={meta['PREFETCH']} exact={meta.get('EXACT', '-')} rel_err={err:.1e}", flush=True)
+                print(
+                    f"{'BAD' if bad else 'ok '} rows {fmt} {out}x{inner} m={m} {dtype_name:8} block_n={block_n} "
+                    f"grid={plan['grid'][:2]} S={meta['S']} units/split={meta['UNITS_PER_SPLIT']} "
+                    f"prefetch={meta['PREFETCH']} exact={meta.get('EXACT', '-')} rel_err={err:.1e}",
+                    flush=True,
+                )
     return 1 if failures else 0
 
 
@@ -178,16 +201,25 @@ def compile_sm90(kernel, types: list[str], constants: dict, *, num_warps: int, n
     signature.update({name: "constexpr" for name in constants})
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(types))}
     source = ASTSource(kernel, signature, constexprs=constants, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+    return triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
+    )
 
 
 def compile_all(formats: list[str]) -> int:
     from ember.compiler.ops.quant import launch_plan, pick_config
     from ember.compiler.ops.quant.triton_kernels import KERNELS
 
-    shapes = [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (151936, 1536),
-              (4096, 4096), (14336, 4096), (4096, 14336)]
+    shapes = [
+        (1536, 1536),
+        (256, 1536),
+        (8960, 1536),
+        (1536, 8960),
+        (151936, 1536),
+        (4096, 4096),
+        (14336, 4096),
+        (4096, 14336),
+    ]
     failures = 0
     for fmt in formats:
         kernel, _ = KERNELS[fmt]
@@ -201,17 +233,25 @@ def compile_all(formats: list[str]) -> int:
                     out_dtype = dtype if plan["split_k"] == 1 else "fp32"
                     types = ["*" + dtype, *PLANE_TYPES[fmt], "*" + out_dtype]
                     try:
-                        compiled = compile_sm90(kernel, types, dict(plan["meta"], IEEE=dtype == "fp32"),
-                                                num_warps=config.num_warps, num_stages=config.num_stages)
+                        compiled = compile_sm90(
+                            kernel,
+                            types,
+                            dict(plan["meta"], IEEE=dtype == "fp32"),
+                            num_warps=config.num_warps,
+                            num_stages=config.num_stages,
+                        )
                     except Exception as error:
                         failures += 1
                         print(f"FAIL {fmt} m={m} {dtype} {out}x{inner}: {error}", flush=True)
                         continue
                     ptx = compiled.asm["ptx"]
-                    print(f"ok  {fmt} m={m:<2} {dtype} {out:>6}x{inner:<5} grid={plan['grid']} "
-                          f"smem={compiled.metadata.shared:>6} {ptxas_usage(ptx)} ld.v4={ptx.count('ld.global.v4')} "
-                          f"cp.async={ptx.count('cp.async.cg') + ptx.count('cp.async.ca')} "
-                          f"mma={ptx.count('mma.sync')}", flush=True)
+                    print(
+                        f"ok  {fmt} m={m:<2} {dtype} {out:>6}x{inner:<5} grid={plan['grid']} "
+                        f"smem={compiled.metadata.shared:>6} {ptxas_usage(ptx)} ld.v4={ptx.count('ld.global.v4')} "
+                        f"cp.async={ptx.count('cp.async.cg') + ptx.count('cp.async.ca')} "
+                        f"mma={ptx.count('mma.sync')}",
+                        flush=True,
+                    )
     return 1 if failures else 0
 
 
@@ -229,8 +269,9 @@ def ptxas_usage(ptx: str) -> str:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
-        done = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.cubin")], capture_output=True, text=True
+        )
     info = done.stdout + done.stderr
     regs = re.search(r"Used (\d+) registers", info)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
@@ -251,8 +292,15 @@ def rows_compile_configs(fmt: str) -> list[tuple[int, tuple[int, int], object]]:
     for m, target in ((1, 16), (4, 8)):  # the candidates' largest accumulator per thread (rows_candidates)
         warps = (8 if fmt in ("q8_0", "q5_0") else 1) * 64 * acc // (32 * target)
         if warps <= 8:
-            cases.append((m, shape, QuantMatmulConfig(variant="rows", block_n=64, split_k=1, sb_per_step=1,
-                                                      num_warps=warps, num_stages=1)))
+            cases.append(
+                (
+                    m,
+                    shape,
+                    QuantMatmulConfig(
+                        variant="rows", block_n=64, split_k=1, sb_per_step=1, num_warps=warps, num_stages=1
+                    ),
+                )
+            )
     return cases
 
 
@@ -270,20 +318,30 @@ def compile_rows(formats: list[str]) -> int:
             dtype = "bf16"
             plan = launch_plan(fmt, m, out, inner, config)
             out_dtype = dtype if plan["split_k"] == 1 else "fp32"
-            label = (f"{fmt} m={m} {out:>6}x{inner:<5} bn={config.block_n:<2} split={plan['split_k']} "
-                     f"S={plan['meta']['S']:<2} warps={config.num_warps}")
+            label = (
+                f"{fmt} m={m} {out:>6}x{inner:<5} bn={config.block_n:<2} split={plan['split_k']} "
+                f"S={plan['meta']['S']:<2} warps={config.num_warps}"
+            )
             try:
-                compiled = compile_sm90(kernel, ["*" + dtype, *PLANE_TYPES[fmt], "*" + out_dtype], dict(plan["meta"]),
-                                        num_warps=config.num_warps, num_stages=config.num_stages)
+                compiled = compile_sm90(
+                    kernel,
+                    ["*" + dtype, *PLANE_TYPES[fmt], "*" + out_dtype],
+                    dict(plan["meta"]),
+                    num_warps=config.num_warps,
+                    num_stages=config.num_stages,
+                )
             except Exception as error:
                 failures += 1
                 print(f"FAIL {label}: {error}", flush=True)
                 continue
             ptx = compiled.asm["ptx"]
-            print(f"ok  {label} {ptxas_usage(ptx)} smem={compiled.metadata.shared} "
-                  f"ld.v4={ptx.count('ld.global.v4')} ld.v2={ptx.count('ld.global.v2')} "
-                  f"cvt.f32.int={len(re.findall(r'cvt\.rn\.f32\.[su]', ptx))} "
-                  f"cp.async={ptx.count('cp.async')}", flush=True)
+            print(
+                f"ok  {label} {ptxas_usage(ptx)} smem={compiled.metadata.shared} "
+                f"ld.v4={ptx.count('ld.global.v4')} ld.v2={ptx.count('ld.global.v2')} "
+                f"cvt.f32.int={len(re.findall(r'cvt\.rn\.f32\.[su]', ptx))} "
+                f"cp.async={ptx.count('cp.async')}",
+                flush=True,
+            )
     return 1 if failures else 0
 
 

@@ -1,7 +1,7 @@
 """Check the q/k/v split kernel (compiler/ops/split_columns_gpu.py) without a GPU (needs only triton==3.6.0).
 
-  python -m ember.tools.check_split_kernels interpret   run it in Triton's CPU interpreter against np.split on
-                                                        CASES: every output bit-equal, nothing written past its end
+python -m ember.tools.check_split_kernels interpret   run it in Triton's CPU interpreter against np.split on
+                                                      CASES: every output bit-equal, nothing written past its end
 """
 
 from __future__ import annotations
@@ -13,8 +13,12 @@ import numpy as np
 
 # (rows, sizes, dtype name): the 8B's q/k/v (4096, 1024, 1024), sizes that are not multiples of the tile,
 # and the 1.5B's (1536, 256, 256) at several rows
-CASES = [(1, (4096, 1024, 1024), "bfloat16"), (3, (1536, 256, 256), "bfloat16"), (2, (100, 30, 1000), "float32"),
-         (5, (7, 1030, 5), "bfloat16")]
+CASES = [
+    (1, (4096, 1024, 1024), "bfloat16"),
+    (3, (1536, 256, 256), "bfloat16"),
+    (2, (100, 30, 1000), "float32"),
+    (5, (7, 1030, 5), "bfloat16"),
+]
 
 
 def interpret() -> int:
@@ -36,8 +40,11 @@ def interpret() -> int:
         grid = (rows, -(-sum(sizes) // BLOCK))
         split_columns_kernel[grid](HostBuffer(y), *outs, S0=sizes[0], S1=sizes[1], S2=sizes[2], BLOCK=BLOCK)
         want = np.split(y, np.cumsum(sizes)[:-1], axis=1)
-        equal = all(np.array_equal(o.array[:rows * size].reshape(rows, size), w) and np.isnan(
-            o.array[rows * size:].astype(np.float32)).all() for o, w, size in zip(outs, want, sizes))
+        equal = all(
+            np.array_equal(o.array[: rows * size].reshape(rows, size), w)
+            and np.isnan(o.array[rows * size :].astype(np.float32)).all()
+            for o, w, size in zip(outs, want, sizes)
+        )
         failures += not equal
         print(f"{'ok ' if equal else 'BAD'} rows={rows} sizes={sizes} {dtype_name}", flush=True)
     print(f"{len(CASES) - failures}/{len(CASES)} passed")

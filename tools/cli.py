@@ -24,15 +24,18 @@ def _generate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     model = load_model(path, target=args.target, progress=True)
     tokenizer = load_tokenizer(model.checkpoint)
-    print(f"loaded {path.name} ({model.spec.arch}, {model.dims.layers} layers) in "
-          f"{time.perf_counter() - started:.1f}s", file=sys.stderr)
+    print(
+        f"loaded {path.name} ({model.spec.arch}, {model.dims.layers} layers) in {time.perf_counter() - started:.1f}s",
+        file=sys.stderr,
+    )
     if args.chat:
         text = render_chat(tokenizer, [{"role": "user", "content": args.prompt}])
         prompt_ids = tokenizer.encode(text, add_special_tokens=False)
     else:
         prompt_ids = tokenizer.encode(args.prompt, add_special_tokens=True)
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                            max_tokens=args.max_tokens)
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens
+    )
     params.validate(int(model.dims.vocab))
     stats = GenerationStats()
     eos = end_of_generation_ids(tokenizer, model.checkpoint.generation_config)
@@ -87,8 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     srv.set_defaults(run=_serve)
 
     gen = sub.add_parser("generate", help="generate text from a prompt")
-    gen.add_argument("--model", default=os.environ.get("EMBER_MODEL", "qwen2.5-coder-1.5b-instruct"),
-                     help="a known model name or a path to a GGUF file / HF checkpoint folder")
+    gen.add_argument(
+        "--model",
+        default=os.environ.get("EMBER_MODEL", "qwen2.5-coder-1.5b-instruct"),
+        help="a known model name or a path to a GGUF file / HF checkpoint folder",
+    )
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template (one user message)")
     gen.add_argument("--max-tokens", type=_positive_int, default=256)
@@ -99,12 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--target", default=os.environ.get("EMBER_TARGET", "cpu"))
     gen.set_defaults(run=_generate)
 
-    bench = sub.add_parser("bench", help="aggregate throughput through the engine at several concurrencies (JSON); "
-                                         "--suite: the benchmark suite (JSON + markdown + PNG in --out)")
+    bench = sub.add_parser(
+        "bench",
+        help="aggregate throughput through the engine at several concurrencies (JSON); "
+        "--suite: the benchmark suite (JSON + markdown + PNG in --out)",
+    )
     bench.add_argument("--model", default=os.environ.get("EMBER_MODEL", "qwen2.5-coder-1.5b-instruct"))
     bench.add_argument("--target", default=os.environ.get("EMBER_TARGET", "cpu"))
-    bench.add_argument("--concurrency", type=_positive_int, nargs="+",
-                       help="concurrent requests per run (default 1 4 16; --suite: 1 2 4 ... 256)")
+    bench.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        nargs="+",
+        help="concurrent requests per run (default 1 4 16; --suite: 1 2 4 ... 256)",
+    )
     bench.add_argument("--prompt-tokens", type=_positive_int, help="default 256")
     bench.add_argument("--output-tokens", type=_positive_int, help="default 128 (--suite: 256)")
     bench.add_argument("--deterministic", action="store_true")
@@ -117,15 +130,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     suite = bench.add_argument_group("suite (--suite)")
     suite.add_argument("--suite", action="store_true", help="run the benchmark suite (tools/bench_suite.py)")
-    suite.add_argument("--models", nargs="+", help="default: the issue's models (synthetic Qwen2.5-1.5B Q4_K_M, "
-                                                   "Llama-3-8B bf16 / Q4_K_M / FP8)")
+    suite.add_argument(
+        "--models",
+        nargs="+",
+        help="default: the issue's models (synthetic Qwen2.5-1.5B Q4_K_M, Llama-3-8B bf16 / Q4_K_M / FP8)",
+    )
     suite.add_argument("--sections", nargs="+", choices=SUITE_SECTIONS, help="default: all")
     suite.add_argument("--out", help="folder for bench.json, bench.md, decode_vs_concurrency.png")
     suite.add_argument("--commit", help="the commit measured (the device copy's git metadata may be stale)")
     suite.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
-    suite.add_argument("--contexts", type=_positive_int, nargs="+", help="batch-1 decode contexts (128 4096 16384 32768)")
+    suite.add_argument(
+        "--contexts", type=_positive_int, nargs="+", help="batch-1 decode contexts (128 4096 16384 32768)"
+    )
     suite.add_argument("--context-decode-tokens", type=_positive_int, help="decode tokens timed per context (32)")
-    suite.add_argument("--prefill-lengths", type=_positive_int, nargs="+", help="prefill prompt lengths (512 4096 16384)")
+    suite.add_argument(
+        "--prefill-lengths", type=_positive_int, nargs="+", help="prefill prompt lengths (512 4096 16384)"
+    )
     suite.add_argument("--prefill-chunk", type=_positive_int, help="batch-1 engine's max_batched_tokens (4096)")
     suite.add_argument("--ttft-concurrency", type=_positive_int, help="concurrency of the TTFT figure (32)")
     suite.add_argument("--bandwidth-gib", type=float, help="GiB each bandwidth probe (copy, read) streams (4.0)")
@@ -134,8 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--hf-device", help="torch device of the HF baseline (cuda)")
     suite.add_argument("--hf-python", help="Python with torch + transformers (default: this one)")
     suite.add_argument("--deadline-s", type=float, help="start no section after this many seconds")
-    suite.add_argument("--lazy-compile", action="store_true",
-                       help="compile each concurrency's step shapes in an untimed warm-up, not all up front")
+    suite.add_argument(
+        "--lazy-compile",
+        action="store_true",
+        help="compile each concurrency's step shapes in an untimed warm-up, not all up front",
+    )
     bench.set_defaults(run=_bench)
 
     comp = sub.add_parser("compile", help="compile specs into generated plans")

@@ -32,7 +32,11 @@ def decode_rate(model, steps: int = 64) -> dict:
         token = int(np.argmax(runner.decode(token)))
     seconds = (time.perf_counter() - start) / steps
     weight_bytes = sum(a.nbytes for group in (model.params.globals, *model.params.layers) for a in group.values())
-    return {"ms_per_token": round(seconds * 1e3, 3), "tokens_per_s": round(1 / seconds, 1), "weight_bytes": weight_bytes}
+    return {
+        "ms_per_token": round(seconds * 1e3, 3),
+        "tokens_per_s": round(1 / seconds, 1),
+        "weight_bytes": weight_bytes,
+    }
 
 
 def main() -> int:

@@ -31,8 +31,15 @@ def junit_counts(xml_text: str) -> dict[str, dict]:
         entry = files[path]
         entry["seconds"] = round(entry["seconds"] + float(case.get("time") or 0.0), 2)
         tags = {child.tag for child in case}
-        outcome = ("failed" if "failure" in tags else "errors" if "error" in tags
-                   else "skipped" if "skipped" in tags else "passed")
+        outcome = (
+            "failed"
+            if "failure" in tags
+            else "errors"
+            if "error" in tags
+            else "skipped"
+            if "skipped" in tags
+            else "passed"
+        )
         entry[outcome] += 1
         if outcome in ("failed", "errors"):
             entry["failures"].append(case.get("name"))
@@ -59,8 +66,13 @@ def summarize(xml_text: str, log_text: str, commit: str) -> dict:
     totals = {k: sum(f[k] for f in files.values()) for k in OUTCOMES}
     totals["hypothesis_examples_passing"] = sum(t["passing"] for t in examples.values())
     totals["hypothesis_examples_failing"] = sum(t["failing"] for t in examples.values())
-    return {"what": "the GPU test suite (pytest -m gpu) on the H200", "commit": commit, "totals": totals,
-            "files": files, "hypothesis": examples}
+    return {
+        "what": "the GPU test suite (pytest -m gpu) on the H200",
+        "commit": commit,
+        "totals": totals,
+        "files": files,
+        "hypothesis": examples,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,6 +72,8 @@ def measure(gib: float = 4.0) -> dict[str, float]:
     return {"copy_gb_s": round(copy_bandwidth(gib), 1), "read_gb_s": round(read_bandwidth(gib), 1)}
 
 
-METHOD = ("loop-count difference inside one executable (2 vs 10 passes, median of 5 each) over {gib} GiB "
-          "float32: copy x = -x (bytes read + written) and XLA's sum (bytes read); rooflines use the highest "
-          "figure of either")
+METHOD = (
+    "loop-count difference inside one executable (2 vs 10 passes, median of 5 each) over {gib} GiB "
+    "float32: copy x = -x (bytes read + written) and XLA's sum (bytes read); rooflines use the highest "
+    "figure of either"
+)

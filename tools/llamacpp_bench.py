@@ -37,28 +37,77 @@ def build(src: Path, build_dir: Path, *, cuda: bool, jobs: int) -> Path:
         with tarfile.open(src) as archive:
             archive.extractall(build_dir / "src", filter="data")
         src = next(p.parent for p in (build_dir / "src").glob("*/CMakeLists.txt"))
-    flags = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-             "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF"]
+    flags = [
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_SERVER=OFF",
+        "-DLLAMA_BUILD_APP=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+    ]
     if cuda:
         flags += ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90"]
     out = build_dir / "build"
     subprocess.run(["cmake", "-S", str(src), "-B", str(out), *flags], check=True, capture_output=True, text=True)
-    subprocess.run(["cmake", "--build", str(out), "--target", *BENCHES, "-j", str(jobs)], check=True,
-                   capture_output=True, text=True)
+    subprocess.run(
+        ["cmake", "--build", str(out), "--target", *BENCHES, "-j", str(jobs)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return out / "bin"
 
 
-def bench_command(binary: Path, model: Path, *, prompts: list[int], depths: list[int], gen: int, gpu: bool,
-                  repetitions: int) -> list[str]:
-    return [str(binary), "-m", str(model), "-ngl", "99" if gpu else "0", "-fa", "1", "-r", str(repetitions),
-            "-p", ",".join(map(str, prompts)), "-n", str(gen), "-d", ",".join(map(str, depths)), "-o", "json"]
+def bench_command(
+    binary: Path, model: Path, *, prompts: list[int], depths: list[int], gen: int, gpu: bool, repetitions: int
+) -> list[str]:
+    return [
+        str(binary),
+        "-m",
+        str(model),
+        "-ngl",
+        "99" if gpu else "0",
+        "-fa",
+        "1",
+        "-r",
+        str(repetitions),
+        "-p",
+        ",".join(map(str, prompts)),
+        "-n",
+        str(gen),
+        "-d",
+        ",".join(map(str, depths)),
+        "-o",
+        "json",
+    ]
 
 
 def batched_command(binary: Path, model: Path, *, streams: list[int], prompt: int, gen: int, gpu: bool) -> list[str]:
     context = max(streams) * (prompt + gen)
-    return [str(binary), "-m", str(model), "-ngl", "99" if gpu else "0", "-fa", "on", "-c", str(context),
-            "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", str(gen),
-            "-npl", ",".join(map(str, streams)), "--output-format", "jsonl"]
+    return [
+        str(binary),
+        "-m",
+        str(model),
+        "-ngl",
+        "99" if gpu else "0",
+        "-fa",
+        "on",
+        "-c",
+        str(context),
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+        "-npp",
+        str(prompt),
+        "-ntg",
+        str(gen),
+        "-npl",
+        ",".join(map(str, streams)),
+        "--output-format",
+        "jsonl",
+    ]
 
 
 def parse_bench(stdout: str) -> list[dict]:
@@ -66,9 +115,15 @@ def parse_bench(stdout: str) -> list[dict]:
     rows = []
     for record in json.loads(stdout):
         prompt, gen = int(record["n_prompt"]), int(record["n_gen"])
-        rows.append({"kind": "prefill" if prompt else "decode", "tokens": prompt or gen,
-                     "depth": int(record.get("n_depth", 0)), "tok_s": round(float(record["avg_ts"]), 2),
-                     "stddev": round(float(record["stddev_ts"]), 2)})
+        rows.append(
+            {
+                "kind": "prefill" if prompt else "decode",
+                "tokens": prompt or gen,
+                "depth": int(record.get("n_depth", 0)),
+                "tok_s": round(float(record["avg_ts"]), 2),
+                "stddev": round(float(record["stddev_ts"]), 2),
+            }
+        )
     return rows
 
 
@@ -80,18 +135,28 @@ def parse_batched(stdout: str) -> list[dict]:
         if not (line.startswith("{") and '"speed_tg"' in line):
             continue
         record = json.loads(line)
-        rows.append({"streams": int(record["pl"]), "prompt": int(record["pp"]), "gen": int(record["tg"]),
-                     "decode_tok_s": round(float(record["speed_tg"]), 2),
-                     "prefill_tok_s": round(float(record["speed_pp"]), 2),
-                     "overall_tok_s": round(float(record["speed"]), 2)})
+        rows.append(
+            {
+                "streams": int(record["pl"]),
+                "prompt": int(record["pp"]),
+                "gen": int(record["tg"]),
+                "decode_tok_s": round(float(record["speed_tg"]), 2),
+                "prefill_tok_s": round(float(record["speed_pp"]), 2),
+                "overall_tok_s": round(float(record["speed"]), 2),
+            }
+        )
     return rows
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# llama.cpp side by side — {result['device']}", "",
-             f"Ember commit {result['commit']}; llama.cpp from {result['source']}; built for "
-             f"{'CUDA sm_90' if result['gpu'] else 'the CPU'}; flash attention on; random weights at real shapes "
-             "(tools/write_gguf.py).", ""]
+    lines = [
+        f"# llama.cpp side by side — {result['device']}",
+        "",
+        f"Ember commit {result['commit']}; llama.cpp from {result['source']}; built for "
+        f"{'CUDA sm_90' if result['gpu'] else 'the CPU'}; flash attention on; random weights at real shapes "
+        "(tools/write_gguf.py).",
+        "",
+    ]
     for name, entry in result["models"].items():
         lines += [f"## {name}", ""]
         if "error" in entry:
@@ -99,12 +164,17 @@ def markdown(result: dict) -> str:
             continue
         lines += ["| test | tok/s |", "|---|---|"]
         for row in entry["bench"]:
-            test = (f"decode {row['tokens']} tokens at depth {row['depth']}" if row["kind"] == "decode"
-                    else f"prefill {row['tokens']} tokens at depth {row['depth']}")
+            test = (
+                f"decode {row['tokens']} tokens at depth {row['depth']}"
+                if row["kind"] == "decode"
+                else f"prefill {row['tokens']} tokens at depth {row['depth']}"
+            )
             lines.append(f"| {test} | {row['tok_s']:,.1f} ± {row['stddev']:,.1f} |")
         for row in entry["batched"]:
-            lines.append(f"| {row['streams']} streams, {row['prompt']} → {row['gen']} tokens: decode (prefill) | "
-                         f"{row['decode_tok_s']:,.1f} ({row['prefill_tok_s']:,.1f}) |")
+            lines.append(
+                f"| {row['streams']} streams, {row['prompt']} → {row['gen']} tokens: decode (prefill) | "
+                f"{row['decode_tok_s']:,.1f} ({row['prefill_tok_s']:,.1f}) |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -147,19 +217,44 @@ def main(argv: list[str] | None = None) -> int:
         files = {name: pool.submit(gguf_file, name, args.work, args.tokenizer) for name in args.models}
         bin_dir = build(args.src, args.work, cuda=gpu, jobs=os.cpu_count() or 2)
         build_s = round(time.perf_counter() - started, 1)
-        result = {"commit": args.commit, "device": "GPU (CUDA)" if gpu else "CPU", "gpu": gpu,
-                  "source": args.src.name, "build_s": build_s, "models": {}}
+        result = {
+            "commit": args.commit,
+            "device": "GPU (CUDA)" if gpu else "CPU",
+            "gpu": gpu,
+            "source": args.src.name,
+            "build_s": build_s,
+            "models": {},
+        }
         for name in args.models:
             entry = result["models"][name] = {}
             try:
                 path, entry["gguf_bytes"] = files[name].result()
                 run = lambda cmd: subprocess.run(cmd, check=True, capture_output=True, text=True).stdout  # noqa: E731
-                entry["bench"] = parse_bench(run(bench_command(
-                    bin_dir / "llama-bench", path, prompts=args.prompts, depths=args.depths, gen=args.gen, gpu=gpu,
-                    repetitions=args.repetitions)))
-                entry["batched"] = parse_batched(run(batched_command(
-                    bin_dir / "llama-batched-bench", path, streams=args.streams, prompt=args.stream_prompt,
-                    gen=args.stream_gen, gpu=gpu)))
+                entry["bench"] = parse_bench(
+                    run(
+                        bench_command(
+                            bin_dir / "llama-bench",
+                            path,
+                            prompts=args.prompts,
+                            depths=args.depths,
+                            gen=args.gen,
+                            gpu=gpu,
+                            repetitions=args.repetitions,
+                        )
+                    )
+                )
+                entry["batched"] = parse_batched(
+                    run(
+                        batched_command(
+                            bin_dir / "llama-batched-bench",
+                            path,
+                            streams=args.streams,
+                            prompt=args.stream_prompt,
+                            gen=args.stream_gen,
+                            gpu=gpu,
+                        )
+                    )
+                )
             except (subprocess.CalledProcessError, OSError, ValueError) as error:
                 detail = getattr(error, "stderr", "") or ""
                 entry["error"] = f"{type(error).__name__}: {error} {detail[-2000:]}".strip()

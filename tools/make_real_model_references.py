@@ -43,11 +43,27 @@ DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "real"
 DEFAULT_MODELS_DIR = Path.home() / ".cache" / "ember" / "models"
 # Config fields worth recording so a reader can see what transformers made of the GGUF metadata.
 _CONFIG_KEYS = (
-    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_parameters",
-    "tie_word_embeddings", "sliding_window", "layer_types", "query_pre_attn_scalar",
-    "final_logit_softcapping", "attn_logit_softcapping", "hidden_activation", "hidden_act",
-    "max_position_embeddings", "bos_token_id", "eos_token_id",
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "rope_parameters",
+    "tie_word_embeddings",
+    "sliding_window",
+    "layer_types",
+    "query_pre_attn_scalar",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+    "hidden_activation",
+    "hidden_act",
+    "max_position_embeddings",
+    "bos_token_id",
+    "eos_token_id",
 )
 
 
@@ -71,8 +87,10 @@ MODELS = (
         ),
         chat_prompts=(
             ({"role": "user", "content": "Write a Python function that checks whether a string is a palindrome."},),
-            ({"role": "system", "content": "You are a concise assistant."},
-             {"role": "user", "content": "What does the `yield` keyword do in Python? Answer in two sentences."}),
+            (
+                {"role": "system", "content": "You are a concise assistant."},
+                {"role": "user", "content": "What does the `yield` keyword do in Python? Answer in two sentences."},
+            ),
         ),
     ),
     RealModel(
@@ -92,7 +110,8 @@ MODELS = (
 def load(models_dir: Path, model: RealModel) -> tuple[torch.nn.Module, object]:
     tokenizer = AutoTokenizer.from_pretrained(models_dir, gguf_file=model.gguf_file)
     hf_model = AutoModelForCausalLM.from_pretrained(
-        models_dir, gguf_file=model.gguf_file, dtype=torch.float32, attn_implementation="eager")
+        models_dir, gguf_file=model.gguf_file, dtype=torch.float32, attn_implementation="eager"
+    )
     return hf_model.eval(), tokenizer
 
 
@@ -123,8 +142,12 @@ def greedy(hf_model: torch.nn.Module, prompt_ids: list[int]) -> tuple[np.ndarray
         margins.append(float(top2[0] - top2[1]))
         if step + 1 == GREEDY_NEW_TOKENS:
             break
-        out = hf_model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True,
-                       cache_position=torch.tensor([len(prompt_ids) + step]))
+        out = hf_model(
+            input_ids=torch.tensor([[token]]),
+            cache=cache,
+            use_cache=True,
+            cache_position=torch.tensor([len(prompt_ids) + step]),
+        )
         cache, logits = out.cache, out.logits[0, -1].float()
     return np.asarray(tokens, dtype=np.int32), np.asarray(margins, dtype=np.float32)
 
@@ -172,13 +195,16 @@ def make_reference(models_dir: Path, out_dir: Path, model: RealModel, passage: s
         "max_tail_mass": float(tail_mass.max()),
         "greedy_new_tokens": GREEDY_NEW_TOKENS,
         "greedy_prompts": [
-            {"kind": kind, "text": text, "add_special_tokens": special,
-             "continuation_text": tokenizer.decode(arrays[f"greedy_out_{k}"].tolist())}
+            {
+                "kind": kind,
+                "text": text,
+                "add_special_tokens": special,
+                "continuation_text": tokenizer.decode(arrays[f"greedy_out_{k}"].tolist()),
+            }
             for k, (kind, text, special) in enumerate(prompts)
         ],
         "hf_config": {key: config[key] for key in _CONFIG_KEYS if key in config},
-        "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
-                     "numpy": np.__version__},
+        "versions": {"transformers": transformers.__version__, "torch": torch.__version__, "numpy": np.__version__},
         "dtype": "float32",
         "attn_implementation": "eager",
     }

@@ -27,7 +27,7 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,37 +66,91 @@ class TinyFamily:
 
 
 def _families() -> list[TinyFamily]:
-    common = dict(vocab_size=256, hidden_size=64, max_position_embeddings=128, bos_token_id=1,
-                  eos_token_id=2, pad_token_id=0)
+    common = dict(
+        vocab_size=256, hidden_size=64, max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0
+    )
     return [
-        TinyFamily("llama", "LlamaForCausalLM", "LlamaConfig", dict(
-            common, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, rms_norm_eps=1e-5, tie_word_embeddings=False,
-            # head_dim 16, theta 5e5: with original_max_position_embeddings 64 the 8 rope
-            # frequencies fall in all three llama3 bands (kept, smoothed, divided by factor).
-            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                             "original_max_position_embeddings": 64},
-        )),
-        TinyFamily("qwen2", "Qwen2ForCausalLM", "Qwen2Config", dict(
-            common, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, rms_norm_eps=1e-6, tie_word_embeddings=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        )),
-        TinyFamily("qwen3", "Qwen3ForCausalLM", "Qwen3Config", dict(
-            common, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6, tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        )),
-        TinyFamily("gemma3", "Gemma3ForCausalLM", "Gemma3TextConfig", dict(
-            common, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
-            num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=24, rms_norm_eps=1e-6,
-            tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh", sliding_window=8,
-            layer_types=["sliding_attention"] * 5 + ["full_attention"],
-            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
-            final_logit_softcapping=None, attn_logit_softcapping=None,
-        ), offset_norm=True),
+        TinyFamily(
+            "llama",
+            "LlamaForCausalLM",
+            "LlamaConfig",
+            dict(
+                common,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                rms_norm_eps=1e-5,
+                tie_word_embeddings=False,
+                # head_dim 16, theta 5e5: with original_max_position_embeddings 64 the 8 rope
+                # frequencies fall in all three llama3 bands (kept, smoothed, divided by factor).
+                rope_parameters={
+                    "rope_type": "llama3",
+                    "rope_theta": 500000.0,
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+            ),
+        ),
+        TinyFamily(
+            "qwen2",
+            "Qwen2ForCausalLM",
+            "Qwen2Config",
+            dict(
+                common,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                rms_norm_eps=1e-6,
+                tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            ),
+        ),
+        TinyFamily(
+            "qwen3",
+            "Qwen3ForCausalLM",
+            "Qwen3Config",
+            dict(
+                common,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=32,
+                rms_norm_eps=1e-6,
+                tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            ),
+        ),
+        TinyFamily(
+            "gemma3",
+            "Gemma3ForCausalLM",
+            "Gemma3TextConfig",
+            dict(
+                common,
+                intermediate_size=64,
+                num_hidden_layers=6,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                head_dim=32,
+                query_pre_attn_scalar=24,
+                rms_norm_eps=1e-6,
+                tie_word_embeddings=True,
+                hidden_activation="gelu_pytorch_tanh",
+                sliding_window=8,
+                layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                rope_parameters={
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                },
+                final_logit_softcapping=None,
+                attn_logit_softcapping=None,
+            ),
+            offset_norm=True,
+        ),
     ]
 
 
@@ -147,8 +201,9 @@ def reference_outputs(model: torch.nn.Module, vocab: int, seed: int) -> dict[str
     decode_ids, decode_logits = [], []
     for step in range(DECODE_STEPS):
         position = PROMPT_LEN + step
-        step_out = model(input_ids=torch.tensor([[next_token]]), cache=cache, use_cache=True,
-                         cache_position=torch.tensor([position]))
+        step_out = model(
+            input_ids=torch.tensor([[next_token]]), cache=cache, use_cache=True, cache_position=torch.tensor([position])
+        )
         cache = step_out.cache
         logits = step_out.logits[0, -1].float()  # [vocab]
         decode_ids.append(next_token)

@@ -65,22 +65,36 @@ CORPUS = [
     "text<|endoftext|>more text<|endoftext|>",
     "<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n",
     "<bos>Starts with bos<eos>",
-    "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+    '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
     "not special: <|im_start |> < bos> <end_of_turn",
     "The quick brown fox jumps over the lazy dog. " * 3,
     "Mixed: café 你好 🧑‍💻 <|im_end|> x=1\n\n\tdone",
 ]
 
 QWEN_TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather in a city.",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string", "description": "City name, e.g. Zürich"},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-            "required": ["city"]}}},
-    {"type": "function", "function": {
-        "name": "search", "description": "Search the web.",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "description": "City name, e.g. Zürich"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web.",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+        },
+    },
 ]
 
 SYSTEM = {"role": "system", "content": "You are a concise assistant. Réponds en français si besoin."}
@@ -95,8 +109,16 @@ NO_SYSTEM = [{"role": "user", "content": "Hi!"}]
 TOOL_TURNS = [
     SYSTEM,
     {"role": "user", "content": "What's the weather in Zürich?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}},
+            }
+        ],
+    },
     {"role": "tool", "name": "get_weather", "content": '{"temperature": 21, "sky": "☀️"}'},
 ]
 NOT_ALTERNATING = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
@@ -114,15 +136,15 @@ GEMMA3_IT_TEMPLATE = (
     "    {%- endif -%}\n"
     "    {%- set loop_messages = messages[1:] -%}\n"
     "{%- else -%}\n"
-    "    {%- set first_user_prefix = \"\" -%}\n"
+    '    {%- set first_user_prefix = "" -%}\n'
     "    {%- set loop_messages = messages -%}\n"
     "{%- endif -%}\n"
     "{%- for message in loop_messages -%}\n"
     "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
-    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    '        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}\n'
     "    {%- endif -%}\n"
     "    {%- if (message['role'] == 'assistant') -%}\n"
-    "        {%- set role = \"model\" -%}\n"
+    '        {%- set role = "model" -%}\n'
     "    {%- else -%}\n"
     "        {%- set role = message['role'] -%}\n"
     "    {%- endif -%}\n"
@@ -138,7 +160,7 @@ GEMMA3_IT_TEMPLATE = (
     "            {%- endif -%}\n"
     "        {%- endfor -%}\n"
     "    {%- else -%}\n"
-    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    '        {{ raise_exception("Invalid content type") }}\n'
     "    {%- endif -%}\n"
     "    {{ '<end_of_turn>\\n' }}\n"
     "{%- endfor -%}\n"
@@ -180,15 +202,17 @@ def encode_cases(tok) -> list[dict]:
         plain = tok.encode(text, add_special_tokens=False)
         # Half of the ids: often ends inside a character, so decode must write U+FFFD like HF.
         head = plain[: len(plain) // 2 + 1] if plain else []
-        cases.append({
-            "text": text,
-            "ids": ids,
-            "ids_no_special": plain,
-            "decoded": tok.decode(ids),
-            "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
-            "head_ids": head,
-            "head_decoded": tok.decode(head),
-        })
+        cases.append(
+            {
+                "text": text,
+                "ids": ids,
+                "ids_no_special": plain,
+                "decoded": tok.decode(ids),
+                "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
+                "head_ids": head,
+                "head_decoded": tok.decode(head),
+            }
+        )
     return cases
 
 
@@ -197,12 +221,20 @@ def render_cases(tok, model: str, template: str) -> list[dict]:
     for case in conversations(model):
         # Messages and tools go in as JSON text: the fixture's keys are sorted, and the order of
         # keys inside a tool schema shows in the rendered prompt.
-        entry = {"name": case["name"], "add_generation_prompt": case["add_generation_prompt"],
-                 "messages_json": json.dumps(case["messages"], ensure_ascii=False),
-                 "tools_json": json.dumps(case["tools"], ensure_ascii=False)}
+        entry = {
+            "name": case["name"],
+            "add_generation_prompt": case["add_generation_prompt"],
+            "messages_json": json.dumps(case["messages"], ensure_ascii=False),
+            "tools_json": json.dumps(case["tools"], ensure_ascii=False),
+        }
         try:
-            text = tok.apply_chat_template(case["messages"], tools=case["tools"], chat_template=template,
-                                           add_generation_prompt=case["add_generation_prompt"], tokenize=False)
+            text = tok.apply_chat_template(
+                case["messages"],
+                tools=case["tools"],
+                chat_template=template,
+                add_generation_prompt=case["add_generation_prompt"],
+                tokenize=False,
+            )
         except Exception as error:  # the template's raise_exception
             entry["error"] = str(error)
         else:
@@ -222,16 +254,21 @@ def fixture_for(model: str, gguf_name: str, models_dir: Path) -> dict:
         "header": {
             "model": model,
             "gguf_file": gguf_name,
-            "reference": (f"transformers {transformers.__version__} (tokenizers {tokenizers.__version__}): "
-                          f"AutoTokenizer.from_pretrained(<models dir>, gguf_file={gguf_name!r}), "
-                          "the tokenizer HF builds from the GGUF metadata"),
+            "reference": (
+                f"transformers {transformers.__version__} (tokenizers {tokenizers.__version__}): "
+                f"AutoTokenizer.from_pretrained(<models dir>, gguf_file={gguf_name!r}), "
+                "the tokenizer HF builds from the GGUF metadata"
+            ),
             "chat_template_origin": origin,
             "generated_by": "tools/make_tokenizer_fixtures.py",
         },
         "special": {
-            "bos_token": tok.bos_token, "bos_token_id": tok.bos_token_id,
-            "eos_token": tok.eos_token, "eos_token_id": tok.eos_token_id,
-            "add_bos": bool(getattr(tok, "add_bos_token", False)), "vocab_size": vocab_size,
+            "bos_token": tok.bos_token,
+            "bos_token_id": tok.bos_token_id,
+            "eos_token": tok.eos_token,
+            "eos_token_id": tok.eos_token_id,
+            "add_bos": bool(getattr(tok, "add_bos_token", False)),
+            "vocab_size": vocab_size,
             "gguf_has_chat_template": tok.chat_template is not None,
         },
         "encode": encode_cases(tok),
@@ -242,9 +279,17 @@ def fixture_for(model: str, gguf_name: str, models_dir: Path) -> dict:
 # ---- tiny synthetic vocabularies: HF's GGUF converter on metadata small enough to commit ----------
 
 SYNTHETIC_CORPUS = [
-    "", " ", "hello world", "  hello  world  ", "the hello, the world!", "你好 world\n\nthe end",
-    "<|im_start|>user\nhello<|im_end|>\n", "<start_of_turn>user\nhello<end_of_turn>\n<s>the</s>",
-    "<tool_call>the</tool_call>", "emoji 🧑‍💻 and € fall back to bytes", "tabs\tand\nnewlines\n\n\n end",
+    "",
+    " ",
+    "hello world",
+    "  hello  world  ",
+    "the hello, the world!",
+    "你好 world\n\nthe end",
+    "<|im_start|>user\nhello<|im_end|>\n",
+    "<start_of_turn>user\nhello<end_of_turn>\n<s>the</s>",
+    "<tool_call>the</tool_call>",
+    "emoji 🧑‍💻 and € fall back to bytes",
+    "tabs\tand\nnewlines\n\n\n end",
 ]
 
 
@@ -258,15 +303,38 @@ def gpt2_alphabet() -> dict[int, str]:
 def synthetic_gpt2() -> dict:
     alphabet = gpt2_alphabet()
     spell = lambda text: "".join(alphabet[b] for b in text.encode("utf-8"))  # noqa: E731
-    pairs = [("Ġ", "Ġ"), ("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("Ġ", "w"), ("o", "r"),
-             ("Ġw", "or"), ("l", "d"), ("Ġwor", "ld"), ("Ċ", "Ċ"), ("t", "he"), ("Ġ", "the"), ("Ġ", "hello"),
-             (spell("你")[:1], spell("你")[1:2]), (spell("你")[:2], spell("你")[2:])]
+    pairs = [
+        ("Ġ", "Ġ"),
+        ("h", "e"),
+        ("l", "l"),
+        ("he", "ll"),
+        ("hell", "o"),
+        ("Ġ", "w"),
+        ("o", "r"),
+        ("Ġw", "or"),
+        ("l", "d"),
+        ("Ġwor", "ld"),
+        ("Ċ", "Ċ"),
+        ("t", "he"),
+        ("Ġ", "the"),
+        ("Ġ", "hello"),
+        (spell("你")[:1], spell("你")[1:2]),
+        (spell("你")[:2], spell("你")[2:]),
+    ]
     merged = [left + right for left, right in pairs]
-    specials = [("<|endoftext|>", 3), ("<|im_start|>", 3), ("<|im_end|>", 3), ("<tool_call>", 4),
-                ("</tool_call>", 4), ("[PAD300]", 5)]
+    specials = [
+        ("<|endoftext|>", 3),
+        ("<|im_start|>", 3),
+        ("<|im_end|>", 3),
+        ("<tool_call>", 4),
+        ("</tool_call>", 4),
+        ("[PAD300]", 5),
+    ]
     tokens = list(alphabet.values()) + merged + [t for t, _ in specials]
     return {
-        "general.architecture": "qwen2", "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+        "general.architecture": "qwen2",
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "qwen2",
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.token_type": [1] * (len(tokens) - len(specials)) + [k for _, k in specials],
         "tokenizer.ggml.merges": [f"{left} {right}" for left, right in pairs],
@@ -280,19 +348,63 @@ def synthetic_gpt2() -> dict:
 def synthetic_sentencepiece(architecture: str) -> dict:
     """Gemma-style (no space prefix, runs of spaces spelled with spaces) or Llama-style."""
     if architecture == "gemma3":
-        head = [("<pad>", 3), ("<eos>", 3), ("<bos>", 3), ("<unk>", 3), ("<start_of_turn>", 3),
-                ("<end_of_turn>", 3), ("\n", 4), ("\n\n", 4), ("  ", 4), ("   ", 4), ("\t", 4)]
+        head = [
+            ("<pad>", 3),
+            ("<eos>", 3),
+            ("<bos>", 3),
+            ("<unk>", 3),
+            ("<start_of_turn>", 3),
+            ("<end_of_turn>", 3),
+            ("\n", 4),
+            ("\n\n", 4),
+            ("  ", 4),
+            ("   ", 4),
+            ("\t", 4),
+        ]
     else:
         head = [("<unk>", 2), ("<s>", 3), ("</s>", 3)]
-    pieces = ["▁", "h", "e", "l", "o", "w", "r", "d", "t", ",", "!", "你", "好", "he", "ll", "hell", "hello",
-              "▁w", "or", "▁wor", "ld", "▁world", "▁t", "▁the", "▁h", "ello", "▁hello", "th", "the"]
+    pieces = [
+        "▁",
+        "h",
+        "e",
+        "l",
+        "o",
+        "w",
+        "r",
+        "d",
+        "t",
+        ",",
+        "!",
+        "你",
+        "好",
+        "he",
+        "ll",
+        "hell",
+        "hello",
+        "▁w",
+        "or",
+        "▁wor",
+        "ld",
+        "▁world",
+        "▁t",
+        "▁the",
+        "▁h",
+        "ello",
+        "▁hello",
+        "th",
+        "the",
+    ]
     tokens = [t for t, _ in head] + [f"<0x{b:02X}>" for b in range(256)] + pieces
     types = [k for _, k in head] + [6] * 256 + [1] * len(pieces)
     # Scores with ties, so tie-breaking between merges shows; Gemma's converter ignores them.
     scores = [0.0] * (len(head) + 256) + [-float(i // 3) for i in range(len(pieces))]
     metadata = {
-        "general.architecture": architecture, "tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default",
-        "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types, "tokenizer.ggml.scores": scores,
+        "general.architecture": architecture,
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.scores": scores,
         "tokenizer.ggml.bos_token_id": tokens.index("<bos>" if architecture == "gemma3" else "<s>"),
         "tokenizer.ggml.eos_token_id": tokens.index("<eos>" if architecture == "gemma3" else "</s>"),
         "tokenizer.ggml.unknown_token_id": tokens.index("<unk>"),
@@ -306,24 +418,37 @@ def synthetic_fixture() -> dict:
     from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
 
     cases = {}
-    for name, metadata in (("gpt2_qwen2", synthetic_gpt2()), ("gemma3_spm", synthetic_sentencepiece("gemma3")),
-                           ("llama_spm", synthetic_sentencepiece("llama"))):
+    for name, metadata in (
+        ("gpt2_qwen2", synthetic_gpt2()),
+        ("gemma3_spm", synthetic_sentencepiece("gemma3")),
+        ("llama_spm", synthetic_sentencepiece("llama")),
+    ):
         # What HF's get_gguf_tokenizer hands the converter: the tokenizer keys, renamed.
-        tokenizer_dict = {new: metadata[f"tokenizer.{old}"] for old, new in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
-                          if f"tokenizer.{old}" in metadata}
+        tokenizer_dict = {
+            new: metadata[f"tokenizer.{old}"]
+            for old, new in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+            if f"tokenizer.{old}" in metadata
+        }
         backend, _ = convert_gguf_tokenizer(metadata["general.architecture"], tokenizer_dict)
         encodes = []
         for text in SYNTHETIC_CORPUS:
             ids = backend.encode(text, add_special_tokens=False).ids
-            encodes.append({"text": text, "ids_no_special": ids,
-                            "decoded": backend.decode(ids, skip_special_tokens=False),
-                            "decoded_skip_special": backend.decode(ids, skip_special_tokens=True)})
+            encodes.append(
+                {
+                    "text": text,
+                    "ids_no_special": ids,
+                    "decoded": backend.decode(ids, skip_special_tokens=False),
+                    "decoded_skip_special": backend.decode(ids, skip_special_tokens=True),
+                }
+            )
         cases[name] = {"metadata": metadata, "encode": encodes}
     return {
         "header": {
-            "reference": (f"transformers {transformers.__version__} (tokenizers {tokenizers.__version__}): "
-                          "convert_gguf_tokenizer(architecture, <the metadata's tokenizer keys>), the converter "
-                          "AutoTokenizer uses for GGUF files, without its BOS/EOS post-processing"),
+            "reference": (
+                f"transformers {transformers.__version__} (tokenizers {tokenizers.__version__}): "
+                "convert_gguf_tokenizer(architecture, <the metadata's tokenizer keys>), the converter "
+                "AutoTokenizer uses for GGUF files, without its BOS/EOS post-processing"
+            ),
             "generated_by": "tools/make_tokenizer_fixtures.py",
         },
         "cases": cases,
@@ -333,8 +458,10 @@ def synthetic_fixture() -> dict:
 def dumps(fixture: dict) -> str:
     """Sorted, indented JSON with lists of ids kept on one line, so the file stays short."""
     text = json.dumps(fixture, ensure_ascii=False, indent=1, sort_keys=True)
-    return re.sub(r"\[\s*(-?\d+(?:,\s*-?\d+)*)\s*\]",
-                  lambda m: "[" + ", ".join(re.split(r",\s*", m.group(1))) + "]", text) + "\n"
+    return (
+        re.sub(r"\[\s*(-?\d+(?:,\s*-?\d+)*)\s*\]", lambda m: "[" + ", ".join(re.split(r",\s*", m.group(1))) + "]", text)
+        + "\n"
+    )
 
 
 def main() -> None:
@@ -345,8 +472,12 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     outputs = {"synthetic": synthetic_fixture}
-    outputs.update({model: (lambda m=model, g=gguf_name: fixture_for(m, g, args.models_dir))
-                    for model, gguf_name in MODELS.items()})
+    outputs.update(
+        {
+            model: (lambda m=model, g=gguf_name: fixture_for(m, g, args.models_dir))
+            for model, gguf_name in MODELS.items()
+        }
+    )
     for name, make in outputs.items():
         path = args.out / f"{name}.json"
         path.write_text(dumps(make()), encoding="utf-8")

@@ -50,8 +50,14 @@ def triton_noop(x):
 
 def triton_copy(x, block: int = 4096):
     n = x.shape[0]
-    return triton_call(x, kernel=_copy_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                          grid=(triton.cdiv(n, block),), n=n, BLOCK=block)
+    return triton_call(
+        x,
+        kernel=_copy_kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(triton.cdiv(n, block),),
+        n=n,
+        BLOCK=block,
+    )
 
 
 def per_call_seconds(fn, inputs: list, runs: int, single_output: bool = False) -> float:
@@ -83,20 +89,30 @@ def main() -> None:
     vectors = [jax.random.normal(jax.random.fold_in(key, i), (n,), jnp.float32) for i in range(args.calls)]
     weights = [jax.random.normal(jax.random.fold_in(key, 1000 + i), (64, 64), jnp.float32) for i in range(args.calls)]
     row = jnp.ones((1, 64), jnp.float32)
-    results = {"device": str(jax.devices()[0]), "calls_per_executable": args.calls, "copy_mb": args.copy_mb,
-               "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    results = {
+        "device": str(jax.devices()[0]),
+        "calls_per_executable": args.calls,
+        "copy_mb": args.copy_mb,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
     for suffix, single in (("", False), ("_single_output", True)):
         for launcher in ("jax_triton", "xla"):
             os.environ["EMBER_TRITON_LAUNCH"] = launcher  # read when the call is traced
-            results.update({
-                f"{launcher}_triton_noop_us{suffix}": per_call_seconds(triton_noop, scalars, args.runs, single) * 1e6,
-                f"{launcher}_triton_copy_us{suffix}": per_call_seconds(triton_copy, vectors, args.runs, single) * 1e6,
-            })
+            results.update(
+                {
+                    f"{launcher}_triton_noop_us{suffix}": per_call_seconds(triton_noop, scalars, args.runs, single)
+                    * 1e6,
+                    f"{launcher}_triton_copy_us{suffix}": per_call_seconds(triton_copy, vectors, args.runs, single)
+                    * 1e6,
+                }
+            )
         os.environ.pop("EMBER_TRITON_LAUNCH")
-        results.update({
-            f"xla_tiny_dot_us{suffix}": per_call_seconds(lambda w: row @ w, weights, args.runs, single) * 1e6,
-            f"xla_copy_us{suffix}": per_call_seconds(lambda v: v * 2.0, vectors, args.runs, single) * 1e6,
-        })
+        results.update(
+            {
+                f"xla_tiny_dot_us{suffix}": per_call_seconds(lambda w: row @ w, weights, args.runs, single) * 1e6,
+                f"xla_copy_us{suffix}": per_call_seconds(lambda v: v * 2.0, vectors, args.runs, single) * 1e6,
+            }
+        )
     print(json.dumps(results, indent=1))
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,13 @@ import time
 
 CHAIN = 64
 SHAPE = (64, 128)
-VARIANTS = (("plain", False, False), ("wait", True, False), ("wait+launch", True, True), ("plain2", False, False),
-            ("wait2", True, False))
+VARIANTS = (
+    ("plain", False, False),
+    ("wait", True, False),
+    ("wait+launch", True, True),
+    ("plain2", False, False),
+    ("wait2", True, False),
+)
 
 
 def tile_kernel(pdl: bool, launch: bool):
@@ -42,9 +47,11 @@ def tile_kernel(pdl: bool, launch: bool):
         plgpu.copy_smem_to_gmem(o_smem, o_gmem)
         plgpu.wait_smem_to_gmem(0)
 
-    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(SHAPE, jnp.float32),
-                        scratch_types=[plgpu.SMEM(SHAPE, jnp.float32), plgpu.SMEM(SHAPE, jnp.float32),
-                                       plgpu.Barrier()])
+    return plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct(SHAPE, jnp.float32),
+        scratch_types=[plgpu.SMEM(SHAPE, jnp.float32), plgpu.SMEM(SHAPE, jnp.float32), plgpu.Barrier()],
+    )
 
 
 def chained(kernel, mix: bool):

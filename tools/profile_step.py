@@ -24,7 +24,6 @@ from unittest import mock
 
 import numpy as np
 
-
 TOP_KERNELS = 60  # names reported per run, by total device time
 
 
@@ -59,8 +58,14 @@ def _device_kernels(planes: list) -> tuple[float, collections.Counter, collectio
 def _device_gaps(planes: list) -> dict:
     """Where the GPU sat idle between kernels (all streams merged) from the first kernel to the last: total idle
     time, how many gaps of each size, and the longest ones — host-bound stretches show as long gaps."""
-    spans = sorted((event.start_ns, event.end_ns) for plane in planes if plane.name.startswith("/device:GPU")
-                   for line in plane.lines if line.name.startswith("Stream") for event in line.events)
+    spans = sorted(
+        (event.start_ns, event.end_ns)
+        for plane in planes
+        if plane.name.startswith("/device:GPU")
+        for line in plane.lines
+        if line.name.startswith("Stream")
+        for event in line.events
+    )
     gaps, reach = [], spans[0][1] if spans else 0
     for start, end in spans[1:]:
         if start > reach:
@@ -68,10 +73,13 @@ def _device_gaps(planes: list) -> dict:
         reach = max(reach, end)
     gaps_us = np.asarray(gaps, np.float64) / 1e3
     span_ms = (reach - spans[0][0]) / 1e6 if spans else 0.0
-    return {"span_ms": round(span_ms, 2), "idle_ms": round(float(gaps_us.sum()) / 1e3, 2),
-            "gaps_over_us": {str(t): int((gaps_us > t).sum()) for t in (5, 20, 100, 1000)},
-            "idle_in_gaps_over_100us_ms": round(float(gaps_us[gaps_us > 100].sum()) / 1e3, 2),
-            "longest_gaps_us": [round(float(g), 1) for g in np.sort(gaps_us)[::-1][:12]]}
+    return {
+        "span_ms": round(span_ms, 2),
+        "idle_ms": round(float(gaps_us.sum()) / 1e3, 2),
+        "gaps_over_us": {str(t): int((gaps_us > t).sum()) for t in (5, 20, 100, 1000)},
+        "idle_in_gaps_over_100us_ms": round(float(gaps_us[gaps_us > 100].sum()) / 1e3, 2),
+        "longest_gaps_us": [round(float(g), 1) for g in np.sort(gaps_us)[::-1][:12]],
+    }
 
 
 def _host_launch_events(planes: list, per: int) -> list[dict]:
@@ -116,7 +124,8 @@ def _profile_engine(engine, vocab: int, concurrency: int, prompt_tokens: int, ou
     steps = output_tokens  # about one step per generated token (prefills share steps with decodes)
     top = totals.most_common(TOP_KERNELS)
     return {
-        "concurrency": concurrency, "unprofiled_wall_ms": round(clean_wall * 1e3, 1),
+        "concurrency": concurrency,
+        "unprofiled_wall_ms": round(clean_wall * 1e3, 1),
         "unprofiled_output_tok_s": round(concurrency * output_tokens / clean_wall, 1),
         "wall_ms": round(wall * 1e3, 1),
         "approx_steps": steps,
@@ -142,8 +151,10 @@ def context_batch(shape, context: int, block_size: int, num_blocks: int):
     rows, kinds = shape.decode_rows, shape.num_kinds
     per_row = -(-context // block_size)
     if per_row > shape.table_blocks or 1 + rows * per_row > num_blocks:
-        raise ValueError(f"{rows} rows of {context} tokens need {per_row} blocks each (table width "
-                         f"{shape.table_blocks}) and {1 + rows * per_row} in the pool ({num_blocks})")
+        raise ValueError(
+            f"{rows} rows of {context} tokens need {per_row} blocks each (table width "
+            f"{shape.table_blocks}) and {1 + rows * per_row} in the pool ({num_blocks})"
+        )
     tables = np.zeros((kinds, rows, shape.table_blocks), np.int32)
     tables[:, :, :per_row] = 1 + np.arange(rows * per_row, dtype=np.int32).reshape(rows, per_row)
     last = context - 1
@@ -151,8 +162,9 @@ def context_batch(shape, context: int, block_size: int, num_blocks: int):
     slots[:, :rows] = tables[:, :, last // block_size] * block_size + last % block_size
     positions = batch.positions.copy()
     positions[:rows] = last
-    return batch._replace(positions=positions, slots=slots, dec_block_tables=tables,
-                          dec_ctx_lens=np.full(rows, context, np.int32))
+    return batch._replace(
+        positions=positions, slots=slots, dec_block_tables=tables, dec_ctx_lens=np.full(rows, context, np.int32)
+    )
 
 
 def _plan_alone(engine, rows: int, context: int = 1, repeats: int = 50) -> dict:
@@ -181,8 +193,9 @@ def _plan_alone(engine, rows: int, context: int = 1, repeats: int = 50) -> dict:
     async_ms = (time.perf_counter() - start) / repeats * 1e3
     start = time.perf_counter()
     for _ in range(repeats):
-        result, ex.kv = run_step(ex.step_fn, ex.model.dims, ex.model.params, ex.kv, batch, [], vocab_size=ex.vocab,
-                                 num_rows=shape.logit_rows)
+        result, ex.kv = run_step(
+            ex.step_fn, ex.model.dims, ex.model.params, ex.kv, batch, [], vocab_size=ex.vocab, num_rows=shape.logit_rows
+        )
     sync_ms = (time.perf_counter() - start) / repeats * 1e3
     trace_dir = tempfile.mkdtemp(prefix="ember-profile-plan-")
     with jax.profiler.trace(trace_dir):
@@ -190,14 +203,21 @@ def _plan_alone(engine, rows: int, context: int = 1, repeats: int = 50) -> dict:
     planes = _trace_planes(trace_dir)
     busy_ms, totals, counts = _device_kernels(planes)
     host_events = _host_launch_events(planes, repeats)
-    return {"device_gaps": _device_gaps(planes), "decode_rows": rows, "context": context, "async_ms_per_step": round(async_ms, 3), "sync_ms_per_step": round(sync_ms, 3),
-            **_multi_alone(engine, shape, batch),
-            "profiled_kernels_per_step": round(sum(counts.values()) / repeats, 1),
-            "profiled_device_ms_per_step": round(busy_ms / repeats, 3),
-            "top_kernels_us_per_step": [{"name": name, "us": round(ms * 1e3 / repeats, 2),
-                                         "calls": round(counts[name] / repeats, 2)}
-                                        for name, ms in totals.most_common(TOP_KERNELS)],
-            "host_launch_events_per_step": host_events}
+    return {
+        "device_gaps": _device_gaps(planes),
+        "decode_rows": rows,
+        "context": context,
+        "async_ms_per_step": round(async_ms, 3),
+        "sync_ms_per_step": round(sync_ms, 3),
+        **_multi_alone(engine, shape, batch),
+        "profiled_kernels_per_step": round(sum(counts.values()) / repeats, 1),
+        "profiled_device_ms_per_step": round(busy_ms / repeats, 3),
+        "top_kernels_us_per_step": [
+            {"name": name, "us": round(ms * 1e3 / repeats, 2), "calls": round(counts[name] / repeats, 2)}
+            for name, ms in totals.most_common(TOP_KERNELS)
+        ],
+        "host_launch_events_per_step": host_events,
+    }
 
 
 def _multi_alone(engine, shape, batch, calls: int = 10) -> dict:
@@ -213,8 +233,17 @@ def _multi_alone(engine, shape, batch, calls: int = 10) -> dict:
     slots = np.zeros((ex.decode_steps, shape.num_kinds, shape.decode_rows), np.int32)
 
     def call():
-        packed, ex.kv, _ = launch_multi_step(ex.multi_step_fn, ex.model.dims, ex.model.params, ex.kv, batch, slots, [],
-                                          vocab_size=ex.vocab, num_rows=shape.logit_rows)
+        packed, ex.kv, _ = launch_multi_step(
+            ex.multi_step_fn,
+            ex.model.dims,
+            ex.model.params,
+            ex.kv,
+            batch,
+            slots,
+            [],
+            vocab_size=ex.vocab,
+            num_rows=shape.logit_rows,
+        )
         return packed
 
     jax.block_until_ready(call())
@@ -226,8 +255,11 @@ def _multi_alone(engine, shape, batch, calls: int = 10) -> dict:
     for _ in range(calls):
         np.asarray(call())
     sync_ms = (time.perf_counter() - start) / (calls * ex.decode_steps) * 1e3
-    return {"multi_steps_per_call": ex.decode_steps, "multi_async_ms_per_step": round(async_ms, 3),
-            "multi_sync_ms_per_step": round(sync_ms, 3)}
+    return {
+        "multi_steps_per_call": ex.decode_steps,
+        "multi_async_ms_per_step": round(async_ms, 3),
+        "multi_sync_ms_per_step": round(sync_ms, 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,19 +270,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--decode-steps", type=int, default=None,
-                        help="decode steps per device call when running ahead (default: the target's)")
-    parser.add_argument("--context", type=int, default=1,
-                        help="the plan alone's decode rows see this many tokens each (default 1: padding rows, "
-                             "whose attention reads nothing); needs --max-model-len >= it")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="the engine's max_model_len (default: prompt + output tokens); sets the attention "
-                             "table width, hence its split count, as the bench's batch-1 engine (16,528) does")
-    parser.add_argument("--plan-only", action="store_true",
-                        help="only the plan alone (no engine run): step time and kernels per step")
-    parser.add_argument("--variants", nargs="+", default=[""], metavar="NAME=VALUE[,NAME=VALUE]",
-                        help="trace-time environment settings, one engine each over the same loaded weights "
-                             "(an A/B in one process, e.g. EMBER_FUSED_NORM_QUANT=0 EMBER_FUSED_NORM_QUANT=1)")
+    parser.add_argument(
+        "--decode-steps",
+        type=int,
+        default=None,
+        help="decode steps per device call when running ahead (default: the target's)",
+    )
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=1,
+        help="the plan alone's decode rows see this many tokens each (default 1: padding rows, "
+        "whose attention reads nothing); needs --max-model-len >= it",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="the engine's max_model_len (default: prompt + output tokens); sets the attention "
+        "table width, hence its split count, as the bench's batch-1 engine (16,528) does",
+    )
+    parser.add_argument(
+        "--plan-only", action="store_true", help="only the plan alone (no engine run): step time and kernels per step"
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=[""],
+        metavar="NAME=VALUE[,NAME=VALUE]",
+        help="trace-time environment settings, one engine each over the same loaded weights "
+        "(an A/B in one process, e.g. EMBER_FUSED_NORM_QUANT=0 EMBER_FUSED_NORM_QUANT=1)",
+    )
     args = parser.parse_args(argv)
 
     from ..runtime.engine import Engine, EngineConfig
@@ -260,22 +310,43 @@ def main(argv: list[str] | None = None) -> int:
     context = args.prompt_tokens + args.output_tokens
     top = max(args.concurrency)
     context = max(context, args.max_model_len or 0, args.context)
-    config = EngineConfig(num_blocks=top * (-(-context // 16) + 1) + 1, max_model_len=context, max_num_seqs=top,
-                          max_batched_tokens=512, enable_prefix_caching=False, decode_steps=args.decode_steps)
-    result = {"model": args.model, "target": args.target, "decode_steps": args.decode_steps,
-              "xla_flags": os.environ.get("XLA_FLAGS", ""), "runs": [], "plan_alone": []}
+    config = EngineConfig(
+        num_blocks=top * (-(-context // 16) + 1) + 1,
+        max_model_len=context,
+        max_num_seqs=top,
+        max_batched_tokens=512,
+        enable_prefix_caching=False,
+        decode_steps=args.decode_steps,
+    )
+    result = {
+        "model": args.model,
+        "target": args.target,
+        "decode_steps": args.decode_steps,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "runs": [],
+        "plan_alone": [],
+    }
     for variant in args.variants:
         settings = dict(item.split("=", 1) for item in variant.split(",") if item)
         # read when the step is traced, i.e. by the engine built next; restored after (variants don't accumulate)
         with mock.patch.dict(os.environ, settings):
             # EMBER_KV_CACHE_DTYPE (as `ember serve` reads it): the KV pools' dtype of this variant's engine
-            engine = Engine(model, tokenizer, dataclasses.replace(
-                config, kv_cache_dtype=os.environ.get("EMBER_KV_CACHE_DTYPE") or "auto"))
+            engine = Engine(
+                model,
+                tokenizer,
+                dataclasses.replace(config, kv_cache_dtype=os.environ.get("EMBER_KV_CACHE_DTYPE") or "auto"),
+            )
             try:
                 for c in args.concurrency:
                     if not args.plan_only:
-                        result["runs"].append({"variant": variant, **_profile_engine(
-                            engine, int(model.dims.vocab), c, args.prompt_tokens, args.output_tokens)})
+                        result["runs"].append(
+                            {
+                                "variant": variant,
+                                **_profile_engine(
+                                    engine, int(model.dims.vocab), c, args.prompt_tokens, args.output_tokens
+                                ),
+                            }
+                        )
                     result["plan_alone"].append({"variant": variant, **_plan_alone(engine, c, args.context)})
             finally:
                 engine.close()

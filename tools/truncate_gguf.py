@@ -88,8 +88,16 @@ def truncate_gguf(source: Path, out: Path, *, layers: int, vocab: int) -> dict:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"source": str(source), "path": str(out), "bytes": out.stat().st_size, "layers": layers,
-            "of_layers": total_layers, "vocab": vocab, "of_vocab": total_vocab, "tensors": len(kept_names)}
+    return {
+        "source": str(source),
+        "path": str(out),
+        "bytes": out.stat().st_size,
+        "layers": layers,
+        "of_layers": total_layers,
+        "vocab": vocab,
+        "of_vocab": total_vocab,
+        "tensors": len(kept_names),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,8 +56,9 @@ def candidates(fmt: str, out: int, inner: int, variant: str = "rows", m: int = 1
                     per_thread = sb * bn * WORDS_PER_UNIT[fmt] / (32 * warps)
                     if not low <= per_thread <= high:
                         continue
-                    config = QuantMatmulConfig(variant=variant, block_n=bn, split_k=split, sb_per_step=sb,
-                                               num_warps=warps, num_stages=1)
+                    config = QuantMatmulConfig(
+                        variant=variant, block_n=bn, split_k=split, sb_per_step=sb, num_warps=warps, num_stages=1
+                    )
                     plan = launch_plan(fmt, m, out, inner, config)
                     key = (plan["grid"], tuple(sorted(plan["meta"].items())), warps)
                     if key not in seen:
@@ -69,12 +70,14 @@ def candidates(fmt: str, out: int, inner: int, variant: str = "rows", m: int = 1
 def kernel_planes(fmt: str, planes: dict) -> list:
     """The planes in the rows kernel's argument order."""
     from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
+
     return [planes[name] for name in ROWS_KERNELS[fmt][1]]
 
 
 def to_torch(array: np.ndarray):
     """A host plane on the GPU (uint32 through an int32 view: torch.from_numpy takes no uint32 before 2.3)."""
     import torch
+
     if array.dtype == np.uint32:
         return torch.from_numpy(np.ascontiguousarray(array).view(np.int32)).cuda().view(torch.uint32)
     return torch.from_numpy(np.ascontiguousarray(array)).cuda()
@@ -84,12 +87,16 @@ def launch(fmt, x, planes, out, config, plan):
     """x: the activations, or for the dp4a variant the pair (qa, da) that act_quant.py makes of them."""
     if config.variant == "dp4a":
         from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_gemv_kernel
-        dp4a_gemv_kernel[plan["grid"]](*x, *planes, out, num_warps=config.num_warps, num_stages=config.num_stages,
-                                       **plan["meta"])
+
+        dp4a_gemv_kernel[plan["grid"]](
+            *x, *planes, out, num_warps=config.num_warps, num_stages=config.num_stages, **plan["meta"]
+        )
         return
     from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
-    ROWS_KERNELS[fmt][0][plan["grid"]](x, *planes, out, num_warps=config.num_warps, num_stages=config.num_stages,
-                                       **plan["meta"])
+
+    ROWS_KERNELS[fmt][0][plan["grid"]](
+        x, *planes, out, num_warps=config.num_warps, num_stages=config.num_stages, **plan["meta"]
+    )
 
 
 def activations(x, config: QuantMatmulConfig, plan: dict):
@@ -100,6 +107,7 @@ def activations(x, config: QuantMatmulConfig, plan: dict):
 
     from ember.compiler.ops.quant.act_quant import quantize_activations
     from ember.compiler.ops.quant.dp4a import pad_rows
+
     order = "q6_k" if plan["meta"]["Q6"] else "q4_k"
     qa, da = pad_rows(*quantize_activations(jnp.asarray(x.float().cpu().numpy()), order), plan["meta"]["M_PAD"])
     return to_torch(np.asarray(qa)), to_torch(np.asarray(da))
@@ -115,13 +123,17 @@ def compile_one(job) -> str | None:
     fmt, (out_n, inner), config_dict, m = job
     try:
         import torch
+
         config = QuantMatmulConfig(**config_dict)
         plan = launch_plan(fmt, m, out_n, inner, config)
         shapes = plane_shapes(fmt, (out_n, inner))  # values don't matter to the compiler
         planes = kernel_planes(fmt, {name: to_torch(np.zeros(dims, dtype)) for name, (dims, dtype) in shapes.items()})
         x = activations(torch.zeros((m, inner), dtype=torch.bfloat16, device="cuda"), config, plan)
-        y = torch.empty((plan["split_k"], rows_out(plan, m), out_n), device="cuda",
-                        dtype=torch.bfloat16 if plan["split_k"] == 1 else torch.float32)
+        y = torch.empty(
+            (plan["split_k"], rows_out(plan, m), out_n),
+            device="cuda",
+            dtype=torch.bfloat16 if plan["split_k"] == 1 else torch.float32,
+        )
         launch(fmt, x, planes, y, config, plan)
         torch.cuda.synchronize()
         return None
@@ -132,6 +144,7 @@ def compile_one(job) -> str | None:
 def time_graph(body, replays: int = 20) -> float:
     """Median seconds of one replay of a CUDA graph holding body()'s launches."""
     import torch
+
     body()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -151,9 +164,10 @@ def time_graph(body, replays: int = 20) -> float:
     return statistics.median(samples)
 
 
-def time_config(fmt, x, copies, config) -> tuple[float, float, "object"]:
+def time_config(fmt, x, copies, config) -> tuple[float, float, object]:
     """(seconds per call of the kernel alone, with the split-K partial sum after it, first output [m, out])."""
     import torch
+
     out_n = copies[0][0].shape[1]
     m = x.shape[0]
     plan = launch_plan(fmt, m, out_n, x.shape[1], config)
@@ -170,6 +184,7 @@ def time_config(fmt, x, copies, config) -> tuple[float, float, "object"]:
             launch(fmt, inputs, planes, y, config, plan)
             if plan["split_k"] > 1:
                 y.sum(0)
+
     alone = time_graph(kernels) / len(copies)
     summed = time_graph(with_sum) / len(copies) if plan["split_k"] > 1 else alone
     return alone, summed, outs[0].float().sum(0)[:m]
@@ -178,13 +193,17 @@ def time_config(fmt, x, copies, config) -> tuple[float, float, "object"]:
 def dense_seconds(x, out: int, inner: int) -> float:
     """cuBLAS bf16 GEMV of the same shape (x @ W.T), graph-timed the same way: the dense baseline."""
     import torch
-    copies = [torch.randn((out, inner), device="cuda", dtype=torch.bfloat16)
-              for _ in range(max(4, min(256, -(-L2_FLUSH_BYTES // (2 * out * inner)))))]
+
+    copies = [
+        torch.randn((out, inner), device="cuda", dtype=torch.bfloat16)
+        for _ in range(max(4, min(256, -(-L2_FLUSH_BYTES // (2 * out * inner)))))
+    ]
     return time_graph(lambda: [x @ w.T for w in copies]) / len(copies)
 
 
 def copy_bandwidth() -> float:
     import torch
+
     a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
     return 2 * a.numel() / time_graph(lambda: b.copy_(a)) / 1e9
@@ -192,6 +211,7 @@ def copy_bandwidth() -> float:
 
 def tune_shape(fmt, shape, rng, compile_errors, bandwidth, variant: str = "rows", m: int = 1) -> dict:
     import torch
+
     out, inner = shape
     base = kernel_planes(fmt, {name: to_torch(a) for name, a in random_weight(rng, fmt, shape).planes.items()})
     nbytes = sum(p.numel() * p.element_size() for p in base)
@@ -219,11 +239,17 @@ def tune_shape(fmt, shape, rng, compile_errors, bandwidth, variant: str = "rows"
         if reference is None:
             reference = y
         err = float((y - reference).abs().max() / reference.abs().max())
-        row.update(us=round(alone * 1e6, 2), us_with_sum=round(summed * 1e6, 2),
-                   gb_s=round(nbytes / summed / 1e9, 1), max_rel_diff_vs_today=err)
+        row.update(
+            us=round(alone * 1e6, 2),
+            us_with_sum=round(summed * 1e6, 2),
+            gb_s=round(nbytes / summed / 1e9, 1),
+            max_rel_diff_vs_today=err,
+        )
         results.append(row)
-    timed = sorted((r for r in results if "us" in r and r["max_rel_diff_vs_today"] < 1e-2 and not r["float_rows"]),
-                   key=lambda r: r["us_with_sum"])
+    timed = sorted(
+        (r for r in results if "us" in r and r["max_rel_diff_vs_today"] < 1e-2 and not r["float_rows"]),
+        key=lambda r: r["us_with_sum"],
+    )
     x32 = x.float()  # the activations in fp32: no conversion inside the kernel (a plan would convert before)
     for r in timed[:5] if variant == "rows" else []:  # dp4a reads int8 activations: no f32 variant
         try:
@@ -233,20 +259,36 @@ def tune_shape(fmt, shape, rng, compile_errors, bandwidth, variant: str = "rows"
         except Exception as error:
             r["x_f32_error"] = f"{type(error).__name__}: {str(error)[:200]}"
     dense = dense_seconds(x, out, inner)
-    case = {"format": fmt, "out": out, "in": inner, "m": m, "variant": variant, "weight_bytes": nbytes,
-            "calls": len(copies), "today": next((r for r in results if r["today"]), None),
-            "float_rows": next((r for r in results if r["float_rows"]), None), "best": timed[:5],
-            "dense_bf16_us": round(dense * 1e6, 2), "dense_bf16_gb_s": round(2 * out * inner / dense / 1e9, 1),
-            "candidates": len(results), "failed": [r for r in results if "error" in r][:5]}
+    case = {
+        "format": fmt,
+        "out": out,
+        "in": inner,
+        "m": m,
+        "variant": variant,
+        "weight_bytes": nbytes,
+        "calls": len(copies),
+        "today": next((r for r in results if r["today"]), None),
+        "float_rows": next((r for r in results if r["float_rows"]), None),
+        "best": timed[:5],
+        "dense_bf16_us": round(dense * 1e6, 2),
+        "dense_bf16_gb_s": round(2 * out * inner / dense / 1e9, 1),
+        "candidates": len(results),
+        "failed": [r for r in results if "error" in r][:5],
+    }
     t, b = case["today"], (timed[0] if timed else None)
-    describe = (lambda r: f"{r['us_with_sum']:7.2f} us {r['gb_s']:6.0f} GB/s ({r['gb_s'] / bandwidth:.2f})"
-                if r and "us" in r else "    error")
+    describe = lambda r: (
+        f"{r['us_with_sum']:7.2f} us {r['gb_s']:6.0f} GB/s ({r['gb_s'] / bandwidth:.2f})"
+        if r and "us" in r
+        else "    error"
+    )
     f = case["float_rows"]
-    print(f"{variant} m={m} {fmt} {out:>6}x{inner:<6} today {describe(t)} | best {describe(b)} "
-          f"{'| float rows ' + describe(f) + ' ' if f else ''}"
-          f"{b and {k: b['config'][k] for k in ('block_n', 'split_k', 'sb_per_step', 'num_warps')}} | "
-          f"x f32 {b and b.get('us_with_sum_x_f32')} us | dense bf16 {case['dense_bf16_us']:.2f} us {case['dense_bf16_gb_s']:.0f} GB/s | {len(results)} configs",
-          flush=True)
+    print(
+        f"{variant} m={m} {fmt} {out:>6}x{inner:<6} today {describe(t)} | best {describe(b)} "
+        f"{'| float rows ' + describe(f) + ' ' if f else ''}"
+        f"{b and {k: b['config'][k] for k in ('block_n', 'split_k', 'sb_per_step', 'num_warps')}} | "
+        f"x f32 {b and b.get('us_with_sum_x_f32')} us | dense bf16 {case['dense_bf16_us']:.2f} us {case['dense_bf16_gb_s']:.0f} GB/s | {len(results)} configs",
+        flush=True,
+    )
     del copies
     torch.cuda.empty_cache()
     return case
@@ -263,14 +305,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--m", type=int, nargs="+", default=[1], help="activation rows (rows variant: <= 4)")
     args = parser.parse_args(argv)
     import torch
+
     started = time.perf_counter()
     wanted = [tuple(map(int, s.split("x"))) for s in args.shapes or ()]
     formats = args.formats
-    cases = [(fmt, shape, m) for m in args.m for fmt in formats for shape in DECODE_SHAPES[fmt]
-             if not wanted or shape in wanted]
-    jobs = [(fmt, shape, dataclasses.asdict(c), m) for fmt, shape, m in cases
-            for c in [pick_config(fmt, m, *shape)] + candidates(fmt, *shape, args.variant, m)]
+    cases = [
+        (fmt, shape, m)
+        for m in args.m
+        for fmt in formats
+        for shape in DECODE_SHAPES[fmt]
+        if not wanted or shape in wanted
+    ]
+    jobs = [
+        (fmt, shape, dataclasses.asdict(c), m)
+        for fmt, shape, m in cases
+        for c in [pick_config(fmt, m, *shape)] + candidates(fmt, *shape, args.variant, m)
+    ]
     import multiprocessing
+
     compile_errors = {}
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(compile_one, job) for job in jobs]
@@ -281,13 +333,21 @@ def main(argv: list[str] | None = None) -> int:
             error = future.result()
             if error:
                 compile_errors[(fmt, shape, tuple(sorted(config.items())), m)] = error
-    print(f"compiled {len(jobs)} kernels in {time.perf_counter() - started:.0f} s ({len(compile_errors)} failed)",
-          flush=True)
+    print(
+        f"compiled {len(jobs)} kernels in {time.perf_counter() - started:.0f} s ({len(compile_errors)} failed)",
+        flush=True,
+    )
     bandwidth = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}  copy bandwidth {bandwidth:.0f} GB/s", flush=True)
-    result = {"what": __doc__.split("\n")[0], "commit": args.commit, "device": torch.cuda.get_device_name(),
-              "copy_bandwidth_gb_s": round(bandwidth, 1), "timing": "CUDA graph replay, median of 20",
-              "cases": [], "skipped": []}
+    result = {
+        "what": __doc__.split("\n")[0],
+        "commit": args.commit,
+        "device": torch.cuda.get_device_name(),
+        "copy_bandwidth_gb_s": round(bandwidth, 1),
+        "timing": "CUDA graph replay, median of 20",
+        "cases": [],
+        "skipped": [],
+    }
     out_dir = Path(os.environ.get("OUT", "./out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)

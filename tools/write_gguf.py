@@ -47,8 +47,9 @@ def bpe_vocabulary(tokenizer_dir: Path, vocab_size: int) -> tuple[list[str], lis
     for i in range(vocab_size):
         token = by_id.get(i, f"[PAD{i}]")
         tokens.append(token)
-        types.append(int(TokenType.CONTROL if i in special else
-                         TokenType.USER_DEFINED if i not in by_id else TokenType.NORMAL))
+        types.append(
+            int(TokenType.CONTROL if i in special else TokenType.USER_DEFINED if i not in by_id else TokenType.NORMAL)
+        )
     return tokens, types, kept_merges(model.get("merges", ()), tokens)
 
 

@@ -19,7 +19,10 @@ from ..targets import Target
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-    keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False, autoescape=False,
+    keep_trailing_newline=True,
+    trim_blocks=False,
+    lstrip_blocks=False,
+    autoescape=False,
 )
 _SIGNATURES = {  # {carried}: the values handed from region to region (x, and x_add: defer_residual_add)
     "prologue": "dims, weights, batch",
@@ -52,12 +55,24 @@ def generate(graph: Graph, spec: ModelSpec, target: Target, variant: str = "defa
             imports[alias] = (alias, module, function)
             lines.append(_call_line(node, alias, weights_var))
         returns = ", ".join(region.outputs) + (", k_pool, v_pool" if region.name == "layer" else "")
-        regions.append({"name": region.name, "returns": returns, "lines": lines,
-                        "signature": _SIGNATURES[region.name].format(carried=", ".join(_carried(graph, region)))})
+        regions.append(
+            {
+                "name": region.name,
+                "returns": returns,
+                "lines": lines,
+                "signature": _SIGNATURES[region.name].format(carried=", ".join(_carried(graph, region))),
+            }
+        )
     source = _TEMPLATES.get_template("plan.py.j2").render(
-        spec_file=f"specs/{spec.path.name}", target=target.name, variant=variant, spec_sha256=spec.source_sha256,
-        compiler_version=COMPILER_VERSION, arch=graph.arch, imports=sorted(imports.values()),
-        regions=regions, carried=_carried(graph, graph.region("layer")),
+        spec_file=f"specs/{spec.path.name}",
+        target=target.name,
+        variant=variant,
+        spec_sha256=spec.source_sha256,
+        compiler_version=COMPILER_VERSION,
+        arch=graph.arch,
+        imports=sorted(imports.values()),
+        regions=regions,
+        carried=_carried(graph, graph.region("layer")),
         global_weights=repr(tuple(sorted(_used_weights(graph, layer=False)))),
         layer_weights=repr(tuple(sorted(_used_weights(graph, layer=True)))),
     )
@@ -140,22 +155,35 @@ def _manifest(graph: Graph, spec: ModelSpec, target: Target) -> dict:
         "compiler_version": COMPILER_VERSION,
         "target": target.name,
         "activation_dtype": target.activation_dtype,
-        "entries": {"forward": {"kinds": ["prefill", "decode", "mixed"],
-                                "decode_buckets": list(target.decode_buckets),
-                                "prefill_buckets": list(target.prefill_buckets),
-                                "prefill_segments": list(target.prefill_segments),
-                                "segment_max_tokens": target.segment_max_tokens}},
+        "entries": {
+            "forward": {
+                "kinds": ["prefill", "decode", "mixed"],
+                "decode_buckets": list(target.decode_buckets),
+                "prefill_buckets": list(target.prefill_buckets),
+                "prefill_segments": list(target.prefill_segments),
+                "segment_max_tokens": target.segment_max_tokens,
+            }
+        },
         # one paged KV kind per distinct attention window (assign_state_kinds); `index` is the row of the
         # kind's slots and block tables in a StepBatch, `layer_state` maps each layer kind to its state kind
-        "state": {decl.name: {"layout": "paged", "index": i, "window": _manifest_arg(decl.window),
-                              "per_layer": True, "axes": ["hkv", "dh"]}
-                  for i, decl in enumerate(graph.state_kinds)},
+        "state": {
+            decl.name: {
+                "layout": "paged",
+                "index": i,
+                "window": _manifest_arg(decl.window),
+                "per_layer": True,
+                "axes": ["hkv", "dh"],
+            }
+            for i, decl in enumerate(graph.state_kinds)
+        },
         "layer_state": dict(graph.layer_state),
         "global_weights": sorted(_used_weights(graph, layer=False)),
         "layer_weights": sorted(_used_weights(graph, layer=True)),
         "packed_weights": {p.name: list(p.parts) for p in graph.packed_weights},
-        "layer_constants": {c.name: {"function": c.function, "args": {k: _manifest_arg(v) for k, v in c.args}}
-                            for c in graph.layer_constants},
+        "layer_constants": {
+            c.name: {"function": c.function, "args": {k: _manifest_arg(v) for k, v in c.args}}
+            for c in graph.layer_constants
+        },
     }
 
 

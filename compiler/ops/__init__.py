@@ -8,8 +8,9 @@ target runs; GPU kernels are property-tested against them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 REQUIRED = object()
 
@@ -58,51 +59,146 @@ def _op(name, params, outputs, shape, **kw):
 
 V, W, D, L = "value", "weight", "dim", "literal"
 
-_op("embedding", [Param("ids", V), Param("table", W)], 1,
-    lambda s, a, w: [("N", w["table"][1])])
+_op("embedding", [Param("ids", V), Param("table", W)], 1, lambda s, a, w: [("N", w["table"][1])])
 _op("scale", [Param("x", V), Param("factor", D)], 1, lambda s, a, w: [s[0]])
 _op("rms_norm", [Param("x", V), Param("weight", W), Param("eps", D)], 1, lambda s, a, w: [s[0]])
-_op("linear", [Param("x", V), Param("weight", W), Param("bias", L, False)], 1,
-    lambda s, a, w: [(*s[0][:-1], _weight_rows(w, "weight"))])
+_op(
+    "linear",
+    [Param("x", V), Param("weight", W), Param("bias", L, False)],
+    1,
+    lambda s, a, w: [(*s[0][:-1], _weight_rows(w, "weight"))],
+)
+
+
 def _per_head(total: str, heads: str) -> str:
     prefix = f"{heads} * "
-    if total.startswith(prefix) and _paren(total[len(prefix):]) == total[len(prefix):]:
-        return total[len(prefix):]
+    if total.startswith(prefix) and _paren(total[len(prefix) :]) == total[len(prefix) :]:
+        return total[len(prefix) :]
     return f"{_paren(total)} // {_paren(heads)}"
 
 
-_op("split_heads", [Param("x", V), Param("heads", D)], 1,
-    lambda s, a, w: [(s[0][0], a["heads"], _per_head(s[0][1], a["heads"]))])
+_op(
+    "split_heads",
+    [Param("x", V), Param("heads", D)],
+    1,
+    lambda s, a, w: [(s[0][0], a["heads"], _per_head(s[0][1], a["heads"]))],
+)
 _op("gated_act", [Param("gate", V), Param("up", V), Param("act", L)], 1, lambda s, a, w: [s[0]])
-_op("rope", [Param("q", V), Param("k", V), Param("positions", V), Param("theta", D), Param("style", L),
-             Param("scaling", D, None), Param("freq_divisors", W, None)], 2,
-    lambda s, a, w: [s[0], s[1]])
-_op("attention", [Param("q", V), Param("k", V), Param("v", V), Param("scale", D), Param("window", D, 0)], 1,
-    lambda s, a, w: [(s[0][0], f"{_paren(s[0][1])} * {_paren(s[0][2])}")], stateful=True)
+_op(
+    "rope",
+    [
+        Param("q", V),
+        Param("k", V),
+        Param("positions", V),
+        Param("theta", D),
+        Param("style", L),
+        Param("scaling", D, None),
+        Param("freq_divisors", W, None),
+    ],
+    2,
+    lambda s, a, w: [s[0], s[1]],
+)
+_op(
+    "attention",
+    [Param("q", V), Param("k", V), Param("v", V), Param("scale", D), Param("window", D, 0)],
+    1,
+    lambda s, a, w: [(s[0][0], f"{_paren(s[0][1])} * {_paren(s[0][2])}")],
+    stateful=True,
+)
 _op("add", [Param("x", V), Param("y", V)], 1, lambda s, a, w: [s[0]])
 
 # Introduced by passes.
-_op("add_rms_norm", [Param("x", V), Param("y", V), Param("weight", W), Param("eps", D)], 2,
-    lambda s, a, w: [s[0], s[0]], spec_level=False)
-_op("linear_split", [Param("x", V), Param("weight", W), Param("bias", L, False), Param("sizes", L)], -1,
-    lambda s, a, w: [(*s[0][:-1], str(size.text)) for size in a["sizes"]], spec_level=False)
-_op("gated_act_packed", [Param("gate_up", V), Param("act", L)], 1,
-    lambda s, a, w: [(*s[0][:-1], _half(s[0][-1]))], spec_level=False)
-_op("rms_norm_to_proj", [Param("x", V), Param("weight", W), Param("reader", W), Param("eps", D)], 1,
-    lambda s, a, w: [s[0]], spec_level=False)
-_op("add_rms_norm_to_proj", [Param("x", V), Param("y", V), Param("weight", W), Param("reader", W),
-                             Param("eps", D)], 2, lambda s, a, w: [s[0], s[0]], spec_level=False)
-_op("gated_linear", [Param("gate_up", V), Param("weight", W), Param("act", L), Param("partials", L, False)], 1,
-    lambda s, a, w: [(*s[0][:-1], _weight_rows(w, "weight"))], spec_level=False)
-_op("gated_mlp", [Param("x", V), Param("gate_up", W), Param("down", W), Param("act", L), Param("partials", L, False)],
-    1, lambda s, a, w: [(*s[0][:-1], _weight_rows(w, "down"))], spec_level=False)
-_op("rope_apply", [Param("q", V), Param("k", V), Param("positions", V), Param("inv_freq", V), Param("style", L)], 2,
-    lambda s, a, w: [s[0], s[1]], spec_level=False)
-_op("rope_attention", [Param("q", V), Param("k", V), Param("v", V), Param("positions", V), Param("inv_freq", V),
-                       Param("window", V), Param("state", V), Param("style", L), Param("scale", D)], 1,
-    lambda s, a, w: [(s[0][0], f"{_paren(s[0][1])} * {_paren(s[0][2])}")], stateful=True, spec_level=False)
-_op("rope_attention_to_proj", [Param("q", V), Param("k", V), Param("v", V), Param("positions", V),
-                               Param("inv_freq", V), Param("window", V), Param("state", V), Param("reader", W),
-                               Param("style", L), Param("scale", D)], 1,
-    lambda s, a, w: [(s[0][0], f"{_paren(s[0][1])} * {_paren(s[0][2])}")], stateful=True, spec_level=False)
+_op(
+    "add_rms_norm",
+    [Param("x", V), Param("y", V), Param("weight", W), Param("eps", D)],
+    2,
+    lambda s, a, w: [s[0], s[0]],
+    spec_level=False,
+)
+_op(
+    "linear_split",
+    [Param("x", V), Param("weight", W), Param("bias", L, False), Param("sizes", L)],
+    -1,
+    lambda s, a, w: [(*s[0][:-1], str(size.text)) for size in a["sizes"]],
+    spec_level=False,
+)
+_op(
+    "gated_act_packed",
+    [Param("gate_up", V), Param("act", L)],
+    1,
+    lambda s, a, w: [(*s[0][:-1], _half(s[0][-1]))],
+    spec_level=False,
+)
+_op(
+    "rms_norm_to_proj",
+    [Param("x", V), Param("weight", W), Param("reader", W), Param("eps", D)],
+    1,
+    lambda s, a, w: [s[0]],
+    spec_level=False,
+)
+_op(
+    "add_rms_norm_to_proj",
+    [Param("x", V), Param("y", V), Param("weight", W), Param("reader", W), Param("eps", D)],
+    2,
+    lambda s, a, w: [s[0], s[0]],
+    spec_level=False,
+)
+_op(
+    "gated_linear",
+    [Param("gate_up", V), Param("weight", W), Param("act", L), Param("partials", L, False)],
+    1,
+    lambda s, a, w: [(*s[0][:-1], _weight_rows(w, "weight"))],
+    spec_level=False,
+)
+_op(
+    "gated_mlp",
+    [Param("x", V), Param("gate_up", W), Param("down", W), Param("act", L), Param("partials", L, False)],
+    1,
+    lambda s, a, w: [(*s[0][:-1], _weight_rows(w, "down"))],
+    spec_level=False,
+)
+_op(
+    "rope_apply",
+    [Param("q", V), Param("k", V), Param("positions", V), Param("inv_freq", V), Param("style", L)],
+    2,
+    lambda s, a, w: [s[0], s[1]],
+    spec_level=False,
+)
+_op(
+    "rope_attention",
+    [
+        Param("q", V),
+        Param("k", V),
+        Param("v", V),
+        Param("positions", V),
+        Param("inv_freq", V),
+        Param("window", V),
+        Param("state", V),
+        Param("style", L),
+        Param("scale", D),
+    ],
+    1,
+    lambda s, a, w: [(s[0][0], f"{_paren(s[0][1])} * {_paren(s[0][2])}")],
+    stateful=True,
+    spec_level=False,
+)
+_op(
+    "rope_attention_to_proj",
+    [
+        Param("q", V),
+        Param("k", V),
+        Param("v", V),
+        Param("positions", V),
+        Param("inv_freq", V),
+        Param("window", V),
+        Param("state", V),
+        Param("reader", W),
+        Param("style", L),
+        Param("scale", D),
+    ],
+    1,
+    lambda s, a, w: [(s[0][0], f"{_paren(s[0][1])} * {_paren(s[0][2])}")],
+    stateful=True,
+    spec_level=False,
+)
 _op("select_rows", [Param("x", V), Param("rows", V)], 1, lambda s, a, w: [("R", *s[0][1:])], spec_level=False)

@@ -38,14 +38,23 @@ def paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *,
     parts = []
     if n_dec:
         slots = _table_slots(dec_tables, k_pool.shape[1])  # [B, S]
-        parts.append(_attend(q[:n_dec, None], _gather(k_pool, slots), _gather(v_pool, slots),
-                             batch.positions[:n_dec, None], window, scale)[:, 0])
+        parts.append(
+            _attend(
+                q[:n_dec, None],
+                _gather(k_pool, slots),
+                _gather(v_pool, slots),
+                batch.positions[:n_dec, None],
+                window,
+                scale,
+            )[:, 0]
+        )
     if q.shape[0] > n_dec:  # P segments of L tokens, each one sequence's chunk
         p = pre_tables.shape[0]
         slots = _table_slots(pre_tables, k_pool.shape[1])  # [P, S]
         seg_q = q[n_dec:].reshape(p, -1, *q.shape[1:])
-        out = _attend(seg_q, _gather(k_pool, slots), _gather(v_pool, slots),
-                      batch.positions[n_dec:].reshape(p, -1), window, scale)
+        out = _attend(
+            seg_q, _gather(k_pool, slots), _gather(v_pool, slots), batch.positions[n_dec:].reshape(p, -1), window, scale
+        )
         parts.append(out.reshape(-1, *q.shape[1:]))
     out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     return out.reshape(out.shape[0], -1), k_pool, v_pool

@@ -44,12 +44,22 @@ def paged_attention_blockwise(q, k, v, window, state, k_pool, v_pool, batch: Ste
     n_dec = batch.num_decode
     parts = []
     if n_dec:  # B rows of one token each
-        parts.append(_attend_blockwise(q[:n_dec, None], batch.positions[:n_dec, None], dec_tables,
-                                       k_layer, v_layer, window, scale)[:, 0])
+        parts.append(
+            _attend_blockwise(
+                q[:n_dec, None], batch.positions[:n_dec, None], dec_tables, k_layer, v_layer, window, scale
+            )[:, 0]
+        )
     if q.shape[0] > n_dec:  # P rows of L tokens (the prefill segments)
         p = pre_tables.shape[0]
-        out = _attend_blockwise(q[n_dec:].reshape(p, -1, *q.shape[1:]), batch.positions[n_dec:].reshape(p, -1),
-                                pre_tables, k_layer, v_layer, window, scale)
+        out = _attend_blockwise(
+            q[n_dec:].reshape(p, -1, *q.shape[1:]),
+            batch.positions[n_dec:].reshape(p, -1),
+            pre_tables,
+            k_layer,
+            v_layer,
+            window,
+            scale,
+        )
         parts.append(out.reshape(-1, *q.shape[1:]))
     out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     return out.reshape(out.shape[0], -1), k_pool, v_pool
@@ -130,6 +140,6 @@ def _fixed_order_sum(x):
     """
     while x.shape[0] > 1:
         half = x.shape[0] // 2
-        paired = x[:half] + x[half:2 * half]
-        x = jnp.concatenate([paired, x[2 * half:]]) if x.shape[0] % 2 else paired
+        paired = x[:half] + x[half : 2 * half]
+        x = jnp.concatenate([paired, x[2 * half :]]) if x.shape[0] % 2 else paired
     return x[0]

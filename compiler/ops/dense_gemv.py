@@ -19,6 +19,7 @@ not "0". Everything else keeps the reference op (XLA's GEMM).
 from __future__ import annotations
 
 import os
+
 import jax
 import jax.numpy as jnp
 
@@ -49,8 +50,9 @@ DENSE_RULES: tuple[Fp8Rule, ...] = (
 )
 
 
-def pick_dense_config(m: int, out: int, inner: int, *, blocked: bool = False,
-                      rules: tuple[Fp8Rule, ...] = DENSE_RULES) -> Fp8GemvConfig | None:
+def pick_dense_config(
+    m: int, out: int, inner: int, *, blocked: bool = False, rules: tuple[Fp8Rule, ...] = DENSE_RULES
+) -> Fp8GemvConfig | None:
     """The first matching rule's config (None: XLA's GEMM). EMBER_DENSE_GEMV_CONFIG ("block_n=8/block_k=1024")
     overrides fields of a picked config, or of the default config where the table says XLA (read at trace
     time, for side-by-side measurements)."""
@@ -63,11 +65,18 @@ def pick_dense_config(m: int, out: int, inner: int, *, blocked: bool = False,
 
 def use_dense_gemv(x, w) -> bool:
     """Whether x @ w.T runs the dense GEMV (see module docstring)."""
-    return (x.ndim == 2 and 1 <= x.shape[0] <= DISPATCH_MAX_ROWS and x.dtype in WEIGHT_DTYPES
-            and getattr(w, "ndim", 0) == 2 and w.dtype in WEIGHT_DTYPES and w.shape[0] * w.shape[1] < 2**31
-            and w.shape[0] < int(os.environ.get("EMBER_DENSE_GEMV_MAX_OUT", 1 << 62))
-            and os.environ.get("EMBER_DENSE_GEMV", "1") != "0" and triton_available()
-            and pick_dense_config(x.shape[0], *w.shape) is not None)
+    return (
+        x.ndim == 2
+        and 1 <= x.shape[0] <= DISPATCH_MAX_ROWS
+        and x.dtype in WEIGHT_DTYPES
+        and getattr(w, "ndim", 0) == 2
+        and w.dtype in WEIGHT_DTYPES
+        and w.shape[0] * w.shape[1] < 2**31
+        and w.shape[0] < int(os.environ.get("EMBER_DENSE_GEMV_MAX_OUT", 1 << 62))
+        and os.environ.get("EMBER_DENSE_GEMV", "1") != "0"
+        and triton_available()
+        and pick_dense_config(x.shape[0], *w.shape) is not None
+    )
 
 
 def _weight_and_config(x, w):

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TypeVar
-
-Config = TypeVar("Config")
 
 
-def overridden(config: Config, env: str) -> Config:
+def overridden[Config](config: Config, env: str) -> Config:
     text = os.environ.get(env, "").strip()
     if not text:
         return config
@@ -22,5 +19,6 @@ def overridden(config: Config, env: str) -> Config:
     updates = dict(item.split("=", 1) for item in text.split("/"))
     if not set(updates) <= set(types):
         raise ValueError(f"{env}: unknown fields {sorted(set(updates) - set(types))}")
-    return dataclasses.replace(config, **{k: bool(int(v)) if types[k] in (bool, "bool") else int(v)
-                                          for k, v in updates.items()})
+    return dataclasses.replace(
+        config, **{k: bool(int(v)) if types[k] in (bool, "bool") else int(v) for k, v in updates.items()}
+    )

@@ -50,8 +50,14 @@ from .quant import config as quant_config
 from .quant.act_quant import reads_packing
 from .quant.fp8 import Fp8Weight, fp8_linear, fp8_linear_gate_up_silu, fp8_linear_parts, fp8_rows
 from .quant.layout import DenseBacked, QuantizedWeight, WeightGroup
-from .quant.matmul import (BACKENDS, quant_matmul, quant_matmul_pair_parts, quant_matmul_parts, quant_matmul_silu_gated,
-                           split_columns)
+from .quant.matmul import (
+    BACKENDS,
+    quant_matmul,
+    quant_matmul_pair_parts,
+    quant_matmul_parts,
+    quant_matmul_silu_gated,
+    split_columns,
+)
 from .quant.ref import dequantize
 from .split_columns_gpu import split_three
 from .triton_available import triton_available
@@ -143,8 +149,11 @@ def dp4a_input_order(weight, rows: int) -> str | None:
         return None
     weight = form_for_rows(rows, weight)
     for part in weight.parts if isinstance(weight, WeightGroup) else (weight,):
-        if (isinstance(part, QuantizedWeight) and rows <= gemv_max_rows(part.format)
-                and quant_config.pick_config(part.format, rows, *part.shape).variant == "dp4a"):
+        if (
+            isinstance(part, QuantizedWeight)
+            and rows <= gemv_max_rows(part.format)
+            and quant_config.pick_config(part.format, rows, *part.shape).variant == "dp4a"
+        ):
             return part.format
     return None
 
@@ -198,18 +207,28 @@ def linear_split(x, weight, bias=None, *, sizes):
         return split_columns(linear(x, weight, bias), sizes)
     outs, start, rows = [], 0, _rows(x)
     if len(parts) == 2 and all(isinstance(p, QuantizedWeight) and rows <= gemv_max_rows(p.format) for p in parts):
-        paired = quant_matmul_pair_parts(_array(x), tuple(parts), bias, tuple(runs), backend=quant_backend(),
-                                         activations=_activations(x, parts[0]))
+        paired = quant_matmul_pair_parts(
+            _array(x), tuple(parts), bias, tuple(runs), backend=quant_backend(), activations=_activations(x, parts[0])
+        )
         if paired is not None:  # both parts in one launch (a Q4_K q+k beside a Q6_K v)
             return paired
     for part, run in zip(parts, runs):  # each part yields its projections (a group's parts: no concat)
         if isinstance(part, QuantizedWeight) and rows <= gemv_max_rows(part.format):
-            outs.extend(quant_matmul_parts(_array(x), part, bias, run, bias_offset=start, backend=quant_backend(),
-                                           activations=_activations(x, part)))
+            outs.extend(
+                quant_matmul_parts(
+                    _array(x),
+                    part,
+                    bias,
+                    run,
+                    bias_offset=start,
+                    backend=quant_backend(),
+                    activations=_activations(x, part),
+                )
+            )
         elif isinstance(part, Fp8Weight) and bias is None:
             outs.extend(fp8_linear_parts(_array(x), part, run))
         else:
-            part_bias = None if bias is None else bias[start:start + sum(run)]
+            part_bias = None if bias is None else bias[start : start + sum(run)]
             outs.extend(split_columns(_add_bias(_matmul(x, part), part_bias), run))
         start += sum(run)
     return tuple(outs)
@@ -265,6 +284,9 @@ def embedding(ids, table):
         return fp8_rows(table, ids)
     if not isinstance(table, QuantizedWeight):
         return embedding_ref.embedding(ids, table)
-    rows = QuantizedWeight({name: jnp.take(plane, ids, axis=1) for name, plane in table.planes.items()},
-                           table.format, (ids.shape[0], table.shape[1]))  # planes are [blocks, out, ...]
+    rows = QuantizedWeight(
+        {name: jnp.take(plane, ids, axis=1) for name, plane in table.planes.items()},
+        table.format,
+        (ids.shape[0], table.shape[1]),
+    )  # planes are [blocks, out, ...]
     return dequantize(rows).astype(table.dtype or jnp.float32)

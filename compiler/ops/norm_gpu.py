@@ -52,8 +52,7 @@ def rms_norm_kernel(x_ptr, w_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
 
 
 @triton.jit
-def add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
-                        EPS: tl.constexpr):
+def add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr, EPS: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
@@ -76,8 +75,7 @@ def launch_plan(rows: int, n: int) -> dict:
 
 def use_kernel(x) -> bool:
     """Whether the Triton kernels run for x (a GPU with Triton, EMBER_TRITON_NORMS not 0, rows to norm)."""
-    return (os.environ.get("EMBER_TRITON_NORMS", "1") != "0" and triton_available()
-            and math.prod(x.shape[:-1]) > 0)
+    return os.environ.get("EMBER_TRITON_NORMS", "1") != "0" and triton_available() and math.prod(x.shape[:-1]) > 0
 
 
 def rms_norm(x, weight, *, eps):
@@ -106,9 +104,17 @@ def _launch_rows(kernel, rows_in: tuple, weight, outputs: int, eps: float) -> tu
     rows, n = math.prod(x.shape[:-1]), x.shape[-1]
     plan = launch_plan(rows, n)
     out_shape = jax.ShapeDtypeStruct((rows, n), x.dtype)
-    outs = triton_call(*(a.reshape(rows, n) for a in rows_in), weight, kernel=kernel,
-                       out_shape=(out_shape,) * outputs, grid=plan["grid"], num_warps=plan["num_warps"],
-                       num_stages=1, EPS=float(eps), **plan["meta"])
+    outs = triton_call(
+        *(a.reshape(rows, n) for a in rows_in),
+        weight,
+        kernel=kernel,
+        out_shape=(out_shape,) * outputs,
+        grid=plan["grid"],
+        num_warps=plan["num_warps"],
+        num_stages=1,
+        EPS=float(eps),
+        **plan["meta"],
+    )
     return tuple(o.reshape(x.shape) for o in outs)
 
 

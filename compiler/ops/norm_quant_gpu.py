@@ -51,9 +51,25 @@ def _packed(h, NB: tl.constexpr, Q6: tl.constexpr):
 
 
 @triton.jit
-def _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
-                   NB: tl.constexpr, EPS: tl.constexpr, ADD: tl.constexpr, SPLITS: tl.constexpr,
-                   ROWS_PAD: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr, TERMS: tl.constexpr):
+def _norm_quantize(
+    x_ptr,
+    y_ptr,
+    w_ptr,
+    sum_ptr,
+    out_ptr,
+    qa_ptr,
+    da_ptr,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NB: tl.constexpr,
+    EPS: tl.constexpr,
+    ADD: tl.constexpr,
+    SPLITS: tl.constexpr,
+    ROWS_PAD: tl.constexpr,
+    Q6: tl.constexpr,
+    ASM: tl.constexpr,
+    TERMS: tl.constexpr,
+):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
@@ -74,29 +90,57 @@ def _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.
     tl.store(out_ptr + row * N + cols, h, mask=ok)
     blocks = tl.arange(0, NB)
     j3, e3 = packed_order(Q6)
-    quantize_store(_packed(h.to(tl.float32), NB, Q6), qa_ptr, da_ptr, row, blocks, blocks < N // 32, j3, e3, N,
-                   ASM, TERMS)
+    quantize_store(
+        _packed(h.to(tl.float32), NB, Q6), qa_ptr, da_ptr, row, blocks, blocks < N // 32, j3, e3, N, ASM, TERMS
+    )
 
 
 @triton.jit
-def rms_norm_quant_kernel(x_ptr, w_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr, BLOCK: tl.constexpr,
-                          NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr, ASM: tl.constexpr,
-                          TERMS: tl.constexpr = 1):
+def rms_norm_quant_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    qa_ptr,
+    da_ptr,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NB: tl.constexpr,
+    EPS: tl.constexpr,
+    Q6: tl.constexpr,
+    ASM: tl.constexpr,
+    TERMS: tl.constexpr = 1,
+):
     """x [rows, N] -> out [rows, N] = rms_norm(x) and its int8 activations qa [rows, TERMS N/4], da
     [rows, N/32, 4 TERMS]."""
-    _norm_quantize(x_ptr, x_ptr, w_ptr, out_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, False, 0, 0, Q6, ASM,
-                   TERMS)
+    _norm_quantize(
+        x_ptr, x_ptr, w_ptr, out_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, False, 0, 0, Q6, ASM, TERMS
+    )
 
 
 @triton.jit
-def add_rms_norm_quant_kernel(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N: tl.constexpr,
-                              BLOCK: tl.constexpr, NB: tl.constexpr, EPS: tl.constexpr, Q6: tl.constexpr,
-                              ASM: tl.constexpr, SPLITS: tl.constexpr, ROWS_PAD: tl.constexpr,
-                              TERMS: tl.constexpr = 1):
+def add_rms_norm_quant_kernel(
+    x_ptr,
+    y_ptr,
+    w_ptr,
+    sum_ptr,
+    out_ptr,
+    qa_ptr,
+    da_ptr,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NB: tl.constexpr,
+    EPS: tl.constexpr,
+    Q6: tl.constexpr,
+    ASM: tl.constexpr,
+    SPLITS: tl.constexpr,
+    ROWS_PAD: tl.constexpr,
+    TERMS: tl.constexpr = 1,
+):
     """x, y [rows, N] -> sum = x + y, out = rms_norm(sum), and out's int8 activations qa, da. SPLITS > 0: y is
     fp32 split-K partials [SPLITS, ROWS_PAD, N] (split_k.SplitKPartials), summed here."""
-    _norm_quantize(x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, True, SPLITS,
-                   ROWS_PAD, Q6, ASM, TERMS)
+    _norm_quantize(
+        x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, qa_ptr, da_ptr, N, BLOCK, NB, EPS, True, SPLITS, ROWS_PAD, Q6, ASM, TERMS
+    )
 
 
 def launch_plan(rows: int, n: int, order: str) -> dict:
@@ -127,18 +171,25 @@ def norm_quantize_triton(x, y, weight, *, eps, order: str):
     elif y is not None:
         operands.append(y.reshape(rows, n))
         plan["meta"].update(SPLITS=0, ROWS_PAD=0)
-    outs = triton_call(*operands, weight,
-                       kernel=rms_norm_quant_kernel if y is None else add_rms_norm_quant_kernel,
-                       out_shape=(rows_out,) * len(operands) + activations, grid=plan["grid"],
-                       num_warps=plan["num_warps"], num_stages=1, EPS=float(eps), ASM=True, **plan["meta"])
-    return (*(o.reshape(x.shape) for o in outs[:len(operands)]), *outs[len(operands):])
+    outs = triton_call(
+        *operands,
+        weight,
+        kernel=rms_norm_quant_kernel if y is None else add_rms_norm_quant_kernel,
+        out_shape=(rows_out,) * len(operands) + activations,
+        grid=plan["grid"],
+        num_warps=plan["num_warps"],
+        num_stages=1,
+        EPS=float(eps),
+        ASM=True,
+        **plan["meta"],
+    )
+    return (*(o.reshape(x.shape) for o in outs[: len(operands)]), *outs[len(operands) :])
 
 
 def _order(x, reader) -> str | None:
     from .linear_quant import dp4a_input_order
 
-    if (x.ndim != 2 or x.shape[-1] % 32 or not norm_gpu.use_kernel(x)
-            or os.environ.get(FUSED_ENV, "1") == "0"):
+    if x.ndim != 2 or x.shape[-1] % 32 or not norm_gpu.use_kernel(x) or os.environ.get(FUSED_ENV, "1") == "0":
         return None
     return dp4a_input_order(reader, x.shape[0])
 

@@ -6,14 +6,16 @@ Frequencies follow HF transformers' fp32 arithmetic so the cpu target matches it
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
 
-def inv_frequencies(*, theta: float, head_dim: int, scaling: Mapping[str, Any] | None = None,
-                    divisors: np.ndarray | None = None) -> np.ndarray:
+def inv_frequencies(
+    *, theta: float, head_dim: int, scaling: Mapping[str, Any] | None = None, divisors: np.ndarray | None = None
+) -> np.ndarray:
     """[head_dim // 2] float32 inverse frequencies, with the checkpoint's rope scaling applied."""
     exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
     inv = (np.float32(1.0) / (np.float32(theta) ** exponents)).astype(np.float32)

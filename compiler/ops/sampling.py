@@ -187,8 +187,9 @@ def _top_k_top_p_threshold(scaled, top_k, top_p, window):
     """
     vocab = scaled.shape[-1]
     log_total = jax.nn.logsumexp(scaled, axis=-1)
-    threshold, exact = _threshold_from_ranked(jax.lax.top_k(scaled, min(window, vocab))[0], top_k, top_p, vocab,
-                                              log_total)
+    threshold, exact = _threshold_from_ranked(
+        jax.lax.top_k(scaled, min(window, vocab))[0], top_k, top_p, vocab, log_total
+    )
     full = jax.lax.cond(
         jnp.any(~exact),
         lambda s: _threshold_from_ranked(-jnp.sort(-s, axis=-1), top_k, top_p, vocab, log_total)[0],
@@ -246,8 +247,14 @@ def _row_gumbel(seed, step, vocab):
     return jax.random.gumbel(key, (vocab,), jnp.float32)
 
 
-def sample(logits, params: SamplingBatch, num_top_logprobs: int = 0, *,
-           candidate_window: int = CANDIDATE_WINDOW, all_greedy: bool = False) -> SampleResult:
+def sample(
+    logits,
+    params: SamplingBatch,
+    num_top_logprobs: int = 0,
+    *,
+    candidate_window: int = CANDIDATE_WINDOW,
+    all_greedy: bool = False,
+) -> SampleResult:
     """Pick one token per row. logits f32 [R, V]; num_top_logprobs (static, 0..20) sets K.
 
     Traceable with static shapes (call it inside the step's jit, or jit it with
@@ -268,8 +275,7 @@ def sample(logits, params: SamplingBatch, num_top_logprobs: int = 0, *,
     def draw(processed):
         temperature = jnp.where(greedy, 1.0, params.temperature)[:, None]
         # greedy rows ignore the filters: turn them off there so they cannot trigger a selection
-        filters = params._replace(top_k=jnp.where(greedy, 0, params.top_k),
-                                  top_p=jnp.where(greedy, 1.0, params.top_p))
+        filters = params._replace(top_k=jnp.where(greedy, 0, params.top_k), top_p=jnp.where(greedy, 1.0, params.top_p))
         filtered = filter_logits(processed / temperature, filters, candidate_window)
         noise = jax.vmap(_row_gumbel, in_axes=(0, 0, None))(params.seed, params.step, vocab)  # [R, V]
         sampled = jnp.argmax(filtered + noise, axis=-1).astype(jnp.int32)  # Gumbel-max: a draw from softmax

@@ -28,8 +28,9 @@ MAX_ROWS = 256  # decode-sized steps (A/B at 1 row; the 8- and 32-stream benches
 
 
 @triton.jit
-def split_columns_kernel(y_ptr, a_ptr, b_ptr, c_ptr, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr,
-                         BLOCK: tl.constexpr):
+def split_columns_kernel(
+    y_ptr, a_ptr, b_ptr, c_ptr, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, BLOCK: tl.constexpr
+):
     # y [rows, S0 + S1 + S2] -> a [rows, S0], b [rows, S1], c [rows, S2]
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -43,14 +44,27 @@ def split_columns_kernel(y_ptr, a_ptr, b_ptr, c_ptr, S0: tl.constexpr, S1: tl.co
 def split_three(y: jax.Array, sizes) -> tuple[jax.Array, ...]:
     """y [rows, sum(sizes)] -> one array per size (split_columns), in one launch where it applies: a GPU
     trace, three sizes, a 2-D y of at most MAX_ROWS rows."""
-    if (len(sizes) != 3 or y.ndim != 2 or y.shape[0] > MAX_ROWS or not triton_available()
-            or os.environ.get("EMBER_TRITON_SPLIT", "1") == "0"):
+    if (
+        len(sizes) != 3
+        or y.ndim != 2
+        or y.shape[0] > MAX_ROWS
+        or not triton_available()
+        or os.environ.get("EMBER_TRITON_SPLIT", "1") == "0"
+    ):
         return split_columns(y, sizes)
     from .triton_launch import triton_call
 
     rows = y.shape[0]
     s0, s1, s2 = (int(s) for s in sizes)
-    return triton_call(y, kernel=split_columns_kernel,
-                       out_shape=tuple(jax.ShapeDtypeStruct((rows, s), y.dtype) for s in (s0, s1, s2)),
-                       grid=(rows, -(-(s0 + s1 + s2) // BLOCK)), num_warps=4, num_stages=1,
-                       S0=s0, S1=s1, S2=s2, BLOCK=BLOCK)
+    return triton_call(
+        y,
+        kernel=split_columns_kernel,
+        out_shape=tuple(jax.ShapeDtypeStruct((rows, s), y.dtype) for s in (s0, s1, s2)),
+        grid=(rows, -(-(s0 + s1 + s2) // BLOCK)),
+        num_warps=4,
+        num_stages=1,
+        S0=s0,
+        S1=s1,
+        S2=s2,
+        BLOCK=BLOCK,
+    )

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 @dataclass(frozen=True)
 class SplitKPartials:
     parts: jax.Array  # [splits, rows_pad, n] float32; rows past `rows` are padding
-    rows: int         # the projection's activation rows (static)
-    dtype: Any        # the output's dtype, which the sum is rounded to once (static)
+    rows: int  # the projection's activation rows (static)
+    dtype: Any  # the output's dtype, which the sum is rounded to once (static)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -45,4 +45,4 @@ def materialized(y):
     """y as an array: a SplitKPartials summed in split order and rounded to its dtype; anything else as is."""
     if not isinstance(y, SplitKPartials):
         return y
-    return jnp.sum(y.parts[:, :y.rows], axis=0).astype(y.dtype)
+    return jnp.sum(y.parts[:, : y.rows], axis=0).astype(y.dtype)

@@ -20,37 +20,56 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import Primitive
 from jax._src.interpreters import mlir  # custom_call is not re-exported publicly
 from jax._src.lib.mlir import ir
+from jax.extend.core import Primitive
 
 XLA_TRITON_TARGET = "__gpu$xla.gpu.triton"
 COMPUTE_CAPABILITY = 90  # sm_90 (H200); XLA compiles the IR for the device it runs on
 
 _TRITON_TYPES = {
-    np.dtype(jnp.bfloat16): "bf16", np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32",
-    np.dtype(np.float64): "fp64", np.dtype(np.int8): "i8", np.dtype(np.uint8): "u8", np.dtype(np.int16): "i16",
-    np.dtype(np.uint16): "u16", np.dtype(np.int32): "i32", np.dtype(np.uint32): "u32", np.dtype(np.int64): "i64",
-    np.dtype(np.uint64): "u64", np.dtype(jnp.float8_e4m3fn): "fp8e4nv", np.dtype(jnp.float8_e5m2): "fp8e5",
+    np.dtype(jnp.bfloat16): "bf16",
+    np.dtype(np.float16): "fp16",
+    np.dtype(np.float32): "fp32",
+    np.dtype(np.float64): "fp64",
+    np.dtype(np.int8): "i8",
+    np.dtype(np.uint8): "u8",
+    np.dtype(np.int16): "i16",
+    np.dtype(np.uint16): "u16",
+    np.dtype(np.int32): "i32",
+    np.dtype(np.uint32): "u32",
+    np.dtype(np.int64): "i64",
+    np.dtype(np.uint64): "u64",
+    np.dtype(jnp.float8_e4m3fn): "fp8e4nv",
+    np.dtype(jnp.float8_e5m2): "fp8e5",
     np.dtype(np.bool_): "i1",
 }
 
 
 def launch_backend() -> str:
-    """"xla" (default) or "jax_triton" (EMBER_TRITON_LAUNCH)."""
+    """ "xla" (default) or "jax_triton" (EMBER_TRITON_LAUNCH)."""
     backend = os.environ.get("EMBER_TRITON_LAUNCH", "xla")
     if backend not in ("xla", "jax_triton"):
         raise ValueError(f"EMBER_TRITON_LAUNCH must be 'xla' or 'jax_triton', got {backend!r}")
     return backend
 
 
-def triton_call(*arrays, kernel, out_shape, grid: Sequence[int], num_warps: int = 4, num_stages: int = 3,
-                input_output_aliases: dict[int, int] | None = None, **constants):
+def triton_call(
+    *arrays,
+    kernel,
+    out_shape,
+    grid: Sequence[int],
+    num_warps: int = 4,
+    num_stages: int = 3,
+    input_output_aliases: dict[int, int] | None = None,
+    **constants,
+):
     """arrays: the kernel's leading pointer arguments; out_shape: a ShapeDtypeStruct or a tuple of them (one
     pointer argument each, after the inputs); grid: up to 3 static ints; constants: every other argument.
     Returns one array, or a tuple when out_shape is a tuple."""
@@ -60,22 +79,37 @@ def triton_call(*arrays, kernel, out_shape, grid: Sequence[int], num_warps: int 
     if launch_backend() == "jax_triton":
         import jax_triton as jt  # GPU-only dependency, imported on use
 
-        return jt.triton_call(*arrays, kernel=kernel, out_shape=out_shape, grid=tuple(grid), num_warps=num_warps,
-                              num_stages=num_stages, input_output_aliases=aliases, **constants)
+        return jt.triton_call(
+            *arrays,
+            kernel=kernel,
+            out_shape=out_shape,
+            grid=tuple(grid),
+            num_warps=num_warps,
+            num_stages=num_stages,
+            input_output_aliases=aliases,
+            **constants,
+        )
     grid3 = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
     if len(grid3) != 3 or min(grid3) < 1:
         raise ValueError(f"grid must be 1-3 positive ints, got {tuple(grid)}")
     pointer_types = tuple("*" + _triton_type(a.dtype) for a in (*arrays, *outs))
     results = _triton_p.bind(
-        *arrays, kernel=kernel, pointer_types=pointer_types,
+        *arrays,
+        kernel=kernel,
+        pointer_types=pointer_types,
         constants=tuple(sorted((k, _hashable(v)) for k, v in constants.items())),
         out_avals=tuple(jax.core.ShapedArray(tuple(o.shape), o.dtype) for o in outs),
-        grid=grid3, num_warps=int(num_warps), num_stages=int(num_stages), aliases=tuple(sorted(aliases.items())))
+        grid=grid3,
+        num_warps=int(num_warps),
+        num_stages=int(num_stages),
+        aliases=tuple(sorted(aliases.items())),
+    )
     return results[0] if single else tuple(results)
 
 
-def kernel_ttir(kernel, pointer_types: tuple[str, ...], constants: tuple[tuple[str, Any], ...],
-                num_warps: int, num_stages: int) -> tuple[str, str]:
+def kernel_ttir(
+    kernel, pointer_types: tuple[str, ...], constants: tuple[tuple[str, Any], ...], num_warps: int, num_stages: int
+) -> tuple[str, str]:
     """(TTIR text, kernel name) for sm_90: the pointers (16-byte aligned, as XLA allocates) and constants
     bound. Needs only Triton (no GPU): CI checks the IR of every kernel this way."""
     return _kernel_ttir(kernel, pointer_types, constants, num_warps, num_stages)
@@ -92,8 +126,10 @@ def _kernel_ttir(kernel, pointer_types, constants, num_warps, num_stages):
     values = dict(constants)
     pointer_names = [n for n in names if n not in values]
     if len(pointer_names) != len(pointer_types):
-        raise TypeError(f"{kernel.__name__} takes pointers {pointer_names} but was given {len(pointer_types)} "
-                        f"arrays and outputs; every other argument must be passed as a constant")
+        raise TypeError(
+            f"{kernel.__name__} takes pointers {pointer_names} but was given {len(pointer_types)} "
+            f"arrays and outputs; every other argument must be passed as a constant"
+        )
     unknown = sorted(set(values) - set(names))
     if unknown:
         raise TypeError(f"{kernel.__name__} has no arguments {unknown}")
@@ -106,8 +142,9 @@ def _kernel_ttir(kernel, pointer_types, constants, num_warps, num_stages):
     tir.load_dialects(context)
     backend.load_dialects(context)
     source = ASTSource(kernel, {n: signature[n] for n in names}, constexprs=values, attrs=attrs)
-    module = source.make_ir(backend.target, options, backend.get_codegen_implementation(options),
-                            backend.get_module_map(), context)
+    module = source.make_ir(
+        backend.target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context
+    )
     module = CUDABackend.make_ttir(module, {}, options, COMPUTE_CAPABILITY)
     return str(module), kernel.__name__
 
@@ -133,16 +170,27 @@ _triton_p.def_abstract_eval(lambda *avals, out_avals, **_: out_avals)
 def _lowering(ctx, *operands, kernel, pointer_types, constants, out_avals, grid, num_warps, num_stages, aliases):
     text, name = kernel_ttir(kernel, pointer_types, constants, num_warps, num_stages)
     backend_config = dict(
-        name=ir.StringAttr.get(name), ir=ir.StringAttr.get(text),
-        num_stages=mlir.i32_attr(num_stages), num_warps=mlir.i32_attr(num_warps),
-        grid_x=mlir.i32_attr(grid[0]), grid_y=mlir.i32_attr(grid[1]), grid_z=mlir.i32_attr(grid[2]),
-        debug=ir.BoolAttr.get(False))
+        name=ir.StringAttr.get(name),
+        ir=ir.StringAttr.get(text),
+        num_stages=mlir.i32_attr(num_stages),
+        num_warps=mlir.i32_attr(num_warps),
+        grid_x=mlir.i32_attr(grid[0]),
+        grid_y=mlir.i32_attr(grid[1]),
+        grid_z=mlir.i32_attr(grid[2]),
+        debug=ir.BoolAttr.get(False),
+    )
     result_types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in out_avals]
     row_major = lambda avals: [list(reversed(range(a.ndim))) for a in avals]  # noqa: E731
     return mlir.custom_call(
-        call_target_name=XLA_TRITON_TARGET, result_types=result_types, operands=list(operands),
-        backend_config=backend_config, api_version=4, operand_layouts=row_major(ctx.avals_in),
-        result_layouts=row_major(out_avals), operand_output_aliases=dict(aliases)).results
+        call_target_name=XLA_TRITON_TARGET,
+        result_types=result_types,
+        operands=list(operands),
+        backend_config=backend_config,
+        api_version=4,
+        operand_layouts=row_major(ctx.avals_in),
+        result_layouts=row_major(out_avals),
+        operand_output_aliases=dict(aliases),
+    ).results
 
 
 mlir.register_lowering(_triton_p, _lowering, platform="cuda")

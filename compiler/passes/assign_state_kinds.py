@@ -28,8 +28,10 @@ def assign_state_kinds(graph: Graph) -> Graph:
     if not stateful:
         return graph
     if len(stateful) > 1:
-        raise ValueError(f"{graph.arch}: a layer body may hold one stateful op (it gets one KV pool per layer), "
-                         f"found {len(stateful)}")
+        raise ValueError(
+            f"{graph.arch}: a layer body may hold one stateful op (it gets one KV pool per layer), "
+            f"found {len(stateful)}"
+        )
     node = layer.nodes[stateful[0]]
     kinds = graph.layer_kinds or {NO_KINDS: {}}
     windows = {kind: _window_of(node.attr("window", 0), kinds[kind]) for kind in sorted(kinds)}
@@ -40,7 +42,7 @@ def assign_state_kinds(graph: Graph) -> Graph:
     index = {decl.name: i for i, decl in enumerate(ordered)}
     layer_state = tuple((kind, _state_name(window)) for kind, window in windows.items())
     node = node.with_attrs(state=PerKind(tuple((kind, index[name]) for kind, name in layer_state)))
-    nodes = layer.nodes[:stateful[0]] + (node,) + layer.nodes[stateful[0] + 1:]
+    nodes = layer.nodes[: stateful[0]] + (node,) + layer.nodes[stateful[0] + 1 :]
     graph = graph.with_region(replace(layer, nodes=nodes))
     return replace(graph, state_kinds=tuple(ordered), layer_state=layer_state)
 

@@ -34,14 +34,17 @@ def carry_split_k_partials(graph: Graph) -> Graph:
         return graph
     carried = layer.outputs[1]  # the layer returns (x, x_add): forward hands them on in that order
     producer = next((i for i, n in enumerate(layer.nodes) if carried in n.outputs), None)
-    if (producer is None or layer.nodes[producer].op not in PRODUCERS
-            or any(carried in n.inputs for n in layer.nodes)):
+    if producer is None or layer.nodes[producer].op not in PRODUCERS or any(carried in n.inputs for n in layer.nodes):
         return graph
     layer_readers = [n for n in layer.nodes if PENDING in n.inputs]
     epilogue_readers = [n for n in epilogue.nodes if PENDING in n.inputs]
-    if ([n.op for n in layer_readers] != ["add_rms_norm_to_proj"] or layer_readers[0].inputs[1] != PENDING
-            or len(epilogue_readers) != 1 or epilogue_readers[0].op not in EPILOGUE_READERS
-            or epilogue_readers[0].inputs[1] != PENDING):
+    if (
+        [n.op for n in layer_readers] != ["add_rms_norm_to_proj"]
+        or layer_readers[0].inputs[1] != PENDING
+        or len(epilogue_readers) != 1
+        or epilogue_readers[0].op not in EPILOGUE_READERS
+        or epilogue_readers[0].inputs[1] != PENDING
+    ):
         return graph
     nodes = list(layer.nodes)
     nodes[producer] = nodes[producer].with_attrs(partials=True)

@@ -26,13 +26,17 @@ from dataclasses import replace
 from ..ir import Graph, Node, Region
 
 PENDING = "x_add"  # the carried second operand of the residual add
-SUM = "x_in"       # the completed residual stream inside the region
+SUM = "x_in"  # the completed residual stream inside the region
 
 
 def defer_residual_add(graph: Graph) -> Graph:
     layer, epilogue = graph.region("layer"), graph.region("epilogue")
-    if (PENDING in layer.inputs or "x" not in layer.inputs or "x" not in epilogue.inputs
-            or any(SUM in n.outputs for r in (layer, epilogue) for n in r.nodes)):
+    if (
+        PENDING in layer.inputs
+        or "x" not in layer.inputs
+        or "x" not in epilogue.inputs
+        or any(SUM in n.outputs for r in (layer, epilogue) for n in r.nodes)
+    ):
         return graph
     last_add = _last_add(layer)
     first = next((i for i, n in enumerate(layer.nodes) if "x" in n.inputs), None)
@@ -46,9 +50,11 @@ def defer_residual_add(graph: Graph) -> Graph:
     nodes[first] = Node("add_rms_norm", ("x", PENDING), (SUM, norm.outputs[0]), norm.weights, norm.attrs)
     del nodes[last_add]
     layer = replace(layer, inputs=layer.inputs + (PENDING,), nodes=tuple(nodes), outputs=add.inputs)
-    epilogue = replace(epilogue, inputs=epilogue.inputs + (PENDING,),
-                       nodes=(Node("add", ("x", PENDING), (SUM,)),
-                              *(_renamed(n, "x", SUM) for n in epilogue.nodes)))
+    epilogue = replace(
+        epilogue,
+        inputs=epilogue.inputs + (PENDING,),
+        nodes=(Node("add", ("x", PENDING), (SUM,)), *(_renamed(n, "x", SUM) for n in epilogue.nodes)),
+    )
     return graph.with_region(layer).with_region(epilogue)
 
 

@@ -9,14 +9,15 @@ reader, or None to leave the pair alone; the producer is dropped. Regions are re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from ..ir import Graph, Node
 
 
-def fold_single_reader(graph: Graph, producer_op: str, reader_op: str,
-                       merge: Callable[[Node, Node], Node | None]) -> Graph:
+def fold_single_reader(
+    graph: Graph, producer_op: str, reader_op: str, merge: Callable[[Node, Node], Node | None]
+) -> Graph:
     regions = []
     for region in graph.regions:
         nodes = list(region.nodes)

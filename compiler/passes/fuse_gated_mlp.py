@@ -22,5 +22,10 @@ def fuse_gated_mlp(graph: Graph) -> Graph:
 def _merge(gate_up: Node, gated: Node) -> Node | None:
     if [p for p, _ in gate_up.weights] != ["weight"]:  # a biased gate/up projection keeps its own op
         return None
-    return Node("gated_mlp", gate_up.inputs, gated.outputs,
-                (("gate_up", gate_up.weight("weight")), ("down", gated.weight("weight"))), gated.attrs)
+    return Node(
+        "gated_mlp",
+        gate_up.inputs,
+        gated.outputs,
+        (("gate_up", gate_up.weight("weight")), ("down", gated.weight("weight"))),
+        gated.attrs,
+    )

@@ -19,13 +19,17 @@ from dataclasses import replace
 from ..ir import Graph, Node
 
 # op -> (its _to_proj op, the output the projection reads)
-FUSED = {"rms_norm": ("rms_norm_to_proj", 0), "add_rms_norm": ("add_rms_norm_to_proj", 1),
-         "rope_attention": ("rope_attention_to_proj", 0)}
+FUSED = {
+    "rms_norm": ("rms_norm_to_proj", 0),
+    "add_rms_norm": ("add_rms_norm_to_proj", 1),
+    "rope_attention": ("rope_attention_to_proj", 0),
+}
 PROJECTIONS = ("linear", "linear_split")
 
 
-def fuse_norm_into_projection(graph: Graph, available: frozenset[str] = frozenset(
-        op for op, _ in FUSED.values())) -> Graph:
+def fuse_norm_into_projection(
+    graph: Graph, available: frozenset[str] = frozenset(op for op, _ in FUSED.values())
+) -> Graph:
     """available: the `_to_proj` ops the target has kernels for (the others stay as they are)."""
     regions = []
     for region in graph.regions:
@@ -38,10 +42,19 @@ def fuse_norm_into_projection(graph: Graph, available: frozenset[str] = frozense
             if node.op in FUSED and FUSED[node.op][0] in available:
                 op, output = FUSED[node.op]
                 only = readers.get(node.outputs[output], [])
-                if (len(only) == 1 and isinstance(only[0], Node) and only[0].op in PROJECTIONS
-                        and only[0].inputs[0] == node.outputs[output]):
-                    node = Node(op, node.inputs, node.outputs, node.weights + (("reader", only[0].weight("weight")),),
-                                node.attrs)
+                if (
+                    len(only) == 1
+                    and isinstance(only[0], Node)
+                    and only[0].op in PROJECTIONS
+                    and only[0].inputs[0] == node.outputs[output]
+                ):
+                    node = Node(
+                        op,
+                        node.inputs,
+                        node.outputs,
+                        node.weights + (("reader", only[0].weight("weight")),),
+                        node.attrs,
+                    )
             nodes.append(node)
         regions.append(replace(region, nodes=tuple(nodes)))
     return replace(graph, regions=tuple(regions))

@@ -30,8 +30,13 @@ def fuse_rope_attention(graph: Graph) -> Graph:
             rope = nodes[j]
             q, k, positions, inv_freq = rope.inputs
             v, window, state = node.inputs[2:]
-            nodes[i] = Node("rope_attention", (q, k, v, positions, inv_freq, window, state), node.outputs,
-                            node.weights, rope.attrs + node.attrs)
+            nodes[i] = Node(
+                "rope_attention",
+                (q, k, v, positions, inv_freq, window, state),
+                node.outputs,
+                node.weights,
+                rope.attrs + node.attrs,
+            )
             drop.add(j)
         regions.append(replace(region, nodes=tuple(n for i, n in enumerate(nodes) if i not in drop)))
     return replace(graph, regions=tuple(regions))

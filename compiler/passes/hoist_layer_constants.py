@@ -22,23 +22,37 @@ def hoist_layer_constants(graph: Graph) -> Graph:
             name = f"rope_inv_freq{len(constants)}"
             head_dim = graph.shapes["layer"][node.inputs[0]][-1]
             divisors = node.weight("freq_divisors")
-            constants.append(LayerConstant(name, "ember.compiler.ops.rope:inv_frequencies", (
-                ("theta", node.attr("theta")), ("head_dim", Expr(head_dim)),
-                ("scaling", node.attr("scaling")), ("divisors", ("weight", divisors) if divisors else None),
-            )))
+            constants.append(
+                LayerConstant(
+                    name,
+                    "ember.compiler.ops.rope:inv_frequencies",
+                    (
+                        ("theta", node.attr("theta")),
+                        ("head_dim", Expr(head_dim)),
+                        ("scaling", node.attr("scaling")),
+                        ("divisors", ("weight", divisors) if divisors else None),
+                    ),
+                )
+            )
             inputs.append(name)
-            node = Node("rope_apply", (*node.inputs, name), node.outputs, (),
-                        (("style", node.attr("style")),))
+            node = Node("rope_apply", (*node.inputs, name), node.outputs, (), (("style", node.attr("style")),))
         elif node.op == "attention":
             window = f"attn_window{len(constants)}"
-            constants.append(LayerConstant(window, "ember.compiler.ops.attention:window_size",
-                                           (("window", node.attr("window")),)))
+            constants.append(
+                LayerConstant(window, "ember.compiler.ops.attention:window_size", (("window", node.attr("window")),))
+            )
             state = f"attn_state{len(constants)}"
-            constants.append(LayerConstant(state, "ember.compiler.ops.attention:state_index",
-                                           (("index", node.attr("state", 0)),)))
+            constants.append(
+                LayerConstant(state, "ember.compiler.ops.attention:state_index", (("index", node.attr("state", 0)),))
+            )
             inputs += [window, state]
-            node = Node("attention", (*node.inputs, window, state), node.outputs, node.weights,
-                        tuple((k, v) for k, v in node.attrs if k not in ("window", "state")))
+            node = Node(
+                "attention",
+                (*node.inputs, window, state),
+                node.outputs,
+                node.weights,
+                tuple((k, v) for k, v in node.attrs if k not in ("window", "state")),
+            )
         nodes.append(node)
     layer = replace(layer, nodes=tuple(nodes), inputs=tuple(inputs))
     return replace(graph.with_region(layer), layer_constants=tuple(constants))

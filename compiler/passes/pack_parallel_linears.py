@@ -45,8 +45,10 @@ def _fuse(group: list[Node], packed: list[PackedWeight], graph: Graph) -> Node:
         stem = "+".join(p.rsplit(".", 1)[0] for p in parts)
         name = f"{stem}.{parts[0].rsplit('.', 1)[1]}"
         packed.append(PackedWeight(name, parts))
-        graph.weight_shapes[name] = (" + ".join(f"({graph.weight_shapes[p][0]})" for p in parts),
-                                     *graph.weight_shapes[parts[0]][1:])
+        graph.weight_shapes[name] = (
+            " + ".join(f"({graph.weight_shapes[p][0]})" for p in parts),
+            *graph.weight_shapes[parts[0]][1:],
+        )
         weights.append((param, name))
     sizes = tuple(Expr(graph.weight_shapes[n.weight("weight")][0]) for n in group)
     outputs = tuple(n.outputs[0] for n in group)

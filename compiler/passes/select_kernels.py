@@ -7,7 +7,6 @@ from dataclasses import replace
 from ..ir import Graph
 from ..targets import Target
 
-
 VARIANTS = ("default", "deterministic")
 
 

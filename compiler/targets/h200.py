@@ -32,36 +32,38 @@ inside a step, XLA's own fusions ~2.4 µs (tools/results/h200_launch_overhead_xl
 pays where it does more than the ops it replaces, or replaces several.
 """
 
-from .cpu import CPU
 from . import Target
+from .cpu import CPU
 
 H200 = Target(
     name="h200",
     description="NVIDIA H200 (sm_90): Triton attention and quantized GEMV kernels, XLA for the rest, bf16",
-    kernels={**CPU.kernels,
-             # split-K decode and flash prefill over the paged pool (Triton kernels, native XLA launches)
-             "attention": "ember.compiler.ops.attention_gpu.paged:paged_attention",
-             # RoPE on q and k and the K/V write in one kernel, then the same attention kernels
-             "rope_attention": "ember.compiler.ops.attention_gpu.paged:rope_paged_attention",
-             # the same, its combine also writing the int8 activations of the projection reading it
-             # (fuse_norm_into_projection)
-             "rope_attention_to_proj": "ember.compiler.ops.attention_gpu.paged:rope_paged_attention_to_proj",
-             # weights kept GGUF-quantized: fused dequant GEMV for decode rows, dequant + XLA matmul above
-             "linear": "ember.compiler.ops.linear_quant:linear",
-             "linear_split": "ember.compiler.ops.linear_quant:linear_split",
-             "embedding": "ember.compiler.ops.linear_quant:embedding",
-             # act(gate) * up made inside the down projection's activation quantizer (fuse_gated_linear)
-             "gated_linear": "ember.compiler.ops.linear_quant:gated_linear",
-             # the gate/up projection and the gated down projection as one op (fuse_gated_mlp): FP8 weights
-             # make act(gate) * up in the gate/up GEMV's epilogue; other weights run the two ops as before
-             "gated_mlp": "ember.compiler.ops.linear_quant:gated_mlp",
-             # one program per row where XLA runs the add, the reduce and the scale as three kernels
-             "rms_norm": "ember.compiler.ops.norm_gpu:rms_norm",
-             "add_rms_norm": "ember.compiler.ops.norm_gpu:add_rms_norm",
-             # the same, also writing the int8 activations of the one projection reading them
-             # (fuse_norm_into_projection)
-             "rms_norm_to_proj": "ember.compiler.ops.norm_quant_gpu:rms_norm_to_proj",
-             "add_rms_norm_to_proj": "ember.compiler.ops.norm_quant_gpu:add_rms_norm_to_proj"},
+    kernels={
+        **CPU.kernels,
+        # split-K decode and flash prefill over the paged pool (Triton kernels, native XLA launches)
+        "attention": "ember.compiler.ops.attention_gpu.paged:paged_attention",
+        # RoPE on q and k and the K/V write in one kernel, then the same attention kernels
+        "rope_attention": "ember.compiler.ops.attention_gpu.paged:rope_paged_attention",
+        # the same, its combine also writing the int8 activations of the projection reading it
+        # (fuse_norm_into_projection)
+        "rope_attention_to_proj": "ember.compiler.ops.attention_gpu.paged:rope_paged_attention_to_proj",
+        # weights kept GGUF-quantized: fused dequant GEMV for decode rows, dequant + XLA matmul above
+        "linear": "ember.compiler.ops.linear_quant:linear",
+        "linear_split": "ember.compiler.ops.linear_quant:linear_split",
+        "embedding": "ember.compiler.ops.linear_quant:embedding",
+        # act(gate) * up made inside the down projection's activation quantizer (fuse_gated_linear)
+        "gated_linear": "ember.compiler.ops.linear_quant:gated_linear",
+        # the gate/up projection and the gated down projection as one op (fuse_gated_mlp): FP8 weights
+        # make act(gate) * up in the gate/up GEMV's epilogue; other weights run the two ops as before
+        "gated_mlp": "ember.compiler.ops.linear_quant:gated_mlp",
+        # one program per row where XLA runs the add, the reduce and the scale as three kernels
+        "rms_norm": "ember.compiler.ops.norm_gpu:rms_norm",
+        "add_rms_norm": "ember.compiler.ops.norm_gpu:add_rms_norm",
+        # the same, also writing the int8 activations of the one projection reading them
+        # (fuse_norm_into_projection)
+        "rms_norm_to_proj": "ember.compiler.ops.norm_quant_gpu:rms_norm_to_proj",
+        "add_rms_norm_to_proj": "ember.compiler.ops.norm_quant_gpu:add_rms_norm_to_proj",
+    },
     deterministic_kernels=dict(CPU.deterministic_kernels),
     activation_dtype="bfloat16",
     # GGUF Q4_K / Q6_K / Q8_0 weights stay packed for the decode GEMVs, with a bf16 copy beside each for steps

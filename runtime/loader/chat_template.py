@@ -29,7 +29,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
 MAX_REPEAT = 1_000_000  # longest string or list `*` may build
-MAX_EXPONENT = 1_024    # largest exponent `**` may raise a number above 1 to
+MAX_EXPONENT = 1_024  # largest exponent `**` may raise a number above 1 to
 # A message's reasoning, under the names clients use for it; templates read `reasoning_content`
 # (and gpt-oss's `thinking`). HF fills both the same way.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -47,31 +47,59 @@ class ChatTemplateError(Exception):
 class ChatTemplate:
     """One compiled chat template. `origin` says where it came from, for error messages."""
 
-    def __init__(self, source: str, *, bos_token: str | None, eos_token: str | None, origin: str,
-                 clock: Callable[[], datetime] = datetime.now):
+    def __init__(
+        self,
+        source: str,
+        *,
+        bos_token: str | None,
+        eos_token: str | None,
+        origin: str,
+        clock: Callable[[], datetime] = datetime.now,
+    ):
         self.source, self.origin = source, origin
         self.bos_token, self.eos_token = bos_token, eos_token
-        env = _TemplateSandbox(trim_blocks=True, lstrip_blocks=True,
-                               extensions=[jinja2.ext.loopcontrols, _GenerationBlock])
+        env = _TemplateSandbox(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationBlock]
+        )
         env.filters["tojson"] = _tojson
-        env.globals.update(raise_exception=_raise_exception, strftime_now=lambda fmt: clock().strftime(fmt),
-                           dict=_DictMaker(), namespace=_TemplateNamespace)
+        env.globals.update(
+            raise_exception=_raise_exception,
+            strftime_now=lambda fmt: clock().strftime(fmt),
+            dict=_DictMaker(),
+            namespace=_TemplateNamespace,
+        )
         try:
             self._template = env.from_string(source)
         except TemplateSyntaxError as error:
             raise ChatTemplateError(origin, f"syntax error on line {error.lineno}: {error.message}") from error
 
-    def render(self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None,
-               **template_kwargs: Any) -> str:
+    def render(
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        **template_kwargs: Any,
+    ) -> str:
         """The prompt text for `messages` (OpenAI-style dicts). Keys whose value is None are dropped,
         as HF does: templates test for a key's presence, and many print a None as "None"."""
-        chat = [_with_reasoning_aliases(_plain(message, self.origin, "messages"))
-                for message in _checked_messages(messages, self.origin)]
-        variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, "documents": None,
-                     **_plain(template_kwargs, self.origin, "template_kwargs")}
+        chat = [
+            _with_reasoning_aliases(_plain(message, self.origin, "messages"))
+            for message in _checked_messages(messages, self.origin)
+        ]
+        variables = {
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "documents": None,
+            **_plain(template_kwargs, self.origin, "template_kwargs"),
+        }
         try:
-            return self._template.render(messages=chat, tools=_plain(tools, self.origin, "tools"),
-                                         add_generation_prompt=add_generation_prompt, **variables)
+            return self._template.render(
+                messages=chat,
+                tools=_plain(tools, self.origin, "tools"),
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+            )
         except SecurityError as error:
             raise ChatTemplateError(self.origin, f"the template broke the sandbox: {error}") from error
         except _TemplateRaisedError as error:
@@ -101,8 +129,12 @@ class _TemplateSandbox(ImmutableSandboxedEnvironment):
             for seq, count in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(count, int) and len(seq) * count > MAX_REPEAT:
                     raise SecurityError(f"'*' would build a sequence of {len(seq) * count} items")
-        elif isinstance(left, (int, float)) and isinstance(right, (int, float)) and abs(left) > 1 \
-                and right > MAX_EXPONENT:
+        elif (
+            isinstance(left, (int, float))
+            and isinstance(right, (int, float))
+            and abs(left) > 1
+            and right > MAX_EXPONENT
+        ):
             raise SecurityError(f"'**' with exponent {right} is too large")
         return super().call_binop(context, operator, left, right)
 
@@ -130,8 +162,13 @@ def _raise_exception(message: str) -> None:
     raise _TemplateRaisedError(str(message))
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # Jinja's own tojson escapes <, >, & and ' for HTML; prompts want the JSON as written.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 

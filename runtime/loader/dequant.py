@@ -11,7 +11,7 @@ keeps peak memory close to the size of the output.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -22,8 +22,15 @@ from ember.runtime.loader.dequant_legacy import dequantize_q4_0, dequantize_q5_0
 F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 6, 8, 12, 13, 14, 30
 
 TYPE_NAMES: dict[int, str] = {
-    F32: "F32", F16: "F16", BF16: "BF16", Q8_0: "Q8_0", Q4_0: "Q4_0",
-    Q5_0: "Q5_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K",
+    F32: "F32",
+    F16: "F16",
+    BF16: "BF16",
+    Q8_0: "Q8_0",
+    Q4_0: "Q4_0",
+    Q5_0: "Q5_0",
+    Q4_K: "Q4_K",
+    Q5_K: "Q5_K",
+    Q6_K: "Q6_K",
 }
 
 # ggml type id -> (elements per block, bytes per block).
@@ -68,7 +75,9 @@ def tensor_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
     block_elems, block_bytes = BLOCK_SIZES[ggml_type]
     n_elements = int(np.prod(shape, dtype=object)) if shape else 1
     if shape and shape[-1] % block_elems:
-        raise ValueError(f"row length {shape[-1]} is not a multiple of the {TYPE_NAMES[ggml_type]} block size {block_elems}")
+        raise ValueError(
+            f"row length {shape[-1]} is not a multiple of the {TYPE_NAMES[ggml_type]} block size {block_elems}"
+        )
     return n_elements // block_elems * block_bytes
 
 

@@ -32,8 +32,12 @@ def unpack_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     first = packed[:, 0:4]
     second = packed[:, 4:8]
     third = packed[:, 8:12]
-    scales = np.concatenate([first & np.uint8(0x3F), (third & np.uint8(0x0F)) | ((first >> np.uint8(6)) << np.uint8(4))], axis=1)
-    mins = np.concatenate([second & np.uint8(0x3F), (third >> np.uint8(4)) | ((second >> np.uint8(6)) << np.uint8(4))], axis=1)
+    scales = np.concatenate(
+        [first & np.uint8(0x3F), (third & np.uint8(0x0F)) | ((first >> np.uint8(6)) << np.uint8(4))], axis=1
+    )
+    mins = np.concatenate(
+        [second & np.uint8(0x3F), (third >> np.uint8(4)) | ((second >> np.uint8(6)) << np.uint8(4))], axis=1
+    )
     return scales, mins
 
 
@@ -50,8 +54,8 @@ def _low_nibbles_by_subblock(qs: np.ndarray) -> np.ndarray:
 def _apply_scale_and_min(blocks: np.ndarray, codes: np.ndarray) -> np.ndarray:
     """Shared tail of Q4_K and Q5_K: codes uint8 [n, 8, 32] -> float32 [n, 256]."""
     n = blocks.shape[0]
-    d = fp16_scale(blocks, 0)      # [n, 1] super-block scale
-    dmin = fp16_scale(blocks, 2)   # [n, 1] super-block scale of the minimums
+    d = fp16_scale(blocks, 0)  # [n, 1] super-block scale
+    dmin = fp16_scale(blocks, 2)  # [n, 1] super-block scale of the minimums
     sc, m = unpack_k_scales(blocks[:, 4:16])
     scale = (d * sc.astype(np.float32)).reshape(n, 8, 1)
     minimum = (dmin * m.astype(np.float32)).reshape(n, 8, 1)
@@ -101,7 +105,7 @@ def dequantize_q6_k(blocks: np.ndarray) -> np.ndarray:
     y[i] = (d * scales[i // 16]) * ((low | high << 4) - 32)
     """
     n = blocks.shape[0]
-    ql = blocks[:, 0:128].reshape(n, 2, 2, 32)   # [n, half, run of 32 bytes, l]
+    ql = blocks[:, 0:128].reshape(n, 2, 2, 32)  # [n, half, run of 32 bytes, l]
     low = np.concatenate([ql & np.uint8(0x0F), ql >> np.uint8(4)], axis=2)  # [n, half, k, l]
     qh = blocks[:, 128:192].reshape(n, 2, 1, 32)  # [n, half, 1, l]
     high = (qh >> _Q6_HIGH_SHIFTS) & np.uint8(0x03)  # [n, half, k, l]

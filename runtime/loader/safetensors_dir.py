@@ -33,10 +33,23 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
 
 # Byte-sized safetensors dtypes -> bytes per element (sub-byte F4/F6 are not supported).
 DTYPE_SIZES: dict[str, int] = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
-    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
-    "U32": 4, "I32": 4, "F32": 4,
-    "U64": 8, "I64": 8, "F64": 8, "C64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "F8_E8M0": 1,
+    "U16": 2,
+    "I16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "U32": 4,
+    "I32": 4,
+    "F32": 4,
+    "U64": 8,
+    "I64": 8,
+    "F64": 8,
+    "C64": 8,
 }
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")  # what load() turns into float32
 
@@ -92,8 +105,10 @@ def _parse_entry(path: Path, name: str, entry: Any, data_start: int, data_len: i
     for d in shape:
         n_elements *= d
     if n_elements * DTYPE_SIZES[dtype] != end - begin:
-        raise fail(f"shape {shape} of {dtype} needs {n_elements * DTYPE_SIZES[dtype]} bytes "
-                   f"but data_offsets {offsets} span {end - begin}")
+        raise fail(
+            f"shape {shape} of {dtype} needs {n_elements * DTYPE_SIZES[dtype]} bytes "
+            f"but data_offsets {offsets} span {end - begin}"
+        )
     return SafetensorsEntry(dtype, tuple(shape), data_start + begin, data_start + end)
 
 
@@ -104,10 +119,15 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
         with open(path, "rb") as f:
             file_size = os.fstat(f.fileno()).st_size
             if file_size < 8:
-                raise CheckpointError(path, f"file of {file_size} bytes is too short for a safetensors header: truncated")
+                raise CheckpointError(
+                    path, f"file of {file_size} bytes is too short for a safetensors header: truncated"
+                )
             header_len = int.from_bytes(f.read(8), "little")
             if header_len > file_size - 8:
-                raise CheckpointError(path, f"header length {header_len} runs past the end of the file ({file_size} bytes): truncated or corrupt")
+                raise CheckpointError(
+                    path,
+                    f"header length {header_len} runs past the end of the file ({file_size} bytes): truncated or corrupt",
+                )
             if header_len > MAX_HEADER_BYTES:
                 raise CheckpointError(path, f"header length {header_len} is absurd (limit {MAX_HEADER_BYTES})")
             header_bytes = f.read(header_len)
@@ -134,8 +154,11 @@ def _check_no_overlap(path: Path, tensors: dict[str, SafetensorsEntry]) -> None:
     by_start = sorted(tensors.items(), key=lambda item: (item[1].begin, item[1].end))
     for (prev_name, prev), (name, cur) in zip(by_start, by_start[1:]):
         if cur.begin < prev.end:
-            raise CheckpointError(path, f"tensors {prev_name!r} and {name!r} overlap "
-                                        f"(bytes {prev.begin}..{prev.end} and {cur.begin}..{cur.end})")
+            raise CheckpointError(
+                path,
+                f"tensors {prev_name!r} and {name!r} overlap "
+                f"(bytes {prev.begin}..{prev.end} and {cur.begin}..{cur.end})",
+            )
 
 
 def _read_json_object(path: Path, *, required: bool) -> dict[str, Any]:
@@ -163,7 +186,9 @@ class HFCheckpoint:
     generation_config: dict  # {} when the folder has no generation_config.json
     tensor_names: tuple[str, ...]
     # tensor name -> (shard header, entry); shard path -> memory map (opened on first load)
-    _locations: dict[str, tuple[SafetensorsHeader, SafetensorsEntry]] = field(repr=False, compare=False, default_factory=dict)
+    _locations: dict[str, tuple[SafetensorsHeader, SafetensorsEntry]] = field(
+        repr=False, compare=False, default_factory=dict
+    )
     _maps: dict[Path, mmap.mmap] = field(repr=False, compare=False, default_factory=dict)
     # the loader reads tensors from several threads (runtime/weights.py prefetched): one map per shard
     _maps_lock: threading.Lock = field(repr=False, compare=False, default_factory=threading.Lock)
@@ -184,8 +209,11 @@ class HFCheckpoint:
         if header is None or entry is None:
             raise CheckpointError(self.path, f"no tensor named {name!r}")
         if entry.dtype not in FLOAT_DTYPES:
-            raise CheckpointError(header.path, f"tensor {name!r} has dtype {entry.dtype}, which does not "
-                                               f"load as float32 (supported: {', '.join(FLOAT_DTYPES)})")
+            raise CheckpointError(
+                header.path,
+                f"tensor {name!r} has dtype {entry.dtype}, which does not "
+                f"load as float32 (supported: {', '.join(FLOAT_DTYPES)})",
+            )
         data = np.frombuffer(self._map(header), np.uint8, entry.end - entry.begin, entry.begin)
         if entry.dtype == "BF16":
             values = _bf16_to_f32(data)
@@ -238,7 +266,9 @@ def _shard_headers_from_index(folder: Path) -> list[tuple[str, SafetensorsHeader
     placed = []
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
-            raise CheckpointError(index_path, f"tensor {name!r} names shard {shard!r}, which is not a file name in the folder")
+            raise CheckpointError(
+                index_path, f"tensor {name!r} names shard {shard!r}, which is not a file name in the folder"
+            )
         if shard not in headers:
             if not (folder / shard).is_file():
                 raise CheckpointError(index_path, f"names shard {shard!r}, which is missing from {folder}")

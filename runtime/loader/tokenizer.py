@@ -26,10 +26,19 @@ from ember.runtime.loader.tokenizer_gguf import CONTROL, build_backend, read_ggu
 # these as a special token stops generation on it too, besides the declared EOS: an instruct
 # Qwen says EOS is <|im_end|> but may also end with <|endoftext|>, Gemma ends turns with
 # <end_of_turn> while its EOS is <eos>.
-END_OF_GENERATION_NAMES = frozenset({
-    "<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
-    "<|end_of_text|>", "<EOT>", "<|return|>",
-})
+END_OF_GENERATION_NAMES = frozenset(
+    {
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<end_of_turn>",
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<|end|>",
+        "<|end_of_text|>",
+        "<EOT>",
+        "<|return|>",
+    }
+)
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder writes for bytes that are not (yet) a whole character
 
@@ -37,9 +46,9 @@ REPLACEMENT_CHAR = "\ufffd"  # what a decoder writes for bytes that are not (yet
 @dataclass(frozen=True)
 class SpecialIds:
     bos_token_id: int | None
-    eos_token_id: int | None        # the model's own EOS; its text is `eos_token` in chat templates
+    eos_token_id: int | None  # the model's own EOS; its text is `eos_token` in chat templates
     eos_token_ids: tuple[int, ...]  # every id that ends generation, EOS first
-    add_bos: bool                   # encode(add_special_tokens=True) starts with BOS
+    add_bos: bool  # encode(add_special_tokens=True) starts with BOS
 
 
 class Tokenizer:
@@ -59,11 +68,16 @@ class Tokenizer:
         vocab = read_gguf_vocab(metadata, source)
         backend = build_backend(vocab)
         declared = [i for i in (vocab.eos_id, vocab.eot_id, vocab.eom_id) if i is not None]
-        by_name = [i for i, (token, kind) in enumerate(zip(vocab.tokens, vocab.token_types, strict=True))
-                   if kind == CONTROL and token in END_OF_GENERATION_NAMES]
+        by_name = [
+            i
+            for i, (token, kind) in enumerate(zip(vocab.tokens, vocab.token_types, strict=True))
+            if kind == CONTROL and token in END_OF_GENERATION_NAMES
+        ]
         special = SpecialIds(
-            bos_token_id=vocab.bos_id, eos_token_id=vocab.eos_id,
-            eos_token_ids=_unique(declared + by_name), add_bos=vocab.add_bos and vocab.bos_id is not None,
+            bos_token_id=vocab.bos_id,
+            eos_token_id=vocab.eos_id,
+            eos_token_ids=_unique(declared + by_name),
+            add_bos=vocab.add_bos and vocab.bos_id is not None,
         )
         return cls(backend, special, chat_template=vocab.chat_template, source=source)
 
@@ -92,9 +106,12 @@ class Tokenizer:
         add_bos = _settle_bos_eos(backend, config, bos, bos_id, eos, eos_id)
         added = backend.get_added_tokens_decoder()
         by_name = sorted(i for i, t in added.items() if t.special and t.content in END_OF_GENERATION_NAMES)
-        special = SpecialIds(bos_token_id=bos_id, eos_token_id=eos_id,
-                             eos_token_ids=_unique(([eos_id] if eos_id is not None else []) + by_name),
-                             add_bos=add_bos)
+        special = SpecialIds(
+            bos_token_id=bos_id,
+            eos_token_id=eos_id,
+            eos_token_ids=_unique(([eos_id] if eos_id is not None else []) + by_name),
+            add_bos=add_bos,
+        )
         return cls(backend, special, chat_template=_hf_chat_template(folder, config), source=str(folder))
 
     def with_extra_eos(self, ids: Iterable[int]) -> Tokenizer:
@@ -180,10 +197,10 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), *, skip_special_tokens: bool = False):
         self._decode = tokenizer.decode
         self._skip = skip_special_tokens
-        self._ids = [int(i) for i in list(prompt_ids)[-self.PROMPT_CONTEXT:]]
-        self._prefix = 0             # window start: an id boundary where the text ended cleanly
+        self._ids = [int(i) for i in list(prompt_ids)[-self.PROMPT_CONTEXT :]]
+        self._prefix = 0  # window start: an id boundary where the text ended cleanly
         self._read = len(self._ids)  # the latest clean boundary: text up to here is emitted
-        self._ahead = 0              # characters emitted beyond the text up to `_read`
+        self._ahead = 0  # characters emitted beyond the text up to `_read`
 
     def push(self, token_id: int) -> str:
         self._ids.append(int(token_id))
@@ -192,11 +209,11 @@ class IncrementalDetokenizer:
             stable = len(pending.rstrip(REPLACEMENT_CHAR))
             if stable <= self._ahead:
                 return ""
-            out, self._ahead = pending[self._ahead:stable], stable
+            out, self._ahead = pending[self._ahead : stable], stable
             return out
         if len(pending) < self._ahead:
             return ""
-        out = pending[self._ahead:]
+        out = pending[self._ahead :]
         if not out:  # e.g. a skipped special token: keep the window, so the next word keeps its space
             return ""
         self._prefix, self._read, self._ahead = self._read, len(self._ids), 0
@@ -204,22 +221,22 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """All text not emitted yet (an incomplete character becomes U+FFFD), at the end of a stream."""
-        out = self._pending_text()[self._ahead:]
+        out = self._pending_text()[self._ahead :]
         self._prefix = self._read = len(self._ids)
         self._ahead = 0
         return out
 
     def _pending_text(self) -> str:
         """Text of the ids after the last clean point, decoded with the window before it as context."""
-        window = self._ids[self._prefix:]
-        done = self._decode(window[:self._read - self._prefix], self._skip)
+        window = self._ids[self._prefix :]
+        done = self._decode(window[: self._read - self._prefix], self._skip)
         text = self._decode(window, self._skip)
         if text.startswith(done):
-            return text[len(done):]
+            return text[len(done) :]
         # The decoder rewrote text already emitted: byte tokens that only now turn out not to be
         # UTF-8 (ByteFallback then writes U+FFFD for every byte of the run). Emitted text stays;
         # judge the new ids alone.
-        return self._decode(self._ids[self._read:], self._skip)
+        return self._decode(self._ids[self._read :], self._skip)
 
 
 # ---- helpers --------------------------------------------------------------------------------------
@@ -252,15 +269,25 @@ def _add_config_added_tokens(backend: BackendTokenizer, config: Mapping[str, Any
         content = _token_text(entry)
         if content is None or int(index) in known or backend.token_to_id(content) != int(index):
             continue  # already there, or would get another id than the config says: leave it
-        token = AddedToken(content, special=bool(entry.get("special", False)),
-                           normalized=bool(entry.get("normalized", not entry.get("special", False))),
-                           lstrip=bool(entry.get("lstrip", False)), rstrip=bool(entry.get("rstrip", False)),
-                           single_word=bool(entry.get("single_word", False)))
+        token = AddedToken(
+            content,
+            special=bool(entry.get("special", False)),
+            normalized=bool(entry.get("normalized", not entry.get("special", False))),
+            lstrip=bool(entry.get("lstrip", False)),
+            rstrip=bool(entry.get("rstrip", False)),
+            single_word=bool(entry.get("single_word", False)),
+        )
         (backend.add_special_tokens if token.special else backend.add_tokens)([token])
 
 
-def _settle_bos_eos(backend: BackendTokenizer, config: Mapping[str, Any], bos: str | None, bos_id: int | None,
-                    eos: str | None, eos_id: int | None) -> bool:
+def _settle_bos_eos(
+    backend: BackendTokenizer,
+    config: Mapping[str, Any],
+    bos: str | None,
+    bos_id: int | None,
+    eos: str | None,
+    eos_id: int | None,
+) -> bool:
     """Whether encode adds BOS. tokenizer.json's post-processor decides, unless tokenizer_config.json
     sets add_bos_token / add_eos_token explicitly (as HF's Llama and Gemma tokenizers honour)."""
     adds_bos_now = _post_processor_adds_bos(backend, bos_id)

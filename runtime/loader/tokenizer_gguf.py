@@ -45,8 +45,11 @@ _LLAMA3_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _SPLIT_BY_PRE = {
-    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
-    "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT,
+    "deepseek-r1-qwen": _QWEN2_SPLIT,
+    "llama3": _LLAMA3_SPLIT,
+    "llama-v3": _LLAMA3_SPLIT,
+    "llama-bpe": _LLAMA3_SPLIT,
 }
 # These mean "GPT-2's own split", which ByteLevel applies when asked to use its regex.
 _GPT2_PRES = (None, "default", "gpt2", "gpt-2")
@@ -60,23 +63,23 @@ _GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3", "gemma3n")
 class GGUFVocab:
     """The tokenizer part of a GGUF's metadata, checked and with llama.cpp's defaults applied."""
 
-    source: str                 # the file, for error messages
-    architecture: str           # general.architecture
-    model: str                  # tokenizer.ggml.model: "gpt2" or "llama"
-    pre: str | None             # tokenizer.ggml.pre
-    tokens: tuple[str, ...]     # token text by id
+    source: str  # the file, for error messages
+    architecture: str  # general.architecture
+    model: str  # tokenizer.ggml.model: "gpt2" or "llama"
+    pre: str | None  # tokenizer.ggml.pre
+    tokens: tuple[str, ...]  # token text by id
     token_types: tuple[int, ...]  # llama.cpp token type by id (NORMAL when the file has none)
     merges: tuple[str, ...] | None  # "left right" strings, best first (gpt2 only)
     scores: tuple[float, ...] | None  # SentencePiece scores by id (llama only)
     bos_id: int | None
     eos_id: int | None
-    eot_id: int | None          # end of turn (tokenizer.ggml.eot_token_id)
-    eom_id: int | None          # end of message (tokenizer.ggml.eom_token_id)
+    eot_id: int | None  # end of turn (tokenizer.ggml.eot_token_id)
+    eom_id: int | None  # end of message (tokenizer.ggml.eom_token_id)
     unk_id: int | None
     pad_id: int | None
     add_bos: bool
     add_eos: bool
-    add_space_prefix: bool      # SentencePiece: prepend "▁" to the text (not Gemma)
+    add_space_prefix: bool  # SentencePiece: prepend "▁" to the text (not Gemma)
     chat_template: str | None
 
 
@@ -122,13 +125,22 @@ def read_gguf_vocab(metadata: Mapping[str, Any], source: str) -> GGUFVocab:
     # llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise, not to BPE ones.
     add_bos = get("tokenizer.ggml.add_bos_token", bool, model == "llama")
     return GGUFVocab(
-        source=source, architecture=architecture, model=model, pre=get("tokenizer.ggml.pre", str),
-        tokens=tuple(tokens), token_types=tuple(int(t) for t in token_types),
+        source=source,
+        architecture=architecture,
+        model=model,
+        pre=get("tokenizer.ggml.pre", str),
+        tokens=tuple(tokens),
+        token_types=tuple(int(t) for t in token_types),
         merges=tuple(merges) if merges is not None else None,
         scores=tuple(float(s) for s in scores) if scores is not None else None,
-        bos_id=token_id("bos"), eos_id=token_id("eos"), eot_id=token_id("eot"), eom_id=token_id("eom"),
-        unk_id=token_id("unknown"), pad_id=token_id("padding"),
-        add_bos=add_bos, add_eos=get("tokenizer.ggml.add_eos_token", bool, False),
+        bos_id=token_id("bos"),
+        eos_id=token_id("eos"),
+        eot_id=token_id("eot"),
+        eom_id=token_id("eom"),
+        unk_id=token_id("unknown"),
+        pad_id=token_id("padding"),
+        add_bos=add_bos,
+        add_eos=get("tokenizer.ggml.add_eos_token", bool, False),
         add_space_prefix=get("tokenizer.ggml.add_space_prefix", bool, architecture not in _GEMMA_ARCHITECTURES),
         chat_template=get("tokenizer.chat_template", str),
     )
@@ -178,13 +190,25 @@ def _byte_level_bpe(vocab: GGUFVocab) -> BackendTokenizer:
         if len(parts) != 2:
             raise CheckpointError(vocab.source, f"merge #{rank} {merge!r} is not two tokens separated by a space")
         merges.append((parts[0], parts[1]))
-    backend = BackendTokenizer(BPE(vocab=ids, merges=merges, dropout=None, unk_token=None, fuse_unk=False,
-                                   byte_fallback=False, continuing_subword_prefix="", end_of_word_suffix=""))
+    backend = BackendTokenizer(
+        BPE(
+            vocab=ids,
+            merges=merges,
+            dropout=None,
+            unk_token=None,
+            fuse_unk=False,
+            byte_fallback=False,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+        )
+    )
     if vocab.pre in _SPLIT_BY_PRE:
-        backend.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_SPLIT_BY_PRE[vocab.pre]), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_SPLIT_BY_PRE[vocab.pre]), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     elif vocab.pre in _GPT2_PRES:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
@@ -206,8 +230,16 @@ def _sentencepiece_bpe(vocab: GGUFVocab) -> BackendTokenizer:
     ranks = [-i for i in range(len(tokens))] if gemma else list(vocab.scores or ())
     ids = {token: i for i, token in enumerate(tokens)}
     unk = tokens[vocab.unk_id] if vocab.unk_id is not None else ("<unk>" if "<unk>" in ids else None)
-    backend = BackendTokenizer(BPE(vocab=ids, merges=derive_merges(tokens, ranks), dropout=None,
-                                   unk_token=unk, fuse_unk=True, byte_fallback=True))
+    backend = BackendTokenizer(
+        BPE(
+            vocab=ids,
+            merges=derive_merges(tokens, ranks),
+            dropout=None,
+            unk_token=unk,
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
     steps = [decoders.Replace(SPACE_MARK, " "), decoders.ByteFallback(), decoders.Fuse()]
     if vocab.add_space_prefix:
         # Llama-style: "▁" before the text (not after each special token), and the decoder

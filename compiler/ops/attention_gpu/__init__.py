@@ -8,11 +8,20 @@ prefill*.py       the prefill chunk's flash-attention kernel and its jnp emulati
 """
 
 from ember.compiler.ops.attention_gpu.decode import (
-    DecodeAttentionConfig, combine_partials, decode_launch_plan, paged_decode_attention, split_k_partials_jnp,
+    DecodeAttentionConfig,
+    combine_partials,
+    decode_launch_plan,
+    paged_decode_attention,
+    split_k_partials_jnp,
 )
 from ember.compiler.ops.attention_gpu.paged import paged_attention, paged_attention_emulated
 
 __all__ = [
-    "DecodeAttentionConfig", "combine_partials", "decode_launch_plan", "paged_attention", "paged_attention_emulated",
-    "paged_decode_attention", "split_k_partials_jnp",
+    "DecodeAttentionConfig",
+    "combine_partials",
+    "decode_launch_plan",
+    "paged_attention",
+    "paged_attention_emulated",
+    "paged_decode_attention",
+    "split_k_partials_jnp",
 ]

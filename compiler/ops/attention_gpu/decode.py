@@ -61,9 +61,20 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
-def decode_launch_plan(batch: int, hq: int, hkv: int, dh: int, block_size: int, table_width: int, *,
-                       dot_fp32: bool, scale: float = 1.0, config: DecodeAttentionConfig = DecodeAttentionConfig(),
-                       splits: int | None = None, kv_itemsize: int = 2) -> dict:
+def decode_launch_plan(
+    batch: int,
+    hq: int,
+    hkv: int,
+    dh: int,
+    block_size: int,
+    table_width: int,
+    *,
+    dot_fp32: bool,
+    scale: float = 1.0,
+    config: DecodeAttentionConfig = DecodeAttentionConfig(),
+    splits: int | None = None,
+    kv_itemsize: int = 2,
+) -> dict:
     """Static launch parameters of one call: grid, splits, kernel constexprs. Pure; testable on CPU.
 
     splits (unless forced): more when B * hkv is small and the table is wide. The table width W (the
@@ -89,17 +100,40 @@ def decode_launch_plan(batch: int, hq: int, hkv: int, dh: int, block_size: int, 
     if splits < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
     g = hq // hkv
-    meta = dict(QK_SCALE=float(scale) * LOG2E, HQ=hq, HKV=hkv, G=g, G_PAD=max(16, _next_pow2(g)), DH=dh,
-                DH_PAD=dh_pad, BS=block_size, W=table_width, BLOCK_N=block_n, DOT_FP32=dot_fp32)
+    meta = dict(
+        QK_SCALE=float(scale) * LOG2E,
+        HQ=hq,
+        HKV=hkv,
+        G=g,
+        G_PAD=max(16, _next_pow2(g)),
+        DH=dh,
+        DH_PAD=dh_pad,
+        BS=block_size,
+        W=table_width,
+        BLOCK_N=block_n,
+        DOT_FP32=dot_fp32,
+    )
     if splits > 1:
         meta["SPLITS"] = splits
     # one program per (row, KV head, split): B on x (up to 2**31 - 1), hkv and splits on y, z (<= 65535)
     return {"grid": (batch, hkv, splits), "splits": splits, "block_n": block_n, "meta": meta}
 
 
-def paged_decode_attention(q, k_pool, v_pool, block_tables, ctx_lens, positions, window, *, scale: float,
-                           backend: str = "triton", config: DecodeAttentionConfig | None = None,
-                           splits: int | None = None, activations_for: str | None = None):
+def paged_decode_attention(
+    q,
+    k_pool,
+    v_pool,
+    block_tables,
+    ctx_lens,
+    positions,
+    window,
+    *,
+    scale: float,
+    backend: str = "triton",
+    config: DecodeAttentionConfig | None = None,
+    splits: int | None = None,
+    activations_for: str | None = None,
+):
     """q [B, hq, dh]; k_pool, v_pool [num_blocks, bs, hkv, dh]; block_tables [B, W] int32; ctx_lens [B]
     (tokens in context, the row's own included, already in the pool); positions [B] (ctx_len - 1 for
     decode); window: scalar (0 = unlimited; else positions > p - window are seen); scale: a Python float.
@@ -110,20 +144,31 @@ def paged_decode_attention(q, k_pool, v_pool, block_tables, ctx_lens, positions,
     b, _, dh = q.shape
     pool_dh = k_pool.shape[3]
     if pool_dh != dh or v_pool.shape != k_pool.shape or block_tables.shape[0] != b:
-        raise ValueError(f"shapes do not match: q {q.shape}, pools {k_pool.shape} {v_pool.shape}, "
-                         f"tables {block_tables.shape}")
+        raise ValueError(
+            f"shapes do not match: q {q.shape}, pools {k_pool.shape} {v_pool.shape}, tables {block_tables.shape}"
+        )
     plan = _launch_plan(q, k_pool, v_pool, block_tables, scale, config, splits)
     window = jnp.asarray(window).astype(jnp.int32)
     tables, ctx_lens, positions = (jnp.asarray(a).astype(jnp.int32) for a in (block_tables, ctx_lens, positions))
     if backend == "emulate":
-        acc, m, l = split_k_partials_jnp(q, k_pool, v_pool, tables, ctx_lens, positions, window,
-                                         qk_scale=plan["meta"]["QK_SCALE"], splits=plan["splits"],
-                                         block_n=plan["block_n"])
+        acc, m, l = split_k_partials_jnp(
+            q,
+            k_pool,
+            v_pool,
+            tables,
+            ctx_lens,
+            positions,
+            window,
+            qk_scale=plan["meta"]["QK_SCALE"],
+            splits=plan["splits"],
+            block_n=plan["block_n"],
+        )
         out = combine_partials(acc, m, l, q.dtype)
         return out if activations_for is None else (out, None)
     if backend == "triton":
-        out, activations = _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan, config,
-                                          activations_for)
+        out, activations = _triton_decode(
+            q, k_pool, v_pool, tables, ctx_lens, positions, window, plan, config, activations_for
+        )
         return out if activations_for is None else (out, activations)
     raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
 
@@ -131,15 +176,15 @@ def paged_decode_attention(q, k_pool, v_pool, block_tables, ctx_lens, positions,
 def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan, config, activations_for):
     # -> (out [B, hq, dh], (qa, da) or None)
     from ..triton_launch import triton_call  # Triton itself is imported on use (GPU-only dependency)
-
     from .decode_kernel import KERNELS
 
     hkv, splits, meta = k_pool.shape[2], plan["splits"], plan["meta"]
     args = (q, k_pool, v_pool, tables, ctx_lens, positions, window.reshape(1))
     launch = dict(grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)
     if splits == 1:  # one launch writes the output: nothing after it
-        return triton_call(*args, kernel=KERNELS["single"], out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-                           **launch), None
+        return triton_call(
+            *args, kernel=KERNELS["single"], out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), **launch
+        ), None
     acc, m, l = triton_call(*args, kernel=KERNELS["partials"], out_shape=_partials_shapes(q, hkv, splits), **launch)
     return _merge(acc, m, l, q, plan, config, activations_for)
 
@@ -148,45 +193,82 @@ def _launch_plan(q, k_pool, v_pool, block_tables, scale, config, splits=None) ->
     # decode_launch_plan for these arrays: fp32 dots unless q has a 16-bit float dtype and both pools hold it (or
     # FP8 e4m3: the kernels' dots then run in fp16, decode_kernel.py)
     _, block_size, hkv, _ = k_pool.shape
-    dot_fp32 = not (q.dtype in (jnp.bfloat16, jnp.float16) and k_pool.dtype == v_pool.dtype
-                    and k_pool.dtype in (q.dtype, jnp.float8_e4m3fn))
-    return decode_launch_plan(q.shape[0], q.shape[1], hkv, q.shape[2], block_size, block_tables.shape[1],
-                              dot_fp32=dot_fp32, scale=scale, config=config, splits=splits,
-                              kv_itemsize=jnp.dtype(k_pool.dtype).itemsize)
+    dot_fp32 = not (
+        q.dtype in (jnp.bfloat16, jnp.float16)
+        and k_pool.dtype == v_pool.dtype
+        and k_pool.dtype in (q.dtype, jnp.float8_e4m3fn)
+    )
+    return decode_launch_plan(
+        q.shape[0],
+        q.shape[1],
+        hkv,
+        q.shape[2],
+        block_size,
+        block_tables.shape[1],
+        dot_fp32=dot_fp32,
+        scale=scale,
+        config=config,
+        splits=splits,
+        kv_itemsize=jnp.dtype(k_pool.dtype).itemsize,
+    )
 
 
 def _partials_shapes(q, hkv: int, splits: int) -> tuple:
     # the partials kernels' fp32 outputs: acc [B, hkv, S, G, dh], m, l [B, hkv, S, G]
     b, hq, dh = q.shape
     rows = (b, hkv, splits, hq // hkv)
-    return (jax.ShapeDtypeStruct((*rows, dh), jnp.float32), jax.ShapeDtypeStruct(rows, jnp.float32),
-            jax.ShapeDtypeStruct(rows, jnp.float32))
+    return (
+        jax.ShapeDtypeStruct((*rows, dh), jnp.float32),
+        jax.ShapeDtypeStruct(rows, jnp.float32),
+        jax.ShapeDtypeStruct(rows, jnp.float32),
+    )
 
 
 def _merge(acc, m, l, q, plan, config, activations_for):
     # the split partials -> (out [B, hq, dh] in q's dtype, (qa, da) or None): the combine kernel, or XLA's merge
     from ..triton_launch import triton_call
-
     from .decode_kernel import KERNELS
 
     b, hq, dh = q.shape
     if os.environ.get(TRITON_COMBINE_ENV, "1") == "0":  # read at trace time: the side-by-side measurement
         return combine_partials(acc, m, l, q.dtype), None
-    merge = dict(grid=(b, hq), num_warps=config.num_warps, num_stages=1,
-                 **combine_meta(plan["meta"], plan["splits"]))
+    merge = dict(grid=(b, hq), num_warps=config.num_warps, num_stages=1, **combine_meta(plan["meta"], plan["splits"]))
     out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
     if activations_for is None or dh < 32 or dh & (dh - 1):
         return triton_call(acc, m, l, kernel=KERNELS["combine"], out_shape=out_shape, **merge), None
     terms = act_terms()
-    out, qa, da = triton_call(acc, m, l, kernel=KERNELS["combine_quant"],
-                              out_shape=(out_shape, *packed_shapes(b, hq * dh, terms)),
-                              Q6=activations_for == "q6_k", ASM=True, TERMS=terms, **merge)
+    out, qa, da = triton_call(
+        acc,
+        m,
+        l,
+        kernel=KERNELS["combine_quant"],
+        out_shape=(out_shape, *packed_shapes(b, hq * dh, terms)),
+        Q6=activations_for == "q6_k",
+        ASM=True,
+        TERMS=terms,
+        **merge,
+    )
     return out, (qa, da)
 
 
-def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, block_tables, ctx_lens, window, *,
-                          style: str, scale: float, config: DecodeAttentionConfig | None = None,
-                          activations_for: str | None = None):
+def rope_decode_attention(
+    q,
+    k,
+    v,
+    positions,
+    inv_freq,
+    slots,
+    k_pool,
+    v_pool,
+    block_tables,
+    ctx_lens,
+    window,
+    *,
+    style: str,
+    scale: float,
+    config: DecodeAttentionConfig | None = None,
+    activations_for: str | None = None,
+):
     """RoPE, the step's K/V write and the split partials in ONE Triton launch (then the combine), for steps whose
     rows all decode: q [B, hq, dh], k / v [B, hkv, dh] as the projections give them (unrotated), positions,
     slots [B] int32, inv_freq [dh / 2] -> (out, activations, k_pool, v_pool) as rope_write followed by
@@ -196,7 +278,6 @@ def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, b
     does not apply (one split: the single kernel normalizes in place; a head size that is not a power of
     two): the caller runs the two launches."""
     from ..triton_launch import triton_call
-
     from .decode_kernel import KERNELS
     from .rope_write import STYLES
 
@@ -209,21 +290,43 @@ def rope_decode_attention(q, k, v, positions, inv_freq, slots, k_pool, v_pool, b
         return None
     i32 = jnp.int32
     acc, m, l, k_pool, v_pool = triton_call(
-        q, k, v, inv_freq.astype(jnp.float32), slots.astype(i32), k_pool, v_pool, block_tables.astype(i32),
-        ctx_lens.astype(i32), positions.astype(i32), jnp.asarray(window).astype(i32).reshape(1),
+        q,
+        k,
+        v,
+        inv_freq.astype(jnp.float32),
+        slots.astype(i32),
+        k_pool,
+        v_pool,
+        block_tables.astype(i32),
+        ctx_lens.astype(i32),
+        positions.astype(i32),
+        jnp.asarray(window).astype(i32).reshape(1),
         kernel=KERNELS["rope_partials"],
-        out_shape=(*_partials_shapes(q, k_pool.shape[2], plan["splits"]),
-                   jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype), jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype)),
-        input_output_aliases={5: 3, 6: 4}, grid=plan["grid"], num_warps=config.num_warps,
-        num_stages=config.num_stages, INTERLEAVED=style == "interleaved", WRITE_KV=True, **plan["meta"])
+        out_shape=(
+            *_partials_shapes(q, k_pool.shape[2], plan["splits"]),
+            jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype),
+            jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype),
+        ),
+        input_output_aliases={5: 3, 6: 4},
+        grid=plan["grid"],
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        INTERLEAVED=style == "interleaved",
+        WRITE_KV=True,
+        **plan["meta"],
+    )
     out, activations = _merge(acc, m, l, q, plan, config, activations_for)
     return out, activations, k_pool, v_pool
 
 
 def combine_meta(meta: dict, splits: int) -> dict:
     """The combine kernel's constants, from the partials kernel's launch meta: up to 32 splits per tile."""
-    return {**{k: meta[k] for k in ("HQ", "HKV", "G", "DH", "DH_PAD")}, "SPLITS": splits,
-            "SPLITS_PAD": _next_pow2(splits), "CHUNK": min(_next_pow2(splits), 32)}
+    return {
+        **{k: meta[k] for k in ("HQ", "HKV", "G", "DH", "DH_PAD")},
+        "SPLITS": splits,
+        "SPLITS_PAD": _next_pow2(splits),
+        "CHUNK": min(_next_pow2(splits), 32),
+    }
 
 
 def combine_partials(acc, m, l, dtype) -> jax.Array:
@@ -254,8 +357,9 @@ def split_range(start, end, splits: int, block_n: int):
     return it_lo, jnp.minimum(it_lo + per_split[:, None], n_iters[:, None])
 
 
-def split_k_partials_jnp(q, k_pool, v_pool, tables, ctx_lens, positions, window, *, qk_scale: float,
-                         splits: int, block_n: int):
+def split_k_partials_jnp(
+    q, k_pool, v_pool, tables, ctx_lens, positions, window, *, qk_scale: float, splits: int, block_n: int
+):
     """The kernel's partials (acc [B, hkv, S, G, dh], m, l [B, hkv, S, G]) in jnp, all splits at once: a
     fori_loop over the static bound of iterations per split, each gathering [B, S, block_n] tokens."""
     b, hq, dh = q.shape
@@ -265,7 +369,8 @@ def split_k_partials_jnp(q, k_pool, v_pool, tables, ctx_lens, positions, window,
     f32 = jnp.float32
     start, end = visible_range(ctx_lens, positions, window, width * bs)
     it_lo, it_hi = split_range(start, end, splits, block_n)
-    max_per_split = -(-(-(-(width * bs) // block_n)) // splits)  # static loop bound
+    tiles = (width * bs + block_n - 1) // block_n
+    max_per_split = (tiles + splits - 1) // splits  # static loop bound
     qg = q.reshape(b, hkv, g, dh).astype(f32)
     lanes = jnp.arange(block_n, dtype=jnp.int32)
 
@@ -290,7 +395,10 @@ def split_k_partials_jnp(q, k_pool, v_pool, tables, ctx_lens, positions, window,
         acc = acc * alpha[..., None] + jnp.einsum("bhsgn,bsnhd->bhsgd", p, v)
         return m_new, l, acc
 
-    init = (jnp.full((b, hkv, splits, g), -jnp.inf, f32), jnp.zeros((b, hkv, splits, g), f32),
-            jnp.zeros((b, hkv, splits, g, dh), f32))
+    init = (
+        jnp.full((b, hkv, splits, g), -jnp.inf, f32),
+        jnp.zeros((b, hkv, splits, g), f32),
+        jnp.zeros((b, hkv, splits, g, dh), f32),
+    )
     m, l, acc = jax.lax.fori_loop(0, max_per_split, iteration, init)
     return acc, m, l

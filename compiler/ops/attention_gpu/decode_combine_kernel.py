@@ -15,8 +15,20 @@ from ..quant.triton_act_quant import packed_order, quantize_store
 
 
 @triton.jit
-def _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV: tl.constexpr, G: tl.constexpr, DH: tl.constexpr,
-                  SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr):
+def _combine_head(
+    acc_ptr,
+    m_ptr,
+    l_ptr,
+    b,
+    head,
+    d,
+    HKV: tl.constexpr,
+    G: tl.constexpr,
+    DH: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
     """Query head `head` of row b merged over its splits, at the head's elements `d` (any order; >= DH: 0):
     decode.combine_partials' formula, with M = max_s m_s, sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s
     (0 where nothing was visible). Only splits up to the last non-empty one are read (a short row in a wide
@@ -30,8 +42,9 @@ def _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV: tl.constexpr, G: tl.co
     first_ok = c < SPLITS
     m_first = tl.load(m_ptr + base + c * G, mask=first_ok, other=float("-inf"))
     l_first = tl.load(l_ptr + base + c * G, mask=first_ok, other=0.0)
-    part_first = tl.load(acc_ptr + (base + c * G)[:, None] * DH + d[None, :],
-                         mask=first_ok[:, None] & (d[None, :] < DH), other=0.0)
+    part_first = tl.load(
+        acc_ptr + (base + c * G)[:, None] * DH + d[None, :], mask=first_ok[:, None] & (d[None, :] < DH), other=0.0
+    )
     m_all = tl.load(m_ptr + base + s * G, mask=s < SPLITS, other=float("-inf"))  # [SPLITS_PAD]
     m_max = tl.max(m_all, axis=0)
     m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty: every weight is 0
@@ -51,9 +64,20 @@ def _combine_head(acc_ptr, m_ptr, l_ptr, b, head, d, HKV: tl.constexpr, G: tl.co
 
 
 @triton.jit
-def paged_decode_combine_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, HQ: tl.constexpr, HKV: tl.constexpr,
-                                G: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr, SPLITS: tl.constexpr,
-                                SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr):
+def paged_decode_combine_kernel(
+    acc_ptr,
+    m_ptr,
+    l_ptr,
+    out_ptr,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    G: tl.constexpr,
+    DH: tl.constexpr,
+    DH_PAD: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
     # acc [B, HKV, SPLITS, G, DH], m, l [B, HKV, SPLITS, G] fp32 (the partials kernel's) -> out [B, HQ, DH] in
     # out's dtype; one program per (row, query head)
     b = tl.program_id(0)
@@ -64,10 +88,25 @@ def paged_decode_combine_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, HQ: tl.constexpr
 
 
 @triton.jit
-def paged_decode_combine_quant_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da_ptr, HQ: tl.constexpr,
-                                      HKV: tl.constexpr, G: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr,
-                                      SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr,
-                                      Q6: tl.constexpr, ASM: tl.constexpr, TERMS: tl.constexpr = 1):
+def paged_decode_combine_quant_kernel(
+    acc_ptr,
+    m_ptr,
+    l_ptr,
+    out_ptr,
+    qa_ptr,
+    da_ptr,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    G: tl.constexpr,
+    DH: tl.constexpr,
+    DH_PAD: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    Q6: tl.constexpr,
+    ASM: tl.constexpr,
+    TERMS: tl.constexpr = 1,
+):
     # the same merge, and the output row [B, HQ * DH] also as the int8 activations of the projection reading it
     # (triton_act_quant's: qa int32 [B, TERMS HQ DH / 4], da fp32 [B, HQ DH / 32, 4 TERMS] for Q4_K, or Q6_K
     # when Q6). DH is a power of two >= 32 (so DH_PAD == DH), each 32-block lying in one head. The head's
@@ -87,5 +126,16 @@ def paged_decode_combine_quant_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, qa_ptr, da
     tl.store(out_ptr + (b * HQ + head) * DH + d, out)
     j3, e3 = packed_order(Q6)
     blocks = head * (DH // 32) + tl.arange(0, DH // 32)
-    quantize_store(tl.reshape(out.to(tl.float32), [DH // 32, 4, 8]), qa_ptr, da_ptr, b, blocks, blocks >= 0,
-                   j3, e3, HQ * DH, ASM, TERMS)
+    quantize_store(
+        tl.reshape(out.to(tl.float32), [DH // 32, 4, 8]),
+        qa_ptr,
+        da_ptr,
+        b,
+        blocks,
+        blocks >= 0,
+        j3,
+        e3,
+        HQ * DH,
+        ASM,
+        TERMS,
+    )

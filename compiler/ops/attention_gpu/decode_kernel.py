@@ -92,9 +92,32 @@ def _load_kv_tile(ptr, rows, d, mask, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _attend_tile(q, k_ptr, v_ptr, table_ptr, b, h, t, end, d, m, l, acc, w_own, QK_SCALE: tl.constexpr,
-                 HKV: tl.constexpr, DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
-                 DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr, own_pos, s_own, OWN: tl.constexpr):
+def _attend_tile(
+    q,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    b,
+    h,
+    t,
+    end,
+    d,
+    m,
+    l,
+    acc,
+    w_own,
+    QK_SCALE: tl.constexpr,
+    HKV: tl.constexpr,
+    DH: tl.constexpr,
+    DH_PAD: tl.constexpr,
+    BS: tl.constexpr,
+    W: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    own_pos,
+    s_own,
+    OWN: tl.constexpr,
+):
     """One iteration of the online softmax: tokens t [BLOCK_N] (masked at >= end) folded into (m, l, acc).
     OWN: token own_pos is not read from the pool (masked: 0, so stale or NaN values cannot leak in): its
     score is s_own [G_PAD] (q . k_own, before QK_SCALE) and its weight, rounded to the dot dtype as p is for
@@ -134,11 +157,35 @@ def _attend_tile(q, k_ptr, v_ptr, table_ptr, b, h, t, end, d, m, l, acc, w_own, 
 
 
 @triton.jit
-def _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, b, h, split,
-                  QK_SCALE: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-                  DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
-                  BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
-                  q_tile=None, s_own=None, v_own=None, visible=None, OWN: tl.constexpr = False):
+def _attend_split(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    ctx_ptr,
+    pos_ptr,
+    window_ptr,
+    b,
+    h,
+    split,
+    QK_SCALE: tl.constexpr,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    DH: tl.constexpr,
+    DH_PAD: tl.constexpr,
+    BS: tl.constexpr,
+    W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    q_tile=None,
+    s_own=None,
+    v_own=None,
+    visible=None,
+    OWN: tl.constexpr = False,
+):
     """Online softmax of q heads h*G .. h*G+G-1 of row b over split `split` of its visible tokens.
     Returns (acc [G_PAD, DH_PAD] unnormalized, m [G_PAD] running max in log2 units, l [G_PAD] sum).
     OWN (the RoPE-fused partials): q is `q_tile` [G_PAD, DH_PAD] (already rotated) and the row's own token
@@ -177,27 +224,91 @@ def _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, 
     n = tl.arange(0, BLOCK_N)
     w_own = tl.zeros([G_PAD], tl.float32)
     for it in range(it_lo, it_hi):
-        m, l, acc, w_own = _attend_tile(q, k_ptr, v_ptr, table_ptr, b, h, start + it * BLOCK_N + n, end, d, m, l,
-                                        acc, w_own, QK_SCALE, HKV, DH, DH_PAD, BS, W, DOT_FP32, DOT_DTYPE, end - 1,
-                                        s_own, OWN)
+        m, l, acc, w_own = _attend_tile(
+            q,
+            k_ptr,
+            v_ptr,
+            table_ptr,
+            b,
+            h,
+            start + it * BLOCK_N + n,
+            end,
+            d,
+            m,
+            l,
+            acc,
+            w_own,
+            QK_SCALE,
+            HKV,
+            DH,
+            DH_PAD,
+            BS,
+            W,
+            DOT_FP32,
+            DOT_DTYPE,
+            end - 1,
+            s_own,
+            OWN,
+        )
     if OWN:  # the own token's weighted V row, once: [G_PAD, DH_PAD]
         acc += w_own[:, None] * v_own.to(DOT_DTYPE).to(tl.float32)[None, :]
     return acc, m, l
 
 
 @triton.jit
-def paged_decode_partials_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr,
-                                 acc_ptr, m_ptr, l_ptr, QK_SCALE: tl.constexpr,
-                                 HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-                                 DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
-                                 BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr):
+def paged_decode_partials_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    ctx_ptr,
+    pos_ptr,
+    window_ptr,
+    acc_ptr,
+    m_ptr,
+    l_ptr,
+    QK_SCALE: tl.constexpr,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    DH: tl.constexpr,
+    DH_PAD: tl.constexpr,
+    BS: tl.constexpr,
+    W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
     # q [B, HQ, DH]; k, v [num_blocks, BS, HKV, DH]; table [B, W] int32; ctx, pos [B] int32; window [1] int32
     # -> acc [B, HKV, SPLITS, G, DH], m, l [B, HKV, SPLITS, G] fp32
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
-    acc, m, l = _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, b, h, split,
-                              QK_SCALE, HQ, HKV, G, G_PAD, DH, DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32)
+    acc, m, l = _attend_split(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        table_ptr,
+        ctx_ptr,
+        pos_ptr,
+        window_ptr,
+        b,
+        h,
+        split,
+        QK_SCALE,
+        HQ,
+        HKV,
+        G,
+        G_PAD,
+        DH,
+        DH_PAD,
+        BS,
+        W,
+        BLOCK_N,
+        SPLITS,
+        DOT_FP32,
+    )
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, DH_PAD)
     row = ((b * HKV + h) * SPLITS + split) * G + g  # [G_PAD] partial row of each query head
@@ -222,13 +333,38 @@ def _rotated(src_ptr, rows, ok, d, c, s, DH: tl.constexpr, INTERLEAVED: tl.const
 
 
 @triton.jit
-def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr, slots_ptr, k_pool_in, v_pool_in,
-                                      table_ptr, ctx_ptr, pos_ptr, window_ptr, acc_ptr, m_ptr, l_ptr,
-                                      k_ptr, v_ptr, QK_SCALE: tl.constexpr,
-                                      HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-                                      DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
-                                      BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
-                                      INTERLEAVED: tl.constexpr, WRITE_KV: tl.constexpr = True):
+def paged_decode_rope_partials_kernel(
+    q_ptr,
+    k_new_ptr,
+    v_new_ptr,
+    inv_freq_ptr,
+    slots_ptr,
+    k_pool_in,
+    v_pool_in,
+    table_ptr,
+    ctx_ptr,
+    pos_ptr,
+    window_ptr,
+    acc_ptr,
+    m_ptr,
+    l_ptr,
+    k_ptr,
+    v_ptr,
+    QK_SCALE: tl.constexpr,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    DH: tl.constexpr,
+    DH_PAD: tl.constexpr,
+    BS: tl.constexpr,
+    W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    WRITE_KV: tl.constexpr = True,
+):
     # rope_write_kernel and paged_decode_partials_kernel in one launch, for steps whose rows all decode: q, k_new,
     # v_new [B, HQ | HKV, DH] unrotated (the projection's); inv_freq [DH / 2] fp32; slots [B] where the step's K/V
     # goes; k_pool_in / v_pool_in and k_ptr / v_ptr the same pools (aliased: written in place). Program
@@ -273,9 +409,35 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
     if WRITE_KV and split == 0:
         tl.store(k_ptr + slot * (HKV * DH) + h * DH + d, tl.reshape(k_own, [DH]))
         tl.store(v_ptr + slot * (HKV * DH) + h * DH + d, v_own)
-    acc, m, l = _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, b, h, split,
-                              QK_SCALE, HQ, HKV, G, G_PAD, DH, DH_PAD, BS, W, BLOCK_N, SPLITS, DOT_FP32,
-                              q, s_own, v_own, visible, True)
+    acc, m, l = _attend_split(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        table_ptr,
+        ctx_ptr,
+        pos_ptr,
+        window_ptr,
+        b,
+        h,
+        split,
+        QK_SCALE,
+        HQ,
+        HKV,
+        G,
+        G_PAD,
+        DH,
+        DH_PAD,
+        BS,
+        W,
+        BLOCK_N,
+        SPLITS,
+        DOT_FP32,
+        q,
+        s_own,
+        v_own,
+        visible,
+        True,
+    )
     row = ((b * HKV + h) * SPLITS + split) * G + g
     tl.store(m_ptr + row, m, mask=g < G)
     tl.store(l_ptr + row, l, mask=g < G)
@@ -283,16 +445,54 @@ def paged_decode_rope_partials_kernel(q_ptr, k_new_ptr, v_new_ptr, inv_freq_ptr,
 
 
 @triton.jit
-def paged_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, out_ptr,
-                        QK_SCALE: tl.constexpr,
-                        HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-                        DH: tl.constexpr, DH_PAD: tl.constexpr, BS: tl.constexpr, W: tl.constexpr,
-                        BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr):
+def paged_decode_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    ctx_ptr,
+    pos_ptr,
+    window_ptr,
+    out_ptr,
+    QK_SCALE: tl.constexpr,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    DH: tl.constexpr,
+    DH_PAD: tl.constexpr,
+    BS: tl.constexpr,
+    W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
     # the single-split case: same inputs -> out [B, HQ, DH] in out's dtype (a row that sees nothing gets 0)
     b = tl.program_id(0)
     h = tl.program_id(1)
-    acc, m, l = _attend_split(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window_ptr, b, h, 0,
-                              QK_SCALE, HQ, HKV, G, G_PAD, DH, DH_PAD, BS, W, BLOCK_N, 1, DOT_FP32)
+    acc, m, l = _attend_split(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        table_ptr,
+        ctx_ptr,
+        pos_ptr,
+        window_ptr,
+        b,
+        h,
+        0,
+        QK_SCALE,
+        HQ,
+        HKV,
+        G,
+        G_PAD,
+        DH,
+        DH_PAD,
+        BS,
+        W,
+        BLOCK_N,
+        1,
+        DOT_FP32,
+    )
     out = acc / tl.where(l > 0.0, l, 1.0)[:, None]
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, DH_PAD)
@@ -300,6 +500,10 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, pos_ptr, window
     tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(g[:, None] < G) & (d[None, :] < DH))
 
 
-KERNELS = {"partials": paged_decode_partials_kernel, "rope_partials": paged_decode_rope_partials_kernel,
-           "single": paged_decode_kernel,
-           "combine": paged_decode_combine_kernel, "combine_quant": paged_decode_combine_quant_kernel}
+KERNELS = {
+    "partials": paged_decode_partials_kernel,
+    "rope_partials": paged_decode_rope_partials_kernel,
+    "single": paged_decode_kernel,
+    "combine": paged_decode_combine_kernel,
+    "combine_quant": paged_decode_combine_quant_kernel,
+}

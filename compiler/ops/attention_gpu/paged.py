@@ -66,8 +66,22 @@ def attend_prefill_chunk(q, k_pool, v_pool, tables, positions, window, *, scale,
     return fn(q, k_pool, v_pool, tables, positions, None, window, scale=scale)
 
 
-def rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_pool, batch: StepBatch, *, style,
-                         scale, activations_for: str | None = None):
+def rope_paged_attention(
+    q,
+    k,
+    v,
+    positions,
+    inv_freq,
+    window,
+    state,
+    k_pool,
+    v_pool,
+    batch: StepBatch,
+    *,
+    style,
+    scale,
+    activations_for: str | None = None,
+):
     # rope_apply then paged_attention as one op (the fuse_rope_attention pass): on a GPU, q and k rotated and
     # k/v written by ONE kernel (rope_write.py); traced for anything else, rope.py's reference then the
     # emulation. Same arguments as the two ops together, same results. EMBER_FUSED_ROPE=0 (read at trace
@@ -77,21 +91,45 @@ def rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_
     if backend == "triton" and os.environ.get("EMBER_FUSED_ROPE", "1") != "0":
         write_slots, dec_tables, pre_tables = kind_view(batch, state)
         if batch.num_decode == q.shape[0] and os.environ.get(FUSED_ROPE_DECODE_ENV, "1") != "0":
-            fused = rope_decode_attention(q, k, v, positions, inv_freq, write_slots, k_pool, v_pool, dec_tables,
-                                          batch.dec_ctx_lens, window, style=style, scale=scale,
-                                          activations_for=activations_for)
+            fused = rope_decode_attention(
+                q,
+                k,
+                v,
+                positions,
+                inv_freq,
+                write_slots,
+                k_pool,
+                v_pool,
+                dec_tables,
+                batch.dec_ctx_lens,
+                window,
+                style=style,
+                scale=scale,
+                activations_for=activations_for,
+            )
             if fused is not None:
                 out, activations, k_pool, v_pool = fused
                 return _with_activations(out, activations, activations_for), k_pool, v_pool
         q, k_pool, v_pool = rope_write(q, k, v, positions, inv_freq, write_slots, k_pool, v_pool, style=style)
-        return _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch, scale=scale,
-                               backend=backend, activations_for=activations_for)
+        return _attend_written(
+            q,
+            dec_tables,
+            pre_tables,
+            window,
+            k_pool,
+            v_pool,
+            batch,
+            scale=scale,
+            backend=backend,
+            activations_for=activations_for,
+        )
     q, k = rope(q, k, positions, inv_freq, style=style)
     return _paged_attention(q, k, v, window, state, k_pool, v_pool, batch, scale=scale, backend=backend)
 
 
-def rope_paged_attention_to_proj(q, k, v, positions, inv_freq, window, state, reader, k_pool, v_pool,
-                                 batch: StepBatch, *, style, scale):
+def rope_paged_attention_to_proj(
+    q, k, v, positions, inv_freq, window, state, reader, k_pool, v_pool, batch: StepBatch, *, style, scale
+):
     # rope_paged_attention whose output only the projection with weight `reader` reads (the
     # fuse_norm_into_projection pass): where that projection's decode GEMV takes int8 activations and every row
     # decodes, the attention's combine kernel also writes them (a linear_quant.QuantizedInput), so the
@@ -102,8 +140,21 @@ def rope_paged_attention_to_proj(q, k, v, positions, inv_freq, window, state, re
     from ..linear_quant import dp4a_input_order
 
     fused = os.environ.get(FUSED_ATTN_QUANT_ENV, "1") != "0"
-    return rope_paged_attention(q, k, v, positions, inv_freq, window, state, k_pool, v_pool, batch, style=style,
-                                scale=scale, activations_for=dp4a_input_order(reader, q.shape[0]) if fused else None)
+    return rope_paged_attention(
+        q,
+        k,
+        v,
+        positions,
+        inv_freq,
+        window,
+        state,
+        k_pool,
+        v_pool,
+        batch,
+        style=style,
+        scale=scale,
+        activations_for=dp4a_input_order(reader, q.shape[0]) if fused else None,
+    )
 
 
 def _paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale, backend: str):
@@ -113,25 +164,59 @@ def _paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *
     return _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch, scale=scale, backend=backend)
 
 
-def _attend_written(q, dec_tables, pre_tables, window, k_pool, v_pool, batch: StepBatch, *, scale, backend: str,
-                    activations_for: str | None = None):
+def _attend_written(
+    q,
+    dec_tables,
+    pre_tables,
+    window,
+    k_pool,
+    v_pool,
+    batch: StepBatch,
+    *,
+    scale,
+    backend: str,
+    activations_for: str | None = None,
+):
     """Attention of q over pools that already hold the step's K/V (the state kind's block tables
     dec_tables [B, max_blocks], pre_tables [P, max_blocks]) -> (out [N, hq * dh], k_pool, v_pool).
     activations_for ("q4_k" / "q6_k"): where every row decodes and the combine kernel can, out is a
     linear_quant.QuantizedInput carrying the reading projection's int8 activations too."""
     n_dec = batch.num_decode
     if activations_for is not None and n_dec == q.shape[0]:
-        out, activations = paged_decode_attention(q, k_pool, v_pool, dec_tables, batch.dec_ctx_lens,
-                                                  batch.positions, window, scale=scale, backend=backend,
-                                                  activations_for=activations_for)
+        out, activations = paged_decode_attention(
+            q,
+            k_pool,
+            v_pool,
+            dec_tables,
+            batch.dec_ctx_lens,
+            batch.positions,
+            window,
+            scale=scale,
+            backend=backend,
+            activations_for=activations_for,
+        )
         return _with_activations(out, activations, activations_for), k_pool, v_pool
     parts = []
     if n_dec:  # B rows of one token each
-        parts.append(paged_decode_attention(q[:n_dec], k_pool, v_pool, dec_tables, batch.dec_ctx_lens,
-                                            batch.positions[:n_dec], window, scale=scale, backend=backend))
+        parts.append(
+            paged_decode_attention(
+                q[:n_dec],
+                k_pool,
+                v_pool,
+                dec_tables,
+                batch.dec_ctx_lens,
+                batch.positions[:n_dec],
+                window,
+                scale=scale,
+                backend=backend,
+            )
+        )
     if q.shape[0] > n_dec:  # P segments of C / P tokens (the prefill chunks)
-        parts.append(attend_prefill_chunk(q[n_dec:], k_pool, v_pool, pre_tables, batch.positions[n_dec:], window,
-                                          scale=scale, backend=backend))
+        parts.append(
+            attend_prefill_chunk(
+                q[n_dec:], k_pool, v_pool, pre_tables, batch.positions[n_dec:], window, scale=scale, backend=backend
+            )
+        )
     out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     return out.reshape(out.shape[0], -1), k_pool, v_pool
 

@@ -61,8 +61,18 @@ class LaunchPlan:
     meta: dict  # the kernel's constexprs (besides IEEE)
 
 
-def launch_plan(chunk: int, hq: int, hkv: int, head_dim: int, page: int, table_width: int, *, scale: float,
-                config: PrefillAttentionConfig, segments: int = 1) -> LaunchPlan:
+def launch_plan(
+    chunk: int,
+    hq: int,
+    hkv: int,
+    head_dim: int,
+    page: int,
+    table_width: int,
+    *,
+    scale: float,
+    config: PrefillAttentionConfig,
+    segments: int = 1,
+) -> LaunchPlan:
     """chunk: tokens per segment (L); segments: P chunks of L tokens in one launch."""
     if hq % hkv:
         raise ValueError(f"{hq} query heads do not split into {hkv} KV head groups")
@@ -76,12 +86,26 @@ def launch_plan(chunk: int, hq: int, hkv: int, head_dim: int, page: int, table_w
     if splits is None:
         programs = segments * m_tiles * hkv
         max_tiles = -(-table_width * page // config.block_n)
-        splits = 1 if programs >= H200_SMS else min(MAX_SPLITS, -(-2 * H200_SMS // programs),
-                                                    max(1, max_tiles // MIN_TILES_PER_SPLIT))
+        splits = (
+            1
+            if programs >= H200_SMS
+            else min(MAX_SPLITS, -(-2 * H200_SMS // programs), max(1, max_tiles // MIN_TILES_PER_SPLIT))
+        )
     if splits < 1:
         raise ValueError(f"kv_splits must be >= 1, got {splits}")
-    meta = dict(C=chunk, SEGMENTS=segments, HQ=hq, HKV=hkv, DH=head_dim, PAGE=page, TABLE_W=table_width,
-                BLOCK_M=block_m, BLOCK_N=config.block_n, SPLITS=splits, QK_SCALE=float(scale) * LOG2E)
+    meta = dict(
+        C=chunk,
+        SEGMENTS=segments,
+        HQ=hq,
+        HKV=hkv,
+        DH=head_dim,
+        PAGE=page,
+        TABLE_W=table_width,
+        BLOCK_M=block_m,
+        BLOCK_N=config.block_n,
+        SPLITS=splits,
+        QK_SCALE=float(scale) * LOG2E,
+    )
     return LaunchPlan((segments * m_tiles, hkv, splits), block_m, config.block_n, splits, meta)
 
 
@@ -131,17 +155,27 @@ def _plan_for(q, k_pool, block_table, scale, config) -> tuple[LaunchPlan, Prefil
     _, page, hkv, _ = k_pool.shape
     tables = _segment_tables(block_table)
     config = config or pick_config(dh, q.dtype)
-    plan = launch_plan(c // tables.shape[0], hq, hkv, dh, page, tables.shape[1], scale=scale, config=config,
-                       segments=tables.shape[0])
+    plan = launch_plan(
+        c // tables.shape[0], hq, hkv, dh, page, tables.shape[1], scale=scale, config=config, segments=tables.shape[0]
+    )
     return plan, config
 
 
-def prefill_attention(q, k_pool, v_pool, block_table, positions, num_tokens, window, *, scale,
-                      config: PrefillAttentionConfig | None = None):
+def prefill_attention(
+    q,
+    k_pool,
+    v_pool,
+    block_table,
+    positions,
+    num_tokens,
+    window,
+    *,
+    scale,
+    config: PrefillAttentionConfig | None = None,
+):
     """The Triton kernel (see the module docstring for the contract). Jittable; one kernel launch (plus a
     small XLA combine when the plan splits KV)."""
     from ..triton_launch import triton_call  # Triton itself is imported on use (GPU-only dependency)
-
     from .prefill_kernel import prefill_attention_kernel
 
     _check_shapes(q, k_pool, v_pool, block_table, positions, num_tokens)
@@ -153,16 +187,31 @@ def prefill_attention(q, k_pool, v_pool, block_table, positions, num_tokens, win
     p = tables.shape[0]
     info = chunk_info(positions.reshape(p, -1), num_tokens, window)  # [P, 3]
     if plan.splits == 1:
-        out_shape = [jax.ShapeDtypeStruct((c, hq, dh), q.dtype), jax.ShapeDtypeStruct((1,), jnp.float32),
-                     jax.ShapeDtypeStruct((1,), jnp.float32)]
+        out_shape = [
+            jax.ShapeDtypeStruct((c, hq, dh), q.dtype),
+            jax.ShapeDtypeStruct((1,), jnp.float32),
+            jax.ShapeDtypeStruct((1,), jnp.float32),
+        ]
     else:
-        out_shape = [jax.ShapeDtypeStruct((plan.splits, c, hq, dh), jnp.float32),
-                     jax.ShapeDtypeStruct((plan.splits, c, hq), jnp.float32),
-                     jax.ShapeDtypeStruct((plan.splits, c, hq), jnp.float32)]
+        out_shape = [
+            jax.ShapeDtypeStruct((plan.splits, c, hq, dh), jnp.float32),
+            jax.ShapeDtypeStruct((plan.splits, c, hq), jnp.float32),
+            jax.ShapeDtypeStruct((plan.splits, c, hq), jnp.float32),
+        ]
     out, m, l = triton_call(
-        q, k_pool, v_pool, tables.astype(jnp.int32), info, kernel=prefill_attention_kernel,
-        out_shape=out_shape, grid=plan.grid, num_warps=config.num_warps, num_stages=config.num_stages,
-        IEEE=q.dtype == jnp.float32, **plan.meta)
+        q,
+        k_pool,
+        v_pool,
+        tables.astype(jnp.int32),
+        info,
+        kernel=prefill_attention_kernel,
+        out_shape=out_shape,
+        grid=plan.grid,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        IEEE=q.dtype == jnp.float32,
+        **plan.meta,
+    )
     if plan.splits == 1:
         return out
     return combine_splits(out, m, l).astype(q.dtype)
@@ -201,8 +250,18 @@ class _PyOps:
     where = staticmethod(lambda c, a, b: a if c else b)
 
 
-def prefill_attention_emulated(q, k_pool, v_pool, block_table, positions, num_tokens, window, *, scale,
-                               config: PrefillAttentionConfig | None = None):
+def prefill_attention_emulated(
+    q,
+    k_pool,
+    v_pool,
+    block_table,
+    positions,
+    num_tokens,
+    window,
+    *,
+    scale,
+    config: PrefillAttentionConfig | None = None,
+):
     """The kernel's algorithm in jnp: same packing, tile ranges, split shares, masks, fp32 online softmax
     (base 2), P rounded to q's dtype before PV, and the same combine. Slow; for tests and CPU checks.
     Segments run one after another, each with the split count the segmented launch gives it."""
@@ -213,9 +272,12 @@ def prefill_attention_emulated(q, k_pool, v_pool, block_table, positions, num_to
         plan, config = _plan_for(q, k_pool, block_table, scale, config)
         one = replace(config, kv_splits=plan.splits)
         p = block_table.shape[0]
-        return jnp.concatenate([
-            prefill_attention_emulated(seg_q, k_pool, v_pool, table, seg_pos, None, window, scale=scale, config=one)
-            for seg_q, table, seg_pos in zip(jnp.split(q, p), block_table, jnp.split(positions, p))])
+        return jnp.concatenate(
+            [
+                prefill_attention_emulated(seg_q, k_pool, v_pool, table, seg_pos, None, window, scale=scale, config=one)
+                for seg_q, table, seg_pos in zip(jnp.split(q, p), block_table, jnp.split(positions, p))
+            ]
+        )
     plan, _ = _plan_for(q, k_pool, block_table, scale, config)
     c, hq, dh = q.shape
     _, page, hkv, _ = k_pool.shape
@@ -230,13 +292,15 @@ def prefill_attention_emulated(q, k_pool, v_pool, block_table, positions, num_to
     packed = jnp.pad(packed, ((0, 0), (0, m_tiles * bm - c * group), (0, 0)))
 
     # one entry per kernel program (kv head, row tile, split), flattened: P = hkv * m_tiles * splits
-    kv_head, pid_m, split = (a.reshape(-1) for a in jnp.meshgrid(
-        jnp.arange(hkv), jnp.arange(m_tiles), jnp.arange(splits), indexing="ij"))
+    kv_head, pid_m, split = (
+        a.reshape(-1) for a in jnp.meshgrid(jnp.arange(hkv), jnp.arange(m_tiles), jnp.arange(splits), indexing="ij")
+    )
     rows = pid_m[:, None] * bm + jnp.arange(bm, dtype=jnp.int32)  # [P, bm]
     q_tiles = packed.reshape(hkv, m_tiles, bm, dh)[kv_head, pid_m].astype(jnp.float32)  # [P, bm, dh]
     q_pos = start + jnp.minimum(rows // group, n_tok - 1)  # [P, bm]
-    s_begin, mid_begin, mid_end, s_end = tile_ranges(pid_m, split, start, n_tok, win, block_m=bm, block_n=bn,
-                                                     group=group, splits=splits)  # each [P]
+    s_begin, mid_begin, mid_end, s_end = tile_ranges(
+        pid_m, split, start, n_tok, win, block_m=bm, block_n=bn, group=group, splits=splits
+    )  # each [P]
 
     def body(step, carry):  # program p folds tile s_begin[p] + step while that is below s_end[p]
         acc, m_i, l_i = carry
@@ -262,15 +326,18 @@ def prefill_attention_emulated(q, k_pool, v_pool, block_table, positions, num_to
         return keep(acc_new, acc), keep(m_new, m_i), keep(l_new, l_i)
 
     programs = kv_head.shape[0]
-    carry = (jnp.zeros((programs, bm, dh), jnp.float32), jnp.full((programs, bm), NEG_INIT, jnp.float32),
-             jnp.zeros((programs, bm), jnp.float32))
+    carry = (
+        jnp.zeros((programs, bm, dh), jnp.float32),
+        jnp.full((programs, bm), NEG_INIT, jnp.float32),
+        jnp.zeros((programs, bm), jnp.float32),
+    )
     acc, m, l = jax.lax.fori_loop(0, jnp.max(s_end - s_begin), body, carry)
     # [P, bm, ...] -> [S, C, hq, ...] (packed rows back to (token, head))
 
     def unpack(x):
         rest = x.shape[2:]  # (dh,) or ()
         x = jnp.moveaxis(x.reshape(hkv, m_tiles, splits, bm, *rest), 2, 0)
-        x = x.reshape(splits, hkv, m_tiles * bm, *rest)[:, :, :c * group]
+        x = x.reshape(splits, hkv, m_tiles * bm, *rest)[:, :, : c * group]
         x = x.reshape(splits, hkv, c, group, *rest).swapaxes(1, 2)
         return x.reshape(splits, c, hq, *rest)
 
@@ -288,5 +355,15 @@ def useful_flops(num_tokens: int, start: int, window: int, hq: int, head_dim: in
     return 4 * total * hq * head_dim
 
 
-__all__ = ["PrefillAttentionConfig", "LaunchPlan", "pick_config", "launch_plan", "chunk_info", "combine_splits",
-           "prefill_attention", "prefill_attention_emulated", "tile_ranges", "useful_flops"]
+__all__ = [
+    "PrefillAttentionConfig",
+    "LaunchPlan",
+    "pick_config",
+    "launch_plan",
+    "chunk_info",
+    "combine_splits",
+    "prefill_attention",
+    "prefill_attention_emulated",
+    "tile_ranges",
+    "useful_flops",
+]

@@ -43,10 +43,28 @@ NEG_INIT = tl.constexpr(-1.0e30)  # running-max start: finite, so exp2 of (maske
 
 
 @triton.jit
-def _fold_kv_tiles(acc, m_i, l_i, q, k_pool_ptr, v_pool_ptr, table_ptr, kv_head, q_pos, window,
-                   j_begin, j_end,
-                   HKV: tl.constexpr, DH: tl.constexpr, PAGE: tl.constexpr, NUM_KEYS: tl.constexpr,
-                   BLOCK_N: tl.constexpr, QK_SCALE: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr):
+def _fold_kv_tiles(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_pool_ptr,
+    v_pool_ptr,
+    table_ptr,
+    kv_head,
+    q_pos,
+    window,
+    j_begin,
+    j_end,
+    HKV: tl.constexpr,
+    DH: tl.constexpr,
+    PAGE: tl.constexpr,
+    NUM_KEYS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    QK_SCALE: tl.constexpr,
+    IEEE: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """Fold KV tiles j_begin .. j_end - 1 into (acc [BM, DH], m_i [BM], l_i [BM]) for queries q [BM, DH] at
     positions q_pos [BM]. MASKED applies the causal and window masks (and guards the table's end)."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -84,11 +102,28 @@ def _fold_kv_tiles(acc, m_i, l_i, q, k_pool_ptr, v_pool_ptr, table_ptr, kv_head,
 
 
 @triton.jit
-def prefill_attention_kernel(q_ptr, k_pool_ptr, v_pool_ptr, table_ptr, info_ptr, out_ptr, m_ptr, l_ptr,
-                             C: tl.constexpr, SEGMENTS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
-                             DH: tl.constexpr, PAGE: tl.constexpr, TABLE_W: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, QK_SCALE: tl.constexpr,
-                             IEEE: tl.constexpr):
+def prefill_attention_kernel(
+    q_ptr,
+    k_pool_ptr,
+    v_pool_ptr,
+    table_ptr,
+    info_ptr,
+    out_ptr,
+    m_ptr,
+    l_ptr,
+    C: tl.constexpr,
+    SEGMENTS: tl.constexpr,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    DH: tl.constexpr,
+    PAGE: tl.constexpr,
+    TABLE_W: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    QK_SCALE: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     # q [SEGMENTS * C, HQ, DH]; pools [blocks, PAGE, HKV, DH]; table [SEGMENTS, TABLE_W] int32; info int32
     # [SEGMENTS, 3]. SPLITS == 1: out [SEGMENTS * C, HQ, DH] (q's dtype), m_ptr/l_ptr unused. SPLITS > 1: out
     # fp32 [SPLITS, SEGMENTS * C, HQ, DH] unnormalised, m/l fp32 [SPLITS, SEGMENTS * C, HQ].
@@ -136,17 +171,78 @@ def prefill_attention_kernel(q_ptr, k_pool_ptr, v_pool_ptr, table_ptr, info_ptr,
     m_i = tl.full([BLOCK_M], NEG_INIT, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     num_keys: tl.constexpr = TABLE_W * PAGE
-    acc, m_i, l_i = _fold_kv_tiles(acc, m_i, l_i, q, k_pool_ptr, v_pool_ptr, table_ptr, kv_head, q_pos, window,
-                                   s_begin, mid_begin, HKV, DH, PAGE, num_keys, BLOCK_N, QK_SCALE, IEEE, True)
-    acc, m_i, l_i = _fold_kv_tiles(acc, m_i, l_i, q, k_pool_ptr, v_pool_ptr, table_ptr, kv_head, q_pos, window,
-                                   mid_begin, mid_end, HKV, DH, PAGE, num_keys, BLOCK_N, QK_SCALE, IEEE, False)
-    acc, m_i, l_i = _fold_kv_tiles(acc, m_i, l_i, q, k_pool_ptr, v_pool_ptr, table_ptr, kv_head, q_pos, window,
-                                   mid_end, s_end, HKV, DH, PAGE, num_keys, BLOCK_N, QK_SCALE, IEEE, True)
+    acc, m_i, l_i = _fold_kv_tiles(
+        acc,
+        m_i,
+        l_i,
+        q,
+        k_pool_ptr,
+        v_pool_ptr,
+        table_ptr,
+        kv_head,
+        q_pos,
+        window,
+        s_begin,
+        mid_begin,
+        HKV,
+        DH,
+        PAGE,
+        num_keys,
+        BLOCK_N,
+        QK_SCALE,
+        IEEE,
+        True,
+    )
+    acc, m_i, l_i = _fold_kv_tiles(
+        acc,
+        m_i,
+        l_i,
+        q,
+        k_pool_ptr,
+        v_pool_ptr,
+        table_ptr,
+        kv_head,
+        q_pos,
+        window,
+        mid_begin,
+        mid_end,
+        HKV,
+        DH,
+        PAGE,
+        num_keys,
+        BLOCK_N,
+        QK_SCALE,
+        IEEE,
+        False,
+    )
+    acc, m_i, l_i = _fold_kv_tiles(
+        acc,
+        m_i,
+        l_i,
+        q,
+        k_pool_ptr,
+        v_pool_ptr,
+        table_ptr,
+        kv_head,
+        q_pos,
+        window,
+        mid_end,
+        s_end,
+        HKV,
+        DH,
+        PAGE,
+        num_keys,
+        BLOCK_N,
+        QK_SCALE,
+        IEEE,
+        True,
+    )
 
     if SPLITS == 1:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + q_rows[:, None] * DH + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=in_range[:, None])
+        tl.store(
+            out_ptr + q_rows[:, None] * DH + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=in_range[:, None]
+        )
     else:
         split_rows = split * (SEGMENTS * C * HQ) + q_rows  # [BM] row of the [SPLITS * SEGMENTS * C * HQ, ...] partials
         tl.store(out_ptr + split_rows[:, None] * DH + offs_d[None, :], acc, mask=in_range[:, None])

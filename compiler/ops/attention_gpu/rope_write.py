@@ -24,8 +24,9 @@ STYLES = ("neox", "interleaved")
 
 
 @triton.jit
-def _rotate_heads(src_ptr, dst_ptr, dst_row, t, c, s, ja, jb, HEADS: tl.constexpr, BLOCK_H: tl.constexpr,
-                  DH: tl.constexpr):
+def _rotate_heads(
+    src_ptr, dst_ptr, dst_row, t, c, s, ja, jb, HEADS: tl.constexpr, BLOCK_H: tl.constexpr, DH: tl.constexpr
+):
     """Rotate the HEADS heads of src[t] (pairs at columns ja, jb [1, DH/2]) into dst at element dst_row."""
     h = tl.arange(0, BLOCK_H)[:, None]
     ok = h < HEADS
@@ -40,10 +41,25 @@ def _rotate_heads(src_ptr, dst_ptr, dst_row, t, c, s, ja, jb, HEADS: tl.constexp
 
 
 @triton.jit
-def rope_write_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, inv_freq_ptr, slots_ptr, k_pool_in, v_pool_in,
-                      q_out_ptr, k_pool_ptr, v_pool_ptr,
-                      HQ: tl.constexpr, HKV: tl.constexpr, DH: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                      BLOCK_HKV: tl.constexpr, INTERLEAVED: tl.constexpr):
+def rope_write_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    positions_ptr,
+    inv_freq_ptr,
+    slots_ptr,
+    k_pool_in,
+    v_pool_in,
+    q_out_ptr,
+    k_pool_ptr,
+    v_pool_ptr,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    DH: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HKV: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+):
     t = tl.program_id(0)
     j = tl.arange(0, DH // 2)[None, :]
     if INTERLEAVED:
@@ -71,9 +87,18 @@ def launch_plan(n: int, hq: int, hkv: int, dh: int, style: str) -> dict:
         raise ValueError(f"rope_write: head_dim must be a power of two >= 2, got {dh}")
     block = lambda heads: 1 << (heads - 1).bit_length()
     warps = 4 if (hq + 2 * hkv) * dh <= 8192 else 8
-    return {"grid": (n,), "num_warps": warps,
-            "meta": {"HQ": hq, "HKV": hkv, "DH": dh, "BLOCK_HQ": block(hq), "BLOCK_HKV": block(hkv),
-                     "INTERLEAVED": style == "interleaved"}}
+    return {
+        "grid": (n,),
+        "num_warps": warps,
+        "meta": {
+            "HQ": hq,
+            "HKV": hkv,
+            "DH": dh,
+            "BLOCK_HQ": block(hq),
+            "BLOCK_HKV": block(hkv),
+            "INTERLEAVED": style == "interleaved",
+        },
+    }
 
 
 def rope_write(q, k, v, positions, inv_freq, slots, k_pool, v_pool, *, style: str):
@@ -85,9 +110,23 @@ def rope_write(q, k, v, positions, inv_freq, slots, k_pool, v_pool, *, style: st
     hkv = k.shape[1]
     plan = launch_plan(n, hq, hkv, dh, style)
     return triton_call(
-        q, k, v, positions.astype("int32"), inv_freq.astype("float32"), slots.astype("int32"), k_pool, v_pool,
+        q,
+        k,
+        v,
+        positions.astype("int32"),
+        inv_freq.astype("float32"),
+        slots.astype("int32"),
+        k_pool,
+        v_pool,
         kernel=rope_write_kernel,
-        out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype),
-                   jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype)),
-        input_output_aliases={6: 1, 7: 2}, grid=plan["grid"], num_warps=plan["num_warps"], num_stages=1,
-        **plan["meta"])
+        out_shape=(
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct(k_pool.shape, k_pool.dtype),
+            jax.ShapeDtypeStruct(v_pool.shape, v_pool.dtype),
+        ),
+        input_output_aliases={6: 1, 7: 2},
+        grid=plan["grid"],
+        num_warps=plan["num_warps"],
+        num_stages=1,
+        **plan["meta"],
+    )

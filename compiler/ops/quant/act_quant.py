@@ -62,8 +62,10 @@ def packed_shapes(m: int, k: int, terms: int | None = None) -> tuple[jax.ShapeDt
     """What a producer of x [m, k]'s int8 activations writes: qa int32 [m, terms k/4], da float32
     [m, k/32, 4 terms]."""
     terms = terms or act_terms()
-    return (jax.ShapeDtypeStruct((m, terms * k // 4), jnp.int32),
-            jax.ShapeDtypeStruct((m, k // ACT_BLOCK, FACTORS * terms), jnp.float32))
+    return (
+        jax.ShapeDtypeStruct((m, terms * k // 4), jnp.int32),
+        jax.ShapeDtypeStruct((m, k // ACT_BLOCK, FACTORS * terms), jnp.float32),
+    )
 
 
 def quantize_blocks(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -116,7 +118,7 @@ def quantize_activations(x: jax.Array, order: str = "q4_k", terms: int | None = 
     dims, axes = PACKINGS[order]
     words, factors = [], []
     for t, (q, dx) in enumerate(parts):
-        lanes = jnp.transpose(q.reshape(m, k // ACT_BLOCK, *dims), axes)          # [m, block, h, q, byte j]
+        lanes = jnp.transpose(q.reshape(m, k // ACT_BLOCK, *dims), axes)  # [m, block, h, q, byte j]
         words.append(jax.lax.bitcast_convert_type(lanes, jnp.int32).reshape(m, k // 4))
         halves = jnp.sum(q.reshape(m, k // ACT_BLOCK, 2, 16).astype(jnp.int32), axis=-1).astype(jnp.float32)
         total = sx if t == 0 else jnp.zeros_like(sx)
@@ -137,13 +139,13 @@ def _term_ref(q: jax.Array, dx: jax.Array, sx: jax.Array | None, w: QuantizedWei
     """One term's sum: q [m, blocks, 32] int8, dx [m, blocks]; sx (the first term's) brings the Q4_K minimums."""
     m = q.shape[0]
     if w.format == Q6_K:
-        codes, scale = q6_k_parts(w)                        # [sb, out, 16, 16] (0..63), [sb, out, 16]
+        codes, scale = q6_k_parts(w)  # [sb, out, 16, 16] (0..63), [sb, out, 16]
         nsb = scale.shape[0]
-        q = q.reshape(m, nsb, 16, 16).astype(jnp.int32)     # sub-block t = 2 (block) + half
+        q = q.reshape(m, nsb, 16, 16).astype(jnp.int32)  # sub-block t = 2 (block) + half
         dots = jnp.einsum("mste,sote->msot", q, codes.astype(jnp.int32)) - 32 * jnp.sum(q, -1)[:, :, None]
         dx = jnp.repeat(dx.reshape(m, nsb, 1, 8), 2, axis=-1)
         return jnp.sum(scale[None] * (dx * dots.astype(jnp.float32)), axis=(1, 3))
-    codes, scale, minimum = q4_k_parts(w)                   # [sb, out, 8, 32], [sb, out, 8]
+    codes, scale, minimum = q4_k_parts(w)  # [sb, out, 8, 32], [sb, out, 8]
     nsb = scale.shape[0]
     q = q.reshape(m, nsb, 8, 32).astype(jnp.int32)
     dots = jnp.einsum("msnj,sonj->mson", q, codes.astype(jnp.int32))  # exact int32

@@ -23,8 +23,11 @@ ROWS_FOR_DECODE = os.environ.get("EMBER_QUANT_ROWS", "1") != "0"
 DP4A_FORMATS = ("q4_k", "q6_k")
 _DP4A_ENV = os.environ.get("EMBER_QUANT_DP4A", "1").strip().lower()
 DP4A_FOR_DECODE = _DP4A_ENV != "0"
-DP4A_DECODE_FORMATS = DP4A_FORMATS if _DP4A_ENV in ("0", "1") else tuple(
-    f.strip() for f in _DP4A_ENV.split(",") if f.strip() in DP4A_FORMATS)
+DP4A_DECODE_FORMATS = (
+    DP4A_FORMATS
+    if _DP4A_ENV in ("0", "1")
+    else tuple(f.strip() for f in _DP4A_ENV.split(",") if f.strip() in DP4A_FORMATS)
+)
 
 
 def dp4a_for(fmt: str) -> bool:
@@ -34,17 +37,17 @@ def dp4a_for(fmt: str) -> bool:
 
 @dataclass(frozen=True)
 class QuantMatmulConfig:
-    block_n: int = 64          # output rows per program (a power of two; split: >= 16, rows: 4..512)
-    split_k: int = 1           # programs along `in`; their fp32 partial sums are added by XLA (both variants)
+    block_n: int = 64  # output rows per program (a power of two; split: >= 16, rows: 4..512)
+    split_k: int = 1  # programs along `in`; their fp32 partial sums are added by XLA (both variants)
     num_warps: int = 4
-    num_stages: int = 3        # software-pipelining depth of the block loop
-    blocks_per_step: int = 8   # Q8_0 only: 32-element blocks per loop iteration (unrolled)
+    num_stages: int = 3  # software-pipelining depth of the block loop
+    blocks_per_step: int = 8  # Q8_0 only: 32-element blocks per loop iteration (unrolled)
     use_dot: bool | None = None  # tensor-core tl.dot; None: only when m > 1
-    variant: str = "split"     # "split": triton_kernels.py; "rows": triton_gemv*.py (m <= 4); "dp4a": Q4_K
-                               # on int8 activations (triton_gemv_dp4a.py, the rows fields below apply)
-    sb_per_step: int = 2       # "rows" only: super-blocks per loop step, loaded together (a power of two
-                               # <= 16; Q8_0: 8 blocks of 32 per super-block, the same elements per step)
-    prefetch: bool = True      # "rows" only: issue the next step's loads before this step's math
+    variant: str = "split"  # "split": triton_kernels.py; "rows": triton_gemv*.py (m <= 4); "dp4a": Q4_K
+    # on int8 activations (triton_gemv_dp4a.py, the rows fields below apply)
+    sb_per_step: int = 2  # "rows" only: super-blocks per loop step, loaded together (a power of two
+    # <= 16; Q8_0: 8 blocks of 32 per super-block, the same elements per step)
+    prefetch: bool = True  # "rows" only: issue the next step's loads before this step's math
 
     def dot_for(self, m: int) -> bool:
         return self.use_dot if self.use_dot is not None else m > 1
@@ -63,14 +66,19 @@ class ConfigRule:
     max_in: int = 1 << 62
 
     def matches(self, fmt: str, m: int, out: int, inner: int) -> bool:
-        return (self.format in ("*", fmt) and m <= self.max_m and self.min_out <= out < self.max_out
-                and self.min_in <= inner < self.max_in)
+        return (
+            self.format in ("*", fmt)
+            and m <= self.max_m
+            and self.min_out <= out < self.max_out
+            and self.min_in <= inner < self.max_in
+        )
 
 
 def _rows(block_n: int, split_k: int, sb_per_step: int, num_warps: int) -> QuantMatmulConfig:
     # num_stages=1: the rows kernels double-buffer their loads in registers themselves (PREFETCH)
-    return QuantMatmulConfig(variant="rows", block_n=block_n, split_k=split_k, sb_per_step=sb_per_step,
-                             num_warps=num_warps, num_stages=1)
+    return QuantMatmulConfig(
+        variant="rows", block_n=block_n, split_k=split_k, sb_per_step=sb_per_step, num_warps=num_warps, num_stages=1
+    )
 
 
 # Decode, rows kernels (used while ROWS_FOR_DECODE). Sizing: a program keeps S x block_n x 128 B of Q4_K
@@ -86,11 +94,11 @@ ROWS_RULES: tuple[ConfigRule, ...] = (
     ConfigRule("q5_0", _rows(8, 4, 1, 4), max_m=4, max_out=8192),
     ConfigRule("q5_0", _rows(16, 1, 1, 4), max_m=1),
     ConfigRule("q5_0", _rows(8, 1, 1, 4), max_m=4),
-    ConfigRule("*", _rows(8, 4, 1, 2), max_m=4, max_out=1024),                   # k/v-sized outputs
-    ConfigRule("*", _rows(16, 8, 1, 4), max_m=4, max_out=8192, min_in=8192),     # long `in` (down)
-    ConfigRule("*", _rows(16, 4, 2, 4), max_m=1, max_out=8192),                  # out ~ in
+    ConfigRule("*", _rows(8, 4, 1, 2), max_m=4, max_out=1024),  # k/v-sized outputs
+    ConfigRule("*", _rows(16, 8, 1, 4), max_m=4, max_out=8192, min_in=8192),  # long `in` (down)
+    ConfigRule("*", _rows(16, 4, 2, 4), max_m=1, max_out=8192),  # out ~ in
     ConfigRule("*", _rows(16, 4, 1, 4), max_m=4, max_out=8192),
-    ConfigRule("*", _rows(32, 1, 2, 4), max_m=1),                                # long out (gate/up, head)
+    ConfigRule("*", _rows(32, 1, 2, 4), max_m=1),  # long out (gate/up, head)
     ConfigRule("*", _rows(32, 1, 1, 4), max_m=4),
 )
 
@@ -101,18 +109,25 @@ ROWS_RULES: tuple[ConfigRule, ...] = (
 # back-to-back custom calls, whose ~10 us dispatch per call hid the kernels' own differences.
 MEASURED_M1: dict[tuple[str, int, int], QuantMatmulConfig] = {
     # d 1536, ffn 8960, 2 kv heads: q+k, q+k+v, o, gate+up, down; v, down (Q6_K layers), tied head
-    ("q4_k", 1792, 1536): _rows(4, 1, 2, 1), ("q4_k", 2048, 1536): _rows(4, 1, 2, 1),
-    ("q4_k", 1536, 1536): _rows(4, 1, 4, 2), ("q4_k", 17920, 1536): _rows(16, 1, 2, 4),
+    ("q4_k", 1792, 1536): _rows(4, 1, 2, 1),
+    ("q4_k", 2048, 1536): _rows(4, 1, 2, 1),
+    ("q4_k", 1536, 1536): _rows(4, 1, 4, 2),
+    ("q4_k", 17920, 1536): _rows(16, 1, 2, 4),
     ("q4_k", 1536, 8960): _rows(8, 4, 2, 4),
-    ("q6_k", 256, 1536): _rows(4, 1, 4, 2), ("q6_k", 1536, 8960): _rows(8, 4, 2, 2),
+    ("q6_k", 256, 1536): _rows(4, 1, 4, 2),
+    ("q6_k", 1536, 8960): _rows(8, 4, 2, 2),
     ("q6_k", 151936, 1536): _rows(64, 1, 1, 4),
     # d 4096, ffn 14336, 8 kv heads: q+k, q+k+v, o, gate+up, down; v, down (Q6_K layers), head
-    ("q4_k", 5120, 4096): _rows(8, 1, 2, 4), ("q4_k", 6144, 4096): _rows(8, 1, 2, 4),
-    ("q4_k", 4096, 4096): _rows(8, 1, 2, 4), ("q4_k", 28672, 4096): _rows(16, 3, 1, 2),
+    ("q4_k", 5120, 4096): _rows(8, 1, 2, 4),
+    ("q4_k", 6144, 4096): _rows(8, 1, 2, 4),
+    ("q4_k", 4096, 4096): _rows(8, 1, 2, 4),
+    ("q4_k", 28672, 4096): _rows(16, 3, 1, 2),
     ("q4_k", 4096, 14336): _rows(16, 8, 1, 2),
-    ("q6_k", 1024, 4096): _rows(32, 8, 2, 8), ("q6_k", 4096, 14336): _rows(64, 8, 1, 8),
+    ("q6_k", 1024, 4096): _rows(32, 8, 2, 8),
+    ("q6_k", 4096, 14336): _rows(64, 8, 1, 8),
     ("q6_k", 128256, 4096): _rows(32, 1, 2, 4),
 }
+
 
 def _dp4a(block_n: int, split_k: int, sb_per_step: int, num_warps: int) -> QuantMatmulConfig:
     return dataclasses.replace(_rows(block_n, split_k, sb_per_step, num_warps), variant="dp4a")
@@ -132,11 +147,15 @@ DP4A_RULES: tuple[ConfigRule, ...] = (
 # 10.58 -> 8.65 on 1536 x 8960, 40.30 -> 27.55 on 28672 x 4096, 24.56 -> 18.25 on 4096 x 14336).
 # 5120 x 4096 was not timed: it takes 6144 x 4096's.
 DP4A_M1: dict[tuple[str, int, int], QuantMatmulConfig] = {
-    ("q4_k", 1792, 1536): _dp4a(4, 1, 4, 1), ("q4_k", 2048, 1536): _dp4a(4, 1, 4, 1),
-    ("q4_k", 1536, 1536): _dp4a(4, 1, 4, 1), ("q4_k", 17920, 1536): _dp4a(8, 1, 1, 2),
+    ("q4_k", 1792, 1536): _dp4a(4, 1, 4, 1),
+    ("q4_k", 2048, 1536): _dp4a(4, 1, 4, 1),
+    ("q4_k", 1536, 1536): _dp4a(4, 1, 4, 1),
+    ("q4_k", 17920, 1536): _dp4a(8, 1, 1, 2),
     ("q4_k", 1536, 8960): _dp4a(8, 8, 2, 4),
-    ("q4_k", 5120, 4096): _dp4a(8, 1, 4, 1), ("q4_k", 6144, 4096): _dp4a(8, 1, 4, 1),
-    ("q4_k", 4096, 4096): _dp4a(8, 1, 4, 1), ("q4_k", 28672, 4096): _dp4a(8, 1, 1, 2),
+    ("q4_k", 5120, 4096): _dp4a(8, 1, 4, 1),
+    ("q4_k", 6144, 4096): _dp4a(8, 1, 4, 1),
+    ("q4_k", 4096, 4096): _dp4a(8, 1, 4, 1),
+    ("q4_k", 28672, 4096): _dp4a(8, 1, 1, 2),
     ("q4_k", 4096, 14336): _dp4a(16, 8, 1, 2),
     # Q6_K: the tuner at f842b9c (tools/results/h200_gemv_graphs_dp4a_q6k_f842b9c.json, 31-149 candidates
     # per shape) against the float rows kernel's tiles, split-K sum included: 12.14 -> 9.13 us on 1536 x 8960,
@@ -145,10 +164,14 @@ DP4A_M1: dict[tuple[str, int, int], QuantMatmulConfig] = {
     # f842b9c vs 0f62e2c, h200_plan_alone_*) the first two held (1536 x 8960: 7.35 -> 6.34 us) but the last
     # three did not (51.0 vs 50.2, 15.6 vs 14.4, 123.7 vs 112.7 us): those keep the rows tiles. 256 x 1536
     # kept its tile, the tuner's fastest.
-    ("q6_k", 256, 1536): _dp4a(4, 1, 4, 2), ("q6_k", 1536, 8960): _dp4a(4, 8, 1, 2),
+    ("q6_k", 256, 1536): _dp4a(4, 1, 4, 2),
+    ("q6_k", 1536, 8960): _dp4a(4, 8, 1, 2),
     ("q6_k", 1024, 4096): _dp4a(4, 1, 4, 1),
-    **{key: dataclasses.replace(config, variant="dp4a") for key, config in MEASURED_M1.items()
-       if key in (("q6_k", 151936, 1536), ("q6_k", 4096, 14336), ("q6_k", 128256, 4096))},
+    **{
+        key: dataclasses.replace(config, variant="dp4a")
+        for key, config in MEASURED_M1.items()
+        if key in (("q6_k", 151936, 1536), ("q6_k", 4096, 14336), ("q6_k", 128256, 4096))
+    },
 }
 
 # Shape classes: tiny out (k/v projections), out ~ in (q/o, down), long out (gate/up, LM head).
@@ -164,8 +187,9 @@ CONFIG_TABLE: tuple[ConfigRule, ...] = ROWS_RULES + (
 )
 
 
-def pick_config(fmt: str, m: int, out: int, inner: int,
-                table: tuple[ConfigRule, ...] = CONFIG_TABLE) -> QuantMatmulConfig:
+def pick_config(
+    fmt: str, m: int, out: int, inner: int, table: tuple[ConfigRule, ...] = CONFIG_TABLE
+) -> QuantMatmulConfig:
     """MEASURED_M1's config for one row on a measured shape, else the first matching rule's config; the rows
     variant is skipped unless ROWS_FOR_DECODE. Formats that take the integer-dot kernel (dp4a_for): DP4A_M1 /
     DP4A_RULES."""

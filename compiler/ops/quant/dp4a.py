@@ -33,8 +33,14 @@ def dp4a_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig)
     plan = _rows_plan(fmt, 1, out, inner, config)
     tiles, split_k, _ = plan["grid"]
     meta = {k: v for k, v in plan["meta"].items() if k != "M"}
-    meta.update(M_PAD=groups * per_group, R=per_group, Q6=fmt == "q6_k", ACT_Q4=False, ASM=True,
-                EXACT=whole_steps(inner // 256, meta["UNITS_PER_SPLIT"], split_k, meta["S"]))
+    meta.update(
+        M_PAD=groups * per_group,
+        R=per_group,
+        Q6=fmt == "q6_k",
+        ACT_Q4=False,
+        ASM=True,
+        EXACT=whole_steps(inner // 256, meta["UNITS_PER_SPLIT"], split_k, meta["S"]),
+    )
     return {"grid": (tiles * groups, split_k, 1), "split_k": split_k, "meta": meta}
 
 
@@ -57,12 +63,21 @@ def quantize_activations_gpu(x: jax.Array, order: str, silu_gated: bool = False)
     if k % 32:
         raise ValueError(f"activation length {k} is not a multiple of 32")
     plan = quantize_plan(m, k, order, silu_gated)
-    return triton_call(x, kernel=quantize_rows_kernel, out_shape=packed_shapes(m, k, plan["meta"]["TERMS"]),
-                       grid=plan["grid"], num_warps=4, num_stages=1, ASM=True, **plan["meta"])
+    return triton_call(
+        x,
+        kernel=quantize_rows_kernel,
+        out_shape=packed_shapes(m, k, plan["meta"]["TERMS"]),
+        grid=plan["grid"],
+        num_warps=4,
+        num_stages=1,
+        ASM=True,
+        **plan["meta"],
+    )
 
 
-def _quantized_inputs(x: jax.Array, w: QuantizedWeight, plan: dict, silu_gated: bool = False,
-                      activations: tuple | None = None) -> tuple[tuple, dict]:
+def _quantized_inputs(
+    x: jax.Array, w: QuantizedWeight, plan: dict, silu_gated: bool = False, activations: tuple | None = None
+) -> tuple[tuple, dict]:
     """(x's int8 activations padded to the plan's rows, then w's planes: the launches' leading operands;
     the plan's constexprs for that packing). `activations`: (qa, da, order) where x's producer made them
     (order: their packing, w's format or Q4_K's, which a Q6_K kernel reads as ACT_Q4), else quantized here."""
@@ -78,8 +93,15 @@ def _quantized_inputs(x: jax.Array, w: QuantizedWeight, plan: dict, silu_gated: 
     return (qa, da, *(w.planes[name] for name in DP4A_PLANES[w.format])), meta
 
 
-def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan: dict,
-              silu_gated: bool = False, activations: tuple | None = None, partials: bool = False):
+def dp4a_call(
+    x: jax.Array,
+    w: QuantizedWeight,
+    config: QuantMatmulConfig,
+    plan: dict,
+    silu_gated: bool = False,
+    activations: tuple | None = None,
+    partials: bool = False,
+):
     """x [m, in] @ W.T -> [m, out] in x's dtype through the two launches (silu_gated: x is a gate/up output
     [m, 2 in] and the product is silu(gate) * up @ W.T, the activation made by the quantizer; activations:
     x's (qa, da, order) made by its producer, then the GEMV alone). partials: a split-K plan's fp32 partials are
@@ -94,7 +116,11 @@ def dp4a_call(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, plan:
         *operands,
         kernel=dp4a_gemv_kernel,
         out_shape=jax.ShapeDtypeStruct((split_k, meta["M_PAD"], w.shape[0]), x.dtype if split_k == 1 else jnp.float32),
-        grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages, **meta)
+        grid=plan["grid"],
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        **meta,
+    )
     if split_k == 1:
         return y[0, :m]
     from ember.compiler.ops.split_k import SplitKPartials, materialized
@@ -118,9 +144,16 @@ def parts_plan(plan: dict, sizes: tuple[int, ...], out: int) -> dict | None:
     return {"N1": bounds[0], "N2": bounds[1]}
 
 
-def dp4a_parts_call(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None, config: QuantMatmulConfig,
-                    plan: dict, sizes: tuple[int, ...], bias_offset: int = 0,
-                    activations: tuple | None = None) -> tuple[jax.Array, ...]:
+def dp4a_parts_call(
+    x: jax.Array,
+    w: QuantizedWeight,
+    bias: jax.Array | None,
+    config: QuantMatmulConfig,
+    plan: dict,
+    sizes: tuple[int, ...],
+    bias_offset: int = 0,
+    activations: tuple | None = None,
+) -> tuple[jax.Array, ...]:
     """x [m, in] @ W.T (+ bias[bias_offset:][:out]) for a W packing len(sizes) projections -> one [m, size]
     output per projection in x's dtype, written apart by one launch (parts_plan must allow it); equal to
     slicing dp4a_call's output after linear_quant's bias add. The bias is read in place (no slice of it)."""
@@ -135,26 +168,46 @@ def dp4a_parts_call(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None, co
     bias_arg = jnp.zeros((1,), x.dtype) if bias is None else bias.astype(x.dtype)
     operands, meta = _quantized_inputs(x, w, plan, activations=activations)
     outs = triton_call(
-        *operands, bias_arg,
+        *operands,
+        bias_arg,
         kernel=dp4a_gemv_parts_kernel,
         out_shape=tuple(jax.ShapeDtypeStruct((rows, width), x.dtype) for width in widths),
-        grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages,
-        HAS_BIAS=bias is not None, BIAS_OFFSET=bias_offset, **meta, **bounds)
-    return tuple(out[:m] for out in outs[:len(sizes)])
+        grid=plan["grid"],
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        HAS_BIAS=bias is not None,
+        BIAS_OFFSET=bias_offset,
+        **meta,
+        **bounds,
+    )
+    return tuple(out[:m] for out in outs[: len(sizes)])
 
 
-def pair_fits(weights: tuple[QuantizedWeight, QuantizedWeight], plans: tuple[dict, dict],
-              runs: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
+def pair_fits(
+    weights: tuple[QuantizedWeight, QuantizedWeight],
+    plans: tuple[dict, dict],
+    runs: tuple[tuple[int, ...], tuple[int, ...]],
+) -> bool:
     """Whether dp4a_pair_parts_call takes these parts: a Q4_K A of one or two projections, a B of one, each
     part's plan one split."""
-    return (weights[0].format == "q4_k" and 1 <= len(runs[0]) <= 2 and len(runs[1]) == 1
-            and all(sum(run) == w.shape[0] for run, w in zip(runs, weights))
-            and all(plan["split_k"] == 1 for plan in plans))
+    return (
+        weights[0].format == "q4_k"
+        and 1 <= len(runs[0]) <= 2
+        and len(runs[1]) == 1
+        and all(sum(run) == w.shape[0] for run, w in zip(runs, weights))
+        and all(plan["split_k"] == 1 for plan in plans)
+    )
 
 
-def dp4a_pair_parts_call(x: jax.Array, weights: tuple[QuantizedWeight, QuantizedWeight], bias: jax.Array | None,
-                         plans: tuple[dict, dict], runs: tuple[tuple[int, ...], tuple[int, ...]],
-                         num_warps: int, activations: tuple | None = None) -> tuple[jax.Array, ...]:
+def dp4a_pair_parts_call(
+    x: jax.Array,
+    weights: tuple[QuantizedWeight, QuantizedWeight],
+    bias: jax.Array | None,
+    plans: tuple[dict, dict],
+    runs: tuple[tuple[int, ...], tuple[int, ...]],
+    num_warps: int,
+    activations: tuple | None = None,
+) -> tuple[jax.Array, ...]:
     """x [m, in] @ the two parts of a weight group (a Q4_K A packing the projections runs[0], one or two,
     then a Q4_K or Q6_K B holding runs[1], one), each plus its run of bias (A's rows, then B's), in one
     launch (triton_gemv_dp4a.dp4a_gemv_pair_kernel): what dp4a_parts_call on each part gives. plans: each
@@ -172,14 +225,34 @@ def dp4a_pair_parts_call(x: jax.Array, weights: tuple[QuantizedWeight, Quantized
     bias_arg = jnp.zeros((1,), x.dtype) if bias is None else bias.astype(x.dtype)
     widths = (runs[0][0], runs[0][1] if len(runs[0]) == 2 else 1, runs[1][0])
     outs = triton_call(
-        *operands, *(wb.planes[name] for name in DP4A_PLANES[wb.format]), bias_arg,
+        *operands,
+        *(wb.planes[name] for name in DP4A_PLANES[wb.format]),
+        bias_arg,
         kernel=dp4a_gemv_pair_kernel,
         out_shape=tuple(jax.ShapeDtypeStruct((rows, width), x.dtype) for width in widths),
-        grid=(plan_a["grid"][0] + plan_b["grid"][0], 1, 1), num_warps=num_warps, num_stages=1,
-        M_PAD=rows, K=wa.shape[1], R=meta_a["R"], NA=wa.shape[0], N1=runs[0][0], NB=wb.shape[0],
-        TILES_A=tiles_a, BLOCK_N_A=meta_a["BLOCK_N"], S_A=meta_a["S"], PREFETCH_A=meta_a["PREFETCH"],
-        EXACT_A=meta_a["EXACT"], BLOCK_N_B=meta_b["BLOCK_N"], S_B=meta_b["S"], PREFETCH_B=meta_b["PREFETCH"],
-        EXACT_B=meta_b["EXACT"], Q6_B=wb.format == "q6_k", ASM=True, HAS_BIAS=bias is not None, BIAS_OFFSET=0,
-        TERMS=meta_a["TERMS"])
+        grid=(plan_a["grid"][0] + plan_b["grid"][0], 1, 1),
+        num_warps=num_warps,
+        num_stages=1,
+        M_PAD=rows,
+        K=wa.shape[1],
+        R=meta_a["R"],
+        NA=wa.shape[0],
+        N1=runs[0][0],
+        NB=wb.shape[0],
+        TILES_A=tiles_a,
+        BLOCK_N_A=meta_a["BLOCK_N"],
+        S_A=meta_a["S"],
+        PREFETCH_A=meta_a["PREFETCH"],
+        EXACT_A=meta_a["EXACT"],
+        BLOCK_N_B=meta_b["BLOCK_N"],
+        S_B=meta_b["S"],
+        PREFETCH_B=meta_b["PREFETCH"],
+        EXACT_B=meta_b["EXACT"],
+        Q6_B=wb.format == "q6_k",
+        ASM=True,
+        HAS_BIAS=bias is not None,
+        BIAS_OFFSET=0,
+        TERMS=meta_a["TERMS"],
+    )
     kept = (0, 1) if len(runs[0]) == 2 else (0,)
     return tuple(outs[i][:m] for i in kept) + (outs[2][:m],)

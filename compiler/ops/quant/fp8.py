@@ -59,7 +59,8 @@ class Fp8Weight(NamedTuple):
 
 
 jax.tree_util.register_pytree_node(
-    Fp8Weight, lambda w: ((w.values, w.scale), (w.dtype,)), lambda aux, children: Fp8Weight(*children, *aux))
+    Fp8Weight, lambda w: ((w.values, w.scale), (w.dtype,)), lambda aux, children: Fp8Weight(*children, *aux)
+)
 
 
 def quantize_fp8(w, *, blocked: bool = False, dtype: str | None = None) -> Fp8Weight:
@@ -127,9 +128,14 @@ def fp8_linear_gate_up_silu(x, w: Fp8Weight):
 
 def use_fp8_gemv(x, w: Fp8Weight) -> bool:
     """Whether fp8_linear(x, w) launches the Triton GEMV (decided at trace time; jit caches it)."""
-    return (x.ndim == 2 and 1 <= x.shape[0] <= min(GEMV_MAX_ROWS, DISPATCH_MAX_ROWS) and x.dtype in GEMV_DTYPES
-            and w.shape[0] * w.shape[1] < 2**31 and os.environ.get("EMBER_FP8_GEMV", "1") != "0"
-            and triton_available())
+    return (
+        x.ndim == 2
+        and 1 <= x.shape[0] <= min(GEMV_MAX_ROWS, DISPATCH_MAX_ROWS)
+        and x.dtype in GEMV_DTYPES
+        and w.shape[0] * w.shape[1] < 2**31
+        and os.environ.get("EMBER_FP8_GEMV", "1") != "0"
+        and triton_available()
+    )
 
 
 def fp8_linear_xla(x, w: Fp8Weight):
@@ -145,7 +151,7 @@ def fp8_rows(w: Fp8Weight, ids):
     """Rows `ids` [N] of the matrix, dequantized to w.dtype: [N, in] (an embedding gather)."""
     values = jnp.take(w.values, ids, axis=0).astype(jnp.float32)
     if w.blocked:
-        scale = jnp.repeat(jnp.take(w.scale, ids // BLOCK, axis=0), BLOCK, axis=1)[:, :w.shape[1]]
+        scale = jnp.repeat(jnp.take(w.scale, ids // BLOCK, axis=0), BLOCK, axis=1)[:, : w.shape[1]]
     else:
         scale = jnp.take(w.scale, ids, axis=0)[:, None]
     return (values * scale).astype(w.dtype or jnp.float32)

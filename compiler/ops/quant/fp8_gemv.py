@@ -53,8 +53,8 @@ import triton.language as tl
 from .. import activation
 from .fp8 import Fp8Weight
 from .fp8_gemv_config import Fp8GemvConfig, gate_up_fits, launch_plan, pick_fp8_config
-from .matmul import split_columns
 from .fp8_gemv_words import word_sum
+from .matmul import split_columns
 
 
 @triton.jit
@@ -69,18 +69,35 @@ def _w_tile(w_ptr, rows, row_ok, cols, ok, K: tl.constexpr, W_BITCAST: tl.conste
 
 
 @triton.jit
-def _cuda_core_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M: tl.constexpr, N: tl.constexpr,
-                   K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   STEPS: tl.constexpr, BLOCKED: tl.constexpr, PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr,
-                   W_BITCAST: tl.constexpr):
+def _cuda_core_sum(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    rows,
+    row_ok,
+    i,
+    i_ok,
+    k_start,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STEPS: tl.constexpr,
+    BLOCKED: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    STEP_REDUCE: tl.constexpr,
+    W_BITCAST: tl.constexpr,
+):
     """sum_k x[i, k] * w[o, k] over the program's range -> [BLOCK_M, BLOCK_N] fp32 (block scales applied).
     Tiles are [BLOCK_N, C, 16]: each 16-byte chunk of a row one vector load. STEP_REDUCE sums every step's
     products over the chunk's 16 columns (in-thread adds: a [BLOCK_M, BLOCK_N, C] accumulator, 1/16 of the
     registers, so more programs fit per SM); otherwise acc [BLOCK_M, BLOCK_N, C, 16] takes FMAs."""
-    KB: tl.constexpr = (K + 127) // 128                     # scale blocks along `in`
+    KB: tl.constexpr = (K + 127) // 128  # scale blocks along `in`
     V: tl.constexpr = 16 if BLOCK_K >= 16 else BLOCK_K
     C: tl.constexpr = BLOCK_K // V
-    j = tl.arange(0, C)[:, None] * V + tl.arange(0, V)[None, :]   # [C, V] column offsets of a step
+    j = tl.arange(0, C)[:, None] * V + tl.arange(0, V)[None, :]  # [C, V] column offsets of a step
     r3 = rows[:, None, None]
     ok3 = row_ok[:, None, None]
     if STEP_REDUCE:
@@ -89,22 +106,25 @@ def _cuda_core_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M: tl.co
         acc = tl.zeros((BLOCK_M, BLOCK_N, C, V), tl.float32)
     nxt = _w_tile(w_ptr, r3, ok3, (k_start + j)[None, :, :], True, K, W_BITCAST)
     for step in range(STEPS):
-        cols = k_start + step * BLOCK_K + j                  # [C, V]
+        cols = k_start + step * BLOCK_K + j  # [C, V]
         if PREFETCH:  # the next step's tile is in flight during this step's math (masked off after the last)
             w = nxt
             nxt = _w_tile(w_ptr, r3, ok3, (cols + BLOCK_K)[None, :, :], step + 1 < STEPS, K, W_BITCAST)
         else:
             w = _w_tile(w_ptr, r3, ok3, cols[None, :, :], True, K, W_BITCAST)
-        wf = w.to(tl.float32)                                # [BLOCK_N, C, V]
+        wf = w.to(tl.float32)  # [BLOCK_N, C, V]
         if BLOCKED:  # the tile's rows share one scale row: a scale per column
             srow = (tl.program_id(0) * BLOCK_N) // 128
             wf = wf * tl.load(s_ptr + srow * KB + cols // 128, mask=cols < K, other=0.0)[None, :, :]
-        xt = tl.load(x_ptr + i[:, None, None, None] * K + cols[None, None, :, :],
-                     mask=i_ok[:, None, None, None] & (cols < K)[None, None, :, :], other=0.0).to(tl.float32)
+        xt = tl.load(
+            x_ptr + i[:, None, None, None] * K + cols[None, None, :, :],
+            mask=i_ok[:, None, None, None] & (cols < K)[None, None, :, :],
+            other=0.0,
+        ).to(tl.float32)
         if STEP_REDUCE:
-            acc += tl.sum(xt * wf[None], axis=3)             # [BLOCK_M, BLOCK_N, C]
+            acc += tl.sum(xt * wf[None], axis=3)  # [BLOCK_M, BLOCK_N, C]
         else:
-            acc += xt * wf[None]                             # [BLOCK_M, BLOCK_N, C, V]
+            acc += xt * wf[None]  # [BLOCK_M, BLOCK_N, C, V]
     if STEP_REDUCE:
         total = tl.sum(acc, axis=2)
     else:
@@ -113,9 +133,27 @@ def _cuda_core_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M: tl.co
 
 
 @triton.jit
-def _dot_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M: tl.constexpr, N: tl.constexpr,
-             K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KS: tl.constexpr,
-             STEPS: tl.constexpr, BLOCKED: tl.constexpr, IEEE: tl.constexpr, W_BITCAST: tl.constexpr):
+def _dot_sum(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    rows,
+    row_ok,
+    i,
+    i_ok,
+    k_start,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    KS: tl.constexpr,
+    STEPS: tl.constexpr,
+    BLOCKED: tl.constexpr,
+    IEEE: tl.constexpr,
+    W_BITCAST: tl.constexpr,
+):
     """The same sum on the tensor cores: x padded to BLOCK_M = 16 rows, SUB = BLOCK_K / KS dots per step."""
     KB: tl.constexpr = (K + 127) // 128
     SUB: tl.constexpr = BLOCK_K // KS
@@ -126,12 +164,13 @@ def _dot_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M: tl.constexp
             k0 = k_start + step * BLOCK_K + sub * KS
             cols = k0 + j
             w = _w_tile(w_ptr, rows[:, None], row_ok[:, None], cols[None, :], True, K, W_BITCAST)  # [BLOCK_N, KS]
-            xt = tl.load(x_ptr + i[:, None] * K + cols[None, :], mask=i_ok[:, None] & (cols < K)[None, :],
-                         other=0.0)                                      # [BLOCK_M, KS]
+            xt = tl.load(
+                x_ptr + i[:, None] * K + cols[None, :], mask=i_ok[:, None] & (cols < K)[None, :], other=0.0
+            )  # [BLOCK_M, KS]
             if IEEE:
                 part = tl.dot(xt.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
             else:
-                part = tl.dot(xt, tl.trans(w.to(xt.dtype)))                # [BLOCK_M, BLOCK_N] fp32
+                part = tl.dot(xt, tl.trans(w.to(xt.dtype)))  # [BLOCK_M, BLOCK_N] fp32
             if BLOCKED:  # this 128-block's partial sum times scale[o // 128, k0 // 128]
                 acc += part * tl.load(s_ptr + (rows // 128) * KB + k0 // 128, mask=row_ok, other=0.0)[None, :]
             else:
@@ -162,17 +201,31 @@ def _store_gate_up(acc, tile, i, i_ok, out_ptr, N: tl.constexpr, BLOCK_M: tl.con
     ~3/4 on the H200 (tools/results/h200_gpu_tests_4f6229b.json, h200_gpu_tests_29cba1d.json), within two ulps."""
     H: tl.constexpr = BLOCK_N // 2
     dtype: tl.constexpr = out_ptr.dtype.element_ty
-    gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, H)), (0, 2, 1)))   # [BLOCK_M, H] each
+    gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, H)), (0, 2, 1)))  # [BLOCK_M, H] each
     gate = gate.to(dtype).to(tl.float32)
     y = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)
     cols = tile * H + tl.arange(0, H)
-    tl.store(out_ptr + i[:, None] * (N // 2) + cols[None, :], y.to(dtype),
-             mask=i_ok[:, None] & (cols < N // 2)[None, :])
+    tl.store(
+        out_ptr + i[:, None] * (N // 2) + cols[None, :], y.to(dtype), mask=i_ok[:, None] & (cols < N // 2)[None, :]
+    )
 
 
 @triton.jit
-def _store_parts(acc, tile, rows, row_ok, i, i_ok, out0_ptr, out1_ptr, out2_ptr, N: tl.constexpr,
-                BLOCK_N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
+def _store_parts(
+    acc,
+    tile,
+    rows,
+    row_ok,
+    i,
+    i_ok,
+    out0_ptr,
+    out1_ptr,
+    out2_ptr,
+    N: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    N1: tl.constexpr,
+    N2: tl.constexpr,
+):
     """acc [BLOCK_M, BLOCK_N] of row tile `tile` of a packed weight of three projections (rows [0, N1),
     [N1, N2), [N2, N); boundaries on tile edges) -> the projection's own output."""
     mask = i_ok[:, None] & row_ok[None, :]
@@ -180,50 +233,155 @@ def _store_parts(acc, tile, rows, row_ok, i, i_ok, out0_ptr, out1_ptr, out2_ptr,
     if first < N1:
         tl.store(out0_ptr + i[:, None] * N1 + rows[None, :], acc.to(out0_ptr.dtype.element_ty), mask=mask)
     elif first < N2:
-        tl.store(out1_ptr + i[:, None] * (N2 - N1) + (rows - N1)[None, :], acc.to(out1_ptr.dtype.element_ty),
-                 mask=mask)
+        tl.store(out1_ptr + i[:, None] * (N2 - N1) + (rows - N1)[None, :], acc.to(out1_ptr.dtype.element_ty), mask=mask)
     else:
-        tl.store(out2_ptr + i[:, None] * (N - N2) + (rows - N2)[None, :], acc.to(out2_ptr.dtype.element_ty),
-                 mask=mask)
+        tl.store(out2_ptr + i[:, None] * (N - N2) + (rows - N2)[None, :], acc.to(out2_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _program_sum(x_ptr, w_ptr, s_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 KS: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCKED: tl.constexpr, USE_DOT: tl.constexpr,
-                 PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr, WORDS: tl.constexpr, GATE_UP: tl.constexpr,
-                 IEEE: tl.constexpr, W_BITCAST: tl.constexpr, SCALED: tl.constexpr):
+def _program_sum(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    KS: tl.constexpr,
+    K_PER_SPLIT: tl.constexpr,
+    BLOCKED: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    STEP_REDUCE: tl.constexpr,
+    WORDS: tl.constexpr,
+    GATE_UP: tl.constexpr,
+    IEEE: tl.constexpr,
+    W_BITCAST: tl.constexpr,
+    SCALED: tl.constexpr,
+):
     """This program's scaled sums [BLOCK_M, BLOCK_N] fp32, its weight rows (_tile_rows) and activation rows
     (+ masks). SCALED False: a plain float weight (bf16 / f16 / f32, dense_gemv.py), no scale read."""
     STEPS: tl.constexpr = K_PER_SPLIT // BLOCK_K
     rows, row_ok = _tile_rows(tl.program_id(0), N, BLOCK_N, GATE_UP)
-    i = tl.arange(0, BLOCK_M)                                   # [BLOCK_M] activation rows
+    i = tl.arange(0, BLOCK_M)  # [BLOCK_M] activation rows
     i_ok = i < M
     k_start = tl.program_id(1) * K_PER_SPLIT
     if WORDS:
-        acc = word_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, K, BLOCK_M, BLOCK_N, BLOCK_K, STEPS,
-                       BLOCKED, PREFETCH, not W_BITCAST)
+        acc = word_sum(
+            x_ptr,
+            w_ptr,
+            s_ptr,
+            rows,
+            row_ok,
+            i,
+            i_ok,
+            k_start,
+            K,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            STEPS,
+            BLOCKED,
+            PREFETCH,
+            not W_BITCAST,
+        )
     elif USE_DOT:
-        acc = _dot_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
-                       KS, STEPS, BLOCKED, IEEE, W_BITCAST)
+        acc = _dot_sum(
+            x_ptr,
+            w_ptr,
+            s_ptr,
+            rows,
+            row_ok,
+            i,
+            i_ok,
+            k_start,
+            M,
+            N,
+            K,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            KS,
+            STEPS,
+            BLOCKED,
+            IEEE,
+            W_BITCAST,
+        )
     else:
-        acc = _cuda_core_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, M, N, K, BLOCK_M, BLOCK_N,
-                             BLOCK_K, STEPS, BLOCKED, PREFETCH, STEP_REDUCE, W_BITCAST)
+        acc = _cuda_core_sum(
+            x_ptr,
+            w_ptr,
+            s_ptr,
+            rows,
+            row_ok,
+            i,
+            i_ok,
+            k_start,
+            M,
+            N,
+            K,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            STEPS,
+            BLOCKED,
+            PREFETCH,
+            STEP_REDUCE,
+            W_BITCAST,
+        )
     if SCALED and not BLOCKED:
         acc = acc * tl.load(s_ptr + rows, mask=row_ok, other=0.0)[None, :]
     return acc, rows, row_ok, i, i_ok
 
 
 @triton.jit
-def fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
-                    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KS: tl.constexpr, K_PER_SPLIT: tl.constexpr,
-                    BLOCKED: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr, STEP_REDUCE: tl.constexpr,
-                    WORDS: tl.constexpr, GATE_UP: tl.constexpr, IEEE: tl.constexpr, W_BITCAST: tl.constexpr,
-                    SCALED: tl.constexpr):
-    acc, rows, row_ok, i, i_ok = _program_sum(x_ptr, w_ptr, s_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, KS,
-                                              K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATE_UP,
-                                              IEEE, W_BITCAST, SCALED)
+def fp8_gemv_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    out_ptr,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    KS: tl.constexpr,
+    K_PER_SPLIT: tl.constexpr,
+    BLOCKED: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    STEP_REDUCE: tl.constexpr,
+    WORDS: tl.constexpr,
+    GATE_UP: tl.constexpr,
+    IEEE: tl.constexpr,
+    W_BITCAST: tl.constexpr,
+    SCALED: tl.constexpr,
+):
+    acc, rows, row_ok, i, i_ok = _program_sum(
+        x_ptr,
+        w_ptr,
+        s_ptr,
+        M,
+        N,
+        K,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        KS,
+        K_PER_SPLIT,
+        BLOCKED,
+        USE_DOT,
+        PREFETCH,
+        STEP_REDUCE,
+        WORDS,
+        GATE_UP,
+        IEEE,
+        W_BITCAST,
+        SCALED,
+    )
     if GATE_UP:  # out [M, N / 2] = silu(gate) * up
         _store_gate_up(acc, tl.program_id(0), i, i_ok, out_ptr, N, BLOCK_M, BLOCK_N)
     else:
@@ -232,17 +390,57 @@ def fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr,
 
 
 @triton.jit
-def fp8_gemv_parts_kernel(x_ptr, w_ptr, s_ptr, out0_ptr, out1_ptr, out2_ptr,
-                          M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KS: tl.constexpr, K_PER_SPLIT: tl.constexpr,
-                          BLOCKED: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr,
-                          STEP_REDUCE: tl.constexpr, WORDS: tl.constexpr, GATE_UP: tl.constexpr, IEEE: tl.constexpr,
-                          W_BITCAST: tl.constexpr, SCALED: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
+def fp8_gemv_parts_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    out0_ptr,
+    out1_ptr,
+    out2_ptr,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    KS: tl.constexpr,
+    K_PER_SPLIT: tl.constexpr,
+    BLOCKED: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    STEP_REDUCE: tl.constexpr,
+    WORDS: tl.constexpr,
+    GATE_UP: tl.constexpr,
+    IEEE: tl.constexpr,
+    W_BITCAST: tl.constexpr,
+    SCALED: tl.constexpr,
+    N1: tl.constexpr,
+    N2: tl.constexpr,
+):
     """One launch for a packed weight of three projections (rows [0, N1), [N1, N2), [N2, N); both boundaries
     multiples of BLOCK_N, one K split): each program writes its rows into the projection's own output."""
-    acc, rows, row_ok, i, i_ok = _program_sum(x_ptr, w_ptr, s_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, KS,
-                                              K_PER_SPLIT, BLOCKED, USE_DOT, PREFETCH, STEP_REDUCE, WORDS, GATE_UP,
-                                              IEEE, W_BITCAST, SCALED)
+    acc, rows, row_ok, i, i_ok = _program_sum(
+        x_ptr,
+        w_ptr,
+        s_ptr,
+        M,
+        N,
+        K,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        KS,
+        K_PER_SPLIT,
+        BLOCKED,
+        USE_DOT,
+        PREFETCH,
+        STEP_REDUCE,
+        WORDS,
+        GATE_UP,
+        IEEE,
+        W_BITCAST,
+        SCALED,
+    )
     _store_parts(acc, tl.program_id(0), rows, row_ok, i, i_ok, out0_ptr, out1_ptr, out2_ptr, N, BLOCK_N, N1, N2)
 
 
@@ -285,10 +483,21 @@ def _launch(kernel, x: jax.Array, w: GemvWeight, config: Fp8GemvConfig, plan: di
     from ..triton_launch import triton_call  # GPU-only path: imported on use
 
     scale = jnp.zeros((1,), jnp.float32) if w.scale is None else w.scale
-    return triton_call(x, w.values, scale, kernel=kernel, out_shape=out_shape,
-                       grid=plan["grid"], num_warps=config.num_warps, num_stages=config.num_stages,
-                       IEEE=x.dtype == jnp.float32, W_BITCAST=False, SCALED=w.scale is not None, **constants,
-                       **plan["meta"])
+    return triton_call(
+        x,
+        w.values,
+        scale,
+        kernel=kernel,
+        out_shape=out_shape,
+        grid=plan["grid"],
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        IEEE=x.dtype == jnp.float32,
+        W_BITCAST=False,
+        SCALED=w.scale is not None,
+        **constants,
+        **plan["meta"],
+    )
 
 
 def gemv(x: jax.Array, w: GemvWeight, config: Fp8GemvConfig) -> jax.Array:
@@ -298,8 +507,14 @@ def gemv(x: jax.Array, w: GemvWeight, config: Fp8GemvConfig) -> jax.Array:
     out, inner = w.shape
     plan = launch_plan(m, out, inner, config, blocked=w.blocked)
     split_k = plan["split_k"]
-    y = _launch(fp8_gemv_kernel, x, w, config, plan,
-                jax.ShapeDtypeStruct((split_k, m, out), x.dtype if split_k == 1 else jnp.float32))
+    y = _launch(
+        fp8_gemv_kernel,
+        x,
+        w,
+        config,
+        plan,
+        jax.ShapeDtypeStruct((split_k, m, out), x.dtype if split_k == 1 else jnp.float32),
+    )
     return y[0] if split_k == 1 else jnp.sum(y, axis=0).astype(x.dtype)
 
 
@@ -330,9 +545,18 @@ def gemv_parts(x: jax.Array, w: GemvWeight, sizes: tuple[int, ...], config: Fp8G
     if not parts_fit(m, w, tuple(sizes), config):
         return split_columns(gemv(x, w, config), sizes)
     plan = launch_plan(m, *w.shape, config, blocked=w.blocked)
-    return tuple(_launch(fp8_gemv_parts_kernel, x, w, config, plan,
-                         tuple(jax.ShapeDtypeStruct((m, size), x.dtype) for size in sizes),
-                         N1=sizes[0], N2=sizes[0] + sizes[1]))
+    return tuple(
+        _launch(
+            fp8_gemv_parts_kernel,
+            x,
+            w,
+            config,
+            plan,
+            tuple(jax.ShapeDtypeStruct((m, size), x.dtype) for size in sizes),
+            N1=sizes[0],
+            N2=sizes[0] + sizes[1],
+        )
+    )
 
 
 def fp8_gemv(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = None) -> jax.Array:
@@ -350,8 +574,9 @@ def fp8_gemv_gate_up(x: jax.Array, w: Fp8Weight, config: Fp8GemvConfig | None = 
     return gemv_gate_up(x, weight, config)
 
 
-def fp8_gemv_parts(x: jax.Array, w: Fp8Weight, sizes: tuple[int, ...],
-                   config: Fp8GemvConfig | None = None) -> tuple[jax.Array, ...]:
+def fp8_gemv_parts(
+    x: jax.Array, w: Fp8Weight, sizes: tuple[int, ...], config: Fp8GemvConfig | None = None
+) -> tuple[jax.Array, ...]:
     """x [m, in] @ dequant(w).T split into the projections of `sizes` (w packs them by rows): one output each,
     written by the kernel where parts_fit, else slices of the packed product."""
     weight, config = _fp8_with_config(x, w, config)

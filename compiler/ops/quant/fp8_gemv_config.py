@@ -7,22 +7,23 @@ import os
 from dataclasses import dataclass
 
 from ..env_config import overridden
-from .fp8 import BLOCK, GEMV_MAX_ROWS as MAX_ROWS  # MAX_ROWS: fp8_linear's dispatch bound
+from .fp8 import BLOCK  # MAX_ROWS: fp8_linear's dispatch bound
+from .fp8 import GEMV_MAX_ROWS as MAX_ROWS
 
 DOT_BLOCK_M = 16  # tl.dot needs >= 16 rows: activations are padded (masked) to 16
 
 
 @dataclass(frozen=True)
 class Fp8GemvConfig:
-    block_n: int = 32       # output rows per program (power of two <= 256; use_dot: >= 16)
-    block_k: int = 256      # `in` columns per loop step (power of two 16..1024): block_k bytes per row per step
-    split_k: int = 1        # programs along `in`; > 1: fp32 partials summed by XLA (clamped: no empty split)
+    block_n: int = 32  # output rows per program (power of two <= 256; use_dot: >= 16)
+    block_k: int = 256  # `in` columns per loop step (power of two 16..1024): block_k bytes per row per step
+    split_k: int = 1  # programs along `in`; > 1: fp32 partials summed by XLA (clamped: no empty split)
     num_warps: int = 4
-    num_stages: int = 1     # software-pipelining depth (cp.async stages; only the use_dot loop gets them)
-    use_dot: bool = False   # tensor-core tl.dot on x padded to 16 rows; False: CUDA-core FMAs
-    prefetch: bool = True   # CUDA cores: load the next step's tile before this step's math
+    num_stages: int = 1  # software-pipelining depth (cp.async stages; only the use_dot loop gets them)
+    use_dot: bool = False  # tensor-core tl.dot on x padded to 16 rows; False: CUDA-core FMAs
+    prefetch: bool = True  # CUDA cores: load the next step's tile before this step's math
     step_reduce: bool = False  # CUDA cores: sum each step's products per 16-column chunk (small accumulator)
-    words: bool = False     # CUDA cores on 4-byte words (_word_sum; needs in % 4 == 0): ~3x fewer instructions
+    words: bool = False  # CUDA cores on 4-byte words (_word_sum; needs in % 4 == 0): ~3x fewer instructions
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,12 @@ class Fp8Rule:
     min_out: int = 0
 
     def matches(self, m: int, out: int, inner: int) -> bool:
-        return (m <= self.max_m and self.min_out <= out < self.max_out and self.min_in <= inner < self.max_in
-                and not (self.config is not None and self.config.words and inner % 4))
+        return (
+            m <= self.max_m
+            and self.min_out <= out < self.max_out
+            and self.min_in <= inner < self.max_in
+            and not (self.config is not None and self.config.words and inner % 4)
+        )
 
 
 _C = Fp8GemvConfig
@@ -70,8 +75,9 @@ FP8_RULES: tuple[Fp8Rule, ...] = (
 )
 
 
-def pick_fp8_config(m: int, out: int, inner: int, *, blocked: bool = False,
-                    rules: tuple[Fp8Rule, ...] = FP8_RULES) -> Fp8GemvConfig:
+def pick_fp8_config(
+    m: int, out: int, inner: int, *, blocked: bool = False, rules: tuple[Fp8Rule, ...] = FP8_RULES
+) -> Fp8GemvConfig:
     """The first matching rule's config (block scales take the same tiles for now). For side-by-side
     measurements (read at trace time): EMBER_FP8_WORDS=0 skips the word loop's rules; EMBER_FP8_GEMV_CONFIG
     ("block_n=8/prefetch=0/num_stages=4") overrides fields of the one-row config."""
@@ -85,8 +91,7 @@ def pick_fp8_config(m: int, out: int, inner: int, *, blocked: bool = False,
     return Fp8GemvConfig()
 
 
-def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked: bool,
-                gate_up: bool = False) -> dict:
+def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked: bool, gate_up: bool = False) -> dict:
     """The static launch parameters of one call (grid, split count, kernel constexprs); pure, testable on CPU.
     gate_up: the weight packs gate and up (out = 2 ffn rows) and the call writes silu(gate) * up [m, ffn]:
     per-channel scales, one K split, an even block_n (each program's rows half gate, half up)."""
@@ -108,20 +113,37 @@ def launch_plan(m: int, out: int, inner: int, config: Fp8GemvConfig, *, blocked:
     if config.split_k < 1:
         raise ValueError(f"split_k must be >= 1, got {config.split_k}")
     if gate_up and not gate_up_fits(out, config, blocked=blocked):
-        raise ValueError(f"the gate/up epilogue needs per-channel scales, split_k 1, block_n >= 2 and an even "
-                         f"row count, got blocked={blocked}, split_k={config.split_k}, block_n={bn}, out={out}")
+        raise ValueError(
+            f"the gate/up epilogue needs per-channel scales, split_k 1, block_n >= 2 and an even "
+            f"row count, got blocked={blocked}, split_k={config.split_k}, block_n={bn}, out={out}"
+        )
     if config.words and (config.use_dot or inner % 4):
-        raise ValueError(f"words is a CUDA-core loop over 4-byte words: needs use_dot off and in % 4 == 0, got "
-                         f"use_dot={config.use_dot}, in={inner}")
+        raise ValueError(
+            f"words is a CUDA-core loop over 4-byte words: needs use_dot off and in % 4 == 0, got "
+            f"use_dot={config.use_dot}, in={inner}"
+        )
     steps = -(-inner // bk)
     split_k = min(config.split_k, steps)
     per_split = -(-steps // split_k)
     split_k = -(-steps // per_split)  # no empty splits
     block_m = DOT_BLOCK_M if config.use_dot else 1 << (m - 1).bit_length()
     ks = min(bk, BLOCK) if blocked and config.use_dot else bk
-    meta = dict(M=m, N=out, K=inner, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, KS=ks, K_PER_SPLIT=per_split * bk,
-                BLOCKED=blocked, USE_DOT=config.use_dot, PREFETCH=config.prefetch and per_split > 1,
-                STEP_REDUCE=config.step_reduce, WORDS=config.words, GATE_UP=gate_up)
+    meta = dict(
+        M=m,
+        N=out,
+        K=inner,
+        BLOCK_M=block_m,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        KS=ks,
+        K_PER_SPLIT=per_split * bk,
+        BLOCKED=blocked,
+        USE_DOT=config.use_dot,
+        PREFETCH=config.prefetch and per_split > 1,
+        STEP_REDUCE=config.step_reduce,
+        WORDS=config.words,
+        GATE_UP=gate_up,
+    )
     return {"grid": (-(-out // bn), split_k, 1), "split_k": split_k, "meta": meta}
 
 

@@ -39,9 +39,14 @@ def _word_values(words, ASM: tl.constexpr):
     """u32 words (any shape) -> the four e4m3 values of each as f32 (byte 0 first). ASM: the PTX above;
     otherwise bit operations (Triton's CPU interpreter has no inline assembly)."""
     if ASM:
-        v0, v1, v2, v3 = tl.inline_asm_elementwise(_E4M3_WORD_TO_F32, "=r,=r,=r,=r,r", [words],
-                                                   dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
-                                                   is_pure=True, pack=1)
+        v0, v1, v2, v3 = tl.inline_asm_elementwise(
+            _E4M3_WORD_TO_F32,
+            "=r,=r,=r,=r,r",
+            [words],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+            is_pure=True,
+            pack=1,
+        )
     else:
         v0 = (words & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
         v1 = ((words >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
@@ -78,9 +83,24 @@ def _word_tile(words_ptr, r3, rok3, kw, ok, KW: tl.constexpr):
 
 
 @triton.jit
-def word_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, K: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STEPS: tl.constexpr, BLOCKED: tl.constexpr,
-             PREFETCH: tl.constexpr, ASM: tl.constexpr):
+def word_sum(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    rows,
+    row_ok,
+    i,
+    i_ok,
+    k_start,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STEPS: tl.constexpr,
+    BLOCKED: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """sum_k x[i, k] * w[o, k] over the program's range -> [BLOCK_M, BLOCK_N] fp32 (block scales applied;
     a tile's rows share one scale row, so the scale multiplies x's columns)."""
     KW: tl.constexpr = K // 4
@@ -97,14 +117,14 @@ def word_sum(x_ptr, w_ptr, s_ptr, rows, row_ok, i, i_ok, k_start, K: tl.constexp
     acc = tl.zeros((BLOCK_M, BLOCK_N, W), tl.float32)
     nxt = _word_tile(words_ptr, r3, rok3, kw0, True, KW)
     for step in range(STEPS):
-        kw = kw0 + step * W                                             # [1, 1, W] word columns
+        kw = kw0 + step * W  # [1, 1, W] word columns
         kw_ok = kw < KW
         if PREFETCH:  # the next step's tile is in flight during this step's math (masked off after the last)
             words = nxt
             nxt = _word_tile(words_ptr, r3, rok3, kw + W, step + 1 < STEPS, KW)
         else:
             words = _word_tile(words_ptr, r3, rok3, kw, True, KW)
-        v0, v1, v2, v3 = _word_values(words, ASM)                       # [1, BLOCK_N, W] f32 each
+        v0, v1, v2, v3 = _word_values(words, ASM)  # [1, BLOCK_N, W] f32 each
         scale = 0.0
         if BLOCKED:
             srow = (tl.program_id(0) * BLOCK_N) // 128

@@ -53,8 +53,12 @@ import numpy as np
 Q4_K, Q6_K, Q8_0, Q5_0 = "q4_k", "q6_k", "q8_0", "q5_0"
 
 # format -> (elements per block, GGUF bytes per block, ggml type id)
-FORMATS: dict[str, tuple[int, int, int]] = {Q4_K: (256, 144, 12), Q6_K: (256, 210, 14), Q8_0: (32, 34, 8),
-                                            Q5_0: (32, 22, 6)}
+FORMATS: dict[str, tuple[int, int, int]] = {
+    Q4_K: (256, 144, 12),
+    Q6_K: (256, 210, 14),
+    Q8_0: (32, 34, 8),
+    Q5_0: (32, 22, 6),
+}
 GGML_TYPE_FORMATS: dict[int, str] = {ggml_type: fmt for fmt, (_, _, ggml_type) in FORMATS.items()}
 
 
@@ -141,7 +145,7 @@ def _blocks(raw: np.ndarray, fmt: str, shape: tuple[int, int]) -> np.ndarray:
 
 def _fp16_plane(blocks: np.ndarray, start: int) -> np.ndarray:
     """Little-endian fp16 at bytes [start, start + 2) of each block -> float16 [blocks, out]."""
-    return np.ascontiguousarray(blocks[:, :, start:start + 2]).view("<f2")[..., 0].T.astype(np.float16).copy()
+    return np.ascontiguousarray(blocks[:, :, start : start + 2]).view("<f2")[..., 0].T.astype(np.float16).copy()
 
 
 def _words(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -153,11 +157,11 @@ def _words(codes: np.ndarray, bits: int) -> np.ndarray:
     fields = codes.shape[-2]
     if fields * bits != 32:
         raise ValueError(f"{fields} fields of {bits} bits do not fill a 32-bit word")
-    grouped = codes.reshape(*codes.shape[:-2], 4, per_byte, codes.shape[-1])    # [..., byte, field, word]
+    grouped = codes.reshape(*codes.shape[:-2], 4, per_byte, codes.shape[-1])  # [..., byte, field, word]
     packed = grouped[..., 0, :].copy()
     for k in range(1, per_byte):
         packed |= grouped[..., k, :] << np.uint8(k * bits)
-    as_bytes = np.ascontiguousarray(np.swapaxes(packed, -1, -2))               # [..., word, byte]
+    as_bytes = np.ascontiguousarray(np.swapaxes(packed, -1, -2))  # [..., word, byte]
     return as_bytes.view("<u4")[..., 0].astype(np.uint32, copy=False)
 
 
@@ -184,10 +188,10 @@ def q6_k_codes(blocks: np.ndarray) -> np.ndarray:
     qh[32h + l].
     """
     lead = blocks.shape[:-1]
-    ql = blocks[..., 0:128].reshape(*lead, 2, 2, 32)                       # [.., half, run, l]
-    low = np.concatenate([ql & 0x0F, ql >> 4], axis=-2)                     # [.., half, k, l]
+    ql = blocks[..., 0:128].reshape(*lead, 2, 2, 32)  # [.., half, run, l]
+    low = np.concatenate([ql & 0x0F, ql >> 4], axis=-2)  # [.., half, k, l]
     qh = blocks[..., 128:192].reshape(*lead, 2, 1, 32)
-    high = (qh >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 0x03   # [.., half, k, l]
+    high = (qh >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 0x03  # [.., half, k, l]
     return (low | (high << 4)).reshape(*lead, 256)
 
 
@@ -197,10 +201,10 @@ def pack_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> QuantizedWeight:
     lead = blocks.shape[:2]
     # GGUF run r, byte l = 4i + q: its low nibble is element 64r + l (sub-block 2r), its high nibble element
     # 64r + 32 + l (sub-block 2r + 1); both are nibble i of word q of their sub-block.
-    runs = blocks[..., 16:144].reshape(*lead, 4, 8, 4)                   # [.., r, i, q]
+    runs = blocks[..., 16:144].reshape(*lead, 4, 8, 4)  # [.., r, i, q]
     halves = np.stack([_words(runs & 0x0F, 4), _words(runs >> 4, 4)], axis=-2)  # [.., r, h, q]
     planes = {
-        "qs": _block_major(halves.reshape(*lead, 32)),                  # [sb, out, 32]: word 4(2r + h) + q
+        "qs": _block_major(halves.reshape(*lead, 32)),  # [sb, out, 32]: word 4(2r + h) + q
         "scales": _block_major(np.ascontiguousarray(blocks[..., 4:16]).view("<u4").astype(np.uint32)),
         "d": _fp16_plane(blocks, 0),
         "dmin": _fp16_plane(blocks, 2),
@@ -212,10 +216,10 @@ def pack_q6_k(raw: np.ndarray, shape: tuple[int, int]) -> QuantizedWeight:
     """GGUF Q6_K bytes of an [out, in] matrix -> the device layout (module docstring)."""
     blocks = _blocks(raw, Q6_K, shape)
     lead = blocks.shape[:2]
-    codes = q6_k_codes(blocks).reshape(*lead, 8, 2, 4, 4)                # [.., n, h, j, q]: 32n + 16h + 4j + q
+    codes = q6_k_codes(blocks).reshape(*lead, 8, 2, 4, 4)  # [.., n, h, j, q]: 32n + 16h + 4j + q
     low, high = codes & 0x0F, codes >> 4
-    ql = _words(np.swapaxes(low, -3, -2).reshape(*lead, 8, 8, 4), 4)     # [.., n, field 2j + h, q] -> [.., n, q]
-    qh = _words(np.moveaxis(high.reshape(*lead, 16, 16), -1, -2), 2)    # [.., field 4j + q, word 2n + h]
+    ql = _words(np.swapaxes(low, -3, -2).reshape(*lead, 8, 8, 4), 4)  # [.., n, field 2j + h, q] -> [.., n, q]
+    qh = _words(np.moveaxis(high.reshape(*lead, 16, 16), -1, -2), 2)  # [.., field 4j + q, word 2n + h]
     planes = {
         "ql": _block_major(ql.reshape(*lead, 32)),
         "qh": _block_major(qh),
@@ -256,8 +260,9 @@ def pack(raw: np.ndarray, fmt: str | int, shape: tuple[int, int]) -> QuantizedWe
 SCALE_OFFSETS: dict[str, tuple[int, ...]] = {Q4_K: (0, 2), Q6_K: (208,), Q8_0: (0,), Q5_0: (0,)}
 
 
-def random_gguf_bytes(rng: np.random.Generator, fmt: str, shape: tuple[int, int], *,
-                      realistic: bool = False) -> np.ndarray:
+def random_gguf_bytes(
+    rng: np.random.Generator, fmt: str, shape: tuple[int, int], *, realistic: bool = False
+) -> np.ndarray:
     """Random valid GGUF bytes (uint8, 1-D) for an [out, in] matrix of `fmt`.
 
     Codes are uniform random bytes. fp16 scales are random finite bit patterns (zeros and subnormals
@@ -272,7 +277,7 @@ def random_gguf_bytes(rng: np.random.Generator, fmt: str, shape: tuple[int, int]
         if realistic:
             scale = np.abs(rng.normal(0.0, 0.01, n_blocks)).astype("<f2").view("<u2")
         else:
-            scale = np.ascontiguousarray(raw[:, start:start + 2]).view("<u2")[:, 0]
+            scale = np.ascontiguousarray(raw[:, start : start + 2]).view("<u2")[:, 0]
             scale = np.where((scale & 0x7C00) == 0x7C00, scale & ~np.uint16(0x4000), scale).astype("<u2")
-        raw[:, start:start + 2] = scale.reshape(-1, 1).view(np.uint8)
+        raw[:, start : start + 2] = scale.reshape(-1, 1).view(np.uint8)
     return raw.reshape(-1)

@@ -29,8 +29,14 @@ def dot_block_m(m: int) -> int:
     return min(DOT_MAX_BLOCK_M, max(DOT_BLOCK_M, 1 << (m - 1).bit_length()))
 
 
-def quant_matmul(x: jax.Array, w: QuantizedWeight, *, backend: str = "reference",
-                 config: QuantMatmulConfig | None = None, activations: tuple | None = None) -> jax.Array:
+def quant_matmul(
+    x: jax.Array,
+    w: QuantizedWeight,
+    *,
+    backend: str = "reference",
+    config: QuantMatmulConfig | None = None,
+    activations: tuple | None = None,
+) -> jax.Array:
     """x [m, in] (bf16 or f32) @ dequant(W).T -> [m, out] in x's dtype, accumulated in fp32. activations:
     x's int8 activations made by x's producer, (qa, da, order) as act_quant.quantize_activations(x, order)
     packs them (order: w's format, or "q4_k" for a Q6_K w), which a dp4a launch reads instead of quantizing
@@ -46,9 +52,16 @@ def quant_matmul(x: jax.Array, w: QuantizedWeight, *, backend: str = "reference"
     raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
 
 
-def quant_matmul_parts(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None, sizes: tuple[int, ...], *,
-                       bias_offset: int = 0, backend: str = "reference",
-                       activations: tuple | None = None) -> tuple[jax.Array, ...]:
+def quant_matmul_parts(
+    x: jax.Array,
+    w: QuantizedWeight,
+    bias: jax.Array | None,
+    sizes: tuple[int, ...],
+    *,
+    bias_offset: int = 0,
+    backend: str = "reference",
+    activations: tuple | None = None,
+) -> tuple[jax.Array, ...]:
     """x @ W.T + bias[bias_offset : bias_offset + out] split into the projections W packs (`sizes` along
     `out`): one [m, size] array each, in x's dtype (bias: None, or a longer vector whose run W's rows take).
     Where the pick is a one-split dp4a GEMV, one launch writes the outputs apart with the bias added
@@ -62,13 +75,19 @@ def quant_matmul_parts(x: jax.Array, w: QuantizedWeight, bias: jax.Array | None,
             return dp4a_parts_call(x, w, bias, config, plan, tuple(sizes), bias_offset, activations)
     y = quant_matmul(x, w, backend=backend, activations=activations)
     if bias is not None:
-        y = y + bias[bias_offset:bias_offset + w.shape[0]].astype(y.dtype)
+        y = y + bias[bias_offset : bias_offset + w.shape[0]].astype(y.dtype)
     return split_columns(y, sizes)
 
 
-def quant_matmul_pair_parts(x: jax.Array, weights: tuple[QuantizedWeight, QuantizedWeight], bias: jax.Array | None,
-                            runs: tuple[tuple[int, ...], tuple[int, ...]], *, backend: str = "reference",
-                            activations: tuple | None = None) -> tuple[jax.Array, ...] | None:
+def quant_matmul_pair_parts(
+    x: jax.Array,
+    weights: tuple[QuantizedWeight, QuantizedWeight],
+    bias: jax.Array | None,
+    runs: tuple[tuple[int, ...], tuple[int, ...]],
+    *,
+    backend: str = "reference",
+    activations: tuple | None = None,
+) -> tuple[jax.Array, ...] | None:
     """The projections of a two-part weight group (a Q4_K part holding runs[0], one or two projections, then
     a Q4_K / Q6_K part holding runs[1], one: a Q4_K_M q+k beside a Q6_K v) with the group's bias, in one dp4a
     launch (dp4a.dp4a_pair_parts_call); None where that launch does not apply (then each part runs alone).
@@ -80,12 +99,12 @@ def quant_matmul_pair_parts(x: jax.Array, weights: tuple[QuantizedWeight, Quanti
     picks = [_dp4a_pick(x, w, backend) if x.shape[1] == w.shape[1] else None for w in weights]
     if None in picks or not pair_fits(weights, (picks[0][1], picks[1][1]), runs):
         return None
-    return dp4a_pair_parts_call(x, weights, bias, (picks[0][1], picks[1][1]), runs, picks[0][0].num_warps,
-                                activations)
+    return dp4a_pair_parts_call(x, weights, bias, (picks[0][1], picks[1][1]), runs, picks[0][0].num_warps, activations)
 
 
-def quant_matmul_silu_gated(gate_up: jax.Array, w: QuantizedWeight, *, backend: str = "reference",
-                            partials: bool = False):
+def quant_matmul_silu_gated(
+    gate_up: jax.Array, w: QuantizedWeight, *, backend: str = "reference", partials: bool = False
+):
     """silu(gate) * up @ W.T for a packed gate/up output gate_up [m, 2 in] -> [m, out] in its dtype. On a
     dp4a pick the activation is made inside the activation quantizer (no kernel of its own); otherwise
     activation.py's reference, then quant_matmul. partials: a split-K pick returns its unsummed partials
@@ -117,7 +136,7 @@ def _dp4a_pick(x: jax.Array, w: QuantizedWeight, backend: str) -> tuple[QuantMat
 
 def column_bounds(sizes) -> list[int]:
     """Where each of the projections `sizes` (side by side along the last axis) ends, but the last."""
-    return [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)]
+    return [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)]
 
 
 def split_columns(y: jax.Array, sizes) -> tuple[jax.Array, ...]:
@@ -132,6 +151,7 @@ def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfi
         return _rows_plan(fmt, m, out, inner, config)
     if config.variant == "dp4a":
         from ember.compiler.ops.quant.dp4a import dp4a_plan
+
         return dp4a_plan(fmt, m, out, inner, config)
     if config.variant != "split":
         raise ValueError(f"unknown kernel variant {config.variant!r}")
@@ -149,19 +169,20 @@ def launch_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfi
     split_k = max(1, min(config.split_k, steps))
     steps_per_split = -(-steps // split_k)
     split_k = -(-steps // steps_per_split)  # no empty splits
-    meta = dict(M=m, N=out, K=inner, BLOCK_M=block_m, BLOCK_N=config.block_n,
-                STEPS_PER_SPLIT=steps_per_split, USE_DOT=use_dot)
+    meta = dict(
+        M=m, N=out, K=inner, BLOCK_M=block_m, BLOCK_N=config.block_n, STEPS_PER_SPLIT=steps_per_split, USE_DOT=use_dot
+    )
     if block == 32:
         meta["BLOCKS_PER_STEP"] = per_step
     grid = (-(-out // config.block_n), split_k, -(-m // block_m))
     return {"grid": grid, "split_k": split_k, "meta": meta}
 
 
-ROWS_BLOCK_N = (4, 512)   # the rows variant's row tile: a power of two in this range
+ROWS_BLOCK_N = (4, 512)  # the rows variant's row tile: a power of two in this range
 ROWS_MAX_SB_PER_STEP = 16
-ROWS_MAX_M = 4            # activation rows of the rows kernels (one accumulator each)
+ROWS_MAX_M = 4  # activation rows of the rows kernels (one accumulator each)
 ROWS_UNIT = {"q4_k": 256, "q6_k": 256, "q8_0": 32, "q5_0": 32}  # elements of `in` per split/step unit
-                                                                # (triton_gemv*.py)
+# (triton_gemv*.py)
 
 
 def whole_steps(units: int, per_split: int, split_k: int, s: int) -> bool:
@@ -190,17 +211,24 @@ def _rows_plan(fmt: str, m: int, out: int, inner: int, config: QuantMatmulConfig
     if inner % unit:
         raise ValueError(f"{fmt}: `in` = {inner} is not a multiple of {unit}")
     units = inner // unit
-    s = sb * 256 // unit                                  # units per step
+    s = sb * 256 // unit  # units per step
     split_k = min(config.split_k, units)
     per_split = -(-units // split_k)
     if per_split > s:
-        per_split = -(-per_split // s) * s                # whole steps per split
+        per_split = -(-per_split // s) * s  # whole steps per split
     else:
-        s = 1 << (per_split - 1).bit_length()             # one step covers the split: the smallest power of two
-    split_k = -(-units // per_split)                      # no empty splits
+        s = 1 << (per_split - 1).bit_length()  # one step covers the split: the smallest power of two
+    split_k = -(-units // per_split)  # no empty splits
     steps = -(-per_split // s)
-    meta = dict(M=m, N=out, K=inner, BLOCK_N=config.block_n, S=s, UNITS_PER_SPLIT=per_split,
-                PREFETCH=bool(config.prefetch and steps > 1))
+    meta = dict(
+        M=m,
+        N=out,
+        K=inner,
+        BLOCK_N=config.block_n,
+        S=s,
+        UNITS_PER_SPLIT=per_split,
+        PREFETCH=bool(config.prefetch and steps > 1),
+    )
     if fmt == "q4_k":  # every split (the last, shorter one too) is whole steps: the kernel needs no masks
         meta["EXACT"] = whole_steps(units, per_split, split_k, s)
     return {"grid": (-(-out // config.block_n), split_k, 1), "split_k": split_k, "meta": meta}
@@ -214,11 +242,12 @@ def _check_triton_operands(x: jax.Array, w: QuantizedWeight) -> None:
             raise ValueError(f"{w.format} plane {name!r} has {plane.size} elements; int32 offsets overflow")
 
 
-def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig,
-                        activations: tuple | None = None) -> jax.Array:
-    from ..triton_launch import triton_call  # Triton itself is imported on use (GPU-only dependency)
-
+def triton_quant_matmul(
+    x: jax.Array, w: QuantizedWeight, config: QuantMatmulConfig, activations: tuple | None = None
+) -> jax.Array:
     from ember.compiler.ops.quant.triton_kernels import KERNELS
+
+    from ..triton_launch import triton_call  # Triton itself is imported on use (GPU-only dependency)
 
     _check_triton_operands(x, w)
     m = x.shape[0]
@@ -226,9 +255,11 @@ def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulCon
     plan = launch_plan(w.format, m, out, inner, config)
     if config.variant == "dp4a":
         from ember.compiler.ops.quant.dp4a import dp4a_call
+
         return dp4a_call(x, w, config, plan, activations=activations)
     if config.variant == "rows":
         from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
+
         kernel, plane_names = ROWS_KERNELS[w.format]
     else:
         kernel, plane_names = KERNELS[w.format]
@@ -237,7 +268,8 @@ def triton_quant_matmul(x: jax.Array, w: QuantizedWeight, config: QuantMatmulCon
     # the rows kernels write [split_k, m, out] too (split_k == 1: x's dtype, one launch and nothing after it)
     constants = dict(plan["meta"]) if config.variant == "rows" else dict(plan["meta"], IEEE=x.dtype == jnp.float32)
     y = triton_call(
-        x, *(w.planes[name] for name in plane_names),
+        x,
+        *(w.planes[name] for name in plane_names),
         kernel=kernel,
         out_shape=jax.ShapeDtypeStruct((split_k, m, out), out_dtype),
         grid=plan["grid"],

@@ -43,9 +43,9 @@ def q4_k_parts(w: QuantizedWeight) -> tuple[jax.Array, jax.Array, jax.Array]:
     products)): sub-block n's weights are scale[n] * codes[n] - minimum[n]."""
     p = w.planes
     nsb, out = p["d"].shape
-    codes = _fields(p["qs"].reshape(nsb, out, 8, 4), 8, 4)        # [sb, out, n, i, q]: element 32n + 4i + q
+    codes = _fields(p["qs"].reshape(nsb, out, 8, 4), 8, 4)  # [sb, out, n, i, q]: element 32n + 4i + q
     codes = codes.reshape(nsb, out, 8, 32).astype(jnp.float32)
-    sc, mn = q4_k_scales_and_mins(p["scales"])                    # [sb, out, 8]
+    sc, mn = q4_k_scales_and_mins(p["scales"])  # [sb, out, 8]
     scale = p["d"].astype(jnp.float32)[..., None] * sc.astype(jnp.float32)
     minimum = p["dmin"].astype(jnp.float32)[..., None] * mn.astype(jnp.float32)
     return codes, scale, minimum
@@ -62,9 +62,9 @@ def q6_k_parts(w: QuantizedWeight) -> tuple[jax.Array, jax.Array]:
     sub-block t's weights are scale[t] * (codes[t] - 32)."""
     p = w.planes
     nsb, out = p["d"].shape
-    low = _fields(p["ql"].reshape(nsb, out, 8, 4), 8, 4).reshape(nsb, out, 8, 4, 2, 4)   # [.., n, j, h, q]
-    high = _fields(p["qh"], 16, 2).reshape(nsb, out, 4, 4, 8, 2)                          # [.., j, q, n, h]
-    low = jnp.transpose(low, (0, 1, 2, 4, 3, 5))                                          # [.., n, h, j, q]
+    low = _fields(p["ql"].reshape(nsb, out, 8, 4), 8, 4).reshape(nsb, out, 8, 4, 2, 4)  # [.., n, j, h, q]
+    high = _fields(p["qh"], 16, 2).reshape(nsb, out, 4, 4, 8, 2)  # [.., j, q, n, h]
+    low = jnp.transpose(low, (0, 1, 2, 4, 3, 5))  # [.., n, h, j, q]
     high = jnp.transpose(high, (0, 1, 4, 5, 2, 3))
     codes = (low | (high << 4)).reshape(nsb, out, 16, 16)
     scale = p["d"].astype(jnp.float32)[..., None] * p["scales"].astype(jnp.float32)
@@ -87,8 +87,8 @@ def dequantize_q8_0(w: QuantizedWeight) -> jax.Array:
 def q5_0_codes(w: QuantizedWeight) -> jax.Array:
     """Signed codes int32 [blocks, out, 32] (-16..15, element order) of a Q5_0 weight."""
     p = w.planes
-    qs = p["qs"].astype(jnp.int32)                                               # [blocks, out, 16]
-    low = jnp.concatenate([qs & 15, qs >> 4], axis=-1)                           # element j: byte j % 16
+    qs = p["qs"].astype(jnp.int32)  # [blocks, out, 16]
+    low = jnp.concatenate([qs & 15, qs >> 4], axis=-1)  # element j: byte j % 16
     high = (p["qh"].astype(jnp.uint32)[..., None] >> jnp.arange(32, dtype=jnp.uint32)) & 1
     return (low | (high.astype(jnp.int32) << 4)) - 16
 

@@ -29,8 +29,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ember.compiler.ops.quant.triton_gemv_common import (accumulate_rows, block_frame, field_to, load_where,
-                                                         plane_index, store_rows, u2f)
+from ember.compiler.ops.quant.triton_gemv_common import (
+    accumulate_rows,
+    block_frame,
+    field_to,
+    load_where,
+    plane_index,
+    store_rows,
+    u2f,
+)
 from ember.compiler.ops.quant.triton_gemv_q6_k import q6_k_rows_kernel
 from ember.compiler.ops.quant.triton_gemv_q8_0 import q5_0_rows_kernel, q8_0_rows_kernel
 
@@ -40,7 +47,7 @@ def q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4, stop, r4, row_ok4, w4, N:
     """Planes of super-blocks u4 [S, 1, 1, 1] for the tile: words [S, BLOCK_N, 8, 4], the rest [S, BLOCK_N, 1, 1].
     EXACT: no masks (no zero-filled registers, no predicates; plane_index clamps instead)."""
     plane = plane_index(u4, stop, r4, N, EXACT)
-    ok = (u4 < stop) & row_ok4                           # (unused when EXACT)
+    ok = (u4 < stop) & row_ok4  # (unused when EXACT)
     masked: tl.constexpr = not EXACT
     words = load_where(qs_ptr + plane * 32 + w4, ok, masked)
     s0 = load_where(scales_ptr + plane * 3, ok, masked)
@@ -75,18 +82,32 @@ def _q4_k_scales(s0, s1, s2, d, dmin, n4):
 
 
 @triton.jit
-def q4_k_rows_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
-                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                     S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr):
+def q4_k_rows_kernel(
+    x_ptr,
+    qs_ptr,
+    scales_ptr,
+    d_ptr,
+    dmin_ptr,
+    out_ptr,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    S: tl.constexpr,
+    UNITS_PER_SPLIT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EXACT: tl.constexpr,
+):
     """EXACT (matmul.py _rows_plan): every split's range is whole steps of S units, so no step is partly
     outside it and nothing needs a mask; the loop runs over this split's own step count."""
     rows, row_ok, r4, row_ok4, pid_k, start, stop, u0, n4, q4, w4 = block_frame(
-        tl.program_id(0), BLOCK_N, N, S, UNITS_PER_SPLIT, K)                                     # word of (sub-block n, q)
-    e4 = n4 * 32 + q4                                    # its element at nibble 0 (nibble i: + 4 i)
+        tl.program_id(0), BLOCK_N, N, S, UNITS_PER_SPLIT, K
+    )  # word of (sub-block n, q)
+    e4 = n4 * 32 + q4  # its element at nibble 0 (nibble i: + 4 i)
     # 1.0's bits, in a register: grid axis 2 has one program, but the compiler cannot know, so it keeps
     # `one` in a register and (c & mask) | one becomes ONE LOP3 (with two immediates it emits two)
     one = 0x3F800000 | tl.program_id(2)
-    acc0 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)      # one accumulator per activation row, reduced at the end
+    acc0 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)  # one accumulator per activation row, reduced at the end
     acc1 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)
     acc2 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)
     acc3 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)
@@ -101,17 +122,29 @@ def q4_k_rows_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
         if PREFETCH:  # the next step's loads go out before this step's math (past the range: masked/clamped)
             nxt = q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4 + S, stop, r4, row_ok4, w4, N, EXACT)
         else:
-            words, s0, s1, s2, d, dmin = q4_k_load(qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4, stop, r4, row_ok4,
-                                                    w4, N, EXACT)
+            words, s0, s1, s2, d, dmin = q4_k_load(
+                qs_ptr, scales_ptr, d_ptr, dmin_ptr, u4, stop, r4, row_ok4, w4, N, EXACT
+            )
         ok_u = u4 < stop
-        s, u = _q4_k_scales(s0, s1, s2, d, dmin, n4)      # [S, BLOCK_N, 8, 1]
+        s, u = _q4_k_scales(s0, s1, s2, d, dmin, n4)  # [S, BLOCK_N, 8, 1]
         for i in tl.static_range(8):
             v = (field_to(words, 4 * i, 19, 0x00780000) | one).to(tl.float32, bitcast=True)  # 1 + c/16
-            w = s * v - u                                # [S, BLOCK_N, 8, 4] = d sc c - dmin m
-            acc0, acc1, acc2, acc3 = accumulate_rows(acc0, acc1, acc2, acc3, w, x_ptr, u4, ok_u, 4 * i, e4, K,
-                                                     256, M, not EXACT)
-    store_rows(out_ptr, tl.sum(acc0, axis=3), tl.sum(acc1, axis=3), tl.sum(acc2, axis=3), tl.sum(acc3, axis=3),
-               pid_k, rows, row_ok, M, N)
+            w = s * v - u  # [S, BLOCK_N, 8, 4] = d sc c - dmin m
+            acc0, acc1, acc2, acc3 = accumulate_rows(
+                acc0, acc1, acc2, acc3, w, x_ptr, u4, ok_u, 4 * i, e4, K, 256, M, not EXACT
+            )
+    store_rows(
+        out_ptr,
+        tl.sum(acc0, axis=3),
+        tl.sum(acc1, axis=3),
+        tl.sum(acc2, axis=3),
+        tl.sum(acc3, axis=3),
+        pid_k,
+        rows,
+        row_ok,
+        M,
+        N,
+    )
 
 
 # format -> (kernel, plane names in the kernel's argument order); the plans: matmul.py _rows_plan

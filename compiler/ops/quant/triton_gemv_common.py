@@ -57,8 +57,9 @@ def row_tile(BLOCK_N: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
-def block_frame(tile, BLOCK_N: tl.constexpr, N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
-                K: tl.constexpr):
+def block_frame(
+    tile, BLOCK_N: tl.constexpr, N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr, K: tl.constexpr
+):
     """The 4-D frame of the super-block kernels ([S, BLOCK_N, 8, 4] tiles: unit, row, block n of 32, word q)
     for row tile `tile` and grid axis 1's split: (rows, row_ok [BLOCK_N], r4, row_ok4 [1, BLOCK_N, 1, 1],
     pid_k, start and stop of the split's units, u0 [S, 1, 1, 1] step 0's units, n4 [1, 1, 8, 1], q4
@@ -71,8 +72,19 @@ def block_frame(tile, BLOCK_N: tl.constexpr, N: tl.constexpr, S: tl.constexpr, U
     u0 = start + tl.arange(0, S)[:, None, None, None]
     n4 = tl.arange(0, 8)[None, None, :, None]
     q4 = tl.arange(0, 4)[None, None, None, :]
-    return (rows, row_ok, rows[None, :, None, None], row_ok[None, :, None, None], pid_k, start, stop, u0, n4, q4,
-            n4 * 4 + q4)
+    return (
+        rows,
+        row_ok,
+        rows[None, :, None, None],
+        row_ok[None, :, None, None],
+        pid_k,
+        start,
+        stop,
+        u0,
+        n4,
+        q4,
+        n4 * 4 + q4,
+    )
 
 
 @triton.jit
@@ -94,16 +106,39 @@ def load_where(ptrs, ok, MASKED: tl.constexpr):
 
 
 @triton.jit
-def x_tile(x_ptr, i: tl.constexpr, u3, ok_u, offset: tl.constexpr, j3, K: tl.constexpr, UNIT: tl.constexpr,
-           MASKED: tl.constexpr):
+def x_tile(
+    x_ptr,
+    i: tl.constexpr,
+    u3,
+    ok_u,
+    offset: tl.constexpr,
+    j3,
+    K: tl.constexpr,
+    UNIT: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """Activation row i at u3 * UNIT + offset + j3 (u3 [S, 1, 1] units, j3 [1, 1, W]) -> float32 [S, 1, W],
     0 for units outside the program's range (ok_u [S, 1, 1]) when MASKED (else every unit is in range)."""
     return load_where(x_ptr + i * K + u3 * UNIT + offset + j3, ok_u, MASKED).to(tl.float32)
 
 
 @triton.jit
-def accumulate_rows(acc0, acc1, acc2, acc3, w, x_ptr, u3, ok_u, offset: tl.constexpr, j3, K: tl.constexpr,
-                    UNIT: tl.constexpr, M: tl.constexpr, MASKED: tl.constexpr):
+def accumulate_rows(
+    acc0,
+    acc1,
+    acc2,
+    acc3,
+    w,
+    x_ptr,
+    u3,
+    ok_u,
+    offset: tl.constexpr,
+    j3,
+    K: tl.constexpr,
+    UNIT: tl.constexpr,
+    M: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """acc_i += x_i * w for each of the M activation rows (w [S, BLOCK_N, W] decoded once, reused by every row)."""
     acc0 += x_tile(x_ptr, 0, u3, ok_u, offset, j3, K, UNIT, MASKED) * w
     if M > 1:

@@ -34,8 +34,9 @@ from ember.compiler.ops.quant.triton_gemv_q6_k import q6_k_load
 def dp4a(a, b, c, ASM: tl.constexpr):
     """c + sum over bytes k of a_k * b_k, a's bytes unsigned and b's signed (int32 results)."""
     if ASM:
-        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
-                                         dtype=tl.int32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(
+            "dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32, is_pure=True, pack=1
+        )
     else:
         a32 = a.to(tl.int32, bitcast=True)
         total = c
@@ -51,15 +52,21 @@ def q4_words_as_q6(a_lo, a_hi, ASM: tl.constexpr):
     words 0..3 of each block, a_hi words 4..7 (b = 0..3 each); Q6_K word b takes bytes 0, 1 of Q4_K words b
     and b + 4, its word 4 + b their bytes 2, 3: one byte permute (prmt) per word, the integers unchanged."""
     if ASM:
-        lo = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x5140;", "=r,r,r", [a_lo, a_hi], dtype=tl.int32,
-                                       is_pure=True, pack=1)
-        hi = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7362;", "=r,r,r", [a_lo, a_hi], dtype=tl.int32,
-                                       is_pure=True, pack=1)
+        lo = tl.inline_asm_elementwise(
+            "prmt.b32 $0, $1, $2, 0x5140;", "=r,r,r", [a_lo, a_hi], dtype=tl.int32, is_pure=True, pack=1
+        )
+        hi = tl.inline_asm_elementwise(
+            "prmt.b32 $0, $1, $2, 0x7362;", "=r,r,r", [a_lo, a_hi], dtype=tl.int32, is_pure=True, pack=1
+        )
         return lo, hi
     else:
         lo = (a_lo & 255) | ((a_hi & 255) << 8) | (((a_lo >> 8) & 255) << 16) | (((a_hi >> 8) & 255) << 24)
-        hi = (((a_lo >> 16) & 255) | (((a_hi >> 16) & 255) << 8) | (((a_lo >> 24) & 255) << 16)
-              | (((a_hi >> 24) & 255) << 24))
+        hi = (
+            ((a_lo >> 16) & 255)
+            | (((a_hi >> 16) & 255) << 8)
+            | (((a_lo >> 24) & 255) << 16)
+            | (((a_hi >> 24) & 255) << 24)
+        )
         return lo, hi
 
 
@@ -87,8 +94,25 @@ def _decode(planes, n4, q4, Q6: tl.constexpr):
 
 
 @triton.jit
-def _term(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.constexpr, MASKED: tl.constexpr,
-          Q6: tl.constexpr, ACT_Q4: tl.constexpr, ASM: tl.constexpr, TERMS: tl.constexpr, T: tl.constexpr):
+def _term(
+    lo,
+    hi,
+    f0,
+    f1,
+    qa_ptr,
+    da_ptr,
+    row,
+    blk4,
+    q4,
+    ok_u4,
+    K: tl.constexpr,
+    MASKED: tl.constexpr,
+    Q6: tl.constexpr,
+    ACT_Q4: tl.constexpr,
+    ASM: tl.constexpr,
+    TERMS: tl.constexpr,
+    T: tl.constexpr,
+):
     """Term T of activation row `row` for the step's blocks: float32 [S, BLOCK_N, 8, 1] (the Q4_K minimums'
     -f1 sx with the first term only). lo/hi [S, BLOCK_N, 8, 4] code bytes; blk4 [S, 1, 8, 1] activation block
     of each code block. ACT_Q4 (Q6 only): the activations are packed for Q4_K, their words permuted here."""
@@ -97,7 +121,7 @@ def _term(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.constexpr,
     a_hi = load_where(words + 4, ok_u4, MASKED)
     if ACT_Q4:
         a_lo, a_hi = q4_words_as_q6(a_lo, a_hi, ASM)
-    scales = da_ptr + (row * (K // 32) + blk4) * (4 * TERMS) + 4 * T     # [S, 1, 8, 1]: dx, sx, s0, s1
+    scales = da_ptr + (row * (K // 32) + blk4) * (4 * TERMS) + 4 * T  # [S, 1, 8, 1]: dx, sx, s0, s1
     dx = load_where(scales, ok_u4, MASKED)
     if Q6:
         s0 = load_where(scales + 2, ok_u4, MASKED)
@@ -107,7 +131,7 @@ def _term(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.constexpr,
         return dx * (f0 * sum0 + f1 * sum1)
     else:
         dot = dp4a(hi, a_hi, dp4a(lo, a_lo, 0, ASM), ASM)
-        total = tl.sum(dot, axis=3, keep_dims=True).to(tl.float32)      # exact: < 2**16 in magnitude
+        total = tl.sum(dot, axis=3, keep_dims=True).to(tl.float32)  # exact: < 2**16 in magnitude
         if T == 0:
             sx = load_where(scales + 1, ok_u4, MASKED)
             return f0 * (dx * total) - f1 * sx
@@ -116,9 +140,24 @@ def _term(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.constexpr,
 
 
 @triton.jit
-def _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.constexpr,
-               MASKED: tl.constexpr, Q6: tl.constexpr, ACT_Q4: tl.constexpr, ASM: tl.constexpr,
-               TERMS: tl.constexpr):
+def _row_terms(
+    lo,
+    hi,
+    f0,
+    f1,
+    qa_ptr,
+    da_ptr,
+    row,
+    blk4,
+    q4,
+    ok_u4,
+    K: tl.constexpr,
+    MASKED: tl.constexpr,
+    Q6: tl.constexpr,
+    ACT_Q4: tl.constexpr,
+    ASM: tl.constexpr,
+    TERMS: tl.constexpr,
+):
     """Activation row `row`'s contribution for the step's blocks, its terms summed: float32 [S, BLOCK_N, 8, 1]."""
     y = _term(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K, MASKED, Q6, ACT_Q4, ASM, TERMS, 0)
     if TERMS > 1:
@@ -127,16 +166,35 @@ def _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, row, blk4, q4, ok_u4, K: tl.const
 
 
 @triton.jit
-def _accumulate(qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                R: tl.constexpr, BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
-                PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ACT_Q4: tl.constexpr,
-                ASM: tl.constexpr, TILE0: tl.constexpr, TERMS: tl.constexpr):
+def _accumulate(
+    qa_ptr,
+    da_ptr,
+    p0,
+    p1,
+    p2,
+    p3,
+    M_PAD: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    S: tl.constexpr,
+    UNITS_PER_SPLIT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EXACT: tl.constexpr,
+    Q6: tl.constexpr,
+    ACT_Q4: tl.constexpr,
+    ASM: tl.constexpr,
+    TILE0: tl.constexpr,
+    TERMS: tl.constexpr,
+):
     """The program's sums: (rows, row_ok [BLOCK_N], pid_k, first activation row m0, acc0..acc7) with acc_i
     [S, BLOCK_N, 8, 1] fp32 of activation row m0 + i (those past R stay 0). TILE0: row tiles of the grid
     before this weight's first (the pair kernel's second weight)."""
     GROUPS: tl.constexpr = M_PAD // R
     rows, row_ok, r4, row_ok4, pid_k, start, stop, u0, n4, q4, w4 = block_frame(
-        tl.program_id(0) // GROUPS - TILE0, BLOCK_N, N, S, UNITS_PER_SPLIT, K)
+        tl.program_id(0) // GROUPS - TILE0, BLOCK_N, N, S, UNITS_PER_SPLIT, K
+    )
     m0 = (tl.program_id(0) % GROUPS) * R
     acc0 = tl.zeros((S, BLOCK_N, 8, 1), tl.float32)
     acc1 = tl.zeros((S, BLOCK_N, 8, 1), tl.float32)
@@ -160,65 +218,132 @@ def _accumulate(qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD: tl.constexpr, N: tl.const
         else:
             planes = _load(p0, p1, p2, p3, u4, stop, r4, row_ok4, n4, w4, N, EXACT, Q6)
         ok_u4 = u4 < stop
-        lo, hi, f0, f1 = _decode(planes, n4, q4, Q6)                     # codes; per-block factors
-        blk4 = u4 * 8 + n4                                               # [S, 1, 8, 1]
-        acc0 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
-                           ASM, TERMS)
+        lo, hi, f0, f1 = _decode(planes, n4, q4, Q6)  # codes; per-block factors
+        blk4 = u4 * 8 + n4  # [S, 1, 8, 1]
+        acc0 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS)
         if R > 1:
-            acc1 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 1, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
-                               ASM, TERMS)
+            acc1 += _row_terms(
+                lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 1, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS
+            )
         if R > 2:
-            acc2 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 2, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
-                               ASM, TERMS)
+            acc2 += _row_terms(
+                lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 2, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS
+            )
         if R > 3:
-            acc3 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 3, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
-                               ASM, TERMS)
+            acc3 += _row_terms(
+                lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 3, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS
+            )
         if R > 4:
-            acc4 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 4, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
-                               ASM, TERMS)
+            acc4 += _row_terms(
+                lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 4, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS
+            )
         if R > 5:
-            acc5 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 5, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
-                               ASM, TERMS)
+            acc5 += _row_terms(
+                lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 5, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS
+            )
         if R > 6:
-            acc6 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 6, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
-                               ASM, TERMS)
+            acc6 += _row_terms(
+                lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 6, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS
+            )
         if R > 7:
-            acc7 += _row_terms(lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 7, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4,
-                               ASM, TERMS)
+            acc7 += _row_terms(
+                lo, hi, f0, f1, qa_ptr, da_ptr, m0 + 7, blk4, q4, ok_u4, K, masked, Q6, ACT_Q4, ASM, TERMS
+            )
     return rows, row_ok, pid_k, m0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
 
 
 @triton.jit
-def _store(bias_ptr, out_ptr, out2_ptr, out3_ptr, acc, row, pid_k, rows, row_ok, M_PAD: tl.constexpr,
-           N: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_OFFSET: tl.constexpr):
+def _store(
+    bias_ptr,
+    out_ptr,
+    out2_ptr,
+    out3_ptr,
+    acc,
+    row,
+    pid_k,
+    rows,
+    row_ok,
+    M_PAD: tl.constexpr,
+    N: tl.constexpr,
+    N1: tl.constexpr,
+    N2: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BIAS_OFFSET: tl.constexpr,
+):
     """Activation row `row`'s sums acc -> out[pid_k, row] of [SPLIT_K, M_PAD, N] when N1 == N (one output);
     else (one split) rows [0, N1) -> out [M_PAD, N1], [N1, N2) -> out2, [N2, N) -> out3. HAS_BIAS adds
     bias[BIAS_OFFSET + rows] as linear_quant's _add_bias does: the product rounded to the output dtype, plus
     the bias, rounded again."""
     dtype = out_ptr.dtype.element_ty
-    y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=0)              # [BLOCK_N]
+    y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=0)  # [BLOCK_N]
     if HAS_BIAS:
         bias = tl.load(bias_ptr + BIAS_OFFSET + rows, mask=row_ok, other=0.0)
         y = y.to(dtype).to(tl.float32) + bias.to(tl.float32)
     if N1 == N:
         ptrs = out_ptr + (pid_k * M_PAD + row) * N + rows
     else:
-        ptrs = tl.where(rows < N1, out_ptr + row * N1 + rows,
-                        tl.where(rows < N2, out2_ptr + row * (N2 - N1) + (rows - N1),
-                                 out3_ptr + row * (N - N2) + (rows - N2)))
+        ptrs = tl.where(
+            rows < N1,
+            out_ptr + row * N1 + rows,
+            tl.where(rows < N2, out2_ptr + row * (N2 - N1) + (rows - N1), out3_ptr + row * (N - N2) + (rows - N2)),
+        )
     tl.store(ptrs, y.to(dtype), mask=row_ok)
 
 
 @triton.jit
-def _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr, M_PAD: tl.constexpr,
-          N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr, S: tl.constexpr,
-          UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr,
-          ACT_Q4: tl.constexpr, ASM: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr,
-          BIAS_OFFSET: tl.constexpr, TILE0: tl.constexpr = 0, TERMS: tl.constexpr = 1):
+def _gemv(
+    qa_ptr,
+    da_ptr,
+    p0,
+    p1,
+    p2,
+    p3,
+    bias_ptr,
+    out_ptr,
+    out2_ptr,
+    out3_ptr,
+    M_PAD: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    S: tl.constexpr,
+    UNITS_PER_SPLIT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EXACT: tl.constexpr,
+    Q6: tl.constexpr,
+    ACT_Q4: tl.constexpr,
+    ASM: tl.constexpr,
+    N1: tl.constexpr,
+    N2: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BIAS_OFFSET: tl.constexpr,
+    TILE0: tl.constexpr = 0,
+    TERMS: tl.constexpr = 1,
+):
     """The kernels' body: the program's sums, then one _store per activation row of its group."""
     rows, row_ok, pid_k, m0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _accumulate(
-        qa_ptr, da_ptr, p0, p1, p2, p3, M_PAD, N, K, R, BLOCK_N, S, UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ACT_Q4,
-        ASM, TILE0, TERMS)
+        qa_ptr,
+        da_ptr,
+        p0,
+        p1,
+        p2,
+        p3,
+        M_PAD,
+        N,
+        K,
+        R,
+        BLOCK_N,
+        S,
+        UNITS_PER_SPLIT,
+        PREFETCH,
+        EXACT,
+        Q6,
+        ACT_Q4,
+        ASM,
+        TILE0,
+        TERMS,
+    )
     out = (bias_ptr, out_ptr, out2_ptr, out3_ptr)
     _store(*out, acc0, m0, pid_k, rows, row_ok, M_PAD, N, N1, N2, HAS_BIAS, BIAS_OFFSET)
     if R > 1:
@@ -238,54 +363,234 @@ def _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr,
 
 
 @triton.jit
-def dp4a_gemv_kernel(qa_ptr, da_ptr, p0, p1, p2, p3, out_ptr,
-                     M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
-                     BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
-                     PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ACT_Q4: tl.constexpr,
-                     ASM: tl.constexpr, TERMS: tl.constexpr = 1):
+def dp4a_gemv_kernel(
+    qa_ptr,
+    da_ptr,
+    p0,
+    p1,
+    p2,
+    p3,
+    out_ptr,
+    M_PAD: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    S: tl.constexpr,
+    UNITS_PER_SPLIT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EXACT: tl.constexpr,
+    Q6: tl.constexpr,
+    ACT_Q4: tl.constexpr,
+    ASM: tl.constexpr,
+    TERMS: tl.constexpr = 1,
+):
     """qa int32 [M_PAD, TERMS K/4], da float32 [M_PAD, K/32, 4 TERMS] (act_quant.py, packed for the format, or for Q4_K
     when ACT_Q4 on a Q6_K weight) and the
     planes p0..p3 (Q4_K: qs, scales, d, dmin; Q6_K when Q6: ql, qh, scales, d) -> out [SPLIT_K, M_PAD, N].
     Grid axis 0 = row tile * GROUPS + g: the programs of one weight tile are launched together, so the
     row groups after the first read the tile from L2, not HBM. Program g takes rows g R .. g R + R - 1."""
-    _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, out_ptr, out_ptr, out_ptr, out_ptr, M_PAD, N, K, R, BLOCK_N, S,
-          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ACT_Q4, ASM, N, N, False, 0, 0, TERMS)
+    _gemv(
+        qa_ptr,
+        da_ptr,
+        p0,
+        p1,
+        p2,
+        p3,
+        out_ptr,
+        out_ptr,
+        out_ptr,
+        out_ptr,
+        M_PAD,
+        N,
+        K,
+        R,
+        BLOCK_N,
+        S,
+        UNITS_PER_SPLIT,
+        PREFETCH,
+        EXACT,
+        Q6,
+        ACT_Q4,
+        ASM,
+        N,
+        N,
+        False,
+        0,
+        0,
+        TERMS,
+    )
 
 
 @triton.jit
-def dp4a_gemv_parts_kernel(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr,
-                           M_PAD: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
-                           BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr,
-                           PREFETCH: tl.constexpr, EXACT: tl.constexpr, Q6: tl.constexpr, ACT_Q4: tl.constexpr,
-                           ASM: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr, HAS_BIAS: tl.constexpr,
-                           BIAS_OFFSET: tl.constexpr, TERMS: tl.constexpr = 1):
+def dp4a_gemv_parts_kernel(
+    qa_ptr,
+    da_ptr,
+    p0,
+    p1,
+    p2,
+    p3,
+    bias_ptr,
+    out_ptr,
+    out2_ptr,
+    out3_ptr,
+    M_PAD: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    S: tl.constexpr,
+    UNITS_PER_SPLIT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EXACT: tl.constexpr,
+    Q6: tl.constexpr,
+    ACT_Q4: tl.constexpr,
+    ASM: tl.constexpr,
+    N1: tl.constexpr,
+    N2: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BIAS_OFFSET: tl.constexpr,
+    TERMS: tl.constexpr = 1,
+):
     """dp4a_gemv_kernel for a weight packing up to 3 projections (q / k / v) and one split along `in`: their
     outputs go apart, out [M_PAD, N1], out2 [M_PAD, N2 - N1], out3 [M_PAD, N - N2] (N2 = N: two parts), each
     plus its bias bias[BIAS_OFFSET + row] when HAS_BIAS, so that no slice or bias kernel follows the GEMV."""
-    _gemv(qa_ptr, da_ptr, p0, p1, p2, p3, bias_ptr, out_ptr, out2_ptr, out3_ptr, M_PAD, N, K, R, BLOCK_N, S,
-          UNITS_PER_SPLIT, PREFETCH, EXACT, Q6, ACT_Q4, ASM, N1, N2, HAS_BIAS, BIAS_OFFSET, 0, TERMS)
+    _gemv(
+        qa_ptr,
+        da_ptr,
+        p0,
+        p1,
+        p2,
+        p3,
+        bias_ptr,
+        out_ptr,
+        out2_ptr,
+        out3_ptr,
+        M_PAD,
+        N,
+        K,
+        R,
+        BLOCK_N,
+        S,
+        UNITS_PER_SPLIT,
+        PREFETCH,
+        EXACT,
+        Q6,
+        ACT_Q4,
+        ASM,
+        N1,
+        N2,
+        HAS_BIAS,
+        BIAS_OFFSET,
+        0,
+        TERMS,
+    )
 
 
 @triton.jit
-def dp4a_gemv_pair_kernel(qa_ptr, da_ptr, a0, a1, a2, a3, b0, b1, b2, b3, bias_ptr, out_ptr, out2_ptr, out3_ptr,
-                          M_PAD: tl.constexpr, K: tl.constexpr, R: tl.constexpr, NA: tl.constexpr,
-                          N1: tl.constexpr, NB: tl.constexpr, TILES_A: tl.constexpr, BLOCK_N_A: tl.constexpr,
-                          S_A: tl.constexpr, PREFETCH_A: tl.constexpr, EXACT_A: tl.constexpr,
-                          BLOCK_N_B: tl.constexpr, S_B: tl.constexpr, PREFETCH_B: tl.constexpr,
-                          EXACT_B: tl.constexpr, Q6_B: tl.constexpr, ASM: tl.constexpr,
-                          HAS_BIAS: tl.constexpr, BIAS_OFFSET: tl.constexpr, TERMS: tl.constexpr = 1):
+def dp4a_gemv_pair_kernel(
+    qa_ptr,
+    da_ptr,
+    a0,
+    a1,
+    a2,
+    a3,
+    b0,
+    b1,
+    b2,
+    b3,
+    bias_ptr,
+    out_ptr,
+    out2_ptr,
+    out3_ptr,
+    M_PAD: tl.constexpr,
+    K: tl.constexpr,
+    R: tl.constexpr,
+    NA: tl.constexpr,
+    N1: tl.constexpr,
+    NB: tl.constexpr,
+    TILES_A: tl.constexpr,
+    BLOCK_N_A: tl.constexpr,
+    S_A: tl.constexpr,
+    PREFETCH_A: tl.constexpr,
+    EXACT_A: tl.constexpr,
+    BLOCK_N_B: tl.constexpr,
+    S_B: tl.constexpr,
+    PREFETCH_B: tl.constexpr,
+    EXACT_B: tl.constexpr,
+    Q6_B: tl.constexpr,
+    ASM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BIAS_OFFSET: tl.constexpr,
+    TERMS: tl.constexpr = 1,
+):
     """The parts kernel over two weights of one input in one launch (one split each): a Q4_K weight A [NA, K]
     packing one or two projections (rows [0, N1) -> out [M_PAD, N1], [N1, NA) -> out2) and a Q6_K (or Q4_K)
     weight B [NB, K] (-> out3 [M_PAD, NB]), e.g. a Q4_K q+k beside a Q6_K v. The first TILES_A row tiles of
     grid axis 0 are A's, the rest B's; B reads A's Q4_K activation packing (Q6_B: permuted for Q6_K, ACT_Q4).
     The bias is one vector over A's rows then B's (bias[BIAS_OFFSET + row])."""
     if tl.program_id(0) // (M_PAD // R) < TILES_A:
-        _gemv(qa_ptr, da_ptr, a0, a1, a2, a3, bias_ptr, out_ptr, out2_ptr, out2_ptr, M_PAD, NA, K, R, BLOCK_N_A,
-              S_A, K // 256, PREFETCH_A, EXACT_A, False, False, ASM, N1, NA, HAS_BIAS, BIAS_OFFSET, 0, TERMS)
+        _gemv(
+            qa_ptr,
+            da_ptr,
+            a0,
+            a1,
+            a2,
+            a3,
+            bias_ptr,
+            out_ptr,
+            out2_ptr,
+            out2_ptr,
+            M_PAD,
+            NA,
+            K,
+            R,
+            BLOCK_N_A,
+            S_A,
+            K // 256,
+            PREFETCH_A,
+            EXACT_A,
+            False,
+            False,
+            ASM,
+            N1,
+            NA,
+            HAS_BIAS,
+            BIAS_OFFSET,
+            0,
+            TERMS,
+        )
     else:
-        _gemv(qa_ptr, da_ptr, b0, b1, b2, b3, bias_ptr, out3_ptr, out3_ptr, out3_ptr, M_PAD, NB, K, R, BLOCK_N_B,
-              S_B, K // 256, PREFETCH_B, EXACT_B, Q6_B, Q6_B, ASM, NB, NB, HAS_BIAS, BIAS_OFFSET + NA,
-              TILES_A, TERMS)
+        _gemv(
+            qa_ptr,
+            da_ptr,
+            b0,
+            b1,
+            b2,
+            b3,
+            bias_ptr,
+            out3_ptr,
+            out3_ptr,
+            out3_ptr,
+            M_PAD,
+            NB,
+            K,
+            R,
+            BLOCK_N_B,
+            S_B,
+            K // 256,
+            PREFETCH_B,
+            EXACT_B,
+            Q6_B,
+            Q6_B,
+            ASM,
+            NB,
+            NB,
+            HAS_BIAS,
+            BIAS_OFFSET + NA,
+            TILES_A,
+            TERMS,
+        )
 
 
 # format -> the planes in the kernel's p0..p3 order

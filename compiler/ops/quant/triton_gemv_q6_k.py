@@ -21,13 +21,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ember.compiler.ops.quant.triton_gemv_common import (accumulate_rows, block_frame, field_to, load_where,
-                                                         plane_index, store_rows)
+from ember.compiler.ops.quant.triton_gemv_common import (
+    accumulate_rows,
+    block_frame,
+    field_to,
+    load_where,
+    plane_index,
+    store_rows,
+)
 
 
 @triton.jit
-def q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u4, stop, r4, row_ok4, n4, w4, N: tl.constexpr,
-              EXACT: tl.constexpr):
+def q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u4, stop, r4, row_ok4, n4, w4, N: tl.constexpr, EXACT: tl.constexpr):
     """Planes of super-blocks u4 [S, 1, 1, 1]: ql [S, BLOCK_N, 8, 4]; qh and int8 scales of halves 0 and 1
     [S, BLOCK_N, 8, 1] each; d [S, BLOCK_N, 1, 1] (float32). Masked (units past `stop` and rows past N read 0)
     unless EXACT (plane_index clamps instead; the dp4a kernel)."""
@@ -44,13 +49,26 @@ def q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u4, stop, r4, row_ok4, n4, w4, 
 
 
 @triton.jit
-def q6_k_rows_kernel(x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr,
-                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                     S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
+def q6_k_rows_kernel(
+    x_ptr,
+    ql_ptr,
+    qh_ptr,
+    scales_ptr,
+    d_ptr,
+    out_ptr,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    S: tl.constexpr,
+    UNITS_PER_SPLIT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
     NSTEPS: tl.constexpr = (UNITS_PER_SPLIT + S - 1) // S
     rows, row_ok, r4, row_ok4, pid_k, start, stop, u0, n4, q4, w4 = block_frame(
-        tl.program_id(0), BLOCK_N, N, S, UNITS_PER_SPLIT, K)
-    e4 = n4 * 32 + q4                                    # element of (n, q) at h = j = 0
+        tl.program_id(0), BLOCK_N, N, S, UNITS_PER_SPLIT, K
+    )
+    e4 = n4 * 32 + q4  # element of (n, q) at h = j = 0
     acc0 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)
     acc1 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)
     acc2 = tl.zeros((S, BLOCK_N, 8, 4), tl.float32)
@@ -62,11 +80,12 @@ def q6_k_rows_kernel(x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr,
         if PREFETCH:
             nxt = q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u4 + S, stop, r4, row_ok4, n4, w4, N, False)
         else:
-            ql, qh0, qh1, sc0, sc1, d = q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u4, stop, r4, row_ok4, n4, w4,
-                                                  N, False)
+            ql, qh0, qh1, sc0, sc1, d = q6_k_load(
+                ql_ptr, qh_ptr, scales_ptr, d_ptr, u4, stop, r4, row_ok4, n4, w4, N, False
+            )
         ok_u = u4 < stop
-        ds0 = d * sc0.to(tl.float32)                     # [S, BLOCK_N, 8, 1] d * scale of sub-block 2n
-        ds1 = d * sc1.to(tl.float32)                     # ... of 2n + 1
+        ds0 = d * sc0.to(tl.float32)  # [S, BLOCK_N, 8, 1] d * scale of sub-block 2n
+        ds1 = d * sc1.to(tl.float32)  # ... of 2n + 1
         for i in tl.static_range(8):  # nibble i = 2j + h: elements 32n + 16h + 4j + q
             low = field_to(ql, 4 * i, 17, 0x001E0000)
             if i % 2 == 0:
@@ -76,8 +95,19 @@ def q6_k_rows_kernel(x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr,
                 high = ((qh1 >> (8 * (i // 2) + 2 * q4)) & 3) << 21
                 ds = ds1
             v = (low | high | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + c / 64
-            w = (ds * 64.0) * v - ds * 96.0              # [S, BLOCK_N, 8, 4] = d sc (c - 32)
-            acc0, acc1, acc2, acc3 = accumulate_rows(acc0, acc1, acc2, acc3, w, x_ptr, u4, ok_u,
-                                                     16 * (i % 2) + 4 * (i // 2), e4, K, 256, M, True)
-    store_rows(out_ptr, tl.sum(acc0, axis=3), tl.sum(acc1, axis=3), tl.sum(acc2, axis=3), tl.sum(acc3, axis=3),
-               pid_k, rows, row_ok, M, N)
+            w = (ds * 64.0) * v - ds * 96.0  # [S, BLOCK_N, 8, 4] = d sc (c - 32)
+            acc0, acc1, acc2, acc3 = accumulate_rows(
+                acc0, acc1, acc2, acc3, w, x_ptr, u4, ok_u, 16 * (i % 2) + 4 * (i // 2), e4, K, 256, M, True
+            )
+    store_rows(
+        out_ptr,
+        tl.sum(acc0, axis=3),
+        tl.sum(acc1, axis=3),
+        tl.sum(acc2, axis=3),
+        tl.sum(acc3, axis=3),
+        pid_k,
+        rows,
+        row_ok,
+        M,
+        N,
+    )

@@ -41,9 +41,21 @@ def _block_load(qs_ptr, qh_ptr, d_ptr, u3, stop, r3, row_ok3, j3, N: tl.constexp
 
 
 @triton.jit
-def _block_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                BLOCK_N: tl.constexpr, S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-                Q5: tl.constexpr):
+def _block_rows(
+    x_ptr,
+    qs_ptr,
+    qh_ptr,
+    d_ptr,
+    out_ptr,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    S: tl.constexpr,
+    UNITS_PER_SPLIT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    Q5: tl.constexpr,
+):
     NSTEPS: tl.constexpr = (UNITS_PER_SPLIT + S - 1) // S
     rows, row_ok, r3, row_ok3 = row_tile(BLOCK_N, N)
     pid_k, u0, stop = split_range(K // 32, UNITS_PER_SPLIT, S)
@@ -62,21 +74,41 @@ def _block_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M: tl.constexpr, N: tl.co
             q, d = _block_load(qs_ptr, qh_ptr, d_ptr, u3, stop, r3, row_ok3, j3, N, Q5)
         ok_u = u3 < stop
         v = ((q.to(tl.int32) << 15) + 0x3FC00000).to(tl.float32, bitcast=True)  # 1 + (q + 128) / 256
-        w = (d * 256.0) * v - d * 384.0                  # [S, BLOCK_N, 32] = d q
-        acc0, acc1, acc2, acc3 = accumulate_rows(acc0, acc1, acc2, acc3, w, x_ptr, u3, ok_u, 0, j3, K,
-                                                 32, M, True)
+        w = (d * 256.0) * v - d * 384.0  # [S, BLOCK_N, 32] = d q
+        acc0, acc1, acc2, acc3 = accumulate_rows(acc0, acc1, acc2, acc3, w, x_ptr, u3, ok_u, 0, j3, K, 32, M, True)
     store_rows(out_ptr, acc0, acc1, acc2, acc3, pid_k, rows, row_ok, M, N)
 
 
 @triton.jit
-def q8_0_rows_kernel(x_ptr, qs_ptr, d_ptr, out_ptr,
-                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                     S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
+def q8_0_rows_kernel(
+    x_ptr,
+    qs_ptr,
+    d_ptr,
+    out_ptr,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    S: tl.constexpr,
+    UNITS_PER_SPLIT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
     _block_rows(x_ptr, qs_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, BLOCK_N, S, UNITS_PER_SPLIT, PREFETCH, False)
 
 
 @triton.jit
-def q5_0_rows_kernel(x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr,
-                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                     S: tl.constexpr, UNITS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
+def q5_0_rows_kernel(
+    x_ptr,
+    qs_ptr,
+    qh_ptr,
+    d_ptr,
+    out_ptr,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    S: tl.constexpr,
+    UNITS_PER_SPLIT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
     _block_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M, N, K, BLOCK_N, S, UNITS_PER_SPLIT, PREFETCH, True)

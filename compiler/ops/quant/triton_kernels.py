@@ -62,8 +62,7 @@ def _accumulate(acc, xs, codes, scale, USE_DOT: tl.constexpr, IEEE: tl.constexpr
 
 
 @triton.jit
-def _finish(acc, out_ptr, pid_k, ms, m_ok, rows, row_ok, M: tl.constexpr, N: tl.constexpr,
-            USE_DOT: tl.constexpr):
+def _finish(acc, out_ptr, pid_k, ms, m_ok, rows, row_ok, M: tl.constexpr, N: tl.constexpr, USE_DOT: tl.constexpr):
     """Reduce (CUDA-core path) and store [BLOCK_M, BLOCK_N] into out[pid_k, ms, rows]."""
     if USE_DOT:
         y = acc
@@ -74,18 +73,30 @@ def _finish(acc, out_ptr, pid_k, ms, m_ok, rows, row_ok, M: tl.constexpr, N: tl.
 
 
 @triton.jit
-def q4_k_gemv_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
-                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEPS_PER_SPLIT: tl.constexpr,
-                     USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+def q4_k_gemv_kernel(
+    x_ptr,
+    qs_ptr,
+    scales_ptr,
+    d_ptr,
+    dmin_ptr,
+    out_ptr,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STEPS_PER_SPLIT: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)     # [BLOCK_N] output rows
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] output rows
     row_ok = rows < N
-    ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)       # [BLOCK_M] activation rows
+    ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] activation rows
     m_ok = ms < M
-    i = tl.arange(0, 8)                                # element 4i + q of a sub-block is nibble i of its word q
+    i = tl.arange(0, 8)  # element 4i + q of a sub-block is nibble i of its word q
     q = tl.arange(0, 4)
     if USE_DOT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -95,7 +106,7 @@ def q4_k_gemv_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
     start = pid_k * STEPS_PER_SPLIT
     stop = tl.minimum(start + STEPS_PER_SPLIT, K // 256)
     for sb in range(start, stop):
-        plane = sb * N + rows                           # [BLOCK_N] index into a [in/256, out] plane
+        plane = sb * N + rows  # [BLOCK_N] index into a [in/256, out] plane
         s0 = tl.load(scales_ptr + plane * 3, mask=row_ok, other=0)
         s1 = tl.load(scales_ptr + plane * 3 + 1, mask=row_ok, other=0)
         s2 = tl.load(scales_ptr + plane * 3 + 2, mask=row_ok, other=0)
@@ -103,10 +114,11 @@ def q4_k_gemv_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
         dmin = tl.load(dmin_ptr + plane, mask=row_ok, other=0.0).to(tl.float32)
         for n in tl.static_range(8):
             sc, mn = _q4_k_scale_min(s0, s1, s2, n)
-            words = tl.load(qs_ptr + (plane * 32 + 4 * n)[None, :] + q[:, None], mask=row_ok[None, :],
-                            other=0)                                                # [4, BLOCK_N]: sub-block n
+            words = tl.load(
+                qs_ptr + (plane * 32 + 4 * n)[None, :] + q[:, None], mask=row_ok[None, :], other=0
+            )  # [4, BLOCK_N]: sub-block n
             codes = tl.reshape((words[None, :, :] >> (4 * i)[:, None, None]) & 15, (32, BLOCK_N))  # [4i + q, ..]
-            xs = _load_x(x_ptr, ms, m_ok, sb * 256 + 32 * n, K, 32)                # [BLOCK_M, 32]
+            xs = _load_x(x_ptr, ms, m_ok, sb * 256 + 32 * n, K, 32)  # [BLOCK_M, 32]
             acc_min += tl.sum(xs.to(tl.float32), axis=1)[:, None] * (dmin * mn)[None, :]
             acc = _accumulate(acc, xs, codes, d * sc, USE_DOT, IEEE)
     if USE_DOT:
@@ -118,10 +130,22 @@ def q4_k_gemv_kernel(x_ptr, qs_ptr, scales_ptr, d_ptr, dmin_ptr, out_ptr,
 
 
 @triton.jit
-def q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr,
-                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEPS_PER_SPLIT: tl.constexpr,
-                     USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+def q6_k_gemv_kernel(
+    x_ptr,
+    ql_ptr,
+    qh_ptr,
+    scales_ptr,
+    d_ptr,
+    out_ptr,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STEPS_PER_SPLIT: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -129,7 +153,7 @@ def q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr,
     row_ok = rows < N
     ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = ms < M
-    jj = tl.arange(0, 4)[:, None, None]                 # element 4j + q of a sub-block (h: which half of block n)
+    jj = tl.arange(0, 4)[:, None, None]  # element 4j + q of a sub-block (h: which half of block n)
     qq = tl.arange(0, 4)[None, :, None]
     if USE_DOT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -141,15 +165,16 @@ def q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, scales_ptr, d_ptr, out_ptr,
         plane = sb * N + rows
         d = tl.load(d_ptr + plane, mask=row_ok, other=0.0).to(tl.float32)
         for n in tl.static_range(8):
-            words = tl.load(ql_ptr + (plane * 32 + 4 * n)[None, None, :] + qq, mask=row_ok[None, None, :],
-                            other=0)                                                 # [1, 4, BLOCK_N]: block n
+            words = tl.load(
+                ql_ptr + (plane * 32 + 4 * n)[None, None, :] + qq, mask=row_ok[None, None, :], other=0
+            )  # [1, 4, BLOCK_N]: block n
             for h in tl.static_range(2):
                 qh = tl.load(qh_ptr + plane * 16 + 2 * n + h, mask=row_ok, other=0)[None, None, :]
-                low = (words >> (4 * (2 * jj + h))) & 15                             # [4, 4, BLOCK_N]
+                low = (words >> (4 * (2 * jj + h))) & 15  # [4, 4, BLOCK_N]
                 high = (qh >> (8 * jj + 2 * qq)) & 3
                 q = tl.reshape((low | (high << 4)).to(tl.int32) - 32, (16, BLOCK_N))  # [4j + q, ..] in -32..31
                 sc = tl.load(scales_ptr + plane * 16 + 2 * n + h, mask=row_ok, other=0).to(tl.float32)
-                xs = _load_x(x_ptr, ms, m_ok, sb * 256 + 32 * n + 16 * h, K, 16)      # [BLOCK_M, 16]
+                xs = _load_x(x_ptr, ms, m_ok, sb * 256 + 32 * n + 16 * h, K, 16)  # [BLOCK_M, 16]
                 acc = _accumulate(acc, xs, q, d * sc, USE_DOT, IEEE)
     _finish(acc, out_ptr, pid_k, ms, m_ok, rows, row_ok, M, N, USE_DOT)
 
@@ -168,9 +193,23 @@ def _block_codes(qs_ptr, qh_ptr, plane, row_ok, j, Q5: tl.constexpr):
 
 
 @triton.jit
-def _blocks_gemv(x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEPS_PER_SPLIT: tl.constexpr,
-                 BLOCKS_PER_STEP: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr, Q5: tl.constexpr):
+def _blocks_gemv(
+    x_ptr,
+    qs_ptr,
+    qh_ptr,
+    d_ptr,
+    out_ptr,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STEPS_PER_SPLIT: tl.constexpr,
+    BLOCKS_PER_STEP: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    IEEE: tl.constexpr,
+    Q5: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -197,21 +236,74 @@ def _blocks_gemv(x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M: tl.constexpr, N: tl.c
 
 
 @triton.jit
-def q8_0_gemv_kernel(x_ptr, qs_ptr, d_ptr, out_ptr,
-                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEPS_PER_SPLIT: tl.constexpr,
-                     BLOCKS_PER_STEP: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
-    _blocks_gemv(x_ptr, qs_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, BLOCK_M, BLOCK_N, STEPS_PER_SPLIT,
-                 BLOCKS_PER_STEP, USE_DOT, IEEE, False)
+def q8_0_gemv_kernel(
+    x_ptr,
+    qs_ptr,
+    d_ptr,
+    out_ptr,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STEPS_PER_SPLIT: tl.constexpr,
+    BLOCKS_PER_STEP: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    _blocks_gemv(
+        x_ptr,
+        qs_ptr,
+        qs_ptr,
+        d_ptr,
+        out_ptr,
+        M,
+        N,
+        K,
+        BLOCK_M,
+        BLOCK_N,
+        STEPS_PER_SPLIT,
+        BLOCKS_PER_STEP,
+        USE_DOT,
+        IEEE,
+        False,
+    )
 
 
 @triton.jit
-def q5_0_gemv_kernel(x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr,
-                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STEPS_PER_SPLIT: tl.constexpr,
-                     BLOCKS_PER_STEP: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
-    _blocks_gemv(x_ptr, qs_ptr, qh_ptr, d_ptr, out_ptr, M, N, K, BLOCK_M, BLOCK_N, STEPS_PER_SPLIT,
-                 BLOCKS_PER_STEP, USE_DOT, IEEE, True)
+def q5_0_gemv_kernel(
+    x_ptr,
+    qs_ptr,
+    qh_ptr,
+    d_ptr,
+    out_ptr,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STEPS_PER_SPLIT: tl.constexpr,
+    BLOCKS_PER_STEP: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    _blocks_gemv(
+        x_ptr,
+        qs_ptr,
+        qh_ptr,
+        d_ptr,
+        out_ptr,
+        M,
+        N,
+        K,
+        BLOCK_M,
+        BLOCK_N,
+        STEPS_PER_SPLIT,
+        BLOCKS_PER_STEP,
+        USE_DOT,
+        IEEE,
+        True,
+    )
 
 
 # format -> (kernel, plane names in the kernel's argument order)
