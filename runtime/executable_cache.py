@@ -4,7 +4,7 @@ JAX's persistent compilation cache (model.enable_compilation_cache) is keyed by 
 when it answers, every step shape is first traced and lowered in Python: on the H200 machine ~1 s per shape
 for the 8B plan (Triton kernels are compiled or read from Triton's cache at lowering), which was 36 s of
 `ember serve`'s 59-65 s warm start; 39 s with the executables kept here
-(tools/results/h200_serve_startup_7c27db8.json).
+(docs/results/h200_serve_startup_7c27db8.json).
 
 CachedStep wraps a step function jitted with static arguments and keeps, per call signature, the compiled
 executable: in memory, and serialized under the JAX cache directory (`ember-executables/`, at most

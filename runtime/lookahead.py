@@ -2,7 +2,7 @@
 
 A device call costs host work whatever its size: scheduling, packing inputs, one transfer each way,
 Python around every row's token. On the H200 that work was several times a batch-1 step of the 1.5B model
-(tools/results/h200_step_profile_reference.json). When every running request is simply decoding, the
+(docs/results/h200_step_profile_reference.json). When every running request is simply decoding, the
 next `steps` steps are known in advance except for the tokens themselves, which the device feeds back
 to itself (runtime/engine_step.make_multi_step_fn); the host then pays once per `steps` tokens.
 

@@ -2,7 +2,7 @@
 
 A step has ~23 small input arrays (StepBatch + SamplingBatch) and 4 outputs. Moving each one on its
 own costs a transfer and a Python dispatch apiece: on the H200 that was ~8 ms of host time around a
-1.9 ms batch-1 step (tools/results/h200_step_profile_reference.json). So the host packs every input
+1.9 ms batch-1 step (docs/results/h200_step_profile_reference.json). So the host packs every input
 into one int32 word buffer (float32 and uint32 as their bits, bools as 0/1), the jitted step unpacks it
 with static slices (free inside the executable), and the step's results come back as one int32 array.
 

@@ -1,7 +1,7 @@
 """Read the transformers reference fixtures and compare Ember's outputs with them.
 
-numpy/json only (CI has no torch). The fixtures are made by tools/make_tiny_checkpoints.py and
-tools/make_real_model_references.py; tests/fixtures/README.md says how.
+numpy/json only (CI has no torch). The fixtures are made by tools/dev/make_tiny_checkpoints.py and
+tools/dev/make_real_model_references.py; tests/fixtures/README.md says how.
 
     ckpt_dir, ref = tiny_fixture("qwen3")    # ref["prefill_logits"]: float32 [40, vocab]
     real = real_reference("gemma-3-270m")    # real["top_ids"]: int32 [T, 128]

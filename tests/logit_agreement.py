@@ -25,7 +25,7 @@ def agreement(exact: np.ndarray, fast: np.ndarray) -> dict:
     top2 = np.sort(exact, axis=-1)[:, -2:]
     margin = top2[:, 1] - top2[:, 0]
     # a near tie: the reference's top two logits within four bf16 steps of each other (the logits are bf16; flips
-    # seen at 0, 1 and 3 steps: tools/results/h200_gpu_engine_tests_9af0c7d.json)
+    # seen at 0, 1 and 3 steps: docs/results/h200_gpu_engine_tests_9af0c7d.json)
     decisive = margin > 4 * _bf16_ulp(top2[:, 1])
     flipped = exact.argmax(-1) != fast.argmax(-1)
     return {

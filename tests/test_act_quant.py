@@ -1,5 +1,5 @@
 """int8 activations for the integer-dot Q4_K GEMV (compiler/ops/quant/act_quant.py), its jnp reference, and the
-"dp4a" variant's launch plans and config picks. The kernel itself: tools/check_dp4a_kernels.py in the
+"dp4a" variant's launch plans and config picks. The kernel itself: tools/dev/check_dp4a_kernels.py in the
 interpreter (tests/test_triton_interpreter.py) and tests/test_quant_matmul_gpu.py on the H200."""
 
 from __future__ import annotations

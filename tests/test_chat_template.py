@@ -2,7 +2,7 @@
 
 The real templates (Qwen2.5-Coder's from its GGUF, Gemma 3's instruct template) must render
 exactly what HF transformers' apply_chat_template renders (fixtures from
-tools/make_tokenizer_fixtures.py; the template text is in the fixture, so no model file is
+tools/dev/make_tokenizer_fixtures.py; the template text is in the fixture, so no model file is
 needed). Hostile templates must fail with ChatTemplateError instead of reaching Python internals.
 """
 

@@ -1,6 +1,6 @@
 """The dense decode GEMV (compiler/ops/dense_gemv.py) on this CPU: which projections of plain weights take it
 when a plan is traced for a GPU, the kernels they lower to, and that everything else keeps XLA's GEMM. The
-numerics run in Triton's interpreter (tools/check_fp8_kernels.py: DENSE_CASES) and on the H200
+numerics run in Triton's interpreter (tools/dev/check_fp8_kernels.py: DENSE_CASES) and on the H200
 (tests/test_dense_gemv_gpu.py)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The dense decode GEMV (compiler/ops/dense_gemv.py) on an NVIDIA GPU: the kernel on bf16 weights against the
 float64 product and XLA's GEMM, its q/k/v parts and its silu(gate) * up epilogue, at the 8B shapes and at
-masked ones. Skipped off the GPU; `tools/h200_run.sh tests` runs it."""
+masked ones. Skipped off the GPU; `tools/dev/h200_run.sh tests` runs it."""
 
 from __future__ import annotations
 

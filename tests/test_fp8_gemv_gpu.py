@@ -1,6 +1,6 @@
 """The FP8 decode GEMV (compiler/ops/quant/fp8_gemv.py) on an NVIDIA GPU against the float64 reference: every
 inner loop (CUDA cores with and without the prefetch, the 4-byte word loop with its PTX conversion, tl.dot),
-both scale layouts, split-K, masked rows and columns. Skipped off the GPU; `tools/h200_run.sh tests` runs it."""
+both scale layouts, split-K, masked rows and columns. Skipped off the GPU; `tools/dev/h200_run.sh tests` runs it."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
     logits is 0.16 at logit std 1.0, and bf16 logits near 4 are 0.03125 apart. So the raw top-1 agreement is
     recorded, not asserted: at 488ea03 the cpu target in bfloat16 itself agrees with its float32 on 0.9375 of
     the positions (KL 3.0e-4), and every argmax the h200 plans moved against the bfloat16 cpu target (0.9375)
-    sat on a tie or one bf16 step (tools/results/h200_gpu_agreement_8aa26ae.json); in a later run one sat 3 steps
+    sat on a tie or one bf16 step (docs/results/h200_gpu_agreement_8aa26ae.json); in a later run one sat 3 steps
     apart. Asserted: KL <= 1e-3 against both, and top-1 >= 0.99 where the reference's top two logits are more
     than four bf16 steps apart (a wrong kernel moves decisive argmaxes too)."""
     tokens = np.random.default_rng(7).integers(0, SYNTHETIC_SHAPES[SHAPE][1]["vocab_size"], POSITIONS).tolist()

@@ -1,5 +1,5 @@
 """The h200 target against the cpu target on real weights: a real GGUF checkpoint cut to its first layers and its
-first vocabulary ids (tools/truncate_gguf.py; the whole file cannot reach the GPU machine), teacher-forced over
+first vocabulary ids (tools/dev/truncate_gguf.py; the whole file cannot reach the GPU machine), teacher-forced over
 256 tokens of the real-model fixtures' text (ids the cut vocabulary lacks are dropped). The cpu target's own
 bfloat16 against its float32 is recorded beside the figures: the noise bfloat16 arithmetic alone makes on these
 weights. Three paths of the h200 plans:
@@ -62,8 +62,8 @@ def _decode_logits(model, tokens: list[int]) -> np.ndarray:
 
 def test_truncated_files_are_named():
     assert _files(), (
-        "EMBER_TRUNCATED_GGUF names no file: make them here with tools/truncate_gguf.py "
-        "(tools/h200_run.sh real-weights says how) and carry them to the GPU machine"
+        "EMBER_TRUNCATED_GGUF names no file: make them here with tools/dev/truncate_gguf.py "
+        "(tools/dev/h200_run.sh real-weights says how) and carry them to the GPU machine"
     )
 
 

@@ -1,6 +1,6 @@
-"""tools/gpu_test_counts.py: the GPU suite's counts from pytest's JUnit XML and Hypothesis statistics."""
+"""tools/dev/gpu_test_counts.py: the GPU suite's counts from pytest's JUnit XML and Hypothesis statistics."""
 
-from ember.tools.gpu_test_counts import hypothesis_examples, junit_counts, summarize
+from ember.tools.dev.gpu_test_counts import hypothesis_examples, junit_counts, summarize
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="4">
 <testcase classname="tests.test_a_gpu" name="test_one[1]" file="tests/test_a_gpu.py" time="1.5"/>

@@ -1,5 +1,5 @@
 """tools/write_gguf.py writes the synthetic checkpoints as GGUF files the gguf reader (and llama.cpp) load, with
-the tensors' types and bytes of the checkpoint Ember benchmarks; tools/llamacpp_bench.py builds the benches'
+the tensors' types and bytes of the checkpoint Ember benchmarks; tools/dev/llamacpp_bench.py builds the benches'
 command lines and reads their outputs."""
 
 import json
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from ember.tools.llamacpp_bench import batched_command, bench_command, markdown, parse_batched, parse_bench
+from ember.tools.dev.llamacpp_bench import batched_command, bench_command, markdown, parse_batched, parse_bench
 from ember.tools.write_gguf import bpe_vocabulary, synthetic_checkpoint, write_gguf
 
 

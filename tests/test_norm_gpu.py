@@ -1,6 +1,6 @@
 """compiler/ops/norm_gpu.py on CPU: the functions a target would name are the references when not tracing
 for a GPU; the launch plan's tile covers a row. The kernels themselves run in Triton's interpreter
-(tools/check_norm_kernels.py via tests/test_triton_interpreter.py) and lower for sm_90 (tests/test_triton_launch.py)."""
+(tools/dev/check_norm_kernels.py via tests/test_triton_interpreter.py) and lower for sm_90 (tests/test_triton_launch.py)."""
 
 import jax.numpy as jnp
 import numpy as np

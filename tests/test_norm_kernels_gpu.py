@@ -1,6 +1,6 @@
 """The RMSNorm kernels (compiler/ops/norm_gpu.py) against norm.py's references, on an NVIDIA GPU: the residual
 sum bit-equal, the norm within one rounding of the activation dtype. Skipped off the GPU (see
-tests/test_quant_matmul_gpu.py); `tools/h200_run.sh tests` runs it."""
+tests/test_quant_matmul_gpu.py); `tools/dev/h200_run.sh tests` runs it."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_norms_writing_int8_activations_match_the_plain_kernels(rows, n, order, 
     qa_ref, da_ref = quantize_activations(plain[-1], order)
     # the first int8 term (act_quant.py: a second one, EMBER_ACT_TERMS=2, rounds the first one's residual, which
     # XLA may fuse into an FMA here; the Triton quantizer it equals above is checked against the reference in
-    # the interpreter, tools/check_dp4a_kernels.py)
+    # the interpreter, tools/dev/check_dp4a_kernels.py)
     qa, qa_ref = np.asarray(qa)[:, : n // 4], np.asarray(qa_ref)[:, : n // 4]
     codes = lambda words: np.asarray(words).view(np.int8).astype(np.int32)  # noqa: E731
     off = np.abs(codes(qa) - codes(qa_ref))  # [rows, n] in packed order: a block's 32 codes stay in its 8 words

@@ -1,4 +1,4 @@
-"""tools/profile_step.py's context_batch: the plan-alone decode rows at a chosen context (each row its own
+"""tools/dev/profile_step.py's context_batch: the plan-alone decode rows at a chosen context (each row its own
 blocks, the step's token written after the context's last one), so the attention does that context's work."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ember.runtime.step_inputs import StepShape, padding_batch
-from ember.tools.profile_step import context_batch
+from ember.tools.dev.profile_step import context_batch
 
 
 def test_rows_see_the_context_in_blocks_of_their_own():

@@ -1,6 +1,6 @@
 """Launch plans of the quantized GEMV's "rows" variant (compiler/ops/quant/matmul.py _rows_plan) and its config
 rules, on CPU. The kernels themselves run in Triton's interpreter (tests/test_triton_interpreter.py, through
-tools/check_quant_kernels.py rows) and on the GPU (tests/test_quant_matmul_gpu.py)."""
+tools/dev/check_quant_kernels.py rows) and on the GPU (tests/test_quant_matmul_gpu.py)."""
 
 from __future__ import annotations
 

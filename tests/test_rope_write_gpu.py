@@ -1,7 +1,7 @@
 """The RoPE + K/V write kernel (compiler/ops/attention_gpu/rope_write.py) against rope.py's reference and
 attention.py's pool write, on an NVIDIA GPU: q and the written k within one rounding of the activation dtype,
 v and every slot not written bit-equal. Skipped off the GPU (see tests/test_quant_matmul_gpu.py);
-`tools/h200_run.sh tests` runs it."""
+`tools/dev/h200_run.sh tests` runs it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The q/k/v split kernel (compiler/ops/split_columns_gpu.py) on an NVIDIA GPU: every output bit-equal to
-XLA's slices. Skipped off the GPU (see tests/test_quant_matmul_gpu.py); `tools/h200_run.sh tests` runs it."""
+XLA's slices. Skipped off the GPU (see tests/test_quant_matmul_gpu.py); `tools/dev/h200_run.sh tests` runs it."""
 
 from __future__ import annotations
 

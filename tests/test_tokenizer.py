@@ -1,4 +1,4 @@
-"""Ember's tokenizer against HF transformers' (fixtures from tools/make_tokenizer_fixtures.py).
+"""Ember's tokenizer against HF transformers' (fixtures from tools/dev/make_tokenizer_fixtures.py).
 
 Fast tests use tiny synthetic GGUF vocabularies (tests/fixtures/tokenizer/synthetic.json, with
 HF's converter output for them); `real_model` tests build the tokenizers of the two real GGUF

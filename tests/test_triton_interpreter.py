@@ -38,6 +38,6 @@ def test_triton_kernels_match_their_references_in_the_interpreter(tool, mode, te
     if terms:
         env["EMBER_ACT_TERMS"] = "1" if act_terms() == 2 else "2"
     done = subprocess.run(
-        [sys.executable, "-m", f"ember.tools.{tool}", mode], capture_output=True, text=True, timeout=900, env=env
+        [sys.executable, "-m", f"ember.tools.dev.{tool}", mode], capture_output=True, text=True, timeout=900, env=env
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]  # the tools exit 1 on any mismatch

@@ -1,4 +1,4 @@
-"""tools/truncate_gguf.py keeps a GGUF checkpoint's first layers and vocabulary ids byte for byte: cut to its
+"""tools/dev/truncate_gguf.py keeps a GGUF checkpoint's first layers and vocabulary ids byte for byte: cut to its
 vocabulary alone, the model computes the whole model's logits for the kept ids."""
 
 import numpy as np
@@ -10,7 +10,7 @@ from ember.runtime.model import load_model
 from ember.runtime.sequence_runner import SequenceRunner
 from ember.runtime.synthetic_gguf import synthetic_gguf_checkpoint
 from ember.tools.bench import SYNTHETIC_SHAPES
-from ember.tools.truncate_gguf import main, truncate_gguf
+from ember.tools.dev.truncate_gguf import main, truncate_gguf
 from ember.tools.write_gguf import write_gguf
 
 VOCAB, KEPT_VOCAB = 4096, 1000

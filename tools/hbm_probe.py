@@ -5,7 +5,7 @@ executable runs the pass `short` and `long` times in a loop whose trip count is 
 (t_long - t_short) / (long - short) is one pass with no dispatch, synchronisation or first-touch cost in
 it. A single wall-clock call (what the bench used before 2026-12) carried those costs: on one H200 it read
 3,708-3,885 GB/s where this copy read 4,146-4,201 and PyTorch's copy timed with CUDA events 4,202-4,284
-(`tools/results/h200_hbm_probe_e0c7f7c.json`).
+(`docs/results/h200_hbm_probe_e0c7f7c.json`).
 
 - copy: x = -x, bytes read + written (METHOD.md's ceiling).
 - read: every word of x summed by XLA's reduction, bytes read: 4,447-4,472 GB/s on that H200 (a Triton

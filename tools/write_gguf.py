@@ -1,6 +1,6 @@
 """Write a synthetic checkpoint (`synthetic:<shape>[-q4_k_m]`, random weights at real shapes) to a GGUF file
 that llama.cpp loads, so that llama.cpp and Ember are measured on the same tensors' layouts and types
-(tools/llamacpp_bench.py).
+(tools/dev/llamacpp_bench.py).
 
 The file holds the checkpoint's metadata and tensors (runtime/synthetic_gguf.py: llama.cpp's Q4_K_M
 per-tensor types, or BF16 for a plain shape) and a GPT-2-style BPE vocabulary from an HF tokenizer.json,

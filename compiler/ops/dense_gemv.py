@@ -34,7 +34,7 @@ WEIGHT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 _C = Fp8GemvConfig
 # where no rule gives a config: an override (EMBER_DENSE_GEMV_CONFIG) or a direct call starts from this one
 DEFAULT_CONFIG = _C(step_reduce=True)
-# Measured in the 8B bf16 step alone at one row (H200, 027d8c4 / 30d07c5, tools/results/h200_dense_gemv_0130688.json;
+# Measured in the 8B bf16 step alone at one row (H200, 027d8c4 / 30d07c5, docs/results/h200_dense_gemv_0130688.json;
 # each kernel's time per call in the step, against XLA's GEMM plus the kernels after it): only the shapes with
 # `in` = 4096 are measured; everything else keeps XLA's GEMM.
 DENSE_RULES: tuple[Fp8Rule, ...] = (

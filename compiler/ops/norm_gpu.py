@@ -2,7 +2,7 @@
 the same signatures, for a target's `kernels` ("rms_norm", "add_rms_norm").
 
 Why: XLA runs add + RMSNorm as three kernels — the add, the sum-of-squares reduce, the scale and convert
-(tools/results/h200_step_profile_c32c507_llama3-8b_batch1.json: ~4.3 µs per norm at batch 1, 64 norms per
+(docs/results/h200_step_profile_c32c507_llama3-8b_batch1.json: ~4.3 µs per norm at batch 1, 64 norms per
 8B step) — where one program per row can do all of it, reading each input once.
 
 Grid (rows,): program r owns row r of x (and y), N elements in one masked tile of BLOCK = the next power of
@@ -10,7 +10,7 @@ two >= N. The add is computed as XLA computes a bf16 add (fp32 sum rounded once 
 stored as the new residual; the statistics are fp32; out = (s * rsqrt(mean(s^2) + eps)) * w, rounded once.
 The h200 target names them. Traced for a non-GPU backend (or without Triton) the functions are the
 references, and EMBER_TRITON_NORMS=0 (read at trace time) makes them the references on a GPU too: the
-side-by-side measurement of the two (tools/profile_step.py --plan-only under each setting).
+side-by-side measurement of the two (tools/dev/profile_step.py --plan-only under each setting).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from .triton_available import triton_available
 MAX_N = 65536  # one row per program, held in registers: the widest hidden size this tiling takes
 # Warps per row, for these kernels and norm_quant_gpu's (one reduction tree, so the same bits): more lanes
 # share one row's loads and reductions. The 8B FP8 step's 63 norms took 130.6 / 125.8 us at 4 / 16 warps
-# (tools/results/h200_plan_alone_fp8_4f6229b.json); the quantizing norms of a 1.5B step 170.6 / 153.6 / 146.0
-# us at 4 / 8 / 16 (tools/results/h200_norm_quant_warps_71ed1a5.json)
+# (docs/results/h200_plan_alone_fp8_4f6229b.json); the quantizing norms of a 1.5B step 170.6 / 153.6 / 146.0
+# us at 4 / 8 / 16 (docs/results/h200_norm_quant_warps_71ed1a5.json)
 NORM_WARPS = 16
 
 

@@ -13,9 +13,9 @@ so a row costs one memory round trip. The residual operand may be a down project
 is a linear_quant.QuantizedInput (the bf16 rows + qa + da); otherwise the plain norm (norm_gpu.py).
 
 On by default; EMBER_FUSED_NORM_QUANT=0 (read at trace time) turns it off. Checked in Triton's interpreter
-(tools/check_norm_kernels.py: rows and int8 words bit-equal to the plain norm + quantizer) and on the H200
+(tools/dev/check_norm_kernels.py: rows and int8 words bit-equal to the plain norm + quantizer) and on the H200
 (tests/test_norm_kernels_gpu.py at cfef150: bit-equal to the Triton quantizer it replaces). Measured there,
-plan alone at batch 1 (tools/results/h200_fused_norm_quant_cfef150.json): 1.5B Q4_K_M 439 -> 382 kernels,
+plan alone at batch 1 (docs/results/h200_fused_norm_quant_cfef150.json): 1.5B Q4_K_M 439 -> 382 kernels,
 1.163 -> 1.147 ms per step; 8B Q4_K_M 517 -> 452 kernels, 2.398 -> 2.374 ms.
 """
 
@@ -36,7 +36,7 @@ from .split_k import SplitKPartials, materialized
 FUSED_ENV = "EMBER_FUSED_NORM_QUANT"  # "0": the norms leave the int8 activations to the quantizer (default on)
 # Split-K partials per row the kernel sums itself; above, XLA's sum runs first. One program reads them all:
 # the 1.5B's 8 x 1536 fp32 (48 KB) cost 3.31 us against 2.58 + 1.14 for the plain norm and the sum, the
-# 8B's 8 x 4096 (128 KB) 5.34 us against 2.96 + 1.25 (tools/results/h200_plan_alone_partials_f842b9c_*.json)
+# 8B's 8 x 4096 (128 KB) 5.34 us against 2.96 + 1.25 (docs/results/h200_plan_alone_partials_f842b9c_*.json)
 PARTIALS_MAX_BYTES = 48 * 1024
 NORM_QUANT_WARPS = norm_gpu.NORM_WARPS  # the plain norms' (measured there): the same bits as theirs
 

@@ -4,7 +4,7 @@ projection's output y [rows, S0 + S1 + S2] -> q [rows, S0], k [rows, S1], v [row
 Why: where the reader is a custom call (the RoPE-fused decode attention takes q, k and v as three arrays),
 XLA copies each slice of the GEMM's output with a kernel of its own. In the 8B bf16 step those three took
 119.7 us per step; this one launch takes 36.6 us, plus 43.0 us for XLA's split-K sum, which the slices had
-folded in (tools/results/h200_plan_alone_split_skip_2212847.json). Quantized and FP8 projections write their
+folded in (docs/results/h200_plan_alone_split_skip_2212847.json). Quantized and FP8 projections write their
 parts themselves (the parts GEMVs); this is the dense weights' one launch.
 
 Grid (rows, cdiv(S0 + S1 + S2, BLOCK)): program (r, c) loads its column tile of row r once and stores each

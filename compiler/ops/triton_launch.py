@@ -7,7 +7,7 @@ inside the step's command buffer (CUDA graph), with no per-call host work.
 
 Why not jax-triton's `triton_call`: its custom call goes through a host handler that decompresses and
 looks up the kernel on every launch and cannot be captured, measured at 8-11 µs per launch inside a step
-against 2-3 µs for an XLA kernel (tools/results/h200_launch_overhead.json). A decode step launches one
+against 2-3 µs for an XLA kernel (docs/results/h200_launch_overhead.json). A decode step launches one
 kernel per layer and op, so that fixed cost decided which kernels could pay at all.
 
 Contract (the same as jax-triton's, minus runtime scalars): the kernel's pointer arguments are the input

@@ -28,7 +28,7 @@ batch (1 … 256), and kernel choices per op.
 - the rest (activations, sampler; RoPE in the deterministic plans) are the `jnp` references, fused by XLA.
 - 8 decode steps per device call when the engine can run ahead (runtime/lookahead.py).
 Triton kernels launch as native XLA kernels (compiler/ops/triton_launch.py): ~4.5 µs for a small kernel
-inside a step, XLA's own fusions ~2.4 µs (tools/results/h200_launch_overhead_xla_triton.json), so a kernel
+inside a step, XLA's own fusions ~2.4 µs (docs/results/h200_launch_overhead_xla_triton.json), so a kernel
 pays where it does more than the ops it replaces, or replaces several.
 """
 
@@ -72,7 +72,7 @@ H200 = Target(
     # streams (same H200 call; README, Decisions). EMBER_QUANTIZED_FORMATS / EMBER_DENSE_COPIES override.
     # HF FP8 checkpoints stay FP8 (compiler/ops/quant/fp8.py: the Triton GEMV at one row, XLA's GEMM fusion
     # of the fp8 operand above). Q5_0 (GGUF's rows that are not whole super-blocks) since its GPU test passed
-    # at aa12851 (tools/results/h200_gpu_tests_aa12851.json); its speed: tools/results/h200_q5_0_gemv_0130688.json.
+    # at aa12851 (docs/results/h200_gpu_tests_aa12851.json); its speed: docs/results/h200_q5_0_gemv_0130688.json.
     quantized_formats=("fp8", "q4_k", "q6_k", "q8_0", "q5_0"),
     dense_copies=True,
     decode_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),

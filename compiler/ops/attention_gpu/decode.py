@@ -6,7 +6,7 @@ backend="triton"   decode_kernel.py as native XLA kernels (../triton_launch.py; 
 backend="emulate"  the same split-K algorithm in plain jnp (same visible range, same per-split token
                    shares, same BLOCK_N iterations with an online softmax, same combine): runs anywhere,
                    so CPU tests check the algorithm against the reference `_attend`, while
-                   tools/check_attention_kernels.py checks the Triton kernel itself in the interpreter.
+                   tools/dev/check_attention_kernels.py checks the Triton kernel itself in the interpreter.
 
 Both return [B, hq, dh] in q's dtype, and both are traceable inside one jitted step: shapes and the launch
 plan are static (from q, the pool and the table width), lengths and the window are device data.
@@ -36,7 +36,7 @@ TRITON_COMBINE_ENV = "EMBER_TRITON_COMBINE"
 
 @dataclass(frozen=True)
 class DecodeAttentionConfig:
-    """Launch knobs (H200 defaults; tools/bench_attention.py --sweep measures the alternatives)."""
+    """Launch knobs (H200 defaults; tools/dev/bench_attention.py --sweep measures the alternatives)."""
 
     block_n: int = 64  # tokens per loop iteration at dh <= 128 (scaled down for wider heads: same tile bytes)
     num_warps: int = 4
@@ -88,7 +88,7 @@ def decode_launch_plan(
     dh_pad = max(16, _next_pow2(dh))
     # wider heads take fewer tokens per tile, an FP8 pool (kv_itemsize 1) twice as many: the same tile bytes (at
     # 32k context the 8B's partials took 45.1 us per layer with 64-token FP8 tiles, 34.1 with 128, 36.2 on bf16
-    # pools: tools/results/h200_kv_fp8_tiles_15d6c41.json)
+    # pools: docs/results/h200_kv_fp8_tiles_15d6c41.json)
     block_n = max(16, config.block_n * 128 // max(dh_pad, 128) * (2 if kv_itemsize == 1 else 1))
     if block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two, got {block_n}")

@@ -2,7 +2,7 @@
 
 Imports only triton (and the activation quantizer's Triton helpers), so Triton's CPU interpreter can run these
 kernels on numpy buffers
-(tools/check_attention_kernels.py); decode.py launches them (as native XLA kernels, ../triton_launch.py).
+(tools/dev/check_attention_kernels.py); decode.py launches them (as native XLA kernels, ../triton_launch.py).
 
 What one program computes. Grid (B, hkv, SPLITS): program (b, h, s) takes decode row b, KV head h and
 the s-th share of the row's visible tokens, and folds them into an online softmax for all G = hq / hkv

@@ -39,7 +39,7 @@ FUSED_ATTN_QUANT_ENV = "EMBER_FUSED_ATTN_QUANT"  # "0": the o projection quantiz
 # "0": a step whose rows all decode runs rope_write before the split partials instead of rotating q / k and
 # writing K / V inside them (default on: GPU test passed at 1d774ae; plan alone at 65 splits, 1.5B Q4_K_M
 # 354 -> 326 kernels, 1.161 -> 1.099 ms/step; 8B Q4_K_M 420 -> 388, 2.411 -> 2.324 ms:
-# tools/results/h200_rope_partials_1d774ae.json). Read at trace time.
+# docs/results/h200_rope_partials_1d774ae.json). Read at trace time.
 FUSED_ROPE_DECODE_ENV = "EMBER_FUSED_ROPE_DECODE"
 
 
@@ -135,7 +135,7 @@ def rope_paged_attention_to_proj(
     # decodes, the attention's combine kernel also writes them (a linear_quant.QuantizedInput), so the
     # projection launches no quantizer. Same arguments otherwise, same output values. On by default (its GPU
     # test passed at e027e08; plan alone at 65 splits: 1.5B Q4_K_M 382 -> 354 kernels, 1.174 -> 1.153 ms/step;
-    # 8B 452 -> 420, 2.434 -> 2.397 ms: tools/results/h200_attention_quant_e027e08.json);
+    # 8B 452 -> 420, 2.434 -> 2.397 ms: docs/results/h200_attention_quant_e027e08.json);
     # EMBER_FUSED_ATTN_QUANT=0 turns it off (read at trace time).
     from ..linear_quant import dp4a_input_order
 

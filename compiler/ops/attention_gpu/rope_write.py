@@ -2,7 +2,7 @@
 `rope_attention` runs it before the attention kernels).
 
 Why: XLA runs the rotation of q, the rotation of k, the state kind's slot pick and the two pool writes as
-~5 kernels per layer (~9 µs at batch 1 on the H200, tools/results/h200_step_profile_*); one program per token
+~5 kernels per layer (~9 µs at batch 1 on the H200, docs/results/h200_step_profile_*); one program per token
 does all of it, reading q, k, v once.
 
 Grid (N,): program t owns token t: q[t] [HQ, DH] rotated into q_out[t]; k[t] rotated and v[t] copied into

@@ -92,7 +92,7 @@ def dequantize_fp8(w: Fp8Weight, dtype=jnp.float32):
 
 GEMV_MAX_ROWS = 16  # activation rows the Triton GEMV takes
 # rows up to this go through it by default: on the H200 it beat XLA's fused fp8 dot by 1.03-1.3x at one row and
-# lost at 8 (per-channel 0.65-0.8x; tools/results/h200_fp8_gemv.json); EMBER_FP8_GEMV_ROWS overrides
+# lost at 8 (per-channel 0.65-0.8x; docs/results/h200_fp8_gemv.json); EMBER_FP8_GEMV_ROWS overrides
 DISPATCH_MAX_ROWS = int(os.environ.get("EMBER_FP8_GEMV_ROWS", "1"))
 GEMV_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 

@@ -36,7 +36,7 @@ Plain float weights (SCALED off; compiler/ops/dense_gemv.py): the same kernels r
 matrix through the CUDA-core or tensor-core loops (the word loop is e4m3's), with the same epilogues.
 
 W_BITCAST: the weight pointer holds uint8 bytes reinterpreted as e4m3 in the kernel (Triton's CPU interpreter,
-tools/check_fp8_kernels.py, has no float8 numpy buffers); on the GPU the fp8 array is passed as it is.
+tools/dev/check_fp8_kernels.py, has no float8 numpy buffers); on the GPU the fp8 array is passed as it is.
 All offsets are int32: out * in < 2**31 (checked).
 """
 
@@ -198,7 +198,7 @@ def _store_gate_up(acc, tile, i, i_ok, out_ptr, N: tl.constexpr, BLOCK_M: tl.con
     gate and up rounded to the output dtype (as the unfused GEMV stores them), silu(gate) made in fp32 and
     rounded once (torch's silu on bf16), the product rounded once. XLA's fusion of the jnp activation rounds
     neither like this nor op by op: it agreed exactly with one rounding in ~2/3 of the outputs and with three in
-    ~3/4 on the H200 (tools/results/h200_gpu_tests_4f6229b.json, h200_gpu_tests_29cba1d.json), within two ulps."""
+    ~3/4 on the H200 (docs/results/h200_gpu_tests_4f6229b.json, h200_gpu_tests_29cba1d.json), within two ulps."""
     H: tl.constexpr = BLOCK_N // 2
     dtype: tl.constexpr = out_ptr.dtype.element_ty
     gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, H)), (0, 2, 1)))  # [BLOCK_M, H] each

@@ -55,10 +55,10 @@ _C = Fp8GemvConfig
 # the grid should hold >= ~4 programs per SM, so short `out` with long `in` splits K. The full-width
 # CUDA-core accumulator (step_reduce False) costs m_pow2 x block_n x block_k / (32 num_warps) registers per
 # thread and spills at m = 4, so 3+ rows take the tensor cores (cp.async stages, ~55 registers). Best guesses
-# from the register counts where `tools/bench_fp8_gemv.py --sweep` has not measured them (m > 1).
+# from the register counts where `tools/dev/bench_fp8_gemv.py --sweep` has not measured them (m > 1).
 FP8_RULES: tuple[Fp8Rule, ...] = (
     # 1 row, `in` a multiple of 4: the word loop, 1.05-1.17x the byte loop alone and 3.03 -> 2.81 ms for the 8B
-    # step (tools/results/h200_fp8_gemv_words_69b267c.json, h200_plan_alone_fp8_cdca500.json); 8 x 1024 tiles
+    # step (docs/results/h200_fp8_gemv_words_69b267c.json, h200_plan_alone_fp8_cdca500.json); 8 x 1024 tiles
     # were best at 6144x4096, 4 x 1024 at 4096x4096 and 28672x4096 (4096x14336: 21.4 vs 22.1 us, within noise)
     Fp8Rule(_C(block_n=8, block_k=1024, words=True), max_m=1, max_out=8192, max_in=8192),
     Fp8Rule(_C(block_n=4, block_k=1024, words=True), max_m=1),

@@ -1,41 +1,41 @@
 #!/usr/bin/env bash
 # What Ember runs on the H200 device machine (the `device` tool: the working tree is the current folder,
 # results go to $OUT, packed into $OUT/results-<sections>.tgz at the end; each call at most 10 minutes):
-#   tools/h200_run.sh tests      GPU kernel + engine tests (hypothesis statistics), JAX on cuda and cpu
-#   tools/h200_run.sh gpu-suite  every GPU test file at once, WORKERS pytest-xdist processes sharing the GPU; the
-#                                counts as JSON (tools/gpu_test_counts.py)
-#   tools/h200_run.sh kernels-quick  RoPE / norm kernel GPU tests (a failure turns the kernel off), Q4_K GEMV tests
-#   tools/h200_run.sh engine-tests   GPU engine tests: h200 vs cpu agreement, deterministic mode, quantized model
-#   tools/h200_run.sh real-weights   h200 vs cpu agreement on the real checkpoints cut small (.gpu/real/<name>.gguf)
-#   tools/h200_run.sh quick-1.5b / quick-8b-q4  batch 1 (CONTEXTS, default 128) and a few stream counts, Q4_K_M
-#   tools/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16 and FP8 (per-channel)
-#   tools/h200_run.sh quick-8b / quick-8b-fp8  the bf16 / FP8 8B at batch 1 (CONTEXTS) and STREAMS8 streams
-#   tools/h200_run.sh fp8-check  FP8 GEMV GPU tests, then the 8B FP8 step alone: byte vs word loop
-#   tools/h200_run.sh dense-check the dense bf16 GEMV: GPU tests (kernels, 8B decode vs XLA), then the 8B step alone A/B/A/B
-#   tools/h200_run.sh suite-8b-q4 bench suite, Llama-3-8B shape, Q4_K_M kept quantized
-#   tools/h200_run.sh suite-1.5b bench suite, Qwen2.5-1.5B Q4_K_M kept quantized (no startup: startup-1.5b)
-#   tools/h200_run.sh suite-1.5b-dequant  the same 1.5B Q4_K_M file on the h200 default (GGUF dequantized at load)
-#   tools/h200_run.sh batch1-8b  batch-1 decode at every context, Llama-3-8B shape bf16 and FP8
-#   tools/h200_run.sh startup-8b cold compile and warm start of the 8B engine (fresh processes)
-#   tools/h200_run.sh startup-calls one startup child of the 8B engine per call, caches kept in .gpu-cache/
-#   tools/h200_run.sh serve-startup `ember serve` on a synthetic 8B Q4_K_M GGUF file: cold, then warm starts
-#   tools/h200_run.sh llamacpp   llama.cpp built from .whl/llama.cpp-trimmed.tar.xz, same layouts
-#   tools/h200_run.sh hf         HF transformers (static cache + torch.compile), batch 1 and 32
-#   tools/h200_run.sh hf-ratio   HF transformers and Ember's engine on one shape (MODEL) in one suite run: the ratio
-#   tools/h200_run.sh rows       quantized GEMV GPU tests, then the rows kernels' config sweep (q4_k, q6_k; m = 1)
-#   tools/h200_run.sh gemv-graphs the rows kernels' configs timed inside CUDA graphs (tools/tune_gemv_graphs.py)
-#   tools/h200_run.sh dp4a-ab    Q4_K on int8 activations: GPU tests, then the batch-1 step with and without it
-#   tools/h200_run.sh dp4a-q6    Q6_K on the dp4a kernel: GPU tests, plan-alone A/B, batch-1 decode (1.5B)
-#   tools/h200_run.sh fused-check the fused decode launches: GPU tests, quantized model test, batch-1 step alone
-#   tools/h200_run.sh plan-alone the batch-1 step alone per model (MODELS), A/B over trace-time VARIANTS
-#   tools/h200_run.sh kv-fp8     8B bf16 batch-1 decode at long contexts, KV pools bf16 then FP8 (CONTEXTS)
-#   tools/h200_run.sh engine-profile the batch-1 engine under the profiler (idle gaps), then the plan alone
-#   tools/h200_run.sh combine-check decode attention GPU tests, then the batch-1 step without / with the attention's int8 output
-#   tools/h200_run.sh rope-check RoPE-fused decode partials: GPU test, then the batch-1 step without / with them
-#   tools/h200_run.sh dp4a-rows  16 / 32 streams, the dp4a GEMV up to 64 rows vs its default bound
-#   tools/h200_run.sh norms-ab   RMSNorm kernels: GPU test, then the batch-1 step with and without them
-#   tools/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
-#   tools/h200_run.sh xla-flags  the batch-1 decode step (plan alone) under XLA fusion flag sets, 1.5B Q4_K_M and 8B
+#   tools/dev/h200_run.sh tests      GPU kernel + engine tests (hypothesis statistics), JAX on cuda and cpu
+#   tools/dev/h200_run.sh gpu-suite  every GPU test file at once, WORKERS pytest-xdist processes sharing the GPU; the
+#                                counts as JSON (tools/dev/gpu_test_counts.py)
+#   tools/dev/h200_run.sh kernels-quick  RoPE / norm kernel GPU tests (a failure turns the kernel off), Q4_K GEMV tests
+#   tools/dev/h200_run.sh engine-tests   GPU engine tests: h200 vs cpu agreement, deterministic mode, quantized model
+#   tools/dev/h200_run.sh real-weights   h200 vs cpu agreement on the real checkpoints cut small (.gpu/real/<name>.gguf)
+#   tools/dev/h200_run.sh quick-1.5b / quick-8b-q4  batch 1 (CONTEXTS, default 128) and a few stream counts, Q4_K_M
+#   tools/dev/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16 and FP8 (per-channel)
+#   tools/dev/h200_run.sh quick-8b / quick-8b-fp8  the bf16 / FP8 8B at batch 1 (CONTEXTS) and STREAMS8 streams
+#   tools/dev/h200_run.sh fp8-check  FP8 GEMV GPU tests, then the 8B FP8 step alone: byte vs word loop
+#   tools/dev/h200_run.sh dense-check the dense bf16 GEMV: GPU tests (kernels, 8B decode vs XLA), then the 8B step alone A/B/A/B
+#   tools/dev/h200_run.sh suite-8b-q4 bench suite, Llama-3-8B shape, Q4_K_M kept quantized
+#   tools/dev/h200_run.sh suite-1.5b bench suite, Qwen2.5-1.5B Q4_K_M kept quantized (no startup: startup-1.5b)
+#   tools/dev/h200_run.sh suite-1.5b-dequant  the same 1.5B Q4_K_M file on the h200 default (GGUF dequantized at load)
+#   tools/dev/h200_run.sh batch1-8b  batch-1 decode at every context, Llama-3-8B shape bf16 and FP8
+#   tools/dev/h200_run.sh startup-8b cold compile and warm start of the 8B engine (fresh processes)
+#   tools/dev/h200_run.sh startup-calls one startup child of the 8B engine per call, caches kept in .gpu-cache/
+#   tools/dev/h200_run.sh serve-startup `ember serve` on a synthetic 8B Q4_K_M GGUF file: cold, then warm starts
+#   tools/dev/h200_run.sh llamacpp   llama.cpp built from .whl/llama.cpp-trimmed.tar.xz, same layouts
+#   tools/dev/h200_run.sh hf         HF transformers (static cache + torch.compile), batch 1 and 32
+#   tools/dev/h200_run.sh hf-ratio   HF transformers and Ember's engine on one shape (MODEL) in one suite run: the ratio
+#   tools/dev/h200_run.sh rows       quantized GEMV GPU tests, then the rows kernels' config sweep (q4_k, q6_k; m = 1)
+#   tools/dev/h200_run.sh gemv-graphs the rows kernels' configs timed inside CUDA graphs (tools/dev/tune_gemv_graphs.py)
+#   tools/dev/h200_run.sh dp4a-ab    Q4_K on int8 activations: GPU tests, then the batch-1 step with and without it
+#   tools/dev/h200_run.sh dp4a-q6    Q6_K on the dp4a kernel: GPU tests, plan-alone A/B, batch-1 decode (1.5B)
+#   tools/dev/h200_run.sh fused-check the fused decode launches: GPU tests, quantized model test, batch-1 step alone
+#   tools/dev/h200_run.sh plan-alone the batch-1 step alone per model (MODELS), A/B over trace-time VARIANTS
+#   tools/dev/h200_run.sh kv-fp8     8B bf16 batch-1 decode at long contexts, KV pools bf16 then FP8 (CONTEXTS)
+#   tools/dev/h200_run.sh engine-profile the batch-1 engine under the profiler (idle gaps), then the plan alone
+#   tools/dev/h200_run.sh combine-check decode attention GPU tests, then the batch-1 step without / with the attention's int8 output
+#   tools/dev/h200_run.sh rope-check RoPE-fused decode partials: GPU test, then the batch-1 step without / with them
+#   tools/dev/h200_run.sh dp4a-rows  16 / 32 streams, the dp4a GEMV up to 64 rows vs its default bound
+#   tools/dev/h200_run.sh norms-ab   RMSNorm kernels: GPU test, then the batch-1 step with and without them
+#   tools/dev/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
+#   tools/dev/h200_run.sh xla-flags  the batch-1 decode step (plan alone) under XLA fusion flag sets, 1.5B Q4_K_M and 8B
 # Once per checkout, here (both ignored; the device tool's run carries them: carry [".whl", ".gpu"]):
 #   python3.12 -m pip download --no-deps gguf llguidance -d .whl      wheels the device image lacks
 #   (serve-startup also needs sanic's: python3.12 -m pip download --no-deps --only-binary=:all: --python-version 3.12
@@ -43,17 +43,17 @@
 #    sanic-routing==23.12.0 tracerite==2.6.5 html5tagger==2.0.0 httptools==0.9.0 websockets==17.4 ujson aiofiles
 #    "multidict<7" uvloop "jsonschema>=4.20" jsonschema-specifications referencing rpds-py attrs prometheus-client,
 #    with --platform manylinux2014_x86_64 added: the server's imports the image lacks)
-#   python -m ember.tools.make_bench_tokenizer .gpu/tok               the synthetic models' stand-in tokenizer
+#   python -m ember.tools.dev.make_bench_tokenizer .gpu/tok               the synthetic models' stand-in tokenizer
 #   the real checkpoints cut small (gpu-suite, real-weights; one at a time fits the 64 MiB the tree may carry):
-#     python -m ember.tools.truncate_gguf <qwen2.5-coder-1.5b-instruct GGUF> --layers 1 --vocab 8192 \
+#     python -m ember.tools.dev.truncate_gguf <qwen2.5-coder-1.5b-instruct GGUF> --layers 1 --vocab 8192 \
 #       --out .gpu/real/qwen2.5-coder-1.5b-instruct.gguf
-#     python -m ember.tools.truncate_gguf <gemma-3-270m GGUF> --layers 12 --vocab 8192 --out .gpu/real/gemma-3-270m.gguf
+#     python -m ember.tools.dev.truncate_gguf <gemma-3-270m GGUF> --layers 12 --vocab 8192 --out .gpu/real/gemma-3-270m.gguf
 #   (the GGUF paths: python -c "from ember.runtime.loader.known_models import resolve_model as r; print(r('<name>'))")
 #   the GGUF files (llamacpp, serve-startup) need a BPE tokenizer.json: the default model's, written by
 #   python -c "from ember.runtime.checkpoint import open_checkpoint as o; from ember.runtime.prompting import \
 #     load_tokenizer as t; t(o('<the default model's GGUF>')).backend.save('.gpu/bpe-tok/tokenizer.json')"
-#   (llamacpp: tools/trim_llamacpp_source.sh .whl/llama.cpp-trimmed.tar.xz)
-# Several sections run in order: tools/h200_run.sh rows profile
+#   (llamacpp: tools/dev/trim_llamacpp_source.sh .whl/llama.cpp-trimmed.tar.xz)
+# Several sections run in order: tools/dev/h200_run.sh rows profile
 # COMMIT=<sha> names the commit the figures belong to (the copy's git metadata is stale); TAG=<suffix> names
 # the quick sections' folders and the archive apart, for a second run of the same section in one call.
 # What $OUT holds comes back as $OUT/results.tgz (PACK=0: the files themselves).
@@ -77,7 +77,7 @@ suite() {  # suite OUTDIR DEADLINE_S MODEL... (extra flags in SUITE_FLAGS); a se
 plan_alone() {  # profile_step --plan-only per synthetic model in MODELS, one engine per VARIANTS entry (MAXLEN:
     # the engine's max_model_len, default prompt + output; CONTEXT: the decode rows' context, default padding rows)
     for model in ${MODELS:-qwen2.5-1.5b-q4_k_m}; do
-        JAX_PLATFORMS=cuda EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout ${PLAN_S:-150} python3 -m ember.tools.profile_step \
+        JAX_PLATFORMS=cuda EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout ${PLAN_S:-150} python3 -m ember.tools.dev.profile_step \
             --model synthetic:$model --tokenizer .gpu/tok --concurrency ${CONCURRENCY:-1} --plan-only \
             ${MAXLEN:+--max-model-len $MAXLEN} ${CONTEXT:+--context $CONTEXT} ${VARIANTS:+--variants $VARIANTS} > "$out/plan_alone_$model.json" 2> "$out/plan_alone_$model.log" \
             || tail -n 3 "$out/plan_alone_$model.log"
@@ -104,7 +104,7 @@ gpu-suite)  # needs pytest-xdist and execnet wheels in .whl/ (python3.12 -m pip 
     EMBER_TRUNCATED_GGUF=$(real_files) EMBER_GPU_RESULTS="$out/gpu_engine_tests.json" timeout ${SUITE_TEST_S:-540} \
         python -m pytest -q -m gpu tests/*_gpu.py tests/test_gpu_engine.py tests/test_gpu_engine_real_weights.py -n ${WORKERS:-8} -p no:cacheprovider --hypothesis-show-statistics \
         -rfE --junitxml="$out/gpu_suite.xml" > "$out/gpu_suite.log" 2>&1
-    python3 -m ember.tools.gpu_test_counts --junit "$out/gpu_suite.xml" --log "$out/gpu_suite.log" \
+    python3 -m ember.tools.dev.gpu_test_counts --junit "$out/gpu_suite.xml" --log "$out/gpu_suite.log" \
         --commit "$commit" --out "$out/gpu_suite_counts.json"
     tail -n 15 "$out/gpu_suite.log"; python3 -c "import json; print(json.load(open('$out/gpu_suite_counts.json'))['totals'])" ;;
 kernels-quick)  # the RoPE and norm kernels' GPU tests (a failure turns that kernel off for later sections),
@@ -138,7 +138,7 @@ fp8-check)  # the FP8 GEMV's GPU tests (every loop, the parts and gate/up epilog
     timeout ${FP8_TEST_S:-200} python -m pytest -q -m gpu tests/test_fp8_gemv_gpu.py -p no:cacheprovider \
         > "$out/gpu_fp8_gemv_tests.log" 2>&1
     tail -n 3 "$out/gpu_fp8_gemv_tests.log"
-    JAX_PLATFORMS=cuda timeout ${PLAN_S:-150} python3 -m ember.tools.profile_step --model synthetic:llama3-8b-fp8 \
+    JAX_PLATFORMS=cuda timeout ${PLAN_S:-150} python3 -m ember.tools.dev.profile_step --model synthetic:llama3-8b-fp8 \
         --tokenizer .gpu/tok --concurrency 1 --plan-only --variants EMBER_FP8_WORDS=0 EMBER_FP8_WORDS=1 \
         > "$out/plan_alone_fp8.json" 2> "$out/plan_alone_fp8.log" || tail -n 3 "$out/plan_alone_fp8.log"
     grep -h "variant\|multi_async\|profiled_" "$out/plan_alone_fp8.json" ;;
@@ -148,7 +148,7 @@ dense-check)  # the dense bf16 GEMV's GPU tests (kernels, then 48 decode steps o
     timeout ${DENSE_TEST_S:-200} python -m pytest -q -s -m gpu tests/test_dense_gemv_gpu.py -p no:cacheprovider \
         > "$out/gpu_dense_gemv_tests.log" 2>&1
     grep -h "dense GEMV vs XLA" "$out/gpu_dense_gemv_tests.log"; tail -n 1 "$out/gpu_dense_gemv_tests.log"
-    JAX_PLATFORMS=cuda timeout ${PLAN_S:-200} python3 -m ember.tools.profile_step --model synthetic:llama3-8b \
+    JAX_PLATFORMS=cuda timeout ${PLAN_S:-200} python3 -m ember.tools.dev.profile_step --model synthetic:llama3-8b \
         --tokenizer .gpu/tok --concurrency 1 --plan-only --max-model-len 16528 --context 128 \
         --variants EMBER_DENSE_GEMV=1 EMBER_DENSE_GEMV=0 EMBER_DENSE_GEMV=1 EMBER_DENSE_GEMV=0 \
         > "$out/plan_alone_dense.json" 2> "$out/plan_alone_dense.log" || tail -n 3 "$out/plan_alone_dense.log"
@@ -207,7 +207,7 @@ serve-startup)  # `ember serve` itself on the 8B Q4_K_M shape (SERVE_MODEL): the
     # file (.gpu-cache/, kept on a warm machine), then fresh `ember serve` processes timed from start to the
     # "Ember is serving" line: the first with empty JAX / Triton caches (cold), the rest warm (SERVE_RUNS, 2)
     mkdir -p .gpu-cache/serve; export JAX_COMPILATION_CACHE_DIR=$PWD/.gpu-cache/serve TRITON_CACHE_DIR=$PWD/.gpu-cache/serve/triton
-    gguf=$(timeout 300 python3 -c "from pathlib import Path; from ember.tools.llamacpp_bench import gguf_file; \
+    gguf=$(timeout 300 python3 -c "from pathlib import Path; from ember.tools.dev.llamacpp_bench import gguf_file; \
         print(gguf_file('synthetic:${SERVE_MODEL:-llama3-8b-q4_k_m}', Path('.gpu-cache'), Path('.gpu/bpe-tok'))[0])" | tail -n 1)
     [ -f "$gguf" ] || { echo "no GGUF file written (needs .gpu/bpe-tok, see the header)"; exit 1; }
     for run in $(seq 0 ${SERVE_RUNS:-2}); do
@@ -227,7 +227,7 @@ serve-startup)  # `ember serve` itself on the 8B Q4_K_M shape (SERVE_MODEL): the
             | tee "$out/serve-startup-$run.json"
     done ;;
 llamacpp)
-    timeout 560 python3 -m ember.tools.llamacpp_bench --src .whl/llama.cpp-trimmed.tar.xz --tokenizer .gpu/bpe-tok \
+    timeout 560 python3 -m ember.tools.dev.llamacpp_bench --src .whl/llama.cpp-trimmed.tar.xz --tokenizer .gpu/bpe-tok \
         --models synthetic:qwen2.5-1.5b-q4_k_m synthetic:llama3-8b synthetic:llama3-8b-q4_k_m \
         --out "$out/llamacpp" --commit "$commit" > "$out/llamacpp.log" 2>&1
     cat "$out/llamacpp/llamacpp.md" 2>/dev/null || tail -n 20 "$out/llamacpp.log" ;;
@@ -238,21 +238,21 @@ hf-ratio)  # one suite run: HF on MODEL's shape (bf16), then Ember's engine at 1
     EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--sections concurrency hf --concurrency ${STREAMS:-1 32}" \
         suite hf-$model ${DEADLINE:-480} synthetic:$model ;;
 gemv-graphs)
-    JAX_PLATFORMS=cpu OUT=$out/gemv timeout $((${GEMV_BUDGET_S:-420} + 120)) python3 -m ember.tools.tune_gemv_graphs --commit "$commit" \
+    JAX_PLATFORMS=cpu OUT=$out/gemv timeout $((${GEMV_BUDGET_S:-420} + 120)) python3 -m ember.tools.dev.tune_gemv_graphs --commit "$commit" \
         --budget-s ${GEMV_BUDGET_S:-420} ${GEMV_FLAGS:-} > "$out/gemv_graphs.log" 2>&1
     tail -n 25 "$out/gemv_graphs.log" ;;
 rows)
     timeout ${ROWS_TEST_S:-150} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py -p no:cacheprovider \
         --hypothesis-show-statistics > "$out/gpu_quant_tests.log" 2>&1
     tail -n 3 "$out/gpu_quant_tests.log"
-    OUT=$out/rows timeout $((${ROWS_SWEEP_S:-150} + 60)) python3 -m ember.tools.bench_quant_matmul --rows-sweep \
+    OUT=$out/rows timeout $((${ROWS_SWEEP_S:-150} + 60)) python3 -m ember.tools.dev.bench_quant_matmul --rows-sweep \
         --formats q4_k q6_k --m 1 --runs 20 --budget-s ${ROWS_SWEEP_S:-150} > "$out/rows_sweep.log" 2>&1
     grep -E "^(q4_k|q6_k|budget|rows sweep)" "$out/rows_sweep.log" | head -30 ;;
 norms-ab)  # the RMSNorm kernels' GPU test, then the batch-1 step (plan alone) with them and with XLA's norms
     timeout 120 python -m pytest -q -m gpu tests/test_norm_kernels_gpu.py -p no:cacheprovider \
         > "$out/gpu_norm_tests.log" 2>&1; tail -n 2 "$out/gpu_norm_tests.log"
     for norms in 1 0; do
-        EMBER_TRITON_NORMS=$norms EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 120 python3 -m ember.tools.profile_step \
+        EMBER_TRITON_NORMS=$norms EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 120 python3 -m ember.tools.dev.profile_step \
             --model synthetic:${MODEL:-qwen2.5-1.5b-q4_k_m} --tokenizer .gpu/tok --concurrency 1 --plan-only \
             > "$out/norms$norms.json" 2> "$out/norms$norms.log" || tail -n 3 "$out/norms$norms.log"
         echo "EMBER_TRITON_NORMS=$norms"; grep -h "async\|sync\|profiled_" "$out/norms$norms.json"
@@ -261,7 +261,7 @@ dp4a-ab)  # the int8-activation Q4_K kernel: its GPU tests, then the batch-1 ste
     JAX_PLATFORMS=cuda,cpu timeout ${QUANT_TEST_S:-90} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py \
         -k "dp4a or q4_k" -p no:cacheprovider > "$out/gpu_dp4a_tests.log" 2>&1; tail -c 400 "$out/gpu_dp4a_tests.log"; echo
     for dp4a in 1 0; do
-        EMBER_QUANT_DP4A=$dp4a EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 120 python3 -m ember.tools.profile_step \
+        EMBER_QUANT_DP4A=$dp4a EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 120 python3 -m ember.tools.dev.profile_step \
             --model synthetic:${MODEL:-qwen2.5-1.5b-q4_k_m} --tokenizer .gpu/tok --concurrency ${CONCURRENCY:-1} \
             --plan-only > "$out/dp4a$dp4a.json" 2> "$out/dp4a$dp4a.log" || tail -n 3 "$out/dp4a$dp4a.log"
         echo "EMBER_QUANT_DP4A=$dp4a"; grep -h "async\|sync\|profiled_" "$out/dp4a$dp4a.json"
@@ -271,7 +271,7 @@ dp4a-q6)  # Q6_K on the dp4a kernel: GPU tests, the batch-1 step (plan alone) wi
     JAX_PLATFORMS=cuda,cpu timeout ${QUANT_TEST_S:-60} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py \
         -k "dp4a or q6_k" -p no:cacheprovider > "$out/gpu_dp4a_q6_tests.log" 2>&1; tail -c 300 "$out/gpu_dp4a_q6_tests.log"; echo
     for formats in 1 q4_k; do
-        EMBER_QUANT_DP4A=$formats EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 100 python3 -m ember.tools.profile_step \
+        EMBER_QUANT_DP4A=$formats EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 100 python3 -m ember.tools.dev.profile_step \
             --model synthetic:qwen2.5-1.5b-q4_k_m --tokenizer .gpu/tok --concurrency 1 --plan-only \
             > "$out/dp4a_$formats.json" 2> "$out/dp4a_$formats.log" || tail -n 3 "$out/dp4a_$formats.log"
         echo "EMBER_QUANT_DP4A=$formats"; grep -h "multi_async\|profiled_" "$out/dp4a_$formats.json"
@@ -320,7 +320,7 @@ plan-alone)  # the batch-1 step alone (MODELS; VARIANTS: trace-time settings A/B
 engine-profile)  # the batch-1 engine under the profiler as the bench runs it (max_model_len 16,528, 128 -> 129
     # tokens): wall vs device time per step, where the GPU sat idle, then the plan alone at that table width
     for model in ${MODELS:-qwen2.5-1.5b-q4_k_m}; do
-        JAX_PLATFORMS=cuda EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout ${PLAN_S:-150} python3 -m ember.tools.profile_step \
+        JAX_PLATFORMS=cuda EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout ${PLAN_S:-150} python3 -m ember.tools.dev.profile_step \
             --model synthetic:$model --tokenizer .gpu/tok --concurrency 1 --max-model-len 16528 --prompt-tokens 128 \
             --output-tokens 129 ${VARIANTS:+--variants $VARIANTS} > "$out/engine_$model.json" 2> "$out/engine_$model.log" \
             || tail -n 3 "$out/engine_$model.log"
@@ -332,9 +332,9 @@ dp4a-rows)  # 16 / 32 streams with the dp4a GEMV taking up to 64 rows vs the def
             --concurrency ${CONCURRENCY:-16 32}" suite rows$rows ${DEADLINE:-60} synthetic:${MODEL:-qwen2.5-1.5b-q4_k_m}
     done ;;
 profile)
-    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 150 python3 -m ember.tools.profile_step \
+    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 150 python3 -m ember.tools.dev.profile_step \
         --model synthetic:qwen2.5-1.5b-q4_k_m --tokenizer .gpu/tok --concurrency 1 > "$out/profile15.json" 2> "$out/profile15.log"
-    timeout 200 python3 -m ember.tools.profile_step --model synthetic:llama3-8b --tokenizer .gpu/tok \
+    timeout 200 python3 -m ember.tools.dev.profile_step --model synthetic:llama3-8b --tokenizer .gpu/tok \
         --concurrency 1 > "$out/profile8b.json" 2> "$out/profile8b.log"
     grep -h "tok_s\|per_step" "$out"/profile*.json ;;
 xla-flags)  # XLA_VARIANTS: ';'-separated flag sets (default below); MODELS: synthetic names
@@ -343,7 +343,7 @@ xla-flags)  # XLA_VARIANTS: ';'-separated flag sets (default below); MODELS: syn
     for flags in "${variants[@]}"; do
         i=$((i + 1))
         for model in ${MODELS:-qwen2.5-1.5b-q4_k_m llama3-8b}; do
-            XLA_FLAGS="$flags" EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 100 python3 -m ember.tools.profile_step \
+            XLA_FLAGS="$flags" EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 100 python3 -m ember.tools.dev.profile_step \
                 --model synthetic:$model --tokenizer .gpu/tok --concurrency ${CONCURRENCY:-1} --plan-only \
                 > "$out/flags$i-$model.json" 2> "$out/flags$i-$model.log" || tail -n 3 "$out/flags$i-$model.log"
         done

@@ -9,13 +9,13 @@ plus a large device-to-device copy (this run's bandwidth roofline). Reports micr
 (bytes of the weight read / time: values + scales for the fp8 variants) and the fraction of the copy
 bandwidth. Prints a table; writes $OUT/fp8_gemv.json (after every shape, so partial results survive).
 
-Timing (the method of tools/bench_quant_matmul.py): one run is ONE executable holding `calls` back-to-back
+Timing (the method of tools/dev/bench_quant_matmul.py): one run is ONE executable holding `calls` back-to-back
 projections, each on its own copy of the weight, with >= 128 MB of copies together (at least 8 calls) so
 the calls read their weights from HBM, not the 50 MB L2, as a decode step does; a call's time is the median
 run (of >= 20, after warm-up) of an executable cycling the copies to >= 384 calls, divided by its calls (a
 run's fixed dispatch cost, which dominated 5-30 us calls at 8-16 calls per executable, is then small).
 
-  JAX_PLATFORMS=cuda python -m ember.tools.bench_fp8_gemv [--m 1 8 16] [--shapes 6144x4096 ...]
+  JAX_PLATFORMS=cuda python -m ember.tools.dev.bench_fp8_gemv [--m 1 8 16] [--shapes 6144x4096 ...]
                                                           [--layouts chan block] [--runs 20] [--sweep]
 --sweep also times SWEEP (~30 candidate configs) per shape and layout at m = 1 and prints the best (what
 fp8_gemv.FP8_RULES should say); it adds ~30 compiles per shape and layout. --sweep words: SWEEP_WORDS only.
@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 
 from ember.compiler.ops.quant.fp8 import Fp8Weight, fp8_linear_xla, fp8_reference_matmul, quantize_fp8  # noqa: E402
 from ember.compiler.ops.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv, launch_plan, pick_fp8_config  # noqa: E402
-from ember.tools.bench_quant_matmul import replicate, start_run  # noqa: E402
+from ember.tools.dev.bench_quant_matmul import replicate, start_run  # noqa: E402
 from ember.tools.hbm_probe import median_run_seconds  # noqa: E402
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
@@ -75,7 +75,7 @@ SWEEP = (
     ]
 )
 # the 4-byte word loop (the one-row picks: 1.05-1.17x the byte loop at 28672x4096 / 4096x14336): its tiles.
-# Measured and dropped (tools/results/h200_fp8_gemv_words_69b267c.json): 2-3 tiles in flight in registers
+# Measured and dropped (docs/results/h200_fp8_gemv_words_69b267c.json): 2-3 tiles in flight in registers
 # and cp.async stages in shared memory, neither ahead of one register tile.
 SWEEP_WORDS = [
     _C(block_n=bn, block_k=bk, num_warps=w, words=True)

@@ -7,7 +7,7 @@ positions, real ones rarely do.
 The model it makes computes what the whole checkpoint's first `layers` blocks compute, followed by the final
 norm and the head restricted to ids below `vocab`; token ids at or above `vocab` cannot be fed to it.
 
-  python -m ember.tools.truncate_gguf MODEL.gguf --layers 1 --vocab 8192 --out small.gguf
+  python -m ember.tools.dev.truncate_gguf MODEL.gguf --layers 1 --vocab 8192 --out small.gguf
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-from .write_gguf import kept_merges
+from ..write_gguf import kept_merges
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 # tensors whose leading (row) dimension is the vocabulary

@@ -1,6 +1,6 @@
 """Time the rows GEMV kernels as a decode step runs them: inside a CUDA graph (run by hand on the GPU).
 
-Why this exists: tools/bench_quant_rows.py times one XLA executable of back-to-back calls, and outside a
+Why this exists: tools/dev/bench_quant_rows.py times one XLA executable of back-to-back calls, and outside a
 command buffer each Triton custom call costs ~10-15 us of dispatch (h200_launch_overhead*.json), more than
 most of these kernels run; an engine step is one CUDA graph launch, where only the kernel's own duration
 counts. Here each candidate is launched straight from Triton on torch tensors, `calls` launches (each on
@@ -9,8 +9,8 @@ CUDA graph, and a call's time = median graph replay / calls (CUDA events). Split
 with the fp32 partial sum after them (`sum` column: what XLA adds after the kernel in a plan); the best
 five again with fp32 activations (`x_f32`: what the kernel gains when the plan converts before it).
 
-  python tools/tune_gemv_graphs.py [--formats q4_k q6_k] [--shapes 17920x1536 ...] [--budget-s 420]
-  python tools/tune_gemv_graphs.py --variant dp4a --m 1 8   the integer-dot kernels (int8 activations,
+  python tools/dev/tune_gemv_graphs.py [--formats q4_k q6_k] [--shapes 17920x1536 ...] [--budget-s 420]
+  python tools/dev/tune_gemv_graphs.py --variant dp4a --m 1 8   the integer-dot kernels (int8 activations,
                                                             quantized before the graph: the kernel alone), with
                                                             the float rows kernel's pick at m = 1 as the baseline
 
@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 
 from ember.compiler.ops.quant.config import QuantMatmulConfig, pick_config  # noqa: E402
 from ember.compiler.ops.quant.matmul import launch_plan  # noqa: E402
-from ember.tools.bench_quant_matmul import DECODE_SHAPES, L2_FLUSH_BYTES, plane_shapes, random_weight  # noqa: E402
+from ember.tools.dev.bench_quant_matmul import DECODE_SHAPES, L2_FLUSH_BYTES, plane_shapes, random_weight  # noqa: E402
 
 WORDS_PER_UNIT = {"q4_k": 32, "q6_k": 64}  # u32 code words per (super-block, row), for register sizing
 

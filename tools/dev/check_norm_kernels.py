@@ -1,9 +1,9 @@
 """Check the RMSNorm kernels (compiler/ops/norm_gpu.py) without a GPU (needs only triton==3.6.0).
 
-  python -m ember.tools.check_norm_kernels interpret   run both kernels in Triton's CPU interpreter against
+  python -m ember.tools.dev.check_norm_kernels interpret   run both kernels in Triton's CPU interpreter against
                                                        norm.py's references: CASES; then norm_quant_gpu.py's
                                                        (the norms writing a GEMV's int8 activations too)
-The interpreter patches (numpy buffers, bf16 through fp32) are tools/check_quant_kernels.py's, plus fp32 -> bf16
+The interpreter patches (numpy buffers, bf16 through fp32) are tools/dev/check_quant_kernels.py's, plus fp32 -> bf16
 rounding to nearest even (the interpreter truncates; the GPU rounds), so the residual sum can be compared exactly.
 """
 
@@ -31,7 +31,7 @@ def patch_interpreter_rne() -> None:
     pool's writes), where the interpreter rounds ties away from zero and flushes small values: here to nearest
     even, saturating at +-448 as the GPU's cvt ... satfinite. Call before importing kernels."""
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
-    from ember.tools.check_quant_kernels import patch_interpreter
+    from ember.tools.dev.check_quant_kernels import patch_interpreter
 
     patch_interpreter()
     import ml_dtypes
@@ -64,7 +64,7 @@ def interpret() -> int:
 
     from ember.compiler.ops import norm
     from ember.compiler.ops.norm_gpu import add_rms_norm_kernel, launch_plan, rms_norm_kernel
-    from ember.tools.check_quant_kernels import HostBuffer
+    from ember.tools.dev.check_quant_kernels import HostBuffer
 
     failures = 0
     rng = np.random.default_rng(0)
@@ -112,8 +112,8 @@ def interpret_quantized() -> int:
     from ember.compiler.ops.norm_gpu import add_rms_norm_kernel, rms_norm_kernel
     from ember.compiler.ops.norm_quant_gpu import add_rms_norm_quant_kernel, launch_plan, rms_norm_quant_kernel
     from ember.compiler.ops.quant.act_quant import quantize_activations
-    from ember.tools.check_dp4a_kernels import activation_buffers, compare_activations
-    from ember.tools.check_quant_kernels import HostBuffer
+    from ember.tools.dev.check_dp4a_kernels import activation_buffers, compare_activations
+    from ember.tools.dev.check_quant_kernels import HostBuffer
 
     failures = 0
     rng = np.random.default_rng(1)

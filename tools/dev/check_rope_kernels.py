@@ -1,8 +1,8 @@
 """Check the RoPE + K/V write kernel (compiler/ops/attention_gpu/rope_write.py) without a GPU (triton==3.6.0).
 
-  python -m ember.tools.check_rope_kernels interpret   run it in Triton's CPU interpreter against rope.py's
+  python -m ember.tools.dev.check_rope_kernels interpret   run it in Triton's CPU interpreter against rope.py's
                                                        reference and attention.py's pool write: CASES
-Interpreter patches: tools/check_norm_kernels.py's (numpy buffers, bf16 through fp32, round to nearest even).
+Interpreter patches: tools/dev/check_norm_kernels.py's (numpy buffers, bf16 through fp32, round to nearest even).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ BLOCKS, BLOCK_SIZE = 6, 4
 
 
 def interpret() -> int:
-    from ember.tools.check_norm_kernels import patch_interpreter_rne
+    from ember.tools.dev.check_norm_kernels import patch_interpreter_rne
 
     patch_interpreter_rne()
     import jax.numpy as jnp
@@ -35,7 +35,7 @@ def interpret() -> int:
     from ember.compiler.ops.attention import _write
     from ember.compiler.ops.attention_gpu.rope_write import launch_plan, rope_write_kernel
     from ember.compiler.ops.rope import inv_frequencies, rope
-    from ember.tools.check_quant_kernels import HostBuffer
+    from ember.tools.dev.check_quant_kernels import HostBuffer
 
     failures = 0
     rng = np.random.default_rng(0)
@@ -87,7 +87,7 @@ def interpret() -> int:
 
 
 def main(argv: list[str]) -> int:
-    from ember.tools.check_norm_kernels import interpret_cli
+    from ember.tools.dev.check_norm_kernels import interpret_cli
 
     return interpret_cli(__doc__, interpret, argv)
 

@@ -7,9 +7,9 @@ marks the custom call `mosaic_gpu.uses_pdl`, so XLA may launch it before its pre
 Needs an NVIDIA GPU (Mosaic GPU does not lower without one); run under XLA_FLAGS to compare flag sets
 (XLA's own: --xla_gpu_enable_pdl, --xla_gpu_enable_pdl_launch).
 
-    JAX_PLATFORMS=cuda python -m ember.tools.probe_pdl [--out probe.json]
+    JAX_PLATFORMS=cuda python -m ember.tools.dev.probe_pdl [--out probe.json]
 
-Result on the H200 (tools/results/h200_pdl_probe_579a529.json): no measurable gain.
+Result on the H200 (docs/results/h200_pdl_probe_579a529.json): no measurable gain.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The rows-variant sweep of tools/bench_quant_matmul.py (`--rows-sweep`; run by hand on the GPU).
+"""The rows-variant sweep of tools/dev/bench_quant_matmul.py (`--rows-sweep`; run by hand on the GPU).
 
 For every (format, decode shape, m <= 4) case: the split kernel's default config, the rows default
 (config.py's ROWS_RULES) and rows_candidates() — row tiles 4..64, split-K 1..8, 1..4 super-blocks per
@@ -23,8 +23,15 @@ import numpy as np
 from ember.compiler.ops.quant import pick_config
 from ember.compiler.ops.quant.config import QuantMatmulConfig
 from ember.compiler.ops.quant.matmul import launch_plan
-from ember.tools import bench_quant_matmul as bench
-from ember.tools.bench_quant_matmul import DECODE_SHAPES, copies_for, kernel_fn, max_rel_err, random_weight, replicate
+from ember.tools.dev import bench_quant_matmul as bench
+from ember.tools.dev.bench_quant_matmul import (
+    DECODE_SHAPES,
+    copies_for,
+    kernel_fn,
+    max_rel_err,
+    random_weight,
+    replicate,
+)
 from ember.tools.hbm_probe import median_run_seconds
 
 

@@ -1,10 +1,10 @@
 """The GPU test suite's counts as a JSON record: per test file passed / failed / errors / skipped (from pytest's
 JUnit XML) and, per property test, the examples Hypothesis ran (from --hypothesis-show-statistics output).
 
-    python -m ember.tools.gpu_test_counts --junit gpu_suite.xml --log gpu_suite.log --commit <sha> \
-        --out tools/results/h200_gpu_suite_<sha>.json
+    python -m ember.tools.dev.gpu_test_counts --junit gpu_suite.xml --log gpu_suite.log --commit <sha> \
+        --out docs/results/h200_gpu_suite_<sha>.json
 
-`tools/h200_run.sh gpu-suite` writes both inputs on the H200; this runs anywhere (standard library only).
+`tools/dev/h200_run.sh gpu-suite` writes both inputs on the H200; this runs anywhere (standard library only).
 """
 
 from __future__ import annotations

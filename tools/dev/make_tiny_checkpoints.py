@@ -2,7 +2,7 @@
 
 Run in the torch environment (Python 3.11, torch CPU, transformers):
 
-    /work/venv311/bin/python tools/make_tiny_checkpoints.py [--out tests/fixtures/tiny] [--arch llama ...]
+    /work/venv311/bin/python tools/dev/make_tiny_checkpoints.py [--out tests/fixtures/tiny] [--arch llama ...]
 
 For each family it writes tests/fixtures/tiny/<arch>/ with config.json, model.safetensors,
 generation_config.json (from save_pretrained) and reference.npz:
@@ -36,7 +36,7 @@ import transformers
 PROMPT_LEN = 40
 DECODE_STEPS = 16
 WEIGHT_STD = 0.15  # large enough that logits are O(1..10), not a flat ~0 distribution
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "tiny"
 # A fixed zip timestamp: numpy's own savez stamps the wall clock, which breaks byte equality.
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)

@@ -2,7 +2,7 @@
 
 Run in the torch environment (Python 3.11, torch CPU, transformers, gguf):
 
-    /work/venv311/bin/python tools/make_real_model_references.py [--model NAME ...]
+    /work/venv311/bin/python tools/dev/make_real_model_references.py [--model NAME ...]
 
 transformers loads each GGUF itself (its gguf integration dequantizes every tensor to fp32,
 undoes llama.cpp's +1 on Gemma norm weights and maps names), together with the tokenizer
@@ -38,7 +38,7 @@ from make_tiny_checkpoints import write_npz_deterministic  # noqa: E402  (siblin
 
 TOP_K = 128
 GREEDY_NEW_TOKENS = 32
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "real"
 DEFAULT_MODELS_DIR = Path.home() / ".cache" / "ember" / "models"
 # Config fields worth recording so a reader can see what transformers made of the GGUF metadata.

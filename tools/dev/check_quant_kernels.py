@@ -1,13 +1,13 @@
 """Check the Triton quantized GEMV kernels without a GPU (needs only `pip install triton==3.6.0`).
 
-  python tools/check_quant_kernels.py interpret [q4_k ...]   run the kernels in Triton's CPU interpreter
+  python tools/dev/check_quant_kernels.py interpret [q4_k ...]   run the kernels in Triton's CPU interpreter
                                                             against the jnp reference (small shapes)
-  python tools/check_quant_kernels.py rows [q4_k ...]      the "rows" variant (triton_gemv*.py) in the
+  python tools/dev/check_quant_kernels.py rows [q4_k ...]      the "rows" variant (triton_gemv*.py) in the
                                                             interpreter: ROWS_CASES (m 1..4, split-K, masks)
-  python tools/check_quant_kernels.py compile-rows [q4_k ...]  compile the rows variant for sm_90 at the
+  python tools/dev/check_quant_kernels.py compile-rows [q4_k ...]  compile the rows variant for sm_90 at the
                                                             engine's decode shapes; registers and spills
                                                             from ptxas -v
-  python tools/check_quant_kernels.py compile [q4_k ...]    compile them for sm_90 (Triton's bundled
+  python tools/dev/check_quant_kernels.py compile [q4_k ...]    compile them for sm_90 (Triton's bundled
                                                             LLVM + ptxas) at the benchmark shapes
 
 The interpreter is patched here for two gaps of Triton 3.6 on a torch-less machine: arguments are
@@ -284,7 +284,7 @@ def rows_compile_configs(fmt: str) -> list[tuple[int, tuple[int, int], object]]:
     """(m, shape, config): config.py's rows pick for every decode shape the engine calls, m = 1 and 4, plus
     the sweep's largest-register candidates at the first shape."""
     from ember.compiler.ops.quant import QuantMatmulConfig, pick_config
-    from ember.tools.bench_quant_matmul import DECODE_SHAPES
+    from ember.tools.dev.bench_quant_matmul import DECODE_SHAPES
 
     cases = [(m, shape, pick_config(fmt, m, *shape)) for shape in DECODE_SHAPES[fmt] for m in (1, 4)]
     shape = DECODE_SHAPES[fmt][0]

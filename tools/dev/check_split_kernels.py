@@ -1,6 +1,6 @@
 """Check the q/k/v split kernel (compiler/ops/split_columns_gpu.py) without a GPU (needs only triton==3.6.0).
 
-python -m ember.tools.check_split_kernels interpret   run it in Triton's CPU interpreter against np.split on
+python -m ember.tools.dev.check_split_kernels interpret   run it in Triton's CPU interpreter against np.split on
                                                       CASES: every output bit-equal, nothing written past its end
 """
 
@@ -23,7 +23,7 @@ CASES = [
 
 def interpret() -> int:
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is decorated
-    from ember.tools.check_quant_kernels import HostBuffer, patch_interpreter
+    from ember.tools.dev.check_quant_kernels import HostBuffer, patch_interpreter
 
     patch_interpreter()
     import ml_dtypes

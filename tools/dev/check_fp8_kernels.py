@@ -1,13 +1,13 @@
 """Check the FP8 GEMV kernel (compiler/ops/quant/fp8_gemv.py) without a GPU (needs only triton==3.6.0), on FP8
 weights and on plain bf16 ones (compiler/ops/dense_gemv.py: DENSE_CASES).
 
-  python -m ember.tools.check_fp8_kernels interpret   run the kernel in Triton's CPU interpreter against the
+  python -m ember.tools.dev.check_fp8_kernels interpret   run the kernel in Triton's CPU interpreter against the
                                                       jnp path (fp8_linear_xla) and the float64 reference: CASES
-  python -m ember.tools.check_fp8_kernels compile     compile for sm_90 (Triton's bundled LLVM + ptxas) at the
+  python -m ember.tools.dev.check_fp8_kernels compile     compile for sm_90 (Triton's bundled LLVM + ptxas) at the
                                                       8B decode shapes with the picked configs; registers, spills
                                                       and the load / convert / mma instructions in the PTX
 
-The interpreter patches (numpy buffers instead of torch, bf16 through fp32) are tools/check_quant_kernels.py's.
+The interpreter patches (numpy buffers instead of torch, bf16 through fp32) are tools/dev/check_quant_kernels.py's.
 Its numpy buffers have no float8 type, so the fp8 bytes go in as uint8 and the kernel reinterprets them
 (W_BITCAST: `w.to(tl.float8e4nv, bitcast=True)`); on the GPU the float8_e4m3fn array is passed as it is.
 """
@@ -62,7 +62,7 @@ def _weight_buffers(w, Buffer) -> tuple:
 
 def interpret() -> int:
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is decorated
-    from ember.tools.check_quant_kernels import HostBuffer, patch_interpreter
+    from ember.tools.dev.check_quant_kernels import HostBuffer, patch_interpreter
 
     patch_interpreter()
     import jax.numpy as jnp
@@ -254,7 +254,7 @@ def _interpret_dense(rng, Buffer) -> int:
 
 def compile_all() -> int:
     from ember.compiler.ops.quant.fp8_gemv import fp8_gemv_kernel, launch_plan, pick_fp8_config
-    from ember.tools.check_quant_kernels import compile_sm90, ptxas_usage
+    from ember.tools.dev.check_quant_kernels import compile_sm90, ptxas_usage
 
     failures = 0
     for blocked in (False, True):

@@ -1,6 +1,6 @@
 """Check the Triton split-K decode attention kernels without a GPU (needs only triton==3.6.0).
 
-  python tools/check_attention_kernels.py interpret   run the kernels in Triton's CPU interpreter against the
+  python tools/dev/check_attention_kernels.py interpret   run the kernels in Triton's CPU interpreter against the
                                                       reference `_attend` (small ragged shapes, GQA 1/4/6/8,
                                                       dh 64/80/128, blocks of 16/32, windows, splits 1..8,
                                                       fp32 and bf16, FP8 (e4m3) pools under bf16 q; sliding
@@ -9,17 +9,17 @@
                                                       RoPE + K/V write + partials in one launch against
                                                       rope_write then the partials: pools bit for bit,
                                                       output to fp32 rounding)
-  python tools/check_attention_kernels.py combine-quant  only the combine writing int8 activations (interpreter)
-  python tools/check_attention_kernels.py compile     compile them for sm_90 (Triton's bundled LLVM + ptxas)
+  python tools/dev/check_attention_kernels.py combine-quant  only the combine writing int8 activations (interpreter)
+  python tools/dev/check_attention_kernels.py compile     compile them for sm_90 (Triton's bundled LLVM + ptxas)
                                                       at the model shapes (fp32 and bf16, blocks of 16/32),
-                                                      and every launch config tools/bench_attention.py
+                                                      and every launch config tools/dev/bench_attention.py
                                                       --sweep tries; prints shared memory, registers,
                                                       stack/local (spill) bytes, 16-byte cp.async, ld.v4 and
                                                       mma counts
 
-Run with the Triton venv: /work/venv-triton/bin/python tools/check_attention_kernels.py interpret
+Run with the Triton venv: /work/venv-triton/bin/python tools/dev/check_attention_kernels.py interpret
 (134 checks, ~2 minutes on 2 cores; compile: 50 kernels, ~1 minute).
-The interpreter patches (numpy buffers, bf16) are tools/check_quant_kernels.py's.
+The interpreter patches (numpy buffers, bf16) are tools/dev/check_quant_kernels.py's.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ COMPILE_HEADS = {
 
 
 def _buffer(array: np.ndarray):
-    from ember.tools.check_quant_kernels import HostBuffer
+    from ember.tools.dev.check_quant_kernels import HostBuffer
 
     return HostBuffer(array)
 
@@ -180,7 +180,7 @@ def _check_combine_quant(case: dict, order: str, splits: int = 5) -> tuple[bool,
     from ember.compiler.ops.attention_gpu.decode import combine_meta, decode_launch_plan
     from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
     from ember.compiler.ops.quant.act_quant import quantize_activations
-    from ember.tools.check_dp4a_kernels import activation_buffers, compare_activations
+    from ember.tools.dev.check_dp4a_kernels import activation_buffers, compare_activations
 
     dtype = ml_dtypes.bfloat16
     q = case["q"].astype(dtype)
@@ -330,7 +330,7 @@ def _check_rope_partials(case: dict, style: str, dtype, splits: int) -> tuple[bo
 
 def interpret() -> int:
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
-    from ember.tools.check_quant_kernels import patch_interpreter
+    from ember.tools.dev.check_quant_kernels import patch_interpreter
 
     patch_interpreter()
     import ml_dtypes
@@ -441,7 +441,7 @@ def _resource_usage(cubin: bytes) -> str:
 
 def compile_all() -> int:
     from ember.compiler.ops.attention_gpu.decode import DecodeAttentionConfig
-    from ember.tools.bench_attention import SWEEP_CONFIGS
+    from ember.tools.dev.bench_attention import SWEEP_CONFIGS
 
     failures = 0
     for model, heads in COMPILE_HEADS.items():  # the default launch config at every shape and dtype
@@ -451,7 +451,7 @@ def compile_all() -> int:
                     if kind in ("combine_quant", "rope_partials") and (dtype != "bf16" or heads[2] & (heads[2] - 1)):
                         continue  # bf16 rows of power-of-two heads (the int8 activations; RoPE's pairs)
                     failures += _compile_one(model, heads, dtype, block_size, kind, DecodeAttentionConfig())
-    for config in SWEEP_CONFIGS:  # what tools/bench_attention.py --sweep launches
+    for config in SWEEP_CONFIGS:  # what tools/dev/bench_attention.py --sweep launches
         failures += _compile_one("qwen2.5-1.5b", COMPILE_HEADS["qwen2.5-1.5b"], "bf16", 16, "partials", config)
     return 1 if failures else 0
 
@@ -459,7 +459,7 @@ def compile_all() -> int:
 def _compile_one(model: str, heads: tuple[int, int, int], dtype: str, block_size: int, kind: str, config) -> int:
     from ember.compiler.ops.attention_gpu.decode import combine_meta, decode_launch_plan
     from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
-    from ember.tools.check_quant_kernels import compile_sm90
+    from ember.tools.dev.check_quant_kernels import compile_sm90
 
     hq, hkv, dh = heads
     plan = decode_launch_plan(
@@ -515,7 +515,7 @@ def main(argv: list[str]) -> int:
         return 2
     if argv[0] == "combine-quant":  # only the combine that writes int8 activations (e.g. EMBER_ACT_TERMS=2)
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
-        from ember.tools.check_quant_kernels import patch_interpreter
+        from ember.tools.dev.check_quant_kernels import patch_interpreter
 
         patch_interpreter()
         return 1 if interpret_combine_quant()[0] else 0

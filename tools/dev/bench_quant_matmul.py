@@ -16,9 +16,9 @@ partly L2-resident). A call's time is the median run (of >= 20, after warm-up) d
 so the tens of microseconds of dispatch per executable are spread over >= 16 calls (`calls` in the
 JSON).
 
-  python tools/bench_quant_matmul.py [--formats q4_k ...] [--shapes 1536x1536 ...] [--m 1 16]
+  python tools/dev/bench_quant_matmul.py [--formats q4_k ...] [--shapes 1536x1536 ...] [--m 1 16]
                                      [--sweep] [--rows] [--runs 25]
-  python tools/bench_quant_matmul.py --rows-sweep --formats q4_k q6_k --m 1 4 [--budget-s 600]
+  python tools/dev/bench_quant_matmul.py --rows-sweep --formats q4_k q6_k --m 1 4 [--budget-s 600]
 --rows-sweep times only the rows variant's candidates (rows_candidates(): ~10-20 per case) beside the
 split kernel's default and the rows default (config.py's tables) for every decode shape the engine
 calls (DECODE_SHAPES), at most --sweep-max-calls weight copies per executable (64: only the 0.3 MB
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir, bandwidth, result = start_run(args.runs, "so HBM reads, not L2")
     result["backend"] = BACKEND
     if args.rows_sweep:
-        from ember.tools.bench_quant_rows import run_rows_sweep  # (it imports this module's helpers)
+        from ember.tools.dev.bench_quant_rows import run_rows_sweep  # (it imports this module's helpers)
 
         run_rows_sweep(args, bandwidth, result, out_dir)
         (out_dir / "quant_matmul.json").write_text(json.dumps(result, indent=1))

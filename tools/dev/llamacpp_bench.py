@@ -2,7 +2,7 @@
 device machine; the issue's peer figures come from this kind of run).
 
 1. builds llama-bench and llama-batched-bench from llama.cpp's source (a folder or a .tar.xz; the PyPI sdist
-   of llama-cpp-python 0.3.36 vendors it; tools/trim_llamacpp_source.sh trims it to ~2 MB),
+   of llama-cpp-python 0.3.36 vendors it; tools/dev/trim_llamacpp_source.sh trims it to ~2 MB),
    with CUDA for sm_90 when nvcc is on PATH, else for the CPU;
 2. writes each model as a GGUF file with tools/write_gguf.py (`synthetic:<shape>[-q4_k_m]`: the tensors,
    shapes and llama.cpp quantization types Ember's benchmark suite loads);
@@ -11,7 +11,7 @@ device machine; the issue's peer figures come from this kind of run).
    with flash attention and every layer on the GPU;
 4. writes llamacpp.json (raw records + the figures) and llamacpp.md.
 
-  python -m ember.tools.llamacpp_bench --src .whl/llama.cpp-trimmed.tar.xz --tokenizer .gpu/tok \
+  python -m ember.tools.dev.llamacpp_bench --src .whl/llama.cpp-trimmed.tar.xz --tokenizer .gpu/tok \
       --models synthetic:llama3-8b synthetic:qwen2.5-1.5b-q4_k_m --out $OUT/llamacpp --commit SHA
 """
 
@@ -181,7 +181,7 @@ def markdown(result: dict) -> str:
 
 def gguf_file(name: str, work: Path, tokenizer: Path) -> tuple[Path, int]:
     """(path, bytes) of the synthetic model `name` as a GGUF file under `work`, written unless already there."""
-    from .write_gguf import synthetic_checkpoint, write_gguf
+    from ..write_gguf import synthetic_checkpoint, write_gguf
 
     path = work / (name.replace(":", "_") + ".gguf")
     if not path.exists():

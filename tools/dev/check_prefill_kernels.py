@@ -1,16 +1,16 @@
 """Check and measure the prefill (chunk) attention kernel (compiler/ops/attention_gpu/prefill_kernel.py).
 
-  python tools/check_prefill_kernels.py interpret        run the kernel in Triton's CPU interpreter against the
+  python tools/dev/check_prefill_kernels.py interpret        run the kernel in Triton's CPU interpreter against the
                                                         jnp reference (`attention._attend`) at small shapes
-  python tools/check_prefill_kernels.py compile          compile it for sm_90 (Triton's bundled LLVM + ptxas),
+  python tools/dev/check_prefill_kernels.py compile          compile it for sm_90 (Triton's bundled LLVM + ptxas),
                                                         no GPU needed: every dtype / head_dim / page / split kind
-  python tools/check_prefill_kernels.py bench [--sweep]  on the GPU: µs per call and TFLOP/s of the kernel vs the
+  python tools/dev/check_prefill_kernels.py bench [--sweep]  on the GPU: µs per call and TFLOP/s of the kernel vs the
                                                         reference at chunk 512 / 4096, prefix 0 / 12k, for
                                                         hq/hkv/dh 12/2/128 and 32/8/128; JSON on stdout
                                                         (--sweep: also every candidate launch config)
 
 The interpreter and compile modes need only triton (/work/venv-triton); bench needs jax on CUDA + jax-triton:
-  JAX_PLATFORMS=cuda python tools/check_prefill_kernels.py bench --sweep > prefill_bench.json
+  JAX_PLATFORMS=cuda python tools/dev/check_prefill_kernels.py bench --sweep > prefill_bench.json
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ember.tools.check_quant_kernels import HostBuffer, compile_sm90, patch_interpreter
+from ember.tools.dev.check_quant_kernels import HostBuffer, compile_sm90, patch_interpreter
 
 
 class IntBuffer(HostBuffer):
@@ -312,7 +312,7 @@ def main(argv: list[str]) -> int:
         return interpret()
     if argv[0] == "compile":
         return compile_all()
-    from ember.tools.bench_prefill_attention import bench
+    from ember.tools.dev.bench_prefill_attention import bench
 
     print(json.dumps(bench(sweep="--sweep" in argv[1:]), indent=1))
     return 0

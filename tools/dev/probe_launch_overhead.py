@@ -9,10 +9,10 @@ custom call, `xla_triton_*` as a native XLA kernel (XLA's Triton pipeline, the d
   xla_copy      XLA reading and scaling the same `--copy-mb` MB per call
 The difference between a kernel's measured time and its bytes / bandwidth is the fixed cost a small
 decode projection pays. Each is timed twice: the executable returning one array per call (as
-tools/bench_quant_matmul.py does), and returning one small stacked array (`_single_output`), which
+tools/dev/bench_quant_matmul.py does), and returning one small stacked array (`_single_output`), which
 separates per-output host bookkeeping from the GPU's own per-kernel cost. Prints JSON (and writes $OUT/launch_overhead.json).
 
-  python tools/probe_launch_overhead.py [--calls 64] [--copy-mb 1] [--runs 30]
+  python tools/dev/probe_launch_overhead.py [--calls 64] [--copy-mb 1] [--runs 30]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Run in the Python 3.11 env that has torch and transformers (Ember's own env has neither):
 
-    /work/venv311/bin/python tools/make_tokenizer_fixtures.py [--models-dir DIR] [--out DIR]
+    /work/venv311/bin/python tools/dev/make_tokenizer_fixtures.py [--models-dir DIR] [--out DIR]
 
 For each model it loads HF's reference tokenizer straight from the GGUF file
 (`AutoTokenizer.from_pretrained(folder, gguf_file=name)`), encodes a corpus of awkward text
@@ -27,7 +27,7 @@ import tokenizers
 import transformers
 from transformers import AutoTokenizer
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FIXTURE_DIR = REPO / "tests" / "fixtures" / "tokenizer"
 
 # fixture name -> the GGUF file name Ember's known_models assembles under <cache>/models/.
@@ -260,7 +260,7 @@ def fixture_for(model: str, gguf_name: str, models_dir: Path) -> dict:
                 "the tokenizer HF builds from the GGUF metadata"
             ),
             "chat_template_origin": origin,
-            "generated_by": "tools/make_tokenizer_fixtures.py",
+            "generated_by": "tools/dev/make_tokenizer_fixtures.py",
         },
         "special": {
             "bos_token": tok.bos_token,
@@ -449,7 +449,7 @@ def synthetic_fixture() -> dict:
                 "convert_gguf_tokenizer(architecture, <the metadata's tokenizer keys>), the converter "
                 "AutoTokenizer uses for GGUF files, without its BOS/EOS post-processing"
             ),
-            "generated_by": "tools/make_tokenizer_fixtures.py",
+            "generated_by": "tools/dev/make_tokenizer_fixtures.py",
         },
         "cases": cases,
     }

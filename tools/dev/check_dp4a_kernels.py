@@ -1,11 +1,11 @@
 """Check the integer-dot Q4_K / Q6_K GEMV (compiler/ops/quant/triton_gemv_dp4a.py) without a GPU.
 
-  python tools/check_dp4a_kernels.py interpret   Triton's CPU interpreter (dp4a emulated with shifts and
+  python tools/dev/check_dp4a_kernels.py interpret   Triton's CPU interpreter (dp4a emulated with shifts and
                                                  multiplies, ASM=False) against act_quant.dp4a_matmul_ref (the
                                                  GEMV, and its parts kernel writing q / k / v apart with their
                                                  bias), and the activation quantizer (triton_act_quant.py)
                                                  against jnp
-  python tools/check_dp4a_kernels.py compile     compile for sm_90 at the engine's Q4_K decode shapes
+  python tools/dev/check_dp4a_kernels.py compile     compile for sm_90 at the engine's Q4_K decode shapes
                                                  (ASM=True): registers, spills, dp4a count from ptxas -v / PTX
 Both for Q4_K and Q6_K (the format decides the activation packing and the kernel's Q6 constexpr).
 """
@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 from ember.compiler.ops.quant.act_quant import FACTORS
-from ember.tools.check_quant_kernels import PLANE_TYPES, HostBuffer, compile_sm90, patch_interpreter, ptxas_usage
+from ember.tools.dev.check_quant_kernels import PLANE_TYPES, HostBuffer, compile_sm90, patch_interpreter, ptxas_usage
 
 # (out, in), (block_n, split_k, sb_per_step, prefetch), activation rows. Together: R = 1..8 and two groups
 # (m = 11: 2 x 6, one padding row), split-K with a short last split, masked row tiles (out not a multiple
@@ -210,7 +210,7 @@ def interpret_pair() -> int:
 def activation_buffers(m: int, k: int):
     """Host buffers for x [m, k]'s int8 activations as the producers write them (act_quant.packed_shapes)."""
     from ember.compiler.ops.quant.act_quant import packed_shapes
-    from ember.tools.check_quant_kernels import HostBuffer
+    from ember.tools.dev.check_quant_kernels import HostBuffer
 
     qa, da = packed_shapes(m, k)
     return HostBuffer(np.zeros(qa.shape, np.int32)), HostBuffer(np.full(da.shape, np.nan, np.float32))
@@ -309,7 +309,7 @@ def interpret_quantize_gated() -> int:
 def compile_all() -> int:
     from ember.compiler.ops.quant import launch_plan, pick_config
     from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_gemv_kernel
-    from ember.tools.bench_quant_matmul import DECODE_SHAPES
+    from ember.tools.dev.bench_quant_matmul import DECODE_SHAPES
 
     failures = 0
     for fmt in ("q4_k", "q6_k"):

@@ -4,7 +4,7 @@ Random weights sample arbitrary ids, so a benchmark only needs a tokenizer that 
 largest synthetic vocabulary (Qwen2.5's 151,936 rows; Llama-3's 128,256): a word-level vocabulary
 `<t0> … <tN>` plus an end-of-sequence token. No real model's vocabulary is needed, nor any download.
 
-    python -m ember.tools.make_bench_tokenizer .gpu/tok
+    python -m ember.tools.dev.make_bench_tokenizer .gpu/tok
 """
 
 from __future__ import annotations

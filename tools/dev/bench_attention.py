@@ -1,7 +1,7 @@
 """Micro-benchmark: the split-K Triton decode attention kernel vs the reference decode path, on the GPU.
 
-  JAX_PLATFORMS=cuda python tools/bench_attention.py > tools/results/h200_decode_attention.json
-  JAX_PLATFORMS=cuda python tools/bench_attention.py --sweep --batches 1,32 --contexts 4096,32768
+  JAX_PLATFORMS=cuda python tools/dev/bench_attention.py > docs/results/h200_decode_attention.json
+  JAX_PLATFORMS=cuda python tools/dev/bench_attention.py --sweep --batches 1,32 --contexts 4096,32768
 
 Cases: the Qwen2.5-1.5B (hq 12, hkv 2, dh 128) and Llama-3-8B (32/8/128) head shapes, B decode rows all at
 context `ctx`, scattered blocks, bf16 pool. The table is ctx / block_size wide (the reference's cost follows
