@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .reasoning import ReasoningParser
-from .tool_stream import StreamingToolParser, openai_deltas, parse_tool_calls
+from .tool_parse import parse_tool_calls
+from .tool_stream import StreamingToolParser, openai_deltas
 from .tools import ToolSpec, openai_tool_calls
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import openapi_ember_schemas as ember
+from . import openapi_responses_schemas as responses
 from . import openapi_schemas as s
 
 # Which error statuses each kind of route can answer (401 only matters when the server has an API key).
@@ -43,13 +45,13 @@ def openapi_document(service) -> dict:
         "ChatCompletion": s.chat_completion(),
         "CompletionRequest": s.completion_request(model, vocab, context),
         "Completion": s.completion(),
-        "ResponseRequest": s.responses_request(model, context),
-        "Response": s.response_object(),
+        "ResponseRequest": responses.responses_request(model, context),
+        "Response": responses.response_object(),
         "Model": s.model_card(),
-        "TokenizeRequest": s.tokenize_request(model),
-        "DetokenizeRequest": s.detokenize_request(model, vocab),
-        "ScoreRequest": s.score_request(model, vocab),
-        "Score": s.score_response(),
+        "TokenizeRequest": ember.tokenize_request(model),
+        "DetokenizeRequest": ember.detokenize_request(model, vocab),
+        "ScoreRequest": ember.score_request(model, vocab),
+        "Score": ember.score_response(),
     }
     doc: dict[str, Any] = {
         "openapi": "3.1.0",

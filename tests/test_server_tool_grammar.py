@@ -16,7 +16,7 @@ from ember.runtime.loader.chat_template import ChatTemplate
 from ember.server.tool_fences import parse_call_body
 from ember.server.tool_grammar import tool_call_grammar
 from ember.server.tool_messages import anthropic_messages_to_openai, messages_for_template
-from ember.server.tool_stream import parse_tool_calls
+from ember.server.tool_parse import parse_tool_calls
 from ember.server.tools import ToolCall, ToolChoice, ToolError, parse_openai_tools
 
 WEATHER = {

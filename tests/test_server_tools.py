@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ember.server.chat_output import chat_finish_reason, parse_chat_output
+from ember.server.tool_parse import parse_tool_calls
 from ember.server.tool_stream import (
     ContentDelta,
     StreamingToolParser,
@@ -22,7 +23,6 @@ from ember.server.tool_stream import (
     anthropic_input_json_delta,
     anthropic_tool_use_start,
     openai_deltas,
-    parse_tool_calls,
 )
 from ember.server.tools import (
     ToolChoice,
