@@ -1,4 +1,4 @@
-"""Several decode steps per device call (runtime/lookahead.py): the same tokens and logprobs as one step
+"""Several decode steps per device call (runtime/scheduling/lookahead.py): the same tokens and logprobs as one step
 per call, requests that stop inside a call end there, and every KV block comes back."""
 
 import numpy as np
@@ -6,11 +6,11 @@ import pytest
 from fixture_data import tiny_fixture
 from test_engine import ByteTokenizer, _tokens
 
-from ember.runtime.engine import Engine, EngineConfig
-from ember.runtime.lookahead import lookahead_steps, row_can_run_ahead
-from ember.runtime.model import load_model
-from ember.runtime.sampling_params import RowState, SamplingParams
-from ember.runtime.step_plan import DecodeRow, PrefillChunk, StepPlan
+from ember.runtime.engine.engine import Engine, EngineConfig
+from ember.runtime.loading.model import load_model
+from ember.runtime.sampling.params import RowState, SamplingParams
+from ember.runtime.scheduling.lookahead import lookahead_steps, row_can_run_ahead
+from ember.runtime.scheduling.scheduled_step import DecodeRow, PrefillChunk, StepPlan
 
 STEPS = 4
 

@@ -15,12 +15,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from ember.runtime.kv import BlockPool
-from ember.runtime.kv_cache import KVCache
-from ember.runtime.requests import Request, RequestStatus
-from ember.runtime.scheduler import QueueFullError, RequestTooLongError, Scheduler, StepPlan
-from ember.runtime.state_kinds import window_pool_blocks
-from ember.runtime.step_inputs import PrefillShapes
+from ember.runtime.execution.step_inputs import PrefillShapes
+from ember.runtime.scheduling.requests import Request, RequestStatus
+from ember.runtime.scheduling.scheduler import QueueFullError, RequestTooLongError, Scheduler, StepPlan
+from ember.runtime.state.block_pool import BlockPool
+from ember.runtime.state.kinds import window_pool_blocks
+from ember.runtime.state.kv_cache import KVCache
 
 VOCAB = 64
 STOP = 0

@@ -1,0 +1,172 @@
+"""Turn a scheduler StepPlan into the padded, static-shape StepBatch a plan bucket runs.
+
+Shapes are bucketed so few plans are compiled: decode rows B to a decode bucket; the prefill chunks to
+P segments (a segment bucket >= the chunk count) of L tokens (a prefill bucket >= the longest chunk), C =
+P * L; logit rows to B + P. Block tables have one width per engine (its longest possible context), and
+slots and tables one row per paged KV state kind (K). Padding rows write to block 0 (reserved) of every
+kind and read only block 0; their logits are never used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...compiler.batch import StepBatch
+from ..scheduling.scheduled_step import StepPlan
+
+
+def bucket(n: int, buckets: tuple[int, ...]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+@dataclass(frozen=True)
+class StepShape:
+    decode_rows: int  # B (padded)
+    prefill_tokens: int  # C = P * L (padded), 0 when the step has no chunk
+    table_blocks: int  # width of every block table
+    num_kinds: int = 1  # K: paged KV state kinds (one block table and slot per kind)
+    segments: int = 1  # P: prefill chunks of C / P tokens each
+
+    @property
+    def segment_tokens(self) -> int:  # L
+        return self.prefill_tokens // self.segments
+
+    @property
+    def logit_rows(self) -> int:
+        # a row per decode row and per chunk that may complete; a decode-only step has no chunk (a padding
+        # row there would double the LM head's activation rows at batch 1: 2 rows take a slower GEMV)
+        return self.decode_rows + (self.segments if self.prefill_tokens else 0)
+
+
+@dataclass(frozen=True)
+class PrefillShapes:
+    """Which chunk layouts a target compiles: `buckets` (L, tokens per segment) for one chunk, and for
+    several chunks in one step `segments` (P > 1, ascending) of L <= `segment_max_tokens` with P * L at
+    most the largest bucket (a step with many chunks costs no more than one long chunk)."""
+
+    buckets: tuple[int, ...]
+    segments: tuple[int, ...] = (1,)
+    segment_max_tokens: int = 512
+
+    @property
+    def max_segments(self) -> int:
+        return max(self.segments)
+
+    def layout(self, count: int, longest: int) -> tuple[int, int] | None:
+        """(P, L) of `count` chunks, the longest of `longest` tokens; None when no compiled layout holds them."""
+        if count <= 1:
+            return (1, bucket(longest, self.buckets)) if longest <= self.buckets[-1] else None
+        if count > self.max_segments or longest > self.segment_max_tokens:
+            return None
+        p, length = bucket(count, self.segments), bucket(longest, self.buckets)
+        return (p, length) if p * length <= self.buckets[-1] else None
+
+    def fits(self, count: int, longest: int) -> bool:
+        """Whether `count` chunks, the longest of `longest` tokens, have a layout."""
+        return self.layout(count, longest) is not None
+
+    def layouts(self) -> list[tuple[int, int]]:
+        """Every (P, L) a step may take."""
+        out = [(1, c) for c in self.buckets]
+        out += [
+            (p, c)
+            for p in self.segments
+            if p > 1
+            for c in self.buckets
+            if c <= self.segment_max_tokens and p * c <= self.buckets[-1]
+        ]
+        return out
+
+
+def step_shape(
+    plan: StepPlan, decode_buckets: tuple[int, ...], prefill: PrefillShapes, table_blocks: int
+) -> StepShape:  # K follows the plan
+    """Decode-only and prefill-only steps take their smallest bucket; a mixed step pads its decode rows
+    to the largest decode bucket, so mixed shapes number one per prefill layout (few plans to compile)."""
+    p, length = 1, 0
+    if plan.prefills:
+        count, longest = len(plan.prefills), max(ch.num_tokens for ch in plan.prefills)
+        layout = prefill.layout(count, longest)
+        if layout is None:
+            raise ValueError(f"{count} prefill chunks of up to {longest} tokens have no compiled layout")
+        p, length = layout
+    c = p * length
+    if not plan.num_decode:
+        b = 0
+    elif c:
+        b = decode_buckets[-1]
+    else:
+        b = bucket(plan.num_decode, decode_buckets)
+    return StepShape(b, c, table_blocks, plan.num_kinds, p)
+
+
+def all_step_shapes(
+    decode_buckets: tuple[int, ...], prefill: PrefillShapes, table_blocks: int, num_kinds: int = 1
+) -> list[StepShape]:
+    """Every shape step_shape can return: decode-only, prefill-only and mixed steps."""
+    shapes = [StepShape(b, 0, table_blocks, num_kinds) for b in decode_buckets]
+    shapes += [
+        StepShape(b, p * c, table_blocks, num_kinds, p) for p, c in prefill.layouts() for b in (0, decode_buckets[-1])
+    ]
+    return shapes
+
+
+def padding_batch(shape: StepShape) -> StepBatch:
+    """A batch of only padding rows (writes go to block 0): runs a shape once to compile it."""
+    n, k = shape.decode_rows + shape.prefill_tokens, shape.num_kinds
+    zeros = np.zeros(n, np.int32)
+    return StepBatch(
+        tokens=zeros,
+        positions=zeros,
+        slots=np.zeros((k, n), np.int32),
+        dec_block_tables=np.zeros((k, shape.decode_rows, shape.table_blocks), np.int32),
+        dec_ctx_lens=np.ones(shape.decode_rows, np.int32),
+        pre_block_table=np.zeros((k, shape.segments, shape.table_blocks), np.int32),
+        logit_rows=np.zeros(shape.logit_rows, np.int32),
+    )
+
+
+def build_step_batch(plan: StepPlan, shape: StepShape) -> StepBatch:
+    """numpy StepBatch for `plan` padded to `shape` (the caller moves it to the device): decode rows at
+    [0, B), chunk s at [B + s * L, B + s * L + its tokens), padding (token 0, position 0, slot 0) elsewhere."""
+    b_real, b, k = plan.num_decode, shape.decode_rows, shape.num_kinds
+    if plan.num_kinds != k:
+        raise ValueError(f"the plan has {plan.num_kinds} KV state kinds, the shape {k}")
+    if len(plan.prefills) > shape.segments or any(ch.num_tokens > shape.segment_tokens for ch in plan.prefills):
+        raise ValueError(f"the plan's chunks do not fit the shape's {shape.segments} x {shape.segment_tokens}")
+    n = b + shape.prefill_tokens
+    tokens, positions, slots = np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros((k, n), np.int32)
+    tokens[:b_real], positions[:b_real] = plan.decode_token_ids(), plan.decode_positions()
+    if b_real:
+        slots[:, :b_real] = plan.decode_slots()
+    logit_rows = np.zeros(shape.logit_rows, np.int32)
+    logit_rows[:b_real] = np.arange(b_real)
+    completed = b_real
+    for s, chunk in enumerate(plan.prefills):
+        lo = b + s * shape.segment_tokens
+        hi = lo + chunk.num_tokens
+        tokens[lo:hi] = chunk.token_ids
+        positions[lo:hi] = np.arange(chunk.start, chunk.end)
+        slots[:, lo:hi] = np.asarray(chunk.slots, np.int32).reshape(chunk.num_tokens, k).T
+        if chunk.completes:
+            logit_rows[completed] = hi - 1
+            completed += 1
+    tables = np.zeros((k, b, shape.table_blocks), np.int32)
+    if b_real:
+        tables[:, :b_real] = plan.decode_block_tables(shape.table_blocks)
+    ctx = np.ones(b, np.int32)
+    ctx[:b_real] = plan.decode_context_lens()
+    return StepBatch(
+        tokens=tokens,
+        positions=positions,
+        slots=slots,
+        dec_block_tables=tables,
+        dec_ctx_lens=ctx,
+        pre_block_table=plan.prefill_block_tables(shape.segments, shape.table_blocks),
+        logit_rows=logit_rows,
+    )
