@@ -24,7 +24,7 @@ from ..runtime.loading.model import Model, load_model
 from ..runtime.loading.text.chat_template import ChatTemplate, ChatTemplateError
 from ..runtime.loading.text.prompting import end_of_generation_ids, load_tokenizer
 from ..runtime.sampling.params import SamplingParams
-from ..runtime.scheduling.scheduler import QueueFullError
+from ..runtime.scheduling.requests import QueueFullError
 from .config import ServeConfig
 from .errors import ApiError, bad_request
 from .metrics import ServerMetrics

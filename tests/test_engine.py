@@ -9,7 +9,7 @@ from ember.runtime.engine.engine import Engine, EngineConfig
 from ember.runtime.execution.sequence_runner import SequenceRunner
 from ember.runtime.loading.model import load_model
 from ember.runtime.sampling.params import SamplingParams
-from ember.runtime.scheduling.scheduler import QueueFullError
+from ember.runtime.scheduling.requests import QueueFullError
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 

@@ -10,7 +10,7 @@ from ember.runtime.engine.engine import Engine, EngineConfig
 from ember.runtime.loading.model import load_model
 from ember.runtime.sampling.params import RowState, SamplingParams
 from ember.runtime.scheduling.lookahead import lookahead_steps, row_can_run_ahead
-from ember.runtime.scheduling.scheduled_step import DecodeRow, PrefillChunk, StepPlan
+from ember.runtime.scheduling.scheduled_step import DecodeRow, PrefillChunk, ScheduledStep
 
 STEPS = 4
 
@@ -78,7 +78,7 @@ def test_requests_ending_one_step_apart_still_run_ahead(qwen3):
 
 
 def test_slots_past_a_table_write_block_zero():
-    plan = StepPlan((DecodeRow("a", 3, 14, (5 * 8 + 6,)),), (), {"a": ((4, 5),)})
+    plan = ScheduledStep((DecodeRow("a", 3, 14, (5 * 8 + 6,)),), (), {"a": ((4, 5),)})
     slots = plan.decode_slots_ahead(4, 8)  # positions 14, 15 in block 5; 16, 17 past the table
     assert slots[:, 0, 0].tolist() == [5 * 8 + 6, 5 * 8 + 7, 0, 1]
 
@@ -100,12 +100,12 @@ def _row(**params) -> RowState:
 
 
 def test_what_may_run_ahead():
-    decode = StepPlan((DecodeRow("a", 3, 2, (34,)),), (), {"a": ((2,),)})
+    decode = ScheduledStep((DecodeRow("a", 3, 2, (34,)),), (), {"a": ((2,),)})
     plain = _row(temperature=0.0)
     assert lookahead_steps(decode, [plain], steps=8, waiting=0) == 8
     assert lookahead_steps(decode, [plain], steps=8, waiting=1) == 1  # someone waits to be admitted
     assert lookahead_steps(decode, [plain], steps=1, waiting=0) == 1
-    chunk = StepPlan((), (PrefillChunk("b", 0, (1, 2), ((33,), (34,)), True),), {"b": ((2,),)})
+    chunk = ScheduledStep((), (PrefillChunk("b", 0, (1, 2), ((33,), (34,)), True),), {"b": ((2,),)})
     assert lookahead_steps(chunk, [plain], steps=8, waiting=0) == 1
     for blocked in (
         dict(repetition_penalty=1.1),

@@ -21,7 +21,7 @@ from ember.runtime.engine.engine import Engine, EngineConfig
 from ember.runtime.execution.step_inputs import PrefillShapes, StepShape, all_step_shapes, build_step_batch, step_shape
 from ember.runtime.loading.model import load_model
 from ember.runtime.sampling.params import SamplingParams
-from ember.runtime.scheduling.scheduled_step import DecodeRow, PrefillChunk, StepPlan
+from ember.runtime.scheduling.scheduled_step import DecodeRow, PrefillChunk, ScheduledStep
 
 BS = 4  # tokens per KV block
 
@@ -43,7 +43,7 @@ def test_prefill_shapes_bound_a_step_by_the_largest_bucket():
 
 def test_step_batch_lays_each_chunk_out_in_its_own_segment():
     tables = {"d": ((1, 2),), "a": ((3, 4),), "b": ((5,),), "c": ((6, 7, 8),)}
-    plan = StepPlan(
+    plan = ScheduledStep(
         decodes=(DecodeRow("d", 9, 5, (2 * BS + 1,)),),
         prefills=(
             _chunk("a", 0, 6, tables["a"][0]),

@@ -1,4 +1,4 @@
-"""Runs a scheduler StepPlan on the device: pads it to a compiled shape, runs forward + sampling.
+"""Runs a scheduler ScheduledStep on the device: pads it to a compiled shape, runs forward + sampling.
 
 Default mode runs the whole plan as one step of the smallest bucket that fits. Deterministic mode
 runs every step in tiles of one fixed shape (DECODE_TILE rows + PREFILL_TILE tokens) through the
@@ -20,7 +20,7 @@ from ...compiler.targets import get_target
 from ..engine.config import kv_dtype
 from ..loading.model import Model
 from ..sampling.params import RowState
-from ..scheduling.scheduler import PrefillChunk, StepPlan
+from ..scheduling.scheduled_step import PrefillChunk, ScheduledStep
 from ..state.kinds import engine_pool_blocks
 from .engine_step import (
     carry_from_step,
@@ -115,7 +115,7 @@ class StepExecutor:
             bar.close()
         return time.perf_counter() - start
 
-    def run(self, plan: StepPlan, rows: list[RowState]) -> dict[str, Sampled]:
+    def run(self, plan: ScheduledStep, rows: list[RowState]) -> dict[str, Sampled]:
         row_of = dict(zip(plan.logit_request_ids, rows))
         if not self.deterministic:
             shape = step_shape(plan, self.decode_buckets, self.prefill, self.table_blocks)
@@ -127,13 +127,13 @@ class StepExecutor:
             results.update(self._sampled(tile, self._run(build_step_batch(tile, shape), tile_rows, shape)))
         return results
 
-    def run_ahead(self, plan: StepPlan, rows: list[RowState]) -> list[dict[str, Sampled]]:
+    def run_ahead(self, plan: ScheduledStep, rows: list[RowState]) -> list[dict[str, Sampled]]:
         """A decode-only plan extended by Scheduler.extend_decodes(plan, self.decode_steps): that many
         steps in one device call; one {request id: Sampled} per step."""
         return self.launch(plan, rows, self.decode_steps)()
 
     def launch(
-        self, plan: StepPlan, rows: list[RowState], steps: int, *, chained: bool = False
+        self, plan: ScheduledStep, rows: list[RowState], steps: int, *, chained: bool = False
     ) -> Callable[[], list[dict[str, Sampled]]]:
         """Dispatch `plan` (steps > 1: an extended plan, as run_ahead) and return at once, before the device
         is done: calling the result waits for it and gives one {request id: Sampled} per step. The host may
@@ -210,14 +210,14 @@ class StepExecutor:
         return result
 
     @staticmethod
-    def _sampled(plan: StepPlan, result) -> dict[str, Sampled]:
+    def _sampled(plan: ScheduledStep, result) -> dict[str, Sampled]:
         return {
             rid: Sampled(int(result.tokens[i]), float(result.logprob[i]), result.top_ids[i], result.top_logprobs[i])
             for i, rid in enumerate(plan.logit_request_ids)
         }
 
 
-def _tiles(plan: StepPlan) -> list[StepPlan]:
+def _tiles(plan: ScheduledStep) -> list[ScheduledStep]:
     """Split a plan into sub-plans of at most DECODE_TILE decode rows and PREFILL_TILE chunk tokens, in
     order (a chunk's earlier tiles write their KV before later tiles attend to it). Deterministic engines
     schedule one chunk per step (engine_config.prefill_shapes)."""

@@ -1,6 +1,6 @@
-"""Turn a scheduler StepPlan into the padded, static-shape StepBatch a plan bucket runs.
+"""Turn a ScheduledStep into the padded, static-shape StepBatch one compiled step shape (a bucket) runs.
 
-Shapes are bucketed so few plans are compiled: decode rows B to a decode bucket; the prefill chunks to
+Shapes are bucketed so few executables are compiled: decode rows B to a decode bucket; the prefill chunks to
 P segments (a segment bucket >= the chunk count) of L tokens (a prefill bucket >= the longest chunk), C =
 P * L; logit rows to B + P. Block tables have one width per engine (its longest possible context), and
 slots and tables one row per paged KV state kind (K). Padding rows write to block 0 (reserved) of every
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...compiler.batch import StepBatch
-from ..scheduling.scheduled_step import StepPlan
+from ..scheduling.scheduled_step import ScheduledStep
 
 
 def bucket(n: int, buckets: tuple[int, ...]) -> int:
@@ -84,25 +84,25 @@ class PrefillShapes:
 
 
 def step_shape(
-    plan: StepPlan, decode_buckets: tuple[int, ...], prefill: PrefillShapes, table_blocks: int
-) -> StepShape:  # K follows the plan
+    step: ScheduledStep, decode_buckets: tuple[int, ...], prefill: PrefillShapes, table_blocks: int
+) -> StepShape:  # K follows the step
     """Decode-only and prefill-only steps take their smallest bucket; a mixed step pads its decode rows
-    to the largest decode bucket, so mixed shapes number one per prefill layout (few plans to compile)."""
+    to the largest decode bucket, so mixed shapes number one per prefill layout (few executables to compile)."""
     p, length = 1, 0
-    if plan.prefills:
-        count, longest = len(plan.prefills), max(ch.num_tokens for ch in plan.prefills)
+    if step.prefills:
+        count, longest = len(step.prefills), max(ch.num_tokens for ch in step.prefills)
         layout = prefill.layout(count, longest)
         if layout is None:
             raise ValueError(f"{count} prefill chunks of up to {longest} tokens have no compiled layout")
         p, length = layout
     c = p * length
-    if not plan.num_decode:
+    if not step.num_decode:
         b = 0
     elif c:
         b = decode_buckets[-1]
     else:
-        b = bucket(plan.num_decode, decode_buckets)
-    return StepShape(b, c, table_blocks, plan.num_kinds, p)
+        b = bucket(step.num_decode, decode_buckets)
+    return StepShape(b, c, table_blocks, step.num_kinds, p)
 
 
 def all_step_shapes(
@@ -131,23 +131,23 @@ def padding_batch(shape: StepShape) -> StepBatch:
     )
 
 
-def build_step_batch(plan: StepPlan, shape: StepShape) -> StepBatch:
-    """numpy StepBatch for `plan` padded to `shape` (the caller moves it to the device): decode rows at
+def build_step_batch(step: ScheduledStep, shape: StepShape) -> StepBatch:
+    """numpy StepBatch for `step` padded to `shape` (the caller moves it to the device): decode rows at
     [0, B), chunk s at [B + s * L, B + s * L + its tokens), padding (token 0, position 0, slot 0) elsewhere."""
-    b_real, b, k = plan.num_decode, shape.decode_rows, shape.num_kinds
-    if plan.num_kinds != k:
-        raise ValueError(f"the plan has {plan.num_kinds} KV state kinds, the shape {k}")
-    if len(plan.prefills) > shape.segments or any(ch.num_tokens > shape.segment_tokens for ch in plan.prefills):
-        raise ValueError(f"the plan's chunks do not fit the shape's {shape.segments} x {shape.segment_tokens}")
+    b_real, b, k = step.num_decode, shape.decode_rows, shape.num_kinds
+    if step.num_kinds != k:
+        raise ValueError(f"the step has {step.num_kinds} KV state kinds, the shape {k}")
+    if len(step.prefills) > shape.segments or any(ch.num_tokens > shape.segment_tokens for ch in step.prefills):
+        raise ValueError(f"the step's chunks do not fit the shape's {shape.segments} x {shape.segment_tokens}")
     n = b + shape.prefill_tokens
     tokens, positions, slots = np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros((k, n), np.int32)
-    tokens[:b_real], positions[:b_real] = plan.decode_token_ids(), plan.decode_positions()
+    tokens[:b_real], positions[:b_real] = step.decode_token_ids(), step.decode_positions()
     if b_real:
-        slots[:, :b_real] = plan.decode_slots()
+        slots[:, :b_real] = step.decode_slots()
     logit_rows = np.zeros(shape.logit_rows, np.int32)
     logit_rows[:b_real] = np.arange(b_real)
     completed = b_real
-    for s, chunk in enumerate(plan.prefills):
+    for s, chunk in enumerate(step.prefills):
         lo = b + s * shape.segment_tokens
         hi = lo + chunk.num_tokens
         tokens[lo:hi] = chunk.token_ids
@@ -158,15 +158,15 @@ def build_step_batch(plan: StepPlan, shape: StepShape) -> StepBatch:
             completed += 1
     tables = np.zeros((k, b, shape.table_blocks), np.int32)
     if b_real:
-        tables[:, :b_real] = plan.decode_block_tables(shape.table_blocks)
+        tables[:, :b_real] = step.decode_block_tables(shape.table_blocks)
     ctx = np.ones(b, np.int32)
-    ctx[:b_real] = plan.decode_context_lens()
+    ctx[:b_real] = step.decode_context_lens()
     return StepBatch(
         tokens=tokens,
         positions=positions,
         slots=slots,
         dec_block_tables=tables,
         dec_ctx_lens=ctx,
-        pre_block_table=plan.prefill_block_tables(shape.segments, shape.table_blocks),
+        pre_block_table=step.prefill_block_tables(shape.segments, shape.table_blocks),
         logit_rows=logit_rows,
     )

@@ -4,7 +4,7 @@ A device call costs host work whatever its size: scheduling, packing inputs, one
 Python around every row's token. On the H200 that work was several times a batch-1 step of the 1.5B model
 (docs/results/h200_step_profile_reference.json). When every running request is simply decoding, the
 next `steps` steps are known in advance except for the tokens themselves, which the device feeds back
-to itself (runtime/engine_step.make_multi_step_fn); the host then pays once per `steps` tokens.
+to itself (runtime/execution/engine_step.make_multi_step_fn); the host then pays once per `steps` tokens.
 
 A step may run ahead only if nothing the host decides between tokens can change the next one:
 - decode rows only: no prefill chunk, nobody preempted, nobody waiting to be admitted (a waiting
@@ -23,7 +23,7 @@ the row's step counter + i, as the i-th single step would.
 from __future__ import annotations
 
 from ..sampling.params import RowState
-from .scheduled_step import StepPlan
+from .scheduled_step import ScheduledStep
 
 
 def row_can_run_ahead(row: RowState) -> bool:
@@ -38,10 +38,10 @@ def row_can_run_ahead(row: RowState) -> bool:
     )
 
 
-def lookahead_steps(plan: StepPlan, rows: list[RowState], *, steps: int, waiting: int) -> int:
-    """How many decode steps the just-scheduled `plan` may run in one call: `steps`, or 1.
-    rows: one per plan.logit_request_ids entry."""
-    if steps < 2 or waiting or plan.prefills or plan.preempted or not plan.decodes:
+def lookahead_steps(step: ScheduledStep, rows: list[RowState], *, steps: int, waiting: int) -> int:
+    """How many decode steps the just-scheduled `step` may run in one call: `steps`, or 1.
+    rows: one per step.logit_request_ids entry."""
+    if steps < 2 or waiting or step.prefills or step.preempted or not step.decodes:
         return 1
     if all(row_can_run_ahead(row) for row in rows):
         return steps

@@ -121,3 +121,12 @@ class Request:
         if len(self.output_token_ids) >= self.max_tokens:
             return RequestStatus.FINISHED_LENGTH
         return None
+
+
+class QueueFullError(RuntimeError):
+    """Overload: the waiting queue is at max depth. The server answers 429/503 at once (not a ValueError:
+    the request is fine, the server is busy)."""
+
+
+class RequestTooLongError(ValueError):
+    """The request could never fit the KV pool, even alone (prompt + max_tokens)."""

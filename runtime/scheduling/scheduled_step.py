@@ -43,7 +43,7 @@ class PrefillChunk:
 
 
 @dataclass(frozen=True)
-class StepPlan:
+class ScheduledStep:
     """One step: rows [0, B) are decode rows, then the prefill chunks in order (each one sequence's; every
     chunk but the last completes its prompt). Block tables are snapshots (tuples), valid for this step.
     preempted: requests sent back to the queue this step."""

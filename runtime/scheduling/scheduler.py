@@ -1,8 +1,8 @@
 """Continuous-batching scheduler: which requests run in the next engine step, and with which KV slots.
 
 A step (see ember.compiler.batch) runs B decode rows (one token each) then prefill chunks of C tokens
-in all (one chunk per sequence), B + C <= max_batched_tokens. schedule() builds a StepPlan, the engine runs the
-plan and samples one token per logit row, update() feeds those tokens back. The engine thread owns
+in all (one chunk per sequence), B + C <= max_batched_tokens. schedule() builds a ScheduledStep, the engine runs the
+step and samples one token per logit row, update() feeds those tokens back. The engine thread owns
 the scheduler: schedule → run → update, strictly alternating.
 
 Policies (what we chose, and why):
@@ -36,28 +36,9 @@ from dataclasses import dataclass
 from ..execution.step_inputs import PrefillShapes
 from ..state.block_pool import BlockPool, KVCounters, StateAllocator
 from ..state.kv_cache import KVCache, PrefixHit
-from .requests import Request, RequestStatus, StepOutput
+from .requests import QueueFullError, Request, RequestStatus, RequestTooLongError, StepOutput
 from .run_ahead import RunAhead
-from .scheduled_step import DecodeRow, PrefillChunk, StepPlan, slots_at
-
-__all__ = [
-    "DecodeRow",
-    "PrefillChunk",
-    "QueueFullError",
-    "RequestTooLongError",
-    "Scheduler",
-    "SchedulerSnapshot",
-    "StepPlan",
-]
-
-
-class QueueFullError(RuntimeError):
-    """Overload: the waiting queue is at max depth. The server answers 429/503 at once (not a ValueError:
-    the request is fine, the server is busy)."""
-
-
-class RequestTooLongError(ValueError):
-    """The request could never fit the KV pool, even alone (prompt + max_tokens)."""
+from .scheduled_step import DecodeRow, PrefillChunk, ScheduledStep, slots_at
 
 
 @dataclass(frozen=True)
@@ -76,7 +57,7 @@ class SchedulerSnapshot:
     kv: KVCounters
 
 
-class Scheduler(RunAhead):
+class Scheduler:
     def __init__(
         self,
         kv: KVCache | BlockPool,
@@ -108,8 +89,8 @@ class Scheduler(RunAhead):
         self.waiting: deque[Request] = deque()  # FIFO; preempted requests go back to the front
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self._active: dict[str, Request] = {}  # waiting + running, by id
-        self._unfinished_plan: StepPlan | None = None
-        self._ahead: deque[tuple[StepPlan, int]] = deque()  # extended plans dispatched, not yet updated; steps
+        self._unfinished: ScheduledStep | None = None  # scheduled (or the run-ahead step at hand), not yet updated
+        self.run_ahead = RunAhead(self.kv, self._running)  # run-ahead steps dispatched, not yet updated
         self.num_preemptions = self.num_finished = self.num_aborted = 0
 
     # --- intake -------------------------------------------------------------------------------------
@@ -145,8 +126,8 @@ class Scheduler(RunAhead):
         return bool(self.waiting or self.running)
 
     # --- one step -----------------------------------------------------------------------------------
-    def schedule(self) -> StepPlan:
-        if self._unfinished_plan is not None or self._ahead:
+    def schedule(self) -> ScheduledStep:
+        if self._unfinished is not None or self.run_ahead.pending:
             raise RuntimeError("schedule() called before update() of the previous step")
         budget = self.max_batched_tokens
         preempted: list[str] = []
@@ -162,10 +143,10 @@ class Scheduler(RunAhead):
             i += 1
         # after a preemption the pool is short: continue a started prefill, admit nobody new this step
         chunks = self._schedule_chunks(budget, admit=not preempted) if budget > 0 else []
-        plan = self._build_plan(decodes, chunks, preempted)
-        if not plan.is_empty:
-            self._unfinished_plan = plan
-        return plan
+        step = self._build_step(decodes, chunks, preempted)
+        if not step.is_empty:
+            self._unfinished = step
+        return step
 
     def _grow_or_preempt(self, request: Request, num_tokens: int, preempted: list[str]) -> bool:
         while not self.kv.grow(request.state, num_tokens):
@@ -248,9 +229,9 @@ class Scheduler(RunAhead):
         request.status = RequestStatus.RUNNING
         self.running.append(request)
 
-    def _build_plan(
+    def _build_step(
         self, decodes: list[Request], chunks: list[tuple[Request, int, int]], preempted: list[str]
-    ) -> StepPlan:
+    ) -> ScheduledStep:
         bs = self.kv.block_size
         rows, tables = [], {}
 
@@ -272,36 +253,84 @@ class Scheduler(RunAhead):
                     completes=end == request.num_tokens,
                 )
             )
-        return StepPlan(tuple(rows), tuple(prefills), tables, tuple(preempted), num_kinds=len(self.kv.kinds))
+        return ScheduledStep(tuple(rows), tuple(prefills), tables, tuple(preempted), num_kinds=len(self.kv.kinds))
 
-    # --- several decode steps in one device call --------------------------------------------------
-    def update(self, plan: StepPlan, sampled_token_ids: Sequence[int]) -> list[StepOutput]:
-        """Apply a step's results: sampled_token_ids holds one token per plan.logit_request_ids entry.
+    # --- several decode steps in one device call (runtime/scheduling/run_ahead.py) ----------------------
+    def extend_decodes(self, step: ScheduledStep, steps: int) -> ScheduledStep | None:
+        """Let the just-scheduled decode-only `step` run `steps` decode steps in one call: the step with block
+        tables covering every row's next `steps` positions (the engine then calls update_ahead once per decode
+        step), or None when it stays a one-step step (RunAhead.extend)."""
+        if step is not self._unfinished or step.prefills or step.preempted or steps < 2:
+            return None
+        extended = self.run_ahead.extend(step, steps)
+        if extended is not None:
+            self._unfinished = extended
+        return extended
+
+    def chain_decodes(self, step: ScheduledStep, steps: int) -> ScheduledStep | None:
+        """The run-ahead step after `step`, still on the device; None when a request waits (RunAhead.chain_decodes)."""
+        return None if self.waiting else self.run_ahead.chain_decodes(step, steps)
+
+    def chain_after_prefill(self, step: ScheduledStep, steps: int) -> ScheduledStep | None:
+        """The first run-ahead step behind the just-scheduled `step` (RunAhead.after_prefill); None when `step`
+        holds decode rows or a chunk that does not complete, or a request waits to be admitted."""
+        if (
+            step is not self._unfinished
+            or self.run_ahead.pending
+            or step.decodes
+            or step.preempted
+            or not step.prefills
+            or self.waiting
+            or not all(chunk.completes for chunk in step.prefills)
+        ):
+            return None
+        return self.run_ahead.after_prefill(step, steps)
+
+    def update_ahead(self, step: ScheduledStep, index: int, sampled_token_ids: Sequence[int]) -> list[StepOutput]:
+        """update() for decode step `index` (0-based, in order) of the oldest run-ahead step not yet updated:
+        each row still running computed position row.position + index and sampled one token; rows that
+        finished (or were aborted) at an earlier step or call are skipped — what they computed is discarded."""
+        self._unfinished = self.run_ahead.step_at(step, index)
+        return self.update(self._unfinished, sampled_token_ids)
+
+    def drop_failed(self, step: ScheduledStep) -> bool:
+        """The call of `step`, the oldest run-ahead step not yet updated, failed: forget it without applying
+        anything (the engine ends its requests). False if `step` is not that step."""
+        if not self.run_ahead.drop_oldest(step):
+            return False
+        self._unfinished = None
+        return True
+
+    def discard_ahead(self, step: ScheduledStep) -> None:
+        self.run_ahead.drop_newest(step)  # a chained step whose call will not be applied (the one before failed)
+
+    # --- results ------------------------------------------------------------------------------------
+    def update(self, step: ScheduledStep, sampled_token_ids: Sequence[int]) -> list[StepOutput]:
+        """Apply a step's results: sampled_token_ids holds one token per step.logit_request_ids entry.
         Requests aborted or finished between schedule() and update() are skipped."""
-        if len(sampled_token_ids) != len(plan.logit_request_ids):
-            raise ValueError(f"{len(sampled_token_ids)} sampled tokens for {len(plan.logit_request_ids)} logit rows")
-        if plan.is_empty:
+        if len(sampled_token_ids) != len(step.logit_request_ids):
+            raise ValueError(f"{len(sampled_token_ids)} sampled tokens for {len(step.logit_request_ids)} logit rows")
+        if step.is_empty:
             return []
-        if plan is not self._unfinished_plan:
-            raise RuntimeError("update() got a plan that is not the last one scheduled")
-        self._unfinished_plan = None
-        if self._ahead and plan is self._ahead[0][0]:  # the whole extended plan at once (a failed step)
-            self._ahead.popleft()
-        advanced = [(row.request_id, row.position, 1) for row in plan.decodes]
-        advanced += [(chunk.request_id, chunk.start, chunk.num_tokens) for chunk in plan.prefills]
+        if step is not self._unfinished:
+            raise RuntimeError("update() got a step that is not the last one scheduled")
+        self._unfinished = None
+        self.run_ahead.drop_oldest(step)  # an extended step updated whole (a failed call's placeholder tokens)
+        advanced = [(row.request_id, row.position, 1) for row in step.decodes]
+        advanced += [(chunk.request_id, chunk.start, chunk.num_tokens) for chunk in step.prefills]
         for request_id, start, n in advanced:
             request = self._running(request_id)
             if request is None:
                 continue
             if request.num_computed_tokens != start:
                 raise RuntimeError(
-                    f"stale plan for {request_id!r}: it starts at {start}, not at {request.num_computed_tokens}"
+                    f"stale step for {request_id!r}: it starts at {start}, not at {request.num_computed_tokens}"
                 )
             request.num_computed_tokens += n
             # commit full blocks to the prefix cache, then drop blocks that fell out of a sliding window
             self.kv.commit(request.state, request.all_token_ids, request.num_computed_tokens)
         outputs = []
-        for request_id, token in zip(plan.logit_request_ids, sampled_token_ids):
+        for request_id, token in zip(step.logit_request_ids, sampled_token_ids):
             request = self._running(request_id)
             if request is None:
                 continue
