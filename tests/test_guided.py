@@ -163,7 +163,7 @@ def test_a_grammar_error_ends_only_its_choice(qwen2, tokenizer, monkeypatch):
         doomed = engine.submit(
             [5, 6, 7], SamplingParams(max_tokens=100, temperature=0.0, guided=GuidedDecoding.json_schema(SCHEMA))
         )
-        engine._groups[doomed.request_id].choices[0].matcher.doomed = True  # before its first step ends
+        engine.requests.groups[doomed.request_id].choices[0].matcher.doomed = True  # before its first step ends
         fine = engine.submit(
             [8, 9], SamplingParams(max_tokens=100, temperature=0.0, guided=GuidedDecoding.json_schema(SCHEMA))
         )

@@ -156,27 +156,22 @@ def test_a_stop_inside_a_chained_call_ends_the_request_there(qwen3):
 def test_a_failed_call_with_a_chained_call_behind_it_ends_its_requests(qwen3, monkeypatch):
     config = EngineConfig(num_blocks=64, max_model_len=256, max_num_seqs=4, max_batched_tokens=48, decode_steps=STEPS)
     engine = Engine(qwen3, ByteTokenizer(), config)
-    launch, calls = engine.executor.launch, []
+    collect, calls = engine.executor.collect, []
 
-    def failing_third_run_ahead(plan, rows, steps, **kwargs):
-        collect = launch(plan, rows, steps, **kwargs)
-        calls.append(steps)
-        if steps > 1 and calls.count(steps) == 3:
+    def failing_third_run_ahead(in_flight):
+        per_step = collect(in_flight)
+        calls.append(in_flight.steps)
+        if in_flight.steps > 1 and calls.count(in_flight.steps) == 3:
+            raise RuntimeError("device lost")
+        return per_step
 
-            def broken():
-                collect()
-                raise RuntimeError("device lost")
-
-            return broken
-        return collect
-
-    monkeypatch.setattr(engine.executor, "launch", failing_third_run_ahead)
+    monkeypatch.setattr(engine.executor, "collect", failing_third_run_ahead)
     try:
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=60)
         outputs = list(engine.submit(list(range(30, 50)), params))
         assert outputs[-1].error and "device lost" in outputs[-1].error
         assert engine.counters.chained_calls >= 2
-        monkeypatch.setattr(engine.executor, "launch", launch)  # the engine goes on serving
+        monkeypatch.setattr(engine.executor, "collect", collect)  # the engine goes on serving
         again = [o for o in engine.submit(list(range(30, 50)), SamplingParams(temperature=0.0, max_tokens=5))]
         assert again[-1].finish_reason is not None and not again[-1].error
         snapshot = engine.snapshot()

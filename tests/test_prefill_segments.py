@@ -163,9 +163,9 @@ def test_the_engine_prefills_a_burst_of_prompts_together_with_unchanged_outputs(
     chunk_counts = []
     launch = engine.executor.launch
 
-    def counting_launch(plan, rows, steps, **kwargs):
-        chunk_counts.append(len(plan.prefills))
-        return launch(plan, rows, steps, **kwargs)
+    def counting_launch(step, rows, steps, **kwargs):
+        chunk_counts.append(len(step.prefills))
+        return launch(step, rows, steps, **kwargs)
 
     engine.executor.launch = counting_launch
     rng = np.random.default_rng(4)

@@ -219,33 +219,36 @@ def kv_bytes_read(model, context: int, kv_cache_dtype: str = "auto") -> int:
 
 class StepClock:
     """When each engine device call finished, with the decode tokens it made, its decode steps and whether
-    it held a prefill chunk. Wraps the engine's executor.launch: a call is timed when its results reach the
-    host (the engine dispatches a call, then waits for it through the function launch returns)."""
+    it held a prefill chunk. Wraps the engine's executor.launch and executor.collect: a call is timed when its
+    results reach the host (the engine launches a call, then waits for it through collect)."""
 
     def __init__(self, engine):
         self.steps: list[tuple[float, int, int, bool]] = []  # (finished at, decode tokens, steps, prefill?)
         self.launches: list[tuple[float, float, bool, bool]] = []  # host: (began, returned, chained?, prefill?)
         executor = engine.executor
-        executor.launch = self._timed(executor.launch)
+        executor.launch = self._timed_launch(executor.launch)
+        executor.collect = self._timed_collect(executor.collect)
 
     def reset(self) -> None:
         self.steps.clear()
         self.launches.clear()
 
-    def _timed(self, launch):
-        def timed(plan, rows, steps, **kwargs):
+    def _timed_launch(self, launch):
+        def timed(step, rows, steps, **kwargs):
             began = time.perf_counter()
-            collect = launch(plan, rows, steps, **kwargs)
-            self.launches.append((began, time.perf_counter(), bool(kwargs.get("chained")), bool(plan.prefills)))
+            in_flight = launch(step, rows, steps, **kwargs)
+            chained = kwargs.get("after") is not None
+            self.launches.append((began, time.perf_counter(), chained, bool(step.prefills)))
+            return in_flight
 
-            def timed_collect():
-                result = collect()
-                self.steps.append(
-                    (time.perf_counter(), plan.num_decode * len(result), len(result), bool(plan.prefills))
-                )
-                return result
+        return timed
 
-            return timed_collect
+    def _timed_collect(self, collect):
+        def timed(in_flight):
+            result = collect(in_flight)
+            step = in_flight.step
+            self.steps.append((time.perf_counter(), step.num_decode * len(result), len(result), bool(step.prefills)))
+            return result
 
         return timed
 

@@ -1,4 +1,6 @@
-"""The engine: one thread owns the device and loops schedule → run one step → sample → stream.
+"""The engine's API: submit, abort, snapshot, precompile, close. It builds the parts — the KV pools, the
+Scheduler, the StepExecutor, the OpenRequests (streams and output processing) — and the EngineLoop, the one
+thread that owns the device and runs them (runtime/engine/loop.py).
 
 Callers (the CLI, the server, tests) submit requests from any thread or event loop and read a
 RequestStream; abort() ends a request and frees its KV at once. What the engine needs from a model
@@ -11,54 +13,24 @@ import asyncio
 import itertools
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from ..execution.step_executor import StepExecutor
 from ..loading.model import Model
 from ..sampling.guided import GrammarTokenizer, GuidedMatcher
-from ..sampling.params import RowState, SamplingParams, choice_seed, resolve_seed
-from ..scheduling.requests import Request, RequestStatus
+from ..sampling.params import SamplingParams, choice_seed, resolve_seed
+from ..scheduling.requests import Request
 from ..scheduling.scheduler import Scheduler
 from ..state.kinds import engine_pool_blocks
 from ..state.kv_cache import KVCache
 from .config import EngineConfig, _deterministic_from_env, kv_bytes_per_block, prefill_shapes, sized_config
 from .loop import EngineLoop
-from .output_processor import OutputProcessor, merge_deltas
-from .streams import RequestOutput, RequestStream, TokenLogprob, Usage
+from .open_requests import Choice, EngineCounters, OpenRequests, RequestGroup
+from .output_processor import OutputProcessor
+from .streams import RequestStream
 
 # the configuration and sizing helpers (runtime/engine/config.py) are part of the engine's API
 __all__ = ["Engine", "EngineConfig", "EngineCounters", "kv_bytes_per_block", "sized_config"]
-
-
-@dataclass
-class EngineCounters:
-    requests_finished: dict[str, int] = field(default_factory=dict)  # by finish reason
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    steps: int = 0
-    device_calls: int = 0  # steps run ahead several at a time count once here (runtime/scheduling/lookahead.py)
-    chained_calls: int = 0  # of those, dispatched before the previous call's results were read
-
-
-@dataclass
-class _Choice:
-    index: int
-    request: Request
-    processor: OutputProcessor
-    seed: int
-    finish_reason: str | None = None
-    matcher: GuidedMatcher | None = None  # params.guided: the grammar's state, advanced by each token
-
-
-@dataclass
-class _Group:
-    request_id: str
-    stream: RequestStream
-    params: SamplingParams
-    choices: list[_Choice]
-    arrival: float
-    scheduled_at: float | None = None
-    first_token_at: float | None = None
 
 
 class EngineFailedError(RuntimeError):
@@ -66,7 +38,7 @@ class EngineFailedError(RuntimeError):
     no new request is taken (a server reports 503 and needs a restart)."""
 
 
-class Engine(EngineLoop):
+class Engine:
     def __init__(
         self,
         model: Model,
@@ -95,17 +67,22 @@ class Engine(EngineLoop):
         )
         self.executor = StepExecutor(model, config, prefill)
         self.counters = EngineCounters()
-        self._groups: dict[str, _Group] = {}
-        self._choice_of: dict[str, _Choice] = {}  # scheduler request id -> choice
-        self._group_of: dict[str, _Group] = {}
+        self.requests = OpenRequests(self.scheduler, self.counters)
+        # one lock over the scheduler and the open requests, shared with the loop thread: the API and the
+        # loop take it for every change to either, and the loop waits on it for work
         self._lock = threading.Condition()
         self._ids = itertools.count()
         self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first guided request
         self._grammar_lock = threading.Lock()
-        self._stopping = False
-        self.failure: str | None = None  # set when the engine thread died (EngineFailedError)
-        self._thread = threading.Thread(target=self._run, name="ember-engine", daemon=True)
-        self._thread.start()
+        self.loop = EngineLoop(
+            self.scheduler, self.executor, self.requests, self.counters, self._lock, config.max_queue_wait_s
+        )
+        self.loop.start()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine thread died, if it did (EngineFailedError)."""
+        return self.loop.failure
 
     # ---- the API ---------------------------------------------------------------------------------
 
@@ -129,7 +106,7 @@ class Engine(EngineLoop):
         except RuntimeError:
             loop = None
         stream = RequestStream(request_id, loop)
-        group = _Group(request_id, stream, params, [], time.monotonic())
+        group = RequestGroup(request_id, stream, params, [], time.monotonic())
         base_seed = resolve_seed(params)
         matcher = self._new_matcher(params)  # ValueError for a grammar this tokenizer refuses
         for index in range(params.n):
@@ -148,7 +125,7 @@ class Engine(EngineLoop):
                 skip_special_tokens=params.skip_special_tokens,
             )
             group.choices.append(
-                _Choice(
+                Choice(
                     index,
                     request,
                     processor,
@@ -159,35 +136,14 @@ class Engine(EngineLoop):
         with self._lock:
             if self.failure is not None:
                 raise EngineFailedError(f"the engine stopped after an internal error: {self.failure}")
-            if request_id in self._groups:
-                raise ValueError(f"request id {request_id!r} is already in use")
-            added = []
-            try:
-                for choice in group.choices:
-                    self.scheduler.add(choice.request)
-                    added.append(choice)
-            except Exception:
-                for choice in added:
-                    self.scheduler.abort(choice.request.request_id)
-                raise
-            self._groups[request_id] = group
-            for choice in group.choices:
-                self._choice_of[choice.request.request_id] = choice
-                self._group_of[choice.request.request_id] = group
+            self.requests.add(group)
             self._lock.notify()
         return stream
 
     def abort(self, request_id: str) -> bool:
         """End a request now (client gone, deadline); its KV is freed before the next step."""
         with self._lock:
-            group = self._groups.get(request_id)
-            if group is None:
-                return False
-            for choice in group.choices:
-                if choice.finish_reason is None:
-                    self.scheduler.abort(choice.request.request_id)
-                    self._emit(group, choice, choice.processor.finish("abort"))
-            return True
+            return self.requests.abort(request_id)
 
     def snapshot(self) -> dict:
         with self._lock:
@@ -216,46 +172,9 @@ class Engine(EngineLoop):
             return self.executor.precompile(progress)
 
     def close(self) -> None:
-        with self._lock:
-            self._stopping = True
-            self._lock.notify()
-        self._thread.join()
+        self.loop.stop()
 
-    # ---- streaming (the engine thread, runtime/engine/loop.py, calls these) ---------------------------
-
-    def _stream(self, plan, per_step: list) -> None:
-        """Hand the steps' tokens to their choices, one output per choice for all the steps (a device call's
-        tokens arrive together: one stream push each, not one per token); the caller holds the lock."""
-        for rid in plan.logit_request_ids:
-            choice = self._choice_of.get(rid)
-            if choice is None or choice.finish_reason is not None:
-                continue  # aborted while the step ran, or finished at an earlier step
-            self._advance(rid, choice, [results[rid] for results in per_step])
-
-    def _advance(self, rid: str, choice: _Choice, samples: list) -> None:
-        """Stream a choice's sampled tokens (one per step, in order) as one output; a choice following a
-        grammar also advances it, and ends when it does."""
-        group = self._group_of[rid]
-        deltas = []
-        for sampled in samples:
-            if choice.matcher is not None:
-                try:
-                    error = choice.matcher.accept(sampled.token)
-                except Exception as exc:  # a matcher failure ends its choice, never the engine thread
-                    error = f"{type(exc).__name__}: {exc}"
-                if error is not None:
-                    if deltas:
-                        self._emit(group, choice, merge_deltas(deltas))
-                    self.scheduler.abort(rid)
-                    self._emit(group, choice, choice.processor.finish("abort"), error=f"grammar: {error}")
-                    return
-            deltas.append(choice.processor.push(sampled.token, self._logprob(choice, sampled)))
-            if deltas[-1].finished:
-                break
-            if choice.matcher is not None and choice.matcher.finished:
-                deltas.append(choice.processor.finish("stop"))  # the output is complete
-                break
-        self._emit(group, choice, merge_deltas(deltas))
+    # ---- guided decoding -------------------------------------------------------------------------
 
     def grammar_tokenizer(self) -> GrammarTokenizer:
         """llguidance's view of the tokenizer, built on first use (~1 s for a 150k vocabulary: a server
@@ -268,86 +187,3 @@ class Engine(EngineLoop):
 
     def _new_matcher(self, params: SamplingParams) -> GuidedMatcher | None:
         return None if params.guided is None else self.grammar_tokenizer().matcher(params.guided)
-
-    def _row_state(self, scheduler_id: str) -> RowState:
-        choice = self._choice_of[scheduler_id]
-        request = choice.request
-        return RowState(
-            request.params,
-            choice.seed,
-            request.prompt_token_ids,
-            request.output_token_ids,
-            choice.processor.suppressed_token_ids(),
-            matcher=choice.matcher,
-        )
-
-    def _logprob(self, choice: _Choice, sampled) -> TokenLogprob | None:
-        k = choice.request.params.logprobs
-        if k is None:
-            return None
-        top = tuple((int(i), float(lp)) for i, lp in zip(sampled.top_ids[:k], sampled.top_logprobs[:k]))
-        return TokenLogprob(int(sampled.token), float(sampled.logprob), top)
-
-    def _emit(self, group: _Group, choice: _Choice, delta, error: str | None = None) -> None:
-        now = time.monotonic()
-        if delta.token_ids and group.first_token_at is None:
-            group.first_token_at = now
-        if delta.finish_reason is not None and choice.finish_reason is None:
-            choice.finish_reason = delta.finish_reason
-            if choice.request.status is RequestStatus.RUNNING or not choice.request.is_finished:
-                status = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH}.get(
-                    delta.finish_reason, RequestStatus.FINISHED_ABORTED
-                )
-                self.scheduler.finish_request(choice.request.request_id, status)
-            self.counters.generation_tokens += choice.processor.num_output_tokens
-            self.counters.requests_finished[delta.finish_reason] = (
-                self.counters.requests_finished.get(delta.finish_reason, 0) + 1
-            )
-        usage = None
-        if all(c.finish_reason is not None for c in group.choices):
-            usage = self._close_group(group, now)
-        if delta.text or delta.token_ids or delta.finish_reason is not None or usage is not None:
-            group.stream.push(
-                RequestOutput(
-                    group.request_id,
-                    choice.index,
-                    delta.text,
-                    tuple(delta.token_ids),
-                    tuple(delta.logprobs) if delta.logprobs is not None else None,
-                    delta.finish_reason,
-                    delta.stop_reason,
-                    usage,
-                    error,
-                )
-            )
-
-    def _close_group(self, group: _Group, now: float) -> Usage:
-        del self._groups[group.request_id]
-        for choice in group.choices:
-            self._choice_of.pop(choice.request.request_id, None)
-            self._group_of.pop(choice.request.request_id, None)
-        prompt = group.choices[0].request.num_prompt_tokens
-        self.counters.prompt_tokens += prompt
-        first = group.first_token_at or now
-        return Usage(
-            prompt_tokens=prompt,
-            completion_tokens=sum(c.processor.num_output_tokens for c in group.choices),
-            cached_tokens=max(c.request.cached_tokens for c in group.choices),
-            queue_s=(group.scheduled_at or now) - group.arrival,
-            ttft_s=first - group.arrival,
-            decode_s=now - first,
-            e2e_s=now - group.arrival,
-        )
-
-    def _refuse_stale_waiting(self) -> None:
-        """The bounded wait for KV capacity: a request never admitted within max_queue_wait_s ends."""
-        deadline = time.monotonic() - self.config.max_queue_wait_s
-        for request in list(self.scheduler.waiting):
-            group = self._group_of.get(request.request_id)
-            short_of_kv = not self.kv.has_room_for(request.num_prompt_tokens)
-            if group is not None and group.scheduled_at is None and group.arrival < deadline and short_of_kv:
-                for choice in group.choices:
-                    if choice.finish_reason is None:
-                        self.scheduler.abort(choice.request.request_id)
-                        delta = choice.processor.finish("abort")
-                        self._emit(group, choice, delta)

@@ -1,6 +1,6 @@
-"""Runs a scheduler ScheduledStep on the device: pads it to a compiled shape, runs forward + sampling.
+"""Runs a ScheduledStep on the device: pads it to a compiled shape, runs forward + sampling.
 
-Default mode runs the whole plan as one step of the smallest bucket that fits. Deterministic mode
+Default mode runs the whole scheduled step as one call of the smallest bucket that fits. Deterministic mode
 runs every step in tiles of one fixed shape (DECODE_TILE rows + PREFILL_TILE tokens) through the
 plan's deterministic variant (batch-invariant attention), so a token's computation never depends on
 what else is in the batch: same tokens and logprobs alone or under load.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import jax
 import numpy as np
@@ -49,6 +49,19 @@ class Sampled:
     top_logprobs: np.ndarray
 
 
+@dataclass(frozen=True)
+class InFlightStep:
+    """A device call launched and not yet collected: what StepExecutor.launch returns, and what collect() and a
+    run-ahead call chained behind it (launch(..., after=)) read. Its arrays stay on the device until collected."""
+
+    step: ScheduledStep
+    rows: tuple[RowState, ...]  # one per step.logit_request_ids entry
+    steps: int  # decode steps in the call (1: a single step)
+    packed: Any = None  # the call's packed results (engine_step.pack_result layout; [steps, ...] when steps > 1)
+    carried: Any = None  # a run-ahead call's last tokens, int32 [decode rows + 1] (make_multi_step_fn)
+    results: tuple[dict[str, Sampled], ...] | None = None  # already on the host (deterministic tiles)
+
+
 class StepExecutor:
     def __init__(self, model: Model, config, prefill: PrefillShapes):
         self.model, self.config = model, config
@@ -83,8 +96,6 @@ class StepExecutor:
         )
         self.num_kinds = len(model.paged_kinds)
         self.vocab = int(model.dims.vocab)
-        self._carried = None  # the last run-ahead call's last tokens, on the device (make_multi_step_fn)
-        self._step_packed = None  # the last single step's (packed result, sampled rows), while it may be chained
         self._no_carry: dict[int, object] = {}  # decode rows -> no_carry() on the device, made once
 
     def shapes(self) -> list[StepShape]:
@@ -115,57 +126,44 @@ class StepExecutor:
             bar.close()
         return time.perf_counter() - start
 
-    def run(self, plan: ScheduledStep, rows: list[RowState]) -> dict[str, Sampled]:
-        row_of = dict(zip(plan.logit_request_ids, rows))
+    def run(self, step: ScheduledStep, rows: list[RowState]) -> dict[str, Sampled]:
+        """Run one step and wait for it: {request id: Sampled}."""
+        row_of = dict(zip(step.logit_request_ids, rows))
         if not self.deterministic:
-            shape = step_shape(plan, self.decode_buckets, self.prefill, self.table_blocks)
-            return self._sampled(plan, self._run(build_step_batch(plan, shape), rows, shape))
+            shape = step_shape(step, self.decode_buckets, self.prefill, self.table_blocks)
+            return self._sampled(step, self._run(build_step_batch(step, shape), rows, shape))
         results: dict[str, Sampled] = {}
-        for tile in _tiles(plan):
+        for tile in _tiles(step):
             shape = StepShape(DECODE_TILE, PREFILL_TILE, self.table_blocks, self.num_kinds)
             tile_rows = [row_of[rid] for rid in tile.logit_request_ids]
             results.update(self._sampled(tile, self._run(build_step_batch(tile, shape), tile_rows, shape)))
         return results
 
-    def run_ahead(self, plan: ScheduledStep, rows: list[RowState]) -> list[dict[str, Sampled]]:
-        """A decode-only plan extended by Scheduler.extend_decodes(plan, self.decode_steps): that many
-        steps in one device call; one {request id: Sampled} per step."""
-        return self.launch(plan, rows, self.decode_steps)()
-
     def launch(
-        self, plan: ScheduledStep, rows: list[RowState], steps: int, *, chained: bool = False
-    ) -> Callable[[], list[dict[str, Sampled]]]:
-        """Dispatch `plan` (steps > 1: an extended plan, as run_ahead) and return at once, before the device
-        is done: calling the result waits for it and gives one {request id: Sampled} per step. The host may
-        work meanwhile (the engine streams the previous call's tokens). Deterministic tiles run here.
-        chained: `plan` is Scheduler.chain_decodes of the previous call (same rows, in order), whose last
-        tokens, still on the device, are this call's inputs — or Scheduler.chain_after_prefill of the previous
-        single step, whose sampled tokens are."""
+        self, step: ScheduledStep, rows: list[RowState], steps: int, *, after: InFlightStep | None = None
+    ) -> InFlightStep:
+        """Dispatch `step` (steps > 1: a run-ahead step, Scheduler.extend_decodes) on the executable of its
+        bucket and return at once, before the device is done: collect() waits for it. The host may work
+        meanwhile (the engine streams the previous call's tokens). Deterministic tiles run here.
+        after: the call still in flight whose last sampled tokens, on the device, are this run-ahead call's
+        inputs — the previous run-ahead call of the same rows (Scheduler.chain_decodes), or the single step
+        whose prefill chunks these rows complete (Scheduler.chain_after_prefill)."""
         if self.deterministic:  # tiles of one fixed shape, run one after another
-            results = [self.run(plan, rows)]
-            return lambda: results
-        shape = step_shape(plan, self.decode_buckets, self.prefill, self.table_blocks)
-        batch = build_step_batch(plan, shape)
+            return InFlightStep(step, tuple(rows), steps, results=(self.run(step, rows),))
+        shape = step_shape(step, self.decode_buckets, self.prefill, self.table_blocks)
+        batch = build_step_batch(step, shape)
         args = (self.model.dims, self.model.params, self.kv)
         if steps == 1:
             packed, self.kv = launch_step(
                 self.step_fn, *args, batch, rows, vocab_size=self.vocab, num_rows=shape.logit_rows
             )
-            # what a run-ahead call chained behind this step (Scheduler.chain_after_prefill) starts from
-            self._carried, self._step_packed = None, (packed, len(plan.logit_request_ids))
-            return lambda: [self._sampled(plan, collect_step(packed))]
+            return InFlightStep(step, tuple(rows), 1, packed)
         if steps != self.decode_steps:
             raise ValueError(f"a call runs 1 or {self.decode_steps} steps, not {steps}")
         slots = np.zeros((steps, shape.num_kinds, shape.decode_rows), np.int32)
-        slots[:, :, : plan.num_decode] = plan.decode_slots_ahead(steps, self.config.block_size)
-        if chained and self._carried is None and self._step_packed is not None:
-            packed, sampled_rows = self._step_packed  # the step's sampled tokens, in this plan's row order
-            self._carried = carry_from_step(packed, sampled_rows, shape.decode_rows)
-        self._step_packed = None
-        carried = self._carried if chained else self._no_carry_for(shape.decode_rows)
-        if carried is None or carried.shape != (shape.decode_rows + 1,):
-            raise RuntimeError("a chained call needs the previous run-ahead call of the same rows")
-        packed, self.kv, self._carried = launch_multi_step(
+        slots[:, :, : step.num_decode] = step.decode_slots_ahead(steps, self.config.block_size)
+        carried = self._no_carry_for(shape.decode_rows) if after is None else self._carried_from(after, shape)
+        packed, self.kv, carried = launch_multi_step(
             self.multi_step_fn,
             *args,
             batch,
@@ -175,7 +173,25 @@ class StepExecutor:
             num_rows=shape.logit_rows,
             carried=carried,
         )
-        return lambda: [self._sampled(plan, result) for result in collect_multi_step(packed)]
+        return InFlightStep(step, tuple(rows), steps, packed, carried)
+
+    def collect(self, in_flight: InFlightStep) -> list[dict[str, Sampled]]:
+        """Wait for a launched call: one {request id: Sampled} per decode step it ran."""
+        if in_flight.results is not None:
+            return list(in_flight.results)
+        if in_flight.steps == 1:
+            return [self._sampled(in_flight.step, collect_step(in_flight.packed))]
+        return [self._sampled(in_flight.step, result) for result in collect_multi_step(in_flight.packed)]
+
+    def _carried_from(self, after: InFlightStep, shape: StepShape):
+        """make_multi_step_fn's `carried` for a call chained behind `after`: a run-ahead call's own, or a single
+        step's sampled tokens in this call's row order (they are its first logit rows)."""
+        carried = after.carried
+        if after.steps == 1 and after.packed is not None:
+            carried = carry_from_step(after.packed, len(after.step.logit_request_ids), shape.decode_rows)
+        if carried is None or carried.shape != (shape.decode_rows + 1,):
+            raise RuntimeError("a chained call needs the previous run-ahead call of the same rows")
+        return carried
 
     def _no_carry_for(self, decode_rows: int):
         if decode_rows not in self._no_carry:
@@ -210,22 +226,22 @@ class StepExecutor:
         return result
 
     @staticmethod
-    def _sampled(plan: ScheduledStep, result) -> dict[str, Sampled]:
+    def _sampled(step: ScheduledStep, result) -> dict[str, Sampled]:
         return {
             rid: Sampled(int(result.tokens[i]), float(result.logprob[i]), result.top_ids[i], result.top_logprobs[i])
-            for i, rid in enumerate(plan.logit_request_ids)
+            for i, rid in enumerate(step.logit_request_ids)
         }
 
 
-def _tiles(plan: ScheduledStep) -> list[ScheduledStep]:
-    """Split a plan into sub-plans of at most DECODE_TILE decode rows and PREFILL_TILE chunk tokens, in
+def _tiles(step: ScheduledStep) -> list[ScheduledStep]:
+    """Split a step into sub-steps of at most DECODE_TILE decode rows and PREFILL_TILE chunk tokens, in
     order (a chunk's earlier tiles write their KV before later tiles attend to it). Deterministic engines
     schedule one chunk per step (engine_config.prefill_shapes)."""
-    if len(plan.prefills) > 1:
+    if len(step.prefills) > 1:
         raise ValueError("deterministic mode runs one prefill chunk per step")
-    chunk = plan.prefills[0] if plan.prefills else None
+    chunk = step.prefills[0] if step.prefills else None
     n_chunk_tiles = math.ceil(chunk.num_tokens / PREFILL_TILE) if chunk is not None else 0
-    count = max(math.ceil(len(plan.decodes) / DECODE_TILE), n_chunk_tiles, 1)
+    count = max(math.ceil(len(step.decodes) / DECODE_TILE), n_chunk_tiles, 1)
     tiles = []
     for i in range(count):
         piece = None
@@ -240,8 +256,8 @@ def _tiles(plan: ScheduledStep) -> list[ScheduledStep]:
             )
         tiles.append(
             replace(
-                plan,
-                decodes=plan.decodes[i * DECODE_TILE : (i + 1) * DECODE_TILE],
+                step,
+                decodes=step.decodes[i * DECODE_TILE : (i + 1) * DECODE_TILE],
                 prefills=(piece,) if piece is not None else (),
             )
         )
