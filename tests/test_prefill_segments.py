@@ -18,10 +18,10 @@ from ember.compiler.ops.attention_blockwise import paged_attention_blockwise
 from ember.compiler.ops.attention_gpu import paged_attention_emulated
 from ember.runtime.engine import engine as engine_module
 from ember.runtime.engine.engine import Engine, EngineConfig
-from ember.runtime.execution.step_inputs import PrefillShapes, StepShape, all_step_shapes, build_step_batch, step_shape
+from ember.runtime.execution.step_inputs import StepShape, all_step_shapes, build_step_batch, step_shape
 from ember.runtime.loading.model import load_model
 from ember.runtime.sampling.params import SamplingParams
-from ember.runtime.scheduling.scheduled_step import DecodeRow, PrefillChunk, ScheduledStep
+from ember.runtime.scheduling.scheduled_step import DecodeRow, PrefillChunk, PrefillShapes, ScheduledStep
 
 BS = 4  # tokens per KV block
 

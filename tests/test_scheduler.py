@@ -15,9 +15,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from ember.runtime.execution.step_inputs import PrefillShapes
 from ember.runtime.scheduling.requests import QueueFullError, Request, RequestStatus, RequestTooLongError
-from ember.runtime.scheduling.scheduled_step import ScheduledStep
+from ember.runtime.scheduling.scheduled_step import PrefillShapes, ScheduledStep
 from ember.runtime.scheduling.scheduler import Scheduler
 from ember.runtime.state.block_pool import BlockPool
 from ember.runtime.state.kinds import window_pool_blocks

@@ -320,7 +320,7 @@ class Suite:
     def warm_single(self, out: dict, engine, model) -> None:
         """Compile only the shapes the batch-1 measurements use (a 32k-context engine has many): one short
         request per distinct prefill chunk bucket."""
-        from ..runtime.execution.step_inputs import bucket
+        from ..runtime.scheduling.scheduled_step import bucket
 
         buckets = engine.executor.prefill.buckets
         chunk = min(self.config.prefill_chunk, max(buckets))

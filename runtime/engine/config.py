@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..execution.step_inputs import PrefillShapes
 from ..loading.model import Model
+from ..scheduling.scheduled_step import PrefillShapes
 from ..state.kinds import engine_pool_blocks
 from ..state.kv_dtypes import checked_kv_cache_dtype
 from ..state.kv_dtypes import kv_dtype as _kv_dtype

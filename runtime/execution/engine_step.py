@@ -18,7 +18,7 @@ import numpy as np
 from ...compiler.batch import StepBatch
 from ...compiler.ops.sampling import GREEDY_EPSILON, SamplingBatch, sample
 from ..sampling.params import MAX_TOP_LOGPROBS, RowState, history_length_needed, pack_batch
-from .step_inputs import bucket
+from ..scheduling.scheduled_step import bucket
 from .step_io import IoLayout, pack_arrays, pack_result, unpack_arrays, unpack_result
 
 # History slots for penalties: one slot when no row in the step uses a penalty, else the smallest of

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...compiler.batch import StepBatch
 from ..loading.model import Model
-from .step_inputs import bucket
+from ..scheduling.scheduled_step import bucket
 
 MIN_BLOCKS = 16  # short sequences share one table shape (one compiled plan) up to 256 tokens
 

@@ -17,11 +17,11 @@ import jax
 import numpy as np
 
 from ...compiler.targets import get_target
-from ..engine.config import kv_dtype
 from ..loading.model import Model
 from ..sampling.params import RowState
-from ..scheduling.scheduled_step import PrefillChunk, ScheduledStep
+from ..scheduling.scheduled_step import PrefillChunk, PrefillShapes, ScheduledStep
 from ..state.kinds import engine_pool_blocks
+from ..state.kv_dtypes import kv_dtype
 from .engine_step import (
     carry_from_step,
     collect_multi_step,
@@ -35,7 +35,7 @@ from .engine_step import (
     run_step,
 )
 from .executable_cache import cached_step, executor_identity
-from .step_inputs import PrefillShapes, StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape
+from .step_inputs import StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape
 
 DECODE_TILE = 16
 PREFILL_TILE = 64
@@ -75,7 +75,9 @@ class StepExecutor:
         plan = model.deterministic_plan() if self.deterministic else model.plan
         # each layer's pool is sized by its state kind (the engine's KVCache uses the same sizes)
         self.kv = model.new_kv(
-            engine_pool_blocks(model.paged_kinds, config), config.block_size, kv_dtype(model, config.kv_cache_dtype)
+            engine_pool_blocks(model.paged_kinds, config),
+            config.block_size,
+            kv_dtype(model.dtype, config.kv_cache_dtype),
         )
         # the step functions' executables are also kept on disk (runtime/execution/executable_cache.py): a warm start
         # neither traces nor lowers them
@@ -236,7 +238,7 @@ class StepExecutor:
 def _tiles(step: ScheduledStep) -> list[ScheduledStep]:
     """Split a step into sub-steps of at most DECODE_TILE decode rows and PREFILL_TILE chunk tokens, in
     order (a chunk's earlier tiles write their KV before later tiles attend to it). Deterministic engines
-    schedule one chunk per step (engine_config.prefill_shapes)."""
+    schedule one chunk per step (runtime/engine/config.py prefill_shapes)."""
     if len(step.prefills) > 1:
         raise ValueError("deterministic mode runs one prefill chunk per step")
     chunk = step.prefills[0] if step.prefills else None

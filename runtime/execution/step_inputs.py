@@ -14,14 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...compiler.batch import StepBatch
-from ..scheduling.scheduled_step import ScheduledStep
-
-
-def bucket(n: int, buckets: tuple[int, ...]) -> int:
-    for b in buckets:
-        if n <= b:
-            return b
-    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep, bucket
 
 
 @dataclass(frozen=True)
@@ -41,46 +34,6 @@ class StepShape:
         # a row per decode row and per chunk that may complete; a decode-only step has no chunk (a padding
         # row there would double the LM head's activation rows at batch 1: 2 rows take a slower GEMV)
         return self.decode_rows + (self.segments if self.prefill_tokens else 0)
-
-
-@dataclass(frozen=True)
-class PrefillShapes:
-    """Which chunk layouts a target compiles: `buckets` (L, tokens per segment) for one chunk, and for
-    several chunks in one step `segments` (P > 1, ascending) of L <= `segment_max_tokens` with P * L at
-    most the largest bucket (a step with many chunks costs no more than one long chunk)."""
-
-    buckets: tuple[int, ...]
-    segments: tuple[int, ...] = (1,)
-    segment_max_tokens: int = 512
-
-    @property
-    def max_segments(self) -> int:
-        return max(self.segments)
-
-    def layout(self, count: int, longest: int) -> tuple[int, int] | None:
-        """(P, L) of `count` chunks, the longest of `longest` tokens; None when no compiled layout holds them."""
-        if count <= 1:
-            return (1, bucket(longest, self.buckets)) if longest <= self.buckets[-1] else None
-        if count > self.max_segments or longest > self.segment_max_tokens:
-            return None
-        p, length = bucket(count, self.segments), bucket(longest, self.buckets)
-        return (p, length) if p * length <= self.buckets[-1] else None
-
-    def fits(self, count: int, longest: int) -> bool:
-        """Whether `count` chunks, the longest of `longest` tokens, have a layout."""
-        return self.layout(count, longest) is not None
-
-    def layouts(self) -> list[tuple[int, int]]:
-        """Every (P, L) a step may take."""
-        out = [(1, c) for c in self.buckets]
-        out += [
-            (p, c)
-            for p in self.segments
-            if p > 1
-            for c in self.buckets
-            if c <= self.segment_max_tokens and p * c <= self.buckets[-1]
-        ]
-        return out
 
 
 def step_shape(

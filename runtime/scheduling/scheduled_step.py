@@ -1,6 +1,7 @@
 """What the scheduler hands the engine for one step: decode rows, prefill chunks (one per sequence), and the
 block tables and slots of every request in it — one of each per paged KV state kind (full attention,
-sliding window; kinds in the plan's state index order), since each kind has its own pool."""
+sliding window; kinds in the plan's state index order), since each kind has its own pool. And which sets of
+prefill chunks one step may carry: the layouts the target compiles (PrefillShapes)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,54 @@ def slots_at(tables: Sequence[Sequence[int]], position: int, block_size: int) ->
     past a table (a run-ahead step after its request's end, discarded) gets its slot in reserved block 0."""
     block, offset = divmod(position, block_size)
     return tuple((table[block] if block < len(table) else 0) * block_size + offset for table in tables)
+
+
+def bucket(n: int, buckets: tuple[int, ...]) -> int:
+    """The smallest of the ascending `buckets` that holds n."""
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+@dataclass(frozen=True)
+class PrefillShapes:
+    """Which chunk layouts a target compiles: `buckets` (L, tokens per segment) for one chunk, and for
+    several chunks in one step `segments` (P > 1, ascending) of L <= `segment_max_tokens` with P * L at
+    most the largest bucket (a step with many chunks costs no more than one long chunk)."""
+
+    buckets: tuple[int, ...]
+    segments: tuple[int, ...] = (1,)
+    segment_max_tokens: int = 512
+
+    @property
+    def max_segments(self) -> int:
+        return max(self.segments)
+
+    def layout(self, count: int, longest: int) -> tuple[int, int] | None:
+        """(P, L) of `count` chunks, the longest of `longest` tokens; None when no compiled layout holds them."""
+        if count <= 1:
+            return (1, bucket(longest, self.buckets)) if longest <= self.buckets[-1] else None
+        if count > self.max_segments or longest > self.segment_max_tokens:
+            return None
+        p, length = bucket(count, self.segments), bucket(longest, self.buckets)
+        return (p, length) if p * length <= self.buckets[-1] else None
+
+    def fits(self, count: int, longest: int) -> bool:
+        """Whether `count` chunks, the longest of `longest` tokens, have a layout."""
+        return self.layout(count, longest) is not None
+
+    def layouts(self) -> list[tuple[int, int]]:
+        """Every (P, L) a step may take."""
+        out = [(1, c) for c in self.buckets]
+        out += [
+            (p, c)
+            for p in self.segments
+            if p > 1
+            for c in self.buckets
+            if c <= self.segment_max_tokens and p * c <= self.buckets[-1]
+        ]
+        return out
 
 
 @dataclass(frozen=True)

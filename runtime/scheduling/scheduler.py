@@ -33,12 +33,11 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..execution.step_inputs import PrefillShapes
 from ..state.block_pool import BlockPool, KVCounters, StateAllocator
 from ..state.kv_cache import KVCache, PrefixHit
 from .requests import QueueFullError, Request, RequestStatus, RequestTooLongError, StepOutput
 from .run_ahead import RunAhead
-from .scheduled_step import DecodeRow, PrefillChunk, ScheduledStep, slots_at
+from .scheduled_step import DecodeRow, PrefillChunk, PrefillShapes, ScheduledStep, slots_at
 
 
 @dataclass(frozen=True)
