@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..runtime.streams import Usage
+from ..runtime.engine.streams import Usage
 from .tools import anthropic_tool_use_id, new_tool_call_id
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..runtime.guided import GuidedDecoding
+from ..runtime.sampling.guided import GuidedDecoding
 from .errors import bad_request
 from .reasoning import ReasoningParser
 from .structured import StructuredOutputError, guided_from_response_format

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..runtime.sampling_params import SamplingParams
+from ..runtime.sampling.params import SamplingParams
 from .chat_features import ChatFeatures, chat_features
 from .chat_output import ChatOutputParser, ParsedOutput, parse_chat_output
 from .errors import bad_request

@@ -6,7 +6,7 @@ import argparse
 import os
 from dataclasses import dataclass, fields
 
-from ..runtime.loader.known_models import DEFAULT_MODEL
+from ..runtime.loading.known_models import DEFAULT_MODEL
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class ServeConfig:
         # FP8 pools where their writes are the kernels' own (the h200 target's RoPE + K/V write). XLA rewrites a
         # scatter into a float8 array as a conversion of the whole array: 33 ms against 0.02 ms for float32 on
         # a 16 MB pool on the CPU, so the cpu target, and the deterministic plans (XLA's scatter), refuse it.
-        from ..runtime.kv_dtypes import is_fp8
+        from ..runtime.state.kv_dtypes import is_fp8
 
         if is_fp8(self.kv_cache_dtype):
             if self.target == "cpu":
@@ -83,7 +83,7 @@ def _positive_float(text: str) -> float:
 
 
 def _kv_cache_dtype(text: str) -> str:
-    from ..runtime.kv_dtypes import checked_kv_cache_dtype
+    from ..runtime.state.kv_dtypes import checked_kv_cache_dtype
 
     try:
         return checked_kv_cache_dtype(text)

@@ -14,8 +14,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from ..runtime.sampling_params import SamplingParams
-from ..runtime.streams import RequestOutput, RequestStream, TokenLogprob, Usage
+from ..runtime.engine.streams import RequestOutput, RequestStream, TokenLogprob, Usage
+from ..runtime.sampling.params import SamplingParams
 from .errors import ApiError
 
 HEARTBEAT = object()  # yielded by Generation.events when no output came within the heartbeat interval

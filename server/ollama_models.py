@@ -99,7 +99,7 @@ async def ps(request):
 def _kv_bytes(service, engine) -> int:
     """The KV pool the engine allocated (part of what the loaded model occupies)."""
     try:
-        from ..runtime.engine import kv_bytes_per_block
+        from ..runtime.engine.engine import kv_bytes_per_block
 
         blocks = int(engine.snapshot()["total_kv_blocks"])
         return blocks * int(

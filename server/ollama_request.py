@@ -13,7 +13,7 @@ from typing import Any
 
 from sanic import response
 
-from ..runtime.sampling_params import SamplingParams
+from ..runtime.sampling.params import SamplingParams
 from .errors import bad_request
 from .ollama_models import thinks
 from .request_fields import get_bool, get_int, get_optional

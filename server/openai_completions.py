@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sanic import Blueprint, response
 
-from ..runtime.sampling_params import SamplingParams
+from ..runtime.sampling.params import SamplingParams
 from .errors import ApiError, bad_request, error_body
 from .generation import HEARTBEAT, Generation, new_id
 from .openai_chat import Extra, fingerprint, include_usage, usage_dict

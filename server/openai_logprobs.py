@@ -3,7 +3,7 @@ completions (`tokens`, `token_logprobs`, `top_logprobs` as {token: logprob}, `te
 
 from __future__ import annotations
 
-from ..runtime.streams import TokenLogprob
+from ..runtime.engine.streams import TokenLogprob
 
 
 def token_text(tokenizer, token_id: int) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.sampling_params import (
+from ..runtime.sampling.params import (
     LOGIT_BIAS_LIMIT,
     MAX_LOGIT_BIAS,
     MAX_N,

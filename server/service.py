@@ -17,14 +17,14 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from ..runtime.engine import Engine, EngineFailedError, kv_bytes_per_block, sized_config
-from ..runtime.loader.chat_template import ChatTemplate, ChatTemplateError
-from ..runtime.loader.known_models import resolve_model
-from ..runtime.model import Model, load_model
-from ..runtime.prompting import end_of_generation_ids, load_tokenizer
-from ..runtime.sampling_params import SamplingParams
-from ..runtime.scheduler import QueueFullError
-from ..runtime.streams import RequestStream
+from ..runtime.engine.engine import Engine, EngineFailedError, kv_bytes_per_block, sized_config
+from ..runtime.engine.streams import RequestStream
+from ..runtime.loading.known_models import resolve_model
+from ..runtime.loading.model import Model, load_model
+from ..runtime.loading.text.chat_template import ChatTemplate, ChatTemplateError
+from ..runtime.loading.text.prompting import end_of_generation_ids, load_tokenizer
+from ..runtime.sampling.params import SamplingParams
+from ..runtime.scheduling.requests import QueueFullError
 from .config import ServeConfig
 from .errors import ApiError, bad_request
 from .metrics import ServerMetrics
@@ -139,7 +139,7 @@ class ModelService:
 
     @property
     def engine_failure(self) -> str | None:
-        """Why the engine thread stopped, if it did (runtime/engine.py EngineFailedError)."""
+        """Why the engine thread stopped, if it did (runtime/engine/engine.py EngineFailedError)."""
         return self.engine.failure if self.engine is not None else None
 
     def require_ready(self) -> Engine:

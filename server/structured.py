@@ -1,6 +1,6 @@
 """Structured output: each protocol's way of asking for JSON (or a grammar) → a `GuidedDecoding` grammar.
 
-The output is enforced by constrained decoding in the engine (`ember.runtime.guided`): never by retrying.
+The output is enforced by constrained decoding in the engine (`ember.runtime.sampling.guided`): never by retrying.
 Everything invalid is refused here, before a request is queued, with a `StructuredOutputError` (a
 ValueError) that names the offending parameter (`response_format.json_schema.schema.properties.age.type`),
 which the server answers with a 400.
@@ -24,7 +24,7 @@ from typing import Any
 
 import jsonschema
 
-from ember.runtime.guided import GuidedDecoding
+from ember.runtime.sampling.guided import GuidedDecoding
 
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 

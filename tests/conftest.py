@@ -26,14 +26,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 @pytest.fixture(scope="session")
 def qwen_gguf() -> Path:
-    from ember.runtime.loader.known_models import resolve_model
+    from ember.runtime.loading.known_models import resolve_model
 
     return resolve_model("qwen2.5-coder-1.5b-instruct", progress=False)
 
 
 @pytest.fixture(scope="session")
 def gemma_gguf() -> Path:
-    from ember.runtime.loader.known_models import resolve_model
+    from ember.runtime.loading.known_models import resolve_model
 
     return resolve_model("gemma-3-270m", progress=False)
 

@@ -12,7 +12,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from ember.runtime.loader.dequant import BLOCK_SIZES
+from ember.runtime.loading.formats.dequant import BLOCK_SIZES
 
 Q = gguf.GGMLQuantizationType
 

@@ -41,8 +41,8 @@ def write_tiny_chat_model(folder: Path, gguf_path: Path, *, seed: int = 0) -> Pa
     """An HF folder: config, random safetensors weights, tokenizer.json + chat template from the GGUF."""
     from safetensors.numpy import save_file
 
-    from ember.runtime.checkpoint import open_checkpoint
-    from ember.runtime.loader.tokenizer import Tokenizer
+    from ember.runtime.loading.checkpoint import open_checkpoint
+    from ember.runtime.loading.text.tokenizer import Tokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
     if (folder / "model.safetensors").exists():

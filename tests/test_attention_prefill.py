@@ -86,7 +86,7 @@ def make_case(world: World, seed: int, num_tokens: int, start: int, window: int)
     if window > 0:
         table[: max(0, start - window + 1) // world.page] = 0
     q = jnp.asarray(rng.standard_normal((world.chunk, world.hq, world.dh)), world.dtype)
-    positions = np.zeros(world.chunk, np.int32)  # padding rows: position 0, as runtime/step_inputs.py
+    positions = np.zeros(world.chunk, np.int32)  # padding rows: position 0, as runtime/execution/step_inputs.py
     positions[:num_tokens] = np.arange(start, start + num_tokens)
     return q, k_pool, v_pool, jnp.asarray(table), jnp.asarray(positions)
 

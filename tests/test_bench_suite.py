@@ -31,7 +31,7 @@ CONFIG = SuiteConfig(
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
     """An HF tokenizer folder made from the small GPT-2-style test vocabulary (ids beyond it decode to '')."""
-    from ember.runtime.loader.tokenizer import Tokenizer
+    from ember.runtime.loading.text.tokenizer import Tokenizer
 
     case = json.loads((FIXTURES_DIR / "tokenizer" / "synthetic.json").read_text())["cases"]["gpt2_qwen2"]
     folder = tmp_path_factory.mktemp("tok")
@@ -189,8 +189,8 @@ def test_quantized_synthetic_models_name_the_missing_module(tokenizer_dir, monke
 
     from ember.tools.bench import load_bench_model
 
-    monkeypatch.setitem(sys.modules, "ember.runtime.synthetic_gguf", None)  # as in a tree without it
-    with pytest.raises(ValueError, match="ember.runtime.synthetic_gguf"):
+    monkeypatch.setitem(sys.modules, "ember.runtime.loading.synthetic_gguf", None)  # as in a tree without it
+    with pytest.raises(ValueError, match="ember.runtime.loading.synthetic_gguf"):
         load_bench_model("synthetic:qwen2-tiny-q4_k_m", "cpu", tokenizer_dir)
     with pytest.raises(ValueError, match="no FP8 projections"):
         load_bench_model("synthetic:llama3-8b-fp8", "cpu", tokenizer_dir)
@@ -243,8 +243,8 @@ def test_device_drawn_synthetic_weights_equal_the_loader_path(arch):
     from fixture_data import tiny_fixture
 
     from ember.compiler.spec import spec_for_arch
-    from ember.runtime.model import load_model
-    from ember.runtime.synthetic import synthetic_checkpoint, synthetic_model
+    from ember.runtime.loading.model import load_model
+    from ember.runtime.loading.synthetic import synthetic_checkpoint, synthetic_model
 
     config = json.loads((tiny_fixture(arch)[0] / "config.json").read_text())
     drawn = synthetic_model(spec_for_arch(arch), config, seed=3)

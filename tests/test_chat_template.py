@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.runtime.loader.chat_template import ChatTemplate, ChatTemplateError
+from ember.runtime.loading.text.chat_template import ChatTemplate, ChatTemplateError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tokenizer"
 REAL_MODELS = ("qwen2.5-coder-1.5b-instruct", "gemma-3-270m")

@@ -6,8 +6,8 @@ import shutil
 import pytest
 from fixture_data import tiny_fixture
 
-from ember.runtime.loader.errors import CheckpointError
-from ember.runtime.model import load_model
+from ember.runtime.loading.formats.errors import CheckpointError
+from ember.runtime.loading.model import load_model
 
 
 def _copy(tmp_path, arch="qwen3"):

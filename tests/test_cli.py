@@ -59,8 +59,8 @@ def test_generate_prints_only_text_on_stdout(gemma_gguf):
     )
     assert result.returncode == 0, result.stderr
     # Greedy text equals transformers' continuation (first 8 tokens), and nothing else is on stdout.
-    from ember.runtime.loader.gguf_reader import GGUFFile
-    from ember.runtime.loader.tokenizer import Tokenizer
+    from ember.runtime.loading.formats.gguf_reader import GGUFFile
+    from ember.runtime.loading.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf_metadata(GGUFFile(gemma_gguf).metadata, source=str(gemma_gguf))
     expected = tokenizer.decode(case["out_ids"][:8].tolist(), skip_special_tokens=True)

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-from ember.runtime.loader.errors import CheckpointError
-from ember.runtime.loader.gguf_reader import GGUFFile
-from ember.runtime.loader.safetensors_dir import read_safetensors_header
+from ember.runtime.loading.formats.errors import CheckpointError
+from ember.runtime.loading.formats.gguf_reader import GGUFFile
+from ember.runtime.loading.formats.safetensors_dir import read_safetensors_header
 
 Q = gguf.GGMLQuantizationType
 V = gguf.GGUFValueType

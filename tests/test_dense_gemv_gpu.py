@@ -75,9 +75,9 @@ def test_8b_decode_steps_with_the_dense_gemv_agree_with_xla_s(monkeypatch):
     from logit_agreement import agreement
 
     from ember.compiler.spec import spec_for_arch
-    from ember.runtime import model as model_module
-    from ember.runtime.sequence_runner import SequenceRunner
-    from ember.runtime.synthetic import synthetic_model
+    from ember.runtime.execution.sequence_runner import SequenceRunner
+    from ember.runtime.loading import model as model_module
+    from ember.runtime.loading.synthetic import synthetic_model
     from ember.tools.bench import SYNTHETIC_SHAPES
 
     arch, config = SYNTHETIC_SHAPES["llama3-8b"]

@@ -9,8 +9,8 @@ from gguf_test_data import assert_bitwise_equal, byte_shape, random_tensor_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.runtime.loader import dequant
-from ember.runtime.loader.dequant import BLOCK_SIZES, SUPPORTED_TYPES, dequantize
+from ember.runtime.loading.formats import dequant
+from ember.runtime.loading.formats.dequant import BLOCK_SIZES, SUPPORTED_TYPES, dequantize
 
 Q = gguf.GGMLQuantizationType
 ALL_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from fixture_data import tiny_fixture
 
-from ember.runtime.engine import Engine, EngineConfig
-from ember.runtime.model import load_model
-from ember.runtime.sampling_params import SamplingParams
-from ember.runtime.scheduler import QueueFullError
-from ember.runtime.sequence_runner import SequenceRunner
+from ember.runtime.engine.engine import Engine, EngineConfig
+from ember.runtime.execution.sequence_runner import SequenceRunner
+from ember.runtime.loading.model import load_model
+from ember.runtime.sampling.params import SamplingParams
+from ember.runtime.scheduling.requests import QueueFullError
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -142,7 +142,7 @@ def test_deterministic_mode_is_batch_invariant(qwen3):
 
 
 def test_pool_sized_from_budget_or_context(qwen3, monkeypatch):
-    from ember.runtime.engine import kv_bytes_per_block, sized_config
+    from ember.runtime.engine.engine import kv_bytes_per_block, sized_config
 
     per_block = kv_bytes_per_block(qwen3, 16)
     d = qwen3.dims

@@ -9,9 +9,9 @@ import pytest
 from fixture_data import tiny_fixture
 from test_engine import ByteTokenizer
 
-from ember.runtime.engine import Engine, EngineConfig, EngineFailedError
-from ember.runtime.model import load_model
-from ember.runtime.sampling_params import SamplingParams
+from ember.runtime.engine.engine import Engine, EngineConfig, EngineFailedError
+from ember.runtime.loading.model import load_model
+from ember.runtime.sampling.params import SamplingParams
 from ember.server.config import ServeConfig
 from ember.server.errors import ApiError
 from ember.server.service import ModelService

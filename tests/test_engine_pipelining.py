@@ -1,4 +1,4 @@
-"""The engine streams a device call's tokens while the next call runs (runtime/engine_loop.py `_loop`): outputs are
+"""The engine streams a device call's tokens while the next call runs (runtime/engine/loop.py `_loop`): outputs are
 exactly those of streaming each call before the next one — text, ids, logprobs, finish reasons and usage —
 for requests that stop on strings, stop ids and max_tokens inside a call, n > 1, min_tokens and grammar
 rows (which are streamed at once), and every KV block comes back."""
@@ -8,10 +8,10 @@ import pytest
 from fixture_data import tiny_fixture
 from test_engine import ByteTokenizer
 
-import ember.runtime.engine_loop as engine_module
-from ember.runtime.engine import Engine, EngineConfig
-from ember.runtime.model import load_model
-from ember.runtime.sampling_params import SamplingParams
+import ember.runtime.engine.loop as engine_module
+from ember.runtime.engine.engine import Engine, EngineConfig
+from ember.runtime.loading.model import load_model
+from ember.runtime.sampling.params import SamplingParams
 
 
 @pytest.fixture(scope="module")

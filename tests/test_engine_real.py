@@ -4,10 +4,10 @@ hit gives the uncached result, bit for bit in deterministic mode."""
 import pytest
 from fixture_data import passage_text
 
-from ember.runtime.engine import Engine, EngineConfig
-from ember.runtime.model import load_model
-from ember.runtime.prompting import load_tokenizer
-from ember.runtime.sampling_params import SamplingParams
+from ember.runtime.engine.engine import Engine, EngineConfig
+from ember.runtime.loading.model import load_model
+from ember.runtime.loading.text.prompting import load_tokenizer
+from ember.runtime.sampling.params import SamplingParams
 
 pytestmark = pytest.mark.real_model
 

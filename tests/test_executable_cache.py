@@ -1,4 +1,4 @@
-"""runtime/executable_cache.py: step executables kept on disk, read back by a fresh object without tracing
+"""runtime/execution/executable_cache.py: step executables kept on disk, read back by a fresh object without tracing
 (toy functions on the CPU backend; a whole engine restarting on a GPU: tests/test_gpu_engine.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ember.runtime import executable_cache
-from ember.runtime.executable_cache import CachedStep
+from ember.runtime.execution import executable_cache
+from ember.runtime.execution.executable_cache import CachedStep
 
 
 def _step(scale, flag, params, kv, x):

@@ -23,8 +23,8 @@ from ember.compiler.ops.quant.fp8 import (
     quantize_fp8,
 )
 from ember.compiler.spec import spec_for_arch
-from ember.runtime.sequence_runner import SequenceRunner
-from ember.runtime.synthetic import synthetic_model
+from ember.runtime.execution.sequence_runner import SequenceRunner
+from ember.runtime.loading.synthetic import synthetic_model
 from ember.tools.bench import SYNTHETIC_SHAPES, weight_bytes_per_step
 
 

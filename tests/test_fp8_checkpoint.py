@@ -1,4 +1,4 @@
-"""HF FP8 checkpoints (runtime/fp8_checkpoint.py): F8_E4M3 projections with per-tensor, per-channel
+"""HF FP8 checkpoints (runtime/loading/fp8_checkpoint.py): F8_E4M3 projections with per-tensor, per-channel
 (`weight_scale`) or 128 x 128 block (`weight_scale_inv`) scales. A target that keeps "fp8" (h200) holds them as
 Fp8Weight; any other dequantizes them, giving exactly the logits of the same checkpoint stored in float."""
 
@@ -14,10 +14,10 @@ from fixture_data import tiny_fixture
 
 from ember.compiler.ops.quant.fp8 import Fp8Weight, quantize_fp8
 from ember.compiler.ops.quant.layout import WeightGroup
-from ember.runtime.loader.errors import CheckpointError
-from ember.runtime.loader.safetensors_dir import open_hf_checkpoint
-from ember.runtime.model import load_model
-from ember.runtime.sequence_runner import SequenceRunner
+from ember.runtime.execution.sequence_runner import SequenceRunner
+from ember.runtime.loading.formats.errors import CheckpointError
+from ember.runtime.loading.formats.safetensors_dir import open_hf_checkpoint
+from ember.runtime.loading.model import load_model
 
 _DTYPES = {np.dtype(np.float32): "F32", np.dtype(ml_dtypes.float8_e4m3fn): "F8_E4M3"}
 

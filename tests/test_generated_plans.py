@@ -33,11 +33,11 @@ def test_compiler_and_runtime_name_no_architecture():
     offenders = []
     for folder in (
         "compiler",
-        "runtime/model.py",
-        "runtime/weights.py",
-        "runtime/dims.py",
-        "runtime/sequence_runner.py",
-        "runtime/plans.py",
+        "runtime/loading/model.py",
+        "runtime/loading/weights.py",
+        "runtime/loading/dims.py",
+        "runtime/execution/sequence_runner.py",
+        "runtime/loading/plans.py",
     ):
         for path in [ROOT / folder] if folder.endswith(".py") else (ROOT / folder).rglob("*"):
             if path.suffix in (".py", ".j2"):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from gguf_test_data import assert_bitwise_equal, random_tensor_bytes, write_gguf
 
-from ember.runtime.loader.errors import CheckpointError
-from ember.runtime.loader.gguf_reader import GGUFFile, GGUFTensorInfo
+from ember.runtime.loading.formats.errors import CheckpointError
+from ember.runtime.loading.formats.gguf_reader import GGUFFile, GGUFTensorInfo
 
 Q = gguf.GGMLQuantizationType
 V = gguf.GGUFValueType

@@ -18,11 +18,11 @@ if jax.default_backend() != "gpu":
 from logit_agreement import agreement, record_gpu_result  # noqa: E402
 
 from ember.compiler.spec import spec_for_arch  # noqa: E402
-from ember.runtime.engine import Engine, EngineConfig  # noqa: E402
-from ember.runtime.model import load_model  # noqa: E402
-from ember.runtime.sampling_params import SamplingParams  # noqa: E402
-from ember.runtime.sequence_runner import SequenceRunner  # noqa: E402
-from ember.runtime.synthetic import synthetic_checkpoint  # noqa: E402
+from ember.runtime.engine.engine import Engine, EngineConfig  # noqa: E402
+from ember.runtime.execution.sequence_runner import SequenceRunner  # noqa: E402
+from ember.runtime.loading.model import load_model  # noqa: E402
+from ember.runtime.loading.synthetic import synthetic_checkpoint  # noqa: E402
+from ember.runtime.sampling.params import SamplingParams  # noqa: E402
 from ember.tools.bench import SYNTHETIC_SHAPES  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -121,9 +121,9 @@ def test_deterministic_mode_is_bit_exact_alone_and_under_load():
 
 def test_an_engine_keeping_executables_restarts_without_tracing(tmp_path):
     """Two engines over one model with keep_executables (what `ember serve` sets): the second one's
-    precompile reads every step executable back from disk (runtime/executable_cache.py: none traced), and
+    precompile reads every step executable back from disk (runtime/execution/executable_cache.py: none traced), and
     both generate the same greedy tokens."""
-    from ember.runtime.executable_cache import CachedStep
+    from ember.runtime.execution.executable_cache import CachedStep
 
     model = load_model(_checkpoint(), target="h200")
     config = EngineConfig(

@@ -38,8 +38,8 @@ from fixture_data import real_reference  # noqa: E402
 from logit_agreement import agreement, record_gpu_result  # noqa: E402
 
 from ember.compiler.ops.quant import config as quant_config  # noqa: E402
-from ember.runtime.model import load_model  # noqa: E402
-from ember.runtime.sequence_runner import SequenceRunner  # noqa: E402
+from ember.runtime.execution.sequence_runner import SequenceRunner  # noqa: E402
+from ember.runtime.loading.model import load_model  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 POSITIONS = 256

@@ -1,4 +1,4 @@
-"""Constrained decoding (ember.runtime.guided + the engine) and teacher-forced scoring, on the tiny random
+"""Constrained decoding (ember.runtime.sampling.guided + the engine) and teacher-forced scoring, on the tiny random
 qwen2 checkpoint (CPU): random weights still give schema-valid JSON, because the grammar's mask decides
 what may be sampled. Also server/structured.py's translation of response_format / Ollama format."""
 
@@ -14,11 +14,11 @@ from fixture_data import tiny_fixture
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
-from ember.runtime.engine import Engine, EngineConfig
-from ember.runtime.guided import GrammarTokenizer, GuidedDecoding, GuidedMatcher, fill_masks
-from ember.runtime.loader.tokenizer import SpecialIds, Tokenizer
-from ember.runtime.model import load_model
-from ember.runtime.sampling_params import SamplingParams
+from ember.runtime.engine.engine import Engine, EngineConfig
+from ember.runtime.loading.model import load_model
+from ember.runtime.loading.text.tokenizer import SpecialIds, Tokenizer
+from ember.runtime.sampling.guided import GrammarTokenizer, GuidedDecoding, GuidedMatcher, fill_masks
+from ember.runtime.sampling.params import SamplingParams
 from ember.server.structured import (
     StructuredOutputError,
     guided_from_lark,
@@ -163,7 +163,7 @@ def test_a_grammar_error_ends_only_its_choice(qwen2, tokenizer, monkeypatch):
         doomed = engine.submit(
             [5, 6, 7], SamplingParams(max_tokens=100, temperature=0.0, guided=GuidedDecoding.json_schema(SCHEMA))
         )
-        engine._groups[doomed.request_id].choices[0].matcher.doomed = True  # before its first step ends
+        engine.requests.groups[doomed.request_id].choices[0].matcher.doomed = True  # before its first step ends
         fine = engine.submit(
             [8, 9], SamplingParams(max_tokens=100, temperature=0.0, guided=GuidedDecoding.json_schema(SCHEMA))
         )

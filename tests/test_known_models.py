@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ember.runtime.loader import known_models
-from ember.runtime.loader.known_models import (
+from ember.runtime.loading import known_models
+from ember.runtime.loading.known_models import (
     DEFAULT_MODEL,
     KNOWN_MODELS,
     ChunkSource,

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.runtime.kv import BlockPool, KVAllocation, NoFreeBlocksError, block_hash
-from ember.runtime.plans import GENERATED_DIR as GENERATED
-from ember.runtime.state_kinds import StateKind, allocators_for, state_kinds
+from ember.runtime.loading.plans import GENERATED_DIR as GENERATED
+from ember.runtime.state.block_pool import BlockPool, KVAllocation, NoFreeBlocksError, block_hash
+from ember.runtime.state.kinds import StateKind, allocators_for, state_kinds
 
 
 def computed_allocation(pool: BlockPool, tokens: list[int]) -> KVAllocation:

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from ember.runtime.kv import RESERVED_BLOCK, BlockPool
-from ember.runtime.kv_cache import KVCache
-from ember.runtime.state_kinds import PagedKind, pool_blocks, window_pool_blocks
+from ember.runtime.state.block_pool import RESERVED_BLOCK, BlockPool
+from ember.runtime.state.kinds import PagedKind, pool_blocks, window_pool_blocks
+from ember.runtime.state.kv_cache import KVCache
 
 BS = 4
 

@@ -13,10 +13,10 @@ from test_engine import GREEDY, ByteTokenizer, _alone, _tokens
 from test_h200_target import _log_softmax
 
 from ember.compiler.ops.attention import to_pool_dtype
-from ember.runtime.engine import Engine, EngineConfig, kv_bytes_per_block, sized_config
-from ember.runtime.model import load_model
-from ember.runtime.sampling_params import SamplingParams
-from ember.runtime.sequence_runner import SequenceRunner
+from ember.runtime.engine.engine import Engine, EngineConfig, kv_bytes_per_block, sized_config
+from ember.runtime.execution.sequence_runner import SequenceRunner
+from ember.runtime.loading.model import load_model
+from ember.runtime.sampling.params import SamplingParams
 
 FP8 = np.dtype(jnp.float8_e4m3fn)
 

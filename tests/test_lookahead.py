@@ -1,4 +1,4 @@
-"""Several decode steps per device call (runtime/lookahead.py): the same tokens and logprobs as one step
+"""Several decode steps per device call (runtime/scheduling/lookahead.py): the same tokens and logprobs as one step
 per call, requests that stop inside a call end there, and every KV block comes back."""
 
 import numpy as np
@@ -6,11 +6,11 @@ import pytest
 from fixture_data import tiny_fixture
 from test_engine import ByteTokenizer, _tokens
 
-from ember.runtime.engine import Engine, EngineConfig
-from ember.runtime.lookahead import lookahead_steps, row_can_run_ahead
-from ember.runtime.model import load_model
-from ember.runtime.sampling_params import RowState, SamplingParams
-from ember.runtime.step_plan import DecodeRow, PrefillChunk, StepPlan
+from ember.runtime.engine.engine import Engine, EngineConfig
+from ember.runtime.loading.model import load_model
+from ember.runtime.sampling.params import RowState, SamplingParams
+from ember.runtime.scheduling.lookahead import lookahead_steps, row_can_run_ahead
+from ember.runtime.scheduling.scheduled_step import DecodeRow, PrefillChunk, ScheduledStep
 
 STEPS = 4
 
@@ -78,7 +78,7 @@ def test_requests_ending_one_step_apart_still_run_ahead(qwen3):
 
 
 def test_slots_past_a_table_write_block_zero():
-    plan = StepPlan((DecodeRow("a", 3, 14, (5 * 8 + 6,)),), (), {"a": ((4, 5),)})
+    plan = ScheduledStep((DecodeRow("a", 3, 14, (5 * 8 + 6,)),), (), {"a": ((4, 5),)})
     slots = plan.decode_slots_ahead(4, 8)  # positions 14, 15 in block 5; 16, 17 past the table
     assert slots[:, 0, 0].tolist() == [5 * 8 + 6, 5 * 8 + 7, 0, 1]
 
@@ -100,12 +100,12 @@ def _row(**params) -> RowState:
 
 
 def test_what_may_run_ahead():
-    decode = StepPlan((DecodeRow("a", 3, 2, (34,)),), (), {"a": ((2,),)})
+    decode = ScheduledStep((DecodeRow("a", 3, 2, (34,)),), (), {"a": ((2,),)})
     plain = _row(temperature=0.0)
     assert lookahead_steps(decode, [plain], steps=8, waiting=0) == 8
     assert lookahead_steps(decode, [plain], steps=8, waiting=1) == 1  # someone waits to be admitted
     assert lookahead_steps(decode, [plain], steps=1, waiting=0) == 1
-    chunk = StepPlan((), (PrefillChunk("b", 0, (1, 2), ((33,), (34,)), True),), {"b": ((2,),)})
+    chunk = ScheduledStep((), (PrefillChunk("b", 0, (1, 2), ((33,), (34,)), True),), {"b": ((2,),)})
     assert lookahead_steps(chunk, [plain], steps=8, waiting=0) == 1
     for blocked in (
         dict(repetition_penalty=1.1),
@@ -156,27 +156,22 @@ def test_a_stop_inside_a_chained_call_ends_the_request_there(qwen3):
 def test_a_failed_call_with_a_chained_call_behind_it_ends_its_requests(qwen3, monkeypatch):
     config = EngineConfig(num_blocks=64, max_model_len=256, max_num_seqs=4, max_batched_tokens=48, decode_steps=STEPS)
     engine = Engine(qwen3, ByteTokenizer(), config)
-    launch, calls = engine.executor.launch, []
+    collect, calls = engine.executor.collect, []
 
-    def failing_third_run_ahead(plan, rows, steps, **kwargs):
-        collect = launch(plan, rows, steps, **kwargs)
-        calls.append(steps)
-        if steps > 1 and calls.count(steps) == 3:
+    def failing_third_run_ahead(in_flight):
+        per_step = collect(in_flight)
+        calls.append(in_flight.steps)
+        if in_flight.steps > 1 and calls.count(in_flight.steps) == 3:
+            raise RuntimeError("device lost")
+        return per_step
 
-            def broken():
-                collect()
-                raise RuntimeError("device lost")
-
-            return broken
-        return collect
-
-    monkeypatch.setattr(engine.executor, "launch", failing_third_run_ahead)
+    monkeypatch.setattr(engine.executor, "collect", failing_third_run_ahead)
     try:
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=60)
         outputs = list(engine.submit(list(range(30, 50)), params))
         assert outputs[-1].error and "device lost" in outputs[-1].error
         assert engine.counters.chained_calls >= 2
-        monkeypatch.setattr(engine.executor, "launch", launch)  # the engine goes on serving
+        monkeypatch.setattr(engine.executor, "collect", collect)  # the engine goes on serving
         again = [o for o in engine.submit(list(range(30, 50)), SamplingParams(temperature=0.0, max_tokens=5))]
         assert again[-1].finish_reason is not None and not again[-1].error
         snapshot = engine.snapshot()

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ember.runtime.loader.tokenizer import Tokenizer
-from ember.runtime.output_processor import Delta, OutputProcessor
+from ember.runtime.engine.output_processor import Delta, OutputProcessor
+from ember.runtime.loading.text.tokenizer import Tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tokenizer"
 REPLACEMENT_CHAR = "\ufffd"
@@ -35,7 +35,7 @@ def synthetic(name: str) -> Tokenizer:
 
 @cache
 def real(path: Path) -> Tokenizer:
-    from ember.runtime.loader.gguf_reader import GGUFFile
+    from ember.runtime.loading.formats.gguf_reader import GGUFFile
 
     with GGUFFile(path, require_supported=False) as gguf:
         return Tokenizer.from_gguf_metadata(gguf.metadata, str(path))

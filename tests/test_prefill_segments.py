@@ -16,12 +16,12 @@ from ember.compiler.batch import StepBatch
 from ember.compiler.ops.attention import paged_attention
 from ember.compiler.ops.attention_blockwise import paged_attention_blockwise
 from ember.compiler.ops.attention_gpu import paged_attention_emulated
-from ember.runtime import engine as engine_module
-from ember.runtime.engine import Engine, EngineConfig
-from ember.runtime.model import load_model
-from ember.runtime.sampling_params import SamplingParams
-from ember.runtime.step_inputs import PrefillShapes, StepShape, all_step_shapes, build_step_batch, step_shape
-from ember.runtime.step_plan import DecodeRow, PrefillChunk, StepPlan
+from ember.runtime.engine import engine as engine_module
+from ember.runtime.engine.engine import Engine, EngineConfig
+from ember.runtime.execution.step_inputs import StepShape, all_step_shapes, build_step_batch, step_shape
+from ember.runtime.loading.model import load_model
+from ember.runtime.sampling.params import SamplingParams
+from ember.runtime.scheduling.scheduled_step import DecodeRow, PrefillChunk, PrefillShapes, ScheduledStep
 
 BS = 4  # tokens per KV block
 
@@ -43,7 +43,7 @@ def test_prefill_shapes_bound_a_step_by_the_largest_bucket():
 
 def test_step_batch_lays_each_chunk_out_in_its_own_segment():
     tables = {"d": ((1, 2),), "a": ((3, 4),), "b": ((5,),), "c": ((6, 7, 8),)}
-    plan = StepPlan(
+    plan = ScheduledStep(
         decodes=(DecodeRow("d", 9, 5, (2 * BS + 1,)),),
         prefills=(
             _chunk("a", 0, 6, tables["a"][0]),
@@ -163,9 +163,9 @@ def test_the_engine_prefills_a_burst_of_prompts_together_with_unchanged_outputs(
     chunk_counts = []
     launch = engine.executor.launch
 
-    def counting_launch(plan, rows, steps, **kwargs):
-        chunk_counts.append(len(plan.prefills))
-        return launch(plan, rows, steps, **kwargs)
+    def counting_launch(step, rows, steps, **kwargs):
+        chunk_counts.append(len(step.prefills))
+        return launch(step, rows, steps, **kwargs)
 
     engine.executor.launch = counting_launch
     rng = np.random.default_rng(4)

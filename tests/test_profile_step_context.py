@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember.runtime.step_inputs import StepShape, padding_batch
+from ember.runtime.execution.step_inputs import StepShape, padding_batch
 from ember.tools.dev.profile_step import context_batch
 
 

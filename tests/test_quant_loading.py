@@ -20,12 +20,12 @@ from ember.compiler.passes.select_kernels import VARIANTS
 from ember.compiler.pipeline import compile_graph
 from ember.compiler.spec import spec_for_arch
 from ember.compiler.targets import get_target
-from ember.runtime.checkpoint import open_checkpoint
-from ember.runtime.dims import resolve
-from ember.runtime.model import load_model
-from ember.runtime.sequence_runner import SequenceRunner
-from ember.runtime.synthetic_gguf import synthetic_gguf_checkpoint
-from ember.runtime.weights import WeightLoader
+from ember.runtime.execution.sequence_runner import SequenceRunner
+from ember.runtime.loading.checkpoint import open_checkpoint
+from ember.runtime.loading.dims import resolve
+from ember.runtime.loading.model import load_model
+from ember.runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
+from ember.runtime.loading.weights import WeightLoader
 
 KEPT = ("q4_k", "q6_k", "q8_0")
 _QUANT = "ember.compiler.ops.linear_quant"
@@ -196,7 +196,7 @@ def test_fetch_raw_only_for_kept_matrices(tmp_path):
 
 
 def test_the_environment_chooses_which_formats_stay_quantized(monkeypatch):
-    from ember.runtime.model import QUANTIZED_FORMATS_ENV, _quantized_formats
+    from ember.runtime.loading.model import QUANTIZED_FORMATS_ENV, _quantized_formats
 
     monkeypatch.delenv(QUANTIZED_FORMATS_ENV, raising=False)
     # the h200 default: FP8 stays FP8, GGUF blocks stay packed (with dense copies: test_dense_copies_...)
@@ -211,7 +211,7 @@ def test_the_environment_chooses_which_formats_stay_quantized(monkeypatch):
 
 
 def test_the_environment_chooses_whether_kept_weights_get_dense_copies(monkeypatch):
-    from ember.runtime.model import DENSE_COPIES_ENV, _dense_copies
+    from ember.runtime.loading.model import DENSE_COPIES_ENV, _dense_copies
 
     monkeypatch.delenv(DENSE_COPIES_ENV, raising=False)
     assert _dense_copies("h200") and not _dense_copies("cpu")

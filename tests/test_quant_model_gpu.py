@@ -28,10 +28,10 @@ from ember.compiler.passes.select_kernels import VARIANTS  # noqa: E402
 from ember.compiler.pipeline import compile_graph  # noqa: E402
 from ember.compiler.spec import spec_for_arch  # noqa: E402
 from ember.compiler.targets import get_target  # noqa: E402
-from ember.runtime.model import load_model  # noqa: E402
-from ember.runtime.plans import GENERATED_DIR, load_plan  # noqa: E402
-from ember.runtime.sequence_runner import SequenceRunner  # noqa: E402
-from ember.runtime.synthetic_gguf import synthetic_gguf_checkpoint  # noqa: E402
+from ember.runtime.execution.sequence_runner import SequenceRunner  # noqa: E402
+from ember.runtime.loading.model import load_model  # noqa: E402
+from ember.runtime.loading.plans import GENERATED_DIR, load_plan  # noqa: E402
+from ember.runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from fixture_data import real_reference, top1_agreement, topk_kl
 
-from ember.runtime.model import load_model
-from ember.runtime.sequence_runner import SequenceRunner
+from ember.runtime.execution.sequence_runner import SequenceRunner
+from ember.runtime.loading.model import load_model
 
 pytestmark = pytest.mark.real_model
 

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
-from ember.runtime.loader.errors import CheckpointError
-from ember.runtime.loader.safetensors_dir import INDEX_FILE, open_hf_checkpoint
+from ember.runtime.loading.formats.errors import CheckpointError
+from ember.runtime.loading.formats.safetensors_dir import INDEX_FILE, open_hf_checkpoint
 
 CONFIG = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 8, "num_hidden_layers": 1}
 

@@ -1,5 +1,5 @@
 """The batched on-device sampler (ember.compiler.ops.sampling) and its host-side packing
-(ember.runtime.sampling_params), checked against an independent float64 numpy model of the semantics."""
+(ember.runtime.sampling.params), checked against an independent float64 numpy model of the semantics."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ember.compiler.ops.sampling import sample
-from ember.runtime.sampling_params import (
+from ember.runtime.sampling.params import (
     MAX_N,
     RowState,
     SamplingParams,

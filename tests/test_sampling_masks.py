@@ -28,7 +28,7 @@ from test_sampling import (
 )
 
 from ember.compiler.ops.sampling import unpack_mask
-from ember.runtime.sampling_params import RowState, SamplingParams, pack_batch
+from ember.runtime.sampling.params import RowState, SamplingParams, pack_batch
 
 
 def pack_mask(allowed):

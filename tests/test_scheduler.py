@@ -15,12 +15,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from ember.runtime.kv import BlockPool
-from ember.runtime.kv_cache import KVCache
-from ember.runtime.requests import Request, RequestStatus
-from ember.runtime.scheduler import QueueFullError, RequestTooLongError, Scheduler, StepPlan
-from ember.runtime.state_kinds import window_pool_blocks
-from ember.runtime.step_inputs import PrefillShapes
+from ember.runtime.scheduling.requests import QueueFullError, Request, RequestStatus, RequestTooLongError
+from ember.runtime.scheduling.scheduled_step import PrefillShapes, ScheduledStep
+from ember.runtime.scheduling.scheduler import Scheduler
+from ember.runtime.state.block_pool import BlockPool
+from ember.runtime.state.kinds import window_pool_blocks
+from ember.runtime.state.kv_cache import KVCache
 
 VOCAB = 64
 STOP = 0
@@ -52,7 +52,7 @@ class MockPlan:
         kv = scheduler.kv
         self.shadow = {k.name: np.full(kv.pools[k.name].num_blocks * kv.block_size, -1, np.int64) for k in kv.kinds}
 
-    def run(self, plan: StepPlan) -> list[int]:
+    def run(self, plan: ScheduledStep) -> list[int]:
         kv, bs = self.scheduler.kv, self.scheduler.kv.block_size
         assert plan.num_tokens <= self.scheduler.max_batched_tokens and plan.num_kinds == len(kv.kinds)
         writes = [(r.request_id, r.position, r.slots, r.token_id) for r in plan.decodes]
@@ -88,7 +88,7 @@ class MockPlan:
         assert len(sampled) == len(plan.logit_rows)
         return sampled
 
-    def check_window_holdings(self, plan: StepPlan) -> None:
+    def check_window_holdings(self, plan: ScheduledStep) -> None:
         """A sliding kind holds at most ceil(W / bs) + 1 blocks per decode row, + ceil(C / bs) in a chunk."""
         kv, bs = self.scheduler.kv, self.scheduler.kv.block_size
         chunks = {c.request_id: c.num_tokens for c in plan.prefills}

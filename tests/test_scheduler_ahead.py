@@ -1,4 +1,4 @@
-"""Run-ahead plans in the scheduler (runtime/scheduler_ahead.py): a chained plan is the same rows `steps`
+"""Run-ahead plans in the scheduler (runtime/scheduling/run_ahead.py): a chained plan is the same rows `steps`
 positions further with KV for them, only while nobody waits and somebody will still be running; plans are
 updated in dispatch order; a failed or dropped chained plan leaves the pool consistent."""
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from test_scheduler import check_invariants, make, prompt_of, request
 
-from ember.runtime.step_plan import slots_at
+from ember.runtime.scheduling.scheduled_step import slots_at
 
 STEPS = 4
 

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from ember.runtime.streams import Usage
+from ember.runtime.engine.streams import Usage
 from ember.server.lmstudio import _stop_reason
 
 STOP_REASONS = {

@@ -12,7 +12,7 @@ import llguidance
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ember.runtime.loader.chat_template import ChatTemplate
+from ember.runtime.loading.text.chat_template import ChatTemplate
 from ember.server.tool_fences import parse_call_body
 from ember.server.tool_grammar import tool_call_grammar
 from ember.server.tool_messages import anthropic_messages_to_openai, messages_for_template
@@ -156,8 +156,8 @@ def test_grammar_lets_reasoning_come_first(ll_tokenizer):
 
 def test_grammar_with_the_real_qwen_tokenizer(qwen_gguf):
     """Qwen's <tool_call> is one added token: the grammar must let the model write it as that token."""
-    from ember.runtime.loader.gguf_reader import GGUFFile
-    from ember.runtime.loader.tokenizer import Tokenizer as EmberTokenizer
+    from ember.runtime.loading.formats.gguf_reader import GGUFFile
+    from ember.runtime.loading.text.tokenizer import Tokenizer as EmberTokenizer
 
     tokenizer = EmberTokenizer.from_gguf_metadata(GGUFFile(qwen_gguf).metadata, str(qwen_gguf))
     ll = llguidance.LLTokenizer(tokenizer.backend.to_str(), eos_token=list(tokenizer.eos_token_ids))
@@ -257,9 +257,9 @@ def test_another_call_only_when_parallel_calls_are_allowed(ll_tokenizer):
 def test_real_qwen_eos_ids_end_the_turn_exactly_after_complete_calls(qwen_gguf):
     """Token level, on the default model's own vocabulary: both of its end-of-turn ids (`<|im_end|>` and
     `<|endoftext|>`) are allowed after a call and the whitespace after it, and nowhere inside a call."""
-    from ember.runtime.loader.gguf_reader import GGUFFile
-    from ember.runtime.loader.tokenizer import Tokenizer as EmberTokenizer
-    from ember.runtime.prompting import end_of_generation_ids
+    from ember.runtime.loading.formats.gguf_reader import GGUFFile
+    from ember.runtime.loading.text.prompting import end_of_generation_ids
+    from ember.runtime.loading.text.tokenizer import Tokenizer as EmberTokenizer
 
     tokenizer = EmberTokenizer.from_gguf_metadata(GGUFFile(qwen_gguf).metadata, str(qwen_gguf))
     eos_ids = sorted(end_of_generation_ids(tokenizer, {}))

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from fixture_data import tiny_fixture
 
-from ember.runtime.engine import Engine, EngineConfig, kv_bytes_per_block, sized_config
-from ember.runtime.kv import RESERVED_BLOCK
-from ember.runtime.model import load_model
-from ember.runtime.sampling_params import SamplingParams
-from ember.runtime.sequence_runner import SequenceRunner
+from ember.runtime.engine.engine import Engine, EngineConfig, kv_bytes_per_block, sized_config
+from ember.runtime.execution.sequence_runner import SequenceRunner
+from ember.runtime.loading.model import load_model
+from ember.runtime.sampling.params import SamplingParams
+from ember.runtime.state.block_pool import RESERVED_BLOCK
 
 BS = 4  # small blocks: a window of 8 tokens is 2-3 blocks, prompts span many windows
 GREEDY = dict(temperature=0.0, ignore_eos=True, logprobs=1)

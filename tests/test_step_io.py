@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ember.compiler.ops.sampling import SampleResult
-from ember.runtime.step_io import pack_arrays, pack_result, unpack_arrays, unpack_result
+from ember.runtime.execution.step_io import pack_arrays, pack_result, unpack_arrays, unpack_result
 
 DTYPES = [np.int32, np.float32, np.uint32, np.bool_]
 

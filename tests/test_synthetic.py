@@ -6,9 +6,9 @@ import numpy as np
 from fixture_data import tiny_fixture
 
 from ember.compiler.spec import spec_for_arch
-from ember.runtime.model import load_model
-from ember.runtime.sequence_runner import SequenceRunner
-from ember.runtime.synthetic import synthetic_checkpoint
+from ember.runtime.execution.sequence_runner import SequenceRunner
+from ember.runtime.loading.model import load_model
+from ember.runtime.loading.synthetic import synthetic_checkpoint
 
 
 def test_synthetic_model_matches_the_tiny_config_shapes_and_runs():

@@ -1,4 +1,4 @@
-"""Synthetic GGUF checkpoints (runtime/synthetic_gguf.py): the Q4_K_M type rule reproduces the real
+"""Synthetic GGUF checkpoints (runtime/loading/synthetic_gguf.py): the Q4_K_M type rule reproduces the real
 files' per-tensor types exactly, and the checkpoint loads like a GGUF file at the shapes it claims.
 
 tests/fixtures/real/q4_k_m_tensor_types.json holds each real file's tensor -> type list (read from the
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from ember.compiler.spec import spec_for_arch
-from ember.runtime.dims import resolve
-from ember.runtime.loader.gguf_reader import GGUFFile
-from ember.runtime.loader.known_models import cache_dir
-from ember.runtime.synthetic_gguf import q4_k_m_types, synthetic_gguf_checkpoint
+from ember.runtime.loading.dims import resolve
+from ember.runtime.loading.formats.gguf_reader import GGUFFile
+from ember.runtime.loading.known_models import cache_dir
+from ember.runtime.loading.synthetic_gguf import q4_k_m_types, synthetic_gguf_checkpoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "real" / "q4_k_m_tensor_types.json"
 REAL = json.loads(FIXTURE.read_text())

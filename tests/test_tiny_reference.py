@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from fixture_data import TINY_ARCHS, tiny_fixture
 
-from ember.runtime.model import load_model
-from ember.runtime.sequence_runner import SequenceRunner
+from ember.runtime.execution.sequence_runner import SequenceRunner
+from ember.runtime.loading.model import load_model
 
 TOLERANCE = 1e-4
 

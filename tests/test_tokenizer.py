@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ember.runtime.loader.errors import CheckpointError
-from ember.runtime.loader.tokenizer import IncrementalDetokenizer, Tokenizer
-from ember.runtime.loader.tokenizer_gguf import byte_alphabet, derive_merges
+from ember.runtime.loading.formats.errors import CheckpointError
+from ember.runtime.loading.text.tokenizer import IncrementalDetokenizer, Tokenizer
+from ember.runtime.loading.text.tokenizer_gguf import byte_alphabet, derive_merges
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tokenizer"
 REAL_MODELS = ("qwen2.5-coder-1.5b-instruct", "gemma-3-270m")
@@ -220,8 +220,8 @@ def test_streaming_can_skip_special_tokens():
 
 @cache
 def real_tokenizer(model: str) -> Tokenizer:
-    from ember.runtime.loader.gguf_reader import GGUFFile
-    from ember.runtime.loader.known_models import resolve_model
+    from ember.runtime.loading.formats.gguf_reader import GGUFFile
+    from ember.runtime.loading.known_models import resolve_model
 
     path = resolve_model(model, progress=False)
     with GGUFFile(path, require_supported=False) as gguf:

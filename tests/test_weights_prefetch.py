@@ -1,4 +1,4 @@
-"""runtime/weights.py's prefetched(): the loader's host work on worker threads, in order, a bounded window ahead."""
+"""runtime/loading/weights.py's prefetched(): the loader's host work on worker threads, in order, a bounded window ahead."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from ember.runtime.weights import prefetched
+from ember.runtime.loading.weights import prefetched
 
 
 def test_results_come_in_order_and_never_more_than_the_window_ahead():

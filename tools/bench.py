@@ -34,7 +34,7 @@ def _commit() -> str:
 
 
 def _run_concurrent(engine, prompts: list[list[int]], output_tokens: int) -> dict:
-    from ..runtime.sampling_params import SamplingParams
+    from ..runtime.sampling.params import SamplingParams
 
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_tokens)
     start = time.perf_counter()
@@ -130,9 +130,9 @@ SYNTHETIC_SHAPES = {
     ),
 }
 # `<shape>-<format>`: weights in a quantized checkpoint layout (random values, the real block layout), made by
-# ember.runtime.synthetic_gguf; without a suffix, float weights in the target's activation dtype.
+# ember.runtime.loading.synthetic_gguf; without a suffix, float weights in the target's activation dtype.
 # `-fp8` / `-fp8_block`: the layers' projections in FP8 e4m3 with per-channel / 128 x 128 block scales
-# (compiler/ops/quant/fp8.py), drawn by ember.runtime.synthetic on targets whose projections take them.
+# (compiler/ops/quant/fp8.py), drawn by ember.runtime.loading.synthetic on targets whose projections take them.
 QUANTIZED_FORMATS = ("q4_k_m", "fp8", "fp8_block")
 
 
@@ -150,9 +150,9 @@ def parse_synthetic(name: str) -> tuple[str, str | None]:
 
 def _synthetic_model(name: str, target: str, tokenizer_dir: str | None):
     from ..compiler.spec import spec_for_arch
-    from ..runtime.loader.tokenizer import Tokenizer
-    from ..runtime.model import load_model
-    from ..runtime.synthetic import synthetic_model
+    from ..runtime.loading.model import load_model
+    from ..runtime.loading.synthetic import synthetic_model
+    from ..runtime.loading.text.tokenizer import Tokenizer
 
     shape, fmt = parse_synthetic(name)
     if tokenizer_dir is None:
@@ -163,10 +163,10 @@ def _synthetic_model(name: str, target: str, tokenizer_dir: str | None):
         model = synthetic_model(spec, config, target=target, weight_format=fmt)
     else:
         try:
-            from ..runtime.synthetic_gguf import synthetic_gguf_checkpoint
+            from ..runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
         except ImportError as error:
             raise ValueError(
-                f"{name} needs ember.runtime.synthetic_gguf (synthetic GGUF checkpoints in the "
+                f"{name} needs ember.runtime.loading.synthetic_gguf (synthetic GGUF checkpoints in the "
                 f"{fmt} layout), which this tree does not have: {error}"
             ) from None
         model = load_model(synthetic_gguf_checkpoint(spec, config, scheme=fmt, seed=0), target=target)
@@ -175,9 +175,9 @@ def _synthetic_model(name: str, target: str, tokenizer_dir: str | None):
 
 def load_bench_model(model_name: str, target: str, tokenizer_dir: str | None = None):
     """(Model, Tokenizer) for a known model name or `synthetic:<shape>[-<format>]`."""
-    from ..runtime.loader.known_models import resolve_model
-    from ..runtime.model import load_model
-    from ..runtime.prompting import load_tokenizer
+    from ..runtime.loading.known_models import resolve_model
+    from ..runtime.loading.model import load_model
+    from ..runtime.loading.text.prompting import load_tokenizer
 
     if model_name.startswith(SYNTHETIC_PREFIX):
         return _synthetic_model(model_name, target, tokenizer_dir)
@@ -206,7 +206,7 @@ def weight_bytes_per_step(model, rows: int = 1) -> int:
 def kv_bytes_read(model, context: int, kv_cache_dtype: str = "auto") -> int:
     """K and V bytes one decode step of one sequence reads at `context` tokens: per layer
     min(context, its window) x hkv x dh x 2 x itemsize (of the KV pools' dtype)."""
-    from ..runtime.engine_config import kv_dtype
+    from ..runtime.engine.config import kv_dtype
 
     d = model.dims
     windows = {kind.name: kind.window for kind in model.paged_kinds}
@@ -219,33 +219,36 @@ def kv_bytes_read(model, context: int, kv_cache_dtype: str = "auto") -> int:
 
 class StepClock:
     """When each engine device call finished, with the decode tokens it made, its decode steps and whether
-    it held a prefill chunk. Wraps the engine's executor.launch: a call is timed when its results reach the
-    host (the engine dispatches a call, then waits for it through the function launch returns)."""
+    it held a prefill chunk. Wraps the engine's executor.launch and executor.collect: a call is timed when its
+    results reach the host (the engine launches a call, then waits for it through collect)."""
 
     def __init__(self, engine):
         self.steps: list[tuple[float, int, int, bool]] = []  # (finished at, decode tokens, steps, prefill?)
         self.launches: list[tuple[float, float, bool, bool]] = []  # host: (began, returned, chained?, prefill?)
         executor = engine.executor
-        executor.launch = self._timed(executor.launch)
+        executor.launch = self._timed_launch(executor.launch)
+        executor.collect = self._timed_collect(executor.collect)
 
     def reset(self) -> None:
         self.steps.clear()
         self.launches.clear()
 
-    def _timed(self, launch):
-        def timed(plan, rows, steps, **kwargs):
+    def _timed_launch(self, launch):
+        def timed(step, rows, steps, **kwargs):
             began = time.perf_counter()
-            collect = launch(plan, rows, steps, **kwargs)
-            self.launches.append((began, time.perf_counter(), bool(kwargs.get("chained")), bool(plan.prefills)))
+            in_flight = launch(step, rows, steps, **kwargs)
+            chained = kwargs.get("after") is not None
+            self.launches.append((began, time.perf_counter(), chained, bool(step.prefills)))
+            return in_flight
 
-            def timed_collect():
-                result = collect()
-                self.steps.append(
-                    (time.perf_counter(), plan.num_decode * len(result), len(result), bool(plan.prefills))
-                )
-                return result
+        return timed
 
-            return timed_collect
+    def _timed_collect(self, collect):
+        def timed(in_flight):
+            result = collect(in_flight)
+            step = in_flight.step
+            self.steps.append((time.perf_counter(), step.num_decode * len(result), len(result), bool(step.prefills)))
+            return result
 
         return timed
 
@@ -287,7 +290,7 @@ class StepClock:
 
 def single_request(engine, prompt: list[int], max_tokens: int):
     """Run one greedy request to its end; its Usage. Raises if the engine ended it with an error."""
-    from ..runtime.sampling_params import SamplingParams
+    from ..runtime.sampling.params import SamplingParams
 
     usage = None
     for output in engine.submit(prompt, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens)):
@@ -301,7 +304,7 @@ def model_facts(model, kv_cache_dtype: str = "auto") -> dict:
     """What the report says about a loaded model: its weight bytes (per step, and by dtype), KV dtype, dims."""
     import jax
 
-    from ..runtime.engine_config import kv_dtype
+    from ..runtime.engine.config import kv_dtype
 
     dtypes: dict[str, int] = {}
     for leaf in jax.tree.leaves((model.params.globals, model.params.layers)):
@@ -354,7 +357,7 @@ def run_bench(
 ) -> dict:
     import jax
 
-    from ..runtime.engine import Engine, EngineConfig
+    from ..runtime.engine.engine import Engine, EngineConfig
 
     started = time.perf_counter()
     model, tokenizer = load_bench_model(model_name, target, tokenizer_dir)

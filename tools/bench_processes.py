@@ -47,8 +47,8 @@ def measure_startup(
     engine of the same config loads them instead of compiling them again."""
     import jax
 
-    from ..runtime.executable_cache import DIRECTORY
-    from ..runtime.model import enable_compilation_cache
+    from ..runtime.execution.executable_cache import DIRECTORY
+    from ..runtime.loading.model import enable_compilation_cache
 
     enable_compilation_cache()
     cmd = [
@@ -128,7 +128,7 @@ def startup_child(argv: list[str]) -> int:
     parser.add_argument("--tokenizer")
     parser.add_argument("--engine", required=True, help="EngineConfig fields as JSON")
     args = parser.parse_args(argv)
-    from ..runtime.engine import Engine, EngineConfig
+    from ..runtime.engine.engine import Engine, EngineConfig
     from .bench import load_bench_model
 
     begun = time.perf_counter()

@@ -268,7 +268,7 @@ class Suite:
         """body(engine, clock) with an engine of `config`, closed after and its KV pool freed at once (the
         step clock and the executor reference each other). An engine that cannot be built (its KV pool does
         not fit, say) marks each section it was for with the error."""
-        from ..runtime.engine import Engine
+        from ..runtime.engine.engine import Engine
 
         try:
             engine = Engine(model, tokenizer, config)
@@ -287,7 +287,7 @@ class Suite:
     # ---- engines ---------------------------------------------------------------------------------------
 
     def single_config(self):
-        from ..runtime.engine import EngineConfig
+        from ..runtime.engine.engine import EngineConfig
 
         c = self.config
         longest = max([*c.contexts, *c.prefill_lengths]) + c.context_decode_tokens + 1
@@ -302,7 +302,7 @@ class Suite:
         )
 
     def batch_config(self):
-        from ..runtime.engine import EngineConfig
+        from ..runtime.engine.engine import EngineConfig
 
         c = self.config
         top = max([*c.concurrency, c.ttft_concurrency])
@@ -320,7 +320,7 @@ class Suite:
     def warm_single(self, out: dict, engine, model) -> None:
         """Compile only the shapes the batch-1 measurements use (a 32k-context engine has many): one short
         request per distinct prefill chunk bucket."""
-        from ..runtime.step_inputs import bucket
+        from ..runtime.scheduling.scheduled_step import bucket
 
         buckets = engine.executor.prefill.buckets
         chunk = min(self.config.prefill_chunk, max(buckets))
@@ -433,7 +433,7 @@ class Suite:
     def run_startup(self, out: dict, name: str) -> None:
         from .bench_processes import measure_startup
 
-        # the engine as `ember serve` builds it: keeping its step executables (runtime/executable_cache.py)
+        # the engine as `ember serve` builds it: keeping its step executables (runtime/execution/executable_cache.py)
         engine = dict(dataclasses.asdict(self.batch_config()), keep_executables=True)
         out.update(measure_startup(name, self.target, self.tokenizer_dir, engine, self.remaining_timeout))
 

@@ -81,14 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     from ember.compiler.spec import spec_for_arch
-    from ember.runtime.model import load_model
-    from ember.runtime.sequence_runner import SequenceRunner
-    from ember.runtime.synthetic import synthetic_checkpoint
+    from ember.runtime.execution.sequence_runner import SequenceRunner
+    from ember.runtime.loading.model import load_model
+    from ember.runtime.loading.synthetic import synthetic_checkpoint
     from ember.tools.bench import SYNTHETIC_SHAPES
 
     if args.model:
-        from ember.runtime.checkpoint import open_checkpoint
-        from ember.runtime.prompting import load_tokenizer
+        from ember.runtime.loading.checkpoint import open_checkpoint
+        from ember.runtime.loading.text.prompting import load_tokenizer
 
         checkpoint = lambda: open_checkpoint(args.model)  # noqa: E731
         tokens = load_tokenizer(checkpoint()).encode(open(args.text).read())[: args.positions]

@@ -14,11 +14,11 @@ from pathlib import Path
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from ..runtime.generate import GenerationStats, generate
-    from ..runtime.loader.known_models import resolve_model
-    from ..runtime.model import load_model
-    from ..runtime.prompting import end_of_generation_ids, load_tokenizer, render_chat
-    from ..runtime.sampling_params import SamplingParams
+    from ..runtime.engine.generate import GenerationStats, generate
+    from ..runtime.loading.known_models import resolve_model
+    from ..runtime.loading.model import load_model
+    from ..runtime.loading.text.prompting import end_of_generation_ids, load_tokenizer, render_chat
+    from ..runtime.sampling.params import SamplingParams
 
     path = resolve_model(args.model, progress=True)
     started = time.perf_counter()
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt-tokens", type=_positive_int, help="default 256")
     bench.add_argument("--output-tokens", type=_positive_int, help="default 128 (--suite: 256)")
     bench.add_argument("--deterministic", action="store_true")
-    from ..runtime.kv_dtypes import KV_CACHE_DTYPES
+    from ..runtime.state.kv_dtypes import KV_CACHE_DTYPES
 
     bench.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="the engines' KV pool dtype (auto)")
     bench.add_argument("--tokenizer", help="HF tokenizer folder, for --model synthetic:<shape> (random weights)")
@@ -186,8 +186,8 @@ def _non_negative_float(text: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     from ..compiler.spec import SpecError
-    from ..runtime.loader.errors import CheckpointError
-    from ..runtime.plans import PlanError
+    from ..runtime.loading.formats.errors import CheckpointError
+    from ..runtime.loading.plans import PlanError
 
     args = build_parser().parse_args(argv)
     try:

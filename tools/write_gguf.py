@@ -2,7 +2,7 @@
 that llama.cpp loads, so that llama.cpp and Ember are measured on the same tensors' layouts and types
 (tools/dev/llamacpp_bench.py).
 
-The file holds the checkpoint's metadata and tensors (runtime/synthetic_gguf.py: llama.cpp's Q4_K_M
+The file holds the checkpoint's metadata and tensors (runtime/loading/synthetic_gguf.py: llama.cpp's Q4_K_M
 per-tensor types, or BF16 for a plain shape) and a GPT-2-style BPE vocabulary from an HF tokenizer.json,
 fitted to the model's vocab size: cut (with the merges whose parts it lost) or padded with unused
 tokens. llama.cpp's benches feed random token ids, so the vocabulary only has to load.
@@ -25,7 +25,7 @@ from gguf.constants import GGMLQuantizationType, TokenType
 def synthetic_checkpoint(model_name: str, seed: int = 0):
     """(checkpoint, vocab size) of `synthetic:<shape>[-q4_k_m]`: the shape's bf16 layout when no format is named."""
     from ..compiler.spec import spec_for_arch
-    from ..runtime.synthetic_gguf import synthetic_gguf_checkpoint
+    from ..runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
     from .bench import SYNTHETIC_SHAPES, parse_synthetic
 
     shape, fmt = parse_synthetic(model_name)

@@ -53,9 +53,9 @@ SHAPES = {
     "qwen2.5-1.5b": [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (151936, 1536)],
     "llama-3-8b": [(4096, 4096), (14336, 4096), (4096, 14336)],
 }
-# The matrices a decode step multiplies, per format, as the h200 plans call them (runtime/weights.py packs
+# The matrices a decode step multiplies, per format, as the h200 plans call them (runtime/loading/weights.py packs
 # consecutive parts of one format: q+k, gate+up; a llama.cpp Q4_K_M file makes attn_v and ffn_down Q6_K in
-# about half the layers (runtime/synthetic_gguf.py) and the output head Q6_K; the head of a tied model is
+# about half the layers (runtime/loading/synthetic_gguf.py) and the output head Q6_K; the head of a tied model is
 # its Q6_K embedding table).
 DECODE_SHAPES = {
     "q4_k": [

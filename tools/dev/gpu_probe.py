@@ -20,7 +20,7 @@ from ember.tools.hbm_probe import copy_bandwidth
 
 
 def decode_rate(model, steps: int = 64) -> dict:
-    from ember.runtime.sequence_runner import SequenceRunner
+    from ember.runtime.execution.sequence_runner import SequenceRunner
 
     runner = SequenceRunner(model, 128 + 2 * steps + 8)
     logits = runner.prefill(list(range(100, 228)))
@@ -41,8 +41,8 @@ def decode_rate(model, steps: int = 64) -> dict:
 
 def main() -> int:
     from ember.compiler.spec import spec_for_arch
-    from ember.runtime.model import load_model
-    from ember.runtime.synthetic import synthetic_checkpoint
+    from ember.runtime.loading.model import load_model
+    from ember.runtime.loading.synthetic import synthetic_checkpoint
 
     result = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__}
     bandwidth = copy_bandwidth()

@@ -48,9 +48,9 @@
 #     python -m ember.tools.dev.truncate_gguf <qwen2.5-coder-1.5b-instruct GGUF> --layers 1 --vocab 8192 \
 #       --out .gpu/real/qwen2.5-coder-1.5b-instruct.gguf
 #     python -m ember.tools.dev.truncate_gguf <gemma-3-270m GGUF> --layers 12 --vocab 8192 --out .gpu/real/gemma-3-270m.gguf
-#   (the GGUF paths: python -c "from ember.runtime.loader.known_models import resolve_model as r; print(r('<name>'))")
+#   (the GGUF paths: python -c "from ember.runtime.loading.known_models import resolve_model as r; print(r('<name>'))")
 #   the GGUF files (llamacpp, serve-startup) need a BPE tokenizer.json: the default model's, written by
-#   python -c "from ember.runtime.checkpoint import open_checkpoint as o; from ember.runtime.prompting import \
+#   python -c "from ember.runtime.loading.checkpoint import open_checkpoint as o; from ember.runtime.loading.text.prompting import \
 #     load_tokenizer as t; t(o('<the default model's GGUF>')).backend.save('.gpu/bpe-tok/tokenizer.json')"
 #   (llamacpp: tools/dev/trim_llamacpp_source.sh .whl/llama.cpp-trimmed.tar.xz)
 # Several sections run in order: tools/dev/h200_run.sh rows profile

@@ -98,7 +98,7 @@ def _host_launch_events(planes: list, per: int) -> list[dict]:
 def _profile_engine(engine, vocab: int, concurrency: int, prompt_tokens: int, output_tokens: int) -> dict:
     import jax
 
-    from ...runtime.sampling_params import SamplingParams
+    from ...runtime.sampling.params import SamplingParams
 
     rng = np.random.default_rng(concurrency)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_tokens)
@@ -143,7 +143,7 @@ def context_batch(shape, context: int, block_size: int, num_blocks: int):
     context - 1, the last one written this step) in blocks of their own (row r: blocks 1 + r * per_row ...;
     block 0 stays the padding rows' sink); context <= 1 is the padding batch. The values in those blocks are
     whatever the pool holds: the attention's work, not its answer, is what is timed."""
-    from ...runtime.step_inputs import padding_batch
+    from ...runtime.execution.step_inputs import padding_batch
 
     batch = padding_batch(shape)
     if context <= 1:
@@ -173,8 +173,8 @@ def _plan_alone(engine, rows: int, context: int = 1, repeats: int = 50) -> dict:
     and device time per step."""
     import jax
 
-    from ...runtime.engine_step import pack_step_inputs, run_step
-    from ...runtime.step_inputs import StepShape
+    from ...runtime.execution.engine_step import pack_step_inputs, run_step
+    from ...runtime.execution.step_inputs import StepShape
 
     ex = engine.executor
     shape = StepShape(rows, 0, ex.table_blocks, ex.num_kinds)
@@ -225,7 +225,7 @@ def _multi_alone(engine, shape, batch, calls: int = 10) -> dict:
     back-to-back calls (async) and with a host read per call, as ms per decode step."""
     import jax
 
-    from ...runtime.engine_step import launch_multi_step
+    from ...runtime.execution.engine_step import launch_multi_step
 
     ex = engine.executor
     if ex.multi_step_fn is None:
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from ...runtime.engine import Engine, EngineConfig
+    from ...runtime.engine.engine import Engine, EngineConfig
     from ..bench import load_bench_model
 
     model, tokenizer = load_bench_model(args.model, args.target, args.tokenizer)

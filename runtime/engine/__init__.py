@@ -1,0 +1,1 @@
+"""The engine API (submit, stream, abort), its loop thread, and what turns sampled tokens into outputs."""

@@ -1,0 +1,105 @@
+"""Engine configuration: the KV pool, batch and queue limits, deterministic mode and run-ahead, and the
+sizing of the KV pools from a memory budget or a context length (`sized_config`)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..loading.model import Model
+from ..scheduling.scheduled_step import PrefillShapes
+from ..state.kinds import engine_pool_blocks
+from ..state.kv_dtypes import checked_kv_cache_dtype
+from ..state.kv_dtypes import kv_dtype as _kv_dtype
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_blocks: int = 256  # KV pool size in blocks (block 0 is reserved); a sliding-window kind's is smaller:
+    sliding_num_blocks: int | None = None  # None: the sizing rule of runtime/state/kinds.py
+    block_size: int = 16
+    max_model_len: int = 4096  # longest context of one sequence (prompt + output)
+    max_num_seqs: int = 16
+    max_batched_tokens: int = 512
+    max_queue_depth: int = 256
+    max_queue_wait_s: float = 300.0  # bounded wait for KV capacity before a request is refused
+    deterministic: bool = False  # batch-invariant plans: same tokens and logprobs alone or under load
+    enable_prefix_caching: bool = True
+    # decode steps per device call when every running request is decoding plainly (runtime/scheduling/lookahead.py);
+    # 1 = one step per call; None = the plan's target's choice (Target.decode_steps). Amortises the host's
+    # per-call work over that many tokens.
+    decode_steps: int | None = None
+    # keep the step executables on disk beside JAX's persistent cache (runtime/execution/executable_cache.py), so that a
+    # restart neither traces nor lowers them; `ember serve` turns it on. Off by default: an engine whose traced
+    # code is changed by anything but the sources and EMBER_* settings (a test patching a module) must trace.
+    keep_executables: bool = False
+    # the KV pools' element type (KV_CACHE_DTYPES): "auto" = the plan's activation dtype; "fp8" (= "fp8_e4m3")
+    # stores K and V rounded to float8 e4m3 with no scale (vLLM's --kv-cache-dtype fp8 without calibrated
+    # scales): half the bytes of a bf16 pool, so twice the tokens per KV budget and half the KV reads per step
+    kv_cache_dtype: str = "auto"
+
+    def __post_init__(self):
+        checked_kv_cache_dtype(self.kv_cache_dtype)
+
+
+def prefill_shapes(entry: dict, config: EngineConfig) -> PrefillShapes:
+    """The chunk layouts an engine uses: the plan's prefill buckets up to max_batched_tokens, and its
+    several-chunks-per-step segments (one chunk per step in deterministic mode, whose tiles are fixed)."""
+    buckets = tuple(b for b in entry["prefill_buckets"] if b <= config.max_batched_tokens) or (16,)
+    segments = (1,) if config.deterministic else tuple(entry.get("prefill_segments", (1,)))
+    return PrefillShapes(buckets, segments, int(entry.get("segment_max_tokens", 512)))
+
+
+def kv_dtype(model: Model, kv_cache_dtype: str = "auto") -> np.dtype:
+    """The KV pools' dtype of an engine of `model` (runtime/state/kv_dtypes.py)."""
+    return _kv_dtype(model.dtype, kv_cache_dtype)
+
+
+def kv_bytes_per_block(model: Model, block_size: int, kind: str | None = None, kv_cache_dtype: str = "auto") -> int:
+    """K and V of one block over the layers of one KV state kind (all layers when kind is None):
+    2 * layers_of_kind * block_size * hkv * dh * itemsize (of the kv_cache_dtype)."""
+    d = model.dims
+    layers = sum(1 for k in model.layer_state_kinds if kind is None or k == kind)
+    return 2 * layers * block_size * int(d.hkv) * int(d.dh) * kv_dtype(model, kv_cache_dtype).itemsize
+
+
+def sized_config(
+    model: Model, *, kv_memory_bytes: int | None = None, ctx: int | None = None, **overrides
+) -> EngineConfig:
+    """An EngineConfig whose KV pools fit a memory budget, or whose full-attention pool holds `ctx` tokens in
+    all (`--ctx`). Every kind is accounted for: the budget buys the largest full pool whose sliding-window
+    pools, sized by their rule (runtime/state/kinds.py), fit beside it.
+    EMBER_DETERMINISTIC=1 in the environment turns deterministic mode on."""
+    base = EngineConfig(**overrides)
+    if kv_memory_bytes is not None:
+        blocks = _full_blocks_for_budget(model, base, kv_memory_bytes)
+    elif ctx is not None:
+        blocks = math.ceil(ctx / base.block_size)
+    else:
+        blocks = base.num_blocks - 1
+    if blocks < 1:
+        raise ValueError("the KV budget holds no block: raise the memory budget or --ctx")
+    return replace(base, num_blocks=int(blocks) + 1, deterministic=base.deterministic or _deterministic_from_env())
+
+
+def _full_blocks_for_budget(model: Model, base: EngineConfig, budget: int) -> int:
+    """The most usable full-kind blocks n whose pools of every kind (n, or a sliding kind's rule) fit budget."""
+    kinds = model.paged_kinds
+    per_block = {k.name: kv_bytes_per_block(model, base.block_size, k.name, base.kv_cache_dtype) for k in kinds}
+
+    def cost(n: int) -> int:
+        sizes = engine_pool_blocks(kinds, replace(base, num_blocks=n + 1))
+        return sum(per_block[name] * (blocks - 1) for name, blocks in sizes.items())
+
+    lo, hi = 0, budget // max(min(per_block.values()), 1) + 1  # cost(hi) > budget: every block costs bytes
+    while lo < hi:  # cost is monotone in n
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if cost(mid) <= budget else (lo, mid - 1)
+    return lo
+
+
+def _deterministic_from_env() -> bool:
+    return os.environ.get("EMBER_DETERMINISTIC", "") not in ("", "0", "false")

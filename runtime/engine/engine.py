@@ -1,0 +1,189 @@
+"""The engine's API: submit, abort, snapshot, precompile, close. It builds the parts — the KV pools, the
+Scheduler, the StepExecutor, the OpenRequests (streams and output processing) — and the EngineLoop, the one
+thread that owns the device and runs them (runtime/engine/loop.py).
+
+Callers (the CLI, the server, tests) submit requests from any thread or event loop and read a
+RequestStream; abort() ends a request and frees its KV at once. What the engine needs from a model
+comes from its plan and checkpoint (buckets, stop tokens, defaults): it knows no model names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from dataclasses import replace
+
+from ..execution.step_executor import StepExecutor
+from ..loading.model import Model
+from ..sampling.guided import GrammarTokenizer, GuidedMatcher
+from ..sampling.params import SamplingParams, choice_seed, resolve_seed
+from ..scheduling.requests import Request
+from ..scheduling.scheduler import Scheduler
+from ..state.kinds import engine_pool_blocks
+from ..state.kv_cache import KVCache
+from .config import EngineConfig, _deterministic_from_env, kv_bytes_per_block, prefill_shapes, sized_config
+from .loop import EngineLoop
+from .open_requests import Choice, EngineCounters, OpenRequests, RequestGroup
+from .output_processor import OutputProcessor
+from .streams import RequestStream
+
+# the configuration and sizing helpers (runtime/engine/config.py) are part of the engine's API
+__all__ = ["Engine", "EngineConfig", "EngineCounters", "kv_bytes_per_block", "sized_config"]
+
+
+class EngineFailedError(RuntimeError):
+    """The engine thread stopped on an internal error: every request it held was ended with that error and
+    no new request is taken (a server reports 503 and needs a restart)."""
+
+
+class Engine:
+    def __init__(
+        self,
+        model: Model,
+        tokenizer,
+        config: EngineConfig | None = None,
+        *,
+        stop_token_ids: frozenset[int] = frozenset(),
+    ):
+        config = config if config is not None else EngineConfig()
+        if _deterministic_from_env():
+            config = replace(config, deterministic=True)
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.eos_token_ids = stop_token_ids
+        # one block pool per paged KV state kind (full attention; each sliding window, sized to its window)
+        self.kv = KVCache.of(model.paged_kinds, engine_pool_blocks(model.paged_kinds, config), config.block_size)
+        self.pool = self.kv.primary
+        prefill = prefill_shapes(model.plan.manifest["entries"]["forward"], config)
+        self.scheduler = Scheduler(
+            self.kv,
+            config.max_num_seqs,
+            config.max_batched_tokens,
+            config.max_queue_depth,
+            prefill.buckets,
+            enable_prefix_caching=config.enable_prefix_caching,
+            prefill_shapes=prefill,
+        )
+        self.executor = StepExecutor(model, config, prefill)
+        self.counters = EngineCounters()
+        self.requests = OpenRequests(self.scheduler, self.counters)
+        # one lock over the scheduler and the open requests, shared with the loop thread: the API and the
+        # loop take it for every change to either, and the loop waits on it for work
+        self._lock = threading.Condition()
+        self._ids = itertools.count()
+        self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first guided request
+        self._grammar_lock = threading.Lock()
+        self.loop = EngineLoop(
+            self.scheduler, self.executor, self.requests, self.counters, self._lock, config.max_queue_wait_s
+        )
+        self.loop.start()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine thread died, if it did (EngineFailedError)."""
+        return self.loop.failure
+
+    # ---- the API ---------------------------------------------------------------------------------
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str | None = None) -> RequestStream:
+        """Queue a request. Raises ValueError for bad input, QueueFullError when overloaded."""
+        params.validate(int(self.model.dims.vocab))
+        request_id = request_id or f"req-{next(self._ids)}"
+        scoring = params.forced_token_ids is not None  # teacher-forced: no stop strings, stop ids or eos
+        max_tokens = (
+            len(params.forced_token_ids)
+            if scoring
+            else params.max_tokens or (self.config.max_model_len - len(prompt_ids))
+        )
+        if len(prompt_ids) + max_tokens > self.config.max_model_len:
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceed the "
+                f"context limit of {self.config.max_model_len} tokens"
+            )
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        stream = RequestStream(request_id, loop)
+        group = RequestGroup(request_id, stream, params, [], time.monotonic())
+        base_seed = resolve_seed(params)
+        matcher = self._new_matcher(params)  # ValueError for a grammar this tokenizer refuses
+        for index in range(params.n):
+            rid = request_id if params.n == 1 else f"{request_id}#{index}"
+            request = Request(rid, list(prompt_ids), max_tokens, params=params)
+            processor = OutputProcessor(
+                self.tokenizer,
+                prompt_ids,
+                stop=() if scoring else params.stop,
+                stop_token_ids=() if scoring else params.stop_token_ids,
+                eos_token_ids=self.eos_token_ids,
+                ignore_eos=params.ignore_eos or scoring,
+                min_tokens=0 if scoring else params.min_tokens,
+                max_tokens=max_tokens,
+                include_stop_str_in_output=params.include_stop_str_in_output,
+                skip_special_tokens=params.skip_special_tokens,
+            )
+            group.choices.append(
+                Choice(
+                    index,
+                    request,
+                    processor,
+                    choice_seed(base_seed, index),
+                    matcher=matcher.copy() if matcher is not None and index else matcher,
+                )
+            )
+        with self._lock:
+            if self.failure is not None:
+                raise EngineFailedError(f"the engine stopped after an internal error: {self.failure}")
+            self.requests.add(group)
+            self._lock.notify()
+        return stream
+
+    def abort(self, request_id: str) -> bool:
+        """End a request now (client gone, deadline); its KV is freed before the next step."""
+        with self._lock:
+            return self.requests.abort(request_id)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {
+                "running": len(self.scheduler.running),
+                "waiting": len(self.scheduler.waiting),
+                "free_kv_blocks": self.pool.free_blocks,
+                "total_kv_blocks": self.pool.num_usable_blocks,
+                "accepting": len(self.scheduler.waiting) < self.config.max_queue_depth,
+                "kv": self.pool.counters(),
+                "preemptions": self.scheduler.num_preemptions,
+                # every KV state kind's pool (a sliding-window kind's is sized to its window)
+                "kv_kinds": {
+                    name: {"free_blocks": p.free_blocks, "total_blocks": p.num_usable_blocks}
+                    for name, p in self.kv.pools.items()
+                },
+            }
+
+    def default_params(self, **overrides) -> SamplingParams:
+        """Sampling settings for a request that omits some: the checkpoint's generation_config defaults."""
+        return SamplingParams.from_generation_config(self.model.checkpoint.generation_config, **overrides)
+
+    def precompile(self, progress: bool = False) -> float:
+        """Compile (or load from the persistent cache) every step shape this engine may run."""
+        with self._lock:
+            return self.executor.precompile(progress)
+
+    def close(self) -> None:
+        self.loop.stop()
+
+    # ---- guided decoding -------------------------------------------------------------------------
+
+    def grammar_tokenizer(self) -> GrammarTokenizer:
+        """llguidance's view of the tokenizer, built on first use (~1 s for a 150k vocabulary: a server
+        calls this once at startup, off its event loop). Raises ValueError if the tokenizer cannot drive one."""
+        with self._grammar_lock:
+            if self._grammar_tokenizer is None:
+                eos = list(dict.fromkeys([*getattr(self.tokenizer, "eos_token_ids", ()), *sorted(self.eos_token_ids)]))
+                self._grammar_tokenizer = GrammarTokenizer(self.tokenizer, int(self.model.dims.vocab), eos)
+            return self._grammar_tokenizer
+
+    def _new_matcher(self, params: SamplingParams) -> GuidedMatcher | None:
+        return None if params.guided is None else self.grammar_tokenizer().matcher(params.guided)

@@ -1,0 +1,266 @@
+"""Runs a ScheduledStep on the device: pads it to a compiled shape, runs forward + sampling.
+
+Default mode runs the whole scheduled step as one call of the smallest bucket that fits. Deterministic mode
+runs every step in tiles of one fixed shape (DECODE_TILE rows + PREFILL_TILE tokens) through the
+plan's deterministic variant (batch-invariant attention), so a token's computation never depends on
+what else is in the batch: same tokens and logprobs alone or under load.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import jax
+import numpy as np
+
+from ...compiler.targets import get_target
+from ..loading.model import Model
+from ..sampling.params import RowState
+from ..scheduling.scheduled_step import PrefillChunk, PrefillShapes, ScheduledStep
+from ..state.kinds import engine_pool_blocks
+from ..state.kv_dtypes import kv_dtype
+from .engine_step import (
+    carry_from_step,
+    collect_multi_step,
+    collect_step,
+    launch_multi_step,
+    launch_step,
+    make_multi_step_fn,
+    make_step_fn,
+    no_carry,
+    run_multi_step,
+    run_step,
+)
+from .executable_cache import cached_step, executor_identity
+from .step_inputs import StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape
+
+DECODE_TILE = 16
+PREFILL_TILE = 64
+
+
+@dataclass(frozen=True)
+class Sampled:
+    token: int
+    logprob: float
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+
+@dataclass(frozen=True)
+class InFlightStep:
+    """A device call launched and not yet collected: what StepExecutor.launch returns, and what collect() and a
+    run-ahead call chained behind it (launch(..., after=)) read. Its arrays stay on the device until collected."""
+
+    step: ScheduledStep
+    rows: tuple[RowState, ...]  # one per step.logit_request_ids entry
+    steps: int  # decode steps in the call (1: a single step)
+    packed: Any = None  # the call's packed results (engine_step.pack_result layout; [steps, ...] when steps > 1)
+    carried: Any = None  # a run-ahead call's last tokens, int32 [decode rows + 1] (make_multi_step_fn)
+    results: tuple[dict[str, Sampled], ...] | None = None  # already on the host (deterministic tiles)
+
+
+class StepExecutor:
+    def __init__(self, model: Model, config, prefill: PrefillShapes):
+        self.model, self.config = model, config
+        entry = model.plan.manifest["entries"]["forward"]
+        self.decode_buckets = tuple(b for b in entry["decode_buckets"] if b < config.max_num_seqs) + (
+            config.max_num_seqs,
+        )
+        self.prefill = prefill
+        self.table_blocks = math.ceil(config.max_model_len / config.block_size)
+        self.deterministic = config.deterministic
+        plan = model.deterministic_plan() if self.deterministic else model.plan
+        # each layer's pool is sized by its state kind (the engine's KVCache uses the same sizes)
+        self.kv = model.new_kv(
+            engine_pool_blocks(model.paged_kinds, config),
+            config.block_size,
+            kv_dtype(model.dtype, config.kv_cache_dtype),
+        )
+        # the step functions' executables are also kept on disk (runtime/execution/executable_cache.py): a warm start
+        # neither traces nor lowers them
+        identity = executor_identity(plan.module, (model.params, self.kv)) if config.keep_executables else None
+        self.step_fn = cached_step(make_step_fn(plan.module.forward), 4, identity, "step")
+        # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
+        steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
+        self.decode_steps = 1 if self.deterministic else max(1, steps)
+        self.multi_step_fn = (
+            cached_step(
+                make_multi_step_fn(plan.module.forward, self.decode_steps),
+                4,
+                identity,
+                f"run-ahead {self.decode_steps}",
+            )
+            if self.decode_steps > 1
+            else None
+        )
+        self.num_kinds = len(model.paged_kinds)
+        self.vocab = int(model.dims.vocab)
+        self._no_carry: dict[int, object] = {}  # decode rows -> no_carry() on the device, made once
+
+    def shapes(self) -> list[StepShape]:
+        if self.deterministic:
+            return [StepShape(DECODE_TILE, PREFILL_TILE, self.table_blocks, self.num_kinds)]
+        return all_step_shapes(self.decode_buckets, self.prefill, self.table_blocks, self.num_kinds)
+
+    def precompile(self, progress: bool = False) -> float:
+        start = time.perf_counter()
+        shapes = self.shapes()
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(shapes), desc="compiling plans", unit="plan")
+        for shape in shapes:
+            self._run(padding_batch(shape), [], shape)
+            if self.multi_step_fn is not None and shape.prefill_tokens == 0:
+                self._run_ahead(
+                    padding_batch(shape),
+                    np.zeros((self.decode_steps, shape.num_kinds, shape.decode_rows), np.int32),
+                    [],
+                    shape,
+                )
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        return time.perf_counter() - start
+
+    def run(self, step: ScheduledStep, rows: list[RowState]) -> dict[str, Sampled]:
+        """Run one step and wait for it: {request id: Sampled}."""
+        row_of = dict(zip(step.logit_request_ids, rows))
+        if not self.deterministic:
+            shape = step_shape(step, self.decode_buckets, self.prefill, self.table_blocks)
+            return self._sampled(step, self._run(build_step_batch(step, shape), rows, shape))
+        results: dict[str, Sampled] = {}
+        for tile in _tiles(step):
+            shape = StepShape(DECODE_TILE, PREFILL_TILE, self.table_blocks, self.num_kinds)
+            tile_rows = [row_of[rid] for rid in tile.logit_request_ids]
+            results.update(self._sampled(tile, self._run(build_step_batch(tile, shape), tile_rows, shape)))
+        return results
+
+    def launch(
+        self, step: ScheduledStep, rows: list[RowState], steps: int, *, after: InFlightStep | None = None
+    ) -> InFlightStep:
+        """Dispatch `step` (steps > 1: a run-ahead step, Scheduler.extend_decodes) on the executable of its
+        bucket and return at once, before the device is done: collect() waits for it. The host may work
+        meanwhile (the engine streams the previous call's tokens). Deterministic tiles run here.
+        after: the call still in flight whose last sampled tokens, on the device, are this run-ahead call's
+        inputs — the previous run-ahead call of the same rows (Scheduler.chain_decodes), or the single step
+        whose prefill chunks these rows complete (Scheduler.chain_after_prefill)."""
+        if self.deterministic:  # tiles of one fixed shape, run one after another
+            return InFlightStep(step, tuple(rows), steps, results=(self.run(step, rows),))
+        shape = step_shape(step, self.decode_buckets, self.prefill, self.table_blocks)
+        batch = build_step_batch(step, shape)
+        args = (self.model.dims, self.model.params, self.kv)
+        if steps == 1:
+            packed, self.kv = launch_step(
+                self.step_fn, *args, batch, rows, vocab_size=self.vocab, num_rows=shape.logit_rows
+            )
+            return InFlightStep(step, tuple(rows), 1, packed)
+        if steps != self.decode_steps:
+            raise ValueError(f"a call runs 1 or {self.decode_steps} steps, not {steps}")
+        slots = np.zeros((steps, shape.num_kinds, shape.decode_rows), np.int32)
+        slots[:, :, : step.num_decode] = step.decode_slots_ahead(steps, self.config.block_size)
+        carried = self._no_carry_for(shape.decode_rows) if after is None else self._carried_from(after, shape)
+        packed, self.kv, carried = launch_multi_step(
+            self.multi_step_fn,
+            *args,
+            batch,
+            slots,
+            rows,
+            vocab_size=self.vocab,
+            num_rows=shape.logit_rows,
+            carried=carried,
+        )
+        return InFlightStep(step, tuple(rows), steps, packed, carried)
+
+    def collect(self, in_flight: InFlightStep) -> list[dict[str, Sampled]]:
+        """Wait for a launched call: one {request id: Sampled} per decode step it ran."""
+        if in_flight.results is not None:
+            return list(in_flight.results)
+        if in_flight.steps == 1:
+            return [self._sampled(in_flight.step, collect_step(in_flight.packed))]
+        return [self._sampled(in_flight.step, result) for result in collect_multi_step(in_flight.packed)]
+
+    def _carried_from(self, after: InFlightStep, shape: StepShape):
+        """make_multi_step_fn's `carried` for a call chained behind `after`: a run-ahead call's own, or a single
+        step's sampled tokens in this call's row order (they are its first logit rows)."""
+        carried = after.carried
+        if after.steps == 1 and after.packed is not None:
+            carried = carry_from_step(after.packed, len(after.step.logit_request_ids), shape.decode_rows)
+        if carried is None or carried.shape != (shape.decode_rows + 1,):
+            raise RuntimeError("a chained call needs the previous run-ahead call of the same rows")
+        return carried
+
+    def _no_carry_for(self, decode_rows: int):
+        if decode_rows not in self._no_carry:
+            self._no_carry[decode_rows] = jax.device_put(no_carry(decode_rows))
+        return self._no_carry[decode_rows]
+
+    def _run_ahead(self, batch, slots_ahead: np.ndarray, rows: list[RowState], shape: StepShape):
+        results, self.kv = run_multi_step(
+            self.multi_step_fn,
+            self.model.dims,
+            self.model.params,
+            self.kv,
+            batch,
+            slots_ahead,
+            rows,
+            vocab_size=self.vocab,
+            num_rows=shape.logit_rows,
+        )
+        return results
+
+    def _run(self, batch, rows: list[RowState], shape: StepShape):
+        result, self.kv = run_step(
+            self.step_fn,
+            self.model.dims,
+            self.model.params,
+            self.kv,
+            batch,
+            rows,
+            vocab_size=self.vocab,
+            num_rows=shape.logit_rows,
+        )
+        return result
+
+    @staticmethod
+    def _sampled(step: ScheduledStep, result) -> dict[str, Sampled]:
+        return {
+            rid: Sampled(int(result.tokens[i]), float(result.logprob[i]), result.top_ids[i], result.top_logprobs[i])
+            for i, rid in enumerate(step.logit_request_ids)
+        }
+
+
+def _tiles(step: ScheduledStep) -> list[ScheduledStep]:
+    """Split a step into sub-steps of at most DECODE_TILE decode rows and PREFILL_TILE chunk tokens, in
+    order (a chunk's earlier tiles write their KV before later tiles attend to it). Deterministic engines
+    schedule one chunk per step (runtime/engine/config.py prefill_shapes)."""
+    if len(step.prefills) > 1:
+        raise ValueError("deterministic mode runs one prefill chunk per step")
+    chunk = step.prefills[0] if step.prefills else None
+    n_chunk_tiles = math.ceil(chunk.num_tokens / PREFILL_TILE) if chunk is not None else 0
+    count = max(math.ceil(len(step.decodes) / DECODE_TILE), n_chunk_tiles, 1)
+    tiles = []
+    for i in range(count):
+        piece = None
+        if chunk is not None and i < n_chunk_tiles:
+            lo, hi = i * PREFILL_TILE, min((i + 1) * PREFILL_TILE, chunk.num_tokens)
+            piece = PrefillChunk(
+                chunk.request_id,
+                chunk.start + lo,
+                chunk.token_ids[lo:hi],
+                chunk.slots[lo:hi],
+                chunk.completes and hi == chunk.num_tokens,
+            )
+        tiles.append(
+            replace(
+                step,
+                decodes=step.decodes[i * DECODE_TILE : (i + 1) * DECODE_TILE],
+                prefills=(piece,) if piece is not None else (),
+            )
+        )
+    return tiles

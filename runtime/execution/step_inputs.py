@@ -1,0 +1,125 @@
+"""Turn a ScheduledStep into the padded, static-shape StepBatch one compiled step shape (a bucket) runs.
+
+Shapes are bucketed so few executables are compiled: decode rows B to a decode bucket; the prefill chunks to
+P segments (a segment bucket >= the chunk count) of L tokens (a prefill bucket >= the longest chunk), C =
+P * L; logit rows to B + P. Block tables have one width per engine (its longest possible context), and
+slots and tables one row per paged KV state kind (K). Padding rows write to block 0 (reserved) of every
+kind and read only block 0; their logits are never used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...compiler.batch import StepBatch
+from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep, bucket
+
+
+@dataclass(frozen=True)
+class StepShape:
+    decode_rows: int  # B (padded)
+    prefill_tokens: int  # C = P * L (padded), 0 when the step has no chunk
+    table_blocks: int  # width of every block table
+    num_kinds: int = 1  # K: paged KV state kinds (one block table and slot per kind)
+    segments: int = 1  # P: prefill chunks of C / P tokens each
+
+    @property
+    def segment_tokens(self) -> int:  # L
+        return self.prefill_tokens // self.segments
+
+    @property
+    def logit_rows(self) -> int:
+        # a row per decode row and per chunk that may complete; a decode-only step has no chunk (a padding
+        # row there would double the LM head's activation rows at batch 1: 2 rows take a slower GEMV)
+        return self.decode_rows + (self.segments if self.prefill_tokens else 0)
+
+
+def step_shape(
+    step: ScheduledStep, decode_buckets: tuple[int, ...], prefill: PrefillShapes, table_blocks: int
+) -> StepShape:  # K follows the step
+    """Decode-only and prefill-only steps take their smallest bucket; a mixed step pads its decode rows
+    to the largest decode bucket, so mixed shapes number one per prefill layout (few executables to compile)."""
+    p, length = 1, 0
+    if step.prefills:
+        count, longest = len(step.prefills), max(ch.num_tokens for ch in step.prefills)
+        layout = prefill.layout(count, longest)
+        if layout is None:
+            raise ValueError(f"{count} prefill chunks of up to {longest} tokens have no compiled layout")
+        p, length = layout
+    c = p * length
+    if not step.num_decode:
+        b = 0
+    elif c:
+        b = decode_buckets[-1]
+    else:
+        b = bucket(step.num_decode, decode_buckets)
+    return StepShape(b, c, table_blocks, step.num_kinds, p)
+
+
+def all_step_shapes(
+    decode_buckets: tuple[int, ...], prefill: PrefillShapes, table_blocks: int, num_kinds: int = 1
+) -> list[StepShape]:
+    """Every shape step_shape can return: decode-only, prefill-only and mixed steps."""
+    shapes = [StepShape(b, 0, table_blocks, num_kinds) for b in decode_buckets]
+    shapes += [
+        StepShape(b, p * c, table_blocks, num_kinds, p) for p, c in prefill.layouts() for b in (0, decode_buckets[-1])
+    ]
+    return shapes
+
+
+def padding_batch(shape: StepShape) -> StepBatch:
+    """A batch of only padding rows (writes go to block 0): runs a shape once to compile it."""
+    n, k = shape.decode_rows + shape.prefill_tokens, shape.num_kinds
+    zeros = np.zeros(n, np.int32)
+    return StepBatch(
+        tokens=zeros,
+        positions=zeros,
+        slots=np.zeros((k, n), np.int32),
+        dec_block_tables=np.zeros((k, shape.decode_rows, shape.table_blocks), np.int32),
+        dec_ctx_lens=np.ones(shape.decode_rows, np.int32),
+        pre_block_table=np.zeros((k, shape.segments, shape.table_blocks), np.int32),
+        logit_rows=np.zeros(shape.logit_rows, np.int32),
+    )
+
+
+def build_step_batch(step: ScheduledStep, shape: StepShape) -> StepBatch:
+    """numpy StepBatch for `step` padded to `shape` (the caller moves it to the device): decode rows at
+    [0, B), chunk s at [B + s * L, B + s * L + its tokens), padding (token 0, position 0, slot 0) elsewhere."""
+    b_real, b, k = step.num_decode, shape.decode_rows, shape.num_kinds
+    if step.num_kinds != k:
+        raise ValueError(f"the step has {step.num_kinds} KV state kinds, the shape {k}")
+    if len(step.prefills) > shape.segments or any(ch.num_tokens > shape.segment_tokens for ch in step.prefills):
+        raise ValueError(f"the step's chunks do not fit the shape's {shape.segments} x {shape.segment_tokens}")
+    n = b + shape.prefill_tokens
+    tokens, positions, slots = np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros((k, n), np.int32)
+    tokens[:b_real], positions[:b_real] = step.decode_token_ids(), step.decode_positions()
+    if b_real:
+        slots[:, :b_real] = step.decode_slots()
+    logit_rows = np.zeros(shape.logit_rows, np.int32)
+    logit_rows[:b_real] = np.arange(b_real)
+    completed = b_real
+    for s, chunk in enumerate(step.prefills):
+        lo = b + s * shape.segment_tokens
+        hi = lo + chunk.num_tokens
+        tokens[lo:hi] = chunk.token_ids
+        positions[lo:hi] = np.arange(chunk.start, chunk.end)
+        slots[:, lo:hi] = np.asarray(chunk.slots, np.int32).reshape(chunk.num_tokens, k).T
+        if chunk.completes:
+            logit_rows[completed] = hi - 1
+            completed += 1
+    tables = np.zeros((k, b, shape.table_blocks), np.int32)
+    if b_real:
+        tables[:, :b_real] = step.decode_block_tables(shape.table_blocks)
+    ctx = np.ones(b, np.int32)
+    ctx[:b_real] = step.decode_context_lens()
+    return StepBatch(
+        tokens=tokens,
+        positions=positions,
+        slots=slots,
+        dec_block_tables=tables,
+        dec_ctx_lens=ctx,
+        pre_block_table=step.prefill_block_tables(shape.segments, shape.table_blocks),
+        logit_rows=logit_rows,
+    )

@@ -1,0 +1,1 @@
+"""Checkpoint file formats: GGUF and safetensors readers, dequantization, the loaders' error type."""

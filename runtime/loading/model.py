@@ -1,0 +1,183 @@
+"""A loaded model: spec + resolved dims + parameters on device + the plan's jitted forward."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ...compiler.batch import StepBatch
+from ...compiler.spec import ModelSpec, all_specs
+from ...compiler.targets import Target, get_target
+from ..state.kinds import PagedKind, layer_state_kinds, paged_kinds
+from .checkpoint import Checkpoint, open_checkpoint
+from .dims import Dims, ResolvedModel, resolve
+from .formats.errors import CheckpointError
+from .plans import GENERATED_DIR, LoadedPlan, load_plan
+from .weights import KEPT_FORMATS, Params, dense_copier, device_placer, load_params
+
+
+@dataclass
+class Model:
+    spec: ModelSpec
+    checkpoint: Checkpoint
+    resolved: ResolvedModel
+    plan: LoadedPlan
+    params: Params
+    dtype: Any  # activation / KV dtype
+    generated_dir: Path = GENERATED_DIR  # where the plan was loaded from
+
+    def deterministic_plan(self) -> LoadedPlan:
+        """The plan variant with batch-invariant kernels (deterministic mode)."""
+        return load_plan(self.spec, self.plan.target, self.generated_dir, variant="deterministic")
+
+    @property
+    def dims(self) -> Dims:
+        return self.resolved.dims
+
+    @property
+    def paged_kinds(self) -> tuple[PagedKind, ...]:
+        """The plan's paged KV state kinds (full attention, sliding windows) with this checkpoint's windows."""
+        return paged_kinds(self.plan.manifest, self.dims)
+
+    @property
+    def layer_state_kinds(self) -> tuple[str, ...]:
+        """The paged KV state kind of each layer."""
+        return layer_state_kinds(self.plan.manifest, self.resolved.layer_kinds)
+
+    def new_kv(
+        self, num_blocks: int | Mapping[str, int], block_size: int, dtype=None
+    ) -> list[tuple[jax.Array, jax.Array]]:
+        """One (k, v) pool pair per layer, each [num_blocks of the layer's state kind, block_size, hkv, dh]
+        (num_blocks: one count for every kind, or one per kind), in `dtype` (default: the activation dtype)."""
+        d = self.dims
+        dtype = self.dtype if dtype is None else dtype
+        pools = []
+        for kind in self.layer_state_kinds:
+            blocks = num_blocks if isinstance(num_blocks, int) else num_blocks[kind]
+            shape = (blocks, block_size, d.hkv, d.dh)
+            pools.append((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)))
+        return pools
+
+    def forward(self, kv, batch: StepBatch):
+        """One step. Returns (logits [R, vocab], kv). kv is donated: do not reuse the old one."""
+        return _jitted(self.plan.module.forward)(self.dims, self.params, kv, batch)
+
+
+_JIT_CACHE: dict[int, Any] = {}
+
+
+def _jitted(forward):
+    key = id(forward)
+    if key not in _JIT_CACHE:
+        _JIT_CACHE[key] = jax.jit(forward, static_argnums=0, donate_argnums=2)
+    return _JIT_CACHE[key]
+
+
+def spec_for_checkpoint(ckpt: Checkpoint) -> ModelSpec:
+    for spec in all_specs():
+        if ckpt.format == "hf" and ckpt.architecture in spec.hf_architectures:
+            return spec
+        if ckpt.format == "gguf" and ckpt.architecture == spec.gguf_architecture:
+            return spec
+    known = sorted(
+        {a for s in all_specs() for a in (s.hf_architectures if ckpt.format == "hf" else (s.gguf_architecture,))}
+    )
+    raise CheckpointError(ckpt.path, f"architecture {ckpt.architecture!r} has no spec (supported: {', '.join(known)})")
+
+
+def enable_compilation_cache() -> None:
+    """Keep compiled plans on disk (JAX's persistent cache) so a restart skips XLA compilation."""
+    from .known_models import cache_dir
+
+    if jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax-cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+QUANTIZED_FORMATS_ENV = "EMBER_QUANTIZED_FORMATS"  # e.g. "q4_k,q6_k,q8_0,fp8"; "none" = dequantize everything
+
+
+def _quantized_formats(target: str | Target) -> tuple[str, ...]:
+    """Formats kept packed on the device (GGUF blocks, HF FP8): EMBER_QUANTIZED_FORMATS if set, else the target's."""
+    override = os.environ.get(QUANTIZED_FORMATS_ENV)
+    if override is not None:
+        formats = tuple(f.strip().lower() for f in override.split(",") if f.strip() and f.strip().lower() != "none")
+        unknown = [f for f in formats if f not in KEPT_FORMATS]
+        if unknown:
+            raise ValueError(f"{QUANTIZED_FORMATS_ENV}: unknown format(s) {unknown} (known: {', '.join(KEPT_FORMATS)})")
+        return formats
+    described = _described(target)
+    return described.quantized_formats if described else ()  # an undescribed target: dequantize
+
+
+DENSE_COPIES_ENV = "EMBER_DENSE_COPIES"  # "1" / "0": keep (or not) a dense copy beside GGUF weights kept quantized
+
+
+def _dense_copies(target: str | Target) -> bool:
+    """Whether GGUF weights kept quantized get a dense copy too: EMBER_DENSE_COPIES if set, else the target's."""
+    override = os.environ.get(DENSE_COPIES_ENV)
+    if override is not None:
+        if override not in ("0", "1"):
+            raise ValueError(f"{DENSE_COPIES_ENV} must be 0 or 1, got {override!r}")
+        return override == "1"
+    described = _described(target)
+    return described.dense_copies if described else False
+
+
+def _described(target: str | Target) -> Target | None:
+    """The Target itself, or the one this checkout describes by that name; None for plans generated for a
+    target it does not describe."""
+    if isinstance(target, Target):
+        return target
+    try:
+        return get_target(target)
+    except ValueError:
+        return None
+
+
+def load_model(
+    path: str | Path | Checkpoint,
+    *,
+    target: str | Target = "cpu",
+    progress: bool = False,
+    generated_dir: Path = GENERATED_DIR,
+    activation_dtype: str | None = None,
+) -> Model:
+    """A model from a checkpoint path (GGUF file, HF folder) or an opened Checkpoint.
+    activation_dtype: run the plan in this dtype instead of its target's (e.g. the cpu target in bfloat16, to
+    compare two targets at one precision).
+
+    target: a target name, or a Target (its plan must exist under generated_dir/<name>/); GGUF tensors
+    in the target's `quantized_formats` stay quantized on the device (with a dense copy beside them where the
+    target keeps `dense_copies`), the rest become the plan's activation dtype."""
+    enable_compilation_cache()
+    ckpt = path if isinstance(path, Checkpoint) else open_checkpoint(path)
+    spec = spec_for_checkpoint(ckpt)
+    resolved = resolve(spec, ckpt)
+    plan = load_plan(spec, target.name if isinstance(target, Target) else target, generated_dir)
+    dtype = jnp.dtype(activation_dtype or plan.manifest["activation_dtype"])
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        total = len(plan.manifest["global_weights"]) + int(resolved.dims.layers)
+        bar = tqdm(total=total, desc="loading weights", unit="part", leave=False)
+    params = load_params(
+        spec,
+        plan.manifest,
+        ckpt,
+        resolved,
+        to_device=device_placer(dtype),
+        progress=bar,
+        keep_formats=_quantized_formats(target),
+        dense_copy=dense_copier(dtype) if _dense_copies(target) else None,
+    )
+    if bar is not None:
+        bar.close()
+    return Model(spec, ckpt, resolved, plan, params, dtype, generated_dir)

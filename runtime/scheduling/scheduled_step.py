@@ -1,0 +1,187 @@
+"""What the scheduler hands the engine for one step: decode rows, prefill chunks (one per sequence), and the
+block tables and slots of every request in it — one of each per paged KV state kind (full attention,
+sliding window; kinds in the plan's state index order), since each kind has its own pool. And which sets of
+prefill chunks one step may carry: the layouts the target compiles (PrefillShapes)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def slots_at(tables: Sequence[Sequence[int]], position: int, block_size: int) -> tuple[int, ...]:
+    """The flat KV slot (block * block_size + offset) of `position` in each kind's block table; a position
+    past a table (a run-ahead step after its request's end, discarded) gets its slot in reserved block 0."""
+    block, offset = divmod(position, block_size)
+    return tuple((table[block] if block < len(table) else 0) * block_size + offset for table in tables)
+
+
+def bucket(n: int, buckets: tuple[int, ...]) -> int:
+    """The smallest of the ascending `buckets` that holds n."""
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+@dataclass(frozen=True)
+class PrefillShapes:
+    """Which chunk layouts a target compiles: `buckets` (L, tokens per segment) for one chunk, and for
+    several chunks in one step `segments` (P > 1, ascending) of L <= `segment_max_tokens` with P * L at
+    most the largest bucket (a step with many chunks costs no more than one long chunk)."""
+
+    buckets: tuple[int, ...]
+    segments: tuple[int, ...] = (1,)
+    segment_max_tokens: int = 512
+
+    @property
+    def max_segments(self) -> int:
+        return max(self.segments)
+
+    def layout(self, count: int, longest: int) -> tuple[int, int] | None:
+        """(P, L) of `count` chunks, the longest of `longest` tokens; None when no compiled layout holds them."""
+        if count <= 1:
+            return (1, bucket(longest, self.buckets)) if longest <= self.buckets[-1] else None
+        if count > self.max_segments or longest > self.segment_max_tokens:
+            return None
+        p, length = bucket(count, self.segments), bucket(longest, self.buckets)
+        return (p, length) if p * length <= self.buckets[-1] else None
+
+    def fits(self, count: int, longest: int) -> bool:
+        """Whether `count` chunks, the longest of `longest` tokens, have a layout."""
+        return self.layout(count, longest) is not None
+
+    def layouts(self) -> list[tuple[int, int]]:
+        """Every (P, L) a step may take."""
+        out = [(1, c) for c in self.buckets]
+        out += [
+            (p, c)
+            for p in self.segments
+            if p > 1
+            for c in self.buckets
+            if c <= self.segment_max_tokens and p * c <= self.buckets[-1]
+        ]
+        return out
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    request_id: str
+    token_id: int  # the request's token at `position` (its last known one)
+    position: int
+    slots: tuple[int, ...]  # per kind: the flat KV slot it writes, block * block_size + offset
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    request_id: str
+    start: int  # position of the first token (the request's computed count when scheduled)
+    token_ids: tuple[int, ...]
+    slots: tuple[tuple[int, ...], ...]  # per token: its flat KV slot in each kind's pool
+    completes: bool  # reaches the request's last known token: its last row gives logits
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class ScheduledStep:
+    """One step: rows [0, B) are decode rows, then the prefill chunks in order (each one sequence's; every
+    chunk but the last completes its prompt). Block tables are snapshots (tuples), valid for this step.
+    preempted: requests sent back to the queue this step."""
+
+    decodes: tuple[DecodeRow, ...]
+    prefills: tuple[PrefillChunk, ...]
+    # request id -> its block table of each kind, for every request in the step (RESERVED_BLOCK 0 where a
+    # sliding kind dropped a block)
+    block_tables: Mapping[str, tuple[tuple[int, ...], ...]]
+    preempted: tuple[str, ...] = ()
+    num_kinds: int = 1  # K: paged KV state kinds
+
+    @property
+    def num_decode(self) -> int:
+        return len(self.decodes)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.prefills)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + self.prefill_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return self.num_tokens == 0
+
+    @property
+    def logit_rows(self) -> tuple[int, ...]:
+        """Rows whose logits are sampled (unpadded, decodes then chunks back to back): every decode row, and
+        the last row of each chunk that completes its prompt."""
+        rows, end = list(range(len(self.decodes))), len(self.decodes)
+        for chunk in self.prefills:
+            end += chunk.num_tokens
+            if chunk.completes:
+                rows.append(end - 1)
+        return tuple(rows)
+
+    @property
+    def logit_request_ids(self) -> tuple[str, ...]:
+        ids = tuple(row.request_id for row in self.decodes)
+        return ids + tuple(c.request_id for c in self.prefills if c.completes)
+
+    # numpy views of the decode rows (the chunks are laid out per segment by runtime/execution/step_inputs.py)
+    def decode_token_ids(self) -> np.ndarray:  # int32 [B]
+        return np.asarray([r.token_id for r in self.decodes], np.int32)
+
+    def decode_positions(self) -> np.ndarray:  # int32 [B]
+        return np.asarray([r.position for r in self.decodes], np.int32)
+
+    def decode_slots(self) -> np.ndarray:  # int32 [K, B]
+        return np.asarray([r.slots for r in self.decodes], np.int32).reshape(-1, self.num_kinds).T.copy()
+
+    def decode_context_lens(self) -> np.ndarray:  # int32 [B]: context of each decode row, its own token included
+        return np.asarray([r.position + 1 for r in self.decodes], np.int32)
+
+    def decode_slots_ahead(self, steps: int, block_size: int) -> np.ndarray:  # int32 [steps, K, B]
+        """The slot each decode row writes at each of `steps` consecutive steps (positions p .. p+steps-1),
+        from its block tables (Scheduler.extend_decodes grew them up to the row's last position). A position
+        past a kind's table (after the request's end: its tokens are discarded) writes to reserved block 0."""
+        out = np.zeros((steps, self.num_kinds, len(self.decodes)), np.int32)
+        for b, row in enumerate(self.decodes):
+            tables = self.block_tables[row.request_id]
+            for i in range(steps):
+                out[i, :, b] = slots_at(tables, row.position + i, block_size)
+        return out
+
+    def decode_block_tables(self, max_blocks: int) -> np.ndarray:  # int32 [K, B, max_blocks], padded with block 0
+        return np.stack(
+            [
+                _padded([self.block_tables[r.request_id][k] for r in self.decodes], max_blocks)
+                for k in range(self.num_kinds)
+            ]
+        )
+
+    def prefill_block_tables(self, segments: int, max_blocks: int) -> np.ndarray:
+        """int32 [K, segments, max_blocks]: chunk s's tables in row s, padded with block 0 (rows past the
+        chunks: all block 0)."""
+        out = np.zeros((self.num_kinds, segments, max_blocks), np.int32)
+        for s, chunk in enumerate(self.prefills):
+            out[:, s] = _padded(self.block_tables[chunk.request_id], max_blocks)
+        return out
+
+
+def _padded(tables: Sequence[Sequence[int]], max_blocks: int) -> np.ndarray:
+    out = np.zeros((len(tables), max_blocks), np.int32)
+    for i, table in enumerate(tables):
+        if len(table) > max_blocks:
+            raise ValueError(f"a block table of {len(table)} blocks does not fit max_blocks={max_blocks}")
+        out[i, : len(table)] = table
+    return out

@@ -1,0 +1,1 @@
+"""Per-request model state: the paged KV block pools, the prefix cache, state kinds and KV dtypes."""
