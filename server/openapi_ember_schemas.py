@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..runtime.sampling_params import MAX_TOP_LOGPROBS, PENALTY_LIMIT
+from ..runtime.sampling.params import MAX_TOP_LOGPROBS, PENALTY_LIMIT
 from .openapi_schemas import (
     BOOLEAN,
     INTEGER,

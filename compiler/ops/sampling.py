@@ -2,7 +2,7 @@
 
 It runs inside the jitted step, so every shape is static: R rows, a V-wide vocabulary, MB logit-bias
 slots, H history slots, S suppression slots and K top logprobs. Each row carries its own settings
-(`SamplingBatch`, packed on the host by `ember.runtime.sampling_params.pack_batch`).
+(`SamplingBatch`, packed on the host by `ember.runtime.sampling.params.pack_batch`).
 
 Order of processing (vLLM's documented semantics; the filter order top-k → top-p → min-p is HF's and
 vLLM v0's):
