@@ -12,14 +12,13 @@ kernel per layer and op, so that fixed cost decided which kernels could pay at a
 
 Contract (the same as jax-triton's, minus runtime scalars): the kernel's pointer arguments are the input
 arrays in order, then one per output; every other argument is a compile-time constant passed by keyword
-(tl.constexpr or not: a plain scalar parameter is specialised to its value). EMBER_TRITON_LAUNCH=jax_triton
-launches through jax-triton instead (for comparisons).
+(tl.constexpr or not: a plain scalar parameter is specialised to its value). The kernel policy's
+launch.backend "jax_triton" launches through jax-triton instead (for comparisons).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +28,8 @@ import numpy as np
 from jax._src.interpreters import mlir  # custom_call is not re-exported publicly
 from jax._src.lib.mlir import ir
 from jax.extend.core import Primitive
+
+from ..targets.policy import kernel_policy
 
 XLA_TRITON_TARGET = "__gpu$xla.gpu.triton"
 COMPUTE_CAPABILITY = 90  # sm_90 (H200); XLA compiles the IR for the device it runs on
@@ -53,10 +54,10 @@ _TRITON_TYPES = {
 
 
 def launch_backend() -> str:
-    """ "xla" (default) or "jax_triton" (EMBER_TRITON_LAUNCH)."""
-    backend = os.environ.get("EMBER_TRITON_LAUNCH", "xla")
+    """ "xla" (default) or "jax_triton" (the kernel policy's launch.backend, read at trace time)."""
+    backend = kernel_policy().launch.backend
     if backend not in ("xla", "jax_triton"):
-        raise ValueError(f"EMBER_TRITON_LAUNCH must be 'xla' or 'jax_triton', got {backend!r}")
+        raise ValueError(f"kernel policy: launch.backend must be 'xla' or 'jax_triton', got {backend!r}")
     return backend
 
 

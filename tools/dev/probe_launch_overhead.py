@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from ember.compiler.ops.triton_launch import triton_call
+from ember.compiler.targets.policy import overriding
 
 
 @triton.jit
@@ -97,16 +98,15 @@ def main() -> None:
     }
     for suffix, single in (("", False), ("_single_output", True)):
         for launcher in ("jax_triton", "xla"):
-            os.environ["EMBER_TRITON_LAUNCH"] = launcher  # read when the call is traced
-            results.update(
-                {
-                    f"{launcher}_triton_noop_us{suffix}": per_call_seconds(triton_noop, scalars, args.runs, single)
-                    * 1e6,
-                    f"{launcher}_triton_copy_us{suffix}": per_call_seconds(triton_copy, vectors, args.runs, single)
-                    * 1e6,
-                }
-            )
-        os.environ.pop("EMBER_TRITON_LAUNCH")
+            with overriding({"launch.backend": launcher}):  # read when the call is traced
+                results.update(
+                    {
+                        f"{launcher}_triton_noop_us{suffix}": per_call_seconds(triton_noop, scalars, args.runs, single)
+                        * 1e6,
+                        f"{launcher}_triton_copy_us{suffix}": per_call_seconds(triton_copy, vectors, args.runs, single)
+                        * 1e6,
+                    }
+                )
         results.update(
             {
                 f"xla_tiny_dot_us{suffix}": per_call_seconds(lambda w: row @ w, weights, args.runs, single) * 1e6,

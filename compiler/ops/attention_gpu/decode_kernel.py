@@ -55,7 +55,7 @@ m, l [B, hkv, SPLITS, G] (m in log2 units) that paged_decode_combine_kernel (dec
 merges with log-sum-exp weights (decode.combine_partials is the same merge in jnp).
 paged_decode_kernel is the SPLITS = 1 case (large batches): it normalizes in-kernel and writes
 [B, hq, dh] in the output dtype, so the step has one launch and no combine op.
-paged_decode_rope_partials_kernel (steps whose rows all decode; EMBER_FUSED_ROPE_DECODE=0 turns it off) is
+paged_decode_rope_partials_kernel (steps whose rows all decode; the policy's attention.fused_rope_decode) is
 the partials kernel with rope_write's work folded in: each program rotates its q heads and the row's new K, split 0
 writes K / V to the pools, and the row's own token (its last visible one) is never read back from the pool,
 where another program's write may not have landed: its score q . k_own is taken before the walk and its
