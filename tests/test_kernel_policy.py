@@ -3,11 +3,14 @@ at trace time."""
 
 from __future__ import annotations
 
+import ast
 import json
 
 import pytest
 
-from ember.compiler.targets import get_target
+from ember.compiler.build import GENERATED_DIR
+from ember.compiler.spec import known_archs
+from ember.compiler.targets import get_target, known_targets
 from ember.compiler.targets.policy import (
     KernelPolicy,
     kernel_policy,
@@ -82,3 +85,19 @@ def test_ops_see_the_policy_of_the_trace_they_are_in():
     assert kernel_policy() == KernelPolicy()
     seen = with_kernel_policy(off, lambda: kernel_policy())
     assert seen() is off and with_kernel_policy(off, seen.__wrapped__) is seen  # one wrapper per policy and fn
+
+
+@pytest.mark.parametrize("target", known_targets())
+def test_the_generated_plans_record_their_targets_policy(target):
+    for arch in known_archs():
+        folder = GENERATED_DIR / target / arch
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert KernelPolicy().overridden(manifest["kernel_policy"]) == get_target(target).policy
+        for variant in manifest["variants"].values():
+            tree = ast.parse((folder / variant).read_text())
+            (literal,) = [
+                node.value
+                for node in tree.body
+                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "KERNEL_POLICY"
+            ]
+            assert ast.literal_eval(literal) == manifest["kernel_policy"]
