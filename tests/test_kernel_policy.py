@@ -70,6 +70,8 @@ def test_command_line_assignments():
         "norms.warps": 4,
         "launch.backend": "jax_triton",
     }
+    kept = parse_assignments('weights.quantized_formats=["q4_k","q6_k"],fp8_gemv.config={"block_n":8,"split_k":2}')
+    assert kept == {"weights.quantized_formats": ["q4_k", "q6_k"], "fp8_gemv.config": {"block_n": 8, "split_k": 2}}
     with pytest.raises(ValueError, match="family.field=value"):
         parse_assignments("attention.fused_rope_decode")
 

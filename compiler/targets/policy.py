@@ -228,10 +228,10 @@ def load_policy_file(path: str | Path, base: KernelPolicy) -> KernelPolicy:
 
 
 def parse_assignments(text: str) -> dict[str, Any]:
-    """ "family.field=value,family.field=value" (values JSON; a bare word is a string) -> dotted overrides:
-    the command-line form of an override (tools/dev/profile_step.py --variants)."""
+    """ "family.field=value,family.field=value" (values JSON, commas inside [] / {} kept; a bare word is a
+    string) -> dotted overrides: the command-line form of an override (tools/dev/profile_step.py --variants)."""
     overrides: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    for item in filter(None, (part.strip() for part in _top_level_split(text))):
         key, sep, raw = item.partition("=")
         if not sep:
             raise ValueError(f"kernel policy: {item!r} is not family.field=value")
@@ -240,6 +240,16 @@ def parse_assignments(text: str) -> dict[str, Any]:
         except json.JSONDecodeError:
             overrides[key.strip()] = raw.strip()
     return overrides
+
+
+def _top_level_split(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += (char in "[{") - (char in "]}")
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
 
 
 _ACTIVE: list[KernelPolicy] = []
