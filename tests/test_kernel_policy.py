@@ -65,10 +65,10 @@ def test_unknown_keys_and_wrong_types_are_refused(overrides, message, tmp_path):
 
 
 def test_command_line_assignments():
-    assert parse_assignments("attention.fused_rope_decode=false, norms.warps=4,launch.backend=jax_triton") == {
+    assert parse_assignments("attention.fused_rope_decode=false, norms.warps=4,quant_gemv.backend=triton") == {
         "attention.fused_rope_decode": False,
         "norms.warps": 4,
-        "launch.backend": "jax_triton",
+        "quant_gemv.backend": "triton",
     }
     kept = parse_assignments('weights.quantized_formats=["q4_k","q6_k"],fp8_gemv.config={"block_n":8,"split_k":2}')
     assert kept == {"weights.quantized_formats": ["q4_k", "q6_k"], "fp8_gemv.config": {"block_n": 8, "split_k": 2}}

@@ -206,20 +206,6 @@ def test_arguments_that_do_not_fit_are_refused():
         ).trace(x)
 
 
-def test_the_launch_switch_rejects_unknown_values(kernel_overrides):
-    kernel_overrides({"launch.backend": "cuda_graphs"})
-    with pytest.raises(ValueError, match="launch.backend"):
-        triton_call(
-            jnp.zeros((4,)),
-            kernel=_scale_kernel,
-            out_shape=jax.ShapeDtypeStruct((4,), jnp.float32),
-            grid=(1,),
-            n=4,
-            FACTOR=1.0,
-            BLOCK=4,
-        )
-
-
 @pytest.mark.parametrize("shape", [(1, 4096), (3, 1536), (256, 4096)])
 def test_rms_norm_kernels_lower_to_one_native_kernel_each(shape):
     from ember.compiler.ops.norm_gpu import add_rms_norm_triton, launch_plan, rms_norm_triton

@@ -46,9 +46,7 @@ CPU = Target(
         ),
         fp8_gemv=Fp8GemvPolicy(enabled=False),
         dense_gemv=DenseGemvPolicy(enabled=False),
-        attention=AttentionPolicy(
-            fused_rope=False, fused_rope_decode=False, fused_combine_quant=False, triton_combine=False
-        ),
+        attention=AttentionPolicy(fused_rope=False, fused_rope_decode=False, fused_combine_quant=False),
         norms=NormPolicy(triton=False, fused_quant=False),
         split=SplitPolicy(triton=False),
     ),

@@ -92,8 +92,6 @@ class AttentionPolicy:
     # the combine also writes the o projection's int8 activations
     # (docs/results/h200_attention_quant_e027e08.json: 1.174 -> 1.153 ms/step on the 1.5B)
     fused_combine_quant: bool = True
-    # the split partials merged by the combine kernel, not XLA (docs/results/h200_decode_combine_7ce4ff9.json)
-    triton_combine: bool = True
 
 
 @dataclass(frozen=True)
@@ -121,15 +119,6 @@ class SplitPolicy:
 
 
 @dataclass(frozen=True)
-class LaunchPolicy:
-    """How Triton kernels launch (compiler/ops/triton_launch.py)."""
-
-    # "xla": native XLA kernels, ~4.5 us each inside a step vs jax_triton's custom calls
-    # (docs/results/h200_launch_overhead_xla_triton.json)
-    backend: str = "xla"
-
-
-@dataclass(frozen=True)
 class WeightPolicy:
     """What stays packed on the device (runtime/weights.py)."""
 
@@ -148,7 +137,6 @@ class KernelPolicy:
     attention: AttentionPolicy = field(default_factory=AttentionPolicy)
     norms: NormPolicy = field(default_factory=NormPolicy)
     split: SplitPolicy = field(default_factory=SplitPolicy)
-    launch: LaunchPolicy = field(default_factory=LaunchPolicy)
     weights: WeightPolicy = field(default_factory=WeightPolicy)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

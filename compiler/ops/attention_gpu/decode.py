@@ -228,8 +228,6 @@ def _merge(acc, m, l, q, plan, config, activations_for):
     from .decode_kernel import KERNELS
 
     b, hq, dh = q.shape
-    if not kernel_policy().attention.triton_combine:  # the split partials merged by XLA: the side-by-side run
-        return combine_partials(acc, m, l, q.dtype), None
     merge = dict(grid=(b, hq), num_warps=config.num_warps, num_stages=1, **combine_meta(plan["meta"], plan["splits"]))
     out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
     if activations_for is None or dh < 32 or dh & (dh - 1):
