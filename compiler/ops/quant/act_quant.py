@@ -101,7 +101,7 @@ PACKINGS = {
 
 def reads_packing(fmt: str, order: str) -> bool:
     """Whether a `fmt` weight's dp4a GEMV reads activations packed in `order`: its own format's, or Q4_K's
-    for a Q6_K weight (the kernel permutes the bytes: triton_gemv_dp4a.q4_words_as_q6)."""
+    for a Q6_K weight (the kernel permutes the bytes: triton_gemv_dp4a_body.q4_words_as_q6)."""
     return order == fmt or (order, fmt) == ("q4_k", "q6_k")
 
 
