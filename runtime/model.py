@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,9 @@ class Model:
     plan: LoadedPlan
     params: Params
     dtype: Any  # activation / KV dtype
-    generated_dir: Path = GENERATED_DIR  # where the plan was loaded from
     # the kernel policy every step is traced with: the target's, or an override file's (effective_policy)
-    policy: KernelPolicy = field(default_factory=KernelPolicy)
+    policy: KernelPolicy
+    generated_dir: Path = GENERATED_DIR  # where the plan was loaded from
 
     def traced(self, forward: Callable) -> Callable:
         """A plan's forward that traces inside this model's kernel policy (what a step function jits)."""
@@ -179,4 +179,4 @@ def load_model(
     )
     if bar is not None:
         bar.close()
-    return Model(spec, ckpt, resolved, plan, params, dtype, generated_dir, policy)
+    return Model(spec, ckpt, resolved, plan, params, dtype, policy, generated_dir)

@@ -116,7 +116,7 @@ def synthetic_model(
     plan = load_plan(spec, target)
     dtype = jnp.dtype(plan.manifest["activation_dtype"])
     params = _device_params(spec, plan.manifest, ckpt, resolved, dtype, seed, weight_format)
-    return Model(spec, ckpt, resolved, plan, params, dtype, policy=effective_policy(target, kernel_policy))
+    return Model(spec, ckpt, resolved, plan, params, dtype, effective_policy(target, kernel_policy))
 
 
 def _device_params(
