@@ -51,7 +51,7 @@ class QuantGemvPolicy:
     # docs/results/h200_plan_alone_partials_f842b9c_1.5b.json, _8b.json)
     split_k_partials: bool = True
     # int8 terms per activation (quant/act_quant.py): 2 rounds the first term's residual again, for
-    # float-level agreement of decode logits at some speed
+    # float-level agreement of decode logits at some speed (docs/results/h200_gpu_suite_678f002_act-terms-2.json)
     act_terms: int = 1
 
 
@@ -72,6 +72,7 @@ class Fp8GemvPolicy:
 class DenseGemvPolicy:
     """bf16 weights at decode rows (compiler/ops/dense_gemv.py, where DENSE_RULES measured it faster)."""
 
+    # the 8B bf16 step's head, q/k/v, o and gate/up at one row (docs/results/h200_dense_gemv_0130688.json)
     enabled: bool = True
     max_rows: int = 1
     max_out: int | None = None  # weights of at least this many rows keep XLA's GEMM (None: any)
@@ -131,6 +132,8 @@ class WeightPolicy:
 
 @dataclass(frozen=True)
 class KernelPolicy:
+    """Every kernel family's choices; a target holds one (Target.policy), the runtime traces with it."""
+
     quant_gemv: QuantGemvPolicy = field(default_factory=QuantGemvPolicy)
     fp8_gemv: Fp8GemvPolicy = field(default_factory=Fp8GemvPolicy)
     dense_gemv: DenseGemvPolicy = field(default_factory=DenseGemvPolicy)
