@@ -26,6 +26,8 @@ class ServeConfig:
     max_output_tokens: int | None = None  # cap for a request that omits max_tokens; default: the context
     deterministic: bool = False
     target: str = "cpu"
+    # a JSON file of kernel policy overrides (compiler/targets/policy.py) over the target's: experiments
+    kernel_policy: str | None = None
     cors_origins: tuple[str, ...] = ()  # empty: CORS off; "*" allows any origin
     max_body_bytes: int = 8 * 1024 * 1024
     heartbeat_s: float = 5.0  # SSE comment while a stream is queued or in a long prefill
@@ -119,6 +121,11 @@ _FLAGS = {
     "--request-timeout": ("request_timeout", _positive_float, "seconds a request may take before 504"),
     "--max-output-tokens": ("max_output_tokens", _positive_int, "cap for requests that omit max_tokens"),
     "--target": ("target", str, "compiler target of the plans (cpu, h200)"),
+    "--kernel-policy": (
+        "kernel_policy",
+        str,
+        "JSON file overriding fields of the target's kernel policy (docs/kernel_policy.md), for experiments",
+    ),
     "--cors-origins": ("cors_origins", _origins, "comma-separated allowed origins (* for any); off by default"),
     "--max-body-bytes": ("max_body_bytes", _positive_int, "largest request body accepted (else 413)"),
     "--heartbeat-s": ("heartbeat_s", _positive_float, "SSE heartbeat interval while waiting"),

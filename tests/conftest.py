@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -22,6 +23,16 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def kernel_overrides():
+    """set(overrides): what ops traced for the rest of the test see of the kernel policy (the current one with
+    `overrides` applied, nested or dotted keys: compiler/targets/policy.py); later calls apply on top."""
+    from ember.compiler.targets.policy import overriding
+
+    with contextlib.ExitStack() as stack:
+        yield lambda overrides: stack.enter_context(overriding(overrides))
 
 
 @pytest.fixture(scope="session")

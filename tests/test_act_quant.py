@@ -18,7 +18,6 @@ from ember.compiler.ops.quant import (
     quant_matmul_ref,
     random_gguf_bytes,
 )
-from ember.compiler.ops.quant import config as config_module
 from ember.compiler.ops.quant.act_quant import (
     act_terms,
     dp4a_matmul_ref,
@@ -140,11 +139,11 @@ def test_a_second_term_rounds_the_first_ones_residual(m, blocks, seed, scale, or
     assert (np.abs(approx - xb) <= 0.5 * dx2[..., None] + 1e-6 * np.abs(xb) + 1e-30).all()
 
 
-def test_the_number_of_terms_comes_from_the_environment(monkeypatch):
-    monkeypatch.setenv("EMBER_ACT_TERMS", "2")
+def test_the_number_of_terms_comes_from_the_kernel_policy(kernel_overrides):
+    kernel_overrides({"quant_gemv.act_terms": 2})
     assert act_terms() == 2
     assert quantize_activations(jnp.ones((1, 64)), "q4_k")[1].shape == (1, 2, 8)
-    monkeypatch.setenv("EMBER_ACT_TERMS", "3")
+    kernel_overrides({"quant_gemv.act_terms": 3})
     with pytest.raises(ValueError, match="1 or 2"):
         act_terms()
 
@@ -176,14 +175,13 @@ def test_dp4a_plan_rejects_other_formats():
 
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
-def test_decode_picks_dp4a(m, monkeypatch):
-    monkeypatch.setattr(config_module, "DP4A_FOR_DECODE", True)
-    monkeypatch.setattr(config_module, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+def test_decode_picks_dp4a(m, kernel_overrides):
+    kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     for shape in [(1536, 1536), (17920, 1536), (1536, 8960), (28672, 4096), (151936, 1536)]:
         assert pick_config("q4_k", m, *shape).variant == "dp4a"
         assert pick_config("q6_k", m, *shape).variant == "dp4a"
         assert pick_config("q8_0", m, *shape).variant != "dp4a"
-    monkeypatch.setattr(config_module, "DP4A_DECODE_FORMATS", ("q4_k",))  # EMBER_QUANT_DP4A=q4_k
+    kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k"]})
     assert pick_config("q6_k", m, 1536, 8960).variant == ("rows" if m <= 4 else "split")
-    monkeypatch.setattr(config_module, "DP4A_FOR_DECODE", False)
+    kernel_overrides({"quant_gemv.dp4a_formats": []})
     assert pick_config("q4_k", m, 1536, 1536).variant == ("rows" if m <= 4 else "split")

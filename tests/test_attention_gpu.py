@@ -31,6 +31,7 @@ from ember.compiler.ops.attention_gpu import (  # noqa: E402
 from ember.compiler.ops.attention_gpu import (
     paged_decode_attention,
 )
+from ember.compiler.targets.policy import KernelPolicy, with_kernel_policy  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -208,11 +209,9 @@ def test_combine_writing_int8_activations_matches_the_plain_combine_and_quantize
         ("neox", 0, (12, 2), jnp.float8_e4m3fn),
     ],
 )
-def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(
-    monkeypatch, style, window, heads, pool_dtype
-):
+def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(style, window, heads, pool_dtype):
     """The default (a step of decode rows: RoPE and the K/V write inside the split partials kernel) against
-    EMBER_FUSED_ROPE_DECODE=0 (rope_write then the partials): the pools bit-equal, the output to the last bf16
+    attention.fused_rope_decode off (rope_write then the partials): the pools bit-equal, the output to the last bf16
     bit or so (the own token's score and V row are summed outside the tensor-core dots)."""
     from ember.compiler.ops.attention_gpu import paged
     from ember.compiler.ops.rope import inv_frequencies
@@ -229,14 +228,14 @@ def test_rope_inside_the_decode_partials_matches_rope_write_then_attention(
     inv_freq = jnp.asarray(inv_frequencies(theta=1e6, head_dim=dh))
 
     def run(flag):  # the switch is read at trace time: one trace each
-        monkeypatch.setenv(paged.FUSED_ROPE_DECODE_ENV, flag)
-        step = jax.jit(functools.partial(paged.rope_paged_attention, style=style, scale=0.125))
+        attend = functools.partial(paged.rope_paged_attention, style=style, scale=0.125)
+        step = jax.jit(with_kernel_policy(KernelPolicy().overridden({"attention.fused_rope_decode": flag}), attend))
         return [
             np.asarray(a.astype(jnp.float32))
             for a in step(q, k, v, batch.positions, inv_freq, jnp.int32(window), jnp.int32(1), *pools, batch)
         ]
 
-    (got, got_k, got_v), (want, want_k, want_v) = run("1"), run("0")
+    (got, got_k, got_v), (want, want_k, want_v) = run(True), run(False)
     np.testing.assert_array_equal(got_k, want_k)
     np.testing.assert_array_equal(got_v, want_v)
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())

@@ -196,6 +196,17 @@ def test_quantized_synthetic_models_name_the_missing_module(tokenizer_dir, monke
         load_bench_model("synthetic:llama3-8b-fp8", "cpu", tokenizer_dir)
 
 
+def test_a_kernel_policy_file_reaches_the_bench_model(tokenizer_dir, tmp_path):
+    from ember.compiler.targets import get_target
+    from ember.tools.bench import load_bench_model
+
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"attention": {"fused_rope_decode": False}}))
+    model, _ = load_bench_model(TINY, "h200", tokenizer_dir, str(path))
+    assert model.policy == get_target("h200").policy.overridden({"attention.fused_rope_decode": False})
+    assert load_bench_model(TINY, "cpu", tokenizer_dir)[0].policy == get_target("cpu").policy
+
+
 def test_the_startup_child_loads_compiles_and_reports(tokenizer_dir, capsys):
     import dataclasses
 
@@ -270,10 +281,10 @@ def test_a_failing_measurement_or_model_is_recorded_and_the_suite_goes_on(tmp_pa
             raise RuntimeError("RESOURCE_EXHAUSTED: out of memory while trying to allocate")
         return real(engine, prompt, max_tokens)
 
-    def load(name, target, tokenizer):
+    def load(name, target, tokenizer, kernel_policy):
         if name.endswith("q4_k_m"):
             raise RuntimeError("RESOURCE_EXHAUSTED while loading")
-        return real_load(name, target, tokenizer)
+        return real_load(name, target, tokenizer, kernel_policy)
 
     real_load = bench_suite.load_bench_model
     monkeypatch.setattr(bench_suite, "single_request", failing)
@@ -328,6 +339,8 @@ def test_ember_bench_suite_flags_reach_the_suite(monkeypatch, tmp_path):
                 "--contexts",
                 "128",
                 "--no-hf",
+                "--kernel-policy",
+                "policy.json",
             ]
         )
         == 0
@@ -336,6 +349,7 @@ def test_ember_bench_suite_flags_reach_the_suite(monkeypatch, tmp_path):
     assert seen["hf"] is False and seen["commit"] == "abc" and seen["target"] == "h200"
     config = seen["config"]
     assert config.concurrency == (1, 32) and config.contexts == (128,) and config.output_tokens == 256
+    assert config.kernel_policy == "policy.json"
     assert main(["bench", "--suite"]) == 1  # needs --out
 
 

@@ -9,7 +9,6 @@ import pytest
 from plan_graphs import read_elsewhere
 
 from ember.compiler.ops import embedding, linear_quant, norm, norm_gpu
-from ember.compiler.ops.quant import config as quant_config
 from ember.compiler.ops.quant.layout import pack, random_gguf_bytes
 from ember.compiler.ops.split_k import SplitKPartials, materialized
 from ember.compiler.passes.carry_split_k_partials import carry_split_k_partials
@@ -17,6 +16,7 @@ from ember.compiler.passes.defer_residual_add import PENDING
 from ember.compiler.pipeline import compile_graph
 from ember.compiler.spec import SPECS_DIR, load_spec
 from ember.compiler.targets import get_target
+from ember.compiler.targets.policy import overriding
 
 
 def _graph(arch, target, variant="default"):
@@ -85,12 +85,11 @@ def test_every_reader_sums_partials_as_the_projection_would_have():
 
 
 @pytest.mark.parametrize("out, inner, split", [(1536, 8960, True), (1536, 1536, False)])
-def test_gated_linear_returns_partials_only_when_asked_and_split(out, inner, split, monkeypatch):
-    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
-    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+def test_gated_linear_returns_partials_only_when_asked_and_split(out, inner, split, kernel_overrides):
+    kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     w = pack(random_gguf_bytes(np.random.default_rng(0), "q4_k", (out, inner)), "q4_k", (out, inner))
     gate_up = jnp.zeros((1, 2 * inner), jnp.bfloat16)
-    with linear_quant.use_quant_backend("triton"):
+    with overriding({"quant_gemv.backend": "triton"}):
         for partials in (False, True):
             got = jax.eval_shape(
                 lambda g, w: linear_quant.gated_linear(g, w, act="silu", partials=partials), gate_up, w

@@ -44,14 +44,14 @@ def test_one_row_takes_one_kernel_with_the_picked_plan(gpu_trace):
     assert (y.shape, y.dtype) == ((1, 4096), BF16)
 
 
-def test_more_rows_other_dtypes_and_the_off_switch_keep_xla(gpu_trace, monkeypatch):
+def test_more_rows_other_dtypes_and_the_off_switch_keep_xla(gpu_trace, kernel_overrides):
     w = jnp.zeros((4096, 4096), BF16)
     assert use_dense_gemv(jnp.zeros((1, 4096), BF16), w)
     assert not use_dense_gemv(jnp.zeros((2, 4096), BF16), w)  # by default only one row
     assert not use_dense_gemv(jnp.zeros((1, 4096), jnp.int32), w)
     assert not use_dense_gemv(jnp.zeros((1, 4096), BF16), jnp.zeros((4096, 4096), jnp.int8))
     assert triton_calls(lambda x, w: linear_quant.linear(x, w), jnp.zeros((8, 4096), BF16), w) == []
-    monkeypatch.setenv("EMBER_DENSE_GEMV", "0")
+    kernel_overrides({"dense_gemv.enabled": False})
     assert not use_dense_gemv(jnp.zeros((1, 4096), BF16), w)
 
 
@@ -102,18 +102,18 @@ def test_the_table_takes_the_measured_shapes_only(out, inner, kernel):
     assert (pick_dense_config(1, out, inner) is not None) is kernel
 
 
-def test_the_config_override_is_read_at_trace_time(monkeypatch):
+def test_the_config_override_is_read_at_trace_time(kernel_overrides):
     assert pick_dense_config(1, 4096, 14336) is None
-    monkeypatch.setenv("EMBER_DENSE_GEMV_CONFIG", "block_n=8/block_k=1024/num_warps=8")
+    kernel_overrides({"dense_gemv.config": {"block_n": 8, "block_k": 1024, "num_warps": 8}})
     config = pick_dense_config(1, 4096, 4096)
     assert (config.block_n, config.block_k, config.num_warps, config.words) == (8, 1024, 8, False)
     assert pick_dense_config(1, 4096, 14336).block_n == 8  # an override also reaches the shapes XLA keeps
-    monkeypatch.setenv("EMBER_DENSE_GEMV_CONFIG", "tile=3")
-    with pytest.raises(ValueError, match="EMBER_DENSE_GEMV_CONFIG"):
+    kernel_overrides({"dense_gemv.config": {"tile": 3}})
+    with pytest.raises(ValueError, match="dense_gemv.config"):
         pick_dense_config(1, 4096, 4096)
 
 
-def test_a_row_bound_keeps_the_largest_weights_on_xla(gpu_trace, monkeypatch):
+def test_a_row_bound_keeps_the_largest_weights_on_xla(gpu_trace, kernel_overrides):
     x = jnp.zeros((1, 4096), BF16)
-    monkeypatch.setenv("EMBER_DENSE_GEMV_MAX_OUT", "6144")
+    kernel_overrides({"dense_gemv.max_out": 6144})
     assert use_dense_gemv(x, jnp.zeros((4096, 4096), BF16)) and not use_dense_gemv(x, jnp.zeros((6144, 4096), BF16))

@@ -4,6 +4,8 @@ masked ones. Skipped off the GPU; `tools/dev/h200_run.sh tests` runs it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,12 +21,12 @@ from ember.compiler.ops.dense_gemv import dense_gemv, dense_gemv_gate_up, dense_
 pytestmark = pytest.mark.gpu
 
 CONFIGS = [
-    "",
-    "block_n=8/block_k=1024",
-    "block_n=2/block_k=1024/num_warps=8",
-    "block_k=256/prefetch=0",
-    "use_dot=1/block_n=64/block_k=256/num_stages=3",
-    "use_dot=1/block_n=32/block_k=128/num_stages=4/split_k=3",
+    {},
+    {"block_n": 8, "block_k": 1024},
+    {"block_n": 2, "block_k": 1024, "num_warps": 8},
+    {"block_k": 256, "prefetch": 0},
+    {"use_dot": 1, "block_n": 64, "block_k": 256, "num_stages": 3},
+    {"use_dot": 1, "block_n": 32, "block_k": 128, "num_stages": 4, "split_k": 3},
 ]
 
 
@@ -34,10 +36,10 @@ def _operands(rng, out: int, inner: int):
     return x, w
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
 @pytest.mark.parametrize("out, inner", [(4096, 4096), (4096, 14336), (200, 420), (136, 1000)])
-def test_the_gemv_matches_the_reference_and_xla(monkeypatch, config, out, inner):
-    monkeypatch.setenv("EMBER_DENSE_GEMV_CONFIG", config)
+def test_the_gemv_matches_the_reference_and_xla(config, out, inner, kernel_overrides):
+    kernel_overrides({"dense_gemv.config": config})
     rng = np.random.default_rng(out + inner)
     x, w = _operands(rng, out, inner)
     got = np.asarray(jax.jit(lambda x, w: dense_gemv(x, w))(x, w), np.float32)
@@ -68,9 +70,9 @@ def test_the_gate_up_epilogue_matches_the_gemv_then_the_activation(ffn, inner):
     assert np.all(np.abs(got - xla) <= 2.0**-6 * np.abs(xla) + 1e-6)
 
 
-def test_8b_decode_steps_with_the_dense_gemv_agree_with_xla_s(monkeypatch):
+def test_8b_decode_steps_with_the_dense_gemv_agree_with_xla_s():
     # the 8B shape (where DENSE_RULES takes the head, q/k/v, o and gate/up): 48 teacher-forced decode steps
-    # traced with the GEMV and again with XLA's GEMMs (EMBER_DENSE_GEMV read at trace time, so the jit caches go
+    # traced with the GEMV and again with XLA's GEMMs (the policy's dense_gemv.enabled, read at trace time, so the jit caches go
     # between the two runs) on the same weights; only summation order and the epilogue's rounding differ
     from logit_agreement import agreement
 
@@ -84,15 +86,15 @@ def test_8b_decode_steps_with_the_dense_gemv_agree_with_xla_s(monkeypatch):
     model = synthetic_model(spec_for_arch(arch), config, target="h200")  # drawn on the device
     tokens = np.random.default_rng(11).integers(0, config["vocab_size"], 64).tolist()
 
-    def decode_logits(dense: str) -> np.ndarray:
-        monkeypatch.setenv("EMBER_DENSE_GEMV", dense)
+    def decode_logits(dense: bool) -> np.ndarray:
+        policy = model.policy.overridden({"dense_gemv.enabled": dense})
         model_module._JIT_CACHE.clear()
         jax.clear_caches()
-        runner = SequenceRunner(model, len(tokens) + 1)
+        runner = SequenceRunner(dataclasses.replace(model, policy=policy), len(tokens) + 1)
         runner.prefill(tokens[:16])
         return np.stack([runner.decode(t) for t in tokens[16:]]).astype(np.float32)
 
-    with_gemv, with_xla = decode_logits("1"), decode_logits("0")
+    with_gemv, with_xla = decode_logits(True), decode_logits(False)
     result = agreement(with_xla, with_gemv)
     print("dense GEMV vs XLA, 48 decode steps of the 8B shape:", result)  # the figures, with pytest -s
     assert not np.array_equal(with_gemv, with_xla)  # the two runs did trace different kernels

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ember.compiler.targets.policy import KernelPolicy
 from ember.runtime.execution import executable_cache
 from ember.runtime.execution.executable_cache import CachedStep
 
@@ -65,9 +66,9 @@ def test_an_unreadable_file_is_compiled_again(tmp_path, capsys):
     assert CachedStep(_jitted(), 2, "model A", tmp_path)(2.0, True, params, kv, x)[0] == want  # rewritten
 
 
-def test_the_key_follows_the_sources_and_the_trace_time_settings(monkeypatch):
+def test_the_key_follows_the_sources_and_the_xla_settings(monkeypatch):
     before = executable_cache.source_fingerprint()
-    monkeypatch.setenv("EMBER_FUSED_ROPE_DECODE", "0")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=0")
     executable_cache.source_fingerprint.cache_clear()
     try:
         assert executable_cache.source_fingerprint() != before
@@ -77,10 +78,24 @@ def test_the_key_follows_the_sources_and_the_trace_time_settings(monkeypatch):
     assert executable_cache.source_fingerprint() == before
 
 
+def test_the_key_follows_the_kernel_policy(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from ember.compiler.targets import get_target
+
+    monkeypatch.setattr(executable_cache, "cache_directory", lambda: tmp_path)
+    monkeypatch.setattr(executable_cache, "KEEP_PLATFORMS", ("cpu",))
+    plan_module, policy = SimpleNamespace(), get_target("h200").policy
+    key = executable_cache.executor_identity(plan_module, policy, ())
+    assert key == executable_cache.executor_identity(plan_module, get_target("h200").policy, ())
+    other = policy.overridden({"attention.fused_rope_decode": False})
+    assert key != executable_cache.executor_identity(plan_module, other, ())
+
+
 def test_the_cpu_backend_and_engines_that_do_not_ask_trace_as_before(tmp_path, monkeypatch):
     fn = _jitted()
     monkeypatch.setattr(executable_cache, "cache_directory", lambda: tmp_path)
-    identity = lambda: executable_cache.executor_identity(executable_cache, ())  # noqa: E731
+    identity = lambda: executable_cache.executor_identity(executable_cache, KernelPolicy(), ())  # noqa: E731
     assert executable_cache.cached_step(fn, 2, identity(), "step") is fn  # the cpu backend
     monkeypatch.setattr(executable_cache, "KEEP_PLATFORMS", ("cpu",))
     assert executable_cache.cached_step(fn, 2, None, "step") is fn  # not asked

@@ -94,22 +94,22 @@ def test_the_gemv_lowers_to_one_native_kernel(m, out, inner, blocked):
     assert (calls[0]["num_warps"], calls[0]["num_stages"]) == (config.num_warps, config.num_stages)
 
 
-def test_fp8_linear_takes_the_gemv_only_for_few_rows_on_a_gpu(monkeypatch):
+def test_fp8_linear_takes_the_gemv_only_for_few_rows_on_a_gpu(monkeypatch, kernel_overrides):
     w = quantize_fp8(np.ones((256, 512), np.float32))
     small, large = jnp.zeros((1, 512), jnp.bfloat16), jnp.zeros((GEMV_MAX_ROWS + 1, 512), jnp.bfloat16)
     assert not use_fp8_gemv(small, w)  # this CPU: the XLA path
     monkeypatch.setattr(fp8_module, "triton_available", lambda: True)  # as if traced for a GPU
     assert use_fp8_gemv(small, w) and not use_fp8_gemv(large, w)
     assert not use_fp8_gemv(jnp.zeros((4, 512), jnp.bfloat16), w)  # by default only where it measured faster
-    monkeypatch.setattr(fp8_module, "DISPATCH_MAX_ROWS", GEMV_MAX_ROWS)
+    kernel_overrides({"fp8_gemv.max_rows": GEMV_MAX_ROWS})
     assert use_fp8_gemv(jnp.zeros((4, 512), jnp.bfloat16), w)
     assert [c["name"] for c in triton_calls(fp8_linear, small, w)] == ["fp8_gemv_kernel"]
     assert triton_calls(fp8_linear, large, w) == []
-    monkeypatch.setenv("EMBER_FP8_GEMV", "0")
+    kernel_overrides({"fp8_gemv.enabled": False})
     assert not use_fp8_gemv(small, w)
 
 
-def test_packed_projections_and_the_gated_input_lower_to_one_kernel_each(monkeypatch):
+def test_packed_projections_and_the_gated_input_lower_to_one_kernel_each(monkeypatch, kernel_overrides):
     monkeypatch.setattr(fp8_module, "triton_available", lambda: True)  # as if traced for a GPU
     qkv = quantize_fp8(jnp.zeros((6144, 4096), jnp.float32))
     x = jnp.zeros((1, 4096), jnp.bfloat16)
@@ -122,9 +122,9 @@ def test_packed_projections_and_the_gated_input_lower_to_one_kernel_each(monkeyp
     def lowered():  # a fresh function each time: jit would reuse the trace made under other settings
         return jax.jit(lambda x: gated(x)).trace(x).lower(lowering_platforms=("cuda",)).as_text()
 
-    monkeypatch.setenv("EMBER_FP8_GEMV_CONFIG", "split_k=2")  # no epilogue: the jnp activation runs after it
+    kernel_overrides({"fp8_gemv.config": {"split_k": 2}})  # no epilogue: the jnp activation runs after it
     assert "multiply" in lowered()
-    monkeypatch.delenv("EMBER_FP8_GEMV_CONFIG")
+    kernel_overrides({"fp8_gemv.config": {}})
     assert "multiply" not in lowered()  # silu(gate) * up made in the kernel's epilogue
 
 

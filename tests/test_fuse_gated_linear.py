@@ -17,6 +17,7 @@ from ember.compiler.passes.fuse_gated_linear import fuse_gated_linear
 from ember.compiler.pipeline import compile_graph
 from ember.compiler.spec import load_spec
 from ember.compiler.targets import get_target
+from ember.compiler.targets.policy import overriding
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -51,23 +52,21 @@ def test_gated_linear_equals_the_activation_then_the_projection(act, rows):
     w = pack(random_gguf_bytes(rng, "q4_k", (48, 512), realistic=True), "q4_k", (48, 512))
     gate_up = jnp.asarray(rng.standard_normal((rows, 1024)), jnp.float32)
     hidden = activation.gated_act_packed(gate_up, act=act)
-    with linear_quant.use_quant_backend("reference"):
+    with overriding({"quant_gemv.backend": "reference"}):
         for weight in (w, np.asarray(dequantize(w)), DenseBacked(w, np.asarray(dequantize(w)))):
             got = jax.jit(lambda g, w: linear_quant.gated_linear(g, w, act=act))(gate_up, weight)
             want = jax.jit(linear_quant.linear)(hidden, weight)
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-4)  # fp32 order
 
 
-def test_silu_gated_decode_lowers_to_the_quantizer_and_the_gemv_alone(monkeypatch):
+def test_silu_gated_decode_lowers_to_the_quantizer_and_the_gemv_alone(kernel_overrides):
     """1.5B down projection at batch 1: the gate/up output goes straight into the quantizer (SILU_GATED), no
     XLA kernel computes the activation (no logistic), then the dp4a GEMV and its split-K sum."""
-    from ember.compiler.ops.quant import config as quant_config
     from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
 
-    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
-    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+    kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     w = pack(random_gguf_bytes(np.random.default_rng(0), "q4_k", (1536, 8960)), "q4_k", (1536, 8960))
-    with linear_quant.use_quant_backend("triton"):
+    with overriding({"quant_gemv.backend": "triton"}):
         text = (
             jax.jit(lambda g, w: linear_quant.gated_linear(g, w, act="silu"))
             .trace(jnp.zeros((1, 2 * 8960), jnp.bfloat16), w)

@@ -1,6 +1,6 @@
 """compiler/passes/fuse_norm_into_projection.py and compiler/ops/norm_quant_gpu.py: a norm read by one
 projection learns that projection's weight (h200, default variant; nowhere else), and on a GPU writes the
-projection's int8 activations in its own launch (on by default; EMBER_FUSED_NORM_QUANT=0 turns it off), so
+projection's int8 activations in its own launch (on by default; the kernel policy's norms.fused_quant), so
 the decode GEMV runs without a quantizer launch."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ember.compiler.passes.fuse_norm_into_projection import fuse_norm_into_proje
 from ember.compiler.pipeline import compile_graph
 from ember.compiler.spec import load_spec
 from ember.compiler.targets import get_target
+from ember.compiler.targets.policy import overriding
 
 
 def _nodes(graph, op, region="layer"):
@@ -71,23 +72,21 @@ def test_off_the_gpu_the_norms_are_the_references():
 
 
 @pytest.mark.parametrize("add", [False, True], ids=["rms_norm", "add_rms_norm"])
-def test_decode_norm_then_qkv_lowers_to_two_kernels(add, monkeypatch):
+def test_decode_norm_then_qkv_lowers_to_two_kernels(add, monkeypatch, kernel_overrides):
     """1.5B attention input at batch 1: the norm writes q+k+v's int8 activations (its packing: Q4_K), then the
     parts GEMV; no quantizer launch between them."""
     from ember.compiler.ops import norm_gpu
-    from ember.compiler.ops.quant import config as quant_config
     from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
 
-    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
-    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+    kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     monkeypatch.setattr(norm_gpu, "triton_available", lambda: True)
     w = pack(random_gguf_bytes(np.random.default_rng(0), "q4_k", (2048, 1536)), "q4_k", (2048, 1536))
     x, nw = jnp.zeros((1, 1536), jnp.bfloat16), jnp.ones((1536,), jnp.bfloat16)
-    monkeypatch.setenv(norm_quant_gpu.FUSED_ENV, "0")
-    with linear_quant.use_quant_backend("triton"):  # the switch that turns it off
+    kernel_overrides({"norms.fused_quant": False})
+    with overriding({"quant_gemv.backend": "triton"}):  # the switch that turns it off
         plain = jax.eval_shape(lambda x, nw, w: norm_quant_gpu.rms_norm_to_proj(x, nw, w, eps=1e-6), x, nw, w)
         assert not isinstance(plain, linear_quant.QuantizedInput) and plain.shape == x.shape
-    monkeypatch.delenv(norm_quant_gpu.FUSED_ENV, raising=False)  # on by default
+    kernel_overrides({"norms.fused_quant": True})  # on by default
 
     def step(x, nw, w):
         h = (
@@ -98,7 +97,7 @@ def test_decode_norm_then_qkv_lowers_to_two_kernels(add, monkeypatch):
         assert isinstance(h, linear_quant.QuantizedInput) and h.order == "q4_k"
         return linear_quant.linear_split(h, w, sizes=(1536, 256, 256))
 
-    with linear_quant.use_quant_backend("triton"):
+    with overriding({"quant_gemv.backend": "triton"}):
         text = jax.jit(step).trace(x, nw, w).lower(lowering_platforms=("cuda",)).as_text()
     calls = [line for line in text.splitlines() if XLA_TRITON_TARGET in line]
     assert len(calls) == 2  # no quantizer launch between the norm and the GEMV
@@ -107,19 +106,17 @@ def test_decode_norm_then_qkv_lowers_to_two_kernels(add, monkeypatch):
 
 
 @pytest.mark.parametrize("pair", [True, False], ids=["pair", "apart"])
-def test_a_q6_k_v_part_reads_the_norms_q4_k_activations(pair, monkeypatch):
+def test_a_q6_k_v_part_reads_the_norms_q4_k_activations(pair, monkeypatch, kernel_overrides):
     """1.5B Q4_K_M layers with a Q6_K v: the norm writes Q4_K-packed activations, which the q+k part and the
     Q6_K v part both read (the v kernel permutes their bytes, ACT_Q4): no quantizer launch, and both parts
-    in one launch (dp4a_gemv_pair_kernel), or one each with EMBER_DP4A_PAIR=0."""
+    in one launch (dp4a_gemv_pair_kernel), or one each with quant_gemv.pair_launch off."""
     from ember.compiler.ops import norm_gpu
-    from ember.compiler.ops.quant import config as quant_config
     from ember.compiler.ops.quant.layout import WeightGroup
     from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
 
-    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
-    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+    kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     monkeypatch.setattr(norm_gpu, "triton_available", lambda: True)
-    monkeypatch.setenv("EMBER_DP4A_PAIR", "1" if pair else "0")
+    kernel_overrides({"quant_gemv.pair_launch": pair})
     rng = np.random.default_rng(0)
     w = WeightGroup(
         (
@@ -135,7 +132,7 @@ def test_a_q6_k_v_part_reads_the_norms_q4_k_activations(pair, monkeypatch):
         assert isinstance(h, linear_quant.QuantizedInput) and h.order == "q4_k"
         return linear_quant.linear_split(h, w, bias, sizes=(1536, 256, 256))
 
-    with linear_quant.use_quant_backend("triton"):
+    with overriding({"quant_gemv.backend": "triton"}):
         text = jax.jit(step).trace(x, nw, w, bias).lower(lowering_platforms=("cuda",)).as_text()
         outs = jax.eval_shape(step, x, nw, w, bias)
     calls = [re.search(r'name = "([^"]+)"', line).group(1) for line in text.splitlines() if XLA_TRITON_TARGET in line]
@@ -161,19 +158,17 @@ def test_h200_default_plans_tell_the_attention_its_output_projection(spec):
 
 
 @pytest.mark.parametrize("order, fused", [("q4_k", True), ("q6_k", True), ("q4_k", False)])
-def test_decode_attention_writes_the_output_projections_int8_activations(monkeypatch, order, fused):
+def test_decode_attention_writes_the_output_projections_int8_activations(monkeypatch, order, fused, kernel_overrides):
     """1.5B shape at batch 1 in a wide table (65 splits): by default the attention's combine also writes the o
     projection's int8 activations in its packing, and the GEMV follows with no quantizer launch; with
-    EMBER_FUSED_ATTN_QUANT=0 the combine writes the rows and the quantizer runs before the GEMV."""
+    attention.fused_combine_quant off the combine writes the rows and the quantizer runs before the GEMV."""
     from ember.compiler.batch import StepBatch
     from ember.compiler.ops.attention_gpu import paged
-    from ember.compiler.ops.quant import config as quant_config
     from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
 
-    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
-    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+    kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     monkeypatch.setattr(paged, "triton_available", lambda: True)
-    monkeypatch.setenv(paged.FUSED_ATTN_QUANT_ENV, "1" if fused else "0")
+    kernel_overrides({"attention.fused_combine_quant": fused})
     hq, hkv, dh, width = 12, 2, 128, 1033
     w = pack(random_gguf_bytes(np.random.default_rng(0), order, (1536, 1536)), order, (1536, 1536))
     q, k, v = (jnp.zeros((1, heads, dh), jnp.bfloat16) for heads in (hq, hkv, hkv))
@@ -209,7 +204,7 @@ def test_decode_attention_writes_the_output_projections_int8_activations(monkeyp
         assert isinstance(a, linear_quant.QuantizedInput) == fused
         return linear_quant.linear(a, w)
 
-    with linear_quant.use_quant_backend("triton"):
+    with overriding({"quant_gemv.backend": "triton"}):
         text = jax.jit(step).trace(q, k, v, pool, w).lower(lowering_platforms=("cuda",)).as_text()
     names = [line.split('name = "')[1].split('"')[0] for line in text.splitlines() if XLA_TRITON_TARGET in line]
     merge = ["paged_decode_combine_quant_kernel"] if fused else ["paged_decode_combine_kernel", "quantize_rows_kernel"]

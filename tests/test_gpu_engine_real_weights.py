@@ -6,8 +6,8 @@ weights. Three paths of the h200 plans:
 - "prefill": one prefill of all positions (how the engine teacher-forces: /v1/score, prompt logprobs);
 - "decode": one decode step per position, the target's default decode GEMVs: Q4_K / Q6_K weights take the
   integer-dot kernel on activations rounded to int8 per 32 elements (quant/act_quant.py, as llama.cpp's mmvq;
-  in one term, or two with EMBER_ACT_TERMS=2);
-- "decode_float": the same steps with that kernel off (EMBER_QUANT_DP4A=0), bf16 activations into every GEMV.
+  in one term, or two with the kernel policy's quant_gemv.act_terms 2);
+- "decode_float": the same steps with that kernel off (quant_gemv.dp4a_formats []), bf16 activations into every GEMV.
 Asserted, against the cpu target in bfloat16 (the same precision), on prefill and decode_float: mean KL at most
 max(1e-3, twice the cpu target's own bfloat16-vs-float32 KL), and top-1 >= 0.99 where the reference's top two
 logits are decisive. A second bfloat16 implementation differs from the first by about what bfloat16 rounding
@@ -15,7 +15,7 @@ itself moves: on Gemma 3 (12 of 18 layers, 50467e5) the cpu target's bfloat16 is
 and the h200 prefill 2.09e-3 from the cpu bfloat16, so the issue's flat 1e-3 is finer than bfloat16 on that
 model. The int8 path is coarser by design (8 bits per 32-element block against 8 significant bits per
 element); its figures are recorded (one term, the default: KL 2.0e-3 on the default model's cut, 1.0e-2 on
-Gemma 3's; two terms, EMBER_ACT_TERMS=2: 3.2e-4) and only a broken kernel is asserted against (KL <= 0.05 and
+Gemma 3's; two terms, quant_gemv.act_terms 2: 3.2e-4) and only a broken kernel is asserted against (KL <= 0.05 and
 decisive top-1 >= 0.95; a mispacked operand moves both by orders).
 
     EMBER_TRUNCATED_GGUF=qwen2.5-coder-1.5b-instruct=q.gguf,gemma-3-270m=g.gguf \
@@ -37,7 +37,7 @@ if jax.default_backend() != "gpu":
 from fixture_data import real_reference  # noqa: E402
 from logit_agreement import agreement, record_gpu_result  # noqa: E402
 
-from ember.compiler.ops.quant import config as quant_config  # noqa: E402
+from ember.compiler.targets import get_target  # noqa: E402
 from ember.runtime.execution.sequence_runner import SequenceRunner  # noqa: E402
 from ember.runtime.loading.model import load_model  # noqa: E402
 
@@ -68,7 +68,7 @@ def test_truncated_files_are_named():
 
 
 @pytest.mark.parametrize("name,path", _files() or [pytest.param("-", "-", marks=pytest.mark.skip("no file named"))])
-def test_h200_agrees_with_the_cpu_target_on_real_weights(name, path, monkeypatch):
+def test_h200_agrees_with_the_cpu_target_on_real_weights(name, path):
     with jax.default_device(jax.devices("cpu")[0]):
         references = {
             dtype: load_model(path, target="cpu", activation_dtype=dtype) for dtype in ("bfloat16", "float32")
@@ -85,8 +85,8 @@ def test_h200_agrees_with_the_cpu_target_on_real_weights(name, path, monkeypatch
         "prefill": SequenceRunner(gpu_model, POSITIONS).prefill(tokens, all_logits=True).astype(np.float32),
         "decode": _decode_logits(gpu_model, tokens),
     }
-    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", False)  # read when a plan is traced: a new model's
-    measured["decode_float"] = _decode_logits(load_model(path, target="h200"), tokens)
+    floats = get_target("h200").policy.overridden({"quant_gemv.dp4a_formats": []})  # the float GEMVs' decode
+    measured["decode_float"] = _decode_logits(load_model(path, target="h200", kernel_policy=floats), tokens)
     figures = {
         "file": os.path.basename(path),
         "vocab": vocab,

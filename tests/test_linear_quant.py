@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from ember.compiler.ops import embedding as embedding_ref
 from ember.compiler.ops import linear as linear_ref
 from ember.compiler.ops import linear_quant
-from ember.compiler.ops.linear_quant import GEMV_MAX_ROWS, quant_backend, use_quant_backend
+from ember.compiler.ops.linear_quant import quant_backend
 from ember.compiler.ops.quant import FORMATS, WeightGroup, dequantize, pack, random_gguf_bytes
+from ember.compiler.targets.policy import KernelPolicy, overriding
 
 FORMAT_NAMES = list(FORMATS)
 INNER = 512  # a multiple of every format's block
@@ -45,13 +46,15 @@ def _close(got, want, tol: float = 2e-5) -> None:
 
 @pytest.fixture(autouse=True)
 def _reference_backend():
-    with use_quant_backend("reference"):
+    with overriding({"quant_gemv.backend": "reference"}):
         yield
 
 
 # Shapes are parametrized (one compile each); hypothesis draws the values.
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
-@pytest.mark.parametrize("rows", [1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1])
+@pytest.mark.parametrize(
+    "rows", [1, KernelPolicy().quant_gemv.gemv_max_rows, KernelPolicy().quant_gemv.gemv_max_rows + 1]
+)
 @settings(max_examples=3, deadline=None)
 @given(seed=st.integers(0, 2**31))
 def test_quantized_linear_equals_dequantize_then_reference(fmt, rows, seed):
@@ -147,7 +150,7 @@ def test_quantized_embedding_dequantizes_only_the_gathered_rows(fmt, dtype):
 def test_bf16_activations_through_both_row_regimes():
     rng = np.random.default_rng(5)
     _, w = _weight(rng, "q4_k", 16)
-    for rows in (1, GEMV_MAX_ROWS + 8):
+    for rows in (1, KernelPolicy().quant_gemv.gemv_max_rows + 8):
         x = jnp.asarray(rng.standard_normal((rows, INNER)), jnp.bfloat16)
         got = linear_quant.linear(x, w)
         assert got.dtype == jnp.bfloat16
@@ -155,33 +158,24 @@ def test_bf16_activations_through_both_row_regimes():
         _close(got.astype(jnp.float32), want, tol=2e-2)
 
 
-def test_backend_choice(monkeypatch):
-    monkeypatch.delenv("EMBER_QUANT_BACKEND", raising=False)
-    with use_quant_backend(None):
-        assert quant_backend() == "reference"  # CPU: no GPU, so never triton
-        monkeypatch.setenv("EMBER_QUANT_BACKEND", "triton")
-        assert quant_backend() == "triton"
-        monkeypatch.setenv("EMBER_QUANT_BACKEND", "cuda")
+def test_backend_choice():
+    assert quant_backend() == "reference"  # CPU: no GPU, so never triton
+    with overriding({"quant_gemv.backend": "triton"}):
+        assert quant_backend() == "triton"  # the policy's choice beats the device's
+    with overriding({"quant_gemv.backend": "cuda"}):
         with pytest.raises(ValueError, match="unknown quant backend"):
             quant_backend()
-    with use_quant_backend("reference"):
-        assert quant_backend() == "reference"  # an explicit choice beats the environment
-    with pytest.raises(ValueError, match="unknown quant backend"):
-        with use_quant_backend("cuda"):
-            pass
 
 
-def test_gemv_row_bound_per_format(monkeypatch):
+def test_gemv_row_bound_per_format(monkeypatch, kernel_overrides):
     """Formats the integer-dot kernel takes have its own bound while it is on; other formats the common one."""
-    from ember.compiler.ops.quant import config as quant_config
 
-    monkeypatch.setattr(linear_quant, "GEMV_MAX_ROWS", 16)
-    monkeypatch.setattr(linear_quant, "DP4A_GEMV_MAX_ROWS", 64)
-    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
-    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+    kernel_overrides({"quant_gemv.gemv_max_rows": 16})
+    kernel_overrides({"quant_gemv.dp4a_gemv_max_rows": 64})
+    kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     assert linear_quant.gemv_max_rows("q4_k") == linear_quant.gemv_max_rows("q6_k") == 64
     assert linear_quant.gemv_max_rows("q8_0") == 16
-    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", False)
+    kernel_overrides({"quant_gemv.dp4a_formats": []})
     assert linear_quant.gemv_max_rows("q4_k") == 16
     # the bound decides the path: 40 rows of a Q4_K weight reach quant_matmul (the GEMV) only under 64
     calls = []
@@ -190,6 +184,6 @@ def test_gemv_row_bound_per_format(monkeypatch):
     )
     _, w = _weight(np.random.default_rng(6), "q4_k", 16)
     linear_quant.linear(jnp.zeros((40, INNER), jnp.float32), w)
-    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
+    kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     linear_quant.linear(jnp.zeros((40, INNER), jnp.float32), w)
     assert calls == [40]

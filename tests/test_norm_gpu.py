@@ -19,14 +19,14 @@ def test_off_the_gpu_they_are_the_references():
 
 
 @pytest.mark.parametrize("n, block", [(40, 64), (1536, 2048), (4096, 4096), (5120, 8192), (65536, 65536)])
-def test_launch_plan_tiles_a_row(n, block, monkeypatch):
-    from ember.compiler.ops.norm_quant_gpu import NORM_QUANT_WARPS
+def test_launch_plan_tiles_a_row(n, block, kernel_overrides):
+    from ember.compiler.targets.policy import KernelPolicy
 
     plan = norm_gpu.launch_plan(7, n)
     # the quantizing norms' warps: the same reduction tree, so the plain kernels' normed rows are bit-equal
     assert plan["grid"] == (7,) and plan["meta"] == {"N": n, "BLOCK": block}
-    assert plan["num_warps"] == NORM_QUANT_WARPS
-    monkeypatch.setenv("EMBER_NORM_WARPS", "4")
+    assert plan["num_warps"] == KernelPolicy().norms.quant_warps
+    kernel_overrides({"norms.warps": 4})
     assert norm_gpu.launch_plan(7, n)["num_warps"] == 4
 
 

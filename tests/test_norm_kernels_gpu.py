@@ -67,7 +67,7 @@ def test_norms_writing_int8_activations_match_the_plain_kernels(rows, n, order, 
     np.testing.assert_array_equal(np.asarray(qa), np.asarray(qa_kernel))
     np.testing.assert_array_equal(np.asarray(da), np.asarray(da_kernel))
     qa_ref, da_ref = quantize_activations(plain[-1], order)
-    # the first int8 term (act_quant.py: a second one, EMBER_ACT_TERMS=2, rounds the first one's residual, which
+    # the first int8 term (act_quant.py: a second one, quant_gemv.act_terms 2, rounds the first one's residual, which
     # XLA may fuse into an FMA here; the Triton quantizer it equals above is checked against the reference in
     # the interpreter, tools/dev/check_dp4a_kernels.py)
     qa, qa_ref = np.asarray(qa)[:, : n // 4], np.asarray(qa_ref)[:, : n // 4]

@@ -122,10 +122,10 @@ def test_quant_matmul_backends() -> None:
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 @pytest.mark.parametrize("m", [1, 4, 16, 40])
 @pytest.mark.parametrize("shape", [(256, 1536), (1536, 8960), (151936, 1536), (4096, 14336)])
-def test_launch_plans_cover_the_matrix_exactly_once(fmt: str, m: int, shape: tuple[int, int], monkeypatch) -> None:
-    # the split kernels' plans (m <= 4 picks the rows kernels unless ROWS_FOR_DECODE is off: test_quant_rows_plan.py)
-    monkeypatch.setattr("ember.compiler.ops.quant.config.ROWS_FOR_DECODE", False)
-    monkeypatch.setattr("ember.compiler.ops.quant.config.DP4A_FOR_DECODE", False)
+def test_launch_plans_cover_the_matrix_exactly_once(fmt: str, m: int, shape: tuple[int, int], kernel_overrides) -> None:
+    # the split kernels' plans (m <= 4 picks the rows kernels unless quant_gemv.rows_for_decode is off: test_quant_rows_plan.py)
+    kernel_overrides({"quant_gemv.rows_for_decode": False})
+    kernel_overrides({"quant_gemv.dp4a_formats": []})
     out, inner = shape
     config = pick_config(fmt, m, out, inner)
     assert config.variant == "split"

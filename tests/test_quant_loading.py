@@ -14,12 +14,12 @@ import pytest
 from gguf_test_data import write_gguf
 
 from ember.compiler.codegen.emit import generate, write_plan
-from ember.compiler.ops.linear_quant import use_quant_backend
 from ember.compiler.ops.quant import DenseBacked, QuantizedWeight, WeightGroup, dequantize
 from ember.compiler.passes.select_kernels import VARIANTS
 from ember.compiler.pipeline import compile_graph
 from ember.compiler.spec import spec_for_arch
 from ember.compiler.targets import get_target
+from ember.compiler.targets.policy import KernelPolicy, overriding
 from ember.runtime.execution.sequence_runner import SequenceRunner
 from ember.runtime.loading.checkpoint import open_checkpoint
 from ember.runtime.loading.dims import resolve
@@ -33,7 +33,7 @@ _QUANT = "ember.compiler.ops.linear_quant"
 CPU_QUANT = dataclasses.replace(
     get_target("cpu"),
     name="cpu_quant",
-    quantized_formats=KEPT,
+    policy=get_target("cpu").policy.overridden({"weights.quantized_formats": KEPT}),
     kernels={
         **get_target("cpu").kernels,
         "linear": f"{_QUANT}:linear",
@@ -100,8 +100,9 @@ def test_kept_formats_give_the_dequantizing_loads_logits(tiny_gguf, quant_plans,
     arch, path = tiny_gguf
     exact = load_model(path, target="cpu")
     assert all(isinstance(v, np.ndarray) or hasattr(v, "dtype") for v in exact.params.layers[0].values())
-    with use_quant_backend("reference"):
-        target = dataclasses.replace(CPU_QUANT, dense_copies=dense_copies, quantized_formats=formats)
+    with overriding({"quant_gemv.backend": "reference"}):
+        policy = CPU_QUANT.policy.overridden({"weights": {"dense_copies": dense_copies, "quantized_formats": formats}})
+        target = dataclasses.replace(CPU_QUANT, policy=policy)
         kept = load_model(path, target=target, generated_dir=quant_plans)
         if dense_copies:
             _check_dense_copies(kept)
@@ -195,33 +196,26 @@ def test_fetch_raw_only_for_kept_matrices(tmp_path):
         WeightLoader(spec, ckpt, resolved, keep_formats=("q4k",))
 
 
-def test_the_environment_chooses_which_formats_stay_quantized(monkeypatch):
-    from ember.runtime.loading.model import QUANTIZED_FORMATS_ENV, _quantized_formats
+def test_the_kernel_policy_chooses_which_weights_stay_packed(tmp_path):
+    import json
 
-    monkeypatch.delenv(QUANTIZED_FORMATS_ENV, raising=False)
-    # the h200 default: FP8 stays FP8, GGUF blocks stay packed (with dense copies: test_dense_copies_...)
-    assert _quantized_formats("h200") == ("fp8", "q4_k", "q6_k", "q8_0", "q5_0")
-    monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "Q4_K, q6_k, fp8")
-    assert _quantized_formats("h200") == ("q4_k", "q6_k", "fp8")
-    monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "none")
-    assert _quantized_formats("h200") == ()
-    monkeypatch.setenv(QUANTIZED_FORMATS_ENV, "q5_9")
+    from ember.runtime.loading.model import effective_policy
+
+    weights = lambda target, override=None: effective_policy(target, override).weights  # noqa: E731
+    # the h200 default: FP8 stays FP8, GGUF blocks stay packed, with dense copies; the cpu's: nothing kept
+    assert weights("h200").quantized_formats == ("fp8", "q4_k", "q6_k", "q8_0", "q5_0") and weights("h200").dense_copies
+    assert weights("cpu").quantized_formats == () and not weights("cpu").dense_copies
+    override = tmp_path / "policy.json"
+    override.write_text(
+        json.dumps({"weights": {"quantized_formats": ["q4_k", "q6_k", "fp8"]}, "weights.dense_copies": False})
+    )
+    assert weights("h200", override) == type(weights("h200"))(("q4_k", "q6_k", "fp8"), False)
+    override.write_text(json.dumps({"weights.quantized_formats": ["q5_9"]}))
     with pytest.raises(ValueError, match="q5_9"):
-        _quantized_formats("h200")
-
-
-def test_the_environment_chooses_whether_kept_weights_get_dense_copies(monkeypatch):
-    from ember.runtime.loading.model import DENSE_COPIES_ENV, _dense_copies
-
-    monkeypatch.delenv(DENSE_COPIES_ENV, raising=False)
-    assert _dense_copies("h200") and not _dense_copies("cpu")
-    monkeypatch.setenv(DENSE_COPIES_ENV, "0")
-    assert not _dense_copies("h200")
-    monkeypatch.setenv(DENSE_COPIES_ENV, "1")
-    assert _dense_copies("cpu")
-    monkeypatch.setenv(DENSE_COPIES_ENV, "yes")
-    with pytest.raises(ValueError, match=DENSE_COPIES_ENV):
-        _dense_copies("h200")
+        weights("h200", override)
+    override.write_text(json.dumps({"weights.dense_copies": "yes"}))
+    with pytest.raises(ValueError, match="weights.dense_copies"):
+        weights("h200", override)
 
 
 def test_a_dense_backed_weight_takes_its_kept_form_for_few_rows_and_its_copy_for_more():
@@ -233,8 +227,8 @@ def test_a_dense_backed_weight_takes_its_kept_form_for_few_rows_and_its_copy_for
     w = pack(random_gguf_bytes(rng, "q4_k", (64, 256), realistic=True), "q4_k", (64, 256))
     # a copy that differs from the kept form, so the output shows which one a call read
     pair = DenseBacked(w, np.asarray(dequantize(w)) + 1.0)
-    bound = linear_quant.DENSE_COPY_GEMV_MAX_ROWS
-    with use_quant_backend("reference"):
+    bound = KernelPolicy().quant_gemv.dense_copy_gemv_max_rows
+    with overriding({"quant_gemv.backend": "reference"}):
         for rows in (1, bound, bound + 1, 64):
             x = rng.standard_normal((rows, 256)).astype(np.float32)
             got = np.asarray(linear_quant.linear(x, pair))

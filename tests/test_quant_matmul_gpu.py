@@ -75,12 +75,11 @@ def test_kernel_matches_reference(fmt: str, shape: tuple[int, int], m: int, dtyp
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("shape", [(256, 1536), (1536, 8960), (151936, 1536)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("m", [1, 4])
-def test_split_kernel_for_decode_still_matches(fmt: str, shape: tuple[int, int], m: int, monkeypatch) -> None:
-    """m <= 4 runs the rows kernels while ROWS_FOR_DECODE (Q4_K: dp4a); the split kernels stay selectable."""
-    from ember.compiler.ops.quant import config as config_module
+def test_split_kernel_for_decode_still_matches(fmt: str, shape: tuple[int, int], m: int, kernel_overrides) -> None:
+    """m <= 4 runs the rows kernels while quant_gemv.rows_for_decode (Q4_K: dp4a); the split kernels stay selectable."""
 
-    monkeypatch.setattr(config_module, "ROWS_FOR_DECODE", False)
-    monkeypatch.setattr(config_module, "DP4A_FOR_DECODE", False)
+    kernel_overrides({"quant_gemv.rows_for_decode": False})
+    kernel_overrides({"quant_gemv.dp4a_formats": []})
     test_kernel_matches_reference(fmt, shape, m, jnp.bfloat16)
 
 
@@ -143,7 +142,7 @@ def test_dp4a_parts_launch_equals_the_gemv_then_bias_and_slices(fmt: str, sizes)
     from ember.compiler.ops.quant.matmul import quant_matmul_parts
 
     if not quant_config.dp4a_for(fmt):
-        pytest.skip(f"{fmt} decode does not take the dp4a kernel here (EMBER_QUANT_DP4A)")
+        pytest.skip(f"{fmt} decode does not take the dp4a kernel here (quant_gemv.dp4a_formats)")
     out = sum(sizes)
     w = device_weight(fmt, (out, 1536))
     m = 1
@@ -168,7 +167,7 @@ def test_dp4a_silu_gated_matches_the_activation_then_the_reference(fmt: str, m: 
     from ember.compiler.ops.quant.matmul import quant_matmul_silu_gated
 
     if not quant_config.dp4a_for(fmt):
-        pytest.skip(f"{fmt} decode does not take the dp4a kernel here (EMBER_QUANT_DP4A)")
+        pytest.skip(f"{fmt} decode does not take the dp4a kernel here (quant_gemv.dp4a_formats)")
     w = device_weight(fmt, (1536, 8960))
     gate_up = (jax.random.normal(jax.random.key(m), (m, 2 * 8960), jnp.float32) * 2).astype(jnp.bfloat16)
     got = jax.jit(lambda g, w: quant_matmul_silu_gated(g, w, backend="triton"))(gate_up, w)
@@ -190,7 +189,7 @@ def test_dp4a_q6_k_reads_q4_k_packed_activations_bit_for_bit(m: int, parts: bool
     from ember.compiler.ops.quant.matmul import quant_matmul_parts
 
     if not quant_config.dp4a_for("q6_k"):
-        pytest.skip("q6_k decode does not take the dp4a kernel here (EMBER_QUANT_DP4A)")
+        pytest.skip("q6_k decode does not take the dp4a kernel here (quant_gemv.dp4a_formats)")
     shape = (256, 1536) if parts else (1536, 8960)
     w = device_weight("q6_k", shape)
     x = jax.random.normal(jax.random.key(m), (m, shape[1]), jnp.float32).astype(jnp.bfloat16)
@@ -216,7 +215,7 @@ def test_dp4a_pair_launch_equals_a_launch_per_part() -> None:
     from ember.compiler.ops.quant.matmul import quant_matmul_pair_parts, quant_matmul_parts
 
     if not quant_config.dp4a_for("q6_k"):
-        pytest.skip("q6_k decode does not take the dp4a kernel here (EMBER_QUANT_DP4A)")
+        pytest.skip("q6_k decode does not take the dp4a kernel here (quant_gemv.dp4a_formats)")
     wa, wb = device_weight("q4_k", (1792, 1536)), device_weight("q6_k", (256, 1536))
     x3 = jnp.zeros((3, 1536), jnp.bfloat16)
     assert quant_matmul_pair_parts(x3, (wa, wb), None, ((1536, 256), (256,)), backend="triton") is None

@@ -22,7 +22,6 @@ if jax.default_backend() != "gpu":
 
 from ember.compiler.codegen.emit import generate, write_plan  # noqa: E402
 from ember.compiler.ops import triton_launch  # noqa: E402
-from ember.compiler.ops.linear_quant import use_quant_backend  # noqa: E402
 from ember.compiler.ops.quant import DenseBacked, QuantizedWeight, WeightGroup  # noqa: E402
 from ember.compiler.passes.select_kernels import VARIANTS  # noqa: E402
 from ember.compiler.pipeline import compile_graph  # noqa: E402
@@ -54,12 +53,14 @@ QWEN_1_5B = {
 
 def _quant_target(tmp_path_factory):
     h200 = get_target("h200")
-    if {"q4_k", "q6_k", "q8_0"} <= set(h200.quantized_formats) and h200.kernels["linear"].startswith(QUANT):
+    if {"q4_k", "q6_k", "q8_0"} <= set(h200.policy.weights.quantized_formats) and h200.kernels["linear"].startswith(
+        QUANT
+    ):
         return h200, GENERATED_DIR
     local = dataclasses.replace(
         h200,
         name="h200_quant",
-        quantized_formats=("q4_k", "q6_k", "q8_0"),
+        policy=h200.policy.overridden({"weights.quantized_formats": ["q4_k", "q6_k", "q8_0"]}),
         kernels={
             **h200.kernels,
             "linear": f"{QUANT}:linear",
@@ -86,8 +87,11 @@ def model(tmp_path_factory):
 def _decode_logits(model, backend: str, tokens: list[int], monkeypatch) -> tuple[np.ndarray, int]:
     """Prefill (> 16 rows: the dequantize path or the dense copies, the same for both backends), then one
     decode step.
-    A fresh plan module per backend: jit caches per function, and the backend is read at trace time."""
-    fresh = dataclasses.replace(model, plan=load_plan(model.spec, model.plan.target, model.generated_dir))
+    The model's kernel policy with that backend: the step is traced inside it (a new trace per policy)."""
+    policy = model.policy.overridden({"quant_gemv.backend": backend})
+    fresh = dataclasses.replace(
+        model, plan=load_plan(model.spec, model.plan.target, model.generated_dir), policy=policy
+    )
     launches = []
     original = triton_launch.triton_call
 
@@ -98,9 +102,8 @@ def _decode_logits(model, backend: str, tokens: list[int], monkeypatch) -> tuple
 
     monkeypatch.setattr(triton_launch, "triton_call", counted)
     runner = SequenceRunner(fresh, 64)
-    with use_quant_backend(backend):
-        runner.prefill(tokens[:-1])
-        logits = runner.decode(tokens[-1])
+    runner.prefill(tokens[:-1])
+    logits = runner.decode(tokens[-1])
     monkeypatch.setattr(triton_launch, "triton_call", original)
     return np.asarray(logits, np.float32), len(launches)
 
@@ -110,7 +113,7 @@ def _kept(entry: dict) -> dict:
 
 
 def test_quantized_layout_on_the_device(model):
-    if model.plan.target == "h200" and get_target("h200").dense_copies:
+    if model.plan.target == "h200" and get_target("h200").policy.weights.dense_copies:
         # each projection also has its bf16 copy for steps of many rows; the gathered table has none
         assert isinstance(model.params.layers[0]["ffn_down.weight"], DenseBacked)
         assert model.params.layers[0]["ffn_down.weight"].dense.dtype == np.dtype("bfloat16")

@@ -90,34 +90,34 @@ def test_rows_plan_rejects_a_row_length_off_the_unit() -> None:
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("shape", SHAPES[:-1])
 @pytest.mark.parametrize("m", [1, 2, 4, 5, 16])
-def test_pick_config_rows_switch(fmt, shape, m, monkeypatch) -> None:
-    monkeypatch.setattr(config_module, "DP4A_FOR_DECODE", False)  # Q4_K's int8 path: tests/test_act_quant.py
-    monkeypatch.setattr(config_module, "ROWS_FOR_DECODE", True)
+def test_pick_config_rows_switch(fmt, shape, m, kernel_overrides) -> None:
+    kernel_overrides({"quant_gemv.dp4a_formats": []})  # Q4_K's int8 path: tests/test_act_quant.py
+    kernel_overrides({"quant_gemv.rows_for_decode": True})
     config = pick_config(fmt, m, *shape)
     assert config.variant == ("rows" if m <= 4 else "split")
     if m <= 4:
         check_cover(fmt, m, *shape, config)
-    monkeypatch.setattr(config_module, "ROWS_FOR_DECODE", False)
+    kernel_overrides({"quant_gemv.rows_for_decode": False})
     assert pick_config(fmt, m, *shape).variant == "split"
 
 
 @pytest.mark.parametrize("key", sorted(config_module.MEASURED_M1))
-def test_measured_configs_are_picked_and_cover_their_shape(key, monkeypatch) -> None:
+def test_measured_configs_are_picked_and_cover_their_shape(key, kernel_overrides) -> None:
     fmt, out, inner = key
-    monkeypatch.setattr(config_module, "DP4A_FOR_DECODE", False)
-    monkeypatch.setattr(config_module, "ROWS_FOR_DECODE", True)
+    kernel_overrides({"quant_gemv.dp4a_formats": []})
+    kernel_overrides({"quant_gemv.rows_for_decode": True})
     config = pick_config(fmt, 1, out, inner)
     assert config is config_module.MEASURED_M1[key] and config.variant == "rows"
     check_cover(fmt, 1, out, inner, config)
     assert pick_config(fmt, 2, out, inner) is not config  # two rows: the register-sized rules
-    monkeypatch.setattr(config_module, "ROWS_FOR_DECODE", False)
+    kernel_overrides({"quant_gemv.rows_for_decode": False})
     assert pick_config(fmt, 1, out, inner).variant == "split"
 
 
 @pytest.mark.parametrize("key", sorted(config_module.DP4A_M1))
-def test_measured_dp4a_configs_are_picked_and_cover_their_shape(key, monkeypatch) -> None:
+def test_measured_dp4a_configs_are_picked_and_cover_their_shape(key, kernel_overrides) -> None:
     fmt, out, inner = key
-    monkeypatch.setattr(config_module, "DP4A_FOR_DECODE", True)
+    kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     config = pick_config(fmt, 1, out, inner)
     assert config is config_module.DP4A_M1[key] and config.variant == "dp4a"
     check_cover(fmt, 1, out, inner, dataclasses.replace(config, variant="rows"))  # the same frame along out/in

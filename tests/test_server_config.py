@@ -36,6 +36,12 @@ def test_environment_fills_what_flags_leave_out():
     assert config.stream_usage is False
 
 
+def test_a_kernel_policy_file_comes_from_the_flag_or_its_mirror():
+    assert _parse([], {"EMBER_KERNEL_POLICY": "a.json"}).kernel_policy == "a.json"
+    assert _parse(["--kernel-policy", "b.json"], {"EMBER_KERNEL_POLICY": "a.json"}).kernel_policy == "b.json"
+    assert _parse([], {}).kernel_policy is None
+
+
 def test_switch_flags_turn_things_off_and_on():
     config = _parse(["--deterministic", "--no-stream-usage", "--no-precompile"], {})
     assert config.deterministic and not config.stream_usage and not config.precompile

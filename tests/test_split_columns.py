@@ -28,12 +28,12 @@ def test_a_dense_qkv_projection_splits_in_one_launch(gpu_trace, rows):
     assert [o.shape for o in outs] == [(rows, 4096), (rows, 1024), (rows, 1024)]
 
 
-def test_off_switch_other_part_counts_and_prefill_rows_keep_the_slices(gpu_trace, monkeypatch):
+def test_off_switch_other_part_counts_and_prefill_rows_keep_the_slices(gpu_trace, kernel_overrides):
     y = jnp.zeros((2, 96), BF16)
     assert triton_calls(lambda y: split_columns_gpu.split_three(y, (32, 64)), y) == []
     prefill = jnp.zeros((split_columns_gpu.MAX_ROWS + 1, 96), BF16)  # a prefill chunk keeps XLA's slices
     assert triton_calls(lambda y: split_columns_gpu.split_three(y, (32, 32, 32)), prefill) == []
-    monkeypatch.setenv("EMBER_TRITON_SPLIT", "0")
+    kernel_overrides({"split.triton": False})
     assert triton_calls(lambda y: split_columns_gpu.split_three(y, (32, 32, 32)), y) == []
 
 

@@ -4,7 +4,6 @@ prefill attention: 16, quantized GEMV split-K and row-tile variants, the latter 
 Q4_K on int8 activations (dp4a); the RMSNorm kernels; RoPE + the K/V write; the q/k/v split). Each runs in its own process, because
 TRITON_INTERPRET must be set before the kernels are decorated. ~2 minutes on 2 cores."""
 
-import os
 import subprocess
 import sys
 
@@ -34,10 +33,8 @@ CASES = [(tool, mode, None) for tool, mode in CHECKS] + [(tool, mode, "other") f
 
 @pytest.mark.parametrize("tool, mode, terms", CASES, ids=[f"{t}-{m}{'-other-terms' if o else ''}" for t, m, o in CASES])
 def test_triton_kernels_match_their_references_in_the_interpreter(tool, mode, terms):
-    env = dict(os.environ)
-    if terms:
-        env["EMBER_ACT_TERMS"] = "1" if act_terms() == 2 else "2"
+    policy = ["--policy", f"quant_gemv.act_terms={1 if act_terms() == 2 else 2}"] if terms else []
     done = subprocess.run(
-        [sys.executable, "-m", f"ember.tools.dev.{tool}", mode], capture_output=True, text=True, timeout=900, env=env
+        [sys.executable, "-m", f"ember.tools.dev.{tool}", mode, *policy], capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]  # the tools exit 1 on any mismatch

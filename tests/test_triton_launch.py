@@ -23,6 +23,7 @@ from ember.compiler.ops.quant.layout import pack, random_gguf_bytes
 from ember.compiler.ops.quant.matmul import launch_plan as quant_launch_plan
 from ember.compiler.ops.quant.matmul import triton_quant_matmul
 from ember.compiler.ops.triton_launch import kernel_ttir, triton_call
+from ember.compiler.targets.policy import overriding
 
 BF16 = jnp.bfloat16
 
@@ -87,12 +88,10 @@ def test_prefill_attention_lowers_to_one_native_kernel(dtype):
         ("q5_0", 8, 1536, 640, "split"),
     ],
 )
-def test_quantized_gemv_lowers_to_native_kernels(fmt, rows, out, inner, variant, monkeypatch):
-    from ember.compiler.ops.quant import config as quant_config
+def test_quantized_gemv_lowers_to_native_kernels(fmt, rows, out, inner, variant, kernel_overrides):
     from ember.compiler.ops.quant.triton_act_quant import quantize_plan
 
-    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", variant == "dp4a")
-    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+    kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"] if variant == "dp4a" else []})
     weight = pack(random_gguf_bytes(np.random.default_rng(0), fmt, (out, inner)), fmt, (out, inner))
     config = pick_quant_config(fmt, rows, out, inner)
     if variant == "rows":
@@ -109,23 +108,21 @@ def test_quantized_gemv_lowers_to_native_kernels(fmt, rows, out, inner, variant,
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["qkv", "qk+v"])
-def test_packed_qkv_decode_writes_each_projection_apart(grouped, monkeypatch):
+def test_packed_qkv_decode_writes_each_projection_apart(grouped, kernel_overrides):
     """1.5B qkv at batch 1 (one split): the parts kernel writes q, k, v with their bias, so nothing but the
     quantizer and the GEMVs runs (no slice or add kernel after them); a Q4_K q+k beside a Q6_K v is one
     pair launch (v's bias read at its offset)."""
     from ember.compiler.ops import linear_quant
-    from ember.compiler.ops.quant import config as quant_config
     from ember.compiler.ops.quant.layout import WeightGroup
 
-    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
-    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+    kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     rng, sizes = np.random.default_rng(0), (1536, 256, 256)
 
     def weight(fmt, rows):
         return pack(random_gguf_bytes(rng, fmt, (rows, 1536)), fmt, (rows, 1536))
 
     w = WeightGroup((weight("q4_k", 1792), weight("q6_k", 256))) if grouped else weight("q4_k", 2048)
-    with linear_quant.use_quant_backend("triton"):
+    with overriding({"quant_gemv.backend": "triton"}):
         fn = lambda x, w, b: linear_quant.linear_split(x, w, b, sizes=sizes)  # noqa: E731
         text = (
             jax.jit(fn)
@@ -145,16 +142,14 @@ def test_packed_qkv_decode_writes_each_projection_apart(grouped, monkeypatch):
 @pytest.mark.parametrize(
     "fmt, d, ffn, by_norm", [("q4_k", 1536, 8960, True), ("q6_k", 1536, 8960, True), ("q4_k", 4096, 14336, False)]
 )
-def test_down_projection_partials_are_summed_by_the_next_norm(fmt, d, ffn, by_norm, monkeypatch):
+def test_down_projection_partials_are_summed_by_the_next_norm(fmt, d, ffn, by_norm, monkeypatch, kernel_overrides):
     """A down projection (split-K) at batch 1 marked partials=True (carry_split_k_partials) into the next
     layer's add_rms_norm_to_proj: its quantizer, GEMV and the norm kernel, and no XLA reduce between them
     (1.5B); unmarked, or with more partials per row than PARTIALS_MAX_BYTES (8B: 8 x 4096 fp32), XLA sums
     them (stablehlo.reduce) before the norm."""
     from ember.compiler.ops import linear_quant, norm_gpu, norm_quant_gpu
-    from ember.compiler.ops.quant import config as quant_config
 
-    monkeypatch.setattr(quant_config, "DP4A_FOR_DECODE", True)
-    monkeypatch.setattr(quant_config, "DP4A_DECODE_FORMATS", ("q4_k", "q6_k"))
+    kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     monkeypatch.setattr(norm_gpu, "triton_available", lambda: True)
     rng = np.random.default_rng(0)
     down = pack(random_gguf_bytes(rng, fmt, (d, ffn)), fmt, (d, ffn))
@@ -169,7 +164,7 @@ def test_down_projection_partials_are_summed_by_the_next_norm(fmt, d, ffn, by_no
             s, h = norm_quant_gpu.add_rms_norm_to_proj(x, t, norm_w, qkv, eps=1e-6)
             return s, h.qa, h.da
 
-        with linear_quant.use_quant_backend("triton"):
+        with overriding({"quant_gemv.backend": "triton"}):
             text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
             calls = triton_calls(fn, *args)
         assert [c["name"] for c in calls] == ["quantize_rows_kernel", "dp4a_gemv_kernel", "add_rms_norm_quant_kernel"]
@@ -209,20 +204,6 @@ def test_arguments_that_do_not_fit_are_refused():
         jax.jit(
             lambda a: triton_call(a, kernel=_scale_kernel, out_shape=out, grid=(0,), n=1000, FACTOR=2.0, BLOCK=128)
         ).trace(x)
-
-
-def test_the_launch_switch_rejects_unknown_values(monkeypatch):
-    monkeypatch.setenv("EMBER_TRITON_LAUNCH", "cuda_graphs")
-    with pytest.raises(ValueError, match="EMBER_TRITON_LAUNCH"):
-        triton_call(
-            jnp.zeros((4,)),
-            kernel=_scale_kernel,
-            out_shape=jax.ShapeDtypeStruct((4,), jnp.float32),
-            grid=(1,),
-            n=4,
-            FACTOR=1.0,
-            BLOCK=4,
-        )
 
 
 @pytest.mark.parametrize("shape", [(1, 4096), (3, 1536), (256, 4096)])
@@ -285,15 +266,17 @@ def test_rope_decode_attention_lowers_to_one_partials_kernel_writing_the_pools(r
     assert "output_operand_aliases" in text  # the pools are updated in place, not copied
 
 
-@pytest.mark.parametrize("fused", ["1", "0"])
-def test_rope_attention_of_a_decode_step_launches_the_fused_partials_when_switched_on(monkeypatch, fused):
-    # the h200 rope_attention op at batch 1 in a wide table (splits > 1): EMBER_FUSED_ROPE_DECODE=1 -> the
+@pytest.mark.parametrize("fused", [True, False])
+def test_rope_attention_of_a_decode_step_launches_the_fused_partials_when_switched_on(
+    monkeypatch, fused, kernel_overrides
+):
+    # the h200 rope_attention op at batch 1 in a wide table (splits > 1): attention.fused_rope_decode on -> the
     # RoPE-fused partials and the combine; "0" -> rope_write, the partials, the combine
     from ember.compiler.batch import StepBatch
     from ember.compiler.ops.attention_gpu import paged
 
     monkeypatch.setattr(paged, "triton_available", lambda: True)
-    monkeypatch.setenv(paged.FUSED_ROPE_DECODE_ENV, fused)
+    kernel_overrides({"attention.fused_rope_decode": fused})
     hq, hkv, dh, width = 12, 2, 128, 1033
     q, k = jnp.zeros((1, hq, dh), BF16), jnp.zeros((1, hkv, dh), BF16)
     pool = jnp.zeros((width + 1, 16, hkv, dh), BF16)
@@ -317,6 +300,6 @@ def test_rope_attention_of_a_decode_step_launches_the_fused_partials_when_switch
     names = [c["name"] for c in triton_calls(step, q, k, pool)]
     assert names == (
         ["paged_decode_rope_partials_kernel", "paged_decode_combine_kernel"]
-        if fused == "1"
+        if fused
         else ["rope_write_kernel", "paged_decode_partials_kernel", "paged_decode_combine_kernel"]
     )

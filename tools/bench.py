@@ -148,7 +148,7 @@ def parse_synthetic(name: str) -> tuple[str, str | None]:
     return rest, None
 
 
-def _synthetic_model(name: str, target: str, tokenizer_dir: str | None):
+def _synthetic_model(name: str, target: str, tokenizer_dir: str | None, kernel_policy: str | None):
     from ..compiler.spec import spec_for_arch
     from ..runtime.loading.model import load_model
     from ..runtime.loading.synthetic import synthetic_model
@@ -160,7 +160,7 @@ def _synthetic_model(name: str, target: str, tokenizer_dir: str | None):
     arch, config = SYNTHETIC_SHAPES[shape]
     spec = spec_for_arch(arch)
     if fmt is None or fmt.startswith("fp8"):
-        model = synthetic_model(spec, config, target=target, weight_format=fmt)
+        model = synthetic_model(spec, config, target=target, weight_format=fmt, kernel_policy=kernel_policy)
     else:
         try:
             from ..runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
@@ -169,19 +169,23 @@ def _synthetic_model(name: str, target: str, tokenizer_dir: str | None):
                 f"{name} needs ember.runtime.loading.synthetic_gguf (synthetic GGUF checkpoints in the "
                 f"{fmt} layout), which this tree does not have: {error}"
             ) from None
-        model = load_model(synthetic_gguf_checkpoint(spec, config, scheme=fmt, seed=0), target=target)
+        checkpoint = synthetic_gguf_checkpoint(spec, config, scheme=fmt, seed=0)
+        model = load_model(checkpoint, target=target, kernel_policy=kernel_policy)
     return model, Tokenizer.from_hf_dir(tokenizer_dir)
 
 
-def load_bench_model(model_name: str, target: str, tokenizer_dir: str | None = None):
-    """(Model, Tokenizer) for a known model name or `synthetic:<shape>[-<format>]`."""
+def load_bench_model(model_name: str, target: str, tokenizer_dir: str | None = None, kernel_policy: str | None = None):
+    """(Model, Tokenizer) for a known model name or `synthetic:<shape>[-<format>]`; kernel_policy: a JSON file
+    of overrides over the target's kernel policy (compiler/targets/policy.py)."""
     from ..runtime.loading.known_models import resolve_model
     from ..runtime.loading.model import load_model
     from ..runtime.loading.text.prompting import load_tokenizer
 
     if model_name.startswith(SYNTHETIC_PREFIX):
-        return _synthetic_model(model_name, target, tokenizer_dir)
-    model = load_model(resolve_model(model_name, progress=True), target=target, progress=True)
+        return _synthetic_model(model_name, target, tokenizer_dir, kernel_policy)
+    model = load_model(
+        resolve_model(model_name, progress=True), target=target, progress=True, kernel_policy=kernel_policy
+    )
     return model, load_tokenizer(model.checkpoint)
 
 
@@ -354,13 +358,14 @@ def run_bench(
     deterministic: bool,
     tokenizer_dir: str | None = None,
     kv_cache_dtype: str = "auto",
+    kernel_policy: str | None = None,
 ) -> dict:
     import jax
 
     from ..runtime.engine.engine import Engine, EngineConfig
 
     started = time.perf_counter()
-    model, tokenizer = load_bench_model(model_name, target, tokenizer_dir)
+    model, tokenizer = load_bench_model(model_name, target, tokenizer_dir, kernel_policy)
     load_s = time.perf_counter() - started
     context = prompt_tokens + output_tokens
     top = max(concurrency)
@@ -393,6 +398,7 @@ def run_bench(
         "machine": f"{platform.machine()}, {jax.device_count()} {jax.devices()[0].platform} device(s)",
         "deterministic": deterministic,
         "kv_cache_dtype": kv_cache_dtype,
+        "kernel_policy": model.policy.to_dict(),
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
         "load_s": round(load_s, 1),
@@ -411,6 +417,7 @@ def main_bench(args) -> int:
         deterministic=args.deterministic,
         tokenizer_dir=args.tokenizer,
         kv_cache_dtype=args.kv_cache_dtype or "auto",
+        kernel_policy=args.kernel_policy,
     )
     print(json.dumps(result, indent=2))
     return 0

@@ -40,7 +40,12 @@ def run_child(cmd: list[str], env: dict, timeout: float, json_file: Path | None 
 
 
 def measure_startup(
-    model: str, target: str, tokenizer_dir: str | None, engine: dict, timeout: Callable[[], float]
+    model: str,
+    target: str,
+    tokenizer_dir: str | None,
+    engine: dict,
+    timeout: Callable[[], float],
+    kernel_policy: str | None = None,
 ) -> dict:
     """Cold compile then warm start of `model` with EngineConfig(**engine), each in a fresh process.
     The compiled plans are then copied into this process's JAX cache (if it has one), so the suite's own
@@ -63,6 +68,7 @@ def measure_startup(
         "--engine",
         json.dumps(engine),
     ] + (["--tokenizer", tokenizer_dir] if tokenizer_dir else [])
+    cmd += ["--kernel-policy", kernel_policy] if kernel_policy else []
     fresh = Path(tempfile.mkdtemp(prefix="ember-bench-jax-cache-"))
     try:
         # cold: XLA's persistent cache and Triton's kernel cache both start empty
@@ -126,13 +132,14 @@ def startup_child(argv: list[str]) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--target", required=True)
     parser.add_argument("--tokenizer")
+    parser.add_argument("--kernel-policy")
     parser.add_argument("--engine", required=True, help="EngineConfig fields as JSON")
     args = parser.parse_args(argv)
     from ..runtime.engine.engine import Engine, EngineConfig
     from .bench import load_bench_model
 
     begun = time.perf_counter()
-    model, tokenizer = load_bench_model(args.model, args.target, args.tokenizer)
+    model, tokenizer = load_bench_model(args.model, args.target, args.tokenizer, args.kernel_policy)
     load_s = time.perf_counter() - begun
     engine = Engine(model, tokenizer, EngineConfig(**json.loads(args.engine)))
     try:

@@ -84,6 +84,7 @@ class SuiteConfig:
     # instead of every shape up front (a device call is short, and the cache does not outlive the machine)
     precompile: bool = True
     kv_cache_dtype: str = "auto"  # EngineConfig.kv_cache_dtype of every engine (its bytes enter the rooflines)
+    kernel_policy: str | None = None  # a JSON file of overrides over the target's kernel policy
 
 
 class Suite:
@@ -224,7 +225,7 @@ class Suite:
             return
         begun = time.perf_counter()
         try:
-            model, tokenizer = load_bench_model(name, self.target, self.tokenizer_dir)
+            model, tokenizer = load_bench_model(name, self.target, self.tokenizer_dir, self.config.kernel_policy)
         except Exception as error:
             entry["error"] = f"load: {type(error).__name__}: {str(error)[:2000]}"
             self.save()
@@ -435,7 +436,11 @@ class Suite:
 
         # the engine as `ember serve` builds it: keeping its step executables (runtime/execution/executable_cache.py)
         engine = dict(dataclasses.asdict(self.batch_config()), keep_executables=True)
-        out.update(measure_startup(name, self.target, self.tokenizer_dir, engine, self.remaining_timeout))
+        out.update(
+            measure_startup(
+                name, self.target, self.tokenizer_dir, engine, self.remaining_timeout, self.config.kernel_policy
+            )
+        )
 
     def run_hf(self, out: dict, shape: str) -> None:
         from .bench_processes import measure_hf
@@ -516,6 +521,7 @@ def main_suite(args) -> int:
             "deadline_s": args.deadline_s,
             "precompile": False if args.lazy_compile else None,
             "kv_cache_dtype": args.kv_cache_dtype,
+            "kernel_policy": args.kernel_policy,
         }.items()
         if v is not None
     }

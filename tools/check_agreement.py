@@ -15,7 +15,7 @@ are peaked, keep the same argmax. Writes nothing; prints one JSON object.
 `--int8-activations float|one|two` runs the target on GGUF weights kept packed (no dense copies) in 16-row
 prefill chunks (within the decode GEMV's row bound), its Q4_K / Q6_K matmuls as the decode GEMVs compute
 them: "float", on the activations as they are (the float kernels); "one" and "two", on one or two int8 terms
-per 32-element block (quant/act_quant.py, EMBER_ACT_TERMS: the integer-dot kernel). What it answers: how far
+per 32-element block (quant/act_quant.py, the kernel policy's quant_gemv.act_terms: the integer-dot kernel). What it answers: how far
 the decode path's int8 activations alone move the logits on real weights, per number of terms.
 """
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 from pathlib import Path
 from unittest import mock
 
@@ -57,12 +56,12 @@ def _int8_activations(mode: str | None):
     if mode is None:
         yield None
         return
-    formats = {"EMBER_QUANTIZED_FORMATS": "q4_k,q6_k,q8_0,q5_0", "EMBER_DENSE_COPIES": "0"}
-    with (
-        mock.patch.dict(os.environ, formats),
-        mock.patch("ember.compiler.ops.quant.matmul.quant_matmul_ref", int8_activation_matmul(mode)),
-    ):
+    with mock.patch("ember.compiler.ops.quant.matmul.quant_matmul_ref", int8_activation_matmul(mode)):
         yield 16  # prefill chunk: every projection stays on the GEMV path
+
+
+# --int8-activations: GGUF weights kept packed, without dense copies
+KEPT_PACKED = {"weights.quantized_formats": ["q4_k", "q6_k", "q8_0", "q5_0"], "weights.dense_copies": False}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from ember.compiler.spec import spec_for_arch
     from ember.runtime.execution.sequence_runner import SequenceRunner
-    from ember.runtime.loading.model import load_model
+    from ember.runtime.loading.model import effective_policy, load_model
     from ember.runtime.loading.synthetic import synthetic_checkpoint
     from ember.tools.bench import SYNTHETIC_SHAPES
 
@@ -99,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def logits(target, dtype, int8):
         with _int8_activations(int8) as chunk:
-            model = load_model(checkpoint(), target=target, activation_dtype=dtype)
+            policy = None if int8 is None else effective_policy(target).overridden(KEPT_PACKED)
+            model = load_model(checkpoint(), target=target, activation_dtype=dtype, kernel_policy=policy)
             runner = SequenceRunner(model, len(tokens), prefill_chunk=chunk)
             return runner.prefill(tokens, all_logits=True).astype(np.float64)
 

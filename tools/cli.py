@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="the engines' KV pool dtype (auto)")
     bench.add_argument("--tokenizer", help="HF tokenizer folder, for --model synthetic:<shape> (random weights)")
+    bench.add_argument(
+        "--kernel-policy", help="JSON file overriding fields of the target's kernel policy (docs/kernel_policy.md)"
+    )
     from .bench_hf import COMPILE_MODES
     from .bench_suite import SECTIONS as SUITE_SECTIONS
 

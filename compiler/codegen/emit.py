@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import pprint
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,7 @@ def generate(graph: Graph, spec: ModelSpec, target: Target, variant: str = "defa
         carried=_carried(graph, graph.region("layer")),
         global_weights=repr(tuple(sorted(_used_weights(graph, layer=False)))),
         layer_weights=repr(tuple(sorted(_used_weights(graph, layer=True)))),
+        kernel_policy=pprint.pformat(target.policy.to_dict(), width=110),
     )
     return GeneratedPlan(source=source, manifest=_manifest(graph, spec, target))
 
@@ -155,6 +157,8 @@ def _manifest(graph: Graph, spec: ModelSpec, target: Target) -> dict:
         "compiler_version": COMPILER_VERSION,
         "target": target.name,
         "activation_dtype": target.activation_dtype,
+        # which kernel and config each op takes (compiler/targets/policy.py): the runtime traces with it
+        "kernel_policy": target.policy.to_dict(),
         "entries": {
             "forward": {
                 "kinds": ["prefill", "decode", "mixed"],

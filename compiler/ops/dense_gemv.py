@@ -10,29 +10,27 @@ K split at these shapes (its programs own whole rows), so none of those kernels 
 close to the HBM read rate on the large matrices, so the kernel pays only where the kernels it removes cost
 more than it loses: measured per shape (DENSE_RULES).
 
-Dispatch (`use_dense_gemv`, read at trace time): a 2-D x of 1..DISPATCH_MAX_ROWS rows (EMBER_DENSE_GEMV_ROWS,
-read at import as fp8.py's EMBER_FP8_GEMV_ROWS) in bf16 / f16 / f32, a 2-D float weight with out * in < 2**31
-and fewer than EMBER_DENSE_GEMV_MAX_OUT rows (default: any) whose shape has a config in DENSE_RULES, Triton available (a GPU trace), and EMBER_DENSE_GEMV
-not "0". Everything else keeps the reference op (XLA's GEMM).
+Dispatch (`use_dense_gemv`, the kernel policy's dense_gemv fields read at trace time): the family enabled, a
+2-D x of 1..max_rows rows in bf16 / f16 / f32, a 2-D float weight with out * in < 2**31 and fewer than max_out
+rows (None: any) whose shape has a config in DENSE_RULES, and Triton available (a GPU trace). Everything else
+keeps the reference op (XLA's GEMM).
 """
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 
-from .env_config import overridden
+from ..targets.policy import kernel_policy
+from .config_override import overridden
 from .quant.fp8_gemv_config import Fp8GemvConfig, Fp8Rule
 from .triton_available import triton_available
 
-DISPATCH_MAX_ROWS = int(os.environ.get("EMBER_DENSE_GEMV_ROWS", "1"))
 WEIGHT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 
 _C = Fp8GemvConfig
-# where no rule gives a config: an override (EMBER_DENSE_GEMV_CONFIG) or a direct call starts from this one
+# where no rule gives a config: an override (the policy's dense_gemv.config) or a direct call starts from this one
 DEFAULT_CONFIG = _C(step_reduce=True)
 # Measured in the 8B bf16 step alone at one row (H200, 027d8c4 / 30d07c5, docs/results/h200_dense_gemv_0130688.json;
 # each kernel's time per call in the step, against XLA's GEMM plus the kernels after it): only the shapes with
@@ -53,27 +51,29 @@ DENSE_RULES: tuple[Fp8Rule, ...] = (
 def pick_dense_config(
     m: int, out: int, inner: int, *, blocked: bool = False, rules: tuple[Fp8Rule, ...] = DENSE_RULES
 ) -> Fp8GemvConfig | None:
-    """The first matching rule's config (None: XLA's GEMM). EMBER_DENSE_GEMV_CONFIG ("block_n=8/block_k=1024")
+    """The first matching rule's config (None: XLA's GEMM). The policy's dense_gemv.config ({"block_n": 8})
     overrides fields of a picked config, or of the default config where the table says XLA (read at trace
     time, for side-by-side measurements)."""
     del blocked  # plain weights have no scale layout
     config = next((rule.config for rule in rules if rule.matches(m, out, inner)), None)
-    if config is None and not os.environ.get("EMBER_DENSE_GEMV_CONFIG", "").strip():
+    override = kernel_policy().dense_gemv.config
+    if config is None and not override:
         return None
-    return overridden(config or DEFAULT_CONFIG, "EMBER_DENSE_GEMV_CONFIG")
+    return overridden(config or DEFAULT_CONFIG, override, "dense_gemv.config")
 
 
 def use_dense_gemv(x, w) -> bool:
     """Whether x @ w.T runs the dense GEMV (see module docstring)."""
+    policy = kernel_policy().dense_gemv
     return (
-        x.ndim == 2
-        and 1 <= x.shape[0] <= DISPATCH_MAX_ROWS
+        policy.enabled
+        and x.ndim == 2
+        and 1 <= x.shape[0] <= policy.max_rows
         and x.dtype in WEIGHT_DTYPES
         and getattr(w, "ndim", 0) == 2
         and w.dtype in WEIGHT_DTYPES
         and w.shape[0] * w.shape[1] < 2**31
-        and w.shape[0] < int(os.environ.get("EMBER_DENSE_GEMV_MAX_OUT", 1 << 62))
-        and os.environ.get("EMBER_DENSE_GEMV", "1") != "0"
+        and (policy.max_out is None or w.shape[0] < policy.max_out)
         and triton_available()
         and pick_dense_config(x.shape[0], *w.shape) is not None
     )

@@ -11,7 +11,7 @@ the (static) row count:
                          mixed steps): compute-bound, so the one-off dequantization is amortised
   WeightGroup            one of the above per part (parts of different formats), outputs side by side
   DenseBacked            a kept weight and its dense copy (made at load): the kept form up to
-                         DENSE_COPY_GEMV_MAX_ROWS rows, the copy's plain matmul above (no per-call dequantization)
+                         quant_gemv.dense_copy_gemv_max_rows rows, the copy's plain matmul above (no per-call dequantization)
   Fp8Weight              fp8_linear (quant/fp8.py): the Triton GEMV for few rows on a GPU (fp8_gemv.py),
                          else written for XLA to fuse the fp8 operand into its GEMM
   plain array, one row on a GPU (dense_gemv.use_dense_gemv)
@@ -21,9 +21,8 @@ the (static) row count:
 Backend choice: the plan's calls carry no backend argument (generated code stays target-agnostic
 beyond the kernel names), and a plan is traced on the device it runs on, so `quant_backend()` reads
 that device at trace time: "triton" on a GPU (Triton importable), "reference" elsewhere (the CPU
-tests, the cpu fallback). `use_quant_backend(name)` or EMBER_QUANT_BACKEND overrides it; jit caches
-traced code, so switch before a plan is first traced (or wrap it in a fresh function), never between
-calls of one jitted function.
+tests, the cpu fallback). The kernel policy's quant_gemv.backend overrides it (compiler/targets/policy.py;
+like every policy field it is read at trace time: jit caches traced code, so a new policy needs a new trace).
 
 Embedding tables kept quantized are gathered as quantized rows (a take along the planes' `out` axis)
 and only those rows are dequantized: the table costs its GGUF bytes once, where a bf16 copy would
@@ -34,14 +33,12 @@ GEMV. The rows come out in the table's `dtype` (the activation dtype the loader 
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from ..targets.policy import kernel_policy
 from . import activation
 from . import embedding as embedding_ref
 from . import linear as linear_ref
@@ -62,41 +59,15 @@ from .quant.ref import dequantize
 from .split_columns_gpu import split_three
 from .triton_available import triton_available
 
-# rows up to this use the quantized GEMV; above, dequantize + XLA matmul (EMBER_GEMV_MAX_ROWS overrides)
-GEMV_MAX_ROWS = int(os.environ.get("EMBER_GEMV_MAX_ROWS", "16"))
-# the same bound for the formats the integer-dot kernel takes (quant/config.py dp4a_for):
-# its row groups read each weight tile once from HBM and again from L2 (EMBER_DP4A_GEMV_MAX_ROWS overrides)
-DP4A_GEMV_MAX_ROWS = int(os.environ.get("EMBER_DP4A_GEMV_MAX_ROWS", "16"))
-
-# rows up to which a weight with a dense copy (DenseBacked) still takes its quantized GEMV: above, the bf16
-# copy's matmul is faster. H200, 1.5B Q4_K_M engine at e21142b, packed vs copy: 2 streams 1,372.0 vs 1,228.4
-# tok/s, 4 streams 2,287.6 vs 2,432.3 (bench_suite/h200_e21142b_*). EMBER_DENSE_COPY_GEMV_MAX_ROWS overrides.
-DENSE_COPY_GEMV_MAX_ROWS = int(os.environ.get("EMBER_DENSE_COPY_GEMV_MAX_ROWS", "2"))
-
-_backend_override: str | None = None
-
 
 def quant_backend() -> str:
     """The quant_matmul backend for the device being traced for (see module docstring)."""
-    chosen = _backend_override or os.environ.get("EMBER_QUANT_BACKEND")
+    chosen = kernel_policy().quant_gemv.backend
     if chosen:
         if chosen not in BACKENDS:
             raise ValueError(f"unknown quant backend {chosen!r}; expected one of {BACKENDS}")
         return chosen
     return "triton" if triton_available() else "reference"
-
-
-@contextlib.contextmanager
-def use_quant_backend(name: str | None) -> Iterator[None]:
-    """Force a backend (None: automatic) for plans traced inside the block."""
-    global _backend_override
-    if name is not None and name not in BACKENDS:
-        raise ValueError(f"unknown quant backend {name!r}; expected one of {BACKENDS}")
-    previous, _backend_override = _backend_override, name
-    try:
-        yield
-    finally:
-        _backend_override = previous
 
 
 def _matmul(x, w):
@@ -160,7 +131,8 @@ def dp4a_input_order(weight, rows: int) -> str | None:
 
 def gemv_max_rows(fmt: str) -> int:
     """Activation rows up to which a `fmt` weight goes through the quantized GEMV (above: dequantize + matmul)."""
-    return DP4A_GEMV_MAX_ROWS if quant_config.dp4a_for(fmt) else GEMV_MAX_ROWS
+    rows = kernel_policy().quant_gemv
+    return rows.dp4a_gemv_max_rows if quant_config.dp4a_for(fmt) else rows.gemv_max_rows
 
 
 def _form(x, weight):
@@ -172,7 +144,7 @@ def _form(x, weight):
 def form_for_rows(rows: int, weight):
     """The form of `weight` a call with `rows` activation rows reads (see _form)."""
     if isinstance(weight, DenseBacked):
-        return weight.kept if rows <= DENSE_COPY_GEMV_MAX_ROWS else weight.dense
+        return weight.kept if rows <= kernel_policy().quant_gemv.dense_copy_gemv_max_rows else weight.dense
     return weight
 
 
@@ -238,9 +210,9 @@ def gated_linear(gate_up, weight, *, act, partials=False):
     # act(gate) * up @ weight.T: gate_up [N, 2 * ffn] (a packed gate/up output), weight [n, ffn] -> [N, n]
     # (the fuse_gated_linear pass); a silu-gated decode GEMV on int8 activations makes the activation inside
     # its quantizer, so it costs no kernel of its own. partials (carry_split_k_partials: the reader sums
-    # them): a split-K GEMV's output may be a split_k.SplitKPartials (EMBER_SPLIT_K_PARTIALS=0, read at
-    # trace time: summed here as before, for side-by-side measurements)
-    partials = partials and os.environ.get("EMBER_SPLIT_K_PARTIALS", "1") != "0"
+    # them): a split-K GEMV's output may be a split_k.SplitKPartials (unless the policy's
+    # quant_gemv.split_k_partials is off: summed here as before)
+    partials = partials and kernel_policy().quant_gemv.split_k_partials
     kept = _form(gate_up, weight)
     if act == "silu" and isinstance(kept, QuantizedWeight) and gate_up.shape[0] <= gemv_max_rows(kept.format):
         return quant_matmul_silu_gated(gate_up, kept, backend=quant_backend(), partials=partials)

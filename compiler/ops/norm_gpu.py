@@ -9,29 +9,24 @@ Grid (rows,): program r owns row r of x (and y), N elements in one masked tile o
 two >= N. The add is computed as XLA computes a bf16 add (fp32 sum rounded once to the activation dtype) and
 stored as the new residual; the statistics are fp32; out = (s * rsqrt(mean(s^2) + eps)) * w, rounded once.
 The h200 target names them. Traced for a non-GPU backend (or without Triton) the functions are the
-references, and EMBER_TRITON_NORMS=0 (read at trace time) makes them the references on a GPU too: the
-side-by-side measurement of the two (tools/dev/profile_step.py --plan-only under each setting).
+references, and the kernel policy's norms.triton off (read at trace time) makes them the references on a GPU
+too: the side-by-side measurement of the two (tools/dev/profile_step.py --plan-only under each setting).
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import jax
 import triton
 import triton.language as tl
 
+from ..targets.policy import kernel_policy
 from . import norm as norm_ref
 from .split_k import materialized
 from .triton_available import triton_available
 
 MAX_N = 65536  # one row per program, held in registers: the widest hidden size this tiling takes
-# Warps per row, for these kernels and norm_quant_gpu's (one reduction tree, so the same bits): more lanes
-# share one row's loads and reductions. The 8B FP8 step's 63 norms took 130.6 / 125.8 us at 4 / 16 warps
-# (docs/results/h200_plan_alone_fp8_4f6229b.json); the quantizing norms of a 1.5B step 170.6 / 153.6 / 146.0
-# us at 4 / 8 / 16 (docs/results/h200_norm_quant_warps_71ed1a5.json)
-NORM_WARPS = 16
 
 
 @triton.jit
@@ -69,13 +64,13 @@ def launch_plan(rows: int, n: int) -> dict:
     if not 1 <= n <= MAX_N:
         raise ValueError(f"rms_norm kernel: rows of 1..{MAX_N} elements, got {n}")
     block = 1 << (n - 1).bit_length()
-    warps = int(os.environ.get("EMBER_NORM_WARPS", NORM_WARPS))  # read at trace time, for side-by-side runs
+    warps = kernel_policy().norms.warps  # read at trace time
     return {"grid": (rows,), "num_warps": warps, "meta": {"N": n, "BLOCK": block}}
 
 
 def use_kernel(x) -> bool:
-    """Whether the Triton kernels run for x (a GPU with Triton, EMBER_TRITON_NORMS not 0, rows to norm)."""
-    return os.environ.get("EMBER_TRITON_NORMS", "1") != "0" and triton_available() and math.prod(x.shape[:-1]) > 0
+    """Whether the Triton kernels run for x (a GPU with Triton, the policy's norms.triton, rows to norm)."""
+    return kernel_policy().norms.triton and triton_available() and math.prod(x.shape[:-1]) > 0
 
 
 def rms_norm(x, weight, *, eps):

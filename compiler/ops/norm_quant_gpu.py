@@ -12,7 +12,7 @@ so a row costs one memory round trip. The residual operand may be a down project
 (split_k.py, the carry_split_k_partials pass), summed here instead of by an XLA launch of its own. The result
 is a linear_quant.QuantizedInput (the bf16 rows + qa + da); otherwise the plain norm (norm_gpu.py).
 
-On by default; EMBER_FUSED_NORM_QUANT=0 (read at trace time) turns it off. Checked in Triton's interpreter
+On by default; the kernel policy's norms.fused_quant off (read at trace time) turns it off. Checked in Triton's interpreter
 (tools/dev/check_norm_kernels.py: rows and int8 words bit-equal to the plain norm + quantizer) and on the H200
 (tests/test_norm_kernels_gpu.py at cfef150: bit-equal to the Triton quantizer it replaces). Measured there,
 plan alone at batch 1 (docs/results/h200_fused_norm_quant_cfef150.json): 1.5B Q4_K_M 439 -> 382 kernels,
@@ -22,23 +22,21 @@ plan alone at batch 1 (docs/results/h200_fused_norm_quant_cfef150.json): 1.5B Q4
 from __future__ import annotations
 
 import math
-import os
 
 import jax
 import triton
 import triton.language as tl
 
+from ..targets.policy import kernel_policy
 from . import norm_gpu
 from .quant.act_quant import act_terms, packed_shapes
 from .quant.triton_act_quant import packed_order, quantize_store
 from .split_k import SplitKPartials, materialized
 
-FUSED_ENV = "EMBER_FUSED_NORM_QUANT"  # "0": the norms leave the int8 activations to the quantizer (default on)
 # Split-K partials per row the kernel sums itself; above, XLA's sum runs first. One program reads them all:
 # the 1.5B's 8 x 1536 fp32 (48 KB) cost 3.31 us against 2.58 + 1.14 for the plain norm and the sum, the
 # 8B's 8 x 4096 (128 KB) 5.34 us against 2.96 + 1.25 (docs/results/h200_plan_alone_partials_f842b9c_*.json)
 PARTIALS_MAX_BYTES = 48 * 1024
-NORM_QUANT_WARPS = norm_gpu.NORM_WARPS  # the plain norms' (measured there): the same bits as theirs
 
 
 @triton.jit
@@ -144,12 +142,12 @@ def add_rms_norm_quant_kernel(
 
 
 def launch_plan(rows: int, n: int, order: str) -> dict:
-    """norm_gpu.launch_plan's grid and tile, plus the packed layout's blocks and order (EMBER_NORM_QUANT_WARPS,
-    read at trace time, overrides the warps per program: for side-by-side measurements)."""
+    """norm_gpu.launch_plan's grid and tile, plus the packed layout's blocks and order, at the policy's
+    norms.quant_warps warps per program (read at trace time)."""
     if n % 32:
         raise ValueError(f"rms_norm + quantize: rows of a multiple of 32 elements, got {n}")
     plan = norm_gpu.launch_plan(rows, n)
-    plan["num_warps"] = int(os.environ.get("EMBER_NORM_QUANT_WARPS", NORM_QUANT_WARPS))
+    plan["num_warps"] = kernel_policy().norms.quant_warps
     plan["meta"].update(NB=1 << (n // 32 - 1).bit_length(), Q6=order == "q6_k", TERMS=act_terms())
     return plan
 
@@ -189,7 +187,7 @@ def norm_quantize_triton(x, y, weight, *, eps, order: str):
 def _order(x, reader) -> str | None:
     from .linear_quant import dp4a_input_order
 
-    if x.ndim != 2 or x.shape[-1] % 32 or not norm_gpu.use_kernel(x) or os.environ.get(FUSED_ENV, "1") == "0":
+    if x.ndim != 2 or x.shape[-1] % 32 or not norm_gpu.use_kernel(x) or not kernel_policy().norms.fused_quant:
         return None
     return dp4a_input_order(reader, x.shape[0])
 

@@ -9,17 +9,17 @@ parts themselves (the parts GEMVs); this is the dense weights' one launch.
 
 Grid (rows, cdiv(S0 + S1 + S2, BLOCK)): program (r, c) loads its column tile of row r once and stores each
 element into the output its column falls in (three masked stores, at most two of them non-empty).
-EMBER_TRITON_SPLIT=0 (read at trace time) keeps XLA's slices on a GPU too: the side-by-side measurement.
+The kernel policy's split.triton off (read at trace time) keeps XLA's slices on a GPU too: the side-by-side
+measurement.
 """
 
 from __future__ import annotations
-
-import os
 
 import jax
 import triton
 import triton.language as tl
 
+from ..targets.policy import kernel_policy
 from .quant.matmul import split_columns
 from .triton_available import triton_available
 
@@ -49,7 +49,7 @@ def split_three(y: jax.Array, sizes) -> tuple[jax.Array, ...]:
         or y.ndim != 2
         or y.shape[0] > MAX_ROWS
         or not triton_available()
-        or os.environ.get("EMBER_TRITON_SPLIT", "1") == "0"
+        or not kernel_policy().split.triton
     ):
         return split_columns(y, sizes)
     from .triton_launch import triton_call

@@ -12,14 +12,12 @@ kernel per layer and op, so that fixed cost decided which kernels could pay at a
 
 Contract (the same as jax-triton's, minus runtime scalars): the kernel's pointer arguments are the input
 arrays in order, then one per output; every other argument is a compile-time constant passed by keyword
-(tl.constexpr or not: a plain scalar parameter is specialised to its value). EMBER_TRITON_LAUNCH=jax_triton
-launches through jax-triton instead (for comparisons).
+(tl.constexpr or not: a plain scalar parameter is specialised to its value).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,14 +50,6 @@ _TRITON_TYPES = {
 }
 
 
-def launch_backend() -> str:
-    """ "xla" (default) or "jax_triton" (EMBER_TRITON_LAUNCH)."""
-    backend = os.environ.get("EMBER_TRITON_LAUNCH", "xla")
-    if backend not in ("xla", "jax_triton"):
-        raise ValueError(f"EMBER_TRITON_LAUNCH must be 'xla' or 'jax_triton', got {backend!r}")
-    return backend
-
-
 def triton_call(
     *arrays,
     kernel,
@@ -76,19 +66,6 @@ def triton_call(
     single = not isinstance(out_shape, (tuple, list))
     outs = (out_shape,) if single else tuple(out_shape)
     aliases = dict(input_output_aliases or {})
-    if launch_backend() == "jax_triton":
-        import jax_triton as jt  # GPU-only dependency, imported on use
-
-        return jt.triton_call(
-            *arrays,
-            kernel=kernel,
-            out_shape=out_shape,
-            grid=tuple(grid),
-            num_warps=num_warps,
-            num_stages=num_stages,
-            input_output_aliases=aliases,
-            **constants,
-        )
     grid3 = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
     if len(grid3) != 3 or min(grid3) < 1:
         raise ValueError(f"grid must be 1-3 positive ints, got {tuple(grid)}")

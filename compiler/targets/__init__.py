@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Graph, Node
+from .policy import KernelPolicy
 
 
 @dataclass(frozen=True)
@@ -25,13 +26,9 @@ class Target:
     # burst of short prompts (each <= segment_max_tokens) be admitted together
     prefill_segments: tuple[int, ...] = (1,)
     segment_max_tokens: int = 512
-    # Formats whose weights stay packed on the device (compiler/ops/quant layouts: "q4_k", "q6_k", "q8_0" of GGUF
-    # files; "fp8" of HF FP8 checkpoints); every other tensor is dequantized at load to the activation dtype.
-    quantized_formats: tuple[str, ...] = ()
-    # GGUF weights kept quantized also get a dense copy in the activation dtype, made at load: the quantized
-    # GEMV serves decode-sized steps, the copy's matmul steps with more rows (compiler/ops/quant/layout.py
-    # DenseBacked), which would otherwise dequantize every weight on every call
-    dense_copies: bool = False
+    # which kernel and launch config each op takes, and which weights stay packed (policy.py): recorded in
+    # manifest.json and the generated plan, entered around every trace of a step
+    policy: KernelPolicy = field(default_factory=KernelPolicy)
     # decode steps per device call when the engine may run ahead (runtime/lookahead.py): where the host's
     # per-call work is large next to a step (a GPU), several steps share it
     decode_steps: int = 1

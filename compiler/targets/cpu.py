@@ -1,6 +1,15 @@
 """The cpu target: every op runs its `jnp` reference under XLA CPU, in fp32 (exact against HF)."""
 
 from . import Target
+from .policy import (
+    AttentionPolicy,
+    DenseGemvPolicy,
+    Fp8GemvPolicy,
+    KernelPolicy,
+    NormPolicy,
+    QuantGemvPolicy,
+    SplitPolicy,
+)
 
 _REF = "ember.compiler.ops"
 
@@ -30,4 +39,15 @@ CPU = Target(
     # and every bucket is one more XLA compile (~10-20 s for a 1.5B model on 2 cores).
     decode_buckets=(1, 4, 16, 64),
     prefill_buckets=(32, 128, 512),
+    # every op its reference: no Triton kernel, nothing fused, every weight dequantized at load
+    policy=KernelPolicy(
+        quant_gemv=QuantGemvPolicy(
+            backend="reference", rows_for_decode=False, dp4a_formats=(), pair_launch=False, split_k_partials=False
+        ),
+        fp8_gemv=Fp8GemvPolicy(enabled=False),
+        dense_gemv=DenseGemvPolicy(enabled=False),
+        attention=AttentionPolicy(fused_rope=False, fused_rope_decode=False, fused_combine_quant=False),
+        norms=NormPolicy(triton=False, fused_quant=False),
+        split=SplitPolicy(triton=False),
+    ),
 )

@@ -3,7 +3,7 @@ batch (1 … 256), and kernel choices per op.
 
 - attention: Triton kernels over the paged KV pool (compiler/ops/attention_gpu/): split-K decode
   (flash-decoding, its partials merged by a combine kernel that can also write the o projection's int8
-  activations, on by default: EMBER_FUSED_ATTN_QUANT=0 turns it off) and a flash-attention prefill chunk; the
+  activations, on by default: policy attention.fused_combine_quant) and a flash-attention prefill chunk; the
   deterministic variant keeps the blockwise batch-invariant reference.
 - projections and the embedding: compiler/ops/linear_quant.py, which runs plain (bf16) weights through the
   reference ops and weights kept GGUF-quantized (Q4_K / Q6_K / Q8_0 / Q5_0) through the Triton GEMVs for
@@ -13,18 +13,18 @@ batch (1 … 256), and kernel choices per op.
   silu(gate) * up in the gate/up GEMV's epilogue, the gated_mlp op of the fuse_gated_mlp pass); bf16 weights
   at one decode row through the same kernels where dense_gemv.DENSE_RULES measured them faster than XLA. Which
   weights stay quantized is `quantized_formats` (FP8, and GGUF
-  blocks with a bf16 copy beside them for steps of many rows: `dense_copies`) or EMBER_QUANTIZED_FORMATS.
+  blocks with a bf16 copy beside them for steps of many rows: `dense_copies`, policy.weights).
 - RoPE and the step's K/V write: one Triton kernel (compiler/ops/attention_gpu/rope_write.py, the
   fuse_rope_attention pass) where XLA ran ~5 per layer; on steps whose rows all decode, inside the split
-  partials kernel instead (decode.rope_decode_attention; EMBER_FUSED_ROPE_DECODE=0 turns it off).
+  partials kernel instead (decode.rope_decode_attention; policy attention.fused_rope_decode).
 - RMSNorm and residual add + RMSNorm: one Triton kernel each (compiler/ops/norm_gpu.py) where XLA ran three;
   a norm read by one projection may also write that projection's int8 activations (norm_quant_gpu.py, the
-  fuse_norm_into_projection pass; EMBER_FUSED_NORM_QUANT=0 turns it off).
+  fuse_norm_into_projection pass; policy norms.fused_quant).
 - decode GEMV epilogues / prologues: packed q/k/v written apart with their bias (dp4a parts kernel; a Q4_K q+k
   beside a Q6_K v in one pair launch on one Q4_K packing of the activations), silu(gate) * up made by the down
   projection's activation quantizer (gated_linear, fuse_gated_linear), and the down projection's split-K
-  partials summed by the next layer's norm kernel (carry_split_k_partials; EMBER_SPLIT_K_PARTIALS=0 turns it
-  off).
+  partials summed by the next layer's norm kernel (carry_split_k_partials; policy
+  quant_gemv.split_k_partials).
 - the rest (activations, sampler; RoPE in the deterministic plans) are the `jnp` references, fused by XLA.
 - 8 decode steps per device call when the engine can run ahead (runtime/lookahead.py).
 Triton kernels launch as native XLA kernels (compiler/ops/triton_launch.py): ~4.5 µs for a small kernel
@@ -34,6 +34,15 @@ pays where it does more than the ops it replaces, or replaces several.
 
 from . import Target
 from .cpu import CPU
+from .policy import KernelPolicy, WeightPolicy
+
+# GGUF Q4_K / Q6_K / Q8_0 weights stay packed for the decode GEMVs, with a bf16 copy beside each for steps of
+# more rows (dense_copies; quant_gemv.dense_copy_gemv_max_rows): on the 1.5B Q4_K_M shape the packed weights
+# decoded 707.7 tok/s at batch 1 vs 610.6 for bf16 weights, but 8,173 vs 17,147 at 32 streams (same H200 call;
+# README, Decisions). HF FP8 checkpoints stay FP8 (compiler/ops/quant/fp8.py: the Triton GEMV at one row, XLA's
+# GEMM fusion of the fp8 operand above). Q5_0 (GGUF's rows that are not whole super-blocks) since its GPU test
+# passed (docs/results/h200_gpu_tests_aa12851.json); its speed: docs/results/h200_q5_0_gemv_0130688.json.
+H200_WEIGHTS = WeightPolicy(quantized_formats=("fp8", "q4_k", "q6_k", "q8_0", "q5_0"), dense_copies=True)
 
 H200 = Target(
     name="h200",
@@ -66,15 +75,8 @@ H200 = Target(
     },
     deterministic_kernels=dict(CPU.deterministic_kernels),
     activation_dtype="bfloat16",
-    # GGUF Q4_K / Q6_K / Q8_0 weights stay packed for the decode GEMVs, with a bf16 copy beside each for steps
-    # of more rows (dense_copies; linear_quant.DENSE_COPY_GEMV_MAX_ROWS): on the 1.5B Q4_K_M shape at fc54e24
-    # the packed weights decoded 707.7 tok/s at batch 1 vs 610.6 for bf16 weights, but 8,173 vs 17,147 at 32
-    # streams (same H200 call; README, Decisions). EMBER_QUANTIZED_FORMATS / EMBER_DENSE_COPIES override.
-    # HF FP8 checkpoints stay FP8 (compiler/ops/quant/fp8.py: the Triton GEMV at one row, XLA's GEMM fusion
-    # of the fp8 operand above). Q5_0 (GGUF's rows that are not whole super-blocks) since its GPU test passed
-    # at aa12851 (docs/results/h200_gpu_tests_aa12851.json); its speed: docs/results/h200_q5_0_gemv_0130688.json.
-    quantized_formats=("fp8", "q4_k", "q6_k", "q8_0", "q5_0"),
-    dense_copies=True,
+    # every kernel family at its GPU default (policy.py's fields name the measurement behind each)
+    policy=KernelPolicy(weights=H200_WEIGHTS),
     decode_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     prefill_buckets=(16, 64, 256, 512, 1024, 2048, 4096),
     # up to 8 short prompts (<= 512 tokens each) prefilled in one step: at 128-256 concurrent requests one

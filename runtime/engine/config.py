@@ -34,7 +34,7 @@ class EngineConfig:
     decode_steps: int | None = None
     # keep the step executables on disk beside JAX's persistent cache (runtime/execution/executable_cache.py), so that a
     # restart neither traces nor lowers them; `ember serve` turns it on. Off by default: an engine whose traced
-    # code is changed by anything but the sources and EMBER_* settings (a test patching a module) must trace.
+    # code is changed by anything but the sources and the kernel policy (a test patching a module) must trace.
     keep_executables: bool = False
     # the KV pools' element type (KV_CACHE_DTYPES): "auto" = the plan's activation dtype; "fp8" (= "fp8_e4m3")
     # stores K and V rounded to float8 e4m3 with no scale (vLLM's --kv-cache-dtype fp8 without calibrated

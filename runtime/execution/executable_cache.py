@@ -13,7 +13,8 @@ EngineConfig.keep_executables (`ember serve`). A file's name is a digest of ever
 tracing would produce, without tracing:
   - the source of Ember's compiler, runtime, specs and generated plans, the plan module being run, and the
     versions of jax, jaxlib and triton (source_fingerprint);
-  - every EMBER_* / XLA_* / JAX_* environment variable (the kernels' trace-time switches are EMBER_*);
+  - the model's kernel policy (compiler/targets/policy.py: which kernels and configs the step launches) and
+    every XLA_* / JAX_* environment variable;
   - the device kind, the abstract values of the arguments fixed for the executor (weights, KV pools), and
     per call the static arguments and the shapes and dtypes of the other arguments.
 An unreadable or incompatible file is compiled again and rewritten. Without a JAX cache directory, on the CPU
@@ -35,11 +36,13 @@ from typing import Any
 
 import jax
 
+from ...compiler.targets.policy import KernelPolicy
+
 PACKAGE_PARTS = ("compiler", "runtime", "specs", "generated")  # what a step executable is built from
 # where executables are kept: XLA:CPU's serialized executables of a real model lose functions (read back,
 # the 1.5B's failed with "NOT_FOUND: Function cosine_bitcast_fusion.27 not found"), so the cpu backend traces
 KEEP_PLATFORMS = ("gpu", "cuda", "rocm")
-ENV_PREFIXES = ("EMBER_", "XLA_", "JAX_")
+ENV_PREFIXES = ("XLA_", "JAX_")
 DIRECTORY = "ember-executables"
 MAX_BYTES = 8 << 30  # the directory's bound: the least recently used files go first (an 8B model's: ~83 MB)
 
@@ -47,7 +50,7 @@ MAX_BYTES = 8 << 30  # the directory's bound: the least recently used files go f
 @lru_cache(maxsize=1)
 def source_fingerprint() -> str:
     """sha256 over the package sources that shape a step executable, the library versions and the
-    environment's trace-time settings."""
+    XLA / JAX environment settings."""
     root = Path(__file__).resolve().parents[2]  # the repository root: compiler/, runtime/, ...
     digest = hashlib.sha256()
     for part in PACKAGE_PARTS:
@@ -153,16 +156,22 @@ def evict(directory: Path, max_bytes: int) -> None:
         total -= size
 
 
-def executor_identity(plan_module: Any, fixed: tuple) -> str | None:
+def executor_identity(plan_module: Any, policy: KernelPolicy, fixed: tuple) -> str | None:
     """What an executor's executables depend on besides the sources and the call: the plan module's source, the
-    device, and the abstract values of the arguments fixed for its life (weights, KV pools). None where
-    executables are not kept: no JAX cache directory, or a backend outside KEEP_PLATFORMS."""
+    kernel policy it is traced with, the device, and the abstract values of the arguments fixed for its life
+    (weights, KV pools). None where executables are not kept: no JAX cache directory, or a backend outside KEEP_PLATFORMS."""
     device = jax.devices()[0]
     if cache_directory() is None or device.platform not in KEEP_PLATFORMS:
         return None
     source = Path(plan_module.__file__).read_bytes() if getattr(plan_module, "__file__", None) else b""
     return "|".join(
-        [hashlib.sha256(source).hexdigest(), device.platform, str(device.device_kind), abstract_digest(*fixed)]
+        [
+            hashlib.sha256(source).hexdigest(),
+            hashlib.sha256(policy.digest().encode()).hexdigest(),
+            device.platform,
+            str(device.device_kind),
+            abstract_digest(*fixed),
+        ]
     )
 
 

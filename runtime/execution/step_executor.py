@@ -81,14 +81,18 @@ class StepExecutor:
         )
         # the step functions' executables are also kept on disk (runtime/execution/executable_cache.py): a warm start
         # neither traces nor lowers them
-        identity = executor_identity(plan.module, (model.params, self.kv)) if config.keep_executables else None
-        self.step_fn = cached_step(make_step_fn(plan.module.forward), 4, identity, "step")
+        identity = (
+            executor_identity(plan.module, model.policy, (model.params, self.kv)) if config.keep_executables else None
+        )
+        # traced inside the model's kernel policy: which kernels and configs the step launches
+        forward = model.traced(plan.module.forward)
+        self.step_fn = cached_step(make_step_fn(forward), 4, identity, "step")
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
         self.decode_steps = 1 if self.deterministic else max(1, steps)
         self.multi_step_fn = (
             cached_step(
-                make_multi_step_fn(plan.module.forward, self.decode_steps),
+                make_multi_step_fn(forward, self.decode_steps),
                 4,
                 identity,
                 f"run-ahead {self.decode_steps}",

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import jax.numpy as jnp
 from ...compiler.batch import StepBatch
 from ...compiler.spec import ModelSpec, all_specs
 from ...compiler.targets import Target, get_target
+from ...compiler.targets.policy import KernelPolicy, load_policy_file, with_kernel_policy
 from ..state.kinds import PagedKind, layer_state_kinds, paged_kinds
 from .checkpoint import Checkpoint, open_checkpoint
 from .dims import Dims, ResolvedModel, resolve
@@ -30,7 +30,13 @@ class Model:
     plan: LoadedPlan
     params: Params
     dtype: Any  # activation / KV dtype
+    # the kernel policy every step is traced with: the target's, or an override file's (effective_policy)
+    policy: KernelPolicy
     generated_dir: Path = GENERATED_DIR  # where the plan was loaded from
+
+    def traced(self, forward: Callable) -> Callable:
+        """A plan's forward that traces inside this model's kernel policy (what a step function jits)."""
+        return with_kernel_policy(self.policy, forward)
 
     def deterministic_plan(self) -> LoadedPlan:
         """The plan variant with batch-invariant kernels (deterministic mode)."""
@@ -66,7 +72,7 @@ class Model:
 
     def forward(self, kv, batch: StepBatch):
         """One step. Returns (logits [R, vocab], kv). kv is donated: do not reuse the old one."""
-        return _jitted(self.plan.module.forward)(self.dims, self.params, kv, batch)
+        return _jitted(self.traced(self.plan.module.forward))(self.dims, self.params, kv, batch)
 
 
 _JIT_CACHE: dict[int, Any] = {}
@@ -100,34 +106,24 @@ def enable_compilation_cache() -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
-QUANTIZED_FORMATS_ENV = "EMBER_QUANTIZED_FORMATS"  # e.g. "q4_k,q6_k,q8_0,fp8"; "none" = dequantize everything
-
-
-def _quantized_formats(target: str | Target) -> tuple[str, ...]:
-    """Formats kept packed on the device (GGUF blocks, HF FP8): EMBER_QUANTIZED_FORMATS if set, else the target's."""
-    override = os.environ.get(QUANTIZED_FORMATS_ENV)
-    if override is not None:
-        formats = tuple(f.strip().lower() for f in override.split(",") if f.strip() and f.strip().lower() != "none")
-        unknown = [f for f in formats if f not in KEPT_FORMATS]
-        if unknown:
-            raise ValueError(f"{QUANTIZED_FORMATS_ENV}: unknown format(s) {unknown} (known: {', '.join(KEPT_FORMATS)})")
-        return formats
-    described = _described(target)
-    return described.quantized_formats if described else ()  # an undescribed target: dequantize
-
-
-DENSE_COPIES_ENV = "EMBER_DENSE_COPIES"  # "1" / "0": keep (or not) a dense copy beside GGUF weights kept quantized
-
-
-def _dense_copies(target: str | Target) -> bool:
-    """Whether GGUF weights kept quantized get a dense copy too: EMBER_DENSE_COPIES if set, else the target's."""
-    override = os.environ.get(DENSE_COPIES_ENV)
-    if override is not None:
-        if override not in ("0", "1"):
-            raise ValueError(f"{DENSE_COPIES_ENV} must be 0 or 1, got {override!r}")
-        return override == "1"
-    described = _described(target)
-    return described.dense_copies if described else False
+def effective_policy(target: str | Target, override: KernelPolicy | str | Path | None = None) -> KernelPolicy:
+    """The kernel policy a model of `target` runs: `override` itself (a KernelPolicy), the target's with an
+    override file's fields (a path: `ember serve --kernel-policy`), or the target's (KernelPolicy() for a
+    target this checkout does not describe: every weight dequantized)."""
+    if isinstance(override, KernelPolicy):
+        policy = override
+    else:
+        described = _described(target)
+        policy = described.policy if described else KernelPolicy()
+        if override is not None:
+            policy = load_policy_file(override, policy)
+    unknown = [f for f in policy.weights.quantized_formats if f not in KEPT_FORMATS]
+    if unknown:
+        raise ValueError(
+            f"kernel policy: weights.quantized_formats names unknown format(s) {unknown} "
+            f"(known: {', '.join(KEPT_FORMATS)})"
+        )
+    return policy
 
 
 def _described(target: str | Target) -> Target | None:
@@ -148,6 +144,7 @@ def load_model(
     progress: bool = False,
     generated_dir: Path = GENERATED_DIR,
     activation_dtype: str | None = None,
+    kernel_policy: KernelPolicy | str | Path | None = None,
 ) -> Model:
     """A model from a checkpoint path (GGUF file, HF folder) or an opened Checkpoint.
     activation_dtype: run the plan in this dtype instead of its target's (e.g. the cpu target in bfloat16, to
@@ -155,8 +152,10 @@ def load_model(
 
     target: a target name, or a Target (its plan must exist under generated_dir/<name>/); GGUF tensors
     in the target's `quantized_formats` stay quantized on the device (with a dense copy beside them where the
-    target keeps `dense_copies`), the rest become the plan's activation dtype."""
+    target keeps `dense_copies`), the rest become the plan's activation dtype: the target's kernel policy's
+    `weights`, which, like every kernel choice, `kernel_policy` may override (effective_policy)."""
     enable_compilation_cache()
+    policy = effective_policy(target, kernel_policy)
     ckpt = path if isinstance(path, Checkpoint) else open_checkpoint(path)
     spec = spec_for_checkpoint(ckpt)
     resolved = resolve(spec, ckpt)
@@ -175,9 +174,9 @@ def load_model(
         resolved,
         to_device=device_placer(dtype),
         progress=bar,
-        keep_formats=_quantized_formats(target),
-        dense_copy=dense_copier(dtype) if _dense_copies(target) else None,
+        keep_formats=policy.weights.quantized_formats,
+        dense_copy=dense_copier(dtype) if policy.weights.dense_copies else None,
     )
     if bar is not None:
         bar.close()
-    return Model(spec, ckpt, resolved, plan, params, dtype, generated_dir)
+    return Model(spec, ckpt, resolved, plan, params, dtype, policy, generated_dir)

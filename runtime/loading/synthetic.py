@@ -90,13 +90,19 @@ def synthetic_checkpoint(spec: ModelSpec, config: dict, seed: int = 0) -> Checkp
 
 
 def synthetic_model(
-    spec: ModelSpec, config: dict, *, target: str = "cpu", seed: int = 0, weight_format: str | None = None
+    spec: ModelSpec,
+    config: dict,
+    *,
+    target: str = "cpu",
+    seed: int = 0,
+    weight_format: str | None = None,
+    kernel_policy: str | Path | None = None,
 ):
     """A Model whose parameters are drawn on the device, in the plan's activation dtype (weight_format:
     None, or one of FP8_FORMATS for the layers' projections)."""
     from ...compiler.ops.quant.fp8 import FP8_FORMATS
     from ...compiler.targets import get_target
-    from .model import Model, enable_compilation_cache
+    from .model import Model, effective_policy, enable_compilation_cache
     from .plans import load_plan
 
     if weight_format is not None:
@@ -110,7 +116,7 @@ def synthetic_model(
     plan = load_plan(spec, target)
     dtype = jnp.dtype(plan.manifest["activation_dtype"])
     params = _device_params(spec, plan.manifest, ckpt, resolved, dtype, seed, weight_format)
-    return Model(spec, ckpt, resolved, plan, params, dtype)
+    return Model(spec, ckpt, resolved, plan, params, dtype, effective_policy(target, kernel_policy))
 
 
 def _device_params(

@@ -83,16 +83,12 @@ def rows_sweep_case(fmt, shape, m, x, weights, nbytes, runs, bandwidth) -> dict:
     lowered one by one (Triton IR, under the GIL) and compiled by XLA in parallel threads."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ember.compiler.ops.quant import config as config_module
+    from ember.compiler.targets.policy import overriding
 
-    previous = config_module.ROWS_FOR_DECODE
-    try:
-        config_module.ROWS_FOR_DECODE = False
+    with overriding({"quant_gemv.rows_for_decode": False}):
         split_default = pick_config(fmt, m, *shape)
-        config_module.ROWS_FOR_DECODE = True
+    with overriding({"quant_gemv.rows_for_decode": True}):
         rows_default = pick_config(fmt, m, *shape)
-    finally:
-        config_module.ROWS_FOR_DECODE = previous
     entries = [("split_default", split_default), ("rows_default", rows_default)]
     entries += [("candidate", c) for c in rows_candidates(fmt, m, *shape) if c != rows_default]
     lowered, results = [], []

@@ -405,7 +405,7 @@ def interpret() -> int:
 
 
 def interpret_combine_quant(rng=None) -> tuple[int, int]:
-    """The combine writing the int8 activations too (EMBER_ACT_TERMS terms): (failures, checks)."""
+    """The combine writing the int8 activations too (quant_gemv.act_terms terms): (failures, checks)."""
     rng = rng if rng is not None else np.random.default_rng(0)
     failures = checks = 0
     for hq, hkv, dh in ((12, 2, 128), (8, 1, 64)):
@@ -513,7 +513,9 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("interpret", "compile", "combine-quant"):
         print(__doc__)
         return 2
-    if argv[0] == "combine-quant":  # only the combine that writes int8 activations (e.g. EMBER_ACT_TERMS=2)
+    if (
+        argv[0] == "combine-quant"
+    ):  # only the combine that writes int8 activations (e.g. --policy quant_gemv.act_terms=2)
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
         from ember.tools.dev.check_quant_kernels import patch_interpreter
 
@@ -523,4 +525,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from ember.tools.dev.policy_flag import run_with_policy
+
+    sys.exit(run_with_policy(main, sys.argv[1:]))

@@ -174,4 +174,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from ember.tools.dev.policy_flag import run_with_policy
+
+    sys.exit(run_with_policy(main, sys.argv[1:]))

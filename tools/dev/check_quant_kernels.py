@@ -305,10 +305,14 @@ def rows_compile_configs(fmt: str) -> list[tuple[int, tuple[int, int], object]]:
 
 
 def compile_rows(formats: list[str]) -> int:
-    from ember.compiler.ops.quant import config as quant_config
-    from ember.compiler.ops.quant import launch_plan
+    from ember.compiler.targets.policy import overriding
 
-    quant_config.DP4A_FOR_DECODE = False  # the float rows kernels' picks (the dp4a ones: check_dp4a_kernels.py)
+    with overriding({"quant_gemv.dp4a_formats": []}):  # the float rows kernels' picks (dp4a: check_dp4a_kernels.py)
+        return _compile_rows(formats)
+
+
+def _compile_rows(formats: list[str]) -> int:
+    from ember.compiler.ops.quant import launch_plan
     from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
 
     failures = 0

@@ -27,7 +27,7 @@
 #   tools/dev/h200_run.sh dp4a-ab    Q4_K on int8 activations: GPU tests, then the batch-1 step with and without it
 #   tools/dev/h200_run.sh dp4a-q6    Q6_K on the dp4a kernel: GPU tests, plan-alone A/B, batch-1 decode (1.5B)
 #   tools/dev/h200_run.sh fused-check the fused decode launches: GPU tests, quantized model test, batch-1 step alone
-#   tools/dev/h200_run.sh plan-alone the batch-1 step alone per model (MODELS), A/B over trace-time VARIANTS
+#   tools/dev/h200_run.sh plan-alone the batch-1 step alone per model (MODELS), A/B over kernel policy VARIANTS
 #   tools/dev/h200_run.sh kv-fp8     8B bf16 batch-1 decode at long contexts, KV pools bf16 then FP8 (CONTEXTS)
 #   tools/dev/h200_run.sh engine-profile the batch-1 engine under the profiler (idle gaps), then the plan alone
 #   tools/dev/h200_run.sh combine-check decode attention GPU tests, then the batch-1 step without / with the attention's int8 output
@@ -57,6 +57,8 @@
 # COMMIT=<sha> names the commit the figures belong to (the copy's git metadata is stale); TAG=<suffix> names
 # the quick sections' folders and the archive apart, for a second run of the same section in one call.
 # What $OUT holds comes back as $OUT/results.tgz (PACK=0: the files themselves).
+# Kernel choices are the h200 kernel policy's (compiler/targets/policy.py, docs/kernel_policy.md): POLICY holds
+# family.field=value overrides (comma-separated) over it for a section's runs, VARIANTS the A/B's sides.
 set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: $0 SECTION..." >&2; exit 2; }
 commit=${COMMIT:-unknown}
@@ -66,18 +68,26 @@ mkdir -p /tmp/site /tmp/pkg/ember
 pip install -q --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
 for d in compiler runtime tools specs generated server; do ln -sfn "$PWD/$d" "/tmp/pkg/ember/$d"; done
 export PYTHONPATH=/tmp/site:/tmp/pkg PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
+GGUF_PACKED='weights.quantized_formats=["q4_k","q6_k","q8_0"]'  # GGUF blocks kept packed (with dense copies)
+OFF=""  # overrides a failed GPU test adds for the later sections (its kernel off)
+policy_file() {  # policy_file [FAMILY.FIELD=VALUE,...] -> a JSON override file with OFF and those fields
+    local file="$out/policy-$(echo "$OFF,${1:-}" | md5sum | cut -c1-10).json"
+    python3 -c "import json, sys; from ember.compiler.targets.policy import parse_assignments as p; \
+json.dump(p(sys.argv[1]), open(sys.argv[2], 'w'))" "$OFF,${1:-}" "$file" && echo "$file"
+}
 suite() {  # suite OUTDIR DEADLINE_S MODEL... (extra flags in SUITE_FLAGS); a section started before the
     # deadline gets up to 60 s more (bench_suite.remaining_timeout), so the kill comes 90 s after it
     local dir=$1 deadline=$2; shift 2
     timeout $((deadline + 90)) python3 -m ember.tools.cli bench --suite --target h200 --tokenizer .gpu/tok \
         --out "$out/$dir" --commit "$commit" --models "$@" --lazy-compile --deadline-s "$deadline" \
-        ${SUITE_FLAGS:-} > "$out/$dir.log" 2>&1
+        --kernel-policy "$(policy_file "${POLICY:-}")" ${SUITE_FLAGS:-} > "$out/$dir.log" 2>&1
     grep -h "decode\|prefill\|TTFT\|error" "$out/$dir/bench.md" 2>/dev/null | head -40
 }
 plan_alone() {  # profile_step --plan-only per synthetic model in MODELS, one engine per VARIANTS entry (MAXLEN:
     # the engine's max_model_len, default prompt + output; CONTEXT: the decode rows' context, default padding rows)
     for model in ${MODELS:-qwen2.5-1.5b-q4_k_m}; do
-        JAX_PLATFORMS=cuda EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout ${PLAN_S:-150} python3 -m ember.tools.dev.profile_step \
+        JAX_PLATFORMS=cuda timeout ${PLAN_S:-150} python3 -m ember.tools.dev.profile_step \
+            --kernel-policy "$(policy_file "$GGUF_PACKED")" \
             --model synthetic:$model --tokenizer .gpu/tok --concurrency ${CONCURRENCY:-1} --plan-only \
             ${MAXLEN:+--max-model-len $MAXLEN} ${CONTEXT:+--context $CONTEXT} ${VARIANTS:+--variants $VARIANTS} > "$out/plan_alone_$model.json" 2> "$out/plan_alone_$model.log" \
             || tail -n 3 "$out/plan_alone_$model.log"
@@ -112,8 +122,8 @@ kernels-quick)  # the RoPE and norm kernels' GPU tests (a failure turns that ker
     export JAX_PLATFORMS=cuda,cpu
     for t in rope_write norm_kernels; do
         timeout 100 python -m pytest -q -m gpu tests/test_${t}_gpu.py -p no:cacheprovider > "$out/gpu_$t.log" 2>&1 \
-            || { echo "$t GPU test failed: its kernel is off below"; [ $t = rope_write ] && export EMBER_FUSED_ROPE=0; \
-                 [ $t = norm_kernels ] && export EMBER_TRITON_NORMS=0; }
+            || { echo "$t GPU test failed: its kernel is off below"; [ $t = rope_write ] && OFF="$OFF,attention.fused_rope=false"; \
+                 [ $t = norm_kernels ] && OFF="$OFF,norms.triton=false"; }
         tail -n 1 "$out/gpu_$t.log"
     done
     timeout ${QUANT_TEST_S:-60} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py -k q4_k -p no:cacheprovider \
@@ -127,19 +137,20 @@ real-weights)  # the h200 target vs the cpu target on each real checkpoint cut s
         timeout ${ENGINE_TEST_S:-300} python -m pytest -q -m gpu tests/test_gpu_engine_real_weights.py -p no:cacheprovider \
         > "$out/gpu_real_weights.log" 2>&1; tail -n 5 "$out/gpu_real_weights.log"; cat "$out/gpu_real_weights.json" ;;
 quick-1.5b)  # 1.5B Q4_K_M kept quantized: batch 1 at CONTEXTS (128), STREAMS (1 / 8 / 32) streams
-    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} \
+    POLICY="$GGUF_PACKED" SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} \
         --context-decode-tokens 128 --concurrency ${STREAMS:-1 8 32}" suite quick15${TAG:-} ${DEADLINE:-90} synthetic:qwen2.5-1.5b-q4_k_m ;;
 quick-8b-q4)  # 8B Q4_K_M kept quantized: batch 1 at CONTEXTS (128), STREAMS8 (8 / 32) streams
-    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} \
+    POLICY="$GGUF_PACKED" SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} \
         --context-decode-tokens 128 --concurrency ${STREAMS8:-8 32}" suite quick8b-q4${TAG:-} ${DEADLINE8:-110} synthetic:llama3-8b-q4_k_m ;;
 fp8-check)  # the FP8 GEMV's GPU tests (every loop, the parts and gate/up epilogue kernels), then the 8B FP8
-    # step alone with the byte loop vs the word loop (EMBER_FP8_WORDS)
+    # step alone with the byte loop vs the word loop (fp8_gemv.words)
     export JAX_PLATFORMS=cuda,cpu
     timeout ${FP8_TEST_S:-200} python -m pytest -q -m gpu tests/test_fp8_gemv_gpu.py -p no:cacheprovider \
         > "$out/gpu_fp8_gemv_tests.log" 2>&1
     tail -n 3 "$out/gpu_fp8_gemv_tests.log"
     JAX_PLATFORMS=cuda timeout ${PLAN_S:-150} python3 -m ember.tools.dev.profile_step --model synthetic:llama3-8b-fp8 \
-        --tokenizer .gpu/tok --concurrency 1 --plan-only --variants EMBER_FP8_WORDS=0 EMBER_FP8_WORDS=1 \
+        --tokenizer .gpu/tok --concurrency 1 --plan-only --kernel-policy "$(policy_file)" \
+        --variants fp8_gemv.words=false fp8_gemv.words=true \
         > "$out/plan_alone_fp8.json" 2> "$out/plan_alone_fp8.log" || tail -n 3 "$out/plan_alone_fp8.log"
     grep -h "variant\|multi_async\|profiled_" "$out/plan_alone_fp8.json" ;;
 dense-check)  # the dense bf16 GEMV's GPU tests (kernels, then 48 decode steps of the 8B against XLA's GEMMs),
@@ -150,7 +161,8 @@ dense-check)  # the dense bf16 GEMV's GPU tests (kernels, then 48 decode steps o
     grep -h "dense GEMV vs XLA" "$out/gpu_dense_gemv_tests.log"; tail -n 1 "$out/gpu_dense_gemv_tests.log"
     JAX_PLATFORMS=cuda timeout ${PLAN_S:-200} python3 -m ember.tools.dev.profile_step --model synthetic:llama3-8b \
         --tokenizer .gpu/tok --concurrency 1 --plan-only --max-model-len 16528 --context 128 \
-        --variants EMBER_DENSE_GEMV=1 EMBER_DENSE_GEMV=0 EMBER_DENSE_GEMV=1 EMBER_DENSE_GEMV=0 \
+        --kernel-policy "$(policy_file)" --variants dense_gemv.enabled=true dense_gemv.enabled=false \
+        dense_gemv.enabled=true dense_gemv.enabled=false \
         > "$out/plan_alone_dense.json" 2> "$out/plan_alone_dense.log" || tail -n 3 "$out/plan_alone_dense.log"
     grep -h "variant\|multi_async" "$out/plan_alone_dense.json" ;;
 quick-8b)  # 8B bf16: batch 1 at CONTEXTS (128), STREAMS8 (8 / 32) streams
@@ -165,17 +177,17 @@ suite-8b)
     SUITE_FLAGS="--no-hf --sections context prefill concurrency --concurrency 1 32 128" \
         suite suite8b-fp8 240 synthetic:llama3-8b-fp8 ;;
 suite-8b-q4)
-    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context prefill concurrency \
+    POLICY="$GGUF_PACKED" SUITE_FLAGS="--no-hf --sections context prefill concurrency \
         --context-decode-tokens 128 --concurrency 1 32 128" suite suite8b-q4 ${DEADLINE:-240} synthetic:llama3-8b-q4_k_m ;;
 suite-1.5b)
-    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context prefill concurrency ttft \
+    POLICY="$GGUF_PACKED" SUITE_FLAGS="--no-hf --sections context prefill concurrency ttft \
         --context-decode-tokens 128 --concurrency 1 8 32 128 256" suite suite15 ${DEADLINE:-300} synthetic:qwen2.5-1.5b-q4_k_m ;;
-suite-1.5b-dequant)  # the target's default for GGUF: weights dequantized to bf16 at load (README, Decisions)
-    EMBER_QUANTIZED_FORMATS= SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128 4096} \
+suite-1.5b-dequant)  # GGUF weights dequantized to bf16 at load (README, Decisions)
+    POLICY='weights.quantized_formats=[]' SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128 4096} \
         --context-decode-tokens 128 --concurrency ${STREAMS:-1 8 32 128}" suite suite15-dequant ${DEADLINE:-200} \
         synthetic:qwen2.5-1.5b-q4_k_m ;;
 startup-1.5b)
-    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections startup --concurrency 1 8 32 128 256" \
+    POLICY="$GGUF_PACKED" SUITE_FLAGS="--no-hf --sections startup --concurrency 1 8 32 128 256" \
         suite startup15 ${DEADLINE:-240} synthetic:qwen2.5-1.5b-q4_k_m ;;
 kv-fp8)  # batch-1 decode of the 8B bf16 on KV pools of its activation dtype, then on FP8 (e4m3) pools, one run
     for kv in auto fp8; do
@@ -197,7 +209,7 @@ startup-calls)  # the startup section's child (the suite's 8B engine at 1 / 8 / 
     n=$(ls .gpu-cache/child-*.log 2>/dev/null | wc -l)
     begun=$(date +%s.%N)
     timeout ${STARTUP_S:-540} python3 -m ember.tools.bench_processes startup-child --model synthetic:${STARTUP_MODEL:-llama3-8b} \
-        --target h200 --tokenizer .gpu/tok --engine '{"num_blocks": 1057, "max_model_len": 512, "max_num_seqs": 32,
+        --target h200 --tokenizer .gpu/tok --kernel-policy "$(policy_file)" --engine '{"num_blocks": 1057, "max_model_len": 512, "max_num_seqs": 32,
         "max_batched_tokens": 4096, "enable_prefix_caching": false}' > .gpu-cache/child-$n.log 2>&1
     rc=$?
     echo "{\"child\": $n, \"rc\": $rc, \"wall_s\": $(python3 -c "import time; print(round(time.time() - $begun, 1))"), \"result\": $(tail -n 1 .gpu-cache/child-$n.log | grep '^{' || echo null)}" \
@@ -212,7 +224,7 @@ serve-startup)  # `ember serve` itself on the 8B Q4_K_M shape (SERVE_MODEL): the
     [ -f "$gguf" ] || { echo "no GGUF file written (needs .gpu/bpe-tok, see the header)"; exit 1; }
     for run in $(seq 0 ${SERVE_RUNS:-2}); do
         begun=$(date +%s.%N)
-        EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 python3 -m ember.tools.cli serve --model "$gguf" --target h200 \
+        python3 -m ember.tools.cli serve --model "$gguf" --target h200 --kernel-policy "$(policy_file "$GGUF_PACKED")" \
             --port $((8180 + run)) > "$out/serve-$run.log" 2>&1 &
         pid=$!
         for _ in $(seq 1 ${SERVE_WAIT_S:-400}); do
@@ -235,7 +247,7 @@ hf)
     SUITE_FLAGS="--sections hf" suite suite-hf 520 synthetic:llama3-8b synthetic:qwen2.5-1.5b-q4_k_m ;;
 hf-ratio)  # one suite run: HF on MODEL's shape (bf16), then Ember's engine at 1 and 32 streams (GGUF kept quantized)
     model=${MODEL:-qwen2.5-1.5b-q4_k_m}
-    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--sections concurrency hf --concurrency ${STREAMS:-1 32}" \
+    POLICY="$GGUF_PACKED" SUITE_FLAGS="--sections concurrency hf --concurrency ${STREAMS:-1 32}" \
         suite hf-$model ${DEADLINE:-480} synthetic:$model ;;
 gemv-graphs)
     JAX_PLATFORMS=cpu OUT=$out/gemv timeout $((${GEMV_BUDGET_S:-420} + 120)) python3 -m ember.tools.dev.tune_gemv_graphs --commit "$commit" \
@@ -251,76 +263,83 @@ rows)
 norms-ab)  # the RMSNorm kernels' GPU test, then the batch-1 step (plan alone) with them and with XLA's norms
     timeout 120 python -m pytest -q -m gpu tests/test_norm_kernels_gpu.py -p no:cacheprovider \
         > "$out/gpu_norm_tests.log" 2>&1; tail -n 2 "$out/gpu_norm_tests.log"
-    for norms in 1 0; do
-        EMBER_TRITON_NORMS=$norms EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 120 python3 -m ember.tools.dev.profile_step \
+    for norms in true false; do
+        timeout 120 python3 -m ember.tools.dev.profile_step --kernel-policy "$(policy_file "$GGUF_PACKED,norms.triton=$norms")" \
             --model synthetic:${MODEL:-qwen2.5-1.5b-q4_k_m} --tokenizer .gpu/tok --concurrency 1 --plan-only \
-            > "$out/norms$norms.json" 2> "$out/norms$norms.log" || tail -n 3 "$out/norms$norms.log"
-        echo "EMBER_TRITON_NORMS=$norms"; grep -h "async\|sync\|profiled_" "$out/norms$norms.json"
+            > "$out/norms_$norms.json" 2> "$out/norms_$norms.log" || tail -n 3 "$out/norms_$norms.log"
+        echo "norms.triton=$norms"; grep -h "async\|sync\|profiled_" "$out/norms_$norms.json"
     done ;;
 dp4a-ab)  # the int8-activation Q4_K kernel: its GPU tests, then the batch-1 step (plan alone) with and without it
     JAX_PLATFORMS=cuda,cpu timeout ${QUANT_TEST_S:-90} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py \
         -k "dp4a or q4_k" -p no:cacheprovider > "$out/gpu_dp4a_tests.log" 2>&1; tail -c 400 "$out/gpu_dp4a_tests.log"; echo
-    for dp4a in 1 0; do
-        EMBER_QUANT_DP4A=$dp4a EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 120 python3 -m ember.tools.dev.profile_step \
+    for dp4a in '["q4_k","q6_k"]' '[]'; do
+        name=$(echo "$dp4a" | tr -d '[]",'); name=${name:-none}
+        timeout 120 python3 -m ember.tools.dev.profile_step \
+            --kernel-policy "$(policy_file "$GGUF_PACKED,quant_gemv.dp4a_formats=$dp4a")" \
             --model synthetic:${MODEL:-qwen2.5-1.5b-q4_k_m} --tokenizer .gpu/tok --concurrency ${CONCURRENCY:-1} \
-            --plan-only > "$out/dp4a$dp4a.json" 2> "$out/dp4a$dp4a.log" || tail -n 3 "$out/dp4a$dp4a.log"
-        echo "EMBER_QUANT_DP4A=$dp4a"; grep -h "async\|sync\|profiled_" "$out/dp4a$dp4a.json"
+            --plan-only > "$out/dp4a_$name.json" 2> "$out/dp4a_$name.log" || tail -n 3 "$out/dp4a_$name.log"
+        echo "quant_gemv.dp4a_formats=$dp4a"; grep -h "async\|sync\|profiled_" "$out/dp4a_$name.json"
     done ;;
 dp4a-q6)  # Q6_K on the dp4a kernel: GPU tests, the batch-1 step (plan alone) with Q6_K on dp4a or on its float
     # kernel (Q4_K on dp4a in both), then batch-1 decode at context 128 through the engine
     JAX_PLATFORMS=cuda,cpu timeout ${QUANT_TEST_S:-60} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py \
         -k "dp4a or q6_k" -p no:cacheprovider > "$out/gpu_dp4a_q6_tests.log" 2>&1; tail -c 300 "$out/gpu_dp4a_q6_tests.log"; echo
-    for formats in 1 q4_k; do
-        EMBER_QUANT_DP4A=$formats EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 100 python3 -m ember.tools.dev.profile_step \
+    for formats in '["q4_k","q6_k"]' '["q4_k"]'; do
+        name=$(echo "$formats" | tr -d '[]"' | tr , +)
+        timeout 100 python3 -m ember.tools.dev.profile_step \
+            --kernel-policy "$(policy_file "$GGUF_PACKED,quant_gemv.dp4a_formats=$formats")" \
             --model synthetic:qwen2.5-1.5b-q4_k_m --tokenizer .gpu/tok --concurrency 1 --plan-only \
-            > "$out/dp4a_$formats.json" 2> "$out/dp4a_$formats.log" || tail -n 3 "$out/dp4a_$formats.log"
-        echo "EMBER_QUANT_DP4A=$formats"; grep -h "multi_async\|profiled_" "$out/dp4a_$formats.json"
+            > "$out/dp4a_$name.json" 2> "$out/dp4a_$name.log" || tail -n 3 "$out/dp4a_$name.log"
+        echo "quant_gemv.dp4a_formats=$formats"; grep -h "multi_async\|profiled_" "$out/dp4a_$name.json"
     done
-    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections context --contexts 128 \
+    POLICY="$GGUF_PACKED" SUITE_FLAGS="--no-hf --sections context --contexts 128 \
         --context-decode-tokens 128" suite batch1-15 ${DEADLINE:-45} synthetic:qwen2.5-1.5b-q4_k_m ;;
-fused-check)  # the fused decode launches (norms writing int8 activations: EMBER_FUSED_NORM_QUANT=1, the default;
+fused-check)  # the fused decode launches (norms writing int8 activations: norms.fused_quant, the default;
     # q/k/v parts with their bias; the SiLU-gated quantizer): their GPU tests (a failed norm test turns that
     # fusion off below), the whole
     # quantized model's Triton-vs-reference test, then the batch-1 step (plan alone, MODELS) with and without it
     export JAX_PLATFORMS=cuda,cpu
-    export EMBER_FUSED_NORM_QUANT=1
+    fused=1
     timeout 90 python -m pytest -q -m gpu tests/test_norm_kernels_gpu.py -k int8 -p no:cacheprovider \
         > "$out/gpu_norm_quant_tests.log" 2>&1 || { echo "norm + quantize GPU test failed: fusion off below";
-                                                   export EMBER_FUSED_NORM_QUANT=0; }
+                                                   fused=0; OFF="$OFF,norms.fused_quant=false"; }
     tail -n 1 "$out/gpu_norm_quant_tests.log"
     timeout ${QUANT_TEST_S:-90} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py -k "parts or silu_gated" \
         -p no:cacheprovider > "$out/gpu_fused_tests.log" 2>&1; tail -n 2 "$out/gpu_fused_tests.log"
     timeout ${ENGINE_TEST_S:-120} python -m pytest -q -m gpu tests/test_quant_model_gpu.py -p no:cacheprovider \
         > "$out/gpu_quant_model.log" 2>&1; tail -n 2 "$out/gpu_quant_model.log"
-    if [ "$EMBER_FUSED_NORM_QUANT" = 1 ]; then VARIANTS="EMBER_FUSED_NORM_QUANT=0 EMBER_FUSED_NORM_QUANT=1" plan_alone
+    if [ $fused = 1 ]; then VARIANTS="norms.fused_quant=false norms.fused_quant=true" plan_alone
     else plan_alone; fi ;;
 combine-check)  # the decode attention GPU tests, then the batch-1 step alone at the bench's table width
     # (max_model_len 16,528: 65 splits) without and with the combine writing the o projection's int8 activations
-    # (EMBER_FUSED_ATTN_QUANT, on by default; a failed test turns it off for later sections)
+    # (attention.fused_combine_quant, on by default; a failed test turns it off for later sections)
     export JAX_PLATFORMS=cuda,cpu
     EMBER_ATTENTION_GPU_EXAMPLES=${EXAMPLES:-15} timeout ${ATTN_TEST_S:-150} python -m pytest -q -m gpu \
         tests/test_attention_gpu.py -p no:cacheprovider > "$out/gpu_attention_tests.log" 2>&1 \
-        || { export EMBER_FUSED_ATTN_QUANT=0; echo "attention GPU tests failed: the attention's int8 output is off"; }
+        && fused=1 || { fused=0; OFF="$OFF,attention.fused_combine_quant=false"; \
+                        echo "attention GPU tests failed: the attention's int8 output is off"; }
     tail -n 1 "$out/gpu_attention_tests.log"
     export JAX_PLATFORMS=cuda
-    [ "${EMBER_FUSED_ATTN_QUANT:-1}" = 1 ] && MAXLEN=16528 VARIANTS="EMBER_FUSED_ATTN_QUANT=0 EMBER_FUSED_ATTN_QUANT=1" \
-        plan_alone ;;
-rope-check)  # RoPE + K/V write inside the decode partials (EMBER_FUSED_ROPE_DECODE): its GPU test, then the
+    [ $fused = 1 ] && MAXLEN=16528 \
+        VARIANTS="attention.fused_combine_quant=false attention.fused_combine_quant=true" plan_alone ;;
+rope-check)  # RoPE + K/V write inside the decode partials (attention.fused_rope_decode): its GPU test, then the
     # batch-1 step alone at the bench's table width without / with it (MODELS)
     export JAX_PLATFORMS=cuda,cpu
     timeout ${ATTN_TEST_S:-90} python -m pytest -q -m gpu tests/test_attention_gpu.py -k rope_inside \
         -p no:cacheprovider > "$out/gpu_rope_partials_tests.log" 2>&1 \
-        || { export EMBER_FUSED_ROPE_DECODE=0; echo "RoPE-fused partials GPU test failed: no A/B"; }
+        && fused=1 || { fused=0; OFF="$OFF,attention.fused_rope_decode=false"; \
+                        echo "RoPE-fused partials GPU test failed: no A/B"; }
     tail -n 1 "$out/gpu_rope_partials_tests.log"
     export JAX_PLATFORMS=cuda
-    [ "${EMBER_FUSED_ROPE_DECODE:-1}" = 1 ] && MAXLEN=16528 VARIANTS="EMBER_FUSED_ROPE_DECODE=0 EMBER_FUSED_ROPE_DECODE=1" \
-        plan_alone ;;
-plan-alone)  # the batch-1 step alone (MODELS; VARIANTS: trace-time settings A/B'd over the same weights)
+    [ $fused = 1 ] && MAXLEN=16528 \
+        VARIANTS="attention.fused_rope_decode=false attention.fused_rope_decode=true" plan_alone ;;
+plan-alone)  # the batch-1 step alone (MODELS; VARIANTS: kernel policy overrides A/B'd over the same weights)
     plan_alone ;;
 engine-profile)  # the batch-1 engine under the profiler as the bench runs it (max_model_len 16,528, 128 -> 129
     # tokens): wall vs device time per step, where the GPU sat idle, then the plan alone at that table width
     for model in ${MODELS:-qwen2.5-1.5b-q4_k_m}; do
-        JAX_PLATFORMS=cuda EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout ${PLAN_S:-150} python3 -m ember.tools.dev.profile_step \
+        JAX_PLATFORMS=cuda timeout ${PLAN_S:-150} python3 -m ember.tools.dev.profile_step \
+            --kernel-policy "$(policy_file "$GGUF_PACKED")" \
             --model synthetic:$model --tokenizer .gpu/tok --concurrency 1 --max-model-len 16528 --prompt-tokens 128 \
             --output-tokens 129 ${VARIANTS:+--variants $VARIANTS} > "$out/engine_$model.json" 2> "$out/engine_$model.log" \
             || tail -n 3 "$out/engine_$model.log"
@@ -328,13 +347,13 @@ engine-profile)  # the batch-1 engine under the profiler as the bench runs it (m
     done ;;
 dp4a-rows)  # 16 / 32 streams with the dp4a GEMV taking up to 64 rows vs the default bound (MODEL: 1.5B Q4_K_M)
     for rows in 64 16; do
-        EMBER_DP4A_GEMV_MAX_ROWS=$rows EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 SUITE_FLAGS="--no-hf --sections concurrency \
+        POLICY="$GGUF_PACKED,quant_gemv.dp4a_gemv_max_rows=$rows" SUITE_FLAGS="--no-hf --sections concurrency \
             --concurrency ${CONCURRENCY:-16 32}" suite rows$rows ${DEADLINE:-60} synthetic:${MODEL:-qwen2.5-1.5b-q4_k_m}
     done ;;
 profile)
-    EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 150 python3 -m ember.tools.dev.profile_step \
+    timeout 150 python3 -m ember.tools.dev.profile_step --kernel-policy "$(policy_file "$GGUF_PACKED")" \
         --model synthetic:qwen2.5-1.5b-q4_k_m --tokenizer .gpu/tok --concurrency 1 > "$out/profile15.json" 2> "$out/profile15.log"
-    timeout 200 python3 -m ember.tools.dev.profile_step --model synthetic:llama3-8b --tokenizer .gpu/tok \
+    timeout 200 python3 -m ember.tools.dev.profile_step --kernel-policy "$(policy_file)" --model synthetic:llama3-8b --tokenizer .gpu/tok \
         --concurrency 1 > "$out/profile8b.json" 2> "$out/profile8b.log"
     grep -h "tok_s\|per_step" "$out"/profile*.json ;;
 xla-flags)  # XLA_VARIANTS: ';'-separated flag sets (default below); MODELS: synthetic names
@@ -343,8 +362,8 @@ xla-flags)  # XLA_VARIANTS: ';'-separated flag sets (default below); MODELS: syn
     for flags in "${variants[@]}"; do
         i=$((i + 1))
         for model in ${MODELS:-qwen2.5-1.5b-q4_k_m llama3-8b}; do
-            XLA_FLAGS="$flags" EMBER_QUANTIZED_FORMATS=q4_k,q6_k,q8_0 timeout 100 python3 -m ember.tools.dev.profile_step \
-                --model synthetic:$model --tokenizer .gpu/tok --concurrency ${CONCURRENCY:-1} --plan-only \
+            XLA_FLAGS="$flags" timeout 100 python3 -m ember.tools.dev.profile_step \
+                --kernel-policy "$(policy_file "$GGUF_PACKED")" --model synthetic:$model --tokenizer .gpu/tok --concurrency ${CONCURRENCY:-1} --plan-only \
                 > "$out/flags$i-$model.json" 2> "$out/flags$i-$model.log" || tail -n 3 "$out/flags$i-$model.log"
         done
         echo "flags $i: $flags"; grep -h "async\|sync\|profiled_" "$out/flags$i"-*.json

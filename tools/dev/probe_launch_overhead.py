@@ -3,8 +3,8 @@
 Times, per call, N back-to-back calls inside ONE executable (as a decode step runs its projections):
   triton_noop   a Triton kernel of one program that writes one value
   triton_copy   a Triton kernel streaming `--copy-mb` MB (many programs)
-each Triton kernel launched both ways compiler/ops/triton_launch.py can: `jax_triton_*` through jax-triton's
-custom call, `xla_triton_*` as a native XLA kernel (XLA's Triton pipeline, the default)
+each launched as compiler/ops/triton_launch.py launches every Triton kernel: a native XLA kernel (XLA's Triton
+pipeline; `xla_triton_*`)
   xla_tiny      a tiny XLA dot ([1, 64] x [64, 64]) per call, each on its own weight
   xla_copy      XLA reading and scaling the same `--copy-mb` MB per call
 The difference between a kernel's measured time and its bytes / bandwidth is the fixed cost a small
@@ -96,19 +96,10 @@ def main() -> None:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
     for suffix, single in (("", False), ("_single_output", True)):
-        for launcher in ("jax_triton", "xla"):
-            os.environ["EMBER_TRITON_LAUNCH"] = launcher  # read when the call is traced
-            results.update(
-                {
-                    f"{launcher}_triton_noop_us{suffix}": per_call_seconds(triton_noop, scalars, args.runs, single)
-                    * 1e6,
-                    f"{launcher}_triton_copy_us{suffix}": per_call_seconds(triton_copy, vectors, args.runs, single)
-                    * 1e6,
-                }
-            )
-        os.environ.pop("EMBER_TRITON_LAUNCH")
         results.update(
             {
+                f"xla_triton_noop_us{suffix}": per_call_seconds(triton_noop, scalars, args.runs, single) * 1e6,
+                f"xla_triton_copy_us{suffix}": per_call_seconds(triton_copy, vectors, args.runs, single) * 1e6,
                 f"xla_tiny_dot_us{suffix}": per_call_seconds(lambda w: row @ w, weights, args.runs, single) * 1e6,
                 f"xla_copy_us{suffix}": per_call_seconds(lambda v: v * 2.0, vectors, args.runs, single) * 1e6,
             }

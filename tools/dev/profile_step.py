@@ -20,7 +20,6 @@ import os
 import sys
 import tempfile
 import time
-from unittest import mock
 
 import numpy as np
 
@@ -297,16 +296,18 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         nargs="+",
         default=[""],
-        metavar="NAME=VALUE[,NAME=VALUE]",
-        help="trace-time environment settings, one engine each over the same loaded weights "
-        "(an A/B in one process, e.g. EMBER_FUSED_NORM_QUANT=0 EMBER_FUSED_NORM_QUANT=1)",
+        metavar="FAMILY.FIELD=VALUE[,FAMILY.FIELD=VALUE]",
+        help="kernel policy overrides (compiler/targets/policy.py), one engine each over the same loaded weights "
+        "(an A/B in one process, e.g. norms.fused_quant=false norms.fused_quant=true)",
     )
+    parser.add_argument("--kernel-policy", help="JSON file of overrides over the target's kernel policy (the base)")
     args = parser.parse_args(argv)
 
+    from ...compiler.targets.policy import parse_assignments
     from ...runtime.engine.engine import Engine, EngineConfig
     from ..bench import load_bench_model
 
-    model, tokenizer = load_bench_model(args.model, args.target, args.tokenizer)
+    model, tokenizer = load_bench_model(args.model, args.target, args.tokenizer, args.kernel_policy)
     context = args.prompt_tokens + args.output_tokens
     top = max(args.concurrency)
     context = max(context, args.max_model_len or 0, args.context)
@@ -326,30 +327,24 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [],
         "plan_alone": [],
     }
+    # the KV pools' dtype as `ember serve` reads it (EMBER_KV_CACHE_DTYPE)
+    config = dataclasses.replace(config, kv_cache_dtype=os.environ.get("EMBER_KV_CACHE_DTYPE") or "auto")
     for variant in args.variants:
-        settings = dict(item.split("=", 1) for item in variant.split(",") if item)
-        # read when the step is traced, i.e. by the engine built next; restored after (variants don't accumulate)
-        with mock.patch.dict(os.environ, settings):
-            # EMBER_KV_CACHE_DTYPE (as `ember serve` reads it): the KV pools' dtype of this variant's engine
-            engine = Engine(
-                model,
-                tokenizer,
-                dataclasses.replace(config, kv_cache_dtype=os.environ.get("EMBER_KV_CACHE_DTYPE") or "auto"),
-            )
-            try:
-                for c in args.concurrency:
-                    if not args.plan_only:
-                        result["runs"].append(
-                            {
-                                "variant": variant,
-                                **_profile_engine(
-                                    engine, int(model.dims.vocab), c, args.prompt_tokens, args.output_tokens
-                                ),
-                            }
-                        )
-                    result["plan_alone"].append({"variant": variant, **_plan_alone(engine, c, args.context)})
-            finally:
-                engine.close()
+        # the policy each step of the engine built next is traced with (variants don't accumulate)
+        policy = model.policy.overridden(parse_assignments(variant))
+        engine = Engine(dataclasses.replace(model, policy=policy), tokenizer, config)
+        try:
+            for c in args.concurrency:
+                if not args.plan_only:
+                    result["runs"].append(
+                        {
+                            "variant": variant,
+                            **_profile_engine(engine, int(model.dims.vocab), c, args.prompt_tokens, args.output_tokens),
+                        }
+                    )
+                result["plan_alone"].append({"variant": variant, **_plan_alone(engine, c, args.context)})
+        finally:
+            engine.close()
     json.dump(result, sys.stdout, indent=1)
     print()
     return 0

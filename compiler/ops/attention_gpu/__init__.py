@@ -1,6 +1,7 @@
 """Attention kernels of the GPU targets, over the paged KV pool of compiler/ops/attention.py.
 
-decode_kernel.py  Triton split-K decode kernels (imports only triton: the CPU interpreter runs them)
+decode_kernel.py  Triton split-K decode kernels (imports only triton: the CPU interpreter runs them), on
+                  decode_split.py (one program's split: visible range, K/V tiles, online softmax)
 decode.py         paged_decode_attention: launch plan, Triton launch, partial combine, jnp emulation
 paged.py          paged_attention: the h200 op entry (the reference's signature); prefill plugs in there
                   (attend_prefill_chunk)

@@ -19,19 +19,17 @@ out = sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s. Empty splits (m = -in
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 
-from ..env_config import overridden
+from ...targets.policy import kernel_policy
+from ..config_override import overridden
 from ..quant.act_quant import act_terms, packed_shapes
 
 LOG2E = math.log2(math.e)
 BACKENDS = ("triton", "emulate")
-# "0": the split partials merged by XLA (combine_partials) rather than by the combine kernel (read at trace time)
-TRITON_COMBINE_ENV = "EMBER_TRITON_COMBINE"
 
 
 @dataclass(frozen=True)
@@ -52,9 +50,9 @@ class DecodeAttentionConfig:
 
 
 def default_config() -> DecodeAttentionConfig:
-    """DecodeAttentionConfig(), with EMBER_DECODE_ATTENTION ("num_warps=2/num_stages=1", read at trace time)
-    overriding its fields: for side-by-side measurements of the launch knobs (env_config.py)."""
-    return overridden(DecodeAttentionConfig(), "EMBER_DECODE_ATTENTION")
+    """DecodeAttentionConfig(), with the kernel policy's attention.decode_config ({"num_warps": 2}, read at trace
+    time) overriding its fields: for side-by-side measurements of the launch knobs (config_override.py)."""
+    return overridden(DecodeAttentionConfig(), kernel_policy().attention.decode_config, "attention.decode_config")
 
 
 def _next_pow2(x: int) -> int:
@@ -230,8 +228,6 @@ def _merge(acc, m, l, q, plan, config, activations_for):
     from .decode_kernel import KERNELS
 
     b, hq, dh = q.shape
-    if os.environ.get(TRITON_COMBINE_ENV, "1") == "0":  # read at trace time: the side-by-side measurement
-        return combine_partials(acc, m, l, q.dtype), None
     merge = dict(grid=(b, hq), num_warps=config.num_warps, num_stages=1, **combine_meta(plan["meta"], plan["splits"]))
     out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
     if activations_for is None or dh < 32 or dh & (dh - 1):

@@ -47,15 +47,15 @@ FP8 KV (EngineConfig.kv_cache_dtype="fp8"): values are stored rounded to e4m3 wi
 without calibrated scales). Both dots then run in fp16: e4m3 widens to fp16 exactly in one cvt per two values
 (to bf16 Triton needs several instructions per value, which made the 8B's 32k-context decode slower than on a
 bf16 pool), q is rounded to fp16 (exact for |q| in [2**-14, 65504] at bf16's 8 bits) and p to fp16 (finer than
-bf16). The tiles hold twice the tokens (decode_launch_plan: the bytes of a bf16 tile). `_load_kv_tile` is the one
-place a tile enters the kernel, so a per-block or per-token scale would go there.
+bf16). The tiles hold twice the tokens (decode_launch_plan: the bytes of a bf16 tile). `load_kv_tile`
+(decode_split.py) is the one place a tile enters the kernel, so a per-block or per-token scale would go there.
 
 Outputs. paged_decode_partials_kernel writes unnormalized fp32 partials acc [B, hkv, SPLITS, G, dh] and
 m, l [B, hkv, SPLITS, G] (m in log2 units) that paged_decode_combine_kernel (decode_combine_kernel.py)
 merges with log-sum-exp weights (decode.combine_partials is the same merge in jnp).
 paged_decode_kernel is the SPLITS = 1 case (large batches): it normalizes in-kernel and writes
 [B, hq, dh] in the output dtype, so the step has one launch and no combine op.
-paged_decode_rope_partials_kernel (steps whose rows all decode; EMBER_FUSED_ROPE_DECODE=0 turns it off) is
+paged_decode_rope_partials_kernel (steps whose rows all decode; the policy's attention.fused_rope_decode) is
 the partials kernel with rope_write's work folded in: each program rotates its q heads and the row's new K, split 0
 writes K / V to the pools, and the row's own token (its last visible one) is never read back from the pool,
 where another program's write may not have landed: its score q . k_own is taken before the walk and its
@@ -71,188 +71,7 @@ import triton
 import triton.language as tl
 
 from .decode_combine_kernel import paged_decode_combine_kernel, paged_decode_combine_quant_kernel
-
-
-@triton.jit
-def _visible_range(ctx_ptr, pos_ptr, window_ptr, b, MAX_TOKENS: tl.constexpr):
-    """[start, end) of the tokens row b's query may see (start <= end; empty when end == 0)."""
-    ctx = tl.load(ctx_ptr + b)
-    pos = tl.load(pos_ptr + b)
-    window = tl.load(window_ptr)
-    end = tl.maximum(tl.minimum(tl.minimum(ctx, pos + 1), MAX_TOKENS), 0)
-    start = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
-    return tl.minimum(start, end), end
-
-
-@triton.jit
-def _load_kv_tile(ptr, rows, d, mask, DOT_DTYPE: tl.constexpr):
-    """The [BLOCK_N, DH_PAD] tile of K or V at int64 row offsets `rows`, in the dot's dtype (0 where masked).
-    Quantized KV dequantizes here."""
-    return tl.load(ptr + rows[:, None] + d[None, :], mask=mask, other=0.0).to(DOT_DTYPE)
-
-
-@triton.jit
-def _attend_tile(
-    q,
-    k_ptr,
-    v_ptr,
-    table_ptr,
-    b,
-    h,
-    t,
-    end,
-    d,
-    m,
-    l,
-    acc,
-    w_own,
-    QK_SCALE: tl.constexpr,
-    HKV: tl.constexpr,
-    DH: tl.constexpr,
-    DH_PAD: tl.constexpr,
-    BS: tl.constexpr,
-    W: tl.constexpr,
-    DOT_FP32: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    own_pos,
-    s_own,
-    OWN: tl.constexpr,
-):
-    """One iteration of the online softmax: tokens t [BLOCK_N] (masked at >= end) folded into (m, l, acc).
-    OWN: token own_pos is not read from the pool (masked: 0, so stale or NaN values cannot leak in): its
-    score is s_own [G_PAD] (q . k_own, before QK_SCALE) and its weight, rounded to the dot dtype as p is for
-    the dot, accumulates in w_own [G_PAD] (rescaled as acc is), for the caller to add w_own * v_own once."""
-    valid = t < end
-    block = tl.load(table_ptr + b * W + t // BS, mask=valid, other=0)
-    # pool [num_blocks, BS, HKV, DH]: int64 before the multiply by the block stride
-    rows = block.to(tl.int64) * (BS * HKV * DH) + ((t % BS) * (HKV * DH) + h * DH)
-    if OWN:
-        own = t == own_pos  # [BLOCK_N]
-        kv_mask = (valid & (t != own_pos))[:, None]
-    else:
-        kv_mask = valid[:, None]
-    if DH_PAD != DH:
-        kv_mask = kv_mask & (d[None, :] < DH)
-    k = _load_kv_tile(k_ptr, rows, d, kv_mask, DOT_DTYPE)  # [BLOCK_N, DH_PAD]
-    v = _load_kv_tile(v_ptr, rows, d, kv_mask, DOT_DTYPE)
-    if DOT_FP32:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
-    if OWN:
-        s = tl.where(own[None, :], s_own[:, None], s)
-    s = tl.where(valid[None, :], s * QK_SCALE, float("-inf"))  # [G_PAD, BLOCK_N], log2 units
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing visible yet: p and alpha stay 0
-    alpha = tl.exp2(m - m_ref)
-    p = tl.exp2(s - m_ref[:, None])
-    l = l * alpha + tl.sum(p, axis=1)
-    if DOT_FP32:
-        pv = tl.dot(p, v, input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(DOT_DTYPE), v)
-    if OWN:
-        w_own = w_own * alpha + tl.sum(tl.where(own[None, :], p, 0.0), axis=1).to(DOT_DTYPE).to(tl.float32)
-    return m_new, l, acc * alpha[:, None] + pv, w_own
-
-
-@triton.jit
-def _attend_split(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    table_ptr,
-    ctx_ptr,
-    pos_ptr,
-    window_ptr,
-    b,
-    h,
-    split,
-    QK_SCALE: tl.constexpr,
-    HQ: tl.constexpr,
-    HKV: tl.constexpr,
-    G: tl.constexpr,
-    G_PAD: tl.constexpr,
-    DH: tl.constexpr,
-    DH_PAD: tl.constexpr,
-    BS: tl.constexpr,
-    W: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SPLITS: tl.constexpr,
-    DOT_FP32: tl.constexpr,
-    q_tile=None,
-    s_own=None,
-    v_own=None,
-    visible=None,
-    OWN: tl.constexpr = False,
-):
-    """Online softmax of q heads h*G .. h*G+G-1 of row b over split `split` of its visible tokens.
-    Returns (acc [G_PAD, DH_PAD] unnormalized, m [G_PAD] running max in log2 units, l [G_PAD] sum).
-    OWN (the RoPE-fused partials): q is `q_tile` [G_PAD, DH_PAD] (already rotated) and the row's own token
-    (position pos[b], its last visible one: ctx_len == position + 1) is not read from the pool, which another
-    program of this launch may not have written yet: its scores are `s_own` [G_PAD], its V row `v_own`
-    [DH_PAD] (in the pool's dtype); `visible` is _visible_range's (start, end), loaded by the caller up front."""
-    if DOT_FP32:
-        DOT_DTYPE: tl.constexpr = tl.float32
-    elif k_ptr.dtype.element_ty.is_fp8():
-        DOT_DTYPE: tl.constexpr = tl.float16  # e4m3 -> f16 is one cvt per two values (-> bf16: several)
-    else:
-        DOT_DTYPE: tl.constexpr = q_ptr.dtype.element_ty
-    g = tl.arange(0, G_PAD)
-    d = tl.arange(0, DH_PAD)
-    if OWN:
-        q = q_tile.to(DOT_DTYPE)
-    else:
-        q_mask = g[:, None] < G
-        if DH_PAD != DH:
-            q_mask = q_mask & (d[None, :] < DH)
-        q = tl.load(q_ptr + (b * HQ + h * G + g)[:, None] * DH + d[None, :], mask=q_mask, other=0.0)
-        q = q.to(DOT_DTYPE)  # [G_PAD, DH_PAD]; padded rows are 0 and never stored
-
-    if OWN:
-        start, end = visible
-    else:
-        start, end = _visible_range(ctx_ptr, pos_ptr, window_ptr, b, W * BS)
-    n_iters = tl.cdiv(end - start, BLOCK_N)
-    per_split = tl.cdiv(n_iters, SPLITS)
-    it_lo = split * per_split
-    it_hi = tl.minimum(it_lo + per_split, n_iters)
-
-    m = tl.full([G_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, DH_PAD], tl.float32)
-    n = tl.arange(0, BLOCK_N)
-    w_own = tl.zeros([G_PAD], tl.float32)
-    for it in range(it_lo, it_hi):
-        m, l, acc, w_own = _attend_tile(
-            q,
-            k_ptr,
-            v_ptr,
-            table_ptr,
-            b,
-            h,
-            start + it * BLOCK_N + n,
-            end,
-            d,
-            m,
-            l,
-            acc,
-            w_own,
-            QK_SCALE,
-            HKV,
-            DH,
-            DH_PAD,
-            BS,
-            W,
-            DOT_FP32,
-            DOT_DTYPE,
-            end - 1,
-            s_own,
-            OWN,
-        )
-    if OWN:  # the own token's weighted V row, once: [G_PAD, DH_PAD]
-        acc += w_own[:, None] * v_own.to(DOT_DTYPE).to(tl.float32)[None, :]
-    return acc, m, l
+from .decode_split import attend_split, visible_range
 
 
 @triton.jit
@@ -285,7 +104,7 @@ def paged_decode_partials_kernel(
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
-    acc, m, l = _attend_split(
+    acc, m, l = attend_split(
         q_ptr,
         k_ptr,
         v_ptr,
@@ -370,10 +189,10 @@ def paged_decode_rope_partials_kernel(
     # goes; k_pool_in / v_pool_in and k_ptr / v_ptr the same pools (aliased: written in place). Program
     # (b, h, split) rotates its G query heads and KV head h itself (cheap: [G + 1, DH] per program); split 0
     # writes the rotated K and V to the pools, and no program reads the row's own token (position pos[b]) from
-    # the pool: its scores are taken here, its V row added after the walk (_attend_split), so no program waits
+    # the pool: its scores are taken here, its V row added after the walk (attend_split), so no program waits
     # for another's write. DH is a power of two (DH_PAD == DH).
     # -> acc, m, l as paged_decode_partials_kernel's: rope_write then the partials kernel up to fp32 rounding (the
-    # own token's score and weighted value are summed outside the tensor-core dots; see _attend_tile).
+    # own token's score and weighted value are summed outside the tensor-core dots; see attend_tile).
     # WRITE_KV=False leaves the pools alone (the interpreter check: the own token must come from registers,
     # which a sequential interpreter, running split 0 first, would not otherwise show).
     b = tl.program_id(0)
@@ -382,7 +201,7 @@ def paged_decode_rope_partials_kernel(
     d = tl.arange(0, DH)
     # every load that depends on nothing else is issued first (the pool stores below would keep later loads
     # behind them): the row's range, its own V row and slot, then the rotation's inputs
-    visible = _visible_range(ctx_ptr, pos_ptr, window_ptr, b, W * BS)
+    visible = visible_range(ctx_ptr, pos_ptr, window_ptr, b, W * BS)
     v_own = tl.load(v_new_ptr + (b * HKV + h) * DH + d).to(v_ptr.dtype.element_ty)
     slot = tl.load(slots_ptr + b).to(tl.int64)  # pools can pass 2**31 elements
     if INTERLEAVED:
@@ -409,7 +228,7 @@ def paged_decode_rope_partials_kernel(
     if WRITE_KV and split == 0:
         tl.store(k_ptr + slot * (HKV * DH) + h * DH + d, tl.reshape(k_own, [DH]))
         tl.store(v_ptr + slot * (HKV * DH) + h * DH + d, v_own)
-    acc, m, l = _attend_split(
+    acc, m, l = attend_split(
         q_ptr,
         k_ptr,
         v_ptr,
@@ -469,7 +288,7 @@ def paged_decode_kernel(
     # the single-split case: same inputs -> out [B, HQ, DH] in out's dtype (a row that sees nothing gets 0)
     b = tl.program_id(0)
     h = tl.program_id(1)
-    acc, m, l = _attend_split(
+    acc, m, l = attend_split(
         q_ptr,
         k_ptr,
         v_ptr,

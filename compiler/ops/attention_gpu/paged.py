@@ -8,7 +8,7 @@
   rope_paged_attention      rope_apply + paged_attention as one op: RoPE and the K/V write in one kernel
                             (rope_write.py), then the same attention kernels; a step of decode rows only
                             does both inside the split partials kernel (decode.rope_decode_attention;
-                            EMBER_FUSED_ROPE_DECODE=0 keeps rope_write)
+                            attention.fused_rope_decode off keeps rope_write)
   rope_paged_attention_to_proj  the same, also writing the output as the int8 activations of the one
                             projection reading it (decode steps; the combine kernel quantizes as it merges)
 
@@ -23,24 +23,16 @@ makes that the reference's mask exactly.
 
 from __future__ import annotations
 
-import os
-
 import jax.numpy as jnp
 
 from ...batch import StepBatch, kind_view
+from ...targets.policy import kernel_policy
 from ..attention import _write
 from ..rope import rope
 from ..triton_available import triton_available
 from .decode import paged_decode_attention, rope_decode_attention
 from .prefill import prefill_attention, prefill_attention_emulated
 from .rope_write import rope_write
-
-FUSED_ATTN_QUANT_ENV = "EMBER_FUSED_ATTN_QUANT"  # "0": the o projection quantizes its own input (default on)
-# "0": a step whose rows all decode runs rope_write before the split partials instead of rotating q / k and
-# writing K / V inside them (default on: GPU test passed at 1d774ae; plan alone at 65 splits, 1.5B Q4_K_M
-# 354 -> 326 kernels, 1.161 -> 1.099 ms/step; 8B Q4_K_M 420 -> 388, 2.411 -> 2.324 ms:
-# docs/results/h200_rope_partials_1d774ae.json). Read at trace time.
-FUSED_ROPE_DECODE_ENV = "EMBER_FUSED_ROPE_DECODE"
 
 
 def paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale):
@@ -84,13 +76,15 @@ def rope_paged_attention(
 ):
     # rope_apply then paged_attention as one op (the fuse_rope_attention pass): on a GPU, q and k rotated and
     # k/v written by ONE kernel (rope_write.py); traced for anything else, rope.py's reference then the
-    # emulation. Same arguments as the two ops together, same results. EMBER_FUSED_ROPE=0 (read at trace
-    # time) traces the unfused ops on a GPU too: the side-by-side measurement. activations_for: see
-    # _attend_written.
+    # emulation. Same arguments as the two ops together, same results. The kernel policy's attention.fused_rope
+    # off traces the unfused ops on a GPU too: the side-by-side measurement. attention.fused_rope_decode off: a
+    # step whose rows all decode runs rope_write before the split partials instead of rotating q / k and writing
+    # K / V inside them. activations_for: see _attend_written.
     backend = "triton" if triton_available() else "emulate"
-    if backend == "triton" and os.environ.get("EMBER_FUSED_ROPE", "1") != "0":
+    policy = kernel_policy().attention
+    if backend == "triton" and policy.fused_rope:
         write_slots, dec_tables, pre_tables = kind_view(batch, state)
-        if batch.num_decode == q.shape[0] and os.environ.get(FUSED_ROPE_DECODE_ENV, "1") != "0":
+        if batch.num_decode == q.shape[0] and policy.fused_rope_decode:
             fused = rope_decode_attention(
                 q,
                 k,
@@ -135,11 +129,11 @@ def rope_paged_attention_to_proj(
     # decodes, the attention's combine kernel also writes them (a linear_quant.QuantizedInput), so the
     # projection launches no quantizer. Same arguments otherwise, same output values. On by default (its GPU
     # test passed at e027e08; plan alone at 65 splits: 1.5B Q4_K_M 382 -> 354 kernels, 1.174 -> 1.153 ms/step;
-    # 8B 452 -> 420, 2.434 -> 2.397 ms: docs/results/h200_attention_quant_e027e08.json);
-    # EMBER_FUSED_ATTN_QUANT=0 turns it off (read at trace time).
+    # 8B 452 -> 420, 2.434 -> 2.397 ms: docs/results/h200_attention_quant_e027e08.json); the kernel policy's
+    # attention.fused_combine_quant off turns it off.
     from ..linear_quant import dp4a_input_order
 
-    fused = os.environ.get(FUSED_ATTN_QUANT_ENV, "1") != "0"
+    fused = kernel_policy().attention.fused_combine_quant
     return rope_paged_attention(
         q,
         k,

@@ -5,7 +5,8 @@ ref.py             jnp dequantization (bit-equal to gguf) and the reference matm
 triton_kernels.py  Triton GEMV kernels (imported only by the "triton" backend), "split" variant
 triton_gemv*.py    the "rows" variant's kernels (float activations, m <= 4)
 act_quant.py       int8 activations for the dp4a kernels, and their jnp reference
-dp4a.py            the "dp4a" variant: plans and launches (triton_act_quant.py, triton_gemv_dp4a.py)
+dp4a.py            the "dp4a" variant: plans and launches (triton_act_quant.py; triton_gemv_dp4a.py, its
+                   kernels, on triton_gemv_dp4a_body.py)
 config.py          tuned launch configurations per format and shape class
 matmul.py          quant_matmul(x, w, backend=...)
 """

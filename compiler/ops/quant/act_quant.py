@@ -18,7 +18,7 @@ Packing (what the kernel loads): block b's 32 int8 go into 8 int32 words qa[m, 8
   holds those elements from low byte to high. Q6_K (ql word q of block n: nibble 2j + h = element
   16h + 4j + q) keeps each half h inside one 16-element sub-block: word (h, q) = elements 16h + 4j + q.
 
-Terms (EMBER_ACT_TERMS, read at trace time by every producer; act_terms): with 2, a second int8 term rounds
+Terms (the policy's quant_gemv.act_terms, read at trace time by every producer; act_terms): with 2, a second int8 term rounds
 the first one's residual, r = x - dx q (fp32, the product rounded once), per block the same way:
 x ~ dx q + dx' q', |error| <= dx' / 2 <= dx / 254. Its words follow the first term's in the row (qa
 [m, 2 k/4], term t at words t k/4 ...) and its factors the first's in the block (da [m, k/32, 8]: dx, sx,
@@ -36,26 +36,23 @@ Then for a Q4_K sub-block n (32 weights, w = d sc c - dmin m) and its activation
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 
 from ember.compiler.ops.quant.layout import Q4_K, Q6_K, QuantizedWeight
 from ember.compiler.ops.quant.ref import q4_k_parts, q6_k_parts
+from ember.compiler.targets.policy import kernel_policy
 
 ACT_BLOCK = 32  # activation elements per scale
-ACT_TERMS_ENV = "EMBER_ACT_TERMS"
-DEFAULT_ACT_TERMS = 1
 FACTORS = 4  # da entries per block and term: dx, sx (the first term's only), s0, s1
 
 
 def act_terms() -> int:
-    """How many int8 terms the producers write (EMBER_ACT_TERMS, read at trace time; 1 or 2)."""
-    value = os.environ.get(ACT_TERMS_ENV, str(DEFAULT_ACT_TERMS)).strip()
-    if value not in ("1", "2"):
-        raise ValueError(f"{ACT_TERMS_ENV} must be 1 or 2, got {value!r}")
-    return int(value)
+    """How many int8 terms the producers write (policy quant_gemv.act_terms, read at trace time; 1 or 2)."""
+    terms = kernel_policy().quant_gemv.act_terms
+    if terms not in (1, 2):
+        raise ValueError(f"kernel policy: quant_gemv.act_terms must be 1 or 2, got {terms!r}")
+    return terms
 
 
 def packed_shapes(m: int, k: int, terms: int | None = None) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
@@ -104,7 +101,7 @@ PACKINGS = {
 
 def reads_packing(fmt: str, order: str) -> bool:
     """Whether a `fmt` weight's dp4a GEMV reads activations packed in `order`: its own format's, or Q4_K's
-    for a Q6_K weight (the kernel permutes the bytes: triton_gemv_dp4a.q4_words_as_q6)."""
+    for a Q6_K weight (the kernel permutes the bytes: triton_gemv_dp4a_body.q4_words_as_q6)."""
     return order == fmt or (order, fmt) == ("q4_k", "q6_k")
 
 

@@ -9,30 +9,24 @@ several times (split-K when `out` is small and `in` is long), and enough bytes i
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
-# Decode (m <= 4) picks the "rows" kernels (triton_gemv*.py) when True, the "split" kernels otherwise.
-# Read at every pick_config call; EMBER_QUANT_ROWS=0 sets it False at import. One activation row on the
-# projection shapes of the benchmark models takes MEASURED_M1 (the H200 sweep's best); the other shapes
-# and m = 2..4 take the rows rules below, sized by register count, not measured.
-ROWS_FOR_DECODE = os.environ.get("EMBER_QUANT_ROWS", "1") != "0"
-# Q4_K / Q6_K decode (any m up to the GEMV's row limit) takes the integer-dot kernel on int8 activations
-# (dp4a.py) when True, for the formats in DP4A_DECODE_FORMATS. EMBER_QUANT_DP4A: 0 keeps the float kernels,
-# 1 (default) takes every format the kernel has, or a comma list (e.g. q4_k). Read at every pick_config call.
-DP4A_FORMATS = ("q4_k", "q6_k")
-_DP4A_ENV = os.environ.get("EMBER_QUANT_DP4A", "1").strip().lower()
-DP4A_FOR_DECODE = _DP4A_ENV != "0"
-DP4A_DECODE_FORMATS = (
-    DP4A_FORMATS
-    if _DP4A_ENV in ("0", "1")
-    else tuple(f.strip() for f in _DP4A_ENV.split(",") if f.strip() in DP4A_FORMATS)
-)
+from ember.compiler.targets.policy import kernel_policy
+
+# Decode (m <= 4) picks the "rows" kernels (triton_gemv*.py) while the policy's quant_gemv.rows_for_decode,
+# the "split" kernels otherwise (read at every pick_config call). One activation row on the projection shapes
+# of the benchmark models takes MEASURED_M1 (the H200 sweep's best); the other shapes and m = 2..4 take the
+# rows rules below, sized by register count, not measured.
+DP4A_FORMATS = ("q4_k", "q6_k")  # the formats the integer-dot kernel (dp4a.py) has
+
+
+def rows_for_decode() -> bool:
+    return kernel_policy().quant_gemv.rows_for_decode
 
 
 def dp4a_for(fmt: str) -> bool:
-    """Whether decode GEMVs of `fmt` weights take the integer-dot kernel."""
-    return DP4A_FOR_DECODE and fmt in DP4A_DECODE_FORMATS
+    """Whether decode GEMVs of `fmt` weights take the integer-dot kernel (policy quant_gemv.dp4a_formats)."""
+    return fmt in DP4A_FORMATS and fmt in kernel_policy().quant_gemv.dp4a_formats
 
 
 @dataclass(frozen=True)
@@ -81,7 +75,7 @@ def _rows(block_n: int, split_k: int, sb_per_step: int, num_warps: int) -> Quant
     )
 
 
-# Decode, rows kernels (used while ROWS_FOR_DECODE). Sizing: a program keeps S x block_n x 128 B of Q4_K
+# Decode, rows kernels (used while rows_for_decode()). Sizing: a program keeps S x block_n x 128 B of Q4_K
 # codes in flight (twice with PREFETCH) and S x block_n / num_warps words plus m times as many fp32
 # accumulators per thread, so m = 4 halves the tile; enough programs (>= ~4 per SM of 132) come from
 # small tiles and split-K where `out` is small.
@@ -191,7 +185,7 @@ def pick_config(
     fmt: str, m: int, out: int, inner: int, table: tuple[ConfigRule, ...] = CONFIG_TABLE
 ) -> QuantMatmulConfig:
     """MEASURED_M1's config for one row on a measured shape, else the first matching rule's config; the rows
-    variant is skipped unless ROWS_FOR_DECODE. Formats that take the integer-dot kernel (dp4a_for): DP4A_M1 /
+    variant is skipped unless rows_for_decode(). Formats that take the integer-dot kernel (dp4a_for): DP4A_M1 /
     DP4A_RULES."""
     if dp4a_for(fmt) and table is CONFIG_TABLE:
         if m == 1 and (fmt, out, inner) in DP4A_M1:
@@ -199,10 +193,10 @@ def pick_config(
         for rule in DP4A_RULES:
             if rule.matches(fmt, m, out, inner):
                 return rule.config
-    if ROWS_FOR_DECODE and m == 1 and table is CONFIG_TABLE and (fmt, out, inner) in MEASURED_M1:
+    if rows_for_decode() and m == 1 and table is CONFIG_TABLE and (fmt, out, inner) in MEASURED_M1:
         return MEASURED_M1[(fmt, out, inner)]
     for rule in table:
-        if rule.config.variant == "rows" and not ROWS_FOR_DECODE:
+        if rule.config.variant == "rows" and not rows_for_decode():
             continue
         if rule.matches(fmt, m, out, inner):
             return rule.config

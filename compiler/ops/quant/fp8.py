@@ -7,9 +7,9 @@ blocks as in the "fp8" quantization method with weight_block_size [128, 128], wh
 scale; runtime/fp8_checkpoint.py reads both.)
 
 A decode step reads each weight once, so a byte per weight halves the bf16 step's traffic. `fp8_linear`:
-  one row (m <= DISPATCH_MAX_ROWS; the kernel takes up to GEMV_MAX_ROWS = 16) traced for an NVIDIA GPU with
+  one row (m <= the policy's fp8_gemv.max_rows; the kernel takes up to GEMV_MAX_ROWS = 16) traced for an NVIDIA GPU with
       Triton: the Triton GEMV (fp8_gemv.py; its word loop 1.17-1.34x XLA's fusion alone at one row on the
-      H200, slower at 8 rows); EMBER_FP8_GEMV=0 turns it off (read at trace time); fp8_linear_parts and
+      H200, slower at 8 rows); the policy's fp8_gemv.enabled off turns it off (read at trace time); fp8_linear_parts and
       fp8_linear_gate_up_silu are its fused forms (q/k/v outputs apart; silu(gate) * up in the epilogue);
   otherwise (prefill, mixed steps, any other backend: the CPU tests): `fp8_linear_xla`, written for XLA to
       fuse: per-channel, the scale leaves the dot (y[:, o] = scale[o] * Σ_k x[k] values[o, k]) and the
@@ -20,13 +20,13 @@ fp32 accumulation throughout; the XLA path is the reference the kernel is checke
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ...targets.policy import kernel_policy
 from .. import activation
 from ..triton_available import triton_available
 from .matmul import split_columns
@@ -91,9 +91,8 @@ def dequantize_fp8(w: Fp8Weight, dtype=jnp.float32):
 
 
 GEMV_MAX_ROWS = 16  # activation rows the Triton GEMV takes
-# rows up to this go through it by default: on the H200 it beat XLA's fused fp8 dot by 1.03-1.3x at one row and
-# lost at 8 (per-channel 0.65-0.8x; docs/results/h200_fp8_gemv.json); EMBER_FP8_GEMV_ROWS overrides
-DISPATCH_MAX_ROWS = int(os.environ.get("EMBER_FP8_GEMV_ROWS", "1"))
+# rows up to the policy's fp8_gemv.max_rows go through it: on the H200 it beat XLA's fused fp8 dot by 1.03-1.3x
+# at one row and lost at 8 (per-channel 0.65-0.8x; docs/results/h200_fp8_gemv.json)
 GEMV_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 
@@ -130,10 +129,10 @@ def use_fp8_gemv(x, w: Fp8Weight) -> bool:
     """Whether fp8_linear(x, w) launches the Triton GEMV (decided at trace time; jit caches it)."""
     return (
         x.ndim == 2
-        and 1 <= x.shape[0] <= min(GEMV_MAX_ROWS, DISPATCH_MAX_ROWS)
+        and 1 <= x.shape[0] <= min(GEMV_MAX_ROWS, kernel_policy().fp8_gemv.max_rows)
         and x.dtype in GEMV_DTYPES
         and w.shape[0] * w.shape[1] < 2**31
-        and os.environ.get("EMBER_FP8_GEMV", "1") != "0"
+        and kernel_policy().fp8_gemv.enabled
         and triton_available()
     )
 

@@ -3,10 +3,10 @@ that pick one per shape, and the static launch plan of a call. Pure Python, test
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from ..env_config import overridden
+from ...targets.policy import kernel_policy
+from ..config_override import overridden
 from .fp8 import BLOCK  # MAX_ROWS: fp8_linear's dispatch bound
 from .fp8 import GEMV_MAX_ROWS as MAX_ROWS
 
@@ -62,7 +62,7 @@ FP8_RULES: tuple[Fp8Rule, ...] = (
     # were best at 6144x4096, 4 x 1024 at 4096x4096 and 28672x4096 (4096x14336: 21.4 vs 22.1 us, within noise)
     Fp8Rule(_C(block_n=8, block_k=1024, words=True), max_m=1, max_out=8192, max_in=8192),
     Fp8Rule(_C(block_n=4, block_k=1024, words=True), max_m=1),
-    # 1 row, the byte loop (`in` not a multiple of 4; EMBER_FP8_WORDS=0): the H200 sweep's best at 28672x4096,
+    # 1 row, the byte loop (`in` not a multiple of 4; policy fp8_gemv.words off): the H200 sweep's best at 28672x4096,
     # 4096x14336 and 6144x4096 (3-14% ahead of 16 x 512 split-K)
     Fp8Rule(_C(block_n=8, block_k=1024, step_reduce=True), max_m=1),
     # 2 rows: CUDA cores, each weight tile reused by both rows (not measured yet)
@@ -79,15 +79,16 @@ def pick_fp8_config(
     m: int, out: int, inner: int, *, blocked: bool = False, rules: tuple[Fp8Rule, ...] = FP8_RULES
 ) -> Fp8GemvConfig:
     """The first matching rule's config (block scales take the same tiles for now). For side-by-side
-    measurements (read at trace time): EMBER_FP8_WORDS=0 skips the word loop's rules; EMBER_FP8_GEMV_CONFIG
-    ("block_n=8/prefetch=0/num_stages=4") overrides fields of the one-row config."""
+    measurements (the kernel policy, read at trace time): fp8_gemv.words off skips the word loop's rules;
+    fp8_gemv.config ({"block_n": 8, "prefetch": 0}) overrides fields of the one-row config."""
     del blocked  # same table for now; kept so a measured table can tell the layouts apart
-    words = os.environ.get("EMBER_FP8_WORDS", "1") != "0"
+    policy = kernel_policy().fp8_gemv
+    words = policy.words
     for rule in rules:
         if rule.config.words and not words:
             continue
         if rule.matches(m, out, inner):
-            return overridden(rule.config, "EMBER_FP8_GEMV_CONFIG") if m == 1 else rule.config
+            return overridden(rule.config, policy.config, "fp8_gemv.config") if m == 1 else rule.config
     return Fp8GemvConfig()
 
 

@@ -9,14 +9,13 @@ backend="mosaic"     reserved for a Pallas Mosaic GPU kernel (not written yet: r
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 
 from ember.compiler.ops.quant.config import QuantMatmulConfig, pick_config
 from ember.compiler.ops.quant.layout import FORMATS, QuantizedWeight
 from ember.compiler.ops.quant.ref import quant_matmul_ref
+from ember.compiler.targets.policy import kernel_policy
 
 BACKENDS = ("reference", "triton", "mosaic")
 DOT_BLOCK_M = 16  # tl.dot needs >= 16 rows: activations are padded (masked) to 16 per program
@@ -91,8 +90,8 @@ def quant_matmul_pair_parts(
     """The projections of a two-part weight group (a Q4_K part holding runs[0], one or two projections, then
     a Q4_K / Q6_K part holding runs[1], one: a Q4_K_M q+k beside a Q6_K v) with the group's bias, in one dp4a
     launch (dp4a.dp4a_pair_parts_call); None where that launch does not apply (then each part runs alone).
-    EMBER_DP4A_PAIR=0 (read at trace time) keeps one launch per part, for side-by-side measurements."""
-    if os.environ.get("EMBER_DP4A_PAIR", "1") == "0" or x.ndim != 2:
+    The policy's quant_gemv.pair_launch off keeps one launch per part."""
+    if not kernel_policy().quant_gemv.pair_launch or x.ndim != 2:
         return None
     from ember.compiler.ops.quant.dp4a import dp4a_pair_parts_call, pair_fits
 

@@ -24,6 +24,27 @@ from ember.compiler.ops.rope import rope as rope_rope
 ARCH = "llama"
 GLOBAL_WEIGHTS = ('output.weight', 'output_norm.weight', 'token_embd.weight')
 LAYER_WEIGHTS = ('attn_norm.weight', 'attn_output.weight', 'attn_q+attn_k+attn_v.weight', 'ffn_down.weight', 'ffn_gate+ffn_up.weight', 'ffn_norm.weight')
+# The target's kernel policy (compiler/targets/policy.py): which kernel and launch config each op below takes
+# at each bucket and weight format. The runtime traces forward inside it (an experiment's override file,
+# `ember serve --kernel-policy`, replaces fields of it).
+KERNEL_POLICY = {'attention': {'decode_config': {},
+               'fused_combine_quant': False,
+               'fused_rope': False,
+               'fused_rope_decode': False},
+ 'dense_gemv': {'config': {}, 'enabled': False, 'max_out': None, 'max_rows': 1},
+ 'fp8_gemv': {'config': {}, 'enabled': False, 'max_rows': 1, 'words': True},
+ 'norms': {'fused_quant': False, 'quant_warps': 16, 'triton': False, 'warps': 16},
+ 'quant_gemv': {'act_terms': 1,
+                'backend': 'reference',
+                'dense_copy_gemv_max_rows': 2,
+                'dp4a_formats': [],
+                'dp4a_gemv_max_rows': 16,
+                'gemv_max_rows': 16,
+                'pair_launch': False,
+                'rows_for_decode': False,
+                'split_k_partials': False},
+ 'split': {'triton': False},
+ 'weights': {'dense_copies': False, 'quantized_formats': []}}
 
 
 def prologue(dims, weights, batch):

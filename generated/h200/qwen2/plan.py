@@ -23,6 +23,27 @@ from ember.compiler.ops.attention_gpu.paged import rope_paged_attention_to_proj 
 ARCH = "qwen2"
 GLOBAL_WEIGHTS = ('output.weight', 'output_norm.weight', 'token_embd.weight')
 LAYER_WEIGHTS = ('attn_norm.weight', 'attn_output.weight', 'attn_q+attn_k+attn_v.bias', 'attn_q+attn_k+attn_v.weight', 'ffn_down.weight', 'ffn_gate+ffn_up.weight', 'ffn_norm.weight')
+# The target's kernel policy (compiler/targets/policy.py): which kernel and launch config each op below takes
+# at each bucket and weight format. The runtime traces forward inside it (an experiment's override file,
+# `ember serve --kernel-policy`, replaces fields of it).
+KERNEL_POLICY = {'attention': {'decode_config': {},
+               'fused_combine_quant': True,
+               'fused_rope': True,
+               'fused_rope_decode': True},
+ 'dense_gemv': {'config': {}, 'enabled': True, 'max_out': None, 'max_rows': 1},
+ 'fp8_gemv': {'config': {}, 'enabled': True, 'max_rows': 1, 'words': True},
+ 'norms': {'fused_quant': True, 'quant_warps': 16, 'triton': True, 'warps': 16},
+ 'quant_gemv': {'act_terms': 1,
+                'backend': None,
+                'dense_copy_gemv_max_rows': 2,
+                'dp4a_formats': ['q4_k', 'q6_k'],
+                'dp4a_gemv_max_rows': 16,
+                'gemv_max_rows': 16,
+                'pair_launch': True,
+                'rows_for_decode': True,
+                'split_k_partials': True},
+ 'split': {'triton': True},
+ 'weights': {'dense_copies': True, 'quantized_formats': ['fp8', 'q4_k', 'q6_k', 'q8_0', 'q5_0']}}
 
 
 def prologue(dims, weights, batch):
