@@ -10,7 +10,7 @@ static KV cache (generation_config.cache_implementation = "static") and torch.co
 "Optimizing inference" guide shows it (--compile auto, the default: generate compiles the decode forward
 itself and prepares the static cache for it; --compile forward: model.forward = torch.compile(model.forward,
 mode="reduce-overhead", fullgraph=True, dynamic=False) with generate's own compile switched off; --compile
-none: eager, for CPU checks). The forward mode failed on the H200 with transformers 5.17 (810ea24,
+none: eager, for CPU checks). The forward mode failed on the H200 with transformers 5.17 (
 docs/results/h200_hf_smoke_810ea24.json): with generate's compile off the static cache's buffers are created
 inside the first captured CUDA graph, and the next replay overwrote them ("accessing tensor output of
 CUDAGraphs that has been overwritten by a subsequent run", in the cache's update).

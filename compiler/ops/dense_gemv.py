@@ -2,7 +2,7 @@
 (quant/fp8_gemv.py) reading an unscaled bf16 / f16 / f32 matrix, at one activation row.
 
 Why: at one row XLA runs a bf16 projection as a split-K GEMM fusion plus kernels after it, and each costs a
-launch in the step. On the 8B bf16 step (H200, 5f2d856) the GEMMs streamed 3.2-4.2 TB/s and left behind per
+launch in the step. On the 8B bf16 step (H200) the GEMMs streamed 3.2-4.2 TB/s and left behind per
 layer: a split-K sum after q/k/v and after o and down (123 us per step), a split of the packed q/k/v into
 three arrays for the RoPE-fused attention (36 us) and silu(gate) * up (46 us). The GEMV writes one output
 per projection (fp8_gemv_parts_kernel), silu(gate) * up in the gate/up projection's epilogue, and needs no
@@ -32,7 +32,7 @@ WEIGHT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 _C = Fp8GemvConfig
 # where no rule gives a config: an override (the policy's dense_gemv.config) or a direct call starts from this one
 DEFAULT_CONFIG = _C(step_reduce=True)
-# Measured in the 8B bf16 step alone at one row (H200, 027d8c4 / 30d07c5, docs/results/h200_dense_gemv_0130688.json;
+# Measured in the 8B bf16 step alone at one row (H200, docs/results/h200_dense_gemv_0130688.json;
 # each kernel's time per call in the step, against XLA's GEMM plus the kernels after it): only the shapes with
 # `in` = 4096 are measured; everything else keeps XLA's GEMM.
 DENSE_RULES: tuple[Fp8Rule, ...] = (

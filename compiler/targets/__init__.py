@@ -22,14 +22,14 @@ class Target:
     activation_dtype: str = "float32"
     decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
-    # prefill chunks one step may carry (runtime/step_inputs.py PrefillShapes): (1,) = one per step; more lets a
+    # prefill chunks one step may carry (runtime/scheduling/scheduled_step.py PrefillShapes): (1,) = one per step; more lets a
     # burst of short prompts (each <= segment_max_tokens) be admitted together
     prefill_segments: tuple[int, ...] = (1,)
     segment_max_tokens: int = 512
     # which kernel and launch config each op takes, and which weights stay packed (policy.py): recorded in
     # manifest.json and the generated plan, entered around every trace of a step
     policy: KernelPolicy = field(default_factory=KernelPolicy)
-    # decode steps per device call when the engine may run ahead (runtime/lookahead.py): where the host's
+    # decode steps per device call when the engine may run ahead (runtime/scheduling/lookahead.py): where the host's
     # per-call work is large next to a step (a GPU), several steps share it
     decode_steps: int = 1
 

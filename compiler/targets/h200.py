@@ -26,7 +26,7 @@ batch (1 … 256), and kernel choices per op.
   partials summed by the next layer's norm kernel (carry_split_k_partials; policy
   quant_gemv.split_k_partials).
 - the rest (activations, sampler; RoPE in the deterministic plans) are the `jnp` references, fused by XLA.
-- 8 decode steps per device call when the engine can run ahead (runtime/lookahead.py).
+- 8 decode steps per device call when the engine can run ahead (runtime/scheduling/lookahead.py).
 Triton kernels launch as native XLA kernels (compiler/ops/triton_launch.py): ~4.5 µs for a small kernel
 inside a step, XLA's own fusions ~2.4 µs (docs/results/h200_launch_overhead_xla_triton.json), so a kernel
 pays where it does more than the ops it replaces, or replaces several.
@@ -82,6 +82,6 @@ H200 = Target(
     # up to 8 short prompts (<= 512 tokens each) prefilled in one step: at 128-256 concurrent requests one
     # chunk per step admitted request k at step k, so the batch never filled
     prefill_segments=(1, 4, 8),
-    # 8 steps per call: the batch-1 engine went from 282 to 444 tok/s, device-bound (profile_step, b5407f0+)
+    # 8 steps per call: the batch-1 engine went from 282 to 444 tok/s, device-bound (profile_step)
     decode_steps=8,
 )

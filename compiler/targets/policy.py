@@ -121,7 +121,7 @@ class SplitPolicy:
 
 @dataclass(frozen=True)
 class WeightPolicy:
-    """What stays packed on the device (runtime/weights.py)."""
+    """What stays packed on the device (runtime/loading/weights.py)."""
 
     # formats kept packed ("q4_k", "q6_k", "q8_0", "q5_0" of GGUF files, "fp8" of HF FP8 checkpoints);
     # every other tensor is dequantized at load to the activation dtype

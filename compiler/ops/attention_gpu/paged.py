@@ -128,7 +128,7 @@ def rope_paged_attention_to_proj(
     # fuse_norm_into_projection pass): where that projection's decode GEMV takes int8 activations and every row
     # decodes, the attention's combine kernel also writes them (a linear_quant.QuantizedInput), so the
     # projection launches no quantizer. Same arguments otherwise, same output values. On by default (its GPU
-    # test passed at e027e08; plan alone at 65 splits: 1.5B Q4_K_M 382 -> 354 kernels, 1.174 -> 1.153 ms/step;
+    # test passed; plan alone at 65 splits: 1.5B Q4_K_M 382 -> 354 kernels, 1.174 -> 1.153 ms/step;
     # 8B 452 -> 420, 2.434 -> 2.397 ms: docs/results/h200_attention_quant_e027e08.json); the kernel policy's
     # attention.fused_combine_quant off turns it off.
     from ..linear_quant import dp4a_input_order

@@ -10,7 +10,7 @@ and materialises fp32 scores [hkv, G, C, S]; at a 16k prefill that is gigabytes.
 Contract (both functions): q [C, hq, dh] (roped, activation dtype), k_pool/v_pool [blocks, bs, hkv, dh] with
 the chunks' own K/V already written, block_table [W] int32 (one chunk) or [P, W] (P segments: q's rows
 are P runs of L = C / P tokens, run s one chunk of the sequence whose table is row s), positions [C] int32
-(consecutive from each chunk's first token; padding rows hold 0, as runtime/step_inputs.py writes them),
+(consecutive from each chunk's first token; padding rows hold 0, as runtime/execution/step_inputs.py writes them),
 num_tokens (int32 scalar, one chunk only, or None to derive each chunk's from positions), window (int32
 scalar, 0 = unlimited: a query at p sees keys in (p - window, p]), scale (float) -> [C, hq, dh] in q's
 dtype. Rows past a chunk's tokens are finite (they compute as its last valid token, or are 0 when their

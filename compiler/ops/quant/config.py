@@ -98,8 +98,8 @@ ROWS_RULES: tuple[ConfigRule, ...] = (
 
 # (format, out, in) -> the fastest rows config at m = 1 on the H200, each kernel timed inside a CUDA graph as
 # a decode step runs it (tools/dev/tune_gemv_graphs.py, 75-160 candidates per shape, the split-K sum included):
-# Q4_K at commit 88ebc20 (its sub-block-per-vector kernel; docs/results/h200_gemv_graphs_q4k_88ebc20.json),
-# Q6_K at 76642d9 (docs/results/h200_gemv_graphs_76642d9.json). An earlier sweep timed XLA executables of
+# Q4_K (its sub-block-per-vector kernel; docs/results/h200_gemv_graphs_q4k_88ebc20.json),
+# Q6_K (docs/results/h200_gemv_graphs_76642d9.json). An earlier sweep timed XLA executables of
 # back-to-back custom calls, whose ~10 us dispatch per call hid the kernels' own differences.
 MEASURED_M1: dict[tuple[str, int, int], QuantMatmulConfig] = {
     # d 1536, ffn 8960, 2 kv heads: q+k, q+k+v, o, gate+up, down; v, down (Q6_K layers), tied head
@@ -136,7 +136,7 @@ DP4A_RULES: tuple[ConfigRule, ...] = (
     ConfigRule("*", _dp4a(32, 1, 2, 4)),
 )
 # (format, out, in) -> the fastest dp4a config at m = 1 on the H200, graph-timed by tools/dev/tune_gemv_graphs.py
-# --variant dp4a at commit b4cbc10 (docs/results/h200_gemv_graphs_dp4a_b4cbc10.json; 106-161 candidates per
+# --variant dp4a (docs/results/h200_gemv_graphs_dp4a_b4cbc10.json; 106-161 candidates per
 # shape; the float rows kernel's pick beside it: 3.78 -> 3.49 us on 1792 x 1536, 12.70 -> 9.20 on 17920 x 1536,
 # 10.58 -> 8.65 on 1536 x 8960, 40.30 -> 27.55 on 28672 x 4096, 24.56 -> 18.25 on 4096 x 14336).
 # 5120 x 4096 was not timed: it takes 6144 x 4096's.
@@ -151,11 +151,11 @@ DP4A_M1: dict[tuple[str, int, int], QuantMatmulConfig] = {
     ("q4_k", 4096, 4096): _dp4a(8, 1, 4, 1),
     ("q4_k", 28672, 4096): _dp4a(8, 1, 1, 2),
     ("q4_k", 4096, 14336): _dp4a(16, 8, 1, 2),
-    # Q6_K: the tuner at f842b9c (docs/results/h200_gemv_graphs_dp4a_q6k_f842b9c.json, 31-149 candidates
+    # Q6_K: the tuner (docs/results/h200_gemv_graphs_dp4a_q6k_f842b9c.json, 31-149 candidates
     # per shape) against the float rows kernel's tiles, split-K sum included: 12.14 -> 9.13 us on 1536 x 8960,
     # 6.73 -> 5.43 on 1024 x 4096 (one split: the pair launch applies), 92.09 -> 73.68 on 151936 x 1536,
-    # 29.99 -> 21.00 on 4096 x 14336, 219.48 -> 132.82 on 128256 x 4096. Inside the plan (profile_step at
-    # f842b9c vs 0f62e2c, h200_plan_alone_*) the first two held (1536 x 8960: 7.35 -> 6.34 us) but the last
+    # 29.99 -> 21.00 on 4096 x 14336, 219.48 -> 132.82 on 128256 x 4096. Inside the plan (profile_step,
+    # docs/results/h200_plan_alone_*) the first two held (1536 x 8960: 7.35 -> 6.34 us) but the last
     # three did not (51.0 vs 50.2, 15.6 vs 14.4, 123.7 vs 112.7 us): those keep the rows tiles. 256 x 1536
     # kept its tile, the tuner's fastest.
     ("q6_k", 256, 1536): _dp4a(4, 1, 4, 2),
