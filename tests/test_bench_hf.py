@@ -111,7 +111,7 @@ TORCH_PYTHON = os.environ.get("EMBER_TORCH_PYTHON", "/work/venv311/bin/python")
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which(TORCH_PYTHON), reason="no Python with torch + transformers")
 def test_a_real_tiny_hf_run_on_cpu(tmp_path):
-    from ember.tools.bench import SYNTHETIC_SHAPES
+    from ember.tools.bench_models import SYNTHETIC_SHAPES
 
     config = {
         **SYNTHETIC_SHAPES["llama3-8b"][1],

@@ -9,8 +9,8 @@ import json
 import pytest
 from fixture_data import FIXTURES_DIR
 
-from ember.tools import bench_report
-from ember.tools.bench import SYNTHETIC_SHAPES, kv_bytes_read, parse_synthetic
+from ember.tools import bench_markdown, bench_report
+from ember.tools.bench_models import SYNTHETIC_SHAPES, kv_bytes_read, parse_synthetic
 from ember.tools.bench_suite import SuiteConfig, run_suite
 
 TINY = "synthetic:qwen2-tiny"
@@ -149,7 +149,7 @@ def test_report_targets_ratios_and_merge():
     entry = merged["models"]["synthetic:llama3-8b"]
     assert set(entry) >= {"concurrency", "startup"} and len(merged["pieces"]) == 2
     assert entry["hf_comparison"]["batch_1"]["ratio"] == 5.0 and entry["hf_comparison"]["batch_32"]["ratio"] == 5.0
-    rows = {r[0]: r for r in bench_report._model_rows("synthetic:llama3-8b", entry)}
+    rows = {r[0]: r for r in bench_markdown._model_rows("synthetic:llama3-8b", entry)}
     assert rows["aggregate decode, 1 concurrent"][4:6] == [">= 250", "yes"]
     assert rows["aggregate decode, 8 concurrent"][4:6] == [">= 1,200", "no"]
     assert rows["aggregate decode, 32 concurrent"][3].startswith("5.00×")
@@ -187,7 +187,7 @@ def test_synthetic_names_and_kv_bytes():
 def test_quantized_synthetic_models_name_the_missing_module(tokenizer_dir, monkeypatch):
     import sys
 
-    from ember.tools.bench import load_bench_model
+    from ember.tools.bench_models import load_bench_model
 
     monkeypatch.setitem(sys.modules, "ember.runtime.loading.synthetic_gguf", None)  # as in a tree without it
     with pytest.raises(ValueError, match="ember.runtime.loading.synthetic_gguf"):
@@ -198,7 +198,7 @@ def test_quantized_synthetic_models_name_the_missing_module(tokenizer_dir, monke
 
 def test_a_kernel_policy_file_reaches_the_bench_model(tokenizer_dir, tmp_path):
     from ember.compiler.targets import get_target
-    from ember.tools.bench import load_bench_model
+    from ember.tools.bench_models import load_bench_model
 
     path = tmp_path / "policy.json"
     path.write_text(json.dumps({"attention": {"fused_rope_decode": False}}))
@@ -272,9 +272,9 @@ def test_device_drawn_synthetic_weights_equal_the_loader_path(arch):
 
 
 def test_a_failing_measurement_or_model_is_recorded_and_the_suite_goes_on(tmp_path, tokenizer_dir, monkeypatch):
-    from ember.tools import bench_suite
+    from ember.tools import bench_sections, bench_suite
 
-    real = bench_suite.single_request
+    real = bench_sections.single_request
 
     def failing(engine, prompt, max_tokens):  # the 40-token context "runs out of memory"
         if len(prompt) == 40:
@@ -287,7 +287,7 @@ def test_a_failing_measurement_or_model_is_recorded_and_the_suite_goes_on(tmp_pa
         return real_load(name, target, tokenizer, kernel_policy)
 
     real_load = bench_suite.load_bench_model
-    monkeypatch.setattr(bench_suite, "single_request", failing)
+    monkeypatch.setattr(bench_sections, "single_request", failing)
     monkeypatch.setattr(bench_suite, "load_bench_model", load)
     with pytest.raises(ValueError, match="unknown synthetic shape 'qwen2-tiny-nope'"):  # before any measuring
         run_suite(["synthetic:qwen2-tiny-nope"], target="cpu", out_dir=tmp_path, config=CONFIG)

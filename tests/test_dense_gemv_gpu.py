@@ -80,7 +80,7 @@ def test_8b_decode_steps_with_the_dense_gemv_agree_with_xla_s():
     from ember.runtime.execution.sequence_runner import SequenceRunner
     from ember.runtime.loading import model as model_module
     from ember.runtime.loading.synthetic import synthetic_model
-    from ember.tools.bench import SYNTHETIC_SHAPES
+    from ember.tools.bench_models import SYNTHETIC_SHAPES
 
     arch, config = SYNTHETIC_SHAPES["llama3-8b"]
     model = synthetic_model(spec_for_arch(arch), config, target="h200")  # drawn on the device

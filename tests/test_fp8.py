@@ -25,7 +25,7 @@ from ember.compiler.ops.quant.fp8 import (
 from ember.compiler.spec import spec_for_arch
 from ember.runtime.execution.sequence_runner import SequenceRunner
 from ember.runtime.loading.synthetic import synthetic_model
-from ember.tools.bench import SYNTHETIC_SHAPES, weight_bytes_per_step
+from ember.tools.bench_models import SYNTHETIC_SHAPES, weight_bytes_per_step
 
 
 def _matrix(seed: int, out: int, inner: int) -> np.ndarray:

@@ -23,7 +23,7 @@ from ember.runtime.execution.sequence_runner import SequenceRunner  # noqa: E402
 from ember.runtime.loading.model import load_model  # noqa: E402
 from ember.runtime.loading.synthetic import synthetic_checkpoint  # noqa: E402
 from ember.runtime.sampling.params import SamplingParams  # noqa: E402
-from ember.tools.bench import SYNTHETIC_SHAPES  # noqa: E402
+from ember.tools.bench_models import SYNTHETIC_SHAPES  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 SHAPE = "qwen2.5-1.5b"

@@ -9,7 +9,7 @@ from ember.compiler.spec import spec_for_arch
 from ember.runtime.execution.sequence_runner import SequenceRunner
 from ember.runtime.loading.model import load_model
 from ember.runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
-from ember.tools.bench import SYNTHETIC_SHAPES
+from ember.tools.bench_models import SYNTHETIC_SHAPES
 from ember.tools.dev.truncate_gguf import main, truncate_gguf
 from ember.tools.write_gguf import write_gguf
 

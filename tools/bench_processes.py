@@ -136,7 +136,7 @@ def startup_child(argv: list[str]) -> int:
     parser.add_argument("--engine", required=True, help="EngineConfig fields as JSON")
     args = parser.parse_args(argv)
     from ..runtime.engine.engine import Engine, EngineConfig
-    from .bench import load_bench_model
+    from .bench_models import load_bench_model
 
     begun = time.perf_counter()
     model, tokenizer = load_bench_model(args.model, args.target, args.tokenizer, args.kernel_policy)

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     from ember.runtime.execution.sequence_runner import SequenceRunner
     from ember.runtime.loading.model import effective_policy, load_model
     from ember.runtime.loading.synthetic import synthetic_checkpoint
-    from ember.tools.bench import SYNTHETIC_SHAPES
+    from ember.tools.bench_models import SYNTHETIC_SHAPES
 
     if args.model:
         from ember.runtime.loading.checkpoint import open_checkpoint

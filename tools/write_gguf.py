@@ -26,7 +26,7 @@ def synthetic_checkpoint(model_name: str, seed: int = 0):
     """(checkpoint, vocab size) of `synthetic:<shape>[-q4_k_m]`: the shape's bf16 layout when no format is named."""
     from ..compiler.spec import spec_for_arch
     from ..runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
-    from .bench import SYNTHETIC_SHAPES, parse_synthetic
+    from .bench_models import SYNTHETIC_SHAPES, parse_synthetic
 
     shape, fmt = parse_synthetic(model_name)
     arch, config = SYNTHETIC_SHAPES[shape]

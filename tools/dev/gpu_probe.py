@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ember.tools.bench import SYNTHETIC_SHAPES
+from ember.tools.bench_models import SYNTHETIC_SHAPES
 from ember.tools.hbm_probe import copy_bandwidth
 
 

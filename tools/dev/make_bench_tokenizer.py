@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-VOCAB_SIZE = 152_064  # >= every synthetic shape's vocab (tools/bench.py SYNTHETIC_SHAPES)
+VOCAB_SIZE = 152_064  # >= every synthetic shape's vocab (tools/bench_models.py SYNTHETIC_SHAPES)
 EOS = "<eos>"
 
 

@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ...compiler.targets.policy import parse_assignments
     from ...runtime.engine.engine import Engine, EngineConfig
-    from ..bench import load_bench_model
+    from ..bench_models import load_bench_model
 
     model, tokenizer = load_bench_model(args.model, args.target, args.tokenizer, args.kernel_policy)
     context = args.prompt_tokens + args.output_tokens
