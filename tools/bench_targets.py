@@ -29,7 +29,7 @@ ISSUE_TARGETS = {
     ],
     "synthetic:llama3-8b-fp8": [("roofline", 1, ">=", 0.85)],
 }
-# Peer figures as issue 5 quotes them (measured by the issue's author on the same H200, random weights, same
+# Peer figures as the h200 target's issue quotes them (measured by the issue's author on the same H200, random weights, same
 # layouts; llama.cpp with -fa 1; HF transformers bf16, static cache + torch.compile) — not measured by this tool.
 _L15, _L8, _L8Q = "synthetic:qwen2.5-1.5b-q4_k_m", "synthetic:llama3-8b", "synthetic:llama3-8b-q4_k_m"
 ISSUE_PEERS = {
