@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 from plan_graphs import read_elsewhere
 
-from ember.compiler.ops import embedding, linear_quant, norm, norm_gpu
-from ember.compiler.ops.quant.layout import pack, random_gguf_bytes
-from ember.compiler.ops.split_k import SplitKPartials, materialized
+from ember.compiler.kernels import embedding
+from ember.compiler.kernels.gguf_gemv import linear as linear_quant
+from ember.compiler.kernels.gguf_gemv.layout import pack, random_gguf_bytes
+from ember.compiler.kernels.norm import kernel as norm_gpu
+from ember.compiler.kernels.norm import reference as norm
+from ember.compiler.kernels.split_k import SplitKPartials, materialized
 from ember.compiler.passes.carry_split_k_partials import carry_split_k_partials
 from ember.compiler.passes.defer_residual_add import PENDING
 from ember.compiler.pipeline import compile_graph

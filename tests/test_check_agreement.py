@@ -46,8 +46,8 @@ def test_the_int8_activation_modes_compute_the_kernels_references():
     import jax.numpy as jnp
     import numpy as np
 
-    from ember.compiler.ops.quant import pack, quant_matmul_ref, random_gguf_bytes
-    from ember.compiler.ops.quant.act_quant import dp4a_matmul_ref
+    from ember.compiler.kernels.gguf_gemv import pack, quant_matmul_ref, random_gguf_bytes
+    from ember.compiler.kernels.gguf_gemv.act_quant import dp4a_matmul_ref
 
     rng = np.random.default_rng(0)
     w = pack(random_gguf_bytes(rng, "q4_k", (64, 512), realistic=True), "q4_k", (64, 512))

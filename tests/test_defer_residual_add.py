@@ -8,7 +8,10 @@ import pytest
 
 from ember.compiler.frontend import lower
 from ember.compiler.ir import Node
-from ember.compiler.ops import embedding, norm, norm_gpu, norm_quant_gpu
+from ember.compiler.kernels import embedding
+from ember.compiler.kernels.norm import kernel as norm_gpu
+from ember.compiler.kernels.norm import quant_kernel as norm_quant_gpu
+from ember.compiler.kernels.norm import reference as norm
 from ember.compiler.passes.defer_residual_add import PENDING, SUM, defer_residual_add
 from ember.compiler.pipeline import compile_graph
 from ember.compiler.spec import SPECS_DIR, known_archs, load_spec

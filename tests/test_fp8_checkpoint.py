@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from fixture_data import tiny_fixture
 
-from ember.compiler.ops.quant.fp8 import Fp8Weight, quantize_fp8
-from ember.compiler.ops.quant.layout import WeightGroup
+from ember.compiler.kernels.dense_gemv.fp8 import Fp8Weight, quantize_fp8
+from ember.compiler.kernels.gguf_gemv.layout import WeightGroup
 from ember.runtime.execution.sequence_runner import SequenceRunner
 from ember.runtime.loading.formats.errors import CheckpointError
 from ember.runtime.loading.formats.safetensors_dir import open_hf_checkpoint

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from plan_graphs import SPECS, layer_ops, read_elsewhere
 
-from ember.compiler.ops import activation, linear_quant
-from ember.compiler.ops.quant import DenseBacked, dequantize, pack, random_gguf_bytes
+from ember.compiler.kernels import activation
+from ember.compiler.kernels.gguf_gemv import DenseBacked, dequantize, pack, random_gguf_bytes
+from ember.compiler.kernels.gguf_gemv import linear as linear_quant
 from ember.compiler.passes.fuse_gated_linear import fuse_gated_linear
 from ember.compiler.pipeline import compile_graph
 from ember.compiler.spec import load_spec
@@ -62,7 +63,7 @@ def test_gated_linear_equals_the_activation_then_the_projection(act, rows):
 def test_silu_gated_decode_lowers_to_the_quantizer_and_the_gemv_alone(kernel_overrides):
     """1.5B down projection at batch 1: the gate/up output goes straight into the quantizer (SILU_GATED), no
     XLA kernel computes the activation (no logistic), then the dp4a GEMV and its split-K sum."""
-    from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
+    from ember.compiler.kernels.triton.launch import XLA_TRITON_TARGET
 
     kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     w = pack(random_gguf_bytes(np.random.default_rng(0), "q4_k", (1536, 8960)), "q4_k", (1536, 8960))

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from plan_graphs import SPECS, layer_ops, read_elsewhere
 
-from ember.compiler.ops import linear_quant
-from ember.compiler.ops.quant import fp8 as fp8_module
-from ember.compiler.ops.quant import pack, random_gguf_bytes
-from ember.compiler.ops.quant.fp8 import quantize_fp8
-from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
+from ember.compiler.kernels.dense_gemv import fp8 as fp8_module
+from ember.compiler.kernels.dense_gemv.fp8 import quantize_fp8
+from ember.compiler.kernels.gguf_gemv import linear as linear_quant
+from ember.compiler.kernels.gguf_gemv import pack, random_gguf_bytes
+from ember.compiler.kernels.triton.launch import XLA_TRITON_TARGET
 from ember.compiler.passes.fuse_gated_linear import fuse_gated_linear
 from ember.compiler.passes.fuse_gated_mlp import fuse_gated_mlp
 from ember.compiler.pipeline import compile_graph
@@ -31,7 +31,9 @@ def test_h200_default_plans_fuse_and_the_others_do_not(spec):
     assert "gated_mlp" in layer_ops(fused) and "gated_linear" not in layer_ops(fused)
     node = next(n for n in fused.region("layer").nodes if n.op == "gated_mlp")
     assert node.weight("gate_up").startswith("ffn_gate") and node.weight("down").startswith("ffn_down")
-    assert node.attr("act") in ("silu", "gelu_tanh") and node.kernel == "ember.compiler.ops.linear_quant:gated_mlp"
+    assert (
+        node.attr("act") in ("silu", "gelu_tanh") and node.kernel == "ember.compiler.kernels.gguf_gemv.linear:gated_mlp"
+    )
     # carry_split_k_partials' mark on the gated_linear carried over (gemma3's post-norms: no carried partials)
     assert node.attr("partials", False) is (not spec.endswith("gemma3.toml"))
     for graph in (

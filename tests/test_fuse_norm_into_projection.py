@@ -1,4 +1,4 @@
-"""compiler/passes/fuse_norm_into_projection.py and compiler/ops/norm_quant_gpu.py: a norm read by one
+"""compiler/passes/fuse_norm_into_projection.py and compiler/kernels/norm/quant_kernel.py: a norm read by one
 projection learns that projection's weight (h200, default variant; nowhere else), and on a GPU writes the
 projection's int8 activations in its own launch (on by default; the kernel policy's norms.fused_quant), so
 the decode GEMV runs without a quantizer launch."""
@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from plan_graphs import SPECS, read_elsewhere
 
-from ember.compiler.ops import linear_quant, norm, norm_quant_gpu
-from ember.compiler.ops.quant import pack, random_gguf_bytes
+from ember.compiler.kernels.gguf_gemv import linear as linear_quant
+from ember.compiler.kernels.gguf_gemv import pack, random_gguf_bytes
+from ember.compiler.kernels.norm import quant_kernel as norm_quant_gpu
+from ember.compiler.kernels.norm import reference as norm
 from ember.compiler.passes.fuse_norm_into_projection import fuse_norm_into_projection
 from ember.compiler.pipeline import compile_graph
 from ember.compiler.spec import load_spec
@@ -75,8 +77,8 @@ def test_off_the_gpu_the_norms_are_the_references():
 def test_decode_norm_then_qkv_lowers_to_two_kernels(add, monkeypatch, kernel_overrides):
     """1.5B attention input at batch 1: the norm writes q+k+v's int8 activations (its packing: Q4_K), then the
     parts GEMV; no quantizer launch between them."""
-    from ember.compiler.ops import norm_gpu
-    from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
+    from ember.compiler.kernels.norm import kernel as norm_gpu
+    from ember.compiler.kernels.triton.launch import XLA_TRITON_TARGET
 
     kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     monkeypatch.setattr(norm_gpu, "triton_available", lambda: True)
@@ -110,9 +112,9 @@ def test_a_q6_k_v_part_reads_the_norms_q4_k_activations(pair, monkeypatch, kerne
     """1.5B Q4_K_M layers with a Q6_K v: the norm writes Q4_K-packed activations, which the q+k part and the
     Q6_K v part both read (the v kernel permutes their bytes, ACT_Q4): no quantizer launch, and both parts
     in one launch (dp4a_gemv_pair_kernel), or one each with quant_gemv.pair_launch off."""
-    from ember.compiler.ops import norm_gpu
-    from ember.compiler.ops.quant.layout import WeightGroup
-    from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
+    from ember.compiler.kernels.gguf_gemv.layout import WeightGroup
+    from ember.compiler.kernels.norm import kernel as norm_gpu
+    from ember.compiler.kernels.triton.launch import XLA_TRITON_TARGET
 
     kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     monkeypatch.setattr(norm_gpu, "triton_available", lambda: True)
@@ -163,8 +165,8 @@ def test_decode_attention_writes_the_output_projections_int8_activations(monkeyp
     projection's int8 activations in its packing, and the GEMV follows with no quantizer launch; with
     attention.fused_combine_quant off the combine writes the rows and the quantizer runs before the GEMV."""
     from ember.compiler.batch import StepBatch
-    from ember.compiler.ops.attention_gpu import paged
-    from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
+    from ember.compiler.kernels.attention import paged
+    from ember.compiler.kernels.triton.launch import XLA_TRITON_TARGET
 
     kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     monkeypatch.setattr(paged, "triton_available", lambda: True)

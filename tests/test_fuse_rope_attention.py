@@ -22,7 +22,7 @@ def test_h200_default_plans_fuse_and_the_others_keep_bothlayer_ops(spec):
     assert "rope_attention_to_proj" in ops and "rope_apply" not in ops and "attention" not in ops
     node = next(n for n in fused.region("layer").nodes if n.op == "rope_attention_to_proj")
     assert node.attr("style") in ("neox", "interleaved") and node.attr("scale") is not None
-    assert node.kernel == "ember.compiler.ops.attention_gpu.paged:rope_paged_attention_to_proj"
+    assert node.kernel == "ember.compiler.kernels.attention.paged:rope_paged_attention_to_proj"
     for graph in (
         compile_graph(loaded, get_target("h200"), variant="deterministic"),
         compile_graph(loaded, get_target("cpu")),

@@ -5,7 +5,7 @@ bfloat16 against its float32 is recorded beside the figures: the noise bfloat16 
 weights. Three paths of the h200 plans:
 - "prefill": one prefill of all positions (how the engine teacher-forces: /v1/score, prompt logprobs);
 - "decode": one decode step per position, the target's default decode GEMVs: Q4_K / Q6_K weights take the
-  integer-dot kernel on activations rounded to int8 per 32 elements (quant/act_quant.py, as llama.cpp's mmvq;
+  integer-dot kernel on activations rounded to int8 per 32 elements (gguf_gemv/act_quant.py, as llama.cpp's mmvq;
   in one term, or two with the kernel policy's quant_gemv.act_terms 2);
 - "decode_float": the same steps with that kernel off (quant_gemv.dp4a_formats []), bf16 activations into every GEMV.
 Asserted, against the cpu target in bfloat16 (the same precision), on prefill and decode_float: mean KL at most

@@ -1,6 +1,6 @@
 """EngineConfig.kv_cache_dtype: FP8 (e4m3) KV pools end to end on CPU — the write's rounding, the pools' bytes,
 the engine against one request alone on the same pools, the h200 plans (their jnp twins here) against the cpu
-plans, and the serve flag. The GPU kernels on FP8 pools: tests/test_attention_gpu.py, tests/test_rope_write_gpu.py."""
+plans, and the serve flag. The GPU kernels on FP8 pools: tests/kernels/attention/test_attention_gpu.py, tests/kernels/rope/test_rope_write_gpu.py."""
 
 import argparse
 
@@ -12,7 +12,7 @@ from fixture_data import tiny_fixture
 from test_engine import GREEDY, ByteTokenizer, _alone, _tokens
 from test_h200_target import _log_softmax
 
-from ember.compiler.ops.attention import to_pool_dtype
+from ember.compiler.kernels.attention.reference import to_pool_dtype
 from ember.runtime.engine.engine import Engine, EngineConfig, kv_bytes_per_block, sized_config
 from ember.runtime.execution.sequence_runner import SequenceRunner
 from ember.runtime.loading.model import load_model
@@ -88,9 +88,9 @@ def test_attention_over_an_fp8_pool_is_attention_over_its_rounded_values(op):
     import jax
     from test_attention_decode import _step_batch
 
-    from ember.compiler.ops.attention import paged_attention
-    from ember.compiler.ops.attention_blockwise import paged_attention_blockwise
-    from ember.compiler.ops.attention_gpu import paged_attention_emulated
+    from ember.compiler.kernels.attention import paged_attention_emulated
+    from ember.compiler.kernels.attention.blockwise import paged_attention_blockwise
+    from ember.compiler.kernels.attention.reference import paged_attention
 
     fn = {
         "reference": paged_attention,

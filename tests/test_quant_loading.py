@@ -14,7 +14,7 @@ import pytest
 from gguf_test_data import write_gguf
 
 from ember.compiler.codegen.emit import generate, write_plan
-from ember.compiler.ops.quant import DenseBacked, QuantizedWeight, WeightGroup, dequantize
+from ember.compiler.kernels.gguf_gemv import DenseBacked, QuantizedWeight, WeightGroup, dequantize
 from ember.compiler.passes.select_kernels import VARIANTS
 from ember.compiler.pipeline import compile_graph
 from ember.compiler.spec import spec_for_arch
@@ -28,7 +28,7 @@ from ember.runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
 from ember.runtime.loading.weights import WeightLoader
 
 KEPT = ("q4_k", "q6_k", "q8_0")
-_QUANT = "ember.compiler.ops.linear_quant"
+_QUANT = "ember.compiler.kernels.gguf_gemv.linear"
 # the cpu target (fp32 reference ops) with the quantized-weight kernels and every GGUF format kept
 CPU_QUANT = dataclasses.replace(
     get_target("cpu"),
@@ -219,10 +219,10 @@ def test_the_kernel_policy_chooses_which_weights_stay_packed(tmp_path):
 
 
 def test_a_dense_backed_weight_takes_its_kept_form_for_few_rows_and_its_copy_for_more():
-    from ember.compiler.ops import linear_quant
+    from ember.compiler.kernels.gguf_gemv import linear as linear_quant
 
     rng = np.random.default_rng(5)
-    from ember.compiler.ops.quant import pack, random_gguf_bytes
+    from ember.compiler.kernels.gguf_gemv import pack, random_gguf_bytes
 
     w = pack(random_gguf_bytes(rng, "q4_k", (64, 256), realistic=True), "q4_k", (64, 256))
     # a copy that differs from the kept form, so the output shows which one a call read

@@ -4,7 +4,7 @@ GEMV kernels against the same step through the jnp reference backend.
 
 Skipped as a module without jax-triton or a GPU; on the H200:
     JAX_PLATFORMS=cuda python -m pytest -q -m gpu tests/test_quant_model_gpu.py
-Uses the committed h200 plan when the h200 target already selects compiler/ops/linear_quant.py and keeps
+Uses the committed h200 plan when the h200 target already selects compiler/kernels/gguf_gemv/linear.py and keeps
 GGUF formats; otherwise a test-local copy of the h200 target that does, compiled into a temporary folder.
 """
 
@@ -21,8 +21,8 @@ if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda)", allow_module_level=True)
 
 from ember.compiler.codegen.emit import generate, write_plan  # noqa: E402
-from ember.compiler.ops import triton_launch  # noqa: E402
-from ember.compiler.ops.quant import DenseBacked, QuantizedWeight, WeightGroup  # noqa: E402
+from ember.compiler.kernels.gguf_gemv import DenseBacked, QuantizedWeight, WeightGroup  # noqa: E402
+from ember.compiler.kernels.triton import launch as triton_launch  # noqa: E402
 from ember.compiler.passes.select_kernels import VARIANTS  # noqa: E402
 from ember.compiler.pipeline import compile_graph  # noqa: E402
 from ember.compiler.spec import spec_for_arch  # noqa: E402
@@ -34,8 +34,8 @@ from ember.runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint  # no
 
 pytestmark = pytest.mark.gpu
 
-QUANT = "ember.compiler.ops.linear_quant"
-QUANT_KERNELS = "ember.compiler.ops.quant."  # the modules of the quantized GEMV kernels
+QUANT = "ember.compiler.kernels.gguf_gemv.linear"
+QUANT_KERNELS = "ember.compiler.kernels.gguf_gemv."  # the modules of the quantized GEMV kernels
 # Qwen2.5-Coder-1.5B as its Q4_K_M file has it: untied head (Q6_K), Q6_K attn_v / ffn_down in 14 layers
 QWEN_1_5B = {
     "architectures": ["Qwen2ForCausalLM"],

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.compiler.ops.sampling import SampleResult
+from ember.compiler.kernels.sampling import SampleResult
 from ember.runtime.execution.step_io import pack_arrays, pack_result, unpack_arrays, unpack_result
 
 DTYPES = [np.int32, np.float32, np.uint32, np.bool_]

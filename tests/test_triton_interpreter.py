@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ember.compiler.ops.quant.act_quant import act_terms
+from ember.compiler.kernels.gguf_gemv.act_quant import act_terms
 
 CHECKS = [
     ("check_attention_kernels", "interpret"),
@@ -22,7 +22,7 @@ CHECKS = [
     ("check_rope_kernels", "interpret"),
     ("check_split_kernels", "interpret"),
 ]
-# the int8 activations' producers and the integer-dot GEMV again with the other number of terms (act_quant.py)
+# the int8 activations' producers and the integer-dot GEMV again with the other number of terms (gguf_gemv/act_quant.py)
 OTHER_TERMS = [
     ("check_dp4a_kernels", "interpret"),
     ("check_norm_kernels", "interpret"),

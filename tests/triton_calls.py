@@ -6,7 +6,7 @@ import re
 
 import jax
 
-from ember.compiler.ops.triton_launch import XLA_TRITON_TARGET
+from ember.compiler.kernels.triton.launch import XLA_TRITON_TARGET
 
 
 def triton_calls(fn, *args) -> list[dict]:

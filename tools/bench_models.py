@@ -79,7 +79,7 @@ SYNTHETIC_SHAPES = {
 # `<shape>-<format>`: weights in a quantized checkpoint layout (random values, the real block layout), made by
 # ember.runtime.loading.synthetic_gguf; without a suffix, float weights in the target's activation dtype.
 # `-fp8` / `-fp8_block`: the layers' projections in FP8 e4m3 with per-channel / 128 x 128 block scales
-# (compiler/ops/quant/fp8.py), drawn by ember.runtime.loading.synthetic on targets whose projections take them.
+# (compiler/kernels/dense_gemv/fp8.py), drawn by ember.runtime.loading.synthetic on targets whose projections take them.
 QUANTIZED_FORMATS = ("q4_k_m", "fp8", "fp8_block")
 
 
@@ -143,7 +143,7 @@ def weight_bytes_per_step(model, rows: int = 1) -> int:
     head has its own array under the head's name, so it counts; an array shared by two names counts once."""
     import jax
 
-    from ..compiler.ops.linear_quant import form_for_rows
+    from ..compiler.kernels.gguf_gemv.linear import form_for_rows
 
     gathered = gathered_only_weights(model.spec)
     seen: dict[int, int] = {}

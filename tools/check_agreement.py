@@ -15,7 +15,7 @@ are peaked, keep the same argmax. Writes nothing; prints one JSON object.
 `--int8-activations float|one|two` runs the target on GGUF weights kept packed (no dense copies) in 16-row
 prefill chunks (within the decode GEMV's row bound), its Q4_K / Q6_K matmuls as the decode GEMVs compute
 them: "float", on the activations as they are (the float kernels); "one" and "two", on one or two int8 terms
-per 32-element block (quant/act_quant.py, the kernel policy's quant_gemv.act_terms: the integer-dot kernel). What it answers: how far
+per 32-element block (gguf_gemv/act_quant.py, the kernel policy's quant_gemv.act_terms: the integer-dot kernel). What it answers: how far
 the decode path's int8 activations alone move the logits on real weights, per number of terms.
 """
 
@@ -40,8 +40,8 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 def int8_activation_matmul(mode: str):
     """quant_matmul_ref's stand-in: x [m, in] @ W.T with x as it is (mode "float") or as the integer-dot GEMV
     sees it with one or two int8 terms ("one", "two"); other formats as they are."""
-    from ember.compiler.ops.quant import act_quant
-    from ember.compiler.ops.quant.ref import quant_matmul_ref
+    from ember.compiler.kernels.gguf_gemv import act_quant
+    from ember.compiler.kernels.gguf_gemv.reference import quant_matmul_ref
 
     def matmul(x, w):
         if mode == "float" or w.format not in act_quant.PACKINGS:
@@ -56,7 +56,7 @@ def _int8_activations(mode: str | None):
     if mode is None:
         yield None
         return
-    with mock.patch("ember.compiler.ops.quant.matmul.quant_matmul_ref", int8_activation_matmul(mode)):
+    with mock.patch("ember.compiler.kernels.gguf_gemv.matmul.quant_matmul_ref", int8_activation_matmul(mode)):
         yield 16  # prefill chunk: every projection stays on the GEMV path
 
 

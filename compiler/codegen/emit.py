@@ -104,8 +104,9 @@ def _carried(graph: Graph, region) -> list[str]:
 
 
 def _alias(kernel: str) -> str:
+    """ "ember.compiler.kernels.norm.kernel:rms_norm" -> "norm_kernel_rms_norm" (family, module, function)."""
     module, function = kernel.split(":")
-    return f"{module.rsplit('.', 1)[-1]}_{function}"
+    return f"{module.removeprefix('ember.compiler.kernels.').replace('.', '_')}_{function}"
 
 
 def _call_line(node: Node, alias: str, weights_var: str) -> str:

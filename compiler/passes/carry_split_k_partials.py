@@ -8,7 +8,7 @@ into the next layer's first op, `add_rms_norm_to_proj(x, x_add, ...)`, and into 
 
 A decode GEMV split along `in` writes fp32 partials that XLA sums in a launch of its own before that norm.
 Marking the gated_linear `partials=True` lets it return them unsummed (split_k.SplitKPartials): the norm
-kernel sums them as it loads its operand (norm_quant_gpu.py), the epilogue's add sums them as XLA did.
+kernel sums them as it loads its operand (norm/quant_kernel.py), the epilogue's add sums them as XLA did.
 
 Applies only where the carried output comes from a gated_linear (or the gated_mlp that fuse_gated_mlp makes of
 one, if the pass runs again) read by nothing else in the layer, the next

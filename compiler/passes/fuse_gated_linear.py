@@ -4,7 +4,7 @@
 
 Only where `a` feeds nothing else and the linear has no bias, and only when the target names a
 `gated_linear` kernel: there the decode GEMV on int8 activations makes act(gate) * up inside its activation
-quantizer (compiler/ops/linear_quant.py), one kernel less per layer. The cpu target and the deterministic
+quantizer (compiler/kernels/gguf_gemv/linear.py), one kernel less per layer. The cpu target and the deterministic
 variants keep the two ops (their plans stay as they were, bit for bit).
 """
 

@@ -1,6 +1,6 @@
 """Tell a producer which projection alone reads its output, for targets with kernels that then write that
-projection's int8 activations in the producer's own launch (compiler/ops/norm_quant_gpu.py for the norms,
-attention_gpu/paged.py's combine for the decode attention).
+projection's int8 activations in the producer's own launch (compiler/kernels/norm/quant_kernel.py for the norms,
+attention/paged.py's combine for the decode attention).
 
     h = rms_norm(x, w); y = linear(h, W)        ==>  h = rms_norm_to_proj(x, w, W); y = linear(h, W)
     s, h = add_rms_norm(x, r, w); y = linear(h, W)  ==>  s, h = add_rms_norm_to_proj(x, r, w, W); ...

@@ -25,7 +25,7 @@ def hoist_layer_constants(graph: Graph) -> Graph:
             constants.append(
                 LayerConstant(
                     name,
-                    "ember.compiler.ops.rope:inv_frequencies",
+                    "ember.compiler.kernels.rope.reference:inv_frequencies",
                     (
                         ("theta", node.attr("theta")),
                         ("head_dim", Expr(head_dim)),
@@ -39,11 +39,15 @@ def hoist_layer_constants(graph: Graph) -> Graph:
         elif node.op == "attention":
             window = f"attn_window{len(constants)}"
             constants.append(
-                LayerConstant(window, "ember.compiler.ops.attention:window_size", (("window", node.attr("window")),))
+                LayerConstant(
+                    window, "ember.compiler.kernels.attention.reference:window_size", (("window", node.attr("window")),)
+                )
             )
             state = f"attn_state{len(constants)}"
             constants.append(
-                LayerConstant(state, "ember.compiler.ops.attention:state_index", (("index", node.attr("state", 0)),))
+                LayerConstant(
+                    state, "ember.compiler.kernels.attention.reference:state_index", (("index", node.attr("state", 0)),)
+                )
             )
             inputs += [window, state]
             node = Node(

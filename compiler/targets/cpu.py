@@ -11,28 +11,28 @@ from .policy import (
     SplitPolicy,
 )
 
-_REF = "ember.compiler.ops"
+_K = "ember.compiler.kernels"
 
 CPU = Target(
     name="cpu",
     description="XLA CPU, fp32 reference ops",
     kernels={
-        "embedding": f"{_REF}.embedding:embedding",
-        "scale": f"{_REF}.embedding:scale",
-        "select_rows": f"{_REF}.embedding:select_rows",
-        "add": f"{_REF}.embedding:add",
-        "rms_norm": f"{_REF}.norm:rms_norm",
-        "add_rms_norm": f"{_REF}.norm:add_rms_norm",
-        "linear": f"{_REF}.linear:linear",
-        "linear_split": f"{_REF}.linear:linear_split",
-        "split_heads": f"{_REF}.linear:split_heads",
-        "gated_act": f"{_REF}.activation:gated_act",
-        "gated_act_packed": f"{_REF}.activation:gated_act_packed",
-        "rope_apply": f"{_REF}.rope:rope",
-        "attention": f"{_REF}.attention:paged_attention",
+        "embedding": f"{_K}.embedding:embedding",
+        "scale": f"{_K}.embedding:scale",
+        "select_rows": f"{_K}.embedding:select_rows",
+        "add": f"{_K}.embedding:add",
+        "rms_norm": f"{_K}.norm.reference:rms_norm",
+        "add_rms_norm": f"{_K}.norm.reference:add_rms_norm",
+        "linear": f"{_K}.dense_gemv.reference:linear",
+        "linear_split": f"{_K}.dense_gemv.reference:linear_split",
+        "split_heads": f"{_K}.dense_gemv.reference:split_heads",
+        "gated_act": f"{_K}.activation:gated_act",
+        "gated_act_packed": f"{_K}.activation:gated_act_packed",
+        "rope_apply": f"{_K}.rope.reference:rope",
+        "attention": f"{_K}.attention.reference:paged_attention",
     },
     deterministic_kernels={
-        "attention": f"{_REF}.attention_blockwise:paged_attention_blockwise",
+        "attention": f"{_K}.attention.blockwise:paged_attention_blockwise",
     },
     activation_dtype="float32",
     # Few buckets: on CPU a decode step costs what its weights cost to read whatever the row count,

@@ -1,24 +1,24 @@
 """The h200 target (NVIDIA H200, sm_90): bf16 activations and weights, the decode buckets of a GPU
 batch (1 … 256), and kernel choices per op.
 
-- attention: Triton kernels over the paged KV pool (compiler/ops/attention_gpu/): split-K decode
+- attention: Triton kernels over the paged KV pool (compiler/kernels/attention/): split-K decode
   (flash-decoding, its partials merged by a combine kernel that can also write the o projection's int8
   activations, on by default: policy attention.fused_combine_quant) and a flash-attention prefill chunk; the
   deterministic variant keeps the blockwise batch-invariant reference.
-- projections and the embedding: compiler/ops/linear_quant.py, which runs plain (bf16) weights through the
+- projections and the embedding: compiler/kernels/gguf_gemv/linear.py, which runs plain (bf16) weights through the
   reference ops and weights kept GGUF-quantized (Q4_K / Q6_K / Q8_0 / Q5_0) through the Triton GEMVs for
-  decode steps of 1-2 rows (Q4_K / Q6_K on int8 activations with dp4a: compiler/ops/quant/dp4a.py), their
+  decode steps of 1-2 rows (Q4_K / Q6_K on int8 activations with dp4a: compiler/kernels/gguf_gemv/dp4a.py), their
   bf16 copies' XLA matmul above; FP8 weights (HF FP8 checkpoints, synthetic `-fp8` models) through
-  quant/fp8.py (one decode row: the word loop of fp8_gemv_words.py; packed q/k/v written as three outputs;
+  dense_gemv/fp8.py (one decode row: the word loop of dense_gemv/words.py; packed q/k/v written as three outputs;
   silu(gate) * up in the gate/up GEMV's epilogue, the gated_mlp op of the fuse_gated_mlp pass); bf16 weights
   at one decode row through the same kernels where dense_gemv.DENSE_RULES measured them faster than XLA. Which
   weights stay quantized is `quantized_formats` (FP8, and GGUF
   blocks with a bf16 copy beside them for steps of many rows: `dense_copies`, policy.weights).
-- RoPE and the step's K/V write: one Triton kernel (compiler/ops/attention_gpu/rope_write.py, the
+- RoPE and the step's K/V write: one Triton kernel (compiler/kernels/rope/kv_write.py, the
   fuse_rope_attention pass) where XLA ran ~5 per layer; on steps whose rows all decode, inside the split
   partials kernel instead (decode.rope_decode_attention; policy attention.fused_rope_decode).
-- RMSNorm and residual add + RMSNorm: one Triton kernel each (compiler/ops/norm_gpu.py) where XLA ran three;
-  a norm read by one projection may also write that projection's int8 activations (norm_quant_gpu.py, the
+- RMSNorm and residual add + RMSNorm: one Triton kernel each (compiler/kernels/norm/kernel.py) where XLA ran three;
+  a norm read by one projection may also write that projection's int8 activations (norm/quant_kernel.py, the
   fuse_norm_into_projection pass; policy norms.fused_quant).
 - decode GEMV epilogues / prologues: packed q/k/v written apart with their bias (dp4a parts kernel; a Q4_K q+k
   beside a Q6_K v in one pair launch on one Q4_K packing of the activations), silu(gate) * up made by the down
@@ -27,7 +27,7 @@ batch (1 … 256), and kernel choices per op.
   quant_gemv.split_k_partials).
 - the rest (activations, sampler; RoPE in the deterministic plans) are the `jnp` references, fused by XLA.
 - 8 decode steps per device call when the engine can run ahead (runtime/scheduling/lookahead.py).
-Triton kernels launch as native XLA kernels (compiler/ops/triton_launch.py): ~4.5 µs for a small kernel
+Triton kernels launch as native XLA kernels (compiler/kernels/triton/launch.py): ~4.5 µs for a small kernel
 inside a step, XLA's own fusions ~2.4 µs (docs/results/h200_launch_overhead_xla_triton.json), so a kernel
 pays where it does more than the ops it replaces, or replaces several.
 """
@@ -39,7 +39,7 @@ from .policy import KernelPolicy, WeightPolicy
 # GGUF Q4_K / Q6_K / Q8_0 weights stay packed for the decode GEMVs, with a bf16 copy beside each for steps of
 # more rows (dense_copies; quant_gemv.dense_copy_gemv_max_rows): on the 1.5B Q4_K_M shape the packed weights
 # decoded 707.7 tok/s at batch 1 vs 610.6 for bf16 weights, but 8,173 vs 17,147 at 32 streams (same H200 call;
-# docs/kernels.md). HF FP8 checkpoints stay FP8 (compiler/ops/quant/fp8.py: the Triton GEMV at one row, XLA's
+# docs/kernels.md). HF FP8 checkpoints stay FP8 (compiler/kernels/dense_gemv/fp8.py: the Triton GEMV at one row, XLA's
 # GEMM fusion of the fp8 operand above). Q5_0 (GGUF's rows that are not whole super-blocks) since its GPU test
 # passed (docs/results/h200_gpu_tests_aa12851.json); its speed: docs/results/h200_q5_0_gemv_0130688.json.
 H200_WEIGHTS = WeightPolicy(quantized_formats=("fp8", "q4_k", "q6_k", "q8_0", "q5_0"), dense_copies=True)
@@ -50,28 +50,28 @@ H200 = Target(
     kernels={
         **CPU.kernels,
         # split-K decode and flash prefill over the paged pool (Triton kernels, native XLA launches)
-        "attention": "ember.compiler.ops.attention_gpu.paged:paged_attention",
+        "attention": "ember.compiler.kernels.attention.paged:paged_attention",
         # RoPE on q and k and the K/V write in one kernel, then the same attention kernels
-        "rope_attention": "ember.compiler.ops.attention_gpu.paged:rope_paged_attention",
+        "rope_attention": "ember.compiler.kernels.attention.paged:rope_paged_attention",
         # the same, its combine also writing the int8 activations of the projection reading it
         # (fuse_norm_into_projection)
-        "rope_attention_to_proj": "ember.compiler.ops.attention_gpu.paged:rope_paged_attention_to_proj",
+        "rope_attention_to_proj": "ember.compiler.kernels.attention.paged:rope_paged_attention_to_proj",
         # weights kept GGUF-quantized: fused dequant GEMV for decode rows, dequant + XLA matmul above
-        "linear": "ember.compiler.ops.linear_quant:linear",
-        "linear_split": "ember.compiler.ops.linear_quant:linear_split",
-        "embedding": "ember.compiler.ops.linear_quant:embedding",
+        "linear": "ember.compiler.kernels.gguf_gemv.linear:linear",
+        "linear_split": "ember.compiler.kernels.gguf_gemv.linear:linear_split",
+        "embedding": "ember.compiler.kernels.gguf_gemv.linear:embedding",
         # act(gate) * up made inside the down projection's activation quantizer (fuse_gated_linear)
-        "gated_linear": "ember.compiler.ops.linear_quant:gated_linear",
+        "gated_linear": "ember.compiler.kernels.gguf_gemv.linear:gated_linear",
         # the gate/up projection and the gated down projection as one op (fuse_gated_mlp): FP8 weights
         # make act(gate) * up in the gate/up GEMV's epilogue; other weights run the two ops as before
-        "gated_mlp": "ember.compiler.ops.linear_quant:gated_mlp",
+        "gated_mlp": "ember.compiler.kernels.gguf_gemv.linear:gated_mlp",
         # one program per row where XLA runs the add, the reduce and the scale as three kernels
-        "rms_norm": "ember.compiler.ops.norm_gpu:rms_norm",
-        "add_rms_norm": "ember.compiler.ops.norm_gpu:add_rms_norm",
+        "rms_norm": "ember.compiler.kernels.norm.kernel:rms_norm",
+        "add_rms_norm": "ember.compiler.kernels.norm.kernel:add_rms_norm",
         # the same, also writing the int8 activations of the one projection reading them
         # (fuse_norm_into_projection)
-        "rms_norm_to_proj": "ember.compiler.ops.norm_quant_gpu:rms_norm_to_proj",
-        "add_rms_norm_to_proj": "ember.compiler.ops.norm_quant_gpu:add_rms_norm_to_proj",
+        "rms_norm_to_proj": "ember.compiler.kernels.norm.quant_kernel:rms_norm_to_proj",
+        "add_rms_norm_to_proj": "ember.compiler.kernels.norm.quant_kernel:add_rms_norm_to_proj",
     },
     deterministic_kernels=dict(CPU.deterministic_kernels),
     activation_dtype="bfloat16",

@@ -28,7 +28,7 @@ ConfigOverride = tuple[tuple[str, int], ...]  # (field, value) pairs over a laun
 
 @dataclass(frozen=True)
 class QuantGemvPolicy:
-    """GGUF-quantized weights (compiler/ops/linear_quant.py, compiler/ops/quant/)."""
+    """GGUF-quantized weights (compiler/kernels/gguf_gemv/linear.py, compiler/kernels/gguf_gemv/)."""
 
     backend: str | None = None  # quant_matmul's: None = "triton" where Triton traces, else "reference"
     gemv_max_rows: int = 16  # rows up to this take the quantized GEMV; above, dequantize + XLA matmul
@@ -38,26 +38,26 @@ class QuantGemvPolicy:
     # rows up to which a weight with a dense copy still takes its quantized GEMV: packed vs copy, 2 streams
     # 1,372.0 vs 1,228.4 tok/s, 4 streams 2,287.6 vs 2,432.3 (H200, 1.5B Q4_K_M: docs/kernels.md)
     dense_copy_gemv_max_rows: int = 2
-    # decode (m <= 4) takes the "rows" kernels (triton_gemv*.py), not the "split" ones
+    # decode (m <= 4) takes the "rows" kernels (gguf_gemv/rows_*.py), not the "split" ones
     # (docs/results/h200_quant_matmul_rows_variant.json, h200_quant_rows_sweep_c32c507.json)
     rows_for_decode: bool = True
-    # formats whose decode GEMVs take the integer-dot kernel on int8 activations (quant/dp4a.py); () = the
+    # formats whose decode GEMVs take the integer-dot kernel on int8 activations (gguf_gemv/dp4a.py); () = the
     # float kernels (docs/results/h200_dp4a_ab_plan_alone.json, h200_dp4a_q6_plan_alone_45601a6.json)
     dp4a_formats: tuple[str, ...] = ("q4_k", "q6_k")
-    # a Q4_K q+k beside a Q6_K v in one dp4a launch (quant/matmul.py quant_matmul_pair_parts;
+    # a Q4_K q+k beside a Q6_K v in one dp4a launch (gguf_gemv/matmul.py quant_matmul_pair_parts;
     # docs/results/h200_plan_alone_pair_81b178b_1.5b.json, _8b.json)
     pair_launch: bool = True
     # a split-K down projection's partials summed by the next norm kernel (carry_split_k_partials;
     # docs/results/h200_plan_alone_partials_f842b9c_1.5b.json, _8b.json)
     split_k_partials: bool = True
-    # int8 terms per activation (quant/act_quant.py): 2 rounds the first term's residual again, for
+    # int8 terms per activation (gguf_gemv/act_quant.py): 2 rounds the first term's residual again, for
     # float-level agreement of decode logits at some speed (docs/results/h200_gpu_suite_678f002_act-terms-2.json)
     act_terms: int = 1
 
 
 @dataclass(frozen=True)
 class Fp8GemvPolicy:
-    """FP8 weights (compiler/ops/quant/fp8.py, fp8_gemv*.py)."""
+    """FP8 weights (compiler/kernels/dense_gemv/fp8.py, fp8_gemv*.py)."""
 
     # the Triton GEMV beat XLA's fused fp8 dot by 1.03-1.3x at one row and lost at 8
     # (docs/results/h200_fp8_gemv.json): rows up to max_rows take it
@@ -70,7 +70,7 @@ class Fp8GemvPolicy:
 
 @dataclass(frozen=True)
 class DenseGemvPolicy:
-    """bf16 weights at decode rows (compiler/ops/dense_gemv.py, where DENSE_RULES measured it faster)."""
+    """bf16 weights at decode rows (compiler/kernels/dense_gemv/dispatch.py, where DENSE_RULES measured it faster)."""
 
     # the 8B bf16 step's head, q/k/v, o and gate/up at one row (docs/results/h200_dense_gemv_0130688.json)
     enabled: bool = True
@@ -81,10 +81,10 @@ class DenseGemvPolicy:
 
 @dataclass(frozen=True)
 class AttentionPolicy:
-    """The paged attention kernels (compiler/ops/attention_gpu/)."""
+    """The paged attention kernels (compiler/kernels/attention/)."""
 
     decode_config: ConfigOverride = ()  # over DecodeAttentionConfig (bench_attention.py --sweep measures)
-    # RoPE and the K/V write in one kernel (rope_write.py) where XLA ran ~5 per layer (not measured apart:
+    # RoPE and the K/V write in one kernel (rope/kv_write.py) where XLA ran ~5 per layer (not measured apart:
     # docs/h200_log.md, "RoPE + K/V write in one kernel")
     fused_rope: bool = True
     # on all-decode steps, RoPE and the K/V write inside the split partials
@@ -97,7 +97,7 @@ class AttentionPolicy:
 
 @dataclass(frozen=True)
 class NormPolicy:
-    """RMSNorm kernels (compiler/ops/norm_gpu.py, norm_quant_gpu.py)."""
+    """RMSNorm kernels (compiler/kernels/norm/kernel.py, norm/quant_kernel.py)."""
 
     triton: bool = True  # one Triton kernel where XLA ran three (docs/results/h200_norms_ab_a86db15.json)
     # a norm read by one projection also writes its int8 activations
@@ -113,7 +113,7 @@ class NormPolicy:
 
 @dataclass(frozen=True)
 class SplitPolicy:
-    """Packed q/k/v outputs split apart (compiler/ops/split_columns_gpu.py)."""
+    """Packed q/k/v outputs split apart (compiler/kernels/split_columns/kernel.py)."""
 
     # one Triton kernel where XLA runs three slices (docs/results/h200_plan_alone_split_skip_2212847.json)
     triton: bool = True
@@ -126,7 +126,7 @@ class WeightPolicy:
     # formats kept packed ("q4_k", "q6_k", "q8_0", "q5_0" of GGUF files, "fp8" of HF FP8 checkpoints);
     # every other tensor is dequantized at load to the activation dtype
     quantized_formats: tuple[str, ...] = ()
-    # kept GGUF weights also get a dense copy for steps of more rows (quant/layout.py DenseBacked)
+    # kept GGUF weights also get a dense copy for steps of more rows (gguf_gemv/layout.py DenseBacked)
     dense_copies: bool = False
 
 

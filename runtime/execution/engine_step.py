@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...compiler.batch import StepBatch
-from ...compiler.ops.sampling import GREEDY_EPSILON, SamplingBatch, sample
+from ...compiler.kernels.sampling import GREEDY_EPSILON, SamplingBatch, sample
 from ..sampling.params import MAX_TOP_LOGPROBS, RowState, history_length_needed, pack_batch
 from ..scheduling.scheduled_step import bucket
 from .step_io import IoLayout, pack_arrays, pack_result, unpack_arrays, unpack_result

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...compiler.ops.sampling import SampleResult
+from ...compiler.kernels.sampling import SampleResult
 
 _WORD = np.int32
 _KINDS = {

@@ -5,7 +5,7 @@
   `<name>_scale_inv`  one per 128 x 128 block, [⌈out/128⌉, ⌈in/128⌉]: the "fp8" method with
                       weight_block_size [128, 128] (DeepSeek-V3, Qwen3-FP8)
 In both the weight is values x scale ("_inv" names what the quantizer divided by). A target that keeps
-"fp8" (Target.quantized_formats) gets the values and scales as a compiler/ops/quant/fp8.Fp8Weight (a
+"fp8" (Target.quantized_formats) gets the values and scales as a compiler/kernels/dense_gemv/fp8.py Fp8Weight (a
 per-tensor scale becomes a per-channel one); any other gets the dequantized float32 matrix.
 """
 
@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ...compiler.ops.quant.fp8 import BLOCK, Fp8Weight, dequantize_fp8
+from ...compiler.kernels.dense_gemv.fp8 import BLOCK, Fp8Weight, dequantize_fp8
 from .checkpoint import Checkpoint
 from .formats.errors import CheckpointError
 

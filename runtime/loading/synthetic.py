@@ -8,7 +8,7 @@ biases near 0). Two ways to use it:
 - `synthetic_model(spec, config, target=...)` builds the plan's parameters directly on the device in
   the plan's activation dtype: an 8B bf16 model in seconds, with no float32 copy on the host.
   `weight_format="fp8"` / `"fp8_block"` stores every layer's projections in FP8 instead (per-channel or
-  128 x 128 block scales, compiler/ops/quant/fp8.py; embedding and head stay in the activation dtype, as
+  128 x 128 block scales, compiler/kernels/dense_gemv/fp8.py; embedding and head stay in the activation dtype, as
   in FP8 checkpoints), for targets whose projections take them.
 - `synthetic_checkpoint(spec, config)` is a Checkpoint for the normal loader (`load_model`): each
   tensor is drawn the same way and copied to the host as float32.
@@ -100,7 +100,7 @@ def synthetic_model(
 ):
     """A Model whose parameters are drawn on the device, in the plan's activation dtype (weight_format:
     None, or one of FP8_FORMATS for the layers' projections)."""
-    from ...compiler.ops.quant.fp8 import FP8_FORMATS
+    from ...compiler.kernels.dense_gemv.fp8 import FP8_FORMATS
     from ...compiler.targets import get_target
     from .model import Model, effective_policy, enable_compilation_cache
     from .plans import load_plan
@@ -108,7 +108,7 @@ def synthetic_model(
     if weight_format is not None:
         if weight_format not in FP8_FORMATS:
             raise ValueError(f"unknown weight format {weight_format!r} (known: {', '.join(FP8_FORMATS)})")
-        if not get_target(target).kernels["linear"].endswith("linear_quant:linear"):
+        if not get_target(target).kernels["linear"].endswith("gguf_gemv.linear:linear"):
             raise ValueError(f"target {target!r} has no FP8 projections (its linear op takes float arrays)")
     enable_compilation_cache()
     ckpt = synthetic_checkpoint(spec, config, seed)
@@ -151,7 +151,7 @@ def _device_params(
         value = build(name, layer)
         if weight_format is None or value is None or value.ndim != 2:
             return value
-        from ...compiler.ops.quant.fp8 import quantize_fp8
+        from ...compiler.kernels.dense_gemv.fp8 import quantize_fp8
 
         return quantize_fp8(value, blocked=weight_format == "fp8_block", dtype=str(dtype))
 

@@ -40,7 +40,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ...compiler.expr import evaluate
-from ...compiler.ops.quant.layout import FORMATS, SCALE_OFFSETS, random_gguf_bytes
+from ...compiler.kernels.gguf_gemv.layout import FORMATS, SCALE_OFFSETS, random_gguf_bytes
 from ...compiler.spec import ModelSpec
 from .checkpoint import Checkpoint
 from .dims import resolve

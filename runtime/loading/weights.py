@@ -7,7 +7,7 @@ Parameters are grouped the way the generated plan reads them:
 
 A target may keep GGUF formats packed on the device (`Target.quantized_formats`): such a weight is
 fetched as its raw blocks (row transforms like unpermute_rotary move whole block rows: each row of a
-GGUF matrix is whole blocks) and repacked into a `QuantizedWeight` (compiler/ops/quant/layout.py).
+GGUF matrix is whole blocks) and repacked into a `QuantizedWeight` (compiler/kernels/gguf_gemv/layout.py).
 Packed parallel linears (q/k/v, gate/up) of one format are one QuantizedWeight over the concatenated
 rows; parts of different formats (Q4_K q/k beside a Q6_K v) stay apart in a `WeightGroup`. FP8 matrices
 of HF checkpoints (runtime/loading/fp8_checkpoint.py) are kept the same way when the target keeps "fp8", as an
@@ -32,9 +32,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...compiler.expr import evaluate
-from ...compiler.ops.quant.fp8 import BLOCK, Fp8Weight
-from ...compiler.ops.quant.layout import FORMATS, GGML_TYPE_FORMATS, DenseBacked, QuantizedWeight, WeightGroup, pack
-from ...compiler.ops.quant.ref import dequantize
+from ...compiler.kernels.dense_gemv.fp8 import BLOCK, Fp8Weight
+from ...compiler.kernels.gguf_gemv.layout import (
+    FORMATS,
+    GGML_TYPE_FORMATS,
+    DenseBacked,
+    QuantizedWeight,
+    WeightGroup,
+    pack,
+)
+from ...compiler.kernels.gguf_gemv.reference import dequantize
 from ...compiler.spec import ModelSpec, gathered_only_weights
 from ...compiler.weight_transforms import apply_transform, parse_transform
 from .checkpoint import Checkpoint

@@ -5,7 +5,7 @@ Lark grammar (llguidance's dialect, where `%json {...}` embeds a schema: tool ca
 regex. The grammar library is llguidance: it compiles the grammar once per request, and per step it
 computes the mask of tokens that keep the output inside the grammar (tens of microseconds for a 150k
 vocabulary) in its native format, a packed int32 bitmask [ceil(V/32)] — which the on-device sampler
-unpacks (`ember.compiler.ops.sampling`). Nothing is ever retried after the fact.
+unpacks (`ember.compiler.kernels.sampling`). Nothing is ever retried after the fact.
 
 Per engine, `GrammarTokenizer` is llguidance's view of the tokenizer (built once, ~1 s for a 150k
 vocabulary). Per choice, `GuidedMatcher` tracks where the output is in the grammar: the engine fills its

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ember.compiler.ops.sampling import GREEDY_EPSILON, SamplingBatch
+from ember.compiler.kernels.sampling import GREEDY_EPSILON, SamplingBatch
 from ember.runtime.sampling.guided import GuidedDecoding, GuidedMatcher, fill_masks, mask_words
 
 MAX_N = 8  # choices per request

@@ -3,7 +3,7 @@ lists them).
 
 "auto" keeps the plan's activation dtype. "fp8" (alias "fp8_e4m3") stores K and V rounded to float8 e4m3 with
 no scale, as vLLM's fp8 cache without calibrated scales: half a bf16 pool's bytes, so twice the tokens in a KV
-budget and half the KV bytes a decode step reads; writes saturate at +-448 (compiler/ops/attention.py
+budget and half the KV bytes a decode step reads; writes saturate at +-448 (compiler/kernels/attention/reference.py
 to_pool_dtype) and every attention op widens what it reads exactly (the h200 decode kernel to fp16 for its dots).
 """
 

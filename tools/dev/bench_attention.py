@@ -29,8 +29,8 @@ from dataclasses import asdict
 import jax
 import jax.numpy as jnp
 
-from ember.compiler.ops.attention import _attend, _gather, _table_slots
-from ember.compiler.ops.attention_gpu.decode import DecodeAttentionConfig, decode_launch_plan, paged_decode_attention
+from ember.compiler.kernels.attention.decode import DecodeAttentionConfig, decode_launch_plan, paged_decode_attention
+from ember.compiler.kernels.attention.reference import _attend, _gather, _table_slots
 
 MODELS = {"qwen2.5-1.5b": (12, 2, 128), "llama-3-8b": (32, 8, 128)}
 SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)

@@ -1,4 +1,4 @@
-"""Benchmark the FP8 decode GEMV (compiler/ops/quant/fp8_gemv.py) on the GPU (run by hand on the device machine).
+"""Benchmark the FP8 decode GEMV (compiler/kernels/dense_gemv/kernel.py) on the GPU (run by hand on the device machine).
 
 For each 8B decode shape (packed q/k/v 6144x4096, o 4096x4096, packed gate/up 28672x4096, down 4096x14336),
 each scale layout (per-channel "chan", 128x128 "block") and m in {1, 8, 16} bf16 activation rows, times:
@@ -39,8 +39,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ember.compiler.ops.quant.fp8 import Fp8Weight, fp8_linear_xla, fp8_reference_matmul, quantize_fp8  # noqa: E402
-from ember.compiler.ops.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv, launch_plan, pick_fp8_config  # noqa: E402
+from ember.compiler.kernels.dense_gemv.fp8 import Fp8Weight, fp8_linear_xla, fp8_reference_matmul, quantize_fp8  # noqa: E402
+from ember.compiler.kernels.dense_gemv.kernel import Fp8GemvConfig, fp8_gemv, launch_plan, pick_fp8_config  # noqa: E402
 from ember.tools.dev.bench_quant_matmul import replicate, start_run  # noqa: E402
 from ember.tools.hbm_probe import median_run_seconds  # noqa: E402
 

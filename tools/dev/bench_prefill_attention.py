@@ -32,14 +32,14 @@ import time
 import jax
 import jax.numpy as jnp
 
-from ember.compiler.ops.attention import _attend
-from ember.compiler.ops.attention_gpu.prefill import (
+from ember.compiler.kernels.attention.prefill import (
     PrefillAttentionConfig,
     launch_plan,
     pick_config,
     prefill_attention,
     useful_flops,
 )
+from ember.compiler.kernels.attention.reference import _attend
 
 SHAPES = ((12, 2, 128), (32, 8, 128))  # (hq, hkv, dh)
 # (chunk, prefix, table width in blocks: None = just the context; 2048 = an engine with a 32k context, whose

@@ -23,10 +23,10 @@ JSON).
 split kernel's default and the rows default (config.py's tables) for every decode shape the engine
 calls (DECODE_SHAPES), at most --sweep-max-calls weight copies per executable (64: only the 0.3 MB
 Q6_K 256x1536 stays partly L2-resident), and prints the best per case with its error vs the reference.
---rows also times the "rows" variant (triton_gemv*.py, m <= 4) beside the split kernel, and at
+--rows also times the "rows" variant (gguf_gemv/rows_*.py, m <= 4) beside the split kernel, and at
 m = 1 a small sweep of its configurations (ROWS_SWEEP), printing the best with its error.
 --sweep also times a set of candidate kernel configurations per case and reports the best (the
-numbers compiler/ops/quant/config.py's table should hold).
+numbers compiler/kernels/gguf_gemv/config.py's table should hold).
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ember.compiler.ops.quant import FORMATS, QuantizedWeight, pick_config, quant_matmul
-from ember.compiler.ops.quant.config import QuantMatmulConfig
-from ember.compiler.ops.quant.matmul import launch_plan
-from ember.compiler.ops.quant.ref import dequantize, quant_matmul_ref
+from ember.compiler.kernels.gguf_gemv import FORMATS, QuantizedWeight, pick_config, quant_matmul
+from ember.compiler.kernels.gguf_gemv.config import QuantMatmulConfig
+from ember.compiler.kernels.gguf_gemv.matmul import launch_plan
+from ember.compiler.kernels.gguf_gemv.reference import dequantize, quant_matmul_ref
 from ember.tools.hbm_probe import copy_bandwidth, median_run_seconds
 
 SHAPES = {
@@ -91,7 +91,7 @@ SWEEP = (
 )
 
 
-# the "rows" variant (triton_gemv.py, m <= 4): a default timed beside the split kernel, and a small sweep at m = 1
+# the "rows" variant (gguf_gemv/rows_kernel.py, m <= 4): a default timed beside the split kernel, and a small sweep at m = 1
 def rows_config(m: int) -> QuantMatmulConfig:
     return QuantMatmulConfig(variant="rows", block_n=64 if m == 1 else 32, sb_per_step=2)
 

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ember.compiler.ops.quant import pick_config
-from ember.compiler.ops.quant.config import QuantMatmulConfig
-from ember.compiler.ops.quant.matmul import launch_plan
+from ember.compiler.kernels.gguf_gemv import pick_config
+from ember.compiler.kernels.gguf_gemv.config import QuantMatmulConfig
+from ember.compiler.kernels.gguf_gemv.matmul import launch_plan
 from ember.tools.dev import bench_quant_matmul as bench
 from ember.tools.dev.bench_quant_matmul import (
     DECODE_SHAPES,

@@ -56,7 +56,7 @@ def make_case(
 def reference(case: dict, dtype, pool_dtype=None) -> np.ndarray:
     import jax.numpy as jnp
 
-    from ember.compiler.ops.attention import _attend, _gather, _table_slots
+    from ember.compiler.kernels.attention.reference import _attend, _gather, _table_slots
 
     cast = lambda a, t=dtype: jnp.asarray(a.astype(t)).astype(jnp.float32)  # the same rounded inputs, fp32 math
     pools = (cast(case[name], pool_dtype or dtype) for name in ("k_pool", "v_pool"))
@@ -80,13 +80,13 @@ def run_kernel(
     float8 e4m3: the kernels' fp16 dots)."""
     import jax.numpy as jnp
 
-    from ember.compiler.ops.attention_gpu.decode import (
+    from ember.compiler.kernels.attention.decode import (
         DecodeAttentionConfig,
         combine_meta,
         combine_partials,
         decode_launch_plan,
     )
-    from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
+    from ember.compiler.kernels.attention.decode_kernel import KERNELS
 
     q = case["q"].astype(dtype)
     batch, hq, dh = q.shape

@@ -35,7 +35,7 @@ def _resource_usage(cubin: bytes) -> str:
 
 
 def compile_all() -> int:
-    from ember.compiler.ops.attention_gpu.decode import DecodeAttentionConfig
+    from ember.compiler.kernels.attention.decode import DecodeAttentionConfig
     from ember.tools.dev.bench_attention import SWEEP_CONFIGS
 
     failures = 0
@@ -52,8 +52,8 @@ def compile_all() -> int:
 
 
 def _compile_one(model: str, heads: tuple[int, int, int], dtype: str, block_size: int, kind: str, config) -> int:
-    from ember.compiler.ops.attention_gpu.decode import combine_meta, decode_launch_plan
-    from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
+    from ember.compiler.kernels.attention.decode import combine_meta, decode_launch_plan
+    from ember.compiler.kernels.attention.decode_kernel import KERNELS
     from ember.tools.dev.check_quant_kernels import compile_sm90
 
     hq, hkv, dh = heads

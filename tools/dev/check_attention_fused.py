@@ -17,9 +17,9 @@ def check_combine_quant(case: dict, order: str, splits: int = 5) -> tuple[bool, 
     import jax.numpy as jnp
     import ml_dtypes
 
-    from ember.compiler.ops.attention_gpu.decode import combine_meta, decode_launch_plan
-    from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
-    from ember.compiler.ops.quant.act_quant import quantize_activations
+    from ember.compiler.kernels.attention.decode import combine_meta, decode_launch_plan
+    from ember.compiler.kernels.attention.decode_kernel import KERNELS
+    from ember.compiler.kernels.gguf_gemv.act_quant import quantize_activations
     from ember.tools.dev.check_dp4a_kernels import activation_buffers, compare_activations
 
     dtype = ml_dtypes.bfloat16
@@ -76,11 +76,11 @@ def check_rope_partials(case: dict, style: str, dtype, splits: int) -> tuple[boo
     ctx - 1 (the padding row: block 0, as the runtime pads)."""
     import jax.numpy as jnp
 
-    from ember.compiler.ops.attention_gpu.decode import combine_meta, combine_partials, decode_launch_plan
-    from ember.compiler.ops.attention_gpu.decode_kernel import KERNELS
-    from ember.compiler.ops.attention_gpu.rope_write import launch_plan as rope_plan
-    from ember.compiler.ops.attention_gpu.rope_write import rope_write_kernel
-    from ember.compiler.ops.rope import inv_frequencies
+    from ember.compiler.kernels.attention.decode import combine_meta, combine_partials, decode_launch_plan
+    from ember.compiler.kernels.attention.decode_kernel import KERNELS
+    from ember.compiler.kernels.rope.kv_write import launch_plan as rope_plan
+    from ember.compiler.kernels.rope.kv_write import rope_write_kernel
+    from ember.compiler.kernels.rope.reference import inv_frequencies
 
     rng = np.random.default_rng(splits)
     batch, hq, dh = case["q"].shape

@@ -1,9 +1,9 @@
-"""Check the integer-dot Q4_K / Q6_K GEMV (compiler/ops/quant/triton_gemv_dp4a.py) without a GPU.
+"""Check the integer-dot Q4_K / Q6_K GEMV (compiler/kernels/gguf_gemv/dp4a_kernel.py) without a GPU.
 
   python tools/dev/check_dp4a_kernels.py interpret   Triton's CPU interpreter (dp4a emulated with shifts and
                                                  multiplies, ASM=False) against act_quant.dp4a_matmul_ref (the
                                                  GEMV, and its parts kernel writing q / k / v apart with their
-                                                 bias), and the activation quantizer (triton_act_quant.py)
+                                                 bias), and the activation quantizer (gguf_gemv/act_quant_kernel.py)
                                                  against jnp
   python tools/dev/check_dp4a_kernels.py compile     compile for sm_90 at the engine's Q4_K decode shapes
                                                  (ASM=True): registers, spills, dp4a count from ptxas -v / PTX
@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from ember.compiler.ops.quant.act_quant import FACTORS
+from ember.compiler.kernels.gguf_gemv.act_quant import FACTORS
 from ember.tools.dev.check_quant_kernels import PLANE_TYPES, HostBuffer, compile_sm90, patch_interpreter, ptxas_usage
 
 # (out, in), (block_n, split_k, sb_per_step, prefetch), activation rows. Together: R = 1..8 and two groups
@@ -45,10 +45,10 @@ def _compared(got: np.ndarray, expected: np.ndarray, label: str) -> bool:
 def interpret() -> int:
     import jax.numpy as jnp
 
-    from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, random_gguf_bytes
-    from ember.compiler.ops.quant.act_quant import dp4a_matmul_ref, quantize_activations
-    from ember.compiler.ops.quant.dp4a import pad_rows
-    from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES, dp4a_gemv_kernel
+    from ember.compiler.kernels.gguf_gemv import QuantMatmulConfig, launch_plan, pack, random_gguf_bytes
+    from ember.compiler.kernels.gguf_gemv.act_quant import dp4a_matmul_ref, quantize_activations
+    from ember.compiler.kernels.gguf_gemv.dp4a import pad_rows
+    from ember.compiler.kernels.gguf_gemv.dp4a_kernel import DP4A_PLANES, dp4a_gemv_kernel
 
     failures = 0
     rng = np.random.default_rng(3)
@@ -94,10 +94,10 @@ def interpret_parts() -> int:
     """dp4a_gemv_parts_kernel against act_quant.dp4a_matmul_ref + the bias, split into the projections."""
     import jax.numpy as jnp
 
-    from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, random_gguf_bytes
-    from ember.compiler.ops.quant.act_quant import dp4a_matmul_ref, quantize_activations
-    from ember.compiler.ops.quant.dp4a import pad_rows, parts_plan
-    from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES, dp4a_gemv_parts_kernel
+    from ember.compiler.kernels.gguf_gemv import QuantMatmulConfig, launch_plan, pack, random_gguf_bytes
+    from ember.compiler.kernels.gguf_gemv.act_quant import dp4a_matmul_ref, quantize_activations
+    from ember.compiler.kernels.gguf_gemv.dp4a import pad_rows, parts_plan
+    from ember.compiler.kernels.gguf_gemv.dp4a_kernel import DP4A_PLANES, dp4a_gemv_parts_kernel
 
     failures, inner = 0, 1536
     rng = np.random.default_rng(6)
@@ -144,10 +144,10 @@ def interpret_pair() -> int:
     launch reading Q4_K-packed activations) against act_quant.dp4a_matmul_ref of each part plus the bias."""
     import jax.numpy as jnp
 
-    from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, random_gguf_bytes
-    from ember.compiler.ops.quant.act_quant import dp4a_matmul_ref, quantize_activations
-    from ember.compiler.ops.quant.dp4a import pad_rows
-    from ember.compiler.ops.quant.triton_gemv_dp4a import DP4A_PLANES, dp4a_gemv_pair_kernel
+    from ember.compiler.kernels.gguf_gemv import QuantMatmulConfig, launch_plan, pack, random_gguf_bytes
+    from ember.compiler.kernels.gguf_gemv.act_quant import dp4a_matmul_ref, quantize_activations
+    from ember.compiler.kernels.gguf_gemv.dp4a import pad_rows
+    from ember.compiler.kernels.gguf_gemv.dp4a_kernel import DP4A_PLANES, dp4a_gemv_pair_kernel
 
     failures, inner = 0, 1536
     rng = np.random.default_rng(8)
@@ -209,7 +209,7 @@ def interpret_pair() -> int:
 
 def activation_buffers(m: int, k: int):
     """Host buffers for x [m, k]'s int8 activations as the producers write them (act_quant.packed_shapes)."""
-    from ember.compiler.ops.quant.act_quant import packed_shapes
+    from ember.compiler.kernels.gguf_gemv.act_quant import packed_shapes
     from ember.tools.dev.check_quant_kernels import HostBuffer
 
     qa, da = packed_shapes(m, k)
@@ -254,12 +254,12 @@ def compare_activations(
 
 
 def interpret_quantize() -> int:
-    """triton_act_quant.py's kernel against act_quant.quantize_activations: packed words equal, (dx, sx) close
+    """gguf_gemv/act_quant_kernel.py's kernel against act_quant.quantize_activations: packed words equal, (dx, sx) close
     (and the SILU_GATED variant); the number of failed cases."""
     import jax.numpy as jnp
 
-    from ember.compiler.ops.quant.act_quant import quantize_activations
-    from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
+    from ember.compiler.kernels.gguf_gemv.act_quant import quantize_activations
+    from ember.compiler.kernels.gguf_gemv.act_quant_kernel import quantize_plan, quantize_rows_kernel
 
     failures = 0
     rng = np.random.default_rng(4)
@@ -286,9 +286,9 @@ def interpret_quantize_gated() -> int:
     activation then quantize_activations (sigmoid's last-bit differences may move a rare code by one)."""
     import jax.numpy as jnp
 
-    from ember.compiler.ops.activation import gated_act_packed
-    from ember.compiler.ops.quant.act_quant import quantize_activations
-    from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
+    from ember.compiler.kernels.activation import gated_act_packed
+    from ember.compiler.kernels.gguf_gemv.act_quant import quantize_activations
+    from ember.compiler.kernels.gguf_gemv.act_quant_kernel import quantize_plan, quantize_rows_kernel
 
     failures = 0
     rng = np.random.default_rng(5)
@@ -307,8 +307,8 @@ def interpret_quantize_gated() -> int:
 
 
 def compile_all() -> int:
-    from ember.compiler.ops.quant import launch_plan, pick_config
-    from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_gemv_kernel
+    from ember.compiler.kernels.gguf_gemv import launch_plan, pick_config
+    from ember.compiler.kernels.gguf_gemv.dp4a_kernel import dp4a_gemv_kernel
     from ember.tools.dev.bench_quant_matmul import DECODE_SHAPES
 
     failures = 0
@@ -339,7 +339,7 @@ def compile_all() -> int:
                     f"ld.v4={ptx.count('ld.global.v4')}",
                     flush=True,
                 )
-    from ember.compiler.ops.quant.triton_act_quant import quantize_plan, quantize_rows_kernel
+    from ember.compiler.kernels.gguf_gemv.act_quant_kernel import quantize_plan, quantize_rows_kernel
 
     for k in (1536, 8960):
         compiled = compile_sm90(

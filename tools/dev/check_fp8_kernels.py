@@ -1,5 +1,5 @@
-"""Check the FP8 GEMV kernel (compiler/ops/quant/fp8_gemv.py) without a GPU (needs only triton==3.6.0), on FP8
-weights and on plain bf16 ones (compiler/ops/dense_gemv.py: DENSE_CASES).
+"""Check the FP8 GEMV kernel (compiler/kernels/dense_gemv/kernel.py) without a GPU (needs only triton==3.6.0), on FP8
+weights and on plain bf16 ones (compiler/kernels/dense_gemv/dispatch.py: DENSE_CASES).
 
   python -m ember.tools.dev.check_fp8_kernels interpret   run the kernel in Triton's CPU interpreter against the
                                                       jnp path (fp8_linear_xla) and the float64 reference: CASES
@@ -49,7 +49,7 @@ COMPILE_ROWS = (1, 2, 3, 16)
 
 
 def _weight(rng, out: int, inner: int, blocked: bool):
-    from ember.compiler.ops.quant.fp8 import quantize_fp8
+    from ember.compiler.kernels.dense_gemv.fp8 import quantize_fp8
 
     w = rng.standard_normal((out, inner)) * rng.uniform(0.01, 3.0, (out, 1))
     return quantize_fp8(w.astype(np.float32), blocked=blocked)
@@ -68,8 +68,8 @@ def interpret() -> int:
     import jax.numpy as jnp
     import ml_dtypes
 
-    from ember.compiler.ops.quant.fp8 import fp8_linear_xla, fp8_reference_matmul
-    from ember.compiler.ops.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv_kernel, launch_plan
+    from ember.compiler.kernels.dense_gemv.fp8 import fp8_linear_xla, fp8_reference_matmul
+    from ember.compiler.kernels.dense_gemv.kernel import Fp8GemvConfig, fp8_gemv_kernel, launch_plan
 
     class Buffer(HostBuffer):  # any dtype, named for the interpreter (HostBuffer's table has no u8)
         def __init__(self, array: np.ndarray, name: str) -> None:
@@ -141,9 +141,14 @@ def _interpret_fused_forms(rng, Buffer) -> int:
     import jax.numpy as jnp
     import ml_dtypes
 
-    from ember.compiler.ops.activation import gated_act_packed
-    from ember.compiler.ops.quant.fp8 import fp8_reference_matmul
-    from ember.compiler.ops.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv_kernel, fp8_gemv_parts_kernel, launch_plan
+    from ember.compiler.kernels.activation import gated_act_packed
+    from ember.compiler.kernels.dense_gemv.fp8 import fp8_reference_matmul
+    from ember.compiler.kernels.dense_gemv.kernel import (
+        Fp8GemvConfig,
+        fp8_gemv_kernel,
+        fp8_gemv_parts_kernel,
+        launch_plan,
+    )
 
     bf16 = ml_dtypes.bfloat16
     failures = 0
@@ -191,7 +196,7 @@ def _interpret_fused_forms(rng, Buffer) -> int:
     return failures
 
 
-# the same kernels on plain bf16 weights (compiler/ops/dense_gemv.py, SCALED off): (form, out or sizes, in,
+# the same kernels on plain bf16 weights (compiler/kernels/dense_gemv/dispatch.py, SCALED off): (form, out or sizes, in,
 # config kwargs, m, activation dtype): masked rows and columns, the prefetch on and off, split-K, f32 x
 DENSE_CASES = [
     ("plain", 200, 420, dict(block_n=4, block_k=64, step_reduce=True), 1, "bfloat16"),
@@ -206,8 +211,13 @@ def _interpret_dense(rng, Buffer) -> int:
     import jax.numpy as jnp
     import ml_dtypes
 
-    from ember.compiler.ops.activation import gated_act_packed
-    from ember.compiler.ops.quant.fp8_gemv import Fp8GemvConfig, fp8_gemv_kernel, fp8_gemv_parts_kernel, launch_plan
+    from ember.compiler.kernels.activation import gated_act_packed
+    from ember.compiler.kernels.dense_gemv.kernel import (
+        Fp8GemvConfig,
+        fp8_gemv_kernel,
+        fp8_gemv_parts_kernel,
+        launch_plan,
+    )
 
     bf16 = ml_dtypes.bfloat16
     names = {"float32": (np.float32, "fp32"), "bfloat16": (bf16, "bf16")}
@@ -253,7 +263,7 @@ def _interpret_dense(rng, Buffer) -> int:
 
 
 def compile_all() -> int:
-    from ember.compiler.ops.quant.fp8_gemv import fp8_gemv_kernel, launch_plan, pick_fp8_config
+    from ember.compiler.kernels.dense_gemv.kernel import fp8_gemv_kernel, launch_plan, pick_fp8_config
     from ember.tools.dev.check_quant_kernels import compile_sm90, ptxas_usage
 
     failures = 0

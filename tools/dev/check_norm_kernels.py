@@ -1,7 +1,7 @@
-"""Check the RMSNorm kernels (compiler/ops/norm_gpu.py) without a GPU (needs only triton==3.6.0).
+"""Check the RMSNorm kernels (compiler/kernels/norm/kernel.py) without a GPU (needs only triton==3.6.0).
 
   python -m ember.tools.dev.check_norm_kernels interpret   run both kernels in Triton's CPU interpreter against
-                                                       norm.py's references: CASES; then norm_quant_gpu.py's
+                                                       norm.py's references: CASES; then norm/quant_kernel.py's
                                                        (the norms writing a GEMV's int8 activations too)
 The interpreter patches (numpy buffers, bf16 through fp32) are tools/dev/check_quant_kernels.py's, plus fp32 -> bf16
 rounding to nearest even (the interpreter truncates; the GPU rounds), so the residual sum can be compared exactly.
@@ -62,8 +62,8 @@ def interpret() -> int:
     import jax.numpy as jnp
     import ml_dtypes
 
-    from ember.compiler.ops import norm
-    from ember.compiler.ops.norm_gpu import add_rms_norm_kernel, launch_plan, rms_norm_kernel
+    from ember.compiler.kernels.norm import reference as norm
+    from ember.compiler.kernels.norm.kernel import add_rms_norm_kernel, launch_plan, rms_norm_kernel
     from ember.tools.dev.check_quant_kernels import HostBuffer
 
     failures = 0
@@ -100,7 +100,7 @@ def interpret() -> int:
 
 
 def interpret_quantized() -> int:
-    """norm_quant_gpu.py's kernels: their normed rows (and sum) bit-equal to norm_gpu.py's kernels', their
+    """norm/quant_kernel.py's kernels: their normed rows (and sum) bit-equal to norm/kernel.py's kernels', their
     int8 activations equal to act_quant.quantize_activations of those rows (words equal, (dx, sx) close).
     "partials": the residual operand given as fp32 split-K partials [splits, rows_pad, n], which must equal
     the plain kernel given their sum (in split order, fp32, rounded once to the dtype)."""
@@ -109,9 +109,9 @@ def interpret_quantized() -> int:
     import jax.numpy as jnp
     import ml_dtypes
 
-    from ember.compiler.ops.norm_gpu import add_rms_norm_kernel, rms_norm_kernel
-    from ember.compiler.ops.norm_quant_gpu import add_rms_norm_quant_kernel, launch_plan, rms_norm_quant_kernel
-    from ember.compiler.ops.quant.act_quant import quantize_activations
+    from ember.compiler.kernels.gguf_gemv.act_quant import quantize_activations
+    from ember.compiler.kernels.norm.kernel import add_rms_norm_kernel, rms_norm_kernel
+    from ember.compiler.kernels.norm.quant_kernel import add_rms_norm_quant_kernel, launch_plan, rms_norm_quant_kernel
     from ember.tools.dev.check_dp4a_kernels import activation_buffers, compare_activations
     from ember.tools.dev.check_quant_kernels import HostBuffer
 

@@ -1,4 +1,4 @@
-"""Check and measure the prefill (chunk) attention kernel (compiler/ops/attention_gpu/prefill_kernel.py).
+"""Check and measure the prefill (chunk) attention kernel (compiler/kernels/attention/prefill_kernel.py).
 
   python tools/dev/check_prefill_kernels.py interpret        run the kernel in Triton's CPU interpreter against the
                                                         jnp reference (`attention._attend`) at small shapes
@@ -55,7 +55,7 @@ def random_case(rng, *, chunk, num_tokens, start, hq, hkv, dh, page, window, dty
 def reference_output(q, k_pool, v_pool, table, positions, window, scale):
     import jax.numpy as jnp
 
-    from ember.compiler.ops.attention import _attend
+    from ember.compiler.kernels.attention.reference import _attend
 
     f32 = lambda a: jnp.asarray(np.asarray(a, np.float32))
     dh, hkv = q.shape[-1], k_pool.shape[2]
@@ -70,8 +70,8 @@ def interpret() -> int:
     patch_interpreter()
     import ml_dtypes
 
-    from ember.compiler.ops.attention_gpu.prefill import PrefillAttentionConfig, combine_splits, launch_plan
-    from ember.compiler.ops.attention_gpu.prefill_kernel import prefill_attention_kernel
+    from ember.compiler.kernels.attention.prefill import PrefillAttentionConfig, combine_splits, launch_plan
+    from ember.compiler.kernels.attention.prefill_kernel import prefill_attention_kernel
 
     cases = [  # chunk, valid, start, hq, hkv, dh, page, window, block_m, block_n, splits
         (32, 32, 0, 4, 1, 32, 16, 0, 32, 16, 1),
@@ -260,8 +260,8 @@ def resource_usage(compiled) -> str:
 
 
 def compile_all() -> int:
-    from ember.compiler.ops.attention_gpu.prefill import launch_plan, pick_config
-    from ember.compiler.ops.attention_gpu.prefill_kernel import prefill_attention_kernel as kernel
+    from ember.compiler.kernels.attention.prefill import launch_plan, pick_config
+    from ember.compiler.kernels.attention.prefill_kernel import prefill_attention_kernel as kernel
 
     failures = 0
     # (chunk, hq, hkv, dh, page, table width, config changes): Qwen2.5-1.5B, Llama-3-8B, Gemma-3-270M shapes

@@ -2,7 +2,7 @@
 
   python tools/dev/check_quant_kernels.py interpret [q4_k ...]   run the kernels in Triton's CPU interpreter
                                                             against the jnp reference (small shapes)
-  python tools/dev/check_quant_kernels.py rows [q4_k ...]      the "rows" variant (triton_gemv*.py) in the
+  python tools/dev/check_quant_kernels.py rows [q4_k ...]      the "rows" variant (gguf_gemv/rows_*.py) in the
                                                             interpreter: ROWS_CASES (m 1..4, split-K, masks)
   python tools/dev/check_quant_kernels.py compile-rows [q4_k ...]  compile the rows variant for sm_90 at the
                                                             engine's decode shapes; registers and spills
@@ -100,8 +100,14 @@ def interpret(formats: list[str]) -> int:
     import jax.numpy as jnp
     import ml_dtypes
 
-    from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, quant_matmul_ref, random_gguf_bytes
-    from ember.compiler.ops.quant.triton_kernels import KERNELS
+    from ember.compiler.kernels.gguf_gemv import (
+        QuantMatmulConfig,
+        launch_plan,
+        pack,
+        quant_matmul_ref,
+        random_gguf_bytes,
+    )
+    from ember.compiler.kernels.gguf_gemv.split_kernel import KERNELS
 
     failures = 0
     configs = [QuantMatmulConfig(block_n=16), QuantMatmulConfig(block_n=32, split_k=3, blocks_per_step=4)]
@@ -156,8 +162,14 @@ def interpret_rows(formats: list[str]) -> int:
     import jax.numpy as jnp
     import ml_dtypes
 
-    from ember.compiler.ops.quant import QuantMatmulConfig, launch_plan, pack, quant_matmul_ref, random_gguf_bytes
-    from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
+    from ember.compiler.kernels.gguf_gemv import (
+        QuantMatmulConfig,
+        launch_plan,
+        pack,
+        quant_matmul_ref,
+        random_gguf_bytes,
+    )
+    from ember.compiler.kernels.gguf_gemv.rows_kernel import ROWS_KERNELS
 
     failures = 0
     dtypes = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
@@ -207,8 +219,8 @@ def compile_sm90(kernel, types: list[str], constants: dict, *, num_warps: int, n
 
 
 def compile_all(formats: list[str]) -> int:
-    from ember.compiler.ops.quant import launch_plan, pick_config
-    from ember.compiler.ops.quant.triton_kernels import KERNELS
+    from ember.compiler.kernels.gguf_gemv import launch_plan, pick_config
+    from ember.compiler.kernels.gguf_gemv.split_kernel import KERNELS
 
     shapes = [
         (1536, 1536),
@@ -283,7 +295,7 @@ def ptxas_usage(ptx: str) -> str:
 def rows_compile_configs(fmt: str) -> list[tuple[int, tuple[int, int], object]]:
     """(m, shape, config): config.py's rows pick for every decode shape the engine calls, m = 1 and 4, plus
     the sweep's largest-register candidates at the first shape."""
-    from ember.compiler.ops.quant import QuantMatmulConfig, pick_config
+    from ember.compiler.kernels.gguf_gemv import QuantMatmulConfig, pick_config
     from ember.tools.dev.bench_quant_matmul import DECODE_SHAPES
 
     cases = [(m, shape, pick_config(fmt, m, *shape)) for shape in DECODE_SHAPES[fmt] for m in (1, 4)]
@@ -312,8 +324,8 @@ def compile_rows(formats: list[str]) -> int:
 
 
 def _compile_rows(formats: list[str]) -> int:
-    from ember.compiler.ops.quant import launch_plan
-    from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
+    from ember.compiler.kernels.gguf_gemv import launch_plan
+    from ember.compiler.kernels.gguf_gemv.rows_kernel import ROWS_KERNELS
 
     failures = 0
     for fmt in formats:

@@ -1,4 +1,4 @@
-"""Check the RoPE + K/V write kernel (compiler/ops/attention_gpu/rope_write.py) without a GPU (triton==3.6.0).
+"""Check the RoPE + K/V write kernel (compiler/kernels/rope/kv_write.py) without a GPU (triton==3.6.0).
 
   python -m ember.tools.dev.check_rope_kernels interpret   run it in Triton's CPU interpreter against rope.py's
                                                        reference and attention.py's pool write: CASES
@@ -32,9 +32,9 @@ def interpret() -> int:
     import jax.numpy as jnp
     import ml_dtypes
 
-    from ember.compiler.ops.attention import _write
-    from ember.compiler.ops.attention_gpu.rope_write import launch_plan, rope_write_kernel
-    from ember.compiler.ops.rope import inv_frequencies, rope
+    from ember.compiler.kernels.attention.reference import _write
+    from ember.compiler.kernels.rope.kv_write import launch_plan, rope_write_kernel
+    from ember.compiler.kernels.rope.reference import inv_frequencies, rope
     from ember.tools.dev.check_quant_kernels import HostBuffer
 
     failures = 0

@@ -1,4 +1,4 @@
-"""Check the q/k/v split kernel (compiler/ops/split_columns_gpu.py) without a GPU (needs only triton==3.6.0).
+"""Check the q/k/v split kernel (compiler/kernels/split_columns/kernel.py) without a GPU (needs only triton==3.6.0).
 
 python -m ember.tools.dev.check_split_kernels interpret   run it in Triton's CPU interpreter against np.split on
                                                       CASES: every output bit-equal, nothing written past its end
@@ -28,7 +28,7 @@ def interpret() -> int:
     patch_interpreter()
     import ml_dtypes
 
-    from ember.compiler.ops.split_columns_gpu import BLOCK, split_columns_kernel
+    from ember.compiler.kernels.split_columns.kernel import BLOCK, split_columns_kernel
 
     rng = np.random.default_rng(0)
     failures = 0

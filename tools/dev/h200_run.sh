@@ -103,8 +103,8 @@ for section in "$@"; do
 case $section in
 tests)
     export JAX_PLATFORMS=cuda,cpu  # the agreement test compares with the cpu target on the CPU backend
-    timeout 330 python -m pytest -q -m gpu tests/test_attention_gpu.py tests/test_attention_prefill_gpu.py \
-        tests/test_quant_matmul_gpu.py tests/test_norm_kernels_gpu.py tests/test_rope_write_gpu.py tests/test_split_columns_gpu.py tests/test_dense_gemv_gpu.py -p no:cacheprovider \
+    timeout 330 python -m pytest -q -m gpu tests/kernels/attention/test_attention_gpu.py tests/kernels/attention/test_attention_prefill_gpu.py \
+        tests/kernels/gguf_gemv/test_quant_matmul_gpu.py tests/kernels/norm/test_norm_kernels_gpu.py tests/kernels/rope/test_rope_write_gpu.py tests/kernels/split_columns/test_split_columns_gpu.py tests/kernels/dense_gemv/test_dense_gemv_gpu.py -p no:cacheprovider \
         --hypothesis-show-statistics > "$out/gpu_kernel_tests.log" 2>&1
     timeout 240 python -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_quant_model_gpu.py \
         -p no:cacheprovider > "$out/gpu_engine_tests.log" 2>&1
@@ -112,7 +112,7 @@ tests)
 gpu-suite)  # needs pytest-xdist and execnet wheels in .whl/ (python3.12 -m pip download --no-deps pytest-xdist execnet)
     export JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false  # workers share the GPU's memory
     EMBER_TRUNCATED_GGUF=$(real_files) EMBER_GPU_RESULTS="$out/gpu_engine_tests.json" timeout ${SUITE_TEST_S:-540} \
-        python -m pytest -q -m gpu tests/*_gpu.py tests/test_gpu_engine.py tests/test_gpu_engine_real_weights.py -n ${WORKERS:-8} -p no:cacheprovider --hypothesis-show-statistics \
+        python -m pytest -q -m gpu tests/*_gpu.py tests/kernels/*/*_gpu.py tests/test_gpu_engine.py tests/test_gpu_engine_real_weights.py -n ${WORKERS:-8} -p no:cacheprovider --hypothesis-show-statistics \
         -rfE --junitxml="$out/gpu_suite.xml" > "$out/gpu_suite.log" 2>&1
     python3 -m ember.tools.dev.gpu_test_counts --junit "$out/gpu_suite.xml" --log "$out/gpu_suite.log" \
         --commit "$commit" --out "$out/gpu_suite_counts.json"
@@ -126,7 +126,7 @@ kernels-quick)  # the RoPE and norm kernels' GPU tests (a failure turns that ker
                  [ $t = norm_kernels ] && OFF="$OFF,norms.triton=false"; }
         tail -n 1 "$out/gpu_$t.log"
     done
-    timeout ${QUANT_TEST_S:-60} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py -k q4_k -p no:cacheprovider \
+    timeout ${QUANT_TEST_S:-60} python -m pytest -q -m gpu tests/kernels/gguf_gemv/test_quant_matmul_gpu.py -k q4_k -p no:cacheprovider \
         > "$out/gpu_quant_q4_k.log" 2>&1; tail -c 300 "$out/gpu_quant_q4_k.log"; echo ;;
 engine-tests)  # h200 vs cpu target agreement, deterministic bit-exactness, quantized model (figures: JSON)
     JAX_PLATFORMS=cuda,cpu EMBER_GPU_RESULTS="$out/gpu_engine_tests.json" timeout ${ENGINE_TEST_S:-240} \
@@ -145,7 +145,7 @@ quick-8b-q4)  # 8B Q4_K_M kept quantized: batch 1 at CONTEXTS (128), STREAMS8 (8
 fp8-check)  # the FP8 GEMV's GPU tests (every loop, the parts and gate/up epilogue kernels), then the 8B FP8
     # step alone with the byte loop vs the word loop (fp8_gemv.words)
     export JAX_PLATFORMS=cuda,cpu
-    timeout ${FP8_TEST_S:-200} python -m pytest -q -m gpu tests/test_fp8_gemv_gpu.py -p no:cacheprovider \
+    timeout ${FP8_TEST_S:-200} python -m pytest -q -m gpu tests/kernels/dense_gemv/test_fp8_gemv_gpu.py -p no:cacheprovider \
         > "$out/gpu_fp8_gemv_tests.log" 2>&1
     tail -n 3 "$out/gpu_fp8_gemv_tests.log"
     JAX_PLATFORMS=cuda timeout ${PLAN_S:-150} python3 -m ember.tools.dev.profile_step --model synthetic:llama3-8b-fp8 \
@@ -156,7 +156,7 @@ fp8-check)  # the FP8 GEMV's GPU tests (every loop, the parts and gate/up epilog
 dense-check)  # the dense bf16 GEMV's GPU tests (kernels, then 48 decode steps of the 8B against XLA's GEMMs),
     # then the 8B bf16 step alone with it and without it, A/B/A/B (bench geometry: max_model_len 16,528, context 128)
     export JAX_PLATFORMS=cuda,cpu
-    timeout ${DENSE_TEST_S:-200} python -m pytest -q -s -m gpu tests/test_dense_gemv_gpu.py -p no:cacheprovider \
+    timeout ${DENSE_TEST_S:-200} python -m pytest -q -s -m gpu tests/kernels/dense_gemv/test_dense_gemv_gpu.py -p no:cacheprovider \
         > "$out/gpu_dense_gemv_tests.log" 2>&1
     grep -h "dense GEMV vs XLA" "$out/gpu_dense_gemv_tests.log"; tail -n 1 "$out/gpu_dense_gemv_tests.log"
     JAX_PLATFORMS=cuda timeout ${PLAN_S:-200} python3 -m ember.tools.dev.profile_step --model synthetic:llama3-8b \
@@ -254,14 +254,14 @@ gemv-graphs)
         --budget-s ${GEMV_BUDGET_S:-420} ${GEMV_FLAGS:-} > "$out/gemv_graphs.log" 2>&1
     tail -n 25 "$out/gemv_graphs.log" ;;
 rows)
-    timeout ${ROWS_TEST_S:-150} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py -p no:cacheprovider \
+    timeout ${ROWS_TEST_S:-150} python -m pytest -q -m gpu tests/kernels/gguf_gemv/test_quant_matmul_gpu.py -p no:cacheprovider \
         --hypothesis-show-statistics > "$out/gpu_quant_tests.log" 2>&1
     tail -n 3 "$out/gpu_quant_tests.log"
     OUT=$out/rows timeout $((${ROWS_SWEEP_S:-150} + 60)) python3 -m ember.tools.dev.bench_quant_matmul --rows-sweep \
         --formats q4_k q6_k --m 1 --runs 20 --budget-s ${ROWS_SWEEP_S:-150} > "$out/rows_sweep.log" 2>&1
     grep -E "^(q4_k|q6_k|budget|rows sweep)" "$out/rows_sweep.log" | head -30 ;;
 norms-ab)  # the RMSNorm kernels' GPU test, then the batch-1 step (plan alone) with them and with XLA's norms
-    timeout 120 python -m pytest -q -m gpu tests/test_norm_kernels_gpu.py -p no:cacheprovider \
+    timeout 120 python -m pytest -q -m gpu tests/kernels/norm/test_norm_kernels_gpu.py -p no:cacheprovider \
         > "$out/gpu_norm_tests.log" 2>&1; tail -n 2 "$out/gpu_norm_tests.log"
     for norms in true false; do
         timeout 120 python3 -m ember.tools.dev.profile_step --kernel-policy "$(policy_file "$GGUF_PACKED,norms.triton=$norms")" \
@@ -270,7 +270,7 @@ norms-ab)  # the RMSNorm kernels' GPU test, then the batch-1 step (plan alone) w
         echo "norms.triton=$norms"; grep -h "async\|sync\|profiled_" "$out/norms_$norms.json"
     done ;;
 dp4a-ab)  # the int8-activation Q4_K kernel: its GPU tests, then the batch-1 step (plan alone) with and without it
-    JAX_PLATFORMS=cuda,cpu timeout ${QUANT_TEST_S:-90} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py \
+    JAX_PLATFORMS=cuda,cpu timeout ${QUANT_TEST_S:-90} python -m pytest -q -m gpu tests/kernels/gguf_gemv/test_quant_matmul_gpu.py \
         -k "dp4a or q4_k" -p no:cacheprovider > "$out/gpu_dp4a_tests.log" 2>&1; tail -c 400 "$out/gpu_dp4a_tests.log"; echo
     for dp4a in '["q4_k","q6_k"]' '[]'; do
         name=$(echo "$dp4a" | tr -d '[]",'); name=${name:-none}
@@ -282,7 +282,7 @@ dp4a-ab)  # the int8-activation Q4_K kernel: its GPU tests, then the batch-1 ste
     done ;;
 dp4a-q6)  # Q6_K on the dp4a kernel: GPU tests, the batch-1 step (plan alone) with Q6_K on dp4a or on its float
     # kernel (Q4_K on dp4a in both), then batch-1 decode at context 128 through the engine
-    JAX_PLATFORMS=cuda,cpu timeout ${QUANT_TEST_S:-60} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py \
+    JAX_PLATFORMS=cuda,cpu timeout ${QUANT_TEST_S:-60} python -m pytest -q -m gpu tests/kernels/gguf_gemv/test_quant_matmul_gpu.py \
         -k "dp4a or q6_k" -p no:cacheprovider > "$out/gpu_dp4a_q6_tests.log" 2>&1; tail -c 300 "$out/gpu_dp4a_q6_tests.log"; echo
     for formats in '["q4_k","q6_k"]' '["q4_k"]'; do
         name=$(echo "$formats" | tr -d '[]"' | tr , +)
@@ -300,11 +300,11 @@ fused-check)  # the fused decode launches (norms writing int8 activations: norms
     # quantized model's Triton-vs-reference test, then the batch-1 step (plan alone, MODELS) with and without it
     export JAX_PLATFORMS=cuda,cpu
     fused=1
-    timeout 90 python -m pytest -q -m gpu tests/test_norm_kernels_gpu.py -k int8 -p no:cacheprovider \
+    timeout 90 python -m pytest -q -m gpu tests/kernels/norm/test_norm_kernels_gpu.py -k int8 -p no:cacheprovider \
         > "$out/gpu_norm_quant_tests.log" 2>&1 || { echo "norm + quantize GPU test failed: fusion off below";
                                                    fused=0; OFF="$OFF,norms.fused_quant=false"; }
     tail -n 1 "$out/gpu_norm_quant_tests.log"
-    timeout ${QUANT_TEST_S:-90} python -m pytest -q -m gpu tests/test_quant_matmul_gpu.py -k "parts or silu_gated" \
+    timeout ${QUANT_TEST_S:-90} python -m pytest -q -m gpu tests/kernels/gguf_gemv/test_quant_matmul_gpu.py -k "parts or silu_gated" \
         -p no:cacheprovider > "$out/gpu_fused_tests.log" 2>&1; tail -n 2 "$out/gpu_fused_tests.log"
     timeout ${ENGINE_TEST_S:-120} python -m pytest -q -m gpu tests/test_quant_model_gpu.py -p no:cacheprovider \
         > "$out/gpu_quant_model.log" 2>&1; tail -n 2 "$out/gpu_quant_model.log"
@@ -315,7 +315,7 @@ combine-check)  # the decode attention GPU tests, then the batch-1 step alone at
     # (attention.fused_combine_quant, on by default; a failed test turns it off for later sections)
     export JAX_PLATFORMS=cuda,cpu
     EMBER_ATTENTION_GPU_EXAMPLES=${EXAMPLES:-15} timeout ${ATTN_TEST_S:-150} python -m pytest -q -m gpu \
-        tests/test_attention_gpu.py -p no:cacheprovider > "$out/gpu_attention_tests.log" 2>&1 \
+        tests/kernels/attention/test_attention_gpu.py -p no:cacheprovider > "$out/gpu_attention_tests.log" 2>&1 \
         && fused=1 || { fused=0; OFF="$OFF,attention.fused_combine_quant=false"; \
                         echo "attention GPU tests failed: the attention's int8 output is off"; }
     tail -n 1 "$out/gpu_attention_tests.log"
@@ -325,7 +325,7 @@ combine-check)  # the decode attention GPU tests, then the batch-1 step alone at
 rope-check)  # RoPE + K/V write inside the decode partials (attention.fused_rope_decode): its GPU test, then the
     # batch-1 step alone at the bench's table width without / with it (MODELS)
     export JAX_PLATFORMS=cuda,cpu
-    timeout ${ATTN_TEST_S:-90} python -m pytest -q -m gpu tests/test_attention_gpu.py -k rope_inside \
+    timeout ${ATTN_TEST_S:-90} python -m pytest -q -m gpu tests/kernels/attention/test_attention_gpu.py -k rope_inside \
         -p no:cacheprovider > "$out/gpu_rope_partials_tests.log" 2>&1 \
         && fused=1 || { fused=0; OFF="$OFF,attention.fused_rope_decode=false"; \
                         echo "RoPE-fused partials GPU test failed: no A/B"; }

@@ -3,7 +3,7 @@
 Times, per call, N back-to-back calls inside ONE executable (as a decode step runs its projections):
   triton_noop   a Triton kernel of one program that writes one value
   triton_copy   a Triton kernel streaming `--copy-mb` MB (many programs)
-each launched as compiler/ops/triton_launch.py launches every Triton kernel: a native XLA kernel (XLA's Triton
+each launched as compiler/kernels/triton/launch.py launches every Triton kernel: a native XLA kernel (XLA's Triton
 pipeline; `xla_triton_*`)
   xla_tiny      a tiny XLA dot ([1, 64] x [64, 64]) per call, each on its own weight
   xla_copy      XLA reading and scaling the same `--copy-mb` MB per call
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import triton
 import triton.language as tl
 
-from ember.compiler.ops.triton_launch import triton_call
+from ember.compiler.kernels.triton.launch import triton_call
 
 
 @triton.jit

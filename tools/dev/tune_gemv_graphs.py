@@ -35,8 +35,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # jax only for the launch plans: 
 
 import numpy as np  # noqa: E402
 
-from ember.compiler.ops.quant.config import QuantMatmulConfig, pick_config  # noqa: E402
-from ember.compiler.ops.quant.matmul import launch_plan  # noqa: E402
+from ember.compiler.kernels.gguf_gemv.config import QuantMatmulConfig, pick_config  # noqa: E402
+from ember.compiler.kernels.gguf_gemv.matmul import launch_plan  # noqa: E402
 from ember.tools.dev.bench_quant_matmul import DECODE_SHAPES, L2_FLUSH_BYTES, plane_shapes, random_weight  # noqa: E402
 
 WORDS_PER_UNIT = {"q4_k": 32, "q6_k": 64}  # u32 code words per (super-block, row), for register sizing
@@ -69,7 +69,7 @@ def candidates(fmt: str, out: int, inner: int, variant: str = "rows", m: int = 1
 
 def kernel_planes(fmt: str, planes: dict) -> list:
     """The planes in the rows kernel's argument order."""
-    from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
+    from ember.compiler.kernels.gguf_gemv.rows_kernel import ROWS_KERNELS
 
     return [planes[name] for name in ROWS_KERNELS[fmt][1]]
 
@@ -84,15 +84,15 @@ def to_torch(array: np.ndarray):
 
 
 def launch(fmt, x, planes, out, config, plan):
-    """x: the activations, or for the dp4a variant the pair (qa, da) that act_quant.py makes of them."""
+    """x: the activations, or for the dp4a variant the pair (qa, da) that gguf_gemv/act_quant.py makes of them."""
     if config.variant == "dp4a":
-        from ember.compiler.ops.quant.triton_gemv_dp4a import dp4a_gemv_kernel
+        from ember.compiler.kernels.gguf_gemv.dp4a_kernel import dp4a_gemv_kernel
 
         dp4a_gemv_kernel[plan["grid"]](
             *x, *planes, out, num_warps=config.num_warps, num_stages=config.num_stages, **plan["meta"]
         )
         return
-    from ember.compiler.ops.quant.triton_gemv import ROWS_KERNELS
+    from ember.compiler.kernels.gguf_gemv.rows_kernel import ROWS_KERNELS
 
     ROWS_KERNELS[fmt][0][plan["grid"]](
         x, *planes, out, num_warps=config.num_warps, num_stages=config.num_stages, **plan["meta"]
@@ -105,8 +105,8 @@ def activations(x, config: QuantMatmulConfig, plan: dict):
         return x
     import jax.numpy as jnp
 
-    from ember.compiler.ops.quant.act_quant import quantize_activations
-    from ember.compiler.ops.quant.dp4a import pad_rows
+    from ember.compiler.kernels.gguf_gemv.act_quant import quantize_activations
+    from ember.compiler.kernels.gguf_gemv.dp4a import pad_rows
 
     order = "q6_k" if plan["meta"]["Q6"] else "q4_k"
     qa, da = pad_rows(*quantize_activations(jnp.asarray(x.float().cpu().numpy()), order), plan["meta"]["M_PAD"])

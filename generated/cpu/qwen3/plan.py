@@ -9,17 +9,17 @@
 import jax
 import jax.numpy as jnp
 
-from ember.compiler.ops.activation import gated_act_packed as activation_gated_act_packed
-from ember.compiler.ops.attention import paged_attention as attention_paged_attention
-from ember.compiler.ops.embedding import add as embedding_add
-from ember.compiler.ops.embedding import embedding as embedding_embedding
-from ember.compiler.ops.embedding import select_rows as embedding_select_rows
-from ember.compiler.ops.linear import linear as linear_linear
-from ember.compiler.ops.linear import linear_split as linear_linear_split
-from ember.compiler.ops.linear import split_heads as linear_split_heads
-from ember.compiler.ops.norm import add_rms_norm as norm_add_rms_norm
-from ember.compiler.ops.norm import rms_norm as norm_rms_norm
-from ember.compiler.ops.rope import rope as rope_rope
+from ember.compiler.kernels.activation import gated_act_packed as activation_gated_act_packed
+from ember.compiler.kernels.attention.reference import paged_attention as attention_reference_paged_attention
+from ember.compiler.kernels.dense_gemv.reference import linear as dense_gemv_reference_linear
+from ember.compiler.kernels.dense_gemv.reference import linear_split as dense_gemv_reference_linear_split
+from ember.compiler.kernels.dense_gemv.reference import split_heads as dense_gemv_reference_split_heads
+from ember.compiler.kernels.embedding import add as embedding_add
+from ember.compiler.kernels.embedding import embedding as embedding_embedding
+from ember.compiler.kernels.embedding import select_rows as embedding_select_rows
+from ember.compiler.kernels.norm.reference import add_rms_norm as norm_reference_add_rms_norm
+from ember.compiler.kernels.norm.reference import rms_norm as norm_reference_rms_norm
+from ember.compiler.kernels.rope.reference import rope as rope_reference_rope
 
 ARCH = "qwen3"
 GLOBAL_WEIGHTS = ('output.weight', 'output_norm.weight', 'token_embd.weight')
@@ -58,20 +58,20 @@ def layer(dims, w, constants, x, x_add, k_pool, v_pool, batch):
     rope_inv_freq0 = constants['rope_inv_freq0']
     attn_window1 = constants['attn_window1']
     attn_state2 = constants['attn_state2']
-    x_in, h = norm_add_rms_norm(x, x_add, w['attn_norm.weight'], eps=dims.eps)
-    t_1, t_3, t_5 = linear_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
-    q = linear_split_heads(t_1, heads=dims.hq)
-    k = linear_split_heads(t_3, heads=dims.hkv)
-    v = linear_split_heads(t_5, heads=dims.hkv)
-    q_1 = norm_rms_norm(q, w['attn_q_norm.weight'], eps=dims.eps)
-    k_1 = norm_rms_norm(k, w['attn_k_norm.weight'], eps=dims.eps)
-    q_2, k_2 = rope_rope(q_1, k_1, positions, rope_inv_freq0, style='neox')
-    a, k_pool, v_pool = attention_paged_attention(q_2, k_2, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
-    t_12 = linear_linear(a, w['attn_output.weight'])
-    x_1, h_1 = norm_add_rms_norm(x_in, t_12, w['ffn_norm.weight'], eps=dims.eps)
-    t_15_t_16 = linear_linear(h_1, w['ffn_gate+ffn_up.weight'])
+    x_in, h = norm_reference_add_rms_norm(x, x_add, w['attn_norm.weight'], eps=dims.eps)
+    t_1, t_3, t_5 = dense_gemv_reference_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
+    q = dense_gemv_reference_split_heads(t_1, heads=dims.hq)
+    k = dense_gemv_reference_split_heads(t_3, heads=dims.hkv)
+    v = dense_gemv_reference_split_heads(t_5, heads=dims.hkv)
+    q_1 = norm_reference_rms_norm(q, w['attn_q_norm.weight'], eps=dims.eps)
+    k_1 = norm_reference_rms_norm(k, w['attn_k_norm.weight'], eps=dims.eps)
+    q_2, k_2 = rope_reference_rope(q_1, k_1, positions, rope_inv_freq0, style='neox')
+    a, k_pool, v_pool = attention_reference_paged_attention(q_2, k_2, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
+    t_12 = dense_gemv_reference_linear(a, w['attn_output.weight'])
+    x_1, h_1 = norm_reference_add_rms_norm(x_in, t_12, w['ffn_norm.weight'], eps=dims.eps)
+    t_15_t_16 = dense_gemv_reference_linear(h_1, w['ffn_gate+ffn_up.weight'])
     t_17 = activation_gated_act_packed(t_15_t_16, act='silu')
-    t_18 = linear_linear(t_17, w['ffn_down.weight'])
+    t_18 = dense_gemv_reference_linear(t_17, w['ffn_down.weight'])
     return x_1, t_18, k_pool, v_pool
 
 
@@ -79,8 +79,8 @@ def epilogue(dims, weights, x, x_add, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     x_in = embedding_add(x, x_add)
     x_1 = embedding_select_rows(x_in, logit_rows)
-    h = norm_rms_norm(x_1, weights['output_norm.weight'], eps=dims.eps)
-    logits = linear_linear(h, weights['output.weight'])
+    h = norm_reference_rms_norm(x_1, weights['output_norm.weight'], eps=dims.eps)
+    logits = dense_gemv_reference_linear(h, weights['output.weight'])
     return logits
 
 

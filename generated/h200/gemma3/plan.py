@@ -9,18 +9,18 @@
 import jax
 import jax.numpy as jnp
 
-from ember.compiler.ops.embedding import add as embedding_add
-from ember.compiler.ops.embedding import scale as embedding_scale
-from ember.compiler.ops.embedding import select_rows as embedding_select_rows
-from ember.compiler.ops.linear_quant import embedding as linear_quant_embedding
-from ember.compiler.ops.linear_quant import gated_mlp as linear_quant_gated_mlp
-from ember.compiler.ops.linear_quant import linear as linear_quant_linear
-from ember.compiler.ops.linear_quant import linear_split as linear_quant_linear_split
-from ember.compiler.ops.linear import split_heads as linear_split_heads
-from ember.compiler.ops.norm_gpu import rms_norm as norm_gpu_rms_norm
-from ember.compiler.ops.norm_quant_gpu import add_rms_norm_to_proj as norm_quant_gpu_add_rms_norm_to_proj
-from ember.compiler.ops.norm_quant_gpu import rms_norm_to_proj as norm_quant_gpu_rms_norm_to_proj
-from ember.compiler.ops.attention_gpu.paged import rope_paged_attention_to_proj as paged_rope_paged_attention_to_proj
+from ember.compiler.kernels.attention.paged import rope_paged_attention_to_proj as attention_paged_rope_paged_attention_to_proj
+from ember.compiler.kernels.dense_gemv.reference import split_heads as dense_gemv_reference_split_heads
+from ember.compiler.kernels.embedding import add as embedding_add
+from ember.compiler.kernels.embedding import scale as embedding_scale
+from ember.compiler.kernels.embedding import select_rows as embedding_select_rows
+from ember.compiler.kernels.gguf_gemv.linear import embedding as gguf_gemv_linear_embedding
+from ember.compiler.kernels.gguf_gemv.linear import gated_mlp as gguf_gemv_linear_gated_mlp
+from ember.compiler.kernels.gguf_gemv.linear import linear as gguf_gemv_linear_linear
+from ember.compiler.kernels.gguf_gemv.linear import linear_split as gguf_gemv_linear_linear_split
+from ember.compiler.kernels.norm.kernel import rms_norm as norm_kernel_rms_norm
+from ember.compiler.kernels.norm.quant_kernel import add_rms_norm_to_proj as norm_quant_kernel_add_rms_norm_to_proj
+from ember.compiler.kernels.norm.quant_kernel import rms_norm_to_proj as norm_quant_kernel_rms_norm_to_proj
 
 ARCH = "gemma3"
 GLOBAL_WEIGHTS = ('output.weight', 'output_norm.weight', 'token_embd.weight')
@@ -50,7 +50,7 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
 
 def prologue(dims, weights, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
-    x = linear_quant_embedding(tokens, weights['token_embd.weight'])
+    x = gguf_gemv_linear_embedding(tokens, weights['token_embd.weight'])
     x_1 = embedding_scale(x, factor=dims.embed_scale)
     return x_1
 
@@ -60,19 +60,19 @@ def layer(dims, w, constants, x, x_add, k_pool, v_pool, batch):
     rope_inv_freq0 = constants['rope_inv_freq0']
     attn_window1 = constants['attn_window1']
     attn_state2 = constants['attn_state2']
-    x_in, h = norm_quant_gpu_add_rms_norm_to_proj(x, x_add, w['attn_norm.weight'], w['attn_q+attn_k+attn_v.weight'], eps=dims.eps)
-    t_1, t_3, t_5 = linear_quant_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
-    q = linear_split_heads(t_1, heads=dims.hq)
-    k = linear_split_heads(t_3, heads=dims.hkv)
-    v = linear_split_heads(t_5, heads=dims.hkv)
-    q_1 = norm_gpu_rms_norm(q, w['attn_q_norm.weight'], eps=dims.eps)
-    k_1 = norm_gpu_rms_norm(k, w['attn_k_norm.weight'], eps=dims.eps)
-    a, k_pool, v_pool = paged_rope_paged_attention_to_proj(q_1, k_1, v, positions, rope_inv_freq0, attn_window1, attn_state2, w['attn_output.weight'], k_pool, v_pool, batch, style='neox', scale=dims.attn_scale)
-    t_12 = linear_quant_linear(a, w['attn_output.weight'])
-    t_13 = norm_gpu_rms_norm(t_12, w['post_attention_norm.weight'], eps=dims.eps)
-    x_1, h_1 = norm_quant_gpu_add_rms_norm_to_proj(x_in, t_13, w['ffn_norm.weight'], w['ffn_gate+ffn_up.weight'], eps=dims.eps)
-    t_19 = linear_quant_gated_mlp(h_1, w['ffn_gate+ffn_up.weight'], w['ffn_down.weight'], act='gelu_tanh')
-    t_20 = norm_gpu_rms_norm(t_19, w['post_ffw_norm.weight'], eps=dims.eps)
+    x_in, h = norm_quant_kernel_add_rms_norm_to_proj(x, x_add, w['attn_norm.weight'], w['attn_q+attn_k+attn_v.weight'], eps=dims.eps)
+    t_1, t_3, t_5 = gguf_gemv_linear_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
+    q = dense_gemv_reference_split_heads(t_1, heads=dims.hq)
+    k = dense_gemv_reference_split_heads(t_3, heads=dims.hkv)
+    v = dense_gemv_reference_split_heads(t_5, heads=dims.hkv)
+    q_1 = norm_kernel_rms_norm(q, w['attn_q_norm.weight'], eps=dims.eps)
+    k_1 = norm_kernel_rms_norm(k, w['attn_k_norm.weight'], eps=dims.eps)
+    a, k_pool, v_pool = attention_paged_rope_paged_attention_to_proj(q_1, k_1, v, positions, rope_inv_freq0, attn_window1, attn_state2, w['attn_output.weight'], k_pool, v_pool, batch, style='neox', scale=dims.attn_scale)
+    t_12 = gguf_gemv_linear_linear(a, w['attn_output.weight'])
+    t_13 = norm_kernel_rms_norm(t_12, w['post_attention_norm.weight'], eps=dims.eps)
+    x_1, h_1 = norm_quant_kernel_add_rms_norm_to_proj(x_in, t_13, w['ffn_norm.weight'], w['ffn_gate+ffn_up.weight'], eps=dims.eps)
+    t_19 = gguf_gemv_linear_gated_mlp(h_1, w['ffn_gate+ffn_up.weight'], w['ffn_down.weight'], act='gelu_tanh')
+    t_20 = norm_kernel_rms_norm(t_19, w['post_ffw_norm.weight'], eps=dims.eps)
     return x_1, t_20, k_pool, v_pool
 
 
@@ -80,8 +80,8 @@ def epilogue(dims, weights, x, x_add, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     x_in = embedding_add(x, x_add)
     x_1 = embedding_select_rows(x_in, logit_rows)
-    h = norm_quant_gpu_rms_norm_to_proj(x_1, weights['output_norm.weight'], weights['output.weight'], eps=dims.eps)
-    logits = linear_quant_linear(h, weights['output.weight'])
+    h = norm_quant_kernel_rms_norm_to_proj(x_1, weights['output_norm.weight'], weights['output.weight'], eps=dims.eps)
+    logits = gguf_gemv_linear_linear(h, weights['output.weight'])
     return logits
 
 

@@ -9,17 +9,17 @@
 import jax
 import jax.numpy as jnp
 
-from ember.compiler.ops.activation import gated_act_packed as activation_gated_act_packed
-from ember.compiler.ops.attention_blockwise import paged_attention_blockwise as attention_blockwise_paged_attention_blockwise
-from ember.compiler.ops.embedding import add as embedding_add
-from ember.compiler.ops.embedding import select_rows as embedding_select_rows
-from ember.compiler.ops.linear_quant import embedding as linear_quant_embedding
-from ember.compiler.ops.linear_quant import linear as linear_quant_linear
-from ember.compiler.ops.linear_quant import linear_split as linear_quant_linear_split
-from ember.compiler.ops.linear import split_heads as linear_split_heads
-from ember.compiler.ops.norm_gpu import add_rms_norm as norm_gpu_add_rms_norm
-from ember.compiler.ops.norm_gpu import rms_norm as norm_gpu_rms_norm
-from ember.compiler.ops.rope import rope as rope_rope
+from ember.compiler.kernels.activation import gated_act_packed as activation_gated_act_packed
+from ember.compiler.kernels.attention.blockwise import paged_attention_blockwise as attention_blockwise_paged_attention_blockwise
+from ember.compiler.kernels.dense_gemv.reference import split_heads as dense_gemv_reference_split_heads
+from ember.compiler.kernels.embedding import add as embedding_add
+from ember.compiler.kernels.embedding import select_rows as embedding_select_rows
+from ember.compiler.kernels.gguf_gemv.linear import embedding as gguf_gemv_linear_embedding
+from ember.compiler.kernels.gguf_gemv.linear import linear as gguf_gemv_linear_linear
+from ember.compiler.kernels.gguf_gemv.linear import linear_split as gguf_gemv_linear_linear_split
+from ember.compiler.kernels.norm.kernel import add_rms_norm as norm_kernel_add_rms_norm
+from ember.compiler.kernels.norm.kernel import rms_norm as norm_kernel_rms_norm
+from ember.compiler.kernels.rope.reference import rope as rope_reference_rope
 
 ARCH = "llama"
 GLOBAL_WEIGHTS = ('output.weight', 'output_norm.weight', 'token_embd.weight')
@@ -49,7 +49,7 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
 
 def prologue(dims, weights, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
-    x = linear_quant_embedding(tokens, weights['token_embd.weight'])
+    x = gguf_gemv_linear_embedding(tokens, weights['token_embd.weight'])
     return x
 
 
@@ -58,18 +58,18 @@ def layer(dims, w, constants, x, x_add, k_pool, v_pool, batch):
     rope_inv_freq0 = constants['rope_inv_freq0']
     attn_window1 = constants['attn_window1']
     attn_state2 = constants['attn_state2']
-    x_in, h = norm_gpu_add_rms_norm(x, x_add, w['attn_norm.weight'], eps=dims.eps)
-    t_1, t_3, t_5 = linear_quant_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
-    q = linear_split_heads(t_1, heads=dims.hq)
-    k = linear_split_heads(t_3, heads=dims.hkv)
-    v = linear_split_heads(t_5, heads=dims.hkv)
-    q_1, k_1 = rope_rope(q, k, positions, rope_inv_freq0, style='neox')
+    x_in, h = norm_kernel_add_rms_norm(x, x_add, w['attn_norm.weight'], eps=dims.eps)
+    t_1, t_3, t_5 = gguf_gemv_linear_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
+    q = dense_gemv_reference_split_heads(t_1, heads=dims.hq)
+    k = dense_gemv_reference_split_heads(t_3, heads=dims.hkv)
+    v = dense_gemv_reference_split_heads(t_5, heads=dims.hkv)
+    q_1, k_1 = rope_reference_rope(q, k, positions, rope_inv_freq0, style='neox')
     a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_1, k_1, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
-    t_10 = linear_quant_linear(a, w['attn_output.weight'])
-    x_1, h_1 = norm_gpu_add_rms_norm(x_in, t_10, w['ffn_norm.weight'], eps=dims.eps)
-    t_13_t_14 = linear_quant_linear(h_1, w['ffn_gate+ffn_up.weight'])
+    t_10 = gguf_gemv_linear_linear(a, w['attn_output.weight'])
+    x_1, h_1 = norm_kernel_add_rms_norm(x_in, t_10, w['ffn_norm.weight'], eps=dims.eps)
+    t_13_t_14 = gguf_gemv_linear_linear(h_1, w['ffn_gate+ffn_up.weight'])
     t_15 = activation_gated_act_packed(t_13_t_14, act='silu')
-    t_16 = linear_quant_linear(t_15, w['ffn_down.weight'])
+    t_16 = gguf_gemv_linear_linear(t_15, w['ffn_down.weight'])
     return x_1, t_16, k_pool, v_pool
 
 
@@ -77,8 +77,8 @@ def epilogue(dims, weights, x, x_add, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     x_in = embedding_add(x, x_add)
     x_1 = embedding_select_rows(x_in, logit_rows)
-    h = norm_gpu_rms_norm(x_1, weights['output_norm.weight'], eps=dims.eps)
-    logits = linear_quant_linear(h, weights['output.weight'])
+    h = norm_kernel_rms_norm(x_1, weights['output_norm.weight'], eps=dims.eps)
+    logits = gguf_gemv_linear_linear(h, weights['output.weight'])
     return logits
 
 

@@ -2,7 +2,7 @@
 
 These functions are the numerical references that Ember's GPU dequant kernels
 are tested against, so they must be exact: each one matches
-`gguf.quants.dequantize` bit for bit (tests/test_dequant.py). The per-format
+`gguf.quants.dequantize` bit for bit (tests/kernels/gguf_gemv/test_dequant.py). The per-format
 block decoders live in `dequant_legacy.py` (32-element blocks: Q8_0, Q4_0,
 Q5_0) and `dequant_kquants.py` (256-element super-blocks: Q4_K, Q5_K, Q6_K);
 this module adds the plain float formats, the size table and the chunking that
