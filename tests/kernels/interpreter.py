@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ember.compiler.kernels.gguf_gemv.act_quant import FACTORS
+
 
 def patch_interpreter() -> None:
     import ml_dtypes
@@ -84,3 +86,49 @@ class HostBuffer:
 
     def data_ptr(self) -> int:
         return self.array.ctypes.data
+
+
+# The int8 activations the dp4a GEMVs read, as their producers write them (quantizer, norms, attention combine).
+def activation_buffers(m: int, k: int):
+    """Host buffers for x [m, k]'s int8 activations as the producers write them (act_quant.packed_shapes)."""
+    from ember.compiler.kernels.gguf_gemv.act_quant import packed_shapes
+
+    qa, da = packed_shapes(m, k)
+    return HostBuffer(np.zeros(qa.shape, np.int32)), HostBuffer(np.full(da.shape, np.nan, np.float32))
+
+
+def compare_activations(
+    qa: np.ndarray,
+    da: np.ndarray,
+    qa_ref: np.ndarray,
+    da_ref: np.ndarray,
+    *,
+    tol: float = 1e-5,
+    code_slack: int = 0,
+    min_same: float = 1.0,
+) -> tuple[bool, str]:
+    """A producer's int8 activations (qa [m, T k/4], da [m, k/32, 4 T]) against act_quant.quantize_activations':
+    (failed, note). The first term: its codes within code_slack of the reference's (min_same of its words
+    equal) and its (dx, sx, s0, s1) within tol of the largest. A second term rounds the first one's residual,
+    so a last-bit difference in dx (the reference's division) may move one of its codes by one: its codes
+    within one, at most 0.1% of its words (or two) unequal, dx' within 1e-3 and its code sums within 2."""
+    terms = da.shape[-1] // FACTORS
+    words = qa.shape[1] // terms
+    codes = lambda a: a.view(np.int8).astype(np.int32)  # noqa: E731
+    first, first_ref = qa[:, :words], qa_ref[:, :words]
+    same = float((first == first_ref).mean())
+    code_diff = int(np.abs(codes(first) - codes(first_ref)).max())
+    err = float(np.abs(da[..., :FACTORS] - da_ref[..., :FACTORS]).max() / np.abs(da_ref[..., :FACTORS]).max())
+    failed = not (code_diff <= code_slack and same >= min_same and err < tol)
+    note = f"words equal {same:.4f} max code diff {code_diff} (dx, sx, s0, s1) rel_err={err:.1e}"
+    if terms > 1:
+        second, second_ref = qa[:, words:], qa_ref[:, words:]
+        unequal = int((second != second_ref).sum())
+        diff2 = int(np.abs(codes(second) - codes(second_ref)).max())
+        dx_err = float(np.abs(da[..., 4] - da_ref[..., 4]).max() / max(np.abs(da_ref[..., 4]).max(), 1e-30))
+        sums = float(np.abs(da[..., 6:] - da_ref[..., 6:]).max())
+        failed = failed or not (diff2 <= 1 and unequal <= max(2, second.size // 1000) and dx_err < 1e-3 and sums <= 2)
+        note += (
+            f"; second term: {unequal} of {second.size} words unequal, max code diff {diff2}, dx' rel_err={dx_err:.1e}"
+        )
+    return failed, note
