@@ -216,7 +216,7 @@ def test_the_startup_child_loads_compiles_and_reports(tokenizer_dir, capsys):
     suite = Suite(
         [TINY], target="cpu", sections=("startup",), out_dir=".", tokenizer_dir=tokenizer_dir, commit="x", config=CONFIG
     )
-    engine = dataclasses.asdict(suite.batch_config())
+    engine = dataclasses.asdict(suite.measures.batch_config())
     assert engine["max_num_seqs"] == 2 and engine["max_model_len"] == 12  # the concurrency engine's config
     assert (
         startup_child(

@@ -1,6 +1,6 @@
 """The benchmark suite's measurements (tools/bench_suite.py, `ember bench --suite`): the engines they run on,
 the batch-1 warm-up, and one method per section (context, prefill, concurrency, ttft, startup, hf), each
-filling the `out` dict Suite.guarded hands it. What each section measures is tools/bench_suite.py's docstring.
+filling the `out` dict the suite's `guarded` hands it. What each section measures is tools/bench_suite.py's docstring.
 """
 
 from __future__ import annotations
@@ -15,8 +15,13 @@ from .bench_models import SYNTHETIC_SHAPES, kv_bytes_read, weight_bytes_per_step
 
 
 class SuiteSections:
-    """Suite's section methods. A mixin of Suite: they use its config, target, tokenizer_dir, guarded and
-    remaining_timeout."""
+    """The suite's section methods. Suite owns one and hands it what the sections need of it: the config,
+    the target, the tokenizer folder, `guarded` (runs one part, recording its error and saving the result)
+    and `remaining_timeout` (seconds left before the suite's deadline)."""
+
+    def __init__(self, config, *, target: str, tokenizer_dir: str | None, guarded, remaining_timeout) -> None:
+        self.config, self.target, self.tokenizer_dir = config, target, tokenizer_dir
+        self.guarded, self.remaining_timeout = guarded, remaining_timeout
 
     # ---- engines ---------------------------------------------------------------------------------------
 

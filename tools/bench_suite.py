@@ -75,7 +75,7 @@ class SuiteConfig:
     kernel_policy: str | None = None  # a JSON file of overrides over the target's kernel policy
 
 
-class Suite(SuiteSections):
+class Suite:
     def __init__(
         self,
         models,
@@ -97,6 +97,13 @@ class Suite(SuiteSections):
         self.models, self.target, self.config = list(models), target, config
         self.sections = [s for s in SECTIONS if s in sections and (hf or s != "hf")]
         self.out_dir, self.tokenizer_dir = Path(out_dir), tokenizer_dir
+        self.measures = SuiteSections(
+            config,
+            target=target,
+            tokenizer_dir=tokenizer_dir,
+            guarded=self.guarded,
+            remaining_timeout=self.remaining_timeout,
+        )
         self.started = time.perf_counter()
         self.result = {
             "suite": "ember bench --suite",
@@ -179,7 +186,7 @@ class Suite(SuiteSections):
         self.save()
         if "hf" in self.sections:
             for shape in dict.fromkeys(s for s in map(_hf_shape, self.models) if s):
-                self.guarded(f"hf {shape}", self.result["hf"].setdefault(shape, {}), self.run_hf, shape)
+                self.guarded(f"hf {shape}", self.result["hf"].setdefault(shape, {}), self.measures.run_hf, shape)
         for name in self.models:
             self.result["models"][name] = entry = {}
             self.run_model(name, entry)
@@ -205,7 +212,7 @@ class Suite(SuiteSections):
     def run_model(self, name: str, entry: dict) -> None:
         wanted = set(self.sections)
         if "startup" in wanted:  # first: its cold process must find no compiled plan of ours in any cache
-            self.guarded(f"{name} startup", entry.setdefault("startup", {}), self.run_startup, name)
+            self.guarded(f"{name} startup", entry.setdefault("startup", {}), self.measures.run_startup, name)
         if not wanted & {"context", "prefill", "concurrency", "ttft"}:
             return
         if self.past_deadline():
@@ -226,31 +233,37 @@ class Suite(SuiteSections):
         self.log(f"{name}: loaded in {entry['load_s']} s, {entry['weight_bytes_per_step'] / 1e9:.2f} GB read per step")
         single = [s for s in ("context", "prefill") if s in wanted]
         if single:
-            config = self.single_config()
+            config = self.measures.single_config()
             for section in single:
                 entry[section] = {"engine": dataclasses.asdict(config), "runs": []}
 
             def batch1(engine, clock):
-                warm = self.guarded(f"{name} warm-up (batch-1 engine)", {}, self.warm_single, engine, model)
+                warm = self.guarded(f"{name} warm-up (batch-1 engine)", {}, self.measures.warm_single, engine, model)
                 for section in single:
                     entry[section]["warmup"] = warm
                     self.guarded(
-                        f"{name} {section}", entry[section], getattr(self, f"run_{section}"), engine, model, clock
+                        f"{name} {section}", entry[section], getattr(self.measures, f"run_{section}"), engine, model, clock
                     )
 
             self.with_engine(config, model, tokenizer, [entry[s] for s in single], batch1)
         if wanted & {"concurrency", "ttft"}:
-            config = self.batch_config()
+            config = self.measures.batch_config()
             out = entry["concurrency"] = {"engine": dataclasses.asdict(config), "runs": []}
 
             def batched(engine, clock):
                 self.guarded(
-                    f"{name} concurrency", out, self.run_concurrency, engine, model, clock, "concurrency" in wanted
+                    f"{name} concurrency",
+                    out,
+                    self.measures.run_concurrency,
+                    engine,
+                    model,
+                    clock,
+                    "concurrency" in wanted,
                 )
 
             self.with_engine(config, model, tokenizer, [out], batched)
             if "ttft" in wanted:
-                entry["ttft"] = self.ttft_from(out)
+                entry["ttft"] = self.measures.ttft_from(out)
                 self.save()
 
     def with_engine(self, config, model, tokenizer, outs: list[dict], body) -> None:
