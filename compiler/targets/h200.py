@@ -39,7 +39,7 @@ from .policy import KernelPolicy, WeightPolicy
 # GGUF Q4_K / Q6_K / Q8_0 weights stay packed for the decode GEMVs, with a bf16 copy beside each for steps of
 # more rows (dense_copies; quant_gemv.dense_copy_gemv_max_rows): on the 1.5B Q4_K_M shape the packed weights
 # decoded 707.7 tok/s at batch 1 vs 610.6 for bf16 weights, but 8,173 vs 17,147 at 32 streams (same H200 call;
-# docs/kernels.md). HF FP8 checkpoints stay FP8 (compiler/kernels/dense_gemv/fp8.py: the Triton GEMV at one row, XLA's
+# compiler/kernels/gguf_gemv/README.md). HF FP8 checkpoints stay FP8 (compiler/kernels/dense_gemv/fp8.py: the Triton GEMV at one row, XLA's
 # GEMM fusion of the fp8 operand above). Q5_0 (GGUF's rows that are not whole super-blocks) since its GPU test
 # passed (docs/results/h200_gpu_tests_aa12851.json); its speed: docs/results/h200_q5_0_gemv_0130688.json.
 H200_WEIGHTS = WeightPolicy(quantized_formats=("fp8", "q4_k", "q6_k", "q8_0", "q5_0"), dense_copies=True)

@@ -36,7 +36,7 @@ class QuantGemvPolicy:
     # from HBM and again from L2
     dp4a_gemv_max_rows: int = 16
     # rows up to which a weight with a dense copy still takes its quantized GEMV: packed vs copy, 2 streams
-    # 1,372.0 vs 1,228.4 tok/s, 4 streams 2,287.6 vs 2,432.3 (H200, 1.5B Q4_K_M: docs/kernels.md)
+    # 1,372.0 vs 1,228.4 tok/s, 4 streams 2,287.6 vs 2,432.3 (H200, 1.5B Q4_K_M: compiler/kernels/gguf_gemv/README.md)
     dense_copy_gemv_max_rows: int = 2
     # decode (m <= 4) takes the "rows" kernels (gguf_gemv/rows_*.py), not the "split" ones
     # (docs/results/h200_quant_matmul_rows_variant.json, h200_quant_rows_sweep_c32c507.json)
