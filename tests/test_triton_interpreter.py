@@ -12,21 +12,14 @@ import pytest
 from ember.compiler.kernels.gguf_gemv.act_quant import act_terms
 
 CHECKS = [
-    ("check_attention_kernels", "interpret"),
-    ("check_prefill_kernels", "interpret"),
     ("check_quant_kernels", "interpret"),
     ("check_quant_kernels", "rows"),
     ("check_dp4a_kernels", "interpret"),
-    ("check_fp8_kernels", "interpret"),
-    ("check_norm_kernels", "interpret"),
-    ("check_rope_kernels", "interpret"),
-    ("check_split_kernels", "interpret"),
 ]
 # the int8 activations' producers and the integer-dot GEMV again with the other number of terms (gguf_gemv/act_quant.py)
 OTHER_TERMS = [
     ("check_dp4a_kernels", "interpret"),
     ("check_norm_kernels", "interpret"),
-    ("check_attention_kernels", "combine-quant"),
 ]
 CASES = [(tool, mode, None) for tool, mode in CHECKS] + [(tool, mode, "other") for tool, mode in OTHER_TERMS]
 

@@ -14,7 +14,6 @@ Timing: one executable chains `calls` calls (the output is the next call's q, so
 and the tens of µs of dispatch are spread over them); a call's time is the median of `runs` runs / calls.
 
   JAX_PLATFORMS=cuda python tools/dev/bench_prefill_attention.py [--sweep] [--runs 7] > prefill_bench.json
-  (the same as: python tools/dev/check_prefill_kernels.py bench [--sweep])
 --sweep also times SWEEP_CONFIGS (with and without the KV split) at the 512- and 4096-token chunks and reports
 each and the best (what pick_config and launch_plan's split rule should say); about 100 compiles, ~5-8 min.
 Progress goes to stderr, one JSON line per case.

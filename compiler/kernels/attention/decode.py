@@ -6,7 +6,8 @@ backend="triton"   decode_kernel.py as native XLA kernels (../triton_launch.py; 
 backend="emulate"  the same split-K algorithm in plain jnp (same visible range, same per-split token
                    shares, same BLOCK_N iterations with an online softmax, same combine): runs anywhere,
                    so CPU tests check the algorithm against the reference `_attend`, while
-                   tools/dev/check_attention_kernels.py checks the Triton kernel itself in the interpreter.
+                   tests/kernels/attention/test_decode_interpret.py checks the Triton kernel itself in the
+                   interpreter.
 
 Both return [B, hq, dh] in q's dtype, and both are traceable inside one jitted step: shapes and the launch
 plan are static (from q, the pool and the table width), lengths and the window are device data.

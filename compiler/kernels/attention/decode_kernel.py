@@ -2,7 +2,8 @@
 
 Imports only triton (and the activation quantizer's Triton helpers), so Triton's CPU interpreter can run these
 kernels on numpy buffers
-(tools/dev/check_attention_kernels.py); decode.py launches them (as native XLA kernels, ../triton_launch.py).
+(tests/kernels/attention/test_decode_interpret.py, test_decode_fused_interpret.py); decode.py launches them (as
+native XLA kernels, ../triton_launch.py).
 
 What one program computes. Grid (B, hkv, SPLITS): program (b, h, s) takes decode row b, KV head h and
 the s-th share of the row's visible tokens, and folds them into an online softmax for all G = hq / hkv
@@ -60,7 +61,7 @@ the partials kernel with rope_write's work folded in: each program rotates its q
 writes K / V to the pools, and the row's own token (its last visible one) is never read back from the pool,
 where another program's write may not have landed: its score q . k_own is taken before the walk and its
 weight times v_own is added after it (a [G] weight carried through the loop), so the loop keeps the plain
-kernel's registers (114 vs 96 at 12/2 x 128; compile stats: check_attention_kernels.py compile). It relies on
+kernel's registers (114 vs 96 at 12/2 x 128; compile stats: tools/dev/compile_attention_kernels.py). It relies on
 batch.py's contract that decode rows belong to different sequences: no row reads a token another row of
 the same launch writes.
 """

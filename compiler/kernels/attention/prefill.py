@@ -42,7 +42,7 @@ class PrefillAttentionConfig:
 
 
 def pick_config(head_dim: int, dtype) -> PrefillAttentionConfig:
-    """Starting points (FA2-on-Hopper habits); `tools/dev/check_prefill_kernels.py bench --sweep` measures them."""
+    """Starting points (FA2-on-Hopper habits); `tools/dev/bench_prefill_attention.py --sweep` measures them."""
     if jnp.dtype(dtype) == jnp.float32:  # ieee dots run on CUDA cores: smaller tiles, fewer registers
         return PrefillAttentionConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
     if head_dim <= 64:

@@ -36,7 +36,8 @@ Plain float weights (SCALED off; compiler/kernels/dense_gemv/dispatch.py): the s
 matrix through the CUDA-core or tensor-core loops (the word loop is e4m3's), with the same epilogues.
 
 W_BITCAST: the weight pointer holds uint8 bytes reinterpreted as e4m3 in the kernel (Triton's CPU interpreter,
-tools/dev/check_fp8_kernels.py, has no float8 numpy buffers); on the GPU the fp8 array is passed as it is.
+tests/kernels/dense_gemv/test_fp8_gemv_interpret.py, has no float8 numpy buffers); on the GPU the fp8 array is
+passed as it is.
 All offsets are int32: out * in < 2**31 (checked).
 """
 

@@ -13,7 +13,7 @@ so a row costs one memory round trip. The residual operand may be a down project
 is a linear_quant.QuantizedInput (the bf16 rows + qa + da); otherwise the plain norm (norm/kernel.py).
 
 On by default; the kernel policy's norms.fused_quant off (read at trace time) turns it off. Checked in Triton's interpreter
-(tools/dev/check_norm_kernels.py: rows and int8 words bit-equal to the plain norm + quantizer) and on the H200
+(tests/kernels/norm/test_norm_interpret.py: rows and int8 words bit-equal to the plain norm + quantizer) and on the H200
 (tests/kernels/norm/test_norm_kernels_gpu.py: bit-equal to the Triton quantizer it replaces). Measured there,
 plan alone at batch 1 (docs/results/h200_fused_norm_quant_cfef150.json): 1.5B Q4_K_M 439 -> 382 kernels,
 1.163 -> 1.147 ms per step; 8B Q4_K_M 517 -> 452 kernels, 2.398 -> 2.374 ms.

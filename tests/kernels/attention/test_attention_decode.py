@@ -1,7 +1,8 @@
 """The split-K decode attention algorithm on CPU: its jnp emulation (decode.split_k_partials_jnp +
 combine_partials, the kernel's visible range, per-split shares and BLOCK_N iterations) against the
 reference `_attend`, and the h200 op entry (paged.py, emulation path) against the reference op.
-The Triton kernel itself: tools/dev/check_attention_kernels.py (interpreter) and tests/kernels/attention/test_attention_gpu.py."""
+The Triton kernel itself: test_decode_interpret.py and test_decode_fused_interpret.py (interpreter) and
+test_attention_gpu.py (GPU)."""
 
 from __future__ import annotations
 

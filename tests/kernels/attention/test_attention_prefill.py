@@ -2,8 +2,8 @@
 splits, masks and online softmax) against the reference `attention._attend`, and the tile-range arithmetic
 the kernel shares with it, at sizes the emulation could never run (16k chunks, long prefixes).
 
-The Triton kernel itself runs in tools/dev/check_prefill_kernels.py (CPU interpreter) and
-tests/kernels/attention/test_attention_prefill_gpu.py (H200)."""
+The Triton kernel itself runs in test_prefill_interpret.py (CPU interpreter) and test_attention_prefill_gpu.py
+(H200)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The dense decode GEMV (compiler/kernels/dense_gemv/dispatch.py) on this CPU: which projections of plain weights take it
 when a plan is traced for a GPU, the kernels they lower to, and that everything else keeps XLA's GEMM. The
-numerics run in Triton's interpreter (tools/dev/check_fp8_kernels.py: DENSE_CASES) and on the H200
+numerics run in Triton's interpreter (tests/kernels/dense_gemv/test_fp8_gemv_interpret.py: DENSE_CASES) and on the H200
 (tests/kernels/dense_gemv/test_dense_gemv_gpu.py)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The FP8 decode GEMV (compiler/kernels/dense_gemv/kernel.py) on this CPU: its config table and launch plans, the
 dispatch in fp8_linear, and its lowering to XLA's native Triton custom call for the cuda platform (the numerics
-run in Triton's interpreter: tools/dev/check_fp8_kernels.py, tests/test_triton_interpreter.py)."""
+run in Triton's interpreter: tests/kernels/dense_gemv/test_fp8_gemv_interpret.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """compiler/kernels/norm/kernel.py on CPU: the functions a target would name are the references when not tracing
 for a GPU; the launch plan's tile covers a row. The kernels themselves run in Triton's interpreter
-(tools/dev/check_norm_kernels.py via tests/test_triton_interpreter.py) and lower for sm_90 (tests/kernels/triton/test_triton_launch.py)."""
+(tests/kernels/norm/test_norm_interpret.py) and lower for sm_90 (tests/kernels/triton/test_triton_launch.py)."""
 
 import jax.numpy as jnp
 import numpy as np

@@ -1,6 +1,6 @@
 """The dense q/k/v split: a GPU trace launches one Triton kernel for the three outputs (not three XLA slices),
-anything else keeps split_columns' slices. The kernel's own results: tools/dev/check_split_kernels.py (interpreter,
-tests/test_triton_interpreter.py) and on the GPU tests/kernels/split_columns/test_split_columns_gpu.py."""
+anything else keeps split_columns' slices. The kernel's own results: tests/kernels/split_columns/test_split_interpret.py
+(interpreter) and on the GPU tests/kernels/split_columns/test_split_columns_gpu.py."""
 
 import jax
 import jax.numpy as jnp
