@@ -4,6 +4,7 @@ from . import Target
 from .policy import (
     AttentionPolicy,
     DenseGemvPolicy,
+    DeterministicPolicy,
     Fp8GemvPolicy,
     KernelPolicy,
     NormPolicy,
@@ -31,8 +32,11 @@ CPU = Target(
         "rope_apply": f"{_K}.rope.reference:rope",
         "attention": f"{_K}.attention.reference:paged_attention",
     },
+    # the deterministic variant's batch-invariant kernels (docs/kernel_policy.md, "Batch invariance")
     deterministic_kernels={
         "attention": f"{_K}.attention.blockwise:paged_attention_blockwise",
+        "rms_norm": f"{_K}.norm.reference:rms_norm_invariant",
+        "add_rms_norm": f"{_K}.norm.reference:add_rms_norm_invariant",
     },
     activation_dtype="float32",
     # Few buckets: on CPU a decode step costs what its weights cost to read whatever the row count,
@@ -49,5 +53,10 @@ CPU = Target(
         attention=AttentionPolicy(fused_rope=False, fused_rope_decode=False, fused_combine_quant=False),
         norms=NormPolicy(triton=False, fused_quant=False),
         split=SplitPolicy(triton=False),
+        # XLA CPU runs a one-row matmul as a GEMV whose sums round unlike its GEMM's; from two rows up the
+        # GEMM's row results do not depend on how many rows there are (tests/test_deterministic_cpu.py
+        # checks both), the blockwise attention is batch-invariant by construction, the sampler's row
+        # reductions too: deterministic steps take the default buckets, never a one-row matmul
+        deterministic=DeterministicPolicy(bucketed=True, min_rows=2),
     ),
 )

@@ -75,7 +75,9 @@ H200 = Target(
     },
     deterministic_kernels=dict(CPU.deterministic_kernels),
     activation_dtype="bfloat16",
-    # every kernel family at its GPU default (policy.py's fields name the measurement behind each)
+    # every kernel family at its GPU default (policy.py's fields name the measurement behind each); the
+    # deterministic plans keep XLA's GEMMs, whose algorithm (split-K included) cuBLAS picks per shape, so
+    # deterministic steps still run in fixed tiles (DeterministicPolicy's default)
     policy=KernelPolicy(weights=H200_WEIGHTS),
     decode_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     prefill_buckets=(16, 64, 256, 512, 1024, 2048, 4096),

@@ -131,6 +131,21 @@ class WeightPolicy:
 
 
 @dataclass(frozen=True)
+class DeterministicPolicy:
+    """How the deterministic variant keeps each row's arithmetic independent of the step it runs in
+    (docs/kernel_policy.md, "Batch invariance": the rule every deterministic kernel follows)."""
+
+    # True: every kernel of the deterministic plan computes a row the same way at every compiled shape from
+    # `min_rows` token rows up, so deterministic steps take the default buckets (decode buckets and logit
+    # rows raised to min_rows). False: they run in tiles of one fixed shape, `tile_decode_rows` decode rows
+    # + `tile_prefill_tokens` tokens of one prefill chunk, one tile after another
+    bucketed: bool = False
+    min_rows: int = 1
+    tile_decode_rows: int = 16
+    tile_prefill_tokens: int = 64
+
+
+@dataclass(frozen=True)
 class KernelPolicy:
     """Every kernel family's choices; a target holds one (Target.policy), the runtime traces with it."""
 
@@ -141,6 +156,7 @@ class KernelPolicy:
     norms: NormPolicy = field(default_factory=NormPolicy)
     split: SplitPolicy = field(default_factory=SplitPolicy)
     weights: WeightPolicy = field(default_factory=WeightPolicy)
+    deterministic: DeterministicPolicy = field(default_factory=DeterministicPolicy)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Nested plain values (config overrides as objects), as manifest.json records them."""

@@ -45,11 +45,11 @@ class EngineConfig:
         checked_kv_cache_dtype(self.kv_cache_dtype)
 
 
-def prefill_shapes(entry: dict, config: EngineConfig) -> PrefillShapes:
+def prefill_shapes(entry: dict, config: EngineConfig, tiled: bool = False) -> PrefillShapes:
     """The chunk layouts an engine uses: the plan's prefill buckets up to max_batched_tokens, and its
-    several-chunks-per-step segments (one chunk per step in deterministic mode, whose tiles are fixed)."""
+    several-chunks-per-step segments (one chunk per step when deterministic steps run in fixed tiles)."""
     buckets = tuple(b for b in entry["prefill_buckets"] if b <= config.max_batched_tokens) or (16,)
-    segments = (1,) if config.deterministic else tuple(entry.get("prefill_segments", (1,)))
+    segments = (1,) if tiled else tuple(entry.get("prefill_segments", (1,)))
     return PrefillShapes(buckets, segments, int(entry.get("segment_max_tokens", 512)))
 
 

@@ -55,7 +55,8 @@ class Engine:
         # one block pool per paged KV state kind (full attention; each sliding window, sized to its window)
         self.kv = KVCache.of(model.paged_kinds, engine_pool_blocks(model.paged_kinds, config), config.block_size)
         self.pool = self.kv.primary
-        prefill = prefill_shapes(model.plan.manifest["entries"]["forward"], config)
+        tiled = config.deterministic and not model.policy.deterministic.bucketed
+        prefill = prefill_shapes(model.plan.manifest["entries"]["forward"], config, tiled)
         self.scheduler = Scheduler(
             self.kv,
             config.max_num_seqs,

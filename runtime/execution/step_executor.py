@@ -1,9 +1,11 @@
 """Runs a ScheduledStep on the device: pads it to a compiled shape, runs forward + sampling.
 
-Default mode runs the whole scheduled step as one call of the smallest bucket that fits. Deterministic mode
-runs every step in tiles of one fixed shape (DECODE_TILE rows + PREFILL_TILE tokens) through the
-plan's deterministic variant (batch-invariant attention), so a token's computation never depends on
-what else is in the batch: same tokens and logprobs alone or under load.
+A step runs as one call of the smallest bucket that fits. Deterministic mode runs the plan's deterministic
+variant, whose kernels compute each row the same way whatever else is in the step (docs/kernel_policy.md,
+"Batch invariance"): same tokens and logprobs alone or under load. Where the target's kernel policy says
+those kernels are batch-invariant at every bucket (`deterministic.bucketed`), deterministic steps take the
+default buckets, raised to `deterministic.min_rows` rows; otherwise every step runs in tiles of one fixed
+shape (runtime/execution/deterministic_tiles.py).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import numpy as np
 from ...compiler.targets import get_target
 from ..loading.model import Model
 from ..sampling.params import RowState
-from ..scheduling.scheduled_step import PrefillChunk, PrefillShapes, ScheduledStep
+from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep
 from ..state.kinds import engine_pool_blocks
 from ..state.kv_dtypes import kv_dtype
+from .deterministic_tiles import step_tiles, tile_shape
 from .engine_step import (
     carry_from_step,
     collect_multi_step,
@@ -36,9 +39,6 @@ from .engine_step import (
 )
 from .executable_cache import cached_step, executor_identity
 from .step_inputs import StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape
-
-DECODE_TILE = 16
-PREFILL_TILE = 64
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,20 @@ class StepExecutor:
     def __init__(self, model: Model, config, prefill: PrefillShapes):
         self.model, self.config = model, config
         entry = model.plan.manifest["entries"]["forward"]
-        self.decode_buckets = tuple(b for b in entry["decode_buckets"] if b < config.max_num_seqs) + (
-            config.max_num_seqs,
+        self.deterministic = config.deterministic
+        determinism = model.policy.deterministic
+        # deterministic steps in fixed tiles, where the target's deterministic kernels are not batch-invariant
+        # at every bucket; otherwise no step runs a matmul on fewer rows than min_rows
+        self.tiles = determinism if self.deterministic and not determinism.bucketed else None
+        self.min_rows = determinism.min_rows if self.deterministic else 1
+        self.decode_buckets = tuple(
+            sorted(
+                {max(b, self.min_rows) for b in entry["decode_buckets"] if b < config.max_num_seqs}
+                | {max(config.max_num_seqs, self.min_rows)}
+            )
         )
         self.prefill = prefill
         self.table_blocks = math.ceil(config.max_model_len / config.block_size)
-        self.deterministic = config.deterministic
         plan = model.deterministic_plan() if self.deterministic else model.plan
         # each layer's pool is sized by its state kind (the engine's KVCache uses the same sizes)
         self.kv = model.new_kv(
@@ -89,7 +97,7 @@ class StepExecutor:
         self.step_fn = cached_step(make_step_fn(forward), 4, identity, "step")
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
-        self.decode_steps = 1 if self.deterministic else max(1, steps)
+        self.decode_steps = 1 if self.tiles is not None else max(1, steps)
         self.multi_step_fn = (
             cached_step(
                 make_multi_step_fn(forward, self.decode_steps),
@@ -105,9 +113,14 @@ class StepExecutor:
         self._no_carry: dict[int, object] = {}  # decode rows -> no_carry() on the device, made once
 
     def shapes(self) -> list[StepShape]:
-        if self.deterministic:
-            return [StepShape(DECODE_TILE, PREFILL_TILE, self.table_blocks, self.num_kinds)]
-        return all_step_shapes(self.decode_buckets, self.prefill, self.table_blocks, self.num_kinds)
+        if self.tiles is not None:
+            return [tile_shape(self.tiles, self.table_blocks, self.num_kinds)]
+        shapes = all_step_shapes(self.decode_buckets, self.prefill, self.table_blocks, self.num_kinds)
+        return [replace(shape, min_logit_rows=self.min_rows) for shape in shapes]
+
+    def _shape(self, step: ScheduledStep) -> StepShape:
+        shape = step_shape(step, self.decode_buckets, self.prefill, self.table_blocks)
+        return replace(shape, min_logit_rows=self.min_rows)
 
     def precompile(self, progress: bool = False) -> float:
         start = time.perf_counter()
@@ -134,13 +147,13 @@ class StepExecutor:
 
     def run(self, step: ScheduledStep, rows: list[RowState]) -> dict[str, Sampled]:
         """Run one step and wait for it: {request id: Sampled}."""
-        row_of = dict(zip(step.logit_request_ids, rows))
-        if not self.deterministic:
-            shape = step_shape(step, self.decode_buckets, self.prefill, self.table_blocks)
+        if self.tiles is None:
+            shape = self._shape(step)
             return self._sampled(step, self._run(build_step_batch(step, shape), rows, shape))
+        row_of = dict(zip(step.logit_request_ids, rows))
         results: dict[str, Sampled] = {}
-        for tile in _tiles(step):
-            shape = StepShape(DECODE_TILE, PREFILL_TILE, self.table_blocks, self.num_kinds)
+        shape = tile_shape(self.tiles, self.table_blocks, self.num_kinds)
+        for tile in step_tiles(step, self.tiles):
             tile_rows = [row_of[rid] for rid in tile.logit_request_ids]
             results.update(self._sampled(tile, self._run(build_step_batch(tile, shape), tile_rows, shape)))
         return results
@@ -154,9 +167,9 @@ class StepExecutor:
         after: the call still in flight whose last sampled tokens, on the device, are this run-ahead call's
         inputs — the previous run-ahead call of the same rows (Scheduler.chain_decodes), or the single step
         whose prefill chunks these rows complete (Scheduler.chain_after_prefill)."""
-        if self.deterministic:  # tiles of one fixed shape, run one after another
+        if self.tiles is not None:  # tiles of one fixed shape, run one after another
             return InFlightStep(step, tuple(rows), steps, results=(self.run(step, rows),))
-        shape = step_shape(step, self.decode_buckets, self.prefill, self.table_blocks)
+        shape = self._shape(step)
         batch = build_step_batch(step, shape)
         args = (self.model.dims, self.model.params, self.kv)
         if steps == 1:
@@ -237,34 +250,3 @@ class StepExecutor:
             rid: Sampled(int(result.tokens[i]), float(result.logprob[i]), result.top_ids[i], result.top_logprobs[i])
             for i, rid in enumerate(step.logit_request_ids)
         }
-
-
-def _tiles(step: ScheduledStep) -> list[ScheduledStep]:
-    """Split a step into sub-steps of at most DECODE_TILE decode rows and PREFILL_TILE chunk tokens, in
-    order (a chunk's earlier tiles write their KV before later tiles attend to it). Deterministic engines
-    schedule one chunk per step (runtime/engine/config.py prefill_shapes)."""
-    if len(step.prefills) > 1:
-        raise ValueError("deterministic mode runs one prefill chunk per step")
-    chunk = step.prefills[0] if step.prefills else None
-    n_chunk_tiles = math.ceil(chunk.num_tokens / PREFILL_TILE) if chunk is not None else 0
-    count = max(math.ceil(len(step.decodes) / DECODE_TILE), n_chunk_tiles, 1)
-    tiles = []
-    for i in range(count):
-        piece = None
-        if chunk is not None and i < n_chunk_tiles:
-            lo, hi = i * PREFILL_TILE, min((i + 1) * PREFILL_TILE, chunk.num_tokens)
-            piece = PrefillChunk(
-                chunk.request_id,
-                chunk.start + lo,
-                chunk.token_ids[lo:hi],
-                chunk.slots[lo:hi],
-                chunk.completes and hi == chunk.num_tokens,
-            )
-        tiles.append(
-            replace(
-                step,
-                decodes=step.decodes[i * DECODE_TILE : (i + 1) * DECODE_TILE],
-                prefills=(piece,) if piece is not None else (),
-            )
-        )
-    return tiles

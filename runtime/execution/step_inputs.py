@@ -24,6 +24,7 @@ class StepShape:
     table_blocks: int  # width of every block table
     num_kinds: int = 1  # K: paged KV state kinds (one block table and slot per kind)
     segments: int = 1  # P: prefill chunks of C / P tokens each
+    min_logit_rows: int = 1  # deterministic mode's floor (no one-row LM head matmul: DeterministicPolicy)
 
     @property
     def segment_tokens(self) -> int:  # L
@@ -33,7 +34,7 @@ class StepShape:
     def logit_rows(self) -> int:
         # a row per decode row and per chunk that may complete; a decode-only step has no chunk (a padding
         # row there would double the LM head's activation rows at batch 1: 2 rows take a slower GEMV)
-        return self.decode_rows + (self.segments if self.prefill_tokens else 0)
+        return max(self.min_logit_rows, self.decode_rows + (self.segments if self.prefill_tokens else 0))
 
 
 def step_shape(

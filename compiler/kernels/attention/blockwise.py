@@ -8,7 +8,7 @@ masked positions add exact zeros, but in a different order, and the rounding dif
 Here every row walks its own KV blocks in table order, one block (block_size tokens) per loop step,
 keeping an online softmax (running max m, sum l, accumulator acc). Each step reduces only over dh
 (scores) and block_size (the block's sum and PV product), both fixed by the model and the pool, as
-fixed pairwise trees of elementwise adds (`_fixed_order_sum`; an einsum is not enough, see there),
+fixed pairwise trees of elementwise adds (`fixed_order_sum`; an einsum is not enough, see there),
 and a block past the row's context leaves (m, l, acc) bitwise unchanged (see `_fold_block`). So a
 row's result depends on its own query and its own context only — not on the table width, the number
 of rows, what the other rows hold, or how its prompt was chunked (a decode row gives the same bits as
@@ -32,6 +32,7 @@ from ember.compiler.batch import StepBatch, kind_view
 from ember.compiler.kernels.attention.reference import (
     _write as _write_step_kv,  # the reference's write, the same rounding
 )
+from ember.compiler.kernels.fixed_order import fixed_order_sum
 
 _F32 = jnp.float32
 
@@ -88,13 +89,17 @@ def _attend_blockwise(q, positions, tables, k_layer, v_layer, window, scale):
         visible &= (window <= 0) | (key_pos[None, None, :] > positions[:, :, None] - window)
         # scores: a sum over dh only, in a fixed order -> [R, hkv, g, T, bs]
         k_t = k_blk.transpose(3, 0, 2, 1)  # [dh, R, hkv, bs]
-        scores = _fixed_order_sum(q_t[..., None] * k_t[:, :, :, None, None, :]) * scale
+        scores = fixed_order_sum(q_t[..., None] * k_t[:, :, :, None, None, :]) * scale
         return _fold_block(state, scores, visible[:, None, None], v_blk)
 
     m0 = jnp.full((r, hkv, groups, t), -jnp.inf, _F32)  # running max of the scores seen
     l0 = jnp.zeros((r, hkv, groups, t), _F32)  # running sum of exp(score - m)
     acc0 = jnp.zeros((r, hkv, groups, t, dh), _F32)  # running sum of exp(score - m) * v
-    _, l, acc = jax.lax.fori_loop(0, tables.shape[1], step, (m0, l0, acc0))
+    # only the blocks some row of this call reaches: a block past a row's context leaves its state bitwise
+    # unchanged (_fold_block), so stopping there gives every row the bits of the whole table's walk, while
+    # a short context no longer walks the engine's longest one
+    reached = jnp.clip(jnp.max(positions) // block_size + 1, 1, tables.shape[1])
+    _, l, acc = jax.lax.fori_loop(0, reached, step, (m0, l0, acc0))
     # l > 0 for every real row (a query always sees itself); the guard keeps degenerate padding rows finite
     out = acc / jnp.where(l > 0, l, 1.0)[..., None]  # [R, hkv, g, T, dh]
     return out.transpose(0, 3, 1, 2, 4).reshape(r, t, hq, dh).astype(q.dtype)
@@ -124,24 +129,8 @@ def _fold_block(state, scores, visible, v_blk):
     correction = jnp.where(same, 1.0, jnp.exp(m - m_ref))  # exp(-inf - finite) = 0 when m was -inf
     p = jnp.where(visible, jnp.exp(scores - m_ref[..., None]), 0.0)  # [R, hkv, g, T, bs]
     p_t = jnp.moveaxis(p, -1, 0)  # [bs, R, hkv, g, T]
-    l_new = l * correction + _fixed_order_sum(p_t)
+    l_new = l * correction + fixed_order_sum(p_t)
     # PV: a sum over the block's bs tokens only, in a fixed order -> [R, hkv, g, T, dh]
     v_t = v_blk.transpose(1, 0, 2, 3)[:, :, :, None, None, :]  # [bs, R, hkv, 1, 1, dh]
-    acc_new = acc * correction[..., None] + _fixed_order_sum(p_t[..., None] * v_t)
+    acc_new = acc * correction[..., None] + fixed_order_sum(p_t[..., None] * v_t)
     return m_new, l_new, acc_new
-
-
-def _fixed_order_sum(x):
-    """Sum over the leading axis as a fixed pairwise tree of elementwise adds: element i pairs with
-    i + n/2, then again on the halves (an odd element out rides along to the next level).
-
-    Why not jnp.sum or a dot: XLA CPU picks their accumulation order (vectorisation, gemv vs gemm
-    kernels) from the whole operand shape, so the same row summed inside a [T, ...] array and alone
-    rounds differently (measured: a prefill chunk of 3 tokens vs 1 token). Elementwise adds are never
-    reassociated, so this order depends on the length of the summed axis only.
-    """
-    while x.shape[0] > 1:
-        half = x.shape[0] // 2
-        paired = x[:half] + x[half : 2 * half]
-        x = jnp.concatenate([paired, x[2 * half :]]) if x.shape[0] % 2 else paired
-    return x[0]

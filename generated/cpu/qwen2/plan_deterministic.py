@@ -17,8 +17,8 @@ from ember.compiler.kernels.dense_gemv.reference import split_heads as dense_gem
 from ember.compiler.kernels.embedding import add as embedding_add
 from ember.compiler.kernels.embedding import embedding as embedding_embedding
 from ember.compiler.kernels.embedding import select_rows as embedding_select_rows
-from ember.compiler.kernels.norm.reference import add_rms_norm as norm_reference_add_rms_norm
-from ember.compiler.kernels.norm.reference import rms_norm as norm_reference_rms_norm
+from ember.compiler.kernels.norm.reference import add_rms_norm_invariant as norm_reference_add_rms_norm_invariant
+from ember.compiler.kernels.norm.reference import rms_norm_invariant as norm_reference_rms_norm_invariant
 from ember.compiler.kernels.rope.reference import rope as rope_reference_rope
 
 ARCH = "qwen2"
@@ -32,6 +32,7 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
                'fused_rope': False,
                'fused_rope_decode': False},
  'dense_gemv': {'config': {}, 'enabled': False, 'max_out': None, 'max_rows': 1},
+ 'deterministic': {'bucketed': True, 'min_rows': 2, 'tile_decode_rows': 16, 'tile_prefill_tokens': 64},
  'fp8_gemv': {'config': {}, 'enabled': False, 'max_rows': 1, 'words': True},
  'norms': {'fused_quant': False, 'quant_warps': 16, 'triton': False, 'warps': 16},
  'quant_gemv': {'act_terms': 1,
@@ -58,7 +59,7 @@ def layer(dims, w, constants, x, x_add, k_pool, v_pool, batch):
     rope_inv_freq0 = constants['rope_inv_freq0']
     attn_window1 = constants['attn_window1']
     attn_state2 = constants['attn_state2']
-    x_in, h = norm_reference_add_rms_norm(x, x_add, w['attn_norm.weight'], eps=dims.eps)
+    x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
     t_1, t_3, t_5 = dense_gemv_reference_linear_split(h, w['attn_q+attn_k+attn_v.weight'], w['attn_q+attn_k+attn_v.bias'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
     q = dense_gemv_reference_split_heads(t_1, heads=dims.hq)
     k = dense_gemv_reference_split_heads(t_3, heads=dims.hkv)
@@ -66,7 +67,7 @@ def layer(dims, w, constants, x, x_add, k_pool, v_pool, batch):
     q_1, k_1 = rope_reference_rope(q, k, positions, rope_inv_freq0, style='neox')
     a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_1, k_1, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_10 = dense_gemv_reference_linear(a, w['attn_output.weight'])
-    x_1, h_1 = norm_reference_add_rms_norm(x_in, t_10, w['ffn_norm.weight'], eps=dims.eps)
+    x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_10, w['ffn_norm.weight'], eps=dims.eps)
     t_13_t_14 = dense_gemv_reference_linear(h_1, w['ffn_gate+ffn_up.weight'])
     t_15 = activation_gated_act_packed(t_13_t_14, act='silu')
     t_16 = dense_gemv_reference_linear(t_15, w['ffn_down.weight'])
@@ -77,7 +78,7 @@ def epilogue(dims, weights, x, x_add, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     x_in = embedding_add(x, x_add)
     x_1 = embedding_select_rows(x_in, logit_rows)
-    h = norm_reference_rms_norm(x_1, weights['output_norm.weight'], eps=dims.eps)
+    h = norm_reference_rms_norm_invariant(x_1, weights['output_norm.weight'], eps=dims.eps)
     logits = dense_gemv_reference_linear(h, weights['output.weight'])
     return logits
 
