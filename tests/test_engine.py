@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from fixture_data import tiny_fixture
 
+from ember.compiler.targets import get_target
 from ember.runtime.engine.engine import Engine, EngineConfig
 from ember.runtime.execution.sequence_runner import SequenceRunner
 from ember.runtime.loading.model import load_model
@@ -115,8 +116,19 @@ def test_abort_frees_blocks_and_queue_limit(qwen3):
     assert engine.pool.free_blocks == engine.pool.num_usable_blocks
 
 
-def test_deterministic_mode_is_batch_invariant(qwen3):
-    """Bit-identical tokens and logprobs alone and beside other requests of different lengths."""
+@pytest.fixture(scope="module")
+def qwen3_tiled():
+    """The tiny model with deterministic steps in fixed tiles (what the h200 target does), not at buckets."""
+    path, _ = tiny_fixture("qwen3")
+    policy = get_target("cpu").policy.overridden({"deterministic.bucketed": False})
+    return load_model(path, kernel_policy=policy)
+
+
+@pytest.mark.parametrize("shaping", ["bucketed", "tiled"])
+def test_deterministic_mode_is_batch_invariant(qwen3, qwen3_tiled, shaping):
+    """Bit-identical tokens and logprobs alone and beside other requests of different lengths, with
+    deterministic steps at the default buckets (the cpu target's policy) or in fixed tiles."""
+    model = qwen3 if shaping == "bucketed" else qwen3_tiled
     rng = np.random.default_rng(2)
     target = (
         rng.integers(3, 250, size=37).tolist(),
@@ -125,7 +137,8 @@ def test_deterministic_mode_is_batch_invariant(qwen3):
     others = [(rng.integers(3, 250, size=n).tolist(), SamplingParams(max_tokens=8, **GREEDY)) for n in (5, 70, 23)]
 
     def run(requests):
-        engine = _engine(qwen3, deterministic=True, max_num_seqs=8, max_batched_tokens=64)
+        engine = _engine(model, deterministic=True, max_num_seqs=8, max_batched_tokens=64)
+        assert (engine.executor.tiles is None) == (shaping == "bucketed")
         try:
             streams = [engine.submit(p, s) for p, s in requests]
             outs = [s.collect()[0] for s in streams]

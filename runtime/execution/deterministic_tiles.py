@@ -13,24 +13,24 @@ from ..scheduling.scheduled_step import PrefillChunk, ScheduledStep
 from .step_inputs import StepShape
 
 
-def tile_shape(tiles: DeterministicPolicy, table_blocks: int, num_kinds: int) -> StepShape:
-    return StepShape(tiles.tile_decode_rows, tiles.tile_prefill_tokens, table_blocks, num_kinds)
+def tile_shape(policy: DeterministicPolicy, table_blocks: int, num_kinds: int) -> StepShape:
+    return StepShape(policy.tile_decode_rows, policy.tile_prefill_tokens, table_blocks, num_kinds)
 
 
-def step_tiles(step: ScheduledStep, tiles: DeterministicPolicy) -> list[ScheduledStep]:
+def step_tiles(step: ScheduledStep, policy: DeterministicPolicy) -> list[ScheduledStep]:
     """Split a step into sub-steps of at most tile_decode_rows decode rows and tile_prefill_tokens chunk tokens, in
     order (a chunk's earlier tiles write their KV before later tiles attend to it). Deterministic engines
     schedule one chunk per step (runtime/engine/config.py prefill_shapes)."""
     if len(step.prefills) > 1:
         raise ValueError("deterministic mode runs one prefill chunk per step")
     chunk = step.prefills[0] if step.prefills else None
-    n_chunk_tiles = math.ceil(chunk.num_tokens / tiles.tile_prefill_tokens) if chunk is not None else 0
-    count = max(math.ceil(len(step.decodes) / tiles.tile_decode_rows), n_chunk_tiles, 1)
+    n_chunk_tiles = math.ceil(chunk.num_tokens / policy.tile_prefill_tokens) if chunk is not None else 0
+    count = max(math.ceil(len(step.decodes) / policy.tile_decode_rows), n_chunk_tiles, 1)
     tiles = []
     for i in range(count):
         piece = None
         if chunk is not None and i < n_chunk_tiles:
-            lo, hi = i * tiles.tile_prefill_tokens, min((i + 1) * tiles.tile_prefill_tokens, chunk.num_tokens)
+            lo, hi = i * policy.tile_prefill_tokens, min((i + 1) * policy.tile_prefill_tokens, chunk.num_tokens)
             piece = PrefillChunk(
                 chunk.request_id,
                 chunk.start + lo,
@@ -41,7 +41,7 @@ def step_tiles(step: ScheduledStep, tiles: DeterministicPolicy) -> list[Schedule
         tiles.append(
             replace(
                 step,
-                decodes=step.decodes[i * tiles.tile_decode_rows : (i + 1) * tiles.tile_decode_rows],
+                decodes=step.decodes[i * policy.tile_decode_rows : (i + 1) * policy.tile_decode_rows],
                 prefills=(piece,) if piece is not None else (),
             )
         )
