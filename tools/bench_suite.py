@@ -242,7 +242,12 @@ class Suite:
                 for section in single:
                     entry[section]["warmup"] = warm
                     self.guarded(
-                        f"{name} {section}", entry[section], getattr(self.measures, f"run_{section}"), engine, model, clock
+                        f"{name} {section}",
+                        entry[section],
+                        getattr(self.measures, f"run_{section}"),
+                        engine,
+                        model,
+                        clock,
                     )
 
             self.with_engine(config, model, tokenizer, [entry[s] for s in single], batch1)

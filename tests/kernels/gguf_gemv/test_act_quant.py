@@ -1,6 +1,6 @@
 """int8 activations for the integer-dot Q4_K GEMV (compiler/kernels/gguf_gemv/act_quant.py), its jnp reference, and the
-"dp4a" variant's launch plans and config picks. The kernel itself: tools/dev/check_dp4a_kernels.py in the
-interpreter (tests/test_triton_interpreter.py) and tests/kernels/gguf_gemv/test_quant_matmul_gpu.py on the H200."""
+"dp4a" variant's launch plans and config picks. The kernels themselves: in Triton's interpreter
+test_dp4a_interpret.py and test_act_quant_interpret.py, on the H200 test_quant_matmul_gpu.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Launch plans of the quantized GEMV's "rows" variant (compiler/kernels/gguf_gemv/matmul.py _rows_plan) and its config
-rules, on CPU. The kernels themselves run in Triton's interpreter (tests/test_triton_interpreter.py, through
-tools/dev/check_quant_kernels.py rows) and on the GPU (tests/kernels/gguf_gemv/test_quant_matmul_gpu.py)."""
+rules, on CPU. The kernels themselves run in Triton's interpreter (test_quant_rows_interpret.py) and on the GPU
+(test_quant_matmul_gpu.py)."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ def test_norms_writing_int8_activations_match_the_plain_kernels(rows, n, order, 
     qa_ref, da_ref = quantize_activations(plain[-1], order)
     # the first int8 term (gguf_gemv/act_quant.py: a second one, quant_gemv.act_terms 2, rounds the first one's residual, which
     # XLA may fuse into an FMA here; the Triton quantizer it equals above is checked against the reference in
-    # the interpreter, tools/dev/check_dp4a_kernels.py)
+    # the interpreter, tests/kernels/gguf_gemv/test_dp4a_interpret.py)
     qa, qa_ref = np.asarray(qa)[:, : n // 4], np.asarray(qa_ref)[:, : n // 4]
     codes = lambda words: np.asarray(words).view(np.int8).astype(np.int32)  # noqa: E731
     off = np.abs(codes(qa) - codes(qa_ref))  # [rows, n] in packed order: a block's 32 codes stay in its 8 words

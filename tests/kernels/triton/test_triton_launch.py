@@ -1,6 +1,6 @@
 """compiler/kernels/triton/launch.py: every Triton kernel the h200 plans launch lowers, on this CPU machine, to
 XLA's native Triton custom call with its Triton IR, grid and launch knobs — what the H200 then compiles and
-runs (the kernels' numerics are checked there, tests/*_gpu.py, and in Triton's interpreter, tools/check_*)."""
+runs (the kernels' numerics are checked there, tests/kernels/*/*_gpu.py, and in Triton's interpreter, tests/kernels/*/*_interpret.py)."""
 
 from __future__ import annotations
 
