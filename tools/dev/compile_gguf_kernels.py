@@ -30,17 +30,6 @@ PLANE_TYPES = {
     "q8_0": ["*i8", "*fp16"],
     "q5_0": ["*u8", "*u32", "*fp16"],
 }
-# (out, in) of the benchmark's split-variant shapes: Qwen2.5 1.5B's and Llama 3 8B's projections
-SPLIT_SHAPES = [
-    (1536, 1536),
-    (256, 1536),
-    (8960, 1536),
-    (1536, 8960),
-    (151936, 1536),
-    (4096, 4096),
-    (14336, 4096),
-    (4096, 14336),
-]
 
 
 def _compiled(label: str, kernel, types: list[str], constants: dict, config) -> tuple[object, str] | None:
@@ -56,13 +45,14 @@ def _compiled(label: str, kernel, types: list[str], constants: dict, config) -> 
 def compile_split(formats: list[str]) -> int:
     from ember.compiler.kernels.gguf_gemv import launch_plan, pick_config
     from ember.compiler.kernels.gguf_gemv.split_kernel import KERNELS
+    from ember.tools.dev.bench_quant_matmul import SHAPES  # the benchmark's 1.5B and 8B projections
 
     failures = 0
     for fmt in formats:
         kernel, _ = KERNELS[fmt]
         for m in (1, 16):
             for dtype in ("bf16", "fp32"):
-                for out, inner in SPLIT_SHAPES:
+                for out, inner in [s for shapes in SHAPES.values() for s in shapes]:
                     config = pick_config(fmt, m, out, inner)
                     if config.variant != "split":  # the rows kernels: the `rows` mode
                         continue

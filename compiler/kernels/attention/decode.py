@@ -1,13 +1,12 @@
 """paged_decode_attention: decode rows (one query token each) over the paged KV pool, split-K.
 
-backend="triton"   decode_kernel.py as native XLA kernels (../triton_launch.py; NVIDIA GPUs only): the split
+backend="triton"   decode_kernel.py as native XLA kernels (../triton/launch.py; NVIDIA GPUs only): the split
                    partials, then their combine (one launch; XLA's fusion of combine_partials was five at the
                    65 splits of a batch-1 engine with max_model_len 16,528)
 backend="emulate"  the same split-K algorithm in plain jnp (same visible range, same per-split token
                    shares, same BLOCK_N iterations with an online softmax, same combine): runs anywhere,
-                   so CPU tests check the algorithm against the reference `_attend`, while
-                   tests/kernels/attention/test_decode_interpret.py checks the Triton kernel itself in the
-                   interpreter.
+                   so CPU tests check the algorithm against the reference `_attend` (and
+                   test_decode_interpret.py the Triton kernel itself in the interpreter).
 
 Both return [B, hq, dh] in q's dtype, and both are traceable inside one jitted step: shapes and the launch
 plan are static (from q, the pool and the table width), lengths and the window are device data.
@@ -175,9 +174,7 @@ def paged_decode_attention(
 def _triton_decode(q, k_pool, v_pool, tables, ctx_lens, positions, window, plan, config, activations_for):
     # -> (out [B, hq, dh], (qa, da) or None)
     from ember.compiler.kernels.attention.decode_kernel import KERNELS
-    from ember.compiler.kernels.triton.launch import (
-        triton_call,  # Triton itself is imported on use (GPU-only dependency)
-    )
+    from ember.compiler.kernels.triton.launch import triton_call  # Triton: imported on use (GPU-only)
 
     hkv, splits, meta = k_pool.shape[2], plan["splits"], plan["meta"]
     args = (q, k_pool, v_pool, tables, ctx_lens, positions, window.reshape(1))

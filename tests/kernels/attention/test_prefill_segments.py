@@ -156,7 +156,7 @@ def test_the_engine_prefills_a_burst_of_prompts_together_with_unchanged_outputs(
     path, _ = tiny_fixture("qwen3")
     model = load_model(path)
     layouts = PrefillShapes((32, 128), (1, 2, 4), segment_max_tokens=32)
-    monkeypatch.setattr(engine_module, "prefill_shapes", lambda entry, config: layouts)
+    monkeypatch.setattr(engine_module, "prefill_shapes", lambda entry, config, tiled=False: layouts)
     engine = Engine(
         model, ByteTokenizer(), EngineConfig(num_blocks=96, max_model_len=128, max_num_seqs=8, max_batched_tokens=128)
     )
