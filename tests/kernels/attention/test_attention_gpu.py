@@ -1,4 +1,4 @@
-"""The split-K Triton decode attention kernel (compiler/ops/attention_gpu) against the reference, on an NVIDIA GPU.
+"""The split-K Triton decode attention kernel (compiler/kernels/attention) against the reference, on an NVIDIA GPU.
 
 Skipped as a whole where jax-triton or a GPU is missing (CI is CPU-only; the conftest pins JAX_PLATFORMS=cpu
 unless the variable is set): JAX_PLATFORMS=cuda python -m pytest -q -m gpu tests/kernels/attention/test_attention_gpu.py

@@ -1,4 +1,4 @@
-"""Quantized device layouts (compiler/ops/quant): repacking, jnp dequantization bit-equal to gguf, the
+"""Quantized device layouts (compiler/kernels/gguf_gemv): repacking, jnp dequantization bit-equal to gguf, the
 reference matmul, and the static launch plans of the GPU kernels (the kernels themselves:
 tests/kernels/gguf_gemv/test_quant_matmul_gpu.py)."""
 
