@@ -84,3 +84,28 @@ def _unit_lower_inverse(a):
         return inv.at[..., i, :].set(eye[..., i, :] - jnp.einsum("...j,...jc->...c", a[..., i, :], inv))
 
     return jax.lax.fori_loop(0, c, row, eye)
+
+
+def causal_conv1d(x, weight, state, *, bias=None, activation: str | None = "silu"):
+    """The short depthwise causal convolution before Gated DeltaNet's q/k/v split, with its carried window.
+
+    x [T, C]; weight [C, W] (tap W - 1 multiplies the newest input); state [W - 1, C], the W - 1 inputs
+    before x (zeros for a new sequence) -> (y [T, C] in x's dtype, state [W - 1, C]: the last W - 1 inputs).
+    y_t = act(sum_i weight[:, i] * window_t[i] + bias), window_t the W inputs ending at x_t."""
+    width = weight.shape[1]
+    seen = jnp.concatenate([state.astype(_F32), x.astype(_F32)])  # [W - 1 + T, C]
+    t = x.shape[0]
+    y = sum(seen[i : i + t] * weight[:, i].astype(_F32) for i in range(width))
+    if bias is not None:
+        y = y + bias.astype(_F32)
+    if activation == "silu":
+        y = jax.nn.silu(y)
+    return y.astype(x.dtype), seen[t:].astype(state.dtype)
+
+
+def gated_rms_norm(x, gate, weight, *, eps):
+    """RMSNorm of x times silu(gate) (Gated DeltaNet's output norm): statistics in fp32, the normed value
+    rounded to x's dtype before the weight, as transformers' Qwen3-Next does. x, gate [..., n], weight [n]."""
+    xf = x.astype(_F32)
+    normed = (xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+    return (weight * normed * jax.nn.silu(gate.astype(_F32))).astype(x.dtype)

@@ -8,7 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ember.compiler.kernels.gated_delta.reference import chunked_gated_delta, recurrent_gated_delta
+from ember.compiler.kernels.gated_delta.reference import (
+    causal_conv1d,
+    chunked_gated_delta,
+    gated_rms_norm,
+    recurrent_gated_delta,
+)
 
 H, DK, DV = 3, 16, 8
 
@@ -70,3 +75,26 @@ def test_beta_zero_writes_nothing_and_zero_decay_keeps_the_state():
     q, k, v, g, beta, state = map(jnp.asarray, _inputs(9, 3))
     _, kept = recurrent_gated_delta(q, k, v, jnp.zeros_like(g), jnp.zeros_like(beta), state)
     np.testing.assert_array_equal(np.asarray(kept), np.asarray(state))
+
+
+def test_causal_conv1d_is_the_padded_convolution_and_carries_its_window():
+    rng = np.random.default_rng(4)
+    x, weight, bias = rng.standard_normal((10, 6)), rng.standard_normal((6, 4)), rng.standard_normal(6)
+    padded = np.concatenate([np.zeros((3, 6)), x])
+    want = np.stack([(padded[t : t + 4] * weight.T).sum(0) + bias for t in range(10)])
+    want = want / (1 + np.exp(-want))
+    f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
+    y, state = causal_conv1d(f32(x), f32(weight), jnp.zeros((3, 6), jnp.float32), bias=f32(bias))
+    np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(state), x[-3:].astype(np.float32))
+    first, carried = causal_conv1d(f32(x[:7]), f32(weight), jnp.zeros((3, 6), jnp.float32), bias=f32(bias))
+    second, _ = causal_conv1d(f32(x[7:]), f32(weight), carried, bias=f32(bias))
+    np.testing.assert_allclose(np.concatenate([first, second]), np.asarray(y), rtol=1e-6, atol=1e-7)
+
+
+def test_gated_rms_norm():
+    rng = np.random.default_rng(5)
+    x, z, w = rng.standard_normal((4, 32)), rng.standard_normal((4, 32)), rng.uniform(0.5, 1.5, 32)
+    want = w * x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6) * z / (1 + np.exp(-z))
+    got = gated_rms_norm(*(jnp.asarray(a, jnp.float32) for a in (x, z, w)), eps=1e-6)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
