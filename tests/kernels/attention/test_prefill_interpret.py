@@ -115,18 +115,8 @@ CASES = [  # chunk, valid, start, hq, hkv, dh, page, window, block_m, block_n, s
 def test_prefill_kernel_matches_reference(case, dtype_name):
     chunk, valid, start, hq, hkv, dh, page, window, bm, bn, splits = case
     rng = np.random.default_rng(list(case))
-    q, k_pool, v_pool, table, positions = random_case(
-        rng,
-        chunk=chunk,
-        num_tokens=valid,
-        start=start,
-        hq=hq,
-        hkv=hkv,
-        dh=dh,
-        page=page,
-        window=window,
-        dtype=DTYPES[dtype_name],
-    )
+    heads = dict(hq=hq, hkv=hkv, dh=dh, page=page, window=window, dtype=DTYPES[dtype_name])
+    q, k_pool, v_pool, table, positions = random_case(rng, chunk=chunk, num_tokens=valid, start=start, **heads)
     info = np.array([positions[0], valid, window], np.int32)
     got = run_prefill(
         q, k_pool, v_pool, table, info, chunk=chunk, hq=hq, hkv=hkv, dh=dh, page=page, bm=bm, bn=bn, splits=splits
@@ -150,21 +140,8 @@ def test_prefill_segments_in_one_launch(segment_case, dtype_name):
     against the reference over its own table."""
     segments, chunk, hq, hkv, dh, page, window, bm, bn, splits = segment_case
     rng = np.random.default_rng([len(segments), window, splits])
-    cases = [
-        random_case(
-            rng,
-            chunk=chunk,
-            num_tokens=valid,
-            start=start,
-            hq=hq,
-            hkv=hkv,
-            dh=dh,
-            page=page,
-            window=window,
-            dtype=DTYPES[dtype_name],
-        )
-        for valid, start in segments
-    ]
+    heads = dict(hq=hq, hkv=hkv, dh=dh, page=page, window=window, dtype=DTYPES[dtype_name])
+    cases = [random_case(rng, chunk=chunk, num_tokens=valid, start=start, **heads) for valid, start in segments]
     offsets = np.cumsum([0] + [c[1].shape[0] for c in cases])
     k_pool = np.concatenate([c[1] for c in cases])
     v_pool = np.concatenate([c[2] for c in cases])
