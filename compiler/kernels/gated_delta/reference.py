@@ -105,7 +105,7 @@ def causal_conv1d(x, weight, state, *, bias=None, activation: str | None = "silu
 
 def gated_rms_norm(x, gate, weight, *, eps):
     """RMSNorm of x times silu(gate) (Gated DeltaNet's output norm): statistics in fp32, the normed value
-    rounded to x's dtype before the weight, as transformers' Qwen3-Next does. x, gate [..., n], weight [n]."""
+    rounded to x's dtype before the weight, as the hybrid checkpoints' transformers code does. x, gate [..., n], weight [n]."""
     xf = x.astype(_F32)
     normed = (xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype)
     return (weight * normed * jax.nn.silu(gate.astype(_F32))).astype(x.dtype)

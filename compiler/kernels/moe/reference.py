@@ -1,10 +1,10 @@
-"""Mixture-of-Experts MLP references (Qwen3-MoE / Qwen3-Next / Qwen3.5-MoE layout), in `jnp`.
+"""Mixture-of-Experts MLP references (the routed-experts layout of transformers' MoE checkpoints), in `jnp`.
 
 route:       the router's softmax over experts (fp32), the top_k of it, renormalised to sum 1 when the
              checkpoint says so (`norm_topk_prob`)
 experts:     every token through its top_k experts only, as one grouped matmul over tokens sorted by
              expert (`jax.lax.ragged_dot`: ragged groups, no padding to a capacity), then the weighted sum
-shared:      a dense expert every token takes, scaled by sigmoid(x . shared_gate) (Qwen3-Next, Qwen3.5)
+shared:      a dense expert every token takes, scaled by sigmoid(x . shared_gate) (the hybrid checkpoints)
 
 Weights: router [E, d]; gate_up [E, 2f, d] (gate rows first, then up, as a dense MLP's packed gate/up);
 down [E, d, f]; shared expert gate_up [2f', d], down [d, f'], shared_gate [1, d].
