@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import replace
 
+from ..execution.deterministic_tiles import fixed_tiles
 from ..execution.step_executor import StepExecutor
 from ..loading.model import Model
 from ..sampling.guided import GrammarTokenizer, GuidedMatcher
@@ -55,7 +56,7 @@ class Engine:
         # one block pool per paged KV state kind (full attention; each sliding window, sized to its window)
         self.kv = KVCache.of(model.paged_kinds, engine_pool_blocks(model.paged_kinds, config), config.block_size)
         self.pool = self.kv.primary
-        tiled = config.deterministic and not model.policy.deterministic.bucketed
+        tiled = fixed_tiles(model.policy.deterministic, config.deterministic) is not None
         prefill = prefill_shapes(model.plan.manifest["entries"]["forward"], config, tiled)
         self.scheduler = Scheduler(
             self.kv,

@@ -13,6 +13,12 @@ from ..scheduling.scheduled_step import PrefillChunk, ScheduledStep
 from .step_inputs import StepShape
 
 
+def fixed_tiles(policy: DeterministicPolicy, deterministic: bool) -> DeterministicPolicy | None:
+    """The tiling when an engine's steps run in fixed tiles (deterministic mode on a target whose
+    deterministic kernels are not batch-invariant at every bucket), else None."""
+    return policy if deterministic and not policy.bucketed else None
+
+
 def tile_shape(policy: DeterministicPolicy, table_blocks: int, num_kinds: int) -> StepShape:
     return StepShape(policy.tile_decode_rows, policy.tile_prefill_tokens, table_blocks, num_kinds)
 

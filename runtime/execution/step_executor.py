@@ -24,7 +24,7 @@ from ..sampling.params import RowState
 from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep
 from ..state.kinds import engine_pool_blocks
 from ..state.kv_dtypes import kv_dtype
-from .deterministic_tiles import step_tiles, tile_shape
+from .deterministic_tiles import fixed_tiles, step_tiles, tile_shape
 from .engine_step import (
     carry_from_step,
     collect_multi_step,
@@ -68,9 +68,8 @@ class StepExecutor:
         entry = model.plan.manifest["entries"]["forward"]
         self.deterministic = config.deterministic
         determinism = model.policy.deterministic
-        # deterministic steps in fixed tiles, where the target's deterministic kernels are not batch-invariant
-        # at every bucket; otherwise no step runs a matmul on fewer rows than min_rows
-        self.tiles = determinism if self.deterministic and not determinism.bucketed else None
+        # deterministic steps in fixed tiles, or (bucketed) no step runs a matmul on fewer rows than min_rows
+        self.tiles = fixed_tiles(determinism, self.deterministic)
         self.min_rows = determinism.min_rows if self.deterministic else 1
         self.decode_buckets = tuple(
             sorted(

@@ -20,7 +20,7 @@ def rms_norm(x, weight, *, eps):
 def add_rms_norm(x, y, weight, *, eps):
     # -> (x + y, rms_norm(x + y)): the sum is the new residual stream (y None: nothing to add, as before a
     # plan's first layer: passes/defer_residual_add.py; split-K partials: summed first, split_k.py)
-    s = x if y is None else x + materialized(y)
+    s = _residual(x, y)
     return s, rms_norm(s, weight, eps=eps)
 
 
@@ -33,8 +33,12 @@ def rms_norm_invariant(x, weight, *, eps):
 
 
 def add_rms_norm_invariant(x, y, weight, *, eps):
-    s = x if y is None else x + materialized(y)
+    s = _residual(x, y)
     return s, rms_norm_invariant(s, weight, eps=eps)
+
+
+def _residual(x, y):
+    return x if y is None else x + materialized(y)
 
 
 def _scaled(xf, mean_square, weight, eps, dtype):
