@@ -5,6 +5,8 @@
 #   tools/dev/h200_run.sh gpu-suite  every GPU test file at once, WORKERS pytest-xdist processes sharing the GPU; the
 #                                counts as JSON (tools/dev/gpu_test_counts.py)
 #   tools/dev/h200_run.sh kernels-quick  RoPE / norm kernel GPU tests (a failure turns the kernel off), Q4_K GEMV tests
+#   tools/dev/h200_run.sh invariant-matmul the batch-invariant matmul: GPU test, invariance and time against cuBLAS
+#   tools/dev/h200_run.sh det-bench  default vs deterministic engine figures (MODELS, STREAMS, PROMPT)
 #   tools/dev/h200_run.sh engine-tests   GPU engine tests: h200 vs cpu agreement, deterministic mode, quantized model
 #   tools/dev/h200_run.sh real-weights   h200 vs cpu agreement on the real checkpoints cut small (.gpu/real/<name>.gguf)
 #   tools/dev/h200_run.sh quick-1.5b / quick-8b-q4  batch 1 (CONTEXTS, default 128) and a few stream counts, Q4_K_M
@@ -128,6 +130,23 @@ kernels-quick)  # the RoPE and norm kernels' GPU tests (a failure turns that ker
     done
     timeout ${QUANT_TEST_S:-60} python -m pytest -q -m gpu tests/kernels/gguf_gemv/test_quant_matmul_gpu.py -k q4_k -p no:cacheprovider \
         > "$out/gpu_quant_q4_k.log" 2>&1; tail -c 300 "$out/gpu_quant_q4_k.log"; echo ;;
+invariant-matmul)  # the batch-invariant matmul: GPU test, then invariance and time against cuBLAS per projection
+    timeout 200 python -m pytest -q -m gpu tests/kernels/invariant_matmul/test_invariant_matmul_gpu.py -p no:cacheprovider \
+        > "$out/gpu_invariant_matmul.log" 2>&1; tail -n 3 "$out/gpu_invariant_matmul.log"
+    timeout ${BENCH_S:-300} python3 -m ember.tools.dev.bench_invariant_matmul --out "$out/invariant_matmul_$commit.json" \
+        2>&1 | tee "$out/invariant_matmul.log" | grep -v Warning ;;
+det-bench)  # default vs deterministic through the engine (ember bench, JSON per run): MODELS at STREAMS, PROMPT tokens
+    for model in ${MODELS:-qwen2.5-1.5b-q4_k_m llama3-8b}; do
+        for mode in default deterministic; do
+            name="det_bench_${model}_p${PROMPT:-256}_$mode"
+            timeout ${DET_S:-240} python3 -m ember.tools.cli bench --model synthetic:$model --tokenizer .gpu/tok --target h200 \
+                --concurrency ${STREAMS:-1 8 32 128} --prompt-tokens ${PROMPT:-256} --output-tokens ${OUTPUT:-128} \
+                $([ $mode = deterministic ] && echo --deterministic) --kernel-policy "$(policy_file "$GGUF_PACKED")" \
+                > "$out/$name.json" 2> "$out/$name.log" || tail -n 3 "$out/$name.log"
+            python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[2], [(r['concurrency'], \
+r['decode_tokens_per_s'], r['ttft_p50_s']) for r in d['runs']])" "$out/$name.json" "$name" 2>/dev/null
+        done
+    done ;;
 engine-tests)  # h200 vs cpu target agreement, deterministic bit-exactness, quantized model (figures: JSON)
     JAX_PLATFORMS=cuda,cpu EMBER_GPU_RESULTS="$out/gpu_engine_tests.json" timeout ${ENGINE_TEST_S:-240} \
         python -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_quant_model_gpu.py -p no:cacheprovider \
