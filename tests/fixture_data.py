@@ -24,6 +24,8 @@ TINY_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 # except qwen3_moe (whose dense-MLP layer llama.cpp's qwen3moe cannot hold), a GGUF from llama.cpp's converter.
 HYBRID_TINY_ARCHS = ("qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 TINY_GGUF_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+# qwen3_moe at 256 wide (2 layers, 4 experts) as a GGUF with Q4_K / Q6_K tensors; no HF weights committed.
+KQUANT_DIR = "qwen3_moe_kquant"
 # Families whose checkpoints carry seeded random `mtp.*` tensors (no transformers reference for them).
 TINY_MTP_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 REAL_MODELS = ("qwen2.5-coder-1.5b-instruct", "gemma-3-270m")
@@ -62,6 +64,20 @@ def tiny_gguf(arch: str) -> tuple[Path, dict[str, Any]]:
     folder = FIXTURES_DIR / "tiny" / arch
     described = json.loads((folder / "gguf_tensors.json").read_text(encoding="utf-8"))
     return folder / "model.f32.gguf", described
+
+
+def kquant_fixture() -> tuple[Path, dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
+    """(model.q4_k_m.gguf, reference arrays, the HF config.json it was built from, gguf_tensors.json).
+
+    The reference is transformers' fp32 output with the GGUF's dequantized weights, so it is exact
+    for the file (same arrays as tiny_fixture's).
+    """
+    folder = FIXTURES_DIR / "tiny" / KQUANT_DIR
+    with np.load(folder / "reference.npz") as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    described = json.loads((folder / "gguf_tensors.json").read_text(encoding="utf-8"))
+    return folder / "model.q4_k_m.gguf", arrays, config, described
 
 
 def real_reference(model: str) -> dict[str, Any]:
