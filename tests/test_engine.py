@@ -118,7 +118,8 @@ def test_abort_frees_blocks_and_queue_limit(qwen3):
 
 @pytest.fixture(scope="module")
 def qwen3_tiled():
-    """The tiny model with deterministic steps in fixed tiles (what the h200 target does), not at buckets."""
+    """The tiny model with deterministic steps in fixed tiles (a policy with `deterministic.bucketed` off), not at
+    buckets."""
     path, _ = tiny_fixture("qwen3")
     policy = get_target("cpu").policy.overridden({"deterministic.bucketed": False})
     return load_model(path, kernel_policy=policy)

@@ -77,46 +77,78 @@ def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
     assert same_precision["top1_agreement_where_decisive"] >= 0.99, same_precision
 
 
-def test_deterministic_mode_is_bit_exact_alone_and_under_load():
-    model = load_model(_checkpoint(), target="h200")
-    config = EngineConfig(
-        num_blocks=8 * 40 + 1,
-        max_model_len=600,
-        max_num_seqs=8,
-        max_batched_tokens=256,
-        deterministic=True,
-        enable_prefix_caching=False,
+def _deterministic_outputs(model, batch, index, **config):
+    """Tokens and (token, logprob, top) of batch[index] from a fresh deterministic engine; `batch` runs in order
+    (requests with a `wait` flag finish before the next ones are submitted: a prefix-cache donor)."""
+    settings = dict(num_blocks=8 * 40 + 1, max_model_len=600, max_num_seqs=32, max_batched_tokens=256)
+    settings.update(config)
+    engine = Engine(model, _Detokenizer(), EngineConfig(deterministic=True, **settings))
+    try:
+        streams = []
+        for prompt, sampling, wait in batch:
+            stream = engine.submit(prompt, sampling)
+            if wait:
+                stream.collect()
+            streams.append(stream)
+        outputs = streams[index].collect()[0]
+    finally:
+        engine.close()
+    return (
+        [t for o in outputs for t in o.token_ids],
+        [(lp.token_id, lp.logprob, lp.top) for o in outputs for lp in (o.logprobs or ())],
     )
+
+
+def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached():
+    """The probe's tokens and logprobs (greedy, and sampled with a seed) are the same bits alone, beside 7 and 31
+    other requests of mixed lengths, with its prompt prefilled whole or in 64-token chunks, and when its first 96
+    tokens come from the prefix cache (a donor request prefilled them); and a second turn whose prompt holds the
+    first turn's generated tokens is the same bits whether those tokens' KV comes from the cache (computed as
+    decode rows) or is prefilled cold."""
+    model = load_model(_checkpoint(), target="h200")
     rng = np.random.default_rng(11)
     vocab = int(model.dims.vocab)
     probe = rng.integers(0, vocab, 200).tolist()
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=48, logprobs=3)
     others = [
-        (rng.integers(0, vocab, n).tolist(), SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=m))
-        for n, m in ((17, 60), (333, 20), (90, 70), (5, 40), (250, 33), (128, 64), (61, 50))
-    ]
-
-    def run(batch, index):  # the outputs of batch[index]
-        engine = Engine(model, _Detokenizer(), config)
-        try:
-            streams = [engine.submit(p, sp) for p, sp in batch]
-            outs = [s.collect() for s in streams]
-        finally:
-            engine.close()
-        probe_outputs = outs[index][0]
-        return (
-            [t for o in probe_outputs for t in o.token_ids],
-            [(lp.token_id, lp.logprob, lp.top) for o in probe_outputs for lp in (o.logprobs or ())],
+        (
+            rng.integers(0, vocab, int(n)).tolist(),
+            SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=int(m)),
+            False,
         )
-
-    alone = run([(probe, params)], 0)
-    loaded = run([others[0], (probe, params), *others[1:]], 1)
-    record_gpu_result(
-        "deterministic_alone_vs_loaded",
-        {"model": f"synthetic:{SHAPE}", "tokens": len(alone[0]), "identical": alone == loaded},
+        for n, m in zip(rng.integers(3, 400, 31), rng.integers(10, 70, 31))
+    ]
+    donor = (
+        probe[:100] + rng.integers(0, vocab, 5).tolist(),
+        SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=40),
+        True,
     )
-    assert len(alone[0]) == 48
-    assert loaded == alone
+    results = {}
+    for name, sampling in (
+        ("greedy", SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=48, logprobs=3)),
+        ("sampled", SamplingParams(temperature=0.8, top_p=0.9, seed=5, ignore_eos=True, max_tokens=48, logprobs=3)),
+    ):
+        mine = (probe, sampling, False)
+        alone = _deterministic_outputs(model, [mine], 0, enable_prefix_caching=False)
+        runs = {
+            "beside 7": _deterministic_outputs(model, [others[0], mine, *others[1:7]], 1, enable_prefix_caching=False),
+            "beside 31": _deterministic_outputs(
+                model, [*others[:16], mine, *others[16:]], 16, enable_prefix_caching=False
+            ),
+            "64-token chunks": _deterministic_outputs(
+                model, [mine], 0, max_batched_tokens=64, enable_prefix_caching=False
+            ),
+            "prefix cache hit": _deterministic_outputs(model, [donor, mine], 1, enable_prefix_caching=True),
+        }
+        assert len(alone[0]) == 48
+        results[name] = {label: out == alone for label, out in runs.items()}
+    first_turn = (donor[0], donor[1], True)
+    answer = _deterministic_outputs(model, [first_turn], 0, enable_prefix_caching=False)[0]
+    second_turn = (donor[0] + answer + rng.integers(0, vocab, 20).tolist(), donor[1], False)
+    cold = _deterministic_outputs(model, [second_turn], 0, enable_prefix_caching=False)
+    warm = _deterministic_outputs(model, [first_turn, second_turn], 1, enable_prefix_caching=True)
+    results["second turn, cache hit over generated tokens"] = {"equal": warm == cold}
+    record_gpu_result("deterministic_alone_vs_loaded", {"model": f"synthetic:{SHAPE}", "identical": results})
+    assert all(all(same.values()) for same in results.values()), results
 
 
 def test_an_engine_keeping_executables_restarts_without_tracing(tmp_path):

@@ -73,11 +73,18 @@ H200 = Target(
         "rms_norm_to_proj": "ember.compiler.kernels.norm.quant_kernel:rms_norm_to_proj",
         "add_rms_norm_to_proj": "ember.compiler.kernels.norm.quant_kernel:add_rms_norm_to_proj",
     },
-    deterministic_kernels=dict(CPU.deterministic_kernels),
+    # the deterministic variant: the blockwise attention and the fixed-order norms (batch-invariant by
+    # construction) and every projection through the batch-invariant matmul (its dense copies; split sizes from
+    # the weight's shape)
+    deterministic_kernels={
+        **CPU.deterministic_kernels,
+        "linear": "ember.compiler.kernels.invariant_matmul.linear:linear",
+        "linear_split": "ember.compiler.kernels.invariant_matmul.linear:linear_split",
+    },
     activation_dtype="bfloat16",
-    # every kernel family at its GPU default (policy.py's fields name the measurement behind each); the
-    # deterministic plans keep XLA's GEMMs, whose algorithm (split-K included) cuBLAS picks per shape, so
-    # deterministic steps still run in fixed tiles (DeterministicPolicy's default)
+    # every kernel family at its GPU default (policy.py's fields name the measurement behind each);
+    # deterministic steps still run in fixed tiles until the GPU suite has checked the batch-invariant matmul
+    # at every bucket (docs/kernel_policy.md, "Batch invariance")
     policy=KernelPolicy(weights=H200_WEIGHTS),
     decode_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     prefill_buckets=(16, 64, 256, 512, 1024, 2048, 4096),
