@@ -145,7 +145,8 @@ class LiveServer:
         raise RuntimeError(f"ember serve not ready after {timeout}s:\n{self.log()}")
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # stop() closes it; the log is read after a failed start too
+            self._log.flush()
         return self.log_path.read_text()
 
     def signal(self, sig=signal.SIGTERM) -> None:
