@@ -51,3 +51,23 @@ def pick_config(n: int, k: int) -> InvariantMatmulConfig:
 def split_programs(rows: int) -> bool:
     """Whether a call of `rows` rows runs its splits as separate programs (results are the same bits either way)."""
     return rows <= SPLIT_PROGRAM_MAX_ROWS
+
+
+def launch(config: InvariantMatmulConfig, rows: int, n: int, k: int, as_programs: bool, ieee: bool) -> dict:
+    """The kernel's grid and constants for one call (kernel.py's parameters after the pointers)."""
+    splits = config.splits(k)
+    return {
+        "grid": (math.ceil(rows / config.block_m), math.ceil(n / config.block_n), splits if as_programs else 1),
+        "meta": dict(
+            M=rows,
+            N=n,
+            K=k,
+            K_SPLIT=config.k_split,
+            SPLITS=splits,
+            BLOCK_M=config.block_m,
+            BLOCK_N=config.block_n,
+            BLOCK_K=config.block_k,
+            SPLIT_PROGRAMS=as_programs,
+            IEEE=ieee,
+        ),
+    }

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from ember.compiler.kernels.triton.available import triton_available
 
-from .config import pick_config, split_programs
+from .config import launch, pick_config, split_programs
 from .reference import fixed_order_partials_sum, invariant_matmul_reference
 
 
@@ -29,26 +29,16 @@ def invariant_matmul(x: jax.Array, w: jax.Array, out_dtype=None, *, split_form: 
 
     splits = config.splits(k)
     as_programs = (split_programs(rows) if split_form is None else split_form) and splits > 1
-    grid = (-(-rows // config.block_m), -(-n // config.block_n), splits if as_programs else 1)
+    plan = launch(config, rows, n, k, as_programs, ieee=x.dtype == jnp.float32)
+    out_shape = (splits, rows, n) if as_programs else (rows, n)
     out = triton_call(
         x,
         w,
         kernel=invariant_matmul_kernel,
-        out_shape=jax.ShapeDtypeStruct(
-            (splits, rows, n) if as_programs else (rows, n), jnp.float32 if as_programs else out_dtype
-        ),
-        grid=grid,
+        out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32 if as_programs else out_dtype),
+        grid=plan["grid"],
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        M=rows,
-        N=n,
-        K=k,
-        K_SPLIT=config.k_split,
-        SPLITS=splits,
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k,
-        SPLIT_PROGRAMS=as_programs,
-        IEEE=x.dtype == jnp.float32,
+        **plan["meta"],
     )
     return fixed_order_partials_sum(out).astype(out_dtype) if as_programs else out

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from interpreter import HostBuffer
 
-from ember.compiler.kernels.invariant_matmul.config import InvariantMatmulConfig
+from ember.compiler.kernels.invariant_matmul.config import InvariantMatmulConfig, launch
 from ember.compiler.kernels.invariant_matmul.kernel import invariant_matmul_kernel
 
 pytestmark = pytest.mark.interpret
@@ -20,32 +20,17 @@ CONFIG = InvariantMatmulConfig(block_m=16, block_n=32, block_k=32, k_split=64)  
 def _run(x, w, split_programs):
     rows, k = x.shape
     n = w.shape[0]
-    splits = -(-k // CONFIG.k_split)
+    plan = launch(CONFIG, rows, n, k, split_programs, ieee=x.dtype == np.float32)
+    splits = CONFIG.splits(k)
     shape = (splits, rows, n) if split_programs else (rows, n)
-    dtype = np.float32 if split_programs else x.dtype
-    out = HostBuffer(np.full(shape, np.nan, dtype))
-    grid = (-(-rows // CONFIG.block_m), -(-n // CONFIG.block_n), splits if split_programs else 1)
-    invariant_matmul_kernel[grid](
-        HostBuffer(x),
-        HostBuffer(w),
-        out,
-        M=rows,
-        N=n,
-        K=k,
-        K_SPLIT=CONFIG.k_split,
-        SPLITS=splits,
-        BLOCK_M=CONFIG.block_m,
-        BLOCK_N=CONFIG.block_n,
-        BLOCK_K=CONFIG.block_k,
-        SPLIT_PROGRAMS=split_programs,
-        IEEE=x.dtype == np.float32,
-    )
+    out = HostBuffer(np.full(shape, np.nan, np.float32 if split_programs else x.dtype))
+    invariant_matmul_kernel[plan["grid"]](HostBuffer(x), HostBuffer(w), out, **plan["meta"])
     if not split_programs:
         return out.array
     total = out.array[0]
     for s in range(1, splits):
         total = total + out.array[s]
-    return total.astype(dtype if x.dtype == np.float32 else x.dtype)
+    return total.astype(x.dtype)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=["fp32", "bf16"])
