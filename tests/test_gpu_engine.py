@@ -99,13 +99,18 @@ def _deterministic_outputs(model, batch, index, **config):
     )
 
 
-def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached():
+@pytest.mark.parametrize("bucketed", [False, True], ids=["tiled", "bucketed"])
+def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached(bucketed):
     """The probe's tokens and logprobs (greedy, and sampled with a seed) are the same bits alone, beside 7 and 31
     other requests of mixed lengths, with its prompt prefilled whole or in 64-token chunks, and when its first 96
     tokens come from the prefix cache (a donor request prefilled them); and a second turn whose prompt holds the
     first turn's generated tokens is the same bits whether those tokens' KV comes from the cache (computed as
-    decode rows) or is prefilled cold."""
-    model = load_model(_checkpoint(), target="h200")
+    decode rows) or is prefilled cold. Deterministic steps in fixed tiles and at the default buckets (the
+    batch-invariant matmul at every bucket: what `deterministic.bucketed` would switch on for the h200 target)."""
+    from ember.compiler.targets import get_target
+
+    policy = get_target("h200").policy.overridden({"deterministic.bucketed": bucketed})
+    model = load_model(_checkpoint(), target="h200", kernel_policy=policy)
     rng = np.random.default_rng(11)
     vocab = int(model.dims.vocab)
     probe = rng.integers(0, vocab, 200).tolist()
@@ -147,7 +152,10 @@ def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached():
     cold = _deterministic_outputs(model, [second_turn], 0, enable_prefix_caching=False)
     warm = _deterministic_outputs(model, [first_turn, second_turn], 1, enable_prefix_caching=True)
     results["second turn, cache hit over generated tokens"] = {"equal": warm == cold}
-    record_gpu_result("deterministic_alone_vs_loaded", {"model": f"synthetic:{SHAPE}", "identical": results})
+    record_gpu_result(
+        f"deterministic_alone_vs_loaded_{'bucketed' if bucketed else 'tiled'}",
+        {"model": f"synthetic:{SHAPE}", "identical": results},
+    )
     assert all(all(same.values()) for same in results.values()), results
 
 

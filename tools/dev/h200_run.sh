@@ -136,12 +136,13 @@ invariant-matmul)  # the batch-invariant matmul: GPU test, then invariance and t
     timeout ${BENCH_S:-300} python3 -m ember.tools.dev.bench_invariant_matmul --out "$out/invariant_matmul_$commit.json" \
         2>&1 | tee "$out/invariant_matmul.log" | grep -v Warning ;;
 det-bench)  # default vs deterministic through the engine (ember bench, JSON per run): MODELS at STREAMS, PROMPT tokens
+    # (POLICY=deterministic.bucketed=true: deterministic steps at the default buckets)
     for model in ${MODELS:-qwen2.5-1.5b-q4_k_m llama3-8b}; do
         for mode in default deterministic; do
             name="det_bench_${model}_p${PROMPT:-256}_$mode"
             timeout ${DET_S:-240} python3 -m ember.tools.cli bench --model synthetic:$model --tokenizer .gpu/tok --target h200 \
                 --concurrency ${STREAMS:-1 8 32 128} --prompt-tokens ${PROMPT:-256} --output-tokens ${OUTPUT:-128} \
-                $([ $mode = deterministic ] && echo --deterministic) --kernel-policy "$(policy_file "$GGUF_PACKED")" \
+                $([ $mode = deterministic ] && echo --deterministic) --kernel-policy "$(policy_file "$GGUF_PACKED,${POLICY:-}")" \
                 > "$out/$name.json" 2> "$out/$name.log" || tail -n 3 "$out/$name.log"
             python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[2], [(r['concurrency'], \
 r['decode_tokens_per_s'], r['ttft_p50_s']) for r in d['runs']])" "$out/$name.json" "$name" 2>/dev/null
