@@ -11,11 +11,14 @@ function, parallel calls as further `<tool_call>` blocks) and the same places wh
 - Function names are the declared tools'; parameters are the tool's properties, in the schema's
   order (the order the template lists them in the tools section), each required one present and
   each optional one at most once.
-- Values follow the parameter's type: a string is any text without `</parameter>` (values of an
-  `enum` of strings are those strings); integer, number and boolean values are their literals
+- Values follow the parameter's type: a string is any text without `</parameter>` or `</tool_call>`
+  (where the parser ends a value and a block; the values of an `enum` of strings are those strings);
+  integer, number and boolean values are their literals
   (booleans also as Python's True / False, which the template's `| string` writes); objects and
   arrays are `%json` of the parameter's schema in the template's `tojson` style. Other schemas (no
-  type, several types, anyOf) take any text, which the parser reads as JSON where it can.
+  type, several types, anyOf) take any text, which the parser reads as JSON where it can. A string
+  inside an object or array value is not kept from holding `</parameter>` or `</tool_call>` (`%json`
+  has no such exclusion); the parser would end the value or block there.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ def xml_call_rules(tools: Sequence[ToolSpec], tags: GrammarTags, parallel: bool)
         f'call_body: "\\n" function "\\n" {tags["</tool_call>"]}',
         f'last_call_body: "\\n" function (BLANKS | "\\n" {tags["</tool_call>"]} BLANKS?)?',
         f"BLANKS: {BLANKS}",
-        r"VALUE_TEXT: /(?s:.*)/ & ~/(?s:.*)<\/parameter>(?s:.*)/",
+        # The parser ends a value at the first "</parameter>" and a block at the first "</tool_call>".
+        r"VALUE_TEXT: /(?s:.*)/ & ~/(?s:.*)<\/(parameter|tool_call)>(?s:.*)/",
         'function: "<function=" (' + " | ".join(f"fn_{i}" for i in range(len(tools))) + ")",
     ]
     for i, spec in enumerate(tools):
