@@ -12,7 +12,8 @@ function, parallel calls as further `<tool_call>` blocks) and the same places wh
   order (the order the template lists them in the tools section), each required one present and
   each optional one at most once.
 - Values follow the parameter's type: a string is any text without `</parameter>` or `</tool_call>`
-  (where the parser ends a value and a block; the values of an `enum` of strings are those strings);
+  (where the parser ends a value and a block; the values of an `enum` of strings are those strings;
+  `minLength` / `maxLength` bound it);
   integer, number and boolean values are their literals
   (booleans also as Python's True / False, which the template's `| string` writes); objects and
   arrays are `%json` of the parameter's schema in the template's `tojson` style. Other schemas (no
@@ -35,6 +36,8 @@ _VALUE_END = lark_string("\n</parameter>")
 _INTEGER = r"/-?(0|[1-9][0-9]*)/"
 _NUMBER = r"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/"
 _BOOLEAN = r"/(true|false|True|False)/"
+# Text holding either tag where the parser ends a value ("</parameter>") or a block ("</tool_call>").
+_CLOSING_TAGS = r"(?s:.*)<\/(parameter|tool_call)>(?s:.*)"
 
 
 def _value_rule(name: str, schema: Any) -> str:
@@ -49,6 +52,12 @@ def _value_rule(name: str, schema: Any) -> str:
     literal = {"integer": _INTEGER, "number": _NUMBER, "boolean": _BOOLEAN}.get(single)
     if literal is not None:
         return f"{name}: {literal} {_VALUE_END}"
+    if types == frozenset({"string"}) and isinstance(schema.get("maxLength"), int):
+        # Bounded text: a value that runs past maxLength would fail the schema (and never end).
+        low = schema.get("minLength") if isinstance(schema.get("minLength"), int) else 0
+        terminal = name.upper()
+        text = f"/(?s:.{{{low},{schema['maxLength']}}})/ & ~/{_CLOSING_TAGS}/"
+        return f"{terminal}: {text}\n{name}[lazy]: {terminal} {_VALUE_END}"
     # Text up to the first "</parameter>", which must follow a line break (lazy: ends at the first one).
     return f"{name}[lazy]: VALUE_TEXT {_VALUE_END}"
 
@@ -65,8 +74,7 @@ def xml_call_rules(tools: Sequence[ToolSpec], tags: GrammarTags, parallel: bool)
         f'call_body: "\\n" function "\\n" {tags["</tool_call>"]}',
         f'last_call_body: "\\n" function (BLANKS | "\\n" {tags["</tool_call>"]} BLANKS?)?',
         f"BLANKS: {BLANKS}",
-        # The parser ends a value at the first "</parameter>" and a block at the first "</tool_call>".
-        r"VALUE_TEXT: /(?s:.*)/ & ~/(?s:.*)<\/(parameter|tool_call)>(?s:.*)/",
+        f"VALUE_TEXT: /(?s:.*)/ & ~/{_CLOSING_TAGS}/",
         'function: "<function=" (' + " | ".join(f"fn_{i}" for i in range(len(tools))) + ")",
     ]
     for i, spec in enumerate(tools):

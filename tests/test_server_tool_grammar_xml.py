@@ -22,6 +22,7 @@ WEATHER = {
         "city": {"type": "string"},
         "days": {"type": "integer"},
         "unit": {"type": "string", "enum": ["C", "F"]},
+        "code": {"type": "string", "minLength": 2, "maxLength": 3},
         "metric": {"type": "boolean"},
         "where": {"type": "object", "properties": {"lat": {"type": "number"}}, "required": ["lat"]},
     },
@@ -104,6 +105,9 @@ def accepts(ll_tokenizer, choice: ToolChoice, text: str, **kwargs) -> bool:
         (ToolChoice("required"), xml_call("get_weather", ("city", "A"), ("where", '{"lon": 1}')), False),
         (ToolChoice("required"), xml_call("get_weather", ("city", "a</parameter>b")), False),
         (ToolChoice("required"), xml_call("get_weather", ("city", "a</tool_call>b")), False),
+        (ToolChoice("required"), xml_call("get_weather", ("city", "A"), ("code", "F\nR")), True),
+        (ToolChoice("required"), xml_call("get_weather", ("city", "A"), ("code", "FRAN")), False),  # maxLength
+        (ToolChoice("required"), xml_call("get_weather", ("city", "A"), ("code", "F")), False),  # minLength
         (ToolChoice("required"), PARIS.replace("\n</parameter>", "</parameter>"), False),  # not the layout
         (ToolChoice("function", "get-time"), TIME, True),
         (ToolChoice("function", "get-time"), PARIS, False),
