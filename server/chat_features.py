@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..runtime.sampling.guided import GuidedDecoding
 from .errors import bad_request
-from .reasoning import ReasoningParser
+from .reasoning import ReasoningParser, prompt_closes_reasoning
 from .structured import StructuredOutputError, guided_from_response_format
 from .tool_format import JSON_TOOL_CALLS, ToolCallFormat
 from .tool_messages import messages_for_template
@@ -41,7 +41,8 @@ class ChatFeatures:
             self.tools,
             self.choice,
             tokenizer=service.grammar_tokenizer(),
-            reasoning=reasoning is not None,
+            # thinking switched off in the template (it closed an empty block): no block to allow
+            reasoning=reasoning is not None and not prompt_closes_reasoning(prompt_text, reasoning.end_tag),
             starts_in_reasoning=bool(reasoning and reasoning.starts_in_reasoning),
         )
         return (GuidedDecoding.lark(grammar) if grammar else None), reasoning

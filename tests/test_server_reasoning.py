@@ -96,3 +96,11 @@ def test_stream_reports_whether_it_is_inside_reasoning():
     assert splitter.feed("thinking </thi") == ReasoningSplit("thinking", "")
     assert splitter.feed("nk> answer") == ReasoningSplit("", "answer")
     assert not splitter.in_reasoning
+
+
+def test_a_prompt_that_closed_an_empty_block_expects_no_reasoning():
+    from ember.server.reasoning import prompt_closes_reasoning
+
+    assert prompt_closes_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not prompt_closes_reasoning("<|im_start|>assistant\n<think>\n")
+    assert not prompt_closes_reasoning("<|im_start|>assistant\n")
