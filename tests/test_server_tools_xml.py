@@ -292,3 +292,19 @@ def test_chat_output_splits_reasoning_before_xml_calls():
     deltas = [d for ch in text for d in parser.feed(ch)] + parser.finish("stop")
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "The user wants weather."
     assert not any(d.get("content") for d in deltas) and parser.has_tool_calls
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_a_call_cut_mid_value_is_neither_a_call_nor_content(incremental):
+    text = "Checking.\n" + PARIS + "\n" + RICH[: RICH.index("downtown")]
+    whole_reply = parse_xml_tool_calls(text, TOOLS, cut=True)
+    assert whole_reply.content == "Checking." and calls_of(whole_reply) == [("get_weather", {"city": "Paris"})]
+    parsed = parse_chat_output(text, tools=TOOLS, reasoning=None, finish_reason="length", tool_format=XML_TOOL_CALLS)
+    assert parsed.content == "Checking." and len(parsed.tool_calls) == 1
+    content, calls = summary(stream(text, [7, 30, 70], cut=True, incremental=incremental))
+    assert content == "Checking." and "<tool_call>" not in content
+    # announced before the cut, an incremental call cannot be taken back: its arguments end where the model stopped
+    assert calls[0] == ("get_weather", '{"city": "Paris"}') and len(calls) == (2 if incremental else 1)
+    if incremental:
+        assert calls[1] == ("get_weather", '{"city": "New York\\n<b>')
+    assert "<tool_call>" in parse_xml_tool_calls(text, TOOLS).content  # not cut: the model ended its turn there
