@@ -7,8 +7,9 @@ two forms. Everything else (the chat output parser, the grammar of a request) as
 - XML (Qwen3-Coder / Qwen3.5): `<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n
   </function>\\n</tool_call>` (`tool_xml.py`, `tool_xml_stream.py`, `tool_xml_grammar.py`).
 
-A template that shows the model `<function=` and `<parameter=` (in its instructions or in how it
-renders past calls) uses the XML form; every other template the JSON form.
+A template that shows the model `<tool_call>`, `<function=` and `<parameter=` (in its instructions or
+in how it renders past calls) uses the XML form; every other template the JSON form (templates whose
+calls use another outer tag, such as Seed-OSS's `<seed:tool_call>`, are not read as XML).
 """
 
 from __future__ import annotations
@@ -94,6 +95,6 @@ XML_TOOL_CALLS = ToolCallFormat("xml", parse_xml_tool_calls, StreamingXmlToolPar
 
 def tool_call_format_for_template(source: str | None) -> ToolCallFormat:
     """The form a chat template (its Jinja source; None without one) shows the model."""
-    if source is not None and "<function=" in source and "<parameter=" in source:
+    if source is not None and all(mark in source for mark in ("<tool_call>", "<function=", "<parameter=")):
         return XML_TOOL_CALLS
     return JSON_TOOL_CALLS

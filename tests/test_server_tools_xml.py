@@ -84,6 +84,8 @@ def calls_of(reply) -> list[tuple[str, dict]]:
 def test_the_template_decides_the_form(template, form):
     assert tool_call_format_for_template((TEMPLATES / template).read_text()) is form
     assert tool_call_format_for_template(None) is JSON_TOOL_CALLS
+    # another outer tag (Seed-OSS) is not this XML form
+    assert tool_call_format_for_template("<seed:tool_call>\n<function=f>\n<parameter=p>") is JSON_TOOL_CALLS
 
 
 # ---- values -------------------------------------------------------------------------------------------
