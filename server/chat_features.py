@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from ..runtime.sampling.guided import GuidedDecoding
 from .errors import bad_request
-from .reasoning import ReasoningParser
+from .reasoning import ReasoningParser, prompt_closes_reasoning
 from .structured import StructuredOutputError, guided_from_response_format
-from .tool_grammar import tool_call_grammar
+from .tool_format import JSON_TOOL_CALLS, ToolCallFormat
 from .tool_messages import messages_for_template
 from .tools import ToolChoice, ToolSpec, parse_openai_tool_choice, parse_openai_tools
 
@@ -29,6 +29,7 @@ class ChatFeatures:
     response_format: GuidedDecoding | None = None
     reasoning: ReasoningParser | None = None  # set per prompt by `for_prompt`
     template_tools: list[dict] | None = None
+    tool_format: ToolCallFormat = JSON_TOOL_CALLS  # how the model writes calls (its template's form)
 
     def for_prompt(self, service, prompt_text: str) -> tuple[GuidedDecoding | None, ReasoningParser | None]:
         """The grammar and the reasoning parser, once the rendered prompt is known (a template may open
@@ -36,11 +37,12 @@ class ChatFeatures:
         reasoning = self.reasoning.for_prompt(prompt_text) if self.reasoning is not None else None
         if self.response_format is not None or not self.tools or self.choice is None:
             return self.response_format, reasoning
-        grammar = tool_call_grammar(
+        grammar = self.tool_format.grammar(
             self.tools,
             self.choice,
             tokenizer=service.grammar_tokenizer(),
-            reasoning=reasoning is not None,
+            # thinking switched off in the template (it closed an empty block): no block to allow
+            reasoning=reasoning is not None and not prompt_closes_reasoning(prompt_text, reasoning.end_tag),
             starts_in_reasoning=bool(reasoning and reasoning.starts_in_reasoning),
         )
         return (GuidedDecoding.lark(grammar) if grammar else None), reasoning
@@ -71,4 +73,5 @@ def chat_features(service, body: dict, messages: list[dict]) -> ChatFeatures:
         response_format,
         ReasoningParser.for_tokenizer(service.tokenizer),
         template_tools,
+        service.tool_format,
     )

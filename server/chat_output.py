@@ -1,7 +1,7 @@
 """What a chat choice's text becomes: content, reasoning and tool calls — whole (non-streaming) or as
 OpenAI-shaped chat deltas (streaming). Reasoning is split off first (`<think>` blocks, for models whose
 vocabulary has them), then the content goes through the tool-call parser (Qwen's `<tool_call>` blocks,
-arguments validated against the tool's schema)."""
+arguments validated against the tool's schema), in the form the model writes them (`tool_format.py`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .reasoning import ReasoningParser
-from .tool_parse import parse_tool_calls
-from .tool_stream import StreamingToolParser, openai_deltas
+from .tool_events import openai_deltas
+from .tool_format import JSON_TOOL_CALLS, ToolCallFormat
 from .tools import ToolSpec, openai_tool_calls
 
 
@@ -28,9 +28,16 @@ def _reasoning_delta(text: str) -> dict:
 class ChatOutputParser:
     """One choice's streaming parser: feed text deltas, get OpenAI chat `delta` dicts."""
 
-    def __init__(self, *, tools: Sequence[ToolSpec], reasoning: ReasoningParser | None, incremental: bool):
+    def __init__(
+        self,
+        *,
+        tools: Sequence[ToolSpec],
+        reasoning: ReasoningParser | None,
+        incremental: bool,
+        tool_format: ToolCallFormat = JSON_TOOL_CALLS,
+    ):
         self._reasoning = reasoning.stream() if reasoning is not None else None
-        self._tools = StreamingToolParser(tools, incremental=incremental) if tools else None
+        self._tools = tool_format.stream(tools, incremental=incremental) if tools else None
 
     @property
     def has_tool_calls(self) -> bool:
@@ -68,7 +75,12 @@ def chat_finish_reason(finish_reason: str | None, has_tool_calls: bool) -> str |
 
 
 def parse_chat_output(
-    text: str, *, tools: Sequence[ToolSpec], reasoning: ReasoningParser | None, finish_reason: str | None = None
+    text: str,
+    *,
+    tools: Sequence[ToolSpec],
+    reasoning: ReasoningParser | None,
+    finish_reason: str | None = None,
+    tool_format: ToolCallFormat = JSON_TOOL_CALLS,
 ) -> ParsedOutput:
     """The whole text of a choice; `finish_reason` "length" drops a tool call left half-written."""
     reasoning_text = None
@@ -77,6 +89,6 @@ def parse_chat_output(
         reasoning_text, text = split.reasoning or None, split.content
     if not tools:
         return ParsedOutput(text, reasoning_text)
-    reply = parse_tool_calls(text, tools, cut=finish_reason == "length")
+    reply = tool_format.parse(text, tools, cut=finish_reason == "length")
     calls = openai_tool_calls(reply.calls)
     return ParsedOutput(reply.content if reply.content or not calls else None, reasoning_text, calls)

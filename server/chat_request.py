@@ -16,6 +16,7 @@ from .chat_output import ChatOutputParser, ParsedOutput, parse_chat_output
 from .errors import bad_request
 from .reasoning import ReasoningParser
 from .request_fields import chat_messages, get_bool, get_int, get_optional, openai_sampling_fields
+from .tool_format import JSON_TOOL_CALLS, ToolCallFormat
 
 
 @dataclass
@@ -28,12 +29,17 @@ class ChatRequest:
     reasoning: ReasoningParser | None = None  # set when the model reasons in <think> blocks
     incremental_tools: bool = False  # tool-call arguments stream as written (a grammar guarantees them)
     max_tokens_param: str = "max_tokens"  # the field the client capped the output with (for errors)
+    tool_format: ToolCallFormat = JSON_TOOL_CALLS  # how the model writes calls
 
     def new_stream_parser(self) -> ChatOutputParser:
-        return ChatOutputParser(tools=self.tools, reasoning=self.reasoning, incremental=self.incremental_tools)
+        return ChatOutputParser(
+            tools=self.tools, reasoning=self.reasoning, incremental=self.incremental_tools, tool_format=self.tool_format
+        )
 
     def parse_output(self, text: str, finish_reason: str | None = None) -> ParsedOutput:
-        return parse_chat_output(text, tools=self.tools, reasoning=self.reasoning, finish_reason=finish_reason)
+        return parse_chat_output(
+            text, tools=self.tools, reasoning=self.reasoning, finish_reason=finish_reason, tool_format=self.tool_format
+        )
 
 
 def prepare_chat(service, body: dict, *, template_kwargs: dict | None = None) -> ChatRequest:
@@ -60,7 +66,22 @@ def prepare_chat(service, body: dict, *, template_kwargs: dict | None = None) ->
         reasoning,
         features.incremental_tool_stream,
         max_tokens_param,
+        features.tool_format,
     )
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def thinking_for_effort(body: dict) -> bool | None:
+    """`reasoning_effort` as the template's `enable_thinking` switch (vLLM / SGLang accept both): none and
+    minimal turn thinking off, any other effort on; None when the request gives no effort."""
+    effort = get_optional(body, "reasoning_effort", str)
+    if effort is None:
+        return None
+    if effort not in REASONING_EFFORTS:
+        raise bad_request(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}", "reasoning_effort")
+    return effort not in ("none", "minimal")
 
 
 def render_chat_prompt(
@@ -73,6 +94,9 @@ def render_chat_prompt(
     kwargs.update(template_kwargs or {})
     if get_optional(body, "enable_thinking", bool) is not None:
         kwargs["enable_thinking"] = body["enable_thinking"]
+    thinking = thinking_for_effort(body)
+    if thinking is not None:
+        kwargs.setdefault("enable_thinking", thinking)  # an explicit enable_thinking wins
     features = chat_features(service, body, messages)
     text = service.render_chat(
         features.messages,

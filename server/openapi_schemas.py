@@ -182,6 +182,10 @@ def chat_request(model: str, vocab: int, context: int) -> Schema:
             "response_format": response_format,
             "chat_template_kwargs": {"type": "object", "description": "extra variables for the chat template"},
             "enable_thinking": BOOLEAN,
+            "reasoning_effort": {
+                "enum": ["none", "minimal", "low", "medium", "high", "xhigh"],
+                "description": "the template's enable_thinking: none and minimal turn it off, the others on",
+            },
         },
         ("messages",),
     )

@@ -81,6 +81,13 @@ def prompt_opens_reasoning(prompt: str, start_tag: str = "<think>") -> bool:
     return prompt.rstrip().endswith(start_tag)
 
 
+def prompt_closes_reasoning(prompt: str, end_tag: str = "</think>") -> bool:
+    """Whether the rendered prompt ends right after a reasoning block the template wrote itself, e.g.
+    `...assistant\n<think>\n\n</think>\n\n` (Qwen3 / Qwen3.5 with thinking switched off): the answer
+    follows, so no reasoning block is expected in the output."""
+    return prompt.rstrip().endswith(end_tag)
+
+
 class ReasoningStream:
     """Feed text deltas of one choice; get (reasoning, content) deltas back."""
 

@@ -28,6 +28,7 @@ from ..runtime.scheduling.requests import QueueFullError
 from .config import ServeConfig
 from .errors import ApiError, bad_request
 from .metrics import ServerMetrics
+from .tool_format import ToolCallFormat, tool_call_format_for_template
 
 CPU_DEFAULT_CONTEXT = 8192  # the default --ctx cap: a decode step reads every block of the table width
 # Template inputs a request may not override through chat_template_kwargs: they change how the
@@ -201,6 +202,11 @@ class ModelService:
             )
         except ChatTemplateError as error:
             raise bad_request(f"the chat template rejected the messages: {error.problem}", param) from error
+
+    @property
+    def tool_format(self) -> ToolCallFormat:
+        """How the served model writes tool calls, as its chat template shows it (JSON or XML form)."""
+        return tool_call_format_for_template(self.template.source if self.template is not None else None)
 
     def encode_chat(self, text: str) -> list[int]:
         """A rendered chat prompt: the template wrote every special token already."""

@@ -38,7 +38,7 @@ Reasoning models: `starts_in_reasoning` (the prompt opened `<think>`) lets free 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ember.server.tools import ToolChoice, ToolSpec
@@ -57,24 +57,24 @@ BLANKS = r"/[ \t\r\n]{1,8}/"
 _TEMPLATE_JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 
 
-def _lark_string(text: str) -> str:
+def lark_string(text: str) -> str:
     """A Lark string literal; JSON's escapes are the ones Lark understands."""
     return json.dumps(text)
 
 
-def _text_without(tag: str) -> str:
+def text_without(tag: str) -> str:
     """A terminal for any text that does not contain `tag` (llguidance's regex `&` and `~`)."""
     return "/(?s:.*)/ & ~/(?s:.*)" + tag.replace("/", "\\/") + "(?s:.*)/"
 
 
-def _styled_schema(schema: Any) -> dict[str, Any]:
+def styled_schema(schema: Any) -> dict[str, Any]:
     schema = dict(schema)
     # A client's own x-guidance options win; ours only fill in the template's separators.
     schema["x-guidance"] = {**_TEMPLATE_JSON_STYLE, **dict(schema.get("x-guidance") or {})}
     return schema
 
 
-class _Tags:
+class GrammarTags:
     """How each tag is written in the grammar: as a token reference or as a string literal."""
 
     def __init__(self, tokenizer: _LLTokenizer | None):
@@ -87,10 +87,15 @@ class _Tags:
         return len(ids) == 1 and self._tokenizer.is_special_token(ids[0])
 
     def __getitem__(self, tag: str) -> str:
-        return tag if self.is_token(tag) else _lark_string(tag)
+        return tag if self.is_token(tag) else lark_string(tag)
 
 
-def _call_rules(tools: Sequence[ToolSpec], tags: _Tags, parallel: bool) -> list[str]:
+# The rules of one tool-call form: `call_body` and `last_call_body` (everything after `<tool_call>`) for
+# these tools, given how tags are written and whether parallel calls are allowed.
+CallRules = Callable[[Sequence[ToolSpec], "GrammarTags", bool], list[str]]
+
+
+def json_call_rules(tools: Sequence[ToolSpec], tags: GrammarTags, parallel: bool) -> list[str]:
     """`call_body`: everything after `<tool_call>` up to and including `</tool_call>`: one call object, or
     with parallel calls one or more, a line each (Qwen2.5-Coder writes a second call so).
     `last_call_body`: the same for the turn's last block, which may also end the turn right after its
@@ -102,20 +107,20 @@ def _call_rules(tools: Sequence[ToolSpec], tags: _Tags, parallel: bool) -> list[
         f'last_call_body: "\\n" {objects} (BLANKS | "\\n" {tags["</tool_call>"]} BLANKS?)?',
         f"BLANKS: {BLANKS}",
         "call_object: "
-        + _lark_string('{"name": ')
+        + lark_string('{"name": ')
         + " ("
         + " | ".join(f"fn_{i}" for i in range(len(tools)))
         + ") "
-        + _lark_string("}"),
+        + lark_string("}"),
     ]
     for i, spec in enumerate(tools):
         # Rules are named by position: tool names may hold characters Lark names cannot ("-").
-        rules.append(f"fn_{i}: " + _lark_string(f'"{spec.name}", "arguments": ') + f" args_{i}")
-        rules.append(f"args_{i}: %json " + json.dumps(_styled_schema(spec.parameters)))
+        rules.append(f"fn_{i}: " + lark_string(f'"{spec.name}", "arguments": ') + f" args_{i}")
+        rules.append(f"args_{i}: %json " + json.dumps(styled_schema(spec.parameters)))
     return rules
 
 
-def _reasoning_rules(reasoning: bool, starts_in_reasoning: bool, tags: _Tags) -> tuple[str, list[str]]:
+def _reasoning_rules(reasoning: bool, starts_in_reasoning: bool, tags: GrammarTags) -> tuple[str, list[str]]:
     if not (reasoning or starts_in_reasoning):
         return "", []
     if tags.is_token("</think>"):  # text cannot contain the token: a plain terminal stops before it
@@ -134,21 +139,24 @@ def tool_call_grammar(
     tokenizer: _LLTokenizer | None = None,
     reasoning: bool = False,
     starts_in_reasoning: bool = False,
+    call_rules: CallRules = json_call_rules,
 ) -> str | None:
     """The Lark grammar for llguidance (`LLMatcher.grammar_from_lark(text)`) that enforces `choice`,
     or None when nothing is enforced (tool_choice none, or no tools). `tokenizer`, the matcher's
-    `llguidance.LLTokenizer`, says which tags are special tokens; without it tags are plain text."""
+    `llguidance.LLTokenizer`, says which tags are special tokens; without it tags are plain text.
+    `call_rules` writes the calls themselves: the JSON form here, or the XML form
+    (`tool_xml_grammar.xml_call_rules`); the text around them and where the turn may end are shared."""
     if choice.mode == "none" or not tools:
         return None
     if choice.mode == "function":
         tools = [spec for spec in tools if spec.name == choice.name]
         if not tools:
             raise ValueError(f"tool_choice names {choice.name!r}, which is not among the tools")
-    tags = _Tags(tokenizer)
+    tags = GrammarTags(tokenizer)
     prefix, rules = _reasoning_rules(reasoning, starts_in_reasoning, tags)
     parallel = choice.parallel and choice.mode != "function"
     if choice.mode == "auto":
-        rules.append(f"TEXT: {_text_without('<tool_call>')}")
+        rules.append(f"TEXT: {text_without('<tool_call>')}")
         if tags.is_token("<tool_call>"):
             if parallel:
                 start = f"start: {prefix}TEXT (<tool_call> call_body TEXT)* (<tool_call> last_call_body)?"
@@ -165,4 +173,4 @@ def tool_call_grammar(
         start = f"start: {prefix}" + ("(call BLANKS?)* " if parallel else "") + "last_call"
         rules.append(f"call: {tags['<tool_call>']} call_body")
         rules.append(f"last_call: {tags['<tool_call>']} last_call_body")
-    return "\n".join([start, *rules, *_call_rules(tools, tags, parallel)]) + "\n"
+    return "\n".join([start, *rules, *call_rules(tools, tags, parallel)]) + "\n"

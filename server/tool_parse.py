@@ -97,6 +97,12 @@ def parse_tool_calls(
             break
         pos = end
     pieces.append(text[pos:])
+    return assemble_reply(pieces)
+
+
+def assemble_reply(pieces: Sequence[str | ToolCall]) -> ParsedReply:
+    """Content and calls from the pieces of a reply in order: text joins its neighbours, and the
+    whitespace between content and a call, or between calls, is dropped."""
     merged: list[str | ToolCall] = []
     for piece in pieces:  # a rejected block is text: join it with its neighbours
         if isinstance(piece, str) and merged and isinstance(merged[-1], str):

@@ -2,9 +2,9 @@
 and Ollama shapes into one `ToolSpec` / `ToolChoice`) and the parsed result (`ToolCall`, and its
 rendering for each protocol).
 
-Parsing the model's `<tool_call>` blocks lives in `tool_stream.py`, the grammar that forces them
-in `tool_grammar.py`, and the translation of tool turns in the conversation history for the chat
-template in `tool_messages.py`.
+Parsing the model's `<tool_call>` blocks and the grammar that forces them depend on the form the
+model writes (JSON or XML): `tool_format.py` picks it from the chat template. The translation of tool
+turns in the conversation history for the chat template lives in `tool_messages.py`.
 """
 
 from __future__ import annotations

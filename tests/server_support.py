@@ -37,8 +37,16 @@ TINY_QWEN_CONFIG = {
 }
 
 
-def write_tiny_chat_model(folder: Path, gguf_path: Path, *, seed: int = 0) -> Path:
-    """An HF folder: config, random safetensors weights, tokenizer.json + chat template from the GGUF."""
+# Qwen3's vocabulary is Qwen2.5's with these added tokens next (ids 151665-151668).
+QWEN3_ADDED_TOKENS = ("<tool_response>", "</tool_response>", "<think>", "</think>")
+
+
+def write_tiny_chat_model(
+    folder: Path, gguf_path: Path, *, seed: int = 0, chat_template: str | None = None, qwen3_tokens: bool = False
+) -> Path:
+    """An HF folder: config, random safetensors weights, tokenizer.json + chat template from the GGUF.
+    `chat_template` replaces the GGUF's template; `qwen3_tokens` adds Qwen3's think and tool-response
+    tokens, making the vocabulary Qwen3's (so the server parses `<think>` blocks)."""
     from safetensors.numpy import save_file
 
     from ember.runtime.loading.checkpoint import open_checkpoint
@@ -49,11 +57,21 @@ def write_tiny_chat_model(folder: Path, gguf_path: Path, *, seed: int = 0) -> Pa
         return folder
     metadata = open_checkpoint(gguf_path).metadata
     tokenizer = Tokenizer.from_gguf_metadata(metadata, source=str(gguf_path))
-    (folder / "tokenizer.json").write_text(tokenizer.backend.to_str())
+    backend = json.loads(tokenizer.backend.to_str())
+    if qwen3_tokens:  # the GGUF's padding entries at those ids become Qwen3's added tokens
+        vocab = backend["model"]["vocab"]
+        for token_id, text in enumerate(QWEN3_ADDED_TOKENS, start=151665):
+            del vocab[f"[PAD{token_id}]"]
+            vocab[text] = token_id
+            backend["added_tokens"].append(
+                {"id": token_id, "content": text, "single_word": False, "lstrip": False, "rstrip": False}
+                | {"normalized": False, "special": False}
+            )
+    (folder / "tokenizer.json").write_text(json.dumps(backend))
     (folder / "tokenizer_config.json").write_text(
         json.dumps(
             {
-                "chat_template": tokenizer.chat_template,
+                "chat_template": chat_template or tokenizer.chat_template,
                 "eos_token": "<|im_end|>",
                 "bos_token": None,
                 "pad_token": "<|endoftext|>",

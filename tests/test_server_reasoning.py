@@ -96,3 +96,30 @@ def test_stream_reports_whether_it_is_inside_reasoning():
     assert splitter.feed("thinking </thi") == ReasoningSplit("thinking", "")
     assert splitter.feed("nk> answer") == ReasoningSplit("", "answer")
     assert not splitter.in_reasoning
+
+
+def test_a_prompt_that_closed_an_empty_block_expects_no_reasoning():
+    from ember.server.reasoning import prompt_closes_reasoning
+
+    assert prompt_closes_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not prompt_closes_reasoning("<|im_start|>assistant\n<think>\n")
+    assert not prompt_closes_reasoning("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize(
+    ("effort", "thinking"),
+    [(None, None), ("none", False), ("minimal", False), ("low", True), ("medium", True), ("high", True)],
+)
+def test_reasoning_effort_switches_the_templates_thinking(effort, thinking):
+    from ember.server.chat_request import thinking_for_effort
+
+    assert thinking_for_effort({} if effort is None else {"reasoning_effort": effort}) is thinking
+
+
+def test_an_unknown_reasoning_effort_is_a_400_naming_the_field():
+    from ember.server.chat_request import thinking_for_effort
+    from ember.server.errors import ApiError
+
+    with pytest.raises(ApiError) as error:
+        thinking_for_effort({"reasoning_effort": "extreme"})
+    assert error.value.status == 400 and error.value.param == "reasoning_effort"
