@@ -77,22 +77,10 @@ def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
     assert same_precision["top1_agreement_where_decisive"] >= 0.99, same_precision
 
 
-def _deterministic_outputs(model, batch, index, **config):
-    """Tokens and (token, logprob, top) of batch[index] from a fresh deterministic engine; `batch` runs in order
-    (requests with a `wait` flag finish before the next ones are submitted: a prefix-cache donor)."""
-    settings = dict(num_blocks=8 * 40 + 1, max_model_len=600, max_num_seqs=32, max_batched_tokens=256)
-    settings.update(config)
-    engine = Engine(model, _Detokenizer(), EngineConfig(deterministic=True, **settings))
-    try:
-        streams = []
-        for prompt, sampling, wait in batch:
-            stream = engine.submit(prompt, sampling)
-            if wait:
-                stream.collect()
-            streams.append(stream)
-        outputs = streams[index].collect()[0]
-    finally:
-        engine.close()
+def _outputs(engine, batch, index):
+    """Tokens and (token, logprob, top) of batch[index], the batch submitted at once to a running engine."""
+    streams = [engine.submit(prompt, sampling) for prompt, sampling in batch]
+    outputs = [stream.collect()[0] for stream in streams][index]
     return (
         [t for o in outputs for t in o.token_ids],
         [(lp.token_id, lp.logprob, lp.top) for o in outputs for lp in (o.logprobs or ())],
@@ -106,7 +94,8 @@ def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached(buc
     tokens come from the prefix cache (a donor request prefilled them); and a second turn whose prompt holds the
     first turn's generated tokens is the same bits whether those tokens' KV comes from the cache (computed as
     decode rows) or is prefilled cold. Deterministic steps in fixed tiles and at the default buckets (the
-    batch-invariant matmul at every bucket: what `deterministic.bucketed` would switch on for the h200 target)."""
+    batch-invariant matmul at every bucket: what `deterministic.bucketed` would switch on for the h200 target).
+    Three engines serve every scenario in turn (each compiles its shapes once)."""
     from ember.compiler.targets import get_target
 
     policy = get_target("h200").policy.overridden({"deterministic.bucketed": bucketed})
@@ -114,44 +103,46 @@ def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached(buc
     rng = np.random.default_rng(11)
     vocab = int(model.dims.vocab)
     probe = rng.integers(0, vocab, 200).tolist()
+    greedy = dict(temperature=0.0, ignore_eos=True)
     others = [
-        (
-            rng.integers(0, vocab, int(n)).tolist(),
-            SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=int(m)),
-            False,
-        )
-        for n, m in zip(rng.integers(3, 400, 31), rng.integers(10, 70, 31))
+        (rng.integers(0, vocab, int(n)).tolist(), SamplingParams(max_tokens=int(m), **greedy))
+        for n, m in zip(rng.integers(3, 400, 31), rng.integers(10, 40, 31))
     ]
-    donor = (
-        probe[:100] + rng.integers(0, vocab, 5).tolist(),
-        SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=40),
-        True,
-    )
+    first_turn = (probe[:100] + rng.integers(0, vocab, 5).tolist(), SamplingParams(max_tokens=24, **greedy))
+    settings = dict(num_blocks=8 * 40 + 1, max_model_len=600, max_num_seqs=32, max_batched_tokens=256)
+    engines = {
+        name: Engine(model, _Detokenizer(), EngineConfig(deterministic=True, **{**settings, **changes}))
+        for name, changes in (
+            ("plain", dict(enable_prefix_caching=False)),
+            ("chunked", dict(enable_prefix_caching=False, max_batched_tokens=64)),
+            ("cached", dict(enable_prefix_caching=True)),
+        )
+    }
     results = {}
-    for name, sampling in (
-        ("greedy", SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=48, logprobs=3)),
-        ("sampled", SamplingParams(temperature=0.8, top_p=0.9, seed=5, ignore_eos=True, max_tokens=48, logprobs=3)),
-    ):
-        mine = (probe, sampling, False)
-        alone = _deterministic_outputs(model, [mine], 0, enable_prefix_caching=False)
-        runs = {
-            "beside 7": _deterministic_outputs(model, [others[0], mine, *others[1:7]], 1, enable_prefix_caching=False),
-            "beside 31": _deterministic_outputs(
-                model, [*others[:16], mine, *others[16:]], 16, enable_prefix_caching=False
-            ),
-            "64-token chunks": _deterministic_outputs(
-                model, [mine], 0, max_batched_tokens=64, enable_prefix_caching=False
-            ),
-            "prefix cache hit": _deterministic_outputs(model, [donor, mine], 1, enable_prefix_caching=True),
-        }
-        assert len(alone[0]) == 48
-        results[name] = {label: out == alone for label, out in runs.items()}
-    first_turn = (donor[0], donor[1], True)
-    answer = _deterministic_outputs(model, [first_turn], 0, enable_prefix_caching=False)[0]
-    second_turn = (donor[0] + answer + rng.integers(0, vocab, 20).tolist(), donor[1], False)
-    cold = _deterministic_outputs(model, [second_turn], 0, enable_prefix_caching=False)
-    warm = _deterministic_outputs(model, [first_turn, second_turn], 1, enable_prefix_caching=True)
-    results["second turn, cache hit over generated tokens"] = {"equal": warm == cold}
+    try:
+        for name, sampling in (
+            ("greedy", SamplingParams(max_tokens=24, logprobs=3, **greedy)),
+            ("sampled", SamplingParams(temperature=0.8, top_p=0.9, seed=5, ignore_eos=True, max_tokens=24, logprobs=3)),
+        ):
+            mine = (probe, sampling)
+            alone = _outputs(engines["plain"], [mine], 0)
+            _outputs(engines["cached"], [first_turn], 0)  # the donor of the probe's first 96 tokens
+            runs = {
+                "beside 7": _outputs(engines["plain"], [others[0], mine, *others[1:7]], 1),
+                "beside 31": _outputs(engines["plain"], [*others[:16], mine, *others[16:]], 16),
+                "64-token chunks": _outputs(engines["chunked"], [mine], 0),
+                "prefix cache hit": _outputs(engines["cached"], [mine], 0),
+            }
+            assert len(alone[0]) == 24
+            results[name] = {label: out == alone for label, out in runs.items()}
+        answer = _outputs(engines["plain"], [first_turn], 0)[0]
+        second_turn = (first_turn[0] + answer + rng.integers(0, vocab, 20).tolist(), first_turn[1])
+        cold = _outputs(engines["plain"], [second_turn], 0)
+        warm = _outputs(engines["cached"], [second_turn], 0)  # its first turn ran there: prompt and answer cached
+        results["second turn, cache hit over generated tokens"] = {"equal": warm == cold}
+    finally:
+        for engine in engines.values():
+            engine.close()
     record_gpu_result(
         f"deterministic_alone_vs_loaded_{'bucketed' if bucketed else 'tiled'}",
         {"model": f"synthetic:{SHAPE}", "identical": results},
