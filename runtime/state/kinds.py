@@ -70,12 +70,28 @@ def paged_kinds(manifest: Mapping[str, Any], dims: Any) -> tuple[PagedKind, ...]
     return tuple(out)
 
 
-def layer_state_kinds(manifest: Mapping[str, Any], layer_kinds: Sequence[str]) -> tuple[str, ...]:
-    """The paged state kind of every layer (what its attention reads and writes)."""
+def layer_state_kinds(manifest: Mapping[str, Any], layer_kinds: Sequence[str]) -> tuple[str | None, ...]:
+    """The state kind of every layer (what its stateful op reads and writes; None: the layer keeps none)."""
     mapping = manifest.get("layer_state") or {}
     if not mapping:  # a plan from before state kinds: every layer uses "kv"
         return ("kv",) * len(layer_kinds)
-    return tuple(mapping[kind] for kind in layer_kinds)
+    return tuple(mapping.get(kind) for kind in layer_kinds)
+
+
+def slot_kinds(manifest: Mapping[str, Any]) -> tuple[StateKind, ...]:
+    """The manifest's slot state kinds (fixed-size per-request state), in their index order."""
+    return tuple(k for k in state_kinds(manifest) if not k.paged)
+
+
+def slot_array_shapes(kind: StateKind, dims: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each array of a slot kind: (shape of one slot, evaluated over the model's dims, dtype)."""
+    from ...compiler.expr import evaluate
+
+    values = dims.as_dict()
+    return {
+        name: (tuple(int(evaluate(axis, values)) for axis in spec["shape"]), spec["dtype"])
+        for name, spec in kind.config["arrays"].items()
+    }
 
 
 def window_pool_blocks(window: int, block_size: int, max_num_seqs: int, max_batched_tokens: int) -> int:
