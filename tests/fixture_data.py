@@ -4,6 +4,8 @@ numpy/json only (CI has no torch). The fixtures are made by tools/dev/make_tiny_
 tools/dev/make_real_model_references.py; tests/fixtures/README.md says how.
 
     ckpt_dir, ref = tiny_fixture("qwen3")    # ref["prefill_logits"]: float32 [40, vocab]
+    ckpt_dir, ref = tiny_fixture("qwen3_next")   # the MoE / hybrid families too (HYBRID_TINY_ARCHS)
+    gguf_path, described = tiny_gguf("qwen3_next")   # llama.cpp's f32 GGUF + its tensor list
     real = real_reference("gemma-3-270m")    # real["top_ids"]: int32 [T, 128]
     kl = topk_kl(real["top_ids"], real["top_logprobs"], our_logprobs)   # float64 [T]
 """
@@ -18,6 +20,12 @@ import numpy as np
 
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+# MoE and hybrid (Gated DeltaNet) families: made by the same script, plus a byte-level tokenizer and,
+# except qwen3_moe (whose dense-MLP layer llama.cpp's qwen3moe cannot hold), a GGUF from llama.cpp's converter.
+HYBRID_TINY_ARCHS = ("qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+TINY_GGUF_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+# Families whose checkpoints carry seeded random `mtp.*` tensors (no transformers reference for them).
+TINY_MTP_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 REAL_MODELS = ("qwen2.5-coder-1.5b-instruct", "gemma-3-270m")
 _ROWS_PER_CHUNK = 32  # bounds the float64 temporaries at 32 x vocab when scoring a full distribution
 
@@ -28,12 +36,32 @@ def tiny_fixture(arch: str) -> tuple[Path, dict[str, np.ndarray]]:
     Arrays: input_ids int32 [40], prefill_logits float32 [40, vocab], decode_ids int32 [16],
     decode_logits float32 [16, vocab] (decode step s feeds decode_ids[s] at position 40 + s).
     """
-    if arch not in TINY_ARCHS:
-        raise KeyError(f"no tiny fixture for {arch!r}; known: {', '.join(TINY_ARCHS)}")
+    known = TINY_ARCHS + HYBRID_TINY_ARCHS
+    if arch not in known:
+        raise KeyError(f"no tiny fixture for {arch!r}; known: {', '.join(known)}")
     checkpoint = FIXTURES_DIR / "tiny" / arch
     with np.load(checkpoint / "reference.npz") as archive:
         arrays = {name: archive[name] for name in archive.files}
     return checkpoint, arrays
+
+
+def tiny_config(arch: str) -> dict[str, Any]:
+    """The tiny checkpoint's config.json (as transformers saved it)."""
+    checkpoint, _ = tiny_fixture(arch)
+    return json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+
+
+def tiny_gguf(arch: str) -> tuple[Path, dict[str, Any]]:
+    """(model.f32.gguf written by llama.cpp's converter, gguf_tensors.json).
+
+    The JSON has "metadata" (every key but the token lists) and "tensors": a list of
+    {"name", "ne" (ggml dims, fastest first: a [rows, cols] matrix is ne [cols, rows]), "type"}.
+    """
+    if arch not in TINY_GGUF_ARCHS:
+        raise KeyError(f"no tiny GGUF for {arch!r}; known: {', '.join(TINY_GGUF_ARCHS)}")
+    folder = FIXTURES_DIR / "tiny" / arch
+    described = json.loads((folder / "gguf_tensors.json").read_text(encoding="utf-8"))
+    return folder / "model.f32.gguf", described
 
 
 def real_reference(model: str) -> dict[str, Any]:

@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+from hybrid_families import add_mtp_weights, hybrid_family_specs, hybrid_init, write_byte_tokenizer  # sibling script
+from hybrid_probes import hybrid_stats
 
 PROMPT_LEN = 40
 DECODE_STEPS = 16
@@ -61,8 +63,12 @@ class TinyFamily:
     model_class: str  # name in the transformers namespace
     config_class: str
     config: dict[str, Any]
-    # True where norm weights are stored as w with the scale (1 + w) (Gemma); else scale = w.
+    # True where norm weights are stored as w with the scale (1 + w) (Gemma, Qwen3-Next, Qwen3.5); else scale = w.
     offset_norm: bool = False
+    # MTP decoder layers written as seeded random `mtp.*` tensors (transformers has no MTP module).
+    mtp_layers: int = 0
+    # The MoE / hybrid families (hybrid_families.py): a byte tokenizer for llama.cpp's converter, GDN probes.
+    hybrid: bool = False
 
 
 def _families() -> list[TinyFamily]:
@@ -151,6 +157,7 @@ def _families() -> list[TinyFamily]:
             ),
             offset_norm=True,
         ),
+        *(TinyFamily(**spec) for spec in hybrid_family_specs()),
     ]
 
 
@@ -167,7 +174,10 @@ def randomize_weights(model: torch.nn.Module, family: TinyFamily, seed: int) -> 
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
-            if _is_norm(name):
+            special = hybrid_init(name, param.shape, generator)
+            if special is not None:
+                values = special
+            elif _is_norm(name):
                 values = torch.rand(param.shape, generator=generator)
                 values = values - 0.5 if family.offset_norm else values + 0.5
             else:
@@ -251,11 +261,17 @@ def make_family(family: TinyFamily, out_root: Path, seed: int) -> dict[str, floa
         shutil.rmtree(target)
     model = build_model(family, seed)
     model.save_pretrained(target, safe_serialization=True)
+    if family.mtp_layers:
+        add_mtp_weights(target, family.mtp_layers, seed, WEIGHT_STD)
+    if family.hybrid:
+        write_byte_tokenizer(target, family.config["vocab_size"])
     ref = reference_outputs(model, family.config["vocab_size"], seed)
     write_npz_deterministic(target / "reference.npz", ref)
     size = sum(p.stat().st_size for p in target.iterdir())
-    assert size < 1_000_000, f"{family.arch}: {size} bytes on disk, over the 1 MB budget"
+    assert size < 1_500_000, f"{family.arch}: {size} bytes on disk, over the 1.5 MB budget"
+    extra = hybrid_stats(model, ref) if family.hybrid else {}
     return {
+        **extra,
         "max_abs_prefill_logit": float(np.abs(ref["prefill_logits"]).max()),
         "max_abs_decode_logit": float(np.abs(ref["decode_logits"]).max()),
         "min_top2_margin_decode": top2_margin(ref["decode_logits"]),
