@@ -156,7 +156,7 @@ def _gated_delta_state(attrs, shapes, node):
 
 
 # Gated DeltaNet's mixer after its input projections: causal depthwise conv1d over qkv [N, 2 hk dk + hv dv]
-# with SiLU and a carried window, q/k L2-normalised, beta = sigmoid(b), g = -exp(a_log) softplus(a + dt_bias),
+# with SiLU and a carried window, q/k L2-normalised, beta = sigmoid(b), g = a_neg softplus(a + dt_bias),
 # the gated delta rule per value head -> [N, hv * dv]. State: one slot per request (`recurrent`).
 _op(
     "gated_delta",
@@ -165,7 +165,7 @@ _op(
         Param("b", V),
         Param("a", V),
         Param("conv", W),
-        Param("a_log", W),
+        Param("a_neg", W),
         Param("dt_bias", W),
         Param("hk", D),
         Param("hv", D),

@@ -39,7 +39,8 @@ class DimSource:
 
 @dataclass(frozen=True)
 class WeightSource:
-    hf: str | None  # HF tensor name template ({i} = layer); None: not in HF checkpoints
+    hf: str | None  # HF tensor name template ({i} = layer, {e} = expert: stacked); None: not in HF checkpoints
+    gguf: str | None = None  # the GGUF tensor name where it is not the logical name (e.g. "blk.{i}.ssm_a")
     tied_to: str | None = None  # logical weight used when this one is absent
     optional: bool = False
     hf_transform: str | None = None
@@ -211,7 +212,7 @@ def _parse_dims(path: Path, table: dict) -> dict[str, DimSource]:
 
 def _parse_weights(path: Path, table: dict, dims: dict[str, DimSource]) -> dict[str, WeightSource]:
     weights = {}
-    allowed = {"hf", "tied_to", "optional", "hf_transform", "gguf_transform", "shape"}
+    allowed = {"hf", "gguf", "tied_to", "optional", "hf_transform", "gguf_transform", "shape"}
     for name, entry in table.items():
         where = f"weights.{name!r}"
         if isinstance(entry, str):
@@ -245,6 +246,7 @@ def _parse_weights(path: Path, table: dict, dims: dict[str, DimSource]) -> dict[
                 raise SpecError(path, f"{where}.shape", f"unknown dimensions {sorted(unknown)}")
         weights[name] = WeightSource(
             hf=entry.get("hf"),
+            gguf=entry.get("gguf"),
             tied_to=tied,
             optional=bool(entry.get("optional", False)),
             hf_transform=entry.get("hf_transform"),

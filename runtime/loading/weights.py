@@ -102,7 +102,8 @@ class WeightLoader:
         if entry is None:
             raise CheckpointError(self.ckpt.path, f"spec {self.spec.path.name} declares no weight {template!r}")
         if self.ckpt.format == "gguf":
-            name, transform = logical, entry.gguf_transform
+            name = entry.gguf.replace("{i}", str(layer)) if entry.gguf else logical
+            transform = entry.gguf_transform
         else:
             # {e}: one tensor per expert, stacked along a new first axis (GGUF's ffn_*_exps layout)
             name = entry.hf.replace("{i}", str(layer)) if entry.hf else None
@@ -134,9 +135,9 @@ class WeightLoader:
             tensor = np.stack([self._load(name.replace("{e}", str(e))) for e in range(expected[0])])
         else:
             tensor = self._load(name)
-        self._check_shape(name, tensor.shape, expected, entry)
-        if transform:
+        if transform:  # the shape checked is the transformed one (a transform may reshape or select rows)
             tensor = apply_transform(transform, tensor, self.dims)
+        self._check_shape(name, tensor.shape, expected, entry)
         return np.ascontiguousarray(tensor, dtype=np.float32)
 
     def _load(self, name: str) -> np.ndarray:

@@ -8,7 +8,7 @@ advances them by one token and writes them back, so a segment continues where it
 (the GPU kernels load a segment's state once, at its first token, and run the chunked form).
 
 qkv [N, 2 hk dk + hv dv] (the input projection's q, k, v, before the conv), b, a [N, hv];
-conv_weight [C, 1, W] or [C, W]; a_log, dt_bias [hv]; conv_state [S, W - 1, C], delta_state [S, hv, dk, dv] (fp32)
+conv_weight [C, W] (or [C, 1, W]); a_neg, dt_bias [hv]; conv_state [S, W - 1, C], delta_state [S, hv, dk, dv] (fp32)
 -> (out [N, hv * dv] in qkv's dtype, conv_state, delta_state).
 """
 
@@ -29,21 +29,22 @@ def l2_normalize(x, eps: float = L2_EPS):
     return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
-def gates(b, a, a_log, dt_bias):
-    """beta = sigmoid(b), g = -exp(a_log) * softplus(a + dt_bias) (fp32), each [..., hv]."""
+def gates(b, a, a_neg, dt_bias):
+    """beta = sigmoid(b), g = a_neg * softplus(a + dt_bias) (fp32), each [..., hv]; a_neg = -exp(A_log) (GGUF's
+    ssm_a: HF checkpoints' A_log gets the neg_exp transform at load)."""
     beta = jax.nn.sigmoid(b.astype(_F32))
-    g = -jnp.exp(a_log.astype(_F32)) * jax.nn.softplus(a.astype(_F32) + dt_bias.astype(_F32))
+    g = a_neg.astype(_F32) * jax.nn.softplus(a.astype(_F32) + dt_bias.astype(_F32))
     return beta, g
 
 
 def gated_delta(
-    qkv, b, a, state, conv_weight, a_log, dt_bias, conv_state, delta_state, batch: StepBatch, *, hk, hv, dk, dv, kernel
+    qkv, b, a, state, conv_weight, a_neg, dt_bias, conv_state, delta_state, batch: StepBatch, *, hk, hv, dk, dv, kernel
 ):
     # state: int32 scalar, the layer's slot kind (row of batch.state_slots)
     del kernel  # the conv window's width comes with its weight
     weight = conv_weight.reshape(conv_weight.shape[0], -1).astype(_F32)  # [C, W]
     slots = jax.lax.dynamic_index_in_dim(batch.state_slots, jnp.asarray(state, jnp.int32), 0, keepdims=False)
-    beta, g = gates(b, a, a_log, dt_bias)
+    beta, g = gates(b, a, a_neg, dt_bias)
     repeat = hv // hk
 
     def step(carry, inputs):
