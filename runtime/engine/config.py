@@ -40,6 +40,9 @@ class EngineConfig:
     # stores K and V rounded to float8 e4m3 with no scale (vLLM's --kv-cache-dtype fp8 without calibrated
     # scales): half the bytes of a bf16 pool, so twice the tokens per KV budget and half the KV reads per step
     kv_cache_dtype: str = "auto"
+    # slots of each slot state kind (recurrent layers' state, one per running request); None: max_num_seqs.
+    # A budget-sized config (sized_config) sets it from what the budget holds beside the KV pools.
+    num_slots: int | None = None
 
     def __post_init__(self):
         checked_kv_cache_dtype(self.kv_cache_dtype)

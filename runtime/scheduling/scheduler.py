@@ -25,6 +25,9 @@ Policies (what we chose, and why):
   token remains after a chunk or a prefix hit included: a decode row is a one-token chunk with logits.
 - KV is one pool per paged state kind (runtime/state/kv_cache.py): growth, preemption and frees cover every
   kind at once; a sliding-window kind drops the blocks its window left behind after each step.
+- Slot state kinds (recurrent layers: runtime/state/slot_pool.py) are `extra_state`: a request takes one slot
+  of each at admission (none free: it waits) and gives it back on finish, abort or preemption; they keep no
+  prefix snapshots, so with any of them the prefix cache is off.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ class Scheduler:
         # which sets of chunks one step may carry (default: one chunk per step)
         self.prefill_shapes = prefill_shapes or PrefillShapes(tuple(sorted(prefill_chunk_buckets)))
         self.max_chunk = max(self.prefill_shapes.buckets)
-        # kind -> allocator of every non-KV state a request owns while running (none today)
+        # kind -> allocator of every non-KV state a request owns while running (slot kinds: runtime/state/slot_pool.py)
         self.extra_state: dict[str, StateAllocator] = dict(extra_state or {})
         self.prefix_caching = enable_prefix_caching and all(a.supports_prefix_reuse for a in self.extra_state.values())
         self.waiting: deque[Request] = deque()  # FIFO; preempted requests go back to the front
@@ -252,7 +255,20 @@ class Scheduler:
                     completes=end == request.num_tokens,
                 )
             )
-        return ScheduledStep(tuple(rows), tuple(prefills), tables, tuple(preempted), num_kinds=len(self.kv.kinds))
+        slot_kinds = tuple(self.extra_state)
+        state_slots = {
+            request.request_id: tuple(request.state[kind].slot for kind in slot_kinds)
+            for request in (*decodes, *(r for r, _, _ in chunks))
+        }
+        return ScheduledStep(
+            tuple(rows),
+            tuple(prefills),
+            tables,
+            tuple(preempted),
+            num_kinds=len(self.kv.kinds),
+            state_slots=state_slots,
+            num_slot_kinds=len(slot_kinds),
+        )
 
     # --- several decode steps in one device call (runtime/scheduling/run_ahead.py) ----------------------
     def extend_decodes(self, step: ScheduledStep, steps: int) -> ScheduledStep | None:

@@ -124,7 +124,7 @@ def allocators_for(
             blocks = num_blocks if isinstance(num_blocks, int) else num_blocks[kind.name]
             allocators[kind.name] = BlockPool(blocks, block_size, kind=kind.name)
         else:
-            raise NotImplementedError(f"state kind {kind.name!r} (fixed slots) has no allocator yet")
+            continue  # slot kinds: a SlotPool each (runtime/state/slot_pool.py), handed to Scheduler(extra_state=)
     if not allocators:
         raise ValueError("the plan declares no paged KV state (no 'kv' kind)")
     return allocators
@@ -143,3 +143,8 @@ def engine_pool_blocks(kinds: Sequence[PagedKind], config: Any) -> dict[str, int
     if getattr(config, "sliding_num_blocks", None) is not None:
         sizes.update({k.name: config.sliding_num_blocks for k in kinds if k.window})
     return sizes
+
+
+def engine_slots(config: Any) -> int:
+    """Slots of each slot state kind for an EngineConfig: config.num_slots, else one per running request."""
+    return int(getattr(config, "num_slots", None) or config.max_num_seqs)
