@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from fixture_data import tiny_fixture
 
-from ember.runtime.engine.engine import Engine, EngineConfig
+from ember.runtime.engine.config import capacity_line
+from ember.runtime.engine.engine import Engine, EngineConfig, kv_bytes_per_block, sized_config
 from ember.runtime.execution.sequence_runner import SequenceRunner
 from ember.runtime.loading.model import load_model
 from ember.runtime.sampling.params import SamplingParams
@@ -81,3 +82,18 @@ def test_concurrent_requests_match_transformers_and_give_back_their_slots(arch):
     assert again[-1].usage.cached_tokens == 0  # no prefix hit without a recurrent snapshot
     assert [lp.token_id for o in again for lp in o.logprobs] == [t for t, _ in want[:4]]
     assert engine.kv.all_free() and slots.all_free()
+
+
+def test_memory_budget_buys_recurrent_slots_then_kv():
+    path, _ = tiny_fixture("qwen3_next")
+    model = load_model(path)
+    d = model.dims
+    per_layer = ((d.lin_conv - 1) * d.lin_qkv + d.lin_hv * d.lin_dk * d.lin_dv) * 4  # conv window + delta matrix, fp32
+    assert model.slot_bytes() == 3 * per_layer  # three Gated DeltaNet layers of four
+    config = sized_config(model, kv_memory_bytes=10 * model.slot_bytes(), max_num_seqs=8, block_size=4)
+    assert config.num_slots == 5  # at most half of the budget: 5 of the 10 sequences' worth
+    kv_left = 5 * model.slot_bytes()
+    assert (config.num_blocks - 1) * kv_bytes_per_block(model, 4) <= kv_left
+    assert "recurrent state for 5 sequences" in capacity_line(model, config)
+    roomy = sized_config(model, kv_memory_bytes=1000 * model.slot_bytes(), max_num_seqs=8, block_size=4)
+    assert roomy.num_slots == 8  # one per running request
