@@ -71,3 +71,25 @@ def test_a_block_for_an_undeclared_kind_is_an_error(tmp_path):
     path.write_text(text)
     with pytest.raises(SpecError, match="layer.dence"):
         load_spec(path)
+
+
+@pytest.mark.parametrize(
+    "old, new, where",
+    [
+        ('every = { dim = "sparse_step", kind = "moe" }', 'every = { dim = "sparse_stpe", kind = "moe" }', "every.dim"),
+        ('every = { dim = "sparse_step", kind = "moe" }', 'every = { dim = "sparse_step", kind = "mo" }', "every.kind"),
+        ('kinds = ["dense", "moe"]', "kinds = []", "layer_axes.mlp.kinds"),
+        (
+            "[layer_axes.mixer]",
+            '[layer_kinds]\ndefault_period = ["a"]\n[layer_kinds.a]\nx = 1\n[layer_axes.mixer]',
+            "layer_kinds",
+        ),
+    ],
+)
+def test_axis_errors_name_the_field(tmp_path, old, new, where):
+    text = (SPECS_DIR / "qwen3_moe.toml").read_text()
+    assert old in text
+    path = tmp_path / "bad.toml"
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(SpecError, match=where.replace(".", r"\.")):
+        load_spec(path)
