@@ -114,18 +114,20 @@ def pool_blocks(
 
 
 def allocators_for(
-    kinds: Sequence[StateKind], *, num_blocks: int | Mapping[str, int], block_size: int
+    kinds: Sequence[StateKind], *, num_blocks: int | Mapping[str, int], block_size: int, num_slots: int = 1
 ) -> dict[str, StateAllocator]:
     """One allocator per state kind: a BlockPool per paged kind (num_blocks: one count for all, or per
-    kind). A slot allocator for recurrent state plugs in here (and into Scheduler(extra_state=...))."""
+    kind), a SlotPool of num_slots per slot kind (the scheduler's `extra_state`)."""
+    from .slot_pool import SlotPool
+
     allocators: dict[str, StateAllocator] = {}
     for kind in kinds:
         if kind.paged:
             blocks = num_blocks if isinstance(num_blocks, int) else num_blocks[kind.name]
             allocators[kind.name] = BlockPool(blocks, block_size, kind=kind.name)
         else:
-            continue  # slot kinds: a SlotPool each (runtime/state/slot_pool.py), handed to Scheduler(extra_state=)
-    if not allocators:
+            allocators[kind.name] = SlotPool(num_slots, kind.name)
+    if not any(kind.paged for kind in kinds):
         raise ValueError("the plan declares no paged KV state (no 'kv' kind)")
     return allocators
 
