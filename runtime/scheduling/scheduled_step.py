@@ -66,6 +66,12 @@ class PrefillShapes:
         return out
 
 
+def state_slots_of(requests, kinds: tuple[str, ...]) -> tuple[dict[str, tuple[int, ...]], int]:
+    """(request id -> its slot of each slot state kind, the number of such kinds): a ScheduledStep's state_slots
+    and num_slot_kinds (runtime/state/slot_pool.py)."""
+    return {r.request_id: tuple(r.state[k].slot for k in kinds) for r in requests}, len(kinds)
+
+
 @dataclass(frozen=True)
 class DecodeRow:
     request_id: str

@@ -25,9 +25,7 @@ Policies (what we chose, and why):
   token remains after a chunk or a prefix hit included: a decode row is a one-token chunk with logits.
 - KV is one pool per paged state kind (runtime/state/kv_cache.py): growth, preemption and frees cover every
   kind at once; a sliding-window kind drops the blocks its window left behind after each step.
-- Slot state kinds (recurrent layers: runtime/state/slot_pool.py) are `extra_state`: a request takes one slot
-  of each at admission (none free: it waits) and gives it back on finish, abort or preemption; they keep no
-  prefix snapshots, so with any of them the prefix cache is off.
+- Slot state kinds (runtime/state/slot_pool.py) are `extra_state`: a slot of each per running request.
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ from ..state.block_pool import BlockPool, KVCounters, StateAllocator
 from ..state.kv_cache import KVCache, PrefixHit
 from .requests import QueueFullError, Request, RequestStatus, RequestTooLongError, StepOutput
 from .run_ahead import RunAhead
-from .scheduled_step import DecodeRow, PrefillChunk, PrefillShapes, ScheduledStep, slots_at
+from .scheduled_step import DecodeRow, PrefillChunk, PrefillShapes, ScheduledStep, slots_at, state_slots_of
 
 
 @dataclass(frozen=True)
@@ -255,20 +253,8 @@ class Scheduler:
                     completes=end == request.num_tokens,
                 )
             )
-        slot_kinds = tuple(self.extra_state)
-        state_slots = {
-            request.request_id: tuple(request.state[kind].slot for kind in slot_kinds)
-            for request in (*decodes, *(r for r, _, _ in chunks))
-        }
-        return ScheduledStep(
-            tuple(rows),
-            tuple(prefills),
-            tables,
-            tuple(preempted),
-            num_kinds=len(self.kv.kinds),
-            state_slots=state_slots,
-            num_slot_kinds=len(slot_kinds),
-        )
+        slots = state_slots_of([*decodes, *(r for r, _, _ in chunks)], tuple(self.extra_state))
+        return ScheduledStep(tuple(rows), tuple(prefills), tables, tuple(preempted), len(self.kv.kinds), *slots)
 
     # --- several decode steps in one device call (runtime/scheduling/run_ahead.py) ----------------------
     def extend_decodes(self, step: ScheduledStep, steps: int) -> ScheduledStep | None:
