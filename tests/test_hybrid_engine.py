@@ -39,7 +39,7 @@ def _alone(model, prompt, max_tokens):
     return out
 
 
-@pytest.mark.parametrize("arch", ["qwen3_next", pytest.param("qwen3_5_moe", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("arch", ["qwen3_5", pytest.param("qwen3_next", marks=pytest.mark.slow)])
 def test_concurrent_requests_match_transformers_and_give_back_their_slots(arch):
     path, ref = tiny_fixture(arch)
     model = load_model(path)
