@@ -28,6 +28,9 @@ class StepBatch(NamedTuple):
     dec_ctx_lens: jax.Array  # int32 [B]   tokens in context for each decode row, its own included
     pre_block_table: jax.Array  # int32 [K, P, max_blocks]   KV blocks of each prefill segment's sequence
     logit_rows: jax.Array  # int32 [R]   which of the N rows produce logits
+    # int32 [S, N]: the state slot each token's request holds, per slot state kind (-1: padding); None for
+    # plans without slot state
+    state_slots: jax.Array | None = None
 
     @property
     def num_decode(self) -> int:

@@ -22,13 +22,23 @@ def lower(spec: ModelSpec) -> Graph:
     }
     regions = []
     carried = ("x",)
+    bodies = spec.bodies()
+    layer_regions = [
+        (
+            "layer" if name == "layer" else f"layer:{name}",
+            statements,
+            "layer.ops" if name == "layer" else f"layer[{name}]",
+        )
+        for name, statements in bodies.items()
+    ]
     for name, statements, field in (
         ("prologue", spec.prologue, "model.prologue"),
-        ("layer", spec.layer, "layer.ops"),
+        *layer_regions,
         ("epilogue", spec.epilogue, "model.epilogue"),
     ):
+        in_layer = name.startswith("layer")
         lowering = _RegionLowering(
-            spec, field, in_layer=name == "layer", layer_weights=layer_weights, global_weights=global_weights
+            spec, field, in_layer=in_layer, layer_weights=layer_weights, global_weights=global_weights
         )
         inputs = STEP_INPUTS + (carried if name != "prologue" else ())
         for value in inputs:

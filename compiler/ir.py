@@ -1,4 +1,6 @@
-"""The graph IR: SSA values in three regions (prologue, one layer applied `layers` times, epilogue).
+"""The graph IR: SSA values in regions: the prologue, one region per layer body (a spec without [layer_axes]
+has one, "layer", applied `layers` times; with axes, "layer:<body>" per combination of kinds, each layer
+running its own), and the epilogue.
 
 Nodes are immutable; passes return new graphs (`dataclasses.replace`). Attribute values are literals
 or references resolved when a plan runs: `DimRef` (a model dimension), `KindRef` (a field of the
@@ -40,11 +42,17 @@ class PerKind:
 
 @dataclass(frozen=True)
 class StateKindDecl:
-    """One kind of per-request state the plan's layers keep: a paged KV pool per distinct attention kind.
-    Layers whose attention has the same window share a kind; each kind gets its own pool and block table."""
+    """One kind of per-request state the plan's layers keep, declared by the op that uses it.
 
-    name: str  # "kv" (full attention) or "kv_<window>" (sliding window)
-    window: Any  # 0 = unlimited, else a DimRef or an int: the tokens a query sees, itself included
+    paged: a KV pool per distinct attention window. Layers whose attention has the same window share a kind;
+    each kind gets its own pool and block table per request.
+    slot: fixed-size per-request state (a recurrent layer's), one slot per request in a pool of slots; each
+    array is [slots, *shape] per layer of the kind."""
+
+    name: str  # "kv" (full attention), "kv_<window>" (sliding window), or the slot op's kind name
+    window: Any = 0  # paged: 0 = unlimited, else a DimRef or an int: the tokens a query sees, itself included
+    layout: str = "paged"  # "paged" | "slot"
+    arrays: tuple[tuple[str, tuple[str, ...], str], ...] = ()  # slot: (array name, shape over dims, dtype)
 
 
 @dataclass(frozen=True)
@@ -78,10 +86,19 @@ class Node:
 
 @dataclass(frozen=True)
 class Region:
-    name: str  # "prologue" | "layer" | "epilogue"
+    name: str  # "prologue" | "layer" | "layer:<body>" | "epilogue"
     inputs: tuple[str, ...]
     nodes: tuple[Node, ...]
     outputs: tuple[str, ...]
+
+    @property
+    def is_layer(self) -> bool:
+        return self.name == "layer" or self.name.startswith("layer:")
+
+    @property
+    def body(self) -> str:
+        """The layer body's name ("layer" for the one body of a spec without axes)."""
+        return self.name.split(":", 1)[1] if ":" in self.name else self.name
 
     def reads(self) -> dict[str, int]:
         """How many times each value is read: by the region's nodes, and once more when the region returns it
@@ -100,6 +117,7 @@ class LayerConstant:
     name: str
     function: str  # "module:function" called with the evaluated args
     args: tuple[tuple[str, Any], ...]  # values: literals, DimRef, KindRef, Expr, or ("weight", name)
+    body: str = "layer"  # the layer body that reads it: only layers running that body get it
 
 
 @dataclass(frozen=True)
@@ -128,6 +146,9 @@ class Graph:
     def region(self, name: str) -> Region:
         return next(r for r in self.regions if r.name == name)
 
+    def layer_regions(self) -> tuple[Region, ...]:
+        return tuple(r for r in self.regions if r.is_layer)
+
     def with_region(self, region: Region) -> Graph:
         return replace(self, regions=tuple(region if r.name == region.name else r for r in self.regions))
 
@@ -136,7 +157,11 @@ class Graph:
         lines = [f"graph {self.arch} (spec sha256 {self.spec_sha256[:12]}, target {self.target})"]
         for decl in self.state_kinds:
             users = ", ".join(k for k, name in self.layer_state if name == decl.name)
-            lines.append(f"  state {decl.name}: paged kv, window {_fmt(decl.window)} (layer kinds {users})")
+            if decl.layout == "slot":
+                arrays = ", ".join(f"{n} [{', '.join(shape)}] {dtype}" for n, shape, dtype in decl.arrays)
+                lines.append(f"  state {decl.name}: slot, {arrays} (layer kinds {users})")
+            else:
+                lines.append(f"  state {decl.name}: paged kv, window {_fmt(decl.window)} (layer kinds {users})")
         for packed in self.packed_weights:
             lines.append(f"  packed {packed.name} = concat({', '.join(packed.parts)})")
         for const in self.layer_constants:

@@ -28,8 +28,11 @@ class OpDef:
     params: tuple[Param, ...]
     outputs: int
     shape: Callable[[list[tuple[str, ...]], dict[str, Any], dict[str, tuple[str, ...]]], list[tuple[str, ...]]]
-    stateful: bool = False  # reads and writes the per-layer KV pool
+    stateful: bool = False  # reads and writes per-layer state (paged KV, or a slot kind: `slot_state`)
     spec_level: bool = True  # False: introduced by passes only
+    # slot-state ops: (attrs, value shapes, node) -> (state kind name, ((array, shape over dims, dtype), ...))
+    slot_state: Callable[..., tuple[str, tuple[tuple[str, tuple[str, ...], str], ...]]] | None = None
+    state_arrays: tuple[str, ...] = ("k_pool", "v_pool")  # the names the plan gives the layer's state arrays
 
     def param(self, name: str) -> Param:
         return next(p for p in self.params if p.name == name)
@@ -94,6 +97,7 @@ _op(
         Param("style", L),
         Param("scaling", D, None),
         Param("freq_divisors", W, None),
+        Param("rotary_dim", D, None),  # only the first rotary_dim of each head's dims rotate (None: all)
     ],
     2,
     lambda s, a, w: [s[0], s[1]],
@@ -106,6 +110,75 @@ _op(
     stateful=True,
 )
 _op("add", [Param("x", V), Param("y", V)], 1, lambda s, a, w: [s[0]])
+# x[..., :size], x[..., size:] (a fused projection's parts, a head's query and its gate)
+_op(
+    "split_at",
+    [Param("x", V), Param("size", D)],
+    2,
+    lambda s, a, w: [(*s[0][:-1], str(a["size"])), (*s[0][:-1], f"{_paren(s[0][-1])} - {_paren(str(a['size']))}")],
+)
+# x * sigmoid(gate), gate read as x's rows ([N, ...] flattened to x's shape, or [N, 1] broadcast)
+_op("sigmoid_gate", [Param("x", V), Param("gate", V)], 1, lambda s, a, w: [s[0]])
+# RMSNorm of each head's x times silu(gate): x, gate [N, heads * n], weight [n]
+_op(
+    "gated_rms_norm",
+    [Param("x", V), Param("gate", V), Param("weight", W), Param("eps", D), Param("heads", D)],
+    1,
+    lambda s, a, w: [s[0]],
+)
+# Mixture-of-Experts MLP: fp32 softmax router, top_k experts (renormalised when `normalize`), stacked weights
+_op(
+    "moe",
+    [
+        Param("x", V),
+        Param("router", W),
+        Param("gate", W),
+        Param("up", W),
+        Param("down", W),
+        Param("top_k", D),
+        Param("normalize", D),
+        Param("act", L, "silu"),
+    ],
+    1,
+    lambda s, a, w: [s[0]],
+)
+
+
+def _gated_delta_state(attrs, shapes, node):
+    """Gated DeltaNet's per-request state: the causal conv's last kernel - 1 inputs over the q/k/v channels,
+    and the delta rule's matrix per value head (fp32)."""
+    name = lambda key: attrs[key].name  # DimRef
+    channels = shapes[node.inputs[0]][-1]
+    return "recurrent", (
+        ("conv", (f"{name('kernel')} - 1", channels), "float32"),
+        ("delta", (name("hv"), name("dk"), name("dv")), "float32"),
+    )
+
+
+# Gated DeltaNet's mixer after its input projections: causal depthwise conv1d over qkv [N, 2 hk dk + hv dv]
+# with SiLU and a carried window, q/k L2-normalised, beta = sigmoid(b), g = a_neg softplus(a + dt_bias),
+# the gated delta rule per value head -> [N, hv * dv]. State: one slot per request (`recurrent`).
+_op(
+    "gated_delta",
+    [
+        Param("qkv", V),
+        Param("b", V),
+        Param("a", V),
+        Param("conv", W),
+        Param("a_neg", W),
+        Param("dt_bias", W),
+        Param("hk", D),
+        Param("hv", D),
+        Param("dk", D),
+        Param("dv", D),
+        Param("kernel", D),
+    ],
+    1,
+    lambda s, a, w: [(s[0][0], f"{a['hv']} * {a['dv']}")],
+    stateful=True,
+    slot_state=_gated_delta_state,
+    state_arrays=("conv_state", "delta_state"),
+)
 
 # Introduced by passes.
 _op(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .expr import Call, ExprError, Statement, expression_names, parse_statement
+from .layer_axes import LayerAxis, body_kinds, body_names, parse_layer_axes
 from .ops import OPS
 
 SPECS_DIR = Path(__file__).resolve().parent.parent / "specs"
@@ -38,7 +39,8 @@ class DimSource:
 
 @dataclass(frozen=True)
 class WeightSource:
-    hf: str | None  # HF tensor name template ({i} = layer); None: not in HF checkpoints
+    hf: str | None  # HF tensor name template ({i} = layer, {e} = expert: stacked); None: not in HF checkpoints
+    gguf: str | None = None  # the GGUF tensor name where it is not the logical name (e.g. "blk.{i}.ssm_a")
     tied_to: str | None = None  # logical weight used when this one is absent
     optional: bool = False
     hf_transform: str | None = None
@@ -63,9 +65,20 @@ class ModelSpec:
     weights: dict[str, WeightSource]
     layer_kinds: LayerKinds | None
     prologue: tuple[Statement, ...]
-    layer: tuple[Statement, ...]
+    layer: tuple[Statement, ...]  # the one body of a spec without [layer_axes]
     epilogue: tuple[Statement, ...]
     source_sha256: str = field(default="")
+    layer_axes: tuple[LayerAxis, ...] = ()
+    blocks: dict[str, tuple[Statement, ...]] = field(default_factory=dict)  # [layer.<kind>] ops per axis kind
+
+    def bodies(self) -> dict[str, tuple[Statement, ...]]:
+        """Each layer body's statements: "layer" alone, or one per combination of the axes' kinds."""
+        if not self.layer_axes:
+            return {"layer": self.layer}
+        return {
+            name: tuple(s for kind in body_kinds(name) for s in self.blocks[kind])
+            for name in body_names(self.layer_axes)
+        }
 
 
 def load_spec(path: str | Path) -> ModelSpec:
@@ -78,14 +91,34 @@ def load_spec(path: str | Path) -> ModelSpec:
         data = tomllib.loads(raw_bytes.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise SpecError(path, "file", f"expected valid TOML ({e})") from None
-    known = {"arch", "hf_architectures", "gguf_architecture", "dims", "weights", "layer_kinds", "model", "layer"}
+    known = {
+        "arch",
+        "hf_architectures",
+        "gguf_architecture",
+        "dims",
+        "weights",
+        "layer_kinds",
+        "layer_axes",
+        "model",
+        "layer",
+    }
     for key in data:
         if key not in known:
             raise SpecError(path, key, f"unknown top-level field (expected one of {sorted(known)})")
-    for table, allowed in (("model", {"prologue", "epilogue"}), ("layer", {"ops"})):
+    axes = ()
+    if "layer_axes" in data:
+        axes = parse_layer_axes(data["layer_axes"], lambda where, expected: SpecError(path, where, expected))
+        if "layer_kinds" in data:
+            raise SpecError(path, "layer_kinds", "expected either [layer_kinds] or [layer_axes], not both")
+    layer_allowed = {k for a in axes for k in a.kinds} if axes else {"ops"}
+    for table, allowed in (("model", {"prologue", "epilogue"}), ("layer", layer_allowed)):
         for key in _table(path, data, table):
             if key not in allowed:
                 raise SpecError(path, f"{table}.{key}", f"unknown field (expected {sorted(allowed)})")
+    blocks = {}
+    for kind in sorted(layer_allowed) if axes else ():
+        table = _table(path, _table(path, data, "layer"), kind)
+        blocks[kind] = _parse_ops(path, table, "ops", f"layer.{kind}.ops")
     dims = _parse_dims(path, _table(path, data, "dims"))
     spec = ModelSpec(
         path=path,
@@ -96,10 +129,15 @@ def load_spec(path: str | Path) -> ModelSpec:
         weights=_parse_weights(path, _table(path, data, "weights"), dims),
         layer_kinds=_parse_layer_kinds(path, data.get("layer_kinds"), dims),
         prologue=_parse_ops(path, _table(path, data, "model"), "prologue", "model.prologue"),
-        layer=_parse_ops(path, _table(path, data, "layer"), "ops", "layer.ops"),
+        layer=() if axes else _parse_ops(path, _table(path, data, "layer"), "ops", "layer.ops"),
         epilogue=_parse_ops(path, _table(path, data, "model"), "epilogue", "model.epilogue"),
         source_sha256=hashlib.sha256(raw_bytes).hexdigest(),
+        layer_axes=axes,
+        blocks=blocks,
     )
+    for axis in axes:
+        if axis.every_dim is not None and axis.every_dim not in dims:
+            raise SpecError(path, f"layer_axes.{axis.name}.every.dim", f"unknown dimension {axis.every_dim!r}")
     return spec
 
 
@@ -174,7 +212,7 @@ def _parse_dims(path: Path, table: dict) -> dict[str, DimSource]:
 
 def _parse_weights(path: Path, table: dict, dims: dict[str, DimSource]) -> dict[str, WeightSource]:
     weights = {}
-    allowed = {"hf", "tied_to", "optional", "hf_transform", "gguf_transform", "shape"}
+    allowed = {"hf", "gguf", "tied_to", "optional", "hf_transform", "gguf_transform", "shape"}
     for name, entry in table.items():
         where = f"weights.{name!r}"
         if isinstance(entry, str):
@@ -208,6 +246,7 @@ def _parse_weights(path: Path, table: dict, dims: dict[str, DimSource]) -> dict[
                 raise SpecError(path, f"{where}.shape", f"unknown dimensions {sorted(unknown)}")
         weights[name] = WeightSource(
             hf=entry.get("hf"),
+            gguf=entry.get("gguf"),
             tied_to=tied,
             optional=bool(entry.get("optional", False)),
             hf_transform=entry.get("hf_transform"),
@@ -283,7 +322,7 @@ def gathered_only_weights(spec: ModelSpec) -> frozenset[str]:
     """Weights the spec's ops use only as an embedding table: a step gathers a few of their rows and never
     reads them whole (no dense copy for them at load, and not in a step's weight bytes)."""
     gathered, other = set(), set()
-    for statement in (*spec.prologue, *spec.layer, *spec.epilogue):
+    for statement in (*spec.prologue, *spec.layer, *(s for b in spec.blocks.values() for s in b), *spec.epilogue):
         for call in _calls(statement):
             for i, arg in enumerate(call.args):
                 if isinstance(arg, str):

@@ -132,7 +132,11 @@ async def _load(app, loop) -> None:
         secs = f"loaded in {service.load_seconds:.1f}s" if service.load_seconds is not None else "loaded"
         if service.compile_seconds is not None:
             secs += f", compiled in {service.compile_seconds:.1f}s"
-        print(f"Ember is serving {service.model_name} ({secs}) at http://{config.host}:{config.port}", flush=True)
+        capacity = f"; {service.capacity}" if service.capacity else ""
+        print(
+            f"Ember is serving {service.model_name} ({secs}{capacity}) at http://{config.host}:{config.port}",
+            flush=True,
+        )
 
 
 def _on_signal(app) -> None:

@@ -17,6 +17,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from ..runtime.engine.config import capacity_line
 from ..runtime.engine.engine import Engine, EngineFailedError, kv_bytes_per_block, sized_config
 from ..runtime.engine.streams import RequestStream
 from ..runtime.loading.known_models import resolve_model
@@ -65,6 +66,7 @@ class ModelService:
         self.created = int(time.time())
         self.load_seconds: float | None = None
         self.compile_seconds: float | None = None
+        self.capacity: str | None = None  # what the state pools hold (the startup line says it)
         self._ready = threading.Event()
         self.metrics = ServerMetrics(self)
         self.in_flight = 0  # generations between submit and their last output (SIGTERM drain waits for 0)
@@ -107,6 +109,7 @@ class ModelService:
                 kv_cache_dtype=kv_cache_dtype,
             )
             self.engine = Engine(model, tokenizer, engine_config, stop_token_ids=self.eos_ids)
+            self.capacity = capacity_line(model, engine_config)
             try:
                 self.engine.grammar_tokenizer()  # ~1 s for a 150k vocabulary: once, before serving
             except ValueError as error:

@@ -23,7 +23,7 @@ def test_compile_writes_plan_and_manifest(tmp_path, capsys):
     assert main(["compile", "--spec", str(ROOT / "specs/qwen3.toml"), "--target", "cpu", "--out", str(tmp_path)]) == 0
     manifest = json.loads((tmp_path / "cpu/qwen3/manifest.json").read_text())
     assert manifest["arch"] == "qwen3" and manifest["target"] == "cpu"
-    assert "def forward(dims, params, kv, batch):" in (tmp_path / "cpu/qwen3/plan.py").read_text()
+    assert "def forward(dims, params, state, batch):" in (tmp_path / "cpu/qwen3/plan.py").read_text()
 
 
 def test_unknown_target_is_one_line_error(tmp_path, capsys):

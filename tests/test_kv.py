@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from ember.runtime.loading.plans import GENERATED_DIR as GENERATED
 from ember.runtime.state.block_pool import BlockPool, KVAllocation, NoFreeBlocksError, block_hash
 from ember.runtime.state.kinds import StateKind, allocators_for, state_kinds
+from ember.runtime.state.slot_pool import SlotPool
 
 
 def computed_allocation(pool: BlockPool, tokens: list[int]) -> KVAllocation:
@@ -178,21 +179,30 @@ def test_bad_pool_shapes_are_refused():
 def test_state_kinds_of_generated_plans(arch):
     manifest = json.loads((GENERATED / "cpu" / arch / "manifest.json").read_text())
     kinds = state_kinds(manifest)
-    # one paged kind per attention kind: full attention, plus the sliding window where layers have one
-    assert [k.name for k in kinds] == (["kv", "kv_window"] if arch == "gemma3" else ["kv"])
-    assert all(k.paged for k in kinds) and set(manifest["layer_state"].values()) == {k.name for k in kinds}
-    allocators = allocators_for(kinds, num_blocks=8, block_size=16)
+    # one paged kind per attention kind: full attention, plus the sliding window where layers have one; the
+    # recurrent slot kind where layers run Gated DeltaNet
+    recurrent = arch in ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+    want = ["kv", "kv_window"] if arch == "gemma3" else ["kv", "recurrent"] if recurrent else ["kv"]
+    assert [k.name for k in kinds] == want
+    assert [k.paged for k in kinds] == [name != "recurrent" for name in want]
+    assert set(manifest["layer_state"].values()) == {k.name for k in kinds}
+    allocators = allocators_for(kinds, num_blocks=8, block_size=16, num_slots=3)
     assert isinstance(allocators["kv"], BlockPool) and allocators["kv"].block_size == 16
+    if recurrent:
+        assert isinstance(allocators["recurrent"], SlotPool) and allocators["recurrent"].num_slots == 3
+        arrays = manifest["state"]["recurrent"]["arrays"]
+        assert {n: a["dtype"] for n, a in arrays.items()} == {"conv": "float32", "delta": "float32"}
 
 
 def test_state_kinds_for_recurrent_and_unknown_state():
     kinds = state_kinds({"state": {"kv": {}, "ssm": {"layout": "slot", "shape": [4, 8]}}})
     assert kinds[1] == StateKind("ssm", False, {"layout": "slot", "shape": [4, 8]})
-    with pytest.raises(NotImplementedError, match="ssm"):
-        allocators_for(kinds, num_blocks=8, block_size=16)
+    assert isinstance(allocators_for(kinds, num_blocks=8, block_size=16)["ssm"], SlotPool)
     with pytest.raises(ValueError, match="conv"):
         state_kinds({"state": {"kv": {}, "conv": {}}})
     with pytest.raises(ValueError, match="no 'state'"):
         state_kinds({})
     with pytest.raises(ValueError, match="no 'kv'"):
         allocators_for((), num_blocks=8, block_size=16)
+    with pytest.raises(ValueError, match="no 'kv'"):
+        allocators_for(kinds[1:], num_blocks=8, block_size=16)

@@ -21,6 +21,7 @@ from ember.runtime.scheduling.scheduler import Scheduler
 from ember.runtime.state.block_pool import BlockPool
 from ember.runtime.state.kinds import window_pool_blocks
 from ember.runtime.state.kv_cache import KVCache
+from ember.runtime.state.slot_pool import SlotPool
 
 VOCAB = 64
 STOP = 0
@@ -402,27 +403,8 @@ def test_abort_at_every_state_frees_everything(state, window):
 
 
 # --- another kind of state ----------------------------------------------------------------------------
-class SlotAllocator:
-    """A fixed-slot state kind (like a recurrent layer's state) for the scheduler's generic ownership."""
-
-    kind = "ssm"
-    supports_prefix_reuse = False
-
-    def __init__(self, slots: int):
-        self.free = list(range(slots))
-
-    def can_allocate(self) -> bool:
-        return bool(self.free)
-
-    def new_allocation(self):
-        return {"kind": self.kind, "slot": self.free.pop()}
-
-    def release(self, allocation) -> None:
-        self.free.append(allocation["slot"])
-
-
 def test_extra_state_kind_is_owned_and_released_like_kv():
-    slots = SlotAllocator(2)
+    slots = SlotPool(2, "ssm")  # a fixed-slot state kind (a recurrent layer's state)
     s = Scheduler(BlockPool(11, 4), 4, 16, 16, (16,), extra_state={"ssm": slots})
     mock = MockPlan(s)
     assert not s.prefix_caching  # recurrent state cannot skip tokens
@@ -430,9 +412,9 @@ def test_extra_state_kind_is_owned_and_released_like_kv():
     for rid, p in prompts.items():
         s.add(request(rid, p, max_tokens=12, stop=()))
     seen = []
-    done = drive(s, mock, on_step=lambda p: seen.append(sorted(r.state["ssm"]["slot"] for r in s.running)))
+    done = drive(s, mock, on_step=lambda p: seen.append(sorted(r.state["ssm"].slot for r in s.running)))
     assert max(len(x) for x in seen) == 2 and all(len(set(x)) == len(x) for x in seen)
-    assert sorted(slots.free) == [0, 1] and s.pool.counters().prefix_hits == 0
+    assert slots.all_free() and s.pool.counters().prefix_hits == 0
     assert all(done[rid] == generate_alone(p, 12, stop=()) for rid, p in prompts.items())
 
 

@@ -162,4 +162,5 @@ def kv_bytes_read(model, context: int, kv_cache_dtype: str = "auto") -> int:
     d = model.dims
     windows = {kind.name: kind.window for kind in model.paged_kinds}
     per_token = int(d.hkv) * int(d.dh) * 2 * kv_dtype(model, kv_cache_dtype).itemsize
-    return sum(min(context, windows[k] or context) * per_token for k in model.layer_state_kinds)
+    # paged layers only: a recurrent layer reads its fixed-size slot, whatever the context
+    return sum(min(context, windows[k] or context) * per_token for k in model.layer_state_kinds if k in windows)

@@ -27,7 +27,7 @@ _TEMPLATES = jinja2.Environment(
 )
 _SIGNATURES = {  # {carried}: the values handed from region to region (x, and x_add: defer_residual_add)
     "prologue": "dims, weights, batch",
-    "layer": "dims, w, constants, {carried}, k_pool, v_pool, batch",
+    "layer": "dims, w, constants, {carried}, state, batch",
     "epilogue": "dims, weights, {carried}, batch",
 }
 
@@ -46,24 +46,29 @@ def generate(graph: Graph, spec: ModelSpec, target: Target, variant: str = "defa
     imports: dict[str, tuple[str, str, str]] = {}
     regions = []
     for region in graph.regions:
-        weights_var = "w" if region.name == "layer" else "weights"
-        lines = []
-        if region.name == "layer":
-            lines += [f"{c.name} = constants[{c.name!r}]" for c in graph.layer_constants]
+        weights_var = "w" if region.is_layer else "weights"
+        lines, returns = [], ", ".join(region.outputs)
+        if region.is_layer:
+            lines += [f"{c.name} = constants[{c.name!r}]" for c in graph.layer_constants if c.body == region.body]
+            state = _state_arrays(region)
+            if state:
+                lines.append(f"{', '.join(state)} = state")
+            returns += f", ({', '.join(state)}{',' if len(state) == 1 else ''})"
         for node in region.nodes:
             alias = _alias(node.kernel)
             module, function = node.kernel.split(":")
             imports[alias] = (alias, module, function)
             lines.append(_call_line(node, alias, weights_var))
-        returns = ", ".join(region.outputs) + (", k_pool, v_pool" if region.name == "layer" else "")
+        kind = "layer" if region.is_layer else region.name
         regions.append(
             {
-                "name": region.name,
+                "name": function_name(region.name),
                 "returns": returns,
                 "lines": lines,
-                "signature": _SIGNATURES[region.name].format(carried=", ".join(_carried(graph, region))),
+                "signature": _SIGNATURES[kind].format(carried=", ".join(_carried(graph, region))),
             }
         )
+    layers = graph.layer_regions()
     source = _TEMPLATES.get_template("plan.py.j2").render(
         spec_file=f"specs/{spec.path.name}",
         target=target.name,
@@ -73,7 +78,8 @@ def generate(graph: Graph, spec: ModelSpec, target: Target, variant: str = "defa
         arch=graph.arch,
         imports=sorted(imports.values()),
         regions=regions,
-        carried=_carried(graph, graph.region("layer")),
+        carried=_carried(graph, layers[0]),
+        bodies=[(r.body, function_name(r.name)) for r in layers] if layers[0].name != "layer" else [],
         global_weights=repr(tuple(sorted(_used_weights(graph, layer=False)))),
         layer_weights=repr(tuple(sorted(_used_weights(graph, layer=True)))),
         kernel_policy=pprint.pformat(target.policy.to_dict(), width=110),
@@ -96,6 +102,17 @@ def write_plan(plans: dict[str, GeneratedPlan], out_dir: Path) -> list[Path]:
     return written + [manifest_path]
 
 
+def function_name(region: str) -> str:
+    """The plan function of a region: "layer:linear_attention+moe" -> "layer_linear_attention_moe"."""
+    return region.replace(":", "_").replace("+", "_")
+
+
+def _state_arrays(region) -> tuple[str, ...]:
+    """The names of the layer's state arrays: those of its stateful op (none when it has none)."""
+    stateful = [node for node in region.nodes if OPS[node.op].stateful]
+    return OPS[stateful[0].op].state_arrays if stateful else ()
+
+
 def _carried(graph: Graph, region) -> list[str]:
     """The region's inputs handed on from the region before: neither the step's own (tokens, positions,
     logit_rows) nor the layer constants."""
@@ -114,8 +131,8 @@ def _call_line(node: Node, alias: str, weights_var: str) -> str:
     args += [f"{weights_var}[{name!r}]" for _, name in node.weights]
     outputs = list(node.outputs)
     if OPS[node.op].stateful:
-        args += ["k_pool", "v_pool", "batch"]
-        outputs += ["k_pool", "v_pool"]
+        args += [*OPS[node.op].state_arrays, "batch"]
+        outputs += OPS[node.op].state_arrays
     args += [f"{key}={_render(value)}" for key, value in node.attrs]
     target = ", ".join(outputs)
     return f"{target} = {alias}({', '.join(args)})"
@@ -142,12 +159,40 @@ def _render_expr(text: str) -> str:
     return ast.unparse(_PrefixDims().visit(ast.parse(text, mode="eval")))
 
 
-def _used_weights(graph: Graph, *, layer: bool) -> set[str]:
+def _used_weights(graph: Graph, *, layer: bool, body: str | None = None) -> set[str]:
     names = set()
     for region in graph.regions:
-        if (region.name == "layer") == layer:
+        if region.is_layer == layer and (body is None or region.body == body):
             names |= {w for node in region.nodes for _, w in node.weights}
     return names
+
+
+def _state_entry(decl, index: int) -> dict:
+    if decl.layout == "slot":
+        return {
+            "layout": "slot",
+            "index": index,
+            "per_layer": True,
+            "arrays": {name: {"shape": list(shape), "dtype": dtype} for name, shape, dtype in decl.arrays},
+        }
+    return {
+        "layout": "paged",
+        "index": index,
+        "window": _manifest_arg(decl.window),
+        "per_layer": True,
+        "axes": ["hkv", "dh"],
+    }
+
+
+def _state_section(graph: Graph) -> dict:
+    """Each state kind by name; `index` counts within its layout (paged kinds: the row of a StepBatch's slots
+    and block tables; slot kinds: the row of its state_slots)."""
+    counts: dict[str, int] = {}
+    out = {}
+    for decl in graph.state_kinds:
+        out[decl.name] = _state_entry(decl, counts.get(decl.layout, 0))
+        counts[decl.layout] = counts.get(decl.layout, 0) + 1
+    return out
 
 
 def _manifest(graph: Graph, spec: ModelSpec, target: Target) -> dict:
@@ -171,25 +216,25 @@ def _manifest(graph: Graph, spec: ModelSpec, target: Target) -> dict:
         },
         # one paged KV kind per distinct attention window (assign_state_kinds); `index` is the row of the
         # kind's slots and block tables in a StepBatch, `layer_state` maps each layer kind to its state kind
-        "state": {
-            decl.name: {
-                "layout": "paged",
-                "index": i,
-                "window": _manifest_arg(decl.window),
-                "per_layer": True,
-                "axes": ["hkv", "dh"],
-            }
-            for i, decl in enumerate(graph.state_kinds)
-        },
+        "state": _state_section(graph),
         "layer_state": dict(graph.layer_state),
         "global_weights": sorted(_used_weights(graph, layer=False)),
         "layer_weights": sorted(_used_weights(graph, layer=True)),
         "packed_weights": {p.name: list(p.parts) for p in graph.packed_weights},
         "layer_constants": {
             c.name: {"function": c.function, "args": {k: _manifest_arg(v) for k, v in c.args}}
+            | ({"body": c.body} if c.body != "layer" else {})
             for c in graph.layer_constants
         },
-    }
+    } | _bodies_section(graph)
+
+
+def _bodies_section(graph: Graph) -> dict:
+    """For specs with [layer_axes]: each body's layer weights (a layer loads its own body's only)."""
+    layers = graph.layer_regions()
+    if len(layers) == 1 and layers[0].name == "layer":
+        return {}
+    return {"body_weights": {r.body: sorted(_used_weights(graph, layer=True, body=r.body)) for r in layers}}
 
 
 def _manifest_arg(value: Any) -> Any:

@@ -1,13 +1,19 @@
-"""Give every layer kind the state kind its attention reads and writes: one paged KV kind per distinct
-attention window.
+"""Give every layer kind the state kind its stateful op reads and writes, declared by that op.
 
-Layers whose attention sees every earlier token share the kind "kv"; layers with a sliding window of W
-tokens share "kv_<W's dimension>" (e.g. "kv_window"). Each kind gets its own block pool and block table
-per request at run time, so a sliding kind can hand back blocks that fell out of its window while the
-full kind keeps them. Which layer is which kind is the checkpoint's business (`layer_types`), so the
-graph records the choice per layer kind (`Graph.layer_state`) and the attention node gets a `state`
-attribute: a PerKind literal, the kind's index, which hoist_layer_constants turns into a per-layer
-constant (the plan picks that kind's slots and block tables with it).
+Paged KV (attention): one kind per distinct attention window. Layers whose attention sees every earlier token
+share "kv"; layers with a sliding window of W tokens share "kv_<W's dimension>" (e.g. "kv_window"). Each kind
+gets its own block pool and block table per request at run time, so a sliding kind can hand back blocks that
+fell out of its window while the full kind keeps them.
+
+Slot state (ops whose OpDef has `slot_state`, e.g. a recurrent linear attention): fixed-size arrays per request,
+one slot per request in a pool of slots, named and shaped by the op (`Graph.state_kinds`, listed in the
+manifest with shapes and dtypes).
+
+Which layer is which kind is the checkpoint's business (`layer_types`, ...), so the graph records the choice
+per layer kind (`Graph.layer_state`: a scalar kind of [layer_kinds], or a body of [layer_axes]) and the op gets
+a `state` attribute: a PerKind literal, the kind's index among kinds of its layout, which
+hoist_layer_constants turns into a per-layer constant (the plan picks that kind's slots and tables with it).
+A layer body holds at most one stateful op; a body without one keeps no state.
 """
 
 from __future__ import annotations
@@ -23,28 +29,51 @@ NO_KINDS = "default"  # the one layer kind of a spec without [layer_kinds] (as t
 
 
 def assign_state_kinds(graph: Graph) -> Graph:
-    layer = graph.region("layer")
-    stateful = [i for i, node in enumerate(layer.nodes) if OPS[node.op].stateful]
-    if not stateful:
+    found = []  # (region, node index, {layer kind: StateKindDecl})
+    for region in graph.layer_regions():
+        stateful = [i for i, node in enumerate(region.nodes) if OPS[node.op].stateful]
+        if not stateful:
+            continue
+        if len(stateful) > 1:
+            raise ValueError(
+                f"{graph.arch}: a layer body may hold one stateful op (it gets one state per layer), "
+                f"found {len(stateful)} in {region.name}"
+            )
+        node = region.nodes[stateful[0]]
+        if region.name == "layer":
+            kinds = graph.layer_kinds or {NO_KINDS: {}}
+        else:
+            kinds = {region.body: {}}
+        slot = OPS[node.op].slot_state
+        if slot is not None:
+            name, arrays = slot(dict(node.attrs), graph.shapes.get(region.name, {}), node)
+            decls = {kind: StateKindDecl(name, layout="slot", arrays=arrays) for kind in sorted(kinds)}
+        else:
+            decls = {}
+            for kind in sorted(kinds):
+                window = _window_of(node.attr("window", 0), kinds[kind])
+                decls[kind] = StateKindDecl(_state_name(window), window)
+        found.append((region, stateful[0], decls))
+    if not found:
         return graph
-    if len(stateful) > 1:
-        raise ValueError(
-            f"{graph.arch}: a layer body may hold one stateful op (it gets one KV pool per layer), "
-            f"found {len(stateful)}"
-        )
-    node = layer.nodes[stateful[0]]
-    kinds = graph.layer_kinds or {NO_KINDS: {}}
-    windows = {kind: _window_of(node.attr("window", 0), kinds[kind]) for kind in sorted(kinds)}
-    decls: dict[str, StateKindDecl] = {}
-    for window in windows.values():
-        decls.setdefault(_state_name(window), StateKindDecl(_state_name(window), window))
-    ordered = sorted(decls.values(), key=lambda d: (d.name != FULL, d.name))  # full attention first
-    index = {decl.name: i for i, decl in enumerate(ordered)}
-    layer_state = tuple((kind, _state_name(window)) for kind, window in windows.items())
-    node = node.with_attrs(state=PerKind(tuple((kind, index[name]) for kind, name in layer_state)))
-    nodes = layer.nodes[: stateful[0]] + (node,) + layer.nodes[stateful[0] + 1 :]
-    graph = graph.with_region(replace(layer, nodes=nodes))
-    return replace(graph, state_kinds=tuple(ordered), layer_state=layer_state)
+    unique: dict[str, StateKindDecl] = {}
+    for _, _, decls in found:
+        for decl in decls.values():
+            if unique.setdefault(decl.name, decl) != decl:
+                raise ValueError(f"{graph.arch}: state kind {decl.name!r} is declared with two different shapes")
+    ordered = sorted(unique.values(), key=lambda d: (d.layout != "paged", d.name != FULL, d.name))
+    index = {}
+    for layout in ("paged", "slot"):
+        for i, decl in enumerate(d for d in ordered if d.layout == layout):
+            index[decl.name] = i
+    layer_state = []
+    for region, at, decls in found:
+        per_kind = tuple((kind, index[decl.name]) for kind, decl in decls.items())
+        layer_state += [(kind, decl.name) for kind, decl in decls.items()]
+        nodes = list(region.nodes)
+        nodes[at] = nodes[at].with_attrs(state=PerKind(per_kind))
+        graph = graph.with_region(replace(region, nodes=tuple(nodes)))
+    return replace(graph, state_kinds=tuple(ordered), layer_state=tuple(layer_state))
 
 
 def _window_of(window: Any, fields: dict[str, Any]) -> Any:

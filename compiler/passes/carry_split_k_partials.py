@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Graph
+from ..ir import Graph, Region
 from .defer_residual_add import PENDING
 
 EPILOGUE_READERS = ("add", "add_rms_norm", "add_rms_norm_to_proj")
@@ -29,23 +29,33 @@ PRODUCERS = ("gated_linear", "gated_mlp")  # gated_mlp (fuse_gated_mlp, later) h
 
 
 def carry_split_k_partials(graph: Graph) -> Graph:
-    layer, epilogue = graph.region("layer"), graph.region("epilogue")
-    if PENDING not in layer.inputs or len(layer.outputs) != 2:
-        return graph
-    carried = layer.outputs[1]  # the layer returns (x, x_add): forward hands them on in that order
-    producer = next((i for i, n in enumerate(layer.nodes) if carried in n.outputs), None)
-    if producer is None or layer.nodes[producer].op not in PRODUCERS or any(carried in n.inputs for n in layer.nodes):
-        return graph
-    layer_readers = [n for n in layer.nodes if PENDING in n.inputs]
+    """Every layer body is marked, or none (each layer's carried value is read by the next, of any body)."""
+    epilogue = graph.region("epilogue")
     epilogue_readers = [n for n in epilogue.nodes if PENDING in n.inputs]
     if (
-        [n.op for n in layer_readers] != ["add_rms_norm_to_proj"]
-        or layer_readers[0].inputs[1] != PENDING
-        or len(epilogue_readers) != 1
+        len(epilogue_readers) != 1
         or epilogue_readers[0].op not in EPILOGUE_READERS
         or epilogue_readers[0].inputs[1] != PENDING
     ):
         return graph
+    marked = [_marked(layer) for layer in graph.layer_regions()]
+    if not marked or any(m is None for m in marked):
+        return graph
+    for layer in marked:
+        graph = graph.with_region(layer)
+    return graph
+
+
+def _marked(layer: Region) -> Region | None:
+    if PENDING not in layer.inputs or len(layer.outputs) != 2:
+        return None
+    carried = layer.outputs[1]  # the layer returns (x, x_add): forward hands them on in that order
+    producer = next((i for i, n in enumerate(layer.nodes) if carried in n.outputs), None)
+    if producer is None or layer.nodes[producer].op not in PRODUCERS or any(carried in n.inputs for n in layer.nodes):
+        return None
+    layer_readers = [n for n in layer.nodes if PENDING in n.inputs]
+    if [n.op for n in layer_readers] != ["add_rms_norm_to_proj"] or layer_readers[0].inputs[1] != PENDING:
+        return None
     nodes = list(layer.nodes)
     nodes[producer] = nodes[producer].with_attrs(partials=True)
-    return graph.with_region(replace(layer, nodes=tuple(nodes)))
+    return replace(layer, nodes=tuple(nodes))

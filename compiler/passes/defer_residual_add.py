@@ -30,32 +30,38 @@ SUM = "x_in"  # the completed residual stream inside the region
 
 
 def defer_residual_add(graph: Graph) -> Graph:
-    layer, epilogue = graph.region("layer"), graph.region("epilogue")
-    if (
-        PENDING in layer.inputs
-        or "x" not in layer.inputs
-        or "x" not in epilogue.inputs
-        or any(SUM in n.outputs for r in (layer, epilogue) for n in r.nodes)
-    ):
+    """Every layer body is rewritten, or none (the bodies hand the same carried values on)."""
+    epilogue = graph.region("epilogue")
+    if "x" not in epilogue.inputs or PENDING in epilogue.inputs or any(SUM in n.outputs for n in epilogue.nodes):
         return graph
-    last_add = _last_add(layer)
-    first = next((i for i, n in enumerate(layer.nodes) if "x" in n.inputs), None)
-    if last_add is None or first is None:
+    rewritten = [_deferred(layer) for layer in graph.layer_regions()]
+    if not rewritten or any(r is None for r in rewritten):
         return graph
-    norm = layer.nodes[first]
-    if norm.op != "rms_norm" or norm.inputs != ("x",):
-        return graph
-    add = layer.nodes[last_add]
-    nodes = [_renamed(n, "x", SUM) for n in layer.nodes]
-    nodes[first] = Node("add_rms_norm", ("x", PENDING), (SUM, norm.outputs[0]), norm.weights, norm.attrs)
-    del nodes[last_add]
-    layer = replace(layer, inputs=layer.inputs + (PENDING,), nodes=tuple(nodes), outputs=add.inputs)
     epilogue = replace(
         epilogue,
         inputs=epilogue.inputs + (PENDING,),
         nodes=(Node("add", ("x", PENDING), (SUM,)), *(_renamed(n, "x", SUM) for n in epilogue.nodes)),
     )
-    return graph.with_region(layer).with_region(epilogue)
+    for layer in rewritten:
+        graph = graph.with_region(layer)
+    return graph.with_region(epilogue)
+
+
+def _deferred(layer: Region) -> Region | None:
+    if PENDING in layer.inputs or "x" not in layer.inputs or any(SUM in n.outputs for n in layer.nodes):
+        return None
+    last_add = _last_add(layer)
+    first = next((i for i, n in enumerate(layer.nodes) if "x" in n.inputs), None)
+    if last_add is None or first is None:
+        return None
+    norm = layer.nodes[first]
+    if norm.op != "rms_norm" or norm.inputs != ("x",):
+        return None
+    add = layer.nodes[last_add]
+    nodes = [_renamed(n, "x", SUM) for n in layer.nodes]
+    nodes[first] = Node("add_rms_norm", ("x", PENDING), (SUM, norm.outputs[0]), norm.weights, norm.attrs)
+    del nodes[last_add]
+    return replace(layer, inputs=layer.inputs + (PENDING,), nodes=tuple(nodes), outputs=add.inputs)
 
 
 def _last_add(layer: Region) -> int | None:

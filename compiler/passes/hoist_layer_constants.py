@@ -10,17 +10,26 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Expr, Graph, LayerConstant, Node
+from ..ir import Expr, Graph, LayerConstant, Node, Region
+from ..ops import OPS
 
 
 def hoist_layer_constants(graph: Graph) -> Graph:
-    layer = graph.region("layer")
     constants = list(graph.layer_constants)
+    for layer in graph.layer_regions():
+        graph = graph.with_region(_hoist(graph, layer, constants))
+    return replace(graph, layer_constants=tuple(constants))
+
+
+def _hoist(graph: Graph, layer: Region, constants: list[LayerConstant]) -> Region:
+    """Rewrite one layer body's nodes, appending the constants they read to `constants`."""
     nodes, inputs = [], list(layer.inputs)
+    body = layer.body
     for node in layer.nodes:
         if node.op == "rope":
             name = f"rope_inv_freq{len(constants)}"
-            head_dim = graph.shapes["layer"][node.inputs[0]][-1]
+            head_dim = graph.shapes[layer.name][node.inputs[0]][-1]
+            rotary = node.attr("rotary_dim")
             divisors = node.weight("freq_divisors")
             constants.append(
                 LayerConstant(
@@ -28,10 +37,11 @@ def hoist_layer_constants(graph: Graph) -> Graph:
                     "ember.compiler.kernels.rope.reference:inv_frequencies",
                     (
                         ("theta", node.attr("theta")),
-                        ("head_dim", Expr(head_dim)),
+                        ("head_dim", Expr(head_dim) if rotary is None else rotary),
                         ("scaling", node.attr("scaling")),
                         ("divisors", ("weight", divisors) if divisors else None),
                     ),
+                    body,
                 )
             )
             inputs.append(name)
@@ -40,13 +50,19 @@ def hoist_layer_constants(graph: Graph) -> Graph:
             window = f"attn_window{len(constants)}"
             constants.append(
                 LayerConstant(
-                    window, "ember.compiler.kernels.attention.reference:window_size", (("window", node.attr("window")),)
+                    window,
+                    "ember.compiler.kernels.attention.reference:window_size",
+                    (("window", node.attr("window")),),
+                    body,
                 )
             )
             state = f"attn_state{len(constants)}"
             constants.append(
                 LayerConstant(
-                    state, "ember.compiler.kernels.attention.reference:state_index", (("index", node.attr("state", 0)),)
+                    state,
+                    "ember.compiler.kernels.attention.reference:state_index",
+                    (("index", node.attr("state", 0)),),
+                    body,
                 )
             )
             inputs += [window, state]
@@ -57,6 +73,23 @@ def hoist_layer_constants(graph: Graph) -> Graph:
                 node.weights,
                 tuple((k, v) for k, v in node.attrs if k not in ("window", "state")),
             )
+        elif OPS[node.op].slot_state is not None:  # the slot kind's index: which row of the step's slots
+            state = f"slot_state{len(constants)}"
+            constants.append(
+                LayerConstant(
+                    state,
+                    "ember.compiler.kernels.attention.reference:state_index",
+                    (("index", node.attr("state", 0)),),
+                    body,
+                )
+            )
+            inputs.append(state)
+            node = Node(
+                node.op,
+                (*node.inputs, state),
+                node.outputs,
+                node.weights,
+                tuple((k, v) for k, v in node.attrs if k != "state"),
+            )
         nodes.append(node)
-    layer = replace(layer, nodes=tuple(nodes), inputs=tuple(inputs))
-    return replace(graph.with_region(layer), layer_constants=tuple(constants))
+    return replace(layer, nodes=tuple(nodes), inputs=tuple(inputs))

@@ -31,6 +31,11 @@ CPU = Target(
         "gated_act_packed": f"{_K}.activation:gated_act_packed",
         "rope_apply": f"{_K}.rope.reference:rope",
         "attention": f"{_K}.attention.reference:paged_attention",
+        "split_at": f"{_K}.activation:split_at",
+        "sigmoid_gate": f"{_K}.activation:sigmoid_gate",
+        "gated_rms_norm": f"{_K}.gated_delta.op:gated_rms_norm_heads",
+        "gated_delta": f"{_K}.gated_delta.op:gated_delta",
+        "moe": f"{_K}.moe.op:moe",
     },
     # the deterministic variant's batch-invariant kernels (docs/kernel_policy.md, "Batch invariance")
     deterministic_kernels={

@@ -40,6 +40,9 @@ class EngineConfig:
     # stores K and V rounded to float8 e4m3 with no scale (vLLM's --kv-cache-dtype fp8 without calibrated
     # scales): half the bytes of a bf16 pool, so twice the tokens per KV budget and half the KV reads per step
     kv_cache_dtype: str = "auto"
+    # slots of each slot state kind (recurrent layers' state, one per running request); None: max_num_seqs.
+    # A budget-sized config (sized_config) sets it from what the budget holds beside the KV pools.
+    num_slots: int | None = None
 
     def __post_init__(self):
         checked_kv_cache_dtype(self.kv_cache_dtype)
@@ -59,10 +62,11 @@ def kv_dtype(model: Model, kv_cache_dtype: str = "auto") -> np.dtype:
 
 
 def kv_bytes_per_block(model: Model, block_size: int, kind: str | None = None, kv_cache_dtype: str = "auto") -> int:
-    """K and V of one block over the layers of one KV state kind (all layers when kind is None):
+    """K and V of one block over the layers of one KV state kind (every paged layer when kind is None):
     2 * layers_of_kind * block_size * hkv * dh * itemsize (of the kv_cache_dtype)."""
     d = model.dims
-    layers = sum(1 for k in model.layer_state_kinds if kind is None or k == kind)
+    paged = {k.name for k in model.paged_kinds}
+    layers = sum(1 for k in model.layer_state_kinds if k in paged and (kind is None or k == kind))
     return 2 * layers * block_size * int(d.hkv) * int(d.dh) * kv_dtype(model, kv_cache_dtype).itemsize
 
 
@@ -74,6 +78,12 @@ def sized_config(
     pools, sized by their rule (runtime/state/kinds.py), fit beside it.
     EMBER_DETERMINISTIC=1 in the environment turns deterministic mode on."""
     base = EngineConfig(**overrides)
+    if kv_memory_bytes is not None and model.slot_kinds and base.num_slots is None:
+        # recurrent-state slots first: one per running request, taking at most half of the budget
+        per_seq = max(model.slot_bytes(), 1)
+        slots = max(1, min(base.max_num_seqs, kv_memory_bytes // 2 // per_seq))
+        base = replace(base, num_slots=int(slots))
+        kv_memory_bytes -= slots * per_seq
     if kv_memory_bytes is not None:
         blocks = _full_blocks_for_budget(model, base, kv_memory_bytes)
     elif ctx is not None:
@@ -83,6 +93,17 @@ def sized_config(
     if blocks < 1:
         raise ValueError("the KV budget holds no block: raise the memory budget or --ctx")
     return replace(base, num_blocks=int(blocks) + 1, deterministic=base.deterministic or _deterministic_from_env())
+
+
+def capacity_line(model: Model, config: EngineConfig) -> str:
+    """What the state pools hold, for `ember serve`'s startup line: the full KV pool's tokens, and for plans with
+    recurrent (slot) state how many sequences fit their slots and what one costs."""
+    line = f"KV pool {(config.num_blocks - 1) * config.block_size} tokens"
+    if model.slot_kinds:
+        from ..state.kinds import engine_slots
+
+        line += f", recurrent state for {engine_slots(config)} sequences ({model.slot_bytes() / 2**20:.2f} MiB each)"
+    return line
 
 
 def _full_blocks_for_budget(model: Model, base: EngineConfig, budget: int) -> int:

@@ -22,8 +22,9 @@ from ..sampling.guided import GrammarTokenizer, GuidedMatcher
 from ..sampling.params import SamplingParams, choice_seed, resolve_seed
 from ..scheduling.requests import Request
 from ..scheduling.scheduler import Scheduler
-from ..state.kinds import engine_pool_blocks
+from ..state.kinds import engine_pool_blocks, engine_slots
 from ..state.kv_cache import KVCache
+from ..state.slot_pool import SlotPool
 from .config import EngineConfig, _deterministic_from_env, kv_bytes_per_block, prefill_shapes, sized_config
 from .loop import EngineLoop
 from .open_requests import Choice, EngineCounters, OpenRequests, RequestGroup
@@ -66,6 +67,8 @@ class Engine:
             prefill.buckets,
             enable_prefix_caching=config.enable_prefix_caching,
             prefill_shapes=prefill,
+            # one slot pool per slot state kind (recurrent layers): a running request holds one slot of each
+            extra_state={k.name: SlotPool(engine_slots(config), k.name) for k in model.slot_kinds},
         )
         self.executor = StepExecutor(model, config, prefill)
         self.counters = EngineCounters()

@@ -19,8 +19,10 @@ def fixed_tiles(policy: DeterministicPolicy, deterministic: bool) -> Determinist
     return policy if deterministic and not policy.bucketed else None
 
 
-def tile_shape(policy: DeterministicPolicy, table_blocks: int, num_kinds: int) -> StepShape:
-    return StepShape(policy.tile_decode_rows, policy.tile_prefill_tokens, table_blocks, num_kinds)
+def tile_shape(policy: DeterministicPolicy, table_blocks: int, num_kinds: int, num_slot_kinds: int = 0) -> StepShape:
+    return StepShape(
+        policy.tile_decode_rows, policy.tile_prefill_tokens, table_blocks, num_kinds, num_slot_kinds=num_slot_kinds
+    )
 
 
 def step_tiles(step: ScheduledStep, policy: DeterministicPolicy) -> list[ScheduledStep]:

@@ -34,7 +34,8 @@ class SequenceRunner:
         self.block_size = block_size
         blocks = max(math.ceil(max_tokens_in_context / block_size), MIN_BLOCKS)
         self.max_blocks = 1 << max(0, (blocks - 1).bit_length())  # power of two: few distinct shapes
-        self.kv = model.new_kv(self.max_blocks + 1, block_size, kv_dtype)
+        self.kv = model.new_kv(self.max_blocks + 1, block_size, kv_dtype, num_slots=1)
+        self.num_slot_kinds = len(model.slot_kinds)  # the sequence holds slot 0 of each
         self.num_kinds = len(model.paged_kinds)  # one table per kind: the same blocks in each kind's pool
         self.block_table = np.arange(1, self.max_blocks + 1, dtype=np.int32)
         buckets = tuple(model.plan.manifest["entries"]["forward"]["prefill_buckets"])
@@ -74,6 +75,7 @@ class SequenceRunner:
             dec_ctx_lens=jnp.zeros((0,), jnp.int32),
             pre_block_table=jnp.asarray(self._per_kind(self.block_table[None])),  # one segment
             logit_rows=jnp.asarray(np.asarray(rows, np.int32)),
+            state_slots=self._state_slots(len(chunk), n),
         )
         logits, self.kv = self.model.forward(self.kv, batch)
         self.length += len(chunk)
@@ -93,10 +95,18 @@ class SequenceRunner:
             dec_ctx_lens=jnp.asarray([pos + 1], jnp.int32),
             pre_block_table=jnp.zeros((self.num_kinds, 1, self.max_blocks), jnp.int32),
             logit_rows=jnp.asarray([0], jnp.int32),
+            state_slots=self._state_slots(1, 1),
         )
         logits, self.kv = self.model.forward(self.kv, batch)
         self.length += 1
         return np.asarray(logits)[0]
+
+    def _state_slots(self, real: int, rows: int):
+        """[S, rows]: slot 0 for the sequence's tokens, -1 for padding (None without slot state)."""
+        if not self.num_slot_kinds:
+            return None
+        slots = np.where(np.arange(rows) < real, 0, -1).astype(np.int32)
+        return jnp.asarray(np.broadcast_to(slots, (self.num_slot_kinds, rows)).copy())
 
     def _per_kind(self, a: np.ndarray) -> np.ndarray:  # [...] -> [K, ...]: the same table / slots for every kind
         return np.broadcast_to(a, (self.num_kinds, *a.shape)).copy()

@@ -22,7 +22,7 @@ from ...compiler.targets import get_target
 from ..loading.model import Model
 from ..sampling.params import RowState
 from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep
-from ..state.kinds import engine_pool_blocks
+from ..state.kinds import engine_pool_blocks, engine_slots
 from ..state.kv_dtypes import kv_dtype
 from .deterministic_tiles import fixed_tiles, step_tiles, tile_shape
 from .engine_step import (
@@ -81,10 +81,12 @@ class StepExecutor:
         self.table_blocks = math.ceil(config.max_model_len / config.block_size)
         plan = model.deterministic_plan() if self.deterministic else model.plan
         # each layer's pool is sized by its state kind (the engine's KVCache uses the same sizes)
+        # and each slot kind's arrays hold engine_slots(config) slots (the engine's SlotPools hand them out)
         self.kv = model.new_kv(
             engine_pool_blocks(model.paged_kinds, config),
             config.block_size,
             kv_dtype(model.dtype, config.kv_cache_dtype),
+            num_slots=engine_slots(config),
         )
         # the step functions' executables are also kept on disk (runtime/execution/executable_cache.py): a warm start
         # neither traces nor lowers them
@@ -96,7 +98,8 @@ class StepExecutor:
         self.step_fn = cached_step(make_step_fn(forward), 4, identity, "step")
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
-        self.decode_steps = 1 if self.tiles is not None else max(1, steps)
+        # run-ahead chains decode steps without the scheduler: not for plans with slot state (one step at a time)
+        self.decode_steps = 1 if self.tiles is not None or model.slot_kinds else max(1, steps)
         self.multi_step_fn = (
             cached_step(
                 make_multi_step_fn(forward, self.decode_steps),
@@ -108,13 +111,16 @@ class StepExecutor:
             else None
         )
         self.num_kinds = len(model.paged_kinds)
+        self.num_slot_kinds = len(model.slot_kinds)
         self.vocab = int(model.dims.vocab)
         self._no_carry: dict[int, object] = {}  # decode rows -> no_carry() on the device, made once
 
     def shapes(self) -> list[StepShape]:
         if self.tiles is not None:
-            return [tile_shape(self.tiles, self.table_blocks, self.num_kinds)]
-        shapes = all_step_shapes(self.decode_buckets, self.prefill, self.table_blocks, self.num_kinds)
+            return [tile_shape(self.tiles, self.table_blocks, self.num_kinds, self.num_slot_kinds)]
+        shapes = all_step_shapes(
+            self.decode_buckets, self.prefill, self.table_blocks, self.num_kinds, self.num_slot_kinds
+        )
         return [replace(shape, min_logit_rows=self.min_rows) for shape in shapes]
 
     def _shape(self, step: ScheduledStep) -> StepShape:
@@ -151,7 +157,7 @@ class StepExecutor:
             return self._sampled(step, self._run(build_step_batch(step, shape), rows, shape))
         row_of = dict(zip(step.logit_request_ids, rows))
         results: dict[str, Sampled] = {}
-        shape = tile_shape(self.tiles, self.table_blocks, self.num_kinds)
+        shape = tile_shape(self.tiles, self.table_blocks, self.num_kinds, self.num_slot_kinds)
         for tile in step_tiles(step, self.tiles):
             tile_rows = [row_of[rid] for rid in tile.logit_request_ids]
             results.update(self._sampled(tile, self._run(build_step_batch(tile, shape), tile_rows, shape)))

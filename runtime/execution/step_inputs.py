@@ -25,6 +25,7 @@ class StepShape:
     num_kinds: int = 1  # K: paged KV state kinds (one block table and slot per kind)
     segments: int = 1  # P: prefill chunks of C / P tokens each
     min_logit_rows: int = 1  # deterministic mode's floor (no one-row LM head matmul: DeterministicPolicy)
+    num_slot_kinds: int = 0  # S: slot state kinds (each token names its request's slot of each; -1: padding)
 
     @property
     def segment_tokens(self) -> int:  # L
@@ -56,18 +57,29 @@ def step_shape(
         b = decode_buckets[-1]
     else:
         b = bucket(step.num_decode, decode_buckets)
-    return StepShape(b, c, table_blocks, step.num_kinds, p)
+    return StepShape(b, c, table_blocks, step.num_kinds, p, num_slot_kinds=step.num_slot_kinds)
 
 
 def all_step_shapes(
-    decode_buckets: tuple[int, ...], prefill: PrefillShapes, table_blocks: int, num_kinds: int = 1
+    decode_buckets: tuple[int, ...],
+    prefill: PrefillShapes,
+    table_blocks: int,
+    num_kinds: int = 1,
+    num_slot_kinds: int = 0,
 ) -> list[StepShape]:
     """Every shape step_shape can return: decode-only, prefill-only and mixed steps."""
-    shapes = [StepShape(b, 0, table_blocks, num_kinds) for b in decode_buckets]
+    shapes = [StepShape(b, 0, table_blocks, num_kinds, num_slot_kinds=num_slot_kinds) for b in decode_buckets]
     shapes += [
-        StepShape(b, p * c, table_blocks, num_kinds, p) for p, c in prefill.layouts() for b in (0, decode_buckets[-1])
+        StepShape(b, p * c, table_blocks, num_kinds, p, num_slot_kinds=num_slot_kinds)
+        for p, c in prefill.layouts()
+        for b in (0, decode_buckets[-1])
     ]
     return shapes
+
+
+def _no_slots(shape: StepShape, n: int) -> np.ndarray | None:
+    """[S, n] of -1 (every row padding), or None for a plan without slot state."""
+    return np.full((shape.num_slot_kinds, n), -1, np.int32) if shape.num_slot_kinds else None
 
 
 def padding_batch(shape: StepShape) -> StepBatch:
@@ -82,6 +94,7 @@ def padding_batch(shape: StepShape) -> StepBatch:
         dec_ctx_lens=np.ones(shape.decode_rows, np.int32),
         pre_block_table=np.zeros((k, shape.segments, shape.table_blocks), np.int32),
         logit_rows=np.zeros(shape.logit_rows, np.int32),
+        state_slots=_no_slots(shape, n),
     )
 
 
@@ -89,15 +102,21 @@ def build_step_batch(step: ScheduledStep, shape: StepShape) -> StepBatch:
     """numpy StepBatch for `step` padded to `shape` (the caller moves it to the device): decode rows at
     [0, B), chunk s at [B + s * L, B + s * L + its tokens), padding (token 0, position 0, slot 0) elsewhere."""
     b_real, b, k = step.num_decode, shape.decode_rows, shape.num_kinds
-    if step.num_kinds != k:
-        raise ValueError(f"the step has {step.num_kinds} KV state kinds, the shape {k}")
+    if step.num_kinds != k or step.num_slot_kinds != shape.num_slot_kinds:
+        raise ValueError(
+            f"the step has {step.num_kinds} KV and {step.num_slot_kinds} slot state kinds, "
+            f"the shape {k} and {shape.num_slot_kinds}"
+        )
     if len(step.prefills) > shape.segments or any(ch.num_tokens > shape.segment_tokens for ch in step.prefills):
         raise ValueError(f"the step's chunks do not fit the shape's {shape.segments} x {shape.segment_tokens}")
     n = b + shape.prefill_tokens
     tokens, positions, slots = np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros((k, n), np.int32)
     tokens[:b_real], positions[:b_real] = step.decode_token_ids(), step.decode_positions()
+    state_slots = _no_slots(shape, n)
     if b_real:
         slots[:, :b_real] = step.decode_slots()
+        if state_slots is not None:
+            state_slots[:, :b_real] = np.asarray([step.state_slots[r.request_id] for r in step.decodes], np.int32).T
     logit_rows = np.zeros(shape.logit_rows, np.int32)
     logit_rows[:b_real] = np.arange(b_real)
     completed = b_real
@@ -107,6 +126,8 @@ def build_step_batch(step: ScheduledStep, shape: StepShape) -> StepBatch:
         tokens[lo:hi] = chunk.token_ids
         positions[lo:hi] = np.arange(chunk.start, chunk.end)
         slots[:, lo:hi] = np.asarray(chunk.slots, np.int32).reshape(chunk.num_tokens, k).T
+        if state_slots is not None:
+            state_slots[:, lo:hi] = np.asarray(step.state_slots[chunk.request_id], np.int32)[:, None]
         if chunk.completes:
             logit_rows[completed] = hi - 1
             completed += 1
@@ -123,4 +144,5 @@ def build_step_batch(step: ScheduledStep, shape: StepShape) -> StepBatch:
         dec_ctx_lens=ctx,
         pre_block_table=step.prefill_block_tables(shape.segments, shape.table_blocks),
         logit_rows=logit_rows,
+        state_slots=state_slots,
     )

@@ -41,6 +41,9 @@ def pack_arrays(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, IoLayout]:
     """Host side: the arrays' contents as one flat int32 buffer, and the layout to unpack it."""
     fields, parts = [], []
     for array in arrays:
+        if array is None:  # an absent optional field (StepBatch.state_slots of a plan without slot state)
+            fields.append(((), "none"))
+            continue
         array = np.asarray(array)
         kind = _KINDS.get(array.dtype)
         if kind is None:
@@ -56,6 +59,9 @@ def unpack_arrays(buffer: jax.Array, layout: IoLayout) -> list[jax.Array]:
     """Device side (inside jit): the arrays of `layout` from the flat int32 buffer."""
     out, offset = [], 0
     for shape, kind in layout.fields:
+        if kind == "none":
+            out.append(None)
+            continue
         size = int(np.prod(shape, dtype=np.int64))
         words = jax.lax.slice(buffer, (offset,), (offset + size,)).reshape(shape)
         offset += size

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...compiler.expr import ExprError, evaluate, expression_names
+from ...compiler.layer_axes import resolve_bodies
 from ...compiler.spec import ModelSpec
 from .checkpoint import MISSING, Checkpoint, is_missing
 from .formats.errors import CheckpointError
@@ -47,7 +48,8 @@ class Dims:
 @dataclass(frozen=True)
 class ResolvedModel:
     dims: Dims
-    layer_kinds: tuple[str, ...]  # one kind name per layer ("default" when the spec has no kinds)
+    layer_kinds: tuple[str, ...]  # one kind name per layer ("default" when the spec has no kinds; the body's
+    # name, e.g. "linear_attention+moe", for a spec with [layer_axes], also in dims.layer_bodies)
 
 
 def resolve(spec: ModelSpec, ckpt: Checkpoint) -> ResolvedModel:
@@ -78,6 +80,14 @@ def resolve(spec: ModelSpec, ckpt: Checkpoint) -> ResolvedModel:
             except (ExprError, ZeroDivisionError, TypeError) as e:
                 raise CheckpointError(ckpt.path, f"dimension {name!r}: {e}") from None
             del pending[name]
+    if spec.layer_axes:
+        lookup = lambda key: None if ckpt.format != "hf" or is_missing(ckpt.lookup(key)) else ckpt.lookup(key)
+        try:
+            bodies = resolve_bodies(spec.layer_axes, int(values["layers"]), lookup, values)
+        except ValueError as e:
+            raise CheckpointError(ckpt.path, str(e)) from None
+        values["layer_bodies"] = list(bodies)  # static for the plan: forward picks each layer's body with it
+        return ResolvedModel(Dims(values), bodies)
     return ResolvedModel(Dims(values), _layer_kinds(spec, ckpt, values))
 
 

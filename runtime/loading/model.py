@@ -9,12 +9,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ...compiler.batch import StepBatch
 from ...compiler.spec import ModelSpec, all_specs
 from ...compiler.targets import Target, get_target
 from ...compiler.targets.policy import KernelPolicy, load_policy_file, with_kernel_policy
-from ..state.kinds import PagedKind, layer_state_kinds, paged_kinds
+from ..state.kinds import PagedKind, StateKind, layer_state_kinds, paged_kinds, slot_array_shapes, slot_kinds
 from .checkpoint import Checkpoint, open_checkpoint
 from .dims import Dims, ResolvedModel, resolve
 from .formats.errors import CheckpointError
@@ -52,22 +53,44 @@ class Model:
         return paged_kinds(self.plan.manifest, self.dims)
 
     @property
-    def layer_state_kinds(self) -> tuple[str, ...]:
-        """The paged KV state kind of each layer."""
+    def slot_kinds(self) -> tuple[StateKind, ...]:
+        """The plan's slot state kinds (e.g. a recurrent layer's conv window and delta-rule matrix)."""
+        return slot_kinds(self.plan.manifest)
+
+    @property
+    def layer_state_kinds(self) -> tuple[str | None, ...]:
+        """The state kind of each layer (None: the layer keeps no state)."""
         return layer_state_kinds(self.plan.manifest, self.resolved.layer_kinds)
 
+    def slot_bytes(self) -> int:
+        """Bytes of one request's slot state over every layer (what one more concurrent sequence costs)."""
+        total = 0
+        per_kind = {k.name: slot_array_shapes(k, self.dims) for k in self.slot_kinds}
+        for kind in self.layer_state_kinds:
+            for shape, dtype in per_kind.get(kind, {}).values():
+                total += int(np.prod(shape)) * jnp.dtype(dtype).itemsize
+        return total
+
     def new_kv(
-        self, num_blocks: int | Mapping[str, int], block_size: int, dtype=None
-    ) -> list[tuple[jax.Array, jax.Array]]:
-        """One (k, v) pool pair per layer, each [num_blocks of the layer's state kind, block_size, hkv, dh]
-        (num_blocks: one count for every kind, or one per kind), in `dtype` (default: the activation dtype)."""
+        self, num_blocks: int | Mapping[str, int], block_size: int, dtype=None, num_slots: int = 1
+    ) -> list[tuple[jax.Array, ...]]:
+        """Each layer's state, by its kind: a paged kind's (k, v) pools, each [num_blocks of the kind,
+        block_size, hkv, dh] (num_blocks: one count for every kind, or one per kind) in `dtype` (default: the
+        activation dtype); a slot kind's arrays, each [num_slots, *shape] in the manifest's dtype; () for a
+        layer without state."""
         d = self.dims
         dtype = self.dtype if dtype is None else dtype
+        slots = {k.name: slot_array_shapes(k, d) for k in self.slot_kinds}
         pools = []
         for kind in self.layer_state_kinds:
-            blocks = num_blocks if isinstance(num_blocks, int) else num_blocks[kind]
-            shape = (blocks, block_size, d.hkv, d.dh)
-            pools.append((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)))
+            if kind is None:
+                pools.append(())
+            elif kind in slots:
+                pools.append(tuple(jnp.zeros((num_slots, *shape), dt) for shape, dt in slots[kind].values()))
+            else:
+                blocks = num_blocks if isinstance(num_blocks, int) else num_blocks[kind]
+                shape = (blocks, block_size, d.hkv, d.dh)
+                pools.append((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)))
         return pools
 
     def forward(self, kv, batch: StepBatch):

@@ -21,7 +21,7 @@ class PlanError(RuntimeError):
 class LoadedPlan:
     arch: str
     target: str
-    module: ModuleType  # the generated plan.py; module.forward(dims, params, kv, batch)
+    module: ModuleType  # the generated plan.py; module.forward(dims, params, state, batch): state per layer by kind
     manifest: dict
 
 

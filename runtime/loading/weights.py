@@ -102,11 +102,13 @@ class WeightLoader:
         if entry is None:
             raise CheckpointError(self.ckpt.path, f"spec {self.spec.path.name} declares no weight {template!r}")
         if self.ckpt.format == "gguf":
-            name, transform = logical, entry.gguf_transform
+            name = entry.gguf.replace("{i}", str(layer)) if entry.gguf else logical
+            transform = entry.gguf_transform
         else:
-            name = entry.hf.format(i=layer) if entry.hf else None
+            # {e}: one tensor per expert, stacked along a new first axis (GGUF's ffn_*_exps layout)
+            name = entry.hf.replace("{i}", str(layer)) if entry.hf else None
             transform = entry.hf_transform
-        if name is None or not self.ckpt.has_tensor(name):
+        if name is None or not self.ckpt.has_tensor(name.replace("{e}", "0")):
             if entry.tied_to is not None:
                 return self.locate(entry.tied_to if layer is None else entry.tied_to.format(i=layer))
             if entry.optional:
@@ -129,11 +131,17 @@ class WeightLoader:
         if found is None:
             return None
         name, transform, expected, entry = found
-        tensor = read_fp8(self.ckpt, name).dequantized() if is_fp8(self.ckpt, name) else self.ckpt.load(name)
-        self._check_shape(name, tensor.shape, expected, entry)
-        if transform:
+        if "{e}" in name:
+            tensor = np.stack([self._load(name.replace("{e}", str(e))) for e in range(expected[0])])
+        else:
+            tensor = self._load(name)
+        if transform:  # the shape checked is the transformed one (a transform may reshape or select rows)
             tensor = apply_transform(transform, tensor, self.dims)
+        self._check_shape(name, tensor.shape, expected, entry)
         return np.ascontiguousarray(tensor, dtype=np.float32)
+
+    def _load(self, name: str) -> np.ndarray:
+        return read_fp8(self.ckpt, name).dequantized() if is_fp8(self.ckpt, name) else self.ckpt.load(name)
 
     def fetch_raw(self, logical: str) -> RawWeight | None:
         """The weight's GGUF blocks when it is a matrix in a kept format (and its transform only moves
@@ -161,7 +169,7 @@ class WeightLoader:
         if "fp8" not in self.keep_formats or self.ckpt.format != "hf":
             return None
         found = self.locate(logical)
-        if found is None or found[1] or not is_fp8(self.ckpt, found[0]):
+        if found is None or found[1] or "{e}" in found[0] or not is_fp8(self.ckpt, found[0]):
             return None
         name, _, expected, entry = found
         self._check_shape(name, self.ckpt.tensor_shape(name), expected, entry)
@@ -212,7 +220,9 @@ def load_params(
 
     def build_part(part: tuple[str | None, int | None]):
         name, layer = part
-        return build(name, None) if name is not None else {n: build(n, layer) for n in manifest["layer_weights"]}
+        if name is not None:
+            return build(name, None)
+        return {n: build(n, layer) for n in _body_weights(manifest, resolved, layer)}
 
     globals_, per_layer = {}, []
     for (name, _), value in zip(parts, prefetched(build_part, parts, LOAD_WORKERS)):
@@ -225,10 +235,17 @@ def load_params(
         {
             name: place_constant(layer_constant(spec, resolved, loader, const, i))
             for name, const in manifest["layer_constants"].items()
+            if const.get("body", "layer") in ("layer", resolved.layer_kinds[i])
         }
         for i in range(layers)
     ]
     return Params(globals_, per_layer, constants)
+
+
+def _body_weights(manifest: dict, resolved: ResolvedModel, layer: int) -> list[str]:
+    """The weights a layer loads: its body's (a plan with [layer_axes] bodies), else every layer's."""
+    bodies = manifest.get("body_weights")
+    return bodies[resolved.layer_kinds[layer]] if bodies else manifest["layer_weights"]
 
 
 # parts (a global weight, or a layer's weights) built on the host ahead of the one being placed: the host side

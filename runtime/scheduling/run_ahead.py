@@ -80,7 +80,15 @@ class RunAhead:
         rows = tuple(
             DecodeRow(r.request_id, 0, r.num_tokens, slots_at(tables[r.request_id], r.num_tokens, bs)) for r in requests
         )  # token 0: the device feeds the sampled one
-        chained = ScheduledStep(rows, (), tables, (), num_kinds=step.num_kinds)
+        chained = ScheduledStep(
+            rows,
+            (),
+            tables,
+            (),
+            num_kinds=step.num_kinds,
+            state_slots=step.state_slots,
+            num_slot_kinds=step.num_slot_kinds,
+        )
         self._dispatched.append((chained, steps))
         return chained
 

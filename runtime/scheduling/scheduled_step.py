@@ -6,7 +6,7 @@ prefill chunks one step may carry: the layouts the target compiles (PrefillShape
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -66,6 +66,12 @@ class PrefillShapes:
         return out
 
 
+def state_slots_of(requests, kinds: tuple[str, ...]) -> tuple[dict[str, tuple[int, ...]], int]:
+    """(request id -> its slot of each slot state kind, the number of such kinds): a ScheduledStep's state_slots
+    and num_slot_kinds (runtime/state/slot_pool.py)."""
+    return {r.request_id: tuple(r.state[k].slot for k in kinds) for r in requests}, len(kinds)
+
+
 @dataclass(frozen=True)
 class DecodeRow:
     request_id: str
@@ -104,6 +110,9 @@ class ScheduledStep:
     block_tables: Mapping[str, tuple[tuple[int, ...], ...]]
     preempted: tuple[str, ...] = ()
     num_kinds: int = 1  # K: paged KV state kinds
+    # request id -> its slot of each slot state kind (recurrent state), for every request in the step
+    state_slots: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    num_slot_kinds: int = 0  # S: slot state kinds
 
     @property
     def num_decode(self) -> int:

@@ -25,6 +25,7 @@ Policies (what we chose, and why):
   token remains after a chunk or a prefix hit included: a decode row is a one-token chunk with logits.
 - KV is one pool per paged state kind (runtime/state/kv_cache.py): growth, preemption and frees cover every
   kind at once; a sliding-window kind drops the blocks its window left behind after each step.
+- Slot state kinds (runtime/state/slot_pool.py) are `extra_state`: a slot of each per running request.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from ..state.block_pool import BlockPool, KVCounters, StateAllocator
 from ..state.kv_cache import KVCache, PrefixHit
 from .requests import QueueFullError, Request, RequestStatus, RequestTooLongError, StepOutput
 from .run_ahead import RunAhead
-from .scheduled_step import DecodeRow, PrefillChunk, PrefillShapes, ScheduledStep, slots_at
+from .scheduled_step import DecodeRow, PrefillChunk, PrefillShapes, ScheduledStep, slots_at, state_slots_of
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class Scheduler:
         # which sets of chunks one step may carry (default: one chunk per step)
         self.prefill_shapes = prefill_shapes or PrefillShapes(tuple(sorted(prefill_chunk_buckets)))
         self.max_chunk = max(self.prefill_shapes.buckets)
-        # kind -> allocator of every non-KV state a request owns while running (none today)
+        # kind -> allocator of every non-KV state a request owns while running (slot kinds: runtime/state/slot_pool.py)
         self.extra_state: dict[str, StateAllocator] = dict(extra_state or {})
         self.prefix_caching = enable_prefix_caching and all(a.supports_prefix_reuse for a in self.extra_state.values())
         self.waiting: deque[Request] = deque()  # FIFO; preempted requests go back to the front
@@ -252,7 +253,8 @@ class Scheduler:
                     completes=end == request.num_tokens,
                 )
             )
-        return ScheduledStep(tuple(rows), tuple(prefills), tables, tuple(preempted), num_kinds=len(self.kv.kinds))
+        slots = state_slots_of([*decodes, *(r for r, _, _ in chunks)], tuple(self.extra_state))
+        return ScheduledStep(tuple(rows), tuple(prefills), tables, tuple(preempted), len(self.kv.kinds), *slots)
 
     # --- several decode steps in one device call (runtime/scheduling/run_ahead.py) ----------------------
     def extend_decodes(self, step: ScheduledStep, steps: int) -> ScheduledStep | None:

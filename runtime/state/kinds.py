@@ -70,12 +70,28 @@ def paged_kinds(manifest: Mapping[str, Any], dims: Any) -> tuple[PagedKind, ...]
     return tuple(out)
 
 
-def layer_state_kinds(manifest: Mapping[str, Any], layer_kinds: Sequence[str]) -> tuple[str, ...]:
-    """The paged state kind of every layer (what its attention reads and writes)."""
+def layer_state_kinds(manifest: Mapping[str, Any], layer_kinds: Sequence[str]) -> tuple[str | None, ...]:
+    """The state kind of every layer (what its stateful op reads and writes; None: the layer keeps none)."""
     mapping = manifest.get("layer_state") or {}
     if not mapping:  # a plan from before state kinds: every layer uses "kv"
         return ("kv",) * len(layer_kinds)
-    return tuple(mapping[kind] for kind in layer_kinds)
+    return tuple(mapping.get(kind) for kind in layer_kinds)
+
+
+def slot_kinds(manifest: Mapping[str, Any]) -> tuple[StateKind, ...]:
+    """The manifest's slot state kinds (fixed-size per-request state), in their index order."""
+    return tuple(k for k in state_kinds(manifest) if not k.paged)
+
+
+def slot_array_shapes(kind: StateKind, dims: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each array of a slot kind: (shape of one slot, evaluated over the model's dims, dtype)."""
+    from ...compiler.expr import evaluate
+
+    values = dims.as_dict()
+    return {
+        name: (tuple(int(evaluate(axis, values)) for axis in spec["shape"]), spec["dtype"])
+        for name, spec in kind.config["arrays"].items()
+    }
 
 
 def window_pool_blocks(window: int, block_size: int, max_num_seqs: int, max_batched_tokens: int) -> int:
@@ -98,18 +114,20 @@ def pool_blocks(
 
 
 def allocators_for(
-    kinds: Sequence[StateKind], *, num_blocks: int | Mapping[str, int], block_size: int
+    kinds: Sequence[StateKind], *, num_blocks: int | Mapping[str, int], block_size: int, num_slots: int = 1
 ) -> dict[str, StateAllocator]:
     """One allocator per state kind: a BlockPool per paged kind (num_blocks: one count for all, or per
-    kind). A slot allocator for recurrent state plugs in here (and into Scheduler(extra_state=...))."""
+    kind), a SlotPool of num_slots per slot kind (the scheduler's `extra_state`)."""
+    from .slot_pool import SlotPool
+
     allocators: dict[str, StateAllocator] = {}
     for kind in kinds:
         if kind.paged:
             blocks = num_blocks if isinstance(num_blocks, int) else num_blocks[kind.name]
             allocators[kind.name] = BlockPool(blocks, block_size, kind=kind.name)
         else:
-            raise NotImplementedError(f"state kind {kind.name!r} (fixed slots) has no allocator yet")
-    if not allocators:
+            allocators[kind.name] = SlotPool(num_slots, kind.name)
+    if not any(kind.paged for kind in kinds):
         raise ValueError("the plan declares no paged KV state (no 'kv' kind)")
     return allocators
 
@@ -127,3 +145,8 @@ def engine_pool_blocks(kinds: Sequence[PagedKind], config: Any) -> dict[str, int
     if getattr(config, "sliding_num_blocks", None) is not None:
         sizes.update({k.name: config.sliding_num_blocks for k in kinds if k.window})
     return sizes
+
+
+def engine_slots(config: Any) -> int:
+    """Slots of each slot state kind for an EngineConfig: config.num_slots, else one per running request."""
+    return int(getattr(config, "num_slots", None) or config.max_num_seqs)

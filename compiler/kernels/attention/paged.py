@@ -82,7 +82,8 @@ def rope_paged_attention(
     # K / V inside them. activations_for: see _attend_written.
     backend = "triton" if triton_available() else "emulate"
     policy = kernel_policy().attention
-    if backend == "triton" and policy.fused_rope:
+    partial = 2 * inv_freq.shape[-1] < q.shape[-1]  # partial rotary: the fused kernels rotate whole heads
+    if backend == "triton" and policy.fused_rope and not partial:
         write_slots, dec_tables, pre_tables = kind_view(batch, state)
         if batch.num_decode == q.shape[0] and policy.fused_rope_decode:
             fused = rope_decode_attention(

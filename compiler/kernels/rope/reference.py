@@ -17,6 +17,7 @@ def inv_frequencies(
     *, theta: float, head_dim: int, scaling: Mapping[str, Any] | None = None, divisors: np.ndarray | None = None
 ) -> np.ndarray:
     """[head_dim // 2] float32 inverse frequencies, with the checkpoint's rope scaling applied."""
+    head_dim = int(head_dim)  # a partial rotary dimension (head_dim * factor) may come as a float
     exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
     inv = (np.float32(1.0) / (np.float32(theta) ** exponents)).astype(np.float32)
     rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default")) or "default"
@@ -47,7 +48,15 @@ def _llama3(inv: np.ndarray, scaling: Mapping[str, Any]) -> np.ndarray:
 
 
 def rope(q, k, positions, inv_freq, *, style: str):
-    # q [N, hq, dh], k [N, hkv, dh], positions [N], inv_freq [dh // 2] -> rotated (q, k)
+    # q [N, hq, dh], k [N, hkv, dh], positions [N], inv_freq [r // 2] -> rotated (q, k): the first r of each
+    # head's dims rotate (r = dh: all of them; r < dh: partial rotary, the rest pass through)
+    rotary = 2 * inv_freq.shape[-1]
+    if rotary < q.shape[-1]:
+        q_rot, k_rot = rope(q[..., :rotary], k[..., :rotary], positions, inv_freq, style=style)
+        return (
+            jnp.concatenate([q_rot, q[..., rotary:]], axis=-1),
+            jnp.concatenate([k_rot, k[..., rotary:]], axis=-1),
+        )
     angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :].astype(jnp.float32)  # [N, dh/2]
     if style == "neox":  # halves rotate together: (x[:h], x[h:])
         cos = jnp.concatenate([jnp.cos(angles)] * 2, axis=-1)[:, None, :]
