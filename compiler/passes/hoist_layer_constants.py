@@ -56,15 +56,7 @@ def _hoist(graph: Graph, layer: Region, constants: list[LayerConstant]) -> Regio
                     body,
                 )
             )
-            state = f"attn_state{len(constants)}"
-            constants.append(
-                LayerConstant(
-                    state,
-                    "ember.compiler.kernels.attention.reference:state_index",
-                    (("index", node.attr("state", 0)),),
-                    body,
-                )
-            )
+            state = _state_index(f"attn_state{len(constants)}", node, body, constants)
             inputs += [window, state]
             node = Node(
                 "attention",
@@ -74,15 +66,7 @@ def _hoist(graph: Graph, layer: Region, constants: list[LayerConstant]) -> Regio
                 tuple((k, v) for k, v in node.attrs if k not in ("window", "state")),
             )
         elif OPS[node.op].slot_state is not None:  # the slot kind's index: which row of the step's slots
-            state = f"slot_state{len(constants)}"
-            constants.append(
-                LayerConstant(
-                    state,
-                    "ember.compiler.kernels.attention.reference:state_index",
-                    (("index", node.attr("state", 0)),),
-                    body,
-                )
-            )
+            state = _state_index(f"slot_state{len(constants)}", node, body, constants)
             inputs.append(state)
             node = Node(
                 node.op,
@@ -93,3 +77,10 @@ def _hoist(graph: Graph, layer: Region, constants: list[LayerConstant]) -> Regio
             )
         nodes.append(node)
     return replace(layer, nodes=tuple(nodes), inputs=tuple(inputs))
+
+
+def _state_index(name: str, node: Node, body, constants: list[LayerConstant]) -> str:
+    """Append the layer constant `name`: the index of the state kind `node` reads (per layer); return the name."""
+    index = (("index", node.attr("state", 0)),)
+    constants.append(LayerConstant(name, "ember.compiler.kernels.attention.reference:state_index", index, body))
+    return name
