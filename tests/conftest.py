@@ -67,7 +67,6 @@ def bpe_tokenizer(tmp_path_factory) -> Path:
 
 # ---- server tests: one live `ember serve` on a tiny chat model per test session ----------------------
 # (a 2-layer random-weight Qwen2 with the real Qwen2.5 tokenizer and chat template; tests/server_support.py)
-SERVER_ARGS = ("--max-num-seqs", "4", "--max-batched-tokens", "128", "--ctx", "2048", "--heartbeat-s", "0.5")
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +78,7 @@ def tiny_chat_model(qwen_gguf, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(tiny_chat_model):
-    from server_support import LiveServer
+    from server_support import SERVER_ARGS, LiveServer
 
     live = LiveServer(tiny_chat_model, *SERVER_ARGS)
     yield live

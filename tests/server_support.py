@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+# the live test servers' engine settings: few sequences and step shapes to compile on CPU
+SERVER_ARGS = ("--max-num-seqs", "4", "--max-batched-tokens", "128", "--ctx", "2048", "--heartbeat-s", "0.5")
 TINY_QWEN_CONFIG = {
     "architectures": ["Qwen2ForCausalLM"],
     "model_type": "qwen2",

@@ -13,7 +13,6 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from conftest import SERVER_ARGS
 
 from ember.server.chat_output import ChatOutputParser
 from ember.server.ollama_request import ToolCallCollector
@@ -40,7 +39,7 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 @pytest.fixture(scope="module")
 def server(qwen_gguf, tmp_path_factory):
-    from server_support import LiveServer, write_tiny_chat_model
+    from server_support import SERVER_ARGS, LiveServer, write_tiny_chat_model
 
     folder = tmp_path_factory.mktemp("tiny-qwen35") / MODEL
     write_tiny_chat_model(folder, qwen_gguf, chat_template=TEMPLATE.read_text(), qwen3_tokens=True)
