@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ember.runtime.execution.sequence_runner import SequenceRunner
+from ember.runtime.loading.checkpoint import open_checkpoint
 from ember.runtime.loading.known_models import DEFAULT_MODEL, resolve_model
 from ember.runtime.loading.model import Model, load_model
 from ember.runtime.loading.text.prompting import end_of_generation_ids, load_tokenizer, render_chat
@@ -145,9 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     cache = json.loads(args.outputs_cache.read_text()) if args.outputs_cache and args.outputs_cache.is_file() else {}
 
     target_path = resolve_model(args.model, progress=False)
-    target = load_model(target_path, target="cpu")
-    tokenizer = load_tokenizer(target.checkpoint)
-    eos = end_of_generation_ids(tokenizer, target.checkpoint.generation_config)
+    checkpoint = open_checkpoint(target_path)
+    tokenizer = load_tokenizer(checkpoint)
+    eos = end_of_generation_ids(tokenizer, checkpoint.generation_config)
+    target = None  # loaded only when an output is not cached
     prompts, outputs, target_seconds = {}, {}, {}
     for item in items:
         text = render_chat(tokenizer, [{"role": "user", "content": user_message(item)}])
@@ -156,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         if key in cache and cache[key]["prompt_ids"] == prompts[item["id"]]:
             outputs[item["id"]] = cache[key]["output_ids"]
             continue
+        target = target or load_model(checkpoint, target="cpu")
         started = time.perf_counter()
         outputs[item["id"]] = greedy_output(target, prompts[item["id"]], args.max_tokens, eos)
         target_seconds[item["id"]] = round(time.perf_counter() - started, 1)
