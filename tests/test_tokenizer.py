@@ -273,3 +273,30 @@ def test_real_gguf_streaming_matches_decode(model):
             chunks = stream(tokenizer, entry["ids"], skip=skip)
             assert "".join(chunks) == tokenizer.decode(entry["ids"], skip_special_tokens=skip), entry["text"]
             assert not any(REPLACEMENT_CHAR in chunk for chunk in chunks), entry["text"]
+
+
+@pytest.mark.real_model
+def test_draft_model_tokenizer_is_the_default_models():
+    """The 0.5B draft model verifies against the default model token by token: same vocabulary, same ids,
+    same specials, and the same logit width (its lm head has as many rows)."""
+    from ember.runtime.loading.formats.gguf_reader import GGUFFile
+    from ember.runtime.loading.known_models import DEFAULT_MODEL, resolve_model
+
+    draft, target = real_tokenizer("qwen2.5-coder-0.5b-instruct"), real_tokenizer(DEFAULT_MODEL)
+    metadata, rows = {}, {}
+    for name in ("qwen2.5-coder-0.5b-instruct", DEFAULT_MODEL):
+        with GGUFFile(resolve_model(name, progress=False), require_supported=False) as gguf:
+            metadata[name] = {k: v for k, v in gguf.metadata.items() if k.startswith("tokenizer.ggml.")}
+            rows[name] = gguf.tensors["output.weight"].shape[0]
+    assert metadata["qwen2.5-coder-0.5b-instruct"] == metadata[DEFAULT_MODEL]  # tokens, merges, types, specials
+    assert rows["qwen2.5-coder-0.5b-instruct"] == rows[DEFAULT_MODEL] == draft.vocab_size == target.vocab_size
+    assert (draft.eos_token_ids, draft.bos_token_id, draft.add_bos) == (
+        target.eos_token_ids,
+        target.bos_token_id,
+        target.add_bos,
+    )
+    text = (FIXTURES.parent / "real" / "passage.txt").read_text(encoding="utf-8")
+    text += "\n<|im_start|>user\ndef naïve_sum(xs: list[int]) -> int:  # ½ 日本語 🙂\n<|im_end|>"
+    ids = target.encode(text)
+    assert draft.encode(text) == ids and len(ids) > 500
+    assert draft.decode(ids) == target.decode(ids) == text

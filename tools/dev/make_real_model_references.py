@@ -75,23 +75,33 @@ class RealModel:
     chat_prompts: tuple[tuple[dict[str, str], ...], ...] = field(default=())
 
 
+# The Qwen2.5-Coder models (the default and its draft) share these prompts.
+_QWEN_CODER_RAW_PROMPTS = (
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "The three primary colors of light are",
+    "# Sort a list of dictionaries by the 'age' key\n"
+    'people = [{"name": "Ann", "age": 31}, {"name": "Bo", "age": 25}]\n',
+)
+_QWEN_CODER_CHAT_PROMPTS = (
+    ({"role": "user", "content": "Write a Python function that checks whether a string is a palindrome."},),
+    (
+        {"role": "system", "content": "You are a concise assistant."},
+        {"role": "user", "content": "What does the `yield` keyword do in Python? Answer in two sentences."},
+    ),
+)
+
 MODELS = (
     RealModel(
         name="qwen2.5-coder-1.5b-instruct",
         gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-        raw_prompts=(
-            'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
-            "The three primary colors of light are",
-            "# Sort a list of dictionaries by the 'age' key\n"
-            'people = [{"name": "Ann", "age": 31}, {"name": "Bo", "age": 25}]\n',
-        ),
-        chat_prompts=(
-            ({"role": "user", "content": "Write a Python function that checks whether a string is a palindrome."},),
-            (
-                {"role": "system", "content": "You are a concise assistant."},
-                {"role": "user", "content": "What does the `yield` keyword do in Python? Answer in two sentences."},
-            ),
-        ),
+        raw_prompts=_QWEN_CODER_RAW_PROMPTS,
+        chat_prompts=_QWEN_CODER_CHAT_PROMPTS,
+    ),
+    RealModel(
+        name="qwen2.5-coder-0.5b-instruct",
+        gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        raw_prompts=_QWEN_CODER_RAW_PROMPTS,
+        chat_prompts=_QWEN_CODER_CHAT_PROMPTS,
     ),
     RealModel(
         name="gemma-3-270m",

@@ -1,0 +1,1 @@
+"""Lossless verification of drafted tokens (speculative decoding): greedy verify and rejection sampling."""
