@@ -62,10 +62,14 @@ class Model:
         """The state kind of each layer (None: the layer keeps no state)."""
         return layer_state_kinds(self.plan.manifest, self.resolved.layer_kinds)
 
+    def _slot_shapes(self) -> dict[str, dict]:
+        """Slot kind name -> its arrays' (shape, dtype) per request (slot_array_shapes)."""
+        return {k.name: slot_array_shapes(k, self.dims) for k in self.slot_kinds}
+
     def slot_bytes(self) -> int:
         """Bytes of one request's slot state over every layer (what one more concurrent sequence costs)."""
         total = 0
-        per_kind = {k.name: slot_array_shapes(k, self.dims) for k in self.slot_kinds}
+        per_kind = self._slot_shapes()
         for kind in self.layer_state_kinds:
             for shape, dtype in per_kind.get(kind, {}).values():
                 total += int(np.prod(shape)) * jnp.dtype(dtype).itemsize
@@ -80,7 +84,7 @@ class Model:
         layer without state."""
         d = self.dims
         dtype = self.dtype if dtype is None else dtype
-        slots = {k.name: slot_array_shapes(k, d) for k in self.slot_kinds}
+        slots = self._slot_shapes()
         pools = []
         for kind in self.layer_state_kinds:
             if kind is None:

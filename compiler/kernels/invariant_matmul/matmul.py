@@ -27,10 +27,9 @@ def invariant_matmul(x: jax.Array, w: jax.Array, out_dtype=None, *, split_form: 
 
     from .kernel import invariant_matmul_kernel
 
-    splits = config.splits(k)
-    as_programs = (split_programs(rows) if split_form is None else split_form) and splits > 1
+    as_programs = (split_programs(rows) if split_form is None else split_form) and config.splits(k) > 1
     plan = launch(config, rows, n, k, as_programs, ieee=x.dtype == jnp.float32)
-    out_shape = (splits, rows, n) if as_programs else (rows, n)
+    out_shape = (plan["meta"]["SPLITS"], rows, n) if as_programs else (rows, n)
     out = triton_call(
         x,
         w,

@@ -23,12 +23,12 @@ def fixed_order_partials_sum(partials: jax.Array) -> jax.Array:
 
 
 def invariant_matmul_reference(x: jax.Array, w: jax.Array, config: InvariantMatmulConfig, out_dtype=None):
-    # x [M, K], w [N, K] -> [M, N] in out_dtype (x's dtype by default)
+    # x [M, K], w [N, K] in x's dtype (invariant_matmul casts it) -> [M, N] in out_dtype (x's dtype by default)
     parts = [
         jnp.einsum(
             "mk,nk->mn",
             x[:, a:b],
-            w[:, a:b].astype(x.dtype),
+            w[:, a:b],
             preferred_element_type=jnp.float32,
             precision=jax.lax.Precision.HIGHEST,
         )
