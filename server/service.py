@@ -61,6 +61,8 @@ class ModelService:
         self.engine: Engine | None = None
         self.tokenizer = None
         self.template: ChatTemplate | None = None
+        # how the served model writes tool calls, as its chat template shows it (JSON or XML form): set at load
+        self.tool_format: ToolCallFormat = tool_call_format_for_template(None)
         self.eos_ids: frozenset[int] = frozenset()
         self.model_name = config.served_model_name or _model_name(config.model)
         self.created = int(time.time())
@@ -88,6 +90,7 @@ class ModelService:
                     eos_token=tokenizer.eos_token,
                     origin="model",
                 )
+                self.tool_format = tool_call_format_for_template(self.template.source)
             self.eos_ids = end_of_generation_ids(tokenizer, model.checkpoint.generation_config)
             context = self._context_length(model)
             kv_bytes = int(self.config.kv_memory_gib * 2**30)
@@ -205,11 +208,6 @@ class ModelService:
             )
         except ChatTemplateError as error:
             raise bad_request(f"the chat template rejected the messages: {error.problem}", param) from error
-
-    @property
-    def tool_format(self) -> ToolCallFormat:
-        """How the served model writes tool calls, as its chat template shows it (JSON or XML form)."""
-        return tool_call_format_for_template(self.template.source if self.template is not None else None)
 
     def encode_chat(self, text: str) -> list[int]:
         """A rendered chat prompt: the template wrote every special token already."""
