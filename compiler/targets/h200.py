@@ -4,7 +4,8 @@ batch (1 … 256), and kernel choices per op.
 - attention: Triton kernels over the paged KV pool (compiler/kernels/attention/): split-K decode
   (flash-decoding, its partials merged by a combine kernel that can also write the o projection's int8
   activations, on by default: policy attention.fused_combine_quant) and a flash-attention prefill chunk; the
-  deterministic variant keeps the blockwise batch-invariant reference.
+  deterministic variant runs every row through the prefill kernel in one fixed tiling with splits at absolute
+  KV positions (attention/invariant.py: batch-invariant).
 - projections and the embedding: compiler/kernels/gguf_gemv/linear.py, which runs plain (bf16) weights through the
   reference ops and weights kept GGUF-quantized (Q4_K / Q6_K / Q8_0 / Q5_0) through the Triton GEMVs for
   decode steps of 1-2 rows (Q4_K / Q6_K on int8 activations with dp4a: compiler/kernels/gguf_gemv/dp4a.py), their
@@ -73,11 +74,12 @@ H200 = Target(
         "rms_norm_to_proj": "ember.compiler.kernels.norm.quant_kernel:rms_norm_to_proj",
         "add_rms_norm_to_proj": "ember.compiler.kernels.norm.quant_kernel:add_rms_norm_to_proj",
     },
-    # the deterministic variant: the blockwise attention and the fixed-order norms (batch-invariant by
+    # the deterministic variant: the fixed-tile attention, the fixed-order norms (batch-invariant by
     # construction) and every projection through the batch-invariant matmul (its dense copies; split sizes from
     # the weight's shape)
     deterministic_kernels={
         **CPU.deterministic_kernels,
+        "attention": "ember.compiler.kernels.attention.invariant:paged_attention_invariant",
         "linear": "ember.compiler.kernels.invariant_matmul.linear:linear",
         "linear_split": "ember.compiler.kernels.invariant_matmul.linear:linear_split",
     },

@@ -39,6 +39,9 @@ class PrefillAttentionConfig:
     num_warps: int = 8
     num_stages: int = 3
     kv_splits: int | None = None  # programs per (row tile, kv head) along KV; None: from the grid size
+    # > 0: batch-invariant splits of this many absolute KV tiles (block_m kept, partials always, combined in
+    # a fixed order): the deterministic plans' attention (attention/invariant.py)
+    split_tiles: int = 0
 
 
 def pick_config(head_dim: int, dtype) -> PrefillAttentionConfig:
@@ -81,11 +84,15 @@ def launch_plan(
             raise ValueError(f"{name} must be a power of two >= 16, got {value}")
     rows = chunk * (hq // hkv)
     block_m = max(16, min(config.block_m, 1 << (rows - 1).bit_length()))  # no more rows than the chunk has
+    if config.split_tiles:  # the same tile shape (and so the same rounding) for a decode row as for a chunk
+        block_m = config.block_m
     m_tiles = -(-rows // block_m)
     splits = config.kv_splits
-    if splits is None:
+    max_tiles = -(-table_width * page // config.block_n)
+    if config.split_tiles:
+        splits = -(-max_tiles // config.split_tiles)
+    elif splits is None:
         programs = segments * m_tiles * hkv
-        max_tiles = -(-table_width * page // config.block_n)
         splits = (
             1
             if programs >= H200_SMS
@@ -105,6 +112,7 @@ def launch_plan(
         BLOCK_N=config.block_n,
         SPLITS=splits,
         QK_SCALE=float(scale) * LOG2E,
+        SPLIT_TILES=config.split_tiles,
     )
     return LaunchPlan((segments * m_tiles, hkv, splits), block_m, config.block_n, splits, meta)
 
@@ -132,6 +140,22 @@ def combine_splits(acc, m, l):
     l_all = jnp.sum(l * weight, axis=0)
     out = jnp.sum(acc * weight[..., None], axis=0)
     return out / jnp.where(l_all > 0.0, l_all, 1.0)[..., None]
+
+
+def combine_splits_in_order(acc, m, l):
+    """combine_splits in split order, elementwise: a row's rounding never depends on the rows beside it."""
+    m_all = m[0]
+    for s in range(1, m.shape[0]):
+        m_all = jnp.maximum(m_all, m[s])
+    l_all, out = jnp.zeros_like(l[0]), jnp.zeros_like(acc[0])
+    for s in range(m.shape[0]):
+        weight = jnp.exp2(m[s] - m_all)  # an empty split (l = 0, acc = 0, m = NEG_INIT) adds exact zeros
+        l_all, out = l_all + l[s] * weight, out + acc[s] * weight[..., None]
+    return out / jnp.where(l_all > 0.0, l_all, 1.0)[..., None]
+
+
+def _combine(acc, m, l, config: PrefillAttentionConfig):
+    return (combine_splits_in_order if config.split_tiles else combine_splits)(acc, m, l)
 
 
 def _check_shapes(q, k_pool, v_pool, block_table, positions, num_tokens=None):
@@ -188,7 +212,7 @@ def prefill_attention(
     tables = _segment_tables(block_table)
     p = tables.shape[0]
     info = chunk_info(positions.reshape(p, -1), num_tokens, window)  # [P, 3]
-    if plan.splits == 1:
+    if plan.splits == 1 and not config.split_tiles:
         out_shape = [
             jax.ShapeDtypeStruct((c, hq, dh), q.dtype),
             jax.ShapeDtypeStruct((1,), jnp.float32),
@@ -214,15 +238,15 @@ def prefill_attention(
         IEEE=q.dtype == jnp.float32,
         **plan.meta,
     )
-    if plan.splits == 1:
+    if plan.splits == 1 and not config.split_tiles:
         return out
-    return combine_splits(out, m, l).astype(q.dtype)
+    return _combine(out, m, l, config).astype(q.dtype)
 
 
 # ---- the same algorithm in jnp ------------------------------------------------------------------------
 
 
-def tile_ranges(pid_m, split, start, n_tok, window, *, block_m, block_n, group, splits):
+def tile_ranges(pid_m, split, start, n_tok, window, *, block_m, block_n, group, splits, split_tiles=0):
     """The kernel's KV tile ranges of one program: (s_begin, mid_begin, mid_end, s_end); tiles
     [s_begin, mid_begin) and [mid_end, s_end) are masked, [mid_begin, mid_end) unmasked. Works on jnp
     scalars (the emulation) and Python ints (tests); the kernel has the same lines in Triton."""
@@ -237,9 +261,13 @@ def tile_ranges(pid_m, split, start, n_tok, window, *, block_m, block_n, group, 
     key_begin = w.minimum(key_begin, key_end)
     j_begin = key_begin // block_n
     j_end = (key_end + block_n - 1) // block_n
-    per_split = (j_end - j_begin + splits - 1) // splits
-    s_begin = w.minimum(j_begin + split * per_split, j_end)
-    s_end = w.minimum(s_begin + per_split, j_end)
+    if split_tiles:
+        s_begin = w.minimum(w.maximum(j_begin, split * split_tiles), j_end)
+        s_end = w.minimum(w.maximum(j_begin, (split + 1) * split_tiles), j_end)
+    else:
+        per_split = (j_end - j_begin + splits - 1) // splits
+        s_begin = w.minimum(j_begin + split * per_split, j_end)
+        s_end = w.minimum(s_begin + per_split, j_end)
     full_begin = w.where(window > 0, (w.maximum(q_hi - window + 1, 0) + block_n - 1) // block_n, 0)
     full_end = (q_lo + 1) // block_n
     mid_begin = w.minimum(w.maximum(full_begin, s_begin), s_end)
@@ -280,7 +308,7 @@ def prefill_attention_emulated(
                 for seg_q, table, seg_pos in zip(jnp.split(q, p), block_table, jnp.split(positions, p))
             ]
         )
-    plan, _ = _plan_for(q, k_pool, block_table, scale, config)
+    plan, config = _plan_for(q, k_pool, block_table, scale, config)
     c, hq, dh = q.shape
     _, page, hkv, _ = k_pool.shape
     group, bm, bn, splits = hq // hkv, plan.block_m, plan.block_n, plan.splits
@@ -301,7 +329,16 @@ def prefill_attention_emulated(
     q_tiles = packed.reshape(hkv, m_tiles, bm, dh)[kv_head, pid_m].astype(jnp.float32)  # [P, bm, dh]
     q_pos = start + jnp.minimum(rows // group, n_tok - 1)  # [P, bm]
     s_begin, mid_begin, mid_end, s_end = tile_ranges(
-        pid_m, split, start, n_tok, win, block_m=bm, block_n=bn, group=group, splits=splits
+        pid_m,
+        split,
+        start,
+        n_tok,
+        win,
+        block_m=bm,
+        block_n=bn,
+        group=group,
+        splits=splits,
+        split_tiles=config.split_tiles,
     )  # each [P]
 
     def body(step, carry):  # program p folds tile s_begin[p] + step while that is below s_end[p]
@@ -343,10 +380,10 @@ def prefill_attention_emulated(
         x = x.reshape(splits, hkv, c, group, *rest).swapaxes(1, 2)
         return x.reshape(splits, c, hq, *rest)
 
-    if splits == 1:  # as the kernel: normalise directly (same arithmetic as the combine with one split)
+    if splits == 1 and not config.split_tiles:  # as the kernel: normalise directly
         acc, l = unpack(acc)[0], unpack(l)[0]
         return (acc / jnp.where(l > 0.0, l, 1.0)[..., None]).astype(q.dtype)
-    return combine_splits(unpack(acc), unpack(m), unpack(l)).astype(q.dtype)
+    return _combine(unpack(acc), unpack(m), unpack(l), config).astype(q.dtype)
 
 
 def useful_flops(num_tokens: int, start: int, window: int, hq: int, head_dim: int) -> int:
@@ -364,6 +401,7 @@ __all__ = [
     "launch_plan",
     "chunk_info",
     "combine_splits",
+    "combine_splits_in_order",
     "prefill_attention",
     "prefill_attention_emulated",
     "tile_ranges",

@@ -32,6 +32,12 @@ padding tiles read nothing. Pool offsets are int64 (a pool can exceed 2**31 elem
 SPLITS > 1 (flash-decoding style, for short chunks over long prefixes, where M_TILES * HKV programs
 cannot fill the GPU): split s takes an equal share of the program's KV tiles and writes its unnormalised
 fp32 accumulator plus (m, l); the wrapper combines the splits. SPLITS == 1 normalises in the kernel.
+
+SPLIT_TILES > 0 (the deterministic plans, attention/invariant.py): split s owns the absolute KV tiles
+[s * SPLIT_TILES, (s + 1) * SPLIT_TILES) whatever the program's rows, and every split writes partials (even
+SPLITS == 1), so a query's reduction order depends on its own position only: a decode row (a segment of one
+token) and the same token inside a prefill chunk fold the same tiles into the same splits. Tiles past a row's
+position are fully masked for it and leave (m, l, acc) bitwise unchanged (alpha = exp2(0) = 1, p = 0).
 """
 
 from __future__ import annotations
@@ -123,6 +129,7 @@ def prefill_attention_kernel(
     SPLITS: tl.constexpr,
     QK_SCALE: tl.constexpr,
     IEEE: tl.constexpr,
+    SPLIT_TILES: tl.constexpr,
 ):
     # q [SEGMENTS * C, HQ, DH]; pools [blocks, PAGE, HKV, DH]; table [SEGMENTS, TABLE_W] int32; info int32
     # [SEGMENTS, 3]. SPLITS == 1: out [SEGMENTS * C, HQ, DH] (q's dtype), m_ptr/l_ptr unused. SPLITS > 1: out
@@ -158,9 +165,13 @@ def prefill_attention_kernel(
     key_begin = tl.minimum(key_begin, key_end)
     j_begin = key_begin // BLOCK_N
     j_end = (key_end + BLOCK_N - 1) // BLOCK_N
-    per_split = (j_end - j_begin + SPLITS - 1) // SPLITS
-    s_begin = tl.minimum(j_begin + split * per_split, j_end)
-    s_end = tl.minimum(s_begin + per_split, j_end)
+    if SPLIT_TILES > 0:  # batch-invariant splits: split s owns absolute KV tiles [s, s + 1) * SPLIT_TILES
+        s_begin = tl.minimum(tl.maximum(j_begin, split * SPLIT_TILES), j_end)
+        s_end = tl.minimum(tl.maximum(j_begin, (split + 1) * SPLIT_TILES), j_end)
+    else:  # an equal share of this program's tiles
+        per_split = (j_end - j_begin + SPLITS - 1) // SPLITS
+        s_begin = tl.minimum(j_begin + split * per_split, j_end)
+        s_end = tl.minimum(s_begin + per_split, j_end)
     # tiles every row sees whole: after the window edge of the last query, before the first query's diagonal
     full_begin = tl.where(window > 0, (tl.maximum(q_hi - window + 1, 0) + BLOCK_N - 1) // BLOCK_N, 0)
     full_end = (q_lo + 1) // BLOCK_N
@@ -238,7 +249,7 @@ def prefill_attention_kernel(
         True,
     )
 
-    if SPLITS == 1:
+    if SPLITS == 1 and SPLIT_TILES == 0:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(
             out_ptr + q_rows[:, None] * DH + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=in_range[:, None]

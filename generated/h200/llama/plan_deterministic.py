@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from ember.compiler.kernels.activation import gated_act_packed as activation_gated_act_packed
-from ember.compiler.kernels.attention.blockwise import paged_attention_blockwise as attention_blockwise_paged_attention_blockwise
+from ember.compiler.kernels.attention.invariant import paged_attention_invariant as attention_invariant_paged_attention_invariant
 from ember.compiler.kernels.dense_gemv.reference import split_heads as dense_gemv_reference_split_heads
 from ember.compiler.kernels.embedding import add as embedding_add
 from ember.compiler.kernels.embedding import select_rows as embedding_select_rows
@@ -67,7 +67,7 @@ def layer(dims, w, constants, x, x_add, state, batch):
     k = dense_gemv_reference_split_heads(t_3, heads=dims.hkv)
     v = dense_gemv_reference_split_heads(t_5, heads=dims.hkv)
     q_1, k_1 = rope_reference_rope(q, k, positions, rope_inv_freq0, style='neox')
-    a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_1, k_1, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
+    a, k_pool, v_pool = attention_invariant_paged_attention_invariant(q_1, k_1, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_10 = invariant_matmul_linear_linear(a, w['attn_output.weight'])
     x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_10, w['ffn_norm.weight'], eps=dims.eps)
     t_13_t_14 = invariant_matmul_linear_linear(h_1, w['ffn_gate+ffn_up.weight'])

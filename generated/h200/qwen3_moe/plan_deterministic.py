@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from ember.compiler.kernels.activation import gated_act_packed as activation_gated_act_packed
-from ember.compiler.kernels.attention.blockwise import paged_attention_blockwise as attention_blockwise_paged_attention_blockwise
+from ember.compiler.kernels.attention.invariant import paged_attention_invariant as attention_invariant_paged_attention_invariant
 from ember.compiler.kernels.dense_gemv.reference import split_heads as dense_gemv_reference_split_heads
 from ember.compiler.kernels.embedding import add as embedding_add
 from ember.compiler.kernels.embedding import select_rows as embedding_select_rows
@@ -70,7 +70,7 @@ def layer_attention_dense(dims, w, constants, x, x_add, state, batch):
     q_1 = norm_reference_rms_norm_invariant(q, w['attn_q_norm.weight'], eps=dims.eps)
     k_1 = norm_reference_rms_norm_invariant(k, w['attn_k_norm.weight'], eps=dims.eps)
     q_2, k_2 = rope_reference_rope(q_1, k_1, positions, rope_inv_freq0, style='neox')
-    a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_2, k_2, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
+    a, k_pool, v_pool = attention_invariant_paged_attention_invariant(q_2, k_2, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_12 = invariant_matmul_linear_linear(a, w['attn_output.weight'])
     x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_12, w['ffn_norm.weight'], eps=dims.eps)
     t_15_t_16 = invariant_matmul_linear_linear(h_1, w['ffn_gate+ffn_up.weight'])
@@ -93,7 +93,7 @@ def layer_attention_moe(dims, w, constants, x, x_add, state, batch):
     q_1 = norm_reference_rms_norm_invariant(q, w['attn_q_norm.weight'], eps=dims.eps)
     k_1 = norm_reference_rms_norm_invariant(k, w['attn_k_norm.weight'], eps=dims.eps)
     q_2, k_2 = rope_reference_rope(q_1, k_1, positions, rope_inv_freq3, style='neox')
-    a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_2, k_2, v, attn_window4, attn_state5, k_pool, v_pool, batch, scale=dims.attn_scale)
+    a, k_pool, v_pool = attention_invariant_paged_attention_invariant(q_2, k_2, v, attn_window4, attn_state5, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_12 = invariant_matmul_linear_linear(a, w['attn_output.weight'])
     x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_12, w['ffn_norm.weight'], eps=dims.eps)
     t_15 = moe_op_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')

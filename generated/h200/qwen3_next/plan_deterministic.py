@@ -14,7 +14,7 @@ from ember.compiler.kernels.activation import gated_act as activation_gated_act
 from ember.compiler.kernels.activation import gated_act_packed as activation_gated_act_packed
 from ember.compiler.kernels.activation import sigmoid_gate as activation_sigmoid_gate
 from ember.compiler.kernels.activation import split_at as activation_split_at
-from ember.compiler.kernels.attention.blockwise import paged_attention_blockwise as attention_blockwise_paged_attention_blockwise
+from ember.compiler.kernels.attention.invariant import paged_attention_invariant as attention_invariant_paged_attention_invariant
 from ember.compiler.kernels.dense_gemv.reference import split_heads as dense_gemv_reference_split_heads
 from ember.compiler.kernels.embedding import add as embedding_add
 from ember.compiler.kernels.embedding import select_rows as embedding_select_rows
@@ -113,7 +113,7 @@ def layer_full_attention_dense(dims, w, constants, x, x_add, state, batch):
     q_1 = norm_reference_rms_norm_invariant(q, w['attn_q_norm.weight'], eps=dims.eps)
     k_1 = norm_reference_rms_norm_invariant(k, w['attn_k_norm.weight'], eps=dims.eps)
     q_2, k_2 = rope_reference_rope(q_1, k_1, positions, rope_inv_freq2, style='neox')
-    a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_2, k_2, v, attn_window3, attn_state4, k_pool, v_pool, batch, scale=dims.attn_scale)
+    a, k_pool, v_pool = attention_invariant_paged_attention_invariant(q_2, k_2, v, attn_window3, attn_state4, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_14 = activation_sigmoid_gate(a, g)
     t_15 = invariant_matmul_linear_linear(t_14, w['attn_output.weight'])
     x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_15, w['post_attention_norm.weight'], eps=dims.eps)
@@ -138,7 +138,7 @@ def layer_full_attention_moe(dims, w, constants, x, x_add, state, batch):
     q_1 = norm_reference_rms_norm_invariant(q, w['attn_q_norm.weight'], eps=dims.eps)
     k_1 = norm_reference_rms_norm_invariant(k, w['attn_k_norm.weight'], eps=dims.eps)
     q_2, k_2 = rope_reference_rope(q_1, k_1, positions, rope_inv_freq5, style='neox')
-    a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_2, k_2, v, attn_window6, attn_state7, k_pool, v_pool, batch, scale=dims.attn_scale)
+    a, k_pool, v_pool = attention_invariant_paged_attention_invariant(q_2, k_2, v, attn_window6, attn_state7, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_14 = activation_sigmoid_gate(a, g)
     t_15 = invariant_matmul_linear_linear(t_14, w['attn_output.weight'])
     x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_15, w['post_attention_norm.weight'], eps=dims.eps)
