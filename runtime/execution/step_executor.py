@@ -101,8 +101,9 @@ class StepExecutor:
         self.step_fn = cached_step(make_step_fn(forward), 4, identity, "step")
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
-        # run-ahead chains decode steps without the scheduler: not for plans with slot state (one step at a time)
-        self.decode_steps = 1 if self.tiles is not None or model.slot_kinds else max(1, steps)
+        # run-ahead chains decode steps without the scheduler; slot state is carried in self.kv from one to the next
+        # (a row's steps past its request's end advance a slot nobody reads again before a fresh start or a restore)
+        self.decode_steps = 1 if self.tiles is not None else max(1, steps)
         self.multi_step_fn = (
             cached_step(
                 make_multi_step_fn(forward, self.decode_steps),
