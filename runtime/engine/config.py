@@ -11,7 +11,7 @@ import numpy as np
 
 from ..loading.model import Model
 from ..scheduling.scheduled_step import PrefillShapes
-from ..state.kinds import engine_pool_blocks
+from ..state.kinds import engine_pool_blocks, engine_snapshot_slots
 from ..state.kv_dtypes import checked_kv_cache_dtype
 from ..state.kv_dtypes import kv_dtype as _kv_dtype
 
@@ -43,6 +43,11 @@ class EngineConfig:
     # slots of each slot state kind (recurrent layers' state, one per running request); None: max_num_seqs.
     # A budget-sized config (sized_config) sets it from what the budget holds beside the KV pools.
     num_slots: int | None = None
+    # recurrent-state snapshots the prefix cache keeps for plans with slot state (runtime/state/snapshot_store.py):
+    # None = as many as num_slots; 0 = no prefix cache for such plans. And every how many blocks a long prompt is
+    # snapshotted besides its last block boundaries (0: only there).
+    num_snapshot_slots: int | None = None
+    snapshot_interval_blocks: int = 0
 
     def __post_init__(self):
         checked_kv_cache_dtype(self.kv_cache_dtype)
@@ -79,11 +84,13 @@ def sized_config(
     EMBER_DETERMINISTIC=1 in the environment turns deterministic mode on."""
     base = EngineConfig(**overrides)
     if kv_memory_bytes is not None and model.slot_kinds and base.num_slots is None:
-        # recurrent-state slots first: one per running request, taking at most half of the budget
+        # recurrent-state slots first: one per running request (and as many prefix-cache snapshots, unless their
+        # count is set), taking at most half of the budget
         per_seq = max(model.slot_bytes(), 1)
-        slots = max(1, min(base.max_num_seqs, kv_memory_bytes // 2 // per_seq))
+        paired = 2 if base.enable_prefix_caching and base.num_snapshot_slots is None else 1
+        slots = max(1, min(base.max_num_seqs, kv_memory_bytes // 2 // (per_seq * paired)))
         base = replace(base, num_slots=int(slots))
-        kv_memory_bytes -= slots * per_seq
+        kv_memory_bytes -= (slots + engine_snapshot_slots(base)) * per_seq
     if kv_memory_bytes is not None:
         blocks = _full_blocks_for_budget(model, base, kv_memory_bytes)
     elif ctx is not None:
@@ -103,6 +110,8 @@ def capacity_line(model: Model, config: EngineConfig) -> str:
         from ..state.kinds import engine_slots
 
         line += f", recurrent state for {engine_slots(config)} sequences ({model.slot_bytes() / 2**20:.2f} MiB each)"
+        if engine_snapshot_slots(config):
+            line += f" and {engine_snapshot_slots(config)} prefix-cache snapshots"
     return line
 
 

@@ -20,6 +20,7 @@ from ..execution.step_executor import StepExecutor
 from ..loading.model import Model
 from ..sampling.guided import GrammarTokenizer, GuidedMatcher
 from ..sampling.params import SamplingParams, choice_seed, resolve_seed
+from ..scheduling.prefix_snapshots import snapshot_planner
 from ..scheduling.requests import Request
 from ..scheduling.scheduler import Scheduler
 from ..state.kinds import engine_pool_blocks, engine_slots
@@ -69,6 +70,7 @@ class Engine:
             prefill_shapes=prefill,
             # one slot pool per slot state kind (recurrent layers): a running request holds one slot of each
             extra_state={k.name: SlotPool(engine_slots(config), k.name) for k in model.slot_kinds},
+            snapshots=snapshot_planner(model, config, self.kv),
         )
         self.executor = StepExecutor(model, config, prefill)
         self.counters = EngineCounters()

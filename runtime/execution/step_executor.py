@@ -22,7 +22,7 @@ from ...compiler.targets import get_target
 from ..loading.model import Model
 from ..sampling.params import RowState
 from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep
-from ..state.kinds import engine_pool_blocks, engine_slots
+from ..state.kinds import engine_pool_blocks, engine_slots, engine_snapshot_slots
 from ..state.kv_dtypes import kv_dtype
 from .deterministic_tiles import fixed_tiles, step_tiles, tile_shape
 from .engine_step import (
@@ -38,6 +38,7 @@ from .engine_step import (
     run_step,
 )
 from .executable_cache import cached_step, executor_identity
+from .slot_copies import SlotCopier
 from .step_inputs import StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape
 
 
@@ -81,13 +82,15 @@ class StepExecutor:
         self.table_blocks = math.ceil(config.max_model_len / config.block_size)
         plan = model.deterministic_plan() if self.deterministic else model.plan
         # each layer's pool is sized by its state kind (the engine's KVCache uses the same sizes)
-        # and each slot kind's arrays hold engine_slots(config) slots (the engine's SlotPools hand them out)
+        # and each slot kind's arrays hold engine_slots(config) slots (the engine's SlotPools hand them out), then
+        # the prefix cache's recurrent-state snapshots (runtime/state/snapshot_store.py)
         self.kv = model.new_kv(
             engine_pool_blocks(model.paged_kinds, config),
             config.block_size,
             kv_dtype(model.dtype, config.kv_cache_dtype),
-            num_slots=engine_slots(config),
+            num_slots=engine_slots(config) + (engine_snapshot_slots(config) if model.slot_kinds else 0),
         )
+        self.slot_copier = SlotCopier(model.layer_state_kinds, [k.name for k in model.slot_kinds])
         # the step functions' executables are also kept on disk (runtime/execution/executable_cache.py): a warm start
         # neither traces nor lowers them
         identity = (
@@ -98,8 +101,9 @@ class StepExecutor:
         self.step_fn = cached_step(make_step_fn(forward), 4, identity, "step")
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
-        # run-ahead chains decode steps without the scheduler: not for plans with slot state (one step at a time)
-        self.decode_steps = 1 if self.tiles is not None or model.slot_kinds else max(1, steps)
+        # run-ahead chains decode steps without the scheduler; slot state is carried in self.kv from one to the next
+        # (a row's steps past its request's end advance a slot nobody reads again before a fresh start or a restore)
+        self.decode_steps = 1 if self.tiles is not None else max(1, steps)
         self.multi_step_fn = (
             cached_step(
                 make_multi_step_fn(forward, self.decode_steps),
@@ -164,6 +168,15 @@ class StepExecutor:
         return results
 
     def launch(
+        self, step: ScheduledStep, rows: list[RowState], steps: int, *, after: InFlightStep | None = None
+    ) -> InFlightStep:
+        """_launch between the step's recurrent-state snapshot copies: restores before its forward, saves after."""
+        self.kv = self.slot_copier.apply(self.kv, step.slot_copies.before)
+        in_flight = self._launch(step, rows, steps, after=after)
+        self.kv = self.slot_copier.apply(self.kv, step.slot_copies.after)
+        return in_flight
+
+    def _launch(
         self, step: ScheduledStep, rows: list[RowState], steps: int, *, after: InFlightStep | None = None
     ) -> InFlightStep:
         """Dispatch `step` (steps > 1: a run-ahead step, Scheduler.extend_decodes) on the executable of its

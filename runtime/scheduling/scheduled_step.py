@@ -73,6 +73,22 @@ def state_slots_of(requests, kinds: tuple[str, ...]) -> tuple[dict[str, tuple[in
 
 
 @dataclass(frozen=True)
+class SlotCopy:
+    """Copy one slot of a slot state kind into another (every layer of the kind): a recurrent-state snapshot
+    saved or restored (runtime/scheduling/prefix_snapshots.py)."""
+
+    kind: int  # index among the plan's slot state kinds
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True)
+class SlotCopies:
+    before: tuple[SlotCopy, ...] = ()  # applied before the step's forward (restores)
+    after: tuple[SlotCopy, ...] = ()  # applied after it (saves)
+
+
+@dataclass(frozen=True)
 class DecodeRow:
     request_id: str
     token_id: int  # the request's token at `position` (its last known one)
@@ -113,6 +129,7 @@ class ScheduledStep:
     # request id -> its slot of each slot state kind (recurrent state), for every request in the step
     state_slots: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     num_slot_kinds: int = 0  # S: slot state kinds
+    slot_copies: SlotCopies = SlotCopies()  # recurrent-state snapshots restored before / saved after the step
 
     @property
     def num_decode(self) -> int:

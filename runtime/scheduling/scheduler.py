@@ -25,36 +25,22 @@ Policies (what we chose, and why):
   token remains after a chunk or a prefix hit included: a decode row is a one-token chunk with logits.
 - KV is one pool per paged state kind (runtime/state/kv_cache.py): growth, preemption and frees cover every
   kind at once; a sliding-window kind drops the blocks its window left behind after each step.
-- Slot state kinds (runtime/state/slot_pool.py) are `extra_state`: a slot of each per running request.
+- Slot state kinds (runtime/state/slot_pool.py) are `extra_state`: a slot of each per running request. With
+  a snapshot store their prefix hits resume from recurrent-state snapshots (runtime/scheduling/prefix_snapshots.py).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-from ..state.block_pool import BlockPool, KVCounters, StateAllocator
+from ..state.block_pool import BlockPool, StateAllocator
 from ..state.kv_cache import KVCache, PrefixHit
+from .prefix_snapshots import NoSnapshots, SnapshotPlanner
 from .requests import QueueFullError, Request, RequestStatus, RequestTooLongError, StepOutput
 from .run_ahead import RunAhead
 from .scheduled_step import DecodeRow, PrefillChunk, PrefillShapes, ScheduledStep, slots_at, state_slots_of
-
-
-@dataclass(frozen=True)
-class SchedulerSnapshot:
-    active: int  # running requests (they own KV)
-    waiting: int  # queued, preempted ones included
-    max_num_seqs: int
-    max_queue_depth: int
-    free_blocks: int  # allocatable now (plain free + evictable cached)
-    cached_free_blocks: int
-    usable_blocks: int
-    block_size: int
-    preemptions: int
-    finished: int
-    aborted: int
-    kv: KVCounters
+from .scheduler_snapshot import SchedulerSnapshot
 
 
 class Scheduler:
@@ -69,6 +55,7 @@ class Scheduler:
         enable_prefix_caching: bool = True,
         extra_state: Mapping[str, StateAllocator] | None = None,
         prefill_shapes: PrefillShapes | None = None,
+        snapshots: SnapshotPlanner | None = None,
     ):
         if max_num_seqs < 1 or max_batched_tokens < 1 or max_queue_depth < 1:
             raise ValueError("max_num_seqs, max_batched_tokens and max_queue_depth must be >= 1")
@@ -85,7 +72,10 @@ class Scheduler:
         self.max_chunk = max(self.prefill_shapes.buckets)
         # kind -> allocator of every non-KV state a request owns while running (slot kinds: runtime/state/slot_pool.py)
         self.extra_state: dict[str, StateAllocator] = dict(extra_state or {})
-        self.prefix_caching = enable_prefix_caching and all(a.supports_prefix_reuse for a in self.extra_state.values())
+        # slot kinds reuse a prefix only through recurrent-state snapshots (none: the prefix cache is off)
+        reusable = snapshots is not None or all(a.supports_prefix_reuse for a in self.extra_state.values())
+        self.prefix_caching = enable_prefix_caching and reusable
+        self.snapshots = snapshots if snapshots is not None and self.prefix_caching else NoSnapshots()
         self.waiting: deque[Request] = deque()  # FIFO; preempted requests go back to the front
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self._active: dict[str, Request] = {}  # waiting + running, by id
@@ -193,7 +183,9 @@ class Scheduler:
             and all(a.can_allocate() for a in self.extra_state.values())
         ):
             request = self.waiting[0]
-            hit = self.kv.find_prefix(request.all_token_ids) if self.prefix_caching else self.kv.no_hit()
+            hit = self.kv.no_hit()
+            if self.prefix_caching:
+                hit = self.kv.find_prefix(request.all_token_ids, self.snapshots.resumable)
             start = hit.num_blocks * self.kv.block_size
             end = self._chunk_end(request, start, budget, self.kv.tokens_coverable_after(hit))
             if end <= start:
@@ -215,7 +207,7 @@ class Scheduler:
         bs = self.pool.block_size
         if end < request.num_tokens and (end // bs) * bs > start:
             end = (end // bs) * bs  # a non-final chunk ends on a block boundary: its blocks commit at once
-        return end
+        return self.snapshots.chunk_end(request, start, end)
 
     def _admit(self, request: Request, hit: PrefixHit) -> None:
         self.waiting.popleft()
@@ -228,6 +220,7 @@ class Scheduler:
             request.cached_tokens = cached  # reported per request: the first admission's prompt hit
         request.status = RequestStatus.RUNNING
         self.running.append(request)
+        self.snapshots.admitted(request, hit)  # its live slots start from the prefix's snapshot, if any
 
     def _build_step(
         self, decodes: list[Request], chunks: list[tuple[Request, int, int]], preempted: list[str]
@@ -254,7 +247,10 @@ class Scheduler:
                 )
             )
         slots = state_slots_of([*decodes, *(r for r, _, _ in chunks)], tuple(self.extra_state))
-        return ScheduledStep(tuple(rows), tuple(prefills), tables, tuple(preempted), len(self.kv.kinds), *slots)
+        copies = self.snapshots.step_copies(chunks)
+        return ScheduledStep(
+            tuple(rows), tuple(prefills), tables, tuple(preempted), len(self.kv.kinds), *slots, slot_copies=copies
+        )
 
     # --- several decode steps in one device call (runtime/scheduling/run_ahead.py) ----------------------
     def extend_decodes(self, step: ScheduledStep, steps: int) -> ScheduledStep | None:
@@ -330,6 +326,7 @@ class Scheduler:
             request.num_computed_tokens += n
             # commit full blocks to the prefix cache, then drop blocks that fell out of a sliding window
             self.kv.commit(request.state, request.all_token_ids, request.num_computed_tokens)
+        self.snapshots.updated(self._running)  # register the step's snapshots (finishing requests' included)
         outputs = []
         for request_id, token in zip(step.logit_request_ids, sampled_token_ids):
             request = self._running(request_id)

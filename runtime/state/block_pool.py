@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -76,8 +76,8 @@ class StateAllocator(Protocol):
     recurrent layers adds an allocator of fixed-size state slots (one per running request)."""
 
     kind: str
-    # False when a prefix-cache hit would skip computing this state (recurrent state has no per-block
-    # snapshots yet): the scheduler then turns prefix matching off.
+    # False when a prefix-cache hit would skip computing this state (recurrent state): the scheduler then
+    # matches prefixes only through recurrent-state snapshots (runtime/scheduling/prefix_snapshots.py), if any.
     supports_prefix_reuse: bool
 
     def can_allocate(self) -> bool: ...
@@ -105,6 +105,9 @@ class BlockPool:
         self._hash_of_block: dict[int, bytes] = {}
         self._allocations = self._evictions = 0
         self._prefix_queries = self._prefix_hits = self._reused_tokens = 0
+        # called with the chain hash of each block evicted from the prefix cache (state kept per cached prefix,
+        # e.g. recurrent snapshots in runtime/state/snapshot_store.py, goes with it)
+        self.on_evict: list[Callable[[bytes], None]] = []
 
     # --- capacity ----------------------------------------------------------------------------------
     @property
@@ -150,8 +153,11 @@ class BlockPool:
                 block = self._free.popleft()
             else:
                 block, _ = self._cached_free.popitem(last=False)
-                del self._block_of_hash[self._hash_of_block.pop(block)]
+                evicted = self._hash_of_block.pop(block)
+                del self._block_of_hash[evicted]
                 self._evictions += 1
+                for hook in self.on_evict:
+                    hook(evicted)
             self._ref[block] = 1
             blocks.append(block)
         self._allocations += n

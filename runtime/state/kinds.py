@@ -150,3 +150,12 @@ def engine_pool_blocks(kinds: Sequence[PagedKind], config: Any) -> dict[str, int
 def engine_slots(config: Any) -> int:
     """Slots of each slot state kind for an EngineConfig: config.num_slots, else one per running request."""
     return int(getattr(config, "num_slots", None) or config.max_num_seqs)
+
+
+def engine_snapshot_slots(config: Any) -> int:
+    """Recurrent-state snapshot slots (the prefix cache of plans with slot kinds) for an EngineConfig: none with
+    the prefix cache off, else config.num_snapshot_slots, else as many as live slots."""
+    if not config.enable_prefix_caching:
+        return 0
+    count = getattr(config, "num_snapshot_slots", None)
+    return int(engine_slots(config) if count is None else count)

@@ -22,12 +22,13 @@ A model with one full kind behaves exactly as one BlockPool did.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .block_pool import RESERVED_BLOCK, BlockPool, KVAllocation, block_hash
 from .kinds import PagedKind
 
+Resumable = Callable[[Sequence[bytes], int], int]  # (chain hashes, n) -> the largest n' <= n to resume from
 State = Mapping[str, object]  # a request's state: kind name -> its allocation (KVAllocation for paged kinds)
 
 
@@ -131,9 +132,10 @@ class KVCache:
                 self.pools[k.name].release(state[k.name])
 
     # --- prefix cache -----------------------------------------------------------------------------------
-    def find_prefix(self, token_ids: Sequence[int]) -> PrefixHit:
+    def find_prefix(self, token_ids: Sequence[int], resumable: Resumable | None = None) -> PrefixHit:
         """The longest cached prefix every kind can resume from; no side effects. Never the whole
-        sequence: at least one token must remain to be computed (its logits are needed)."""
+        sequence: at least one token must remain to be computed (its logits are needed). resumable(hashes, n):
+        the largest n' <= n that state outside the KV pools (recurrent snapshots) can resume from."""
         bs, full = self.block_size, [k for k in self.kinds if not k.window]
         hashes, parent = [], None
         for i in range((len(token_ids) - 1) // bs):
@@ -144,6 +146,8 @@ class KVCache:
         n = len(hashes)
         while True:
             shortest = min((self._sliding_hit(k, hashes, n) for k in self.kinds if k.window), default=n)
+            if resumable is not None:
+                shortest = min(shortest, resumable(hashes, shortest))
             if shortest == n:
                 break
             n = shortest

@@ -3,9 +3,10 @@ one slot per running request, out of a pool sized when the engine starts.
 
 The arrays themselves live on the device (Model.new_kv: [slots, ...] per layer of the kind); this pool hands out
 their indices. A request takes a slot when admitted and gives it back when it finishes, is aborted or is
-preempted (it then recomputes from position 0, where the plan starts its slot from a zero state). Slots carry
-no prefix-cache snapshots yet, so a plan with a slot kind runs with the prefix cache off
-(`supports_prefix_reuse`): a cached KV prefix alone cannot restore a recurrent state.
+preempted (it then recomputes from position 0, where the plan starts its slot from a zero state, or resumes
+from a prefix-cache snapshot). A cached KV prefix alone cannot restore a recurrent state
+(`supports_prefix_reuse` is False): the prefix cache of such plans resumes from recurrent-state snapshots
+(runtime/state/snapshot_store.py, runtime/scheduling/prefix_snapshots.py), and is off without them.
 """
 
 from __future__ import annotations
