@@ -8,7 +8,9 @@ the (static) row count:
                          quant_matmul(x, w, backend=quant_backend()): the fused GEMV (decode)
   QuantizedWeight, more rows
                          dequantize to the activation dtype, then the reference XLA matmul (prefill,
-                         mixed steps): compute-bound, so the one-off dequantization is amortised
+                         mixed steps): compute-bound, so the one-off dequantization is amortised; or, with
+                         the policy's quant_gemv.many_rows "gemm" (uses_gemm), the quantized GEMM of
+                         compiler/kernels/gguf_gemm/, which reads only the packed blocks
   WeightGroup            one of the above per part (parts of different formats), outputs side by side
   DenseBacked            a kept weight and its dense copy (made at load): the kept form up to
                          quant_gemv.dense_copy_gemv_max_rows rows, the copy's plain matmul above (no per-call dequantization)
@@ -49,6 +51,8 @@ from ember.compiler.kernels.dense_gemv.fp8 import (
     fp8_linear_parts,
     fp8_rows,
 )
+from ember.compiler.kernels.gguf_gemm import PLANES as GEMM_PLANES
+from ember.compiler.kernels.gguf_gemm import pick_gemm_config, quant_gemm
 from ember.compiler.kernels.gguf_gemv import config as quant_config
 from ember.compiler.kernels.gguf_gemv.act_quant import reads_packing
 from ember.compiler.kernels.gguf_gemv.layout import DenseBacked, QuantizedWeight, WeightGroup
@@ -87,7 +91,27 @@ def _matmul(x, w):
         return fp8_linear(x, w)
     if not isinstance(w, QuantizedWeight):
         return linear_ref.linear(x, w)
+    if uses_gemm(rows, w):
+        return quant_gemm(x, w, pick_gemm_config(rows, kernel_policy().quant_gemv.gemm_config))
     return linear_ref.linear(x, dequantize(w).astype(x.dtype))
+
+
+MANY_ROWS = ("dequantize", "gemm")
+
+
+def uses_gemm(rows: int, w: QuantizedWeight) -> bool:
+    """Whether a step of `rows` rows (more than the GEMV serves) multiplies the packed weight w by the quantized
+    GEMM (compiler/kernels/gguf_gemm/) rather than dequantizing it whole: the policy's quant_gemv.many_rows,
+    up to its gemm_max_rows, on the Triton backend."""
+    policy = kernel_policy().quant_gemv
+    if policy.many_rows not in MANY_ROWS:
+        raise ValueError(f"quant_gemv.many_rows: unknown {policy.many_rows!r}; expected one of {MANY_ROWS}")
+    return (
+        policy.many_rows == "gemm"
+        and rows <= policy.gemm_max_rows
+        and w.format in GEMM_PLANES
+        and quant_backend() == "triton"
+    )
 
 
 class QuantizedInput(NamedTuple):
