@@ -73,6 +73,12 @@ class Checkpoint:
             raise CheckpointError(self.path, f"tensor {name!r}: raw GGUF blocks exist only in GGUF checkpoints")
         return self._gguf.raw(name)
 
+    def tensor_bytes(self) -> int:
+        """Bytes of every tensor as stored (GGUF blocks, safetensors data): what the weights cost on disk."""
+        if self._gguf is not None:
+            return sum(int(info.nbytes) for info in self._gguf.tensors.values())
+        return sum(self._hf.entry(name).end - self._hf.entry(name).begin for name in self._hf.tensor_names)
+
     def lookup(self, key: str) -> Any:
         """A config value: a dotted path into config.json, or a GGUF metadata key; MISSING if absent."""
         if self._gguf is not None:

@@ -199,10 +199,25 @@ def load_params(
     dense copy, except for weights the plan only gathers rows from."""
     loader = WeightLoader(spec, ckpt, resolved, keep_formats)
     gathered = gathered_only_weights(spec)
+    placed: dict[tuple, Any] = {}  # (checkpoint tensor, transform) of a global weight -> its device value
 
-    def place(name: str, value):
-        value = to_device(value)
+    def place(name: str, value, source: tuple | None = None):
+        # a global tied to another (an LM head that is the embedding table) shares its device arrays: one
+        # copy of a 151936 x 1536 table is 467 MB in bf16
+        if source is not None and source in placed:
+            value = placed[source]
+        else:
+            value = to_device(value)
+            if source is not None:
+                placed[source] = value
         return value if dense_copy is None or name.split(".")[0] in gathered else dense_copy(value)
+
+    def source_of(name: str) -> tuple | None:
+        """The checkpoint tensor and transform a global weight of one tensor reads (None: a packed weight)."""
+        if name in manifest["packed_weights"]:
+            return None
+        found = loader.locate(name)
+        return None if found is None else (found[0], found[1])
 
     packed = manifest["packed_weights"]
     layers = int(resolved.dims["layers"])
@@ -227,7 +242,7 @@ def load_params(
     globals_, per_layer = {}, []
     for (name, _), value in zip(parts, prefetched(build_part, parts, LOAD_WORKERS)):
         if name is not None:
-            globals_[name] = place(name, value)
+            globals_[name] = place(name, value, source_of(name) if value is not None else None)
         else:
             per_layer.append({n: place(n, v) for n, v in value.items()})
         _tick(progress)
