@@ -63,6 +63,12 @@ class Checkpoint:
             raise CheckpointError(self.path, f"tensor {name!r}: FP8 tensors exist only in HF checkpoints here")
         return self._hf.load_fp8(name)
 
+    def load_u8(self, name: str) -> np.ndarray:
+        """An HF U8 tensor's stored bytes (NVFP4's packed codes)."""
+        if self._hf is None:
+            raise CheckpointError(self.path, f"tensor {name!r}: U8 tensors exist only in HF checkpoints here")
+        return self._hf.load_u8(name)
+
     def ggml_type(self, name: str) -> int | None:
         """The GGUF storage type id of a tensor (12 = Q4_K, ...); None for HF checkpoints."""
         return self._gguf.tensors[name].ggml_type if self._gguf is not None else None

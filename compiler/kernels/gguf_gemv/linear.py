@@ -14,6 +14,8 @@ the (static) row count:
   WeightGroup            one of the above per part (parts of different formats), outputs side by side
   DenseBacked            a kept weight and its dense copy (made at load): the kept form up to
                          quant_gemv.dense_copy_gemv_max_rows rows, the copy's plain matmul above (no per-call dequantization)
+  Nvfp4Weight            nvfp4_matmul (compiler/kernels/nvfp4/): the Triton kernel on the packed codes on a GPU,
+                         the jnp reference elsewhere, any row count
   Fp8Weight              fp8_linear (dense_gemv/fp8.py): the Triton GEMV for few rows on a GPU (dense_gemv/kernel.py),
                          else written for XLA to fuse the fp8 operand into its GEMM
   plain array, one row on a GPU (dense_gemv.use_dense_gemv)
@@ -65,6 +67,7 @@ from ember.compiler.kernels.gguf_gemv.matmul import (
     split_columns,
 )
 from ember.compiler.kernels.gguf_gemv.reference import dequantize
+from ember.compiler.kernels.nvfp4 import Nvfp4Weight, nvfp4_matmul
 from ember.compiler.kernels.split_columns.kernel import split_three
 from ember.compiler.kernels.triton.available import triton_available
 from ember.compiler.targets.policy import kernel_policy
@@ -89,6 +92,8 @@ def _matmul(x, w):
     x = _array(x)
     if isinstance(w, Fp8Weight):
         return fp8_linear(x, w)
+    if isinstance(w, Nvfp4Weight):
+        return nvfp4_matmul(x, w, backend=quant_backend())
     if not isinstance(w, QuantizedWeight):
         return linear_ref.linear(x, w)
     if uses_gemm(rows, w):
@@ -187,7 +192,7 @@ def linear(x, weight, bias=None):
     weight = _form(x, weight)
     if isinstance(weight, WeightGroup):
         y = jnp.concatenate([_matmul(x, part) for part in weight.parts], axis=-1)
-    elif isinstance(weight, (QuantizedWeight, Fp8Weight)):
+    elif isinstance(weight, (QuantizedWeight, Fp8Weight, Nvfp4Weight)):
         y = _matmul(x, weight)
     elif use_dense_gemv(_array(x), weight):
         y = dense_gemv(_array(x), weight)
@@ -199,7 +204,7 @@ def linear(x, weight, bias=None):
 def linear_split(x, weight, bias=None, *, sizes):
     # weight [sum(sizes), k] packs several projections of the same input; returns one output per size
     weight = _form(x, weight)
-    if not isinstance(weight, (WeightGroup, QuantizedWeight, Fp8Weight)):  # dense
+    if not isinstance(weight, (WeightGroup, QuantizedWeight, Fp8Weight, Nvfp4Weight)):  # dense
         if bias is None and use_dense_gemv(_array(x), weight):  # one launch writes each projection
             return dense_gemv_parts(_array(x), weight, tuple(sizes))
         return split_three(linear_ref.linear(_array(x), weight, bias), sizes)  # the GEMM, then one split
