@@ -15,6 +15,7 @@ from ember.compiler.kernels.nvfp4 import Nvfp4Weight
 from ember.runtime.execution.sequence_runner import SequenceRunner
 from ember.runtime.loading.formats.errors import CheckpointError
 from ember.runtime.loading.formats.safetensors_dir import open_hf_checkpoint
+from ember.runtime.loading.memory_plan import planned_weight_bytes
 from ember.runtime.loading.model import load_model
 from ember.runtime.loading.weight_bytes import weight_bytes
 from ember.tools.dev.make_nvfp4_checkpoint import write_nvfp4_pair, write_safetensors
@@ -47,6 +48,11 @@ def test_h200_target_keeps_the_projections_packed(pair):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     report = weight_bytes(model)  # the packed projections: ~0.56 bytes a weight, the rest float32 as stored
     assert report.device <= 1.05 * report.checkpoint, report.line()
+    w = model.policy.weights
+    planned = planned_weight_bytes(
+        model.spec, model.plan.manifest, model.checkpoint, model.resolved, model.dtype, w.quantized_formats, False
+    )
+    assert planned == report.device  # what the memory check counted before loading
 
 
 def _tensors(folder):
