@@ -150,18 +150,12 @@ class BlockPool:
                 block = self._free.popleft()
             else:
                 block, _ = self._cached_free.popitem(last=False)
-                chain_hash = self._hash_of_block.pop(block)
-                del self._block_of_hash[chain_hash]
+                del self._block_of_hash[self._hash_of_block.pop(block)]
                 self._evictions += 1
-                self._evicted(block, chain_hash)
             self._ref[block] = 1
             blocks.append(block)
         self._allocations += n
         return blocks
-
-    def _evicted(self, block: int, chain_hash: bytes) -> None:
-        """A cached block is about to be reused for another allocation (a host tier copies it out here first:
-        runtime/state/host_tier.py)."""
 
     def free(self, blocks: Iterable[int]) -> None:
         """Drop one reference to each block. Given a block table, frees its tail first, so the LRU evicts

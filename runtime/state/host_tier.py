@@ -2,7 +2,8 @@
 bounded host pool, keyed by their chain hash, and a later prompt with that prefix brings them back by a copy
 instead of recomputing them.
 
-  TieredBlockPool   a BlockPool whose evictions spill (the block's bytes copied out before its reuse) and whose
+  TieredBlockPool   a BlockPool whose evictions spill (the block's bytes copied out before its reuse; no change
+                    to BlockPool: its LRU order says which cached blocks an allocation will evict) and whose
                     prefix matches continue past the device cache into the host tier: each host hit gets a
                     fresh device block, a host -> device copy, and is registered in the device cache again
   HostTier          the bounded host pool: LRU over chain hashes, each entry the copy of one block (or the
@@ -21,6 +22,7 @@ the KV), one under way is waited for; nothing stays allocated or in flight.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -118,9 +120,15 @@ class TieredBlockPool(BlockPool):
         self.tier = tier
         self._restores: dict[int, CopyHandle] = {}  # device block -> its host -> device copy in flight
 
-    def _evicted(self, block: int, chain_hash: bytes) -> None:
-        self._wait_restore(block)  # a block still being restored is complete before it is copied out again
-        self.tier.put(chain_hash, self.store.read(block))
+    def allocate(self, n: int) -> list[int]:
+        """BlockPool.allocate, each cached block it will evict (the least recently used, taken once the plain
+        free list runs out) first copied out to the host tier: the copy is issued before the block's reuse,
+        so it reads the evicted KV."""
+        if n <= self.free_blocks:
+            for block in itertools.islice(self._cached_free, max(0, n - len(self._free))):
+                self._wait_restore(block)  # a block still being restored lands before it is copied out again
+                self.tier.put(self._hash_of_block[block], self.store.read(block))
+        return super().allocate(n)
 
     def adopt_prefix(self, alloc: KVAllocation, token_ids: Sequence[int]) -> int:
         """BlockPool.adopt_prefix, then the chain continued block by block: a block still in the device cache
