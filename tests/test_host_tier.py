@@ -147,5 +147,46 @@ def test_abort_mid_copy_leaks_nothing(started):
     assert covered == (BS if started else 0)
 
 
+def test_jax_kv_arrays_round_trip_through_the_host():
+    """The same flow over real JAX KV arrays (KVArrayStore): 2 layers of (k, v) [blocks, BS, 1, 8]."""
+    import jax.numpy as jnp
+
+    from ember.runtime.state.host_tier_store import KVArrayStore
+
+    num_blocks = 6
+    holder = {"kv": [tuple(jnp.zeros((num_blocks, BS, 1, 8), jnp.float32) for _ in range(2)) for _ in range(2)]}
+    store = KVArrayStore(lambda: holder["kv"], lambda kv: holder.update(kv=kv), layers=(0, 1))
+    pool = TieredBlockPool(num_blocks, BS, store, HostTier(64 * 4 * BS * 32, 4 * BS * 32))
+
+    def block_kv(h):  # (k, v) of both layers of a block, as the step would write them
+        values = kv_of(h).reshape(2, BS, 1, 8)
+        return [(values[0] + layer, values[1] - layer) for layer in range(2)]
+
+    def serve_jax(tokens):
+        alloc = pool.new_allocation()
+        covered = pool.adopt_prefix(alloc, tokens)
+        pool.wait_restores(alloc)
+        hashes = chain(tokens)
+        for i in range(covered // BS):
+            for layer, (k, v) in enumerate(block_kv(hashes[i])):
+                np.testing.assert_array_equal(np.asarray(holder["kv"][layer][0][alloc.block_table[i]]), k)
+                np.testing.assert_array_equal(np.asarray(holder["kv"][layer][1][alloc.block_table[i]]), v)
+        assert pool.grow(alloc, len(tokens))
+        for i in range(covered // BS, len(hashes)):
+            block, kv = alloc.block_table[i], list(holder["kv"])
+            for layer, (k, v) in enumerate(block_kv(hashes[i])):
+                kv[layer] = (kv[layer][0].at[block].set(k), kv[layer][1].at[block].set(v))
+            holder["kv"] = kv
+        pool.commit_full_blocks(alloc, tokens, len(tokens))
+        pool.release(alloc)
+        pool.check_consistency()
+        return covered
+
+    prompts = [[k] * (4 * BS) + [1] for k in range(3)]
+    for p in prompts:
+        serve_jax(p)
+    assert serve_jax(prompts[0]) == 4 * BS and pool.tier.counters().host_hits >= 3
+
+
 def test_data_bytes_counts_every_array():
     assert data_bytes((np.zeros(4, np.float32), {"v": np.zeros((2, 2), np.int8)})) == 20

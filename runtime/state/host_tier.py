@@ -8,9 +8,9 @@ instead of recomputing them.
                     fresh device block, a host -> device copy, and is registered in the device cache again
   HostTier          the bounded host pool: LRU over chain hashes, each entry the copy of one block (or the
                     copy still in flight); over capacity the least recently spilled entries are dropped
-  BlockStore        where a pool's blocks live on the device (the plan's KV arrays): `read` starts a copy of
-                    one block out and returns a handle (`result()` gives its host arrays), `write` starts the
-                    copy of host arrays into a block and returns a handle too
+  BlockStore        where a pool's blocks live on the device (the plan's KV arrays: host_tier_store.py's
+                    KVArrayStore): `read` starts a copy of one block out and returns a handle (`result()`
+                    gives its host arrays), `write` starts the copy of host arrays into a block, a handle too
 
 Copies are asynchronous: a spill's device -> host copy is started at eviction (ordered before whatever
 overwrites the block) and waited for only when the entry is brought back; a restore's host -> device copy is
