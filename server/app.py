@@ -133,6 +133,8 @@ async def _load(app, loop) -> None:
         if service.compile_seconds is not None:
             secs += f", compiled in {service.compile_seconds:.1f}s"
         capacity = f"; {service.capacity}" if service.capacity else ""
+        if service.weight_bytes is not None:
+            capacity += f"; {service.weight_bytes.line()}"
         print(
             f"Ember is serving {service.model_name} ({secs}{capacity}) at http://{config.host}:{config.port}",
             flush=True,

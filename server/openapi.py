@@ -199,6 +199,13 @@ def _paths(model: str) -> dict:
                         "max_num_seqs": s.INTEGER,
                         "kv_block_size": s.INTEGER,
                         "dtype": s.STRING,
+                        "weight_bytes": s.nullable(
+                            s.obj(
+                                {"device": s.INTEGER, "checkpoint": s.INTEGER, "ratio": s.NUMBER},
+                                ("device", "checkpoint", "ratio"),
+                                description="weight bytes on the device vs the checkpoint's tensor bytes",
+                            )
+                        ),
                     },
                     ("model", "max_context_length", "vocab_size"),
                 ),

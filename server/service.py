@@ -24,6 +24,7 @@ from ..runtime.loading.known_models import resolve_model
 from ..runtime.loading.model import Model, load_model
 from ..runtime.loading.text.chat_template import ChatTemplate, ChatTemplateError
 from ..runtime.loading.text.prompting import end_of_generation_ids, load_tokenizer
+from ..runtime.loading.weight_bytes import WeightBytes, weight_bytes
 from ..runtime.sampling.params import SamplingParams
 from ..runtime.scheduling.requests import QueueFullError
 from .config import ServeConfig
@@ -69,6 +70,7 @@ class ModelService:
         self.load_seconds: float | None = None
         self.compile_seconds: float | None = None
         self.capacity: str | None = None  # what the state pools hold (the startup line says it)
+        self.weight_bytes: WeightBytes | None = None  # device weight bytes vs the checkpoint's (startup line, /v1/info)
         self._ready = threading.Event()
         self.metrics = ServerMetrics(self)
         self.in_flight = 0  # generations between submit and their last output (SIGTERM drain waits for 0)
@@ -83,6 +85,7 @@ class ModelService:
             model = load_model(path, target=self.config.target, progress=True, kernel_policy=self.config.kernel_policy)
             tokenizer = load_tokenizer(model.checkpoint)
             self.model, self.tokenizer = model, tokenizer
+            self.weight_bytes = weight_bytes(model)
             if tokenizer.chat_template:
                 self.template = ChatTemplate(
                     tokenizer.chat_template,

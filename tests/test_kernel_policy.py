@@ -25,7 +25,9 @@ from ember.compiler.targets.policy import (
 def test_the_h200_policy_is_the_gpu_defaults_with_its_weights():
     h200 = get_target("h200").policy
     assert h200.quant_gemv == KernelPolicy().quant_gemv and h200.attention == KernelPolicy().attention
-    assert h200.weights.quantized_formats == ("fp8", "q4_k", "q6_k", "q8_0", "q5_0") and h200.weights.dense_copies
+    assert (
+        h200.weights.quantized_formats == ("fp8", "q4_k", "q6_k", "q8_0", "q5_0", "nvfp4") and h200.weights.dense_copies
+    )
     cpu = get_target("cpu").policy
     assert cpu.quant_gemv.backend == "reference" and not cpu.norms.triton and not cpu.fp8_gemv.enabled
 

@@ -203,7 +203,8 @@ def test_the_kernel_policy_chooses_which_weights_stay_packed(tmp_path):
 
     weights = lambda target, override=None: effective_policy(target, override).weights  # noqa: E731
     # the h200 default: FP8 stays FP8, GGUF blocks stay packed, with dense copies; the cpu's: nothing kept
-    assert weights("h200").quantized_formats == ("fp8", "q4_k", "q6_k", "q8_0", "q5_0") and weights("h200").dense_copies
+    assert weights("h200").quantized_formats == ("fp8", "q4_k", "q6_k", "q8_0", "q5_0", "nvfp4")
+    assert weights("h200").dense_copies
     assert weights("cpu").quantized_formats == () and not weights("cpu").dense_copies
     override = tmp_path / "policy.json"
     override.write_text(

@@ -38,6 +38,13 @@ class QuantGemvPolicy:
     # rows up to which a weight with a dense copy still takes its quantized GEMV: packed vs copy, 2 streams
     # 1,372.0 vs 1,228.4 tok/s, 4 streams 2,287.6 vs 2,432.3 (H200, 1.5B Q4_K_M: compiler/kernels/gguf_gemv/README.md)
     dense_copy_gemv_max_rows: int = 2
+    # steps of more rows than the GEMV serves, on a packed weight with no dense copy (weights.dense_copies off):
+    # "dequantize" (the whole weight to the activation dtype inside the step, then XLA's matmul) or "gemm" (the
+    # packed blocks dequantized per tile in registers by compiler/kernels/gguf_gemm/, tensor-core MMA), the
+    # latter up to gemm_max_rows rows (above: dequantize); tools/dev/bench_quant_gemm.py measures the three forms
+    many_rows: str = "dequantize"
+    gemm_max_rows: int = 1 << 20
+    gemm_config: ConfigOverride = ()  # over the GemmConfig gguf_gemm.pick_gemm_config picks by rows
     # decode (m <= 4) takes the "rows" kernels (gguf_gemv/rows_*.py), not the "split" ones
     # (docs/results/h200_quant_matmul_rows_variant.json, h200_quant_rows_sweep_c32c507.json)
     rows_for_decode: bool = True

@@ -63,6 +63,12 @@ class Checkpoint:
             raise CheckpointError(self.path, f"tensor {name!r}: FP8 tensors exist only in HF checkpoints here")
         return self._hf.load_fp8(name)
 
+    def load_u8(self, name: str) -> np.ndarray:
+        """An HF U8 tensor's stored bytes (NVFP4's packed codes)."""
+        if self._hf is None:
+            raise CheckpointError(self.path, f"tensor {name!r}: U8 tensors exist only in HF checkpoints here")
+        return self._hf.load_u8(name)
+
     def ggml_type(self, name: str) -> int | None:
         """The GGUF storage type id of a tensor (12 = Q4_K, ...); None for HF checkpoints."""
         return self._gguf.tensors[name].ggml_type if self._gguf is not None else None
@@ -72,6 +78,12 @@ class Checkpoint:
         if self._gguf is None:
             raise CheckpointError(self.path, f"tensor {name!r}: raw GGUF blocks exist only in GGUF checkpoints")
         return self._gguf.raw(name)
+
+    def tensor_bytes(self) -> int:
+        """Bytes of every tensor as stored (GGUF blocks, safetensors data): what the weights cost on disk."""
+        if self._gguf is not None:
+            return sum(int(info.nbytes) for info in self._gguf.tensors.values())
+        return sum(self._hf.entry(name).end - self._hf.entry(name).begin for name in self._hf.tensor_names)
 
     def lookup(self, key: str) -> Any:
         """A config value: a dotted path into config.json, or a GGUF metadata key; MISSING if absent."""

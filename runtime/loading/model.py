@@ -19,6 +19,7 @@ from ..state.kinds import PagedKind, StateKind, layer_state_kinds, paged_kinds, 
 from .checkpoint import Checkpoint, open_checkpoint
 from .dims import Dims, ResolvedModel, resolve
 from .formats.errors import CheckpointError
+from .memory_plan import check_fits, free_device_bytes, planned_weight_bytes
 from .plans import GENERATED_DIR, LoadedPlan, load_plan
 from .weights import KEPT_FORMATS, Params, dense_copier, device_placer, load_params
 
@@ -172,6 +173,7 @@ def load_model(
     generated_dir: Path = GENERATED_DIR,
     activation_dtype: str | None = None,
     kernel_policy: KernelPolicy | str | Path | None = None,
+    free_bytes: int | None = None,
 ) -> Model:
     """A model from a checkpoint path (GGUF file, HF folder) or an opened Checkpoint.
     activation_dtype: run the plan in this dtype instead of its target's (e.g. the cpu target in bfloat16, to
@@ -180,7 +182,9 @@ def load_model(
     target: a target name, or a Target (its plan must exist under generated_dir/<name>/); GGUF tensors
     in the target's `quantized_formats` stay quantized on the device (with a dense copy beside them where the
     target keeps `dense_copies`), the rest become the plan's activation dtype: the target's kernel policy's
-    `weights`, which, like every kernel choice, `kernel_policy` may override (effective_policy)."""
+    `weights`, which, like every kernel choice, `kernel_policy` may override (effective_policy).
+    free_bytes: the device memory the weights may take (default: what the device has free); a model whose
+    weights need more fails here, before any tensor is read or allocated (memory_plan.py)."""
     enable_compilation_cache()
     policy = effective_policy(target, kernel_policy)
     ckpt = path if isinstance(path, Checkpoint) else open_checkpoint(path)
@@ -188,6 +192,11 @@ def load_model(
     resolved = resolve(spec, ckpt)
     plan = load_plan(spec, target.name if isinstance(target, Target) else target, generated_dir)
     dtype = jnp.dtype(activation_dtype or plan.manifest["activation_dtype"])
+    weights = policy.weights
+    needed = planned_weight_bytes(
+        spec, plan.manifest, ckpt, resolved, dtype, weights.quantized_formats, weights.dense_copies
+    )
+    check_fits(needed, free_device_bytes() if free_bytes is None else free_bytes, str(ckpt.path))
     bar = None
     if progress:
         from tqdm import tqdm

@@ -11,20 +11,17 @@ GGUF matrix is whole blocks) and repacked into a `QuantizedWeight` (compiler/ker
 Packed parallel linears (q/k/v, gate/up) of one format are one QuantizedWeight over the concatenated
 rows; parts of different formats (Q4_K q/k beside a Q6_K v) stay apart in a `WeightGroup`. FP8 matrices
 of HF checkpoints (runtime/loading/fp8_checkpoint.py) are kept the same way when the target keeps "fp8", as an
-`Fp8Weight`, and dequantized otherwise. Every other tensor (norms, biases, formats not kept) is float.
+`Fp8Weight`, and dequantized otherwise; NVFP4 matrices (runtime/loading/nvfp4_checkpoint.py) likewise as an
+`Nvfp4Weight` where the target keeps "nvfp4". Every other tensor (norms, biases, formats not kept) is float.
 With `dense_copy` (Target.dense_copies), each kept GGUF weight a step reads whole (not an embedding table it
 only gathers from) also gets its dequantized copy: a `DenseBacked` pair, dequantized on the device.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import importlib
-import itertools
-import os
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -42,14 +39,17 @@ from ...compiler.kernels.gguf_gemv.layout import (
     pack,
 )
 from ...compiler.kernels.gguf_gemv.reference import dequantize
+from ...compiler.kernels.nvfp4.reference import Nvfp4Weight
 from ...compiler.spec import ModelSpec, gathered_only_weights
 from ...compiler.weight_transforms import apply_transform, parse_transform
 from .checkpoint import Checkpoint
 from .dims import ResolvedModel, kind_field
 from .formats.errors import CheckpointError
 from .fp8_checkpoint import HostFp8, concat_rows, is_fp8, read_fp8
+from .nvfp4_checkpoint import HostNvfp4, concat_nvfp4, is_nvfp4, read_nvfp4
+from .prefetch import LOAD_WORKERS, prefetched
 
-KEPT_FORMATS = (*FORMATS, "fp8")  # what Target.quantized_formats may name
+KEPT_FORMATS = (*FORMATS, "fp8", "nvfp4")  # what Target.quantized_formats may name
 
 LAYER_PREFIX = "blk.{i}."
 
@@ -141,6 +141,8 @@ class WeightLoader:
         return np.ascontiguousarray(tensor, dtype=np.float32)
 
     def _load(self, name: str) -> np.ndarray:
+        if is_nvfp4(self.ckpt, name):
+            return read_nvfp4(self.ckpt, name).dequantized()
         return read_fp8(self.ckpt, name).dequantized() if is_fp8(self.ckpt, name) else self.ckpt.load(name)
 
     def fetch_raw(self, logical: str) -> RawWeight | None:
@@ -176,11 +178,25 @@ class WeightLoader:
         weight = read_fp8(self.ckpt, name)
         return None if weight.blocked and expected[0] % BLOCK else weight
 
-    def fetch_kept(self, logical: str) -> RawWeight | HostFp8 | np.ndarray | None:
-        """fetch_raw / fetch_fp8 where the format is kept, else fetch (float32)."""
+    def fetch_nvfp4(self, logical: str) -> HostNvfp4 | None:
+        """The weight's NVFP4 codes and scales when it is stored so, the target keeps "nvfp4" and no transform
+        changes it; else None (fetch dequantizes it)."""
+        if "nvfp4" not in self.keep_formats or self.ckpt.format != "hf":
+            return None
+        found = self.locate(logical)
+        if found is None or found[1] or "{e}" in found[0] or not is_nvfp4(self.ckpt, found[0]):
+            return None
+        weight = read_nvfp4(self.ckpt, found[0])
+        self._check_shape(found[0], weight.weight().shape, found[2], found[3])
+        return weight
+
+    def fetch_kept(self, logical: str) -> RawWeight | HostFp8 | HostNvfp4 | np.ndarray | None:
+        """fetch_raw / fetch_fp8 / fetch_nvfp4 where the format is kept, else fetch (float32)."""
         kept = self.fetch_raw(logical)
         if kept is None:
             kept = self.fetch_fp8(logical)
+        if kept is None:
+            kept = self.fetch_nvfp4(logical)
         return kept if kept is not None else self.fetch(logical)
 
 
@@ -199,10 +215,25 @@ def load_params(
     dense copy, except for weights the plan only gathers rows from."""
     loader = WeightLoader(spec, ckpt, resolved, keep_formats)
     gathered = gathered_only_weights(spec)
+    placed: dict[tuple, Any] = {}  # (checkpoint tensor, transform) of a global weight -> its device value
 
-    def place(name: str, value):
-        value = to_device(value)
+    def place(name: str, value, source: tuple | None = None):
+        # a global tied to another (an LM head that is the embedding table) shares its device arrays: one
+        # copy of a 151936 x 1536 table is 467 MB in bf16
+        if source is not None and source in placed:
+            value = placed[source]
+        else:
+            value = to_device(value)
+            if source is not None:
+                placed[source] = value
         return value if dense_copy is None or name.split(".")[0] in gathered else dense_copy(value)
+
+    def source_of(name: str) -> tuple | None:
+        """The checkpoint tensor and transform a global weight of one tensor reads (None: a packed weight)."""
+        if name in manifest["packed_weights"]:
+            return None
+        found = loader.locate(name)
+        return None if found is None else (found[0], found[1])
 
     packed = manifest["packed_weights"]
     layers = int(resolved.dims["layers"])
@@ -212,6 +243,8 @@ def load_params(
         if name in packed:
             return _combine([loader.fetch_kept(prefix + part) for part in packed[name]])
         value = loader.fetch_kept(prefix + name)
+        if isinstance(value, HostNvfp4) and name.split(".")[0] in gathered:  # only gathered from: float rows
+            return value.dequantized()
         return value.packed() if isinstance(value, RawWeight) else value
 
     # host work (reading the file, repacking GGUF blocks: numpy, which releases the GIL) runs ahead on worker
@@ -227,7 +260,7 @@ def load_params(
     globals_, per_layer = {}, []
     for (name, _), value in zip(parts, prefetched(build_part, parts, LOAD_WORKERS)):
         if name is not None:
-            globals_[name] = place(name, value)
+            globals_[name] = place(name, value, source_of(name) if value is not None else None)
         else:
             per_layer.append({n: place(n, v) for n, v in value.items()})
         _tick(progress)
@@ -248,27 +281,6 @@ def _body_weights(manifest: dict, resolved: ResolvedModel, layer: int) -> list[s
     return bodies[resolved.layer_kinds[layer]] if bodies else manifest["layer_weights"]
 
 
-# parts (a global weight, or a layer's weights) built on the host ahead of the one being placed: the host side
-# of a load is per-part numpy work, so it scales with cores; each part in flight holds its host arrays
-LOAD_WORKERS = max(1, min(4, os.cpu_count() or 1))
-
-
-def prefetched(fn: Callable[[Any], Any], items: Iterable, workers: int) -> Iterator:
-    """fn(item) for each item, in order, computed on `workers` threads at most `workers` items ahead of the
-    one being consumed (an exception reaches the consumer at its item)."""
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        items = iter(items)
-        pending = collections.deque(pool.submit(fn, item) for item in itertools.islice(items, workers))
-        try:
-            while pending:
-                result = pending.popleft().result()
-                pending.extend(pool.submit(fn, item) for item in itertools.islice(items, 1))  # refill one
-                yield result
-        finally:
-            for future in pending:
-                future.cancel()
-
-
 def _combine(parts: list) -> np.ndarray | QuantizedWeight | WeightGroup:
     """One packed weight from its parts' rows (floats and/or RawWeights), in part order.
 
@@ -282,6 +294,8 @@ def _combine(parts: list) -> np.ndarray | QuantizedWeight | WeightGroup:
             if isinstance(part, RawWeight)
             else ("fp8_block" if part.blocked else "fp8")
             if isinstance(part, HostFp8)
+            else "nvfp4"
+            if isinstance(part, HostNvfp4)
             else None
         )
         if runs and runs[-1][0] == kind:
@@ -293,6 +307,8 @@ def _combine(parts: list) -> np.ndarray | QuantizedWeight | WeightGroup:
         if kind is None
         else concat_rows(items)
         if kind.startswith("fp8")
+        else concat_nvfp4(items)
+        if kind == "nvfp4"
         else RawWeight(
             np.concatenate([r.blocks for r in items]), kind, (sum(r.shape[0] for r in items), items[0].shape[1])
         ).packed()
@@ -309,6 +325,8 @@ def device_placer(dtype) -> Callable[[Any], Any]:
     def place(value):
         if isinstance(value, HostFp8):
             return Fp8Weight(jnp.asarray(value.values), jnp.asarray(value.scale, jnp.float32), name)
+        if isinstance(value, HostNvfp4):
+            return Nvfp4Weight(*(jax.device_put(a) for a in value))
         if isinstance(value, QuantizedWeight):
             return value._replace(planes={k: jax.device_put(p) for k, p in value.planes.items()}, dtype=name)
         if isinstance(value, WeightGroup):
@@ -336,7 +354,7 @@ def dense_copier(dtype) -> Callable[[Any], Any]:
         if isinstance(value, QuantizedWeight):
             return DenseBacked(value, dense_part(value))
         # a group holds at least one kept part (_combine merges float parts); FP8 parts get no copy
-        if isinstance(value, WeightGroup) and not any(isinstance(p, Fp8Weight) for p in value.parts):
+        if isinstance(value, WeightGroup) and not any(isinstance(p, (Fp8Weight, Nvfp4Weight)) for p in value.parts):
             return DenseBacked(value, jnp.concatenate([dense_part(p) for p in value.parts], axis=0))
         return value
 

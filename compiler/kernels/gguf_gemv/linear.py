@@ -8,10 +8,14 @@ the (static) row count:
                          quant_matmul(x, w, backend=quant_backend()): the fused GEMV (decode)
   QuantizedWeight, more rows
                          dequantize to the activation dtype, then the reference XLA matmul (prefill,
-                         mixed steps): compute-bound, so the one-off dequantization is amortised
+                         mixed steps): compute-bound, so the one-off dequantization is amortised; or, with
+                         the policy's quant_gemv.many_rows "gemm" (uses_gemm), the quantized GEMM of
+                         compiler/kernels/gguf_gemm/, which reads only the packed blocks
   WeightGroup            one of the above per part (parts of different formats), outputs side by side
   DenseBacked            a kept weight and its dense copy (made at load): the kept form up to
                          quant_gemv.dense_copy_gemv_max_rows rows, the copy's plain matmul above (no per-call dequantization)
+  Nvfp4Weight            nvfp4_matmul (compiler/kernels/nvfp4/): the Triton kernel on the packed codes on a GPU,
+                         the jnp reference elsewhere, any row count
   Fp8Weight              fp8_linear (dense_gemv/fp8.py): the Triton GEMV for few rows on a GPU (dense_gemv/kernel.py),
                          else written for XLA to fuse the fp8 operand into its GEMM
   plain array, one row on a GPU (dense_gemv.use_dense_gemv)
@@ -49,6 +53,8 @@ from ember.compiler.kernels.dense_gemv.fp8 import (
     fp8_linear_parts,
     fp8_rows,
 )
+from ember.compiler.kernels.gguf_gemm import PLANES as GEMM_PLANES
+from ember.compiler.kernels.gguf_gemm import pick_gemm_config, quant_gemm
 from ember.compiler.kernels.gguf_gemv import config as quant_config
 from ember.compiler.kernels.gguf_gemv.act_quant import reads_packing
 from ember.compiler.kernels.gguf_gemv.layout import DenseBacked, QuantizedWeight, WeightGroup
@@ -61,6 +67,7 @@ from ember.compiler.kernels.gguf_gemv.matmul import (
     split_columns,
 )
 from ember.compiler.kernels.gguf_gemv.reference import dequantize
+from ember.compiler.kernels.nvfp4 import Nvfp4Weight, nvfp4_matmul
 from ember.compiler.kernels.split_columns.kernel import split_three
 from ember.compiler.kernels.triton.available import triton_available
 from ember.compiler.targets.policy import kernel_policy
@@ -85,9 +92,31 @@ def _matmul(x, w):
     x = _array(x)
     if isinstance(w, Fp8Weight):
         return fp8_linear(x, w)
+    if isinstance(w, Nvfp4Weight):
+        return nvfp4_matmul(x, w, backend=quant_backend())
     if not isinstance(w, QuantizedWeight):
         return linear_ref.linear(x, w)
+    if uses_gemm(rows, w):
+        return quant_gemm(x, w, pick_gemm_config(rows, kernel_policy().quant_gemv.gemm_config))
     return linear_ref.linear(x, dequantize(w).astype(x.dtype))
+
+
+MANY_ROWS = ("dequantize", "gemm")
+
+
+def uses_gemm(rows: int, w: QuantizedWeight) -> bool:
+    """Whether a step of `rows` rows (more than the GEMV serves) multiplies the packed weight w by the quantized
+    GEMM (compiler/kernels/gguf_gemm/) rather than dequantizing it whole: the policy's quant_gemv.many_rows,
+    up to its gemm_max_rows, on the Triton backend."""
+    policy = kernel_policy().quant_gemv
+    if policy.many_rows not in MANY_ROWS:
+        raise ValueError(f"quant_gemv.many_rows: unknown {policy.many_rows!r}; expected one of {MANY_ROWS}")
+    return (
+        policy.many_rows == "gemm"
+        and rows <= policy.gemm_max_rows
+        and w.format in GEMM_PLANES
+        and quant_backend() == "triton"
+    )
 
 
 class QuantizedInput(NamedTuple):
@@ -163,7 +192,7 @@ def linear(x, weight, bias=None):
     weight = _form(x, weight)
     if isinstance(weight, WeightGroup):
         y = jnp.concatenate([_matmul(x, part) for part in weight.parts], axis=-1)
-    elif isinstance(weight, (QuantizedWeight, Fp8Weight)):
+    elif isinstance(weight, (QuantizedWeight, Fp8Weight, Nvfp4Weight)):
         y = _matmul(x, weight)
     elif use_dense_gemv(_array(x), weight):
         y = dense_gemv(_array(x), weight)
@@ -175,7 +204,7 @@ def linear(x, weight, bias=None):
 def linear_split(x, weight, bias=None, *, sizes):
     # weight [sum(sizes), k] packs several projections of the same input; returns one output per size
     weight = _form(x, weight)
-    if not isinstance(weight, (WeightGroup, QuantizedWeight, Fp8Weight)):  # dense
+    if not isinstance(weight, (WeightGroup, QuantizedWeight, Fp8Weight, Nvfp4Weight)):  # dense
         if bias is None and use_dense_gemv(_array(x), weight):  # one launch writes each projection
             return dense_gemv_parts(_array(x), weight, tuple(sizes))
         return split_three(linear_ref.linear(_array(x), weight, bias), sizes)  # the GEMM, then one split

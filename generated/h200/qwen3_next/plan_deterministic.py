@@ -47,12 +47,15 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
                 'dense_copy_gemv_max_rows': 2,
                 'dp4a_formats': ['q4_k', 'q6_k'],
                 'dp4a_gemv_max_rows': 16,
+                'gemm_config': {},
+                'gemm_max_rows': 1048576,
                 'gemv_max_rows': 16,
+                'many_rows': 'dequantize',
                 'pair_launch': True,
                 'rows_for_decode': True,
                 'split_k_partials': True},
  'split': {'triton': True},
- 'weights': {'dense_copies': True, 'quantized_formats': ['fp8', 'q4_k', 'q6_k', 'q8_0', 'q5_0']}}
+ 'weights': {'dense_copies': True, 'quantized_formats': ['fp8', 'q4_k', 'q6_k', 'q8_0', 'q5_0', 'nvfp4']}}
 
 
 def prologue(dims, weights, batch):

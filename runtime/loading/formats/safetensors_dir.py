@@ -232,6 +232,17 @@ class HFCheckpoint:
         data = np.frombuffer(self._map(header), np.uint8, entry.end - entry.begin, entry.begin)
         return data.view(ml_dtypes.float8_e4m3fn).reshape(entry.shape).copy()
 
+    def load_u8(self, name: str) -> np.ndarray:
+        """A U8 tensor's stored bytes (uint8, a copy): NVFP4's packed codes (runtime/loading/nvfp4_checkpoint.py)."""
+        header, entry = self._locations.get(name, (None, None))
+        if header is None or entry is None:
+            raise CheckpointError(self.path, f"no tensor named {name!r}")
+        if entry.dtype != "U8":
+            raise CheckpointError(header.path, f"tensor {name!r} has dtype {entry.dtype}, not U8")
+        return (
+            np.frombuffer(self._map(header), np.uint8, entry.end - entry.begin, entry.begin).reshape(entry.shape).copy()
+        )
+
     def close(self) -> None:
         """Release the shard memory maps (a later load() maps them again)."""
         for mapped in self._maps.values():

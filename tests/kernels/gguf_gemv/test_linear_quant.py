@@ -187,3 +187,25 @@ def test_gemv_row_bound_per_format(monkeypatch, kernel_overrides):
     kernel_overrides({"quant_gemv.dp4a_formats": ["q4_k", "q6_k"]})
     linear_quant.linear(jnp.zeros((40, INNER), jnp.float32), w)
     assert calls == [40]
+
+
+def test_many_rows_take_the_gemm_only_where_the_policy_says(monkeypatch, kernel_overrides):
+    """quant_gemv.many_rows "gemm" sends steps of more rows than the GEMV serves to the quantized GEMM (Triton
+    backend only), up to gemm_max_rows; the default keeps dequantize + matmul; an unknown choice is an error."""
+    calls = []
+    monkeypatch.setattr(
+        linear_quant, "quant_gemm", lambda x, w, config: calls.append((x.shape[0], config)) or x[:, :16]
+    )
+    _, w = _weight(np.random.default_rng(7), "q6_k", 16)
+    x = jnp.zeros((40, INNER), jnp.float32)
+    kernel_overrides({"quant_gemv.backend": "triton", "quant_gemv.gemv_max_rows": 16, "quant_gemv.dp4a_formats": []})
+    linear_quant.linear(x, w)  # default: dequantize + matmul
+    kernel_overrides({"quant_gemv.many_rows": "gemm", "quant_gemv.gemm_config": {"block_n": 32}})
+    linear_quant.linear(x, w)
+    assert [(rows, config.block_n) for rows, config in calls] == [(40, 32)]
+    kernel_overrides({"quant_gemv.gemm_max_rows": 32})
+    linear_quant.linear(x, w)  # 40 rows: above the GEMM's bound
+    assert len(calls) == 1
+    kernel_overrides({"quant_gemv.many_rows": "cublas"})
+    with pytest.raises(ValueError, match="many_rows"):
+        linear_quant.linear(x, w)

@@ -1,0 +1,123 @@
+"""What a model's weights will take on the device, worked out from the checkpoint's headers before anything is
+read or allocated, and the check that refuses a load that cannot fit (issue: fail before the first
+allocation, saying how many GB are needed and how many are free).
+
+A weight costs on the device what the loader will place (runtime/loading/weights.py): a matrix in a format
+the target keeps (GGUF blocks, FP8, NVFP4) its stored bytes (plus a dense copy in the activation dtype where
+the policy asks for dense copies and the plan reads it whole), anything else its elements in the activation
+dtype. A global weight tied to another (an LM head that is the embedding table) is counted once, as the
+loader shares it. The estimate is within the few bytes a layout adds (FP8 per-channel scales widened to
+float32, NVFP4's per-row scale).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import jax
+import numpy as np
+
+from ...compiler.kernels.gguf_gemv.layout import GGML_TYPE_FORMATS
+from ...compiler.spec import gathered_only_weights
+from ...compiler.weight_transforms import parse_transform
+from .formats.errors import CheckpointError
+from .weights import ROW_TRANSFORMS, WeightLoader
+
+GB = 1e9
+
+
+class InsufficientMemoryError(CheckpointError):
+    """The model's weights need more device memory than is free."""
+
+
+def _stored_bytes(ckpt, name: str) -> int:
+    if ckpt.format == "gguf":
+        return int(ckpt._gguf.tensors[name].nbytes)
+    entry = ckpt._hf.entry(name)
+    return entry.end - entry.begin
+
+
+def _kept_bytes(loader: WeightLoader, name: str, transform, shape: tuple[int, ...]) -> int | None:
+    """Device bytes of tensor `name` where the loader keeps it in its stored format, else None."""
+    ckpt, keep = loader.ckpt, loader.keep_formats
+    if len(shape) != 2 or "{e}" in name:
+        return None
+    if ckpt.format == "gguf":
+        fmt = GGML_TYPE_FORMATS.get(ckpt.ggml_type(name))
+        if fmt in keep and (not transform or parse_transform(transform)[0] in ROW_TRANSFORMS):
+            return _stored_bytes(ckpt, name)
+        return None
+    if transform:
+        return None
+    dtype = ckpt.storage_dtype(name)
+    if dtype == "F8_E4M3" and "fp8" in keep:
+        return _stored_bytes(ckpt, name) + 4 * shape[0]  # + float32 scales, per channel at most
+    if dtype == "U8" and "nvfp4" in keep and ckpt.has_tensor(name + "_scale"):
+        return _stored_bytes(ckpt, name) + _stored_bytes(ckpt, name + "_scale") + 4 * shape[0]
+    return None
+
+
+def _weights(manifest: dict, resolved) -> Iterator[tuple[str, str, bool]]:
+    """(logical name, the manifest's weight name, global?) of every checkpoint tensor the plan loads."""
+    packed = manifest["packed_weights"]
+    bodies = manifest.get("body_weights")
+    names = [(None, n) for n in manifest["global_weights"]]
+    for layer in range(int(resolved.dims["layers"])):
+        layer_names = bodies[resolved.layer_kinds[layer]] if bodies else manifest["layer_weights"]
+        names += [(layer, n) for n in layer_names]
+    for layer, name in names:
+        prefix = "" if layer is None else f"blk.{layer}."
+        for part in packed.get(name, [name]):
+            yield prefix + part, name, layer is None
+
+
+def planned_weight_bytes(spec, manifest: dict, ckpt, resolved, dtype, keep_formats, dense_copies: bool) -> int:
+    """Device bytes the loader will place for the model's weights (module docstring)."""
+    loader = WeightLoader(spec, ckpt, resolved, tuple(keep_formats))
+    gathered = gathered_only_weights(spec)
+    itemsize = np.dtype(dtype).itemsize
+    total, seen = 0, set()
+    for logical, weight_name, is_global in _weights(manifest, resolved):
+        found = loader.locate(logical)
+        if found is None:
+            continue
+        name, transform, expected, _ = found
+        if is_global and (name, transform) in seen:
+            continue
+        seen.add((name, transform))
+        elements = int(np.prod(expected))
+        kept = _kept_bytes(loader, name, transform, expected)
+        if kept is None:
+            total += elements * itemsize
+            continue
+        total += kept
+        if dense_copies and weight_name.split(".")[0] not in gathered and ckpt.format == "gguf":
+            total += elements * itemsize
+    return total
+
+
+def free_device_bytes(device=None) -> int:
+    """Bytes free on `device` (JAX's allocator statistics on a GPU; the host's available memory on CPU)."""
+    device = device or jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_fits(needed: int, free: int, what: str) -> None:
+    """Raise InsufficientMemoryError naming both figures when `needed` bytes exceed `free`."""
+    if needed > free:
+        raise InsufficientMemoryError(
+            what,
+            f"the weights need {needed / GB:.2f} GB on the device but only {free / GB:.2f} GB is free; "
+            "use a smaller or more quantized checkpoint, or a target that keeps its format packed",
+        )

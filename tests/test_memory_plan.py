@@ -1,0 +1,63 @@
+"""The weights' device bytes worked out before loading (runtime/loading/memory_plan.py) equal what the load then
+places, for every way a weight is kept; and a model that does not fit a (small, artificial) memory limit fails
+before any tensor is read, with both figures in the message."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fixture_data import tiny_fixture
+from test_weight_bytes import CONFIG, GGUF_FORMATS
+
+from ember.compiler.spec import spec_for_arch
+from ember.compiler.targets import get_target
+from ember.runtime.loading import model as model_module
+from ember.runtime.loading.memory_plan import InsufficientMemoryError, free_device_bytes, planned_weight_bytes
+from ember.runtime.loading.model import load_model
+from ember.runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
+from ember.runtime.loading.weight_bytes import device_weight_bytes
+
+POLICIES = {
+    "dequantized": {},
+    "kept": {"weights.quantized_formats": GGUF_FORMATS},
+    "kept+copies": {"weights.quantized_formats": GGUF_FORMATS, "weights.dense_copies": True},
+}
+
+
+def _planned(model) -> int:
+    w = model.policy.weights
+    return planned_weight_bytes(
+        model.spec,
+        model.plan.manifest,
+        model.checkpoint,
+        model.resolved,
+        model.dtype,
+        w.quantized_formats,
+        w.dense_copies,
+    )
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_plan_equals_the_loaded_bytes_for_gguf(policy, tied):
+    ckpt = synthetic_gguf_checkpoint(spec_for_arch("llama"), {**CONFIG, "tie_word_embeddings": tied}, seed=2)
+    model = load_model(ckpt, target="cpu", kernel_policy=get_target("cpu").policy.overridden(POLICIES[policy]))
+    assert _planned(model) == device_weight_bytes(model.params)
+
+
+def test_plan_equals_the_loaded_bytes_for_hf_floats():
+    model = load_model(tiny_fixture("llama")[0], target="cpu")
+    assert _planned(model) == device_weight_bytes(model.params)
+
+
+def test_a_model_over_the_limit_fails_before_reading_a_tensor(monkeypatch):
+    ckpt = synthetic_gguf_checkpoint(spec_for_arch("llama"), CONFIG, seed=2)
+    monkeypatch.setattr(model_module, "load_params", lambda *a, **k: pytest.fail("weights were loaded"))
+    with pytest.raises(InsufficientMemoryError, match=r"need 0\.0\d GB on the device but only 0\.00 GB is free"):
+        load_model(ckpt, target="cpu", free_bytes=1_000_000)
+
+
+def test_free_bytes_on_the_cpu_is_the_hosts_available_memory():
+    free = free_device_bytes()
+    assert 0 < free < 1 << 50
+    assert np.isfinite(free)
