@@ -38,9 +38,27 @@ def create_app(config: ServeConfig, service: ModelService | None = None) -> Sani
     service = service or ModelService(config)
     app.ctx.service, app.ctx.config = service, config
 
-    from . import anthropic, ember_routes, lmstudio, ollama, openai_chat, openai_completions, openai_responses
+    from . import (
+        anthropic,
+        ember_routes,
+        llamacpp_infill,
+        lmstudio,
+        ollama,
+        openai_chat,
+        openai_completions,
+        openai_responses,
+    )
 
-    for module in (ember_routes, openai_chat, openai_completions, openai_responses, anthropic, ollama, lmstudio):
+    for module in (
+        ember_routes,
+        openai_chat,
+        openai_completions,
+        openai_responses,
+        anthropic,
+        ollama,
+        lmstudio,
+        llamacpp_infill,
+    ):
         app.blueprint(module.blueprint)
 
     app.error_handler.add(Exception, _render_error)

@@ -28,6 +28,7 @@ from ..runtime.sampling.params import SamplingParams
 from ..runtime.scheduling.requests import QueueFullError
 from .config import ServeConfig
 from .errors import ApiError, bad_request
+from .fim import FimTokens, detect_fim_tokens
 from .metrics import ServerMetrics
 from .tool_format import ToolCallFormat, tool_call_format_for_template
 
@@ -64,6 +65,7 @@ class ModelService:
         # how the served model writes tool calls, as its chat template shows it (JSON or XML form): set at load
         self.tool_format: ToolCallFormat = tool_call_format_for_template(None)
         self.eos_ids: frozenset[int] = frozenset()
+        self.fim_tokens: FimTokens | None = None  # the model's fill-in-the-middle markers: set at load
         self.model_name = config.served_model_name or _model_name(config.model)
         self.created = int(time.time())
         self.load_seconds: float | None = None
@@ -92,6 +94,7 @@ class ModelService:
                 )
                 self.tool_format = tool_call_format_for_template(self.template.source)
             self.eos_ids = end_of_generation_ids(tokenizer, model.checkpoint.generation_config)
+            self.fim_tokens = detect_fim_tokens(tokenizer)
             context = self._context_length(model)
             kv_bytes = int(self.config.kv_memory_gib * 2**30)
             block = 16

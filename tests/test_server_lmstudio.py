@@ -167,7 +167,7 @@ def test_completion_stream_matches_and_ends_with_stats(http, model_id):
 def test_bad_requests_are_400_in_openai_shape(http, model_id):
     reply = http.post("/api/v0/chat/completions", json={"model": model_id, "messages": HELLO, "temperature": -1})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "temperature"
-    reply = http.post("/api/v0/completions", json={"model": model_id, "prompt": "x", "suffix": "y"})
+    reply = http.post("/api/v0/completions", json={"model": model_id, "prompt": "x", "suffix": 5})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "suffix"
 
 

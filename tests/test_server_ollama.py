@@ -298,7 +298,7 @@ def test_bad_chat_requests_are_400_in_ollamas_shape(server, name, body, field):
     "body, field",
     [
         ({"prompt": "x", "template": "{{ .System }} {{ .Prompt }} !"}, "template"),
-        ({"prompt": "x", "suffix": "y"}, "suffix"),
+        ({"prompt": "x", "suffix": 5}, "suffix"),
         ({"prompt": "x", "images": ["aGVsbG8="]}, "images"),
         ({"prompt": "x", "context": [-1]}, "token ids"),
     ],
