@@ -40,6 +40,7 @@ def create_app(config: ServeConfig, service: ModelService | None = None) -> Sani
 
     from . import (
         anthropic,
+        embeddings,
         ember_routes,
         llamacpp_infill,
         lmstudio,
@@ -58,6 +59,7 @@ def create_app(config: ServeConfig, service: ModelService | None = None) -> Sani
         ollama,
         lmstudio,
         llamacpp_infill,
+        embeddings,
     ):
         app.blueprint(module.blueprint)
 

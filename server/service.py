@@ -8,6 +8,7 @@ and submits to the engine, turning the runtime's exceptions into `ApiError`s (40
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
@@ -20,6 +21,7 @@ from typing import Any
 from ..runtime.engine.config import capacity_line
 from ..runtime.engine.engine import Engine, EngineFailedError, kv_bytes_per_block, sized_config
 from ..runtime.engine.streams import RequestStream
+from ..runtime.execution.hidden_states import Embedder
 from ..runtime.loading.known_models import resolve_model
 from ..runtime.loading.model import Model, load_model
 from ..runtime.loading.text.chat_template import ChatTemplate, ChatTemplateError
@@ -285,6 +287,12 @@ class ModelService:
             return self.require_ready().grammar_tokenizer().lltokenizer
         except ValueError as error:
             raise ApiError(400, f"this model cannot do constrained decoding: {error}") from error
+
+    @functools.cached_property
+    def embedder(self) -> Embedder:
+        """The served model's sentence embeddings (made on first use: its own jitted pass)."""
+        self.require_ready()
+        return Embedder(self.model)
 
     def abort(self, request_id: str) -> None:
         if self.engine is not None:

@@ -60,3 +60,50 @@ def test_long_input_is_chunked(model):
     embedder.chunk = 4  # force the long path: 10 tokens in 4-token chunks against one batched step
     short = Embedder(model).batch_hidden_states([INPUTS[1]])[0]
     np.testing.assert_allclose(embedder.embed([INPUTS[1]])[0], mean_pooled(short), atol=1e-5)
+
+
+# ---- the routes, through the real SDKs, against the live tiny server -----------------------------------
+
+TEXTS = ["Hello, world!", "The quick brown fox jumps over the lazy dog."]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_chat_model):
+    from ember.runtime.loading.text.tokenizer import Tokenizer
+
+    return Tokenizer.from_hf_dir(tiny_chat_model)
+
+
+def test_openai_embeddings_match_the_reference(server, embedder, tokenizer):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    model = client.models.list().data[0].id
+    ids = [tokenizer.encode(t) for t in TEXTS]
+    want = embedder.embed(ids)
+    reply = client.embeddings.create(model=model, input=TEXTS)  # the SDK asks for base64 and decodes it
+    got = np.array([d.embedding for d in reply.data], np.float32)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert [d.index for d in reply.data] == [0, 1]
+    assert reply.usage.prompt_tokens == reply.usage.total_tokens == sum(len(i) for i in ids)
+    floats = client.embeddings.create(model=model, input=ids[1], encoding_format="float", dimensions=64)
+    np.testing.assert_allclose(floats.data[0].embedding, want[1], atol=1e-5)  # token ids in, same vector
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model=model, input="x", dimensions=32)
+    assert caught.value.body["param"] == "dimensions"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model=model, input=["ok", ""])
+    assert caught.value.body["param"] == "input[1]"
+
+
+def test_ollama_embed_matches_the_reference(server, embedder, tokenizer):
+    import ollama
+
+    client = ollama.Client(host=server.url, timeout=300)
+    name = client.list().models[0].model
+    want = embedder.embed([tokenizer.encode(t) for t in TEXTS])
+    reply = client.embed(model=name, input=TEXTS)
+    np.testing.assert_allclose(np.array(reply.embeddings, np.float32), want, atol=1e-5)
+    assert reply.prompt_eval_count == sum(len(tokenizer.encode(t)) for t in TEXTS)
+    legacy = client.embeddings(model=name, prompt=TEXTS[0])
+    np.testing.assert_allclose(legacy.embedding, want[0], atol=1e-5)
