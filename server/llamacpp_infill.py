@@ -14,7 +14,7 @@ from .errors import ApiError, bad_request, error_body
 from .fim import extra_files_field, fim_prompt_ids, require_fim, with_fim_stops
 from .generation import HEARTBEAT, Generation, new_id
 from .request_fields import get_bool, get_int, get_optional, get_str, json_body, openai_sampling_fields
-from .sse import HEARTBEAT_COMMENT, data, open_stream
+from .sse import data, open_stream
 
 blueprint = Blueprint("llamacpp_infill")
 
@@ -106,7 +106,7 @@ async def _stream_infill(request, service, generation: Generation):
     try:
         async for output in generation.events():
             if output is HEARTBEAT:
-                await resp.send(HEARTBEAT_COMMENT)
+                await resp.send(generation.heartbeat_comment())
                 continue
             if output.finish_reason is not None:
                 finish_reason = output.finish_reason

@@ -16,7 +16,7 @@ from .generation import HEARTBEAT, Generation, new_id
 from .openai_chat import Extra, fingerprint, include_usage, usage_dict
 from .openai_logprobs import completion_logprobs
 from .request_fields import get_bool, get_int, json_body, openai_sampling_fields, prompt_field
-from .sse import DONE, HEARTBEAT_COMMENT, data, open_stream
+from .sse import DONE, data, open_stream
 
 blueprint = Blueprint("openai_completions")
 
@@ -135,7 +135,7 @@ async def stream_completion(
     try:
         async for output in generation.events():
             if output is HEARTBEAT:
-                await resp.send(HEARTBEAT_COMMENT)
+                await resp.send(generation.heartbeat_comment())
                 continue
             lp = None
             if completion.logprobs is not None and output.logprobs:

@@ -28,7 +28,7 @@ from .openai_responses_output import (
 )
 from .request_fields import json_body
 from .response_store import StoredResponse, input_items, owner_of, store_of
-from .sse import HEARTBEAT_COMMENT, event, open_stream
+from .sse import event, open_stream
 
 blueprint = Blueprint("openai_responses")
 
@@ -166,7 +166,7 @@ async def _stream(request, made: _Made, generation: Generation):
     try:
         async for output in generation.events():
             if output is HEARTBEAT:
-                await resp.send(HEARTBEAT_COMMENT)
+                await resp.send(generation.heartbeat_comment())
                 continue
             deltas = parser.feed(output.text) if output.text else []
             if output.finish_reason is not None:

@@ -207,9 +207,15 @@ def _paths(model: str) -> dict:
         "/v1/capacity": {
             "get": _get(
                 "capacity",
-                "Engine load: running and waiting requests, free KV blocks",
+                "Engine load: running and waiting requests, free KV blocks, prompts still prefilling",
                 s.obj(
                     {
+                        "prefilling": s.array(
+                            s.obj(
+                                {"id": s.STRING, "processed": s.INTEGER, "total": s.INTEGER},
+                                ("id", "processed", "total"),
+                            )
+                        ),
                         "active": s.INTEGER,
                         "waiting": s.INTEGER,
                         "free_kv_blocks": s.INTEGER,
