@@ -168,11 +168,12 @@ class Engine:
             }
 
     def prefill_progress(self) -> dict[str, tuple[int, int]]:
-        """Requests whose prompt is not all in the KV cache yet: request id -> (prompt tokens computed, prompt
-        tokens); n > 1 choices report under the request's id (the furthest-behind choice)."""
+        """Running requests whose prompt is not all in the KV cache yet: request id -> (prompt tokens computed,
+        prompt tokens); n > 1 choices report under the request's id (the furthest-behind choice). Queued
+        requests are not listed: nothing of theirs is being read yet."""
         with self._lock:
             out: dict[str, tuple[int, int]] = {}
-            for request in (*self.scheduler.running, *self.scheduler.waiting):
+            for request in self.scheduler.running:
                 total = request.num_prompt_tokens
                 done = min(request.num_computed_tokens, total)
                 if done < total:
