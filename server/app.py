@@ -22,6 +22,7 @@ from sanic.exceptions import SanicException
 from .config import ServeConfig
 from .errors import ApiError, error_body, protocol_of
 from .service import ModelService
+from .webui import is_public
 
 PUBLIC_PATHS = frozenset({"/health"})
 _app_numbers = itertools.count()
@@ -48,6 +49,7 @@ def create_app(config: ServeConfig, service: ModelService | None = None) -> Sani
         openai_chat,
         openai_completions,
         openai_responses,
+        webui,
     )
 
     for module in (
@@ -60,6 +62,7 @@ def create_app(config: ServeConfig, service: ModelService | None = None) -> Sani
         lmstudio,
         llamacpp_infill,
         embeddings,
+        webui,
     ):
         app.blueprint(module.blueprint)
 
@@ -116,7 +119,7 @@ async def _before_request(request):
     config: ServeConfig = request.app.ctx.config
     if request.method == "OPTIONS":  # CORS preflight: answered here, never reaches a handler
         return response.empty(status=204, headers=_cors_headers(config, request.headers.get("origin")))
-    if request.path in PUBLIC_PATHS:
+    if request.path in PUBLIC_PATHS or is_public(request.path):  # the chat page asks for the key itself
         return None
     if config.api_key and not _authorized(config, request):
         raise ApiError(401, "invalid or missing API key (send Authorization: Bearer KEY or x-api-key: KEY)")
