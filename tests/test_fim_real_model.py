@@ -11,32 +11,13 @@ import httpx
 import ollama
 import openai
 import pytest
+from server_support import REAL_MODEL_NAME
 
 pytestmark = pytest.mark.real_model
 
-MODEL = "qwen2.5-coder-1.5b-instruct"
+MODEL = REAL_MODEL_NAME
 PREFIX = 'def fibonacci(n):\n    """The n-th Fibonacci number."""\n    if n < 2:\n        return n\n    '
 SUFFIX = "\n\n\nprint(fibonacci(10))\n"
-
-
-@pytest.fixture(scope="module")
-def real_server(qwen_gguf):
-    from server_support import LiveServer
-
-    live = LiveServer(
-        qwen_gguf,
-        "--served-model-name",
-        MODEL,
-        "--max-num-seqs",
-        "1",
-        "--max-batched-tokens",
-        "128",
-        "--ctx",
-        "1024",
-        ready_timeout=900,
-    )
-    yield live
-    live.stop()
 
 
 def assert_fills_the_hole(middle: str, prefix: str = PREFIX, suffix: str = SUFFIX) -> None:
