@@ -147,6 +147,32 @@ def test_hostile_answer_renders_inert(page, server):
     assert page.evaluate("window.__pwned") is None
 
 
+def test_tool_calls_are_shown(page, server):
+    """A request made to call a tool (tool_choice required, added on the way) shows the call and its
+    arguments."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+
+    def force(route):
+        body = json.loads(route.request.post_data)
+        body.update(tools=[tool], tool_choice="required")
+        route.continue_(post_data=json.dumps(body))
+
+    page.route("**/v1/chat/completions", force)
+    page.goto(server.url + "/")
+    set_max_tokens(page, 60)
+    send(page, "Weather in Paris?")
+    page.wait_for_selector(".message.assistant .stats", timeout=180_000)
+    call = page.locator(".message.assistant details.tool-call").first
+    assert call.locator("summary").text_content() == "Tool call: get_weather"
+    assert "city" in json.loads(call.locator("pre").text_content())
+
+
 def test_stored_markdown_renders_with_highlighted_code_and_folded_reasoning(page, server):
     page.goto(server.url + "/")
     page.evaluate(f"localStorage.setItem('ember.conversations', {json.dumps(json.dumps(STORED))})")
