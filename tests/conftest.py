@@ -90,3 +90,30 @@ def server(tiny_chat_model):
     live = LiveServer(tiny_chat_model, *SERVER_ARGS)
     yield live
     live.stop()
+
+
+# ---- the real default model behind a live `ember serve` (tool calls, fill-in-the-middle): one per session --
+
+
+@pytest.fixture(scope="session")
+def real_server(qwen_gguf):
+    from server_support import REAL_MODEL_NAME, LiveServer
+
+    # Two sequences, one 512-token prefill chunk: few step shapes to compile on CPU; the tools' system
+    # prompt is a prefix-cache hit after the first request.
+    live = LiveServer(
+        qwen_gguf,
+        "--served-model-name",
+        REAL_MODEL_NAME,
+        "--max-num-seqs",
+        "2",
+        "--max-batched-tokens",
+        "512",
+        "--ctx",
+        "2048",
+        "--heartbeat-s",
+        "5",
+        ready_timeout=900,
+    )
+    yield live
+    live.stop()

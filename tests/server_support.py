@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+REAL_MODEL_NAME = "qwen2.5-coder-1.5b-instruct"  # the name the real default model is served under (real_server)
 # the live test servers' engine settings: few sequences and step shapes to compile on CPU
 SERVER_ARGS = ("--max-num-seqs", "4", "--max-batched-tokens", "128", "--ctx", "2048", "--heartbeat-s", "0.5")
 TINY_QWEN_CONFIG = {

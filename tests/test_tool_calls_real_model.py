@@ -17,10 +17,11 @@ import anthropic
 import ollama
 import openai
 import pytest
+from server_support import REAL_MODEL_NAME
 
 pytestmark = pytest.mark.real_model
 
-MODEL = "qwen2.5-coder-1.5b-instruct"
+MODEL = REAL_MODEL_NAME  # the name real_server (conftest) serves it under
 WEATHER_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string", "description": "The city name"}},
@@ -42,30 +43,6 @@ TOKYO = [{"role": "user", "content": "Weather in Tokyo?"}]
 TWO_CITIES = [{"role": "user", "content": "What's the weather in Tokyo and in Paris?"}]
 GREEDY = {"temperature": 0, "max_tokens": 64}
 ZERO_T = {"temperature": 0}  # the anthropic SDK 2.x takes sampling settings as extra body only
-
-
-@pytest.fixture(scope="module")
-def real_server(qwen_gguf):
-    from server_support import LiveServer
-
-    # Two sequences, one 512-token prefill chunk: few step shapes to compile on CPU; the tools' system
-    # prompt is a prefix-cache hit after the first request.
-    live = LiveServer(
-        qwen_gguf,
-        "--served-model-name",
-        MODEL,
-        "--max-num-seqs",
-        "2",
-        "--max-batched-tokens",
-        "512",
-        "--ctx",
-        "2048",
-        "--heartbeat-s",
-        "5",
-        ready_timeout=900,
-    )
-    yield live
-    live.stop()
 
 
 @pytest.fixture(scope="module")
