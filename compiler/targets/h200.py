@@ -72,6 +72,10 @@ H200 = Target(
         # (fuse_norm_into_projection)
         "rms_norm_to_proj": "ember.compiler.kernels.norm.quant_kernel:rms_norm_to_proj",
         "add_rms_norm_to_proj": "ember.compiler.kernels.norm.quant_kernel:add_rms_norm_to_proj",
+        # Gated DeltaNet: conv, L2 norms, gates and the delta rule in one launch per step, each request's
+        # state updated in place in its slot; its output norm with the silu(z) gate in one kernel
+        "gated_delta": "ember.compiler.kernels.gated_delta.gpu:gated_delta",
+        "gated_rms_norm": "ember.compiler.kernels.gated_delta.gpu:gated_rms_norm_heads",
     },
     # the deterministic variant: the blockwise attention and the fixed-order norms (batch-invariant by
     # construction) and every projection through the batch-invariant matmul (its dense copies; split sizes from

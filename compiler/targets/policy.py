@@ -120,6 +120,25 @@ class SplitPolicy:
 
 
 @dataclass(frozen=True)
+class GatedDeltaPolicy:
+    """Gated DeltaNet's mixer and its output norm (compiler/kernels/gated_delta/gpu.py)."""
+
+    # the fused Triton kernels (conv, norms, gates and the delta rule in one launch) where XLA runs the
+    # reference's token scan
+    triton: bool = True
+
+
+@dataclass(frozen=True)
+class MoePolicy:
+    """Routed experts (compiler/kernels/moe/gpu.py)."""
+
+    # the fused router and the expert GEMVs reading only the chosen experts, for steps of up to
+    # gemv_max_rows rows; more rows take the reference's grouped matmul
+    triton: bool = True
+    gemv_max_rows: int = 16
+
+
+@dataclass(frozen=True)
 class WeightPolicy:
     """What stays packed on the device (runtime/loading/weights.py)."""
 
@@ -155,6 +174,8 @@ class KernelPolicy:
     attention: AttentionPolicy = field(default_factory=AttentionPolicy)
     norms: NormPolicy = field(default_factory=NormPolicy)
     split: SplitPolicy = field(default_factory=SplitPolicy)
+    gated_delta: GatedDeltaPolicy = field(default_factory=GatedDeltaPolicy)
+    moe: MoePolicy = field(default_factory=MoePolicy)
     weights: WeightPolicy = field(default_factory=WeightPolicy)
     deterministic: DeterministicPolicy = field(default_factory=DeterministicPolicy)
 

@@ -1,0 +1,129 @@
+"""The `gated_delta` and `gated_rms_norm` ops for GPU targets: op.py's signatures, Triton kernels inside.
+
+Traced for a non-GPU backend (or without Triton, or with the policy's gated_delta.triton off) they are op.py's
+references, so CI runs the h200 plans on CPU. The kernels rely on the step layout of compiler/batch.py (B decode
+rows, then P segments of L tokens); a batch without it (no decode / segment arrays) takes the reference.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ember.compiler.batch import StepBatch
+from ember.compiler.kernels.triton.available import triton_available
+from ember.compiler.targets.policy import kernel_policy
+
+from . import op
+
+
+def use_kernel() -> bool:
+    return kernel_policy().gated_delta.triton and triton_available()
+
+
+def step_layout(batch: StepBatch, tokens: int) -> tuple[int, int, int] | None:
+    """(decode rows B, segments P, segment length L) of a step of `tokens` rows, or None when the batch
+    does not say (then the reference runs). P is 0 when the step has no prefill tokens."""
+    if batch.dec_ctx_lens is None or batch.pre_block_table is None:
+        return None
+    b, p = batch.num_decode, batch.num_segments
+    rest = tokens - b
+    if rest < 0 or (rest and (p == 0 or rest % p)):
+        return None
+    return (b, p, rest // p) if rest else (b, 0, 0)
+
+
+def gated_delta(
+    qkv, b, a, state, conv_weight, a_neg, dt_bias, conv_state, delta_state, batch: StepBatch, *, hk, hv, dk, dv, kernel
+):
+    layout = step_layout(batch, qkv.shape[0])
+    if not use_kernel() or layout is None or qkv.shape[0] == 0:
+        return op.gated_delta(
+            qkv, b, a, state, conv_weight, a_neg, dt_bias, conv_state, delta_state, batch,
+            hk=hk, hv=hv, dk=dk, dv=dv, kernel=kernel,
+        )  # fmt: skip
+    slots = jax.lax.dynamic_index_in_dim(batch.state_slots, jnp.asarray(state, jnp.int32), 0, keepdims=False)
+    return gated_delta_triton(
+        qkv, b, a, conv_weight, a_neg, dt_bias, conv_state, delta_state, slots, batch.positions, layout,
+        hk=hk, hv=hv, dk=dk, dv=dv,
+    )  # fmt: skip
+
+
+def gated_delta_triton(
+    qkv, b, a, conv_weight, a_neg, dt_bias, conv_state, delta_state, slots, positions, layout, *, hk, hv, dk, dv
+):
+    """The fused recurrent kernel's launch, whatever the backend being traced for: slots, positions [N] int32;
+    layout (B, P, L) -> (out [N, hv * dv], conv_state, delta_state)."""
+    from ember.compiler.kernels.triton.launch import triton_call
+
+    from .recurrent_kernel import gated_delta_recurrent_kernel, launch_plan
+
+    decode_rows, segments, segment_len = layout
+    n, channels = qkv.shape
+    weight = conv_weight.reshape(channels, -1)
+    width = weight.shape[1]
+    plan = launch_plan(
+        decode_rows=decode_rows, segments=segments, segment_len=segment_len, hk=hk, hv=hv, dk=dk, dv=dv, width=width
+    )
+    rows = decode_rows + segments
+    slots, positions = slots.astype(jnp.int32), positions.astype(jnp.int32)
+    out, windows, delta_state = triton_call(
+        qkv, b, a, weight, a_neg, dt_bias, slots, positions, conv_state, delta_state.astype(jnp.float32),
+        kernel=gated_delta_recurrent_kernel,
+        out_shape=(
+            jax.ShapeDtypeStruct((n, hv * dv), qkv.dtype),
+            jax.ShapeDtypeStruct((rows, width - 1, channels), conv_state.dtype),
+            jax.ShapeDtypeStruct(delta_state.shape, jnp.float32),
+        ),
+        grid=plan["grid"],
+        num_warps=plan["num_warps"],
+        num_stages=1,
+        input_output_aliases={9: 2},
+        **plan["meta"],
+    )  # fmt: skip
+    return out, scatter_windows(conv_state, windows, slots, layout), delta_state
+
+
+def segment_starts(layout) -> jnp.ndarray:
+    """[B + P] int32: each decode row's index, then each segment's first token's."""
+    decode_rows, segments, segment_len = layout
+    return jnp.concatenate(
+        [jnp.arange(decode_rows, dtype=jnp.int32), decode_rows + segment_len * jnp.arange(segments, dtype=jnp.int32)]
+    )
+
+
+def scatter_windows(conv_state, windows, slots, layout):
+    """conv_state with each segment's new window [W - 1, C] at its slot (padding segments dropped)."""
+    seg_slots = slots[segment_starts(layout)]
+    index = jnp.where(seg_slots >= 0, seg_slots, conv_state.shape[0])  # out of range: dropped
+    return conv_state.at[index].set(windows.astype(conv_state.dtype), mode="drop")
+
+
+def gated_rms_norm_heads(x, gate, weight, *, eps, heads):
+    """op.gated_rms_norm_heads: x, gate [N, heads * n], weight [n] -> [N, heads * n]."""
+    if not use_kernel() or x.shape[0] == 0 or gate.shape != x.shape:
+        return op.gated_rms_norm_heads(x, gate, weight, eps=eps, heads=heads)
+    return gated_rms_norm_triton(x, gate, weight, eps=eps, heads=heads)
+
+
+def gated_rms_norm_triton(x, gate, weight, *, eps, heads):
+    """The gated norm kernel's launch, whatever the backend being traced for."""
+    from ember.compiler.kernels.triton.launch import triton_call
+
+    from .norm_kernel import gated_rms_norm_kernel, launch_plan
+
+    rows, n = x.shape[0] * heads, x.shape[1] // heads
+    plan = launch_plan(rows, n)
+    round_wn = jnp.result_type(weight.dtype, x.dtype) == x.dtype
+    out = triton_call(
+        x.reshape(rows, n), gate.reshape(rows, n), weight,
+        kernel=gated_rms_norm_kernel,
+        out_shape=jax.ShapeDtypeStruct((rows, n), x.dtype),
+        grid=plan["grid"],
+        num_warps=plan["num_warps"],
+        num_stages=1,
+        EPS=float(eps),
+        ROUND_WN=bool(round_wn),
+        **plan["meta"],
+    )  # fmt: skip
+    return out.reshape(x.shape)

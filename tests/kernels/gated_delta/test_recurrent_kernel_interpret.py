@@ -1,0 +1,114 @@
+"""gated_delta/recurrent_kernel.py in Triton's CPU interpreter against op.gated_delta (the reference token scan):
+steps of decode rows and prefill segments over different slots, padding rows and segments, requests starting
+fresh (position 0, stale pool values ignored) or continuing, the state carried across calls."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from interpreter import HostBuffer
+
+from ember.compiler.batch import StepBatch
+from ember.compiler.kernels.gated_delta import op
+from ember.compiler.kernels.gated_delta.gpu import scatter_windows
+from ember.compiler.kernels.gated_delta.recurrent_kernel import gated_delta_recurrent_kernel, launch_plan
+
+pytestmark = pytest.mark.interpret
+
+SLOTS = 5
+
+
+def _batch(positions, slots, layout):
+    b, p, _ = layout
+    return StepBatch(
+        tokens=None,
+        positions=jnp.asarray(positions, jnp.int32),
+        slots=None,
+        dec_block_tables=None,
+        dec_ctx_lens=jnp.ones(b, jnp.int32),
+        pre_block_table=jnp.zeros((1, p, 1), jnp.int32),
+        logit_rows=None,
+        state_slots=jnp.asarray(slots, jnp.int32)[None],
+    )
+
+
+def run_kernel(qkv, b, a, conv, a_neg, dt_bias, slots, positions, conv_pool, delta_pool, layout, dims):
+    hk, hv, dk, dv, width = dims
+    plan = launch_plan(
+        decode_rows=layout[0], segments=layout[1], segment_len=layout[2], hk=hk, hv=hv, dk=dk, dv=dv, width=width
+    )
+    n, c = qkv.shape
+    out = HostBuffer(np.full((n, hv * dv), np.nan, np.float32))
+    windows = HostBuffer(np.full((layout[0] + layout[1], width - 1, c), np.nan, np.float32))
+    delta = HostBuffer(np.array(delta_pool, np.float32))  # in and out: the same buffer, as the launch aliases them
+    args = [qkv, b, a, conv.reshape(c, width), a_neg, dt_bias, slots, positions, conv_pool]
+    gated_delta_recurrent_kernel[plan["grid"]](
+        *(HostBuffer(np.asarray(x)) for x in args), delta, out, windows, delta, **plan["meta"]
+    )
+    new_conv = scatter_windows(jnp.asarray(conv_pool), jnp.asarray(windows.array), jnp.asarray(slots), layout)
+    return out.array, np.asarray(new_conv), delta.array
+
+
+def _step(rng, dims, lengths, decode_rows, seg_len, continuing):
+    """A step: `decode_rows` rows then len(lengths) segments of seg_len tokens (lengths[i] real, then padding),
+    every request on its own slot; a row with length 0 / a decode row drawn as padding has slot -1."""
+    hk, hv, dk, dv, width = dims
+    c = 2 * hk * dk + hv * dv
+    order = rng.permutation(SLOTS)
+    slots, positions = [], []
+    for i in range(decode_rows):
+        slots.append(int(order[i]) if i != 1 else -1)  # the second decode row is padding
+        positions.append(int(rng.integers(0, 9)) if continuing else 0)
+    for s, real in enumerate(lengths):
+        slot = int(order[decode_rows + s])
+        first = int(rng.integers(1, 9)) if continuing else 0
+        slots += [slot] * real + [-1] * (seg_len - real)
+        positions += list(range(first, first + real)) + [0] * (seg_len - real)
+    n = len(slots)
+    qkv = rng.standard_normal((n, c)).astype(np.float32)
+    b = rng.standard_normal((n, hv)).astype(np.float32)
+    a = rng.standard_normal((n, hv)).astype(np.float32)
+    return qkv, b, a, np.asarray(slots, np.int32), np.asarray(positions, np.int32)
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    decode_rows=st.integers(0, 2),
+    lengths=st.lists(st.integers(0, 4), min_size=0, max_size=2),
+    grouped=st.booleans(),
+)
+def test_kernel_matches_the_reference_scan(seed, decode_rows, lengths, grouped):
+    """Two calls: the second continues the requests of the first from the pools the first left."""
+    rng = np.random.default_rng(seed)
+    dims = (1, 2, 8, 8, 4) if grouped else (2, 2, 4, 12, 3)  # (hk, hv, dk, dv, width): GQA 1:2, or 1:1
+    hk, hv, dk, dv, width = dims
+    c = 2 * hk * dk + hv * dv
+    seg_len = max(lengths, default=0) + 1
+    if decode_rows + len(lengths) == 0:
+        decode_rows = 1
+    layout = (decode_rows, len(lengths), seg_len if lengths else 0)
+    conv = (rng.standard_normal((c, 1, width)) * 0.5).astype(np.float32)
+    a_neg = -rng.uniform(0.5, 2, hv).astype(np.float32)
+    dt_bias = rng.uniform(-3, -1, hv).astype(np.float32)
+    pools = [
+        rng.standard_normal((SLOTS, width - 1, c)).astype(np.float32),
+        rng.standard_normal((SLOTS, hv, dk, dv)).astype(np.float32) * 0.3,
+    ]
+    ref_pools = [jnp.asarray(p) for p in pools]
+    for call in range(2):
+        qkv, b, a, slots, positions = _step(rng, dims, lengths, decode_rows, seg_len, continuing=call > 0)
+        want, *ref_pools = op.gated_delta(
+            jnp.asarray(qkv), jnp.asarray(b), jnp.asarray(a), 0, jnp.asarray(conv), jnp.asarray(a_neg),
+            jnp.asarray(dt_bias), *ref_pools, _batch(positions, slots, layout),
+            hk=hk, hv=hv, dk=dk, dv=dv, kernel=width,
+        )  # fmt: skip
+        out, *pools = run_kernel(qkv, b, a, conv, a_neg, dt_bias, slots, positions, *pools, layout, dims)
+        real = slots >= 0
+        np.testing.assert_allclose(out[real], np.asarray(want)[real], atol=2e-5, rtol=1e-4)
+        assert np.all(out[~real] == 0), "padding rows get o = 0"
+        for got, ref in zip(pools, ref_pools):
+            np.testing.assert_allclose(got, np.asarray(ref), atol=2e-5, rtol=1e-4)
