@@ -25,6 +25,9 @@ batch (1 … 256), and kernel choices per op.
   projection's activation quantizer (gated_linear, fuse_gated_linear), and the down projection's split-K
   partials summed by the next layer's norm kernel (carry_split_k_partials; policy
   quant_gemv.split_k_partials).
+- Gated DeltaNet (compiler/kernels/gated_delta/gpu.py): one fused recurrent Triton kernel per step (conv window,
+  L2 norms, beta and g, the delta rule, each request's state in place in its slot) and the gated RMSNorm kernel;
+  MoE (compiler/kernels/moe/gpu.py): at decode the fused router and the expert GEMVs (policy gated_delta, moe).
 - the rest (activations, sampler; RoPE in the deterministic plans) are the `jnp` references, fused by XLA.
 - 8 decode steps per device call when the engine can run ahead (runtime/scheduling/lookahead.py).
 Triton kernels launch as native XLA kernels (compiler/kernels/triton/launch.py): ~4.5 µs for a small kernel
@@ -76,6 +79,9 @@ H200 = Target(
         # state updated in place in its slot; its output norm with the silu(z) gate in one kernel
         "gated_delta": "ember.compiler.kernels.gated_delta.gpu:gated_delta",
         "gated_rms_norm": "ember.compiler.kernels.gated_delta.gpu:gated_rms_norm_heads",
+        # routed experts: at decode (policy moe.gemv_max_rows) the fused router and GEMVs reading only the chosen
+        # experts, combined in a fixed order (batch-invariant); more rows: the reference's grouped matmul
+        "moe": "ember.compiler.kernels.moe.gpu:moe",
     },
     # the deterministic variant: the blockwise attention and the fixed-order norms (batch-invariant by
     # construction) and every projection through the batch-invariant matmul (its dense copies; split sizes from

@@ -23,7 +23,7 @@ from ember.compiler.kernels.gguf_gemv.linear import embedding as gguf_gemv_linea
 from ember.compiler.kernels.gguf_gemv.linear import gated_mlp as gguf_gemv_linear_gated_mlp
 from ember.compiler.kernels.gguf_gemv.linear import linear as gguf_gemv_linear_linear
 from ember.compiler.kernels.gguf_gemv.linear import linear_split as gguf_gemv_linear_linear_split
-from ember.compiler.kernels.moe.op import moe as moe_op_moe
+from ember.compiler.kernels.moe.gpu import moe as moe_gpu_moe
 from ember.compiler.kernels.norm.kernel import add_rms_norm as norm_kernel_add_rms_norm
 from ember.compiler.kernels.norm.kernel import rms_norm as norm_kernel_rms_norm
 from ember.compiler.kernels.norm.quant_kernel import add_rms_norm_to_proj as norm_quant_kernel_add_rms_norm_to_proj
@@ -93,7 +93,7 @@ def layer_linear_attention_moe(dims, w, constants, x, x_add, state, batch):
     t_11, t_12, t_16 = gguf_gemv_linear_linear_split(h_1, w['ffn_gate_shexp+ffn_up_shexp+ffn_gate_inp_shexp.weight'], sizes=(dims.shared_ffn, dims.shared_ffn, 1))
     t_13 = activation_gated_act(t_11, t_12, act='silu')
     s = gguf_gemv_linear_linear(t_13, w['ffn_down_shexp.weight'])
-    r = moe_op_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
+    r = moe_gpu_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
     t_17 = activation_sigmoid_gate(s, t_16)
     t_18 = embedding_add(r, t_17)
     return x_1, t_18, (conv_state, delta_state)
@@ -142,7 +142,7 @@ def layer_full_attention_moe(dims, w, constants, x, x_add, state, batch):
     t_18, t_19, t_23 = gguf_gemv_linear_linear_split(h_1, w['ffn_gate_shexp+ffn_up_shexp+ffn_gate_inp_shexp.weight'], sizes=(dims.shared_ffn, dims.shared_ffn, 1))
     t_20 = activation_gated_act(t_18, t_19, act='silu')
     s = gguf_gemv_linear_linear(t_20, w['ffn_down_shexp.weight'])
-    r = moe_op_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
+    r = moe_gpu_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
     t_24 = activation_sigmoid_gate(s, t_23)
     t_25 = embedding_add(r, t_24)
     return x_1, t_25, (k_pool, v_pool)
