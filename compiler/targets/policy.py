@@ -126,6 +126,10 @@ class GatedDeltaPolicy:
     # the fused Triton kernels (conv, norms, gates and the delta rule in one launch) where XLA runs the
     # reference's token scan
     triton: bool = True
+    # prefill segments of at least this many tokens take the chunked (WY) kernel, in chunks of `chunk` tokens;
+    # shorter ones the token-by-token kernel decode rows take (not measured yet: tools/dev/bench_hybrid_kernels.py)
+    chunked_min_tokens: int = 64
+    chunk: int = 64
 
 
 @dataclass(frozen=True)

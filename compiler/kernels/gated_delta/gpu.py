@@ -52,27 +52,62 @@ def gated_delta(
 def gated_delta_triton(
     qkv, b, a, conv_weight, a_neg, dt_bias, conv_state, delta_state, slots, positions, layout, *, hk, hv, dk, dv
 ):
-    """The fused recurrent kernel's launch, whatever the backend being traced for: slots, positions [N] int32;
-    layout (B, P, L) -> (out [N, hv * dv], conv_state, delta_state)."""
+    """The kernels' launches, whatever the backend being traced for: slots, positions [N] int32; layout (B, P, L)
+    -> (out [N, hv * dv], conv_state, delta_state). Decode rows (and prefill segments shorter than the policy's
+    gated_delta.chunked_min_tokens) take the fused recurrent kernel, longer segments the chunked one."""
+    decode_rows, segments, segment_len = layout
+    channels = qkv.shape[1]
+    weight = conv_weight.reshape(channels, -1)
+    dims = dict(hk=hk, hv=hv, dk=dk, dv=dv)
+    delta_state = delta_state.astype(jnp.float32)
+    chunked = segments and segment_len >= kernel_policy().gated_delta.chunked_min_tokens
+    if not chunked:
+        out, windows, delta_state = _launch(
+            "recurrent", (qkv, b, a), weight, a_neg, dt_bias, (slots, positions), conv_state, delta_state, layout, dims
+        )
+        return out, scatter_windows(conv_state, windows, slots, layout), delta_state
+    parts = [(0, decode_rows, "recurrent", (decode_rows, 0, 0))] if decode_rows else []
+    parts.append((decode_rows, qkv.shape[0], "chunked", (0, segments, segment_len)))
+    outs, all_windows = [], []
+    for lo, hi, form, part_layout in parts:  # each continues from the delta pool the previous one wrote
+        rows = tuple(x[lo:hi] for x in (qkv, b, a))
+        ints = (slots[lo:hi], positions[lo:hi])
+        out, windows, delta_state = _launch(
+            form, rows, weight, a_neg, dt_bias, ints, conv_state, delta_state, part_layout, dims
+        )
+        outs.append(out)
+        all_windows.append(windows)
+    out = jnp.concatenate(outs) if len(outs) > 1 else outs[0]
+    windows = jnp.concatenate(all_windows) if len(all_windows) > 1 else all_windows[0]
+    return out, scatter_windows(conv_state, windows, slots, layout), delta_state
+
+
+def _launch(form, rows, weight, a_neg, dt_bias, ints, conv_state, delta_state, layout, dims):
+    """One kernel over `rows` (qkv, b, a of the part's tokens) -> (out, windows [segments, W - 1, C], delta)."""
     from ember.compiler.kernels.triton.launch import triton_call
 
-    from .recurrent_kernel import gated_delta_recurrent_kernel, launch_plan
+    from . import chunked_kernel, recurrent_kernel
 
-    decode_rows, segments, segment_len = layout
+    qkv = rows[0]
     n, channels = qkv.shape
-    weight = conv_weight.reshape(channels, -1)
     width = weight.shape[1]
-    plan = launch_plan(
-        decode_rows=decode_rows, segments=segments, segment_len=segment_len, hk=hk, hv=hv, dk=dk, dv=dv, width=width
-    )
-    rows = decode_rows + segments
-    slots, positions = slots.astype(jnp.int32), positions.astype(jnp.int32)
-    out, windows, delta_state = triton_call(
-        qkv, b, a, weight, a_neg, dt_bias, slots, positions, conv_state, delta_state.astype(jnp.float32),
-        kernel=gated_delta_recurrent_kernel,
+    decode_rows, segments, segment_len = layout
+    if form == "recurrent":
+        kernel = recurrent_kernel.gated_delta_recurrent_kernel
+        plan = recurrent_kernel.launch_plan(
+            decode_rows=decode_rows, segments=segments, segment_len=segment_len, width=width, **dims
+        )
+    else:
+        kernel = chunked_kernel.gated_delta_chunked_kernel
+        chunk = kernel_policy().gated_delta.chunk
+        plan = chunked_kernel.launch_plan(segments=segments, segment_len=segment_len, width=width, chunk=chunk, **dims)
+    hv, dv = dims["hv"], dims["dv"]
+    return triton_call(
+        *rows, weight, a_neg, dt_bias, *(x.astype(jnp.int32) for x in ints), conv_state, delta_state,
+        kernel=kernel,
         out_shape=(
             jax.ShapeDtypeStruct((n, hv * dv), qkv.dtype),
-            jax.ShapeDtypeStruct((rows, width - 1, channels), conv_state.dtype),
+            jax.ShapeDtypeStruct((decode_rows + segments, width - 1, channels), conv_state.dtype),
             jax.ShapeDtypeStruct(delta_state.shape, jnp.float32),
         ),
         grid=plan["grid"],
@@ -81,7 +116,6 @@ def gated_delta_triton(
         input_output_aliases={9: 2},
         **plan["meta"],
     )  # fmt: skip
-    return out, scatter_windows(conv_state, windows, slots, layout), delta_state
 
 
 def segment_starts(layout) -> jnp.ndarray:

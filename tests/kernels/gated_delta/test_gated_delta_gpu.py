@@ -1,4 +1,4 @@
-"""The Gated DeltaNet kernels (gated_delta/recurrent_kernel.py, norm_kernel.py) against op.py's references on an
+"""The Gated DeltaNet kernels (gated_delta/recurrent_kernel.py, chunked_kernel.py, norm_kernel.py) against op.py's references on an
 NVIDIA GPU at the hybrid checkpoints' shapes (16 key / 32 value heads of 128, conv width 4): a mixed step (decode
 rows on their slots, one of them padding, then prefill segments of chunk-unaligned lengths), then a decode
 step continuing every request from the pools the first left. Skipped off the GPU; `tools/dev/h200_run.sh tests`
@@ -45,9 +45,13 @@ def _inputs(rng, n, dtype):
     return qkv, b, a
 
 
+@pytest.mark.parametrize("form", ["chunked", "recurrent"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("lengths", [(37, 100), (1, 64, 200)])
-def test_recurrent_kernel_matches_the_reference_across_steps(dtype, lengths):
+def test_kernels_match_the_reference_across_steps(dtype, lengths, form, kernel_overrides):
+    """form: the prefill segments through the chunked kernel (the default at these lengths) or the recurrent one."""
+    if form == "recurrent":
+        kernel_overrides({"gated_delta.chunked_min_tokens": 10**9})
     rng = np.random.default_rng(len(lengths))
     decode_rows, seg_len = 3, max(lengths) + 5
     layout = (decode_rows, len(lengths), seg_len)

@@ -54,8 +54,17 @@ def test_off_the_gpu_the_ops_are_the_references():
     )
 
 
-@pytest.mark.parametrize("layout", [(1, 0, 0), (32, 0, 0), (2, 1, 62), (0, 4, 128)])
-def test_recurrent_kernel_lowers_to_one_native_kernel_updating_the_pool_in_place(layout):
+@pytest.mark.parametrize(
+    "layout, kernels",
+    [
+        ((1, 0, 0), ["recurrent"]),
+        ((32, 0, 0), ["recurrent"]),
+        ((2, 1, 62), ["recurrent"]),  # a segment shorter than gated_delta.chunked_min_tokens
+        ((0, 4, 128), ["chunked"]),
+        ((3, 2, 100), ["recurrent", "chunked"]),  # a mixed step: its decode rows, then its segments
+    ],
+)
+def test_kernels_lower_to_native_kernels_updating_the_pool_in_place(layout, kernels):
     hk, hv, dk, dv, w = 16, 32, 128, 128, 4  # the hybrid checkpoints' linear attention
     c = 2 * hk * dk + hv * dv
     n = layout[0] + layout[1] * layout[2]
@@ -69,8 +78,11 @@ def test_recurrent_kernel_lowers_to_one_native_kernel_updating_the_pool_in_place
     args = (jnp.zeros((n, c), BF16), jnp.zeros((n, hv), BF16), jnp.zeros((c, 1, w), BF16), jnp.zeros(hv, BF16))
     args += (jnp.zeros((4, w - 1, c), BF16), jnp.zeros((4, hv, dk, dv), jnp.float32))
     calls = triton_calls(fn, *args)
-    assert [call["name"] for call in calls] == ["gated_delta_recurrent_kernel"]
-    assert calls[0]["grid"] == (layout[0] + layout[1], hv, 4)
+    assert [call["name"] for call in calls] == [f"gated_delta_{kernel}_kernel" for kernel in kernels]
+    if kernels == ["recurrent"]:
+        assert calls[0]["grid"] == (layout[0] + layout[1], hv, 4)
+    if kernels[-1] == "chunked":
+        assert calls[-1]["grid"] == (layout[1], hv, 4)
     import jax
 
     text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
