@@ -80,7 +80,7 @@ H200 = Target(
         "gated_delta": "ember.compiler.kernels.gated_delta.gpu:gated_delta",
         "gated_rms_norm": "ember.compiler.kernels.gated_delta.gpu:gated_rms_norm_heads",
         # routed experts: at decode (policy moe.gemv_max_rows) the fused router and GEMVs reading only the chosen
-        # experts, combined in a fixed order (batch-invariant); more rows: the reference's grouped matmul
+        # experts, combined in a fixed order (batch-invariant); more rows: the grouped GEMM (ragged groups)
         "moe": "ember.compiler.kernels.moe.gpu:moe",
     },
     # the deterministic variant: the blockwise attention and the fixed-order norms (batch-invariant by

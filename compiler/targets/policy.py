@@ -137,9 +137,11 @@ class MoePolicy:
     """Routed experts (compiler/kernels/moe/gpu.py)."""
 
     # the fused router and the expert GEMVs reading only the chosen experts, for steps of up to
-    # gemv_max_rows rows; more rows take the reference's grouped matmul
+    # gemv_max_rows rows; more rows the grouped GEMM over the pairs sorted by expert (grouped; off: the
+    # reference's ragged matmul). Not measured yet (tools/dev/bench_hybrid_kernels.py)
     triton: bool = True
     gemv_max_rows: int = 16
+    grouped: bool = True
 
 
 @dataclass(frozen=True)

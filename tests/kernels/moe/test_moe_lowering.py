@@ -44,3 +44,19 @@ def test_decode_kernels_lower_to_three_native_kernels(rows, experts, top_k, d, f
 def test_launch_plans_refuse_more_choices_than_experts():
     with pytest.raises(ValueError, match="top_k"):
         launch_plans(1, 64, 32, 4, 5)
+
+
+@pytest.mark.parametrize("rows, experts, f", [(512, 256, 512), (4096, 128, 768)])
+def test_many_rows_lower_to_the_grouped_kernels(rows, experts, f, kernel_overrides, monkeypatch):
+    d, top_k = 2048, 8
+    x = jnp.zeros((rows, d), BF16)
+    gate = jnp.zeros((experts, f, d), BF16)
+    down = jnp.zeros((experts, d, f), BF16)
+    router = jnp.zeros((experts, d), BF16)
+    fn = lambda x, r, g, dn: gpu.moe(x, r, g, g, dn, top_k=top_k, normalize=True)  # noqa: E731
+    kernel_overrides({"moe.gemv_max_rows": 16})
+    monkeypatch.setattr(gpu, "triton_available", lambda: True)  # the op as traced for a GPU
+    calls = triton_calls(fn, x, router, gate, down)
+    assert [c["name"] for c in calls] == ["moe_grouped_gate_up_kernel", "moe_grouped_down_kernel"]
+    tiles = -(-rows * top_k // (64 if rows * top_k >= 4 * 64 * experts else 16)) + experts
+    assert calls[0]["grid"] == (tiles, f // 64, 1) and calls[1]["grid"] == (tiles, d // 64, 1)
