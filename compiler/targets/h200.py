@@ -27,7 +27,8 @@ batch (1 … 256), and kernel choices per op.
   quant_gemv.split_k_partials).
 - Gated DeltaNet (compiler/kernels/gated_delta/gpu.py): one fused recurrent Triton kernel per step (conv window,
   L2 norms, beta and g, the delta rule, each request's state in place in its slot) and the gated RMSNorm kernel;
-  MoE (compiler/kernels/moe/gpu.py): at decode the fused router and the expert GEMVs (policy gated_delta, moe).
+  MoE (compiler/kernels/moe/gpu.py): at decode the fused router and the expert GEMVs, above a grouped GEMM over
+  the pairs sorted by expert (policy gated_delta, moe).
 - the rest (activations, sampler; RoPE in the deterministic plans) are the `jnp` references, fused by XLA.
 - 8 decode steps per device call when the engine can run ahead (runtime/scheduling/lookahead.py).
 Triton kernels launch as native XLA kernels (compiler/kernels/triton/launch.py): ~4.5 µs for a small kernel

@@ -73,7 +73,10 @@ def test_kernels_match_the_reference_across_steps(dtype, lengths, form, kernel_o
     steps.append((cont, np.asarray([10, 10] + list(lengths)), (len(cont), 0, 0)))
     ref_pools, ker_pools = pools, pools
     dims = dict(hk=HK, hv=HV, dk=DK, dv=DV, kernel=W)
-    kernel = jax.jit(gpu.gated_delta_triton, static_argnames=("layout", "hk", "hv", "dk", "dv"))
+    # a fresh function: the policy (read while tracing) differs between the forms
+    kernel = jax.jit(
+        lambda *args, **kw: gpu.gated_delta_triton(*args, **kw), static_argnames=("layout", "hk", "hv", "dk", "dv")
+    )
     for slots, positions, layout in steps:
         qkv, b, a = _inputs(rng, len(slots), dtype)
         want, *ref_pools = op.gated_delta(
