@@ -40,20 +40,32 @@ def _batch(decode_rows: int, segment: int, kinds: int, slot_kinds: int | None) -
 STEPS = {"mixed": (2, 70), "decode": (4, 0)}
 
 
-@pytest.mark.parametrize("step", list(STEPS))
-@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "qwen3_moe"])
-def test_h200_plans_launch_the_hybrid_kernels(arch, step, monkeypatch):
-    for module in (gated_delta_gpu, moe_gpu):
-        monkeypatch.setattr(module, "triton_available", lambda: True)  # traced as for a GPU
+def _launched(arch: str, step: str, deterministic: bool):
+    """(layer kinds, kernel name -> launches) of one step of `arch`'s h200 plan lowered for CUDA."""
     path, _ = tiny_fixture(arch)
     model = load_model(path, target="h200")
-    kinds = collections.Counter(model.resolved.layer_kinds)
+    plan = model.deterministic_plan() if deterministic else model.plan
     kv = model.new_kv(num_blocks=4, block_size=16, num_slots=3)
     decode_rows, segment = STEPS[step]
     batch = _batch(decode_rows, segment, len(model.paged_kinds), len(model.slot_kinds) or None)
-    forward = jax.jit(model.traced(model.plan.module.forward), static_argnums=0)
+    forward = jax.jit(model.traced(plan.module.forward), static_argnums=0)
     text = forward.trace(model.dims, model.params, kv, batch).lower(lowering_platforms=("cuda",)).as_text()
-    launched = collections.Counter(re.findall(r'name = "(\w+_kernel)"', text))
+    return collections.Counter(model.resolved.layer_kinds), collections.Counter(
+        re.findall(r'name = "(\w+_kernel)"', text)
+    )
+
+
+@pytest.fixture
+def as_for_a_gpu(monkeypatch):
+    for module in (gated_delta_gpu, moe_gpu):
+        monkeypatch.setattr(module, "triton_available", lambda: True)
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "qwen3_moe"])
+def test_h200_plans_launch_the_hybrid_kernels(arch, step, as_for_a_gpu):
+    kinds, launched = _launched(arch, step, deterministic=False)
+    decode_rows, segment = STEPS[step]
     mixers = sum(n for kind, n in kinds.items() if "linear_attention" in kind)
     moes = sum(n for kind, n in kinds.items() if "moe" in kind)
     assert launched["gated_delta_recurrent_kernel"] == mixers  # the decode rows
@@ -64,3 +76,15 @@ def test_h200_plans_launch_the_hybrid_kernels(arch, step, monkeypatch):
         moe_kernels = ("moe_router_kernel", "moe_gate_up_kernel", "moe_down_kernel")
     assert all(launched[name] == moes for name in moe_kernels)
     assert sum(launched.values()) == mixers * (3 if segment else 2) + moes * len(moe_kernels)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5_moe", pytest.param("qwen3_moe", marks=pytest.mark.slow)])
+def test_deterministic_plans_give_prompt_tokens_a_decode_rows_arithmetic(arch, as_for_a_gpu):
+    """The mixed step's segment through the recurrent kernel (one launch with the decode rows), its 72 rows
+    through the MoE decode kernels: no chunked or grouped form, whose sums differ from a decode row's."""
+    kinds, launched = _launched(arch, "mixed", deterministic=True)
+    mixers = sum(n for kind, n in kinds.items() if "linear_attention" in kind)
+    moes = sum(n for kind, n in kinds.items() if "moe" in kind)
+    assert launched["gated_delta_recurrent_kernel"] == mixers and launched["gated_delta_chunked_kernel"] == 0
+    assert all(launched[name] == moes for name in ("moe_router_kernel", "moe_gate_up_kernel", "moe_down_kernel"))
+    assert not any("grouped" in name for name in launched)

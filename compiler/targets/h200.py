@@ -91,6 +91,10 @@ H200 = Target(
         **CPU.deterministic_kernels,
         "linear": "ember.compiler.kernels.invariant_matmul.linear:linear",
         "linear_split": "ember.compiler.kernels.invariant_matmul.linear:linear_split",
+        # prompt tokens with a decode row's arithmetic: the recurrent Gated DeltaNet kernel for every token, the
+        # MoE decode kernels (per-row router and GEMVs) at every row count
+        "gated_delta": "ember.compiler.kernels.gated_delta.gpu:gated_delta_invariant",
+        "moe": "ember.compiler.kernels.moe.gpu:moe_invariant",
     },
     activation_dtype="bfloat16",
     # every kernel family at its GPU default (policy.py's fields name the measurement behind each);

@@ -36,6 +36,26 @@ def step_layout(batch: StepBatch, tokens: int) -> tuple[int, int, int] | None:
 def gated_delta(
     qkv, b, a, state, conv_weight, a_neg, dt_bias, conv_state, delta_state, batch: StepBatch, *, hk, hv, dk, dv, kernel
 ):
+    return _gated_delta(
+        qkv, b, a, state, conv_weight, a_neg, dt_bias, conv_state, delta_state, batch,
+        hk=hk, hv=hv, dk=dk, dv=dv, kernel=kernel, chunked=True,
+    )  # fmt: skip
+
+
+def gated_delta_invariant(
+    qkv, b, a, state, conv_weight, a_neg, dt_bias, conv_state, delta_state, batch: StepBatch, *, hk, hv, dk, dv, kernel
+):
+    """The deterministic plans' op: every token through the recurrent kernel, so a prompt token's arithmetic is a
+    decode row's, whatever the chunking (the chunked form's sums differ from the recurrence's)."""
+    return _gated_delta(
+        qkv, b, a, state, conv_weight, a_neg, dt_bias, conv_state, delta_state, batch,
+        hk=hk, hv=hv, dk=dk, dv=dv, kernel=kernel, chunked=False,
+    )  # fmt: skip
+
+
+def _gated_delta(
+    qkv, b, a, state, conv_weight, a_neg, dt_bias, conv_state, delta_state, batch, *, hk, hv, dk, dv, kernel, chunked
+):
     layout = step_layout(batch, qkv.shape[0])
     if not use_kernel() or layout is None or qkv.shape[0] == 0:
         return op.gated_delta(
@@ -45,22 +65,24 @@ def gated_delta(
     slots = jax.lax.dynamic_index_in_dim(batch.state_slots, jnp.asarray(state, jnp.int32), 0, keepdims=False)
     return gated_delta_triton(
         qkv, b, a, conv_weight, a_neg, dt_bias, conv_state, delta_state, slots, batch.positions, layout,
-        hk=hk, hv=hv, dk=dk, dv=dv,
+        hk=hk, hv=hv, dk=dk, dv=dv, chunked=chunked,
     )  # fmt: skip
 
 
 def gated_delta_triton(
-    qkv, b, a, conv_weight, a_neg, dt_bias, conv_state, delta_state, slots, positions, layout, *, hk, hv, dk, dv
-):
+    qkv, b, a, conv_weight, a_neg, dt_bias, conv_state, delta_state, slots, positions, layout, *, hk, hv, dk, dv,
+    chunked=True,
+):  # fmt: skip
     """The kernels' launches, whatever the backend being traced for: slots, positions [N] int32; layout (B, P, L)
     -> (out [N, hv * dv], conv_state, delta_state). Decode rows (and prefill segments shorter than the policy's
-    gated_delta.chunked_min_tokens) take the fused recurrent kernel, longer segments the chunked one."""
+    gated_delta.chunked_min_tokens, or every segment when not `chunked`) take the fused recurrent kernel, longer
+    segments the chunked one."""
     decode_rows, segments, segment_len = layout
     channels = qkv.shape[1]
     weight = conv_weight.reshape(channels, -1)
     dims = dict(hk=hk, hv=hv, dk=dk, dv=dv)
     delta_state = delta_state.astype(jnp.float32)
-    chunked = segments and segment_len >= kernel_policy().gated_delta.chunked_min_tokens
+    chunked = chunked and segments and segment_len >= kernel_policy().gated_delta.chunked_min_tokens
     if not chunked:
         out, windows, delta_state = _launch(
             "recurrent", (qkv, b, a), weight, a_neg, dt_bias, (slots, positions), conv_state, delta_state, layout, dims

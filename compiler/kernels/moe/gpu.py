@@ -19,7 +19,9 @@ from . import op, reference
 _FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 
-def use_kernel(x, router, gate, up, down, act: str) -> bool:
+def use_kernel(x, router, gate, up, down, act: str, *, any_rows: bool = False) -> bool:
+    """Whether a kernel path runs: a GPU with Triton, the policy's moe.triton, plain float weights, silu; rows up to
+    moe.gemv_max_rows, or more with moe.grouped (any_rows: any count)."""
     policy = kernel_policy().moe
     plain = all(isinstance(w, jax.Array | jax.core.Tracer) and w.dtype in _FLOATS for w in (router, gate, up, down))
     rows = x.shape[0]
@@ -29,7 +31,7 @@ def use_kernel(x, router, gate, up, down, act: str) -> bool:
         and act == "silu"
         and plain
         and 0 < rows
-        and (rows <= policy.gemv_max_rows or policy.grouped)
+        and (any_rows or rows <= policy.gemv_max_rows or policy.grouped)
     )
 
 
@@ -40,6 +42,14 @@ def moe(x, router, gate, up, down, *, top_k: int, normalize: bool, act: str = "s
         return moe_decode_triton(x, router, gate, up, down, top_k=top_k, normalize=normalize)
     weights, chosen = reference.route(x, router, top_k=int(top_k), normalize=bool(normalize))
     return experts_grouped_triton(x, weights, chosen, gate, up, down)
+
+
+def moe_invariant(x, router, gate, up, down, *, top_k: int, normalize: bool, act: str = "silu"):
+    """The deterministic plans' op: the decode kernels at every row count (each row routed and multiplied by its
+    own programs, in fixed orders), so a prompt token's arithmetic is a decode row's; the reference off the GPU."""
+    if not use_kernel(x, router, gate, up, down, act, any_rows=True):
+        return op.moe(x, router, gate, up, down, top_k=top_k, normalize=normalize, act=act)
+    return moe_decode_triton(x, router, gate, up, down, top_k=top_k, normalize=normalize)
 
 
 def experts_grouped_triton(x, weights, chosen, gate, up, down):
