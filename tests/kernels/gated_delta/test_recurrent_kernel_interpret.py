@@ -112,3 +112,40 @@ def test_kernel_matches_the_reference_scan(seed, decode_rows, lengths, grouped):
         assert np.all(out[~real] == 0), "padding rows get o = 0"
         for got, ref in zip(pools, ref_pools):
             np.testing.assert_allclose(got, np.asarray(ref), atol=2e-5, rtol=1e-4)
+
+
+def test_a_prompt_gives_the_same_bits_however_it_is_chunked():
+    """Deterministic mode's rule: 6 tokens as one segment, as segments of 4 then 2 (beside a padding decode row),
+    or as 6 decode rows one step after another give the same o and state to the bit."""
+    rng = np.random.default_rng(3)
+    dims = (1, 2, 8, 8, 4)
+    hk, hv, dk, dv, width = dims
+    c = 2 * hk * dk + hv * dv
+    qkv = rng.standard_normal((6, c)).astype(np.float32)
+    b, a = (rng.standard_normal((6, hv)).astype(np.float32) for _ in range(2))
+    conv = (rng.standard_normal((c, 1, width)) * 0.5).astype(np.float32)
+    a_neg, dt_bias = -np.ones(hv, np.float32), -2 * np.ones(hv, np.float32)
+    fresh = [np.zeros((2, width - 1, c), np.float32), np.zeros((2, hv, dk, dv), np.float32)]
+
+    def run(cuts, decode):
+        pools, outs, start = fresh, [], 0
+        for cut in cuts:
+            rows = slice(start, start + cut)
+            slots = np.full(cut, 1, np.int32)
+            positions = np.arange(start, start + cut, dtype=np.int32)
+            layout = (1, 0, 0) if decode else (1, 1, cut)
+            pad = lambda x: x if decode else np.concatenate([np.zeros_like(x[:1]), x])  # noqa: E731
+            slots_in = slots if decode else np.concatenate([[-1], slots]).astype(np.int32)
+            out, *pools = run_kernel(
+                pad(qkv[rows]), pad(b[rows]), pad(a[rows]), conv, a_neg, dt_bias, slots_in,
+                pad(positions).astype(np.int32), *pools, layout, dims,
+            )  # fmt: skip
+            outs.append(out if decode else out[1:])
+            start += cut
+        return np.concatenate(outs), pools
+
+    whole, whole_pools = run([6], decode=False)
+    for got, pools in (run([4, 2], decode=False), run([1] * 6, decode=True)):
+        np.testing.assert_array_equal(got, whole)
+        for p, q in zip(pools, whole_pools):
+            np.testing.assert_array_equal(p, q)
