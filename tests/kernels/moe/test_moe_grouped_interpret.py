@@ -42,7 +42,9 @@ def run_grouped(x, weights, chosen, gate, up, down):
     return terms.reshape(n, top_k, d).sum(1)
 
 
-@pytest.mark.parametrize("rows, experts, top_k, skew", [(5, 6, 2, False), (20, 8, 2, True)])
+@pytest.mark.parametrize(
+    "rows, experts, top_k, skew", [pytest.param(5, 6, 2, False, marks=pytest.mark.slow), (20, 8, 2, True)]
+)
 def test_grouped_kernels_match_the_reference(rows, experts, top_k, skew):
     """skew: most pairs on expert 0 (a group longer than one tile of 16), experts 5.. never chosen."""
     rng = np.random.default_rng(rows)
