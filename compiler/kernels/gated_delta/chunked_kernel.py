@@ -16,7 +16,9 @@ chunk of BT tokens (all tiles in registers):
 
 and writes S back to the slot in place at the end, and the segment's new conv window as recurrent_kernel.py
 does (one writer per channel; the caller scatters it). Matmuls accumulate in fp32 from fp32 operands
-(IEEE: the state carries across chunks, TF32's 10-bit mantissa would drift from the reference).
+(PRECISION "tf32x3": three TF32 tensor-core products, about fp32's accuracy: the state carries across chunks and
+plain TF32's 10-bit mantissa would drift from the reference; "ieee" (FMA dots) spilled ~40 KB a thread at the
+checkpoints' shape against ~3 KB for tf32x3 at 8 warps: tools/dev/compile_hybrid_kernels.py).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def gated_delta_chunked_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     BT: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     seg = tl.program_id(0)
     h = tl.program_id(1)
@@ -118,20 +121,22 @@ def gated_delta_chunked_kernel(
         diff = cum[:, None] - cum[None, :]
         decay = tl.exp(tl.where(causal, diff, float("-inf")))  # [BT, BT], 0 above the diagonal
         k_beta = k * beta[:, None]
-        kk = tl.dot(k_beta, tl.trans(k), input_precision="ieee")
+        kk = tl.dot(k_beta, tl.trans(k), input_precision=PRECISION)
         a_mat = tl.where(lower, kk * decay, 0.0)
         solve = eye  # (I + A)^-1, row by row: row i = e_i - A[i, :] solve (rows < i are final)
         for i in range(1, BT):
             a_row = tl.sum(tl.where(rows[:, None] == i, a_mat, 0.0), axis=0)  # [BT]
             row = tl.sum(a_row[:, None] * solve, axis=0)  # [BT]
             solve = tl.where(rows[:, None] == i, solve - row[None, :], solve)
-        u = tl.dot(solve, v * beta[:, None], input_precision="ieee")  # [BT, BV]
-        w = tl.dot(solve, k_beta * tl.exp(cum)[:, None], input_precision="ieee")  # [BT, BK]
-        v_new = u - tl.dot(w, s, input_precision="ieee")
-        qk = tl.where(causal, tl.dot(q, tl.trans(k), input_precision="ieee") * decay, 0.0)
-        o = tl.dot(q * tl.exp(cum)[:, None], s, input_precision="ieee") + tl.dot(qk, v_new, input_precision="ieee")
+        u = tl.dot(solve, v * beta[:, None], input_precision=PRECISION)  # [BT, BV]
+        w = tl.dot(solve, k_beta * tl.exp(cum)[:, None], input_precision=PRECISION)  # [BT, BK]
+        v_new = u - tl.dot(w, s, input_precision=PRECISION)
+        qk = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PRECISION) * decay, 0.0)
+        o = tl.dot(q * tl.exp(cum)[:, None], s, input_precision=PRECISION) + tl.dot(
+            qk, v_new, input_precision=PRECISION
+        )
         carried = k * tl.exp(last - cum)[:, None]
-        s = s * tl.exp(last) + tl.dot(tl.trans(carried), v_new, input_precision="ieee")
+        s = s * tl.exp(last) + tl.dot(tl.trans(carried), v_new, input_precision=PRECISION)
         o = tl.where(live[:, None], o, 0.0)
         tl.store(
             out_ptr + t[:, None] * (HV * DV) + h * DV + offs_v[None, :],
@@ -154,11 +159,11 @@ def gated_delta_chunked_kernel(
         tl.store(row_ptr + ch_v, xv.to(dtype), mask=ok_v)
 
 
-def launch_plan(*, segments: int, segment_len: int, hk, hv, dk, dv, width, chunk: int = 64) -> dict:
+def launch_plan(*, segments: int, segment_len: int, hk, hv, dk, dv, width, chunk: int = 64, precision="tf32x3") -> dict:
     """Grid and constants for `segments` prefill segments of `segment_len` tokens (the step's rows from 0)."""
     if hv % hk:
         raise ValueError(f"gated_delta kernel: value heads {hv} not a multiple of key heads {hk}")
     bk = max(16, triton.next_power_of_2(dk))
     bv = max(16, min(triton.next_power_of_2(dv), 32))
-    meta = dict(L=segment_len, HK=hk, HV=hv, DK=dk, DV=dv, W=width, BK=bk, BV=bv, BT=chunk)
+    meta = dict(L=segment_len, HK=hk, HV=hv, DK=dk, DV=dv, W=width, BK=bk, BV=bv, BT=chunk, PRECISION=precision)
     return {"grid": (segments, hv, triton.cdiv(dv, bv)), "num_warps": 8, "meta": meta}
