@@ -130,6 +130,9 @@ class GatedDeltaPolicy:
     # shorter ones the token-by-token kernel decode rows take (not measured yet: tools/dev/bench_hybrid_kernels.py)
     chunked_min_tokens: int = 64
     chunk: int = 64
+    # the chunked kernel's dots: "tf32x3" (fp32's accuracy on tensor cores) or "ieee" (FMA dots, which spilled
+    # ~40 KB a thread at the checkpoints' shape: tools/dev/compile_hybrid_kernels.py)
+    chunked_precision: str = "tf32x3"
 
 
 @dataclass(frozen=True)

@@ -121,8 +121,11 @@ def _launch(form, rows, weight, a_neg, dt_bias, ints, conv_state, delta_state, l
         )
     else:
         kernel = chunked_kernel.gated_delta_chunked_kernel
-        chunk = kernel_policy().gated_delta.chunk
-        plan = chunked_kernel.launch_plan(segments=segments, segment_len=segment_len, width=width, chunk=chunk, **dims)
+        policy = kernel_policy().gated_delta
+        plan = chunked_kernel.launch_plan(
+            segments=segments, segment_len=segment_len, width=width, chunk=policy.chunk,
+            precision=policy.chunked_precision, **dims,
+        )  # fmt: skip
     hv, dv = dims["hv"], dims["dv"]
     return triton_call(
         *rows, weight, a_neg, dt_bias, *(x.astype(jnp.int32) for x in ints), conv_state, delta_state,
