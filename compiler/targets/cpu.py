@@ -6,7 +6,9 @@ from .policy import (
     DenseGemvPolicy,
     DeterministicPolicy,
     Fp8GemvPolicy,
+    GatedDeltaPolicy,
     KernelPolicy,
+    MoePolicy,
     NormPolicy,
     QuantGemvPolicy,
     SplitPolicy,
@@ -58,6 +60,8 @@ CPU = Target(
         attention=AttentionPolicy(fused_rope=False, fused_rope_decode=False, fused_combine_quant=False),
         norms=NormPolicy(triton=False, fused_quant=False),
         split=SplitPolicy(triton=False),
+        gated_delta=GatedDeltaPolicy(triton=False),
+        moe=MoePolicy(triton=False),
         # XLA CPU runs a one-row matmul as a GEMV whose sums round unlike its GEMM's; from two rows up the
         # GEMM's row results do not depend on how many rows there are (tests/test_deterministic_cpu.py
         # checks both), the blockwise attention is batch-invariant by construction, the sampler's row

@@ -26,6 +26,10 @@ batch (1 … 256), and kernel choices per op.
   projection's activation quantizer (gated_linear, fuse_gated_linear), and the down projection's split-K
   partials summed by the next layer's norm kernel (carry_split_k_partials; policy
   quant_gemv.split_k_partials).
+- Gated DeltaNet (compiler/kernels/gated_delta/gpu.py): one fused recurrent Triton kernel per step (conv window,
+  L2 norms, beta and g, the delta rule, each request's state in place in its slot) and the gated RMSNorm kernel;
+  MoE (compiler/kernels/moe/gpu.py): at decode the fused router and the expert GEMVs, above a grouped GEMM over
+  the pairs sorted by expert (policy gated_delta, moe).
 - the rest (activations, sampler; RoPE in the deterministic plans) are the `jnp` references, fused by XLA.
 - 8 decode steps per device call when the engine can run ahead (runtime/scheduling/lookahead.py).
 Triton kernels launch as native XLA kernels (compiler/kernels/triton/launch.py): ~4.5 µs for a small kernel
@@ -75,6 +79,13 @@ H200 = Target(
         # (fuse_norm_into_projection)
         "rms_norm_to_proj": "ember.compiler.kernels.norm.quant_kernel:rms_norm_to_proj",
         "add_rms_norm_to_proj": "ember.compiler.kernels.norm.quant_kernel:add_rms_norm_to_proj",
+        # Gated DeltaNet: conv, L2 norms, gates and the delta rule in one launch per step, each request's
+        # state updated in place in its slot; its output norm with the silu(z) gate in one kernel
+        "gated_delta": "ember.compiler.kernels.gated_delta.gpu:gated_delta",
+        "gated_rms_norm": "ember.compiler.kernels.gated_delta.gpu:gated_rms_norm_heads",
+        # routed experts: at decode (policy moe.gemv_max_rows) the fused router and GEMVs reading only the chosen
+        # experts, combined in a fixed order (batch-invariant); more rows: the grouped GEMM (ragged groups)
+        "moe": "ember.compiler.kernels.moe.gpu:moe",
     },
     # the deterministic variant: the fixed-tile attention, the fixed-order norms (batch-invariant by
     # construction) and every projection through the batch-invariant matmul (its dense copies; split sizes from
@@ -84,6 +95,10 @@ H200 = Target(
         "attention": "ember.compiler.kernels.attention.invariant:paged_attention_invariant",
         "linear": "ember.compiler.kernels.invariant_matmul.linear:linear",
         "linear_split": "ember.compiler.kernels.invariant_matmul.linear:linear_split",
+        # prompt tokens with a decode row's arithmetic: the recurrent Gated DeltaNet kernel for every token, the
+        # MoE decode kernels (per-row router and GEMVs) at every row count
+        "gated_delta": "ember.compiler.kernels.gated_delta.gpu:gated_delta_invariant",
+        "moe": "ember.compiler.kernels.moe.gpu:moe_invariant",
     },
     activation_dtype="bfloat16",
     # every kernel family at its GPU default (policy.py's fields name the measurement behind each);

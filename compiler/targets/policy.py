@@ -127,6 +127,34 @@ class SplitPolicy:
 
 
 @dataclass(frozen=True)
+class GatedDeltaPolicy:
+    """Gated DeltaNet's mixer and its output norm (compiler/kernels/gated_delta/gpu.py)."""
+
+    # the fused Triton kernels (conv, norms, gates and the delta rule in one launch) where XLA runs the
+    # reference's token scan
+    triton: bool = True
+    # prefill segments of at least this many tokens take the chunked (WY) kernel, in chunks of `chunk` tokens;
+    # shorter ones the token-by-token kernel decode rows take (not measured yet: tools/dev/bench_hybrid_kernels.py)
+    chunked_min_tokens: int = 64
+    chunk: int = 64
+    # the chunked kernel's dots: "tf32x3" (fp32's accuracy on tensor cores) or "ieee" (FMA dots, which spilled
+    # ~40 KB a thread at the checkpoints' shape: tools/dev/compile_hybrid_kernels.py)
+    chunked_precision: str = "tf32x3"
+
+
+@dataclass(frozen=True)
+class MoePolicy:
+    """Routed experts (compiler/kernels/moe/gpu.py)."""
+
+    # the fused router and the expert GEMVs reading only the chosen experts, for steps of up to
+    # gemv_max_rows rows; more rows the grouped GEMM over the pairs sorted by expert (grouped; off: the
+    # reference's ragged matmul). Not measured yet (tools/dev/bench_hybrid_kernels.py)
+    triton: bool = True
+    gemv_max_rows: int = 16
+    grouped: bool = True
+
+
+@dataclass(frozen=True)
 class WeightPolicy:
     """What stays packed on the device (runtime/loading/weights.py)."""
 
@@ -162,6 +190,8 @@ class KernelPolicy:
     attention: AttentionPolicy = field(default_factory=AttentionPolicy)
     norms: NormPolicy = field(default_factory=NormPolicy)
     split: SplitPolicy = field(default_factory=SplitPolicy)
+    gated_delta: GatedDeltaPolicy = field(default_factory=GatedDeltaPolicy)
+    moe: MoePolicy = field(default_factory=MoePolicy)
     weights: WeightPolicy = field(default_factory=WeightPolicy)
     deterministic: DeterministicPolicy = field(default_factory=DeterministicPolicy)
 

@@ -2,6 +2,7 @@
 # What Ember runs on the H200 device machine (the `device` tool: the working tree is the current folder,
 # results go to $OUT, packed into $OUT/results-<sections>.tgz at the end; each call at most 10 minutes):
 #   tools/dev/h200_run.sh tests      GPU kernel + engine tests (hypothesis statistics), JAX on cuda and cpu
+#   tools/dev/h200_run.sh hybrid-kernels  Gated DeltaNet / MoE kernel GPU tests, then tools/dev/bench_hybrid_kernels.py
 #   tools/dev/h200_run.sh gpu-suite  every GPU test file at once, WORKERS pytest-xdist processes sharing the GPU; the
 #                                counts as JSON (tools/dev/gpu_test_counts.py)
 #   tools/dev/h200_run.sh kernels-quick  RoPE / norm kernel GPU tests (a failure turns the kernel off), Q4_K GEMV tests
@@ -111,6 +112,12 @@ tests)
     timeout 240 python -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_quant_model_gpu.py \
         -p no:cacheprovider > "$out/gpu_engine_tests.log" 2>&1
     tail -n 5 "$out"/gpu_*.log ;;
+hybrid-kernels)  # Gated DeltaNet and MoE kernels: GPU tests, then kernel vs reference at the checkpoints' shapes
+    export JAX_PLATFORMS=cuda,cpu
+    timeout 240 python -m pytest -q -m gpu tests/kernels/gated_delta/test_gated_delta_gpu.py \
+        tests/kernels/moe/test_moe_gpu.py -p no:cacheprovider -rfE > "$out/gpu_hybrid_kernel_tests.log" 2>&1
+    tail -n 5 "$out/gpu_hybrid_kernel_tests.log"
+    timeout 300 python -m ember.tools.dev.bench_hybrid_kernels ${BENCH_FLAGS:-} --out "$out/hybrid_kernels_$commit.json" ;;
 gpu-suite)  # needs pytest-xdist and execnet wheels in .whl/ (python3.12 -m pip download --no-deps pytest-xdist execnet)
     export JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false  # workers share the GPU's memory
     EMBER_TRUNCATED_GGUF=$(real_files) EMBER_GPU_RESULTS="$out/gpu_engine_tests.json" timeout ${SUITE_TEST_S:-540} \

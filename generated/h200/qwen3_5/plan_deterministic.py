@@ -17,8 +17,8 @@ from ember.compiler.kernels.attention.invariant import paged_attention_invariant
 from ember.compiler.kernels.dense_gemv.reference import split_heads as dense_gemv_reference_split_heads
 from ember.compiler.kernels.embedding import add as embedding_add
 from ember.compiler.kernels.embedding import select_rows as embedding_select_rows
-from ember.compiler.kernels.gated_delta.op import gated_delta as gated_delta_op_gated_delta
-from ember.compiler.kernels.gated_delta.op import gated_rms_norm_heads as gated_delta_op_gated_rms_norm_heads
+from ember.compiler.kernels.gated_delta.gpu import gated_delta_invariant as gated_delta_gpu_gated_delta_invariant
+from ember.compiler.kernels.gated_delta.gpu import gated_rms_norm_heads as gated_delta_gpu_gated_rms_norm_heads
 from ember.compiler.kernels.gguf_gemv.linear import embedding as gguf_gemv_linear_embedding
 from ember.compiler.kernels.invariant_matmul.linear import linear as invariant_matmul_linear_linear
 from ember.compiler.kernels.invariant_matmul.linear import linear_split as invariant_matmul_linear_linear_split
@@ -39,6 +39,8 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
  'dense_gemv': {'config': {}, 'enabled': True, 'max_out': None, 'max_rows': 1},
  'deterministic': {'bucketed': False, 'min_rows': 1, 'tile_decode_rows': 16, 'tile_prefill_tokens': 64},
  'fp8_gemv': {'config': {}, 'enabled': True, 'max_rows': 1, 'words': True},
+ 'gated_delta': {'chunk': 64, 'chunked_min_tokens': 64, 'chunked_precision': 'tf32x3', 'triton': True},
+ 'moe': {'gemv_max_rows': 16, 'grouped': True, 'triton': True},
  'norms': {'fused_quant': True, 'quant_warps': 16, 'triton': True, 'warps': 16},
  'quant_gemv': {'act_terms': 1,
                 'backend': None,
@@ -68,8 +70,8 @@ def layer_linear_attention_dense(dims, w, constants, x, x_add, state, batch):
     conv_state, delta_state = state
     x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
     qkv, z, b, a = invariant_matmul_linear_linear_split(h, w['attn_qkv+attn_gate+ssm_beta+ssm_alpha.weight'], sizes=(dims.lin_qkv, dims.lin_hv * dims.lin_dv, dims.lin_hv, dims.lin_hv))
-    o, conv_state, delta_state = gated_delta_op_gated_delta(qkv, b, a, slot_state0, w['ssm_conv1d.weight'], w['ssm_a.weight'], w['ssm_dt.weight'], conv_state, delta_state, batch, hk=dims.lin_hk, hv=dims.lin_hv, dk=dims.lin_dk, dv=dims.lin_dv, kernel=dims.lin_conv)
-    t_6 = gated_delta_op_gated_rms_norm_heads(o, z, w['ssm_norm.weight'], eps=dims.eps, heads=dims.lin_hv)
+    o, conv_state, delta_state = gated_delta_gpu_gated_delta_invariant(qkv, b, a, slot_state0, w['ssm_conv1d.weight'], w['ssm_a.weight'], w['ssm_dt.weight'], conv_state, delta_state, batch, hk=dims.lin_hk, hv=dims.lin_hv, dk=dims.lin_dk, dv=dims.lin_dv, kernel=dims.lin_conv)
+    t_6 = gated_delta_gpu_gated_rms_norm_heads(o, z, w['ssm_norm.weight'], eps=dims.eps, heads=dims.lin_hv)
     t_7 = invariant_matmul_linear_linear(t_6, w['ssm_out.weight'])
     x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_7, w['post_attention_norm.weight'], eps=dims.eps)
     t_10_t_11 = invariant_matmul_linear_linear(h_1, w['ffn_gate+ffn_up.weight'])

@@ -18,7 +18,7 @@ from ember.compiler.kernels.gguf_gemv.linear import embedding as gguf_gemv_linea
 from ember.compiler.kernels.gguf_gemv.linear import gated_mlp as gguf_gemv_linear_gated_mlp
 from ember.compiler.kernels.gguf_gemv.linear import linear as gguf_gemv_linear_linear
 from ember.compiler.kernels.gguf_gemv.linear import linear_split as gguf_gemv_linear_linear_split
-from ember.compiler.kernels.moe.op import moe as moe_op_moe
+from ember.compiler.kernels.moe.gpu import moe as moe_gpu_moe
 from ember.compiler.kernels.norm.kernel import add_rms_norm as norm_kernel_add_rms_norm
 from ember.compiler.kernels.norm.kernel import rms_norm as norm_kernel_rms_norm
 from ember.compiler.kernels.norm.quant_kernel import add_rms_norm_to_proj as norm_quant_kernel_add_rms_norm_to_proj
@@ -37,6 +37,8 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
  'dense_gemv': {'config': {}, 'enabled': True, 'max_out': None, 'max_rows': 1},
  'deterministic': {'bucketed': False, 'min_rows': 1, 'tile_decode_rows': 16, 'tile_prefill_tokens': 64},
  'fp8_gemv': {'config': {}, 'enabled': True, 'max_rows': 1, 'words': True},
+ 'gated_delta': {'chunk': 64, 'chunked_min_tokens': 64, 'chunked_precision': 'tf32x3', 'triton': True},
+ 'moe': {'gemv_max_rows': 16, 'grouped': True, 'triton': True},
  'norms': {'fused_quant': True, 'quant_warps': 16, 'triton': True, 'warps': 16},
  'quant_gemv': {'act_terms': 1,
                 'backend': None,
@@ -96,7 +98,7 @@ def layer_attention_moe(dims, w, constants, x, x_add, state, batch):
     a, k_pool, v_pool = attention_paged_rope_paged_attention_to_proj(q_1, k_1, v, positions, rope_inv_freq3, attn_window4, attn_state5, w['attn_output.weight'], k_pool, v_pool, batch, style='neox', scale=dims.attn_scale)
     t_12 = gguf_gemv_linear_linear(a, w['attn_output.weight'])
     x_1, h_1 = norm_kernel_add_rms_norm(x_in, t_12, w['ffn_norm.weight'], eps=dims.eps)
-    t_15 = moe_op_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
+    t_15 = moe_gpu_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
     return x_1, t_15, (k_pool, v_pool)
 
 

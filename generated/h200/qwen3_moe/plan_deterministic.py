@@ -18,7 +18,7 @@ from ember.compiler.kernels.embedding import select_rows as embedding_select_row
 from ember.compiler.kernels.gguf_gemv.linear import embedding as gguf_gemv_linear_embedding
 from ember.compiler.kernels.invariant_matmul.linear import linear as invariant_matmul_linear_linear
 from ember.compiler.kernels.invariant_matmul.linear import linear_split as invariant_matmul_linear_linear_split
-from ember.compiler.kernels.moe.op import moe as moe_op_moe
+from ember.compiler.kernels.moe.gpu import moe_invariant as moe_gpu_moe_invariant
 from ember.compiler.kernels.norm.reference import add_rms_norm_invariant as norm_reference_add_rms_norm_invariant
 from ember.compiler.kernels.norm.reference import rms_norm_invariant as norm_reference_rms_norm_invariant
 from ember.compiler.kernels.rope.reference import rope as rope_reference_rope
@@ -36,6 +36,8 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
  'dense_gemv': {'config': {}, 'enabled': True, 'max_out': None, 'max_rows': 1},
  'deterministic': {'bucketed': False, 'min_rows': 1, 'tile_decode_rows': 16, 'tile_prefill_tokens': 64},
  'fp8_gemv': {'config': {}, 'enabled': True, 'max_rows': 1, 'words': True},
+ 'gated_delta': {'chunk': 64, 'chunked_min_tokens': 64, 'chunked_precision': 'tf32x3', 'triton': True},
+ 'moe': {'gemv_max_rows': 16, 'grouped': True, 'triton': True},
  'norms': {'fused_quant': True, 'quant_warps': 16, 'triton': True, 'warps': 16},
  'quant_gemv': {'act_terms': 1,
                 'backend': None,
@@ -99,7 +101,7 @@ def layer_attention_moe(dims, w, constants, x, x_add, state, batch):
     a, k_pool, v_pool = attention_invariant_paged_attention_invariant(q_2, k_2, v, attn_window4, attn_state5, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_12 = invariant_matmul_linear_linear(a, w['attn_output.weight'])
     x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_12, w['ffn_norm.weight'], eps=dims.eps)
-    t_15 = moe_op_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
+    t_15 = moe_gpu_moe_invariant(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
     return x_1, t_15, (k_pool, v_pool)
 
 

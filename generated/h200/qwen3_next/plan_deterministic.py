@@ -18,12 +18,12 @@ from ember.compiler.kernels.attention.invariant import paged_attention_invariant
 from ember.compiler.kernels.dense_gemv.reference import split_heads as dense_gemv_reference_split_heads
 from ember.compiler.kernels.embedding import add as embedding_add
 from ember.compiler.kernels.embedding import select_rows as embedding_select_rows
-from ember.compiler.kernels.gated_delta.op import gated_delta as gated_delta_op_gated_delta
-from ember.compiler.kernels.gated_delta.op import gated_rms_norm_heads as gated_delta_op_gated_rms_norm_heads
+from ember.compiler.kernels.gated_delta.gpu import gated_delta_invariant as gated_delta_gpu_gated_delta_invariant
+from ember.compiler.kernels.gated_delta.gpu import gated_rms_norm_heads as gated_delta_gpu_gated_rms_norm_heads
 from ember.compiler.kernels.gguf_gemv.linear import embedding as gguf_gemv_linear_embedding
 from ember.compiler.kernels.invariant_matmul.linear import linear as invariant_matmul_linear_linear
 from ember.compiler.kernels.invariant_matmul.linear import linear_split as invariant_matmul_linear_linear_split
-from ember.compiler.kernels.moe.op import moe as moe_op_moe
+from ember.compiler.kernels.moe.gpu import moe_invariant as moe_gpu_moe_invariant
 from ember.compiler.kernels.norm.reference import add_rms_norm_invariant as norm_reference_add_rms_norm_invariant
 from ember.compiler.kernels.norm.reference import rms_norm_invariant as norm_reference_rms_norm_invariant
 from ember.compiler.kernels.rope.reference import rope as rope_reference_rope
@@ -41,6 +41,8 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
  'dense_gemv': {'config': {}, 'enabled': True, 'max_out': None, 'max_rows': 1},
  'deterministic': {'bucketed': False, 'min_rows': 1, 'tile_decode_rows': 16, 'tile_prefill_tokens': 64},
  'fp8_gemv': {'config': {}, 'enabled': True, 'max_rows': 1, 'words': True},
+ 'gated_delta': {'chunk': 64, 'chunked_min_tokens': 64, 'chunked_precision': 'tf32x3', 'triton': True},
+ 'moe': {'gemv_max_rows': 16, 'grouped': True, 'triton': True},
  'norms': {'fused_quant': True, 'quant_warps': 16, 'triton': True, 'warps': 16},
  'quant_gemv': {'act_terms': 1,
                 'backend': None,
@@ -71,8 +73,8 @@ def layer_linear_attention_dense(dims, w, constants, x, x_add, state, batch):
     x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
     qkv, z, t_3 = invariant_matmul_linear_linear_split(h, w['attn_qkv+attn_gate+ssm_ba.weight'], sizes=(dims.lin_qkv, dims.lin_hv * dims.lin_dv, 2 * dims.lin_hv))
     b, a = activation_split_at(t_3, size=dims.lin_hv)
-    o, conv_state, delta_state = gated_delta_op_gated_delta(qkv, b, a, slot_state0, w['ssm_conv1d.weight'], w['ssm_a.weight'], w['ssm_dt.weight'], conv_state, delta_state, batch, hk=dims.lin_hk, hv=dims.lin_hv, dk=dims.lin_dk, dv=dims.lin_dv, kernel=dims.lin_conv)
-    t_7 = gated_delta_op_gated_rms_norm_heads(o, z, w['ssm_norm.weight'], eps=dims.eps, heads=dims.lin_hv)
+    o, conv_state, delta_state = gated_delta_gpu_gated_delta_invariant(qkv, b, a, slot_state0, w['ssm_conv1d.weight'], w['ssm_a.weight'], w['ssm_dt.weight'], conv_state, delta_state, batch, hk=dims.lin_hk, hv=dims.lin_hv, dk=dims.lin_dk, dv=dims.lin_dv, kernel=dims.lin_conv)
+    t_7 = gated_delta_gpu_gated_rms_norm_heads(o, z, w['ssm_norm.weight'], eps=dims.eps, heads=dims.lin_hv)
     t_8 = invariant_matmul_linear_linear(t_7, w['ssm_out.weight'])
     x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_8, w['post_attention_norm.weight'], eps=dims.eps)
     t_11_t_12 = invariant_matmul_linear_linear(h_1, w['ffn_gate+ffn_up.weight'])
@@ -88,14 +90,14 @@ def layer_linear_attention_moe(dims, w, constants, x, x_add, state, batch):
     x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
     qkv, z, t_3 = invariant_matmul_linear_linear_split(h, w['attn_qkv+attn_gate+ssm_ba.weight'], sizes=(dims.lin_qkv, dims.lin_hv * dims.lin_dv, 2 * dims.lin_hv))
     b, a = activation_split_at(t_3, size=dims.lin_hv)
-    o, conv_state, delta_state = gated_delta_op_gated_delta(qkv, b, a, slot_state1, w['ssm_conv1d.weight'], w['ssm_a.weight'], w['ssm_dt.weight'], conv_state, delta_state, batch, hk=dims.lin_hk, hv=dims.lin_hv, dk=dims.lin_dk, dv=dims.lin_dv, kernel=dims.lin_conv)
-    t_7 = gated_delta_op_gated_rms_norm_heads(o, z, w['ssm_norm.weight'], eps=dims.eps, heads=dims.lin_hv)
+    o, conv_state, delta_state = gated_delta_gpu_gated_delta_invariant(qkv, b, a, slot_state1, w['ssm_conv1d.weight'], w['ssm_a.weight'], w['ssm_dt.weight'], conv_state, delta_state, batch, hk=dims.lin_hk, hv=dims.lin_hv, dk=dims.lin_dk, dv=dims.lin_dv, kernel=dims.lin_conv)
+    t_7 = gated_delta_gpu_gated_rms_norm_heads(o, z, w['ssm_norm.weight'], eps=dims.eps, heads=dims.lin_hv)
     t_8 = invariant_matmul_linear_linear(t_7, w['ssm_out.weight'])
     x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_8, w['post_attention_norm.weight'], eps=dims.eps)
     t_11, t_12, t_16 = invariant_matmul_linear_linear_split(h_1, w['ffn_gate_shexp+ffn_up_shexp+ffn_gate_inp_shexp.weight'], sizes=(dims.shared_ffn, dims.shared_ffn, 1))
     t_13 = activation_gated_act(t_11, t_12, act='silu')
     s = invariant_matmul_linear_linear(t_13, w['ffn_down_shexp.weight'])
-    r = moe_op_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
+    r = moe_gpu_moe_invariant(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
     t_17 = activation_sigmoid_gate(s, t_16)
     t_18 = embedding_add(r, t_17)
     return x_1, t_18, (conv_state, delta_state)
@@ -148,7 +150,7 @@ def layer_full_attention_moe(dims, w, constants, x, x_add, state, batch):
     t_18, t_19, t_23 = invariant_matmul_linear_linear_split(h_1, w['ffn_gate_shexp+ffn_up_shexp+ffn_gate_inp_shexp.weight'], sizes=(dims.shared_ffn, dims.shared_ffn, 1))
     t_20 = activation_gated_act(t_18, t_19, act='silu')
     s = invariant_matmul_linear_linear(t_20, w['ffn_down_shexp.weight'])
-    r = moe_op_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
+    r = moe_gpu_moe_invariant(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
     t_24 = activation_sigmoid_gate(s, t_23)
     t_25 = embedding_add(r, t_24)
     return x_1, t_25, (k_pool, v_pool)

@@ -1,0 +1,149 @@
+"""The `moe` op for GPU targets: op.moe's signature; steps of up to the policy's moe.gemv_max_rows rows take the
+decode kernels (decode_kernels.py: the fused router, then the gate/up and down GEMVs reading only the chosen
+experts' weights), larger steps the reference's router (one XLA matmul) and the grouped GEMM over the pairs
+sorted by expert (grouped_kernels.py; policy moe.grouped), non-GPU backends the reference.
+
+x [N, d]; router [E, d]; gate, up [E, f, d]; down [E, d, f] -> [N, d] in x's dtype.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ember.compiler.kernels.triton.available import triton_available
+from ember.compiler.targets.policy import kernel_policy
+
+from . import op, reference
+
+_FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32)
+
+
+def use_kernel(x, router, gate, up, down, act: str, *, any_rows: bool = False) -> bool:
+    """Whether a kernel path runs: a GPU with Triton, the policy's moe.triton, plain float weights, silu; rows up to
+    moe.gemv_max_rows, or more with moe.grouped (any_rows: any count)."""
+    policy = kernel_policy().moe
+    plain = all(isinstance(w, jax.Array | jax.core.Tracer) and w.dtype in _FLOATS for w in (router, gate, up, down))
+    rows = x.shape[0]
+    return (
+        policy.triton
+        and triton_available()
+        and act == "silu"
+        and plain
+        and 0 < rows
+        and (any_rows or rows <= policy.gemv_max_rows or policy.grouped)
+    )
+
+
+def moe(x, router, gate, up, down, *, top_k: int, normalize: bool, act: str = "silu"):
+    if not use_kernel(x, router, gate, up, down, act):
+        return op.moe(x, router, gate, up, down, top_k=top_k, normalize=normalize, act=act)
+    if x.shape[0] <= kernel_policy().moe.gemv_max_rows:
+        return moe_decode_triton(x, router, gate, up, down, top_k=top_k, normalize=normalize)
+    weights, chosen = reference.route(x, router, top_k=int(top_k), normalize=bool(normalize))
+    return experts_grouped_triton(x, weights, chosen, gate, up, down)
+
+
+def moe_invariant(x, router, gate, up, down, *, top_k: int, normalize: bool, act: str = "silu"):
+    """The deterministic plans' op: the decode kernels at every row count (each row routed and multiplied by its
+    own programs, in fixed orders), so a prompt token's arithmetic is a decode row's; the reference off the GPU."""
+    if not use_kernel(x, router, gate, up, down, act, any_rows=True):
+        return op.moe(x, router, gate, up, down, top_k=top_k, normalize=normalize, act=act)
+    return moe_decode_triton(x, router, gate, up, down, top_k=top_k, normalize=normalize)
+
+
+def experts_grouped_triton(x, weights, chosen, gate, up, down):
+    """The grouped GEMM's launches: weights [N, k] fp32, chosen [N, k] int32 -> [N, d] in x's dtype, the k terms
+    of a row added in j order."""
+    from ember.compiler.kernels.triton.launch import triton_call
+
+    from .grouped_kernels import launch_plan, moe_grouped_down_kernel, moe_grouped_gate_up_kernel, tile_map
+
+    n, d = x.shape
+    top_k = chosen.shape[1]
+    experts, f, _ = gate.shape
+    plan = launch_plan(n, d, f, experts, top_k)
+    order, tile_expert, tile_start, tile_size = tile_map(chosen, experts, plan["block_m"])
+    tiles = (tile_expert, tile_start, tile_size)
+    m = n * top_k
+    h = triton_call(
+        x, order // top_k, *tiles, gate, up,
+        kernel=moe_grouped_gate_up_kernel,
+        out_shape=jax.ShapeDtypeStruct((m, f), jnp.float32),
+        grid=plan["gate_up"]["grid"],
+        num_warps=plan["gate_up"]["num_warps"],
+        num_stages=3,
+        **plan["gate_up"]["meta"],
+    )  # fmt: skip
+    y = triton_call(
+        h, weights.reshape(-1).astype(jnp.float32)[order], *tiles, down,
+        kernel=moe_grouped_down_kernel,
+        out_shape=jax.ShapeDtypeStruct((m, d), jnp.float32),
+        grid=plan["down"]["grid"],
+        num_warps=plan["down"]["num_warps"],
+        num_stages=3,
+        **plan["down"]["meta"],
+    )  # fmt: skip
+    terms = jnp.zeros_like(y).at[order].set(y).reshape(n, top_k, d)  # back to (token, j) order
+    out = terms[:, 0]
+    for j in range(1, top_k):  # a fixed order of adds, whatever the tiles held
+        out = out + terms[:, j]
+    return out.astype(x.dtype)
+
+
+def route_triton(x, router, *, top_k: int, normalize: bool):
+    """The router kernel's launch -> (weights [N, top_k] fp32, experts [N, top_k] int32), as reference.route."""
+    from ember.compiler.kernels.triton.launch import triton_call
+
+    from .decode_kernels import launch_plans, moe_router_kernel
+
+    n, d = x.shape
+    plan = launch_plans(n, d, 1, router.shape[0], int(top_k))["router"]
+    return triton_call(
+        x,
+        router,
+        kernel=moe_router_kernel,
+        out_shape=(jax.ShapeDtypeStruct((n, top_k), jnp.float32), jax.ShapeDtypeStruct((n, top_k), jnp.int32)),
+        grid=plan["grid"],
+        num_warps=plan["num_warps"],
+        num_stages=1,
+        NORMALIZE=bool(normalize),
+        **plan["meta"],
+    )
+
+
+def experts_triton(x, weights, chosen, gate, up, down):
+    """The expert GEMVs' launches: weights [N, k] fp32, chosen [N, k] int32 -> [N, d] in x's dtype."""
+    from ember.compiler.kernels.triton.launch import triton_call
+
+    from .decode_kernels import launch_plans, moe_down_kernel, moe_gate_up_kernel
+
+    n, d = x.shape
+    top_k = chosen.shape[1]
+    experts, f, _ = gate.shape
+    plans = launch_plans(n, d, f, experts, top_k)
+    pairs = chosen.reshape(-1).astype(jnp.int32)
+    h = triton_call(
+        x, pairs, gate, up,
+        kernel=moe_gate_up_kernel,
+        out_shape=jax.ShapeDtypeStruct((n * top_k, f), jnp.float32),
+        grid=plans["gate_up"]["grid"],
+        num_warps=plans["gate_up"]["num_warps"],
+        num_stages=2,
+        **plans["gate_up"]["meta"],
+    )  # fmt: skip
+    return triton_call(
+        h, pairs, weights.reshape(-1).astype(jnp.float32), down,
+        kernel=moe_down_kernel,
+        out_shape=jax.ShapeDtypeStruct((n, d), x.dtype),
+        grid=plans["down"]["grid"],
+        num_warps=plans["down"]["num_warps"],
+        num_stages=2,
+        **plans["down"]["meta"],
+    )  # fmt: skip
+
+
+def moe_decode_triton(x, router, gate, up, down, *, top_k: int, normalize: bool):
+    """The three decode kernels, whatever the backend being traced for."""
+    weights, chosen = route_triton(x, router, top_k=top_k, normalize=normalize)
+    return experts_triton(x, weights, chosen, gate, up, down)
