@@ -22,6 +22,7 @@ from sanic.exceptions import SanicException
 from .config import ServeConfig
 from .errors import ApiError, error_body, protocol_of
 from .service import ModelService
+from .webui import is_public
 
 PUBLIC_PATHS = frozenset({"/health"})
 _app_numbers = itertools.count()
@@ -38,9 +39,31 @@ def create_app(config: ServeConfig, service: ModelService | None = None) -> Sani
     service = service or ModelService(config)
     app.ctx.service, app.ctx.config = service, config
 
-    from . import anthropic, ember_routes, lmstudio, ollama, openai_chat, openai_completions, openai_responses
+    from . import (
+        anthropic,
+        embeddings,
+        ember_routes,
+        llamacpp_infill,
+        lmstudio,
+        ollama,
+        openai_chat,
+        openai_completions,
+        openai_responses,
+        webui,
+    )
 
-    for module in (ember_routes, openai_chat, openai_completions, openai_responses, anthropic, ollama, lmstudio):
+    for module in (
+        ember_routes,
+        openai_chat,
+        openai_completions,
+        openai_responses,
+        anthropic,
+        ollama,
+        lmstudio,
+        llamacpp_infill,
+        embeddings,
+        webui,
+    ):
         app.blueprint(module.blueprint)
 
     app.error_handler.add(Exception, _render_error)
@@ -96,7 +119,7 @@ async def _before_request(request):
     config: ServeConfig = request.app.ctx.config
     if request.method == "OPTIONS":  # CORS preflight: answered here, never reaches a handler
         return response.empty(status=204, headers=_cors_headers(config, request.headers.get("origin")))
-    if request.path in PUBLIC_PATHS:
+    if request.path in PUBLIC_PATHS or is_public(request.path):  # the chat page asks for the key itself
         return None
     if config.api_key and not _authorized(config, request):
         raise ApiError(401, "invalid or missing API key (send Authorization: Bearer KEY or x-api-key: KEY)")

@@ -56,8 +56,13 @@ async def capacity(request):
     service = request.app.ctx.service
     engine = service.require_ready()
     snap = engine.snapshot()
+    # prompts still being read: how far each prefill got
+    prefilling = [
+        {"id": rid, "processed": done, "total": total} for rid, (done, total) in engine.prefill_progress().items()
+    ]
     return response.json(
         {
+            "prefilling": prefilling,
             "active": snap["running"],
             "waiting": snap["waiting"],
             "free_kv_blocks": snap["free_kv_blocks"],

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ..runtime.engine.streams import RequestOutput, RequestStream, TokenLogprob, Usage
 from ..runtime.sampling.params import SamplingParams
 from .errors import ApiError
+from .sse import HEARTBEAT_COMMENT
 
 HEARTBEAT = object()  # yielded by Generation.events when no output came within the heartbeat interval
 
@@ -108,6 +109,17 @@ class Generation:
             if not self._released:
                 self._released = True
                 self.service.in_flight -= 1
+
+    def prefill_progress(self) -> tuple[int, int] | None:
+        """(prompt tokens computed, prompt tokens) while the prompt is still being prefilled, else None."""
+        engine = self.service.engine
+        return engine.prefill_progress().get(self.request_id) if engine is not None else None
+
+    def heartbeat_comment(self) -> str:
+        """The SSE comment a stream sends when nothing came for a heartbeat interval: the prefill's progress
+        (`: prefill 512/4096`) while the prompt is being read, else a plain ping."""
+        progress = self.prefill_progress()
+        return HEARTBEAT_COMMENT if progress is None else f": prefill {progress[0]}/{progress[1]}\n\n"
 
     async def collect(self) -> GenerationResult:
         choices = {i: ChoiceResult(i) for i in range(self.params.n)}

@@ -20,7 +20,6 @@ from typing import Any
 from sanic import Blueprint, response
 
 from .chat_request import prepare_chat
-from .errors import ApiError
 from .generation import Generation, new_id
 from .model_facts import model_facts
 from .openai_chat import complete_chat, include_usage, stream_chat
@@ -83,13 +82,6 @@ async def model(request, name: str):
     service.require_ready()
     service.check_model(name)
     return response.json(model_card(service))
-
-
-@blueprint.post("/api/v0/embeddings")
-async def embeddings(request):
-    raise ApiError(
-        501, f"embeddings are not supported: '{request.app.ctx.service.model_name}' is a text generation model"
-    )
 
 
 # ---- the blocks LM Studio adds ------------------------------------------------------------------

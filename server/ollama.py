@@ -1,6 +1,6 @@
 """Ollama's API: `POST /api/chat` and `/api/generate` (NDJSON streams by default, one JSON object with
 `stream: false`), `GET /api/version`, and 501 for what a one-model server cannot do (pull, push,
-create, delete, copy, blobs, embeddings). The rest lives beside it: `ollama_request.py` (translating
+create, delete, copy, blobs; embeddings are server/embeddings.py). The rest lives beside it: `ollama_request.py` (translating
 requests and reply pieces), `ollama_generate.py` (`/api/generate`), `ollama_models.py` (`/api/tags`,
 `/api/show`, `/api/ps`).
 
@@ -165,8 +165,6 @@ _NOT_SUPPORTED = {
     ("POST", "/api/create"): "creating models is not supported",
     ("DELETE", "/api/delete"): "deleting models is not supported",
     ("POST", "/api/copy"): "copying models is not supported",
-    ("POST", "/api/embed"): "embeddings are not supported",
-    ("POST", "/api/embeddings"): "embeddings are not supported",
 }
 
 

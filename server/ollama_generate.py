@@ -1,7 +1,8 @@
 """Ollama's `POST /api/generate`: a prompt (with `system`) through the chat template — or, with `raw: true`
 (or the trivial template `{{ .Prompt }}`), tokenized as it is, like `/v1/completions` — streamed as NDJSON
 `response` deltas or answered as one object; the final reply carries `context` (prompt and output ids),
-which a later request may send back to continue."""
+which a later request may send back to continue. With `suffix`, the prompt and suffix become the model's
+fill-in-the-middle prompt (server/fim.py) instead of a chat turn."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from sanic import response
 
 from .chat_request import ChatRequest, prepare_chat
 from .errors import ApiError, bad_request
+from .fim import fim_prompt_ids, require_fim, with_fim_stops
 from .generation import HEARTBEAT, Generation, new_id
 from .ollama_models import check_ollama_model, requested_name
 from .ollama_request import (
@@ -33,8 +35,6 @@ _TRIVIAL_TEMPLATES = frozenset({"{{ .Prompt }}", "{{.Prompt}}"})
 
 def _generate_prompt(service, body: dict, model: str) -> tuple[ChatRequest | None, list[int], Any]:
     """(the chat request when templated, the prompt ids, the sampling params)."""
-    if body.get("suffix"):
-        raise bad_request("suffix (fill-in-the-middle) is not supported", "suffix")
     if body.get("images"):
         raise bad_request("images are not supported: the served model reads text only", "images")
     template = get_str(body, "template", "")
@@ -50,6 +50,11 @@ def _generate_prompt(service, body: dict, model: str) -> tuple[ChatRequest | Non
     if context:
         context = service.check_token_ids(context, "context")
     fields = openai_fields(body)
+    suffix = get_str(body, "suffix", "")
+    if suffix:
+        fim = require_fim(service, "suffix")
+        ids = fim_prompt_ids(service.tokenizer, fim, prompt, suffix)
+        return None, context + ids, _raw_params(service, with_fim_stops(fields, fim), body.get("format"))
     if raw:
         ids = (
             context + service.tokenizer.encode(prompt, add_special_tokens=False)

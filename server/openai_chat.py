@@ -15,7 +15,7 @@ from .errors import ApiError, error_body
 from .generation import HEARTBEAT, Generation, new_id
 from .openai_logprobs import chat_logprobs
 from .request_fields import get_bool, get_optional, json_body
-from .sse import DONE, HEARTBEAT_COMMENT, data, open_stream
+from .sse import DONE, data, open_stream
 
 blueprint = Blueprint("openai_chat")
 
@@ -102,7 +102,7 @@ async def stream_chat(
     try:
         async for output in generation.events():
             if output is HEARTBEAT:
-                await resp.send(HEARTBEAT_COMMENT)
+                await resp.send(generation.heartbeat_comment())
                 continue
             parser = parsers[output.index]
             deltas = parser.feed(output.text) if output.text else []

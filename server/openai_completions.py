@@ -1,5 +1,6 @@
 """OpenAI `POST /v1/completions`: a prompt (text or token ids) → text, with `echo`, integer `logprobs`
-(0–20 alternatives per token), `suffix` refused, n choices, streaming SSE with a final usage chunk."""
+(0–20 alternatives per token), `suffix` (fill-in-the-middle: the prompt is the text before the hole, built
+into the model's FIM prompt by server/fim.py), n choices, streaming SSE with a final usage chunk."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from sanic import Blueprint, response
 
 from ..runtime.sampling.params import SamplingParams
 from .errors import ApiError, bad_request, error_body
+from .fim import fim_prompt_ids, require_fim, with_fim_stops
 from .generation import HEARTBEAT, Generation, new_id
 from .openai_chat import Extra, fingerprint, include_usage, usage_dict
 from .openai_logprobs import completion_logprobs
 from .request_fields import get_bool, get_int, json_body, openai_sampling_fields, prompt_field
-from .sse import DONE, HEARTBEAT_COMMENT, data, open_stream
+from .sse import DONE, data, open_stream
 
 blueprint = Blueprint("openai_completions")
 
@@ -32,8 +34,6 @@ class CompletionRequest:
 def prepare_completion(service, body: dict) -> CompletionRequest:
     service.require_ready()
     service.check_model(body.get("model"))
-    if body.get("suffix"):
-        raise bad_request("suffix (fill-in-the-middle) is not supported", "suffix")
     best_of = get_int(body, "best_of", None, minimum=1)
     if best_of is not None and best_of != (body.get("n") or 1):
         raise bad_request("best_of is not supported (it must equal n)", "best_of")
@@ -42,13 +42,26 @@ def prepare_completion(service, body: dict) -> CompletionRequest:
         prompt = prompt[0]  # a batch of one
     elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise bad_request("one prompt per request (send several requests for a batch)", "prompt")
-    prompt_ids = prompt_field(service, prompt, "prompt")
-    logprobs = get_int(body, "logprobs", None, minimum=0, maximum=20)
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise bad_request("suffix must be a string", "suffix")
     fields = openai_sampling_fields(body, max_tokens_keys=("max_tokens",))
+    if suffix:
+        fim = require_fim(service, "suffix")
+        prompt = "" if prompt is None else prompt
+        if not isinstance(prompt, str):
+            raise bad_request("with suffix, prompt must be the text before the hole (a string)", "prompt")
+        prompt_ids = fim_prompt_ids(service.tokenizer, fim, prompt, suffix)
+        fields = with_fim_stops(fields, fim)
+    else:
+        prompt_ids = prompt_field(service, prompt, "prompt")
+    logprobs = get_int(body, "logprobs", None, minimum=0, maximum=20)
     fields["logprobs"] = logprobs
     params = service.sampling_params(fields)
     echo = get_bool(body, "echo", False)
-    echo_text = service.tokenizer.decode(prompt_ids, skip_special_tokens=False) if echo else ""
+    echo_text = (
+        "" if not echo else prompt if suffix else service.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+    )
     return CompletionRequest(
         prompt_ids, params, logprobs, echo_text, get_bool(body, "stream", False), include_usage(service, body)
     )
@@ -122,7 +135,7 @@ async def stream_completion(
     try:
         async for output in generation.events():
             if output is HEARTBEAT:
-                await resp.send(HEARTBEAT_COMMENT)
+                await resp.send(generation.heartbeat_comment())
                 continue
             lp = None
             if completion.logprobs is not None and output.logprobs:

@@ -10,8 +10,8 @@ one chat path (template, tools, grammars, reasoning) instead of growing a second
     text.format                   → response_format
     reasoning.effort              → reasoning_effort (summary ignored: there is no summariser)
 
-The server is stateless: `previous_response_id`, `conversation`, `item_reference` input items and
-`background` are refused (400 naming the field); `store` is accepted and nothing is stored.
+`previous_response_id`'s stored items (server/response_store.py) go before the input; `conversation`,
+`item_reference` input items and `background` are refused (400 naming the field).
 Errors the chat path raises name chat fields (`messages[3].content`); `responses_param` maps them
 back to the Responses field the client sent (`input[2].content`).
 """
@@ -80,15 +80,14 @@ def _call_suffix(suffix: str) -> str:
     return suffix.removeprefix(".function")
 
 
-def parse_responses_request(body: dict) -> ResponsesRequest:
-    for key, why in (
-        ("previous_response_id", "responses are not stored"),
-        ("conversation", "conversations are not stored"),
-    ):
-        if body.get(key) is not None:
-            raise bad_request(
-                f"{key} is not supported: this server is stateless ({why}); send the whole conversation in input", key
-            )
+def parse_responses_request(body: dict, previous_items: list[dict] | None = None) -> ResponsesRequest:
+    """`previous_items`: the stored conversation `previous_response_id` names (it goes before `input`)."""
+    if body.get("conversation") is not None:
+        raise bad_request(
+            "conversation is not supported: conversations are not stored; "
+            "send previous_response_id or the whole conversation in input",
+            "conversation",
+        )
     if get_bool(body, "background", False):
         raise bad_request("background responses are not supported (nothing is stored to poll)", "background")
     if body.get("prompt") is not None:
@@ -104,7 +103,6 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
         raise bad_request("include must be an array of strings", "include")
     if "message.output_text.logprobs" in include:
         raise bad_request("logprobs are not supported on /v1/responses (use /v1/chat/completions)", "include")
-    get_bool(body, "store", True)  # accepted; nothing is stored either way
     metadata = _metadata(body)
     instructions = get_optional(body, "instructions", str)
     max_output_tokens = get_int(body, "max_output_tokens", None, minimum=1)
@@ -113,6 +111,10 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
     if instructions is not None:
         messages.append({"role": "system", "content": instructions})
         request.sources.append("instructions")
+    if previous_items:
+        earlier = _input_messages(previous_items, ResponsesRequest(chat_body={}, stream=False, echo={}))
+        messages += earlier
+        request.sources += ["previous_response_id"] * len(earlier)
     messages += _input_messages(body.get("input"), request)
     tools, choice = _tools(body)
     response_format, text = _text_format(body)
@@ -140,6 +142,8 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
         "reasoning": {"effort": effort, "summary": None},
         "metadata": metadata,
         "user": get_optional(body, "user", str),
+        "previous_response_id": body.get("previous_response_id"),
+        "store": get_bool(body, "store", True),
     }
     return request
 
@@ -194,7 +198,7 @@ def _input_messages(raw: Any, request: ResponsesRequest) -> list[dict]:
             continue  # past reasoning: chat templates drop it from history anyway
         elif kind == "item_reference":
             raise bad_request(
-                "item_reference is not supported: this server is stateless (nothing is stored)", f"{where}.type"
+                "item_reference is not supported (send previous_response_id, or the items themselves)", f"{where}.type"
             )
         else:
             raise bad_request(

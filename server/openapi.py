@@ -98,7 +98,7 @@ def _paths(model: str) -> dict:
         "/v1/responses": {
             "post": _post(
                 "createResponse",
-                "Create a response (OpenAI Responses API, stateless: nothing is stored)",
+                "Create a response (OpenAI Responses API; stored per API key unless store is false)",
                 "ResponseRequest",
                 "Response",
                 extra_content=sse,
@@ -108,8 +108,8 @@ def _paths(model: str) -> dict:
         "/v1/responses/{response_id}": {
             "get": _get(
                 "getResponse",
-                "Always 404: responses are not stored",
-                None,
+                "A stored response (404 when it was not stored, was evicted, or is another key's)",
+                s.ref("Response"),
                 errors=(401, 404),
                 parameters=[_path_param("response_id")],
             )
@@ -207,9 +207,15 @@ def _paths(model: str) -> dict:
         "/v1/capacity": {
             "get": _get(
                 "capacity",
-                "Engine load: running and waiting requests, free KV blocks",
+                "Engine load: running and waiting requests, free KV blocks, prompts still prefilling",
                 s.obj(
                     {
+                        "prefilling": s.array(
+                            s.obj(
+                                {"id": s.STRING, "processed": s.INTEGER, "total": s.INTEGER},
+                                ("id", "processed", "total"),
+                            )
+                        ),
                         "active": s.INTEGER,
                         "waiting": s.INTEGER,
                         "free_kv_blocks": s.INTEGER,

@@ -123,7 +123,14 @@ def responses_request(model: str, context: int) -> Schema:
                 "additionalProperties": STRING,
                 "description": "echoed back",
             },
-            "store": {"type": "boolean", "description": "accepted; nothing is stored (the server is stateless)"},
+            "store": {
+                "type": "boolean",
+                "description": "keep the response (default true) in a bounded in-memory store, per API key",
+            },
+            "previous_response_id": {
+                "anyOf": [STRING, {"type": "null"}],
+                "description": "continue a stored response's conversation (400 when it is not stored)",
+            },
             "stream": BOOLEAN,
             "user": STRING,
         },

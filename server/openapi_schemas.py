@@ -210,8 +210,9 @@ def completion_request(model: str, vocab: int, context: int) -> Schema:
             "logprobs": integer(0, MAX_TOP_LOGPROBS, description="alternatives per token"),
             "best_of": integer(1, description="must equal n"),
             "suffix": {
-                "anyOf": [{"type": "string", "maxLength": 0}, {"type": "null"}],
-                "description": "fill-in-the-middle is not supported",
+                "anyOf": [{"type": "string"}, {"type": "null"}],
+                "description": "fill-in-the-middle: the text after the hole (prompt, a string, is the text before it); "
+                "400 when the served model has no FIM tokens",
             },
         },
         ("prompt",),

@@ -8,6 +8,7 @@ and submits to the engine, turning the runtime's exceptions into `ApiError`s (40
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
@@ -20,6 +21,7 @@ from typing import Any
 from ..runtime.engine.config import capacity_line
 from ..runtime.engine.engine import Engine, EngineFailedError, kv_bytes_per_block, sized_config
 from ..runtime.engine.streams import RequestStream
+from ..runtime.execution.hidden_states import Embedder
 from ..runtime.loading.known_models import resolve_model
 from ..runtime.loading.model import Model, load_model
 from ..runtime.loading.text.chat_template import ChatTemplate, ChatTemplateError
@@ -28,6 +30,7 @@ from ..runtime.sampling.params import SamplingParams
 from ..runtime.scheduling.requests import QueueFullError
 from .config import ServeConfig
 from .errors import ApiError, bad_request
+from .fim import FimTokens, detect_fim_tokens
 from .metrics import ServerMetrics
 from .tool_format import ToolCallFormat, tool_call_format_for_template
 
@@ -64,6 +67,7 @@ class ModelService:
         # how the served model writes tool calls, as its chat template shows it (JSON or XML form): set at load
         self.tool_format: ToolCallFormat = tool_call_format_for_template(None)
         self.eos_ids: frozenset[int] = frozenset()
+        self.fim_tokens: FimTokens | None = None  # the model's fill-in-the-middle markers: set at load
         self.model_name = config.served_model_name or _model_name(config.model)
         self.created = int(time.time())
         self.load_seconds: float | None = None
@@ -92,6 +96,7 @@ class ModelService:
                 )
                 self.tool_format = tool_call_format_for_template(self.template.source)
             self.eos_ids = end_of_generation_ids(tokenizer, model.checkpoint.generation_config)
+            self.fim_tokens = detect_fim_tokens(tokenizer)
             context = self._context_length(model)
             kv_bytes = int(self.config.kv_memory_gib * 2**30)
             block = 16
@@ -282,6 +287,12 @@ class ModelService:
             return self.require_ready().grammar_tokenizer().lltokenizer
         except ValueError as error:
             raise ApiError(400, f"this model cannot do constrained decoding: {error}") from error
+
+    @functools.cached_property
+    def embedder(self) -> Embedder:
+        """The served model's sentence embeddings (made on first use: its own jitted pass)."""
+        self.require_ready()
+        return Embedder(self.model)
 
     def abort(self, request_id: str) -> None:
         if self.engine is not None:

@@ -189,3 +189,12 @@ def test_metrics_are_prometheus_text_with_vllm_style_names(strict):
         'ember:request_success_total{finished_reason="length"}',
     ):
         assert name in text, name
+
+
+def test_the_chat_page_is_public_and_asks_for_the_key(strict):
+    """The page and its files hold no secret; the API behind them still wants the key (the page asks)."""
+    page = httpx.get(strict.url + "/", timeout=10)
+    assert page.status_code == 200 and "key-dialog" in page.text
+    assert httpx.get(strict.url + "/webui/app.js", timeout=10).status_code == 200
+    assert httpx.get(strict.url + "/v1/info", timeout=10).status_code == 401
+    assert httpx.get(strict.url + "/v1/info", headers=AUTH, timeout=10).status_code == 200

@@ -264,12 +264,10 @@ def test_unknown_model_is_404(client):
         lambda c, n: c.create(model="copy", from_=n),
         lambda c, n: c.delete(n),
         lambda c, n: c.copy(n, "copy"),
-        lambda c, n: c.embed(model=n, input="x"),
-        lambda c, n: c.embeddings(model=n, prompt="x"),
     ],
-    ids=["pull", "push", "create", "delete", "copy", "embed", "embeddings"],
+    ids=["pull", "push", "create", "delete", "copy"],
 )
-def test_model_management_and_embeddings_are_501(client, name, call):
+def test_model_management_is_501(client, name, call):
     with pytest.raises(ollama.ResponseError) as caught:
         call(client, name)
     assert caught.value.status_code == 501
@@ -298,7 +296,7 @@ def test_bad_chat_requests_are_400_in_ollamas_shape(server, name, body, field):
     "body, field",
     [
         ({"prompt": "x", "template": "{{ .System }} {{ .Prompt }} !"}, "template"),
-        ({"prompt": "x", "suffix": "y"}, "suffix"),
+        ({"prompt": "x", "suffix": 5}, "suffix"),
         ({"prompt": "x", "images": ["aGVsbG8="]}, "images"),
         ({"prompt": "x", "context": [-1]}, "token ids"),
     ],

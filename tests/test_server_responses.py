@@ -1,4 +1,4 @@
-"""`POST /v1/responses` (OpenAI Responses API, stateless) with the official `openai` SDK against a live
+"""`POST /v1/responses` (OpenAI Responses API; stored responses and previous_response_id) with the official `openai` SDK against a live
 `ember serve` on the tiny random-weight chat model: its text is random, so the tests check the shapes,
 the event order, and that streamed and whole answers agree. The event writer and the request
 translation are also checked offline (tool calls and reasoning, which the random model does not
@@ -181,13 +181,59 @@ def test_json_schema_format_gives_matching_json(client, model):
 # ---- refusals -----------------------------------------------------------------------------------------
 
 
-def test_previous_response_id_is_refused(client, model):
-    first = client.responses.create(model=model, input="Hello", max_output_tokens=2)
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.responses.create(model=model, input="And then?", previous_response_id=first.id, max_output_tokens=2)
-    assert caught.value.body["param"] == "previous_response_id" and "stateless" in caught.value.body["message"]
+def test_previous_response_id_continues_the_stored_conversation(server, client, model):
+    first = client.responses.create(model=model, input="Hello", instructions="Be brief.", max_output_tokens=3)
+    assert first.store is True
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    second = client.responses.create(
+        model=model, input="And then?", previous_response_id=first.id, max_output_tokens=2, store=False
+    )
+    assert second.previous_response_id == first.id and second.store is False
+    # the prompt was the stored conversation (without the old instructions) plus the new input
+    history = [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "And then?"},
+    ]
+    tokens = httpx.post(server.url + "/v1/tokenize", json={"messages": history}).json()["count"]
+    assert second.usage.input_tokens == tokens
     with pytest.raises(openai.NotFoundError):
-        client.responses.retrieve(first.id)  # nothing is stored
+        client.responses.retrieve(second.id)  # store: false
+    streamed = client.responses.create(
+        model=model, input="More.", previous_response_id=first.id, max_output_tokens=2, stream=True
+    )
+    final = [e for e in streamed if e.type in ("response.completed", "response.incomplete")][-1].response
+    assert client.responses.retrieve(final.id).previous_response_id == first.id  # streams are stored too
+
+
+def test_stored_responses_are_per_api_key(server, client, model):
+    first = client.responses.create(model=model, input="Hello", max_output_tokens=2)
+    other = openai.OpenAI(base_url=server.url + "/v1", api_key="another-key", max_retries=0, timeout=300)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(first.id)
+    with pytest.raises(openai.BadRequestError) as caught:
+        other.responses.create(model=model, input="x", previous_response_id=first.id, max_output_tokens=2)
+    assert caught.value.body["param"] == "previous_response_id"
+    assert caught.value.body["code"] == "previous_response_not_found"
+    assert client.responses.delete(first.id) is None
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+
+
+def test_store_is_lru_and_bounded():
+    from ember.server.response_store import ResponseStore
+
+    store = ResponseStore(max_entries=3, max_bytes=10_000)
+    for i in range(3):
+        store.put("k", {"id": f"r{i}"}, [{"role": "user", "content": "x"}])
+    assert store.get("k", "r0") is not None  # r0 becomes the most recently used
+    store.put("k", {"id": "r3"}, [])
+    assert store.get("k", "r1") is None and store.get("k", "r0") is not None and len(store) == 3
+    assert store.get("other", "r0") is None  # per key
+    store.put("k", {"id": "big"}, [{"content": "y" * 9_960}])  # over the byte bound: older ones go
+    assert store.get("k", "big") is not None and store.bytes <= 10_000 and len(store) == 1
+    store.put("k", {"id": "huge"}, [{"content": "z" * 20_000}])  # larger than the store: not kept
+    assert store.get("k", "huge") is None and store.get("k", "big") is not None
 
 
 @pytest.mark.parametrize(
@@ -448,5 +494,14 @@ def test_allowed_tools_narrows_the_tools():
     assert [t["function"]["name"] for t in request.chat_body["tools"]] == ["get_time"]
     assert request.chat_body["tool_choice"] == "required"
     with pytest.raises(ApiError) as caught:
-        parse_responses_request({"input": "x", "previous_response_id": "resp_1"})
-    assert caught.value.param == "previous_response_id"
+        parse_responses_request({"input": "x", "conversation": "conv_1"})
+    assert caught.value.param == "conversation"
+
+
+@pytest.mark.parametrize(("effort", "thinking"), [("none", False), ("minimal", False), ("low", True), ("high", True)])
+def test_reasoning_effort_becomes_the_templates_thinking_switch(effort, thinking):
+    from ember.server.chat_request import thinking_for_effort
+
+    request = parse_responses_request({"input": "x", "reasoning": {"effort": effort}})
+    assert request.chat_body["reasoning_effort"] == effort and request.echo["reasoning"]["effort"] == effort
+    assert thinking_for_effort(request.chat_body) is thinking

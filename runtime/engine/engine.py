@@ -169,6 +169,20 @@ class Engine:
                 },
             }
 
+    def prefill_progress(self) -> dict[str, tuple[int, int]]:
+        """Running requests whose prompt is not all in the KV cache yet: request id -> (prompt tokens computed,
+        prompt tokens); n > 1 choices report under the request's id (the furthest-behind choice). Queued
+        requests are not listed: nothing of theirs is being read yet."""
+        with self._lock:
+            out: dict[str, tuple[int, int]] = {}
+            for request in self.scheduler.running:
+                total = request.num_prompt_tokens
+                done = min(request.num_computed_tokens, total)
+                if done < total:
+                    rid = request.request_id.split("#")[0]
+                    out[rid] = min(out.get(rid, (done, total)), (done, total))
+            return out
+
     def default_params(self, **overrides) -> SamplingParams:
         """Sampling settings for a request that omits some: the checkpoint's generation_config defaults."""
         return SamplingParams.from_generation_config(self.model.checkpoint.generation_config, **overrides)
