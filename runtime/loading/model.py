@@ -19,6 +19,7 @@ from ..state.kinds import PagedKind, StateKind, layer_state_kinds, paged_kinds, 
 from .checkpoint import Checkpoint, open_checkpoint
 from .dims import Dims, ResolvedModel, resolve
 from .formats.errors import CheckpointError
+from .mtp import MtpParams, load_mtp
 from .plans import GENERATED_DIR, LoadedPlan, load_plan
 from .weights import KEPT_FORMATS, Params, dense_copier, device_placer, load_params
 
@@ -34,6 +35,17 @@ class Model:
     # the kernel policy every step is traced with: the target's, or an override file's (effective_policy)
     policy: KernelPolicy
     generated_dir: Path = GENERATED_DIR  # where the plan was loaded from
+    # the checkpoint's multi-token-prediction module (runtime/loading/mtp.py), None when it has none
+    mtp: MtpParams | None = None
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.mtp is not None
+
+    @property
+    def mtp_layers(self) -> int:
+        """How many MTP layers the checkpoint carries (0: none)."""
+        return 0 if self.mtp is None else len(self.mtp.layers)
 
     def traced(self, forward: Callable) -> Callable:
         """A plan's forward that traces inside this model's kernel policy (what a step function jits)."""
@@ -206,4 +218,13 @@ def load_model(
     )
     if bar is not None:
         bar.close()
-    return Model(spec, ckpt, resolved, plan, params, dtype, policy, generated_dir)
+    mtp = load_mtp(
+        spec,
+        plan.manifest,
+        ckpt,
+        resolved,
+        params.constants,
+        to_device=device_placer(dtype),
+        keep_formats=policy.weights.quantized_formats,
+    )
+    return Model(spec, ckpt, resolved, plan, params, dtype, policy, generated_dir, mtp)
