@@ -10,8 +10,9 @@ states of accepted tokens do not change) and recomputes the rest, so draft posit
 
 Hidden states come from a `TargetHiddenStates` source. The engine's verify step computes them (the seam: a
 source that hands back what the step returned, once the plan returns hidden states beside logits); until
-then `RecomputedHiddenStates` runs the target's plan with its head swapped for the identity (an extra
-forward over the sequence: exact, and what the tests use, but no speed-up).
+then `RecomputedHiddenStates` runs the target's plan with its head swapped for the identity over the whole
+sequence, and `IncrementalHiddenStates` keeps that pass per request and runs only the new tokens (exact, but an
+extra target forward per token: measurement, not speed-up).
 
 Greedy drafts (temperature 0) are point masses (probs None), which keeps rejection sampling exact for sampled
 rows too; with a temperature the drafter samples from the MTP's softmax and returns those rows as probs.
@@ -24,7 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..execution.hidden_states import Embedder
+from ..execution.hidden_states import Embedder, hidden_state_model
+from ..execution.sequence_runner import SequenceRunner
 from ..loading.model import Model
 from .drafter import Draft, DraftContext
 from .mtp_forward import MtpSequence
@@ -41,6 +43,33 @@ class RecomputedHiddenStates:
 
     def __call__(self, request_id: str, tokens: Sequence[int]) -> np.ndarray:
         return self.embedder.hidden_states([int(t) for t in tokens])
+
+
+class IncrementalHiddenStates:
+    """A TargetHiddenStates that keeps, per request, the target's hidden-state pass over the tokens it was asked
+    for and runs only the new ones (one extra target forward per accepted token, not per proposal). The tokens
+    asked for are the request's emitted ones, which never change, so its state only moves forward; a request
+    whose tokens do differ (a reused id) starts again. `release` drops a request."""
+
+    def __init__(self, model: Model, embedder: Embedder | None = None, max_model_len: int = 4096):
+        # an Embedder's hidden-state model when given: its compiled steps are shared
+        self.model = embedder.model if embedder is not None else hidden_state_model(model)
+        self.max_model_len = max_model_len
+        self.runs: dict[str, tuple[SequenceRunner, list[int], list[np.ndarray]]] = {}
+
+    def __call__(self, request_id: str, tokens: Sequence[int]) -> np.ndarray:
+        tokens = [int(t) for t in tokens]
+        run = self.runs.get(request_id)
+        if run is None or run[1] != tokens[: len(run[1])]:
+            run = self.runs[request_id] = (SequenceRunner(self.model, self.max_model_len), [], [])
+        runner, done, hidden = run
+        if len(tokens) > len(done):
+            hidden.append(np.asarray(runner.prefill(tokens[len(done) :], all_logits=True), np.float32))
+            done.extend(tokens[len(done) :])
+        return np.concatenate(hidden)[: len(tokens)]
+
+    def release(self, request_id: str) -> None:
+        self.runs.pop(request_id, None)
 
 
 @dataclass
@@ -92,6 +121,9 @@ class MtpDrafter:
 
     def release(self, request_id: str) -> None:
         self.sequences.pop(request_id, None)
+        release = getattr(self.hidden_states, "release", None)
+        if release is not None:
+            release(request_id)
 
     @staticmethod
     def _kept_positions(seq: _Sequence, tokens: list[int]) -> int:

@@ -29,7 +29,7 @@ from ...compiler.kernels.embedding import add, embedding, select_rows
 from ...compiler.kernels.norm.reference import rms_norm
 from ..loading.model import Model
 
-MIN_ROWS = 4  # row buckets: powers of two from here, so few shapes compile
+MIN_ROWS = 1  # row buckets: powers of two (a draft step is one row), so few shapes compile
 
 
 def mtp_forward(body, dims, mtp_globals, layer, constants, target_globals, kv, batch: StepBatch, hidden):
