@@ -18,6 +18,7 @@ from ember.runtime.loading.model import load_model
 from ember.runtime.speculative.drafter import DraftContext, Drafter
 from ember.runtime.speculative.mtp_drafter import IncrementalHiddenStates, MtpDrafter, RecomputedHiddenStates
 from ember.runtime.speculative.mtp_forward import MtpSequence
+from ember.tools.dev.spec_acceptance import mtp_drafter, replay
 
 # qwen3_next's MTP layer is the same body as qwen3_5_moe's (full attention + MoE): slow, to keep CI short
 ARCHS = (pytest.param("qwen3_next", marks=pytest.mark.slow), "qwen3_5", "qwen3_5_moe")
@@ -169,3 +170,15 @@ def test_incremental_hidden_states_equal_the_whole_pass():
     drafter.propose(DraftContext("r", tokens[:6], ()), 2)
     drafter.release("r")
     assert "r" not in source.runs
+
+
+def test_acceptance_replay_with_the_mtp_drafter():
+    """tools/dev/spec_acceptance.py's `mtp` drafter: replayed over an output that is its own greedy chain, every
+    draft is accepted; its per-request state (MTP cache, hidden-state pass) is released after the prompt."""
+    _, model, _, tokens, _, _ = _loaded("qwen3_5")
+    drafter = mtp_drafter(model, 64)
+    prompt = tokens[:8]
+    chain = list(mtp_drafter(model, 64).propose(DraftContext("c", prompt, ()), 3).token_ids)
+    stats = replay(drafter, "r", prompt, [*chain, 0], k=3)
+    assert (stats.steps, stats.num_accepted_tokens) == (1, 3)
+    assert not drafter.sequences and not drafter.hidden_states.runs
