@@ -50,6 +50,7 @@ def test_weights_load_with_a_flag():
     assert model.mtp.bodies == ("full_attention+moe",)
     assert not load_model(tiny_fixture("qwen3_moe")[0]).has_mtp  # a family without MTP tensors
     assert load_model(tiny_fixture("qwen3_5")[0]).mtp.bodies == ("full_attention+dense",)
+    assert not load_model(path, with_mtp=False).has_mtp
 
 
 def test_one_pass_and_chunks_match_the_reference(setup):

@@ -184,6 +184,7 @@ def load_model(
     generated_dir: Path = GENERATED_DIR,
     activation_dtype: str | None = None,
     kernel_policy: KernelPolicy | str | Path | None = None,
+    with_mtp: bool = True,
 ) -> Model:
     """A model from a checkpoint path (GGUF file, HF folder) or an opened Checkpoint.
     activation_dtype: run the plan in this dtype instead of its target's (e.g. the cpu target in bfloat16, to
@@ -192,7 +193,10 @@ def load_model(
     target: a target name, or a Target (its plan must exist under generated_dir/<name>/); GGUF tensors
     in the target's `quantized_formats` stay quantized on the device (with a dense copy beside them where the
     target keeps `dense_copies`), the rest become the plan's activation dtype: the target's kernel policy's
-    `weights`, which, like every kernel choice, `kernel_policy` may override (effective_policy)."""
+    `weights`, which, like every kernel choice, `kernel_policy` may override (effective_policy).
+
+    with_mtp: load the checkpoint's MTP module when it has one (Model.mtp; one more decoder layer's weights);
+    False leaves it on disk (a server that does not speculate with it)."""
     enable_compilation_cache()
     policy = effective_policy(target, kernel_policy)
     ckpt = path if isinstance(path, Checkpoint) else open_checkpoint(path)
@@ -218,13 +222,15 @@ def load_model(
     )
     if bar is not None:
         bar.close()
-    mtp = load_mtp(
-        spec,
-        plan.manifest,
-        ckpt,
-        resolved,
-        params.constants,
-        to_device=device_placer(dtype),
-        keep_formats=policy.weights.quantized_formats,
-    )
+    mtp = None
+    if with_mtp:
+        mtp = load_mtp(
+            spec,
+            plan.manifest,
+            ckpt,
+            resolved,
+            params.constants,
+            to_device=device_placer(dtype),
+            keep_formats=policy.weights.quantized_formats,
+        )
     return Model(spec, ckpt, resolved, plan, params, dtype, policy, generated_dir, mtp)
