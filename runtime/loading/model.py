@@ -20,6 +20,7 @@ from .checkpoint import Checkpoint, open_checkpoint
 from .dims import Dims, ResolvedModel, resolve
 from .formats.errors import CheckpointError
 from .memory_plan import check_fits, free_device_bytes, planned_weight_bytes
+from .mtp import MtpParams, load_mtp
 from .plans import GENERATED_DIR, LoadedPlan, load_plan
 from .weights import KEPT_FORMATS, Params, dense_copier, device_placer, load_params
 
@@ -35,6 +36,17 @@ class Model:
     # the kernel policy every step is traced with: the target's, or an override file's (effective_policy)
     policy: KernelPolicy
     generated_dir: Path = GENERATED_DIR  # where the plan was loaded from
+    # the checkpoint's multi-token-prediction module (runtime/loading/mtp.py), None when it has none
+    mtp: MtpParams | None = None
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.mtp is not None
+
+    @property
+    def mtp_layers(self) -> int:
+        """How many MTP layers the checkpoint carries (0: none)."""
+        return 0 if self.mtp is None else len(self.mtp.layers)
 
     def traced(self, forward: Callable) -> Callable:
         """A plan's forward that traces inside this model's kernel policy (what a step function jits)."""
@@ -174,6 +186,7 @@ def load_model(
     activation_dtype: str | None = None,
     kernel_policy: KernelPolicy | str | Path | None = None,
     free_bytes: int | None = None,
+    with_mtp: bool = True,
 ) -> Model:
     """A model from a checkpoint path (GGUF file, HF folder) or an opened Checkpoint.
     activation_dtype: run the plan in this dtype instead of its target's (e.g. the cpu target in bfloat16, to
@@ -184,7 +197,9 @@ def load_model(
     target keeps `dense_copies`), the rest become the plan's activation dtype: the target's kernel policy's
     `weights`, which, like every kernel choice, `kernel_policy` may override (effective_policy).
     free_bytes: the device memory the weights may take (default: what the device has free); a model whose
-    weights need more fails here, before any tensor is read or allocated (memory_plan.py)."""
+    weights need more fails here, before any tensor is read or allocated (memory_plan.py).
+    with_mtp: load the checkpoint's MTP module when it has one (Model.mtp; one more decoder layer's weights);
+    False leaves it on disk (a server that does not speculate with it)."""
     enable_compilation_cache()
     policy = effective_policy(target, kernel_policy)
     ckpt = path if isinstance(path, Checkpoint) else open_checkpoint(path)
@@ -215,4 +230,15 @@ def load_model(
     )
     if bar is not None:
         bar.close()
-    return Model(spec, ckpt, resolved, plan, params, dtype, policy, generated_dir)
+    mtp = None
+    if with_mtp:
+        mtp = load_mtp(
+            spec,
+            plan.manifest,
+            ckpt,
+            resolved,
+            params.constants,
+            to_device=device_placer(dtype),
+            keep_formats=policy.weights.quantized_formats,
+        )
+    return Model(spec, ckpt, resolved, plan, params, dtype, policy, generated_dir, mtp)

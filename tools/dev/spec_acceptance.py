@@ -7,9 +7,11 @@ replay moves to j + accepted + 1 (the accepted drafts, then the target's own tok
 is exactly what speculative decoding with the engine would do, so the counts are its acceptance; they are
 what the H200 replay drafter plays back (issue 32, "Measured").
 
-Drafters: `ngram` (ember.runtime.speculative.ngram, no weights) and `draft` (a second model decoding greedily
+Drafters: `ngram` (ember.runtime.speculative.ngram, no weights), `draft` (a second model decoding greedily
 as a plain second model, here through SequenceRunner with its KV cut back to the common prefix after every
-step: valid for attention-only models, whose cache past `length` is never read).
+step: valid for attention-only models, whose cache past `length` is never read) and `mtp` (the target's own
+MTP module, ember.runtime.speculative.mtp_drafter, fed by an incremental hidden-state pass of the target; for
+checkpoints that carry one: `--model PATH` of a Qwen3-Next / Qwen3.5 checkpoint).
 
 Target outputs are cached (--outputs-cache, JSON of token ids per prompt), so several drafter settings replay
 one target run. Drafts are capped so they never run past the end of T (the last steps draft fewer tokens).
@@ -36,6 +38,7 @@ from ember.runtime.loading.known_models import DEFAULT_MODEL, resolve_model
 from ember.runtime.loading.model import Model, load_model
 from ember.runtime.loading.text.prompting import end_of_generation_ids, load_tokenizer, render_chat
 from ember.runtime.speculative.drafter import Draft, DraftContext, Drafter
+from ember.runtime.speculative.mtp_drafter import IncrementalHiddenStates, MtpDrafter
 from ember.runtime.speculative.ngram import NgramConfig, NgramDrafter
 from ember.runtime.speculative.stats import AcceptanceStats
 
@@ -101,6 +104,11 @@ class GreedyModelDrafter:
         self.runner.length = 0
 
 
+def mtp_drafter(target: Model, capacity: int) -> MtpDrafter:
+    """The target's MTP drafter over an incremental hidden-state pass of the target (greedy drafts)."""
+    return MtpDrafter(target, IncrementalHiddenStates(target, max_model_len=capacity), max_model_len=capacity)
+
+
 def replay(drafter: Drafter, request_id: str, prompt_ids: list[int], output: list[int], k: int) -> AcceptanceStats:
     """The greedy speculative loop over the known output: drafts compared with it, never run past its end."""
     stats = AcceptanceStats()
@@ -127,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="code_editing", help="code_editing, free_form, or a JSON path")
     parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--drafter", choices=("ngram", "draft"), default="ngram")
+    parser.add_argument("--drafter", choices=("ngram", "draft", "mtp"), default="ngram")
     parser.add_argument("--draft-model", default=DRAFT_MODEL)
     parser.add_argument("--k", type=int, nargs="+", default=[4], help="draft lengths to replay (one result each)")
     parser.add_argument("--min-match", type=int, default=NgramConfig.min_match)
@@ -171,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         config = NgramConfig(min_match=args.min_match, max_match=args.max_match, max_drafts=max(args.k))
         drafter: Drafter = NgramDrafter(config)
         drafter_info = {"kind": "ngram", **asdict(config)}
+    elif args.drafter == "mtp":
+        capacity = max(len(prompts[i]) + len(outputs[i]) for i in prompts) + max(args.k) + 1
+        target = target or load_model(checkpoint, target="cpu")
+        drafter = mtp_drafter(target, capacity)
+        drafter_info = {"kind": "mtp", "mtp_layers": target.mtp_layers, "greedy": True}
     else:
         capacity = max(len(prompts[i]) + len(outputs[i]) for i in prompts) + max(args.k) + 1
         drafter = GreedyModelDrafter(
