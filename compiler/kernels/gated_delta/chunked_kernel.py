@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .recurrent_kernel import _conv_tap
+from .recurrent_kernel import _conv_tap, _l2_normalize, _log_decay, _segment_state, _write_window
 
 
 @triton.jit
@@ -74,23 +74,10 @@ def gated_delta_chunked_kernel(
     vb = tl.program_id(2)
     C: tl.constexpr = 2 * HK * DK + HV * DV
     R: tl.constexpr = HV // HK
-    kh = h // R
     start = seg * L
-    slot_raw = tl.load(slots_ptr + start)
-    valid = slot_raw >= 0
-    slot = tl.maximum(slot_raw, 0)
-    fresh = (tl.load(positions_ptr + start) == 0).to(tl.int32)
-
-    offs_k = tl.arange(0, BK)
-    offs_v = vb * BV + tl.arange(0, BV)
-    ok_k = offs_k < DK
-    ok_v = offs_v < DV
-    ch_q = kh * DK + offs_k
-    ch_k = HK * DK + kh * DK + offs_k
-    ch_v = 2 * HK * DK + h * DV + offs_v
-    state_offs = ((slot * HV + h) * DK + offs_k[:, None]) * DV + offs_v[None, :]
-    ok_s = ok_k[:, None] & ok_v[None, :]
-    s = tl.load(delta_in_ptr + state_offs, mask=ok_s & valid & (fresh == 0), other=0.0)  # [BK, BV]
+    valid, slot, fresh, offs_v, ok_k, ok_v, ch_q, ch_k, ch_v, state_offs, ok_s, s = _segment_state(
+        slots_ptr, positions_ptr, delta_in_ptr, start, h, vb, HK, HV, DK, DV, BK, BV
+    )
     a_neg = tl.load(a_neg_ptr + h).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
     scale = 1.0 / tl.sqrt(DK * 1.0)
@@ -109,13 +96,11 @@ def gated_delta_chunked_kernel(
         q = _conv_tile(qkv_ptr, conv_pool_ptr, w_ptr, start, j, slot, fresh, ch_q, ok_k, live, C, W)
         k = _conv_tile(qkv_ptr, conv_pool_ptr, w_ptr, start, j, slot, fresh, ch_k, ok_k, live, C, W)
         v = _conv_tile(qkv_ptr, conv_pool_ptr, w_ptr, start, j, slot, fresh, ch_v, ok_v, live, C, W)
-        q = q / tl.sqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None] * scale
-        k = k / tl.sqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
+        q = _l2_normalize(q, 1) * scale
+        k = _l2_normalize(k, 1)
         bt = tl.load(b_ptr + t * HV + h, mask=live, other=0.0).to(tl.float32)
         beta = tl.where(live, tl.sigmoid(bt), 0.0)
-        x = tl.load(a_ptr + t * HV + h, mask=live, other=0.0).to(tl.float32) + dt_bias
-        softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-        g = tl.where(live, a_neg * softplus, 0.0)
+        g = tl.where(live, _log_decay(tl.load(a_ptr + t * HV + h, mask=live, other=0.0), a_neg, dt_bias), 0.0)
         cum = tl.cumsum(g, axis=0)  # [BT]
         last = tl.sum(g, axis=0)
         diff = cum[:, None] - cum[None, :]
@@ -146,17 +131,9 @@ def gated_delta_chunked_kernel(
 
     tl.store(delta_ptr + state_offs, s, mask=ok_s & valid)
     writes_qk = (h % R == 0) & (vb == 0)
-    for r in tl.static_range(W - 1):
-        m = n + r
-        tap_t = start + m - (W - 1)
-        row_ptr = window_ptr + (seg * (W - 1) + r) * C
-        dtype = window_ptr.dtype.element_ty
-        xq = _conv_tap(qkv_ptr, conv_pool_ptr, tap_t, m, slot, fresh, ch_q, ok_k, C, W)
-        xk = _conv_tap(qkv_ptr, conv_pool_ptr, tap_t, m, slot, fresh, ch_k, ok_k, C, W)
-        xv = _conv_tap(qkv_ptr, conv_pool_ptr, tap_t, m, slot, fresh, ch_v, ok_v, C, W)
-        tl.store(row_ptr + ch_q, xq.to(dtype), mask=ok_k & writes_qk)
-        tl.store(row_ptr + ch_k, xk.to(dtype), mask=ok_k & writes_qk)
-        tl.store(row_ptr + ch_v, xv.to(dtype), mask=ok_v)
+    _write_window(
+        qkv_ptr, conv_pool_ptr, window_ptr, seg, start, n, slot, fresh, ch_q, ch_k, ch_v, ok_k, ok_v, writes_qk, C, W
+    )
 
 
 def launch_plan(*, segments: int, segment_len: int, hk, hv, dk, dv, width, chunk: int = 64, precision="tf32x3") -> dict:

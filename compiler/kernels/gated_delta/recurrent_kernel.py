@@ -36,6 +36,66 @@ def _conv_tap(qkv_ptr, pool_ptr, t, m, slot, fresh, ch, ok, C: tl.constexpr, W: 
 
 
 @triton.jit
+def _segment_state(
+    slots_ptr, positions_ptr, delta_in_ptr, start, h, vb,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    """What both kernels read first for a segment starting at row `start`, value head h, column block vb: its
+    slot (valid: not padding; fresh: position 0), the q / k / v channels of the head, and the state S [BK, BV]
+    (fp32, zeros when fresh) with its offsets and mask for the write back."""
+    R: tl.constexpr = HV // HK
+    kh = h // R
+    slot_raw = tl.load(slots_ptr + start)
+    valid = slot_raw >= 0
+    slot = tl.maximum(slot_raw, 0)
+    fresh = (tl.load(positions_ptr + start) == 0).to(tl.int32)
+    offs_k = tl.arange(0, BK)
+    offs_v = vb * BV + tl.arange(0, BV)
+    ok_k = offs_k < DK
+    ok_v = offs_v < DV
+    ch_q = kh * DK + offs_k
+    ch_k = HK * DK + kh * DK + offs_k
+    ch_v = 2 * HK * DK + h * DV + offs_v
+    state_offs = ((slot * HV + h) * DK + offs_k[:, None]) * DV + offs_v[None, :]
+    ok_s = ok_k[:, None] & ok_v[None, :]
+    s = tl.load(delta_in_ptr + state_offs, mask=ok_s & valid & (fresh == 0), other=0.0)  # [BK, BV]
+    return valid, slot, fresh, offs_v, ok_k, ok_v, ch_q, ch_k, ch_v, state_offs, ok_s, s
+
+
+@triton.jit
+def _l2_normalize(x, AXIS: tl.constexpr):
+    """x / sqrt(sum(x^2) + eps) along AXIS (the head dim), fp32."""
+    return x / tl.sqrt(tl.sum(x * x, axis=AXIS, keep_dims=True) + 1e-6)
+
+
+@triton.jit
+def _log_decay(a, a_neg, dt_bias):
+    """g = a_neg * softplus(a + dt_bias) (softplus linear above 20), fp32."""
+    x = a.to(tl.float32) + dt_bias
+    return a_neg * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+
+
+@triton.jit
+def _write_window(
+    qkv_ptr, pool_ptr, window_ptr, seg, start, n, slot, fresh, ch_q, ch_k, ch_v, ok_k, ok_v, writes_qk,
+    C: tl.constexpr, W: tl.constexpr,
+):  # fmt: skip
+    """The segment's new conv window seen[n .. n + W - 2] (n = its real tokens) to window_ptr[seg]; q / k only
+    where writes_qk (one writer per channel)."""
+    for r in tl.static_range(W - 1):
+        m = n + r
+        tap_t = start + m - (W - 1)
+        row = window_ptr + (seg * (W - 1) + r) * C
+        xq = _conv_tap(qkv_ptr, pool_ptr, tap_t, m, slot, fresh, ch_q, ok_k, C, W)
+        xk = _conv_tap(qkv_ptr, pool_ptr, tap_t, m, slot, fresh, ch_k, ok_k, C, W)
+        xv = _conv_tap(qkv_ptr, pool_ptr, tap_t, m, slot, fresh, ch_v, ok_v, C, W)
+        dtype = window_ptr.dtype.element_ty
+        tl.store(row + ch_q, xq.to(dtype), mask=ok_k & writes_qk)
+        tl.store(row + ch_k, xk.to(dtype), mask=ok_k & writes_qk)
+        tl.store(row + ch_v, xv.to(dtype), mask=ok_v)
+
+
+@triton.jit
 def gated_delta_recurrent_kernel(
     qkv_ptr,  # [N, C] the input projection's q, k, v (before the conv)
     b_ptr,  # [N, HV]
@@ -65,25 +125,11 @@ def gated_delta_recurrent_kernel(
     vb = tl.program_id(2)
     C: tl.constexpr = 2 * HK * DK + HV * DV
     R: tl.constexpr = HV // HK
-    kh = h // R
     start = tl.where(seg < B, seg, B + (seg - B) * L)
     length = tl.where(seg < B, 1, L)
-    slot_raw = tl.load(slots_ptr + start)
-    valid = slot_raw >= 0
-    slot = tl.maximum(slot_raw, 0)
-    fresh = (tl.load(positions_ptr + start) == 0).to(tl.int32)
-
-    offs_k = tl.arange(0, BK)
-    offs_v = vb * BV + tl.arange(0, BV)
-    ok_k = offs_k < DK
-    ok_v = offs_v < DV
-    ch_q = kh * DK + offs_k
-    ch_k = HK * DK + kh * DK + offs_k
-    ch_v = 2 * HK * DK + h * DV + offs_v
-
-    state_offs = ((slot * HV + h) * DK + offs_k[:, None]) * DV + offs_v[None, :]
-    ok_s = ok_k[:, None] & ok_v[None, :]
-    s = tl.load(delta_in_ptr + state_offs, mask=ok_s & valid & (fresh == 0), other=0.0)  # [BK, BV]
+    valid, slot, fresh, offs_v, ok_k, ok_v, ch_q, ch_k, ch_v, state_offs, ok_s, s = _segment_state(
+        slots_ptr, positions_ptr, delta_in_ptr, start, h, vb, HK, HV, DK, DV, BK, BV
+    )
     a_neg = tl.load(a_neg_ptr + h).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
     scale = 1.0 / tl.sqrt(DK * 1.0)
@@ -110,12 +156,10 @@ def gated_delta_recurrent_kernel(
         q = acc_q * tl.sigmoid(acc_q)
         k = acc_k * tl.sigmoid(acc_k)
         v = acc_v * tl.sigmoid(acc_v)
-        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
-        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+        q = _l2_normalize(q, 0) * scale
+        k = _l2_normalize(k, 0)
         beta = tl.sigmoid(tl.load(b_ptr + t * HV + h).to(tl.float32))
-        x = tl.load(a_ptr + t * HV + h).to(tl.float32) + dt_bias
-        softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-        decay = tl.exp(a_neg * softplus)
+        decay = tl.exp(_log_decay(tl.load(a_ptr + t * HV + h), a_neg, dt_bias))
         s_new = s * decay
         remembered = tl.sum(s_new * k[:, None], axis=0)  # [BV]
         s_new = s_new + k[:, None] * (beta * (v - remembered))[None, :]
@@ -127,19 +171,10 @@ def gated_delta_recurrent_kernel(
 
     tl.store(delta_ptr + state_offs, s, mask=ok_s & valid)
 
-    # the new window: seen[n .. n + W - 2]
     writes_qk = (h % R == 0) & (vb == 0)
-    for r in tl.static_range(W - 1):
-        m = n + r
-        tap_t = start + m - (W - 1)
-        row = window_ptr + (seg * (W - 1) + r) * C
-        xq = _conv_tap(qkv_ptr, conv_pool_ptr, tap_t, m, slot, fresh, ch_q, ok_k, C, W)
-        xk = _conv_tap(qkv_ptr, conv_pool_ptr, tap_t, m, slot, fresh, ch_k, ok_k, C, W)
-        xv = _conv_tap(qkv_ptr, conv_pool_ptr, tap_t, m, slot, fresh, ch_v, ok_v, C, W)
-        dtype = window_ptr.dtype.element_ty
-        tl.store(row + ch_q, xq.to(dtype), mask=ok_k & writes_qk)
-        tl.store(row + ch_k, xk.to(dtype), mask=ok_k & writes_qk)
-        tl.store(row + ch_v, xv.to(dtype), mask=ok_v)
+    _write_window(
+        qkv_ptr, conv_pool_ptr, window_ptr, seg, start, n, slot, fresh, ch_q, ch_k, ch_v, ok_k, ok_v, writes_qk, C, W
+    )
 
 
 def launch_plan(*, decode_rows: int, segments: int, segment_len: int, hk, hv, dk, dv, width) -> dict:

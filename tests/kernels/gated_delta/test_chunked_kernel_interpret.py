@@ -8,8 +8,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gated_delta_support import step_batch
 from interpreter import HostBuffer
-from test_recurrent_kernel_interpret import SLOTS, _batch
+from test_recurrent_kernel_interpret import SLOTS
 
 from ember.compiler.kernels.gated_delta import op
 from ember.compiler.kernels.gated_delta.chunked_kernel import gated_delta_chunked_kernel, launch_plan
@@ -66,7 +67,7 @@ def test_chunked_kernel_matches_the_reference_scan(lengths, seg_len, dims):
         b, a = (rng.standard_normal((n, hv)).astype(np.float32) for _ in range(2))
         want, *ref_pools = op.gated_delta(
             jnp.asarray(qkv), jnp.asarray(b), jnp.asarray(a), 0, jnp.asarray(conv), jnp.asarray(a_neg),
-            jnp.asarray(dt_bias), *ref_pools, _batch(positions, slots, layout),
+            jnp.asarray(dt_bias), *ref_pools, step_batch(positions, slots, layout),
             hk=hk, hv=hv, dk=dk, dv=dv, kernel=width,
         )  # fmt: skip
         out, *pools = run_chunked(

@@ -15,7 +15,8 @@ pytest.importorskip("triton")
 if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda)", allow_module_level=True)
 
-from ember.compiler.batch import StepBatch  # noqa: E402
+from gated_delta_support import step_batch  # noqa: E402
+
 from ember.compiler.kernels.gated_delta import gpu, op  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -23,20 +24,6 @@ pytestmark = pytest.mark.gpu
 HK, HV, DK, DV, W = 16, 32, 128, 128, 4
 C = 2 * HK * DK + HV * DV
 SLOTS = 12
-
-
-def _batch(positions, slots, layout):
-    b, p, _ = layout
-    return StepBatch(
-        tokens=None,
-        positions=jnp.asarray(positions, jnp.int32),
-        slots=None,
-        dec_block_tables=None,
-        dec_ctx_lens=jnp.ones(b, jnp.int32),
-        pre_block_table=jnp.zeros((1, p, 1), jnp.int32),
-        logit_rows=None,
-        state_slots=jnp.asarray(slots, jnp.int32)[None],
-    )
 
 
 def _inputs(rng, n, dtype):
@@ -80,7 +67,7 @@ def test_kernels_match_the_reference_across_steps(dtype, lengths, form, kernel_o
     for slots, positions, layout in steps:
         qkv, b, a = _inputs(rng, len(slots), dtype)
         want, *ref_pools = op.gated_delta(
-            qkv, b, a, 0, conv, a_neg, dt_bias, *ref_pools, _batch(positions, slots, layout), **dims
+            qkv, b, a, 0, conv, a_neg, dt_bias, *ref_pools, step_batch(positions, slots, layout), **dims
         )
         got, *ker_pools = kernel(
             qkv, b, a, conv, a_neg, dt_bias, *ker_pools, jnp.asarray(slots), jnp.asarray(positions),

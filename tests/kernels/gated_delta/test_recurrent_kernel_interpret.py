@@ -7,11 +7,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gated_delta_support import step_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from interpreter import HostBuffer
 
-from ember.compiler.batch import StepBatch
 from ember.compiler.kernels.gated_delta import op
 from ember.compiler.kernels.gated_delta.gpu import scatter_windows
 from ember.compiler.kernels.gated_delta.recurrent_kernel import gated_delta_recurrent_kernel, launch_plan
@@ -19,20 +19,6 @@ from ember.compiler.kernels.gated_delta.recurrent_kernel import gated_delta_recu
 pytestmark = pytest.mark.interpret
 
 SLOTS = 5
-
-
-def _batch(positions, slots, layout):
-    b, p, _ = layout
-    return StepBatch(
-        tokens=None,
-        positions=jnp.asarray(positions, jnp.int32),
-        slots=None,
-        dec_block_tables=None,
-        dec_ctx_lens=jnp.ones(b, jnp.int32),
-        pre_block_table=jnp.zeros((1, p, 1), jnp.int32),
-        logit_rows=None,
-        state_slots=jnp.asarray(slots, jnp.int32)[None],
-    )
 
 
 def run_kernel(qkv, b, a, conv, a_neg, dt_bias, slots, positions, conv_pool, delta_pool, layout, dims):
@@ -103,7 +89,7 @@ def test_kernel_matches_the_reference_scan(seed, decode_rows, lengths, grouped):
         qkv, b, a, slots, positions = _step(rng, dims, lengths, decode_rows, seg_len, continuing=call > 0)
         want, *ref_pools = op.gated_delta(
             jnp.asarray(qkv), jnp.asarray(b), jnp.asarray(a), 0, jnp.asarray(conv), jnp.asarray(a_neg),
-            jnp.asarray(dt_bias), *ref_pools, _batch(positions, slots, layout),
+            jnp.asarray(dt_bias), *ref_pools, step_batch(positions, slots, layout),
             hk=hk, hv=hv, dk=dk, dv=dv, kernel=width,
         )  # fmt: skip
         out, *pools = run_kernel(qkv, b, a, conv, a_neg, dt_bias, slots, positions, *pools, layout, dims)
