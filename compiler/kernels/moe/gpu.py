@@ -19,6 +19,22 @@ from . import op, reference
 _FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 
+def _launch(kernel, plan: dict, args: tuple, out_shape, *, num_stages: int, **meta):
+    """One kernel launch from a launch plan entry {grid, num_warps, meta}; meta adds constants it lacks."""
+    from ember.compiler.kernels.triton.launch import triton_call
+
+    return triton_call(
+        *args,
+        kernel=kernel,
+        out_shape=out_shape,
+        grid=plan["grid"],
+        num_warps=plan["num_warps"],
+        num_stages=num_stages,
+        **plan["meta"],
+        **meta,
+    )
+
+
 def use_kernel(x, router, gate, up, down, act: str, *, any_rows: bool = False) -> bool:
     """Whether a kernel path runs: a GPU with Triton, the policy's moe.triton, plain float weights, silu; rows up to
     moe.gemv_max_rows, or more with moe.grouped (any_rows: any count)."""
@@ -55,8 +71,6 @@ def moe_invariant(x, router, gate, up, down, *, top_k: int, normalize: bool, act
 def experts_grouped_triton(x, weights, chosen, gate, up, down):
     """The grouped GEMM's launches: weights [N, k] fp32, chosen [N, k] int32 -> [N, d] in x's dtype, the k terms
     of a row added in j order."""
-    from ember.compiler.kernels.triton.launch import triton_call
-
     from .grouped_kernels import launch_plan, moe_grouped_down_kernel, moe_grouped_gate_up_kernel, tile_map
 
     n, d = x.shape
@@ -66,23 +80,13 @@ def experts_grouped_triton(x, weights, chosen, gate, up, down):
     order, tile_expert, tile_start, tile_size = tile_map(chosen, experts, plan["block_m"])
     tiles = (tile_expert, tile_start, tile_size)
     m = n * top_k
-    h = triton_call(
-        x, order // top_k, *tiles, gate, up,
-        kernel=moe_grouped_gate_up_kernel,
-        out_shape=jax.ShapeDtypeStruct((m, f), jnp.float32),
-        grid=plan["gate_up"]["grid"],
-        num_warps=plan["gate_up"]["num_warps"],
-        num_stages=3,
-        **plan["gate_up"]["meta"],
+    h = _launch(
+        moe_grouped_gate_up_kernel, plan["gate_up"], (x, order // top_k, *tiles, gate, up),
+        jax.ShapeDtypeStruct((m, f), jnp.float32), num_stages=3,
     )  # fmt: skip
-    y = triton_call(
-        h, weights.reshape(-1).astype(jnp.float32)[order], *tiles, down,
-        kernel=moe_grouped_down_kernel,
-        out_shape=jax.ShapeDtypeStruct((m, d), jnp.float32),
-        grid=plan["down"]["grid"],
-        num_warps=plan["down"]["num_warps"],
-        num_stages=3,
-        **plan["down"]["meta"],
+    y = _launch(
+        moe_grouped_down_kernel, plan["down"], (h, weights.reshape(-1).astype(jnp.float32)[order], *tiles, down),
+        jax.ShapeDtypeStruct((m, d), jnp.float32), num_stages=3,
     )  # fmt: skip
     terms = jnp.zeros_like(y).at[order].set(y).reshape(n, top_k, d)  # back to (token, j) order
     out = terms[:, 0]
@@ -93,29 +97,16 @@ def experts_grouped_triton(x, weights, chosen, gate, up, down):
 
 def route_triton(x, router, *, top_k: int, normalize: bool):
     """The router kernel's launch -> (weights [N, top_k] fp32, experts [N, top_k] int32), as reference.route."""
-    from ember.compiler.kernels.triton.launch import triton_call
-
     from .decode_kernels import launch_plans, moe_router_kernel
 
     n, d = x.shape
     plan = launch_plans(n, d, 1, router.shape[0], int(top_k))["router"]
-    return triton_call(
-        x,
-        router,
-        kernel=moe_router_kernel,
-        out_shape=(jax.ShapeDtypeStruct((n, top_k), jnp.float32), jax.ShapeDtypeStruct((n, top_k), jnp.int32)),
-        grid=plan["grid"],
-        num_warps=plan["num_warps"],
-        num_stages=1,
-        NORMALIZE=bool(normalize),
-        **plan["meta"],
-    )
+    out_shape = (jax.ShapeDtypeStruct((n, top_k), jnp.float32), jax.ShapeDtypeStruct((n, top_k), jnp.int32))
+    return _launch(moe_router_kernel, plan, (x, router), out_shape, num_stages=1, NORMALIZE=bool(normalize))
 
 
 def experts_triton(x, weights, chosen, gate, up, down):
     """The expert GEMVs' launches: weights [N, k] fp32, chosen [N, k] int32 -> [N, d] in x's dtype."""
-    from ember.compiler.kernels.triton.launch import triton_call
-
     from .decode_kernels import launch_plans, moe_down_kernel, moe_gate_up_kernel
 
     n, d = x.shape
@@ -123,23 +114,13 @@ def experts_triton(x, weights, chosen, gate, up, down):
     experts, f, _ = gate.shape
     plans = launch_plans(n, d, f, experts, top_k)
     pairs = chosen.reshape(-1).astype(jnp.int32)
-    h = triton_call(
-        x, pairs, gate, up,
-        kernel=moe_gate_up_kernel,
-        out_shape=jax.ShapeDtypeStruct((n * top_k, f), jnp.float32),
-        grid=plans["gate_up"]["grid"],
-        num_warps=plans["gate_up"]["num_warps"],
-        num_stages=2,
-        **plans["gate_up"]["meta"],
+    h = _launch(
+        moe_gate_up_kernel, plans["gate_up"], (x, pairs, gate, up),
+        jax.ShapeDtypeStruct((n * top_k, f), jnp.float32), num_stages=2,
     )  # fmt: skip
-    return triton_call(
-        h, pairs, weights.reshape(-1).astype(jnp.float32), down,
-        kernel=moe_down_kernel,
-        out_shape=jax.ShapeDtypeStruct((n, d), x.dtype),
-        grid=plans["down"]["grid"],
-        num_warps=plans["down"]["num_warps"],
-        num_stages=2,
-        **plans["down"]["meta"],
+    return _launch(
+        moe_down_kernel, plans["down"], (h, pairs, weights.reshape(-1).astype(jnp.float32), down),
+        jax.ShapeDtypeStruct((n, d), x.dtype), num_stages=2,
     )  # fmt: skip
 
 

@@ -22,6 +22,23 @@ import triton.language as tl
 
 
 @triton.jit
+def _tile_pairs(
+    tile_expert_ptr, tile_start_ptr, tile_size_ptr, N: tl.constexpr, E: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr
+):
+    """This program's tile: its expert (int64, clamped for unused tiles), first sorted pair `start`, the tile's
+    rows r [BM] with ok_r (r < the pairs in it), and its output columns n [BN] of N with ok_n."""
+    tile = tl.program_id(0)
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    ok_n = n < N
+    expert = tl.minimum(tl.load(tile_expert_ptr + tile), E - 1).to(tl.int64)
+    start = tl.load(tile_start_ptr + tile)
+    size = tl.load(tile_size_ptr + tile)
+    r = tl.arange(0, BM)
+    ok_r = r < size
+    return expert, start, r, ok_r, n, ok_n
+
+
+@triton.jit
 def moe_grouped_gate_up_kernel(
     x_ptr,  # [rows, D]
     token_ptr,  # [M] int32: the token of each sorted pair
@@ -38,14 +55,7 @@ def moe_grouped_gate_up_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    n = tl.program_id(1) * BN + tl.arange(0, BN)
-    ok_n = n < F
-    expert = tl.minimum(tl.load(tile_expert_ptr + tile), E - 1).to(tl.int64)
-    start = tl.load(tile_start_ptr + tile)
-    size = tl.load(tile_size_ptr + tile)
-    r = tl.arange(0, BM)
-    ok_r = r < size
+    expert, start, r, ok_r, n, ok_n = _tile_pairs(tile_expert_ptr, tile_start_ptr, tile_size_ptr, F, E, BM, BN)
     token = tl.load(token_ptr + start + r, mask=ok_r, other=0)
     acc_g = tl.zeros([BM, BN], tl.float32)
     acc_u = tl.zeros([BM, BN], tl.float32)
@@ -79,14 +89,7 @@ def moe_grouped_down_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    n = tl.program_id(1) * BN + tl.arange(0, BN)
-    ok_n = n < D
-    expert = tl.minimum(tl.load(tile_expert_ptr + tile), E - 1).to(tl.int64)
-    start = tl.load(tile_start_ptr + tile)
-    size = tl.load(tile_size_ptr + tile)
-    r = tl.arange(0, BM)
-    ok_r = r < size
+    expert, start, r, ok_r, n, ok_n = _tile_pairs(tile_expert_ptr, tile_start_ptr, tile_size_ptr, D, E, BM, BN)
     acc = tl.zeros([BM, BN], tl.float32)
     base = expert * D * F + n[None, :] * F
     for k0 in range(0, F, BK):
