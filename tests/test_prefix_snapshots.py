@@ -8,11 +8,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from scheduler_support import soak
 from test_scheduler import STOP, check_invariants, generate_alone, prompt_of, request
 from test_scheduler_slots import KIND, RecurrentMock
 
 from ember.runtime.scheduling.prefix_snapshots import SnapshotPlanner, prefix_hash
-from ember.runtime.scheduling.requests import QueueFullError, Request
+from ember.runtime.scheduling.requests import Request
 from ember.runtime.scheduling.scheduled_step import PrefillShapes, ScheduledStep
 from ember.runtime.scheduling.scheduler import Scheduler
 from ember.runtime.state.block_pool import BlockPool
@@ -137,39 +138,14 @@ def test_soak_with_snapshots_aborts_and_preemptions(segments):
         prompt = rng.choice(bases)[: rng.randint(1, 30)] + prompt_of(rng.randint(0, 12), 1000 + i)
         pending.append(Request(f"q{i}", prompt or [1], rng.randint(1, 24), frozenset({STOP})))
     specs = {r.request_id: (list(r.prompt_token_ids), r.max_tokens) for r in pending}
-    streamed = {rid: [] for rid in specs}
-    finished, aborted = {}, set()
-    pending.reverse()
-    for _ in range(10_000):
-        while pending and rng.random() < 0.6:
-            try:
-                s.add(pending[-1])
-                pending.pop()
-            except QueueFullError:
-                break
-        if rng.random() < 0.04 and s.has_work:
-            rid = rng.choice([r.request_id for r in list(s.waiting) + s.running])
-            assert s.abort(rid)
-            aborted.add(rid)
-        if not s.has_work:
-            if not pending:
-                break
-            continue
-        plan = s.schedule()
-        sampled = mock.run(plan)
-        if plan.logit_request_ids and rng.random() < 0.02:
-            rid = rng.choice(plan.logit_request_ids)
-            assert s.abort(rid)
-            aborted.add(rid)
-        for out in s.update(plan, sampled):
-            streamed[out.request_id] += out.new_token_ids
-            if out.finish_reason:
-                finished[out.request_id] = out.finish_reason
+
+    def check(s):
         check_invariants(s)
         check_store(s, store)
         assert store.all_free()  # no reservation outlives its step
-    else:
-        raise AssertionError("soak did not drain")
+
+    res = soak(s, mock, pending, rng, check)
+    streamed, finished, aborted = res.streamed, res.finished, res.aborted
     assert set(finished) | aborted == set(specs)
     for rid, (prompt, max_tokens) in specs.items():
         expected = generate_alone(prompt, max_tokens)

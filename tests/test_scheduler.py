@@ -14,6 +14,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from scheduler_support import soak
 
 from ember.runtime.scheduling.requests import QueueFullError, Request, RequestStatus, RequestTooLongError
 from ember.runtime.scheduling.scheduled_step import PrefillShapes, ScheduledStep
@@ -450,40 +451,8 @@ def test_soak_500_requests_with_aborts_and_preemptions(window, window_blocks, se
         prompt = (rng.choice(bases) if rng.random() < 0.5 else []) + prompt_of(rng.randint(1, 40), 1000 + i)
         pending.append(Request(f"q{i}", prompt, rng.randint(1, 24), frozenset({STOP})))
     specs = {r.request_id: (list(r.prompt_token_ids), r.max_tokens) for r in pending}
-    streamed = {rid: [] for rid in specs}
-    finished, aborted, overloads = {}, set(), 0
-    pending.reverse()
-    for _ in range(20_000):
-        while pending and rng.random() < 0.6:
-            try:
-                s.add(pending[-1])
-                pending.pop()
-            except QueueFullError:
-                overloads += 1
-                break
-        if rng.random() < 0.04 and s.has_work:
-            rid = rng.choice([r.request_id for r in list(s.waiting) + s.running])
-            assert s.abort(rid) and rid not in aborted
-            aborted.add(rid)
-        if not s.has_work:
-            if not pending:
-                break
-            continue
-        plan = s.schedule()
-        sampled = mock.run(plan)
-        if plan.logit_request_ids and rng.random() < 0.02:  # abort while the step is "on the device"
-            rid = rng.choice(plan.logit_request_ids)
-            assert s.abort(rid)
-            aborted.add(rid)
-        for out in s.update(plan, sampled):
-            assert out.request_id not in finished and out.request_id not in aborted, "answered after its end"
-            streamed[out.request_id] += out.new_token_ids
-            if out.finish_reason:
-                finished[out.request_id] = out.finish_reason
-        check_invariants(s)
-    else:
-        raise AssertionError("soak did not drain")
-    assert not pending and not s.has_work
+    res = soak(s, mock, pending, rng, check_invariants, max_steps=20_000)
+    streamed, finished, aborted = res.streamed, res.finished, res.aborted
     assert set(finished) | aborted == set(specs) and not set(finished) & aborted  # each ended exactly once
     for rid, (prompt, max_tokens) in specs.items():
         expected = generate_alone(prompt, max_tokens)
@@ -499,4 +468,4 @@ def test_soak_500_requests_with_aborts_and_preemptions(window, window_blocks, se
     assert snap.finished == len(finished) and snap.aborted == len(aborted)
     # the soak really exercised what it claims to
     assert snap.preemptions > 10 and snap.kv.evictions > 10 and snap.kv.prefix_hits > 10, snap
-    assert 20 < len(aborted) < 250 and overloads > 0
+    assert 20 < len(aborted) < 250 and res.overloads > 0

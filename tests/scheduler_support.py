@@ -1,0 +1,58 @@
+"""The random soak loop the scheduler tests share (test_scheduler.py, test_scheduler_slots.py,
+test_prefix_snapshots.py): requests added while the queue takes them, random aborts (also while a step is "on the
+device") and the mock plan's steps, with a per-step check of the caller's invariants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ember.runtime.scheduling.requests import QueueFullError, Request
+
+
+@dataclass
+class SoakResult:
+    streamed: dict[str, list[int]]  # request id -> the tokens it was sent
+    finished: dict[str, str] = field(default_factory=dict)  # request id -> finish reason
+    aborted: set[str] = field(default_factory=set)
+    overloads: int = 0  # adds refused with QueueFullError (retried later)
+
+
+def soak(s, mock, requests: list[Request], rng, check, max_steps: int = 10_000) -> SoakResult:
+    """Drive `s` with `mock` until every request of `requests` (in submission order) has been added and the
+    scheduler has no work; check(s) after every step. Fails if it does not drain in max_steps."""
+    pending = list(reversed(requests))
+    result = SoakResult({r.request_id: [] for r in requests})
+    for _ in range(max_steps):
+        while pending and rng.random() < 0.6:
+            try:
+                s.add(pending[-1])
+                pending.pop()
+            except QueueFullError:
+                result.overloads += 1
+                break
+        if rng.random() < 0.04 and s.has_work:
+            rid = rng.choice([r.request_id for r in list(s.waiting) + s.running])
+            assert s.abort(rid) and rid not in result.aborted
+            result.aborted.add(rid)
+        if not s.has_work:
+            if not pending:
+                break
+            continue
+        plan = s.schedule()
+        sampled = mock.run(plan)
+        if plan.logit_request_ids and rng.random() < 0.02:  # abort while the step is "on the device"
+            rid = rng.choice(plan.logit_request_ids)
+            assert s.abort(rid)
+            result.aborted.add(rid)
+        for out in s.update(plan, sampled):
+            assert out.request_id not in result.finished and out.request_id not in result.aborted, (
+                "answered after its end"
+            )
+            result.streamed[out.request_id] += out.new_token_ids
+            if out.finish_reason:
+                result.finished[out.request_id] = out.finish_reason
+        check(s)
+    else:
+        raise AssertionError("soak did not drain")
+    assert not pending and not s.has_work
+    return result
