@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 from gguf_test_data import write_gguf
+from tiny_configs import TINY_LLAMA
 
 from ember.compiler.codegen.emit import generate, write_plan
 from ember.compiler.kernels.gguf_gemv import DenseBacked, QuantizedWeight, WeightGroup, dequantize
@@ -42,26 +43,15 @@ CPU_QUANT = dataclasses.replace(
     },
 )
 
-TINY = {
-    "hidden_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 512,
-    "vocab_size": 320,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 512,
-}
 MODELS = {
     # tied head (token_embd Q6_K read by the gather and the LM head); layer 1: q Q4_K + k Q5_0 (kept when
     # q5_0 is, else a float part) + v Q6_K; layer 0: gate Q4_K + up Q8_0
     "qwen2": dict(
-        config={**TINY, "tie_word_embeddings": True},
+        config={**TINY_LLAMA, "tie_word_embeddings": True},
         types={"blk.1.attn_k.weight": "Q5_0", "blk.0.ffn_up.weight": "Q8_0"},
     ),
     # untied Q6_K head, q/k rows permuted in the file (unpermute_rotary on raw block rows)
-    "llama": dict(config={**TINY, "tie_word_embeddings": False}, types={}),
+    "llama": dict(config={**TINY_LLAMA, "tie_word_embeddings": False}, types={}),
 }
 
 

@@ -6,23 +6,14 @@ from __future__ import annotations
 
 import weakref
 
+from tiny_configs import TINY_LLAMA
+
 from ember.compiler.spec import spec_for_arch
 from ember.runtime.loading import weights as weights_module
 from ember.runtime.loading.model import load_model
 from ember.runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
 
-CONFIG = {
-    "hidden_size": 256,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 512,
-    "vocab_size": 320,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-}
+CONFIG = {**TINY_LLAMA, "num_hidden_layers": 12, "tie_word_embeddings": False}
 
 
 def test_the_host_never_holds_more_than_a_few_layers(monkeypatch):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
+from tiny_configs import TINY_LLAMA
 
 from ember.compiler.spec import spec_for_arch
 from ember.compiler.targets import get_target
@@ -14,18 +15,7 @@ from ember.runtime.loading.model import load_model
 from ember.runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
 from ember.runtime.loading.weight_bytes import WeightBytes, weight_bytes
 
-CONFIG = {
-    "hidden_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 512,
-    "vocab_size": 320,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-}
+CONFIG = {**TINY_LLAMA, "tie_word_embeddings": False}
 GGUF_FORMATS = ("q4_k", "q6_k", "q8_0", "q5_0")
 
 
