@@ -1,12 +1,17 @@
-"""The random soak loop the scheduler tests share (test_scheduler.py, test_scheduler_slots.py,
+"""What the scheduler tests share: the random soak loop (test_scheduler.py, test_scheduler_slots.py,
 test_prefix_snapshots.py): requests added while the queue takes them, random aborts (also while a step is "on the
-device") and the mock plan's steps, with a per-step check of the caller's invariants."""
+device") and the mock plan's steps, with a per-step check of the caller's invariants; the scheduler of the recurrent-slot tests."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ember.runtime.scheduling.requests import QueueFullError, Request
+from ember.runtime.scheduling.scheduled_step import PrefillShapes
+from ember.runtime.scheduling.scheduler import Scheduler
+from ember.runtime.state.block_pool import BlockPool
+from ember.runtime.state.kv_cache import KVCache
+from ember.runtime.state.slot_pool import SlotPool
 
 
 @dataclass
@@ -56,3 +61,18 @@ def soak(s, mock, requests: list[Request], rng, check, max_steps: int = 10_000) 
         raise AssertionError("soak did not drain")
     assert not pending and not s.has_work
     return result
+
+
+def slot_scheduler(pool: BlockPool, slots: SlotPool, kw: dict, **extra) -> Scheduler:
+    """A Scheduler over the paged KV kind "kv" (pool) and a recurrent kind (slots), with the slot tests' limits;
+    kw's max_num_seqs, budget, depth and segments (popped) override them, extra goes to the Scheduler."""
+    return Scheduler(
+        KVCache({"kv": pool}),
+        kw.pop("max_num_seqs", 8),
+        kw.pop("budget", 24),
+        kw.pop("depth", 12),
+        (8, 16),
+        prefill_shapes=PrefillShapes((8, 16), kw.pop("segments", (1,)), 8),
+        extra_state={slots.kind: slots},
+        **extra,
+    )

@@ -8,16 +8,15 @@ from __future__ import annotations
 import random
 
 import pytest
-from scheduler_support import soak
+from scheduler_support import slot_scheduler, soak
 from test_scheduler import STOP, check_invariants, generate_alone, prompt_of, request
 from test_scheduler_slots import KIND, RecurrentMock
 
 from ember.runtime.scheduling.prefix_snapshots import SnapshotPlanner, prefix_hash
 from ember.runtime.scheduling.requests import Request
-from ember.runtime.scheduling.scheduled_step import PrefillShapes, ScheduledStep
+from ember.runtime.scheduling.scheduled_step import ScheduledStep
 from ember.runtime.scheduling.scheduler import Scheduler
 from ember.runtime.state.block_pool import BlockPool
-from ember.runtime.state.kv_cache import KVCache
 from ember.runtime.state.slot_pool import SlotPool
 from ember.runtime.state.snapshot_store import SnapshotStore
 
@@ -44,16 +43,7 @@ def make(num_slots=8, snapshots=8, interval=0, **kw):
     slots = SlotPool(num_slots, KIND)
     store = SnapshotStore(num_slots, snapshots)
     pool.on_evict.append(store.drop)
-    s = Scheduler(
-        KVCache({"kv": pool}),
-        kw.pop("max_num_seqs", 8),
-        kw.pop("budget", 24),
-        kw.pop("depth", 12),
-        (8, 16),
-        prefill_shapes=PrefillShapes((8, 16), kw.pop("segments", (1,)), 8),
-        extra_state={KIND: slots},
-        snapshots=SnapshotPlanner(store, [KIND], BS, interval),
-    )
+    s = slot_scheduler(pool, slots, kw, snapshots=SnapshotPlanner(store, [KIND], BS, interval))
     return s, SnapshotMock(s, slots), store
 
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 import random
 
 import pytest
-from scheduler_support import soak
+from scheduler_support import slot_scheduler, soak
 from test_scheduler import STOP, MockPlan, check_invariants, generate_alone, prompt_of, request
 
 from ember.runtime.scheduling.requests import Request
-from ember.runtime.scheduling.scheduled_step import PrefillShapes, ScheduledStep
+from ember.runtime.scheduling.scheduled_step import ScheduledStep
 from ember.runtime.scheduling.scheduler import Scheduler
 from ember.runtime.state.block_pool import BlockPool
-from ember.runtime.state.kv_cache import KVCache
 from ember.runtime.state.slot_pool import FREED, SlotPool
 
 KIND = "recurrent"
@@ -47,17 +46,8 @@ class RecurrentMock(MockPlan):
 
 
 def make_hybrid(num_slots=8, **kw):
-    pools = {"kv": BlockPool(kw.pop("num_blocks", 40), 4)}
     slots = SlotPool(num_slots, KIND)
-    s = Scheduler(
-        KVCache(pools),
-        kw.pop("max_num_seqs", 8),
-        kw.pop("budget", 24),
-        kw.pop("depth", 12),
-        (8, 16),
-        prefill_shapes=PrefillShapes((8, 16), kw.pop("segments", (1,)), 8),
-        extra_state={KIND: slots},
-    )
+    s = slot_scheduler(BlockPool(kw.pop("num_blocks", 40), 4), slots, kw)
     return s, RecurrentMock(s, slots), slots
 
 

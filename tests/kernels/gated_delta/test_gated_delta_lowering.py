@@ -7,25 +7,16 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gated_delta_support import step_batch
 from triton_calls import triton_calls
 
-from ember.compiler.batch import StepBatch
 from ember.compiler.kernels.gated_delta import gpu, op
 
 BF16 = jnp.bfloat16
 
 
 def _batch(n, decode_rows, segments, slots=None):
-    return StepBatch(
-        tokens=None,
-        positions=jnp.zeros(n, jnp.int32),
-        slots=None,
-        dec_block_tables=None,
-        dec_ctx_lens=jnp.ones(decode_rows, jnp.int32),
-        pre_block_table=jnp.zeros((1, segments, 1), jnp.int32),
-        logit_rows=None,
-        state_slots=jnp.asarray(np.arange(n) % 3 if slots is None else slots, jnp.int32)[None],
-    )
+    return step_batch(np.zeros(n, np.int32), np.arange(n) % 3 if slots is None else slots, (decode_rows, segments, 0))
 
 
 @pytest.mark.parametrize(
