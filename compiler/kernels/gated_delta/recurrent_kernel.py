@@ -36,6 +36,18 @@ def _conv_tap(qkv_ptr, pool_ptr, t, m, slot, fresh, ch, ok, C: tl.constexpr, W: 
 
 
 @triton.jit
+def _conv_row(qkv_ptr, pool_ptr, w_ptr, t, j, slot, fresh, ch, ok, C: tl.constexpr, W: tl.constexpr):
+    """silu(conv1d) of token t (offset j in its segment) at channels ch, fp32 (chunked_kernel._conv_tile is the
+    form for a tile of tokens)."""
+    acc = tl.zeros([ch.shape[0]], tl.float32)
+    for i in tl.static_range(W):
+        m = j + i  # index in the seen sequence; token index m - (W - 1) of the segment
+        tap = _conv_tap(qkv_ptr, pool_ptr, t - (W - 1) + i, m, slot, fresh, ch, ok, C, W)
+        acc += tl.load(w_ptr + ch * W + i, mask=ok, other=0.0).to(tl.float32) * tap
+    return acc * tl.sigmoid(acc)
+
+
+@triton.jit
 def _segment_state(
     slots_ptr, positions_ptr, delta_in_ptr, start, h, vb,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -138,24 +150,9 @@ def gated_delta_recurrent_kernel(
     for j in range(0, length):
         t = start + j
         live = (tl.load(slots_ptr + t) >= 0) & valid
-        acc_q = tl.zeros([BK], tl.float32)
-        acc_k = tl.zeros([BK], tl.float32)
-        acc_v = tl.zeros([BV], tl.float32)
-        for i in tl.static_range(W):
-            m = j + i  # index in the seen sequence; token index m - (W - 1) of the segment
-            tap_t = t - (W - 1) + i
-            acc_q += tl.load(w_ptr + ch_q * W + i, mask=ok_k, other=0.0).to(tl.float32) * _conv_tap(
-                qkv_ptr, conv_pool_ptr, tap_t, m, slot, fresh, ch_q, ok_k, C, W
-            )
-            acc_k += tl.load(w_ptr + ch_k * W + i, mask=ok_k, other=0.0).to(tl.float32) * _conv_tap(
-                qkv_ptr, conv_pool_ptr, tap_t, m, slot, fresh, ch_k, ok_k, C, W
-            )
-            acc_v += tl.load(w_ptr + ch_v * W + i, mask=ok_v, other=0.0).to(tl.float32) * _conv_tap(
-                qkv_ptr, conv_pool_ptr, tap_t, m, slot, fresh, ch_v, ok_v, C, W
-            )
-        q = acc_q * tl.sigmoid(acc_q)
-        k = acc_k * tl.sigmoid(acc_k)
-        v = acc_v * tl.sigmoid(acc_v)
+        q = _conv_row(qkv_ptr, conv_pool_ptr, w_ptr, t, j, slot, fresh, ch_q, ok_k, C, W)
+        k = _conv_row(qkv_ptr, conv_pool_ptr, w_ptr, t, j, slot, fresh, ch_k, ok_k, C, W)
+        v = _conv_row(qkv_ptr, conv_pool_ptr, w_ptr, t, j, slot, fresh, ch_v, ok_v, C, W)
         q = _l2_normalize(q, 0) * scale
         k = _l2_normalize(k, 0)
         beta = tl.sigmoid(tl.load(b_ptr + t * HV + h).to(tl.float32))
