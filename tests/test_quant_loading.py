@@ -33,7 +33,8 @@ _QUANT = "ember.compiler.kernels.gguf_gemv.linear"
 CPU_QUANT = dataclasses.replace(
     get_target("cpu"),
     name="cpu_quant",
-    policy=get_target("cpu").policy.overridden({"weights.quantized_formats": KEPT}),
+    # the GPU kernels' layout, through their reference backend (the cpu target's own int8 blocks: cpu_gemv)
+    policy=get_target("cpu").policy.overridden({"weights.quantized_formats": KEPT, "weights.kept_layout": "planes"}),
     kernels={
         **get_target("cpu").kernels,
         "linear": f"{_QUANT}:linear",
@@ -98,7 +99,7 @@ def tiny_gguf(request, tmp_path_factory) -> tuple[str, Path]:
 )
 def test_kept_formats_give_the_dequantizing_loads_logits(tiny_gguf, quant_plans, dense_copies, formats):
     arch, path = tiny_gguf
-    exact = load_model(path, target="cpu")
+    exact = load_model(path, target="cpu", precision="exact")
     assert all(isinstance(v, np.ndarray) or hasattr(v, "dtype") for v in exact.params.layers[0].values())
     with overriding({"quant_gemv.backend": "reference"}):
         policy = CPU_QUANT.policy.overridden({"weights": {"dense_copies": dense_copies, "quantized_formats": formats}})
