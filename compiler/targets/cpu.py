@@ -60,11 +60,12 @@ CPU = Target(
     decode_buckets=(1, 4, 16, 64),
     prefill_buckets=(32, 128, 512),
     # no Triton kernel, nothing fused; GGUF weights int8 blocks, through the native kernel up to gemv_max_rows
-    # rows (above: dequantized per call for XLA's GEMM)
+    # rows; above, dequantized per call for XLA's GEMM, which multiplies 128 rows ~2x faster than the kernel
+    # (tools/dev/probe_cpu_matmul.py --rows 128: the kernel computes row by row, no weight-tile reuse)
     policy=KernelPolicy(
         quant_gemv=QuantGemvPolicy(
             backend="reference",
-            gemv_max_rows=1 << 20,
+            gemv_max_rows=32,
             rows_for_decode=False,
             dp4a_formats=(),
             pair_launch=False,
