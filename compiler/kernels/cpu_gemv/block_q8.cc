@@ -7,6 +7,8 @@
 // Each output (n, o) is computed by the same instruction sequence whatever N is and however the rows are
 // grouped or the outputs split across threads: the result is batch-invariant (deterministic mode relies on it).
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <cmath>
 #include <cstdint>
 #include <thread>
@@ -142,7 +144,7 @@ void weight_rows(const Problem& p, const QuantizedRows& xq, int64_t first, int64
   }
 }
 
-ffi::Error BlockQ8MatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> codes, ffi::Buffer<ffi::F32> scale,
+ffi::Error BlockQ8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> codes, ffi::Buffer<ffi::F32> scale,
                              ffi::Buffer<ffi::F32> offset, ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions(), cd = codes.dimensions(), sd = scale.dimensions();
   if (xd.size() != 2 || cd.size() != 2 || sd.size() != 2 || xd[1] != cd[1] || sd[0] != cd[0] || sd[1] == 0 ||
@@ -167,20 +169,26 @@ ffi::Error BlockQ8MatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> codes
     p.xsum = xsum.data();
   }
   const QuantizedRows xq = quantize_rows(p.x, p.n, p.k);
-  // the outputs split across threads in contiguous ranges (no row's arithmetic depends on the split)
-  int64_t threads = std::max<int64_t>(1, std::min<int64_t>(std::thread::hardware_concurrency(), p.o / 64));
-  if (threads == 1) {
-    weight_rows(p, xq, 0, p.o);
-    return ffi::Error::Success();
-  }
-  std::vector<std::thread> pool;
-  const int64_t chunk = (p.o + threads - 1) / threads;
-  for (int64_t t = 1; t < threads; ++t) {
-    int64_t first = t * chunk, last = std::min(p.o, first + chunk);
-    if (first < last) pool.emplace_back(weight_rows, std::cref(p), std::cref(xq), first, last);
-  }
-  weight_rows(p, xq, 0, std::min(p.o, chunk));
-  for (auto& thread : pool) thread.join();
+  // the outputs split into ranges that the caller and the threads of XLA's own intra-op pool claim in turn (its
+  // threads are the ones already running: threads of our own would compete with them for the cores). The
+  // caller claims ranges too, so the call ends even when no pool thread is free (two kernels running side by
+  // side on a two-thread pool); a task that starts after every range is claimed touches nothing but `shared`.
+  // No row's arithmetic depends on which thread computes it.
+  struct Shared {
+    std::atomic<int64_t> next{0}, done{0};
+  };
+  const int64_t helpers = std::max<int64_t>(0, std::min<int64_t>(pool.num_threads(), p.o / 256) - 1);
+  const int64_t ranges = helpers == 0 ? 1 : 4 * (helpers + 1), size = (p.o + ranges - 1) / ranges;
+  auto shared = std::make_shared<Shared>();
+  auto work = [shared, &p, &xq, ranges, size] {
+    for (int64_t r; (r = shared->next.fetch_add(1)) < ranges;) {
+      weight_rows(p, xq, std::min(p.o, r * size), std::min(p.o, (r + 1) * size));
+      shared->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([work] { work(); });
+  work();
+  while (shared->done.load(std::memory_order_acquire) < ranges) std::this_thread::yield();
   return ffi::Error::Success();
 }
 
@@ -188,6 +196,7 @@ ffi::Error BlockQ8MatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> codes
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmberBlockQ8Matmul, BlockQ8MatmulImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S8>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
