@@ -28,6 +28,8 @@ class ServeConfig:
     target: str = "cpu"
     # a JSON file of kernel policy overrides (compiler/targets/policy.py) over the target's: experiments
     kernel_policy: str | None = None
+    # "fast" (the target's kernel policy) or "exact" (no weight kept quantized: runtime/loading/model.py PRECISIONS)
+    precision: str = "fast"
     cors_origins: tuple[str, ...] = ()  # empty: CORS off; "*" allows any origin
     max_body_bytes: int = 8 * 1024 * 1024
     heartbeat_s: float = 5.0  # SSE comment while a stream is queued or in a long prefill
@@ -97,6 +99,12 @@ def _origins(text: str) -> tuple[str, ...]:
     return tuple(o.strip() for o in text.split(",") if o.strip())
 
 
+def _precision(text: str) -> str:
+    if text not in ("fast", "exact"):
+        raise argparse.ArgumentTypeError(f"must be fast or exact, got {text!r}")
+    return text
+
+
 # flag -> (field, parser, help)
 _FLAGS = {
     "--model": ("model", str, "a known model name or a path to a GGUF file / HF checkpoint folder"),
@@ -121,6 +129,12 @@ _FLAGS = {
     "--request-timeout": ("request_timeout", _positive_float, "seconds a request may take before 504"),
     "--max-output-tokens": ("max_output_tokens", _positive_int, "cap for requests that omit max_tokens"),
     "--target": ("target", str, "compiler target of the plans (cpu, h200)"),
+    "--precision": (
+        "precision",
+        _precision,
+        "fast (the target's kernels: GGUF weights kept quantized) or exact (every weight dequantized at load; "
+        "on the cpu target fp32 reference ops that agree with transformers)",
+    ),
     "--kernel-policy": (
         "kernel_policy",
         str,

@@ -86,7 +86,13 @@ class ModelService:
         try:
             started = time.perf_counter()
             path = resolve_model(self.config.model, progress=True)
-            model = load_model(path, target=self.config.target, progress=True, kernel_policy=self.config.kernel_policy)
+            model = load_model(
+                path,
+                target=self.config.target,
+                progress=True,
+                kernel_policy=self.config.kernel_policy,
+                precision=self.config.precision,
+            )
             tokenizer = load_tokenizer(model.checkpoint)
             self.model, self.tokenizer = model, tokenizer
             self.weight_bytes = weight_bytes(model)

@@ -68,8 +68,46 @@ def test_the_cpu_target_runs_deterministic_steps_at_the_default_buckets(qwen3):
     assert all(s.logit_rows >= 2 for s in shapes) and len(shapes) > 1
 
 
-@pytest.fixture(scope="module")
-def qwen3():
+TINY_GGUF = {  # dims whose rows are whole Q4_K / Q6_K super-blocks; mixed formats in one packed q/k/v
+    "hidden_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 512,
+    "vocab_size": 320,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+}
+
+
+def _tiny_gguf(path):
+    """A tiny Qwen2 GGUF whose matrices the cpu target keeps as int8 blocks (Q4_K, Q6_K, Q8_0)."""
+    import gguf
+    from gguf_test_data import write_gguf
+
+    from ember.compiler.spec import spec_for_arch
+    from ember.runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
+
+    spec = spec_for_arch("qwen2")
+    ckpt = synthetic_gguf_checkpoint(spec, TINY_GGUF, seed=3, types={"blk.0.ffn_up.weight": "Q8_0"})
+    kinds = {str: gguf.GGUFValueType.STRING, int: gguf.GGUFValueType.UINT32, float: gguf.GGUFValueType.FLOAT32}
+    metadata = {k: (v, kinds[type(v)]) for k, v in ckpt.metadata.items() if k != "general.architecture"}
+    tensors = {name: (info.ggml_type, ckpt.raw(name), info.shape) for name, info in ckpt._gguf.tensors.items()}
+    return write_gguf(path, tensors, metadata, arch=spec.gguf_architecture)
+
+
+# the tiny HF Qwen3 (float weights: XLA's GEMM) and, slow (~4 min on 2 shared cores), a tiny GGUF through the int8-block
+# kernel (cpu_gemv; tests/kernels/cpu_gemv checks its batch invariance in CI)
+@pytest.fixture(scope="module", params=["hf", pytest.param("gguf", marks=pytest.mark.slow)])
+def qwen3(request, tmp_path_factory):
+    if request.param == "gguf":
+        from ember.compiler.kernels.cpu_gemv.layout import BlockQ8Weight
+
+        model = load_model(_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf"))
+        assert any(isinstance(w, BlockQ8Weight) for w in model.params.layers[0].values())
+        return model
     path, _ = tiny_fixture("qwen3")
     return load_model(path)
 

@@ -24,7 +24,7 @@ def _run(model, ref, chunk=None, decode_steps=16):
 @pytest.mark.parametrize("arch", HYBRID_TINY_ARCHS)
 def test_prefill_and_decode_match_transformers(arch):
     path, ref = tiny_fixture(arch)
-    model = load_model(path)
+    model = load_model(path, precision="exact")
     assert model.spec.arch == arch
     prefill, decode = _run(model, ref)
     assert np.abs(prefill - ref["prefill_logits"]).max() <= TOLERANCE
@@ -35,7 +35,7 @@ def test_prefill_and_decode_match_transformers(arch):
 def test_chunked_prefill_carries_the_recurrent_state(arch):
     """Chunks of 7 tokens (7, 7, ..., 5): each chunk starts from the state its predecessor left in the slot."""
     path, ref = tiny_fixture(arch)
-    model = load_model(path)
+    model = load_model(path, precision="exact")
     assert model.slot_kinds and model.slot_kinds[0].name == "recurrent"
     prefill, decode = _run(model, ref, chunk=7, decode_steps=4)
     assert np.abs(prefill - ref["prefill_logits"]).max() <= TOLERANCE
@@ -45,7 +45,7 @@ def test_chunked_prefill_carries_the_recurrent_state(arch):
 def test_the_recurrent_state_matters():
     """Control: a runner whose slot is wiped between chunks no longer matches (so the test above can fail)."""
     path, ref = tiny_fixture("qwen3_next")
-    model = load_model(path)
+    model = load_model(path, precision="exact")
     runner = SequenceRunner(model, 64, prefill_chunk=20)
     ids = ref["input_ids"].tolist()
     runner.prefill(ids[:20], all_logits=True)
@@ -61,7 +61,7 @@ def test_the_recurrent_state_matters():
 def test_gguf_gives_the_safetensors_logits(arch):
     path, ref = tiny_fixture(arch)
     gguf_path, _ = tiny_gguf(arch)
-    model = load_model(gguf_path)
+    model = load_model(gguf_path, precision="exact")
     # GGUF's block_count counts the MTP block too: the plan runs the model's own layers
     assert model.spec.arch == arch and int(model.dims.layers) == tiny_config(arch)["num_hidden_layers"]
     prefill, decode = _run(model, ref, decode_steps=4)

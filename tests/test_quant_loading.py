@@ -34,7 +34,8 @@ _QUANT = "ember.compiler.kernels.gguf_gemv.linear"
 CPU_QUANT = dataclasses.replace(
     get_target("cpu"),
     name="cpu_quant",
-    policy=get_target("cpu").policy.overridden({"weights.quantized_formats": KEPT}),
+    # the GPU kernels' layout, through their reference backend (the cpu target's own int8 blocks: cpu_gemv)
+    policy=get_target("cpu").policy.overridden({"weights.quantized_formats": KEPT, "weights.kept_layout": "planes"}),
     kernels={
         **get_target("cpu").kernels,
         "linear": f"{_QUANT}:linear",
@@ -88,7 +89,7 @@ def tiny_gguf(request, tmp_path_factory) -> tuple[str, Path]:
 )
 def test_kept_formats_give_the_dequantizing_loads_logits(tiny_gguf, quant_plans, dense_copies, formats):
     arch, path = tiny_gguf
-    exact = load_model(path, target="cpu")
+    exact = load_model(path, target="cpu", precision="exact")
     assert all(isinstance(v, np.ndarray) or hasattr(v, "dtype") for v in exact.params.layers[0].values())
     with overriding({"quant_gemv.backend": "reference"}):
         policy = CPU_QUANT.policy.overridden({"weights": {"dense_copies": dense_copies, "quantized_formats": formats}})
@@ -192,15 +193,19 @@ def test_the_kernel_policy_chooses_which_weights_stay_packed(tmp_path):
     from ember.runtime.loading.model import effective_policy
 
     weights = lambda target, override=None: effective_policy(target, override).weights  # noqa: E731
-    # the h200 default: FP8 stays FP8, GGUF blocks stay packed, with dense copies; the cpu's: nothing kept
+    # the h200 default: FP8 stays FP8, GGUF blocks stay packed, with dense copies; the cpu's: nothing kept (its
+    # int8 blocks are an opt-in); precision "exact": nothing kept on either
     assert weights("h200").quantized_formats == ("fp8", "q4_k", "q6_k", "q8_0", "q5_0", "nvfp4")
-    assert weights("h200").dense_copies
+    assert weights("h200").dense_copies and weights("h200").kept_layout == "planes"
     assert weights("cpu").quantized_formats == () and not weights("cpu").dense_copies
+    for target in ("cpu", "h200"):
+        exact = effective_policy(target, precision="exact").weights
+        assert exact.quantized_formats == () and not exact.dense_copies
     override = tmp_path / "policy.json"
     override.write_text(
         json.dumps({"weights": {"quantized_formats": ["q4_k", "q6_k", "fp8"]}, "weights.dense_copies": False})
     )
-    assert weights("h200", override) == type(weights("h200"))(("q4_k", "q6_k", "fp8"), False)
+    assert weights("h200", override) == type(weights("h200"))(("q4_k", "q6_k", "fp8"), False, "planes")
     override.write_text(json.dumps({"weights.quantized_formats": ["q5_9"]}))
     with pytest.raises(ValueError, match="q5_9"):
         weights("h200", override)

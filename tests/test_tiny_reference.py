@@ -14,7 +14,7 @@ TOLERANCE = 1e-4
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_prefill_and_decode_match_transformers(arch):
     path, ref = tiny_fixture(arch)
-    model = load_model(path)
+    model = load_model(path, precision="exact")
     assert model.spec.arch == arch
     runner = SequenceRunner(model, 64)
     prefill = runner.prefill(ref["input_ids"].tolist(), all_logits=True)
@@ -28,7 +28,7 @@ def test_prefill_and_decode_match_transformers(arch):
 def test_chunked_prefill_equals_one_shot():
     """Prefill in 16-token chunks attends to the cached blocks of earlier chunks."""
     path, ref = tiny_fixture("gemma3")  # sliding window 8 < chunk boundaries: exercises window + cache
-    model = load_model(path)
+    model = load_model(path, precision="exact")
     one = SequenceRunner(model, 64).prefill(ref["input_ids"].tolist(), all_logits=True)
     chunked = SequenceRunner(model, 64, prefill_chunk=16).prefill(ref["input_ids"].tolist(), all_logits=True)
     np.testing.assert_allclose(chunked, one, atol=1e-5)
@@ -39,7 +39,7 @@ def test_sliding_window_changes_the_result():
     """Control: the gemma3 fixture's window matters (so the test above can fail)."""
 
     path, ref = tiny_fixture("gemma3")
-    model = load_model(path)
+    model = load_model(path, precision="exact")
     for constants in model.params.constants:
         for name in constants:
             if name.startswith("attn_window"):

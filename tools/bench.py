@@ -33,13 +33,14 @@ def run_bench(
     tokenizer_dir: str | None = None,
     kv_cache_dtype: str = "auto",
     kernel_policy: str | None = None,
+    precision: str = "fast",
 ) -> dict:
     import jax
 
     from ..runtime.engine.engine import Engine, EngineConfig
 
     started = time.perf_counter()
-    model, tokenizer = load_bench_model(model_name, target, tokenizer_dir, kernel_policy)
+    model, tokenizer = load_bench_model(model_name, target, tokenizer_dir, kernel_policy, precision)
     load_s = time.perf_counter() - started
     context = prompt_tokens + output_tokens
     top = max(concurrency)
@@ -72,6 +73,7 @@ def run_bench(
         "machine": f"{platform.machine()}, {jax.device_count()} {jax.devices()[0].platform} device(s)",
         "deterministic": deterministic,
         "kv_cache_dtype": kv_cache_dtype,
+        "precision": precision,
         "kernel_policy": model.policy.to_dict(),
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
@@ -92,6 +94,7 @@ def main_bench(args) -> int:
         tokenizer_dir=args.tokenizer,
         kv_cache_dtype=args.kv_cache_dtype or "auto",
         kernel_policy=args.kernel_policy,
+        precision=args.precision,
     )
     print(json.dumps(result, indent=2))
     return 0

@@ -121,9 +121,16 @@ def _synthetic_model(name: str, target: str, tokenizer_dir: str | None, kernel_p
     return model, Tokenizer.from_hf_dir(tokenizer_dir)
 
 
-def load_bench_model(model_name: str, target: str, tokenizer_dir: str | None = None, kernel_policy: str | None = None):
+def load_bench_model(
+    model_name: str,
+    target: str,
+    tokenizer_dir: str | None = None,
+    kernel_policy: str | None = None,
+    precision: str = "fast",
+):
     """(Model, Tokenizer) for a known model name or `synthetic:<shape>[-<format>]`; kernel_policy: a JSON file
-    of overrides over the target's kernel policy (compiler/targets/policy.py)."""
+    of overrides over the target's kernel policy (compiler/targets/policy.py); precision: load_model's (known
+    models only)."""
     from ..runtime.loading.known_models import resolve_model
     from ..runtime.loading.model import load_model
     from ..runtime.loading.text.prompting import load_tokenizer
@@ -131,7 +138,11 @@ def load_bench_model(model_name: str, target: str, tokenizer_dir: str | None = N
     if model_name.startswith(SYNTHETIC_PREFIX):
         return _synthetic_model(model_name, target, tokenizer_dir, kernel_policy)
     model = load_model(
-        resolve_model(model_name, progress=True), target=target, progress=True, kernel_policy=kernel_policy
+        resolve_model(model_name, progress=True),
+        target=target,
+        progress=True,
+        kernel_policy=kernel_policy,
+        precision=precision,
     )
     return model, load_tokenizer(model.checkpoint)
 

@@ -12,6 +12,20 @@ import sys
 import time
 from pathlib import Path
 
+PRECISION_HELP = (
+    "fast (the target's kernels: GGUF weights kept quantized) or exact (every weight dequantized at load: on the "
+    "cpu target the fp32 reference ops that agree with transformers)"
+)
+
+
+def _add_precision(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--precision",
+        choices=("fast", "exact"),
+        default=os.environ.get("EMBER_PRECISION", "fast"),
+        help=f"{PRECISION_HELP} [env EMBER_PRECISION]",
+    )
+
 
 def _generate(args: argparse.Namespace) -> int:
     from ..runtime.engine.generate import GenerationStats, generate
@@ -22,7 +36,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     path = resolve_model(args.model, progress=True)
     started = time.perf_counter()
-    model = load_model(path, target=args.target, progress=True)
+    model = load_model(path, target=args.target, progress=True, precision=args.precision)
     tokenizer = load_tokenizer(model.checkpoint)
     print(
         f"loaded {path.name} ({model.spec.arch}, {model.dims.layers} layers) in {time.perf_counter() - started:.1f}s",
@@ -103,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--target", default=os.environ.get("EMBER_TARGET", "cpu"))
+    _add_precision(gen)
     gen.set_defaults(run=_generate)
 
     bench = sub.add_parser(
@@ -121,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt-tokens", type=_positive_int, help="default 256")
     bench.add_argument("--output-tokens", type=_positive_int, help="default 128 (--suite: 256)")
     bench.add_argument("--deterministic", action="store_true")
+    _add_precision(bench)
     from ..runtime.state.kv_dtypes import KV_CACHE_DTYPES
 
     bench.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="the engines' KV pool dtype (auto)")

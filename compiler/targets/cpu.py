@@ -1,4 +1,7 @@
-"""The cpu target: every op runs its `jnp` reference under XLA CPU, in fp32 (exact against HF)."""
+"""The cpu target: XLA CPU in fp32, every op its `jnp` reference, every weight dequantized at load (agrees with HF
+to 1e-4). GGUF weights may instead stay int8 codes + block scales (their exact values), multiplied by a native
+kernel (compiler/kernels/cpu_gemv/): the kernel policy override in CPU_INT8_BLOCKS, not the default (measured:
+docs/cpu_target.md)."""
 
 from . import Target
 from .policy import (
@@ -12,22 +15,31 @@ from .policy import (
     NormPolicy,
     QuantGemvPolicy,
     SplitPolicy,
+    WeightPolicy,
 )
 
 _K = "ember.compiler.kernels"
+
+# Opt-in (`--kernel-policy` with these weights fields): GGUF weights kept as int8 codes + block scales
+# (cpu_gemv/layout.py), ~1.25 bytes per weight instead of fp32's 4 (XLA fuses no dequantization into its dot, so
+# the native kernel multiplies them: docs/results/cpu_matmul_probe.json). Not the default: on the 2-core AVX2
+# development machine the 1.5B Q4_K_M decoded 2.07 tok/s with it vs 2.09 fp32 and loaded in 55.7 s vs 20.6 s
+# (docs/cpu_target.md); it saves memory (~1.9 vs ~7.1 GB resident), not time.
+CPU_INT8_BLOCKS = WeightPolicy(quantized_formats=("q4_k", "q6_k", "q8_0", "q5_0"), kept_layout="int8_blocks")
+CPU_WEIGHTS = WeightPolicy(quantized_formats=(), dense_copies=False)
 
 CPU = Target(
     name="cpu",
     description="XLA CPU, fp32 reference ops",
     kernels={
-        "embedding": f"{_K}.embedding:embedding",
+        "embedding": f"{_K}.cpu_gemv.linear:embedding",
         "scale": f"{_K}.embedding:scale",
         "select_rows": f"{_K}.embedding:select_rows",
         "add": f"{_K}.embedding:add",
         "rms_norm": f"{_K}.norm.reference:rms_norm",
         "add_rms_norm": f"{_K}.norm.reference:add_rms_norm",
-        "linear": f"{_K}.dense_gemv.reference:linear",
-        "linear_split": f"{_K}.dense_gemv.reference:linear_split",
+        "linear": f"{_K}.cpu_gemv.linear:linear",
+        "linear_split": f"{_K}.cpu_gemv.linear:linear_split",
         "split_heads": f"{_K}.dense_gemv.reference:split_heads",
         "gated_act": f"{_K}.activation:gated_act",
         "gated_act_packed": f"{_K}.activation:gated_act_packed",
@@ -41,6 +53,9 @@ CPU = Target(
     },
     # the deterministic variant's batch-invariant kernels (docs/kernel_policy.md, "Batch invariance")
     deterministic_kernels={
+        # the int8-block kernel at every row count (batch-invariant); XLA's GEMM for float weights (from 2 rows)
+        "linear": f"{_K}.cpu_gemv.linear:linear_invariant",
+        "linear_split": f"{_K}.cpu_gemv.linear:linear_split_invariant",
         "attention": f"{_K}.attention.blockwise:paged_attention_blockwise",
         "rms_norm": f"{_K}.norm.reference:rms_norm_invariant",
         "add_rms_norm": f"{_K}.norm.reference:add_rms_norm_invariant",
@@ -50,10 +65,17 @@ CPU = Target(
     # and every bucket is one more XLA compile (~10-20 s for a 1.5B model on 2 cores).
     decode_buckets=(1, 4, 16, 64),
     prefill_buckets=(32, 128, 512),
-    # every op its reference: no Triton kernel, nothing fused, every weight dequantized at load
+    # no Triton kernel, nothing fused; GGUF weights int8 blocks, through the native kernel up to gemv_max_rows
+    # rows; above, dequantized per call for XLA's GEMM, which multiplies 128 rows ~2x faster than the kernel
+    # (tools/dev/probe_cpu_matmul.py --rows 128: the kernel computes row by row, no weight-tile reuse)
     policy=KernelPolicy(
         quant_gemv=QuantGemvPolicy(
-            backend="reference", rows_for_decode=False, dp4a_formats=(), pair_launch=False, split_k_partials=False
+            backend="reference",
+            gemv_max_rows=32,
+            rows_for_decode=False,
+            dp4a_formats=(),
+            pair_launch=False,
+            split_k_partials=False,
         ),
         fp8_gemv=Fp8GemvPolicy(enabled=False),
         dense_gemv=DenseGemvPolicy(enabled=False),
@@ -62,6 +84,7 @@ CPU = Target(
         split=SplitPolicy(triton=False),
         gated_delta=GatedDeltaPolicy(triton=False),
         moe=MoePolicy(triton=False),
+        weights=CPU_WEIGHTS,
         # XLA CPU runs a one-row matmul as a GEMV whose sums round unlike its GEMM's; from two rows up the
         # GEMM's row results do not depend on how many rows there are (tests/test_deterministic_cpu.py
         # checks both), the blockwise attention is batch-invariant by construction, the sampler's row

@@ -163,6 +163,9 @@ class WeightPolicy:
     quantized_formats: tuple[str, ...] = ()
     # kept GGUF weights also get a dense copy for steps of more rows (gguf_gemv/layout.py DenseBacked)
     dense_copies: bool = False
+    # how kept GGUF weights sit on the device: "planes" (gguf_gemv/layout.py, the GPU kernels' packing) or
+    # "int8_blocks" (cpu_gemv/layout.py: int8 codes + block scales, the cpu kernel's; docs/results/cpu_matmul_probe.json)
+    kept_layout: str = "planes"
 
 
 @dataclass(frozen=True)

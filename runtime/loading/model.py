@@ -146,10 +146,21 @@ def enable_compilation_cache() -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
-def effective_policy(target: str | Target, override: KernelPolicy | str | Path | None = None) -> KernelPolicy:
+PRECISIONS = ("fast", "exact")
+# what "exact" changes in any policy: every weight dequantized at load to the activation dtype (float32 on the cpu
+# target: the plans that agree with transformers to 1e-4), so every projection is the reference matmul
+EXACT_WEIGHTS = {"weights.quantized_formats": [], "weights.dense_copies": False}
+
+
+def effective_policy(
+    target: str | Target, override: KernelPolicy | str | Path | None = None, precision: str = "fast"
+) -> KernelPolicy:
     """The kernel policy a model of `target` runs: `override` itself (a KernelPolicy), the target's with an
     override file's fields (a path: `ember serve --kernel-policy`), or the target's (KernelPolicy() for a
-    target this checkout does not describe: every weight dequantized)."""
+    target this checkout does not describe: every weight dequantized); precision "exact" then keeps no weight
+    quantized (EXACT_WEIGHTS; `--precision exact`)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if isinstance(override, KernelPolicy):
         policy = override
     else:
@@ -157,6 +168,8 @@ def effective_policy(target: str | Target, override: KernelPolicy | str | Path |
         policy = described.policy if described else KernelPolicy()
         if override is not None:
             policy = load_policy_file(override, policy)
+    if precision == "exact":
+        policy = policy.overridden(EXACT_WEIGHTS)
     unknown = [f for f in policy.weights.quantized_formats if f not in KEPT_FORMATS]
     if unknown:
         raise ValueError(
@@ -187,6 +200,7 @@ def load_model(
     kernel_policy: KernelPolicy | str | Path | None = None,
     free_bytes: int | None = None,
     with_mtp: bool = True,
+    precision: str = "fast",
 ) -> Model:
     """A model from a checkpoint path (GGUF file, HF folder) or an opened Checkpoint.
     activation_dtype: run the plan in this dtype instead of its target's (e.g. the cpu target in bfloat16, to
@@ -199,9 +213,11 @@ def load_model(
     free_bytes: the device memory the weights may take (default: what the device has free); a model whose
     weights need more fails here, before any tensor is read or allocated (memory_plan.py).
     with_mtp: load the checkpoint's MTP module when it has one (Model.mtp; one more decoder layer's weights);
-    False leaves it on disk (a server that does not speculate with it)."""
+    False leaves it on disk (a server that does not speculate with it).
+    precision: "fast" (the target's policy) or "exact" (no weight kept quantized: the reference path that
+    agrees with transformers; on the cpu target every weight fp32)."""
     enable_compilation_cache()
-    policy = effective_policy(target, kernel_policy)
+    policy = effective_policy(target, kernel_policy, precision)
     ckpt = path if isinstance(path, Checkpoint) else open_checkpoint(path)
     spec = spec_for_checkpoint(ckpt)
     resolved = resolve(spec, ckpt)
@@ -223,7 +239,7 @@ def load_model(
         plan.manifest,
         ckpt,
         resolved,
-        to_device=device_placer(dtype),
+        to_device=device_placer(dtype, policy.weights.kept_layout),
         progress=bar,
         keep_formats=policy.weights.quantized_formats,
         dense_copy=dense_copier(dtype) if policy.weights.dense_copies else None,

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...compiler.expr import evaluate
+from ...compiler.kernels.cpu_gemv.layout import from_quantized
 from ...compiler.kernels.dense_gemv.fp8 import BLOCK, Fp8Weight
 from ...compiler.kernels.gguf_gemv.layout import (
     FORMATS,
@@ -317,10 +318,13 @@ def _combine(parts: list) -> np.ndarray | QuantizedWeight | WeightGroup:
     return merged[0] if len(merged) == 1 else WeightGroup(tuple(merged))
 
 
-def device_placer(dtype) -> Callable[[Any], Any]:
+def device_placer(dtype, kept_layout: str = "planes") -> Callable[[Any], Any]:
     """A load_params `to_device`: float arrays -> device arrays of the activation `dtype`; quantized
-    weights -> their planes on the device unchanged (uint32 / int8 / fp16), tagged with `dtype`."""
+    weights -> their planes on the device unchanged (uint32 / int8 / fp16), tagged with `dtype`, or with
+    kept_layout "int8_blocks" (the cpu target's: WeightPolicy.kept_layout) their int8 codes and block scales."""
     name = np.dtype(dtype).name
+    if kept_layout not in ("planes", "int8_blocks"):
+        raise ValueError(f"kernel policy: weights.kept_layout must be 'planes' or 'int8_blocks', got {kept_layout!r}")
 
     def place(value):
         if isinstance(value, HostFp8):
@@ -328,7 +332,8 @@ def device_placer(dtype) -> Callable[[Any], Any]:
         if isinstance(value, HostNvfp4):
             return Nvfp4Weight(*(jax.device_put(a) for a in value))
         if isinstance(value, QuantizedWeight):
-            return value._replace(planes={k: jax.device_put(p) for k, p in value.planes.items()}, dtype=name)
+            placed = value._replace(planes={k: jax.device_put(p) for k, p in value.planes.items()}, dtype=name)
+            return from_quantized(placed) if kept_layout == "int8_blocks" else placed
         if isinstance(value, WeightGroup):
             return WeightGroup(tuple(place(part) for part in value.parts))
         return jnp.asarray(value, dtype)

@@ -12,11 +12,11 @@ import jax.numpy as jnp
 
 from ember.compiler.kernels.activation import gated_act_packed as activation_gated_act_packed
 from ember.compiler.kernels.attention.blockwise import paged_attention_blockwise as attention_blockwise_paged_attention_blockwise
-from ember.compiler.kernels.dense_gemv.reference import linear as dense_gemv_reference_linear
-from ember.compiler.kernels.dense_gemv.reference import linear_split as dense_gemv_reference_linear_split
+from ember.compiler.kernels.cpu_gemv.linear import embedding as cpu_gemv_linear_embedding
+from ember.compiler.kernels.cpu_gemv.linear import linear_invariant as cpu_gemv_linear_linear_invariant
+from ember.compiler.kernels.cpu_gemv.linear import linear_split_invariant as cpu_gemv_linear_linear_split_invariant
 from ember.compiler.kernels.dense_gemv.reference import split_heads as dense_gemv_reference_split_heads
 from ember.compiler.kernels.embedding import add as embedding_add
-from ember.compiler.kernels.embedding import embedding as embedding_embedding
 from ember.compiler.kernels.embedding import scale as embedding_scale
 from ember.compiler.kernels.embedding import select_rows as embedding_select_rows
 from ember.compiler.kernels.norm.reference import add_rms_norm_invariant as norm_reference_add_rms_norm_invariant
@@ -46,18 +46,18 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
                 'dp4a_gemv_max_rows': 16,
                 'gemm_config': {},
                 'gemm_max_rows': 1048576,
-                'gemv_max_rows': 16,
+                'gemv_max_rows': 32,
                 'many_rows': 'dequantize',
                 'pair_launch': False,
                 'rows_for_decode': False,
                 'split_k_partials': False},
  'split': {'triton': False},
- 'weights': {'dense_copies': False, 'quantized_formats': []}}
+ 'weights': {'dense_copies': False, 'kept_layout': 'planes', 'quantized_formats': []}}
 
 
 def prologue(dims, weights, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
-    x = embedding_embedding(tokens, weights['token_embd.weight'])
+    x = cpu_gemv_linear_embedding(tokens, weights['token_embd.weight'])
     x_1 = embedding_scale(x, factor=dims.embed_scale)
     return x_1
 
@@ -69,7 +69,7 @@ def layer(dims, w, constants, x, x_add, state, batch):
     attn_state2 = constants['attn_state2']
     k_pool, v_pool = state
     x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
-    t_1, t_3, t_5 = dense_gemv_reference_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
+    t_1, t_3, t_5 = cpu_gemv_linear_linear_split_invariant(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
     q = dense_gemv_reference_split_heads(t_1, heads=dims.hq)
     k = dense_gemv_reference_split_heads(t_3, heads=dims.hkv)
     v = dense_gemv_reference_split_heads(t_5, heads=dims.hkv)
@@ -77,12 +77,12 @@ def layer(dims, w, constants, x, x_add, state, batch):
     k_1 = norm_reference_rms_norm_invariant(k, w['attn_k_norm.weight'], eps=dims.eps)
     q_2, k_2 = rope_reference_rope(q_1, k_1, positions, rope_inv_freq0, style='neox')
     a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_2, k_2, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
-    t_12 = dense_gemv_reference_linear(a, w['attn_output.weight'])
+    t_12 = cpu_gemv_linear_linear_invariant(a, w['attn_output.weight'])
     t_13 = norm_reference_rms_norm_invariant(t_12, w['post_attention_norm.weight'], eps=dims.eps)
     x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_13, w['ffn_norm.weight'], eps=dims.eps)
-    t_16_t_17 = dense_gemv_reference_linear(h_1, w['ffn_gate+ffn_up.weight'])
+    t_16_t_17 = cpu_gemv_linear_linear_invariant(h_1, w['ffn_gate+ffn_up.weight'])
     t_18 = activation_gated_act_packed(t_16_t_17, act='gelu_tanh')
-    t_19 = dense_gemv_reference_linear(t_18, w['ffn_down.weight'])
+    t_19 = cpu_gemv_linear_linear_invariant(t_18, w['ffn_down.weight'])
     t_20 = norm_reference_rms_norm_invariant(t_19, w['post_ffw_norm.weight'], eps=dims.eps)
     return x_1, t_20, (k_pool, v_pool)
 
@@ -92,7 +92,7 @@ def epilogue(dims, weights, x, x_add, batch):
     x_in = embedding_add(x, x_add)
     x_1 = embedding_select_rows(x_in, logit_rows)
     h = norm_reference_rms_norm_invariant(x_1, weights['output_norm.weight'], eps=dims.eps)
-    logits = dense_gemv_reference_linear(h, weights['output.weight'])
+    logits = cpu_gemv_linear_linear_invariant(h, weights['output.weight'])
     return logits
 
 

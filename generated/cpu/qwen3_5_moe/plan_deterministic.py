@@ -14,11 +14,11 @@ from ember.compiler.kernels.activation import gated_act as activation_gated_act
 from ember.compiler.kernels.activation import sigmoid_gate as activation_sigmoid_gate
 from ember.compiler.kernels.activation import split_at as activation_split_at
 from ember.compiler.kernels.attention.blockwise import paged_attention_blockwise as attention_blockwise_paged_attention_blockwise
-from ember.compiler.kernels.dense_gemv.reference import linear as dense_gemv_reference_linear
-from ember.compiler.kernels.dense_gemv.reference import linear_split as dense_gemv_reference_linear_split
+from ember.compiler.kernels.cpu_gemv.linear import embedding as cpu_gemv_linear_embedding
+from ember.compiler.kernels.cpu_gemv.linear import linear_invariant as cpu_gemv_linear_linear_invariant
+from ember.compiler.kernels.cpu_gemv.linear import linear_split_invariant as cpu_gemv_linear_linear_split_invariant
 from ember.compiler.kernels.dense_gemv.reference import split_heads as dense_gemv_reference_split_heads
 from ember.compiler.kernels.embedding import add as embedding_add
-from ember.compiler.kernels.embedding import embedding as embedding_embedding
 from ember.compiler.kernels.embedding import select_rows as embedding_select_rows
 from ember.compiler.kernels.gated_delta.op import gated_delta as gated_delta_op_gated_delta
 from ember.compiler.kernels.gated_delta.op import gated_rms_norm_heads as gated_delta_op_gated_rms_norm_heads
@@ -50,18 +50,18 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
                 'dp4a_gemv_max_rows': 16,
                 'gemm_config': {},
                 'gemm_max_rows': 1048576,
-                'gemv_max_rows': 16,
+                'gemv_max_rows': 32,
                 'many_rows': 'dequantize',
                 'pair_launch': False,
                 'rows_for_decode': False,
                 'split_k_partials': False},
  'split': {'triton': False},
- 'weights': {'dense_copies': False, 'quantized_formats': []}}
+ 'weights': {'dense_copies': False, 'kept_layout': 'planes', 'quantized_formats': []}}
 
 
 def prologue(dims, weights, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
-    x = embedding_embedding(tokens, weights['token_embd.weight'])
+    x = cpu_gemv_linear_embedding(tokens, weights['token_embd.weight'])
     return x
 
 
@@ -70,14 +70,14 @@ def layer_linear_attention_moe(dims, w, constants, x, x_add, state, batch):
     slot_state0 = constants['slot_state0']
     conv_state, delta_state = state
     x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
-    qkv, z, b, a = dense_gemv_reference_linear_split(h, w['attn_qkv+attn_gate+ssm_beta+ssm_alpha.weight'], sizes=(dims.lin_qkv, dims.lin_hv * dims.lin_dv, dims.lin_hv, dims.lin_hv))
+    qkv, z, b, a = cpu_gemv_linear_linear_split_invariant(h, w['attn_qkv+attn_gate+ssm_beta+ssm_alpha.weight'], sizes=(dims.lin_qkv, dims.lin_hv * dims.lin_dv, dims.lin_hv, dims.lin_hv))
     o, conv_state, delta_state = gated_delta_op_gated_delta(qkv, b, a, slot_state0, w['ssm_conv1d.weight'], w['ssm_a.weight'], w['ssm_dt.weight'], conv_state, delta_state, batch, hk=dims.lin_hk, hv=dims.lin_hv, dk=dims.lin_dk, dv=dims.lin_dv, kernel=dims.lin_conv)
     t_6 = gated_delta_op_gated_rms_norm_heads(o, z, w['ssm_norm.weight'], eps=dims.eps, heads=dims.lin_hv)
-    t_7 = dense_gemv_reference_linear(t_6, w['ssm_out.weight'])
+    t_7 = cpu_gemv_linear_linear_invariant(t_6, w['ssm_out.weight'])
     x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_7, w['post_attention_norm.weight'], eps=dims.eps)
-    t_10, t_11, t_15 = dense_gemv_reference_linear_split(h_1, w['ffn_gate_shexp+ffn_up_shexp+ffn_gate_inp_shexp.weight'], sizes=(dims.shared_ffn, dims.shared_ffn, 1))
+    t_10, t_11, t_15 = cpu_gemv_linear_linear_split_invariant(h_1, w['ffn_gate_shexp+ffn_up_shexp+ffn_gate_inp_shexp.weight'], sizes=(dims.shared_ffn, dims.shared_ffn, 1))
     t_12 = activation_gated_act(t_10, t_11, act='silu')
-    s = dense_gemv_reference_linear(t_12, w['ffn_down_shexp.weight'])
+    s = cpu_gemv_linear_linear_invariant(t_12, w['ffn_down_shexp.weight'])
     r = moe_op_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
     t_16 = activation_sigmoid_gate(s, t_15)
     t_17 = embedding_add(r, t_16)
@@ -91,7 +91,7 @@ def layer_full_attention_moe(dims, w, constants, x, x_add, state, batch):
     attn_state3 = constants['attn_state3']
     k_pool, v_pool = state
     x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
-    t_1, t_5, t_7 = dense_gemv_reference_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh * 2, dims.hkv * dims.dh, dims.hkv * dims.dh))
+    t_1, t_5, t_7 = cpu_gemv_linear_linear_split_invariant(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh * 2, dims.hkv * dims.dh, dims.hkv * dims.dh))
     t_2 = dense_gemv_reference_split_heads(t_1, heads=dims.hq)
     q, g = activation_split_at(t_2, size=dims.dh)
     k = dense_gemv_reference_split_heads(t_5, heads=dims.hkv)
@@ -101,11 +101,11 @@ def layer_full_attention_moe(dims, w, constants, x, x_add, state, batch):
     q_2, k_2 = rope_reference_rope(q_1, k_1, positions, rope_inv_freq1, style='neox')
     a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_2, k_2, v, attn_window2, attn_state3, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_14 = activation_sigmoid_gate(a, g)
-    t_15 = dense_gemv_reference_linear(t_14, w['attn_output.weight'])
+    t_15 = cpu_gemv_linear_linear_invariant(t_14, w['attn_output.weight'])
     x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_15, w['post_attention_norm.weight'], eps=dims.eps)
-    t_18, t_19, t_23 = dense_gemv_reference_linear_split(h_1, w['ffn_gate_shexp+ffn_up_shexp+ffn_gate_inp_shexp.weight'], sizes=(dims.shared_ffn, dims.shared_ffn, 1))
+    t_18, t_19, t_23 = cpu_gemv_linear_linear_split_invariant(h_1, w['ffn_gate_shexp+ffn_up_shexp+ffn_gate_inp_shexp.weight'], sizes=(dims.shared_ffn, dims.shared_ffn, 1))
     t_20 = activation_gated_act(t_18, t_19, act='silu')
-    s = dense_gemv_reference_linear(t_20, w['ffn_down_shexp.weight'])
+    s = cpu_gemv_linear_linear_invariant(t_20, w['ffn_down_shexp.weight'])
     r = moe_op_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
     t_24 = activation_sigmoid_gate(s, t_23)
     t_25 = embedding_add(r, t_24)
@@ -117,7 +117,7 @@ def epilogue(dims, weights, x, x_add, batch):
     x_in = embedding_add(x, x_add)
     x_1 = embedding_select_rows(x_in, logit_rows)
     h = norm_reference_rms_norm_invariant(x_1, weights['output_norm.weight'], eps=dims.eps)
-    logits = dense_gemv_reference_linear(h, weights['output.weight'])
+    logits = cpu_gemv_linear_linear_invariant(h, weights['output.weight'])
     return logits
 
 

@@ -52,7 +52,9 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
                 'rows_for_decode': True,
                 'split_k_partials': True},
  'split': {'triton': True},
- 'weights': {'dense_copies': True, 'quantized_formats': ['fp8', 'q4_k', 'q6_k', 'q8_0', 'q5_0', 'nvfp4']}}
+ 'weights': {'dense_copies': True,
+             'kept_layout': 'planes',
+             'quantized_formats': ['fp8', 'q4_k', 'q6_k', 'q8_0', 'q5_0', 'nvfp4']}}
 
 
 def prologue(dims, weights, batch):

@@ -1,0 +1,110 @@
+"""A GGUF-quantized weight as the cpu target keeps it: int8 codes and block scales, exactly its values.
+
+Every format the loader keeps is an affine code per block: Q4_K w = (d * sc) * code - dmin * m per 32
+elements (code 0..15), Q6_K w = (d * scale) * (code - 32) per 16, Q8_0 w = d * code per 32, Q5_0
+w = d * (code - 16) per 32. As BlockQ8Weight:
+
+  codes  int8    [out, in]             the signed code of each element (row-major: a row is contiguous)
+  scale  float32 [out, in / block]     the block's multiplier (an exact float32 product, as dequantize has it)
+  offset float32 [out, in / block]     what the block subtracts (Q4_K's minimum), or [0] where nothing is
+
+so `scale * code - offset` is bit for bit what gguf_gemv/reference.py's dequantize gives. The weight costs
+1.25 (Q4_K), 1.25 (Q6_K), 1.125 (Q8_0, Q5_0) bytes per element where the exact path keeps 4.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ember.compiler.kernels.gguf_gemv.layout import Q4_K, Q5_0, Q6_K, Q8_0, QuantizedWeight
+from ember.compiler.kernels.gguf_gemv.reference import q4_k_parts, q5_0_codes, q6_k_parts
+
+
+class BlockQ8Weight(NamedTuple):
+    codes: jax.Array  # int8 [out, in]
+    scale: jax.Array  # float32 [out, in / block]
+    offset: jax.Array  # float32 [out, in / block], or [0]: no offsets
+    dtype: str | None = None  # what a gather's dequantized rows come out as (the activation dtype); None: float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(int(n) for n in self.codes.shape)
+
+    @property
+    def block(self) -> int:
+        return int(self.codes.shape[1]) // int(self.scale.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.size) * a.dtype.itemsize for a in (self.codes, self.scale, self.offset))
+
+
+jax.tree_util.register_pytree_node(
+    BlockQ8Weight,
+    lambda w: ((w.codes, w.scale, w.offset), w.dtype),
+    lambda dtype, children: BlockQ8Weight(*children, dtype),
+)
+
+NO_OFFSET = (0,)
+
+
+def _rows_major(blocks: jax.Array) -> jax.Array:
+    """[blocks, out, elements per block] -> [out, in]."""
+    return jnp.swapaxes(blocks, 0, 1).reshape(blocks.shape[1], -1)
+
+
+@jax.jit
+def _q4_k(w: QuantizedWeight):
+    codes, scale, minimum = q4_k_parts(w)  # [sb, out, 8, 32], [sb, out, 8] x 2
+    nsb, out = scale.shape[:2]
+    flat = lambda a: _rows_major(a.reshape(nsb, out, -1))  # noqa: E731
+    return flat(codes).astype(jnp.int8), flat(scale), flat(minimum)
+
+
+@jax.jit
+def _q6_k(w: QuantizedWeight):
+    codes, scale = q6_k_parts(w)  # [sb, out, 16, 16], [sb, out, 16]
+    nsb, out = scale.shape[:2]
+    signed = codes.astype(jnp.int32) - 32
+    return _rows_major(signed.reshape(nsb, out, 256)).astype(jnp.int8), _rows_major(scale)
+
+
+@jax.jit
+def _q8_0(w: QuantizedWeight):
+    return _rows_major(w.planes["qs"]).astype(jnp.int8), _rows_major(w.planes["d"].astype(jnp.float32)[..., None])
+
+
+@jax.jit
+def _q5_0(w: QuantizedWeight):
+    codes = _rows_major(q5_0_codes(w)).astype(jnp.int8)
+    return codes, _rows_major(w.planes["d"].astype(jnp.float32)[..., None])
+
+
+def from_quantized(w: QuantizedWeight) -> BlockQ8Weight:
+    """The GGUF weight (gguf_gemv/layout.py's planes, on the device) as codes and block scales, losslessly."""
+    if w.format == Q4_K:
+        codes, scale, offset = _q4_k(w)
+    elif w.format in (Q6_K, Q8_0, Q5_0):
+        codes, scale = {Q6_K: _q6_k, Q8_0: _q8_0, Q5_0: _q5_0}[w.format](w)
+        offset = jnp.zeros(NO_OFFSET, jnp.float32)
+    else:
+        raise ValueError(f"no int8 block form for {w.format!r}")
+    return BlockQ8Weight(codes, scale, offset, w.dtype)
+
+
+def dequantize(w: BlockQ8Weight) -> jax.Array:
+    """float32 [out, in]: scale * code - offset per block (equal to the GGUF weight's values)."""
+    out, inner = w.shape
+    values = w.codes.reshape(out, -1, w.block).astype(jnp.float32) * w.scale[..., None]
+    if w.offset.size:
+        values = values - w.offset[..., None]
+    return values.reshape(out, inner)
+
+
+def take_rows(w: BlockQ8Weight, ids: jax.Array) -> BlockQ8Weight:
+    """The rows `ids` of w (an embedding gather reads only its tokens' rows)."""
+    offset = jnp.take(w.offset, ids, axis=0) if w.offset.size else w.offset
+    return BlockQ8Weight(jnp.take(w.codes, ids, axis=0), jnp.take(w.scale, ids, axis=0), offset, w.dtype)
