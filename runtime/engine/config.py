@@ -11,6 +11,7 @@ import numpy as np
 
 from ..loading.model import Model
 from ..scheduling.scheduled_step import PrefillShapes
+from ..speculative.config import SpeculativeConfig
 from ..state.kinds import engine_pool_blocks
 from ..state.kv_dtypes import checked_kv_cache_dtype
 from ..state.kv_dtypes import kv_dtype as _kv_dtype
@@ -43,6 +44,8 @@ class EngineConfig:
     # slots of each slot state kind (recurrent layers' state, one per running request); None: max_num_seqs.
     # A budget-sized config (sized_config) sets it from what the budget holds beside the KV pools.
     num_slots: int | None = None
+    # speculative decoding (docs/speculative.md): None = off
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self):
         checked_kv_cache_dtype(self.kv_cache_dtype)

@@ -29,6 +29,7 @@ from .config import EngineConfig, _deterministic_from_env, kv_bytes_per_block, p
 from .loop import EngineLoop
 from .open_requests import Choice, EngineCounters, OpenRequests, RequestGroup
 from .output_processor import OutputProcessor
+from .speculation import check_speculation, draft_source, make_drafter
 from .streams import RequestStream
 
 # the configuration and sizing helpers (runtime/engine/config.py) are part of the engine's API
@@ -59,6 +60,10 @@ class Engine:
         self.pool = self.kv.primary
         tiled = fixed_tiles(model.policy.deterministic, config.deterministic) is not None
         prefill = prefill_shapes(model.plan.manifest["entries"]["forward"], config, tiled)
+        spec = config.speculative
+        if spec is not None:
+            check_speculation(model, spec, config.deterministic)
+        self.drafter = make_drafter(spec) if spec is not None else None
         self.scheduler = Scheduler(
             self.kv,
             config.max_num_seqs,
@@ -69,6 +74,8 @@ class Engine:
             prefill_shapes=prefill,
             # one slot pool per slot state kind (recurrent layers): a running request holds one slot of each
             extra_state={k.name: SlotPool(engine_slots(config), k.name) for k in model.slot_kinds},
+            draft_source=draft_source(self.drafter) if self.drafter is not None else None,
+            num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
         )
         self.executor = StepExecutor(model, config, prefill)
         self.counters = EngineCounters()
@@ -91,8 +98,16 @@ class Engine:
 
     # ---- the API ---------------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str | None = None) -> RequestStream:
-        """Queue a request. Raises ValueError for bad input, QueueFullError when overloaded."""
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        prediction_ids: tuple[int, ...] = (),
+    ) -> RequestStream:
+        """Queue a request. Raises ValueError for bad input, QueueFullError when overloaded.
+        prediction_ids: a Predicted Output's tokens, drafted from when the engine speculates."""
         params.validate(int(self.model.dims.vocab))
         request_id = request_id or f"req-{next(self._ids)}"
         scoring = params.forced_token_ids is not None  # teacher-forced: no stop strings, stop ids or eos
@@ -116,7 +131,7 @@ class Engine:
         matcher = self._new_matcher(params)  # ValueError for a grammar this tokenizer refuses
         for index in range(params.n):
             rid = request_id if params.n == 1 else f"{request_id}#{index}"
-            request = Request(rid, list(prompt_ids), max_tokens, params=params)
+            request = Request(rid, list(prompt_ids), max_tokens, params=params, prediction_ids=tuple(prediction_ids))
             processor = OutputProcessor(
                 self.tokenizer,
                 prompt_ids,

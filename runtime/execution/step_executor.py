@@ -33,12 +33,15 @@ from .engine_step import (
     launch_step,
     make_multi_step_fn,
     make_step_fn,
+    make_verify_step_fn,
     no_carry,
+    pack_step_inputs,
     run_multi_step,
     run_step,
 )
 from .executable_cache import cached_step, executor_identity
-from .step_inputs import StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape
+from .step_inputs import StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape, verify_drafts
+from .verify_rows import verify_results, verify_row_batch
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class InFlightStep:
     packed: Any = None  # the call's packed results (engine_step.pack_result layout; [steps, ...] when steps > 1)
     carried: Any = None  # a run-ahead call's last tokens, int32 [decode rows + 1] (make_multi_step_fn)
     results: tuple[dict[str, Sampled], ...] | None = None  # already on the host (deterministic tiles)
+    verify_shape: StepShape | None = None  # a verify step's shape (its results: a tuple of Sampled per row)
+    num_drafts: dict[str, int] | None = None  # a verify step's drafts per verify segment, as verified
 
 
 class StepExecutor:
@@ -96,6 +101,7 @@ class StepExecutor:
         # traced inside the model's kernel policy: which kernels and configs the step launches
         forward = model.traced(plan.module.forward)
         self.step_fn = cached_step(make_step_fn(forward), 4, identity, "step")
+        self.verify_fn = cached_step(make_verify_step_fn(forward), 5, identity, "verify")
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
         # run-ahead chains decode steps without the scheduler: not for plans with slot state (one step at a time)
@@ -176,6 +182,8 @@ class StepExecutor:
             return InFlightStep(step, tuple(rows), steps, results=(self.run(step, rows),))
         shape = self._shape(step)
         batch = build_step_batch(step, shape)
+        if shape.verify_width:
+            return self._launch_verify(step, rows, shape, batch)
         args = (self.model.dims, self.model.params, self.kv)
         if steps == 1:
             packed, self.kv = launch_step(
@@ -199,10 +207,25 @@ class StepExecutor:
         )
         return InFlightStep(step, tuple(rows), steps, packed, carried)
 
+    def _launch_verify(self, step: ScheduledStep, rows: list[RowState], shape: StepShape, batch) -> InFlightStep:
+        """A verify step (runtime/scheduling/speculation.py): each logit row's W positions sampled as the
+        drafts before them had been emitted; a draft the grammar refuses ends its row's drafts."""
+        flat, num_drafts = verify_row_batch(step, rows, shape)
+        drafts, counts = verify_drafts(step, shape, num_drafts)
+        inputs = pack_step_inputs(batch, flat, vocab_size=self.vocab, num_rows=shape.logit_rows, extra=(drafts, counts))
+        layout, num_top, all_greedy = inputs.static_args()
+        packed, self.kv = self.verify_fn(
+            self.model.dims, layout, num_top, all_greedy, shape.verify_width, self.model.params, self.kv, inputs.buffer
+        )
+        return InFlightStep(step, tuple(rows), 1, packed, verify_shape=shape, num_drafts=num_drafts)
+
     def collect(self, in_flight: InFlightStep) -> list[dict[str, Sampled]]:
-        """Wait for a launched call: one {request id: Sampled} per decode step it ran."""
+        """Wait for a launched call: one {request id: Sampled} per decode step it ran (a verify step: one
+        {request id: tuple of the Sampled it emitted})."""
         if in_flight.results is not None:
             return list(in_flight.results)
+        if in_flight.verify_shape is not None:
+            return [verify_results(in_flight.step, in_flight.verify_shape, collect_step(in_flight.packed), Sampled)]
         if in_flight.steps == 1:
             return [self._sampled(in_flight.step, collect_step(in_flight.packed))]
         return [self._sampled(in_flight.step, result) for result in collect_multi_step(in_flight.packed)]

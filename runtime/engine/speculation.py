@@ -1,0 +1,45 @@
+"""The engine's drafter: which configurations may speculate, and the scheduler's DraftSource over a drafter
+(runtime/scheduling/speculation.py, runtime/speculative/)."""
+
+from __future__ import annotations
+
+from ..loading.model import Model
+from ..scheduling.requests import Request
+from ..scheduling.speculation import DraftSource
+from ..speculative.config import SpeculativeConfig
+from ..speculative.drafter import DraftContext, Drafter
+from ..speculative.ngram import NgramConfig, NgramDrafter
+
+
+def check_speculation(model: Model, speculative: SpeculativeConfig, deterministic: bool) -> None:
+    """Refuse what speculation does not support yet, with the reason (ValueError)."""
+    if deterministic:
+        raise ValueError(
+            "--speculative cannot be combined with --deterministic: a verify segment's rows are not yet proven to "
+            "give the same logits bits as decode rows (docs/speculative.md)"
+        )
+    if model.slot_kinds:
+        kinds = ", ".join(k.name for k in model.slot_kinds)
+        raise ValueError(
+            f"--speculative needs a plan without recurrent state (this one has {kinds}): rolling back rejected "
+            "drafts needs a per-draft state (docs/speculative.md step 4), not built yet"
+        )
+    if speculative.method != "ngram":
+        raise ValueError(f"speculative method {speculative.method!r} is not built into the engine yet")
+
+
+def make_drafter(speculative: SpeculativeConfig) -> Drafter:
+    k = speculative.num_speculative_tokens
+    return NgramDrafter(NgramConfig(speculative.ngram_min_match, speculative.ngram_max_match, max_drafts=k))
+
+
+def draft_source(drafter: Drafter) -> DraftSource:
+    """The scheduler's view of a drafter: (request, most drafts) -> drafts."""
+
+    def propose(request: Request, k: int) -> tuple[int, ...]:
+        context = DraftContext(
+            request.request_id, request.prompt_token_ids, request.output_token_ids, request.prediction_ids
+        )
+        return drafter.propose(context, k).token_ids
+
+    return propose
