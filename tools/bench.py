@@ -33,6 +33,7 @@ def run_bench(
     tokenizer_dir: str | None = None,
     kv_cache_dtype: str = "auto",
     kernel_policy: str | None = None,
+    speculative=None,
 ) -> dict:
     import jax
 
@@ -51,6 +52,7 @@ def run_bench(
         deterministic=deterministic,
         enable_prefix_caching=False,
         kv_cache_dtype=kv_cache_dtype,
+        speculative=speculative,
     )
     engine = Engine(model, tokenizer, config)
     try:
@@ -72,6 +74,7 @@ def run_bench(
         "machine": f"{platform.machine()}, {jax.device_count()} {jax.devices()[0].platform} device(s)",
         "deterministic": deterministic,
         "kv_cache_dtype": kv_cache_dtype,
+        "speculative": None if speculative is None else vars(speculative),
         "kernel_policy": model.policy.to_dict(),
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
@@ -79,6 +82,13 @@ def run_bench(
         "precompile_s": round(compile_s, 1),
         "runs": runs,
     }
+
+
+def speculative_from_args(args):
+    """`--speculative`, `--draft-model`, `--num-speculative-tokens` (generate, bench) as a SpeculativeConfig."""
+    from ..runtime.speculative.config import speculative_config
+
+    return speculative_config(args.speculative, args.draft_model, args.num_speculative_tokens, args.model)
 
 
 def main_bench(args) -> int:
@@ -92,6 +102,7 @@ def main_bench(args) -> int:
         tokenizer_dir=args.tokenizer,
         kv_cache_dtype=args.kv_cache_dtype or "auto",
         kernel_policy=args.kernel_policy,
+        speculative=speculative_from_args(args),
     )
     print(json.dumps(result, indent=2))
     return 0

@@ -22,6 +22,7 @@ from ..sampling.guided import GrammarTokenizer, GuidedMatcher
 from ..sampling.params import SamplingParams, choice_seed, resolve_seed
 from ..scheduling.requests import Request
 from ..scheduling.scheduler import Scheduler
+from ..speculative.stats import AcceptanceStats
 from ..state.kinds import engine_pool_blocks, engine_slots
 from ..state.kv_cache import KVCache
 from ..state.slot_pool import SlotPool
@@ -181,6 +182,13 @@ class Engine:
                     for name, p in self.kv.pools.items()
                 },
             }
+
+    def speculation_stats(self) -> AcceptanceStats:
+        """A copy of the verify steps' acceptance counts (runtime/speculative/stats.py)."""
+        with self._lock:
+            stats = AcceptanceStats()
+            stats.merge(self.counters.speculation)
+            return stats
 
     def default_params(self, **overrides) -> SamplingParams:
         """Sampling settings for a request that omits some: the checkpoint's generation_config defaults."""

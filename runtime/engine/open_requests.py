@@ -248,4 +248,16 @@ class OpenRequests:
             ttft_s=first - group.arrival,
             decode_s=now - first,
             e2e_s=now - group.arrival,
+            **_prediction_usage(group),
         )
+
+
+def _prediction_usage(group: RequestGroup) -> dict:
+    """Usage's Predicted Outputs counts: the drafts of a request that carried a prediction (the n-gram drafter
+    drafts from it first), accepted and rejected, over its choices."""
+    if not group.choices[0].request.prediction_ids:
+        return {}
+    return {
+        "accepted_prediction_tokens": sum(c.accepted_drafts for c in group.choices),
+        "rejected_prediction_tokens": sum(c.rejected_drafts for c in group.choices),
+    }

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SPECULATIVE_METHODS = ("ngram", "draft")  # "mtp": the MTP plan's drafter, when it exists
+# the draft model of a target that names none (--speculative draft without --draft-model)
+DEFAULT_DRAFT_MODELS = {"qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-0.5b-instruct"}
 
 
 @dataclass(frozen=True)
@@ -20,3 +22,15 @@ class SpeculativeConfig:
             raise ValueError(f"unknown speculative method {self.method!r} (one of {', '.join(SPECULATIVE_METHODS)})")
         if not 1 <= self.num_speculative_tokens <= 15:
             raise ValueError(f"num_speculative_tokens must be 1..15, got {self.num_speculative_tokens}")
+
+
+def speculative_config(method: str | None, draft_model: str | None, k: int, target_model: str):
+    """The CLI flags' SpeculativeConfig (None when method is None); ValueError for a bad method or k, or a draft
+    method without a draft model for a target that has no default one."""
+    if method is None:
+        return None
+    if method == "draft" and draft_model is None:
+        draft_model = DEFAULT_DRAFT_MODELS.get(target_model)
+        if draft_model is None:
+            raise ValueError(f"--speculative draft needs --draft-model: {target_model!r} has no default draft model")
+    return SpeculativeConfig(method, num_speculative_tokens=k, draft_model=draft_model)
