@@ -161,3 +161,11 @@ def test_deterministic_and_recurrent_plans_are_refused(qwen3):
     path, _ = tiny_fixture("qwen3_next")
     with pytest.raises(ValueError, match="recurrent state"):
         _engine(load_model(path))
+
+
+def test_batch_one_verify_shapes_are_compiled_ahead(spec):
+    shapes = spec.executor.verify_shapes_alone()
+    assert [s.verify_width for s in shapes] == [2, 4, 8]  # k = 4: up to 5 tokens per segment
+    assert all(s.decode_rows == 0 and s.segments == 1 and s.logit_rows == s.verify_width for s in shapes)
+    with spec._lock:  # the loop is idle: run one ahead-of-time compile the way precompile does
+        spec.executor._precompile_verify(shapes[0], all_greedy=True)

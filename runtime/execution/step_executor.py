@@ -21,7 +21,7 @@ import numpy as np
 from ...compiler.targets import get_target
 from ..loading.model import Model
 from ..sampling.params import RowState
-from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep
+from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep, bucket
 from ..state.kinds import engine_pool_blocks, engine_slots
 from ..state.kv_dtypes import kv_dtype
 from .deterministic_tiles import fixed_tiles, step_tiles, tile_shape
@@ -40,7 +40,15 @@ from .engine_step import (
     run_step,
 )
 from .executable_cache import cached_step, executor_identity
-from .step_inputs import StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape, verify_drafts
+from .step_inputs import (
+    VERIFY_WIDTHS,
+    StepShape,
+    all_step_shapes,
+    build_step_batch,
+    padding_batch,
+    step_shape,
+    verify_drafts,
+)
 from .verify_rows import verify_results, verify_row_batch
 
 
@@ -154,7 +162,32 @@ class StepExecutor:
                 bar.update(1)
         if bar is not None:
             bar.close()
+        for shape in self.verify_shapes_alone():
+            for all_greedy in (True, False):
+                self._precompile_verify(shape, all_greedy)
         return time.perf_counter() - start
+
+    def verify_shapes_alone(self) -> list[StepShape]:
+        """The verify steps of one speculating row (batch 1: no decode row, one segment), every width up to the
+        engine's k + 1: compiled ahead; verify steps of several rows compile when first met."""
+        spec = getattr(self.config, "speculative", None)
+        if spec is None:
+            return []
+        widths = [w for w in VERIFY_WIDTHS if w <= bucket(spec.num_speculative_tokens + 1, VERIFY_WIDTHS)]
+        kinds = (self.table_blocks, self.num_kinds, 1)
+        return [StepShape(0, w, *kinds, num_slot_kinds=self.num_slot_kinds, verify_width=w) for w in widths]
+
+    def _precompile_verify(self, shape: StepShape, all_greedy: bool) -> None:
+        drafts = np.full((shape.verify_rows, shape.verify_width - 1), -1, np.int32)
+        counts = np.zeros(shape.verify_rows, np.int32)
+        extra = (drafts, counts)
+        inputs = pack_step_inputs(
+            padding_batch(shape), [], vocab_size=self.vocab, num_rows=shape.logit_rows, extra=extra
+        )
+        packed, self.kv = self.verify_fn(
+            self.model.dims, inputs.layout, 0, all_greedy, shape.verify_width, self.model.params, self.kv, inputs.buffer
+        )
+        jax.block_until_ready(packed)
 
     def run(self, step: ScheduledStep, rows: list[RowState]) -> dict[str, Sampled]:
         """Run one step and wait for it: {request id: Sampled}."""
