@@ -8,9 +8,11 @@ import pytest
 from fixture_data import tiny_fixture
 
 from ember.runtime.engine.engine import Engine, EngineConfig
+from ember.runtime.engine.speculation import draft_source
 from ember.runtime.loading.model import load_model
 from ember.runtime.sampling.params import SamplingParams
 from ember.runtime.speculative.config import SpeculativeConfig
+from ember.runtime.speculative.model_drafter import ModelDrafter
 from ember.runtime.speculative.stats import AcceptanceStats
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -169,3 +171,17 @@ def test_batch_one_verify_shapes_are_compiled_ahead(spec):
     assert all(s.decode_rows == 0 and s.segments == 1 and s.logit_rows == s.verify_width for s in shapes)
     with spec._lock:  # the loop is idle: run one ahead-of-time compile the way precompile does
         spec.executor._precompile_verify(shapes[0], all_greedy=True)
+
+
+def test_a_draft_model_drafting_for_its_own_target_is_accepted_whole(spec, qwen3, prompts, plain):
+    """The draft drafter's mechanics in CI: the target as its own draft model agrees on every greedy token."""
+    drafter = ModelDrafter(qwen3, spec.config, int(qwen3.dims.vocab))
+    source, release = spec.scheduler.draft_source, spec.scheduler.on_release
+    spec.scheduler.draft_source, spec.scheduler.on_release = draft_source(drafter), drafter.release
+    try:
+        runs, stats = _stats_after(spec, [(prompts[1], SamplingParams(max_tokens=10, **GREEDY), ())])
+    finally:
+        spec.scheduler.draft_source, spec.scheduler.on_release = source, release
+    assert runs[0][0] == plain[1][:10]
+    assert stats["num_draft_tokens"] > 0 and stats["num_accepted_tokens"] == stats["num_draft_tokens"]
+    assert drafter.sequences == {} and drafter.kv.all_free()

@@ -64,7 +64,7 @@ class Engine:
         spec = config.speculative
         if spec is not None:
             check_speculation(model, spec, config.deterministic)
-        self.drafter = make_drafter(spec) if spec is not None else None
+        self.drafter = make_drafter(spec, model, config) if spec is not None else None
         self.scheduler = Scheduler(
             self.kv,
             config.max_num_seqs,
@@ -78,6 +78,8 @@ class Engine:
             draft_source=draft_source(self.drafter) if self.drafter is not None else None,
             num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
         )
+        if self.drafter is not None:
+            self.scheduler.on_release = self.drafter.release  # a model drafter's KV goes back with the request's
         self.executor = StepExecutor(model, config, prefill)
         self.counters = EngineCounters()
         self.requests = OpenRequests(self.scheduler, self.counters)

@@ -24,13 +24,21 @@ def check_speculation(model: Model, speculative: SpeculativeConfig, deterministi
             f"--speculative needs a plan without recurrent state (this one has {kinds}): rolling back rejected "
             "drafts needs a per-draft state (docs/speculative.md step 4), not built yet"
         )
-    if speculative.method != "ngram":
-        raise ValueError(f"speculative method {speculative.method!r} is not built into the engine yet")
+    if speculative.method == "draft" and speculative.draft_model is None:
+        raise ValueError("--speculative draft needs a draft model (--draft-model)")
 
 
-def make_drafter(speculative: SpeculativeConfig) -> Drafter:
+def make_drafter(speculative: SpeculativeConfig, model: Model, config) -> Drafter:
+    """The engine's drafter; a draft model is loaded here (a known name or a path), for the target's target."""
     k = speculative.num_speculative_tokens
-    return NgramDrafter(NgramConfig(speculative.ngram_min_match, speculative.ngram_max_match, max_drafts=k))
+    if speculative.method == "ngram":
+        return NgramDrafter(NgramConfig(speculative.ngram_min_match, speculative.ngram_max_match, max_drafts=k))
+    from ..loading.known_models import resolve_model
+    from ..loading.model import load_model
+    from ..speculative.model_drafter import ModelDrafter
+
+    draft = load_model(resolve_model(speculative.draft_model), target=model.plan.target)
+    return ModelDrafter(draft, config, int(model.dims.vocab))
 
 
 def draft_source(drafter: Drafter) -> DraftSource:

@@ -32,7 +32,7 @@ Policies (what we chose, and why):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ..state.block_pool import BlockPool, StateAllocator
 from ..state.kv_cache import KVCache, PrefixHit
@@ -82,6 +82,7 @@ class Scheduler:
         self.num_preemptions = self.num_finished = self.num_aborted = 0
         # speculative decoding (runtime/scheduling/speculation.py): up to k drafts per decode row
         self.draft_source, self.num_speculative_tokens = draft_source, num_speculative_tokens
+        self.on_release: Callable[[str], None] | None = None  # a request's state went back (a drafter's too)
 
     # --- intake -------------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -386,6 +387,8 @@ class Scheduler:
             if kind in request.state:
                 allocator.release(request.state[kind])
         request.state = {}
+        if self.on_release is not None:
+            self.on_release(request.request_id)
 
     # --- helpers ------------------------------------------------------------------------------------
     def _running(self, request_id: str) -> Request | None:
