@@ -30,7 +30,7 @@ from .config import EngineConfig, _deterministic_from_env, kv_bytes_per_block, p
 from .loop import EngineLoop
 from .open_requests import Choice, EngineCounters, OpenRequests, RequestGroup
 from .output_processor import OutputProcessor
-from .speculation import check_speculation, draft_source, make_drafter
+from .speculation import check_speculation, engine_draft_source, make_drafter
 from .streams import RequestStream
 
 # the configuration and sizing helpers (runtime/engine/config.py) are part of the engine's API
@@ -75,11 +75,11 @@ class Engine:
             prefill_shapes=prefill,
             # one slot pool per slot state kind (recurrent layers): a running request holds one slot of each
             extra_state={k.name: SlotPool(engine_slots(config), k.name) for k in model.slot_kinds},
-            draft_source=draft_source(self.drafter) if self.drafter is not None else None,
+            draft_source=engine_draft_source(spec, self.drafter) if spec is not None else None,
             num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
         )
-        if self.drafter is not None:
-            self.scheduler.on_release = self.drafter.release  # a model drafter's KV goes back with the request's
+        if spec is not None:  # a model drafter's KV (and the request's acceptance) goes back with the request's
+            self.scheduler.on_release = self.scheduler.draft_source.release
         self.executor = StepExecutor(model, config, prefill)
         self.counters = EngineCounters()
         self.requests = OpenRequests(self.scheduler, self.counters)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..loading.model import Model
 from ..scheduling.requests import Request
 from ..scheduling.speculation import DraftSource
+from ..speculative.adaptive_source import AdaptiveDrafts
 from ..speculative.config import SpeculativeConfig
 from ..speculative.drafter import DraftContext, Drafter
 from ..speculative.ngram import NgramConfig, NgramDrafter
@@ -39,6 +40,19 @@ def make_drafter(speculative: SpeculativeConfig, model: Model, config) -> Drafte
 
     draft = load_model(resolve_model(speculative.draft_model), target=model.plan.target)
     return ModelDrafter(draft, config, int(model.dims.vocab))
+
+
+def engine_draft_source(speculative: SpeculativeConfig, drafter: Drafter) -> DraftSource:
+    """The scheduler's DraftSource: adaptive (a plan per step, runtime/speculative/adaptive_source.py) or k for
+    every row. Its `release` hands a request's drafter state back (the scheduler's on_release)."""
+    if not speculative.adaptive:
+        source = draft_source(drafter)
+        source.release = drafter.release
+        return source
+    cost = speculative.draft_token_cost
+    if cost is None:
+        cost = 0.0 if speculative.method == "ngram" else 0.3
+    return AdaptiveDrafts(drafter, speculative.num_speculative_tokens, speculative.verify_token_cost, cost)
 
 
 def draft_source(drafter: Drafter) -> DraftSource:

@@ -40,7 +40,7 @@ from .requests import QueueFullError, Request, RequestStatus, RequestTooLongErro
 from .run_ahead import RunAhead
 from .scheduled_step import DecodeRow, PrefillChunk, PrefillShapes, ScheduledStep, slots_at, state_slots_of
 from .snapshot import SchedulerSnapshot, snapshot_of
-from .speculation import DraftSource, emitted_by_row, may_speculate, settle_verified, take_drafts, verify_segment
+from .speculation import DraftSource, draft_lengths, emitted_by_row, settle_verified, take_drafts, verify_segment
 
 
 class Scheduler:
@@ -124,12 +124,12 @@ class Scheduler:
         preempted: list[str] = []
         decodes: list[Request] = []
         verifies: list[tuple[Request, tuple[int, ...]]] = []
-        speculate = may_speculate(self.draft_source, self.num_speculative_tokens, self.waiting, self.running)
+        lengths = draft_lengths(self.draft_source, self.num_speculative_tokens, self.waiting, self.running)
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            k = min(self.num_speculative_tokens, budget - 1)
-            drafts = take_drafts(self.kv, request, self.draft_source, k) if speculate and k > 0 else ()
+            k = min(lengths.get(request.request_id, 0), budget - 1)
+            drafts = take_drafts(self.kv, request, self.draft_source, k) if k > 0 else ()
             if drafts:
                 verifies.append((request, drafts))
                 budget -= 1 + len(drafts)

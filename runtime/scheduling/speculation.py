@@ -23,9 +23,16 @@ from .scheduled_step import ScheduledStep, VerifySegment, slots_at
 DraftSource = Callable[[Request, int], Sequence[int]]  # (request, most drafts) -> its drafts (maybe none)
 
 
-def may_speculate(source: DraftSource | None, k: int, waiting, running: Sequence[Request]) -> bool:
-    """Drafts only in steps of decode rows alone: no prefill waiting or under way."""
-    return source is not None and k > 0 and not waiting and all(r.num_tokens_to_compute == 1 for r in running)
+def draft_lengths(source: DraftSource | None, k: int, waiting, running: Sequence[Request]) -> dict[str, int]:
+    """The most drafts of each running request this step: none unless the step holds decode rows alone (no
+    prefill waiting or under way); else k each, or what the source's `plan(requests)` says (an adaptive
+    source, runtime/speculative/adaptive_source.py), capped at k."""
+    if source is None or k <= 0 or waiting or any(r.num_tokens_to_compute != 1 for r in running):
+        return {}
+    plan = getattr(source, "plan", None)
+    if plan is None:
+        return {r.request_id: k for r in running}
+    return {rid: min(n, k) for rid, n in plan(running).items()}
 
 
 def draft_limit(request: Request, k: int) -> int:

@@ -16,6 +16,12 @@ class SpeculativeConfig:
     draft_model: str | None = None  # "draft": a known model name or a checkpoint path (None: the default's)
     ngram_min_match: int = 2
     ngram_max_match: int = 4
+    # adaptive k (runtime/speculative/adaptive_source.py): per-request acceptance and a linear step-cost model
+    # in units of a batch-1 decode step (an extra verified token costs verify_token_cost of it; a drafted token
+    # draft_token_cost: None = 0 for lookup, 0.3 for a draft model)
+    adaptive: bool = True
+    verify_token_cost: float = 0.05
+    draft_token_cost: float | None = None
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
