@@ -150,7 +150,7 @@ def build_step_batch(step: ScheduledStep, shape: StepShape) -> StepBatch:
         slots[:, lo:hi] = np.asarray(chunk.slots, np.int32).reshape(chunk.num_tokens, k).T
         if state_slots is not None:
             state_slots[:, lo:hi] = np.asarray(step.state_slots[chunk.request_id], np.int32)[:, None]
-        if getattr(chunk, "completes", False):
+        if chunk.completes:
             logit_rows[completed] = hi - 1
             completed += 1
     if shape.verify_width:

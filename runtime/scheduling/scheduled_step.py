@@ -115,6 +115,12 @@ class VerifySegment:
     def drafts(self) -> tuple[int, ...]:
         return self.token_ids[1:]
 
+    @property
+    def completes(self) -> bool:
+        """Not a prefill chunk's last-row logits: every row of a verify segment is a logit row (laid out by
+        runtime/execution/step_inputs.py's verify_logit_rows)."""
+        return False
+
 
 @dataclass(frozen=True)
 class ScheduledStep:
