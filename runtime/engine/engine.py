@@ -75,7 +75,7 @@ class Engine:
             prefill_shapes=prefill,
             # one slot pool per slot state kind (recurrent layers): a running request holds one slot of each
             extra_state={k.name: SlotPool(engine_slots(config), k.name) for k in model.slot_kinds},
-            draft_source=engine_draft_source(spec, self.drafter) if spec is not None else None,
+            draft_source=engine_draft_source(spec, self.drafter, model.plan.target) if spec is not None else None,
             num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
         )
         if spec is not None:  # a model drafter's KV (and the request's acceptance) goes back with the request's

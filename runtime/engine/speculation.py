@@ -7,7 +7,7 @@ from ..loading.model import Model
 from ..scheduling.requests import Request
 from ..scheduling.speculation import DraftSource
 from ..speculative.adaptive_source import AdaptiveDrafts
-from ..speculative.config import SpeculativeConfig
+from ..speculative.config import VERIFY_TOKEN_COST, SpeculativeConfig
 from ..speculative.drafter import DraftContext, Drafter
 from ..speculative.ngram import NgramConfig, NgramDrafter
 
@@ -42,7 +42,7 @@ def make_drafter(speculative: SpeculativeConfig, model: Model, config) -> Drafte
     return ModelDrafter(draft, config, int(model.dims.vocab))
 
 
-def engine_draft_source(speculative: SpeculativeConfig, drafter: Drafter) -> DraftSource:
+def engine_draft_source(speculative: SpeculativeConfig, drafter: Drafter, target: str) -> DraftSource:
     """The scheduler's DraftSource: adaptive (a plan per step, runtime/speculative/adaptive_source.py) or k for
     every row. Its `release` hands a request's drafter state back (the scheduler's on_release)."""
     if not speculative.adaptive:
@@ -52,7 +52,10 @@ def engine_draft_source(speculative: SpeculativeConfig, drafter: Drafter) -> Dra
     cost = speculative.draft_token_cost
     if cost is None:
         cost = 0.0 if speculative.method == "ngram" else 0.3
-    return AdaptiveDrafts(drafter, speculative.num_speculative_tokens, speculative.verify_token_cost, cost)
+    verify_cost = speculative.verify_token_cost
+    if verify_cost is None:
+        verify_cost = VERIFY_TOKEN_COST.get(target, 0.05)
+    return AdaptiveDrafts(drafter, speculative.num_speculative_tokens, verify_cost, cost)
 
 
 def draft_source(drafter: Drafter) -> DraftSource:

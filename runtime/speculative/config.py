@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SPECULATIVE_METHODS = ("ngram", "draft")  # "mtp": the MTP plan's drafter, when it exists
+# a drafted token's verify cost in batch-1 decode steps, per compiler target: the CPU's from the engine runs of
+# docs/results/cpu_spec_engine_*.json (a verify step of 4 drafts, padded to 8 rows, cost ~3.6 decode steps on
+# the shared 2-core machine: ~0.65 per draft); the GPU's a placeholder until the verify step's cost at
+# k = 1..8 is measured there
+VERIFY_TOKEN_COST = {"cpu": 0.6, "h200": 0.05}
+
 # the draft model of a target that names none (--speculative draft without --draft-model)
 DEFAULT_DRAFT_MODELS = {"qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-0.5b-instruct"}
 
@@ -17,10 +23,11 @@ class SpeculativeConfig:
     ngram_min_match: int = 2
     ngram_max_match: int = 4
     # adaptive k (runtime/speculative/adaptive_source.py): per-request acceptance and a linear step-cost model
-    # in units of a batch-1 decode step (an extra verified token costs verify_token_cost of it; a drafted token
-    # draft_token_cost: None = 0 for lookup, 0.3 for a draft model)
+    # in units of a batch-1 decode step (an extra verified token costs verify_token_cost of it: None = the
+    # target's figure in VERIFY_TOKEN_COST; a drafted token draft_token_cost: None = 0 for lookup, 0.3 for a
+    # draft model)
     adaptive: bool = True
-    verify_token_cost: float = 0.05
+    verify_token_cost: float | None = None
     draft_token_cost: float | None = None
 
     def __post_init__(self) -> None:
