@@ -69,6 +69,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     model = load_model(resolve_model(args.model))
     tokenizer = load_tokenizer(model.checkpoint)
     eos = end_of_generation_ids(tokenizer, model.checkpoint.generation_config)
@@ -134,9 +135,7 @@ def main() -> int:
             }
     result = {
         "what": "batch-1 greedy decode tok/s through the engine, plain vs speculative, same process, alternating order",
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
+        "commit": commit,  # the code measured: HEAD when the run started
         "model": args.model,
         "workloads": args.workload,
         "speculative": {m: vars(spec) for m, spec in specs.items()},
