@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SPECULATIVE_METHODS = ("ngram", "draft")  # "mtp": the MTP plan's drafter, when it exists
-# a drafted token's verify cost in batch-1 decode steps, per compiler target: the CPU's from the engine runs of
-# docs/results/cpu_spec_engine_*.json (a verify step of 4 drafts, padded to 8 rows, cost ~3.6 decode steps on
-# the shared 2-core machine: ~0.65 per draft); the GPU's a placeholder until the verify step's cost at
-# k = 1..8 is measured there
+# a drafted token's verify cost in batch-1 decode steps, per compiler target: the CPU's from the engine run of
+# docs/results/cpu_spec_engine_ngram_8e2588f.json (verify steps of 3.5 drafts, mostly padded to 8 rows, cost ~4
+# decode steps on the shared 2-core machine: ~0.85 per draft; 0.6 estimates it without the padding); the GPU's
+# a placeholder until the verify step's cost at k = 1..8 is measured there
 VERIFY_TOKEN_COST = {"cpu": 0.6, "h200": 0.05}
 
 # the draft model of a target that names none (--speculative draft without --draft-model)
