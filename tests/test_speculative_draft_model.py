@@ -46,9 +46,9 @@ def qwen3():
 def test_a_draft_model_gives_the_targets_greedy_tokens(qwen3):
     path, model = qwen3
     plain, _ = _outputs(model, None)
-    itself, agreeing = _outputs(model, SpeculativeConfig("draft", 3, draft_model=str(path)))
+    itself, agreeing = _outputs(model, SpeculativeConfig("draft", 3, draft_model=str(path), adaptive=False))
     other_path, _ = tiny_fixture("qwen2")
-    other, disagreeing = _outputs(model, SpeculativeConfig("draft", 3, draft_model=str(other_path)))
+    other, disagreeing = _outputs(model, SpeculativeConfig("draft", 3, draft_model=str(other_path), adaptive=False))
     assert itself == plain and other == plain
     assert agreeing.num_draft_tokens > 0 and agreeing.num_accepted_tokens == agreeing.num_draft_tokens
     assert disagreeing.num_draft_tokens > disagreeing.num_accepted_tokens

@@ -31,7 +31,9 @@ def test_draft_model_and_ngram_speculation_give_plain_greedy_tokens(qwen_gguf, q
     message = f"Add type hints to this function. Return the whole function.\n\n```python\n{CODE}```"
     prompt = tokenizer.encode(render_chat(tokenizer, [{"role": "user", "content": message}]), add_special_tokens=False)
     plain, _ = _greedy(model, tokenizer, prompt, None)
-    drafted, draft_stats = _greedy(model, tokenizer, prompt, SpeculativeConfig("draft", 4, str(qwen_draft_gguf)))
-    lookup, _ = _greedy(model, tokenizer, prompt, SpeculativeConfig("ngram", 4))
+    drafted, draft_stats = _greedy(
+        model, tokenizer, prompt, SpeculativeConfig("draft", 4, str(qwen_draft_gguf), adaptive=False)
+    )
+    lookup, _ = _greedy(model, tokenizer, prompt, SpeculativeConfig("ngram", 4, adaptive=False))
     assert drafted == plain and lookup == plain
     assert draft_stats.num_accepted_tokens > 0
