@@ -30,6 +30,7 @@ class ChatRequest:
     incremental_tools: bool = False  # tool-call arguments stream as written (a grammar guarantees them)
     max_tokens_param: str = "max_tokens"  # the field the client capped the output with (for errors)
     tool_format: ToolCallFormat = JSON_TOOL_CALLS  # how the model writes calls
+    prediction_ids: tuple[int, ...] = ()  # Predicted Outputs: the expected output's tokens (drafts)
 
     def new_stream_parser(self) -> ChatOutputParser:
         return ChatOutputParser(
@@ -67,7 +68,25 @@ def prepare_chat(service, body: dict, *, template_kwargs: dict | None = None) ->
         features.incremental_tool_stream,
         max_tokens_param,
         features.tool_format,
+        prediction_ids(service, body.get("prediction")),
     )
+
+
+def prediction_ids(service, prediction) -> tuple[int, ...]:
+    """OpenAI's Predicted Outputs, `prediction: {"type": "content", "content": str | [{"type": "text", ...}]}`:
+    its text's tokens, drafted from when the server speculates (ignored otherwise, as the output is the same)."""
+    if prediction is None:
+        return ()
+    if not isinstance(prediction, dict) or prediction.get("type") != "content":
+        raise bad_request('prediction must be {"type": "content", "content": ...}', "prediction")
+    content = prediction.get("content")
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise bad_request("prediction.content parts must be text parts", "prediction.content")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise bad_request("prediction.content must be a string or a list of text parts", "prediction.content")
+    return tuple(service.encode_chat(content))
 
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")

@@ -36,12 +36,22 @@ class ServeConfig:
     drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight requests may finish
     stream_usage: bool = True  # the final usage chunk of OpenAI streams (also per request stream_options)
     precompile: bool = True  # compile every step shape before /health turns ready
+    speculative: str | None = None  # speculative decoding: ngram | draft (docs/speculative.md); None = off
+    draft_model: str | None = None  # --speculative draft: a known model name or a path
+    num_speculative_tokens: int = 4  # k: most drafts per row and step
 
     def __post_init__(self):
         # FP8 pools where their writes are the kernels' own (the h200 target's RoPE + K/V write). XLA rewrites a
         # scatter into a float8 array as a conversion of the whole array: 33 ms against 0.02 ms for float32 on
         # a 16 MB pool on the CPU, so the cpu target, and the deterministic plans (XLA's scatter), refuse it.
         from ..runtime.state.kv_dtypes import is_fp8
+
+        if self.speculative is not None and self.deterministic:
+            raise ValueError(
+                "--speculative is not available with --deterministic: a verify segment's rows are not yet proven "
+                "to give decode rows' logits bits (docs/speculative.md)"
+            )
+        self.speculative_config()  # checks the method and k
 
         if is_fp8(self.kv_cache_dtype):
             if self.target == "cpu":
@@ -54,6 +64,12 @@ class ServeConfig:
                     "--kv-cache-dtype fp8 is not available with --deterministic: its plans write KV "
                     "through XLA's scatter, which converts the whole FP8 pool"
                 )
+
+    def speculative_config(self):
+        """The engine's SpeculativeConfig, or None when off."""
+        from ..runtime.speculative.config import speculative_config
+
+        return speculative_config(self.speculative, self.draft_model, self.num_speculative_tokens, self.model)
 
 
 _ENV_PREFIX = "EMBER_"
@@ -144,6 +160,9 @@ _FLAGS = {
     "--max-body-bytes": ("max_body_bytes", _positive_int, "largest request body accepted (else 413)"),
     "--heartbeat-s": ("heartbeat_s", _positive_float, "SSE heartbeat interval while waiting"),
     "--drain-grace-s": ("drain_grace_s", _positive_float, "SIGTERM: grace period for in-flight requests"),
+    "--speculative": ("speculative", str, "speculative decoding: ngram (prompt lookup, Predicted Outputs) or draft"),
+    "--draft-model": ("draft_model", str, "--speculative draft: the draft model, a known name or a path"),
+    "--num-speculative-tokens": ("num_speculative_tokens", _positive_int, "most draft tokens per row and step (4)"),
 }
 _SWITCHES = {
     "--deterministic": ("deterministic", "batch-invariant plans: same tokens and logprobs alone or under load"),

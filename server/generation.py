@@ -71,11 +71,17 @@ class Generation:
         request_id: str | None = None,
         max_tokens_param: str = "max_tokens",
         prompt_param: str = "messages",
+        prediction_ids: tuple[int, ...] = (),
     ) -> Generation:
         arrival = time.monotonic()
         request_id = request_id or new_id("req-")
         stream = service.submit(
-            prompt_ids, params, request_id=request_id, max_tokens_param=max_tokens_param, prompt_param=prompt_param
+            prompt_ids,
+            params,
+            request_id=request_id,
+            max_tokens_param=max_tokens_param,
+            prompt_param=prompt_param,
+            prediction_ids=prediction_ids,
         )
         service.metrics.request_started()
         service.in_flight += 1

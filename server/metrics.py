@@ -57,6 +57,28 @@ class _EngineCollector:
             family = CounterMetricFamily(metric, help_text, labels=label)
             family.add_metric(name, value)
             yield family
+        yield from _speculation_metrics(engine.speculation_stats() if engine is not None else None, name)
+
+
+def _speculation_metrics(stats, name: list[str]):
+    """vLLM's spec-decode counters (runtime/speculative/stats.py): drafts, draft tokens, accepted tokens, and
+    accepted tokens per draft position; zero while the engine does not speculate."""
+    for metric, help_text, attribute in (
+        ("ember:spec_decode_num_drafts", "Verify steps of a row that drafted", "num_drafts"),
+        ("ember:spec_decode_num_draft_tokens", "Draft tokens proposed", "num_draft_tokens"),
+        ("ember:spec_decode_num_accepted_tokens", "Draft tokens accepted", "num_accepted_tokens"),
+    ):
+        family = CounterMetricFamily(metric, help_text, labels=["model_name"])
+        family.add_metric(name, getattr(stats, attribute) if stats is not None else 0)
+        yield family
+    per_position = CounterMetricFamily(
+        "ember:spec_decode_num_accepted_tokens_per_pos",
+        "Draft tokens accepted at each draft position",
+        labels=["model_name", "position"],
+    )
+    for position, count in enumerate(stats.accepted_per_position if stats is not None else ()):
+        per_position.add_metric([*name, str(position)], count)
+    yield per_position
 
 
 class ServerMetrics:

@@ -28,7 +28,12 @@ async def chat_completions(request):
     stream = get_bool(body, "stream", False)
     completion_id = new_id("chatcmpl-")
     generation = Generation.start(
-        service, chat.prompt_ids, chat.params, request_id=completion_id, max_tokens_param=chat.max_tokens_param
+        service,
+        chat.prompt_ids,
+        chat.params,
+        request_id=completion_id,
+        max_tokens_param=chat.max_tokens_param,
+        prediction_ids=chat.prediction_ids,
     )
     if stream:
         return await stream_chat(request, service, chat, generation, completion_id, include_usage(service, body))
@@ -148,6 +153,10 @@ def usage_dict(usage) -> dict:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": usage.accepted_prediction_tokens,
+            "rejected_prediction_tokens": usage.rejected_prediction_tokens,
+        },
     }
 
 

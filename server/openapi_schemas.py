@@ -180,6 +180,16 @@ def chat_request(model: str, vocab: int, context: int) -> Schema:
             "tool_choice": tool_choice,
             "parallel_tool_calls": BOOLEAN,
             "response_format": response_format,
+            "prediction": obj(
+                {
+                    "type": const("content"),
+                    "content": {
+                        "anyOf": [STRING, array(obj({"type": const("text"), "text": STRING}, ("type", "text")))]
+                    },
+                },
+                ("type", "content"),
+                description="Predicted Outputs: the expected output, a draft source when the server speculates",
+            ),
             "chat_template_kwargs": {"type": "object", "description": "extra variables for the chat template"},
             "enable_thinking": BOOLEAN,
             "reasoning_effort": {
@@ -241,6 +251,10 @@ USAGE = obj(
         "completion_tokens": INTEGER,
         "total_tokens": INTEGER,
         "prompt_tokens_details": obj({"cached_tokens": INTEGER}, ("cached_tokens",)),
+        "completion_tokens_details": obj(
+            {"accepted_prediction_tokens": INTEGER, "rejected_prediction_tokens": INTEGER},
+            ("accepted_prediction_tokens", "rejected_prediction_tokens"),
+        ),
     },
     ("prompt_tokens", "completion_tokens", "total_tokens"),
 )

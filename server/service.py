@@ -124,6 +124,7 @@ class ModelService:
                 max_queue_wait_s=self.config.request_timeout,
                 keep_executables=True,
                 kv_cache_dtype=kv_cache_dtype,
+                speculative=self.config.speculative_config(),
             )
             self.engine = Engine(model, tokenizer, engine_config, stop_token_ids=self.eos_ids)
             self.capacity = capacity_line(model, engine_config)
@@ -263,6 +264,7 @@ class ModelService:
         request_id: str,
         max_tokens_param: str = "max_tokens",
         prompt_param: str = "messages",
+        prediction_ids: tuple[int, ...] = (),
     ) -> RequestStream:
         """Queue a request. max_tokens absent: until the model stops, up to the configured cap."""
         engine = self.require_ready()
@@ -282,7 +284,7 @@ class ModelService:
                 max_tokens_param,
             )
         try:
-            return engine.submit(prompt_ids, params, request_id=request_id)
+            return engine.submit(prompt_ids, params, request_id=request_id, prediction_ids=prediction_ids)
         except QueueFullError as error:
             raise ApiError(429, str(error)) from error
         except EngineFailedError as error:

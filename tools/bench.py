@@ -34,6 +34,7 @@ def run_bench(
     kv_cache_dtype: str = "auto",
     kernel_policy: str | None = None,
     precision: str = "fast",
+    speculative=None,
 ) -> dict:
     import jax
 
@@ -52,6 +53,7 @@ def run_bench(
         deterministic=deterministic,
         enable_prefix_caching=False,
         kv_cache_dtype=kv_cache_dtype,
+        speculative=speculative,
     )
     engine = Engine(model, tokenizer, config)
     try:
@@ -74,6 +76,7 @@ def run_bench(
         "deterministic": deterministic,
         "kv_cache_dtype": kv_cache_dtype,
         "precision": precision,
+        "speculative": None if speculative is None else vars(speculative),
         "kernel_policy": model.policy.to_dict(),
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
@@ -81,6 +84,13 @@ def run_bench(
         "precompile_s": round(compile_s, 1),
         "runs": runs,
     }
+
+
+def speculative_from_args(args):
+    """`--speculative`, `--draft-model`, `--num-speculative-tokens` (generate, bench) as a SpeculativeConfig."""
+    from ..runtime.speculative.config import speculative_config
+
+    return speculative_config(args.speculative, args.draft_model, args.num_speculative_tokens, args.model)
 
 
 def main_bench(args) -> int:
@@ -95,6 +105,7 @@ def main_bench(args) -> int:
         kv_cache_dtype=args.kv_cache_dtype or "auto",
         kernel_policy=args.kernel_policy,
         precision=args.precision,
+        speculative=speculative_from_args(args),
     )
     print(json.dumps(result, indent=2))
     return 0

@@ -53,7 +53,10 @@ def _generate(args: argparse.Namespace) -> int:
     params.validate(int(model.dims.vocab))
     stats = GenerationStats()
     eos = end_of_generation_ids(tokenizer, model.checkpoint.generation_config)
-    for piece in generate(model, tokenizer, prompt_ids, params, eos_ids=eos, stats=stats):
+    from .bench import speculative_from_args
+
+    speculative = speculative_from_args(args)
+    for piece in generate(model, tokenizer, prompt_ids, params, eos_ids=eos, stats=stats, speculative=speculative):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -118,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--target", default=os.environ.get("EMBER_TARGET", "cpu"))
     _add_precision(gen)
+    _add_speculative_arguments(gen)
     gen.set_defaults(run=_generate)
 
     bench = sub.add_parser(
@@ -140,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..runtime.state.kv_dtypes import KV_CACHE_DTYPES
 
     bench.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="the engines' KV pool dtype (auto)")
+    _add_speculative_arguments(bench)
     bench.add_argument("--tokenizer", help="HF tokenizer folder, for --model synthetic:<shape> (random weights)")
     bench.add_argument(
         "--kernel-policy", help="JSON file overriding fields of the target's kernel policy (docs/kernel_policy.md)"
@@ -187,6 +192,27 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--dump-ir", help="write the IR after every compiler phase into this folder")
     comp.set_defaults(run=_compile)
     return parser
+
+
+def _add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument(
+        "--speculative",
+        choices=("ngram", "draft"),
+        default=env("EMBER_SPECULATIVE") or None,
+        help="speculative decoding: ngram (prompt lookup) or draft (a draft model) [env EMBER_SPECULATIVE]",
+    )
+    parser.add_argument(
+        "--draft-model",
+        default=env("EMBER_DRAFT_MODEL") or None,
+        help="--speculative draft: a known model name or a path (default: the model's own draft) [env EMBER_DRAFT_MODEL]",
+    )
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=_positive_int,
+        default=int(env("EMBER_NUM_SPECULATIVE_TOKENS") or 4),
+        help="most draft tokens per row and step [env EMBER_NUM_SPECULATIVE_TOKENS]",
+    )
 
 
 def _positive_int(text: str) -> int:

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..loading.model import Model
 from ..scheduling.scheduled_step import PrefillShapes
+from ..speculative.config import SpeculativeConfig
 from ..state.kinds import engine_pool_blocks, engine_snapshot_slots
 from ..state.kv_dtypes import checked_kv_cache_dtype
 from ..state.kv_dtypes import kv_dtype as _kv_dtype
@@ -48,6 +49,8 @@ class EngineConfig:
     # snapshotted besides its last block boundaries (0: only there).
     num_snapshot_slots: int | None = None
     snapshot_interval_blocks: int = 0
+    # speculative decoding (docs/speculative.md): None = off
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self):
         checked_kv_cache_dtype(self.kv_cache_dtype)

@@ -23,6 +23,7 @@ from ..sampling.params import SamplingParams, choice_seed, resolve_seed
 from ..scheduling.prefix_snapshots import snapshot_planner
 from ..scheduling.requests import Request
 from ..scheduling.scheduler import Scheduler
+from ..speculative.stats import AcceptanceStats
 from ..state.kinds import engine_pool_blocks, engine_slots
 from ..state.kv_cache import KVCache
 from ..state.slot_pool import SlotPool
@@ -30,6 +31,7 @@ from .config import EngineConfig, _deterministic_from_env, kv_bytes_per_block, p
 from .loop import EngineLoop
 from .open_requests import Choice, EngineCounters, OpenRequests, RequestGroup
 from .output_processor import OutputProcessor
+from .speculation import check_speculation, engine_draft_source, make_drafter
 from .streams import RequestStream
 
 # the configuration and sizing helpers (runtime/engine/config.py) are part of the engine's API
@@ -60,6 +62,10 @@ class Engine:
         self.pool = self.kv.primary
         tiled = fixed_tiles(model.policy.deterministic, config.deterministic) is not None
         prefill = prefill_shapes(model.plan.manifest["entries"]["forward"], config, tiled)
+        spec = config.speculative
+        if spec is not None:
+            check_speculation(model, spec, config.deterministic)
+        self.drafter = make_drafter(spec, model, config) if spec is not None else None
         self.scheduler = Scheduler(
             self.kv,
             config.max_num_seqs,
@@ -71,7 +77,11 @@ class Engine:
             # one slot pool per slot state kind (recurrent layers): a running request holds one slot of each
             extra_state={k.name: SlotPool(engine_slots(config), k.name) for k in model.slot_kinds},
             snapshots=snapshot_planner(model, config, self.kv),
+            draft_source=engine_draft_source(spec, self.drafter, model.plan.target) if spec is not None else None,
+            num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
         )
+        if spec is not None:  # a model drafter's KV (and the request's acceptance) goes back with the request's
+            self.scheduler.on_release = self.scheduler.draft_source.release
         self.executor = StepExecutor(model, config, prefill)
         self.counters = EngineCounters()
         self.requests = OpenRequests(self.scheduler, self.counters)
@@ -93,8 +103,16 @@ class Engine:
 
     # ---- the API ---------------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str | None = None) -> RequestStream:
-        """Queue a request. Raises ValueError for bad input, QueueFullError when overloaded."""
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        prediction_ids: tuple[int, ...] = (),
+    ) -> RequestStream:
+        """Queue a request. Raises ValueError for bad input, QueueFullError when overloaded.
+        prediction_ids: a Predicted Output's tokens, drafted from when the engine speculates."""
         params.validate(int(self.model.dims.vocab))
         request_id = request_id or f"req-{next(self._ids)}"
         scoring = params.forced_token_ids is not None  # teacher-forced: no stop strings, stop ids or eos
@@ -118,7 +136,7 @@ class Engine:
         matcher = self._new_matcher(params)  # ValueError for a grammar this tokenizer refuses
         for index in range(params.n):
             rid = request_id if params.n == 1 else f"{request_id}#{index}"
-            request = Request(rid, list(prompt_ids), max_tokens, params=params)
+            request = Request(rid, list(prompt_ids), max_tokens, params=params, prediction_ids=tuple(prediction_ids))
             processor = OutputProcessor(
                 self.tokenizer,
                 prompt_ids,
@@ -182,6 +200,13 @@ class Engine:
                     rid = request.request_id.split("#")[0]
                     out[rid] = min(out.get(rid, (done, total)), (done, total))
             return out
+
+    def speculation_stats(self) -> AcceptanceStats:
+        """A copy of the verify steps' acceptance counts (runtime/speculative/stats.py)."""
+        with self._lock:
+            stats = AcceptanceStats()
+            stats.merge(self.counters.speculation)
+            return stats
 
     def default_params(self, **overrides) -> SamplingParams:
         """Sampling settings for a request that omits some: the checkpoint's generation_config defaults."""

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from ..loading.model import Model
 from ..sampling.params import SamplingParams
+from ..speculative.config import SpeculativeConfig
+from ..speculative.stats import AcceptanceStats
 from .engine import Engine, EngineConfig
 from .streams import Usage
 
@@ -18,6 +20,7 @@ class GenerationStats:
     usage: Usage | None = None
     finish_reason: str = ""
     wall_s: float = 0.0
+    speculation: AcceptanceStats | None = None  # when the engine speculated
 
     def summary(self) -> str:
         u = self.usage
@@ -28,10 +31,17 @@ class GenerationStats:
         return (
             f"prompt tokens: {u.prompt_tokens} (ttft {u.ttft_s:.2f}s), generated tokens: "
             f"{u.completion_tokens} ({decode_rate:.2f} tok/s decode), finish: {self.finish_reason}"
+        ) + (
+            f", speculation: {s.num_accepted_tokens}/{s.num_draft_tokens} drafts accepted, "
+            f"mean acceptance length {s.mean_acceptance_length:.2f}"
+            if (s := self.speculation) is not None
+            else ""
         )
 
 
-def engine_for_one_request(model: Model, tokenizer, eos_ids: frozenset[int], context: int) -> Engine:
+def engine_for_one_request(
+    model: Model, tokenizer, eos_ids: frozenset[int], context: int, speculative: SpeculativeConfig | None = None
+) -> Engine:
     block_size = 16
     config = EngineConfig(
         num_blocks=math.ceil(context / block_size) + 2,
@@ -39,6 +49,7 @@ def engine_for_one_request(model: Model, tokenizer, eos_ids: frozenset[int], con
         max_model_len=context,
         max_num_seqs=1,
         max_batched_tokens=512,
+        speculative=speculative,
     )
     return Engine(model, tokenizer, config, stop_token_ids=eos_ids)
 
@@ -51,6 +62,7 @@ def generate(
     *,
     eos_ids: frozenset[int],
     stats: GenerationStats | None = None,
+    speculative: SpeculativeConfig | None = None,
 ) -> Iterator[str]:
     """Yield the text of one completion as it becomes final; fill `stats` at the end."""
     stats = stats if stats is not None else GenerationStats()
@@ -61,7 +73,7 @@ def generate(
             f"prompt ({len(prompt_ids)} tokens) + max tokens ({max_tokens}) exceed the model's "
             f"context of {max_context} tokens"
         )
-    engine = engine_for_one_request(model, tokenizer, eos_ids, len(prompt_ids) + max_tokens)
+    engine = engine_for_one_request(model, tokenizer, eos_ids, len(prompt_ids) + max_tokens, speculative)
     start = time.perf_counter()
     try:
         for output in engine.submit(prompt_ids, params):
@@ -72,5 +84,7 @@ def generate(
             if output.usage is not None:
                 stats.usage = output.usage
     finally:
+        if speculative is not None:
+            stats.speculation = engine.speculation_stats()
         engine.close()
         stats.wall_s = time.perf_counter() - start

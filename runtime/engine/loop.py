@@ -140,7 +140,9 @@ class EngineLoop:
             stream_now = not all(row_can_defer(row) for row in in_flight.rows)
             for index, results in enumerate(per_step):
                 self.counters.steps += 1
-                tokens = [results[rid].token for rid in step.logit_request_ids]
+                tokens = [_tokens(results[rid]) for rid in step.logit_request_ids]
+                if in_flight.num_drafts is not None:
+                    self.requests.record_verified(in_flight.num_drafts, results)
                 if in_flight.steps > 1:
                     self.scheduler.update_ahead(step, index, tokens)
                 else:
@@ -207,3 +209,8 @@ class EngineLoop:
             if not self.scheduler.drop_failed(step):  # a run-ahead step is dropped, a step gets placeholder tokens
                 self.scheduler.update(step, [0] * len(step.logit_request_ids))  # (keeps schedule/update paired)
             self.requests.fail(step, f"{type(error).__name__}: {error}")
+
+
+def _tokens(sampled) -> int | tuple[int, ...]:
+    """A row's token, or a verify row's emitted tokens (a tuple of Sampled)."""
+    return tuple(s.token for s in sampled) if isinstance(sampled, tuple) else sampled.token

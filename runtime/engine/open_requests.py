@@ -13,6 +13,7 @@ from ..sampling.params import RowState, SamplingParams
 from ..scheduling.requests import Request, RequestStatus
 from ..scheduling.scheduled_step import ScheduledStep
 from ..scheduling.scheduler import Scheduler
+from ..speculative.stats import AcceptanceStats
 from .output_processor import OutputProcessor, merge_deltas
 from .streams import RequestOutput, RequestStream, TokenLogprob, Usage
 
@@ -25,6 +26,7 @@ class EngineCounters:
     steps: int = 0
     device_calls: int = 0  # steps run ahead several at a time count once here (runtime/scheduling/lookahead.py)
     chained_calls: int = 0  # of those, dispatched before the previous call's results were read
+    speculation: AcceptanceStats = field(default_factory=AcceptanceStats)  # verify segments' drafts
 
 
 @dataclass
@@ -35,6 +37,8 @@ class Choice:
     seed: int
     finish_reason: str | None = None
     matcher: GuidedMatcher | None = None  # params.guided: the grammar's state, advanced by each token
+    accepted_drafts: int = 0  # drafted tokens its verify steps accepted (Predicted Outputs' usage)
+    rejected_drafts: int = 0
 
 
 @dataclass
@@ -105,7 +109,18 @@ class OpenRequests:
             choice = self._choice_of.get(rid)
             if choice is None or choice.finish_reason is not None:
                 continue  # aborted while the step ran, or finished at an earlier step
-            self._advance(rid, choice, [results[rid] for results in per_step])
+            samples = [results[rid] for results in per_step]  # a verify step's: a tuple per step
+            self._advance(rid, choice, [s for one in samples for s in (one if isinstance(one, tuple) else (one,))])
+
+    def record_verified(self, num_drafts: dict[str, int], results: dict) -> None:
+        """A verify step's drafts per segment and what its rows emitted (accepted drafts + 1)."""
+        for rid, drafted in num_drafts.items():
+            accepted = len(results[rid]) - 1
+            self.counters.speculation.record(drafted, accepted)
+            choice = self._choice_of.get(rid)
+            if choice is not None:
+                choice.accepted_drafts += accepted
+                choice.rejected_drafts += drafted - accepted
 
     def fail(self, step: ScheduledStep, error: str) -> None:
         """The call of `step` failed: end every request in it with the error."""
@@ -233,4 +248,16 @@ class OpenRequests:
             ttft_s=first - group.arrival,
             decode_s=now - first,
             e2e_s=now - group.arrival,
+            **_prediction_usage(group),
         )
+
+
+def _prediction_usage(group: RequestGroup) -> dict:
+    """Usage's Predicted Outputs counts: the drafts of a request that carried a prediction (the n-gram drafter
+    drafts from it first), accepted and rejected, over its choices."""
+    if not group.choices[0].request.prediction_ids:
+        return {}
+    return {
+        "accepted_prediction_tokens": sum(c.accepted_drafts for c in group.choices),
+        "rejected_prediction_tokens": sum(c.rejected_drafts for c in group.choices),
+    }

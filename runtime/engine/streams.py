@@ -24,6 +24,9 @@ class Usage:
     ttft_s: float  # arrival -> first token
     decode_s: float  # first token -> last token
     e2e_s: float  # arrival -> finished
+    # Predicted Outputs: drafted tokens of a request with a prediction that verify steps accepted / rejected
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...compiler.batch import StepBatch
-from ...compiler.kernels.sampling import GREEDY_EPSILON, SamplingBatch, sample
+from ...compiler.kernels.sampling import GREEDY_EPSILON, SampleResult, SamplingBatch, sample
+from ...compiler.kernels.speculative.reference import verify
 from ..sampling.params import MAX_TOP_LOGPROBS, RowState, history_length_needed, pack_batch
 from ..scheduling.scheduled_step import bucket
 from .step_io import IoLayout, pack_arrays, pack_result, unpack_arrays, unpack_result
@@ -71,6 +72,30 @@ def make_step_fn(forward: Callable) -> Callable:
         return pack_result(sample(logits.astype(jnp.float32), sampling, num_top, all_greedy=all_greedy)), kv
 
     return jax.jit(step, static_argnums=(0, 1, 2, 3), donate_argnums=5)
+
+
+def make_verify_step_fn(forward: Callable) -> Callable:
+    """jit(forward + verify) of a verify step (StepShape.verify_width = W): (dims, layout, num_top, all_greedy,
+    width, params, kv, inputs) -> (packed result, kv), kv donated. The inputs carry, after the StepBatch and the
+    SamplingBatch (R * W rows, row-major), drafts int32 [R, W - 1] and num_drafts int32 [R]; the logits of the
+    batch's R * W logit rows are verified as [R, W, V]. The packed result is pack_result's, one row per (verify
+    row, position): the emitted tokens (-1 past each row's count), their logprobs and top alternatives."""
+
+    def step(dims, layout: IoLayout, num_top: int, all_greedy: bool, width: int, params, kv, inputs):
+        batch, sampling, (drafts, num_drafts) = _unpack_step(inputs, layout)
+        logits, kv = forward(dims, params, kv, batch)
+        logits = logits.astype(jnp.float32).reshape(-1, width, logits.shape[-1])
+        result = verify(logits, sampling, drafts, num_drafts, num_top_logprobs=num_top, all_greedy=all_greedy)
+        rows = result.tokens.size
+        flat = SampleResult(
+            result.tokens.reshape(rows),
+            result.logprob.reshape(rows),
+            result.top_ids.reshape(rows, num_top),
+            result.top_logprobs.reshape(rows, num_top),
+        )
+        return pack_result(flat), kv
+
+    return jax.jit(step, static_argnums=(0, 1, 2, 3, 4), donate_argnums=6)
 
 
 def make_multi_step_fn(forward: Callable, steps: int) -> Callable:

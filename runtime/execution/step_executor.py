@@ -21,7 +21,7 @@ import numpy as np
 from ...compiler.targets import get_target
 from ..loading.model import Model
 from ..sampling.params import RowState
-from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep
+from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep, bucket
 from ..state.kinds import engine_pool_blocks, engine_slots, engine_snapshot_slots
 from ..state.kv_dtypes import kv_dtype
 from .deterministic_tiles import fixed_tiles, step_tiles, tile_shape
@@ -33,13 +33,24 @@ from .engine_step import (
     launch_step,
     make_multi_step_fn,
     make_step_fn,
+    make_verify_step_fn,
     no_carry,
+    pack_step_inputs,
     run_multi_step,
     run_step,
 )
 from .executable_cache import cached_step, executor_identity
 from .slot_copies import SlotCopier
-from .step_inputs import StepShape, all_step_shapes, build_step_batch, padding_batch, step_shape
+from .step_inputs import (
+    VERIFY_WIDTHS,
+    StepShape,
+    all_step_shapes,
+    build_step_batch,
+    padding_batch,
+    step_shape,
+    verify_drafts,
+)
+from .verify_rows import verify_results, verify_row_batch
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,8 @@ class InFlightStep:
     packed: Any = None  # the call's packed results (engine_step.pack_result layout; [steps, ...] when steps > 1)
     carried: Any = None  # a run-ahead call's last tokens, int32 [decode rows + 1] (make_multi_step_fn)
     results: tuple[dict[str, Sampled], ...] | None = None  # already on the host (deterministic tiles)
+    verify_shape: StepShape | None = None  # a verify step's shape (its results: a tuple of Sampled per row)
+    num_drafts: dict[str, int] | None = None  # a verify step's drafts per verify segment, as verified
 
 
 class StepExecutor:
@@ -99,6 +112,7 @@ class StepExecutor:
         # traced inside the model's kernel policy: which kernels and configs the step launches
         forward = model.traced(plan.module.forward)
         self.step_fn = cached_step(make_step_fn(forward), 4, identity, "step")
+        self.verify_fn = cached_step(make_verify_step_fn(forward), 5, identity, "verify")
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
         # run-ahead chains decode steps without the scheduler; slot state is carried in self.kv from one to the next
@@ -152,7 +166,32 @@ class StepExecutor:
                 bar.update(1)
         if bar is not None:
             bar.close()
+        for shape in self.verify_shapes_alone():
+            for all_greedy in (True, False):
+                self._precompile_verify(shape, all_greedy)
         return time.perf_counter() - start
+
+    def verify_shapes_alone(self) -> list[StepShape]:
+        """The verify steps of one speculating row (batch 1: no decode row, one segment), every width up to the
+        engine's k + 1: compiled ahead; verify steps of several rows compile when first met."""
+        spec = getattr(self.config, "speculative", None)
+        if spec is None:
+            return []
+        widths = [w for w in VERIFY_WIDTHS if w <= bucket(spec.num_speculative_tokens + 1, VERIFY_WIDTHS)]
+        kinds = (self.table_blocks, self.num_kinds, 1)
+        return [StepShape(0, w, *kinds, num_slot_kinds=self.num_slot_kinds, verify_width=w) for w in widths]
+
+    def _precompile_verify(self, shape: StepShape, all_greedy: bool) -> None:
+        drafts = np.full((shape.verify_rows, shape.verify_width - 1), -1, np.int32)
+        counts = np.zeros(shape.verify_rows, np.int32)
+        extra = (drafts, counts)
+        inputs = pack_step_inputs(
+            padding_batch(shape), [], vocab_size=self.vocab, num_rows=shape.logit_rows, extra=extra
+        )
+        packed, self.kv = self.verify_fn(
+            self.model.dims, inputs.layout, 0, all_greedy, shape.verify_width, self.model.params, self.kv, inputs.buffer
+        )
+        jax.block_until_ready(packed)
 
     def run(self, step: ScheduledStep, rows: list[RowState]) -> dict[str, Sampled]:
         """Run one step and wait for it: {request id: Sampled}."""
@@ -189,6 +228,8 @@ class StepExecutor:
             return InFlightStep(step, tuple(rows), steps, results=(self.run(step, rows),))
         shape = self._shape(step)
         batch = build_step_batch(step, shape)
+        if shape.verify_width:
+            return self._launch_verify(step, rows, shape, batch)
         args = (self.model.dims, self.model.params, self.kv)
         if steps == 1:
             packed, self.kv = launch_step(
@@ -212,10 +253,25 @@ class StepExecutor:
         )
         return InFlightStep(step, tuple(rows), steps, packed, carried)
 
+    def _launch_verify(self, step: ScheduledStep, rows: list[RowState], shape: StepShape, batch) -> InFlightStep:
+        """A verify step (runtime/scheduling/speculation.py): each logit row's W positions sampled as the
+        drafts before them had been emitted; a draft the grammar refuses ends its row's drafts."""
+        flat, num_drafts = verify_row_batch(step, rows, shape)
+        drafts, counts = verify_drafts(step, shape, num_drafts)
+        inputs = pack_step_inputs(batch, flat, vocab_size=self.vocab, num_rows=shape.logit_rows, extra=(drafts, counts))
+        layout, num_top, all_greedy = inputs.static_args()
+        packed, self.kv = self.verify_fn(
+            self.model.dims, layout, num_top, all_greedy, shape.verify_width, self.model.params, self.kv, inputs.buffer
+        )
+        return InFlightStep(step, tuple(rows), 1, packed, verify_shape=shape, num_drafts=num_drafts)
+
     def collect(self, in_flight: InFlightStep) -> list[dict[str, Sampled]]:
-        """Wait for a launched call: one {request id: Sampled} per decode step it ran."""
+        """Wait for a launched call: one {request id: Sampled} per decode step it ran (a verify step: one
+        {request id: tuple of the Sampled it emitted})."""
         if in_flight.results is not None:
             return list(in_flight.results)
+        if in_flight.verify_shape is not None:
+            return [verify_results(in_flight.step, in_flight.verify_shape, collect_step(in_flight.packed), Sampled)]
         if in_flight.steps == 1:
             return [self._sampled(in_flight.step, collect_step(in_flight.packed))]
         return [self._sampled(in_flight.step, result) for result in collect_multi_step(in_flight.packed)]

@@ -41,7 +41,7 @@ def row_can_run_ahead(row: RowState) -> bool:
 def lookahead_steps(step: ScheduledStep, rows: list[RowState], *, steps: int, waiting: int) -> int:
     """How many decode steps the just-scheduled `step` may run in one call: `steps`, or 1.
     rows: one per step.logit_request_ids entry."""
-    if steps < 2 or waiting or step.prefills or step.preempted or not step.decodes:
+    if steps < 2 or waiting or step.prefills or step.verifies or step.preempted or not step.decodes:
         return 1
     if all(row_can_run_ahead(row) for row in rows):
         return steps

@@ -56,6 +56,7 @@ class Request:
     stop_token_ids: frozenset[int] = frozenset()  # empty for ignore_eos
     arrival_time: float = field(default_factory=time.monotonic)
     params: Any = None  # sampling settings etc.; opaque to the scheduler, carried for the engine
+    prediction_ids: tuple[int, ...] = ()  # Predicted Outputs: the expected output's tokens (a draft source)
 
     output_token_ids: list[int] = field(default_factory=list, init=False)
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
@@ -113,6 +114,16 @@ class Request:
         token_id = int(token_id)
         self.output_token_ids.append(token_id)
         self._token_ids.append(token_id)
+
+    def append_until_stop(self, token_ids) -> tuple[tuple[int, ...], RequestStatus | None]:
+        """Append tokens one at a time until one finishes the request: (those appended, the finished status)."""
+        taken: list[int] = []
+        for token_id in token_ids:
+            self.append_output(token_id)
+            taken.append(int(token_id))
+            if (status := self.stop_reason_after_append()) is not None:
+                return tuple(taken), status
+        return tuple(taken), None
 
     def stop_reason_after_append(self) -> RequestStatus | None:
         """The finished status the last appended token causes, if any."""

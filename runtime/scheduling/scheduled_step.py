@@ -114,9 +114,35 @@ class PrefillChunk:
 
 
 @dataclass(frozen=True)
+class VerifySegment:
+    """A decode row with drafts: its last known token then the drafts, at positions start .. start + k, every
+    one a logit row (position i's logits verify draft i; the last one gives the bonus token)."""
+
+    request_id: str
+    start: int  # the request's computed count: the position of its last known token
+    token_ids: tuple[int, ...]  # (last known token, *drafts)
+    slots: tuple[tuple[int, ...], ...]  # per token: its flat KV slot in each kind's pool
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def drafts(self) -> tuple[int, ...]:
+        return self.token_ids[1:]
+
+    @property
+    def completes(self) -> bool:
+        """Not a prefill chunk's last-row logits: every row of a verify segment is a logit row (laid out by
+        runtime/execution/step_inputs.py's verify_logit_rows)."""
+        return False
+
+
+@dataclass(frozen=True)
 class ScheduledStep:
-    """One step: rows [0, B) are decode rows, then the prefill chunks in order (each one sequence's; every
-    chunk but the last completes its prompt). Block tables are snapshots (tuples), valid for this step.
+    """One step: rows [0, B) are decode rows, then the verify segments (decode rows with drafts), then the
+    prefill chunks in order (each one sequence's; every chunk but the last completes its prompt); segments are
+    laid out verify segments first. Block tables are snapshots (tuples), valid for this step.
     preempted: requests sent back to the queue this step."""
 
     decodes: tuple[DecodeRow, ...]
@@ -130,6 +156,12 @@ class ScheduledStep:
     state_slots: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     num_slot_kinds: int = 0  # S: slot state kinds
     slot_copies: SlotCopies = SlotCopies()  # recurrent-state snapshots restored before / saved after the step
+    verifies: tuple[VerifySegment, ...] = ()
+
+    @property
+    def segments(self) -> tuple[VerifySegment | PrefillChunk, ...]:
+        """The step's segments in layout order: verify segments, then prefill chunks."""
+        return (*self.verifies, *self.prefills)
 
     @property
     def num_decode(self) -> int:
@@ -141,7 +173,7 @@ class ScheduledStep:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.decodes) + self.prefill_tokens
+        return len(self.decodes) + self.prefill_tokens + sum(v.num_tokens for v in self.verifies)
 
     @property
     def is_empty(self) -> bool:
@@ -149,9 +181,12 @@ class ScheduledStep:
 
     @property
     def logit_rows(self) -> tuple[int, ...]:
-        """Rows whose logits are sampled (unpadded, decodes then chunks back to back): every decode row, and
-        the last row of each chunk that completes its prompt."""
+        """Rows whose logits are sampled (unpadded, decodes then segments back to back): every decode row,
+        every row of a verify segment, and the last row of each chunk that completes its prompt."""
         rows, end = list(range(len(self.decodes))), len(self.decodes)
+        for segment in self.verifies:
+            rows += range(end, end + segment.num_tokens)
+            end += segment.num_tokens
         for chunk in self.prefills:
             end += chunk.num_tokens
             if chunk.completes:
@@ -160,7 +195,9 @@ class ScheduledStep:
 
     @property
     def logit_request_ids(self) -> tuple[str, ...]:
-        ids = tuple(row.request_id for row in self.decodes)
+        """The requests whose logits the step samples (or verifies), in row order: decode rows, verify
+        segments, chunks that complete their prompt."""
+        ids = tuple(row.request_id for row in self.decodes) + tuple(v.request_id for v in self.verifies)
         return ids + tuple(c.request_id for c in self.prefills if c.completes)
 
     # numpy views of the decode rows (the chunks are laid out per segment by runtime/execution/step_inputs.py)
@@ -196,10 +233,10 @@ class ScheduledStep:
         )
 
     def prefill_block_tables(self, segments: int, max_blocks: int) -> np.ndarray:
-        """int32 [K, segments, max_blocks]: chunk s's tables in row s, padded with block 0 (rows past the
+        """int32 [K, segments, max_blocks]: segment s's tables in row s, padded with block 0 (rows past the
         chunks: all block 0)."""
         out = np.zeros((self.num_kinds, segments, max_blocks), np.int32)
-        for s, chunk in enumerate(self.prefills):
+        for s, chunk in enumerate(self.segments):
             out[:, s] = _padded(self.block_tables[chunk.request_id], max_blocks)
         return out
 

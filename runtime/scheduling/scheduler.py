@@ -27,12 +27,13 @@ Policies (what we chose, and why):
   kind at once; a sliding-window kind drops the blocks its window left behind after each step.
 - Slot state kinds (runtime/state/slot_pool.py) are `extra_state`: a slot of each per running request. With
   a snapshot store their prefix hits resume from recurrent-state snapshots (runtime/scheduling/prefix_snapshots.py).
+- Speculative decoding: a decode row may carry drafts (a verify segment); runtime/scheduling/speculation.py.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ..state.block_pool import BlockPool, StateAllocator
 from ..state.kv_cache import KVCache, PrefixHit
@@ -40,7 +41,8 @@ from .prefix_snapshots import NoSnapshots, SnapshotPlanner
 from .requests import QueueFullError, Request, RequestStatus, RequestTooLongError, StepOutput
 from .run_ahead import RunAhead
 from .scheduled_step import DecodeRow, PrefillChunk, PrefillShapes, ScheduledStep, slots_at, state_slots_of
-from .scheduler_snapshot import SchedulerSnapshot
+from .snapshot import SchedulerSnapshot, snapshot_of
+from .speculation import DraftSource, draft_lengths, emitted_by_row, settle_verified, take_drafts, verify_segment
 
 
 class Scheduler:
@@ -56,6 +58,8 @@ class Scheduler:
         extra_state: Mapping[str, StateAllocator] | None = None,
         prefill_shapes: PrefillShapes | None = None,
         snapshots: SnapshotPlanner | None = None,
+        draft_source: DraftSource | None = None,
+        num_speculative_tokens: int = 0,
     ):
         if max_num_seqs < 1 or max_batched_tokens < 1 or max_queue_depth < 1:
             raise ValueError("max_num_seqs, max_batched_tokens and max_queue_depth must be >= 1")
@@ -82,6 +86,9 @@ class Scheduler:
         self._unfinished: ScheduledStep | None = None  # scheduled (or the run-ahead step at hand), not yet updated
         self.run_ahead = RunAhead(self.kv, self._running)  # run-ahead steps dispatched, not yet updated
         self.num_preemptions = self.num_finished = self.num_aborted = 0
+        # speculative decoding (runtime/scheduling/speculation.py): up to k drafts per decode row
+        self.draft_source, self.num_speculative_tokens = draft_source, num_speculative_tokens
+        self.on_release: Callable[[str], None] | None = None  # a request's state went back (a drafter's too)
 
     # --- intake -------------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -122,10 +129,17 @@ class Scheduler:
         budget = self.max_batched_tokens
         preempted: list[str] = []
         decodes: list[Request] = []
+        verifies: list[tuple[Request, tuple[int, ...]]] = []
+        lengths = draft_lengths(self.draft_source, self.num_speculative_tokens, self.waiting, self.running)
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            if request.num_tokens_to_compute == 1:
+            k = min(lengths.get(request.request_id, 0), budget - 1)
+            drafts = take_drafts(self.kv, request, self.draft_source, k) if k > 0 else ()
+            if drafts:
+                verifies.append((request, drafts))
+                budget -= 1 + len(drafts)
+            elif request.num_tokens_to_compute == 1:
                 if not self._grow_or_preempt(request, request.num_computed_tokens + 1, preempted):
                     break  # it was the newest running request: nobody after it is left
                 decodes.append(request)
@@ -133,7 +147,7 @@ class Scheduler:
             i += 1
         # after a preemption the pool is short: continue a started prefill, admit nobody new this step
         chunks = self._schedule_chunks(budget, admit=not preempted) if budget > 0 else []
-        step = self._build_step(decodes, chunks, preempted)
+        step = self._build_step(decodes, chunks, preempted, verifies)
         if not step.is_empty:
             self._unfinished = step
         return step
@@ -223,7 +237,7 @@ class Scheduler:
         self.snapshots.admitted(request, hit)  # its live slots start from the prefix's snapshot, if any
 
     def _build_step(
-        self, decodes: list[Request], chunks: list[tuple[Request, int, int]], preempted: list[str]
+        self, decodes: list[Request], chunks: list[tuple[Request, int, int]], preempted: list[str], verifies=()
     ) -> ScheduledStep:
         bs = self.kv.block_size
         rows, tables = [], {}
@@ -234,6 +248,10 @@ class Scheduler:
             rows.append(
                 DecodeRow(request.request_id, request.all_token_ids[pos], pos, slots_at(request_tables, pos, bs))
             )
+        segments = []
+        for request, drafts in verifies:
+            tables[request.request_id] = self.kv.tables(request.state)
+            segments.append(verify_segment(request, drafts, tables[request.request_id], bs))
         prefills = []
         for request, start, end in chunks:
             tables[request.request_id] = request_tables = self.kv.tables(request.state)
@@ -246,10 +264,11 @@ class Scheduler:
                     completes=end == request.num_tokens,
                 )
             )
-        slots = state_slots_of([*decodes, *(r for r, _, _ in chunks)], tuple(self.extra_state))
-        copies = self.snapshots.step_copies(chunks)
+        owners = [*decodes, *(r for r, _ in verifies), *(r for r, _, _ in chunks)]
+        slots = state_slots_of(owners, tuple(self.extra_state))
+        kinds, copies = len(self.kv.kinds), self.snapshots.step_copies(chunks)
         return ScheduledStep(
-            tuple(rows), tuple(prefills), tables, tuple(preempted), len(self.kv.kinds), *slots, slot_copies=copies
+            tuple(rows), tuple(prefills), tables, tuple(preempted), kinds, *slots, copies, tuple(segments)
         )
 
     # --- several decode steps in one device call (runtime/scheduling/run_ahead.py) ----------------------
@@ -257,7 +276,7 @@ class Scheduler:
         """Let the just-scheduled decode-only `step` run `steps` decode steps in one call: the step with block
         tables covering every row's next `steps` positions (the engine then calls update_ahead once per decode
         step), or None when it stays a one-step step (RunAhead.extend)."""
-        if step is not self._unfinished or step.prefills or step.preempted or steps < 2:
+        if step is not self._unfinished or step.prefills or step.verifies or step.preempted or steps < 2:
             return None
         extended = self.run_ahead.extend(step, steps)
         if extended is not None:
@@ -302,9 +321,11 @@ class Scheduler:
         self.run_ahead.drop_newest(step)  # a chained step whose call will not be applied (the one before failed)
 
     # --- results ------------------------------------------------------------------------------------
-    def update(self, step: ScheduledStep, sampled_token_ids: Sequence[int]) -> list[StepOutput]:
-        """Apply a step's results: sampled_token_ids holds one token per step.logit_request_ids entry.
-        Requests aborted or finished between schedule() and update() are skipped."""
+    def update(self, step: ScheduledStep, sampled_token_ids: Sequence[int | Sequence[int]]) -> list[StepOutput]:
+        """Apply a step's results: sampled_token_ids holds one entry per step.logit_request_ids entry: a token,
+        or for a verify segment the tokens it emitted (its accepted drafts, then the target's own). Tokens after
+        one that finishes the request are dropped. Requests aborted or finished between schedule() and update()
+        are skipped."""
         if len(sampled_token_ids) != len(step.logit_request_ids):
             raise ValueError(f"{len(sampled_token_ids)} sampled tokens for {len(step.logit_request_ids)} logit rows")
         if step.is_empty:
@@ -313,8 +334,12 @@ class Scheduler:
             raise RuntimeError("update() got a step that is not the last one scheduled")
         self._unfinished = None
         self.run_ahead.drop_oldest(step)  # an extended step updated whole (a failed call's placeholder tokens)
+        emitted = emitted_by_row(step, sampled_token_ids)
         advanced = [(row.request_id, row.position, 1) for row in step.decodes]
+        # a verify segment computed its last known token and the accepted drafts: one per emitted token
+        advanced += [(seg.request_id, seg.start, len(emitted[seg.request_id])) for seg in step.verifies]
         advanced += [(chunk.request_id, chunk.start, chunk.num_tokens) for chunk in step.prefills]
+        verifying = {seg.request_id for seg in step.verifies}
         for request_id, start, n in advanced:
             request = self._running(request_id)
             if request is None:
@@ -324,19 +349,20 @@ class Scheduler:
                     f"stale step for {request_id!r}: it starts at {start}, not at {request.num_computed_tokens}"
                 )
             request.num_computed_tokens += n
-            # commit full blocks to the prefix cache, then drop blocks that fell out of a sliding window
-            self.kv.commit(request.state, request.all_token_ids, request.num_computed_tokens)
+            if request_id not in verifying:  # (a verify row's accepted drafts are committed once appended)
+                # commit full blocks to the prefix cache, then drop blocks that fell out of a sliding window
+                self.kv.commit(request.state, request.all_token_ids, request.num_computed_tokens)
         self.snapshots.updated(self._running)  # register the step's snapshots (finishing requests' included)
         outputs = []
-        for request_id, token in zip(step.logit_request_ids, sampled_token_ids):
-            request = self._running(request_id)
-            if request is None:
+        for request_id, tokens in emitted.items():
+            if (request := self._running(request_id)) is None:
                 continue
-            request.append_output(token)
-            status = request.stop_reason_after_append()
+            taken, status = request.append_until_stop(tokens)  # what it emitted after a stop is dropped
+            if request_id in verifying:
+                settle_verified(self.kv, request)
             if status is not None:
                 self._finish(request, status)
-            outputs.append(StepOutput(request_id, (int(token),), status.finish_reason if status else None))
+            outputs.append(StepOutput(request_id, taken, status.finish_reason if status else None))
         return outputs
 
     # --- endings ------------------------------------------------------------------------------------
@@ -373,6 +399,8 @@ class Scheduler:
             if kind in request.state:
                 allocator.release(request.state[kind])
         request.state = {}
+        if self.on_release is not None:
+            self.on_release(request.request_id)
 
     # --- helpers ------------------------------------------------------------------------------------
     def _running(self, request_id: str) -> Request | None:
@@ -380,17 +408,4 @@ class Scheduler:
         return request if request is not None and request.status is RequestStatus.RUNNING else None
 
     def snapshot(self) -> SchedulerSnapshot:
-        return SchedulerSnapshot(
-            active=len(self.running),
-            waiting=len(self.waiting),
-            max_num_seqs=self.max_num_seqs,
-            max_queue_depth=self.max_queue_depth,
-            free_blocks=self.pool.free_blocks,
-            cached_free_blocks=self.pool.cached_free_blocks,
-            usable_blocks=self.pool.num_usable_blocks,
-            block_size=self.pool.block_size,
-            preemptions=self.num_preemptions,
-            finished=self.num_finished,
-            aborted=self.num_aborted,
-            kv=self.pool.counters(),
-        )
+        return snapshot_of(self)

@@ -108,6 +108,20 @@ class KVCache:
                 state[name].block_table.extend(self.pools[name].allocate(n))
         return True
 
+    def shrink(self, state: State, num_tokens: int) -> None:
+        """Hand back every kind's blocks past those covering positions [0, num_tokens): a speculative step's
+        rejected drafts. Those tail blocks hold no computed block (the prefix cache commits only full blocks of
+        computed tokens), so nobody else shares them."""
+        keep = self.blocks_for(num_tokens)
+        for k in self.kinds:
+            alloc: KVAllocation = state[k.name]
+            if len(alloc.block_table) > keep:
+                if len(alloc.block_hashes) > keep:
+                    raise RuntimeError("shrink would free a committed block")
+                tail = [b for b in alloc.block_table[keep:] if b != RESERVED_BLOCK]
+                del alloc.block_table[keep:]
+                self.pools[k.name].free(tail)
+
     def commit(self, state: State, token_ids: Sequence[int], num_computed: int) -> None:
         """Register full computed blocks in the prefix cache, then drop what every window left behind."""
         for k in self.kinds:

@@ -1,0 +1,70 @@
+"""The engine's drafter: which configurations may speculate, and the scheduler's DraftSource over a drafter
+(runtime/scheduling/speculation.py, runtime/speculative/)."""
+
+from __future__ import annotations
+
+from ..loading.model import Model
+from ..scheduling.requests import Request
+from ..scheduling.speculation import DraftSource
+from ..speculative.adaptive_source import AdaptiveDrafts
+from ..speculative.config import VERIFY_TOKEN_COST, SpeculativeConfig
+from ..speculative.drafter import DraftContext, Drafter
+from ..speculative.ngram import NgramConfig, NgramDrafter
+
+
+def check_speculation(model: Model, speculative: SpeculativeConfig, deterministic: bool) -> None:
+    """Refuse what speculation does not support yet, with the reason (ValueError)."""
+    if deterministic:
+        raise ValueError(
+            "--speculative cannot be combined with --deterministic: a verify segment's rows are not yet proven to "
+            "give the same logits bits as decode rows (docs/speculative.md)"
+        )
+    if model.slot_kinds:
+        kinds = ", ".join(k.name for k in model.slot_kinds)
+        raise ValueError(
+            f"--speculative needs a plan without recurrent state (this one has {kinds}): rolling back rejected "
+            "drafts needs a per-draft state (docs/speculative.md step 4), not built yet"
+        )
+    if speculative.method == "draft" and speculative.draft_model is None:
+        raise ValueError("--speculative draft needs a draft model (--draft-model)")
+
+
+def make_drafter(speculative: SpeculativeConfig, model: Model, config) -> Drafter:
+    """The engine's drafter; a draft model is loaded here (a known name or a path), for the target's target."""
+    k = speculative.num_speculative_tokens
+    if speculative.method == "ngram":
+        return NgramDrafter(NgramConfig(speculative.ngram_min_match, speculative.ngram_max_match, max_drafts=k))
+    from ..loading.known_models import resolve_model
+    from ..loading.model import load_model
+    from ..speculative.model_drafter import ModelDrafter
+
+    draft = load_model(resolve_model(speculative.draft_model), target=model.plan.target)
+    return ModelDrafter(draft, config, int(model.dims.vocab))
+
+
+def engine_draft_source(speculative: SpeculativeConfig, drafter: Drafter, target: str) -> DraftSource:
+    """The scheduler's DraftSource: adaptive (a plan per step, runtime/speculative/adaptive_source.py) or k for
+    every row. Its `release` hands a request's drafter state back (the scheduler's on_release)."""
+    if not speculative.adaptive:
+        source = draft_source(drafter)
+        source.release = drafter.release
+        return source
+    cost = speculative.draft_token_cost
+    if cost is None:
+        cost = 0.0 if speculative.method == "ngram" else 0.3
+    verify_cost = speculative.verify_token_cost
+    if verify_cost is None:
+        verify_cost = VERIFY_TOKEN_COST.get(target, 0.05)
+    return AdaptiveDrafts(drafter, speculative.num_speculative_tokens, verify_cost, cost)
+
+
+def draft_source(drafter: Drafter) -> DraftSource:
+    """The scheduler's view of a drafter: (request, most drafts) -> drafts."""
+
+    def propose(request: Request, k: int) -> tuple[int, ...]:
+        context = DraftContext(
+            request.request_id, request.prompt_token_ids, request.output_token_ids, request.prediction_ids
+        )
+        return drafter.propose(context, k).token_ids
+
+    return propose

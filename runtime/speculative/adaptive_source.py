@@ -1,0 +1,71 @@
+"""Adaptive draft lengths inside the engine (docs/speculative.md step 5): a drafter behind a per-step plan.
+
+Before each step the scheduler asks `plan` for k per decode row: each request's acceptance alpha (an
+`AcceptanceTracker`, learned from its own verify steps) and a step-cost model go to `plan_draft_lengths`,
+which drafts only where the expected tokens per second of the whole step rise. The cost model is linear in
+the step's tokens, in units of a batch-1 decode step: 1 + verify_token_cost * tokens (a decode step at small
+batch is bound by reading the weights, so an extra token costs a fraction of it), plus draft_token_cost per
+drafted token (0 for lookup; a draft model's decode per token). Under load (many rows) the per-token term
+dominates and every k falls to 0: speculation stops where it would cost aggregate throughput.
+
+What each row accepted is read back from the request itself: the drafts proposed at a given output length
+and the tokens the request emitted after it (their common prefix is what the verifier accepted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .adaptive import AcceptanceTracker, plan_draft_lengths
+from .drafter import DraftContext, Drafter
+
+
+class AdaptiveDrafts:
+    def __init__(self, drafter: Drafter, max_drafts: int, verify_token_cost: float, draft_token_cost: float):
+        self.drafter, self.max_drafts = drafter, max_drafts
+        self.verify_token_cost, self.draft_token_cost = verify_token_cost, draft_token_cost
+        self.tracker = AcceptanceTracker()
+        self._pending: dict[str, tuple[int, tuple[int, ...]]] = {}  # request -> (output length, drafts proposed)
+
+    def plan(self, requests: Sequence) -> dict[str, int]:
+        """k per request of the step's decode rows (request objects: request_id, output_token_ids)."""
+        for request in requests:
+            self._learn(request)
+        alphas = [self.tracker.alpha(r.request_id) for r in requests]
+        ks = plan_draft_lengths(alphas, self.max_drafts, self._step_time, self._draft_time)
+        return {r.request_id: k for r, k in zip(requests, ks)}
+
+    def __call__(self, request, k: int) -> tuple[int, ...]:
+        """The scheduler's DraftSource."""
+        context = DraftContext(
+            request.request_id, request.prompt_token_ids, request.output_token_ids, request.prediction_ids
+        )
+        drafts = self.drafter.propose(context, k).token_ids
+        if drafts:
+            self._pending[request.request_id] = (len(request.output_token_ids), tuple(drafts))
+        return drafts
+
+    def release(self, request_id: str) -> None:
+        self.drafter.release(request_id)
+        self.tracker.forget(request_id)
+        self._pending.pop(request_id, None)
+
+    def _learn(self, request) -> None:
+        pending = self._pending.get(request.request_id)
+        output = request.output_token_ids
+        if pending is None or len(output) <= pending[0]:
+            return  # no draft, or its step's tokens are not in yet
+        start, drafts = self._pending.pop(request.request_id)
+        emitted = output[start : start + len(drafts)]
+        accepted = 0
+        while accepted < len(emitted) and accepted < len(drafts) and emitted[accepted] == drafts[accepted]:
+            accepted += 1
+        self.tracker.update(request.request_id, len(drafts), accepted)
+
+    def _step_time(self, tokens: np.ndarray) -> np.ndarray:
+        return 1.0 + self.verify_token_cost * tokens.astype(np.float64)
+
+    def _draft_time(self, drafted: np.ndarray) -> np.ndarray:
+        return self.draft_token_cost * drafted.astype(np.float64)
