@@ -31,12 +31,12 @@ import time
 import jax
 import jax.numpy as jnp
 
+from ember.compiler.kernels.attention.flops import useful_flops
 from ember.compiler.kernels.attention.prefill import (
     PrefillAttentionConfig,
     launch_plan,
     pick_config,
     prefill_attention,
-    useful_flops,
 )
 from ember.compiler.kernels.attention.reference import _attend
 

@@ -386,14 +386,6 @@ def prefill_attention_emulated(
     return _combine(unpack(acc), unpack(m), unpack(l), config).astype(q.dtype)
 
 
-def useful_flops(num_tokens: int, start: int, window: int, hq: int, head_dim: int) -> int:
-    """2 matmuls x 2 flops per (query, visible key, head, dim): the work a perfect kernel does."""
-    total = 0
-    for p in range(start, start + num_tokens):
-        total += min(p + 1, window) if window > 0 else p + 1
-    return 4 * total * hq * head_dim
-
-
 __all__ = [
     "PrefillAttentionConfig",
     "LaunchPlan",
@@ -405,5 +397,4 @@ __all__ = [
     "prefill_attention",
     "prefill_attention_emulated",
     "tile_ranges",
-    "useful_flops",
 ]

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from ember.compiler.kernels.attention.flops import useful_flops
 from ember.compiler.kernels.attention.prefill import (
     PrefillAttentionConfig,
     chunk_info,
     launch_plan,
     prefill_attention_emulated,
     tile_ranges,
-    useful_flops,
 )
 from ember.compiler.kernels.attention.reference import _attend
 
