@@ -276,7 +276,7 @@ async def _stream(request, service, chat, generation: Generation, message_id: st
     try:
         async for output in generation.events():
             if output is HEARTBEAT:
-                await resp.send(event("ping", {"type": "ping"}))
+                await resp.send(heartbeat_events(generation))
                 continue
             deltas = parser.feed(output.text) if output.text else []
             if output.finish_reason is not None:
@@ -309,3 +309,11 @@ async def _stream(request, service, chat, generation: Generation, message_id: st
         await resp.send(event("error", error_body("anthropic", failure)))
     await resp.eof()
     return resp
+
+
+def heartbeat_events(generation: Generation) -> str:
+    """What an idle stream sends: Anthropic's `ping` event, after an SSE comment with the prefill's progress
+    (`: prefill 512/4096`) while the prompt is being read (clients ignore comments)."""
+    progress = generation.prefill_progress()
+    ping = event("ping", {"type": "ping"})
+    return ping if progress is None else generation.heartbeat_comment() + ping

@@ -65,6 +65,19 @@ def test_heartbeat_carries_the_progress():
     assert generation.heartbeat_comment() == HEARTBEAT_COMMENT
 
 
+def test_anthropic_heartbeat_carries_the_progress_before_its_ping():
+    from ember.server.anthropic import heartbeat_events
+
+    generation = Generation.__new__(Generation)
+    generation.request_id = "r1"
+    progress: dict = {"r1": (100, 900)}
+    generation.service = SimpleNamespace(engine=SimpleNamespace(prefill_progress=lambda: progress))
+    sent = heartbeat_events(generation)
+    assert sent.startswith(": prefill 100/900\n\nevent: ping\n") and sent.endswith("\n\n"), sent
+    progress.clear()
+    assert heartbeat_events(generation).startswith("event: ping")
+
+
 def test_capacity_lists_prefilling_prompts(server):
     capacity = httpx.get(server.url + "/v1/capacity", timeout=30).json()
     assert capacity["prefilling"] == [] and capacity["active"] >= 0
