@@ -4,7 +4,6 @@ before any tensor is read, with both figures in the message."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from fixture_data import tiny_fixture
 from test_weight_bytes import CONFIG, GGUF_FORMATS
@@ -57,7 +56,6 @@ def test_a_model_over_the_limit_fails_before_reading_a_tensor(monkeypatch):
         load_model(ckpt, target="cpu", free_bytes=1_000_000)
 
 
-def test_free_bytes_on_the_cpu_is_the_hosts_available_memory():
-    free = free_device_bytes()
-    assert 0 < free < 1 << 50
-    assert np.isfinite(free)
+def test_the_host_cpu_reports_no_device_limit():
+    # the host's memory is shared with every process: only an explicit free_bytes is checked there
+    assert free_device_bytes() is None

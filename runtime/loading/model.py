@@ -210,8 +210,8 @@ def load_model(
     in the target's `quantized_formats` stay quantized on the device (with a dense copy beside them where the
     target keeps `dense_copies`), the rest become the plan's activation dtype: the target's kernel policy's
     `weights`, which, like every kernel choice, `kernel_policy` may override (effective_policy).
-    free_bytes: the device memory the weights may take (default: what the device has free); a model whose
-    weights need more fails here, before any tensor is read or allocated (memory_plan.py).
+    free_bytes: the device memory the weights may take (default: what a GPU has free; no check on the host CPU);
+    a model whose weights need more fails here, before any tensor is read or allocated (memory_plan.py).
     with_mtp: load the checkpoint's MTP module when it has one (Model.mtp; one more decoder layer's weights);
     False leaves it on disk (a server that does not speculate with it).
     precision: "fast" (the target's policy) or "exact" (no weight kept quantized: the reference path that
@@ -227,7 +227,9 @@ def load_model(
     needed = planned_weight_bytes(
         spec, plan.manifest, ckpt, resolved, dtype, weights.quantized_formats, weights.dense_copies
     )
-    check_fits(needed, free_device_bytes() if free_bytes is None else free_bytes, str(ckpt.path))
+    free = free_device_bytes() if free_bytes is None else free_bytes
+    if free is not None:
+        check_fits(needed, free, str(ckpt.path))
     bar = None
     if progress:
         from tqdm import tqdm
