@@ -95,7 +95,9 @@ def server(tiny_chat_model):
 # ---- the real default model behind a live `ember serve` (tool calls, fill-in-the-middle): one per session --
 
 
-@pytest.fixture(scope="session")
+# module scope, not session: the real model's server holds ~10 GB (fp32 weights) and must be gone before other
+# modules load real models in the test process (a session-long server ran CI's 24 GB machine out of memory)
+@pytest.fixture(scope="module")
 def real_server(qwen_gguf):
     from server_support import REAL_MODEL_NAME, LiveServer
 
