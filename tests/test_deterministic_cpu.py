@@ -11,6 +11,7 @@ import pytest
 from fixture_data import tiny_fixture
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_configs import TINY_LLAMA
 
 from ember.compiler.batch import StepBatch
 from ember.compiler.kernels.dense_gemv.reference import linear
@@ -68,18 +69,8 @@ def test_the_cpu_target_runs_deterministic_steps_at_the_default_buckets(qwen3):
     assert all(s.logit_rows >= 2 for s in shapes) and len(shapes) > 1
 
 
-TINY_GGUF = {  # dims whose rows are whole Q4_K / Q6_K super-blocks; mixed formats in one packed q/k/v
-    "hidden_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 512,
-    "vocab_size": 320,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": True,
-}
+# dims whose rows are whole Q4_K / Q6_K super-blocks; mixed formats in one packed q/k/v
+TINY_GGUF = {**TINY_LLAMA, "tie_word_embeddings": True}
 
 
 def _tiny_gguf(path):

@@ -3,6 +3,7 @@ gets alone; n, logprobs, stop strings, abort and capacity behave; KV is all retu
 
 import numpy as np
 import pytest
+from engine_support import GREEDY, ByteTokenizer
 from fixture_data import tiny_fixture
 
 from ember.compiler.targets import get_target
@@ -11,17 +12,6 @@ from ember.runtime.execution.sequence_runner import SequenceRunner
 from ember.runtime.loading.model import load_model
 from ember.runtime.sampling.params import SamplingParams
 from ember.runtime.scheduling.requests import QueueFullError
-
-GREEDY = dict(temperature=0.0, ignore_eos=True)
-
-
-class ByteTokenizer:
-    """A stand-in for the tiny checkpoints (which ship no tokenizer): token t decodes to chr(65 + t % 58)."""
-
-    eos_token_ids = ()
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(65 + int(t) % 58) for t in ids)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import httpx
 import numpy as np
 import pytest
+from engine_support import ByteTokenizer
 from fixture_data import tiny_fixture
 
 from ember.runtime.engine.engine import Engine, EngineConfig
@@ -20,13 +21,6 @@ from ember.server.generation import Generation
 from ember.server.sse import HEARTBEAT_COMMENT
 
 CHUNK = 16
-
-
-class ByteTokenizer:
-    eos_token_ids = ()
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(65 + int(t) % 58) for t in ids)
 
 
 @pytest.fixture(scope="module")

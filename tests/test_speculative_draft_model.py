@@ -3,6 +3,7 @@ the target's plain greedy tokens, whether it agrees with the target (itself as i
 accepted) or not (another model: drafts rejected, its KV rolled back); its KV all goes back at the end."""
 
 import pytest
+from engine_support import GREEDY, ByteTokenizer
 from fixture_data import tiny_fixture
 
 from ember.runtime.engine.engine import Engine, EngineConfig
@@ -10,15 +11,7 @@ from ember.runtime.loading.model import load_model
 from ember.runtime.sampling.params import SamplingParams
 from ember.runtime.speculative.config import SpeculativeConfig
 
-GREEDY = dict(temperature=0.0, ignore_eos=True)
 PROMPTS = ([5, 17, 33, 9, 120, 7, 7, 64], [200, 3, 90, 91, 92, 93, 14, 15, 16, 250, 1])
-
-
-class ByteTokenizer:
-    eos_token_ids = ()
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(65 + int(t) % 58) for t in ids)
 
 
 def _outputs(model, speculative, max_tokens=12):

@@ -5,6 +5,7 @@ combinations are refused."""
 
 import numpy as np
 import pytest
+from engine_support import GREEDY, ByteTokenizer
 from fixture_data import tiny_fixture
 
 from ember.runtime.engine.engine import Engine, EngineConfig
@@ -14,15 +15,6 @@ from ember.runtime.sampling.params import SamplingParams
 from ember.runtime.speculative.config import SpeculativeConfig
 from ember.runtime.speculative.model_drafter import ModelDrafter
 from ember.runtime.speculative.stats import AcceptanceStats
-
-GREEDY = dict(temperature=0.0, ignore_eos=True)
-
-
-class ByteTokenizer:
-    eos_token_ids = ()
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(65 + int(t) % 58) for t in ids)
 
 
 @pytest.fixture(scope="module")

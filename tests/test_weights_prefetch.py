@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from ember.runtime.loading.weights import prefetched
+from ember.runtime.loading.prefetch import prefetched
 
 
 def test_results_come_in_order_and_never_more_than_the_window_ahead():

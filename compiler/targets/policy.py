@@ -167,6 +167,12 @@ class WeightPolicy:
     # "int8_blocks" (cpu_gemv/layout.py: int8 codes + block scales, the cpu kernel's; docs/results/cpu_matmul_probe.json)
     kept_layout: str = "planes"
 
+    def __post_init__(self):
+        if self.kept_layout not in ("planes", "int8_blocks"):
+            raise ValueError(
+                f"kernel policy: weights.kept_layout must be 'planes' or 'int8_blocks', got {self.kept_layout!r}"
+            )
+
 
 @dataclass(frozen=True)
 class DeterministicPolicy:

@@ -236,12 +236,13 @@ def load_model(
 
         total = len(plan.manifest["global_weights"]) + int(resolved.dims.layers)
         bar = tqdm(total=total, desc="loading weights", unit="part", leave=False)
+    place = device_placer(dtype, policy.weights.kept_layout)  # the target's layout for the MTP module's weights too
     params = load_params(
         spec,
         plan.manifest,
         ckpt,
         resolved,
-        to_device=device_placer(dtype, policy.weights.kept_layout),
+        to_device=place,
         progress=bar,
         keep_formats=policy.weights.quantized_formats,
         dense_copy=dense_copier(dtype) if policy.weights.dense_copies else None,
@@ -256,7 +257,7 @@ def load_model(
             ckpt,
             resolved,
             params.constants,
-            to_device=device_placer(dtype),
+            to_device=place,
             keep_formats=policy.weights.quantized_formats,
         )
     return Model(spec, ckpt, resolved, plan, params, dtype, policy, generated_dir, mtp)

@@ -323,8 +323,6 @@ def device_placer(dtype, kept_layout: str = "planes") -> Callable[[Any], Any]:
     weights -> their planes on the device unchanged (uint32 / int8 / fp16), tagged with `dtype`, or with
     kept_layout "int8_blocks" (the cpu target's: WeightPolicy.kept_layout) their int8 codes and block scales."""
     name = np.dtype(dtype).name
-    if kept_layout not in ("planes", "int8_blocks"):
-        raise ValueError(f"kernel policy: weights.kept_layout must be 'planes' or 'int8_blocks', got {kept_layout!r}")
 
     def place(value):
         if isinstance(value, HostFp8):

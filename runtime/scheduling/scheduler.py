@@ -40,9 +40,10 @@ from ..state.kv_cache import KVCache, PrefixHit
 from .prefix_snapshots import NoSnapshots, SnapshotPlanner
 from .requests import QueueFullError, Request, RequestStatus, RequestTooLongError, StepOutput
 from .run_ahead import RunAhead
-from .scheduled_step import DecodeRow, PrefillChunk, PrefillShapes, ScheduledStep, slots_at, state_slots_of
+from .scheduled_step import PrefillShapes, ScheduledStep
 from .snapshot import SchedulerSnapshot, snapshot_of
-from .speculation import DraftSource, draft_lengths, emitted_by_row, settle_verified, take_drafts, verify_segment
+from .speculation import DraftSource, draft_lengths, emitted_by_row, settle_verified, take_drafts
+from .step_layout import lay_out_step
 
 
 class Scheduler:
@@ -239,37 +240,8 @@ class Scheduler:
     def _build_step(
         self, decodes: list[Request], chunks: list[tuple[Request, int, int]], preempted: list[str], verifies=()
     ) -> ScheduledStep:
-        bs = self.kv.block_size
-        rows, tables = [], {}
-
-        for request in decodes:
-            tables[request.request_id] = request_tables = self.kv.tables(request.state)
-            pos = request.num_computed_tokens
-            rows.append(
-                DecodeRow(request.request_id, request.all_token_ids[pos], pos, slots_at(request_tables, pos, bs))
-            )
-        segments = []
-        for request, drafts in verifies:
-            tables[request.request_id] = self.kv.tables(request.state)
-            segments.append(verify_segment(request, drafts, tables[request.request_id], bs))
-        prefills = []
-        for request, start, end in chunks:
-            tables[request.request_id] = request_tables = self.kv.tables(request.state)
-            prefills.append(
-                PrefillChunk(
-                    request.request_id,
-                    start,
-                    tuple(request.all_token_ids[start:end]),
-                    tuple(slots_at(request_tables, p, bs) for p in range(start, end)),
-                    completes=end == request.num_tokens,
-                )
-            )
-        owners = [*decodes, *(r for r, _ in verifies), *(r for r, _, _ in chunks)]
-        slots = state_slots_of(owners, tuple(self.extra_state))
-        kinds, copies = len(self.kv.kinds), self.snapshots.step_copies(chunks)
-        return ScheduledStep(
-            tuple(rows), tuple(prefills), tables, tuple(preempted), kinds, *slots, copies, tuple(segments)
-        )
+        copies = self.snapshots.step_copies(chunks)
+        return lay_out_step(self.kv, tuple(self.extra_state), decodes, verifies, chunks, preempted, copies)
 
     # --- several decode steps in one device call (runtime/scheduling/run_ahead.py) ----------------------
     def extend_decodes(self, step: ScheduledStep, steps: int) -> ScheduledStep | None:
