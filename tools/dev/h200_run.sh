@@ -3,6 +3,8 @@
 # results go to $OUT, packed into $OUT/results-<sections>.tgz at the end; each call at most 10 minutes):
 #   tools/dev/h200_run.sh tests      GPU kernel + engine tests (hypothesis statistics), JAX on cuda and cpu
 #   tools/dev/h200_run.sh hybrid-kernels  Gated DeltaNet / MoE kernel GPU tests, then tools/dev/bench_hybrid_kernels.py
+#   tools/dev/h200_run.sh det-ops    per-op row-count invariance of a deterministic step's ops (norms, RoPE, sampler)
+#   tools/dev/h200_run.sh quant-gemm the many-rows quantized GEMM against the dense bf16 copy (bench_quant_gemm)
 #   tools/dev/h200_run.sh gpu-suite  every GPU test file at once, WORKERS pytest-xdist processes sharing the GPU; the
 #                                counts as JSON (tools/dev/gpu_test_counts.py)
 #   tools/dev/h200_run.sh kernels-quick  RoPE / norm kernel GPU tests (a failure turns the kernel off), Q4_K GEMV tests
@@ -114,10 +116,16 @@ tests)
     tail -n 5 "$out"/gpu_*.log ;;
 hybrid-kernels)  # Gated DeltaNet and MoE kernels: GPU tests, then kernel vs reference at the checkpoints' shapes
     export JAX_PLATFORMS=cuda,cpu
-    timeout 240 python -m pytest -q -m gpu tests/kernels/gated_delta/test_gated_delta_gpu.py \
+    timeout ${HYB_TEST_S:-240} python -m pytest -q -m gpu tests/kernels/gated_delta/test_gated_delta_gpu.py \
         tests/kernels/moe/test_moe_gpu.py -p no:cacheprovider -rfE > "$out/gpu_hybrid_kernel_tests.log" 2>&1
     tail -n 5 "$out/gpu_hybrid_kernel_tests.log"
-    timeout 300 python -m ember.tools.dev.bench_hybrid_kernels ${BENCH_FLAGS:-} --out "$out/hybrid_kernels_$commit.json" ;;
+    timeout ${HYB_BENCH_S:-300} python -m ember.tools.dev.bench_hybrid_kernels ${BENCH_FLAGS:-} --out "$out/hybrid_kernels_$commit.json" ;;
+det-ops)  # which op of a deterministic step rounds a row by the rows beside it (tests/test_deterministic_ops_gpu.py)
+    JAX_PLATFORMS=cuda timeout ${DET_OPS_S:-150} python -m pytest -q -m gpu tests/test_deterministic_ops_gpu.py \
+        -p no:cacheprovider -rfE > "$out/gpu_deterministic_ops.log" 2>&1; tail -n 15 "$out/gpu_deterministic_ops.log" ;;
+quant-gemm)  # the many-rows GEMM over packed GGUF blocks vs the dense bf16 copy and in-step dequantization
+    timeout ${GEMM_S:-200} python3 -m ember.tools.dev.bench_quant_gemm ${GEMM_FLAGS:-} --out "$out/quant_gemm_$commit.json" \
+        2>&1 | tee "$out/quant_gemm.log" | grep -v Warning | tail -n 40 ;;
 gpu-suite)  # needs pytest-xdist and execnet wheels in .whl/ (python3.12 -m pip download --no-deps pytest-xdist execnet)
     export JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false  # workers share the GPU's memory
     EMBER_TRUNCATED_GGUF=$(real_files) EMBER_GPU_RESULTS="$out/gpu_engine_tests.json" timeout ${SUITE_TEST_S:-540} \
