@@ -21,6 +21,7 @@ if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda)", allow_module_level=True)
 
 from ember.compiler.kernels.activation import gated_act_packed  # noqa: E402
+from ember.compiler.kernels.norm.kernel import add_rms_norm_triton, rms_norm_triton  # noqa: E402
 from ember.compiler.kernels.norm.reference import add_rms_norm_invariant, rms_norm_invariant  # noqa: E402
 from ember.compiler.kernels.rope.reference import rope  # noqa: E402
 
@@ -45,6 +46,14 @@ def _rope(x):  # x [N, (HQ + HKV) * DH]: q and k of one row; positions from the 
     return jnp.concatenate([q.reshape(q.shape[0], -1), k.reshape(k.shape[0], -1)], axis=-1)
 
 
+def _norm_triton(x):  # the Triton kernel: one program per row (a candidate for the deterministic plans)
+    return rms_norm_triton(x, jnp.linspace(0.5, 1.5, D, dtype=jnp.bfloat16), eps=1e-6)
+
+
+def _add_norm_triton(x):
+    return add_rms_norm_triton(x, x * 0.5, jnp.linspace(0.5, 1.5, D, dtype=jnp.bfloat16), eps=1e-6)[1]
+
+
 def _gated(x):
     return gated_act_packed(x, act="silu")
 
@@ -60,6 +69,8 @@ def _logsumexp(x):
 OPS = {  # name -> (fn, row width)
     "rms_norm_invariant": (_norm, D),
     "add_rms_norm_invariant": (_add_norm, D),
+    "rms_norm_triton": (_norm_triton, D),
+    "add_rms_norm_triton": (_add_norm_triton, D),
     "rope": (_rope, (HQ + HKV) * DH),
     "gated_act_packed": (_gated, 2 * FFN),
     "log_softmax": (_log_softmax, VOCAB),
