@@ -91,4 +91,6 @@ def test_gated_norm_kernel_matches_the_reference(rows):
     got = jax.jit(lambda x, z, w: gpu.gated_rms_norm_triton(x, z, w, eps=1e-6, heads=HV))(x, z, w)
     want = op.gated_rms_norm_heads(x, z, w, eps=1e-6, heads=HV)
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-    assert np.max(np.abs(got - want) / (np.abs(want) + 1e-2)) <= 2**-7
+    # both round one float32 result to bf16, from sums and sigmoids computed in other orders: up to two bf16
+    # steps apart (measured on an H100: 0.0085, just over one step, 2**-7)
+    assert np.max(np.abs(got - want) / (np.abs(want) + 1e-2)) <= 2**-6
