@@ -1,0 +1,62 @@
+"""The device side of the prefix cache's host tier (runtime/state/host_tier.py): KV blocks of the paged layers
+copied out to the host in one gather, and host blocks written back in one scatter.
+
+Each paged layer holds (k, v) pools [num_blocks, block_size, hkv, dh]. A gather stacks the blocks of every layer
+into one array [layers, 2, n, block_size, hkv, dh] and starts its copy to the host; a scatter writes one such
+host array into the blocks, in a jitted call that donates the paged layers' pools (the step's own state is
+donated the same way: nothing is copied whole). n is padded to a power of two so few shapes are traced: a
+gather's padding reads block 0 (the plans' padding block; the host tier never reads those rows), a scatter's writes
+past the end (dropped)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _padded(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+class BlockCopier:
+    def __init__(self, layers: Sequence[int]):
+        """layers: the indices, in a step's state list, of the paged layers whose blocks the host tier keeps."""
+        self.layers = tuple(layers)
+
+    def gather(self, kv: list, blocks: Sequence[int]) -> jax.Array:
+        index = np.zeros(_padded(len(blocks)), np.int32)
+        index[: len(blocks)] = blocks
+        stacked = _gather([kv[i] for i in self.layers], jnp.asarray(index))  # its first len(blocks) rows count
+        stacked.copy_to_host_async()
+        return stacked
+
+    def scatter(self, kv: list, blocks: Sequence[int], data: np.ndarray) -> list:
+        n = _padded(len(blocks))
+        index = np.full(n, np.iinfo(np.int32).max, np.int32)
+        index[: len(blocks)] = blocks
+        if n > len(blocks):  # [layers, 2, n, ...]: padding rows are dropped by the scatter
+            data = np.concatenate([data, np.zeros((*data.shape[:2], n - len(blocks), *data.shape[3:]), data.dtype)], 2)
+        pools = _scatter([kv[i] for i in self.layers], jnp.asarray(index), jnp.asarray(data))
+        kv = list(kv)
+        for i, layer in enumerate(self.layers):
+            kv[layer] = pools[i]
+        return kv
+
+
+@jax.jit
+def _gather(pools: list, index: jax.Array) -> jax.Array:
+    # pools[i]: layer i's (k, v), each [num_blocks, bs, hkv, dh]; index int32 [n] -> [layers, 2, n, bs, hkv, dh]
+    return jnp.stack([jnp.stack([k[index], v[index]]) for k, v in pools])
+
+
+@partial(jax.jit, donate_argnums=0)
+def _scatter(pools: list, index: jax.Array, data: jax.Array) -> list:
+    # data [layers, 2, n, bs, hkv, dh] into the blocks `index` (int32 [n]; out of range: dropped)
+    return [
+        (k.at[index].set(data[i, 0], mode="drop"), v.at[index].set(data[i, 1], mode="drop"))
+        for i, (k, v) in enumerate(pools)
+    ]
