@@ -1,12 +1,13 @@
 """The device side of the prefix cache's host tier (runtime/state/host_tier.py): KV blocks of the paged layers
-copied out to the host in one gather, and host blocks written back in one scatter.
+copied out to the host in one gather, and host blocks written back in one scatter (in power-of-two pieces).
 
 Each paged layer holds (k, v) pools [num_blocks, block_size, hkv, dh]. A gather stacks the blocks of every layer
 into one array [layers, 2, n, block_size, hkv, dh] and starts its copy to the host; a scatter writes one such
-host array into the blocks, in a jitted call that donates the paged layers' pools (the step's own state is
-donated the same way: nothing is copied whole). n is padded to a power of two so few shapes are traced: a
-gather's padding reads block 0 (the plans' padding block; the host tier never reads those rows), a scatter's writes
-past the end (dropped)."""
+host array into the blocks, in jitted calls that donate the paged layers' pools (the step's own state is
+donated the same way: nothing is copied whole). Few shapes are traced: a gather's n is padded to a power of two
+(the padding reads block 0, the plans' padding block; the host tier never reads those rows), a scatter runs in
+pieces of power-of-two sizes (n = 13: 8, 4, 1), so no padding bytes cross the bus on a restore, which a waiting
+prefill is blocked on."""
 
 from __future__ import annotations
 
@@ -35,16 +36,20 @@ class BlockCopier:
         return stacked
 
     def scatter(self, kv: list, blocks: Sequence[int], data: np.ndarray) -> list:
-        n = _padded(len(blocks))
-        index = np.full(n, np.iinfo(np.int32).max, np.int32)
-        index[: len(blocks)] = blocks
-        if n > len(blocks):  # [layers, 2, n, ...]: padding rows are dropped by the scatter
-            data = np.concatenate([data, np.zeros((*data.shape[:2], n - len(blocks), *data.shape[3:]), data.dtype)], 2)
-        pools = _scatter([kv[i] for i in self.layers], jnp.asarray(index), jnp.asarray(data))
+        pools, start = [kv[i] for i in self.layers], 0
+        for size in _pieces(len(blocks)):
+            index = np.asarray(blocks[start : start + size], np.int32)
+            pools = _scatter(pools, jnp.asarray(index), jnp.asarray(data[:, :, start : start + size]))
+            start += size
         kv = list(kv)
         for i, layer in enumerate(self.layers):
             kv[layer] = pools[i]
         return kv
+
+
+def _pieces(n: int) -> list[int]:
+    """n as a sum of distinct powers of two, largest first."""
+    return [1 << bit for bit in range(n.bit_length() - 1, -1, -1) if n >> bit & 1]
 
 
 @jax.jit
@@ -55,8 +60,8 @@ def _gather(pools: list, index: jax.Array) -> jax.Array:
 
 @partial(jax.jit, donate_argnums=0)
 def _scatter(pools: list, index: jax.Array, data: jax.Array) -> list:
-    # data [layers, 2, n, bs, hkv, dh] into the blocks `index` (int32 [n]; out of range: dropped)
+    # data [layers, 2, n, bs, hkv, dh] into the blocks `index` (int32 [n], distinct)
     return [
-        (k.at[index].set(data[i, 0], mode="drop"), v.at[index].set(data[i, 1], mode="drop"))
+        (k.at[index].set(data[i, 0], unique_indices=True), v.at[index].set(data[i, 1], unique_indices=True))
         for i, (k, v) in enumerate(pools)
     ]

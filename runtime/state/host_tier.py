@@ -35,11 +35,12 @@ class BlockCopier(Protocol):
     """The device side (runtime/execution/block_copies.py): one gather and one scatter over the paged layers."""
 
     def gather(self, kv: Any, blocks: Sequence[int]) -> Any:
-        """A device array [layers, 2, n, block_size, hkv, dh] of the blocks, its copy to the host started."""
+        """A device array [layers, 2, >= n, block_size, hkv, dh] whose first n rows are the blocks, its copy to
+        the host started."""
         ...
 
     def scatter(self, kv: Any, blocks: Sequence[int], data: np.ndarray) -> Any:
-        """kv (donated) with data [layers, 2, n, block_size, hkv, dh] written into the blocks."""
+        """kv (donated) with data [layers, 2, n, block_size, hkv, dh] written into the blocks (distinct)."""
         ...
 
 
