@@ -144,6 +144,33 @@ def test_a_restore_whose_request_left_before_the_step_is_spilled_from_its_host_b
     assert kv.all_free() and not tier.has_pending
 
 
+def test_a_hit_takes_its_host_entries_before_its_allocation_can_drop_them():
+    """The allocation of a hit's restores may evict a block whose own restore never ran, whose bytes then go back
+    into the full host LRU and drop its oldest entry: the hit's own entries were taken out first."""
+    kv, tier = make_cache(num_blocks=5, host_blocks=2)
+    device, copier = np.full((5, BS), -1, np.int64), NumpyCopier()
+    prompt = prompt_of(2 * BS + 1, 1)
+    hashes = chain(prompt)
+    for i, h in enumerate(hashes):  # the prompt's two blocks on the host, its head the oldest entry
+        tier._put(h, np.asarray(prompt[i * BS : (i + 1) * BS], np.int64)[None, None])
+    other = prompt_of(BS, 2)
+    (pending,) = kv.primary.allocate_registered(chain(other))  # a restore queued, its request already gone
+    tier.restore(pending, np.asarray(other, np.int64)[None, None])
+    kv.primary.free([pending])
+    holder = kv.new_state()
+    assert kv.grow(holder, 3 * BS)  # the rest of the pool: one block (the pending one) left to restore into
+    hit = kv.find_prefix(prompt)
+    assert hit.num_blocks == 1 and hit.blocks["kv"] == (HOST_BLOCK,)
+    state = kv.new_state()
+    assert kv.adopt(state, hit) == BS  # evicts `pending`: its bytes go back to the host, dropping nothing taken
+    kv.host_tier.dispatch(device, copier)
+    assert device[state["kv"].block_table[0]].tolist() == prompt[:BS]
+    assert chain(other)[0] in tier and hashes[1] in tier and len(tier) == 2
+    kv.release(state)
+    kv.release(holder)
+    kv.check_consistency()
+
+
 def test_soak_with_a_small_host_tier_aborts_and_preemptions():
     """test_scheduler's soak over a pool too small for its prompts and a host tier smaller still: MockPlan reads
     every context back through the block tables, so a restore that wrote the wrong bytes changes the output."""

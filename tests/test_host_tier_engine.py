@@ -103,8 +103,10 @@ def test_the_startup_line_and_plans_without_a_tier(qwen3):
     engine = Engine(qwen3, ByteTokenizer(), off)
     try:
         assert engine.host_tier is None and engine.kv.host_tier is None and engine.snapshot()["host_tier"] is None
+        metrics = ServerMetrics(SimpleNamespace(engine=engine, model_name="m")).render().decode()
     finally:
         engine.close()
+    assert 'ember:prefix_cache_host_restored_blocks_total{model_name="m"} 0.0' in metrics  # zero without a tier
     hybrid = load_model(tiny_fixture("qwen3_5")[0])
     tiered = EngineConfig(num_blocks=20, prefix_cache_host_bytes=2**20, **BASE)
     assert "recurrent state" in host_tier_refusal(hybrid, tiered)

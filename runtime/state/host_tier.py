@@ -6,8 +6,8 @@ Flow (the engine's loop thread drives all of it):
   eviction   BlockPool.allocate evicts a cached block: `spill(hash, block)` queues it (nothing is copied yet; the
              block's new owner writes it only in the step being built)
   hit        KVCache.find_prefix continues a prefix past the device cache through hashes the tier holds; adopt
-             gives each such block a fresh device block, registers it in the device cache and calls
-             `restore(hash, block)`: the entry leaves the host LRU and its bytes wait to be written
+             takes the entries out of the host LRU (`take`), gives each a fresh device block, registers it in
+             the device cache and queues its bytes to be written there (`restore(block, data)`)
   dispatch   StepExecutor.launch, before the step's forward, calls `dispatch(kv, copier)`: ONE gather of every
              queued spill (device -> host, started asynchronously, the batch's host arrays read at the next
              dispatch or when a hit needs them), then ONE scatter of every queued restore (host -> device)
@@ -104,11 +104,17 @@ class HostTier:
             else:
                 self._spills.append((chain_hash, block))
 
-    def restore(self, chain_hash: bytes, block: int) -> None:
-        """A prefix hit takes the entry into device block `block` (registered under the hash by the caller)."""
+    def take(self, chain_hashes: Sequence[bytes]) -> list[np.ndarray]:
+        """A prefix hit takes these entries out of the tier (before it allocates their device blocks, whose
+        evictions may drop old entries): their host arrays, for `restore`."""
         with self._lock:
-            self._restores[block] = self._take(chain_hash)
-            self._restored += 1
+            self._restored += len(chain_hashes)
+            return [self._take(h) for h in chain_hashes]
+
+    def restore(self, block: int, data: np.ndarray) -> None:
+        """Write a taken entry into device block `block` (registered under its hash by the caller)."""
+        with self._lock:
+            self._restores[block] = data
 
     # --- the executor's side --------------------------------------------------------------------------
     def dispatch(self, kv: Any, copier: BlockCopier) -> Any:

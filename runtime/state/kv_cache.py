@@ -239,11 +239,13 @@ class KVCache:
             self.pools[k.name].share_blocks(self._real(hit, k))
             alloc.block_table = list(hit.blocks[k.name])
             restored = [i for i, b in enumerate(alloc.block_table) if b == HOST_BLOCK]
-            if restored:  # after sharing: the allocation evicts no block of this hit
-                blocks = self.pools[k.name].allocate_registered([hit.hashes[i] for i in restored])
-                for i, block in zip(restored, blocks):
+            if restored:  # after sharing, so the allocation evicts no device block of this hit
+                hashes = [hit.hashes[i] for i in restored]
+                data = self.host_tier.take(hashes)  # first: the allocation's evictions may drop host entries
+                blocks = self.pools[k.name].allocate_registered(hashes)
+                for i, block, host in zip(restored, blocks, data):
                     alloc.block_table[i] = block
-                    self.host_tier.restore(hit.hashes[i], block)
+                    self.host_tier.restore(block, host)
             alloc.block_hashes = list(hit.hashes)
             alloc.num_dropped = self.dropped_blocks(k, hit.num_blocks * self.block_size)
         self.primary.record_prefix_query(hit.num_blocks)
