@@ -67,12 +67,12 @@ class Engine:
         self.eos_token_ids = stop_token_ids
         # one block pool per paged KV state kind (full attention; each sliding window, sized to its window), and
         # the prefix cache's host tier below them where one is asked for and the plan allows it
-        self.kv = KVCache.of(model.paged_kinds, engine_pool_blocks(model.paged_kinds, config), config.block_size)
         self.host_tier = None
         if config.prefix_cache_host_bytes > 0 and host_tier_refusal(model, config) is None:
             per_block = kv_bytes_per_block(model, config.block_size, None, config.kv_cache_dtype)
             self.host_tier = HostTier(config.prefix_cache_host_bytes, per_block, config.block_size)
-            self.kv = KVCache(self.kv.pools, host_tier=self.host_tier)
+        pool_blocks = engine_pool_blocks(model.paged_kinds, config)
+        self.kv = KVCache.of(model.paged_kinds, pool_blocks, config.block_size, self.host_tier)
         self.pool = self.kv.primary
         tiled = fixed_tiles(model.policy.deterministic, config.deterministic) is not None
         prefill = prefill_shapes(model.plan.manifest["entries"]["forward"], config, tiled)

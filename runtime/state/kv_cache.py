@@ -22,7 +22,7 @@ Host tier. A cache of one full kind may have a host tier below it (runtime/state
 evicts are copied to host memory, and a prefix continues past a block missing on the device when the tier holds
 it. Such a block is HOST_BLOCK in the hit; adopting the hit gives it a fresh device block, registered at once,
 whose bytes the step's dispatch copies back before the forward. A hit takes only as many host blocks as the pool
-has blocks free for them.
+has blocks free for them, keeping one for the chunk after the hit.
 """
 
 from __future__ import annotations
@@ -77,10 +77,17 @@ class KVCache:
             self.primary.on_spill.append(host_tier.spill)
 
     @classmethod
-    def of(cls, kinds: Sequence[PagedKind], num_blocks: Mapping[str, int], block_size: int) -> KVCache:
+    def of(
+        cls,
+        kinds: Sequence[PagedKind],
+        num_blocks: Mapping[str, int],
+        block_size: int,
+        host_tier: HostTier | None = None,
+    ) -> KVCache:
         return cls(
             {k.name: BlockPool(num_blocks[k.name], block_size, kind=k.name) for k in kinds},
             {k.name: k.window for k in kinds},
+            host_tier,
         )
 
     # --- sizes ----------------------------------------------------------------------------------------
@@ -174,16 +181,18 @@ class KVCache:
         the largest n' <= n that state outside the KV pools (recurrent snapshots) can resume from."""
         bs, full = self.block_size, [k for k in self.kinds if not k.window]
         hashes, parent = [], None
-        tier, room = self.host_tier, self.primary.free_blocks  # blocks free for host restores
+        # host restores take free blocks: they stop one short of the pool's room, so the first chunk after the hit
+        # still gets a block (a hit without restores is what it was)
+        tier, room, restores = self.host_tier, self.primary.free_blocks, 0
         for i in range((len(token_ids) - 1) // bs):
             parent = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
             if tier is not None and (block := self.primary.cached_block(parent)) is not None:
                 if self.primary.ref_count(block) == 0:  # sharing a cached free block un-frees it
-                    if room == 0:
-                        break  # (only after host blocks took the room: no hit without them gets here)
+                    if restores and room <= 1:
+                        break
                     room -= 1
-            elif tier is not None and parent in tier and room > 0:
-                room -= 1
+            elif tier is not None and parent in tier and room > 1:
+                room, restores = room - 1, restores + 1
             elif any(self.pools[k.name].cached_block(parent) is None for k in full):
                 break  # full kinds' hits are prefix-closed: nothing past a miss counts
             hashes.append(parent)
