@@ -230,3 +230,22 @@ def test_the_jax_copier_moves_every_paged_layer_exactly(count):
             want = values[layer][part].copy()
             want[targets] = values[layer][part][blocks]
             np.testing.assert_array_equal(np.asarray(moved[layer][part]), want)  # 5 blocks: pieces of 4 and 1
+
+
+def test_precompiled_copies_do_not_compile_when_a_step_needs_them(caplog):
+    import logging
+
+    import jax
+    import jax.numpy as jnp
+
+    from ember.runtime.execution.block_copies import BlockCopier
+
+    kv = [(jnp.zeros((8, BS, 1, 8)), jnp.ones((8, BS, 1, 8))) for _ in range(2)]
+    copier = BlockCopier(layers=(0, 1))
+    copier.precompile(kv, max_gather=3, max_scatter=7)  # a gather of 3 runs padded to 4; 7 = 4 + 2 + 1
+    with jax.log_compiles(True), caplog.at_level(logging.DEBUG, logger="jax"):
+        host = np.asarray(copier.gather(kv, [1, 2, 3]))  # padded to 4
+        kv = copier.scatter(kv, [4, 5, 6, 7, 1, 2, 3], np.concatenate([host[:, :, :3]] * 3, 2)[:, :, :7])  # 4+2+1
+    compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
+    assert compiled and not [m for m in compiled if "_gather" in m or "_scatter" in m], compiled
+    np.testing.assert_array_equal(np.asarray(kv[1][1])[[4, 5, 6]], np.ones((3, BS, 1, 8)))

@@ -90,6 +90,19 @@ def test_an_evicted_prompt_comes_back_from_the_host_as_computed(qwen3):
     assert hit[2] == 28 and hit[:2] == again[:2]
 
 
+def test_precompile_covers_the_tiers_copies(qwen3, monkeypatch):
+    per_block = kv_bytes_per_block(qwen3, 4)
+    engine = Engine(qwen3, ByteTokenizer(), EngineConfig(num_blocks=20, prefix_cache_host_bytes=64 * per_block, **BASE))
+    try:
+        calls = []
+        monkeypatch.setattr(engine.executor, "shapes", lambda: [])  # the step shapes are another test's
+        monkeypatch.setattr(engine.executor.block_copier, "precompile", lambda kv, *sizes: calls.append(sizes))
+        engine.precompile()
+    finally:
+        engine.close()
+    assert calls == [(19, 16)]  # gathers of up to the 19 usable blocks (the tier holds 64), restores of 64 tokens
+
+
 def test_the_startup_line_and_plans_without_a_tier(qwen3):
     per_block = kv_bytes_per_block(qwen3, 4)
     config = EngineConfig(num_blocks=20, prefix_cache_host_bytes=64 * per_block, **BASE)

@@ -46,6 +46,19 @@ class BlockCopier:
             kv[layer] = pools[i]
         return kv
 
+    def precompile(self, kv: list, max_gather: int, max_scatter: int) -> None:
+        """Compile (ahead of time, nothing runs) every gather and scatter shape up to these block counts, so no
+        step waits for one: log2 of each many small programs."""
+        pools = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), [kv[i] for i in self.layers])
+        if not pools:
+            return
+        block = pools[0][0].shape[1:]  # [bs, hkv, dh]
+        for n in (1 << bit for bit in range((max(max_gather, 1) - 1).bit_length() + 1)):  # up to _padded(max)
+            _gather.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32)).compile()
+        for n in (1 << bit for bit in range(max(max_scatter, 1).bit_length())):
+            data = jax.ShapeDtypeStruct((len(pools), 2, n, *block), pools[0][0].dtype)
+            _scatter.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32), data).compile()
+
 
 def _pieces(n: int) -> list[int]:
     """n as a sum of distinct powers of two, largest first."""

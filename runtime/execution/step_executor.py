@@ -180,6 +180,11 @@ class StepExecutor:
         for shape in self.verify_shapes_alone():
             for all_greedy in (True, False):
                 self._precompile_verify(shape, all_greedy)
+        if self.host_tier is not None:  # gathers of up to the tier's blocks, restores of up to one context
+            usable = self.kv[self.block_copier.layers[0]][0].shape[0] - 1  # one paged kind: [num_blocks, ...]
+            self.block_copier.precompile(
+                self.kv, min(self.host_tier.capacity_blocks, usable), min(self.table_blocks, usable)
+            )
         return time.perf_counter() - start
 
     def verify_shapes_alone(self) -> list[StepShape]:
