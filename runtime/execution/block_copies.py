@@ -2,8 +2,9 @@
 copied out to the host in one gather, and host blocks written back in one scatter (in power-of-two pieces).
 
 Each paged layer holds (k, v) pools [num_blocks, block_size, hkv, dh]. A gather stacks the blocks of every layer
-into one array [layers, 2, n, block_size, hkv, dh] and starts its copy to the host; a scatter writes one such
-host array into the blocks, in jitted calls that donate the paged layers' pools (the step's own state is
+into one array [layers, 2, n, block_size, hkv, dh] and starts its copy to the host; a scatter writes host
+entries [layers, 2, block_size, hkv, dh] into the blocks (each entry its own transfer, stacked on the device, so
+the host copies nothing on the way), in jitted calls that donate the paged layers' pools (the step's own state is
 donated the same way: nothing is copied whole). Few shapes are traced: a gather's n is padded to a power of two
 (the padding reads block 0, the plans' padding block; the host tier never reads those rows), a scatter runs in
 pieces of power-of-two sizes (n = 13: 8, 4, 1), so no padding bytes cross the bus on a restore, which a waiting
@@ -35,11 +36,11 @@ class BlockCopier:
         stacked.copy_to_host_async()
         return stacked
 
-    def scatter(self, kv: list, blocks: Sequence[int], data: np.ndarray) -> list:
+    def scatter(self, kv: list, blocks: Sequence[int], data: Sequence[np.ndarray]) -> list:
         pools, start = [kv[i] for i in self.layers], 0
         for size in _pieces(len(blocks)):
             index = np.asarray(blocks[start : start + size], np.int32)
-            pools = _scatter(pools, jnp.asarray(index), jnp.asarray(data[:, :, start : start + size]))
+            pools = _scatter(pools, jnp.asarray(index), list(data[start : start + size]))
             start += size
         kv = list(kv)
         for i, layer in enumerate(self.layers):
@@ -55,9 +56,9 @@ class BlockCopier:
         block = pools[0][0].shape[1:]  # [bs, hkv, dh]
         for n in (1 << bit for bit in range((max(max_gather, 1) - 1).bit_length() + 1)):  # up to _padded(max)
             _gather.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32)).compile()
+        entry = jax.ShapeDtypeStruct((len(pools), 2, *block), pools[0][0].dtype)
         for n in (1 << bit for bit in range(max(max_scatter, 1).bit_length())):
-            data = jax.ShapeDtypeStruct((len(pools), 2, n, *block), pools[0][0].dtype)
-            _scatter.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32), data).compile()
+            _scatter.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32), [entry] * n).compile()
 
 
 def _pieces(n: int) -> list[int]:
@@ -72,8 +73,10 @@ def _gather(pools: list, index: jax.Array) -> jax.Array:
 
 
 @partial(jax.jit, donate_argnums=0)
-def _scatter(pools: list, index: jax.Array, data: jax.Array) -> list:
-    # data [layers, 2, n, bs, hkv, dh] into the blocks `index` (int32 [n], distinct)
+def _scatter(pools: list, index: jax.Array, entries: list) -> list:
+    # entries: n host tier entries [layers, 2, bs, hkv, dh], each its own transfer (no host-side stacking); stacked
+    # here into [layers, 2, n, bs, hkv, dh] and written into the blocks `index` (int32 [n], distinct)
+    data = jnp.stack(entries, axis=2)
     return [
         (k.at[index].set(data[i, 0], unique_indices=True), v.at[index].set(data[i, 1], unique_indices=True))
         for i, (k, v) in enumerate(pools)

@@ -39,8 +39,8 @@ class BlockCopier(Protocol):
         the host started."""
         ...
 
-    def scatter(self, kv: Any, blocks: Sequence[int], data: np.ndarray) -> Any:
-        """kv (donated) with data [layers, 2, n, block_size, hkv, dh] written into the blocks (distinct)."""
+    def scatter(self, kv: Any, blocks: Sequence[int], data: Sequence[np.ndarray]) -> Any:
+        """kv (donated) with one entry [layers, 2, block_size, hkv, dh] written into each block (distinct)."""
         ...
 
 
@@ -131,7 +131,7 @@ class HostTier:
                 for index, (chain_hash, _) in enumerate(spills):
                     self._put(chain_hash, (batch, index))
         if restores:
-            kv = copier.scatter(kv, list(restores), np.stack(list(restores.values()), axis=2))
+            kv = copier.scatter(kv, list(restores), list(restores.values()))
         return kv
 
     @property
