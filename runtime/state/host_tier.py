@@ -95,11 +95,11 @@ class HostTier:
     # --- the block pool's side ------------------------------------------------------------------------
     def spill(self, chain_hash: bytes, block: int) -> None:
         """A cached device block is being evicted (BlockPool.on_spill): copy it out at the next dispatch."""
-        if self.capacity_blocks == 0:
-            return
         with self._lock:
-            data = self._restores.pop(block, None)
-            if data is not None:  # its restore never ran: the bytes are still here
+            data = self._restores.pop(block, None)  # its restore never ran (the block's next owner writes it)
+            if self.capacity_blocks == 0:
+                return
+            if data is not None:  # so the bytes are still here
                 self._put(chain_hash, data)
             else:
                 self._spills.append((chain_hash, block))
