@@ -123,7 +123,6 @@ class HostTier:
         with self._lock:
             self._read_back()
             spills = self._spills[-self.capacity_blocks :] if self._spills else []  # the rest would drop at once
-            self._dropped += len(self._spills) - len(spills)
             restores, self._spills, self._restores = self._restores, [], {}
             if spills:
                 batch = _Batch(copier.gather(kv, [block for _, block in spills]))
@@ -140,7 +139,8 @@ class HostTier:
 
     # --- entries ----------------------------------------------------------------------------------------
     def _put(self, chain_hash: bytes, data: np.ndarray | tuple[_Batch, int]) -> None:
-        self._entries.pop(chain_hash, None)
+        if self._entries.pop(chain_hash, None) is not None:
+            self._dropped += 1  # an older copy of the same prefix
         self._entries[chain_hash] = data
         self._offloaded += 1
         while len(self._entries) > self.capacity_blocks:
@@ -176,8 +176,10 @@ class HostTier:
             )
 
     def check_consistency(self) -> None:
-        """Raise AssertionError unless the tier holds at most its capacity, in whole blocks of the right size."""
+        """Raise AssertionError unless the tier holds at most its capacity, in whole blocks of the right size, and
+        every entry that came in left by a restore or a drop or is still held (nothing leaks or vanishes)."""
         assert len(self._entries) <= self.capacity_blocks and self.used_bytes <= self.capacity_bytes
+        assert len(self._entries) == self._offloaded - self._restored - self._dropped
         for data in self._entries.values():
             if not isinstance(data, tuple):
                 assert data.nbytes == self.block_bytes, f"a host entry of {data.nbytes} bytes"
