@@ -19,6 +19,8 @@ class ServeConfig:
     ctx: int | None = None  # longest context of one request (prompt + output); default min(model's, 8192)
     kv_memory_gib: float = 2.0  # KV pool budget; the pool always holds at least one full context
     kv_cache_dtype: str = "auto"  # the KV pool's element type: auto (the plan's activations), fp8 (e4m3), ...
+    # host memory for KV blocks evicted from the device prefix cache (runtime/state/host_tier.py); 0 = off
+    prefix_cache_host_gib: float = 0.0
     max_num_seqs: int = 16
     max_batched_tokens: int | None = None  # tokens per engine step; default: the plan's largest prefill bucket
     max_queue_depth: int = 256
@@ -102,6 +104,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _kv_cache_dtype(text: str) -> str:
     from ..runtime.state.kv_dtypes import checked_kv_cache_dtype
 
@@ -134,6 +143,11 @@ _FLAGS = {
         "kv_cache_dtype",
         _kv_cache_dtype,
         "KV cache element type: auto (the activations'), fp8 (e4m3, no scale: half the bytes), bfloat16, float32",
+    ),
+    "--prefix-cache-host-gib": (
+        "prefix_cache_host_gib",
+        _non_negative_float,
+        "host memory that keeps KV blocks evicted from the device prefix cache, GiB (0: off)",
     ),
     "--max-num-seqs": ("max_num_seqs", _positive_int, "sequences decoded together at most"),
     "--max-batched-tokens": (

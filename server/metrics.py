@@ -57,7 +57,37 @@ class _EngineCollector:
             family = CounterMetricFamily(metric, help_text, labels=label)
             family.add_metric(name, value)
             yield family
+        yield from _host_tier_metrics(snap["host_tier"] if snap else None, name)
         yield from _speculation_metrics(engine.speculation_stats() if engine is not None else None, name)
+
+
+def _host_tier_metrics(tier, name: list[str]):
+    """The prefix cache's host tier (runtime/state/host_tier.py HostTierCounters); zero while the engine keeps
+    none."""
+    for metric, help_text, attribute in (
+        ("ember:prefix_cache_host_bytes_used", "Host memory holding evicted KV blocks (bytes)", "used_bytes"),
+        ("ember:prefix_cache_host_bytes_capacity", "Host memory the host tier may hold (bytes)", "capacity_bytes"),
+    ):
+        family = GaugeMetricFamily(metric, help_text, labels=["model_name"])
+        family.add_metric(name, getattr(tier, attribute) if tier is not None else 0)
+        yield family
+    for metric, help_text, attribute in (
+        (
+            "ember:prefix_cache_host_offloaded_blocks",
+            "KV blocks evicted from the device copied to host memory",
+            "offloaded_blocks",
+        ),
+        ("ember:prefix_cache_host_restored_blocks", "KV blocks prefix hits copied back from host", "restored_blocks"),
+        (
+            "ember:prefix_cache_host_restored_tokens",
+            "Prompt tokens served by blocks copied back from host memory",
+            "restored_tokens",
+        ),
+        ("ember:prefix_cache_host_dropped_blocks", "Host KV blocks dropped to stay within capacity", "dropped_blocks"),
+    ):
+        family = CounterMetricFamily(metric, help_text, labels=["model_name"])
+        family.add_metric(name, getattr(tier, attribute) if tier is not None else 0)
+        yield family
 
 
 def _speculation_metrics(stats, name: list[str]):

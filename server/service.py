@@ -124,6 +124,7 @@ class ModelService:
                 max_queue_wait_s=self.config.request_timeout,
                 keep_executables=True,
                 kv_cache_dtype=kv_cache_dtype,
+                prefix_cache_host_bytes=int(self.config.prefix_cache_host_gib * 2**30),
                 speculative=self.config.speculative_config(),
             )
             self.engine = Engine(model, tokenizer, engine_config, stop_token_ids=self.eos_ids)

@@ -1,64 +1,49 @@
-"""The prefix cache's host tier (runtime/state/host_tier.py) over a simulated small device pool: blocks evicted
-from the device cache come back from the host byte for byte on a later prefix hit, the host pool stays within
-its capacity, counters add up, and requests aborted while their copies are in flight leak nothing."""
+"""The prefix cache's host tier (runtime/state/host_tier.py) under a KVCache and the Scheduler, over a simulated
+device (numpy): blocks evicted from the device cache come back byte for byte on a later prefix hit, a step's copies
+are one gather and one scatter, the host pool stays within its bytes, a restore whose request went away before the
+step leaks nothing, and a soak of aborts and preemptions gives every request what it gets alone; and the JAX
+copier (runtime/execution/block_copies.py) moves the paged layers' blocks exactly."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
+from scheduler_support import soak
+from test_scheduler import STOP, MockPlan, check_invariants, generate_alone, prompt_of
 
-from ember.runtime.state.block_pool import block_hash
-from ember.runtime.state.host_tier import HostTier, TieredBlockPool, data_bytes
+from ember.runtime.scheduling.requests import Request
+from ember.runtime.scheduling.scheduled_step import PrefillShapes
+from ember.runtime.scheduling.scheduler import Scheduler
+from ember.runtime.state.block_pool import BlockPool, block_hash
+from ember.runtime.state.host_tier import HostTier
+from ember.runtime.state.kv_cache import HOST_BLOCK, KVCache
 
 BS = 4  # tokens per block
-BLOCK_SHAPE = (2, BS, 8)  # K and V of one block: [2, tokens, head dim]
-BLOCK_BYTES = int(np.prod(BLOCK_SHAPE)) * 4
 
 
-class ManualCopy:
-    """An asynchronous copy that runs when waited for (result) unless cancelled first."""
+class NumpyCopier:
+    """The BlockCopier over a numpy "device": kv [num_blocks, BS] of one layer's values, as [1, 1, n, BS] blocks.
+    Counts its calls: one gather and one scatter per dispatch at most."""
 
-    def __init__(self, fn):
-        self.fn, self.done, self.cancelled, self.value = fn, False, False, None
+    def __init__(self):
+        self.gathers = self.scatters = 0
 
-    def result(self):
-        assert not self.cancelled, "waited for a cancelled copy"
-        if not self.done:
-            self.value, self.done = self.fn(), True
-        return self.value
+    def gather(self, kv, blocks):
+        self.gathers += 1
+        return kv[np.asarray(blocks)][None, None].copy()
 
-    def cancel(self) -> bool:
-        if self.done:
-            return False
-        self.cancelled = True
-        return True
-
-
-class SimulatedDevice:
-    """The KV arrays of a small pool, [blocks, 2, BS, 8] float32. A read captures the block when issued (as a
-    device copy is ordered before later writes) and reaches the host when waited for; a write lands when
-    waited for (before the step that reads the block)."""
-
-    def __init__(self, num_blocks: int):
-        self.kv = np.full((num_blocks, *BLOCK_SHAPE), np.nan, np.float32)
-        self.copies: list[ManualCopy] = []
-
-    def read(self, block: int) -> ManualCopy:
-        staged = self.kv[block].copy()
-        self.copies.append(ManualCopy(lambda: staged.copy()))
-        return self.copies[-1]
-
-    def write(self, block: int, data) -> ManualCopy:
-        def land():
-            self.kv[block] = data
-
-        self.copies.append(ManualCopy(land))
-        return self.copies[-1]
+    def scatter(self, kv, blocks, data):
+        self.scatters += 1
+        assert len(data) == len(blocks) and all(d.shape == (1, 1, BS) for d in data)
+        kv[np.asarray(blocks)] = [d[0, 0] for d in data]
+        return kv
 
 
-def kv_of(chain_hash: bytes) -> np.ndarray:
-    """The KV a block with this prefix holds (a function of the whole prefix, as real KV is)."""
-    return np.random.default_rng(int.from_bytes(chain_hash[:8], "little")).standard_normal(BLOCK_SHAPE, np.float32)
+def make_cache(num_blocks=8, host_blocks=64):
+    tier = HostTier(host_blocks * BS * 8, BS * 8, BS)  # int64 token values: BS * 8 bytes a block
+    return KVCache({"kv": BlockPool(num_blocks, BS)}, host_tier=tier), tier
 
 
 def chain(tokens) -> list[bytes]:
@@ -69,124 +54,203 @@ def chain(tokens) -> list[bytes]:
     return hashes
 
 
-def make_pool(num_blocks=6, host_blocks=64):
-    device = SimulatedDevice(num_blocks)
-    return TieredBlockPool(num_blocks, BS, device, HostTier(host_blocks * BLOCK_BYTES, BLOCK_BYTES)), device
-
-
-def serve(pool, device, tokens) -> tuple[int, object]:
-    """Admit, check every reused block's bytes, compute the rest, commit, release: tokens served from cache."""
-    alloc = pool.new_allocation()
-    covered = pool.adopt_prefix(alloc, tokens)
-    pool.wait_restores(alloc)
-    hashes = chain(tokens)
+def serve(kv: KVCache, device: np.ndarray, copier: NumpyCopier, tokens) -> int:
+    """Admit (prefix hit), dispatch the step's copies, check the reused blocks hold the prompt, "compute" the rest,
+    commit, release: the tokens the hit covered."""
+    state = kv.new_state()
+    covered = kv.adopt(state, kv.find_prefix(tokens))
+    assert kv.grow(state, len(tokens))
+    kv.host_tier.dispatch(device, copier)
+    table = state["kv"].block_table
     for i in range(covered // BS):
-        np.testing.assert_array_equal(device.kv[alloc.block_table[i]], kv_of(hashes[i]))
-    assert pool.grow(alloc, len(tokens))
-    for i in range(covered // BS, len(hashes)):  # the step computes these blocks' KV
-        device.kv[alloc.block_table[i]] = kv_of(hashes[i])
-    pool.commit_full_blocks(alloc, tokens, len(tokens))
-    pool.release(alloc)
-    pool.check_consistency()
-    return covered, alloc
+        assert device[table[i]].tolist() == tokens[i * BS : (i + 1) * BS], f"block {i} came back wrong"
+    for i in range(covered // BS, len(table)):
+        device[table[i]] = -1
+        part = tokens[i * BS : (i + 1) * BS]
+        device[table[i], : len(part)] = part
+    kv.commit(state, tokens, len(tokens))
+    kv.release(state)
+    kv.check_consistency()
+    return covered
 
 
-def test_evicted_prefixes_come_back_byte_for_byte():
-    pool, device = make_pool()
-    rng = np.random.default_rng(0)
-    prompts = [list(rng.integers(0, 50, 4 * BS + 1)) for _ in range(6)]  # 4 full blocks each; 5 usable
+def test_evicted_prefixes_come_back_from_the_host_byte_for_byte():
+    kv, tier = make_cache()
+    device, copier = np.full((8, BS), -1, np.int64), NumpyCopier()
+    prompts = [prompt_of(4 * BS + 1, seed) for seed in range(4)]  # 4 full blocks each; the pool holds 7
     for p in prompts:
-        assert serve(pool, device, p)[0] == 0
-    # every prompt but the last was evicted to the host; each comes back whole (4 blocks), from the host
-    for p in prompts[:-1]:
-        assert serve(pool, device, p)[0] == 4 * BS
-    counters = pool.tier.counters()
-    assert counters.host_hits >= 4 * 5 - 4  # the device cache may still hold a few blocks
-    assert counters.bytes_to_device == counters.host_hits * BLOCK_BYTES
-    assert counters.bytes_to_host == counters.spilled_blocks * BLOCK_BYTES == pool.counters().evictions * BLOCK_BYTES
+        assert serve(kv, device, copier, p) == 0
+    assert tier.counters().offloaded_blocks == kv.primary.counters().evictions > 0
+    for p in prompts:  # each comes back whole, its evicted blocks from the host
+        assert serve(kv, device, copier, p) == 4 * BS
+    counters = tier.counters()
+    assert counters.restored_blocks >= 8 and counters.restored_tokens == counters.restored_blocks * BS
+    steps = 8
+    assert copier.gathers <= steps and copier.scatters <= steps  # batched: one of each per dispatch at most
 
 
-def test_shared_prefix_continues_from_device_into_host():
-    pool, device = make_pool(num_blocks=8)
-    base = list(range(3 * BS))
-    serve(pool, device, base + [99])
-    for k in range(4):  # other prompts push the base's tail out, then its head
-        serve(pool, device, [200 + k] * (4 * BS) + [1])
-    covered, alloc = serve(pool, device, base + [7, 7, 7, 7, 8])
-    assert covered == 3 * BS
+def test_a_hit_continues_from_device_blocks_into_host_blocks_within_the_free_room():
+    kv, tier = make_cache(num_blocks=8)
+    device, copier = np.full((8, BS), -1, np.int64), NumpyCopier()
+    base = prompt_of(6 * BS + 1, 1)
+    serve(kv, device, copier, base)  # 6 blocks cached, then pushed out tail first
+    serve(kv, device, copier, prompt_of(3 * BS + 1, 2))
+    hit = kv.find_prefix(base)
+    blocks = hit.blocks["kv"]
+    assert hit.num_blocks == 6 and HOST_BLOCK in blocks and blocks[0] != HOST_BLOCK  # head on device, tail host
+    # a request holding most of the pool leaves room for fewer restores: the hit stops where the room ends
+    holder = kv.new_state()
+    assert kv.grow(holder, 5 * BS)
+    short = kv.find_prefix(base)
+    assert short.num_blocks < 6 and kv.tokens_coverable_after(short) > short.num_blocks * BS  # a block to go on
+    kv.release(holder)
+    kv.host_tier.dispatch(device, copier)
+    assert serve(kv, device, copier, base) == 6 * BS
 
 
-def test_host_pool_stays_within_capacity():
-    pool, device = make_pool(host_blocks=3)
-    for k in range(6):
-        serve(pool, device, [k] * (4 * BS) + [1])
-    assert len(pool.tier) <= 3 and pool.tier.used_bytes <= 3 * BLOCK_BYTES
-    assert pool.tier.counters().host_evictions == pool.tier.counters().spilled_blocks - len(pool.tier)
+def test_a_spill_not_dispatched_yet_is_not_found_and_capacity_holds():
+    kv, tier = make_cache(num_blocks=6, host_blocks=3)
+    device, copier = np.full((6, BS), -1, np.int64), NumpyCopier()
+    first = prompt_of(4 * BS + 1, 1)
+    serve(kv, device, copier, first)
+    state = kv.new_state()
+    kv.adopt(state, kv.find_prefix(prompt_of(4 * BS + 1, 2)))
+    assert kv.grow(state, 4 * BS + 1)  # evicts `first`'s blocks: queued, not yet copied
+    assert kv.find_prefix(first).num_blocks == 0 and tier.has_pending
+    kv.host_tier.dispatch(device, copier)
+    assert kv.find_prefix(first).num_blocks == 0  # on the host, but no device block is free to restore into
+    kv.release(state)
+    # the pool evicts a chain's tail first, so the 3 most recent spills the host keeps are its head
+    assert kv.find_prefix(first).num_blocks == 3 == len(tier)
+    counters = tier.counters()  # of the 4 spills of one step, the oldest was never copied: it would drop at once
+    assert tier.used_bytes == tier.capacity_bytes and counters.offloaded_blocks == 3 and counters.dropped_blocks == 0
+    kv.check_consistency()
 
 
-@pytest.mark.parametrize("started", [False, True])
-def test_abort_mid_copy_leaks_nothing(started):
-    pool, device = make_pool()
-    prompt = list(range(4 * BS)) + [1]
-    serve(pool, device, prompt)
-    for k in range(2):
-        serve(pool, device, [100 + k] * (4 * BS) + [1])  # the prompt's blocks now live on the host
-    alloc = pool.new_allocation()
-    covered = pool.adopt_prefix(alloc, prompt)
-    assert covered > 0 and pool.pending_restores(alloc)
-    if started:  # the first copy already landed, the rest still queued
-        pool._restores[pool.pending_restores(alloc)[0]].result()
-    pool.release(alloc)  # the request goes away with its restores in flight
-    pool.check_consistency()
-    assert not pool._restores and pool.free_blocks == pool.num_usable_blocks
-    # every copy landed or was cancelled, but the spills the host tier still holds (waited for when taken)
-    held = {id(c) for c in pool.tier._entries.values()}
-    assert all(c.done or c.cancelled or id(c) in held for c in device.copies)
-    # what is still findable holds the right bytes; cancelled blocks are not findable
-    covered, _ = serve(pool, device, prompt)
-    assert covered == (BS if started else 0)
+def test_a_restore_whose_request_left_before_the_step_is_spilled_from_its_host_bytes():
+    kv, tier = make_cache(num_blocks=6)
+    device, copier = np.full((6, BS), -1, np.int64), NumpyCopier()
+    prompt = prompt_of(4 * BS + 1, 1)
+    serve(kv, device, copier, prompt)
+    serve(kv, device, copier, prompt_of(4 * BS + 1, 2))  # `prompt` now lives on the host
+    state = kv.new_state()
+    assert kv.adopt(state, kv.find_prefix(prompt)) == 4 * BS  # restores queued
+    kv.release(state)  # aborted before its step: the restored blocks are cached free, their bytes not written
+    other = kv.new_state()
+    assert kv.grow(other, 5 * BS)  # takes every block: evicts the restored ones before their copy ran
+    kv.host_tier.dispatch(device, copier)
+    assert copier.scatters == 0  # nothing was written into a block that changed owner
+    kv.release(other)
+    assert serve(kv, device, copier, prompt) == 4 * BS  # and the bytes came back from the host all the same
+    assert kv.all_free() and not tier.has_pending
 
 
-def test_jax_kv_arrays_round_trip_through_the_host():
-    """The same flow over real JAX KV arrays (KVArrayStore): 2 layers of (k, v) [blocks, BS, 1, 8]."""
+def test_a_hit_takes_its_host_entries_before_its_allocation_can_drop_them():
+    """The allocation of a hit's restores may evict a block whose own restore never ran, whose bytes then go back
+    into the full host LRU and drop its oldest entry: the hit's own entries were taken out first."""
+    kv, tier = make_cache(num_blocks=5, host_blocks=2)
+    device, copier = np.full((5, BS), -1, np.int64), NumpyCopier()
+    prompt = prompt_of(2 * BS + 1, 1)
+    hashes = chain(prompt)
+    for i, h in enumerate(hashes):  # the prompt's two blocks on the host, its head the oldest entry
+        tier._put(h, np.asarray(prompt[i * BS : (i + 1) * BS], np.int64)[None, None])
+    other = prompt_of(BS, 2)
+    (pending,) = kv.primary.allocate_registered(chain(other))  # a restore queued, its request already gone
+    tier.restore(pending, np.asarray(other, np.int64)[None, None])
+    kv.primary.free([pending])
+    (newer,) = kv.primary.allocate_registered(chain(prompt_of(BS, 3)))
+    kv.primary.free([newer])  # cached free after `pending`: the LRU evicts `pending` first
+    holder = kv.new_state()
+    assert kv.grow(holder, 2 * BS)  # the rest of the pool: room for one restore and the chunk after it
+    hit = kv.find_prefix(prompt)
+    assert hit.num_blocks == 1 and hit.blocks["kv"] == (HOST_BLOCK,)
+    state = kv.new_state()
+    assert kv.adopt(state, hit) == BS  # evicts `pending`: its bytes go back to the host, dropping nothing taken
+    kv.host_tier.dispatch(device, copier)
+    assert device[state["kv"].block_table[0]].tolist() == prompt[:BS]
+    assert chain(other)[0] in tier and hashes[1] in tier and len(tier) == 2
+    kv.release(state)
+    kv.release(holder)
+    kv.check_consistency()
+
+
+def test_soak_with_a_small_host_tier_aborts_and_preemptions():
+    """test_scheduler's soak over a pool too small for its prompts and a host tier smaller still: MockPlan reads
+    every context back through the block tables, so a restore that wrote the wrong bytes changes the output."""
+    rng = random.Random(99)
+    tier = HostTier(24 * BS * 8, BS * 8, BS)
+    kv = KVCache({"kv": BlockPool(28, BS)}, host_tier=tier)
+    s = Scheduler(kv, 6, 24, 12, (8, 16), prefill_shapes=PrefillShapes((8, 16), (1, 2), 8))
+    mock, copier = MockPlan(s), NumpyCopier()
+    run = mock.run
+
+    def run_with_copies(plan):  # the executor's launch: the tier's copies before the forward
+        shadow = mock.shadow["kv"].reshape(-1, BS)
+        tier.dispatch(shadow, copier)
+        return run(plan)
+
+    mock.run = run_with_copies
+    bases = [prompt_of(rng.randint(12, 30), 100 + i) for i in range(5)]
+    pending = []
+    for i in range(300):
+        prompt = (rng.choice(bases) if rng.random() < 0.7 else []) + prompt_of(rng.randint(1, 30), 1000 + i)
+        pending.append(Request(f"q{i}", prompt, rng.randint(1, 16), frozenset({STOP})))
+    specs = {r.request_id: (list(r.prompt_token_ids), r.max_tokens) for r in pending}
+    res = soak(s, mock, pending, rng, check_invariants, max_steps=20_000)
+    for rid, (prompt, max_tokens) in specs.items():
+        expected = generate_alone(prompt, max_tokens)
+        assert res.streamed[rid] == (expected if rid in res.finished else expected[: len(res.streamed[rid])]), rid
+    counters = tier.counters()
+    assert s.kv.all_free() and not tier.has_pending and len(tier) <= tier.capacity_blocks
+    assert counters.restored_blocks > 20 and counters.dropped_blocks > 0, counters
+    assert s.snapshot().preemptions > 5 and len(res.aborted) > 5
+
+
+@pytest.mark.parametrize("count", [1, 3, 5])
+def test_the_jax_copier_moves_every_paged_layer_exactly(count):
     import jax.numpy as jnp
 
-    from ember.runtime.state.host_tier_store import KVArrayStore
+    from ember.runtime.execution.block_copies import BlockCopier
 
-    num_blocks = 6
-    holder = {"kv": [tuple(jnp.zeros((num_blocks, BS, 1, 8), jnp.float32) for _ in range(2)) for _ in range(2)]}
-    store = KVArrayStore(lambda: holder["kv"], lambda kv: holder.update(kv=kv), layers=(0, 1))
-    pool = TieredBlockPool(num_blocks, BS, store, HostTier(64 * 4 * BS * 32, 4 * BS * 32))
-
-    def block_kv(h):  # (k, v) of both layers of a block, as the step would write them
-        values = kv_of(h).reshape(2, BS, 1, 8)
-        return [(values[0] + layer, values[1] - layer) for layer in range(2)]
-
-    def serve_jax(tokens):
-        alloc = pool.new_allocation()
-        covered = pool.adopt_prefix(alloc, tokens)
-        pool.wait_restores(alloc)
-        hashes = chain(tokens)
-        for i in range(covered // BS):
-            for layer, (k, v) in enumerate(block_kv(hashes[i])):
-                np.testing.assert_array_equal(np.asarray(holder["kv"][layer][0][alloc.block_table[i]]), k)
-                np.testing.assert_array_equal(np.asarray(holder["kv"][layer][1][alloc.block_table[i]]), v)
-        assert pool.grow(alloc, len(tokens))
-        for i in range(covered // BS, len(hashes)):
-            block, kv = alloc.block_table[i], list(holder["kv"])
-            for layer, (k, v) in enumerate(block_kv(hashes[i])):
-                kv[layer] = (kv[layer][0].at[block].set(k), kv[layer][1].at[block].set(v))
-            holder["kv"] = kv
-        pool.commit_full_blocks(alloc, tokens, len(tokens))
-        pool.release(alloc)
-        pool.check_consistency()
-        return covered
-
-    prompts = [[k] * (4 * BS) + [1] for k in range(3)]
-    for p in prompts:
-        serve_jax(p)
-    assert serve_jax(prompts[0]) == 4 * BS and pool.tier.counters().host_hits >= 3
+    rng = np.random.default_rng(count)
+    shape = (6, BS, 2, 8)  # [num_blocks, bs, hkv, dh]
+    values = [tuple(rng.standard_normal(shape).astype(np.float32) for _ in range(2)) for _ in range(2)]
+    kv = [tuple(jnp.asarray(a) for a in layer) for layer in values] + [()]  # a stateless layer is left alone
+    copier = BlockCopier(layers=(0, 1))
+    blocks = [5, 2, 3, 0, 4][:count]
+    host = np.asarray(copier.gather(kv, blocks))[:, :, :count]
+    assert host.shape == (2, 2, count, BS, 2, 8)
+    for layer in range(2):
+        for part in range(2):
+            np.testing.assert_array_equal(host[layer, part], values[layer][part][blocks])
+    targets = [1, 4, 2, 3, 5][:count]
+    moved = copier.scatter(kv, targets, [host[:, :, i] for i in range(count)])
+    assert moved[2] == ()
+    for layer in range(2):
+        for part in range(2):
+            want = values[layer][part].copy()
+            want[targets] = values[layer][part][blocks]
+            np.testing.assert_array_equal(np.asarray(moved[layer][part]), want)  # 5 blocks: pieces of 4 and 1
 
 
-def test_data_bytes_counts_every_array():
-    assert data_bytes((np.zeros(4, np.float32), {"v": np.zeros((2, 2), np.int8)})) == 20
+def test_precompiled_copies_do_not_compile_when_a_step_needs_them(caplog):
+    import logging
+
+    import jax
+    import jax.numpy as jnp
+
+    from ember.runtime.execution.block_copies import BlockCopier
+
+    kv = [(jnp.zeros((8, BS, 1, 8)), jnp.ones((8, BS, 1, 8))) for _ in range(2)]
+    copier = BlockCopier(layers=(0, 1))
+    copier.precompile(kv, max_gather=3, max_scatter=7)  # a gather of 3 runs padded to 4; 7 = 4 + 2 + 1
+    with jax.log_compiles(True), caplog.at_level(logging.DEBUG, logger="jax"):
+        host = np.asarray(copier.gather(kv, [1, 2, 3]))  # padded to 4
+        kv = copier.scatter(kv, [4, 5, 6, 7, 1, 2, 3], [host[:, :, i % 3] for i in range(7)])  # 4 + 2 + 1
+    copies = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage() and "_gather" in r.getMessage()]
+    copies += [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage() and "_scatter" in r.getMessage()]
+    assert not copies, copies
+    with jax.log_compiles(True), caplog.at_level(logging.DEBUG, logger="jax"):
+        copier.gather(kv, list(range(5)))  # padded to 8: a shape precompile did not cover, so the log shows it
+    assert any("Compiling" in r.getMessage() and "_gather" in r.getMessage() for r in caplog.records)
+    np.testing.assert_array_equal(np.asarray(kv[1][1])[[4, 5, 6]], np.ones((3, BS, 1, 8)))

@@ -49,6 +49,10 @@ class EngineConfig:
     # snapshotted besides its last block boundaries (0: only there).
     num_snapshot_slots: int | None = None
     snapshot_interval_blocks: int = 0
+    # the prefix cache's host-memory tier (runtime/state/host_tier.py): bytes of host memory that keep KV blocks
+    # evicted from the device pool for later prefix hits; 0 = off. Plans of one full-attention KV kind only
+    # (host_tier_refusal says why another plan runs without it).
+    prefix_cache_host_bytes: int = 0
     # speculative decoding (docs/speculative.md): None = off
     speculative: SpeculativeConfig | None = None
 
@@ -105,6 +109,23 @@ def sized_config(
     return replace(base, num_blocks=int(blocks) + 1, deterministic=base.deterministic or _deterministic_from_env())
 
 
+def host_tier_refusal(model: Model, config: EngineConfig) -> str | None:
+    """Why an engine of this model and config keeps no host tier although one was asked for (None: it keeps one,
+    or none was asked for). Recurrent-state snapshots and sliding-window pools are not tiered: such plans run
+    with their device prefix cache alone."""
+    if config.prefix_cache_host_bytes <= 0:
+        return None
+    if not config.enable_prefix_caching:
+        return "the prefix cache is off"
+    if model.slot_kinds:
+        return "the plan has recurrent state (its snapshots are not tiered)"
+    if len(model.paged_kinds) != 1 or model.paged_kinds[0].window:
+        return "the plan has sliding-window KV (only a single full-attention KV kind is tiered)"
+    if config.prefix_cache_host_bytes < kv_bytes_per_block(model, config.block_size, None, config.kv_cache_dtype):
+        return "the host budget holds no KV block"
+    return None
+
+
 def capacity_line(model: Model, config: EngineConfig) -> str:
     """What the state pools hold, for `ember serve`'s startup line: the full KV pool's tokens, and for plans with
     recurrent (slot) state how many sequences fit their slots and what one costs."""
@@ -115,6 +136,16 @@ def capacity_line(model: Model, config: EngineConfig) -> str:
         line += f", recurrent state for {engine_slots(config)} sequences ({model.slot_bytes() / 2**20:.2f} MiB each)"
         if engine_snapshot_slots(config):
             line += f" and {engine_snapshot_slots(config)} prefix-cache snapshots"
+    if config.prefix_cache_host_bytes > 0:
+        refusal = host_tier_refusal(model, config)
+        per_block = kv_bytes_per_block(model, config.block_size, None, config.kv_cache_dtype)
+        blocks = config.prefix_cache_host_bytes // per_block
+        line += (
+            f"; prefix-cache host tier off: {refusal}"
+            if refusal
+            else f"; prefix-cache host tier {config.prefix_cache_host_bytes / 2**30:.2f} GiB "
+            f"({blocks * config.block_size} tokens)"
+        )
     return line
 
 

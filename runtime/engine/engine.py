@@ -24,10 +24,18 @@ from ..scheduling.prefix_snapshots import snapshot_planner
 from ..scheduling.requests import Request
 from ..scheduling.scheduler import Scheduler
 from ..speculative.stats import AcceptanceStats
+from ..state.host_tier import HostTier
 from ..state.kinds import engine_pool_blocks, engine_slots
 from ..state.kv_cache import KVCache
 from ..state.slot_pool import SlotPool
-from .config import EngineConfig, _deterministic_from_env, kv_bytes_per_block, prefill_shapes, sized_config
+from .config import (
+    EngineConfig,
+    _deterministic_from_env,
+    host_tier_refusal,
+    kv_bytes_per_block,
+    prefill_shapes,
+    sized_config,
+)
 from .loop import EngineLoop
 from .open_requests import Choice, EngineCounters, OpenRequests, RequestGroup
 from .output_processor import OutputProcessor
@@ -57,8 +65,14 @@ class Engine:
             config = replace(config, deterministic=True)
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.eos_token_ids = stop_token_ids
-        # one block pool per paged KV state kind (full attention; each sliding window, sized to its window)
-        self.kv = KVCache.of(model.paged_kinds, engine_pool_blocks(model.paged_kinds, config), config.block_size)
+        # one block pool per paged KV state kind (full attention; each sliding window, sized to its window), and
+        # the prefix cache's host tier below them where one is asked for and the plan allows it
+        self.host_tier = None
+        if config.prefix_cache_host_bytes > 0 and host_tier_refusal(model, config) is None:
+            per_block = kv_bytes_per_block(model, config.block_size, None, config.kv_cache_dtype)
+            self.host_tier = HostTier(config.prefix_cache_host_bytes, per_block, config.block_size)
+        pool_blocks = engine_pool_blocks(model.paged_kinds, config)
+        self.kv = KVCache.of(model.paged_kinds, pool_blocks, config.block_size, self.host_tier)
         self.pool = self.kv.primary
         tiled = fixed_tiles(model.policy.deterministic, config.deterministic) is not None
         prefill = prefill_shapes(model.plan.manifest["entries"]["forward"], config, tiled)
@@ -83,6 +97,8 @@ class Engine:
         if spec is not None:  # a model drafter's KV (and the request's acceptance) goes back with the request's
             self.scheduler.on_release = self.scheduler.draft_source.release
         self.executor = StepExecutor(model, config, prefill)
+        if self.host_tier is not None:
+            self.executor.attach_host_tier(self.host_tier)
         self.counters = EngineCounters()
         self.requests = OpenRequests(self.scheduler, self.counters)
         # one lock over the scheduler and the open requests, shared with the loop thread: the API and the
@@ -185,6 +201,8 @@ class Engine:
                     name: {"free_blocks": p.free_blocks, "total_blocks": p.num_usable_blocks}
                     for name, p in self.kv.pools.items()
                 },
+                # the prefix cache's host tier (runtime/state/host_tier.py): None when the engine keeps none
+                "host_tier": self.host_tier.counters() if self.host_tier is not None else None,
             }
 
     def prefill_progress(self) -> dict[str, tuple[int, int]]:

@@ -22,8 +22,10 @@ from ...compiler.targets import get_target
 from ..loading.model import Model
 from ..sampling.params import RowState
 from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep, bucket
+from ..state.host_tier import HostTier
 from ..state.kinds import engine_pool_blocks, engine_slots, engine_snapshot_slots
 from ..state.kv_dtypes import kv_dtype
+from .block_copies import BlockCopier
 from .deterministic_tiles import fixed_tiles, step_tiles, tile_shape
 from .engine_step import (
     carry_from_step,
@@ -104,6 +106,9 @@ class StepExecutor:
             num_slots=engine_slots(config) + (engine_snapshot_slots(config) if model.slot_kinds else 0),
         )
         self.slot_copier = SlotCopier(model.layer_state_kinds, [k.name for k in model.slot_kinds])
+        # the prefix cache's host tier (runtime/state/host_tier.py), when the engine keeps one (attach_host_tier)
+        self.host_tier: HostTier | None = None
+        self.block_copier: BlockCopier | None = None
         # the step functions' executables are also kept on disk (runtime/execution/executable_cache.py): a warm start
         # neither traces nor lowers them
         identity = (
@@ -132,6 +137,12 @@ class StepExecutor:
         self.num_slot_kinds = len(model.slot_kinds)
         self.vocab = int(model.dims.vocab)
         self._no_carry: dict[int, object] = {}  # decode rows -> no_carry() on the device, made once
+
+    def attach_host_tier(self, tier: HostTier) -> None:
+        """Issue `tier`'s queued block copies before every step's forward, over the paged layers' pools."""
+        paged = {k.name for k in self.model.paged_kinds}
+        self.host_tier = tier
+        self.block_copier = BlockCopier([i for i, k in enumerate(self.model.layer_state_kinds) if k in paged])
 
     def shapes(self) -> list[StepShape]:
         if self.tiles is not None:
@@ -169,6 +180,11 @@ class StepExecutor:
         for shape in self.verify_shapes_alone():
             for all_greedy in (True, False):
                 self._precompile_verify(shape, all_greedy)
+        if self.host_tier is not None:  # gathers of up to the tier's blocks, restores of up to one context
+            usable = self.kv[self.block_copier.layers[0]][0].shape[0] - 1  # one paged kind: [num_blocks, ...]
+            self.block_copier.precompile(
+                self.kv, min(self.host_tier.capacity_blocks, usable), min(self.table_blocks, usable)
+            )
         return time.perf_counter() - start
 
     def verify_shapes_alone(self) -> list[StepShape]:
@@ -209,7 +225,10 @@ class StepExecutor:
     def launch(
         self, step: ScheduledStep, rows: list[RowState], steps: int, *, after: InFlightStep | None = None
     ) -> InFlightStep:
-        """_launch between the step's recurrent-state snapshot copies: restores before its forward, saves after."""
+        """_launch between the step's recurrent-state snapshot copies: restores before its forward, saves after;
+        first the prefix cache's host tier copies (blocks the scheduler evicted or restored for this step)."""
+        if self.host_tier is not None:
+            self.kv = self.host_tier.dispatch(self.kv, self.block_copier)
         self.kv = self.slot_copier.apply(self.kv, step.slot_copies.before)
         in_flight = self._launch(step, rows, steps, after=after)
         self.kv = self.slot_copier.apply(self.kv, step.slot_copies.after)

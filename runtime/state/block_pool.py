@@ -108,6 +108,9 @@ class BlockPool:
         # called with the chain hash of each block evicted from the prefix cache (state kept per cached prefix,
         # e.g. recurrent snapshots in runtime/state/snapshot_store.py, goes with it)
         self.on_evict: list[Callable[[bytes], None]] = []
+        # called with (chain hash, block) of each evicted block before its reuse, while it still holds the KV (the
+        # prefix cache's host tier, runtime/state/host_tier.py, copies it out)
+        self.on_spill: list[Callable[[bytes, int], None]] = []
 
     # --- capacity ----------------------------------------------------------------------------------
     @property
@@ -156,6 +159,8 @@ class BlockPool:
                 evicted = self._hash_of_block.pop(block)
                 del self._block_of_hash[evicted]
                 self._evictions += 1
+                for spill in self.on_spill:
+                    spill(evicted, block)
                 for hook in self.on_evict:
                     hook(evicted)
             self._ref[block] = 1
@@ -210,6 +215,17 @@ class BlockPool:
         """Take one reference to each (cached) block: a prefix hit now shares it."""
         for block in blocks:
             self._share(block)
+
+    def allocate_registered(self, chain_hashes: Sequence[bytes]) -> list[int]:
+        """One fresh block per hash (ref count 1), each registered in the prefix cache under it at once: blocks
+        whose KV a copy from the host tier writes before any step reads them."""
+        if any(h in self._block_of_hash for h in chain_hashes):
+            raise ValueError("a chain hash is already cached on the device")
+        blocks = self.allocate(len(chain_hashes))
+        for block, chain_hash in zip(blocks, chain_hashes):
+            self._block_of_hash[chain_hash] = block
+            self._hash_of_block[block] = chain_hash
+        return blocks
 
     def record_prefix_query(self, num_blocks: int) -> None:
         """Count one admission's prefix lookup that reused num_blocks blocks (the counters in counters())."""

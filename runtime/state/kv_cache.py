@@ -17,6 +17,12 @@ longest n every kind accepts: the full kinds' longest leading run, then for each
 largest n' <= n whose window blocks are all cached, repeated until no kind shortens it.
 
 A model with one full kind behaves exactly as one BlockPool did.
+
+Host tier. A cache of one full kind may have a host tier below it (runtime/state/host_tier.py): blocks its pool
+evicts are copied to host memory, and a prefix continues past a block missing on the device when the tier holds
+it. Such a block is HOST_BLOCK in the hit; adopting the hit gives it a fresh device block, registered at once,
+whose bytes the step's dispatch copies back before the forward. A hit takes only as many host blocks as the pool
+has blocks free for them, keeping one for the chunk after the hit.
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .block_pool import RESERVED_BLOCK, BlockPool, KVAllocation, block_hash
+from .host_tier import HostTier
 from .kinds import PagedKind
+
+HOST_BLOCK = -1  # a hit's table entry for a block the host tier brings back (a device block is given at adopt)
 
 Resumable = Callable[[Sequence[bytes], int], int]  # (chain hashes, n) -> the largest n' <= n to resume from
 State = Mapping[str, object]  # a request's state: kind name -> its allocation (KVAllocation for paged kinds)
@@ -36,13 +45,19 @@ State = Mapping[str, object]  # a request's state: kind name -> its allocation (
 class PrefixHit:
     num_blocks: int  # leading full blocks served from the cache (every kind agrees)
     hashes: tuple[bytes, ...]  # their chain hashes
-    blocks: Mapping[str, tuple[int, ...]]  # per kind: num_blocks table entries (RESERVED_BLOCK: not kept)
+    blocks: Mapping[str, tuple[int, ...]]  # per kind: num_blocks table entries (RESERVED_BLOCK: not kept;
+    # HOST_BLOCK: restored from the host tier)
 
 
 class KVCache:
-    def __init__(self, pools: Mapping[str, BlockPool], windows: Mapping[str, int] | None = None):
+    def __init__(
+        self,
+        pools: Mapping[str, BlockPool],
+        windows: Mapping[str, int] | None = None,
+        host_tier: HostTier | None = None,
+    ):
         """pools: one per paged kind, in the plan's state index order; windows: kind -> W (0 or absent:
-        full attention)."""
+        full attention); host_tier: where the pool's evicted blocks go (one full kind only)."""
         if not pools:
             raise ValueError("KVCache needs at least one pool")
         sizes = {p.block_size for p in pools.values()}
@@ -53,12 +68,26 @@ class KVCache:
         self.block_size = sizes.pop()
         # counters and the engine's free-block view follow the first full kind (the one that bounds context)
         self.primary = self.pools[next((k.name for k in self.kinds if not k.window), self.kinds[0].name)]
+        self.host_tier = host_tier
+        if host_tier is not None:
+            if len(self.kinds) != 1 or self.kinds[0].window:
+                raise ValueError("the prefix cache's host tier serves a single full-attention KV kind")
+            if host_tier.block_size != self.block_size:
+                raise ValueError(f"host tier blocks of {host_tier.block_size} tokens, pool's of {self.block_size}")
+            self.primary.on_spill.append(host_tier.spill)
 
     @classmethod
-    def of(cls, kinds: Sequence[PagedKind], num_blocks: Mapping[str, int], block_size: int) -> KVCache:
+    def of(
+        cls,
+        kinds: Sequence[PagedKind],
+        num_blocks: Mapping[str, int],
+        block_size: int,
+        host_tier: HostTier | None = None,
+    ) -> KVCache:
         return cls(
             {k.name: BlockPool(num_blocks[k.name], block_size, kind=k.name) for k in kinds},
             {k.name: k.window for k in kinds},
+            host_tier,
         )
 
     # --- sizes ----------------------------------------------------------------------------------------
@@ -152,9 +181,19 @@ class KVCache:
         the largest n' <= n that state outside the KV pools (recurrent snapshots) can resume from."""
         bs, full = self.block_size, [k for k in self.kinds if not k.window]
         hashes, parent = [], None
+        # host restores take free blocks: they stop one short of the pool's room, so the first chunk after the hit
+        # still gets a block (a hit without restores is what it was)
+        tier, room, restores = self.host_tier, self.primary.free_blocks, 0
         for i in range((len(token_ids) - 1) // bs):
             parent = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
-            if any(self.pools[k.name].cached_block(parent) is None for k in full):
+            if tier is not None and (block := self.primary.cached_block(parent)) is not None:
+                if self.primary.ref_count(block) == 0:  # sharing a cached free block un-frees it
+                    if restores and room <= 1:
+                        break
+                    room -= 1
+            elif tier is not None and parent in tier and room > 1:
+                room, restores = room - 1, restores + 1
+            elif any(self.pools[k.name].cached_block(parent) is None for k in full):
                 break  # full kinds' hits are prefix-closed: nothing past a miss counts
             hashes.append(parent)
         n = len(hashes)
@@ -169,7 +208,8 @@ class KVCache:
         for k in self.kinds:
             first = self.dropped_blocks(k, n * bs)
             cached = self.pools[k.name].cached_block
-            blocks[k.name] = (RESERVED_BLOCK,) * first + tuple(cached(h) for h in hashes[first:n])
+            kept = (cached(h) for h in hashes[first:n])
+            blocks[k.name] = (RESERVED_BLOCK,) * first + tuple(HOST_BLOCK if b is None else b for b in kept)
         return PrefixHit(n, tuple(hashes[:n]), blocks)
 
     def no_hit(self) -> PrefixHit:
@@ -189,7 +229,12 @@ class KVCache:
     def tokens_coverable_after(self, hit: PrefixHit) -> int:
         """tokens_coverable of a request admitted with `hit` (sharing a cached free block un-frees it)."""
         return min(
-            (hit.num_blocks + self.pools[k.name].free_blocks_after_sharing(self._real(hit, k))) * self.block_size
+            (
+                hit.num_blocks
+                + self.pools[k.name].free_blocks_after_sharing(self._real(hit, k))
+                - hit.blocks[k.name].count(HOST_BLOCK)  # each restore takes a free block
+            )
+            * self.block_size
             for k in self.kinds
         )
 
@@ -202,6 +247,14 @@ class KVCache:
                 raise ValueError("adopt needs an empty allocation")
             self.pools[k.name].share_blocks(self._real(hit, k))
             alloc.block_table = list(hit.blocks[k.name])
+            restored = [i for i, b in enumerate(alloc.block_table) if b == HOST_BLOCK]
+            if restored:  # after sharing, so the allocation evicts no device block of this hit
+                hashes = [hit.hashes[i] for i in restored]
+                data = self.host_tier.take(hashes)  # first: the allocation's evictions may drop host entries
+                blocks = self.pools[k.name].allocate_registered(hashes)
+                for i, block, host in zip(restored, blocks, data):
+                    alloc.block_table[i] = block
+                    self.host_tier.restore(block, host)
             alloc.block_hashes = list(hit.hashes)
             alloc.num_dropped = self.dropped_blocks(k, hit.num_blocks * self.block_size)
         self.primary.record_prefix_query(hit.num_blocks)
@@ -209,12 +262,14 @@ class KVCache:
 
     @staticmethod
     def _real(hit: PrefixHit, kind: PagedKind) -> list[int]:
-        return [b for b in hit.blocks[kind.name] if b != RESERVED_BLOCK]
+        return [b for b in hit.blocks[kind.name] if b not in (RESERVED_BLOCK, HOST_BLOCK)]
 
     # --- self-check (tests, debugging) --------------------------------------------------------------
     def check_consistency(self) -> None:
         for pool in self.pools.values():
             pool.check_consistency()
+        if self.host_tier is not None:
+            self.host_tier.check_consistency()
 
     def all_free(self) -> bool:
         return all(p.free_blocks == p.num_usable_blocks for p in self.pools.values())
