@@ -85,6 +85,8 @@ class Engine:
         self.executor = StepExecutor(model, config, prefill)
         self.counters = EngineCounters()
         self.requests = OpenRequests(self.scheduler, self.counters)
+        if spec is not None:  # a sampling model drafter draws as each row samples (its settings, seed, step)
+            self.scheduler.draft_source.row_state = self.requests.row_state
         # one lock over the scheduler and the open requests, shared with the loop thread: the API and the
         # loop take it for every change to either, and the loop waits on it for work
         self._lock = threading.Condition()

@@ -8,7 +8,7 @@ from ..scheduling.requests import Request
 from ..scheduling.speculation import DraftSource
 from ..speculative.adaptive_source import AdaptiveDrafts
 from ..speculative.config import VERIFY_TOKEN_COST, SpeculativeConfig
-from ..speculative.drafter import DraftContext, Drafter
+from ..speculative.drafter import Draft, Drafter, draft_context
 from ..speculative.ngram import NgramConfig, NgramDrafter
 
 
@@ -46,9 +46,7 @@ def engine_draft_source(speculative: SpeculativeConfig, drafter: Drafter, target
     """The scheduler's DraftSource: adaptive (a plan per step, runtime/speculative/adaptive_source.py) or k for
     every row. Its `release` hands a request's drafter state back (the scheduler's on_release)."""
     if not speculative.adaptive:
-        source = draft_source(drafter)
-        source.release = drafter.release
-        return source
+        return PlainDrafts(drafter)
     cost = speculative.draft_token_cost
     if cost is None:
         cost = 0.0 if speculative.method == "ngram" else 0.3
@@ -58,13 +56,18 @@ def engine_draft_source(speculative: SpeculativeConfig, drafter: Drafter, target
     return AdaptiveDrafts(drafter, speculative.num_speculative_tokens, verify_cost, cost)
 
 
+class PlainDrafts:
+    """The scheduler's view of a drafter without a plan: (request, most drafts) -> the drafter's Draft.
+    row_state (request id -> RowState, set by the engine) lets a model drafter sample as the request does."""
+
+    def __init__(self, drafter: Drafter):
+        self.drafter, self.row_state = drafter, None
+        self.release = drafter.release
+
+    def __call__(self, request: Request, k: int) -> Draft:
+        return self.drafter.propose(draft_context(request, self.row_state), k)
+
+
 def draft_source(drafter: Drafter) -> DraftSource:
     """The scheduler's view of a drafter: (request, most drafts) -> drafts."""
-
-    def propose(request: Request, k: int) -> tuple[int, ...]:
-        context = DraftContext(
-            request.request_id, request.prompt_token_ids, request.output_token_ids, request.prediction_ids
-        )
-        return drafter.propose(context, k).token_ids
-
-    return propose
+    return PlainDrafts(drafter)

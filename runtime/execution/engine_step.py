@@ -17,7 +17,7 @@ import numpy as np
 
 from ...compiler.batch import StepBatch
 from ...compiler.kernels.sampling import GREEDY_EPSILON, SampleResult, SamplingBatch, sample
-from ...compiler.kernels.speculative.reference import verify
+from ...compiler.kernels.speculative.reference import draft_sample, verify
 from ..sampling.params import MAX_TOP_LOGPROBS, RowState, history_length_needed, pack_batch
 from ..scheduling.scheduled_step import bucket
 from .step_io import IoLayout, pack_arrays, pack_result, unpack_arrays, unpack_result
@@ -77,15 +77,20 @@ def make_step_fn(forward: Callable) -> Callable:
 def make_verify_step_fn(forward: Callable) -> Callable:
     """jit(forward + verify) of a verify step (StepShape.verify_width = W): (dims, layout, num_top, all_greedy,
     width, params, kv, inputs) -> (packed result, kv), kv donated. The inputs carry, after the StepBatch and the
-    SamplingBatch (R * W rows, row-major), drafts int32 [R, W - 1] and num_drafts int32 [R]; the logits of the
-    batch's R * W logit rows are verified as [R, W, V]. The packed result is pack_result's, one row per (verify
-    row, position): the emitted tokens (-1 past each row's count), their logprobs and top alternatives."""
+    SamplingBatch (R * W rows, row-major), drafts int32 [R, W - 1] and num_drafts int32 [R], then, when some
+    row's drafts came with their distributions (a sampling model drafter), draft_probs f32 [R, W - 1, V] and
+    has_draft_probs bool [R] (the layout says which: a separate executable); the logits of the batch's R * W
+    logit rows are verified as [R, W, V]. The packed result is pack_result's, one row per (verify row,
+    position): the emitted tokens (-1 past each row's count), their logprobs and top alternatives."""
 
     def step(dims, layout: IoLayout, num_top: int, all_greedy: bool, width: int, params, kv, inputs):
-        batch, sampling, (drafts, num_drafts) = _unpack_step(inputs, layout)
+        batch, sampling, (drafts, num_drafts, *q) = _unpack_step(inputs, layout)
+        draft_probs, has_draft_probs = q if q else (None, None)
         logits, kv = forward(dims, params, kv, batch)
         logits = logits.astype(jnp.float32).reshape(-1, width, logits.shape[-1])
-        result = verify(logits, sampling, drafts, num_drafts, num_top_logprobs=num_top, all_greedy=all_greedy)
+        result = verify(
+            logits, sampling, drafts, num_drafts, draft_probs, has_draft_probs, num_top, all_greedy=all_greedy
+        )
         rows = result.tokens.size
         flat = SampleResult(
             result.tokens.reshape(rows),
@@ -96,6 +101,20 @@ def make_verify_step_fn(forward: Callable) -> Callable:
         return pack_result(flat), kv
 
     return jax.jit(step, static_argnums=(0, 1, 2, 3, 4), donate_argnums=6)
+
+
+def make_draft_step_fn(forward: Callable) -> Callable:
+    """jit(forward + draft_sample) of a model drafter's step: (dims, layout, params, kv, inputs) -> (tokens
+    int32 [R], q f32 [R, V], kv), kv donated: each logit row's draft and the distribution it was drawn from
+    (compiler/kernels/speculative/reference.py); inputs as make_step_fn's."""
+
+    def step(dims, layout: IoLayout, params, kv, inputs):
+        batch, sampling, _ = _unpack_step(inputs, layout)
+        logits, kv = forward(dims, params, kv, batch)
+        drafted = draft_sample(logits.astype(jnp.float32), sampling)
+        return drafted.tokens, drafted.probs, kv
+
+    return jax.jit(step, static_argnums=(0, 1), donate_argnums=3)
 
 
 def make_multi_step_fn(forward: Callable, steps: int) -> Callable:

@@ -31,6 +31,7 @@ from .engine_step import (
     collect_step,
     launch_multi_step,
     launch_step,
+    make_draft_step_fn,
     make_multi_step_fn,
     make_step_fn,
     make_verify_step_fn,
@@ -48,6 +49,7 @@ from .step_inputs import (
     build_step_batch,
     padding_batch,
     step_shape,
+    verify_draft_probs,
     verify_drafts,
 )
 from .verify_rows import verify_results, verify_row_batch
@@ -111,6 +113,7 @@ class StepExecutor:
         )
         # traced inside the model's kernel policy: which kernels and configs the step launches
         forward = model.traced(plan.module.forward)
+        self._forward, self._draft_fn = forward, None  # make_draft_step_fn's, built when a drafter first needs it
         self.step_fn = cached_step(make_step_fn(forward), 4, identity, "step")
         self.verify_fn = cached_step(make_verify_step_fn(forward), 5, identity, "verify")
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
@@ -166,9 +169,13 @@ class StepExecutor:
                 bar.update(1)
         if bar is not None:
             bar.close()
+        # a sampling model drafter's rows also bring their q: the sampled variant with draft_probs
+        variants = [(True, False), (False, False)]  # (all_greedy, with_q)
+        if getattr(getattr(self.config, "speculative", None), "method", None) == "draft":
+            variants.append((False, True))
         for shape in self.verify_shapes_alone():
-            for all_greedy in (True, False):
-                self._precompile_verify(shape, all_greedy)
+            for all_greedy, with_q in variants:
+                self._precompile_verify(shape, all_greedy, with_q)
         return time.perf_counter() - start
 
     def verify_shapes_alone(self) -> list[StepShape]:
@@ -181,10 +188,12 @@ class StepExecutor:
         kinds = (self.table_blocks, self.num_kinds, 1)
         return [StepShape(0, w, *kinds, num_slot_kinds=self.num_slot_kinds, verify_width=w) for w in widths]
 
-    def _precompile_verify(self, shape: StepShape, all_greedy: bool) -> None:
+    def _precompile_verify(self, shape: StepShape, all_greedy: bool, with_q: bool = False) -> None:
         drafts = np.full((shape.verify_rows, shape.verify_width - 1), -1, np.int32)
         counts = np.zeros(shape.verify_rows, np.int32)
         extra = (drafts, counts)
+        if with_q:
+            extra += (np.zeros((*drafts.shape, self.vocab), np.float32), np.zeros(shape.verify_rows, bool))
         inputs = pack_step_inputs(
             padding_batch(shape), [], vocab_size=self.vocab, num_rows=shape.logit_rows, extra=extra
         )
@@ -205,6 +214,20 @@ class StepExecutor:
             tile_rows = [row_of[rid] for rid in tile.logit_request_ids]
             results.update(self._sampled(tile, self._run(build_step_batch(tile, shape), tile_rows, shape)))
         return results
+
+    def run_drafting(self, step: ScheduledStep, rows: list[RowState]) -> tuple[np.ndarray, np.ndarray]:
+        """A sampling model drafter's step (runtime/speculative/model_drafter.py; never in fixed tiles):
+        (tokens int32 [n], q f32 [n, V]) of the step's n logit rows, each token drawn from its q."""
+        if self._draft_fn is None:
+            self._draft_fn = make_draft_step_fn(self._forward)
+        shape = self._shape(step)
+        batch = build_step_batch(step, shape)
+        inputs = pack_step_inputs(batch, rows, vocab_size=self.vocab, num_rows=shape.logit_rows)
+        tokens, probs, self.kv = self._draft_fn(
+            self.model.dims, inputs.layout, self.model.params, self.kv, inputs.buffer
+        )
+        n = len(step.logit_request_ids)
+        return np.asarray(tokens)[:n], np.asarray(probs)[:n]
 
     def launch(
         self, step: ScheduledStep, rows: list[RowState], steps: int, *, after: InFlightStep | None = None
@@ -257,8 +280,8 @@ class StepExecutor:
         """A verify step (runtime/scheduling/speculation.py): each logit row's W positions sampled as the
         drafts before them had been emitted; a draft the grammar refuses ends its row's drafts."""
         flat, num_drafts = verify_row_batch(step, rows, shape)
-        drafts, counts = verify_drafts(step, shape, num_drafts)
-        inputs = pack_step_inputs(batch, flat, vocab_size=self.vocab, num_rows=shape.logit_rows, extra=(drafts, counts))
+        extra = (*verify_drafts(step, shape, num_drafts), *verify_draft_probs(step, shape, num_drafts, self.vocab))
+        inputs = pack_step_inputs(batch, flat, vocab_size=self.vocab, num_rows=shape.logit_rows, extra=extra)
         layout, num_top, all_greedy = inputs.static_args()
         packed, self.kv = self.verify_fn(
             self.model.dims, layout, num_top, all_greedy, shape.verify_width, self.model.params, self.kv, inputs.buffer

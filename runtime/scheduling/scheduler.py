@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ..state.block_pool import BlockPool, StateAllocator
 from ..state.kv_cache import KVCache, PrefixHit
@@ -130,15 +131,15 @@ class Scheduler:
         budget = self.max_batched_tokens
         preempted: list[str] = []
         decodes: list[Request] = []
-        verifies: list[tuple[Request, tuple[int, ...]]] = []
+        verifies: list[tuple[Request, tuple[int, ...], Any]] = []  # (request, drafts, their q rows or None)
         lengths = draft_lengths(self.draft_source, self.num_speculative_tokens, self.waiting, self.running)
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             k = min(lengths.get(request.request_id, 0), budget - 1)
-            drafts = take_drafts(self.kv, request, self.draft_source, k) if k > 0 else ()
+            drafts, probs = take_drafts(self.kv, request, self.draft_source, k) if k > 0 else ((), None)
             if drafts:
-                verifies.append((request, drafts))
+                verifies.append((request, drafts, probs))
                 budget -= 1 + len(drafts)
             elif request.num_tokens_to_compute == 1:
                 if not self._grow_or_preempt(request, request.num_computed_tokens + 1, preempted):

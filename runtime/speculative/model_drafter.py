@@ -4,14 +4,18 @@ paged KV inside the engine (docs/speculative.md step 6).
 Per request it keeps the draft model's KV and the tokens that KV was computed from. Asked for k drafts, it
 rolls its KV back to the longest prefix those tokens share with the request's current ones (the target
 rejected what differs), catches up the rest as prefill chunks (the last one gives d_0), then decodes
-d_1..d_{k-1} one step each. Drafts are the draft model's greedy picks: a deterministic proposal, verified as a
-point mass, which keeps rejection sampling exact for sampled rows too (their acceptance is lower than with the
-draft's own distributions q, the later refinement). The engine calls `release` when a request finishes or is
-preempted (its KV goes back)."""
+d_1..d_{k-1} one step each. For a greedy row (or one whose sampling state it is not given) the drafts are the
+draft model's greedy picks, verified as point masses. For a sampled row it draws each draft from q, the draft
+model's logits through the request's own pipeline (temperature, top-k / top-p / min-p, bias, penalties, at
+the draft's step and seed: `draft_sample`), and hands the q rows to the verifier, which accepts with
+min(1, p/q) and resamples from max(0, p - q) on a rejection: lossless, with a higher acceptance than point
+masses. The engine calls `release` when a request finishes or is preempted (its KV goes back)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from ..execution.step_executor import StepExecutor
 from ..loading.model import Model
@@ -55,13 +59,22 @@ class ModelDrafter:
         if seq is None:
             seq = self.sequences[context.request_id] = _Sequence(self.kv.new_state())
         self._roll_back(seq, tokens)
-        row = RowState(_GREEDY, 0, context.prompt_ids, context.output_ids)
+        row = context.row
+        sampled = row is not None and not row.params.is_greedy and row.forced_token is None
+        if not sampled:
+            row = RowState(_GREEDY, 0, context.prompt_ids, context.output_ids)
+        row = replace(row, matcher=None)  # q need not follow the grammar: the verifier's p does
         if not self.kv.grow(seq.state, len(tokens) + k - 1):
             return Draft()  # the draft pool is full: no drafts this step
-        drafts = [self._catch_up(context.request_id, seq, tokens, row)]
-        for _ in range(k - 1):
-            drafts.append(self._decode(context.request_id, seq, drafts[-1], row))
-        return Draft(tuple(drafts))
+        draw = self._draw_sampled if sampled else self._draw_greedy
+        drafts, probs = [], []
+        for i in range(k):
+            at = replace(row, output_ids=(*row.output_ids, *drafts), step=row.token_index + i)
+            step = self._catch_up(context.request_id, seq, tokens) if i == 0 else self._decode(seq, drafts[-1], context)
+            token, q = draw(step, at)
+            drafts.append(token)
+            probs.append(q)
+        return Draft(tuple(drafts), np.stack(probs) if sampled else None)
 
     def release(self, request_id: str) -> None:
         seq = self.sequences.pop(request_id, None)
@@ -78,8 +91,15 @@ class ModelDrafter:
         del seq.computed[keep:]
         self.kv.shrink(seq.state, keep)
 
-    def _catch_up(self, rid: str, seq: _Sequence, tokens: list[int], row: RowState) -> int:
-        """Compute tokens[len(computed):] in chunks; the last chunk's logits give d_0."""
+    def _draw_greedy(self, step: ScheduledStep, row: RowState) -> tuple[int, None]:
+        return self.executor.run(step, [row])[step.logit_request_ids[0]].token, None
+
+    def _draw_sampled(self, step: ScheduledStep, row: RowState) -> tuple[int, np.ndarray]:
+        tokens, probs = self.executor.run_drafting(step, [row])
+        return int(tokens[0]), probs[0]
+
+    def _catch_up(self, rid: str, seq: _Sequence, tokens: list[int]) -> ScheduledStep:
+        """Compute tokens[len(computed):] in chunks; the last chunk (returned, not run) gives d_0."""
         tables = self.kv.tables(seq.state)
         bs = self.kv.block_size
         largest = self.prefill.buckets[-1]
@@ -94,15 +114,15 @@ class ModelDrafter:
                 completes=end == len(tokens),
             )
             step = ScheduledStep((), (chunk,), {rid: tables}, num_kinds=len(self.kv.kinds))
-            results = self.executor.run(step, [row] if chunk.completes else [])
             seq.computed += tokens[start:end]
             if chunk.completes:
-                return results[rid].token
+                return step
+            self.executor.run(step, [])
 
-    def _decode(self, rid: str, seq: _Sequence, token: int, row: RowState) -> int:
-        tables = self.kv.tables(seq.state)
+    def _decode(self, seq: _Sequence, token: int, context: DraftContext) -> ScheduledStep:
+        """The decode step (returned, not run) of the last draft, whose logits give the next one."""
+        rid, tables = context.request_id, self.kv.tables(seq.state)
         position = len(seq.computed)
         decode = DecodeRow(rid, token, position, slots_at(tables, position, self.kv.block_size))
-        step = ScheduledStep((decode,), (), {rid: tables}, num_kinds=len(self.kv.kinds))
         seq.computed.append(token)
-        return self.executor.run(step, [row])[rid].token
+        return ScheduledStep((decode,), (), {rid: tables}, num_kinds=len(self.kv.kinds))
