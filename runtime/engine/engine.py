@@ -31,7 +31,7 @@ from .config import EngineConfig, _deterministic_from_env, kv_bytes_per_block, p
 from .loop import EngineLoop
 from .open_requests import Choice, EngineCounters, OpenRequests, RequestGroup
 from .output_processor import OutputProcessor
-from .speculation import check_speculation, engine_draft_source, make_drafter
+from .speculation import check_speculation, engine_draft_source, make_drafter, verify_rollback
 from .streams import RequestStream
 
 # the configuration and sizing helpers (runtime/engine/config.py) are part of the engine's API
@@ -79,6 +79,7 @@ class Engine:
             snapshots=snapshot_planner(model, config, self.kv),
             draft_source=engine_draft_source(spec, self.drafter, model.plan.target) if spec is not None else None,
             num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
+            rollback=verify_rollback(model, config),
         )
         if spec is not None:  # a model drafter's KV (and the request's acceptance) goes back with the request's
             self.scheduler.on_release = self.scheduler.draft_source.release

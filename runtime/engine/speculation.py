@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 from ..loading.model import Model
+from ..scheduling.recurrent_rollback import RecurrentRollback
 from ..scheduling.requests import Request
 from ..scheduling.speculation import DraftSource
 from ..speculative.adaptive_source import AdaptiveDrafts
 from ..speculative.config import VERIFY_TOKEN_COST, SpeculativeConfig
 from ..speculative.drafter import Draft, Drafter, draft_context
 from ..speculative.ngram import NgramConfig, NgramDrafter
+from ..state.kinds import engine_slots, engine_snapshot_slots
 
 
 def check_speculation(model: Model, speculative: SpeculativeConfig, deterministic: bool) -> None:
@@ -19,14 +21,20 @@ def check_speculation(model: Model, speculative: SpeculativeConfig, deterministi
             "--speculative cannot be combined with --deterministic: a verify segment's rows are not yet proven to "
             "give the same logits bits as decode rows (docs/speculative.md)"
         )
-    if model.slot_kinds:
-        kinds = ", ".join(k.name for k in model.slot_kinds)
-        raise ValueError(
-            f"--speculative needs a plan without recurrent state (this one has {kinds}): rolling back rejected "
-            "drafts needs a per-draft state (docs/speculative.md step 4), not built yet"
-        )
     if speculative.method == "draft" and speculative.draft_model is None:
         raise ValueError("--speculative draft needs a draft model (--draft-model)")
+    if speculative.method == "mtp" and not model.has_mtp:
+        raise ValueError(
+            f"--speculative mtp needs a checkpoint with a multi-token-prediction module ({model.checkpoint.path} "
+            "has none, or it was loaded with with_mtp=False)"
+        )
+
+
+def verify_rollback(model: Model, config) -> RecurrentRollback | None:
+    """The scheduler's rollback of rejected drafts' recurrent state (plans with slot kinds, when speculating)."""
+    if config.speculative is None or not model.slot_kinds:
+        return None
+    return RecurrentRollback(engine_slots(config) + engine_snapshot_slots(config), [k.name for k in model.slot_kinds])
 
 
 def make_drafter(speculative: SpeculativeConfig, model: Model, config) -> Drafter:
@@ -34,6 +42,13 @@ def make_drafter(speculative: SpeculativeConfig, model: Model, config) -> Drafte
     k = speculative.num_speculative_tokens
     if speculative.method == "ngram":
         return NgramDrafter(NgramConfig(speculative.ngram_min_match, speculative.ngram_max_match, max_drafts=k))
+    if speculative.method == "mtp":
+        from ..speculative.mtp_drafter import IncrementalHiddenStates, MtpDrafter
+
+        # greedy MTP drafts (point masses: lossless for sampled rows too); the target's hidden states from a
+        # hidden-state pass kept per request (an extra target forward per token, until the step returns them)
+        hidden = IncrementalHiddenStates(model, max_model_len=config.max_model_len)
+        return MtpDrafter(model, hidden, max_model_len=config.max_model_len)
     from ..loading.known_models import resolve_model
     from ..loading.model import load_model
     from ..speculative.model_drafter import ModelDrafter

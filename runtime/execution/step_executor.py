@@ -22,7 +22,7 @@ from ...compiler.targets import get_target
 from ..loading.model import Model
 from ..sampling.params import RowState
 from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep, bucket
-from ..state.kinds import engine_pool_blocks, engine_slots, engine_snapshot_slots
+from ..state.kinds import engine_pool_blocks, engine_slots, engine_snapshot_slots, engine_verify_scratch_slots
 from ..state.kv_dtypes import kv_dtype
 from .deterministic_tiles import fixed_tiles, step_tiles, tile_shape
 from .engine_step import (
@@ -53,6 +53,11 @@ from .step_inputs import (
     verify_drafts,
 )
 from .verify_rows import verify_results, verify_row_batch
+
+
+def slot_extras(config) -> int:
+    """Slots of each slot kind after the live ones: the prefix cache's snapshots, then the verify scratch."""
+    return engine_snapshot_slots(config) + engine_verify_scratch_slots(config)
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,7 @@ class StepExecutor:
             engine_pool_blocks(model.paged_kinds, config),
             config.block_size,
             kv_dtype(model.dtype, config.kv_cache_dtype),
-            num_slots=engine_slots(config) + (engine_snapshot_slots(config) if model.slot_kinds else 0),
+            num_slots=engine_slots(config) + (slot_extras(config) if model.slot_kinds else 0),
         )
         self.slot_copier = SlotCopier(model.layer_state_kinds, [k.name for k in model.slot_kinds])
         # the step functions' executables are also kept on disk (runtime/execution/executable_cache.py): a warm start

@@ -39,9 +39,10 @@ from typing import Any
 from ..state.block_pool import BlockPool, StateAllocator
 from ..state.kv_cache import KVCache, PrefixHit
 from .prefix_snapshots import NoSnapshots, SnapshotPlanner
+from .recurrent_rollback import RecurrentRollback
 from .requests import QueueFullError, Request, RequestStatus, RequestTooLongError, StepOutput
 from .run_ahead import RunAhead
-from .scheduled_step import PrefillShapes, ScheduledStep
+from .scheduled_step import PrefillShapes, ScheduledStep, SlotCopies
 from .snapshot import SchedulerSnapshot, snapshot_of
 from .speculation import DraftSource, draft_lengths, emitted_by_row, settle_verified, take_drafts
 from .step_layout import lay_out_step
@@ -62,6 +63,7 @@ class Scheduler:
         snapshots: SnapshotPlanner | None = None,
         draft_source: DraftSource | None = None,
         num_speculative_tokens: int = 0,
+        rollback: RecurrentRollback | None = None,
     ):
         if max_num_seqs < 1 or max_batched_tokens < 1 or max_queue_depth < 1:
             raise ValueError("max_num_seqs, max_batched_tokens and max_queue_depth must be >= 1")
@@ -91,6 +93,7 @@ class Scheduler:
         # speculative decoding (runtime/scheduling/speculation.py): up to k drafts per decode row
         self.draft_source, self.num_speculative_tokens = draft_source, num_speculative_tokens
         self.on_release: Callable[[str], None] | None = None  # a request's state went back (a drafter's too)
+        self.rollback = rollback  # rejected drafts' recurrent state (runtime/scheduling/recurrent_rollback.py)
 
     # --- intake -------------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -133,10 +136,11 @@ class Scheduler:
         decodes: list[Request] = []
         verifies: list[tuple[Request, tuple[int, ...], Any]] = []  # (request, drafts, their q rows or None)
         lengths = draft_lengths(self.draft_source, self.num_speculative_tokens, self.waiting, self.running)
+        most_verifies = 1 if self.rollback is not None else len(self.running)  # (one recomputation per step)
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            k = min(lengths.get(request.request_id, 0), budget - 1)
+            k = min(lengths.get(request.request_id, 0), budget - 1) if len(verifies) < most_verifies else 0
             drafts, probs = take_drafts(self.kv, request, self.draft_source, k) if k > 0 else ((), None)
             if drafts:
                 verifies.append((request, drafts, probs))
@@ -242,6 +246,9 @@ class Scheduler:
         self, decodes: list[Request], chunks: list[tuple[Request, int, int]], preempted: list[str], verifies=()
     ) -> ScheduledStep:
         copies = self.snapshots.step_copies(chunks)
+        if self.rollback is not None:  # restores of rolled-back rows, saves of this step's speculating rows
+            saves = self.rollback.saves([r for r, _, _ in verifies])
+            copies = SlotCopies((*self.rollback.restores(self._running), *copies.before, *saves), copies.after)
         return lay_out_step(self.kv, tuple(self.extra_state), decodes, verifies, chunks, preempted, copies)
 
     # --- several decode steps in one device call (runtime/scheduling/run_ahead.py) ----------------------
@@ -312,7 +319,7 @@ class Scheduler:
         # a verify segment computed its last known token and the accepted drafts: one per emitted token
         advanced += [(seg.request_id, seg.start, len(emitted[seg.request_id])) for seg in step.verifies]
         advanced += [(chunk.request_id, chunk.start, chunk.num_tokens) for chunk in step.prefills]
-        verifying = {seg.request_id for seg in step.verifies}
+        verifying = {seg.request_id: seg for seg in step.verifies}
         for request_id, start, n in advanced:
             request = self._running(request_id)
             if request is None:
@@ -332,6 +339,8 @@ class Scheduler:
                 continue
             taken, status = request.append_until_stop(tokens)  # what it emitted after a stop is dropped
             if request_id in verifying:
+                if status is None and self.rollback is not None:
+                    self.rollback.settle(request, verifying[request_id])
                 settle_verified(self.kv, request)
             if status is not None:
                 self._finish(request, status)
