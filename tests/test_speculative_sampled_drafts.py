@@ -59,6 +59,29 @@ def _accepted(engine, params):
     return tokens, now.num_draft_tokens - before.num_draft_tokens, now.num_accepted_tokens - before.num_accepted_tokens
 
 
+def _count_calls(drafter):
+    """Counts the drafter's device calls: draw (d_0), draw_decodes (d_1..d_{k-1} in one call) and its steps."""
+    calls = {"draw": 0, "draw_decodes": 0, "steps": 0, "k=1": 0}
+    draw, draw_decodes, propose = drafter.steps.draw, drafter.steps.draw_decodes, drafter.propose
+
+    def counted_draw(*args):
+        calls["draw"] += 1
+        return draw(*args)
+
+    def counted_decodes(step, rows, steps, with_probs):
+        calls["draw_decodes"] += 1
+        calls["steps"] += steps
+        return draw_decodes(step, rows, steps, with_probs)
+
+    def counted_propose(context, k):
+        draft = propose(context, k)
+        calls["k=1"] += len(draft) == 1
+        return draft
+
+    drafter.steps.draw, drafter.steps.draw_decodes, drafter.propose = counted_draw, counted_decodes, counted_propose
+    return calls
+
+
 def _idle(engine, drafter):
     assert engine.pool.free_blocks == engine.pool.num_usable_blocks
     engine.kv.check_consistency()
@@ -70,7 +93,11 @@ def test_sampled_drafts_of_the_target_itself_are_accepted_and_reproduce(qwen3):
     try:
         params = SamplingParams(max_tokens=12, temperature=1.0, seed=7, n=2, ignore_eos=True)
         drafter = _with_drafter(engine, qwen3)
+        calls = _count_calls(drafter)
         first, drafted, accepted = _accepted(engine, params)
+        # per proposal: one call for the catch-up chunk's draft, one for the k - 1 decodes after it (a scan)
+        assert calls["draw_decodes"] > 0 and calls["draw"] == calls["draw_decodes"] + calls["k=1"]
+        assert calls["steps"] == drafted - calls["draw"]
         again = _tokens(engine, params)
         assert first == again and all(len(t) == 12 for t in first.values())
         # q == p up to the verify segment's rounding: min(1, p/q) accepts nearly every draft. Verified as a point

@@ -17,7 +17,7 @@ import numpy as np
 
 from ...compiler.batch import StepBatch
 from ...compiler.kernels.sampling import GREEDY_EPSILON, SampleResult, SamplingBatch, sample
-from ...compiler.kernels.speculative.reference import draft_sample, verify
+from ...compiler.kernels.speculative.reference import verify
 from ..sampling.params import MAX_TOP_LOGPROBS, RowState, history_length_needed, pack_batch
 from ..scheduling.scheduled_step import bucket
 from .step_io import IoLayout, pack_arrays, pack_result, unpack_arrays, unpack_result
@@ -46,7 +46,7 @@ def top_logprobs_needed(rows: list[RowState]) -> int:
     return MAX_TOP_LOGPROBS if any(row.params.logprobs for row in rows) else 0
 
 
-def _unpack_step(inputs, layout: IoLayout) -> tuple[StepBatch, SamplingBatch, list]:
+def unpack_step(inputs, layout: IoLayout) -> tuple[StepBatch, SamplingBatch, list]:
     """Inside the executable: the StepBatch, the SamplingBatch and any extra arrays packed after them."""
     arrays = unpack_arrays(inputs, layout)
     n_batch, n_sampling = len(StepBatch._fields), len(SamplingBatch._fields)
@@ -67,7 +67,7 @@ def make_step_fn(forward: Callable) -> Callable:
     sampler's branch-free greedy path."""
 
     def step(dims, layout: IoLayout, num_top: int, all_greedy: bool, params, kv, inputs):
-        batch, sampling, _ = _unpack_step(inputs, layout)
+        batch, sampling, _ = unpack_step(inputs, layout)
         logits, kv = forward(dims, params, kv, batch)
         return pack_result(sample(logits.astype(jnp.float32), sampling, num_top, all_greedy=all_greedy)), kv
 
@@ -84,7 +84,7 @@ def make_verify_step_fn(forward: Callable) -> Callable:
     position): the emitted tokens (-1 past each row's count), their logprobs and top alternatives."""
 
     def step(dims, layout: IoLayout, num_top: int, all_greedy: bool, width: int, params, kv, inputs):
-        batch, sampling, (drafts, num_drafts, *q) = _unpack_step(inputs, layout)
+        batch, sampling, (drafts, num_drafts, *q) = unpack_step(inputs, layout)
         draft_probs, has_draft_probs = q if q else (None, None)
         logits, kv = forward(dims, params, kv, batch)
         logits = logits.astype(jnp.float32).reshape(-1, width, logits.shape[-1])
@@ -103,20 +103,6 @@ def make_verify_step_fn(forward: Callable) -> Callable:
     return jax.jit(step, static_argnums=(0, 1, 2, 3, 4), donate_argnums=6)
 
 
-def make_draft_step_fn(forward: Callable) -> Callable:
-    """jit(forward + draft_sample) of a model drafter's step: (dims, layout, params, kv, inputs) -> (tokens
-    int32 [R], q f32 [R, V], kv), kv donated: each logit row's draft and the distribution it was drawn from
-    (compiler/kernels/speculative/reference.py); inputs as make_step_fn's."""
-
-    def step(dims, layout: IoLayout, params, kv, inputs):
-        batch, sampling, _ = _unpack_step(inputs, layout)
-        logits, kv = forward(dims, params, kv, batch)
-        drafted = draft_sample(logits.astype(jnp.float32), sampling)
-        return drafted.tokens, drafted.probs, kv
-
-    return jax.jit(step, static_argnums=(0, 1), donate_argnums=3)
-
-
 def make_multi_step_fn(forward: Callable, steps: int) -> Callable:
     """jit of `steps` decode steps in one executable, each step's sampled tokens fed to the next on the
     device: (dims, layout, num_top, all_greedy, params, kv, inputs, carried) -> (packed results
@@ -132,7 +118,7 @@ def make_multi_step_fn(forward: Callable, steps: int) -> Callable:
     (runtime/scheduling/run_ahead.py); no_carry(B) is the form that keeps the batch's tokens."""
 
     def multi(dims, layout: IoLayout, num_top: int, all_greedy: bool, params, kv, inputs, carried):
-        batch, sampling, (slots_ahead,) = _unpack_step(inputs, layout)
+        batch, sampling, (slots_ahead,) = unpack_step(inputs, layout)
         rows = batch.num_decode
         tokens_in = jnp.where(carried[rows] == 1, carried[:rows], batch.tokens)  # decode-only: N == B tokens
 

@@ -31,7 +31,6 @@ from .engine_step import (
     collect_step,
     launch_multi_step,
     launch_step,
-    make_draft_step_fn,
     make_multi_step_fn,
     make_step_fn,
     make_verify_step_fn,
@@ -118,7 +117,7 @@ class StepExecutor:
         )
         # traced inside the model's kernel policy: which kernels and configs the step launches
         forward = model.traced(plan.module.forward)
-        self._forward, self._draft_fn = forward, None  # make_draft_step_fn's, built when a drafter first needs it
+        self.forward = forward  # the traced forward (a model drafter's own steps: runtime/execution/draft_steps.py)
         self.step_fn = cached_step(make_step_fn(forward), 4, identity, "step")
         self.verify_fn = cached_step(make_verify_step_fn(forward), 5, identity, "verify")
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
@@ -149,7 +148,7 @@ class StepExecutor:
         )
         return [replace(shape, min_logit_rows=self.min_rows) for shape in shapes]
 
-    def _shape(self, step: ScheduledStep) -> StepShape:
+    def shape_of(self, step: ScheduledStep) -> StepShape:
         shape = step_shape(step, self.decode_buckets, self.prefill, self.table_blocks)
         return replace(shape, min_logit_rows=self.min_rows)
 
@@ -210,7 +209,7 @@ class StepExecutor:
     def run(self, step: ScheduledStep, rows: list[RowState]) -> dict[str, Sampled]:
         """Run one step and wait for it: {request id: Sampled}."""
         if self.tiles is None:
-            shape = self._shape(step)
+            shape = self.shape_of(step)
             return self._sampled(step, self._run(build_step_batch(step, shape), rows, shape))
         row_of = dict(zip(step.logit_request_ids, rows))
         results: dict[str, Sampled] = {}
@@ -219,20 +218,6 @@ class StepExecutor:
             tile_rows = [row_of[rid] for rid in tile.logit_request_ids]
             results.update(self._sampled(tile, self._run(build_step_batch(tile, shape), tile_rows, shape)))
         return results
-
-    def run_drafting(self, step: ScheduledStep, rows: list[RowState]) -> tuple[np.ndarray, np.ndarray]:
-        """A sampling model drafter's step (runtime/speculative/model_drafter.py; never in fixed tiles):
-        (tokens int32 [n], q f32 [n, V]) of the step's n logit rows, each token drawn from its q."""
-        if self._draft_fn is None:
-            self._draft_fn = make_draft_step_fn(self._forward)
-        shape = self._shape(step)
-        batch = build_step_batch(step, shape)
-        inputs = pack_step_inputs(batch, rows, vocab_size=self.vocab, num_rows=shape.logit_rows)
-        tokens, probs, self.kv = self._draft_fn(
-            self.model.dims, inputs.layout, self.model.params, self.kv, inputs.buffer
-        )
-        n = len(step.logit_request_ids)
-        return np.asarray(tokens)[:n], np.asarray(probs)[:n]
 
     def launch(
         self, step: ScheduledStep, rows: list[RowState], steps: int, *, after: InFlightStep | None = None
@@ -254,7 +239,7 @@ class StepExecutor:
         whose prefill chunks these rows complete (Scheduler.chain_after_prefill)."""
         if self.tiles is not None:  # tiles of one fixed shape, run one after another
             return InFlightStep(step, tuple(rows), steps, results=(self.run(step, rows),))
-        shape = self._shape(step)
+        shape = self.shape_of(step)
         batch = build_step_batch(step, shape)
         if shape.verify_width:
             return self._launch_verify(step, rows, shape, batch)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..execution.draft_steps import DraftSteps
 from ..execution.step_executor import StepExecutor
 from ..loading.model import Model
 from ..sampling.params import RowState, SamplingParams
@@ -49,6 +50,7 @@ class ModelDrafter:
         buckets = tuple(b for b in entry["prefill_buckets"] if b <= config.max_batched_tokens) or (16,)
         self.prefill = PrefillShapes(buckets)
         self.executor = StepExecutor(model, config, self.prefill)
+        self.steps = DraftSteps(self.executor)
         self.sequences: dict[str, _Sequence] = {}
 
     def propose(self, context: DraftContext, k: int) -> Draft:
@@ -66,15 +68,18 @@ class ModelDrafter:
         row = replace(row, matcher=None)  # q need not follow the grammar: the verifier's p does
         if not self.kv.grow(seq.state, len(tokens) + k - 1):
             return Draft()  # the draft pool is full: no drafts this step
-        draw = self._draw_sampled if sampled else self._draw_greedy
-        drafts, probs = [], []
-        for i in range(k):
-            at = replace(row, output_ids=(*row.output_ids, *drafts), step=row.token_index + i)
-            step = self._catch_up(context.request_id, seq, tokens) if i == 0 else self._decode(seq, drafts[-1], context)
-            token, q = draw(step, at)
-            drafts.append(token)
-            probs.append(q)
-        return Draft(tuple(drafts), np.stack(probs) if sampled else None)
+        rid = context.request_id
+        # d_0 from the catch-up chunk's last row (the row at its step), then d_1 .. d_{k-1}: k - 1 decodes in one
+        # device call, sampled at the row's step + 1 .. + k - 1 with d_0 emitted
+        first, q0 = self.steps.draw(self._catch_up(rid, seq, tokens), [row], sampled)
+        drafts, probs = [int(first[0])], [q0]
+        if k > 1:
+            after_first = replace(row, output_ids=(*row.output_ids, drafts[0]), step=row.token_index + 1)
+            more, q = self.steps.draw_decodes(self._decodes(seq, rid, drafts[0]), [after_first], k - 1, sampled)
+            drafts += [int(t) for t in more[:, 0]]
+            seq.computed += drafts[1:-1]  # decode i computed draft i's KV; the last draft is not computed
+            probs.append(None if q is None else q[:, 0])
+        return Draft(tuple(drafts), np.concatenate(probs) if sampled else None)
 
     def release(self, request_id: str) -> None:
         seq = self.sequences.pop(request_id, None)
@@ -90,13 +95,6 @@ class ModelDrafter:
             keep += 1
         del seq.computed[keep:]
         self.kv.shrink(seq.state, keep)
-
-    def _draw_greedy(self, step: ScheduledStep, row: RowState) -> tuple[int, None]:
-        return self.executor.run(step, [row])[step.logit_request_ids[0]].token, None
-
-    def _draw_sampled(self, step: ScheduledStep, row: RowState) -> tuple[int, np.ndarray]:
-        tokens, probs = self.executor.run_drafting(step, [row])
-        return int(tokens[0]), probs[0]
 
     def _catch_up(self, rid: str, seq: _Sequence, tokens: list[int]) -> ScheduledStep:
         """Compute tokens[len(computed):] in chunks; the last chunk (returned, not run) gives d_0."""
@@ -119,9 +117,9 @@ class ModelDrafter:
                 return step
             self.executor.run(step, [])
 
-    def _decode(self, seq: _Sequence, token: int, context: DraftContext) -> ScheduledStep:
-        """The decode step (returned, not run) of the last draft, whose logits give the next one."""
-        rid, tables = context.request_id, self.kv.tables(seq.state)
+    def _decodes(self, seq: _Sequence, rid: str, token: int) -> ScheduledStep:
+        """The decode step of d_0 (run ahead from there: draft_steps.py), its KV already grown for the rest."""
+        tables = self.kv.tables(seq.state)
         position = len(seq.computed)
         decode = DecodeRow(rid, token, position, slots_at(tables, position, self.kv.block_size))
         seq.computed.append(token)
