@@ -83,8 +83,8 @@ def test_rejected_drafts_roll_the_recurrent_state_back(engine, prompts, plain):
         expected = plain[prompts.index(list(request.prompt_token_ids))][len(request.output_token_ids)]
         return [(expected + 1 + i) % int(engine.model.dims.vocab) for i in range(k)]
 
-    out, (drafted, accepted) = _with_source(engine, wrong_drafts, [(prompts[2], ())])
-    assert out == [plain[2]] and drafted > 0 and accepted == 0
+    out, (drafted, accepted) = _with_source(engine, wrong_drafts, [(p, ()) for p in prompts])  # three rows
+    assert out == plain and drafted > 0 and accepted == 0
     out, (drafted, accepted) = _run_stats(engine, [(prompts[0], tuple(plain[0]))])
     assert out == [plain[0]] and drafted > 0 and accepted == drafted
     _idle(engine)

@@ -10,8 +10,8 @@ copies: scratch slot = scratch_base + live slot, the slot arrays' last engine_sl
   back before the next step (`restores`), and that step recomputes t and the accepted drafts together with
   the emitted token as an ordinary prefill chunk of the request, which completes it (its last row samples the
   next token, as a decode row would). The KV those positions hold is rewritten with the same values.
-A recomputation is one more chunk of a + 2 tokens for the request, so a step with recurrent state lets one
-row draft at most (the scheduler continues one partial chunk at a time); other rows decode plainly.
+A recomputation is one more chunk of a + 2 tokens for the request; the rows rolled back by one verify step
+recompute together as the next step's chunks where a compiled layout holds them (else over the next steps).
 """
 
 from __future__ import annotations

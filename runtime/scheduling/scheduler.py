@@ -136,11 +136,10 @@ class Scheduler:
         decodes: list[Request] = []
         verifies: list[tuple[Request, tuple[int, ...], Any]] = []  # (request, drafts, their q rows or None)
         lengths = draft_lengths(self.draft_source, self.num_speculative_tokens, self.waiting, self.running)
-        most_verifies = 1 if self.rollback is not None else len(self.running)  # (one recomputation per step)
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            k = min(lengths.get(request.request_id, 0), budget - 1) if len(verifies) < most_verifies else 0
+            k = min(lengths.get(request.request_id, 0), budget - 1)
             drafts, probs = take_drafts(self.kv, request, self.draft_source, k) if k > 0 else ((), None)
             if drafts:
                 verifies.append((request, drafts, probs))
@@ -177,18 +176,18 @@ class Scheduler:
         self.waiting.appendleft(request)  # never dropped; first in line
 
     def _schedule_chunks(self, budget: int, admit: bool) -> list[tuple[Request, int, int]]:
-        """(request, start, end) of each prefill chunk of the step, allocating their blocks: the request
-        mid-prefill first, then admissions while the budget, the pool and a compiled layout allow. Every
+        """(request, start, end) of each prefill chunk of the step, allocating their blocks: the requests
+        mid-prefill first (one, or the rows a verify step rolled back: short chunks), then admissions while the budget, the pool and a compiled layout allow. Every
         chunk but the last completes its prompt."""
         chunks: list[tuple[Request, int, int]] = []
-        partial = [r for r in self.running if r.num_tokens_to_compute > 1]
-        assert len(partial) <= 1, "more than one request is mid-prefill"
-        if partial:
-            request = partial[0]
+        for request in [r for r in self.running if r.num_tokens_to_compute > 1]:
             start = request.num_computed_tokens
             end = self._chunk_end(request, start, budget, self.kv.tokens_coverable(request.state))
             if end <= start:
                 return chunks  # pool dry: it keeps its blocks and continues when decodes free some
+            longest = max([e - s for _, s, e in chunks] + [end - start])
+            if chunks and (end < request.num_tokens or not self.prefill_shapes.fits(len(chunks) + 1, longest)):
+                return chunks  # joining others: whole, in a compiled layout; else it continues next step
             assert self.kv.grow(request.state, end)
             chunks.append((request, start, end))
             budget -= end - start
