@@ -119,6 +119,29 @@ def test_mtp_drafts_give_plain_decodings_tokens(hybrid, engine, prompts, plain):
     _idle(engine)
 
 
+def test_mtp_drafts_sampled_rows_with_their_q_and_a_seed_reproduces(hybrid, engine, prompts):
+    drafter = make_drafter(SpeculativeConfig("mtp", 3, adaptive=False), hybrid, engine.config)
+    source = PlainDrafts(drafter)
+    source.row_state = engine.requests.row_state  # (the engine's wiring)
+    proposals = []
+    propose = drafter.propose
+    drafter.propose = lambda context, k: proposals.append(propose(context, k)) or proposals[-1]
+    saved, release = engine.scheduler.draft_source, engine.scheduler.on_release
+    engine.scheduler.draft_source, engine.scheduler.on_release = source, drafter.release
+    params = SamplingParams(max_tokens=8, temperature=0.8, seed=3, ignore_eos=True)
+    try:
+        runs = [[t for o in engine.submit(prompts[2], params).collect()[0] for t in o.token_ids] for _ in range(2)]
+    finally:
+        engine.scheduler.draft_source, engine.scheduler.on_release = saved, release
+    assert runs[0] == runs[1] and len(runs[0]) == 8
+    drafted = [p for p in proposals if len(p)]
+    assert drafted and all(p.probs is not None and p.probs.shape[0] == len(p) for p in drafted)
+    for p in drafted:
+        np.testing.assert_allclose(p.probs.sum(-1), 1.0, rtol=1e-5)
+        assert (p.probs[np.arange(len(p)), list(p.token_ids)] > 0).all()
+    _idle(engine)
+
+
 def test_mtp_is_refused_without_an_mtp_module():
     path, _ = tiny_fixture("qwen3_5")
     with pytest.raises(ValueError, match="multi-token-prediction"):

@@ -45,8 +45,8 @@ def make_drafter(speculative: SpeculativeConfig, model: Model, config) -> Drafte
     if speculative.method == "mtp":
         from ..speculative.mtp_drafter import IncrementalHiddenStates, MtpDrafter
 
-        # greedy MTP drafts (point masses: lossless for sampled rows too); the target's hidden states from a
-        # hidden-state pass kept per request (an extra target forward per token, until the step returns them)
+        # the target's hidden states from a hidden-state pass kept per request (an extra target forward per
+        # token, until the step returns them); sampled rows' drafts come with their q (row_draws.py)
         hidden = IncrementalHiddenStates(model, max_model_len=config.max_model_len)
         return MtpDrafter(model, hidden, max_model_len=config.max_model_len)
     from ..loading.known_models import resolve_model

@@ -25,6 +25,7 @@ from ..scheduling.scheduled_step import DecodeRow, PrefillChunk, PrefillShapes, 
 from ..state.kinds import engine_pool_blocks
 from ..state.kv_cache import KVCache
 from .drafter import Draft, DraftContext
+from .row_draws import samples
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True)
 
@@ -62,7 +63,7 @@ class ModelDrafter:
             seq = self.sequences[context.request_id] = _Sequence(self.kv.new_state())
         self._roll_back(seq, tokens)
         row = context.row
-        sampled = row is not None and not row.params.is_greedy and row.forced_token is None
+        sampled = samples(row)
         if not sampled:
             row = RowState(_GREEDY, 0, context.prompt_ids, context.output_ids)
         row = replace(row, matcher=None)  # q need not follow the grammar: the verifier's p does
