@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..runtime.speculative.config import SPECULATIVE_METHODS
+
 PRECISION_HELP = (
     "fast (the target's kernels: GGUF weights kept quantized) or exact (every weight dequantized at load: on the "
     "cpu target the fp32 reference ops that agree with transformers)"
@@ -198,9 +200,10 @@ def _add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     parser.add_argument(
         "--speculative",
-        choices=("ngram", "draft"),
+        choices=SPECULATIVE_METHODS,
         default=env("EMBER_SPECULATIVE") or None,
-        help="speculative decoding: ngram (prompt lookup) or draft (a draft model) [env EMBER_SPECULATIVE]",
+        help="speculative decoding: ngram (prompt lookup), draft (a draft model) or mtp (the checkpoint's "
+        "multi-token-prediction module) [env EMBER_SPECULATIVE]",
     )
     parser.add_argument(
         "--draft-model",

@@ -39,7 +39,7 @@ from .config import (
 from .loop import EngineLoop
 from .open_requests import Choice, EngineCounters, OpenRequests, RequestGroup
 from .output_processor import OutputProcessor
-from .speculation import check_speculation, engine_draft_source, make_drafter
+from .speculation import check_speculation, engine_draft_source, make_drafter, verify_rollback
 from .streams import RequestStream
 
 # the configuration and sizing helpers (runtime/engine/config.py) are part of the engine's API
@@ -93,6 +93,7 @@ class Engine:
             snapshots=snapshot_planner(model, config, self.kv),
             draft_source=engine_draft_source(spec, self.drafter, model.plan.target) if spec is not None else None,
             num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
+            rollback=verify_rollback(model, config),
         )
         if spec is not None:  # a model drafter's KV (and the request's acceptance) goes back with the request's
             self.scheduler.on_release = self.scheduler.draft_source.release
@@ -101,6 +102,8 @@ class Engine:
             self.executor.attach_host_tier(self.host_tier)
         self.counters = EngineCounters()
         self.requests = OpenRequests(self.scheduler, self.counters)
+        if spec is not None:  # a sampling model drafter draws as each row samples (its settings, seed, step)
+            self.scheduler.draft_source.row_state = self.requests.row_state
         # one lock over the scheduler and the open requests, shared with the loop thread: the API and the
         # loop take it for every change to either, and the loop waits on it for work
         self._lock = threading.Condition()

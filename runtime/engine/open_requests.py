@@ -92,7 +92,7 @@ class OpenRequests:
 
     def row_states(self, step: ScheduledStep) -> list[RowState]:
         """The sampling state of each row whose logits `step` samples (one per step.logit_request_ids entry)."""
-        return [self._row_state(rid) for rid in step.logit_request_ids]
+        return [self.row_state(rid) for rid in step.logit_request_ids]
 
     def mark_scheduled(self, step: ScheduledStep) -> None:
         """Its first scheduled step ends a request's time in the queue (Usage.queue_s)."""
@@ -179,7 +179,7 @@ class OpenRequests:
                 break
         self._emit(group, choice, merge_deltas(deltas))
 
-    def _row_state(self, scheduler_id: str) -> RowState:
+    def row_state(self, scheduler_id: str) -> RowState:
         choice = self._choice_of[scheduler_id]
         request = choice.request
         return RowState(

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 from ..loading.model import Model
+from ..scheduling.recurrent_rollback import RecurrentRollback
 from ..scheduling.requests import Request
 from ..scheduling.speculation import DraftSource
 from ..speculative.adaptive_source import AdaptiveDrafts
 from ..speculative.config import VERIFY_TOKEN_COST, SpeculativeConfig
-from ..speculative.drafter import DraftContext, Drafter
+from ..speculative.drafter import Draft, Drafter, draft_context
 from ..speculative.ngram import NgramConfig, NgramDrafter
+from ..state.kinds import engine_slots, engine_snapshot_slots
 
 
 def check_speculation(model: Model, speculative: SpeculativeConfig, deterministic: bool) -> None:
@@ -19,14 +21,20 @@ def check_speculation(model: Model, speculative: SpeculativeConfig, deterministi
             "--speculative cannot be combined with --deterministic: a verify segment's rows are not yet proven to "
             "give the same logits bits as decode rows (docs/speculative.md)"
         )
-    if model.slot_kinds:
-        kinds = ", ".join(k.name for k in model.slot_kinds)
-        raise ValueError(
-            f"--speculative needs a plan without recurrent state (this one has {kinds}): rolling back rejected "
-            "drafts needs a per-draft state (docs/speculative.md step 4), not built yet"
-        )
     if speculative.method == "draft" and speculative.draft_model is None:
         raise ValueError("--speculative draft needs a draft model (--draft-model)")
+    if speculative.method == "mtp" and not model.has_mtp:
+        raise ValueError(
+            f"--speculative mtp needs a checkpoint with a multi-token-prediction module ({model.checkpoint.path} "
+            "has none, or it was loaded with with_mtp=False)"
+        )
+
+
+def verify_rollback(model: Model, config) -> RecurrentRollback | None:
+    """The scheduler's rollback of rejected drafts' recurrent state (plans with slot kinds, when speculating)."""
+    if config.speculative is None or not model.slot_kinds:
+        return None
+    return RecurrentRollback(engine_slots(config) + engine_snapshot_slots(config), [k.name for k in model.slot_kinds])
 
 
 def make_drafter(speculative: SpeculativeConfig, model: Model, config) -> Drafter:
@@ -34,6 +42,13 @@ def make_drafter(speculative: SpeculativeConfig, model: Model, config) -> Drafte
     k = speculative.num_speculative_tokens
     if speculative.method == "ngram":
         return NgramDrafter(NgramConfig(speculative.ngram_min_match, speculative.ngram_max_match, max_drafts=k))
+    if speculative.method == "mtp":
+        from ..speculative.mtp_drafter import IncrementalHiddenStates, MtpDrafter
+
+        # the target's hidden states from a hidden-state pass kept per request (an extra target forward per
+        # token, until the step returns them); sampled rows' drafts come with their q (row_draws.py)
+        hidden = IncrementalHiddenStates(model, max_model_len=config.max_model_len)
+        return MtpDrafter(model, hidden, max_model_len=config.max_model_len)
     from ..loading.known_models import resolve_model
     from ..loading.model import load_model
     from ..speculative.model_drafter import ModelDrafter
@@ -46,9 +61,7 @@ def engine_draft_source(speculative: SpeculativeConfig, drafter: Drafter, target
     """The scheduler's DraftSource: adaptive (a plan per step, runtime/speculative/adaptive_source.py) or k for
     every row. Its `release` hands a request's drafter state back (the scheduler's on_release)."""
     if not speculative.adaptive:
-        source = draft_source(drafter)
-        source.release = drafter.release
-        return source
+        return PlainDrafts(drafter)
     cost = speculative.draft_token_cost
     if cost is None:
         cost = 0.0 if speculative.method == "ngram" else 0.3
@@ -58,13 +71,18 @@ def engine_draft_source(speculative: SpeculativeConfig, drafter: Drafter, target
     return AdaptiveDrafts(drafter, speculative.num_speculative_tokens, verify_cost, cost)
 
 
+class PlainDrafts:
+    """The scheduler's view of a drafter without a plan: (request, most drafts) -> the drafter's Draft.
+    row_state (request id -> RowState, set by the engine) lets a model drafter sample as the request does."""
+
+    def __init__(self, drafter: Drafter):
+        self.drafter, self.row_state = drafter, None
+        self.release = drafter.release
+
+    def __call__(self, request: Request, k: int) -> Draft:
+        return self.drafter.propose(draft_context(request, self.row_state), k)
+
+
 def draft_source(drafter: Drafter) -> DraftSource:
     """The scheduler's view of a drafter: (request, most drafts) -> drafts."""
-
-    def propose(request: Request, k: int) -> tuple[int, ...]:
-        context = DraftContext(
-            request.request_id, request.prompt_token_ids, request.output_token_ids, request.prediction_ids
-        )
-        return drafter.propose(context, k).token_ids
-
-    return propose
+    return PlainDrafts(drafter)

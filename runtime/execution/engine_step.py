@@ -46,7 +46,7 @@ def top_logprobs_needed(rows: list[RowState]) -> int:
     return MAX_TOP_LOGPROBS if any(row.params.logprobs for row in rows) else 0
 
 
-def _unpack_step(inputs, layout: IoLayout) -> tuple[StepBatch, SamplingBatch, list]:
+def unpack_step(inputs, layout: IoLayout) -> tuple[StepBatch, SamplingBatch, list]:
     """Inside the executable: the StepBatch, the SamplingBatch and any extra arrays packed after them."""
     arrays = unpack_arrays(inputs, layout)
     n_batch, n_sampling = len(StepBatch._fields), len(SamplingBatch._fields)
@@ -67,7 +67,7 @@ def make_step_fn(forward: Callable) -> Callable:
     sampler's branch-free greedy path."""
 
     def step(dims, layout: IoLayout, num_top: int, all_greedy: bool, params, kv, inputs):
-        batch, sampling, _ = _unpack_step(inputs, layout)
+        batch, sampling, _ = unpack_step(inputs, layout)
         logits, kv = forward(dims, params, kv, batch)
         return pack_result(sample(logits.astype(jnp.float32), sampling, num_top, all_greedy=all_greedy)), kv
 
@@ -77,15 +77,20 @@ def make_step_fn(forward: Callable) -> Callable:
 def make_verify_step_fn(forward: Callable) -> Callable:
     """jit(forward + verify) of a verify step (StepShape.verify_width = W): (dims, layout, num_top, all_greedy,
     width, params, kv, inputs) -> (packed result, kv), kv donated. The inputs carry, after the StepBatch and the
-    SamplingBatch (R * W rows, row-major), drafts int32 [R, W - 1] and num_drafts int32 [R]; the logits of the
-    batch's R * W logit rows are verified as [R, W, V]. The packed result is pack_result's, one row per (verify
-    row, position): the emitted tokens (-1 past each row's count), their logprobs and top alternatives."""
+    SamplingBatch (R * W rows, row-major), drafts int32 [R, W - 1] and num_drafts int32 [R], then, when some
+    row's drafts came with their distributions (a sampling model drafter), draft_probs f32 [R, W - 1, V] and
+    has_draft_probs bool [R] (the layout says which: a separate executable); the logits of the batch's R * W
+    logit rows are verified as [R, W, V]. The packed result is pack_result's, one row per (verify row,
+    position): the emitted tokens (-1 past each row's count), their logprobs and top alternatives."""
 
     def step(dims, layout: IoLayout, num_top: int, all_greedy: bool, width: int, params, kv, inputs):
-        batch, sampling, (drafts, num_drafts) = _unpack_step(inputs, layout)
+        batch, sampling, (drafts, num_drafts, *q) = unpack_step(inputs, layout)
+        draft_probs, has_draft_probs = q if q else (None, None)
         logits, kv = forward(dims, params, kv, batch)
         logits = logits.astype(jnp.float32).reshape(-1, width, logits.shape[-1])
-        result = verify(logits, sampling, drafts, num_drafts, num_top_logprobs=num_top, all_greedy=all_greedy)
+        result = verify(
+            logits, sampling, drafts, num_drafts, draft_probs, has_draft_probs, num_top, all_greedy=all_greedy
+        )
         rows = result.tokens.size
         flat = SampleResult(
             result.tokens.reshape(rows),
@@ -113,7 +118,7 @@ def make_multi_step_fn(forward: Callable, steps: int) -> Callable:
     (runtime/scheduling/run_ahead.py); no_carry(B) is the form that keeps the batch's tokens."""
 
     def multi(dims, layout: IoLayout, num_top: int, all_greedy: bool, params, kv, inputs, carried):
-        batch, sampling, (slots_ahead,) = _unpack_step(inputs, layout)
+        batch, sampling, (slots_ahead,) = unpack_step(inputs, layout)
         rows = batch.num_decode
         tokens_in = jnp.where(carried[rows] == 1, carried[:rows], batch.tokens)  # decode-only: N == B tokens
 

@@ -23,7 +23,7 @@ from ..loading.model import Model
 from ..sampling.params import RowState
 from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep, bucket
 from ..state.host_tier import HostTier
-from ..state.kinds import engine_pool_blocks, engine_slots, engine_snapshot_slots
+from ..state.kinds import engine_pool_blocks, engine_slots, engine_snapshot_slots, engine_verify_scratch_slots
 from ..state.kv_dtypes import kv_dtype
 from .block_copies import BlockCopier
 from .deterministic_tiles import fixed_tiles, step_tiles, tile_shape
@@ -50,9 +50,15 @@ from .step_inputs import (
     build_step_batch,
     padding_batch,
     step_shape,
+    verify_draft_probs,
     verify_drafts,
 )
 from .verify_rows import verify_results, verify_row_batch
+
+
+def slot_extras(config) -> int:
+    """Slots of each slot kind after the live ones: the prefix cache's snapshots, then the verify scratch."""
+    return engine_snapshot_slots(config) + engine_verify_scratch_slots(config)
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,7 @@ class StepExecutor:
             engine_pool_blocks(model.paged_kinds, config),
             config.block_size,
             kv_dtype(model.dtype, config.kv_cache_dtype),
-            num_slots=engine_slots(config) + (engine_snapshot_slots(config) if model.slot_kinds else 0),
+            num_slots=engine_slots(config) + (slot_extras(config) if model.slot_kinds else 0),
         )
         self.slot_copier = SlotCopier(model.layer_state_kinds, [k.name for k in model.slot_kinds])
         # the prefix cache's host tier (runtime/state/host_tier.py), when the engine keeps one (attach_host_tier)
@@ -116,6 +122,7 @@ class StepExecutor:
         )
         # traced inside the model's kernel policy: which kernels and configs the step launches
         forward = model.traced(plan.module.forward)
+        self.forward = forward  # the traced forward (a model drafter's own steps: runtime/execution/draft_steps.py)
         self.step_fn = cached_step(make_step_fn(forward), 4, identity, "step")
         self.verify_fn = cached_step(make_verify_step_fn(forward), 5, identity, "verify")
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
@@ -152,7 +159,7 @@ class StepExecutor:
         )
         return [replace(shape, min_logit_rows=self.min_rows) for shape in shapes]
 
-    def _shape(self, step: ScheduledStep) -> StepShape:
+    def shape_of(self, step: ScheduledStep) -> StepShape:
         shape = step_shape(step, self.decode_buckets, self.prefill, self.table_blocks)
         return replace(shape, min_logit_rows=self.min_rows)
 
@@ -177,9 +184,13 @@ class StepExecutor:
                 bar.update(1)
         if bar is not None:
             bar.close()
+        # a sampling model drafter's rows also bring their q: the sampled variant with draft_probs
+        variants = [(True, False), (False, False)]  # (all_greedy, with_q)
+        if getattr(getattr(self.config, "speculative", None), "method", None) == "draft":
+            variants.append((False, True))
         for shape in self.verify_shapes_alone():
-            for all_greedy in (True, False):
-                self._precompile_verify(shape, all_greedy)
+            for all_greedy, with_q in variants:
+                self._precompile_verify(shape, all_greedy, with_q)
         if self.host_tier is not None:  # gathers of up to the tier's blocks, restores of up to one context
             usable = self.kv[self.block_copier.layers[0]][0].shape[0] - 1  # one paged kind: [num_blocks, ...]
             self.block_copier.precompile(
@@ -197,10 +208,12 @@ class StepExecutor:
         kinds = (self.table_blocks, self.num_kinds, 1)
         return [StepShape(0, w, *kinds, num_slot_kinds=self.num_slot_kinds, verify_width=w) for w in widths]
 
-    def _precompile_verify(self, shape: StepShape, all_greedy: bool) -> None:
+    def _precompile_verify(self, shape: StepShape, all_greedy: bool, with_q: bool = False) -> None:
         drafts = np.full((shape.verify_rows, shape.verify_width - 1), -1, np.int32)
         counts = np.zeros(shape.verify_rows, np.int32)
         extra = (drafts, counts)
+        if with_q:
+            extra += (np.zeros((*drafts.shape, self.vocab), np.float32), np.zeros(shape.verify_rows, bool))
         inputs = pack_step_inputs(
             padding_batch(shape), [], vocab_size=self.vocab, num_rows=shape.logit_rows, extra=extra
         )
@@ -212,7 +225,7 @@ class StepExecutor:
     def run(self, step: ScheduledStep, rows: list[RowState]) -> dict[str, Sampled]:
         """Run one step and wait for it: {request id: Sampled}."""
         if self.tiles is None:
-            shape = self._shape(step)
+            shape = self.shape_of(step)
             return self._sampled(step, self._run(build_step_batch(step, shape), rows, shape))
         row_of = dict(zip(step.logit_request_ids, rows))
         results: dict[str, Sampled] = {}
@@ -245,7 +258,7 @@ class StepExecutor:
         whose prefill chunks these rows complete (Scheduler.chain_after_prefill)."""
         if self.tiles is not None:  # tiles of one fixed shape, run one after another
             return InFlightStep(step, tuple(rows), steps, results=(self.run(step, rows),))
-        shape = self._shape(step)
+        shape = self.shape_of(step)
         batch = build_step_batch(step, shape)
         if shape.verify_width:
             return self._launch_verify(step, rows, shape, batch)
@@ -276,8 +289,8 @@ class StepExecutor:
         """A verify step (runtime/scheduling/speculation.py): each logit row's W positions sampled as the
         drafts before them had been emitted; a draft the grammar refuses ends its row's drafts."""
         flat, num_drafts = verify_row_batch(step, rows, shape)
-        drafts, counts = verify_drafts(step, shape, num_drafts)
-        inputs = pack_step_inputs(batch, flat, vocab_size=self.vocab, num_rows=shape.logit_rows, extra=(drafts, counts))
+        extra = (*verify_drafts(step, shape, num_drafts), *verify_draft_probs(step, shape, num_drafts, self.vocab))
+        inputs = pack_step_inputs(batch, flat, vocab_size=self.vocab, num_rows=shape.logit_rows, extra=extra)
         layout, num_top, all_greedy = inputs.static_args()
         packed, self.kv = self.verify_fn(
             self.model.dims, layout, num_top, all_greedy, shape.verify_width, self.model.params, self.kv, inputs.buffer

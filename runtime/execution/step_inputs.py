@@ -196,3 +196,19 @@ def verify_drafts(step: ScheduledStep, shape: StepShape, num_drafts: dict[str, i
         drafts[shape.decode_rows + s, :n] = segment.drafts[:n]
         counts[shape.decode_rows + s] = n
     return drafts, counts
+
+
+def verify_draft_probs(step: ScheduledStep, shape: StepShape, num_drafts: dict[str, int], vocab: int) -> tuple:
+    """() when no verify segment carries its drafts' distributions (every q is a point mass), else (draft_probs
+    f32 [R, W - 1, V], zero where a row has none; has_draft_probs bool [R]): segment s's kept drafts' q rows,
+    zero-padded past the draft model's vocabulary (it may be smaller than the target's)."""
+    with_q = [(s, v) for s, v in enumerate(step.verifies) if v.draft_probs is not None]
+    if not with_q:
+        return ()
+    probs = np.zeros((shape.verify_rows, shape.verify_width - 1, vocab), np.float32)
+    flags = np.zeros(shape.verify_rows, bool)
+    for s, segment in with_q:
+        n, q = num_drafts[segment.request_id], segment.draft_probs
+        probs[shape.decode_rows + s, :n, : q.shape[1]] = q[:n]
+        flags[shape.decode_rows + s] = True
+    return probs, flags

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -122,6 +123,8 @@ class VerifySegment:
     start: int  # the request's computed count: the position of its last known token
     token_ids: tuple[int, ...]  # (last known token, *drafts)
     slots: tuple[tuple[int, ...], ...]  # per token: its flat KV slot in each kind's pool
+    # the drafts' distributions q, f32 [k, V'] (a sampling model drafter), or None: point masses
+    draft_probs: Any = field(default=None, compare=False)
 
     @property
     def num_tokens(self) -> int:

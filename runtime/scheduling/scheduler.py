@@ -34,13 +34,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ..state.block_pool import BlockPool, StateAllocator
 from ..state.kv_cache import KVCache, PrefixHit
 from .prefix_snapshots import NoSnapshots, SnapshotPlanner
+from .recurrent_rollback import RecurrentRollback
 from .requests import QueueFullError, Request, RequestStatus, RequestTooLongError, StepOutput
 from .run_ahead import RunAhead
-from .scheduled_step import PrefillShapes, ScheduledStep
+from .scheduled_step import PrefillShapes, ScheduledStep, SlotCopies
 from .snapshot import SchedulerSnapshot, snapshot_of
 from .speculation import DraftSource, draft_lengths, emitted_by_row, settle_verified, take_drafts
 from .step_layout import lay_out_step
@@ -61,6 +63,7 @@ class Scheduler:
         snapshots: SnapshotPlanner | None = None,
         draft_source: DraftSource | None = None,
         num_speculative_tokens: int = 0,
+        rollback: RecurrentRollback | None = None,
     ):
         if max_num_seqs < 1 or max_batched_tokens < 1 or max_queue_depth < 1:
             raise ValueError("max_num_seqs, max_batched_tokens and max_queue_depth must be >= 1")
@@ -90,6 +93,7 @@ class Scheduler:
         # speculative decoding (runtime/scheduling/speculation.py): up to k drafts per decode row
         self.draft_source, self.num_speculative_tokens = draft_source, num_speculative_tokens
         self.on_release: Callable[[str], None] | None = None  # a request's state went back (a drafter's too)
+        self.rollback = rollback  # rejected drafts' recurrent state (runtime/scheduling/recurrent_rollback.py)
 
     # --- intake -------------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -130,15 +134,15 @@ class Scheduler:
         budget = self.max_batched_tokens
         preempted: list[str] = []
         decodes: list[Request] = []
-        verifies: list[tuple[Request, tuple[int, ...]]] = []
+        verifies: list[tuple[Request, tuple[int, ...], Any]] = []  # (request, drafts, their q rows or None)
         lengths = draft_lengths(self.draft_source, self.num_speculative_tokens, self.waiting, self.running)
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             k = min(lengths.get(request.request_id, 0), budget - 1)
-            drafts = take_drafts(self.kv, request, self.draft_source, k) if k > 0 else ()
+            drafts, probs = take_drafts(self.kv, request, self.draft_source, k) if k > 0 else ((), None)
             if drafts:
-                verifies.append((request, drafts))
+                verifies.append((request, drafts, probs))
                 budget -= 1 + len(drafts)
             elif request.num_tokens_to_compute == 1:
                 if not self._grow_or_preempt(request, request.num_computed_tokens + 1, preempted):
@@ -172,18 +176,18 @@ class Scheduler:
         self.waiting.appendleft(request)  # never dropped; first in line
 
     def _schedule_chunks(self, budget: int, admit: bool) -> list[tuple[Request, int, int]]:
-        """(request, start, end) of each prefill chunk of the step, allocating their blocks: the request
-        mid-prefill first, then admissions while the budget, the pool and a compiled layout allow. Every
+        """(request, start, end) of each prefill chunk of the step, allocating their blocks: the requests
+        mid-prefill first (one, or the rows a verify step rolled back: short chunks), then admissions while the budget, the pool and a compiled layout allow. Every
         chunk but the last completes its prompt."""
         chunks: list[tuple[Request, int, int]] = []
-        partial = [r for r in self.running if r.num_tokens_to_compute > 1]
-        assert len(partial) <= 1, "more than one request is mid-prefill"
-        if partial:
-            request = partial[0]
+        for request in [r for r in self.running if r.num_tokens_to_compute > 1]:
             start = request.num_computed_tokens
             end = self._chunk_end(request, start, budget, self.kv.tokens_coverable(request.state))
             if end <= start:
                 return chunks  # pool dry: it keeps its blocks and continues when decodes free some
+            longest = max([e - s for _, s, e in chunks] + [end - start])
+            if chunks and (end < request.num_tokens or not self.prefill_shapes.fits(len(chunks) + 1, longest)):
+                return chunks  # joining others: whole, in a compiled layout; else it continues next step
             assert self.kv.grow(request.state, end)
             chunks.append((request, start, end))
             budget -= end - start
@@ -241,6 +245,9 @@ class Scheduler:
         self, decodes: list[Request], chunks: list[tuple[Request, int, int]], preempted: list[str], verifies=()
     ) -> ScheduledStep:
         copies = self.snapshots.step_copies(chunks)
+        if self.rollback is not None:  # restores of rolled-back rows, saves of this step's speculating rows
+            saves = self.rollback.saves([r for r, _, _ in verifies])
+            copies = SlotCopies((*self.rollback.restores(self._running), *copies.before, *saves), copies.after)
         return lay_out_step(self.kv, tuple(self.extra_state), decodes, verifies, chunks, preempted, copies)
 
     # --- several decode steps in one device call (runtime/scheduling/run_ahead.py) ----------------------
@@ -311,7 +318,7 @@ class Scheduler:
         # a verify segment computed its last known token and the accepted drafts: one per emitted token
         advanced += [(seg.request_id, seg.start, len(emitted[seg.request_id])) for seg in step.verifies]
         advanced += [(chunk.request_id, chunk.start, chunk.num_tokens) for chunk in step.prefills]
-        verifying = {seg.request_id for seg in step.verifies}
+        verifying = {seg.request_id: seg for seg in step.verifies}
         for request_id, start, n in advanced:
             request = self._running(request_id)
             if request is None:
@@ -331,6 +338,8 @@ class Scheduler:
                 continue
             taken, status = request.append_until_stop(tokens)  # what it emitted after a stop is dropped
             if request_id in verifying:
+                if status is None and self.rollback is not None:
+                    self.rollback.settle(request, verifying[request_id])
                 settle_verified(self.kv, request)
             if status is not None:
                 self._finish(request, status)

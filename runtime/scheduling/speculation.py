@@ -15,12 +15,15 @@ the scheduler knows nothing of where they come from. Policies:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..state.kv_cache import KVCache
 from .requests import Request
 from .scheduled_step import ScheduledStep, VerifySegment, slots_at
 
-DraftSource = Callable[[Request, int], Sequence[int]]  # (request, most drafts) -> its drafts (maybe none)
+# (request, most drafts) -> its drafts (maybe none): token ids, or a proposal with `token_ids` and `probs` (the
+# drafts' distributions q [k, V'] of a sampling model drafter, or None: point masses)
+DraftSource = Callable[[Request, int], Any]
 
 
 def draft_lengths(source: DraftSource | None, k: int, waiting, running: Sequence[Request]) -> dict[str, int]:
@@ -42,24 +45,28 @@ def draft_limit(request: Request, k: int) -> int:
     return max(0, min(k, request.max_tokens - len(request.output_token_ids) - 1))
 
 
-def take_drafts(kv: KVCache, request: Request, source: DraftSource, k: int) -> tuple[int, ...]:
-    """The drafts of `request`'s next decode row, its KV grown for them; () when there are none or no room."""
+def take_drafts(kv: KVCache, request: Request, source: DraftSource, k: int) -> tuple[tuple[int, ...], Any]:
+    """(drafts, their q rows or None) of `request`'s next decode row, its KV grown for them; ((), None) when
+    there are none or no room."""
     k = draft_limit(request, k)
     if k <= 0:
-        return ()
-    drafts = tuple(int(t) for t in source(request, k))[:k]
+        return (), None
+    proposal = source(request, k)
+    drafts = tuple(int(t) for t in getattr(proposal, "token_ids", proposal))[:k]
+    probs = getattr(proposal, "probs", None)
     if drafts and kv.grow(request.state, request.num_computed_tokens + 1 + len(drafts)):
-        return drafts
-    return ()
+        return drafts, None if probs is None else probs[: len(drafts)]
+    return (), None
 
 
-def verify_segment(request: Request, drafts: tuple[int, ...], tables, block_size: int) -> VerifySegment:
+def verify_segment(request: Request, drafts: tuple[int, ...], tables, block_size: int, probs=None) -> VerifySegment:
     start = request.num_computed_tokens
     return VerifySegment(
         request.request_id,
         start,
         (request.all_token_ids[start], *drafts),
         tuple(slots_at(tables, p, block_size) for p in range(start, start + 1 + len(drafts))),
+        probs,
     )
 
 

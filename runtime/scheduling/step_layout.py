@@ -15,16 +15,16 @@ def lay_out_step(
     kv: KVCache,
     slot_kinds: tuple[str, ...],
     decodes: Sequence[Request],
-    verifies: Sequence[tuple[Request, tuple[int, ...]]],
+    verifies: Sequence[tuple[Request, tuple[int, ...], object]],
     chunks: Sequence[tuple[Request, int, int]],
     preempted: Sequence[str],
     copies: SlotCopies,
 ) -> ScheduledStep:
-    """decodes: requests decoding one token; verifies: (request, its drafts); chunks: (request, start, end) of
+    """decodes: requests decoding one token; verifies: (request, its drafts, their q rows or None); chunks: (request, start, end) of
     its prompt; preempted: request ids sent back this step; copies: the step's snapshot copies."""
     bs = kv.block_size
     tables = {
-        r.request_id: kv.tables(r.state) for r in (*decodes, *(r for r, _ in verifies), *(r for r, _, _ in chunks))
+        r.request_id: kv.tables(r.state) for r in (*decodes, *(r for r, _, _ in verifies), *(r for r, _, _ in chunks))
     }
     rows = []
     for request in decodes:
@@ -34,7 +34,7 @@ def lay_out_step(
                 request.request_id, request.all_token_ids[pos], pos, slots_at(tables[request.request_id], pos, bs)
             )
         )
-    segments = [verify_segment(r, drafts, tables[r.request_id], bs) for r, drafts in verifies]
+    segments = [verify_segment(r, drafts, tables[r.request_id], bs, probs) for r, drafts, probs in verifies]
     prefills = [
         PrefillChunk(
             request.request_id,
@@ -45,7 +45,7 @@ def lay_out_step(
         )
         for request, start, end in chunks
     ]
-    owners = [*decodes, *(r for r, _ in verifies), *(r for r, _, _ in chunks)]
+    owners = [*decodes, *(r for r, _, _ in verifies), *(r for r, _, _ in chunks)]
     slots = state_slots_of(owners, slot_kinds)
     return ScheduledStep(
         tuple(rows), tuple(prefills), tables, tuple(preempted), len(kv.kinds), *slots, copies, tuple(segments)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .adaptive import AcceptanceTracker, plan_draft_lengths
-from .drafter import DraftContext, Drafter
+from .drafter import Draft, Drafter, draft_context
 
 
 class AdaptiveDrafts:
@@ -27,6 +27,7 @@ class AdaptiveDrafts:
         self.drafter, self.max_drafts = drafter, max_drafts
         self.verify_token_cost, self.draft_token_cost = verify_token_cost, draft_token_cost
         self.tracker = AcceptanceTracker()
+        self.row_state = None  # request id -> its RowState (the engine's), for drafters that sample as it does
         self._pending: dict[str, tuple[int, tuple[int, ...]]] = {}  # request -> (output length, drafts proposed)
 
     def plan(self, requests: Sequence) -> dict[str, int]:
@@ -37,15 +38,12 @@ class AdaptiveDrafts:
         ks = plan_draft_lengths(alphas, self.max_drafts, self._step_time, self._draft_time)
         return {r.request_id: k for r, k in zip(requests, ks)}
 
-    def __call__(self, request, k: int) -> tuple[int, ...]:
-        """The scheduler's DraftSource."""
-        context = DraftContext(
-            request.request_id, request.prompt_token_ids, request.output_token_ids, request.prediction_ids
-        )
-        drafts = self.drafter.propose(context, k).token_ids
-        if drafts:
-            self._pending[request.request_id] = (len(request.output_token_ids), tuple(drafts))
-        return drafts
+    def __call__(self, request, k: int) -> Draft:
+        """The scheduler's DraftSource: the drafter's proposal (its tokens, and q rows of a sampling drafter)."""
+        draft = self.drafter.propose(draft_context(request, self.row_state), k)
+        if draft.token_ids:
+            self._pending[request.request_id] = (len(request.output_token_ids), tuple(draft.token_ids))
+        return draft
 
     def release(self, request_id: str) -> None:
         self.drafter.release(request_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SPECULATIVE_METHODS = ("ngram", "draft")  # "mtp": the MTP plan's drafter, when it exists
+SPECULATIVE_METHODS = ("ngram", "draft", "mtp")  # mtp: the checkpoint's multi-token-prediction module
 # a drafted token's verify cost in batch-1 decode steps, per compiler target: the CPU's from the engine run of
 # docs/results/cpu_spec_engine_ngram_8e2588f.json (verify steps of 3.5 drafts, mostly padded to 8 rows, cost ~4
 # decode steps on the shared 2-core machine: ~0.85 per draft; 0.6 estimates it without the padding); the GPU's

@@ -19,6 +19,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from ..sampling.params import RowState
+
 
 @dataclass(frozen=True)
 class DraftContext:
@@ -26,12 +28,15 @@ class DraftContext:
 
     prediction_ids: the token ids of the request's Predicted Output (OpenAI `prediction: {"type": "content"}`),
     tokenized with the request's tokenizer, or () when it has none.
+    row: the row's sampling state (its settings, seed and step) for drafters that sample as the request does,
+    or None (a drafter then drafts deterministically).
     """
 
     request_id: str
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]
     prediction_ids: Sequence[int] = ()
+    row: RowState | None = field(default=None, compare=False)
 
     @property
     def tokens(self) -> np.ndarray:
@@ -57,6 +62,15 @@ class Draft:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+
+def draft_context(request, row_state=None) -> DraftContext:
+    """The DraftContext of a scheduler request (request_id, prompt_token_ids, output_token_ids,
+    prediction_ids); row_state: request id -> its RowState, or None (drafters then draft deterministically)."""
+    row = row_state(request.request_id) if row_state is not None else None
+    return DraftContext(
+        request.request_id, request.prompt_token_ids, request.output_token_ids, request.prediction_ids, row
+    )
 
 
 @runtime_checkable

@@ -4,15 +4,20 @@ paged KV inside the engine (docs/speculative.md step 6).
 Per request it keeps the draft model's KV and the tokens that KV was computed from. Asked for k drafts, it
 rolls its KV back to the longest prefix those tokens share with the request's current ones (the target
 rejected what differs), catches up the rest as prefill chunks (the last one gives d_0), then decodes
-d_1..d_{k-1} one step each. Drafts are the draft model's greedy picks: a deterministic proposal, verified as a
-point mass, which keeps rejection sampling exact for sampled rows too (their acceptance is lower than with the
-draft's own distributions q, the later refinement). The engine calls `release` when a request finishes or is
-preempted (its KV goes back)."""
+d_1..d_{k-1} one step each. For a greedy row (or one whose sampling state it is not given) the drafts are the
+draft model's greedy picks, verified as point masses. For a sampled row it draws each draft from q, the draft
+model's logits through the request's own pipeline (temperature, top-k / top-p / min-p, bias, penalties, at
+the draft's step and seed: `draft_sample`), and hands the q rows to the verifier, which accepts with
+min(1, p/q) and resamples from max(0, p - q) on a rejection: lossless, with a higher acceptance than point
+masses. The engine calls `release` when a request finishes or is preempted (its KV goes back)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
+from ..execution.draft_steps import DraftSteps
 from ..execution.step_executor import StepExecutor
 from ..loading.model import Model
 from ..sampling.params import RowState, SamplingParams
@@ -20,6 +25,7 @@ from ..scheduling.scheduled_step import DecodeRow, PrefillChunk, PrefillShapes, 
 from ..state.kinds import engine_pool_blocks
 from ..state.kv_cache import KVCache
 from .drafter import Draft, DraftContext
+from .row_draws import samples
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True)
 
@@ -45,6 +51,7 @@ class ModelDrafter:
         buckets = tuple(b for b in entry["prefill_buckets"] if b <= config.max_batched_tokens) or (16,)
         self.prefill = PrefillShapes(buckets)
         self.executor = StepExecutor(model, config, self.prefill)
+        self.steps = DraftSteps(self.executor)
         self.sequences: dict[str, _Sequence] = {}
 
     def propose(self, context: DraftContext, k: int) -> Draft:
@@ -55,13 +62,25 @@ class ModelDrafter:
         if seq is None:
             seq = self.sequences[context.request_id] = _Sequence(self.kv.new_state())
         self._roll_back(seq, tokens)
-        row = RowState(_GREEDY, 0, context.prompt_ids, context.output_ids)
+        row = context.row
+        sampled = samples(row)
+        if not sampled:
+            row = RowState(_GREEDY, 0, context.prompt_ids, context.output_ids)
+        row = replace(row, matcher=None)  # q need not follow the grammar: the verifier's p does
         if not self.kv.grow(seq.state, len(tokens) + k - 1):
             return Draft()  # the draft pool is full: no drafts this step
-        drafts = [self._catch_up(context.request_id, seq, tokens, row)]
-        for _ in range(k - 1):
-            drafts.append(self._decode(context.request_id, seq, drafts[-1], row))
-        return Draft(tuple(drafts))
+        rid = context.request_id
+        # d_0 from the catch-up chunk's last row (the row at its step), then d_1 .. d_{k-1}: k - 1 decodes in one
+        # device call, sampled at the row's step + 1 .. + k - 1 with d_0 emitted
+        first, q0 = self.steps.draw(self._catch_up(rid, seq, tokens), [row], sampled)
+        drafts, probs = [int(first[0])], [q0]
+        if k > 1:
+            after_first = replace(row, output_ids=(*row.output_ids, drafts[0]), step=row.token_index + 1)
+            more, q = self.steps.draw_decodes(self._decodes(seq, rid, drafts[0]), [after_first], k - 1, sampled)
+            drafts += [int(t) for t in more[:, 0]]
+            seq.computed += drafts[1:-1]  # decode i computed draft i's KV; the last draft is not computed
+            probs.append(None if q is None else q[:, 0])
+        return Draft(tuple(drafts), np.concatenate(probs) if sampled else None)
 
     def release(self, request_id: str) -> None:
         seq = self.sequences.pop(request_id, None)
@@ -78,8 +97,8 @@ class ModelDrafter:
         del seq.computed[keep:]
         self.kv.shrink(seq.state, keep)
 
-    def _catch_up(self, rid: str, seq: _Sequence, tokens: list[int], row: RowState) -> int:
-        """Compute tokens[len(computed):] in chunks; the last chunk's logits give d_0."""
+    def _catch_up(self, rid: str, seq: _Sequence, tokens: list[int]) -> ScheduledStep:
+        """Compute tokens[len(computed):] in chunks; the last chunk (returned, not run) gives d_0."""
         tables = self.kv.tables(seq.state)
         bs = self.kv.block_size
         largest = self.prefill.buckets[-1]
@@ -94,15 +113,15 @@ class ModelDrafter:
                 completes=end == len(tokens),
             )
             step = ScheduledStep((), (chunk,), {rid: tables}, num_kinds=len(self.kv.kinds))
-            results = self.executor.run(step, [row] if chunk.completes else [])
             seq.computed += tokens[start:end]
             if chunk.completes:
-                return results[rid].token
+                return step
+            self.executor.run(step, [])
 
-    def _decode(self, rid: str, seq: _Sequence, token: int, row: RowState) -> int:
+    def _decodes(self, seq: _Sequence, rid: str, token: int) -> ScheduledStep:
+        """The decode step of d_0 (run ahead from there: draft_steps.py), its KV already grown for the rest."""
         tables = self.kv.tables(seq.state)
         position = len(seq.computed)
         decode = DecodeRow(rid, token, position, slots_at(tables, position, self.kv.block_size))
-        step = ScheduledStep((decode,), (), {rid: tables}, num_kinds=len(self.kv.kinds))
         seq.computed.append(token)
-        return self.executor.run(step, [row])[rid].token
+        return ScheduledStep((decode,), (), {rid: tables}, num_kinds=len(self.kv.kinds))

@@ -14,14 +14,16 @@ then `RecomputedHiddenStates` runs the target's plan with its head swapped for t
 sequence, and `IncrementalHiddenStates` keeps that pass per request and runs only the new tokens (exact, but an
 extra target forward per token: measurement, not speed-up).
 
-Greedy drafts (temperature 0) are point masses (probs None), which keeps rejection sampling exact for sampled
-rows too; with a temperature the drafter samples from the MTP's softmax and returns those rows as probs.
+A row the engine shows with its sampling state (`DraftContext.row`, a sampled request) is drafted as it samples:
+each draft drawn from q = the MTP's logits through the request's pipeline at the draft's step and seed
+(`row_draws.draw_as_row`), q handed to the verifier. Otherwise drafts are greedy point masses (probs None), or,
+with the drafter's own `temperature` (the offline tools), samples from the MTP's softmax with those rows as probs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -30,6 +32,7 @@ from ..execution.sequence_runner import SequenceRunner
 from ..loading.model import Model
 from .drafter import Draft, DraftContext
 from .mtp_forward import MtpSequence
+from .row_draws import draw_as_row, samples
 
 # (request_id, tokens) -> float32 [len(tokens), d]: the target's final-norm hidden state at each token
 TargetHiddenStates = Callable[[str, Sequence[int]], np.ndarray]
@@ -111,13 +114,18 @@ class MtpDrafter:
         logits, out = seq.cache.run(tokens[keep + 1 : n], keep, hidden)
         seq.inputs = tokens[:n]
         drafts, probs = [], []
+        row, sampled = context.row, samples(context.row)
         for i in range(k):
-            token, q = self._pick(logits[-1])
+            if sampled:  # as the request samples, at its step + i (seeded by it: reproducible)
+                at = replace(row, output_ids=(*row.output_ids, *drafts), step=row.token_index + i)
+                token, q = draw_as_row(logits[-1], at)
+            else:
+                token, q = self._pick(logits[-1])
             drafts.append(token)
             probs.append(q)
             if i + 1 < k:  # position n - 1 + i reads (the MTP's hidden state of the step before, the draft)
                 logits, out = seq.cache.run([token], n - 1 + i, out[-1:])
-        return Draft(tuple(drafts), None if self.temperature == 0 else np.stack(probs))
+        return Draft(tuple(drafts), np.stack(probs) if sampled or self.temperature != 0 else None)
 
     def release(self, request_id: str) -> None:
         self.sequences.pop(request_id, None)

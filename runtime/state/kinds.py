@@ -152,6 +152,12 @@ def engine_slots(config: Any) -> int:
     return int(getattr(config, "num_slots", None) or config.max_num_seqs)
 
 
+def engine_verify_scratch_slots(config: Any) -> int:
+    """Scratch slots of speculative decoding (runtime/scheduling/recurrent_rollback.py): one per live slot when the
+    engine speculates (a verify step's rows save their state there), after the live and the snapshot slots."""
+    return engine_slots(config) if getattr(config, "speculative", None) is not None else 0
+
+
 def engine_snapshot_slots(config: Any) -> int:
     """Recurrent-state snapshot slots (the prefix cache of plans with slot kinds) for an EngineConfig: none with
     the prefix cache off, else config.num_snapshot_slots, else as many as live slots."""

@@ -49,6 +49,7 @@ from ember.compiler.kernels.sampling import (
 )
 
 _ACCEPT_STREAM = 1  # fold_in tag of the acceptance uniforms (the residual draw uses the step key itself)
+_DRAFT_STREAM = 2  # fold_in tag of a model drafter's own draws (independent of the verifier's)
 
 
 class VerifyResult(NamedTuple):
@@ -138,6 +139,28 @@ def target_distribution(logits, params: SamplingBatch):
 
 def _row_keys(seed, step):
     return jax.vmap(lambda s, t: jax.random.fold_in(jax.random.key(s), t))(seed, step)
+
+
+class DraftSample(NamedTuple):
+    tokens: jax.Array  # i32 [N]: the drafted token of each row
+    probs: jax.Array  # f32 [N, V]: q, the distribution it was drawn from (one-hot for point-mass rows)
+
+
+def draft_sample(logits, params: SamplingBatch) -> DraftSample:
+    """A model drafter's draw: token ~ q = softmax(target_distribution(draft logits, params)), i.e. the draft
+    model's logits through the request's own pipeline (temperature, top-k / top-p / min-p, bias, penalties).
+
+    logits f32 [N, V]; params N rows, row i packed for the draft's step (the row's step + i). Any q keeps
+    verification lossless as long as verify is handed the q the token was drawn from; sharing the pipeline
+    makes q close to p. The noise is the step key's `_DRAFT_STREAM` fold, independent of the verifier's
+    acceptance uniform and residual draw at the same (seed, step), so a fixed seed reproduces the drafts.
+    """
+    scores, point_mass, pick = target_distribution(logits, params)
+    vocab = scores.shape[-1]
+    keys = _row_keys(params.seed, params.step)
+    noise = jax.vmap(lambda key: jax.random.gumbel(jax.random.fold_in(key, _DRAFT_STREAM), (vocab,)))(keys)
+    drawn = jnp.argmax(scores + noise, axis=-1).astype(jnp.int32)
+    return DraftSample(jnp.where(point_mass, pick, drawn), jax.nn.softmax(scores, axis=-1))
 
 
 def speculative_sample(
