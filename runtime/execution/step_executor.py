@@ -106,9 +106,9 @@ class StepExecutor:
         self.slot_copier = SlotCopier(model.layer_state_kinds, [k.name for k in model.slot_kinds])
         # the step functions' executables are also kept on disk (runtime/execution/executable_cache.py): a warm start
         # neither traces nor lowers them
-        identity = (
-            executor_identity(plan.module, model.policy, (model.params, self.kv)) if config.keep_executables else None
-        )
+        # (not for a model on a device mesh: the identity does not see how its arrays are split)
+        keep = config.keep_executables and model.placement is None
+        identity = executor_identity(plan.module, model.policy, (model.params, self.kv)) if keep else None
         # traced inside the model's kernel policy: which kernels and configs the step launches
         forward = model.traced(plan.module.forward)
         self.step_fn = cached_step(make_step_fn(forward), 4, identity, "step")

@@ -1,0 +1,153 @@
+"""Run by tests/test_tensor_parallel.py in a subprocess whose JAX sees several host devices (XLA's device count is
+fixed when JAX starts): tiny checkpoints on one device and on meshes of several, compared; one JSON line out.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \
+        python tests/tensor_parallel_check.py --case qwen3:2 --case qwen3_moe:4:ep --engine qwen3:2
+
+--case ARCH:N[:ep]: greedy prefill + decode of the fixture's prompt on one device and on N; the logits' largest
+difference and whether the greedy tokens agree. --engine ARCH:N: concurrent greedy requests through an engine
+whose KV pool is too small for all of them (preemption) on N devices, each request's tokens vs the one-device
+run alone. --deterministic ARCH:N: the deterministic engine on N devices, a request alone twice and beside
+others, bit for bit. --mesh-error ARCH:N: the error loading on N devices gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from engine_support import GREEDY, ByteTokenizer  # noqa: E402
+from fixture_data import tiny_fixture  # noqa: E402
+
+from ember.compiler.targets.mesh import MeshConfig  # noqa: E402
+from ember.runtime.engine.engine import Engine, EngineConfig  # noqa: E402
+from ember.runtime.execution.sequence_runner import SequenceRunner  # noqa: E402
+from ember.runtime.loading.model import load_model  # noqa: E402
+from ember.runtime.sampling.params import SamplingParams  # noqa: E402
+
+DECODE = 8
+_MODELS: dict = {}
+
+
+def _mesh(text: str) -> tuple[str, MeshConfig]:
+    arch, size, *rest = text.split(":")
+    return arch, MeshConfig(int(size), rest == ["ep"])
+
+
+def _model(arch: str, mesh: MeshConfig):
+    if (arch, mesh) not in _MODELS:
+        _MODELS[arch, mesh] = load_model(tiny_fixture(arch)[0], mesh=mesh)
+    return _MODELS[arch, mesh]
+
+
+def _greedy(model, prompt: list[int], steps: int) -> tuple[list[int], np.ndarray]:
+    """(greedy tokens, logits of the prompt's rows then of each decode step)."""
+    runner = SequenceRunner(model, len(prompt) + steps)
+    logits = runner.prefill(prompt, all_logits=True)
+    rows, tokens = [logits], []
+    for _ in range(steps):
+        tokens.append(int(np.argmax(rows[-1][-1])))
+        rows.append(runner.decode(tokens[-1])[None])
+    return tokens, np.concatenate(rows)
+
+
+def check_case(arch: str, mesh: MeshConfig) -> dict:
+    prompt = [int(t) for t in tiny_fixture(arch)[1]["input_ids"]]
+    want_tokens, want = _greedy(_model(arch, MeshConfig()), prompt, DECODE)
+    model = _model(arch, mesh)
+    tokens, got = _greedy(model, prompt, DECODE)
+    return {
+        "tokens_equal": tokens == want_tokens,
+        "max_logit_diff": float(np.abs(got - want).max()),
+        "logit_scale": float(np.abs(want).max()),
+        "weights_split": model.placement.split_count(),
+        "devices": sorted({d.id for leaf in model.params.layers[0].values() for d in leaf.sharding.device_set}),
+    }
+
+
+def _prompts(seed: int, count: int) -> list[tuple[list[int], int]]:
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.integers(3, 250, size=int(rng.integers(20, 60))).tolist(), int(rng.integers(12, 24))) for _ in range(count)
+    ]
+
+
+def check_engine(arch: str, mesh: MeshConfig) -> dict:
+    cases = _prompts(1, 5)
+    single = _model(arch, MeshConfig())
+    alone = [_greedy(single, p, m)[0] for p, m in cases]
+    # 13 usable blocks of 16 tokens: five requests of up to ~80 tokens cannot all hold their KV at once
+    config = EngineConfig(num_blocks=14, max_model_len=96, max_num_seqs=4, max_batched_tokens=32)
+    engine = Engine(_model(arch, mesh), ByteTokenizer(), config)
+    try:
+        streams = [engine.submit(p, SamplingParams(max_tokens=m, **GREEDY)) for p, m in cases]
+        results = [[t for o in s.collect()[0] for t in o.token_ids] for s in streams]
+        snapshot = engine.snapshot()
+        all_back = engine.pool.free_blocks == engine.pool.num_usable_blocks
+    finally:
+        engine.close()
+    return {
+        "tokens_equal": results == alone,
+        "preemptions": snapshot["preemptions"],
+        "blocks_returned": all_back,
+        "kv_split": "tp" in str(engine.executor.kv[0][0].sharding.spec) if engine.executor.kv[0] else None,
+    }
+
+
+def check_deterministic(arch: str, mesh: MeshConfig) -> dict:
+    target, *others = _prompts(2, 4)
+    params = SamplingParams(max_tokens=target[1], logprobs=2, **GREEDY)
+    config = EngineConfig(num_blocks=64, max_model_len=128, max_num_seqs=4, max_batched_tokens=64, deterministic=True)
+    engine = Engine(_model(arch, mesh), ByteTokenizer(), config)
+
+    def run(with_others: bool):
+        streams = [engine.submit(target[0], params)]
+        if with_others:
+            streams += [engine.submit(p, SamplingParams(max_tokens=m, **GREEDY)) for p, m in others]
+        outputs = [s.collect()[0] for s in streams][0]
+        return [(t, lp.logprob, lp.top) for o in outputs for t, lp in zip(o.token_ids, o.logprobs)]
+
+    try:
+        first, second, loaded = run(False), run(False), run(True)
+    finally:
+        engine.close()
+    return {"run_to_run": first == second, "alone_vs_loaded": first == loaded, "tokens": len(first)}
+
+
+def check_mesh_error(arch: str, mesh: MeshConfig) -> dict:
+    try:
+        load_model(tiny_fixture(arch)[0], mesh=mesh)
+    except ValueError as error:
+        return {"error": str(error)}
+    return {"error": None}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    for flag in ("--case", "--engine", "--deterministic", "--mesh-error"):
+        parser.add_argument(flag, action="append", default=[])
+    args = parser.parse_args()
+    checks = {
+        "case": check_case,
+        "engine": check_engine,
+        "deterministic": check_deterministic,
+        "mesh_error": check_mesh_error,
+    }
+    out = {}
+    for kind, check in checks.items():
+        for text in getattr(args, kind):
+            started = time.perf_counter()
+            out[f"{kind} {text}"] = check(*_mesh(text)) | {"seconds": round(time.perf_counter() - started, 1)}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
