@@ -4,6 +4,7 @@ preemption on a sharded pool (a subprocess: JAX's device count is fixed when it 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -20,7 +21,9 @@ from ember.compiler.spec import SPECS_DIR, load_spec
 from ember.compiler.targets import get_target
 from ember.compiler.targets.mesh import MeshConfig
 from ember.runtime.loading.dims import Dims
-from ember.runtime.loading.sharding import MeshError, _split_axes, device_mesh
+from ember.runtime.loading.sharding import MeshError, device_mesh, split_axes
+from ember.server.config import add_serve_arguments, config_from_args
+from ember.tools.cli import build_parser, mesh_from_args
 
 CHECK = Path(__file__).parent / "tensor_parallel_check.py"
 CPU = get_target("cpu")
@@ -81,13 +84,13 @@ def test_a_mesh_plan_records_the_mesh_and_keeps_linears_apart(tmp_path):
 def test_the_mesh_must_divide_the_query_heads_and_may_keep_fewer_kv_heads_whole():
     manifest = {"weight_sharding": _splits("qwen2", MeshConfig(4))}
     dims = {"hq": 4, "hkv": 2, "ffn": 128, "vocab": 256}
-    axes = _split_axes(manifest, Dims(dims), 4)["layer"]
+    axes = split_axes(manifest, Dims(dims), 4)["layer"]
     assert axes["attn_q.weight"] == 0 and "attn_k.weight" not in axes and axes["ffn_down.weight"] == 1
     with pytest.raises(MeshError, match="does not divide the model's 4 heads"):
-        _split_axes(manifest, Dims(dims), 8)
+        split_axes(manifest, Dims(dims), 8)
     with pytest.raises(MeshError, match="does not divide the model's 6 heads"):
-        _split_axes(manifest, Dims(dims | {"hkv": 6, "hq": 12}), 4)
-    odd_vocab = _split_axes(manifest, Dims(dims | {"vocab": 257}), 2)["global"]
+        split_axes(manifest, Dims(dims | {"hkv": 6, "hq": 12}), 4)
+    odd_vocab = split_axes(manifest, Dims(dims | {"vocab": 257}), 2)["global"]
     assert odd_vocab == {}  # a vocabulary that does not divide: head and embedding kept whole
 
 
@@ -96,6 +99,23 @@ def test_more_devices_than_the_host_has_is_an_error():
         device_mesh(MeshConfig(jax.device_count() + 1))
     with pytest.raises(ValueError, match="expert_parallel needs tensor_parallel > 1"):
         MeshConfig(1, expert_parallel=True)
+
+
+def _serve_config(argv: list[str], environ: dict[str, str]):
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    return config_from_args(parser.parse_args(argv), environ)
+
+
+def test_serve_generate_and_bench_take_the_mesh_from_flags_or_the_environment():
+    assert _serve_config([], {}).mesh() == MeshConfig()
+    assert _serve_config(["--tensor-parallel", "4", "--expert-parallel"], {}).mesh() == MeshConfig(4, True)
+    assert _serve_config([], {"EMBER_TENSOR_PARALLEL": "2"}).mesh() == MeshConfig(2)
+    with pytest.raises(SystemExit, match="expert_parallel needs tensor_parallel > 1"):
+        _serve_config(["--expert-parallel"], {})
+    for command in (["generate", "--prompt", "x"], ["bench"]):
+        args = build_parser().parse_args([*command, "--tensor-parallel", "2"])
+        assert mesh_from_args(args) == MeshConfig(2)
 
 
 def _run_check(*args: str, timeout: int) -> dict:
@@ -112,7 +132,7 @@ def _assert_cases(results: dict) -> None:
             assert result["max_logit_diff"] < 1e-4 * max(1.0, result["logit_scale"]), (name, result)
             assert result["weights_split"] > 0 and len(result["devices"]) == int(name.split(":")[1]), (name, result)
         elif name.startswith("engine"):
-            assert result["tokens_equal"] and result["preemptions"] > 0 and result["blocks_returned"], (name, result)
+            assert result["tokens_equal"] and result["blocks_returned"], (name, result)
         elif name.startswith("deterministic"):
             assert result["run_to_run"] and result["alone_vs_loaded"] and result["tokens"] > 0, (name, result)
 
@@ -126,7 +146,7 @@ def test_tiny_models_on_two_and_four_devices_match_one_device():
         timeout=300,
     )
     _assert_cases(results)
-    assert results["engine qwen3:2"]["kv_split"]
+    assert results["engine qwen3:2"]["kv_split"] and results["engine qwen3:2"]["preemptions"] > 0
     assert "does not divide the model's 4 heads" in results["mesh_error qwen3:8"]["error"]
 
 
@@ -145,4 +165,7 @@ def test_every_family_at_two_and_four_devices_and_deterministic_mode():
         "--deterministic",
         "qwen3:4",
     ]
-    _assert_cases(_run_check(*args, timeout=1200))
+    results = _run_check(*args, timeout=1200)
+    _assert_cases(results)
+    # the pool replicated (one KV head over 4 devices) under preemption; the hybrid's slot state beside it
+    assert results["engine gemma3:4"]["preemptions"] > 0 and not results["engine gemma3:4"]["kv_split"]

@@ -42,7 +42,7 @@ class Model:
     mtp: MtpParams | None = None
     # where the arrays live on a device mesh (runtime/loading/sharding.py); None: one device, as always
     placement: Placement | None = None
-    _traced: dict = field(default_factory=dict, repr=False)  # forward -> its traced wrapper (one per forward)
+    _traced: dict = field(default_factory=dict, repr=False)  # (forward, policy) -> its traced wrapper, made once
 
     @property
     def mesh(self) -> MeshConfig:
@@ -63,15 +63,16 @@ class Model:
         traced = with_kernel_policy(self.policy, forward)
         if self.placement is None:
             return traced
-        if forward not in self._traced:
+        key = (forward, self.policy)
+        if key not in self._traced:
             constrain = constrain_state(self.placement, self._paged_layers())
 
             def sharded(dims, params, kv, batch):
                 logits, kv = traced(dims, params, kv, batch)
                 return logits, constrain(kv)
 
-            self._traced[forward] = sharded
-        return self._traced[forward]
+            self._traced[key] = sharded
+        return self._traced[key]
 
     def _paged_layers(self) -> tuple[bool, ...]:
         slots = {k.name for k in self.slot_kinds}

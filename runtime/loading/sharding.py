@@ -53,7 +53,7 @@ def device_mesh(config: MeshConfig) -> Mesh:
     return Mesh(np.array(devices[: config.tensor_parallel]), (MESH_AXIS,))
 
 
-def _split_axes(manifest: dict, dims: Dims, size: int) -> dict[str, dict[str, int]]:
+def split_axes(manifest: dict, dims: Dims, size: int) -> dict[str, dict[str, int]]:
     """{"global"|"layer": {weight: axis}} of the manifest's splits that hold for these dims and mesh size. The
     largest head count split (the query heads) must divide by the mesh; a smaller one (KV heads) may stay whole
     when there are fewer such heads than devices."""
@@ -124,7 +124,7 @@ class Placement:
 def make_placement(config: MeshConfig, manifest: dict, dims: Dims) -> Placement:
     mesh = device_mesh(config)
     size = config.tensor_parallel
-    splits = _split_axes(manifest, dims, size)
+    splits = split_axes(manifest, dims, size)
     kv_axes = {tuple(state["axes"]) for state in manifest["state"].values() if state["layout"] == "paged"}
     kv_heads = {int(dims[axes[0]]) for axes in kv_axes}
     return Placement(config, mesh, splits, bool(kv_heads) and all(h % size == 0 for h in kv_heads))
