@@ -138,11 +138,12 @@ def _assert_cases(results: dict) -> None:
 
 
 def test_tiny_models_on_two_and_four_devices_match_one_device():
-    """Each family's tiny checkpoint (dense with biases, one KV head, experts by expert, hybrid) and the engine
-    serving concurrent requests with preemption on a pool split over KV heads."""
+    """Each family's tiny checkpoint (dense with biases, one KV head, experts by expert, hybrid); the engine
+    serving concurrent requests with preemption on a pool split over KV heads; deterministic mode bit-exact run
+    to run and alone vs beside other requests on the mesh."""
     results = _run_check(
         *("--case", "qwen2:2", "--case", "gemma3:4", "--case", "qwen3_moe:4:ep", "--case", "qwen3_5:2"),
-        *("--engine", "qwen3:2", "--mesh-error", "qwen3:8"),
+        *("--engine", "qwen3:2", "--deterministic", "qwen3:2", "--mesh-error", "qwen3:8"),
         timeout=300,
     )
     _assert_cases(results)
