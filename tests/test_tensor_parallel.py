@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from fixture_data import tiny_fixture
 
 from ember.compiler.build import compile_spec
 from ember.compiler.pipeline import compile_graph
@@ -20,7 +21,9 @@ from ember.compiler.sharding import weight_sharding
 from ember.compiler.spec import SPECS_DIR, load_spec
 from ember.compiler.targets import get_target
 from ember.compiler.targets.mesh import MeshConfig
-from ember.runtime.loading.dims import Dims
+from ember.runtime.loading.checkpoint import open_checkpoint
+from ember.runtime.loading.dims import Dims, resolve
+from ember.runtime.loading.memory_plan import planned_weight_bytes
 from ember.runtime.loading.sharding import MeshError, device_mesh, split_axes
 from ember.server.config import add_serve_arguments, config_from_args
 from ember.tools.cli import build_parser, mesh_from_args
@@ -92,6 +95,27 @@ def test_the_mesh_must_divide_the_query_heads_and_may_keep_fewer_kv_heads_whole(
         split_axes(manifest, Dims(dims | {"hkv": 6, "hq": 12}), 4)
     odd_vocab = split_axes(manifest, Dims(dims | {"vocab": 257}), 2)["global"]
     assert odd_vocab == {}  # a vocabulary that does not divide: head and embedding kept whole
+
+
+def test_the_memory_check_counts_one_devices_share_of_split_weights(tmp_path):
+    path, _ = tiny_fixture("qwen2")
+    spec, ckpt = load_spec(SPECS_DIR / "qwen2.toml"), open_checkpoint(path)
+    resolved = resolve(spec, ckpt)
+    compile_spec(spec.path, "cpu", out_root=tmp_path, mesh=MeshConfig(2))
+    manifest = json.loads((tmp_path / "cpu" / "qwen2" / "manifest.json").read_text())
+    whole = planned_weight_bytes(spec, manifest, ckpt, resolved, "float32", (), False)
+    split_down = planned_weight_bytes(
+        spec,
+        manifest,
+        ckpt,
+        resolved,
+        "float32",
+        (),
+        False,
+        lambda name, is_global: 2 * (name == "ffn_down.weight") or 1,
+    )
+    d = resolved.dims
+    assert whole - split_down == d.layers * d.ffn * d.d * 4 // 2  # half of each layer's down projection
 
 
 def test_more_devices_than_the_host_has_is_an_error():

@@ -262,8 +262,15 @@ def load_model(
     placement = make_placement(mesh, plan.manifest, resolved.dims) if mesh.sharded else None
     dtype = jnp.dtype(activation_dtype or plan.manifest["activation_dtype"])
     weights = policy.weights
-    needed = planned_weight_bytes(
-        spec, plan.manifest, ckpt, resolved, dtype, weights.quantized_formats, weights.dense_copies
+    needed = planned_weight_bytes(  # on a mesh: one device's share
+        spec,
+        plan.manifest,
+        ckpt,
+        resolved,
+        dtype,
+        weights.quantized_formats,
+        weights.dense_copies,
+        None if placement is None else placement.shards,
     )
     free = free_device_bytes() if free_bytes is None else free_bytes
     if free is not None:

@@ -112,6 +112,10 @@ class Placement:
         everywhere = self.sharding()
         return jax.tree.map(lambda a: jax.device_put(a, everywhere) if isinstance(a, jax.Array) else a, tree)
 
+    def shards(self, name: str, is_global: bool) -> int:
+        """How many devices hold a part of the float weight `name` (1: it is whole on each)."""
+        return self.config.tensor_parallel if name in self.splits["global" if is_global else "layer"] else 1
+
     def split_count(self) -> int:
         return sum(len(section) for section in self.splits.values())
 
