@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -29,10 +30,11 @@ from fixture_data import tiny_fixture  # noqa: E402
 from ember.compiler.targets.mesh import MeshConfig  # noqa: E402
 from ember.runtime.engine.engine import Engine, EngineConfig  # noqa: E402
 from ember.runtime.execution.sequence_runner import SequenceRunner  # noqa: E402
-from ember.runtime.loading.model import load_model  # noqa: E402
+from ember.runtime.loading.model import Model, _jitted, load_model  # noqa: E402
 from ember.runtime.sampling.params import SamplingParams  # noqa: E402
 
 DECODE = 8
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 _MODELS: dict = {}
 
 
@@ -58,12 +60,29 @@ def _greedy(model, prompt: list[int], steps: int) -> tuple[list[int], np.ndarray
     return tokens, np.concatenate(rows)
 
 
+def step_collectives(model, kv, batch) -> dict[str, int]:
+    """How many of each collective XLA put in the compiled step (the partitioner's work, counted in its HLO)."""
+    text = _jitted(model.traced(model.plan.module.forward)).lower(model.dims, model.params, kv, batch).compile()
+    text = text.as_text()
+    counts = {op: len(re.findall(rf"\s{op}(-start)?\(", text)) for op in COLLECTIVES}
+    # float tensors gathered whole (a weight the partitioner had to reassemble); integer ones are routing counts
+    counts["float all-gather"] = len(re.findall(r"= \(?b?f\d+\[[^\n]*\sall-gather(-start)?\(", text))
+    return counts
+
+
 def check_case(arch: str, mesh: MeshConfig) -> dict:
     prompt = [int(t) for t in tiny_fixture(arch)[1]["input_ids"]]
     want_tokens, want = _greedy(_model(arch, MeshConfig()), prompt, DECODE)
     model = _model(arch, mesh)
-    tokens, got = _greedy(model, prompt, DECODE)
+    seen = []  # the decode steps' (kv, batch), to count the collectives of one
+    model.forward = lambda kv, batch: seen.append((kv, batch)) or Model.forward(model, kv, batch)
+    try:
+        tokens, got = _greedy(model, prompt, DECODE)
+    finally:
+        del model.forward
     return {
+        "decode_collectives": step_collectives(model, *seen[-1]),
+        "layers": int(model.dims.layers),
         "tokens_equal": tokens == want_tokens,
         "max_logit_diff": float(np.abs(got - want).max()),
         "logit_scale": float(np.abs(want).max()),

@@ -155,6 +155,9 @@ def _assert_cases(results: dict) -> None:
             assert result["tokens_equal"], (name, result)
             assert result["max_logit_diff"] < 1e-4 * max(1.0, result["logit_scale"]), (name, result)
             assert result["weights_split"] > 0 and len(result["devices"]) == int(name.split(":")[1]), (name, result)
+            # XLA partitioned the step as split: partial sums all-reduced, no float tensor (a weight) gathered whole
+            collectives = result["decode_collectives"]
+            assert collectives["all-reduce"] > 0 and collectives["float all-gather"] == 0, (name, result)
         elif name.startswith("engine"):
             assert result["tokens_equal"] and result["blocks_returned"], (name, result)
         elif name.startswith("deterministic"):
@@ -171,6 +174,9 @@ def test_tiny_models_on_two_and_four_devices_match_one_device():
         timeout=300,
     )
     _assert_cases(results)
+    dense = results["case qwen2:2"]
+    # one all-reduce per attention block and per MLP (row-parallel o and down), one for the split embedding
+    assert dense["decode_collectives"]["all-reduce"] == 2 * dense["layers"] + 1, dense
     assert results["engine qwen3:2"]["kv_split"] and results["engine qwen3:2"]["preemptions"] > 0
     assert "does not divide the model's 4 heads" in results["mesh_error qwen3:8"]["error"]
 
