@@ -7,8 +7,9 @@ fixed when JAX starts): tiny checkpoints on one device and on meshes of several,
 --case ARCH:N[:ep]: greedy prefill + decode of the fixture's prompt on one device and on N; the logits' largest
 difference and whether the greedy tokens agree. --engine ARCH:N: concurrent greedy requests through an engine
 whose KV pool is too small for all of them (preemption) on N devices, each request's tokens vs the one-device
-run alone. --deterministic ARCH:N: the deterministic engine on N devices, a request alone twice and beside
-others, bit for bit. --mesh-error ARCH:N: the error loading on N devices gives.
+run alone. --speculative ARCH:N: the same with n-gram speculative decoding (verify steps). --deterministic
+ARCH:N: the deterministic engine on N devices, a request alone twice and beside others, bit for bit.
+--mesh-error ARCH:N: the error loading on N devices gives.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ember.runtime.engine.engine import Engine, EngineConfig  # noqa: E402
 from ember.runtime.execution.sequence_runner import SequenceRunner  # noqa: E402
 from ember.runtime.loading.model import Model, _jitted, load_model  # noqa: E402
 from ember.runtime.sampling.params import SamplingParams  # noqa: E402
+from ember.runtime.speculative.config import SpeculativeConfig  # noqa: E402
 
 DECODE = 8
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
@@ -140,6 +142,23 @@ def check_deterministic(arch: str, mesh: MeshConfig) -> dict:
     return {"run_to_run": first == second, "alone_vs_loaded": first == loaded, "tokens": len(first)}
 
 
+def check_speculative(arch: str, mesh: MeshConfig) -> dict:
+    """n-gram speculation on the mesh (verify steps): repetitive prompts, so drafts are made and accepted."""
+    rng = np.random.default_rng(3)
+    cases = [((rng.integers(3, 250, size=6).tolist() * 6)[: int(n)], 16) for n in (24, 31, 36)]
+    alone = [_greedy(_model(arch, MeshConfig()), p, m)[0] for p, m in cases]
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=3, adaptive=False)
+    config = EngineConfig(num_blocks=64, max_model_len=96, max_num_seqs=4, max_batched_tokens=64, speculative=spec)
+    engine = Engine(_model(arch, mesh), ByteTokenizer(), config)
+    try:
+        streams = [engine.submit(p, SamplingParams(max_tokens=m, **GREEDY)) for p, m in cases]
+        results = [[t for o in s.collect()[0] for t in o.token_ids] for s in streams]
+        stats = engine.speculation_stats()
+    finally:
+        engine.close()
+    return {"tokens_equal": results == alone, "drafted": stats.num_draft_tokens, "accepted": stats.num_accepted_tokens}
+
+
 def check_mesh_error(arch: str, mesh: MeshConfig) -> dict:
     try:
         load_model(tiny_fixture(arch)[0], mesh=mesh)
@@ -150,13 +169,14 @@ def check_mesh_error(arch: str, mesh: MeshConfig) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    for flag in ("--case", "--engine", "--deterministic", "--mesh-error"):
+    for flag in ("--case", "--engine", "--deterministic", "--speculative", "--mesh-error"):
         parser.add_argument(flag, action="append", default=[])
     args = parser.parse_args()
     checks = {
         "case": check_case,
         "engine": check_engine,
         "deterministic": check_deterministic,
+        "speculative": check_speculative,
         "mesh_error": check_mesh_error,
     }
     out = {}

@@ -182,20 +182,12 @@ def test_tiny_models_on_two_and_four_devices_match_one_device():
 
 
 @pytest.mark.slow
-def test_every_family_at_two_and_four_devices_and_deterministic_mode():
+def test_every_family_at_two_and_four_devices_deterministic_mode_and_speculation():
     cases = [f"{arch}:{n}" for arch in ("llama", "qwen2", "qwen3", "gemma3", "qwen3_moe", "qwen3_5") for n in (2, 4)]
     cases += ["qwen3_moe:2:ep", "qwen3_5_moe:4:ep", "qwen3_5_moe:2", "qwen3_next:2"]
     args = [a for case in cases for a in ("--case", case)]
-    args += [
-        "--engine",
-        "gemma3:4",
-        "--engine",
-        "qwen3_5:2",
-        "--deterministic",
-        "qwen3:2",
-        "--deterministic",
-        "qwen3:4",
-    ]
+    args += ["--engine", "gemma3:4", "--engine", "qwen3_5:2"]
+    args += ["--deterministic", "qwen3:4", "--speculative", "qwen3:2"]
     results = _run_check(*args, timeout=1200)
     _assert_cases(results)
     # the pool replicated (one KV head over 4 devices) under preemption; the hybrid's slot state beside it
