@@ -18,8 +18,9 @@ block, by following the activations:
 
 Each split names the dimension expression that must divide by the mesh size (`divides`): a head count where
 a `split_heads` follows (`kind` "heads": the runtime refuses a mesh that does not divide it, and keeps the
-weight whole where there are fewer heads than devices, e.g. KV heads), else the weight's own axis (`kind`
-"axis": kept whole when it does not divide).
+weight whole where there are fewer heads than devices, e.g. KV heads), the expert count with expert parallelism
+(`kind` "experts": refused when it does not divide), else the weight's own axis (`kind` "axis": kept whole when
+it does not divide).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class _Split:
 
     axis: int
     divides: str
-    kind: str = "axis"  # "heads" (from a split_heads) or "axis" (the weight's own dimension)
+    kind: str = "axis"  # "heads" (from a split_heads), "experts" (expert parallel) or "axis" (its own dimension)
 
     def to_dict(self) -> dict:
         return {"axis": self.axis, "divides": self.divides, "kind": self.kind}
@@ -148,7 +149,7 @@ def _moe_splits(node: Node, graph: Graph, mesh: MeshConfig) -> dict[str, _Split]
             continue
         shape = graph.weight_shapes[name]  # gate/up [E, ffn, d], down [E, d, ffn]
         if mesh.expert_parallel:
-            splits[name] = _Split(0, shape[0])
+            splits[name] = _Split(0, shape[0], "experts")
         else:
             axis = 2 if param == "down" else 1
             splits[name] = _Split(axis, shape[axis])

@@ -118,6 +118,14 @@ def test_the_memory_check_counts_one_devices_share_of_split_weights(tmp_path):
     assert whole - split_down == d.layers * d.ffn * d.d * 4 // 2  # half of each layer's down projection
 
 
+def test_expert_parallel_needs_the_mesh_to_divide_the_experts():
+    manifest = {"weight_sharding": _splits("qwen3_moe", MeshConfig(4, expert_parallel=True))}
+    dims = Dims({"hq": 4, "hkv": 4, "ffn": 64, "vocab": 256, "experts": 8, "moe_ffn": 16})
+    assert split_axes(manifest, dims, 4)["layer"]["ffn_down_exps.weight"] == 0
+    with pytest.raises(MeshError, match="does not divide the 6 experts"):
+        split_axes(manifest, Dims(dims.as_dict() | {"experts": 6}), 4)
+
+
 def test_more_devices_than_the_host_has_is_an_error():
     with pytest.raises(MeshError, match=f"needs {jax.device_count() + 1} devices"):
         device_mesh(MeshConfig(jax.device_count() + 1))

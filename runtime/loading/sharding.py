@@ -67,6 +67,8 @@ def split_axes(manifest: dict, dims: Dims, size: int) -> dict[str, dict[str, int
     for dim, (length, kind) in lengths.items():
         if kind == "heads" and length % size and (length == most_heads or length >= size):
             raise MeshError(f"--tensor-parallel {size} does not divide the model's {length} heads ({dim})")
+        if kind == "experts" and length % size:
+            raise MeshError(f"--expert-parallel: --tensor-parallel {size} does not divide the {length} experts")
     out: dict[str, dict[str, int]] = {"global": {}, "layer": {}}
     for section, splits in manifest.get("weight_sharding", {}).items():
         for name, split in splits.items():
