@@ -4,8 +4,9 @@ fixed when JAX starts): tiny checkpoints on one device and on meshes of several,
     XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \
         python tests/tensor_parallel_check.py --case qwen3:2 --case qwen3_moe:4:ep --engine qwen3:2
 
---case ARCH:N[:ep]: greedy prefill + decode of the fixture's prompt on one device and on N; the logits' largest
-difference and whether the greedy tokens agree. --engine ARCH:N: concurrent greedy requests through an engine
+--case ARCH:N[:ep] (ARCH a tiny fixture, or qwen3_moe_kquant: its Q4_K_M GGUF kept as int8 blocks): greedy
+prefill + decode of the fixture's prompt on one device and on N; the logits' largest difference and whether the
+greedy tokens agree. --engine ARCH:N: concurrent greedy requests through an engine
 whose KV pool is too small for all of them (preemption) on N devices, each request's tokens vs the one-device
 run alone. --speculative ARCH:N: the same with n-gram speculative decoding (verify steps). --deterministic
 ARCH:N: the deterministic engine on N devices, a request alone twice and beside others, bit for bit.
@@ -15,19 +16,23 @@ ARCH:N: the deterministic engine on N devices, a request alone twice and beside 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from engine_support import GREEDY, ByteTokenizer  # noqa: E402
-from fixture_data import tiny_fixture  # noqa: E402
+from fixture_data import KQUANT_DIR as KQUANT  # noqa: E402
+from fixture_data import kquant_fixture, tiny_fixture  # noqa: E402
 
+from ember.compiler.targets.cpu import CPU, CPU_INT8_BLOCKS  # noqa: E402
 from ember.compiler.targets.mesh import MeshConfig  # noqa: E402
 from ember.runtime.engine.engine import Engine, EngineConfig  # noqa: E402
 from ember.runtime.execution.sequence_runner import SequenceRunner  # noqa: E402
@@ -45,9 +50,20 @@ def _mesh(text: str) -> tuple[str, MeshConfig]:
     return arch, MeshConfig(int(size), rest == ["ep"])
 
 
+def _fixture(arch: str):
+    """(checkpoint, reference arrays, kernel policy): KQUANT is the Q4_K_M GGUF kept as int8 blocks (the cpu
+    target's opt-in CPU_INT8_BLOCKS: kept quantized weights, replicated on a mesh)."""
+    if arch == KQUANT:
+        path, arrays, _, _ = kquant_fixture()
+        return path, arrays, dataclasses.replace(CPU.policy, weights=CPU_INT8_BLOCKS)
+    path, arrays = tiny_fixture(arch)
+    return path, arrays, None
+
+
 def _model(arch: str, mesh: MeshConfig):
     if (arch, mesh) not in _MODELS:
-        _MODELS[arch, mesh] = load_model(tiny_fixture(arch)[0], mesh=mesh)
+        path, _, policy = _fixture(arch)
+        _MODELS[arch, mesh] = load_model(path, mesh=mesh, kernel_policy=policy)
     return _MODELS[arch, mesh]
 
 
@@ -73,7 +89,7 @@ def step_collectives(model, kv, batch) -> dict[str, int]:
 
 
 def check_case(arch: str, mesh: MeshConfig) -> dict:
-    prompt = [int(t) for t in tiny_fixture(arch)[1]["input_ids"]]
+    prompt = [int(t) for t in _fixture(arch)[1]["input_ids"]]
     want_tokens, want = _greedy(_model(arch, MeshConfig()), prompt, DECODE)
     model = _model(arch, mesh)
     seen = []  # the decode steps' (kv, batch), to count the collectives of one
@@ -89,7 +105,7 @@ def check_case(arch: str, mesh: MeshConfig) -> dict:
         "max_logit_diff": float(np.abs(got - want).max()),
         "logit_scale": float(np.abs(want).max()),
         "weights_split": model.placement.split_count(),
-        "devices": sorted({d.id for leaf in model.params.layers[0].values() for d in leaf.sharding.device_set}),
+        "devices": sorted({d.id for leaf in jax.tree.leaves(model.params.layers[0]) for d in leaf.sharding.device_set}),
     }
 
 

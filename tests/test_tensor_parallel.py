@@ -163,9 +163,11 @@ def _assert_cases(results: dict) -> None:
             assert result["tokens_equal"], (name, result)
             assert result["max_logit_diff"] < 1e-4 * max(1.0, result["logit_scale"]), (name, result)
             assert result["weights_split"] > 0 and len(result["devices"]) == int(name.split(":")[1]), (name, result)
-            # XLA partitioned the step as split: partial sums all-reduced, no float tensor (a weight) gathered whole
+            # XLA partitioned the step as split: partial sums all-reduced, no float tensor (a weight) gathered whole;
+            # not so around the native int8-block kernel, a custom call XLA runs on whole operands
             collectives = result["decode_collectives"]
-            assert collectives["all-reduce"] > 0 and collectives["float all-gather"] == 0, (name, result)
+            assert collectives["all-reduce"] > 0, (name, result)
+            assert collectives["float all-gather"] == 0 or "kquant" in name, (name, result)
         elif name.startswith("engine"):
             assert result["tokens_equal"] and result["blocks_returned"], (name, result)
         elif name.startswith("deterministic"):
@@ -192,7 +194,7 @@ def test_tiny_models_on_two_and_four_devices_match_one_device():
 @pytest.mark.slow
 def test_every_family_at_two_and_four_devices_deterministic_mode_and_speculation():
     cases = [f"{arch}:{n}" for arch in ("llama", "qwen2", "qwen3", "gemma3", "qwen3_moe", "qwen3_5") for n in (2, 4)]
-    cases += ["qwen3_moe:2:ep", "qwen3_5_moe:4:ep", "qwen3_5_moe:2", "qwen3_next:2"]
+    cases += ["qwen3_moe:2:ep", "qwen3_5_moe:4:ep", "qwen3_5_moe:2", "qwen3_next:2", "qwen3_moe_kquant:2"]
     args = [a for case in cases for a in ("--case", case)]
     args += ["--engine", "gemma3:4", "--engine", "qwen3_5:2"]
     args += ["--deterministic", "qwen3:4", "--speculative", "qwen3:2"]
