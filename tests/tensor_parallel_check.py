@@ -10,7 +10,7 @@ greedy tokens agree. --engine ARCH:N: concurrent greedy requests through an engi
 whose KV pool is too small for all of them (preemption) on N devices, each request's tokens vs the one-device
 run alone. --speculative ARCH:N: the same with n-gram speculative decoding (verify steps). --deterministic
 ARCH:N: the deterministic engine on N devices, a request alone twice and beside others, bit for bit.
---mesh-error ARCH:N: the error loading on N devices gives.
+--mesh-error ARCH:N: the error loading on N devices gives. --target T: the plans' target (default cpu).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from ember.runtime.speculative.config import SpeculativeConfig  # noqa: E402
 DECODE = 8
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 _MODELS: dict = {}
+TARGET = ["cpu"]  # --target: the plans' target (cpu: the reference ops, on whatever devices JAX has)
 
 
 def _mesh(text: str) -> tuple[str, MeshConfig]:
@@ -63,7 +64,7 @@ def _fixture(arch: str):
 def _model(arch: str, mesh: MeshConfig):
     if (arch, mesh) not in _MODELS:
         path, _, policy = _fixture(arch)
-        _MODELS[arch, mesh] = load_model(path, mesh=mesh, kernel_policy=policy)
+        _MODELS[arch, mesh] = load_model(path, target=TARGET[0], mesh=mesh, kernel_policy=policy)
     return _MODELS[arch, mesh]
 
 
@@ -187,7 +188,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     for flag in ("--case", "--engine", "--deterministic", "--speculative", "--mesh-error"):
         parser.add_argument(flag, action="append", default=[])
+    parser.add_argument("--target", default="cpu")
     args = parser.parse_args()
+    TARGET[0] = args.target
     checks = {
         "case": check_case,
         "engine": check_engine,
