@@ -26,16 +26,21 @@ from .passes.pack_parallel_linears import pack_parallel_linears
 from .passes.select_kernels import select_kernels
 from .spec import ModelSpec
 from .targets import Target
+from .targets.mesh import SINGLE_DEVICE, MeshConfig
 
 COMPILER_VERSION = "0.1.0"
 
 
-def phases(target: Target, variant: str = "default") -> list[tuple[str, Callable[[Graph], Graph]]]:
+def phases(
+    target: Target, variant: str = "default", mesh: MeshConfig = SINGLE_DEVICE
+) -> list[tuple[str, Callable[[Graph], Graph]]]:
+    """mesh: a plan spread over several devices keeps parallel linears apart (a packed q/k/v weight split along
+    its rows would hand each device a slice of q and none of v: compiler/sharding.py splits each one)."""
     return [
         ("infer_shapes", infer_shapes),
         ("assign_state_kinds", assign_state_kinds),
         ("hoist_layer_constants", hoist_layer_constants),
-        ("pack_parallel_linears", pack_parallel_linears),
+        ("pack_parallel_linears", pack_parallel_linears if not mesh.sharded else lambda g: g),
         ("defer_residual_add", defer_residual_add),
         ("fuse_add_rms_norm", fuse_add_rms_norm),
         (
@@ -56,10 +61,16 @@ def phases(target: Target, variant: str = "default") -> list[tuple[str, Callable
     ]
 
 
-def compile_graph(spec: ModelSpec, target: Target, dump_dir: Path | None = None, variant: str = "default") -> Graph:
+def compile_graph(
+    spec: ModelSpec,
+    target: Target,
+    dump_dir: Path | None = None,
+    variant: str = "default",
+    mesh: MeshConfig = SINGLE_DEVICE,
+) -> Graph:
     graph = lower(spec)
     _dump(dump_dir, 0, "lower", graph)
-    for number, (name, run) in enumerate(phases(target, variant), start=1):
+    for number, (name, run) in enumerate(phases(target, variant, mesh), start=1):
         graph = run(graph)
         _dump(dump_dir, number, name, graph)
     return graph

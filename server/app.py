@@ -158,6 +158,8 @@ async def _load(app, loop) -> None:
         capacity = f"; {service.capacity}" if service.capacity else ""
         if service.weight_bytes is not None:
             capacity += f"; {service.weight_bytes.line()}"
+        if service.model is not None and service.model.placement is not None:
+            capacity += f"; on {service.model.placement.describe()}"
         print(
             f"Ember is serving {service.model_name} ({secs}{capacity}) at http://{config.host}:{config.port}",
             flush=True,

@@ -41,6 +41,8 @@ class ServeConfig:
     speculative: str | None = None  # speculative decoding: ngram | draft (docs/speculative.md); None = off
     draft_model: str | None = None  # --speculative draft: a known model name or a path
     num_speculative_tokens: int = 4  # k: most drafts per row and step
+    tensor_parallel: int = 1  # devices of this host the model is spread over (runtime/loading/sharding.py)
+    expert_parallel: bool = False  # with tensor_parallel > 1: MoE experts split by expert, not by width
 
     def __post_init__(self):
         # FP8 pools where their writes are the kernels' own (the h200 target's RoPE + K/V write). XLA rewrites a
@@ -54,6 +56,7 @@ class ServeConfig:
                 "to give decode rows' logits bits (docs/speculative.md)"
             )
         self.speculative_config()  # checks the method and k
+        self.mesh()  # checks --expert-parallel has a mesh to split over
 
         if is_fp8(self.kv_cache_dtype):
             if self.target == "cpu":
@@ -66,6 +69,12 @@ class ServeConfig:
                     "--kv-cache-dtype fp8 is not available with --deterministic: its plans write KV "
                     "through XLA's scatter, which converts the whole FP8 pool"
                 )
+
+    def mesh(self):
+        """The device mesh the model is placed on (compiler/targets/mesh.py)."""
+        from ..compiler.targets.mesh import MeshConfig
+
+        return MeshConfig(self.tensor_parallel, self.expert_parallel)
 
     def speculative_config(self):
         """The engine's SpeculativeConfig, or None when off."""
@@ -177,11 +186,18 @@ _FLAGS = {
     "--speculative": ("speculative", str, "speculative decoding: ngram (prompt lookup, Predicted Outputs) or draft"),
     "--draft-model": ("draft_model", str, "--speculative draft: the draft model, a known name or a path"),
     "--num-speculative-tokens": ("num_speculative_tokens", _positive_int, "most draft tokens per row and step (4)"),
+    "--tensor-parallel": (
+        "tensor_parallel",
+        _positive_int,
+        "spread the model over this many devices of the host (tensor parallel through XLA SPMD); it must divide "
+        "the attention heads",
+    ),
 }
 _SWITCHES = {
     "--deterministic": ("deterministic", "batch-invariant plans: same tokens and logprobs alone or under load"),
     "--no-stream-usage": ("stream_usage", "omit the usage chunk of OpenAI streams unless a request asks"),
     "--no-precompile": ("precompile", "compile step shapes lazily instead of before serving"),
+    "--expert-parallel": ("expert_parallel", "with --tensor-parallel: MoE experts split by expert, not by width"),
 }
 
 

@@ -47,6 +47,8 @@ async def info(request):
             "max_num_seqs": service.engine.config.max_num_seqs,
             "kv_block_size": service.engine.config.block_size,
             "dtype": str(model.dtype),
+            # the devices the model is spread over (tensor_parallel 1: one device)
+            "mesh": model.mesh.to_dict(),
             # bytes of the weights on the device vs the checkpoint's tensors as stored (ratio: device / checkpoint)
             "weight_bytes": service.weight_bytes.as_dict() if service.weight_bytes else None,
         }

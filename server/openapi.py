@@ -199,6 +199,11 @@ def _paths(model: str) -> dict:
                         "max_num_seqs": s.INTEGER,
                         "kv_block_size": s.INTEGER,
                         "dtype": s.STRING,
+                        "mesh": s.obj(
+                            {"tensor_parallel": s.INTEGER, "expert_parallel": s.BOOLEAN},
+                            ("tensor_parallel", "expert_parallel"),
+                            description="the devices of the host the model is spread over",
+                        ),
                         "weight_bytes": s.nullable(
                             s.obj(
                                 {"device": s.INTEGER, "checkpoint": s.INTEGER, "ratio": s.NUMBER},

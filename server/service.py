@@ -92,6 +92,7 @@ class ModelService:
                 progress=True,
                 kernel_policy=self.config.kernel_policy,
                 precision=self.config.precision,
+                mesh=self.config.mesh(),
             )
             tokenizer = load_tokenizer(model.checkpoint)
             self.model, self.tokenizer = model, tokenizer

@@ -20,6 +20,7 @@ import numpy as np
 
 from .bench_measure import git_commit, run_concurrent
 from .bench_models import load_bench_model
+from .cli import mesh_from_args
 
 
 def run_bench(
@@ -35,13 +36,14 @@ def run_bench(
     kernel_policy: str | None = None,
     precision: str = "fast",
     speculative=None,
+    mesh=None,
 ) -> dict:
     import jax
 
     from ..runtime.engine.engine import Engine, EngineConfig
 
     started = time.perf_counter()
-    model, tokenizer = load_bench_model(model_name, target, tokenizer_dir, kernel_policy, precision)
+    model, tokenizer = load_bench_model(model_name, target, tokenizer_dir, kernel_policy, precision, mesh)
     load_s = time.perf_counter() - started
     context = prompt_tokens + output_tokens
     top = max(concurrency)
@@ -76,6 +78,7 @@ def run_bench(
         "deterministic": deterministic,
         "kv_cache_dtype": kv_cache_dtype,
         "precision": precision,
+        "mesh": model.mesh.to_dict(),
         "speculative": None if speculative is None else vars(speculative),
         "kernel_policy": model.policy.to_dict(),
         "prompt_tokens": prompt_tokens,
@@ -106,6 +109,7 @@ def main_bench(args) -> int:
         kernel_policy=args.kernel_policy,
         precision=args.precision,
         speculative=speculative_from_args(args),
+        mesh=mesh_from_args(args),
     )
     print(json.dumps(result, indent=2))
     return 0

@@ -127,15 +127,20 @@ def load_bench_model(
     tokenizer_dir: str | None = None,
     kernel_policy: str | None = None,
     precision: str = "fast",
+    mesh=None,
 ):
     """(Model, Tokenizer) for a known model name or `synthetic:<shape>[-<format>]`; kernel_policy: a JSON file
-    of overrides over the target's kernel policy (compiler/targets/policy.py); precision: load_model's (known
-    models only)."""
+    of overrides over the target's kernel policy (compiler/targets/policy.py); precision and mesh (a
+    MeshConfig; None: one device): load_model's (known models only)."""
+    from ..compiler.targets.mesh import SINGLE_DEVICE
     from ..runtime.loading.known_models import resolve_model
     from ..runtime.loading.model import load_model
     from ..runtime.loading.text.prompting import load_tokenizer
 
+    mesh = SINGLE_DEVICE if mesh is None else mesh
     if model_name.startswith(SYNTHETIC_PREFIX):
+        if mesh.sharded:
+            raise ValueError("synthetic models are built on one device: --tensor-parallel needs a checkpoint")
         return _synthetic_model(model_name, target, tokenizer_dir, kernel_policy)
     model = load_model(
         resolve_model(model_name, progress=True),
@@ -143,6 +148,7 @@ def load_bench_model(
         progress=True,
         kernel_policy=kernel_policy,
         precision=precision,
+        mesh=mesh,
     )
     return model, load_tokenizer(model.checkpoint)
 

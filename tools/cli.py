@@ -29,6 +29,28 @@ def _add_precision(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_mesh(parser: argparse.ArgumentParser) -> None:
+    """--tensor-parallel / --expert-parallel, as `ember serve` has them (server/config.py)."""
+    parser.add_argument(
+        "--tensor-parallel",
+        type=_positive_int,
+        default=_positive_int(os.environ.get("EMBER_TENSOR_PARALLEL") or "1"),
+        help="spread the model over this many devices of the host (XLA SPMD) [env EMBER_TENSOR_PARALLEL]",
+    )
+    parser.add_argument(
+        "--expert-parallel",
+        action="store_true",
+        default=os.environ.get("EMBER_EXPERT_PARALLEL", "").strip().lower() in ("1", "true", "yes", "on"),
+        help="with --tensor-parallel: MoE experts split by expert, not by width [env EMBER_EXPERT_PARALLEL]",
+    )
+
+
+def mesh_from_args(args: argparse.Namespace):
+    from ..compiler.targets.mesh import MeshConfig
+
+    return MeshConfig(args.tensor_parallel, args.expert_parallel)
+
+
 def _generate(args: argparse.Namespace) -> int:
     from ..runtime.engine.generate import GenerationStats, generate
     from ..runtime.loading.known_models import resolve_model
@@ -38,10 +60,12 @@ def _generate(args: argparse.Namespace) -> int:
 
     path = resolve_model(args.model, progress=True)
     started = time.perf_counter()
-    model = load_model(path, target=args.target, progress=True, precision=args.precision)
+    mesh = mesh_from_args(args)
+    model = load_model(path, target=args.target, progress=True, precision=args.precision, mesh=mesh)
     tokenizer = load_tokenizer(model.checkpoint)
     print(
-        f"loaded {path.name} ({model.spec.arch}, {model.dims.layers} layers) in {time.perf_counter() - started:.1f}s",
+        f"loaded {path.name} ({model.spec.arch}, {model.dims.layers} layers) on {mesh.describe()} "
+        f"in {time.perf_counter() - started:.1f}s",
         file=sys.stderr,
     )
     if args.chat:
@@ -78,10 +102,13 @@ def _compile(args: argparse.Namespace) -> int:
     from ..compiler.spec import SPECS_DIR, known_archs
 
     specs = [Path(s) for s in args.spec] if args.spec else [SPECS_DIR / f"{a}.toml" for a in known_archs()]
+    mesh = mesh_from_args(args)
+    if mesh.sharded and not args.out:  # generated/ holds the one-device plans; serving compiles a mesh's itself
+        raise ValueError("ember compile --tensor-parallel N writes the mesh's plans to --out DIR, not generated/")
     out = Path(args.out) if args.out else GENERATED_DIR
     for spec in specs:
         dump = Path(args.dump_ir) / spec.stem if args.dump_ir else None
-        for written in compile_spec(spec, args.target, out_root=out, dump_dir=dump):
+        for written in compile_spec(spec, args.target, out_root=out, dump_dir=dump, mesh=mesh):
             print(written, file=sys.stderr)
     return 0
 
@@ -123,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--target", default=os.environ.get("EMBER_TARGET", "cpu"))
     _add_precision(gen)
+    _add_mesh(gen)
     _add_speculative_arguments(gen)
     gen.set_defaults(run=_generate)
 
@@ -143,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--output-tokens", type=_positive_int, help="default 128 (--suite: 256)")
     bench.add_argument("--deterministic", action="store_true")
     _add_precision(bench)
+    _add_mesh(bench)
     from ..runtime.state.kv_dtypes import KV_CACHE_DTYPES
 
     bench.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="the engines' KV pool dtype (auto)")
@@ -192,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--target", default="cpu")
     comp.add_argument("--out", help="output root (default: the package's generated/ folder)")
     comp.add_argument("--dump-ir", help="write the IR after every compiler phase into this folder")
+    _add_mesh(comp)
     comp.set_defaults(run=_compile)
     return parser
 

@@ -15,8 +15,10 @@ from ..frontend import STEP_INPUTS
 from ..ir import DimRef, Expr, Graph, KindRef, Node, PerKind
 from ..ops import OPS
 from ..pipeline import COMPILER_VERSION
+from ..sharding import weight_sharding
 from ..spec import ModelSpec
 from ..targets import Target
+from ..targets.mesh import SINGLE_DEVICE, MeshConfig
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
@@ -42,7 +44,9 @@ def plan_filename(variant: str) -> str:
     return "plan.py" if variant == "default" else f"plan_{variant}.py"
 
 
-def generate(graph: Graph, spec: ModelSpec, target: Target, variant: str = "default") -> GeneratedPlan:
+def generate(
+    graph: Graph, spec: ModelSpec, target: Target, variant: str = "default", mesh: MeshConfig = SINGLE_DEVICE
+) -> GeneratedPlan:
     imports: dict[str, tuple[str, str, str]] = {}
     regions = []
     for region in graph.regions:
@@ -84,7 +88,7 @@ def generate(graph: Graph, spec: ModelSpec, target: Target, variant: str = "defa
         layer_weights=repr(tuple(sorted(_used_weights(graph, layer=True)))),
         kernel_policy=pprint.pformat(target.policy.to_dict(), width=110),
     )
-    return GeneratedPlan(source=source, manifest=_manifest(graph, spec, target))
+    return GeneratedPlan(source=source, manifest=_manifest(graph, spec, target) | _mesh_section(graph, mesh))
 
 
 def write_plan(plans: dict[str, GeneratedPlan], out_dir: Path) -> list[Path]:
@@ -227,6 +231,14 @@ def _manifest(graph: Graph, spec: ModelSpec, target: Target) -> dict:
             for c in graph.layer_constants
         },
     } | _bodies_section(graph)
+
+
+def _mesh_section(graph: Graph, mesh: MeshConfig) -> dict:
+    """For a plan spread over several devices: the mesh and each split weight (compiler/sharding.py). A one-device
+    plan records neither: its manifest is the one it always was."""
+    if not mesh.sharded:
+        return {}
+    return {"mesh": mesh.to_dict(), "weight_sharding": weight_sharding(graph, mesh)}
 
 
 def _bodies_section(graph: Graph) -> dict:

@@ -117,9 +117,9 @@ class StepExecutor:
         self.block_copier: BlockCopier | None = None
         # the step functions' executables are also kept on disk (runtime/execution/executable_cache.py): a warm start
         # neither traces nor lowers them
-        identity = (
-            executor_identity(plan.module, model.policy, (model.params, self.kv)) if config.keep_executables else None
-        )
+        # (not for a model on a device mesh: the identity does not see how its arrays are split)
+        keep = config.keep_executables and model.placement is None
+        identity = executor_identity(plan.module, model.policy, (model.params, self.kv)) if keep else None
         # traced inside the model's kernel policy: which kernels and configs the step launches
         forward = model.traced(plan.module.forward)
         self.forward = forward  # the traced forward (a model drafter's own steps: runtime/execution/draft_steps.py)

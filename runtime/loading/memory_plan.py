@@ -71,8 +71,12 @@ def _weights(manifest: dict, resolved) -> Iterator[tuple[str, str, bool]]:
             yield prefix + part, name, layer is None
 
 
-def planned_weight_bytes(spec, manifest: dict, ckpt, resolved, dtype, keep_formats, dense_copies: bool) -> int:
-    """Device bytes the loader will place for the model's weights (module docstring)."""
+def planned_weight_bytes(
+    spec, manifest: dict, ckpt, resolved, dtype, keep_formats, dense_copies: bool, shards=None
+) -> int:
+    """Device bytes the loader will place for the model's weights (module docstring); on a device mesh, `shards`
+    (name, global?) -> how many devices split that float weight (runtime/loading/sharding.py Placement.shards),
+    and the bytes are one device's."""
     loader = WeightLoader(spec, ckpt, resolved, tuple(keep_formats))
     gathered = gathered_only_weights(spec)
     itemsize = np.dtype(dtype).itemsize
@@ -88,7 +92,7 @@ def planned_weight_bytes(spec, manifest: dict, ckpt, resolved, dtype, keep_forma
         elements = int(np.prod(expected))
         kept = _kept_bytes(loader, name, transform, expected)
         if kept is None:
-            total += elements * itemsize
+            total += elements * itemsize // (1 if shards is None else shards(weight_name, is_global))
             continue
         total += kept
         if dense_copies and weight_name.split(".")[0] not in gathered and ckpt.format == "gguf":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import numpy as np
 from ...compiler.batch import StepBatch
 from ...compiler.spec import ModelSpec, all_specs
 from ...compiler.targets import Target, get_target
+from ...compiler.targets.mesh import SINGLE_DEVICE, MeshConfig
 from ...compiler.targets.policy import KernelPolicy, load_policy_file, with_kernel_policy
 from ..state.kinds import PagedKind, StateKind, layer_state_kinds, paged_kinds, slot_array_shapes, slot_kinds
 from .checkpoint import Checkpoint, open_checkpoint
@@ -22,6 +23,7 @@ from .formats.errors import CheckpointError
 from .memory_plan import check_fits, free_device_bytes, planned_weight_bytes
 from .mtp import MtpParams, load_mtp
 from .plans import GENERATED_DIR, LoadedPlan, load_plan
+from .sharding import Placement, constrain_state, make_placement, mesh_plans
 from .weights import KEPT_FORMATS, Params, dense_copier, device_placer, load_params
 
 
@@ -38,6 +40,13 @@ class Model:
     generated_dir: Path = GENERATED_DIR  # where the plan was loaded from
     # the checkpoint's multi-token-prediction module (runtime/loading/mtp.py), None when it has none
     mtp: MtpParams | None = None
+    # where the arrays live on a device mesh (runtime/loading/sharding.py); None: one device, as always
+    placement: Placement | None = None
+    _traced: dict = field(default_factory=dict, repr=False)  # (forward, policy) -> its traced wrapper, made once
+
+    @property
+    def mesh(self) -> MeshConfig:
+        return SINGLE_DEVICE if self.placement is None else self.placement.config
 
     @property
     def has_mtp(self) -> bool:
@@ -49,8 +58,25 @@ class Model:
         return 0 if self.mtp is None else len(self.mtp.layers)
 
     def traced(self, forward: Callable) -> Callable:
-        """A plan's forward that traces inside this model's kernel policy (what a step function jits)."""
-        return with_kernel_policy(self.policy, forward)
+        """A plan's forward that traces inside this model's kernel policy (what a step function jits); on a
+        device mesh the state it returns keeps the placement of the state it was given."""
+        traced = with_kernel_policy(self.policy, forward)
+        if self.placement is None:
+            return traced
+        key = (forward, self.policy)
+        if key not in self._traced:
+            constrain = constrain_state(self.placement, self._paged_layers())
+
+            def sharded(dims, params, kv, batch):
+                logits, kv = traced(dims, params, kv, batch)
+                return logits, constrain(kv)
+
+            self._traced[key] = sharded
+        return self._traced[key]
+
+    def _paged_layers(self) -> tuple[bool, ...]:
+        slots = {k.name for k in self.slot_kinds}
+        return tuple(kind is not None and kind not in slots for kind in self.layer_state_kinds)
 
     def deterministic_plan(self) -> LoadedPlan:
         """The plan variant with batch-invariant kernels (deterministic mode)."""
@@ -98,16 +124,21 @@ class Model:
         d = self.dims
         dtype = self.dtype if dtype is None else dtype
         slots = self._slot_shapes()
+        # on a device mesh: pools split over their KV heads (or replicated), slot state replicated
+        paged_at = None if self.placement is None else self.placement.paged_sharding()
+        slot_at = None if self.placement is None else self.placement.sharding()
         pools = []
         for kind in self.layer_state_kinds:
             if kind is None:
                 pools.append(())
             elif kind in slots:
-                pools.append(tuple(jnp.zeros((num_slots, *shape), dt) for shape, dt in slots[kind].values()))
+                pools.append(
+                    tuple(jnp.zeros((num_slots, *shape), dt, device=slot_at) for shape, dt in slots[kind].values())
+                )
             else:
                 blocks = num_blocks if isinstance(num_blocks, int) else num_blocks[kind]
                 shape = (blocks, block_size, d.hkv, d.dh)
-                pools.append((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)))
+                pools.append((jnp.zeros(shape, dtype, device=paged_at), jnp.zeros(shape, dtype, device=paged_at)))
         return pools
 
     def forward(self, kv, batch: StepBatch):
@@ -201,6 +232,7 @@ def load_model(
     free_bytes: int | None = None,
     with_mtp: bool = True,
     precision: str = "fast",
+    mesh: MeshConfig = SINGLE_DEVICE,
 ) -> Model:
     """A model from a checkpoint path (GGUF file, HF folder) or an opened Checkpoint.
     activation_dtype: run the plan in this dtype instead of its target's (e.g. the cpu target in bfloat16, to
@@ -215,17 +247,30 @@ def load_model(
     with_mtp: load the checkpoint's MTP module when it has one (Model.mtp; one more decoder layer's weights);
     False leaves it on disk (a server that does not speculate with it).
     precision: "fast" (the target's policy) or "exact" (no weight kept quantized: the reference path that
-    agrees with transformers; on the cpu target every weight fp32)."""
+    agrees with transformers; on the cpu target every weight fp32).
+    mesh: spread the model over this many devices of the host (runtime/loading/sharding.py): its plans are
+    compiled for the mesh and its weights placed split; the one-device mesh is the path above, unchanged."""
     enable_compilation_cache()
     policy = effective_policy(target, kernel_policy, precision)
     ckpt = path if isinstance(path, Checkpoint) else open_checkpoint(path)
     spec = spec_for_checkpoint(ckpt)
     resolved = resolve(spec, ckpt)
-    plan = load_plan(spec, target.name if isinstance(target, Target) else target, generated_dir)
+    target_name = target.name if isinstance(target, Target) else target
+    if mesh.sharded:
+        generated_dir = mesh_plans(spec, target_name, mesh)
+    plan = load_plan(spec, target_name, generated_dir)
+    placement = make_placement(mesh, plan.manifest, resolved.dims) if mesh.sharded else None
     dtype = jnp.dtype(activation_dtype or plan.manifest["activation_dtype"])
     weights = policy.weights
-    needed = planned_weight_bytes(
-        spec, plan.manifest, ckpt, resolved, dtype, weights.quantized_formats, weights.dense_copies
+    needed = planned_weight_bytes(  # on a mesh: one device's share
+        spec,
+        plan.manifest,
+        ckpt,
+        resolved,
+        dtype,
+        weights.quantized_formats,
+        weights.dense_copies,
+        None if placement is None else placement.shards,
     )
     free = free_device_bytes() if free_bytes is None else free_bytes
     if free is not None:
@@ -246,7 +291,10 @@ def load_model(
         progress=bar,
         keep_formats=policy.weights.quantized_formats,
         dense_copy=dense_copier(dtype) if policy.weights.dense_copies else None,
+        shard=None if placement is None else placement.shard(place, dtype),
     )
+    if placement is not None:  # layer constants (RoPE frequencies, windows) on every device
+        params = params._replace(constants=placement.replicate(params.constants))
     if bar is not None:
         bar.close()
     mtp = None
@@ -260,4 +308,4 @@ def load_model(
             to_device=place,
             keep_formats=policy.weights.quantized_formats,
         )
-    return Model(spec, ckpt, resolved, plan, params, dtype, policy, generated_dir, mtp)
+    return Model(spec, ckpt, resolved, plan, params, dtype, policy, generated_dir, mtp, placement)

@@ -210,21 +210,22 @@ def load_params(
     progress=None,
     keep_formats: tuple[str, ...] = (),
     dense_copy: Callable[[Any], Any] | None = None,
+    shard: Callable[[str, bool, Any], Any] | None = None,
 ) -> Params:
-    """to_device places each value: a float array, or (with keep_formats) a QuantizedWeight or
-    WeightGroup — see `device_placer`; dense_copy (`dense_copier`) then pairs a placed kept weight with its
-    dense copy, except for weights the plan only gathers rows from."""
+    """to_device places each value: a float array, or (with keep_formats) a QuantizedWeight or WeightGroup — see
+    `device_placer`; dense_copy (`dense_copier`) then pairs a placed kept weight with its dense copy, except for
+    weights the plan only gathers rows from; shard(name, layer, value) places over a mesh (sharding.py) instead."""
     loader = WeightLoader(spec, ckpt, resolved, keep_formats)
     gathered = gathered_only_weights(spec)
     placed: dict[tuple, Any] = {}  # (checkpoint tensor, transform) of a global weight -> its device value
 
-    def place(name: str, value, source: tuple | None = None):
+    def place(name: str, value, source: tuple | None = None, layer: bool = False):
         # a global tied to another (an LM head that is the embedding table) shares its device arrays: one
         # copy of a 151936 x 1536 table is 467 MB in bf16
         if source is not None and source in placed:
             value = placed[source]
         else:
-            value = to_device(value)
+            value = to_device(value) if shard is None or value is None else shard(name, layer, value)
             if source is not None:
                 placed[source] = value
         return value if dense_copy is None or name.split(".")[0] in gathered else dense_copy(value)
@@ -263,7 +264,7 @@ def load_params(
         if name is not None:
             globals_[name] = place(name, value, source_of(name) if value is not None else None)
         else:
-            per_layer.append({n: place(n, v) for n, v in value.items()})
+            per_layer.append({n: place(n, v, layer=True) for n, v in value.items()})
         _tick(progress)
     constants = [
         {
