@@ -129,7 +129,10 @@ class StepExecutor:
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
         # run-ahead chains decode steps without the scheduler; slot state is carried in self.kv from one to the next
         # (a row's steps past its request's end advance a slot nobody reads again before a fresh start or a restore)
-        self.decode_steps = 1 if self.tiles is not None else max(1, steps)
+        # deterministic: one step per call. A run-ahead call compiles the step inside a loop, where XLA fuses
+        # (and contracts multiply-adds) otherwise than in a one-step call, and which calls run ahead depends on
+        # the load: a row's bits would then depend on the requests beside it (docs/kernel_policy.md)
+        self.decode_steps = 1 if self.tiles is not None or config.deterministic else max(1, steps)
         self.multi_step_fn = (
             cached_step(
                 make_multi_step_fn(forward, self.decode_steps),
