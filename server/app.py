@@ -191,6 +191,17 @@ async def _before_stop(app):
 
 
 def serve(config: ServeConfig) -> int:
+    """Serve until SIGTERM. With --coordinator: join the process group first (before anything touches JAX);
+    process 0 serves, the others follow its steps (server/follower.py)."""
+    group = config.group()
+    if group is not None:
+        from ..runtime.multihost.group import initialize
+
+        initialize(group)
+        if not group.is_leader:
+            from .follower import follow_leader
+
+            return follow_leader(config, group)
     app = create_app(config)
     app.run(
         host=config.host,
@@ -200,4 +211,9 @@ def serve(config: ServeConfig) -> int:
         motd=False,
         register_sys_signals=False,
     )
+    if group is not None:
+        from .follower import leave_group
+
+        leader = app.ctx.service.group
+        return leave_group(1 if leader is None or leader.failure is not None else 0)
     return 0

@@ -43,6 +43,11 @@ class ServeConfig:
     num_speculative_tokens: int = 4  # k: most drafts per row and step
     tensor_parallel: int = 1  # devices of this host the model is spread over (runtime/loading/sharding.py)
     expert_parallel: bool = False  # with tensor_parallel > 1: MoE experts split by expert, not by width
+    # several processes over one global mesh (runtime/multihost/): process 0's HOST:PORT, how many, which one this is
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    group_step_timeout_s: float = 30.0  # a step not back (or a process silent) this long fails the group
 
     def __post_init__(self):
         # FP8 pools where their writes are the kernels' own (the h200 target's RoPE + K/V write). XLA rewrites a
@@ -57,6 +62,7 @@ class ServeConfig:
             )
         self.speculative_config()  # checks the method and k
         self.mesh()  # checks --expert-parallel has a mesh to split over
+        self.group()  # checks the three process-group settings go together
 
         if is_fp8(self.kv_cache_dtype):
             if self.target == "cpu":
@@ -75,6 +81,12 @@ class ServeConfig:
         from ..compiler.targets.mesh import MeshConfig
 
         return MeshConfig(self.tensor_parallel, self.expert_parallel)
+
+    def group(self):
+        """The process group this server is part of (runtime/multihost/group.py); None for one process."""
+        from ..runtime.multihost.group import group_from_values
+
+        return group_from_values(self.coordinator, self.num_processes, self.process_id, self.group_step_timeout_s)
 
     def speculative_config(self):
         """The engine's SpeculativeConfig, or None when off."""
@@ -191,6 +203,18 @@ _FLAGS = {
         _positive_int,
         "spread the model over this many devices of the host (tensor parallel through XLA SPMD); it must divide "
         "the attention heads",
+    ),
+    "--coordinator": (
+        "coordinator",
+        str,
+        "HOST:PORT of process 0 when several processes serve one model (jax.distributed; PORT + 1 carries the steps)",
+    ),
+    "--num-processes": ("num_processes", _positive_int, "with --coordinator: the processes of the group"),
+    "--process-id": ("process_id", int, "with --coordinator: this process (0 serves HTTP and schedules)"),
+    "--group-step-timeout-s": (
+        "group_step_timeout_s",
+        _positive_float,
+        "with --coordinator: a step not back, or a process silent, this long fails every request (503)",
     ),
 }
 _SWITCHES = {

@@ -73,6 +73,7 @@ class ModelService:
         self.created = int(time.time())
         self.load_seconds: float | None = None
         self.compile_seconds: float | None = None
+        self.group = None  # process 0's LeaderGroup when several processes serve the model
         self.capacity: str | None = None  # what the state pools hold (the startup line says it)
         self.weight_bytes: WeightBytes | None = None  # device weight bytes vs the checkpoint's (startup line, /v1/info)
         self._ready = threading.Event()
@@ -128,7 +129,13 @@ class ModelService:
                 prefix_cache_host_bytes=int(self.config.prefix_cache_host_gib * 2**30),
                 speculative=self.config.speculative_config(),
             )
-            self.engine = Engine(model, tokenizer, engine_config, stop_token_ids=self.eos_ids)
+            group = self.config.group()
+            if group is not None:  # process 0 of several: the others run every step with us
+                from ..runtime.multihost.mirror import LeaderGroup, group_engine_config
+
+                engine_config = group_engine_config(model, engine_config)
+                self.group = LeaderGroup(group)
+            self.engine = Engine(model, tokenizer, engine_config, stop_token_ids=self.eos_ids, group=self.group)
             self.capacity = capacity_line(model, engine_config)
             try:
                 self.engine.grammar_tokenizer()  # ~1 s for a 150k vocabulary: once, before serving
@@ -155,7 +162,9 @@ class ModelService:
 
     def close(self) -> None:
         if self.engine is not None:
-            self.engine.close()
+            self.engine.close()  # with a group: tells the other processes to exit
+        elif self.group is not None:
+            self.group.close()
 
     @property
     def is_ready(self) -> bool:
@@ -305,6 +314,8 @@ class ModelService:
     def embedder(self) -> Embedder:
         """The served model's sentence embeddings (made on first use: its own jitted pass)."""
         self.require_ready()
+        if self.group is not None:  # a device call outside the engine's steps would not reach the other processes
+            raise ApiError(501, "embeddings are not available while several processes serve the model")
         return Embedder(self.model)
 
     def abort(self, request_id: str) -> None:

@@ -59,7 +59,11 @@ class Engine:
         config: EngineConfig | None = None,
         *,
         stop_token_ids: frozenset[int] = frozenset(),
+        group=None,
     ):
+        """group: process 0's LeaderGroup when several processes serve the model (runtime/multihost/mirror.py):
+        every device call of the executor is sent to the other processes too, and the group breaking fails
+        every request."""
         config = config if config is not None else EngineConfig()
         if _deterministic_from_env():
             config = replace(config, deterministic=True)
@@ -100,6 +104,9 @@ class Engine:
         self.executor = StepExecutor(model, config, prefill)
         if self.host_tier is not None:
             self.executor.attach_host_tier(self.host_tier)
+        self.group = group
+        if group is not None:
+            group.attach(self.executor, config)
         self.counters = EngineCounters()
         self.requests = OpenRequests(self.scheduler, self.counters)
         if spec is not None:  # a sampling model drafter draws as each row samples (its settings, seed, step)
@@ -114,6 +121,8 @@ class Engine:
             self.scheduler, self.executor, self.requests, self.counters, self._lock, config.max_queue_wait_s
         )
         self.loop.start()
+        if group is not None:
+            group.on_failure(self._group_failed)
 
     @property
     def failure(self) -> str | None:
@@ -239,7 +248,18 @@ class Engine:
             return self.executor.precompile(progress)
 
     def close(self) -> None:
-        self.loop.stop()
+        # a broken group may have left the engine thread inside a collective that never returns
+        self.loop.stop(timeout=None if self.group is None or self.group.failure is None else 1.0)
+        if self.group is not None:
+            self.group.close()
+
+    def _group_failed(self, reason: str) -> None:
+        """A process of the group died or hung: no step can run again; every open request ends with why."""
+        with self._lock:
+            if self.loop.failure is None:
+                self.loop.failure = f"the process group broke: {reason}"
+            self.requests.fail_all(self.loop.failure)
+            self.loop.halt()
 
     # ---- guided decoding -------------------------------------------------------------------------
 

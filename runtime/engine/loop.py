@@ -44,12 +44,18 @@ class EngineLoop:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stream what was collected, then end the thread (requests still running stay unfinished)."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Stream what was collected, then end the thread (requests still running stay unfinished); timeout: stop
+        waiting for a thread that may never return (stuck in a device call of a broken process group)."""
         with self._lock:
             self._stopping = True
             self._lock.notify()
-        self._thread.join()
+        self._thread.join(timeout)
+
+    def halt(self) -> None:
+        """Stop scheduling for good (the caller holds the lock): a broken process group runs no more steps."""
+        self._stopping = True
+        self._lock.notify()
 
     def _run(self) -> None:
         """The thread's body: _loop, and if it ever raises (an engine bug, not a failed step: _fail ends those

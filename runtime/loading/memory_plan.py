@@ -105,7 +105,7 @@ def free_device_bytes(device=None) -> int | None:
     cpu target the "device" is the host's memory, shared with every other process and partly reclaimable, so
     its free figure (MemAvailable) would refuse loads that succeed (a test process holding other models: 6.1 GB
     "free" for the 7.1 GB fp32 1.5B); there only an explicit `free_bytes` is checked."""
-    device = device or jax.devices()[0]
+    device = device or jax.local_devices()[0]  # one this process can ask (a process group: not device 0)
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
