@@ -47,7 +47,8 @@ class ServeConfig:
     coordinator: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
-    group_step_timeout_s: float = 30.0  # a step not back (or a process silent) this long fails the group
+    group_silence_timeout_s: float = 10.0  # a process of the group silent this long fails it (every request)
+    group_step_timeout_s: float = 300.0  # a step not back this long fails the group (covers first compiles)
 
     def __post_init__(self):
         # FP8 pools where their writes are the kernels' own (the h200 target's RoPE + K/V write). XLA rewrites a
@@ -86,7 +87,13 @@ class ServeConfig:
         """The process group this server is part of (runtime/multihost/group.py); None for one process."""
         from ..runtime.multihost.group import group_from_values
 
-        return group_from_values(self.coordinator, self.num_processes, self.process_id, self.group_step_timeout_s)
+        return group_from_values(
+            self.coordinator,
+            self.num_processes,
+            self.process_id,
+            self.group_silence_timeout_s,
+            self.group_step_timeout_s,
+        )
 
     def speculative_config(self):
         """The engine's SpeculativeConfig, or None when off."""
@@ -211,10 +218,15 @@ _FLAGS = {
     ),
     "--num-processes": ("num_processes", _positive_int, "with --coordinator: the processes of the group"),
     "--process-id": ("process_id", int, "with --coordinator: this process (0 serves HTTP and schedules)"),
+    "--group-silence-timeout-s": (
+        "group_silence_timeout_s",
+        _positive_float,
+        "with --coordinator: a process of the group silent this long (no heartbeat) fails every request (503)",
+    ),
     "--group-step-timeout-s": (
         "group_step_timeout_s",
         _positive_float,
-        "with --coordinator: a step not back, or a process silent, this long fails every request (503)",
+        "with --coordinator: a step not back this long fails every request (503); covers first compiles",
     ),
 }
 _SWITCHES = {

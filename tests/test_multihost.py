@@ -13,12 +13,13 @@ import time
 
 import httpx
 import pytest
-from server_support import LiveServer
+from server_support import SERVER_ARGS, LiveServer
 
 from ember.runtime.multihost.group import GroupConfig, group_from_values
 from ember.server.config import ServeConfig
 
-ARGS = ("--max-num-seqs", "2", "--max-batched-tokens", "64", "--ctx", "256", "--no-precompile")
+# the session's one-process `server` fixture's engine settings (its answer is the reference), compiled lazily
+ARGS = (*SERVER_ARGS, "--no-precompile")
 ONE_DEVICE = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
 CHAT = {"messages": [{"role": "user", "content": "count"}], "max_tokens": 12, "temperature": 0, "seed": 0}
 
@@ -41,10 +42,10 @@ def _two_free_ports() -> int:
 class Group:
     """A follower subprocess (process 1) and the leader's LiveServer (process 0)."""
 
-    def __init__(self, model, *extra: str, step_timeout: str = "20"):
+    def __init__(self, model, *extra: str, silence_timeout: str = "10"):
         port = _two_free_ports()
         group = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--tensor-parallel", "2"]
-        env = {**os.environ, **ONE_DEVICE, "EMBER_GROUP_STEP_TIMEOUT_S": step_timeout}
+        env = {**os.environ, **ONE_DEVICE, "EMBER_GROUP_SILENCE_TIMEOUT_S": silence_timeout}
         self.follower_log = model.parent / f"follower-{port}.log"
         with open(self.follower_log, "w") as log:
             self.follower = subprocess.Popen(
@@ -88,12 +89,8 @@ def test_group_settings_come_together_from_flags_or_the_environment():
         GroupConfig("h", 2, 0)
 
 
-def test_two_processes_serve_one_devices_greedy_tokens_and_stop_on_sigterm(tiny_chat_model):
-    alone = LiveServer(tiny_chat_model, *ARGS, env=ONE_DEVICE, ready_timeout=120)
-    try:
-        expected = _chat(alone.url).json()
-    finally:
-        alone.stop()
+def test_two_processes_serve_one_devices_greedy_tokens_and_stop_on_sigterm(server, tiny_chat_model):
+    expected = _chat(server.url).json()
     group = Group(tiny_chat_model)
     try:
         answer = _chat(group.leader.url)
@@ -108,17 +105,91 @@ def test_two_processes_serve_one_devices_greedy_tokens_and_stop_on_sigterm(tiny_
         group.close()
 
 
+def _fails_within_the_bound(group: Group, stop_follower) -> None:
+    """After stop_follower(), the next request ends with the group's error within the silence timeout (+ slack),
+    /health says why, and process 0 stays up to say it."""
+    assert _chat(group.leader.url).status_code == 200, group.logs()
+    stop_follower()
+    started = time.monotonic()
+    answer = _chat(group.leader.url)
+    assert time.monotonic() - started < 15, group.logs()
+    assert answer.status_code >= 500 and "process group broke" in answer.text, answer.text
+    health = httpx.get(group.leader.url + "/health", timeout=5)
+    assert health.status_code == 503 and "process 1" in health.json()["error"], health.text
+    assert group.leader.process.poll() is None
+
+
 def test_a_dead_follower_fails_requests_with_a_clear_error_within_the_bound(tiny_chat_model):
-    group = Group(tiny_chat_model, step_timeout="5")
+    group = Group(tiny_chat_model, silence_timeout="5")
     try:
-        assert _chat(group.leader.url).status_code == 200, group.logs()
-        group.follower.kill()
-        group.follower.wait()
-        started = time.monotonic()
-        answer = _chat(group.leader.url)
-        assert time.monotonic() - started < 15
-        assert answer.status_code >= 500 and "process group broke" in answer.text, answer.text
-        health = httpx.get(group.leader.url + "/health", timeout=5)
-        assert health.status_code == 503 and "process 1" in health.json()["error"], health.text
+        _fails_within_the_bound(group, lambda: (group.follower.kill(), group.follower.wait()))
     finally:
         group.close()
+
+
+@pytest.mark.slow
+def test_a_hung_follower_fails_requests_within_the_bound(tiny_chat_model):
+    """A stopped follower keeps its sockets open: no error reaches process 0, whose step would wait inside the
+    collective forever; its silence (no heartbeat) fails the group instead."""
+    group = Group(tiny_chat_model, silence_timeout="5")
+    try:
+        _fails_within_the_bound(group, lambda: group.follower.send_signal(signal.SIGSTOP))
+    finally:
+        group.follower.send_signal(signal.SIGCONT)
+        group.close()
+
+
+def test_the_channel_delivers_in_order_and_reports_a_closed_or_silent_follower():
+    import threading
+
+    from ember.runtime.multihost.channel import FollowerChannel, GroupFailedError, LeaderChannel
+
+    port = _two_free_ports()
+    followers: list[FollowerChannel] = []
+    # follower 1 beats every 0.05 s; follower 2 never does (its heartbeat period is longer than the test)
+    starters = [
+        threading.Thread(
+            target=lambda pid=pid, beat=beat: followers.append(FollowerChannel(("127.0.0.1", port), pid, beat))
+        )
+        for pid, beat in ((1, 0.05), (2, 60.0))
+    ]
+    for thread in starters:
+        thread.start()
+    leader = LeaderChannel(("127.0.0.1", port), 2, silence_s=1.0)
+    for thread in starters:
+        thread.join()
+    reasons: list[str] = []
+    leader.on_failure = reasons.append
+    leader.send(("call", "step_fn", (1, 2), (b"x",)))
+    leader.send(("shutdown",))
+    for follower in followers:
+        assert follower.receive() == ("call", "step_fn", (1, 2), (b"x",))
+        assert follower.receive() == ("shutdown",)
+    deadline = time.monotonic() + 5
+    while not reasons and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reasons == [leader.failure] and "process 2" in leader.failure and "no heartbeat" in leader.failure
+    with pytest.raises(GroupFailedError, match="process 2"):
+        leader.send(("shutdown",))
+    leader.close()
+    for follower in followers:
+        follower.close()
+
+
+def test_a_follower_that_closes_its_connection_breaks_the_group_at_once():
+    import threading
+
+    from ember.runtime.multihost.channel import FollowerChannel, LeaderChannel
+
+    port = _two_free_ports()
+    followers: list[FollowerChannel] = []
+    starter = threading.Thread(target=lambda: followers.append(FollowerChannel(("127.0.0.1", port), 1, 0.05)))
+    starter.start()
+    leader = LeaderChannel(("127.0.0.1", port), 1, silence_s=30.0)
+    starter.join()
+    followers[0].close()
+    deadline = time.monotonic() + 2
+    while leader.failure is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert leader.failure is not None and "process 1" in leader.failure and "closed its connection" in leader.failure
+    leader.close()

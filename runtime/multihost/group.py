@@ -18,8 +18,11 @@ class GroupConfig:
     coordinator: str  # HOST:PORT of process 0 (jax.distributed's coordinator; the step channel takes PORT + 1)
     num_processes: int
     process_id: int
-    # a step that has not returned after this long (or a follower silent this long) fails the group
-    step_timeout_s: float = 30.0
+    # a follower silent this long (dead, stopped, its host gone) fails the group
+    silence_timeout_s: float = 10.0
+    # a step not back after this long fails the group (a collective that never ends with every process alive);
+    # long: it covers compiling a step shape met for the first time, on every process
+    step_timeout_s: float = 300.0
     heartbeat_s: float = 0.5  # how often a follower says it is alive
 
     def __post_init__(self):
@@ -43,7 +46,11 @@ class GroupConfig:
 
 
 def group_from_values(
-    coordinator: str | None, num_processes: int | None, process_id: int | None, step_timeout_s: float = 30.0
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    silence_timeout_s: float = 10.0,
+    step_timeout_s: float = 300.0,
 ) -> GroupConfig | None:
     """None when no coordinator is given (one process); else all three are needed."""
     if coordinator is None:
@@ -52,7 +59,7 @@ def group_from_values(
         return None
     if num_processes is None or process_id is None:
         raise ValueError("--coordinator needs --num-processes and --process-id")
-    return GroupConfig(coordinator, num_processes, process_id, step_timeout_s)
+    return GroupConfig(coordinator, num_processes, process_id, silence_timeout_s, step_timeout_s)
 
 
 def initialize(group: GroupConfig) -> None:

@@ -64,7 +64,7 @@ class LeaderGroup:
 
     def __init__(self, group: GroupConfig):
         self.group = group
-        self.channel = LeaderChannel(group.channel_address, group.num_processes - 1, group.step_timeout_s)
+        self.channel = LeaderChannel(group.channel_address, group.num_processes - 1, group.silence_timeout_s)
         self._collecting_since: float | None = None
         self._handlers: list = []
         self.channel.on_failure = self._broken
