@@ -193,3 +193,41 @@ def test_a_follower_that_closes_its_connection_breaks_the_group_at_once():
         time.sleep(0.02)
     assert leader.failure is not None and "process 1" in leader.failure and "closed its connection" in leader.failure
     leader.close()
+
+
+def test_a_step_that_does_not_return_within_the_bound_breaks_the_group():
+    """The watchdog: a collect still waiting after the step timeout (a collective that never ends while every
+    process still beats) fails the group, and every later call is refused before it reaches the device."""
+    import threading
+    from types import SimpleNamespace
+
+    from ember.runtime.multihost.channel import FollowerChannel, GroupFailedError
+    from ember.runtime.multihost.mirror import LeaderGroup
+
+    port = _two_free_ports()
+    followers: list[FollowerChannel] = []
+    starter = threading.Thread(target=lambda: followers.append(FollowerChannel(("127.0.0.1", port + 1), 1, 0.05)))
+    starter.start()
+    leader = LeaderGroup(GroupConfig(f"127.0.0.1:{port}", 2, 0, silence_timeout_s=30.0, step_timeout_s=0.5))
+    starter.join()
+    calls: list = []
+    executor = SimpleNamespace(
+        step_fn=lambda dims, *args: calls.append(args) or ("packed", "kv"),
+        verify_fn=None,
+        collect=lambda in_flight: time.sleep(2.0) or ["sampled"],
+    )
+    reasons: list[str] = []
+    leader.on_failure(reasons.append)
+    leader.attach(executor, "engine config")
+    assert followers[0].receive() == ("config", "engine config")
+    assert executor.step_fn("dims", "layout", 0, True, "params", "kv", b"inputs") == ("packed", "kv")
+    assert followers[0].receive() == ("call", "step_fn", ("layout", 0, True), (b"inputs",))
+    started = time.monotonic()
+    executor.collect("in flight")  # returns after 2 s; the watchdog fired at 0.5 s
+    time.sleep(0.2)
+    assert reasons and "did not return within" in reasons[0] and time.monotonic() - started < 3
+    with pytest.raises(GroupFailedError, match="did not return"):
+        executor.step_fn("dims", "layout", 0, True, "params", "kv", b"inputs")
+    assert len(calls) == 1
+    leader.close()
+    followers[0].close()

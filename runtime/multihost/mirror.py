@@ -113,7 +113,7 @@ class LeaderGroup:
         while self.channel.failure is None:
             since = self._collecting_since
             if since is not None and time.monotonic() - since > self.group.step_timeout_s:
-                self.channel.fail(f"a step did not return within {self.group.step_timeout_s:.0f}s (a process hung)")
+                self.channel.fail(f"a step did not return within {self.group.step_timeout_s:g}s (a process hung)")
             time.sleep(0.1)
 
 
