@@ -147,6 +147,8 @@ class ModelService:
             self.state = "ready"
         except Exception as error:  # reported by /health and the log; the server keeps answering 503
             self.state, self.load_error = "failed", f"{type(error).__name__}: {error}"
+            if self.group is not None:  # the other processes wait for steps that will never come
+                self.group.close()
             print(f"ember: error: loading {self.config.model} failed: {self.load_error}", file=sys.stderr)
         finally:
             self._ready.set()

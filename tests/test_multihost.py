@@ -231,3 +231,22 @@ def test_a_step_that_does_not_return_within_the_bound_breaks_the_group():
     assert len(calls) == 1
     leader.close()
     followers[0].close()
+
+
+def test_a_group_runs_one_decode_step_per_call_and_refuses_what_it_cannot_mirror_yet():
+    from types import SimpleNamespace
+
+    from ember.runtime.engine.config import EngineConfig
+    from ember.runtime.multihost.mirror import group_engine_config
+    from ember.runtime.speculative.config import SpeculativeConfig
+
+    dense = SimpleNamespace(slot_kinds=())
+    assert group_engine_config(dense, EngineConfig(decode_steps=8)).decode_steps == 1
+    ngram = EngineConfig(speculative=SpeculativeConfig("ngram"))
+    assert group_engine_config(dense, ngram).speculative == ngram.speculative
+    with pytest.raises(ValueError, match="recurrent state"):
+        group_engine_config(SimpleNamespace(slot_kinds=("mamba",)), EngineConfig())
+    with pytest.raises(ValueError, match="host tier"):
+        group_engine_config(dense, EngineConfig(prefix_cache_host_bytes=1 << 20))
+    with pytest.raises(ValueError, match="--speculative mtp"):
+        group_engine_config(dense, EngineConfig(speculative=SpeculativeConfig("mtp")))

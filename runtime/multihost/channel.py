@@ -57,7 +57,13 @@ class LeaderChannel:
         self._socks: dict[int, socket.socket] = {}
         try:
             while len(self._socks) < followers:
-                sock, _ = server.accept()
+                try:
+                    sock, _ = server.accept()
+                except TimeoutError as error:
+                    raise GroupFailedError(
+                        f"{len(self._socks)} of the group's {followers} other processes connected within "
+                        f"{accept_timeout_s:g}s (is every `ember serve --process-id I` started?)"
+                    ) from error
                 sock.settimeout(None)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 process_id = struct.unpack("!I", _read_exact(sock, 4) or b"\0\0\0\0")[0]

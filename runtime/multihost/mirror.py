@@ -10,7 +10,7 @@ meet across processes. Only the leader reads results back.
 Supported in a group today: steps of one decode step (no run-ahead chaining: a chained call's inputs are the
 previous call's results on the device, which a follower would have to name), verify steps, deterministic tiles.
 Not yet: recurrent slot state (its snapshot copies), the host tier's block copies, speculative drafting by a draft
-model (its own device calls).
+model or an MTP module (their own device calls); n-gram drafting is host work and runs.
 """
 
 from __future__ import annotations
@@ -39,8 +39,10 @@ def group_engine_config(model: Model, config: EngineConfig) -> EngineConfig:
         raise ValueError("several processes cannot yet serve a model with recurrent state (its slot copies)")
     if config.prefix_cache_host_bytes:
         raise ValueError("several processes cannot yet keep the prefix cache's host tier (its block copies)")
-    if config.speculative is not None and config.speculative.method == "draft":
-        raise ValueError("several processes cannot yet run a draft model (its own device calls)")
+    if config.speculative is not None and config.speculative.method != "ngram":
+        raise ValueError(
+            f"several processes cannot yet run --speculative {config.speculative.method} (its own device calls)"
+        )
     return replace(config, decode_steps=1)
 
 
