@@ -195,9 +195,16 @@ def serve(config: ServeConfig) -> int:
     process 0 serves, the others follow its steps (server/follower.py)."""
     group = config.group()
     if group is not None:
-        from ..runtime.multihost.group import initialize
+        from ..runtime.multihost.group import check_mesh, initialize
 
         initialize(group)
+        try:
+            check_mesh(group, config.tensor_parallel)
+        except ValueError as error:
+            print(f"ember: error: {error}", file=sys.stderr, flush=True)
+            from .follower import leave_group
+
+            return leave_group(2)
         if not group.is_leader:
             from .follower import follow_leader
 

@@ -76,3 +76,16 @@ def initialize(group: GroupConfig) -> None:
         # that, and process 0 must live on to answer 503 with the reason
         heartbeat_timeout_seconds=_A_DAY,
     )
+
+
+def check_mesh(group: GroupConfig, tensor_parallel: int) -> None:
+    """The mesh of a group is every process's devices: a smaller one would leave some processes outside every
+    step (ValueError naming the count to give)."""
+    import jax
+
+    if tensor_parallel != jax.device_count():
+        raise ValueError(
+            f"--tensor-parallel {tensor_parallel}: the group's {group.num_processes} processes hold "
+            f"{jax.device_count()} devices ({jax.local_device_count()} here) and the mesh spans them all: "
+            f"give --tensor-parallel {jax.device_count()} to every process"
+        )
