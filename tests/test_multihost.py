@@ -42,10 +42,13 @@ def _two_free_ports() -> int:
 class Group:
     """A follower subprocess (process 1) and the leader's LiveServer (process 0)."""
 
-    def __init__(self, model, *extra: str, silence_timeout: str = "10"):
+    def __init__(
+        self, model, *extra: str, silence_timeout: str = "10", envs: tuple[dict, dict] = (ONE_DEVICE, ONE_DEVICE)
+    ):
+        """envs: process 0's and process 1's environment (their devices)."""
         port = _two_free_ports()
         group = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--tensor-parallel", "2"]
-        env = {**os.environ, **ONE_DEVICE, "EMBER_GROUP_SILENCE_TIMEOUT_S": silence_timeout}
+        env = {**os.environ, "EMBER_GROUP_SILENCE_TIMEOUT_S": silence_timeout}
         self.follower_log = model.parent / f"follower-{port}.log"
         with open(self.follower_log, "w") as log:
             self.follower = subprocess.Popen(
@@ -53,10 +56,12 @@ class Group:
                 + ["--process-id", "1"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=env,
+                env={**env, **envs[1]},
             )
         try:
-            self.leader = LiveServer(model, *ARGS, *extra, *group, "--process-id", "0", env=env, ready_timeout=120)
+            self.leader = LiveServer(
+                model, *ARGS, *extra, *group, "--process-id", "0", env={**env, **envs[0]}, ready_timeout=120
+            )
         except BaseException:
             self.follower.kill()
             self.follower.wait()
