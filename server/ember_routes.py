@@ -24,7 +24,7 @@ async def health(request):
     if service.load_error:
         body["error"] = service.load_error
     elif service.engine_failure:
-        body.update(status="failed", error=f"the engine stopped after an internal error: {service.engine_failure}")
+        body.update(status="failed", error=service.failure_line())
     return response.json(body, status=503)
 
 

@@ -177,11 +177,15 @@ class ModelService:
         """Why the engine thread stopped, if it did (runtime/engine/engine.py EngineFailedError)."""
         return self.engine.failure if self.engine is not None else None
 
+    def failure_line(self) -> str:
+        """Why the engine stopped (engine_failure is set), as /health and refused requests say it."""
+        if self.group is not None and self.group.failure is not None:  # "the process group broke: process 1 ..."
+            return f"{self.engine_failure}; restart every process of the group"
+        return f"the engine stopped after an internal error: {self.engine_failure}; restart the server"
+
     def require_ready(self) -> Engine:
         if self.engine_failure is not None:
-            raise ApiError(
-                503, f"the engine stopped after an internal error: {self.engine_failure}; restart the server"
-            )
+            raise ApiError(503, self.failure_line())
         if self.state == "ready" and self.engine is not None:
             return self.engine
         if self.state == "draining":

@@ -52,7 +52,7 @@ class LeaderChannel:
         self.on_failure: Callable[[str], None] | None = None
         self._lock = threading.Lock()
         self._closed = False
-        server = socket.create_server(("", address[1]), reuse_port=False)
+        server = socket.create_server(address)  # the coordinator host: where the followers reach process 0
         server.settimeout(accept_timeout_s)
         self._socks: dict[int, socket.socket] = {}
         try:
