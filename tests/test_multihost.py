@@ -258,3 +258,14 @@ def test_a_group_runs_one_decode_step_per_call_and_refuses_what_it_cannot_mirror
         group_engine_config(dense, EngineConfig(prefix_cache_host_bytes=1 << 20))
     with pytest.raises(ValueError, match="--speculative mtp"):
         group_engine_config(dense, EngineConfig(speculative=SpeculativeConfig("mtp")))
+
+
+@pytest.mark.slow
+def test_a_follower_exits_when_its_leader_dies(tiny_chat_model):
+    group = Group(tiny_chat_model)
+    try:
+        group.leader.process.kill()
+        assert group.follower.wait(timeout=15) == 1, group.logs()
+        assert "leader is gone" in group.follower_log.read_text()
+    finally:
+        group.close()
