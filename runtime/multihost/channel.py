@@ -97,6 +97,10 @@ class LeaderChannel:
         if self.on_failure is not None:
             self.on_failure(reason)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         self._closed = True
         for sock in self._socks.values():

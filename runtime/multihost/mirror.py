@@ -56,6 +56,8 @@ class _MirroredCall:
     def __call__(self, dims, *args):
         static, rest = args[: self.num_static], args[self.num_static :]
         params, kv, host_args = rest[0], rest[1], rest[2:]
+        if any(isinstance(a, jax.Array) for a in host_args):  # a follower could not name this process's array
+            raise TypeError(f"{self.name}: a call sent to the group's processes takes host arrays only")
         self.leader.channel.send(("call", self.name, static, host_args))
         return self.fn(dims, *static, params, kv, *host_args)
 
@@ -112,7 +114,7 @@ class LeaderGroup:
             threading.Thread(target=handler, args=(reason,), name="ember-group-failed", daemon=True).start()
 
     def _watchdog(self) -> None:
-        while self.channel.failure is None:
+        while self.channel.failure is None and not self.channel.closed:
             since = self._collecting_since
             if since is not None and time.monotonic() - since > self.group.step_timeout_s:
                 self.channel.fail(f"a step did not return within {self.group.step_timeout_s:g}s (a process hung)")
