@@ -269,3 +269,29 @@ def test_a_follower_exits_when_its_leader_dies(tiny_chat_model):
         assert "leader is gone" in group.follower_log.read_text()
     finally:
         group.close()
+
+
+def test_followers_hanging_up_on_shutdown_is_not_a_failure():
+    """The followers close their end as soon as they read `shutdown`; process 0 must not take that for a death
+    (it would exit 1 instead of 0)."""
+    import threading
+
+    from ember.runtime.multihost.channel import FollowerChannel, LeaderChannel
+
+    port = _two_free_ports()
+    followers: list[FollowerChannel] = []
+    starter = threading.Thread(target=lambda: followers.append(FollowerChannel(("127.0.0.1", port), 1, 0.05)))
+    starter.start()
+    leader = LeaderChannel(("127.0.0.1", port), 1, silence_s=30.0)
+    starter.join()
+
+    def follow():
+        assert followers[0].receive() == ("shutdown",)
+        followers[0].close()
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    leader.shutdown(("shutdown",))
+    follower.join()
+    time.sleep(0.3)
+    assert leader.failure is None

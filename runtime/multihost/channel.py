@@ -101,6 +101,19 @@ class LeaderChannel:
     def closed(self) -> bool:
         return self._closed
 
+    def shutdown(self, message) -> None:
+        """Send `message` (the followers' last: they close their end on it), then close. Marked closed first:
+        a follower hanging up after it is not a failure."""
+        with self._lock:
+            whole = self.failure is None
+            self._closed = True
+            for sock in self._socks.values() if whole else ():
+                try:
+                    _send_message(sock, message)
+                except OSError:
+                    pass
+        self.close()
+
     def close(self) -> None:
         self._closed = True
         for sock in self._socks.values():

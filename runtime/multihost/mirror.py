@@ -26,7 +26,7 @@ from ..engine.config import EngineConfig, prefill_shapes
 from ..execution.deterministic_tiles import fixed_tiles
 from ..execution.step_executor import StepExecutor
 from ..loading.model import Model
-from .channel import FollowerChannel, GroupFailedError, LeaderChannel
+from .channel import FollowerChannel, LeaderChannel
 from .group import GroupConfig
 
 # the executor's step functions a follower may be asked to call, with their count of static arguments after dims
@@ -103,11 +103,7 @@ class LeaderGroup:
 
     def close(self) -> None:
         """Tell the followers to exit (they leave their loop and shut jax.distributed down with us)."""
-        try:
-            self.channel.send(("shutdown",))
-        except GroupFailedError:
-            pass
-        self.channel.close()
+        self.channel.shutdown(("shutdown",))
 
     def _broken(self, reason: str) -> None:
         for handler in self._handlers:
