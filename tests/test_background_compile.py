@@ -11,7 +11,6 @@ import pytest
 from engine_support import GREEDY, ByteTokenizer
 from fixture_data import tiny_fixture
 
-from ember.compiler.targets import get_target
 from ember.runtime.engine.engine import Engine, EngineConfig
 from ember.runtime.execution.background_compile import (
     BackgroundCompiler,
@@ -138,32 +137,49 @@ def _generate(engine, prompt):
 
 
 def test_engine_serves_the_ready_shapes_then_compiles_the_rest_in_the_background(qwen3):
-    assert get_target("cpu").ready_shapes is not None  # the cpu target compiles only some shapes before ready
     engine = _engine(qwen3)
     try:
         executor = engine.executor
         engine.precompile(ready_only=True)
         ready = executor.ready_shapes()
-        assert [(s.decode_rows, s.prefill_tokens) for s in ready] == [(1, 0), (0, 128)]
-        assert len(executor.step_fn.executables) == 2  # the sampling variant of each, none run
-        # a greedy 20-token prompt padded to the 128-token shape, and one-row decode steps, on the sampling
-        # executables: nothing compiles
+        assert [(s.decode_rows, s.prefill_tokens) for s in ready] == [(1, 0), (0, 32), (0, 128)]
+        assert len(executor.step_fn.executables) == 3  # the sampling variant of each, none run
+        # a greedy 20-token prompt and one-row decode steps on the sampling executables: nothing compiles
         prompt = list(range(3, 23))
-        padded = _generate(engine, prompt)
-        assert len(padded) == 6 and executor.step_fn.compiled_on_call == 0
-        # the same prompt on its own 32-token greedy executable once that is compiled (as the background thread
-        # does), decoding on the sampling one: the same tokens
-        own = next(s for s in executor.shapes() if (s.decode_rows, s.prefill_tokens) == (0, 32))
-        executor.compile_ahead(CompileTask(own, True))
-        assert _generate(engine, prompt) == padded
-        assert executor.step_fn.compiled_on_call == 0 and len(executor.step_fn.executables) == 3
-        # the background thread takes what is left, smallest first (stopped here after the one under way)
-        background = engine.compile_in_background()
-        background.stop(timeout=120)
+        first = _generate(engine, prompt)
+        assert len(first) == 6 and executor.step_fn.compiled_on_call == 0
+        # the background thread takes what is left: shapes without an executable first, smallest first, then
+        # the greedy variants of those the sampling one serves; it waits while a request is in the engine
+        busy = threading.Event()
+        busy.set()
+        background = executor.compile_later(busy=busy.is_set)
         listed = [(t.shape.decode_rows, t.shape.prefill_tokens, t.all_greedy) for t in background.tasks]
-        assert listed == [(1, 0, True), (0, 32, False), (1, 32, True), (1, 32, False), (0, 128, True)] + [
-            (1, 128, True),
-            (1, 128, False),
+        assert listed == [(1, 32, True), (1, 32, False), (1, 128, True), (1, 128, False)] + [
+            (1, 0, True),
+            (0, 32, True),
+            (0, 128, True),
         ]
+        assert not background.finished.wait(0.5) and background.done == 0
+        busy.clear()
+        assert background.finished.wait(300) and background.error is None
+        assert background.done == 7 and len(executor.step_fn.executables) == 10
+        # the same prompt on the greedy executables: the same tokens
+        assert _generate(engine, prompt) == first and executor.step_fn.compiled_on_call == 0
+    finally:
+        engine.close()
+
+
+def test_a_step_runs_padded_on_a_larger_compiled_shape_until_its_own_is_compiled(qwen3):
+    engine = _engine(qwen3)
+    try:
+        executor = engine.executor
+        shape = {(s.decode_rows, s.prefill_tokens): s for s in executor.shapes()}
+        for key in ((1, 0), (0, 128)):  # as a target whose ready shapes are a one-row decode and 128 tokens
+            executor.compile_ahead(CompileTask(shape[key], False))
+        prompt = list(range(3, 23))
+        padded = _generate(engine, prompt)  # 20 tokens in the 128-token shape
+        assert executor.step_fn.compiled_on_call == 0 and len(executor.step_fn.executables) == 2
+        executor.compile_ahead(CompileTask(shape[(0, 32)], True))
+        assert _generate(engine, prompt) == padded and executor.step_fn.compiled_on_call == 0
     finally:
         engine.close()

@@ -221,9 +221,9 @@ class Engine:
             return self.executor.precompile(progress, ready_only=ready_only)
 
     def compile_in_background(self) -> BackgroundCompiler:
-        """Compile the step shapes precompile(ready_only=True) left on a thread of their own, while the engine
-        serves (a step that needs one first compiles it itself); close() stops it."""
-        self._background = self.executor.compile_later()
+        """Compile the step shapes precompile(ready_only=True) left on a thread of their own, whenever the
+        engine has no request (a step that needs one first compiles it itself); close() stops it."""
+        self._background = self.executor.compile_later(busy=lambda: self.scheduler.has_work)
         return self._background
 
     def close(self) -> None:

@@ -3,7 +3,7 @@
 A target's `ready_shapes` (compiler/targets/__init__.py) names the steps a first request takes — a one-row
 decode, a prompt of ~128 tokens — as (decode rows, prefill tokens); each is the smallest compiled shape of its
 kind that holds them. `ember serve` compiles those (greedy and sampled) before its "serving" line and the
-rest in a BackgroundCompiler while it serves: a step that needs a shape not yet compiled compiles it itself
+rest in a BackgroundCompiler while it serves, between requests: a step that needs a shape not yet compiled compiles it itself
 (or waits for the thread's compile of it: runtime/execution/compiled_steps.py), so nothing fails, it is only
 slower the first time. The thread prints one progress line per shape (each takes seconds to tens of seconds
 on a small CPU) and a last line when every shape is compiled.
@@ -98,8 +98,12 @@ def report_compiled(index: int, total: int, task: CompileTask, seconds: float, w
 class BackgroundCompiler:
     """Runs compile(task) for each task on a daemon thread, with a progress line per task on stderr."""
 
-    def __init__(self, compile: Callable[[CompileTask], None], tasks: list[CompileTask]):
-        self._compile, self.tasks = compile, tasks
+    def __init__(
+        self, compile: Callable[[CompileTask], None], tasks: list[CompileTask], busy: Callable[[], bool] = lambda: False
+    ):
+        # busy: whether requests are being served; the next compile waits until they are done (a compile and a
+        # step share a small CPU's cores: a first request's prompt ran ~4x slower beside one)
+        self._compile, self.tasks, self._busy = compile, tasks, busy
         self.done = 0
         self.error: str | None = None
         self._stop = threading.Event()
@@ -118,6 +122,8 @@ class BackgroundCompiler:
         started = time.perf_counter()
         try:
             for task in self.tasks:
+                while self._busy() and not self._stop.is_set():
+                    self._stop.wait(0.2)
                 if self._stop.is_set():
                     return
                 begun = time.perf_counter()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -193,12 +194,16 @@ class StepExecutor:
         self.step_fn.compile(self.model.dims, layout, num_top, task.all_greedy, *fixed, inputs.buffer)
         self.compiled_ahead.add((shape, task.all_greedy))
 
-    def compile_later(self) -> BackgroundCompiler:
-        """A started BackgroundCompiler over the executables precompile(ready_only=True) left."""
+    def compile_later(self, busy: Callable[[], bool] = lambda: False) -> BackgroundCompiler:
+        """A started BackgroundCompiler over the executables precompile(ready_only=True) left, each compiled
+        when `busy()` (requests in the engine) is false."""
         ahead = isinstance(self.step_fn, CompiledSteps) and self.multi_step_fn is None
         tasks = compile_tasks(self.shapes()) if ahead else []
         tasks = [t for t in tasks if (t.shape, t.all_greedy) not in self.compiled_ahead]
-        return BackgroundCompiler(self.compile_ahead, tasks).start()
+        # shapes with no executable first; a ready shape's greedy variant (its sampling one serves it) last
+        served = {shape for shape, _ in self.compiled_ahead}
+        tasks.sort(key=lambda t: t.shape in served)
+        return BackgroundCompiler(self.compile_ahead, tasks, busy).start()
 
     def precompile(self, progress: bool = False, ready_only: bool = False) -> float:
         """Compile every step shape's greedy executable, or (ready_only) both sampler variants of the shapes of
