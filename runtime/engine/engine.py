@@ -228,7 +228,8 @@ class Engine:
 
     def close(self) -> None:
         if self._background is not None:
-            self._background.stop(timeout=0)  # a compile under way finishes on its daemon thread
+            # wait for a compile under way: a process that exits beside XLA compiling on another thread crashes
+            self._background.stop()
         self.loop.stop()
 
     # ---- guided decoding -------------------------------------------------------------------------

@@ -143,7 +143,9 @@ class BackgroundCompiler:
             self.finished.set()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Compile no further task; wait up to `timeout` for the one under way."""
+        """Compile no further task; wait up to `timeout` (None: as long as it takes) for the one under way."""
         self._stop.set()
         if self._thread.is_alive():
+            if self.done < len(self.tasks):
+                print("ember: waiting for the step shape being compiled", file=sys.stderr, flush=True)
             self._thread.join(timeout)
