@@ -17,11 +17,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
 
 def call_key(static: tuple, dynamic: tuple) -> tuple:
     """An executable's key: the static arguments and the shapes and dtypes of the array arguments (the pytrees
     of weights and KV pools keep their abstract values for the executor's life: they are not in the key)."""
     return static, tuple((tuple(a.shape), str(a.dtype)) for a in dynamic if hasattr(a, "shape"))
+
+
+def abstract_values(tree: Any) -> Any:
+    """The tree with each array as its shape and dtype (what compiling needs)."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "dtype") else a, tree)
 
 
 class CompiledSteps:

@@ -34,7 +34,7 @@ from .background_compile import (
     ready_first,
     report_compiled,
 )
-from .compiled_steps import CompiledSteps
+from .compiled_steps import CompiledSteps, abstract_values
 from .deterministic_tiles import fixed_tiles, step_tiles, tile_shape
 from .engine_step import (
     carry_from_step,
@@ -190,7 +190,7 @@ class StepExecutor:
         shape = task.shape
         inputs = pack_step_inputs(padding_batch(shape), [], vocab_size=self.vocab, num_rows=shape.logit_rows)
         layout, num_top, _ = inputs.static_args()
-        fixed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (self.model.params, self.kv))
+        fixed = abstract_values((self.model.params, self.kv))  # the KV arrays may be donated meanwhile
         self.step_fn.compile(self.model.dims, layout, num_top, task.all_greedy, *fixed, inputs.buffer)
         self.compiled_ahead.add((shape, task.all_greedy))
 
