@@ -37,7 +37,10 @@ class ServeConfig:
     heartbeat_s: float = 5.0  # SSE comment while a stream is queued or in a long prefill
     drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight requests may finish
     stream_usage: bool = True  # the final usage chunk of OpenAI streams (also per request stream_options)
-    precompile: bool = True  # compile every step shape before /health turns ready
+    precompile: bool = True  # compile step shapes before /health turns ready
+    # with precompile: the target's ready step shapes before ready, the others on a thread between requests;
+    # False: every step shape before ready
+    background_compile: bool = True
     speculative: str | None = None  # speculative decoding: ngram | draft (docs/speculative.md); None = off
     draft_model: str | None = None  # --speculative draft: a known model name or a path
     num_speculative_tokens: int = 4  # k: most drafts per row and step
@@ -198,6 +201,10 @@ _SWITCHES = {
     "--no-stream-usage": ("stream_usage", "omit the usage chunk of OpenAI streams unless a request asks"),
     "--no-precompile": ("precompile", "compile step shapes lazily instead of before serving"),
     "--expert-parallel": ("expert_parallel", "with --tensor-parallel: MoE experts split by expert, not by width"),
+    "--no-background-compile": (
+        "background_compile",
+        "compile every step shape before serving, not only the target's ready ones (the rest in the background)",
+    ),
 }
 
 

@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import replace
 
+from ..execution.background_compile import BackgroundCompiler
 from ..execution.deterministic_tiles import fixed_tiles
 from ..execution.step_executor import StepExecutor
 from ..loading.model import Model
@@ -110,6 +111,7 @@ class Engine:
         self._ids = itertools.count()
         self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first guided request
         self._grammar_lock = threading.Lock()
+        self._background: BackgroundCompiler | None = None  # compile_in_background()
         self.loop = EngineLoop(
             self.scheduler, self.executor, self.requests, self.counters, self._lock, config.max_queue_wait_s
         )
@@ -233,12 +235,22 @@ class Engine:
         """Sampling settings for a request that omits some: the checkpoint's generation_config defaults."""
         return SamplingParams.from_generation_config(self.model.checkpoint.generation_config, **overrides)
 
-    def precompile(self, progress: bool = False) -> float:
-        """Compile (or load from the persistent cache) every step shape this engine may run."""
+    def precompile(self, progress: bool = False, ready_only: bool = False) -> float:
+        """Compile (or load from the persistent cache) every step shape this engine may run; ready_only: only
+        those a first request takes (the target's ready_shapes), compile_in_background() then does the rest."""
         with self._lock:
-            return self.executor.precompile(progress)
+            return self.executor.precompile(progress, ready_only=ready_only)
+
+    def compile_in_background(self) -> BackgroundCompiler:
+        """Compile the step shapes precompile(ready_only=True) left on a thread of their own, whenever the
+        engine has no request (a step that needs one first compiles it itself); close() stops it."""
+        self._background = self.executor.compile_later(busy=lambda: self.scheduler.has_work)
+        return self._background
 
     def close(self) -> None:
+        if self._background is not None:
+            # wait for a compile under way: a process that exits beside XLA compiling on another thread crashes
+            self._background.stop()
         self.loop.stop()
 
     # ---- guided decoding -------------------------------------------------------------------------

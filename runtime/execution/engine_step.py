@@ -175,8 +175,11 @@ def run_step(
     *,
     vocab_size: int,
     num_rows: int,
+    all_greedy: bool | None = None,
 ) -> tuple[StepResult, Any]:
-    packed, kv = launch_step(step_fn, dims, params, kv, batch, rows, vocab_size=vocab_size, num_rows=num_rows)
+    packed, kv = launch_step(
+        step_fn, dims, params, kv, batch, rows, vocab_size=vocab_size, num_rows=num_rows, all_greedy=all_greedy
+    )
     return collect_step(packed), kv
 
 
@@ -190,10 +193,14 @@ def launch_step(
     *,
     vocab_size: int,
     num_rows: int,
+    all_greedy: bool | None = None,
 ) -> tuple[Any, Any]:
-    """Dispatch one step without waiting for it: (packed result on the device, new kv). collect_step reads it."""
+    """Dispatch one step without waiting for it: (packed result on the device, new kv). collect_step reads it.
+    all_greedy False runs an all-greedy step on the sampling executable (the same tokens); None: the rows'."""
     inputs = pack_step_inputs(batch, rows, vocab_size=vocab_size, num_rows=num_rows)
-    return step_fn(dims, *inputs.static_args(), params, kv, inputs.buffer)
+    layout, num_top, greedy = inputs.static_args()
+    greedy = greedy if all_greedy is None else all_greedy
+    return step_fn(dims, layout, num_top, greedy, params, kv, inputs.buffer)
 
 
 def collect_step(packed) -> StepResult:

@@ -11,7 +11,9 @@ shape (runtime/execution/deterministic_tiles.py).
 from __future__ import annotations
 
 import math
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,7 +27,16 @@ from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep, bucket
 from ..state.host_tier import HostTier
 from ..state.kinds import engine_pool_blocks, engine_slots, engine_snapshot_slots, engine_verify_scratch_slots
 from ..state.kv_dtypes import kv_dtype
+from .background_compile import (
+    BackgroundCompiler,
+    CompileTask,
+    compile_tasks,
+    compiled_stand_in,
+    ready_first,
+    report_compiled,
+)
 from .block_copies import BlockCopier
+from .compiled_steps import CompiledSteps, abstract_values
 from .deterministic_tiles import fixed_tiles, step_tiles, tile_shape
 from .engine_step import (
     carry_from_step,
@@ -123,7 +134,13 @@ class StepExecutor:
         # traced inside the model's kernel policy: which kernels and configs the step launches
         forward = model.traced(plan.module.forward)
         self.forward = forward  # the traced forward (a model drafter's own steps: runtime/execution/draft_steps.py)
-        self.step_fn = cached_step(make_step_fn(forward), 4, identity, "step")
+        # without executables on disk (the cpu backend), still through executables compiled ahead: a step shape
+        # compiles without running a padding batch, and from a background thread (compiled_steps.py)
+        self.step_fn = (
+            cached_step(make_step_fn(forward), 4, identity, "step")
+            if identity is not None
+            else CompiledSteps(make_step_fn(forward), 4)
+        )
         self.verify_fn = cached_step(make_verify_step_fn(forward), 5, identity, "verify")
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
@@ -146,6 +163,8 @@ class StepExecutor:
         self.num_kinds = len(model.paged_kinds)
         self.num_slot_kinds = len(model.slot_kinds)
         self.vocab = int(model.dims.vocab)
+        # (shape, all_greedy) compiled by compile_ahead: a step whose own is not yet runs padded to one of them
+        self.compiled_ahead: set[tuple[StepShape, bool]] = set()
         self._no_carry: dict[int, object] = {}  # decode rows -> no_carry() on the device, made once
 
     def attach_host_tier(self, tier: HostTier) -> None:
@@ -166,9 +185,63 @@ class StepExecutor:
         shape = step_shape(step, self.decode_buckets, self.prefill, self.table_blocks)
         return replace(shape, min_logit_rows=self.min_rows)
 
-    def precompile(self, progress: bool = False) -> float:
+    def _stand_in(self, step: ScheduledStep, rows: list[RowState]) -> tuple[StepShape, bool | None]:
+        """The step's shape and the sampler variant to force (None: the rows' own), from the executables
+        compiled ahead while others are not yet (compiled_stand_in); deterministic steps take their own."""
+        shape = self.shape_of(step)
+        if self.deterministic or any(row.params.has_penalties or row.params.logprobs for row in rows):
+            return shape, None  # their own executable: another sampler layout than the ones compiled ahead
+        greedy = all(row.params.is_greedy for row in rows)
+        shape, variant = compiled_stand_in(shape, greedy, self.compiled_ahead)
+        return shape, None if variant == greedy else variant
+
+    def ready_shapes(self) -> list[StepShape]:
+        """The shapes compiled before a server reports ready (the target's ready_shapes; every shape in
+        deterministic tiles or where the target names none)."""
+        ready = get_target(self.model.plan.target).ready_shapes
+        return ready_first(self.shapes(), None if self.tiles is not None else ready)
+
+    def _ready_variants(self) -> tuple[bool, ...]:
+        """The sampler variants compiled before ready: the sampling one serves greedy steps too (_stand_in),
+        except in deterministic mode, where each step takes its own."""
+        return (True, False) if self.deterministic else (False,)
+
+    def compile_ahead(self, task: CompileTask) -> None:
+        """Compile one step shape's executable without running it (CompiledSteps only)."""
+        shape = task.shape
+        inputs = pack_step_inputs(padding_batch(shape), [], vocab_size=self.vocab, num_rows=shape.logit_rows)
+        layout, num_top, _ = inputs.static_args()
+        fixed = abstract_values((self.model.params, self.kv))  # the KV arrays may be donated meanwhile
+        self.step_fn.compile(self.model.dims, layout, num_top, task.all_greedy, *fixed, inputs.buffer)
+        self.compiled_ahead.add((shape, task.all_greedy))
+
+    def compile_later(self, busy: Callable[[], bool] = lambda: False) -> BackgroundCompiler:
+        """A started BackgroundCompiler over the executables precompile(ready_only=True) left, each compiled
+        when `busy()` (requests in the engine) is false."""
+        ahead = isinstance(self.step_fn, CompiledSteps) and self.multi_step_fn is None
+        tasks = compile_tasks(self.shapes()) if ahead else []
+        tasks = [t for t in tasks if (t.shape, t.all_greedy) not in self.compiled_ahead]
+        # shapes with no executable first; a ready shape's greedy variant (its sampling one serves it) last
+        served = {shape for shape, _ in self.compiled_ahead}
+        tasks.sort(key=lambda t: t.shape in served)
+        return BackgroundCompiler(self.compile_ahead, tasks, busy).start()
+
+    def precompile(self, progress: bool = False, ready_only: bool = False) -> float:
+        """Compile every step shape's greedy executable, or (ready_only) both sampler variants of the shapes of
+        ready_shapes(); where the executor compiles ahead (CompiledSteps) without running them, elsewhere by
+        running each shape once on a padding batch (greedy)."""
         start = time.perf_counter()
-        shapes = self.shapes()
+        shapes = self.ready_shapes() if ready_only else self.shapes()
+        if isinstance(self.step_fn, CompiledSteps) and self.multi_step_fn is None:
+            tasks = compile_tasks(shapes, self._ready_variants() if ready_only else (True,))
+            if progress:
+                print(f"ember: compiling {len(tasks)} step shapes before serving", file=sys.stderr, flush=True)
+            for index, task in enumerate(tasks):
+                begun = time.perf_counter()
+                self.compile_ahead(task)
+                if progress:  # a line per shape, with its seconds: each may take tens of seconds on a small CPU
+                    report_compiled(index, len(tasks), task, time.perf_counter() - begun, "before serving")
+            return time.perf_counter() - start
         bar = None
         if progress:
             from tqdm import tqdm
@@ -228,8 +301,8 @@ class StepExecutor:
     def run(self, step: ScheduledStep, rows: list[RowState]) -> dict[str, Sampled]:
         """Run one step and wait for it: {request id: Sampled}."""
         if self.tiles is None:
-            shape = self.shape_of(step)
-            return self._sampled(step, self._run(build_step_batch(step, shape), rows, shape))
+            shape, variant = self._stand_in(step, rows)
+            return self._sampled(step, self._run(build_step_batch(step, shape), rows, shape, variant))
         row_of = dict(zip(step.logit_request_ids, rows))
         results: dict[str, Sampled] = {}
         shape = tile_shape(self.tiles, self.table_blocks, self.num_kinds, self.num_slot_kinds)
@@ -261,14 +334,14 @@ class StepExecutor:
         whose prefill chunks these rows complete (Scheduler.chain_after_prefill)."""
         if self.tiles is not None:  # tiles of one fixed shape, run one after another
             return InFlightStep(step, tuple(rows), steps, results=(self.run(step, rows),))
-        shape = self.shape_of(step)
+        shape, variant = self._stand_in(step, rows)
         batch = build_step_batch(step, shape)
         if shape.verify_width:
             return self._launch_verify(step, rows, shape, batch)
         args = (self.model.dims, self.model.params, self.kv)
         if steps == 1:
             packed, self.kv = launch_step(
-                self.step_fn, *args, batch, rows, vocab_size=self.vocab, num_rows=shape.logit_rows
+                self.step_fn, *args, batch, rows, vocab_size=self.vocab, num_rows=shape.logit_rows, all_greedy=variant
             )
             return InFlightStep(step, tuple(rows), 1, packed)
         if steps != self.decode_steps:
@@ -340,7 +413,7 @@ class StepExecutor:
         )
         return results
 
-    def _run(self, batch, rows: list[RowState], shape: StepShape):
+    def _run(self, batch, rows: list[RowState], shape: StepShape, all_greedy: bool | None = None):
         result, self.kv = run_step(
             self.step_fn,
             self.model.dims,
@@ -350,6 +423,7 @@ class StepExecutor:
             rows,
             vocab_size=self.vocab,
             num_rows=shape.logit_rows,
+            all_greedy=all_greedy,
         )
         return result
 
