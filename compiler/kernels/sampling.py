@@ -53,6 +53,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ember.compiler.kernels.fixed_order import fixed_order_log_softmax, fixed_order_logsumexp
+
 GREEDY_EPSILON = 1e-5  # temperatures below this are greedy (as in vLLM): dividing by them overflows
 # top-k/top-p look at this many best tokens per row first (lax.top_k) and sort the whole row only where
 # that does not decide it: ~12 ms vs ~1 s for 16 rows of a 152k vocabulary on a 2-core CPU
@@ -160,7 +162,7 @@ def _threshold_from_ranked(ranked, top_k, top_p, vocab, log_total):
     kth = jnp.where(k_on[:, None], kth, -jnp.inf)
     # top-p sees the top-k renormalised distribution; ties with the k-th value stay in, as in the mask
     in_top_k = jnp.where(ranked >= kth, ranked, -jnp.inf)
-    log_norm = jnp.where(k_on, jax.nn.logsumexp(in_top_k, axis=-1), log_total)[:, None]
+    log_norm = jnp.where(k_on, fixed_order_logsumexp(in_top_k, axis=-1), log_total)[:, None]
     probs = jnp.exp(in_top_k - log_norm)  # [R, C]
     mass_before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly better-ranked tokens
     mass_before = mass_before.at[:, 0].set(0.0)  # the top token is always kept
@@ -186,7 +188,7 @@ def _top_k_top_p_threshold(scaled, top_k, top_p, window):
     invariant. A GPU kernel will replace both with a radix/bucket threshold search.
     """
     vocab = scaled.shape[-1]
-    log_total = jax.nn.logsumexp(scaled, axis=-1)
+    log_total = fixed_order_logsumexp(scaled, axis=-1)
     threshold, exact = _threshold_from_ranked(
         jax.lax.top_k(scaled, min(window, vocab))[0], top_k, top_p, vocab, log_total
     )
@@ -266,7 +268,9 @@ def sample(
     """
     processed = process_logits(logits, params)  # [R, V]
     rows, vocab = processed.shape
-    logprobs = jax.nn.log_softmax(processed, axis=-1)  # [R, V]; see the module docstring for this choice
+    # [R, V]; see the module docstring for this choice; the sum in a fixed order: a row's logprobs are the same
+    # bits whatever the step's row count (deterministic mode's promise, docs/kernel_policy.md)
+    logprobs = fixed_order_log_softmax(processed, axis=-1)
 
     constrained = apply_mask(processed, params.allowed_mask)  # [R, V]; what is picked from, not reported
     greedy = params.temperature < GREEDY_EPSILON  # [R]
