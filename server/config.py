@@ -54,10 +54,7 @@ class ServeConfig:
         from ..runtime.state.kv_dtypes import is_fp8
 
         if self.speculative is not None and self.deterministic:
-            raise ValueError(
-                "--speculative is not available with --deterministic: a verify segment's rows are not yet proven "
-                "to give decode rows' logits bits (docs/speculative.md)"
-            )
+            self._check_deterministic_speculation()
         self.speculative_config()  # checks the method and k
         self.mesh()  # checks --expert-parallel has a mesh to split over
 
@@ -72,6 +69,23 @@ class ServeConfig:
                     "--kv-cache-dtype fp8 is not available with --deterministic: its plans write KV "
                     "through XLA's scatter, which converts the whole FP8 pool"
                 )
+
+    def _check_deterministic_speculation(self) -> None:
+        """Speculation in deterministic mode where a verify row is proven to give a decode row's bits: targets
+        whose deterministic steps are bucketed (runtime/engine/speculation.py check_speculation says the same)."""
+        from ..compiler.targets import get_target
+
+        if not get_target(self.target).policy.deterministic.bucketed:
+            raise ValueError(
+                f"--speculative is not available with --deterministic on --target {self.target}: its deterministic "
+                "steps run in fixed tiles, where a verify segment's rows are not proven to give decode rows' logits "
+                "bits (docs/speculative.md)"
+            )
+        if self.speculative == "mtp":
+            raise ValueError(
+                "--speculative mtp is not available with --deterministic: its steps also return hidden states, "
+                "another executable than the deterministic decode step (docs/speculative.md)"
+            )
 
     def mesh(self):
         """The device mesh the model is placed on (compiler/targets/mesh.py)."""

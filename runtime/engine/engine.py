@@ -40,7 +40,13 @@ from .config import (
 from .loop import EngineLoop
 from .open_requests import Choice, EngineCounters, OpenRequests, RequestGroup
 from .output_processor import OutputProcessor
-from .speculation import check_speculation, engine_draft_source, make_drafter, verify_rollback
+from .speculation import (
+    attach_step_hidden_states,
+    check_speculation,
+    engine_draft_source,
+    make_drafter,
+    verify_rollback,
+)
 from .streams import RequestStream
 
 # the configuration and sizing helpers (runtime/engine/config.py) are part of the engine's API
@@ -99,6 +105,7 @@ class Engine:
         if spec is not None:  # a model drafter's KV (and the request's acceptance) goes back with the request's
             self.scheduler.on_release = self.scheduler.draft_source.release
         self.executor = StepExecutor(model, config, prefill)
+        attach_step_hidden_states(self.drafter, self.executor)
         if self.host_tier is not None:
             self.executor.attach_host_tier(self.host_tier)
         self.counters = EngineCounters()

@@ -43,9 +43,11 @@ from .engine_step import (
     pack_step_inputs,
     run_multi_step,
     run_step,
+    split_hidden,
 )
 from .executable_cache import cached_step, executor_identity
 from .slot_copies import SlotCopier
+from .step_hidden import forward_with_hidden
 from .step_inputs import (
     StepShape,
     all_step_shapes,
@@ -84,6 +86,7 @@ class InFlightStep:
     results: tuple[dict[str, Sampled], ...] | None = None  # already on the host (deterministic tiles)
     verify_shape: StepShape | None = None  # a verify step's shape (its results: a tuple of Sampled per row)
     num_drafts: dict[str, int] | None = None  # a verify step's drafts per verify segment, as verified
+    shape: StepShape | None = None  # a single step's shape (where its rows' hidden states are, when returned)
 
 
 class StepExecutor(StepPrecompiler):
@@ -125,14 +128,23 @@ class StepExecutor(StepPrecompiler):
         # traced inside the model's kernel policy: which kernels and configs the step launches
         forward = model.traced(plan.module.forward)
         self.forward = forward  # the traced forward (a model drafter's own steps: runtime/execution/draft_steps.py)
+        # the MTP drafter reads the target's hidden states: every single step and verify step returns its rows'
+        # (runtime/execution/step_hidden.py), handed to hidden_sink(step, shape, hidden [N, d]) when collected
+        spec = getattr(config, "speculative", None)
+        self.with_hidden = spec is not None and spec.method == "mtp" and self.tiles is None
+        self.hidden_sink = None
+        stepped = model.traced(forward_with_hidden(plan.module)) if self.with_hidden else forward
+        tag = "+hidden" if self.with_hidden else ""
         # without executables on disk (the cpu backend), still through executables compiled ahead: a step shape
         # compiles without running a padding batch, and from a background thread (compiled_steps.py)
         self.step_fn = (
-            cached_step(make_step_fn(forward), 4, identity, "step")
+            cached_step(
+                make_step_fn(stepped, self.with_hidden, fixed_order=config.deterministic), 4, identity, "step" + tag
+            )
             if identity is not None
-            else CompiledSteps(make_step_fn(forward), 4)
+            else CompiledSteps(make_step_fn(stepped, self.with_hidden, fixed_order=config.deterministic), 4)
         )
-        self.verify_fn = cached_step(make_verify_step_fn(forward), 5, identity, "verify")
+        self.verify_fn = cached_step(make_verify_step_fn(stepped, self.with_hidden), 5, identity, "verify" + tag)
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
         # run-ahead chains decode steps without the scheduler; slot state is carried in self.kv from one to the next
@@ -140,7 +152,8 @@ class StepExecutor(StepPrecompiler):
         # deterministic: one step per call. A run-ahead call compiles the step inside a loop, where XLA fuses
         # (and contracts multiply-adds) otherwise than in a one-step call, and which calls run ahead depends on
         # the load: a row's bits would then depend on the requests beside it (docs/kernel_policy.md)
-        self.decode_steps = 1 if self.tiles is not None or config.deterministic else max(1, steps)
+        # with hidden states: one step per call (every step's rows' hidden states reach the drafter)
+        self.decode_steps = 1 if self.tiles is not None or config.deterministic or self.with_hidden else max(1, steps)
         self.multi_step_fn = (
             cached_step(
                 make_multi_step_fn(forward, self.decode_steps),
@@ -231,7 +244,7 @@ class StepExecutor(StepPrecompiler):
             packed, self.kv = launch_step(
                 self.step_fn, *args, batch, rows, vocab_size=self.vocab, num_rows=shape.logit_rows, all_greedy=variant
             )
-            return InFlightStep(step, tuple(rows), 1, packed)
+            return InFlightStep(step, tuple(rows), 1, packed, shape=shape)
         if steps != self.decode_steps:
             raise ValueError(f"a call runs 1 or {self.decode_steps} steps, not {steps}")
         slots = np.zeros((steps, shape.num_kinds, shape.decode_rows), np.int32)
@@ -266,11 +279,20 @@ class StepExecutor(StepPrecompiler):
         {request id: tuple of the Sampled it emitted})."""
         if in_flight.results is not None:
             return list(in_flight.results)
+        if self.with_hidden:
+            self._hand_hidden(in_flight)
         if in_flight.verify_shape is not None:
             return [verify_results(in_flight.step, in_flight.verify_shape, collect_step(in_flight.packed), Sampled)]
         if in_flight.steps == 1:
             return [self._sampled(in_flight.step, collect_step(in_flight.packed))]
         return [self._sampled(in_flight.step, result) for result in collect_multi_step(in_flight.packed)]
+
+    def _hand_hidden(self, in_flight: InFlightStep) -> None:
+        """The call's rows' hidden states to hidden_sink (with the step and its shape, which say whose they are)."""
+        packed, hidden = split_hidden(in_flight.packed)
+        shape = in_flight.verify_shape or in_flight.shape
+        if hidden is not None and self.hidden_sink is not None and shape is not None:
+            self.hidden_sink(in_flight.step, shape, np.asarray(hidden, np.float32))
 
     def _carried_from(self, after: InFlightStep, shape: StepShape):
         """make_multi_step_fn's `carried` for a call chained behind `after`: a run-ahead call's own, or a single
