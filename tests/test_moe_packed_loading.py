@@ -44,9 +44,15 @@ def test_the_h200_target_keeps_expert_stacks_packed_and_runs_them():
     assert all(not is_packed_experts(layer[name]) for layer in unpacked.params.layers for name in STACKS)
     plan_bytes = [
         planned_weight_bytes(
-            m.spec, m.plan.manifest, m.checkpoint, m.resolved, m.dtype, w.quantized_formats, w.dense_copies,
+            m.spec,
+            m.plan.manifest,
+            m.checkpoint,
+            m.resolved,
+            m.dtype,
+            w.quantized_formats,
+            w.dense_copies,
             keep_experts=w.packed_experts,
-        )  # fmt: skip
+        )
         for m, w in ((unpacked, unpacked_policy.weights), (packed, policy.weights))
     ]
     assert plan_bytes[0] - plan_bytes[1] == saved > 0
