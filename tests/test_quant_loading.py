@@ -205,8 +205,8 @@ def test_the_kernel_policy_chooses_which_weights_stay_packed(tmp_path):
     override.write_text(
         json.dumps({"weights": {"quantized_formats": ["q4_k", "q6_k", "fp8"]}, "weights.dense_copies": False})
     )
-    experts = ("q4_k", "q6_k", "q8_0", "q5_0")  # expert stacks kept packed (moe/packed.py): the h200 default, kept
-    assert weights("h200", override) == type(weights("h200"))(("q4_k", "q6_k", "fp8"), False, "planes", experts)
+    # expert stacks kept packed (moe/packed.py): an opt-in, none by default
+    assert weights("h200", override) == type(weights("h200"))(("q4_k", "q6_k", "fp8"), False, "planes", ())
     override.write_text(json.dumps({"weights.packed_experts": ["q4_k", "fp8"]}))
     with pytest.raises(ValueError, match="packed_experts.*fp8"):
         weights("h200", override)
