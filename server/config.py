@@ -37,7 +37,10 @@ class ServeConfig:
     heartbeat_s: float = 5.0  # SSE comment while a stream is queued or in a long prefill
     drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight requests may finish
     stream_usage: bool = True  # the final usage chunk of OpenAI streams (also per request stream_options)
-    precompile: bool = True  # compile every step shape before /health turns ready
+    precompile: bool = True  # compile step shapes before /health turns ready
+    # with precompile: the target's ready step shapes before ready, the others on a thread between requests;
+    # False: every step shape before ready
+    background_compile: bool = True
     speculative: str | None = None  # speculative decoding: ngram | draft (docs/speculative.md); None = off
     draft_model: str | None = None  # --speculative draft: a known model name or a path
     num_speculative_tokens: int = 4  # k: most drafts per row and step
@@ -57,10 +60,7 @@ class ServeConfig:
         from ..runtime.state.kv_dtypes import is_fp8
 
         if self.speculative is not None and self.deterministic:
-            raise ValueError(
-                "--speculative is not available with --deterministic: a verify segment's rows are not yet proven "
-                "to give decode rows' logits bits (docs/speculative.md)"
-            )
+            self._check_deterministic_speculation()
         self.speculative_config()  # checks the method and k
         self.mesh()  # checks --expert-parallel has a mesh to split over
         self.group()  # checks the three process-group settings go together
@@ -76,6 +76,23 @@ class ServeConfig:
                     "--kv-cache-dtype fp8 is not available with --deterministic: its plans write KV "
                     "through XLA's scatter, which converts the whole FP8 pool"
                 )
+
+    def _check_deterministic_speculation(self) -> None:
+        """Speculation in deterministic mode where a verify row is proven to give a decode row's bits: targets
+        whose deterministic steps are bucketed (runtime/engine/speculation.py check_speculation says the same)."""
+        from ..compiler.targets import get_target
+
+        if not get_target(self.target).policy.deterministic.bucketed:
+            raise ValueError(
+                f"--speculative is not available with --deterministic on --target {self.target}: its deterministic "
+                "steps run in fixed tiles, where a verify segment's rows are not proven to give decode rows' logits "
+                "bits (docs/speculative.md)"
+            )
+        if self.speculative == "mtp":
+            raise ValueError(
+                "--speculative mtp is not available with --deterministic: its steps also return hidden states, "
+                "another executable than the deterministic decode step (docs/speculative.md)"
+            )
 
     def mesh(self):
         """The device mesh the model is placed on (compiler/targets/mesh.py)."""
@@ -234,6 +251,10 @@ _SWITCHES = {
     "--no-stream-usage": ("stream_usage", "omit the usage chunk of OpenAI streams unless a request asks"),
     "--no-precompile": ("precompile", "compile step shapes lazily instead of before serving"),
     "--expert-parallel": ("expert_parallel", "with --tensor-parallel: MoE experts split by expert, not by width"),
+    "--no-background-compile": (
+        "background_compile",
+        "compile every step shape before serving, not only the target's ready ones (the rest in the background)",
+    ),
 }
 
 

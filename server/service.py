@@ -143,7 +143,11 @@ class ModelService:
                 print(f"ember: constrained decoding unavailable: {error}", file=sys.stderr)
             self.load_seconds = time.perf_counter() - started
             if self.config.precompile:
-                self.compile_seconds = self.engine.precompile(progress=True)
+                # the shapes a first request takes, before ready; the target's other shapes on a thread after
+                later = self.config.background_compile
+                self.compile_seconds = self.engine.precompile(progress=True, ready_only=later)
+                if later:
+                    self.engine.compile_in_background()
             self.state = "ready"
         except Exception as error:  # reported by /health and the log; the server keeps answering 503
             self.state, self.load_error = "failed", f"{type(error).__name__}: {error}"

@@ -138,6 +138,8 @@ class LiveServer:
             str(model),
             "--port",
             str(self.port),
+            # every step shape before ready, none compiled between the tests' requests (their timings assume so)
+            "--no-background-compile",
             *extra_args,
         ]
         full_env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}

@@ -4,6 +4,8 @@ docs/kernel_policy.md, "Batch invariance"."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,6 +55,28 @@ def test_fixed_order_sum_is_the_sum_over_any_axis():
     x = np.random.default_rng(1).standard_normal((5, 7, 3)).astype(np.float32)
     for axis in (0, 1, -1):
         np.testing.assert_allclose(np.asarray(fixed_order_sum(jnp.asarray(x), axis)), x.sum(axis), rtol=1e-5)
+
+
+def test_sampler_logprobs_do_not_depend_on_the_row_count():
+    """A deterministic step's logprobs are the same bits whatever the step's row count: the sampler's
+    log-softmax sums in a fixed order there (fixed_order; XLA CPU's own reduction over V rounds differently
+    from ~16 rows, so default steps, which keep XLA's parallel reduction for the GPU, may differ)."""
+    from ember.compiler.kernels.sampling import sample
+    from ember.runtime.execution.engine_step import SUPPRESS_SLOTS
+    from ember.runtime.sampling.params import RowState, SamplingParams, pack_batch
+
+    vocab = 256
+    logits = np.random.default_rng(2).standard_normal((40, vocab)).astype(np.float32) * 3
+    f = jax.jit(functools.partial(sample, fixed_order=True), static_argnums=2)
+
+    def row0(n):
+        rows = [RowState(SamplingParams(temperature=0.0, logprobs=2), 0, (1, 2), ())] * n
+        batch = pack_batch(rows, vocab_size=vocab, history_bucket=1, suppress_slots=SUPPRESS_SLOTS)
+        result = f(jnp.asarray(logits[:n]), jax.tree.map(jnp.asarray, batch), 2)
+        return float(result.logprob[0]), np.asarray(result.top_logprobs[0]).tolist()
+
+    alone = row0(1)
+    assert all(row0(n) == alone for n in (2, 16, 40))
 
 
 def test_the_cpu_target_runs_deterministic_steps_at_the_default_buckets(qwen3):

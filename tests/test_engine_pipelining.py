@@ -86,3 +86,18 @@ def test_a_call_streams_as_one_output_per_choice(qwen3, monkeypatch):
     assert sum(len(o.token_ids) for o in first) == 21
     assert max(len(o.token_ids) for o in first) > 1
     assert all(len(o.logprobs) == len(o.token_ids) for o in first if o.token_ids)
+
+
+def test_deterministic_steps_never_run_ahead(qwen3):
+    """A run-ahead call compiles the step inside a loop, fused otherwise than a one-step call, and whether a call
+    runs ahead depends on the load: deterministic engines run one decode step per call whatever decode_steps says
+    (docs/kernel_policy.md, "Batch invariance")."""
+    settings = dict(num_blocks=96, max_model_len=256, max_num_seqs=8, max_batched_tokens=64, decode_steps=4)
+    plain = Engine(qwen3, ByteTokenizer(), EngineConfig(**settings))
+    deterministic = Engine(qwen3, ByteTokenizer(), EngineConfig(deterministic=True, **settings))
+    try:
+        assert plain.executor.decode_steps == 4 and plain.executor.multi_step_fn is not None
+        assert deterministic.executor.decode_steps == 1 and deterministic.executor.multi_step_fn is None
+    finally:
+        plain.close()
+        deterministic.close()

@@ -50,3 +50,43 @@ def test_h200_mtp_agrees_with_cpu():
     steps.run(tokens[1:9], 0, hidden[:8])
     got_one = [steps.run([t], 8 + i, hidden[8 + i : 9 + i])[0] for i, t in enumerate(tokens[9:])]
     _agree(np.concatenate(got_one), np.concatenate(want_one))
+
+
+def test_h200_engine_mtp_drafts_from_its_steps_hidden_states():
+    """`--speculative mtp` on the h200 plans: greedy output equals plain decoding's, and the drafter reads the
+    hidden states the steps return (one target call per step, verify steps included; no hidden-state pass)."""
+    from engine_support import ByteTokenizer
+
+    from ember.runtime.engine.engine import Engine, EngineConfig
+    from ember.runtime.execution.sequence_runner import SequenceRunner
+    from ember.runtime.sampling.params import SamplingParams
+    from ember.runtime.speculative.config import SpeculativeConfig
+
+    path, ref = tiny_fixture("qwen3_5_moe")
+    model = load_model(path, target="h200")
+    base = {"num_blocks": 64, "max_model_len": 256, "max_num_seqs": 2, "max_batched_tokens": 64, "decode_steps": 1}
+    prompt = [int(t) for t in ref["input_ids"][:24]]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+    def tokens(engine):
+        return [t for o in engine.submit(prompt, params).collect()[0] for t in o.token_ids]
+
+    plain = Engine(model, ByteTokenizer(), EngineConfig(**base))
+    want = tokens(plain)
+    plain.close()
+    spec = SpeculativeConfig("mtp", 3, adaptive=False)
+    engine = Engine(model, ByteTokenizer(), EngineConfig(**base, enable_prefix_caching=False, speculative=spec))
+    calls, launches = [0], [0]
+    executor = engine.executor
+    step_fn, verify_fn, launch = executor.step_fn, executor.verify_fn, executor._launch
+    executor.step_fn = lambda *a: (calls.__setitem__(0, calls[0] + 1), step_fn(*a))[1]
+    executor.verify_fn = lambda *a: (calls.__setitem__(0, calls[0] + 1), verify_fn(*a))[1]
+    executor._launch = lambda *a, **kw: (launches.__setitem__(0, launches[0] + 1), launch(*a, **kw))[1]
+    runner_prefill, SequenceRunner.prefill = SequenceRunner.prefill, None  # a hidden-state pass would fail
+    try:
+        got = tokens(engine)
+    finally:
+        SequenceRunner.prefill = runner_prefill
+        engine.close()
+    assert got == want
+    assert engine.counters.speculation.num_draft_tokens > 0 and calls[0] == launches[0]

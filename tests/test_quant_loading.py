@@ -200,12 +200,16 @@ def test_the_kernel_policy_chooses_which_weights_stay_packed(tmp_path):
     assert weights("cpu").quantized_formats == () and not weights("cpu").dense_copies
     for target in ("cpu", "h200"):
         exact = effective_policy(target, precision="exact").weights
-        assert exact.quantized_formats == () and not exact.dense_copies
+        assert exact.quantized_formats == () and not exact.dense_copies and exact.packed_experts == ()
     override = tmp_path / "policy.json"
     override.write_text(
         json.dumps({"weights": {"quantized_formats": ["q4_k", "q6_k", "fp8"]}, "weights.dense_copies": False})
     )
-    assert weights("h200", override) == type(weights("h200"))(("q4_k", "q6_k", "fp8"), False, "planes")
+    # expert stacks kept packed (moe/packed.py): an opt-in, none by default
+    assert weights("h200", override) == type(weights("h200"))(("q4_k", "q6_k", "fp8"), False, "planes", ())
+    override.write_text(json.dumps({"weights.packed_experts": ["q4_k", "fp8"]}))
+    with pytest.raises(ValueError, match="packed_experts.*fp8"):
+        weights("h200", override)
     override.write_text(json.dumps({"weights.quantized_formats": ["q5_9"]}))
     with pytest.raises(ValueError, match="q5_9"):
         weights("h200", override)

@@ -43,8 +43,10 @@ def test_a_kernel_policy_file_comes_from_the_flag_or_its_mirror():
 
 
 def test_switch_flags_turn_things_off_and_on():
-    config = _parse(["--deterministic", "--no-stream-usage", "--no-precompile"], {})
+    config = _parse(["--deterministic", "--no-stream-usage", "--no-precompile", "--no-background-compile"], {})
     assert config.deterministic and not config.stream_usage and not config.precompile
+    assert not config.background_compile and _parse([], {}).background_compile
+    assert not _parse([], {"EMBER_BACKGROUND_COMPILE": "0"}).background_compile
 
 
 @pytest.mark.parametrize(

@@ -150,9 +150,15 @@ def test_aborts_return_every_block(spec, prompts, plain):
     _idle(spec)
 
 
-def test_deterministic_mode_is_refused(qwen3):
+def test_deterministic_mode_is_refused_where_steps_run_in_fixed_tiles(qwen3):
+    """The cpu target's deterministic steps are bucketed (speculation allowed there:
+    tests/test_speculative_deterministic.py); a fixed-tile target's (the h200's) refuse."""
+    from dataclasses import replace
+
+    policy = qwen3.policy
+    tiled = replace(qwen3, policy=replace(policy, deterministic=replace(policy.deterministic, bucketed=False)))
     with pytest.raises(ValueError, match="deterministic"):
-        _engine(qwen3, deterministic=True)
+        _engine(tiled, deterministic=True)
 
 
 def test_batch_one_verify_shapes_are_compiled_ahead(spec):

@@ -10,7 +10,6 @@ from engine_support import GREEDY, ByteTokenizer
 from fixture_data import tiny_fixture
 
 from ember.runtime.engine.engine import Engine, EngineConfig
-from ember.runtime.engine.speculation import PlainDrafts, make_drafter
 from ember.runtime.loading.model import load_model
 from ember.runtime.sampling.params import SamplingParams
 from ember.runtime.speculative.config import SpeculativeConfig
@@ -18,9 +17,9 @@ from ember.runtime.speculative.config import SpeculativeConfig
 BASE = {"num_blocks": 64, "max_model_len": 256, "max_num_seqs": 3, "max_batched_tokens": 48, "decode_steps": 1}
 
 
-def _engine(model, method="ngram", k=3, **kw):
-    spec = SpeculativeConfig(method, num_speculative_tokens=k, adaptive=False, **kw) if k else None
-    return Engine(model, ByteTokenizer(), EngineConfig(**BASE, speculative=spec))
+def _engine(model, method="ngram", k=3, **config):
+    spec = SpeculativeConfig(method, num_speculative_tokens=k, adaptive=False) if k else None
+    return Engine(model, ByteTokenizer(), EngineConfig(**{**BASE, **config}, speculative=spec))
 
 
 def _run(engine, jobs):
@@ -104,42 +103,112 @@ def test_lookup_drafts_on_several_rows_and_aborts(engine, prompts, plain):
     _idle(engine)
 
 
-def test_mtp_drafts_give_plain_decodings_tokens(hybrid, engine, prompts, plain):
-    """The MTP module as the drafter (`--speculative mtp`): its greedy drafts (random MTP weights: mostly
-    rejected, so its state rolls back) leave the tokens plain decoding's; its per-request state goes back."""
-    drafter = make_drafter(SpeculativeConfig("mtp", 3, adaptive=False), hybrid, engine.config)
-    source, release = engine.scheduler.draft_source, engine.scheduler.on_release
-    engine.scheduler.draft_source, engine.scheduler.on_release = PlainDrafts(drafter), drafter.release
-    try:
-        out, (drafted, accepted) = _run_stats(engine, [(prompts[2], ())])
-    finally:
-        engine.scheduler.draft_source, engine.scheduler.on_release = source, release
+@pytest.fixture(scope="module")
+def mtp_engine(hybrid):
+    """`--speculative mtp`: its steps return their rows' hidden states, which the MTP drafter reads."""
+    # no prefix cache: a prompt it served would have no target hidden states for its cached part, the drafts
+    # (and so a seeded row's draws) would depend on what ran before (step_hidden_states.py)
+    engine = _engine(hybrid, "mtp", enable_prefix_caching=False)
+    yield engine
+    engine.close()
+
+
+def _count_target_calls(engine):
+    """Wrap the executor's target executables and launches: [device calls, launches, verify launches]."""
+    executor, counts = engine.executor, [0, 0, 0]
+
+    def counted(fn, index):
+        def call(*args):
+            counts[index] += 1
+            return fn(*args)
+
+        return call
+
+    executor.step_fn, executor.verify_fn = counted(executor.step_fn, 0), counted(executor.verify_fn, 0)
+    launch = executor._launch
+
+    def counted_launch(step, rows, steps, **kw):
+        counts[1] += 1
+        counts[2] += bool(step.verifies)
+        return launch(step, rows, steps, **kw)
+
+    executor._launch = counted_launch
+    return counts
+
+
+def test_mtp_drafts_from_the_steps_hidden_states(mtp_engine, prompts, plain, monkeypatch):
+    """The MTP module as the drafter: its greedy drafts (random MTP weights: mostly rejected, so the recurrent
+    state rolls back) leave the tokens plain decoding's, and it drafts from the hidden states the engine's own
+    steps return: one target call per step (verify steps included), no other target pass (a SequenceRunner,
+    what a hidden-state pass runs, fails here); its per-request state goes back with the request."""
+    from ember.runtime.execution.sequence_runner import SequenceRunner
+    from ember.runtime.speculative.step_hidden_states import StepHiddenStates
+
+    def no_pass(*args, **kw):
+        raise AssertionError("an extra target pass")
+
+    monkeypatch.setattr(SequenceRunner, "prefill", no_pass)
+    drafter = mtp_engine.drafter
+    assert isinstance(drafter.hidden_states, StepHiddenStates)
+    assert mtp_engine.executor.hidden_sink == drafter.hidden_states.record
+    counts = _count_target_calls(mtp_engine)
+    out, (drafted, accepted) = _run_stats(mtp_engine, [(prompts[2], ())])
+    calls, launches, verifies = counts
     assert out == plain[2:] and drafted > 0, (drafted, accepted)
-    assert drafter.sequences == {} and drafter.hidden_states.runs == {}
-    _idle(engine)
+    assert calls == launches and verifies > 0  # one target forward per step, each verify step one call
+    assert calls <= 1 + len(out[0])  # a prefill step, then at most one call per emitted token
+    assert drafter.sequences == {} and drafter.hidden_states.rows == {}
+    _idle(mtp_engine)
 
 
-def test_mtp_drafts_sampled_rows_with_their_q_and_a_seed_reproduces(hybrid, engine, prompts):
-    drafter = make_drafter(SpeculativeConfig("mtp", 3, adaptive=False), hybrid, engine.config)
-    source = PlainDrafts(drafter)
-    source.row_state = engine.requests.row_state  # (the engine's wiring)
+def test_step_hidden_states_are_the_targets(hybrid, mtp_engine, prompts):
+    """What the steps hand the drafter equals the target's own hidden states (the embedding pass's) at the
+    request's computed positions (a prefill chunk's rows, decode and verify rows)."""
+    from ember.runtime.execution.hidden_states import Embedder
+
+    executor, store, seen = mtp_engine.executor, mtp_engine.drafter.hidden_states, {}
+    record = executor.hidden_sink
+    executor.hidden_sink = lambda step, shape, hidden: (record(step, shape, hidden), seen.update(store.rows))
+    try:
+        outputs = mtp_engine.submit(prompts[0], SamplingParams(max_tokens=6, **GREEDY)).collect()[0]
+    finally:
+        executor.hidden_sink = record
+    tokens = [t for o in outputs for t in o.token_ids]
+    sequence = list(prompts[0]) + tokens[:-1]  # every token the target computed
+    want = Embedder(hybrid).hidden_states(sequence)
+    np.testing.assert_allclose(seen[next(iter(seen))][: len(sequence)], want, atol=2e-5, rtol=1e-4)
+
+
+def test_hidden_state_store_by_position():
+    """Positions are overwritten where computed again; positions never computed (a prefix-cache hit) read 0."""
+    from ember.runtime.speculative.step_hidden_states import StepHiddenStates
+
+    store = StepHiddenStates(2)
+    store._write("r", 3, np.ones((2, 2), np.float32))
+    store._write("r", 4, np.full((30, 2), 2.0, np.float32))
+    got = store("r", range(40))
+    assert (got[:3] == 0).all() and (got[3] == 1).all() and (got[4:34] == 2).all() and (got[34:] == 0).all()
+    store.release("r")
+    assert store.rows == {}
+
+
+def test_mtp_drafts_sampled_rows_with_their_q_and_a_seed_reproduces(mtp_engine, prompts):
+    drafter = mtp_engine.drafter
     proposals = []
     propose = drafter.propose
     drafter.propose = lambda context, k: proposals.append(propose(context, k)) or proposals[-1]
-    saved, release = engine.scheduler.draft_source, engine.scheduler.on_release
-    engine.scheduler.draft_source, engine.scheduler.on_release = source, drafter.release
     params = SamplingParams(max_tokens=8, temperature=0.8, seed=3, ignore_eos=True)
     try:
-        runs = [[t for o in engine.submit(prompts[2], params).collect()[0] for t in o.token_ids] for _ in range(2)]
+        runs = [[t for o in mtp_engine.submit(prompts[2], params).collect()[0] for t in o.token_ids] for _ in range(2)]
     finally:
-        engine.scheduler.draft_source, engine.scheduler.on_release = saved, release
+        del drafter.propose
     assert runs[0] == runs[1] and len(runs[0]) == 8
     drafted = [p for p in proposals if len(p)]
     assert drafted and all(p.probs is not None and p.probs.shape[0] == len(p) for p in drafted)
     for p in drafted:
         np.testing.assert_allclose(p.probs.sum(-1), 1.0, rtol=1e-5)
         assert (p.probs[np.arange(len(p)), list(p.token_ids)] > 0).all()
-    _idle(engine)
+    _idle(mtp_engine)
 
 
 def test_mtp_is_refused_without_an_mtp_module():

@@ -35,8 +35,11 @@ def test_serve_flags_and_their_environment_mirrors():
     assert (
         _serve(["--speculative", "draft", "--draft-model", "/m.gguf"], {}).speculative_config().draft_model == "/m.gguf"
     )
-    with pytest.raises(SystemExit, match="deterministic"):
-        _serve(["--speculative", "ngram", "--deterministic"], {})
+    assert _serve(["--speculative", "ngram", "--deterministic"], {}).deterministic  # cpu: bucketed, allowed
+    with pytest.raises(SystemExit, match="fixed tiles"):
+        _serve(["--speculative", "ngram", "--deterministic", "--target", "h200"], {})
+    with pytest.raises(SystemExit, match="mtp is not available with --deterministic"):
+        _serve(["--speculative", "mtp", "--deterministic"], {})
     with pytest.raises(SystemExit, match="unknown speculative method"):
         _serve(["--speculative", "medusa"], {})
     with pytest.raises(ValueError, match="needs --draft-model"):

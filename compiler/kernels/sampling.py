@@ -53,6 +53,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ember.compiler.kernels.fixed_order import fixed_order_log_softmax, fixed_order_logsumexp
+
 GREEDY_EPSILON = 1e-5  # temperatures below this are greedy (as in vLLM): dividing by them overflows
 # top-k/top-p look at this many best tokens per row first (lax.top_k) and sort the whole row only where
 # that does not decide it: ~12 ms vs ~1 s for 16 rows of a 152k vocabulary on a 2-core CPU
@@ -146,7 +148,14 @@ def process_logits(logits, params: SamplingBatch):
     return apply_penalties(apply_bias_and_suppression(logits, params), params)
 
 
-def _threshold_from_ranked(ranked, top_k, top_p, vocab, log_total):
+def _logsumexp(x, fixed_order: bool):
+    # fixed_order: the sum in an order set by the row's length alone (fixed_order.py), what deterministic steps
+    # need (XLA CPU's reduction rounds a row by how many rows it reduces beside it); otherwise XLA's reduction,
+    # which a GPU runs in parallel (the fixed-order tree is one serial chain per row once XLA fuses it)
+    return fixed_order_logsumexp(x, axis=-1) if fixed_order else jax.nn.logsumexp(x, axis=-1)
+
+
+def _threshold_from_ranked(ranked, top_k, top_p, vocab, log_total, fixed_order: bool = False):
     """Top-k/top-p value threshold from the C best scaled logits of each row, and whether C sufficed.
 
     ranked f32 [R, C] (C <= V), largest first; log_total f32 [R] = logsumexp of the whole row (the
@@ -160,7 +169,7 @@ def _threshold_from_ranked(ranked, top_k, top_p, vocab, log_total):
     kth = jnp.where(k_on[:, None], kth, -jnp.inf)
     # top-p sees the top-k renormalised distribution; ties with the k-th value stay in, as in the mask
     in_top_k = jnp.where(ranked >= kth, ranked, -jnp.inf)
-    log_norm = jnp.where(k_on, jax.nn.logsumexp(in_top_k, axis=-1), log_total)[:, None]
+    log_norm = jnp.where(k_on, _logsumexp(in_top_k, fixed_order), log_total)[:, None]
     probs = jnp.exp(in_top_k - log_norm)  # [R, C]
     mass_before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly better-ranked tokens
     mass_before = mass_before.at[:, 0].set(0.0)  # the top token is always kept
@@ -177,7 +186,7 @@ def _threshold_from_ranked(ranked, top_k, top_p, vocab, log_total):
     return jnp.maximum(kth, pth), jnp.where(k_on, k_exact, p_exact)
 
 
-def _top_k_top_p_threshold(scaled, top_k, top_p, window):
+def _top_k_top_p_threshold(scaled, top_k, top_p, window, fixed_order: bool = False):
     """Per-row threshold [R, 1] of top-k then top-p on temperature-scaled logits [R, V].
 
     First from the `window` best tokens of each row (lax.top_k: partial selection), which decides rows
@@ -186,20 +195,22 @@ def _top_k_top_p_threshold(scaled, top_k, top_p, window):
     invariant. A GPU kernel will replace both with a radix/bucket threshold search.
     """
     vocab = scaled.shape[-1]
-    log_total = jax.nn.logsumexp(scaled, axis=-1)
+    log_total = _logsumexp(scaled, fixed_order)
     threshold, exact = _threshold_from_ranked(
-        jax.lax.top_k(scaled, min(window, vocab))[0], top_k, top_p, vocab, log_total
+        jax.lax.top_k(scaled, min(window, vocab))[0], top_k, top_p, vocab, log_total, fixed_order
     )
     full = jax.lax.cond(
         jnp.any(~exact),
-        lambda s: _threshold_from_ranked(-jnp.sort(-s, axis=-1), top_k, top_p, vocab, log_total)[0],
+        lambda s: _threshold_from_ranked(-jnp.sort(-s, axis=-1), top_k, top_p, vocab, log_total, fixed_order)[0],
         lambda s: threshold,
         scaled,
     )
     return jnp.where(exact[:, None], threshold, full)
 
 
-def filter_logits(scaled, params: SamplingBatch, candidate_window: int = CANDIDATE_WINDOW):
+def filter_logits(
+    scaled, params: SamplingBatch, candidate_window: int = CANDIDATE_WINDOW, *, fixed_order: bool = False
+):
     """Temperature-scaled logits f32 [R, V] -> the same with top-k, top-p and min-p drops at -inf."""
     vocab = scaled.shape[-1]
     wants_threshold = ((params.top_k > 0) & (params.top_k < vocab)) | (params.top_p < 1.0)
@@ -207,7 +218,7 @@ def filter_logits(scaled, params: SamplingBatch, candidate_window: int = CANDIDA
     # result is the same either way, because the filter is an exact no-op for "off" rows)
     threshold = jax.lax.cond(
         jnp.any(wants_threshold),
-        lambda s: _top_k_top_p_threshold(s, params.top_k, params.top_p, candidate_window),
+        lambda s: _top_k_top_p_threshold(s, params.top_k, params.top_p, candidate_window, fixed_order),
         lambda s: jnp.full((s.shape[0], 1), -jnp.inf, s.dtype),
         scaled,
     )
@@ -254,11 +265,13 @@ def sample(
     *,
     candidate_window: int = CANDIDATE_WINDOW,
     all_greedy: bool = False,
+    fixed_order: bool = False,
 ) -> SampleResult:
     """Pick one token per row. logits f32 [R, V]; num_top_logprobs (static, 0..20) sets K.
 
     Traceable with static shapes (call it inside the step's jit, or jit it with
-    static_argnames=("num_top_logprobs", "candidate_window", "all_greedy")). candidate_window only trades
+    static_argnames=("num_top_logprobs", "candidate_window", "all_greedy", "fixed_order")). fixed_order
+    (static; deterministic steps) sums the logprobs' normaliser and top-p's in a fixed order. candidate_window only trades
     speed: tokens do not depend on it. all_greedy (static) promises every row is greedy (temperature below
     GREEDY_EPSILON): the step then has no conditional at all — on a GPU each lax.cond makes the host wait
     for the device to reach it, which stops the host from preparing the next step meanwhile. The tokens
@@ -266,7 +279,9 @@ def sample(
     """
     processed = process_logits(logits, params)  # [R, V]
     rows, vocab = processed.shape
-    logprobs = jax.nn.log_softmax(processed, axis=-1)  # [R, V]; see the module docstring for this choice
+    # [R, V]; see the module docstring for this choice; fixed_order (deterministic steps): the sum in a fixed
+    # order, a row's logprobs the same bits whatever the step's row count (docs/kernel_policy.md)
+    logprobs = fixed_order_log_softmax(processed, axis=-1) if fixed_order else jax.nn.log_softmax(processed, axis=-1)
 
     constrained = apply_mask(processed, params.allowed_mask)  # [R, V]; what is picked from, not reported
     greedy = params.temperature < GREEDY_EPSILON  # [R]
@@ -276,7 +291,7 @@ def sample(
         temperature = jnp.where(greedy, 1.0, params.temperature)[:, None]
         # greedy rows ignore the filters: turn them off there so they cannot trigger a selection
         filters = params._replace(top_k=jnp.where(greedy, 0, params.top_k), top_p=jnp.where(greedy, 1.0, params.top_p))
-        filtered = filter_logits(processed / temperature, filters, candidate_window)
+        filtered = filter_logits(processed / temperature, filters, candidate_window, fixed_order=fixed_order)
         noise = jax.vmap(_row_gumbel, in_axes=(0, 0, None))(params.seed, params.step, vocab)  # [R, V]
         sampled = jnp.argmax(filtered + noise, axis=-1).astype(jnp.int32)  # Gumbel-max: a draw from softmax
         return jnp.where(greedy, greedy_tokens, sampled)

@@ -32,6 +32,10 @@ class Target:
     # decode steps per device call when the engine may run ahead (runtime/scheduling/lookahead.py): where the host's
     # per-call work is large next to a step (a GPU), several steps share it
     decode_steps: int = 1
+    # the step shapes an `ember serve` compiles before it reports ready, as (decode rows, prefill tokens) of a
+    # decode-only and a prefill-only step (each the smallest bucket that holds it), greedy and sampled; the
+    # others compile in the background once it serves, or at their first step. None: every shape before ready
+    ready_shapes: tuple[tuple[int, int], ...] | None = None
 
     def names_kernel(self, op: str, variant: str = "default") -> bool:
         """Whether the variant's kernel table names `op` itself: fusion passes introduce a fused op only then

@@ -65,6 +65,10 @@ CPU = Target(
     # and every bucket is one more XLA compile (~10-20 s for a 1.5B model on 2 cores).
     decode_buckets=(1, 4, 16, 64),
     prefill_buckets=(32, 128, 512),
+    # a one-row decode and prompts of up to 32 and 128 tokens (a chat turn with its template) before ready,
+    # the rest after: each fp32 1.5B shape is a ~10-30 s XLA compile cold on 2 cores, and a short prompt padded
+    # to 128 tokens prefills ~4x slower than in its own 32 (docs/cpu_target.md, "Startup")
+    ready_shapes=((1, 0), (0, 32), (0, 128)),
     # no Triton kernel, nothing fused; GGUF weights int8 blocks, through the native kernel up to gemv_max_rows
     # rows; above, dequantized per call for XLA's GEMM, which multiplies 128 rows ~2x faster than the kernel
     # (tools/dev/probe_cpu_matmul.py --rows 128: the kernel computes row by row, no weight-tile reuse)

@@ -14,7 +14,8 @@ batch (1 … 256), and kernel choices per op.
   silu(gate) * up in the gate/up GEMV's epilogue, the gated_mlp op of the fuse_gated_mlp pass); bf16 weights
   at one decode row through the same kernels where dense_gemv.DENSE_RULES measured them faster than XLA. Which
   weights stay quantized is `quantized_formats` (FP8, and GGUF
-  blocks with a bf16 copy beside them for steps of many rows: `dense_copies`, policy.weights).
+  blocks with a bf16 copy beside them for steps of many rows: `dense_copies`, policy.weights); GGUF expert
+  stacks are dequantized at load (kept packed, compiler/kernels/moe/packed.py, with `packed_experts`: opt-in).
 - RoPE and the step's K/V write: one Triton kernel (compiler/kernels/rope/kv_write.py, the
   fuse_rope_attention pass) where XLA ran ~5 per layer; on steps whose rows all decode, inside the split
   partials kernel instead (decode.rope_decode_attention; policy attention.fused_rope_decode).
@@ -49,7 +50,14 @@ from .policy import KernelPolicy, WeightPolicy
 # passed (docs/results/h200_gpu_tests_aa12851.json); its speed: docs/results/h200_q5_0_gemv_0130688.json.
 # NVFP4 (ModelOpt checkpoints) stays packed too, dequantized inside compiler/kernels/nvfp4/'s Triton matmul (Hopper has
 # no FP4 tensor cores: the win is bytes); not yet timed on the GPU.
-H200_WEIGHTS = WeightPolicy(quantized_formats=("fp8", "q4_k", "q6_k", "q8_0", "q5_0", "nvfp4"), dense_copies=True)
+H200_WEIGHTS = WeightPolicy(
+    quantized_formats=("fp8", "q4_k", "q6_k", "q8_0", "q5_0", "nvfp4"),
+    dense_copies=True,
+    # GGUF expert stacks kept packed (compiler/kernels/moe/packed.py) is an opt-in until its GPU test and bench
+    # have run: {"weights.packed_experts": ["q4_k", "q6_k", "q8_0", "q5_0"]}; steps above moe.gemv_max_rows
+    # dequantize every stack in the step (no per-tile grouped GEMM over packed blocks yet)
+    packed_experts=(),
+)
 
 H200 = Target(
     name="h200",

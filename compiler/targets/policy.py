@@ -166,6 +166,9 @@ class WeightPolicy:
     # how kept GGUF weights sit on the device: "planes" (gguf_gemv/layout.py, the GPU kernels' packing) or
     # "int8_blocks" (cpu_gemv/layout.py: int8 codes + block scales, the cpu kernel's; docs/results/cpu_matmul_probe.json)
     kept_layout: str = "planes"
+    # formats of GGUF expert stacks ([E, out, in] ffn_*_exps) kept packed, as compiler/kernels/moe/packed.py lays
+    # them out (no dense copy: a 30B-A3B's experts would need ~57 GB in bf16); others are dequantized at load
+    packed_experts: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.kept_layout not in ("planes", "int8_blocks"):

@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import replace
 
+from ..execution.background_compile import BackgroundCompiler
 from ..execution.deterministic_tiles import fixed_tiles
 from ..execution.step_executor import StepExecutor
 from ..loading.model import Model
@@ -39,7 +40,13 @@ from .config import (
 from .loop import EngineLoop
 from .open_requests import Choice, EngineCounters, OpenRequests, RequestGroup
 from .output_processor import OutputProcessor
-from .speculation import check_speculation, engine_draft_source, make_drafter, verify_rollback
+from .speculation import (
+    attach_step_hidden_states,
+    check_speculation,
+    engine_draft_source,
+    make_drafter,
+    verify_rollback,
+)
 from .streams import RequestStream
 
 # the configuration and sizing helpers (runtime/engine/config.py) are part of the engine's API
@@ -102,6 +109,7 @@ class Engine:
         if spec is not None:  # a model drafter's KV (and the request's acceptance) goes back with the request's
             self.scheduler.on_release = self.scheduler.draft_source.release
         self.executor = StepExecutor(model, config, prefill)
+        attach_step_hidden_states(self.drafter, self.executor)
         if self.host_tier is not None:
             self.executor.attach_host_tier(self.host_tier)
         self.group = group
@@ -117,6 +125,7 @@ class Engine:
         self._ids = itertools.count()
         self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first guided request
         self._grammar_lock = threading.Lock()
+        self._background: BackgroundCompiler | None = None  # compile_in_background()
         self.loop = EngineLoop(
             self.scheduler, self.executor, self.requests, self.counters, self._lock, config.max_queue_wait_s
         )
@@ -242,12 +251,22 @@ class Engine:
         """Sampling settings for a request that omits some: the checkpoint's generation_config defaults."""
         return SamplingParams.from_generation_config(self.model.checkpoint.generation_config, **overrides)
 
-    def precompile(self, progress: bool = False) -> float:
-        """Compile (or load from the persistent cache) every step shape this engine may run."""
+    def precompile(self, progress: bool = False, ready_only: bool = False) -> float:
+        """Compile (or load from the persistent cache) every step shape this engine may run; ready_only: only
+        those a first request takes (the target's ready_shapes), compile_in_background() then does the rest."""
         with self._lock:
-            return self.executor.precompile(progress)
+            return self.executor.precompile(progress, ready_only=ready_only)
+
+    def compile_in_background(self) -> BackgroundCompiler:
+        """Compile the step shapes precompile(ready_only=True) left on a thread of their own, whenever the
+        engine has no request (a step that needs one first compiles it itself); close() stops it."""
+        self._background = self.executor.compile_later(busy=lambda: self.scheduler.has_work)
+        return self._background
 
     def close(self) -> None:
+        if self._background is not None:
+            # wait for a compile under way: a process that exits beside XLA compiling on another thread crashes
+            self._background.stop()
         # a broken group may have left the engine thread inside a collective that never returns
         self.loop.stop(timeout=None if self.group is None or self.group.failure is None else 1.0)
         if self.group is not None:

@@ -16,10 +16,16 @@ from ..state.kinds import engine_slots, engine_snapshot_slots
 
 def check_speculation(model: Model, speculative: SpeculativeConfig, deterministic: bool) -> None:
     """Refuse what speculation does not support yet, with the reason (ValueError)."""
-    if deterministic:
+    if deterministic and not model.policy.deterministic.bucketed:
         raise ValueError(
-            "--speculative cannot be combined with --deterministic: a verify segment's rows are not yet proven to "
-            "give the same logits bits as decode rows (docs/speculative.md)"
+            f"--speculative cannot be combined with --deterministic on the {model.plan.target} target: its "
+            "deterministic steps run in tiles of one fixed shape, where a verify segment's rows take the prefill "
+            "tile's kernels and are not proven to give a decode row's logits bits (docs/speculative.md)"
+        )
+    if deterministic and speculative.method == "mtp":
+        raise ValueError(
+            "--speculative mtp cannot be combined with --deterministic: its steps also return hidden states, a "
+            "different executable from the deterministic decode step's, not proven to give the same bits"
         )
     if speculative.method == "draft" and speculative.draft_model is None:
         raise ValueError("--speculative draft needs a draft model (--draft-model)")
@@ -43,11 +49,12 @@ def make_drafter(speculative: SpeculativeConfig, model: Model, config) -> Drafte
     if speculative.method == "ngram":
         return NgramDrafter(NgramConfig(speculative.ngram_min_match, speculative.ngram_max_match, max_drafts=k))
     if speculative.method == "mtp":
-        from ..speculative.mtp_drafter import IncrementalHiddenStates, MtpDrafter
+        from ..speculative.mtp_drafter import MtpDrafter
+        from ..speculative.step_hidden_states import StepHiddenStates
 
-        # the target's hidden states from a hidden-state pass kept per request (an extra target forward per
-        # token, until the step returns them); sampled rows' drafts come with their q (row_draws.py)
-        hidden = IncrementalHiddenStates(model, max_model_len=config.max_model_len)
+        # the target's hidden states as the engine's own steps return them (the executor's hidden_sink is the
+        # store's record: attach_step_hidden_states); sampled rows' drafts come with their q (row_draws.py)
+        hidden = StepHiddenStates(int(model.dims.d))
         return MtpDrafter(model, hidden, max_model_len=config.max_model_len)
     from ..loading.known_models import resolve_model
     from ..loading.model import load_model
@@ -55,6 +62,13 @@ def make_drafter(speculative: SpeculativeConfig, model: Model, config) -> Drafte
 
     draft = load_model(resolve_model(speculative.draft_model), target=model.plan.target)
     return ModelDrafter(draft, config, int(model.dims.vocab))
+
+
+def attach_step_hidden_states(drafter: Drafter | None, executor) -> None:
+    """Let a drafter that reads the target's hidden states (`StepHiddenStates`) receive every step's."""
+    record = getattr(getattr(drafter, "hidden_states", None), "record", None)
+    if record is not None and executor.with_hidden:
+        executor.hidden_sink = record
 
 
 def engine_draft_source(speculative: SpeculativeConfig, drafter: Drafter, target: str) -> DraftSource:

@@ -57,36 +57,57 @@ def unpack_step(inputs, layout: IoLayout) -> tuple[StepBatch, SamplingBatch, lis
     )
 
 
-def make_step_fn(forward: Callable) -> Callable:
+def make_step_fn(forward: Callable, with_hidden: bool = False, fixed_order: bool = False) -> Callable:
     """jit(forward + sample): (dims, layout, num_top, all_greedy, params, kv, inputs) -> (packed result, kv);
-    kv is donated.
+    kv is donated. with_hidden: `forward` is step_hidden.forward_with_hidden's and the packed result is the pair
+    (packed result, hidden [N, d] of every row), see `split_hidden`.
 
     `inputs` is the step's StepBatch and SamplingBatch packed into one int32 buffer (`step_io`), unpacked
     inside the executable by the static `layout`; the result is pack_result's single int32 array with
     `num_top` (static: 0 or MAX_TOP_LOGPROBS) alternatives per row; `all_greedy` (static) selects the
-    sampler's branch-free greedy path."""
+    sampler's branch-free greedy path; `fixed_order` (deterministic steps) its sums in a fixed order."""
 
     def step(dims, layout: IoLayout, num_top: int, all_greedy: bool, params, kv, inputs):
         batch, sampling, _ = unpack_step(inputs, layout)
-        logits, kv = forward(dims, params, kv, batch)
-        return pack_result(sample(logits.astype(jnp.float32), sampling, num_top, all_greedy=all_greedy)), kv
+        logits, hidden, kv = _forward(forward, with_hidden, dims, params, kv, batch)
+        logits = logits.astype(jnp.float32)
+        packed = pack_result(sample(logits, sampling, num_top, all_greedy=all_greedy, fixed_order=fixed_order))
+        return _with(packed, hidden), kv
 
     return jax.jit(step, static_argnums=(0, 1, 2, 3), donate_argnums=5)
 
 
-def make_verify_step_fn(forward: Callable) -> Callable:
+def _forward(forward: Callable, with_hidden: bool, dims, params, kv, batch):
+    """(logits, hidden or None, kv) of the plan's forward, or of forward_with_hidden's."""
+    if with_hidden:
+        return forward(dims, params, kv, batch)
+    logits, kv = forward(dims, params, kv, batch)
+    return logits, None, kv
+
+
+def _with(packed, hidden):
+    return packed if hidden is None else (packed, hidden)
+
+
+def split_hidden(packed) -> tuple[Any, Any]:
+    """(packed result, hidden states or None) of a step function's first output."""
+    return packed if isinstance(packed, tuple) else (packed, None)
+
+
+def make_verify_step_fn(forward: Callable, with_hidden: bool = False) -> Callable:
     """jit(forward + verify) of a verify step (StepShape.verify_width = W): (dims, layout, num_top, all_greedy,
     width, params, kv, inputs) -> (packed result, kv), kv donated. The inputs carry, after the StepBatch and the
     SamplingBatch (R * W rows, row-major), drafts int32 [R, W - 1] and num_drafts int32 [R], then, when some
     row's drafts came with their distributions (a sampling model drafter), draft_probs f32 [R, W - 1, V] and
     has_draft_probs bool [R] (the layout says which: a separate executable); the logits of the batch's R * W
     logit rows are verified as [R, W, V]. The packed result is pack_result's, one row per (verify row,
-    position): the emitted tokens (-1 past each row's count), their logprobs and top alternatives."""
+    position): the emitted tokens (-1 past each row's count), their logprobs and top alternatives; paired
+    with every row's hidden state when with_hidden (as make_step_fn)."""
 
     def step(dims, layout: IoLayout, num_top: int, all_greedy: bool, width: int, params, kv, inputs):
         batch, sampling, (drafts, num_drafts, *q) = unpack_step(inputs, layout)
         draft_probs, has_draft_probs = q if q else (None, None)
-        logits, kv = forward(dims, params, kv, batch)
+        logits, hidden, kv = _forward(forward, with_hidden, dims, params, kv, batch)
         logits = logits.astype(jnp.float32).reshape(-1, width, logits.shape[-1])
         result = verify(
             logits, sampling, drafts, num_drafts, draft_probs, has_draft_probs, num_top, all_greedy=all_greedy
@@ -98,7 +119,7 @@ def make_verify_step_fn(forward: Callable) -> Callable:
             result.top_ids.reshape(rows, num_top),
             result.top_logprobs.reshape(rows, num_top),
         )
-        return pack_result(flat), kv
+        return _with(pack_result(flat), hidden), kv
 
     return jax.jit(step, static_argnums=(0, 1, 2, 3, 4), donate_argnums=6)
 
@@ -175,8 +196,11 @@ def run_step(
     *,
     vocab_size: int,
     num_rows: int,
+    all_greedy: bool | None = None,
 ) -> tuple[StepResult, Any]:
-    packed, kv = launch_step(step_fn, dims, params, kv, batch, rows, vocab_size=vocab_size, num_rows=num_rows)
+    packed, kv = launch_step(
+        step_fn, dims, params, kv, batch, rows, vocab_size=vocab_size, num_rows=num_rows, all_greedy=all_greedy
+    )
     return collect_step(packed), kv
 
 
@@ -190,14 +214,18 @@ def launch_step(
     *,
     vocab_size: int,
     num_rows: int,
+    all_greedy: bool | None = None,
 ) -> tuple[Any, Any]:
-    """Dispatch one step without waiting for it: (packed result on the device, new kv). collect_step reads it."""
+    """Dispatch one step without waiting for it: (packed result on the device, new kv). collect_step reads it.
+    all_greedy False runs an all-greedy step on the sampling executable (the same tokens); None: the rows'."""
     inputs = pack_step_inputs(batch, rows, vocab_size=vocab_size, num_rows=num_rows)
-    return step_fn(dims, *inputs.static_args(), params, kv, inputs.buffer)
+    layout, num_top, greedy = inputs.static_args()
+    greedy = greedy if all_greedy is None else all_greedy
+    return step_fn(dims, layout, num_top, greedy, params, kv, inputs.buffer)
 
 
 def collect_step(packed) -> StepResult:
-    return StepResult(*unpack_result(np.asarray(packed)))
+    return StepResult(*unpack_result(np.asarray(split_hidden(packed)[0])))
 
 
 def no_carry(decode_rows: int) -> np.ndarray:

@@ -11,7 +11,6 @@ shape (runtime/execution/deterministic_tiles.py).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,11 +20,15 @@ import numpy as np
 from ...compiler.targets import get_target
 from ..loading.model import Model
 from ..sampling.params import RowState
-from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep, bucket
+from ..scheduling.scheduled_step import PrefillShapes, ScheduledStep
 from ..state.host_tier import HostTier
 from ..state.kinds import engine_pool_blocks, engine_slots, engine_snapshot_slots, engine_verify_scratch_slots
 from ..state.kv_dtypes import kv_dtype
+from .background_compile import (
+    compiled_stand_in,
+)
 from .block_copies import BlockCopier
+from .compiled_steps import CompiledSteps
 from .deterministic_tiles import fixed_tiles, step_tiles, tile_shape
 from .engine_step import (
     carry_from_step,
@@ -40,19 +43,20 @@ from .engine_step import (
     pack_step_inputs,
     run_multi_step,
     run_step,
+    split_hidden,
 )
 from .executable_cache import cached_step, executor_identity
 from .slot_copies import SlotCopier
+from .step_hidden import forward_with_hidden
 from .step_inputs import (
-    VERIFY_WIDTHS,
     StepShape,
     all_step_shapes,
     build_step_batch,
-    padding_batch,
     step_shape,
     verify_draft_probs,
     verify_drafts,
 )
+from .step_precompile import StepPrecompiler
 from .verify_rows import verify_results, verify_row_batch
 
 
@@ -82,9 +86,10 @@ class InFlightStep:
     results: tuple[dict[str, Sampled], ...] | None = None  # already on the host (deterministic tiles)
     verify_shape: StepShape | None = None  # a verify step's shape (its results: a tuple of Sampled per row)
     num_drafts: dict[str, int] | None = None  # a verify step's drafts per verify segment, as verified
+    shape: StepShape | None = None  # a single step's shape (where its rows' hidden states are, when returned)
 
 
-class StepExecutor:
+class StepExecutor(StepPrecompiler):
     def __init__(self, model: Model, config, prefill: PrefillShapes):
         self.model, self.config = model, config
         entry = model.plan.manifest["entries"]["forward"]
@@ -123,8 +128,23 @@ class StepExecutor:
         # traced inside the model's kernel policy: which kernels and configs the step launches
         forward = model.traced(plan.module.forward)
         self.forward = forward  # the traced forward (a model drafter's own steps: runtime/execution/draft_steps.py)
-        self.step_fn = cached_step(make_step_fn(forward), 4, identity, "step")
-        self.verify_fn = cached_step(make_verify_step_fn(forward), 5, identity, "verify")
+        # the MTP drafter reads the target's hidden states: every single step and verify step returns its rows'
+        # (runtime/execution/step_hidden.py), handed to hidden_sink(step, shape, hidden [N, d]) when collected
+        spec = getattr(config, "speculative", None)
+        self.with_hidden = spec is not None and spec.method == "mtp" and self.tiles is None
+        self.hidden_sink = None
+        stepped = model.traced(forward_with_hidden(plan.module)) if self.with_hidden else forward
+        tag = "+hidden" if self.with_hidden else ""
+        # without executables on disk (the cpu backend), still through executables compiled ahead: a step shape
+        # compiles without running a padding batch, and from a background thread (compiled_steps.py)
+        self.step_fn = (
+            cached_step(
+                make_step_fn(stepped, self.with_hidden, fixed_order=config.deterministic), 4, identity, "step" + tag
+            )
+            if identity is not None
+            else CompiledSteps(make_step_fn(stepped, self.with_hidden, fixed_order=config.deterministic), 4)
+        )
+        self.verify_fn = cached_step(make_verify_step_fn(stepped, self.with_hidden), 5, identity, "verify" + tag)
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
         # run-ahead chains decode steps without the scheduler; slot state is carried in self.kv from one to the next
@@ -132,7 +152,8 @@ class StepExecutor:
         # deterministic: one step per call. A run-ahead call compiles the step inside a loop, where XLA fuses
         # (and contracts multiply-adds) otherwise than in a one-step call, and which calls run ahead depends on
         # the load: a row's bits would then depend on the requests beside it (docs/kernel_policy.md)
-        self.decode_steps = 1 if self.tiles is not None or config.deterministic else max(1, steps)
+        # with hidden states: one step per call (every step's rows' hidden states reach the drafter)
+        self.decode_steps = 1 if self.tiles is not None or config.deterministic or self.with_hidden else max(1, steps)
         self.multi_step_fn = (
             cached_step(
                 make_multi_step_fn(forward, self.decode_steps),
@@ -146,6 +167,8 @@ class StepExecutor:
         self.num_kinds = len(model.paged_kinds)
         self.num_slot_kinds = len(model.slot_kinds)
         self.vocab = int(model.dims.vocab)
+        # (shape, all_greedy) compiled by compile_ahead: a step whose own is not yet runs padded to one of them
+        self.compiled_ahead: set[tuple[StepShape, bool]] = set()
         self._no_carry: dict[int, object] = {}  # decode rows -> no_carry() on the device, made once
 
     def attach_host_tier(self, tier: HostTier) -> None:
@@ -166,70 +189,21 @@ class StepExecutor:
         shape = step_shape(step, self.decode_buckets, self.prefill, self.table_blocks)
         return replace(shape, min_logit_rows=self.min_rows)
 
-    def precompile(self, progress: bool = False) -> float:
-        start = time.perf_counter()
-        shapes = self.shapes()
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(shapes), desc="compiling plans", unit="plan")
-        for shape in shapes:
-            self._run(padding_batch(shape), [], shape)
-            if self.multi_step_fn is not None and shape.prefill_tokens == 0:
-                self._run_ahead(
-                    padding_batch(shape),
-                    np.zeros((self.decode_steps, shape.num_kinds, shape.decode_rows), np.int32),
-                    [],
-                    shape,
-                )
-            if bar is not None:
-                bar.update(1)
-        if bar is not None:
-            bar.close()
-        # a sampling model drafter's rows also bring their q: the sampled variant with draft_probs
-        variants = [(True, False), (False, False)]  # (all_greedy, with_q)
-        if getattr(getattr(self.config, "speculative", None), "method", None) == "draft":
-            variants.append((False, True))
-        for shape in self.verify_shapes_alone():
-            for all_greedy, with_q in variants:
-                self._precompile_verify(shape, all_greedy, with_q)
-        if self.host_tier is not None:  # gathers of up to the tier's blocks, restores of up to one context
-            usable = self.kv[self.block_copier.layers[0]][0].shape[0] - 1  # one paged kind: [num_blocks, ...]
-            self.block_copier.precompile(
-                self.kv, min(self.host_tier.capacity_blocks, usable), min(self.table_blocks, usable)
-            )
-        return time.perf_counter() - start
-
-    def verify_shapes_alone(self) -> list[StepShape]:
-        """The verify steps of one speculating row (batch 1: no decode row, one segment), every width up to the
-        engine's k + 1: compiled ahead; verify steps of several rows compile when first met."""
-        spec = getattr(self.config, "speculative", None)
-        if spec is None:
-            return []
-        widths = [w for w in VERIFY_WIDTHS if w <= bucket(spec.num_speculative_tokens + 1, VERIFY_WIDTHS)]
-        kinds = (self.table_blocks, self.num_kinds, 1)
-        return [StepShape(0, w, *kinds, num_slot_kinds=self.num_slot_kinds, verify_width=w) for w in widths]
-
-    def _precompile_verify(self, shape: StepShape, all_greedy: bool, with_q: bool = False) -> None:
-        drafts = np.full((shape.verify_rows, shape.verify_width - 1), -1, np.int32)
-        counts = np.zeros(shape.verify_rows, np.int32)
-        extra = (drafts, counts)
-        if with_q:
-            extra += (np.zeros((*drafts.shape, self.vocab), np.float32), np.zeros(shape.verify_rows, bool))
-        inputs = pack_step_inputs(
-            padding_batch(shape), [], vocab_size=self.vocab, num_rows=shape.logit_rows, extra=extra
-        )
-        packed, self.kv = self.verify_fn(
-            self.model.dims, inputs.layout, 0, all_greedy, shape.verify_width, self.model.params, self.kv, inputs.buffer
-        )
-        jax.block_until_ready(packed)
+    def _stand_in(self, step: ScheduledStep, rows: list[RowState]) -> tuple[StepShape, bool | None]:
+        """The step's shape and the sampler variant to force (None: the rows' own), from the executables
+        compiled ahead while others are not yet (compiled_stand_in); deterministic steps take their own."""
+        shape = self.shape_of(step)
+        if self.deterministic or any(row.params.has_penalties or row.params.logprobs for row in rows):
+            return shape, None  # their own executable: another sampler layout than the ones compiled ahead
+        greedy = all(row.params.is_greedy for row in rows)
+        shape, variant = compiled_stand_in(shape, greedy, self.compiled_ahead)
+        return shape, None if variant == greedy else variant
 
     def run(self, step: ScheduledStep, rows: list[RowState]) -> dict[str, Sampled]:
         """Run one step and wait for it: {request id: Sampled}."""
         if self.tiles is None:
-            shape = self.shape_of(step)
-            return self._sampled(step, self._run(build_step_batch(step, shape), rows, shape))
+            shape, variant = self._stand_in(step, rows)
+            return self._sampled(step, self._run(build_step_batch(step, shape), rows, shape, variant))
         row_of = dict(zip(step.logit_request_ids, rows))
         results: dict[str, Sampled] = {}
         shape = tile_shape(self.tiles, self.table_blocks, self.num_kinds, self.num_slot_kinds)
@@ -261,16 +235,16 @@ class StepExecutor:
         whose prefill chunks these rows complete (Scheduler.chain_after_prefill)."""
         if self.tiles is not None:  # tiles of one fixed shape, run one after another
             return InFlightStep(step, tuple(rows), steps, results=(self.run(step, rows),))
-        shape = self.shape_of(step)
+        shape, variant = self._stand_in(step, rows)
         batch = build_step_batch(step, shape)
         if shape.verify_width:
             return self._launch_verify(step, rows, shape, batch)
         args = (self.model.dims, self.model.params, self.kv)
         if steps == 1:
             packed, self.kv = launch_step(
-                self.step_fn, *args, batch, rows, vocab_size=self.vocab, num_rows=shape.logit_rows
+                self.step_fn, *args, batch, rows, vocab_size=self.vocab, num_rows=shape.logit_rows, all_greedy=variant
             )
-            return InFlightStep(step, tuple(rows), 1, packed)
+            return InFlightStep(step, tuple(rows), 1, packed, shape=shape)
         if steps != self.decode_steps:
             raise ValueError(f"a call runs 1 or {self.decode_steps} steps, not {steps}")
         slots = np.zeros((steps, shape.num_kinds, shape.decode_rows), np.int32)
@@ -305,11 +279,20 @@ class StepExecutor:
         {request id: tuple of the Sampled it emitted})."""
         if in_flight.results is not None:
             return list(in_flight.results)
+        if self.with_hidden:
+            self._hand_hidden(in_flight)
         if in_flight.verify_shape is not None:
             return [verify_results(in_flight.step, in_flight.verify_shape, collect_step(in_flight.packed), Sampled)]
         if in_flight.steps == 1:
             return [self._sampled(in_flight.step, collect_step(in_flight.packed))]
         return [self._sampled(in_flight.step, result) for result in collect_multi_step(in_flight.packed)]
+
+    def _hand_hidden(self, in_flight: InFlightStep) -> None:
+        """The call's rows' hidden states to hidden_sink (with the step and its shape, which say whose they are)."""
+        packed, hidden = split_hidden(in_flight.packed)
+        shape = in_flight.verify_shape or in_flight.shape
+        if hidden is not None and self.hidden_sink is not None and shape is not None:
+            self.hidden_sink(in_flight.step, shape, np.asarray(hidden, np.float32))
 
     def _carried_from(self, after: InFlightStep, shape: StepShape):
         """make_multi_step_fn's `carried` for a call chained behind `after`: a run-ahead call's own, or a single
@@ -340,7 +323,7 @@ class StepExecutor:
         )
         return results
 
-    def _run(self, batch, rows: list[RowState], shape: StepShape):
+    def _run(self, batch, rows: list[RowState], shape: StepShape, all_greedy: bool | None = None):
         result, self.kv = run_step(
             self.step_fn,
             self.model.dims,
@@ -350,6 +333,7 @@ class StepExecutor:
             rows,
             vocab_size=self.vocab,
             num_rows=shape.logit_rows,
+            all_greedy=all_greedy,
         )
         return result
 

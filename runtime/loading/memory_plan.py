@@ -40,6 +40,8 @@ def _stored_bytes(ckpt, name: str) -> int:
 def _kept_bytes(loader: WeightLoader, name: str, transform, shape: tuple[int, ...]) -> int | None:
     """Device bytes of tensor `name` where the loader keeps it in its stored format, else None."""
     ckpt, keep = loader.ckpt, loader.keep_formats
+    if len(shape) == 3 and "{e}" not in name and ckpt.format == "gguf" and not transform:  # an expert stack
+        return _stored_bytes(ckpt, name) if GGML_TYPE_FORMATS.get(ckpt.ggml_type(name)) in loader.keep_experts else None
     if len(shape) != 2 or "{e}" in name:
         return None
     if ckpt.format == "gguf":
@@ -72,12 +74,12 @@ def _weights(manifest: dict, resolved) -> Iterator[tuple[str, str, bool]]:
 
 
 def planned_weight_bytes(
-    spec, manifest: dict, ckpt, resolved, dtype, keep_formats, dense_copies: bool, shards=None
+    spec, manifest: dict, ckpt, resolved, dtype, keep_formats, dense_copies: bool, shards=None, keep_experts=()
 ) -> int:
     """Device bytes the loader will place for the model's weights (module docstring); on a device mesh, `shards`
     (name, global?) -> how many devices split that float weight (runtime/loading/sharding.py Placement.shards),
-    and the bytes are one device's."""
-    loader = WeightLoader(spec, ckpt, resolved, tuple(keep_formats))
+    and the bytes are one device's. keep_experts: the formats of expert stacks kept packed (no dense copy)."""
+    loader = WeightLoader(spec, ckpt, resolved, tuple(keep_formats), tuple(keep_experts))
     gathered = gathered_only_weights(spec)
     itemsize = np.dtype(dtype).itemsize
     total, seen = 0, set()
@@ -95,7 +97,7 @@ def planned_weight_bytes(
             total += elements * itemsize // (1 if shards is None else shards(weight_name, is_global))
             continue
         total += kept
-        if dense_copies and weight_name.split(".")[0] not in gathered and ckpt.format == "gguf":
+        if dense_copies and weight_name.split(".")[0] not in gathered and ckpt.format == "gguf" and len(expected) == 2:
             total += elements * itemsize
     return total
 

@@ -12,19 +12,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...compiler.batch import StepBatch
+from ...compiler.kernels.moe.packed import EXPERT_FORMATS
 from ...compiler.spec import ModelSpec, all_specs
 from ...compiler.targets import Target, get_target
 from ...compiler.targets.mesh import SINGLE_DEVICE, MeshConfig
 from ...compiler.targets.policy import KernelPolicy, load_policy_file, with_kernel_policy
 from ..state.kinds import PagedKind, StateKind, layer_state_kinds, paged_kinds, slot_array_shapes, slot_kinds
 from .checkpoint import Checkpoint, open_checkpoint
+from .device_values import dense_copier, device_placer
 from .dims import Dims, ResolvedModel, resolve
 from .formats.errors import CheckpointError
 from .memory_plan import check_fits, free_device_bytes, planned_weight_bytes
 from .mtp import MtpParams, load_mtp
 from .plans import GENERATED_DIR, LoadedPlan, load_plan
 from .sharding import Placement, constrain_state, make_placement, mesh_plans
-from .weights import KEPT_FORMATS, Params, dense_copier, device_placer, load_params
+from .weights import KEPT_FORMATS, Params, load_params
 
 
 @dataclass
@@ -180,7 +182,7 @@ def enable_compilation_cache() -> None:
 PRECISIONS = ("fast", "exact")
 # what "exact" changes in any policy: every weight dequantized at load to the activation dtype (float32 on the cpu
 # target: the plans that agree with transformers to 1e-4), so every projection is the reference matmul
-EXACT_WEIGHTS = {"weights.quantized_formats": [], "weights.dense_copies": False}
+EXACT_WEIGHTS = {"weights.quantized_formats": [], "weights.dense_copies": False, "weights.packed_experts": []}
 
 
 def effective_policy(
@@ -206,6 +208,12 @@ def effective_policy(
         raise ValueError(
             f"kernel policy: weights.quantized_formats names unknown format(s) {unknown} "
             f"(known: {', '.join(KEPT_FORMATS)})"
+        )
+    unknown = [f for f in policy.weights.packed_experts if f not in EXPERT_FORMATS]
+    if unknown:
+        raise ValueError(
+            f"kernel policy: weights.packed_experts names unknown format(s) {unknown} "
+            f"(known: {', '.join(EXPERT_FORMATS)})"
         )
     return policy
 
@@ -240,7 +248,7 @@ def load_model(
 
     target: a target name, or a Target (its plan must exist under generated_dir/<name>/); GGUF tensors
     in the target's `quantized_formats` stay quantized on the device (with a dense copy beside them where the
-    target keeps `dense_copies`), the rest become the plan's activation dtype: the target's kernel policy's
+    target keeps `dense_copies`), expert stacks in its `packed_experts` stay packed (no copy), the rest become the plan's activation dtype: the target's kernel policy's
     `weights`, which, like every kernel choice, `kernel_policy` may override (effective_policy).
     free_bytes: the device memory the weights may take (default: what a GPU has free; no check on the host CPU);
     a model whose weights need more fails here, before any tensor is read or allocated (memory_plan.py).
@@ -262,6 +270,8 @@ def load_model(
     placement = make_placement(mesh, plan.manifest, resolved.dims) if mesh.sharded else None
     dtype = jnp.dtype(activation_dtype or plan.manifest["activation_dtype"])
     weights = policy.weights
+    # expert stacks stay packed on one device (the mesh's sharding splits float stacks along experts)
+    packed_experts = weights.packed_experts if placement is None else ()
     needed = planned_weight_bytes(  # on a mesh: one device's share
         spec,
         plan.manifest,
@@ -271,6 +281,7 @@ def load_model(
         weights.quantized_formats,
         weights.dense_copies,
         None if placement is None else placement.shards,
+        packed_experts,
     )
     free = free_device_bytes() if free_bytes is None else free_bytes
     if free is not None:
@@ -290,6 +301,7 @@ def load_model(
         to_device=place,
         progress=bar,
         keep_formats=policy.weights.quantized_formats,
+        keep_experts=packed_experts,
         dense_copy=dense_copier(dtype) if policy.weights.dense_copies else None,
         shard=None if placement is None else placement.shard(place, dtype),
     )

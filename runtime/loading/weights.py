@@ -15,11 +15,12 @@ of HF checkpoints (runtime/loading/fp8_checkpoint.py) are kept the same way when
 `Nvfp4Weight` where the target keeps "nvfp4". Every other tensor (norms, biases, formats not kept) is float.
 With `dense_copy` (Target.dense_copies), each kept GGUF weight a step reads whole (not an embedding table it
 only gathers from) also gets its dequantized copy: a `DenseBacked` pair, dequantized on the device.
+GGUF expert stacks [E, out, in] in a format of `keep_experts` (WeightPolicy.packed_experts) stay packed as
+compiler/kernels/moe/packed.py lays them out, with no dense copy; other stacks are dequantized.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -29,18 +30,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...compiler.expr import evaluate
-from ...compiler.kernels.cpu_gemv.layout import from_quantized
-from ...compiler.kernels.dense_gemv.fp8 import BLOCK, Fp8Weight
+from ...compiler.kernels.dense_gemv.fp8 import BLOCK
 from ...compiler.kernels.gguf_gemv.layout import (
     FORMATS,
     GGML_TYPE_FORMATS,
-    DenseBacked,
     QuantizedWeight,
     WeightGroup,
     pack,
 )
-from ...compiler.kernels.gguf_gemv.reference import dequantize
-from ...compiler.kernels.nvfp4.reference import Nvfp4Weight
+from ...compiler.kernels.moe.packed import EXPERT_FORMATS, pack_experts
 from ...compiler.spec import ModelSpec, gathered_only_weights
 from ...compiler.weight_transforms import apply_transform, parse_transform
 from .checkpoint import Checkpoint
@@ -68,11 +66,13 @@ ROW_TRANSFORMS = frozenset({"unpermute_rotary"})
 class RawWeight(NamedTuple):
     """A GGUF matrix kept quantized, on the host: its blocks row by row, transforms applied."""
 
-    blocks: np.ndarray  # uint8 [out, bytes per row]
+    blocks: np.ndarray  # uint8 [out, bytes per row] (an expert stack: [E * out, bytes per row])
     format: str  # layout format name ("q4_k", ...)
-    shape: tuple[int, int]  # (out, in) in elements
+    shape: tuple[int, ...]  # (out, in) in elements, or (E, out, in) for an expert stack
 
     def packed(self) -> QuantizedWeight:
+        if len(self.shape) == 3:
+            return pack_experts(self.blocks, self.format, self.shape)
         return pack(self.blocks, self.format, self.shape)
 
 
@@ -80,13 +80,23 @@ class WeightLoader:
     """Fetch one logical weight (GGUF naming, HF layout conventions) from a checkpoint, as float32 —
     or, with `keep_formats`, as raw GGUF blocks (`fetch_raw`)."""
 
-    def __init__(self, spec: ModelSpec, ckpt: Checkpoint, resolved: ResolvedModel, keep_formats: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        ckpt: Checkpoint,
+        resolved: ResolvedModel,
+        keep_formats: tuple[str, ...] = (),
+        keep_experts: tuple[str, ...] = (),
+    ):
         self.spec, self.ckpt, self.resolved = spec, ckpt, resolved
         self.dims = resolved.dims.as_dict()
         unknown = set(keep_formats) - set(KEPT_FORMATS)
         if unknown:
             raise ValueError(f"no device layout for {sorted(unknown)} (known: {', '.join(KEPT_FORMATS)})")
+        if set(keep_experts) - set(EXPERT_FORMATS):
+            raise ValueError(f"no expert layout for {sorted(set(keep_experts) - set(EXPERT_FORMATS))}")
         self.keep_formats = frozenset(keep_formats)
+        self.keep_experts = frozenset(keep_experts)
 
     def template(self, logical: str) -> tuple[str, int | None]:
         """'blk.3.attn_q.weight' -> ('blk.{i}.attn_q.weight', 3)."""
@@ -148,14 +158,19 @@ class WeightLoader:
 
     def fetch_raw(self, logical: str) -> RawWeight | None:
         """The weight's GGUF blocks when it is a matrix in a kept format (and its transform only moves
-        rows); None when it must be dequantized instead (or is an absent optional weight)."""
-        if not self.keep_formats or self.ckpt.format != "gguf":
+        rows), or an expert stack (one [E, out, in] tensor, no transform) in a format of keep_experts; None
+        when it must be dequantized instead (or is an absent optional weight)."""
+        if not (self.keep_formats or self.keep_experts) or self.ckpt.format != "gguf":
             return None
         found = self.locate(logical)
         if found is None:
             return None
         name, transform, expected, entry = found
         fmt = GGML_TYPE_FORMATS.get(self.ckpt.ggml_type(name))
+        if len(expected) == 3 and "{e}" not in name and not transform and fmt in self.keep_experts:
+            self._check_shape(name, self.ckpt.tensor_shape(name), expected, entry)
+            blocks = self.ckpt.raw(name).reshape(expected[0] * expected[1], -1)  # whole blocks per row
+            return RawWeight(np.ascontiguousarray(blocks), fmt, expected)
         if fmt not in self.keep_formats or len(expected) != 2:
             return None
         if transform and parse_transform(transform)[0] not in ROW_TRANSFORMS:
@@ -211,11 +226,13 @@ def load_params(
     keep_formats: tuple[str, ...] = (),
     dense_copy: Callable[[Any], Any] | None = None,
     shard: Callable[[str, bool, Any], Any] | None = None,
+    keep_experts: tuple[str, ...] = (),
 ) -> Params:
     """to_device places each value: a float array, or (with keep_formats) a QuantizedWeight or WeightGroup — see
     `device_placer`; dense_copy (`dense_copier`) then pairs a placed kept weight with its dense copy, except for
-    weights the plan only gathers rows from; shard(name, layer, value) places over a mesh (sharding.py) instead."""
-    loader = WeightLoader(spec, ckpt, resolved, keep_formats)
+    weights the plan only gathers rows from and expert stacks kept packed (keep_experts); shard(name, layer,
+    value) places over a mesh (sharding.py) instead."""
+    loader = WeightLoader(spec, ckpt, resolved, keep_formats, keep_experts)
     gathered = gathered_only_weights(spec)
     placed: dict[tuple, Any] = {}  # (checkpoint tensor, transform) of a global weight -> its device value
 
@@ -317,52 +334,6 @@ def _combine(parts: list) -> np.ndarray | QuantizedWeight | WeightGroup:
         for kind, items in runs
     ]
     return merged[0] if len(merged) == 1 else WeightGroup(tuple(merged))
-
-
-def device_placer(dtype, kept_layout: str = "planes") -> Callable[[Any], Any]:
-    """A load_params `to_device`: float arrays -> device arrays of the activation `dtype`; quantized
-    weights -> their planes on the device unchanged (uint32 / int8 / fp16), tagged with `dtype`, or with
-    kept_layout "int8_blocks" (the cpu target's: WeightPolicy.kept_layout) their int8 codes and block scales."""
-    name = np.dtype(dtype).name
-
-    def place(value):
-        if isinstance(value, HostFp8):
-            return Fp8Weight(jnp.asarray(value.values), jnp.asarray(value.scale, jnp.float32), name)
-        if isinstance(value, HostNvfp4):
-            return Nvfp4Weight(*(jax.device_put(a) for a in value))
-        if isinstance(value, QuantizedWeight):
-            placed = value._replace(planes={k: jax.device_put(p) for k, p in value.planes.items()}, dtype=name)
-            return from_quantized(placed) if kept_layout == "int8_blocks" else placed
-        if isinstance(value, WeightGroup):
-            return WeightGroup(tuple(place(part) for part in value.parts))
-        return jnp.asarray(value, dtype)
-
-    return place
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _dequantized(weight: QuantizedWeight, dtype: str) -> jax.Array:
-    return dequantize(weight).astype(dtype)
-
-
-def dense_copier(dtype) -> Callable[[Any], Any]:
-    """A load_params `dense_copy`: a kept GGUF weight (a QuantizedWeight, or a WeightGroup of them and float
-    parts) -> DenseBacked(weight, its dequantized [out, in] copy in `dtype`, computed where the weight lives);
-    anything else (floats, FP8) unchanged. The copy holds exactly what dequantizing at every call gave."""
-    name = np.dtype(dtype).name
-
-    def dense_part(part):
-        return _dequantized(part, name) if isinstance(part, QuantizedWeight) else jnp.asarray(part, name)
-
-    def copy(value):
-        if isinstance(value, QuantizedWeight):
-            return DenseBacked(value, dense_part(value))
-        # a group holds at least one kept part (_combine merges float parts); FP8 parts get no copy
-        if isinstance(value, WeightGroup) and not any(isinstance(p, (Fp8Weight, Nvfp4Weight)) for p in value.parts):
-            return DenseBacked(value, jnp.concatenate([dense_part(p) for p in value.parts], axis=0))
-        return value
-
-    return copy
 
 
 def place_constant(value) -> jax.Array:

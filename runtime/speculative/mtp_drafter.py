@@ -8,11 +8,11 @@ gives d_i. Per request the drafter keeps an `MtpSequence` (its MTP cache) and th
 computed from; shown a context again it keeps the positions whose inputs are unchanged (the target's hidden
 states of accepted tokens do not change) and recomputes the rest, so draft positions never outlive a step.
 
-Hidden states come from a `TargetHiddenStates` source. The engine's verify step computes them (the seam: a
-source that hands back what the step returned, once the plan returns hidden states beside logits); until
-then `RecomputedHiddenStates` runs the target's plan with its head swapped for the identity over the whole
-sequence, and `IncrementalHiddenStates` keeps that pass per request and runs only the new tokens (exact, but an
-extra target forward per token: measurement, not speed-up).
+Hidden states come from a `TargetHiddenStates` source. In the engine it is `StepHiddenStates`
+(step_hidden_states.py): the states the engine's own steps returned beside their logits, no target pass of
+its own. Without an engine, `RecomputedHiddenStates` runs the target's plan with its head swapped for the
+identity over the whole sequence, and `IncrementalHiddenStates` keeps that pass per request and runs only the
+new tokens (exact, but an extra target forward per token: the offline acceptance replay).
 
 A row the engine shows with its sampling state (`DraftContext.row`, a sampled request) is drafted as it samples:
 each draft drawn from q = the MTP's logits through the request's pipeline at the draft's step and seed

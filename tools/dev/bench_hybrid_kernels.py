@@ -1,8 +1,9 @@
 """The Gated DeltaNet and MoE kernels (compiler/kernels/gated_delta/gpu.py, compiler/kernels/moe/gpu.py) against
 their jnp references on the GPU, per call, at the hybrid and MoE checkpoints' shapes: decode steps of 1 … 256
-rows, prefill segments of 512 / 4096 tokens, the gated norm, the MoE layer at decode row counts; each kernel
-figure beside the bytes it must move (the read roofline: state read and written, weights read once) and the
-GB/s that makes. Random weights, bf16 activations. Prints a table; --out writes JSON.
+rows, prefill segments of 512 / 4096 tokens, the gated norm, the MoE layer at decode row counts (bf16 experts,
+and kept packed in Q4_K_M's mix: Q4_K gate / up, Q6_K down, moe/packed_kernels.py); each kernel figure beside
+the bytes it must move (the read roofline: state read and written, weights read once; packed: the chosen
+experts' blocks) and the GB/s that makes. Random weights, bf16 activations. Prints a table; --out writes JSON.
 
   python -m ember.tools.dev.bench_hybrid_kernels [--out FILE] [--quick]
 
@@ -25,7 +26,9 @@ import numpy as np
 
 from ember.compiler.batch import StepBatch
 from ember.compiler.kernels.gated_delta import gpu as gd_gpu
+from ember.compiler.kernels.gguf_gemv.layout import random_gguf_bytes
 from ember.compiler.kernels.moe import gpu as moe_gpu
+from ember.compiler.kernels.moe.packed import pack_experts
 from ember.compiler.kernels.moe.reference import route
 from ember.compiler.targets.policy import overriding
 
@@ -150,10 +153,45 @@ def bench_moe(name: str, shape: dict, rows: int, use_kernel: bool) -> dict:
             "gb_s": round(moved / seconds / 1e9, 1)}  # fmt: skip
 
 
+def packed_stacks(shape: dict, formats=("q4_k", "q4_k", "q6_k")) -> list:
+    """Random packed gate, up [E, f, d] and down [E, d, f] stacks on the device (Q4_K_M's expert mix)."""
+    d, experts, f = shape["d"], shape["experts"], shape["f"]
+    rng = np.random.default_rng(experts)
+    shapes = ((experts, f, d), (experts, f, d), (experts, d, f))
+    return [
+        jax.device_put(pack_experts(random_gguf_bytes(rng, fmt, (e * o, i), realistic=True), fmt, (e, o, i)))
+        for fmt, (e, o, i) in zip(formats, shapes)
+    ]
+
+
+def bench_moe_packed(name: str, shape: dict, rows: int, stacks: list) -> dict:
+    """The MoE layer on packed expert stacks (moe/packed_kernels.py up to moe.gemv_max_rows rows): the chosen
+    experts' blocks read once is its roofline."""
+    d, experts, top_k = shape["d"], shape["experts"], shape["top_k"]
+    keys = jax.random.split(jax.random.key(rows + experts), 2)
+    router = (jax.random.normal(keys[0], (experts, d)) / np.sqrt(d)).astype(BF16)
+    x = (jax.random.normal(keys[1], (rows, d)) * 0.05).astype(BF16)
+
+    def loop(x, iters):
+        def body(_, x):
+            with overriding({"moe.gemv_max_rows": max(rows, 1)}):
+                return moe_gpu.moe(x, router, *stacks, top_k=top_k, normalize=True).astype(x.dtype)
+
+        return jax.lax.fori_loop(0, iters, body, x)
+
+    run_loop = jax.jit(loop, static_argnums=1)
+    seconds = _seconds(lambda iters: jax.block_until_ready(run_loop(x, iters)))
+    _, chosen = jax.jit(lambda x: route(x, router, top_k=top_k, normalize=True))(x)
+    active = len(np.unique(np.asarray(chosen)))
+    moved = active * sum(s.nbytes // experts for s in stacks) + experts * d * 2
+    return {"shape": name, "formats": [s.format for s in stacks], "rows": rows, "active_experts": active,
+            "us": round(seconds * 1e6, 2), "gb_s": round(moved / seconds / 1e9, 1)}  # fmt: skip
+
+
 def _pair(fn, *args) -> dict:
     """fn(..., use_kernel) for the kernel and the reference, with their ratio."""
     kernel, reference = fn(*args, True), fn(*args, False)
-    return {"kernel": kernel, "reference": reference, "speedup": round(reference["us"] / kernel["us"], 2)}
+    return {"kernel": kernel, "reference": reference, "speedup": round(reference["us"] / max(kernel["us"], 1e-2), 2)}
 
 
 def main() -> None:
@@ -168,7 +206,7 @@ def main() -> None:
     if args.tiny:
         decode_rows, prefill = (1, 4), ((2, 1, 16),)
         mixers = {"tiny": dict(hk=1, hv=2, dk=8, dv=8, width=4)}
-        moes = {"tiny": dict(d=32, experts=8, top_k=2, f=16)}
+        moes = {"tiny": dict(d=32, experts=8, top_k=2, f=16), "tiny packed": dict(d=256, experts=4, top_k=2, f=256)}
     results = {"device": str(jax.devices()[0]), "mixer": [], "gated_norm": [], "moe": []}
     for name, shape in mixers.items():
         for layout in [(rows, 0, 0) for rows in decode_rows] + list(prefill):
@@ -181,11 +219,15 @@ def main() -> None:
             results["gated_norm"].append(entry)
             print(f"gated_rms_norm rows {rows}: {entry['kernel']['us']} vs {entry['reference']['us']} us", flush=True)
     for name, shape in moes.items():
+        stacks = packed_stacks(shape) if shape["d"] % 256 == 0 and shape["f"] % 256 == 0 else None
         for rows in (1,) if args.quick else (1, 4, 16):
             entry = _pair(bench_moe, name, shape, rows)
+            if stacks is not None:
+                entry["packed"] = bench_moe_packed(name, shape, rows, stacks)
             results["moe"].append(entry)
+            packed = f", packed {entry['packed']['us']} us ({entry['packed']['gb_s']} GB/s)" if stacks else ""
             print(f"moe {name} rows {rows}: kernel {entry['kernel']['us']} us ({entry['kernel']['gb_s']} GB/s), "
-                  f"reference {entry['reference']['us']} us, x{entry['speedup']}", flush=True)  # fmt: skip
+                  f"reference {entry['reference']['us']} us, x{entry['speedup']}{packed}", flush=True)  # fmt: skip
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(results, handle, indent=1)

@@ -117,7 +117,8 @@ tests)
 hybrid-kernels)  # Gated DeltaNet and MoE kernels: GPU tests, then kernel vs reference at the checkpoints' shapes
     export JAX_PLATFORMS=cuda,cpu
     timeout ${HYB_TEST_S:-240} python -m pytest -q -m gpu tests/kernels/gated_delta/test_gated_delta_gpu.py \
-        tests/kernels/moe/test_moe_gpu.py -p no:cacheprovider -rfE > "$out/gpu_hybrid_kernel_tests.log" 2>&1
+        tests/kernels/moe/test_moe_gpu.py tests/kernels/moe/test_moe_packed_gpu.py -p no:cacheprovider -rfE \
+        > "$out/gpu_hybrid_kernel_tests.log" 2>&1
     tail -n 5 "$out/gpu_hybrid_kernel_tests.log"
     timeout ${HYB_BENCH_S:-300} python -m ember.tools.dev.bench_hybrid_kernels ${BENCH_FLAGS:-} --out "$out/hybrid_kernels_$commit.json" ;;
 det-ops)  # which op of a deterministic step rounds a row by the rows beside it (tests/test_deterministic_ops_gpu.py)

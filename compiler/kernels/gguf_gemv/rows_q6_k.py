@@ -49,6 +49,21 @@ def q6_k_load(ql_ptr, qh_ptr, scales_ptr, d_ptr, u4, stop, r4, row_ok4, n4, w4, 
 
 
 @triton.jit
+def q6_k_nibble_weights(ql, qh0, qh1, ds0, ds1, q4, i: tl.constexpr):
+    """The weights d sc (c - 32) [S, BLOCK_N, 8, 4] at nibble i = 2j + h of the loaded ql words (elements
+    32n + 16h + 4j + q); ds0 / ds1 = d * scale of sub-blocks 2n / 2n + 1 [S, BLOCK_N, 8, 1]."""
+    low = field_to(ql, 4 * i, 17, 0x001E0000)
+    if i % 2 == 0:
+        high = ((qh0 >> (8 * (i // 2) + 2 * q4)) & 3) << 21
+        ds = ds0
+    else:
+        high = ((qh1 >> (8 * (i // 2) + 2 * q4)) & 3) << 21
+        ds = ds1
+    v = (low | high | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + c / 64
+    return (ds * 64.0) * v - ds * 96.0
+
+
+@triton.jit
 def q6_k_rows_kernel(
     x_ptr,
     ql_ptr,
@@ -87,15 +102,7 @@ def q6_k_rows_kernel(
         ds0 = d * sc0.to(tl.float32)  # [S, BLOCK_N, 8, 1] d * scale of sub-block 2n
         ds1 = d * sc1.to(tl.float32)  # ... of 2n + 1
         for i in tl.static_range(8):  # nibble i = 2j + h: elements 32n + 16h + 4j + q
-            low = field_to(ql, 4 * i, 17, 0x001E0000)
-            if i % 2 == 0:
-                high = ((qh0 >> (8 * (i // 2) + 2 * q4)) & 3) << 21
-                ds = ds0
-            else:
-                high = ((qh1 >> (8 * (i // 2) + 2 * q4)) & 3) << 21
-                ds = ds1
-            v = (low | high | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + c / 64
-            w = (ds * 64.0) * v - ds * 96.0  # [S, BLOCK_N, 8, 4] = d sc (c - 32)
+            w = q6_k_nibble_weights(ql, qh0, qh1, ds0, ds1, q4, i)  # [S, BLOCK_N, 8, 4]
             acc0, acc1, acc2, acc3 = accumulate_rows(
                 acc0, acc1, acc2, acc3, w, x_ptr, u4, ok_u, 16 * (i % 2) + 4 * (i // 2), e4, K, 256, M, True
             )

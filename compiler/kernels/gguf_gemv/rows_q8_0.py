@@ -26,7 +26,7 @@ from ember.compiler.kernels.gguf_gemv.rows_common import accumulate_rows, row_ti
 
 
 @triton.jit
-def _block_load(qs_ptr, qh_ptr, d_ptr, u3, stop, r3, row_ok3, j3, N: tl.constexpr, Q5: tl.constexpr):
+def block_load(qs_ptr, qh_ptr, d_ptr, u3, stop, r3, row_ok3, j3, N: tl.constexpr, Q5: tl.constexpr):
     """Planes of blocks u3 [S, 1, 1]: signed codes [S, BLOCK_N, 32], d [S, BLOCK_N, 1] float32 (0 masked)."""
     ok = (u3 < stop) & row_ok3
     plane = u3 * N + r3
@@ -64,14 +64,14 @@ def _block_rows(
     acc1 = tl.zeros((S, BLOCK_N, 32), tl.float32)
     acc2 = tl.zeros((S, BLOCK_N, 32), tl.float32)
     acc3 = tl.zeros((S, BLOCK_N, 32), tl.float32)
-    nxt = _block_load(qs_ptr, qh_ptr, d_ptr, u0, stop, r3, row_ok3, j3, N, Q5)
+    nxt = block_load(qs_ptr, qh_ptr, d_ptr, u0, stop, r3, row_ok3, j3, N, Q5)
     for step in range(NSTEPS):
         u3 = u0 + step * S
         q, d = nxt
         if PREFETCH:
-            nxt = _block_load(qs_ptr, qh_ptr, d_ptr, u3 + S, stop, r3, row_ok3, j3, N, Q5)
+            nxt = block_load(qs_ptr, qh_ptr, d_ptr, u3 + S, stop, r3, row_ok3, j3, N, Q5)
         else:
-            q, d = _block_load(qs_ptr, qh_ptr, d_ptr, u3, stop, r3, row_ok3, j3, N, Q5)
+            q, d = block_load(qs_ptr, qh_ptr, d_ptr, u3, stop, r3, row_ok3, j3, N, Q5)
         ok_u = u3 < stop
         v = ((q.to(tl.int32) << 15) + 0x3FC00000).to(tl.float32, bitcast=True)  # 1 + (q + 128) / 256
         w = (d * 256.0) * v - d * 384.0  # [S, BLOCK_N, 32] = d q

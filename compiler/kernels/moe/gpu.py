@@ -3,6 +3,12 @@ decode kernels (decode_kernels.py: the fused router, then the gate/up and down G
 experts' weights), larger steps the reference's router (one XLA matmul) and the grouped GEMM over the pairs
 sorted by expert (grouped_kernels.py; policy moe.grouped), non-GPU backends the reference.
 
+Expert stacks kept packed in a GGUF format (packed.py; WeightPolicy.packed_experts): steps of up to
+moe.gemv_max_rows rows (every step of the deterministic plans) take packed_kernels.py's GEMVs, which read only
+the chosen experts' blocks; larger steps dequantize the whole stacks in the step to the activation dtype and
+take the float path above (the simplest correct choice: the same values a stack dequantized at load holds;
+a grouped GEMM decoding the blocks per tile is not written yet).
+
 x [N, d]; router [E, d]; gate, up [E, f, d]; down [E, d, f] -> [N, d] in x's dtype.
 """
 
@@ -15,6 +21,8 @@ from ember.compiler.kernels.triton.available import triton_available
 from ember.compiler.targets.policy import kernel_policy
 
 from . import op, reference
+from .packed import dense_experts, is_packed_experts
+from .packed_kernels import FORMAT_IDS
 
 _FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32)
 
@@ -51,7 +59,27 @@ def use_kernel(x, router, gate, up, down, act: str, *, any_rows: bool = False) -
     )
 
 
+def use_packed_kernel(x, router, gate, up, down, act: str, *, any_rows: bool = False) -> bool:
+    """Whether the packed decode GEMVs run: a GPU with Triton, moe.triton, a float router, every stack packed
+    in a format packed_kernels.py decodes, silu; rows up to moe.gemv_max_rows (any_rows: any count)."""
+    policy = kernel_policy().moe
+    packed = all(is_packed_experts(w) and w.format in FORMAT_IDS for w in (gate, up, down))
+    rows = x.shape[0]
+    return (
+        policy.triton
+        and triton_available()
+        and act == "silu"
+        and packed
+        and getattr(router, "dtype", None) in _FLOATS
+        and 0 < rows
+        and (any_rows or rows <= policy.gemv_max_rows)
+    )
+
+
 def moe(x, router, gate, up, down, *, top_k: int, normalize: bool, act: str = "silu"):
+    if use_packed_kernel(x, router, gate, up, down, act):
+        return moe_decode_packed_triton(x, router, gate, up, down, top_k=top_k, normalize=normalize)
+    gate, up, down = (dense_experts(w, x.dtype) for w in (gate, up, down))  # packed stacks: dequantized here
     if not use_kernel(x, router, gate, up, down, act):
         return op.moe(x, router, gate, up, down, top_k=top_k, normalize=normalize, act=act)
     if x.shape[0] <= kernel_policy().moe.gemv_max_rows:
@@ -63,6 +91,9 @@ def moe(x, router, gate, up, down, *, top_k: int, normalize: bool, act: str = "s
 def moe_invariant(x, router, gate, up, down, *, top_k: int, normalize: bool, act: str = "silu"):
     """The deterministic plans' op: the decode kernels at every row count (each row routed and multiplied by its
     own programs, in fixed orders), so a prompt token's arithmetic is a decode row's; the reference off the GPU."""
+    if use_packed_kernel(x, router, gate, up, down, act, any_rows=True):
+        return moe_decode_packed_triton(x, router, gate, up, down, top_k=top_k, normalize=normalize)
+    gate, up, down = (dense_experts(w, x.dtype) for w in (gate, up, down))
     if not use_kernel(x, router, gate, up, down, act, any_rows=True):
         return op.moe(x, router, gate, up, down, top_k=top_k, normalize=normalize, act=act)
     return moe_decode_triton(x, router, gate, up, down, top_k=top_k, normalize=normalize)
@@ -128,3 +159,31 @@ def moe_decode_triton(x, router, gate, up, down, *, top_k: int, normalize: bool)
     """The three decode kernels, whatever the backend being traced for."""
     weights, chosen = route_triton(x, router, top_k=top_k, normalize=normalize)
     return experts_triton(x, weights, chosen, gate, up, down)
+
+
+def experts_packed_triton(x, weights, chosen, gate, up, down):
+    """The packed expert GEMVs' launches (packed_kernels.py): weights [N, k] fp32, chosen [N, k] int32, packed
+    gate, up [E, f, d] and down [E, d, f] stacks -> [N, d] in x's dtype."""
+    from .packed_kernels import launch_plans, moe_packed_down_kernel, moe_packed_gate_up_kernel, plane_args
+
+    n, d = x.shape
+    top_k = chosen.shape[1]
+    f = gate.shape[1]
+    plans = launch_plans(n, d, f, top_k, (gate.format, up.format, down.format))
+    pairs = chosen.reshape(-1).astype(jnp.int32)
+    gate_up = (*plane_args(gate.planes, gate.format), *plane_args(up.planes, up.format))
+    h = _launch(
+        moe_packed_gate_up_kernel, plans["gate_up"], (x, pairs, *gate_up),
+        jax.ShapeDtypeStruct((n * top_k, f), jnp.float32), num_stages=2,
+    )  # fmt: skip
+    return _launch(
+        moe_packed_down_kernel, plans["down"],
+        (h, pairs, weights.reshape(-1).astype(jnp.float32), *plane_args(down.planes, down.format)),
+        jax.ShapeDtypeStruct((n, d), x.dtype), num_stages=2,
+    )  # fmt: skip
+
+
+def moe_decode_packed_triton(x, router, gate, up, down, *, top_k: int, normalize: bool):
+    """The router kernel, then the packed expert GEMVs."""
+    weights, chosen = route_triton(x, router, top_k=top_k, normalize=normalize)
+    return experts_packed_triton(x, weights, chosen, gate, up, down)

@@ -37,6 +37,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ember.compiler.kernels.fixed_order import fixed_order_log_softmax
 from ember.compiler.kernels.sampling import (
     GREEDY_EPSILON,
     SamplingBatch,
@@ -108,7 +109,7 @@ def greedy_verify(logits, params: SamplingBatch, drafts, num_drafts, num_top_log
     num_accepted = _leading_true(in_range & (drafts == picked[:, :-1]))
     final = jnp.take_along_axis(picked, num_accepted[:, None], -1)[:, 0]
     tokens = _emitted(drafts, num_accepted, final)
-    logprobs = jax.nn.log_softmax(process_logits(flat, params), axis=-1).reshape(rows, width, vocab)
+    logprobs = fixed_order_log_softmax(process_logits(flat, params), axis=-1).reshape(rows, width, vocab)
     return _report(tokens, num_accepted, logprobs, num_top_logprobs)
 
 
@@ -182,7 +183,7 @@ def speculative_sample(
     k = width - 1
     flat = logits.reshape(rows * width, vocab)
     scores, point_mass, pick = target_distribution(flat, params)
-    log_p = jax.nn.log_softmax(scores, axis=-1).reshape(rows, width, vocab)  # -inf outside p's support
+    log_p = fixed_order_log_softmax(scores, axis=-1).reshape(rows, width, vocab)  # -inf outside p's support
     scores = scores.reshape(rows, width, vocab)
     safe_drafts = jnp.maximum(drafts, 0)
     p_draft = jnp.exp(jnp.take_along_axis(log_p[:, :k], safe_drafts[..., None], -1)[..., 0])  # [R, K]
@@ -229,7 +230,7 @@ def speculative_sample(
     final = jnp.where(mass_a, pick_a, drawn)
 
     tokens = _emitted(drafts, num_accepted, final)
-    logprobs = jax.nn.log_softmax(process_logits(flat, params), axis=-1).reshape(rows, width, vocab)
+    logprobs = fixed_order_log_softmax(process_logits(flat, params), axis=-1).reshape(rows, width, vocab)
     return _report(tokens, num_accepted, logprobs, num_top_logprobs)
 
 

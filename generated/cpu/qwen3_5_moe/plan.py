@@ -56,7 +56,7 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
                 'rows_for_decode': False,
                 'split_k_partials': False},
  'split': {'triton': False},
- 'weights': {'dense_copies': False, 'kept_layout': 'planes', 'quantized_formats': []}}
+ 'weights': {'dense_copies': False, 'kept_layout': 'planes', 'packed_experts': [], 'quantized_formats': []}}
 
 
 def prologue(dims, weights, batch):

@@ -1,0 +1,76 @@
+"""The MoE op over expert stacks kept packed in GGUF formats (moe/packed.py, packed_kernels.py through
+moe/gpu.py) on an NVIDIA GPU at the MoE checkpoints' shapes (d 2048; 128 experts top-8 of ffn 768, 256 experts
+top-8 of ffn 512), Q4_K_M's expert mix (Q4_K gate / up, Q6_K down) and the block formats: against the reference
+on the same stacks dequantized (bit-equal to the `gguf` package), a row's output the same bits whatever other
+rows the step holds, and steps of many rows (the stacks dequantized in the step for the grouped GEMM). Skipped
+off the GPU; `tools/dev/h200_run.sh tests` runs it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("triton")
+if jax.default_backend() != "gpu":
+    pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda)", allow_module_level=True)
+
+from ember.compiler.kernels.gguf_gemv.layout import random_gguf_bytes  # noqa: E402
+from ember.compiler.kernels.moe import gpu, op, reference  # noqa: E402
+from ember.compiler.kernels.moe.packed import dequantize_experts, pack_experts  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+D, TOP_K = 2048, 8
+
+
+def _stacks(experts, f, formats, seed):
+    """Packed gate, up [E, f, D] and down [E, D, f] on the device, and the router [E, D] bf16."""
+    rng = np.random.default_rng(seed)
+    shapes = ((experts, f, D), (experts, f, D), (experts, D, f))
+    stacks = [
+        jax.device_put(pack_experts(random_gguf_bytes(rng, fmt, (e * o, i), realistic=True), fmt, (e, o, i)))
+        for fmt, (e, o, i) in zip(formats, shapes)
+    ]
+    router = jnp.asarray(rng.standard_normal((experts, D)) / np.sqrt(D), jnp.bfloat16)
+    return router, stacks
+
+
+def _close(got, want):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert np.abs(want).max() > 0
+    return np.max(np.abs(got - want) / (np.abs(want) + 1e-2 * np.abs(want).max()))
+
+
+@pytest.mark.parametrize(
+    "experts, f, formats",
+    [
+        (128, 768, ("q4_k", "q4_k", "q6_k")),
+        (256, 512, ("q4_k", "q4_k", "q4_k")),
+        (128, 768, ("q6_k", "q8_0", "q5_0")),
+    ],
+)
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_packed_decode_matches_the_reference_on_dequantized_stacks(experts, f, formats, rows):
+    router, stacks = _stacks(experts, f, formats, experts + rows)
+    dense = [dequantize_experts(s) for s in stacks]
+    x = (jax.random.normal(jax.random.key(rows), (rows, D)) * 0.05).astype(jnp.bfloat16)
+    weights, chosen = reference.route(x, router, top_k=TOP_K, normalize=True)
+    got = jax.jit(gpu.experts_packed_triton)(x, weights, chosen, *stacks)
+    gate_up = jnp.concatenate(dense[:2], axis=1)
+    want = reference.experts(x, weights, chosen, gate_up, dense[2])
+    assert _close(got, want) <= 2**-6
+    run = jax.jit(lambda *a: gpu.moe(*a, top_k=TOP_K, normalize=True))  # router kernel + packed GEMVs
+    full = np.asarray(run(x, router, *stacks), np.float32)
+    assert _close(full, op.moe(x, router, *dense, top_k=TOP_K, normalize=True)) <= 2**-6
+    alone = np.asarray(run(x[:1], router, *stacks), np.float32)  # batch invariance of the fixed-order combine
+    np.testing.assert_array_equal(alone[0], full[0])
+
+
+@pytest.mark.parametrize("rows", [17, 300])
+def test_many_rows_dequantize_in_the_step_and_match_the_reference(rows):
+    router, stacks = _stacks(128, 768, ("q4_k", "q4_k", "q6_k"), rows)
+    x = (jax.random.normal(jax.random.key(rows), (rows, D)) * 0.05).astype(jnp.bfloat16)
+    got = jax.jit(lambda *a: gpu.moe(*a, top_k=TOP_K, normalize=True))(x, router, *stacks)
+    dense = [dequantize_experts(s).astype(jnp.bfloat16) for s in stacks]
+    assert _close(got, op.moe(x, router, *dense, top_k=TOP_K, normalize=True)) <= 2**-6
