@@ -87,6 +87,8 @@ class LeaderGroup:
     def attach(self, executor: StepExecutor, config: EngineConfig) -> None:
         """Hand the followers the engine configuration, then mirror every device call of `executor`."""
         self.channel.send(("config", config))
+        # no longer a CompiledSteps: the executor then precompiles by running padding batches, mirrored (a compile
+        # without running would happen on this process only) and compiles nothing in the background
         for name in MIRRORED:
             setattr(executor, name, _MirroredCall(name, getattr(executor, name), self))
         collect = executor.collect
