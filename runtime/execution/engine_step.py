@@ -94,7 +94,7 @@ def split_hidden(packed) -> tuple[Any, Any]:
     return packed if isinstance(packed, tuple) else (packed, None)
 
 
-def make_verify_step_fn(forward: Callable, with_hidden: bool = False) -> Callable:
+def make_verify_step_fn(forward: Callable, with_hidden: bool = False, fixed_order: bool = False) -> Callable:
     """jit(forward + verify) of a verify step (StepShape.verify_width = W): (dims, layout, num_top, all_greedy,
     width, params, kv, inputs) -> (packed result, kv), kv donated. The inputs carry, after the StepBatch and the
     SamplingBatch (R * W rows, row-major), drafts int32 [R, W - 1] and num_drafts int32 [R], then, when some
@@ -102,7 +102,7 @@ def make_verify_step_fn(forward: Callable, with_hidden: bool = False) -> Callabl
     has_draft_probs bool [R] (the layout says which: a separate executable); the logits of the batch's R * W
     logit rows are verified as [R, W, V]. The packed result is pack_result's, one row per (verify row,
     position): the emitted tokens (-1 past each row's count), their logprobs and top alternatives; paired
-    with every row's hidden state when with_hidden (as make_step_fn)."""
+    with every row's hidden state when with_hidden (as make_step_fn); fixed_order as make_step_fn's."""
 
     def step(dims, layout: IoLayout, num_top: int, all_greedy: bool, width: int, params, kv, inputs):
         batch, sampling, (drafts, num_drafts, *q) = unpack_step(inputs, layout)
@@ -110,7 +110,15 @@ def make_verify_step_fn(forward: Callable, with_hidden: bool = False) -> Callabl
         logits, hidden, kv = _forward(forward, with_hidden, dims, params, kv, batch)
         logits = logits.astype(jnp.float32).reshape(-1, width, logits.shape[-1])
         result = verify(
-            logits, sampling, drafts, num_drafts, draft_probs, has_draft_probs, num_top, all_greedy=all_greedy
+            logits,
+            sampling,
+            drafts,
+            num_drafts,
+            draft_probs,
+            has_draft_probs,
+            num_top,
+            all_greedy=all_greedy,
+            fixed_order=fixed_order,
         )
         rows = result.tokens.size
         flat = SampleResult(

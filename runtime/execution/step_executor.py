@@ -144,7 +144,12 @@ class StepExecutor(StepPrecompiler):
             if identity is not None
             else CompiledSteps(make_step_fn(stepped, self.with_hidden, fixed_order=config.deterministic), 4)
         )
-        self.verify_fn = cached_step(make_verify_step_fn(stepped, self.with_hidden), 5, identity, "verify" + tag)
+        self.verify_fn = cached_step(
+            make_verify_step_fn(stepped, self.with_hidden, fixed_order=config.deterministic),
+            5,
+            identity,
+            "verify" + tag,
+        )
         # decode steps per device call when the engine runs ahead (1 = never): see runtime/scheduling/lookahead.py
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
         # run-ahead chains decode steps without the scheduler; slot state is carried in self.kv from one to the next

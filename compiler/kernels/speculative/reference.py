@@ -96,7 +96,14 @@ def _report(tokens, num_accepted, logprobs, num_top_logprobs):
     return VerifyResult(tokens, num_accepted, num_accepted + 1, chosen, top_ids.astype(jnp.int32), top_logprobs)
 
 
-def greedy_verify(logits, params: SamplingBatch, drafts, num_drafts, num_top_logprobs: int = 0) -> VerifyResult:
+def _log_softmax(x, fixed_order: bool):
+    # fixed_order (deterministic steps): the sum in a fixed order, as the plain sampler's (sampling.sample)
+    return fixed_order_log_softmax(x, axis=-1) if fixed_order else jax.nn.log_softmax(x, axis=-1)
+
+
+def greedy_verify(
+    logits, params: SamplingBatch, drafts, num_drafts, num_top_logprobs: int = 0, fixed_order: bool = False
+) -> VerifyResult:
     """Every row greedy (or forced): accept the longest prefix where d_i is the target's pick, then the pick.
 
     logits f32 [R, K+1, V]; params R * (K+1) rows; drafts i32 [R, K] (-1 past num_drafts); num_drafts i32 [R].
@@ -109,11 +116,11 @@ def greedy_verify(logits, params: SamplingBatch, drafts, num_drafts, num_top_log
     num_accepted = _leading_true(in_range & (drafts == picked[:, :-1]))
     final = jnp.take_along_axis(picked, num_accepted[:, None], -1)[:, 0]
     tokens = _emitted(drafts, num_accepted, final)
-    logprobs = fixed_order_log_softmax(process_logits(flat, params), axis=-1).reshape(rows, width, vocab)
+    logprobs = _log_softmax(process_logits(flat, params), fixed_order).reshape(rows, width, vocab)
     return _report(tokens, num_accepted, logprobs, num_top_logprobs)
 
 
-def target_distribution(logits, params: SamplingBatch):
+def target_distribution(logits, params: SamplingBatch, fixed_order: bool = False):
     """What the plain sampler draws from, per row: (scores f32 [N, V], point_mass bool [N], pick i32 [N]).
 
     scores are the temperature-scaled, filtered, grammar-masked logits (-inf = never drawn), so
@@ -133,7 +140,7 @@ def target_distribution(logits, params: SamplingBatch):
     # the sampler's own scaling and filters (greedy rows switched off, as it does)
     temperature = jnp.where(greedy, 1.0, params.temperature)[:, None]
     filters = params._replace(top_k=jnp.where(greedy, 0, params.top_k), top_p=jnp.where(greedy, 1.0, params.top_p))
-    scaled = filter_logits(constrained / temperature, filters)
+    scaled = filter_logits(constrained / temperature, filters, fixed_order=fixed_order)
     one_hot = jnp.where(jnp.arange(vocab)[None, :] == pick[:, None], 0.0, -jnp.inf)
     return jnp.where(point_mass[:, None], one_hot, scaled), point_mass, pick
 
@@ -172,6 +179,7 @@ def speculative_sample(
     draft_probs=None,
     has_draft_probs=None,
     num_top_logprobs: int = 0,
+    fixed_order: bool = False,
 ) -> VerifyResult:
     """Rejection-sampling verify of R rows (greedy rows take the greedy-verify outcome exactly).
 
@@ -182,8 +190,8 @@ def speculative_sample(
     rows, width, vocab = logits.shape
     k = width - 1
     flat = logits.reshape(rows * width, vocab)
-    scores, point_mass, pick = target_distribution(flat, params)
-    log_p = fixed_order_log_softmax(scores, axis=-1).reshape(rows, width, vocab)  # -inf outside p's support
+    scores, point_mass, pick = target_distribution(flat, params, fixed_order)
+    log_p = _log_softmax(scores, fixed_order).reshape(rows, width, vocab)  # -inf outside p's support
     scores = scores.reshape(rows, width, vocab)
     safe_drafts = jnp.maximum(drafts, 0)
     p_draft = jnp.exp(jnp.take_along_axis(log_p[:, :k], safe_drafts[..., None], -1)[..., 0])  # [R, K]
@@ -230,7 +238,7 @@ def speculative_sample(
     final = jnp.where(mass_a, pick_a, drawn)
 
     tokens = _emitted(drafts, num_accepted, final)
-    logprobs = fixed_order_log_softmax(process_logits(flat, params), axis=-1).reshape(rows, width, vocab)
+    logprobs = _log_softmax(process_logits(flat, params), fixed_order).reshape(rows, width, vocab)
     return _report(tokens, num_accepted, logprobs, num_top_logprobs)
 
 
@@ -244,9 +252,13 @@ def verify(
     num_top_logprobs: int = 0,
     *,
     all_greedy: bool = False,
+    fixed_order: bool = False,
 ) -> VerifyResult:
     """The step's verify: `greedy_verify` when every row is greedy (static promise, no V-wide noise and no
-    probabilities), else `speculative_sample`. Jit with static_argnames=("num_top_logprobs", "all_greedy")."""
+    probabilities), else `speculative_sample`. Jit with static_argnames=("num_top_logprobs", "all_greedy",
+    "fixed_order"); fixed_order (deterministic steps) sums as the plain sampler's fixed_order does."""
     if all_greedy:
-        return greedy_verify(logits, params, drafts, num_drafts, num_top_logprobs)
-    return speculative_sample(logits, params, drafts, num_drafts, draft_probs, has_draft_probs, num_top_logprobs)
+        return greedy_verify(logits, params, drafts, num_drafts, num_top_logprobs, fixed_order)
+    return speculative_sample(
+        logits, params, drafts, num_drafts, draft_probs, has_draft_probs, num_top_logprobs, fixed_order
+    )
