@@ -219,7 +219,11 @@ _FLAGS = {
     "--max-body-bytes": ("max_body_bytes", _positive_int, "largest request body accepted (else 413)"),
     "--heartbeat-s": ("heartbeat_s", _positive_float, "SSE heartbeat interval while waiting"),
     "--drain-grace-s": ("drain_grace_s", _positive_float, "SIGTERM: grace period for in-flight requests"),
-    "--speculative": ("speculative", str, "speculative decoding: ngram (prompt lookup, Predicted Outputs) or draft"),
+    "--speculative": (
+        "speculative",
+        str,
+        "speculative decoding: ngram (prompt lookup, Predicted Outputs), draft or mtp",
+    ),
     "--draft-model": ("draft_model", str, "--speculative draft: the draft model, a known name or a path"),
     "--num-speculative-tokens": ("num_speculative_tokens", _positive_int, "most draft tokens per row and step (4)"),
     "--tensor-parallel": (

@@ -46,33 +46,25 @@ def _launch(kernel, plan: dict, args: tuple, out_shape, *, num_stages: int, **me
 def use_kernel(x, router, gate, up, down, act: str, *, any_rows: bool = False) -> bool:
     """Whether a kernel path runs: a GPU with Triton, the policy's moe.triton, plain float weights, silu; rows up to
     moe.gemv_max_rows, or more with moe.grouped (any_rows: any count)."""
-    policy = kernel_policy().moe
     plain = all(isinstance(w, jax.Array | jax.core.Tracer) and w.dtype in _FLOATS for w in (router, gate, up, down))
-    rows = x.shape[0]
-    return (
-        policy.triton
-        and triton_available()
-        and act == "silu"
-        and plain
-        and 0 < rows
-        and (any_rows or rows <= policy.gemv_max_rows or policy.grouped)
-    )
+    rows, policy = x.shape[0], kernel_policy().moe
+    return plain and _triton_silu_rows(x, act) and (any_rows or rows <= policy.gemv_max_rows or policy.grouped)
+
+
+def _triton_silu_rows(x, act: str) -> bool:
+    """What every MoE kernel path needs: a GPU with Triton, the policy's moe.triton, silu, rows to compute."""
+    return kernel_policy().moe.triton and triton_available() and act == "silu" and x.shape[0] > 0
 
 
 def use_packed_kernel(x, router, gate, up, down, act: str, *, any_rows: bool = False) -> bool:
     """Whether the packed decode GEMVs run: a GPU with Triton, moe.triton, a float router, every stack packed
     in a format packed_kernels.py decodes, silu; rows up to moe.gemv_max_rows (any_rows: any count)."""
-    policy = kernel_policy().moe
     packed = all(is_packed_experts(w) and w.format in FORMAT_IDS for w in (gate, up, down))
-    rows = x.shape[0]
     return (
-        policy.triton
-        and triton_available()
-        and act == "silu"
-        and packed
+        packed
         and getattr(router, "dtype", None) in _FLOATS
-        and 0 < rows
-        and (any_rows or rows <= policy.gemv_max_rows)
+        and _triton_silu_rows(x, act)
+        and (any_rows or x.shape[0] <= kernel_policy().moe.gemv_max_rows)
     )
 
 
