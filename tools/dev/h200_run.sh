@@ -127,10 +127,10 @@ det-ops)  # which op of a deterministic step rounds a row by the rows beside it 
 quant-gemm)  # the many-rows GEMM over packed GGUF blocks vs the dense bf16 copy and in-step dequantization
     timeout ${GEMM_S:-200} python3 -m ember.tools.dev.bench_quant_gemm ${GEMM_FLAGS:-} --out "$out/quant_gemm_$commit.json" \
         2>&1 | tee "$out/quant_gemm.log" | grep -v Warning | tail -n 40 ;;
-gpu-suite)  # needs pytest-xdist and execnet wheels in .whl/ (python3.12 -m pip download --no-deps pytest-xdist execnet)
+gpu-suite)  # (GPU_FILES: these test files only) needs pytest-xdist and execnet wheels in .whl/ (python3.12 -m pip download --no-deps pytest-xdist execnet)
     export JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false  # workers share the GPU's memory
     EMBER_TRUNCATED_GGUF=$(real_files) EMBER_GPU_RESULTS="$out/gpu_engine_tests.json" timeout ${SUITE_TEST_S:-540} \
-        python -m pytest -q -m gpu tests/*_gpu.py tests/kernels/*/*_gpu.py tests/test_gpu_engine.py tests/test_gpu_engine_real_weights.py -n ${WORKERS:-8} -p no:cacheprovider --hypothesis-show-statistics \
+        python -m pytest -q -m gpu ${GPU_FILES:-tests/*_gpu.py tests/kernels/*/*_gpu.py tests/test_gpu_engine.py tests/test_gpu_engine_real_weights.py} -n ${WORKERS:-8} -p no:cacheprovider --hypothesis-show-statistics \
         -rfE --junitxml="$out/gpu_suite.xml" > "$out/gpu_suite.log" 2>&1
     python3 -m ember.tools.dev.gpu_test_counts --junit "$out/gpu_suite.xml" --log "$out/gpu_suite.log" \
         --commit "$commit" --out "$out/gpu_suite_counts.json"
