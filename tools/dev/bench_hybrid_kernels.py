@@ -199,6 +199,7 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--quick", action="store_true", help="fewer shapes (a smoke run)")
     parser.add_argument("--tiny", action="store_true", help="toy shapes: the script itself, on any backend")
+    parser.add_argument("--parts", nargs="+", choices=("mixer", "moe"), default=("mixer", "moe"))
     args = parser.parse_args()
     decode_rows = (1, 32) if args.quick else (1, 8, 32, 128, 256)
     prefill = ((0, 1, 512),) if args.quick else ((0, 1, 512), (0, 1, 4096), (0, 8, 512))
@@ -207,6 +208,7 @@ def main() -> None:
         decode_rows, prefill = (1, 4), ((2, 1, 16),)
         mixers = {"tiny": dict(hk=1, hv=2, dk=8, dv=8, width=4)}
         moes = {"tiny": dict(d=32, experts=8, top_k=2, f=16), "tiny packed": dict(d=256, experts=4, top_k=2, f=256)}
+    mixers, moes = (mixers if "mixer" in args.parts else {}), (moes if "moe" in args.parts else {})
     results = {"device": str(jax.devices()[0]), "mixer": [], "gated_norm": [], "moe": []}
     for name, shape in mixers.items():
         for layout in [(rows, 0, 0) for rows in decode_rows] + list(prefill):
