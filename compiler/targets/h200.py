@@ -106,6 +106,7 @@ H200 = Target(
         # prompt tokens with a decode row's arithmetic: the recurrent Gated DeltaNet kernel for every token, the
         # MoE decode kernels (per-row router and GEMVs) at every row count
         "gated_delta": "ember.compiler.kernels.gated_delta.gpu:gated_delta_invariant",
+        "gated_rms_norm": "ember.compiler.kernels.gated_delta.gpu:gated_rms_norm_heads",  # one program per row
         "moe": "ember.compiler.kernels.moe.gpu:moe_invariant",
     },
     activation_dtype="bfloat16",

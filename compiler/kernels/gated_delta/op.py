@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from ember.compiler.batch import StepBatch
+from ember.compiler.kernels.fixed_order import fixed_order_sum
 
 from .reference import gated_rms_norm
 
@@ -80,3 +81,15 @@ def gated_rms_norm_heads(x, gate, weight, *, eps, heads):
     n = x.shape[0]
     out = gated_rms_norm(x.reshape(n, heads, -1), gate.reshape(n, heads, -1), weight, eps=eps)
     return out.reshape(n, -1)
+
+
+def gated_rms_norm_heads_invariant(x, gate, weight, *, eps, heads):
+    """gated_rms_norm_heads with the mean of squares summed in a fixed order: a row's bits do not depend on
+    how many rows the array holds (XLA CPU's mean over [N, heads, n] does: the engine's logprobs moved in the
+    last bits beside other requests on the tiny Qwen3.5)."""
+    n = x.shape[0]
+    xf = x.reshape(n, heads, -1).astype(_F32)
+    mean_square = fixed_order_sum(xf * xf, axis=-1)[..., None] / xf.shape[-1]
+    normed = (xf * jax.lax.rsqrt(mean_square + eps)).astype(x.dtype)
+    gated = weight * normed * jax.nn.silu(gate.reshape(n, heads, -1).astype(_F32))
+    return gated.astype(x.dtype).reshape(n, -1)

@@ -21,7 +21,7 @@ from ember.compiler.kernels.dense_gemv.reference import split_heads as dense_gem
 from ember.compiler.kernels.embedding import add as embedding_add
 from ember.compiler.kernels.embedding import select_rows as embedding_select_rows
 from ember.compiler.kernels.gated_delta.op import gated_delta as gated_delta_op_gated_delta
-from ember.compiler.kernels.gated_delta.op import gated_rms_norm_heads as gated_delta_op_gated_rms_norm_heads
+from ember.compiler.kernels.gated_delta.op import gated_rms_norm_heads_invariant as gated_delta_op_gated_rms_norm_heads_invariant
 from ember.compiler.kernels.norm.reference import add_rms_norm_invariant as norm_reference_add_rms_norm_invariant
 from ember.compiler.kernels.norm.reference import rms_norm_invariant as norm_reference_rms_norm_invariant
 from ember.compiler.kernels.rope.reference import rope as rope_reference_rope
@@ -71,7 +71,7 @@ def layer_linear_attention_dense(dims, w, constants, x, x_add, state, batch):
     x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
     qkv, z, b, a = cpu_gemv_linear_linear_split_invariant(h, w['attn_qkv+attn_gate+ssm_beta+ssm_alpha.weight'], sizes=(dims.lin_qkv, dims.lin_hv * dims.lin_dv, dims.lin_hv, dims.lin_hv))
     o, conv_state, delta_state = gated_delta_op_gated_delta(qkv, b, a, slot_state0, w['ssm_conv1d.weight'], w['ssm_a.weight'], w['ssm_dt.weight'], conv_state, delta_state, batch, hk=dims.lin_hk, hv=dims.lin_hv, dk=dims.lin_dk, dv=dims.lin_dv, kernel=dims.lin_conv)
-    t_6 = gated_delta_op_gated_rms_norm_heads(o, z, w['ssm_norm.weight'], eps=dims.eps, heads=dims.lin_hv)
+    t_6 = gated_delta_op_gated_rms_norm_heads_invariant(o, z, w['ssm_norm.weight'], eps=dims.eps, heads=dims.lin_hv)
     t_7 = cpu_gemv_linear_linear_invariant(t_6, w['ssm_out.weight'])
     x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_7, w['post_attention_norm.weight'], eps=dims.eps)
     t_10_t_11 = cpu_gemv_linear_linear_invariant(h_1, w['ffn_gate+ffn_up.weight'])
