@@ -17,6 +17,7 @@ A benchmark tool, not a serving option: it knows the answer in advance. Sampled 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +121,7 @@ class ReplayDrafter:
         # engine's AcceptanceStats must count exactly these, whatever it truncates aside)
         self.intended = AcceptanceStats()
         self.off_reference = 0  # proposals for a context that left its recorded continuation (or has none)
+        self.drafting_s = 0.0  # wall seconds inside cost_drafter (the draft model's real work)
 
     def reset(self, profile: ReplayProfile, seed: int) -> None:
         """Replay `profile` from a fresh seeded stream (the same seed over the same requests: the same drafts)."""
@@ -142,7 +144,9 @@ class ReplayDrafter:
         if n <= 0:
             return Draft()
         if self.cost_drafter is not None:  # the draft model's real work for n drafts; its tokens are not used
+            begun = time.perf_counter()
             self.cost_drafter.propose(context, n)
+            self.drafting_s += time.perf_counter() - begun
         tokens, right = [], 0
         for i in range(n):
             target = reference[done + i]
