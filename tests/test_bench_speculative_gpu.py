@@ -30,9 +30,10 @@ def test_the_smoke_run_measures_every_section(tokenizer_dir, tmp_path):
     sections = result["sections"]
     assert sections["draft-step"]["plain_decode_step_ms"] > 0 and sections["draft-step"]["proposal_ms"]["2"] > 0
     (verify,) = sections["verify"].values()
-    assert verify["plain_step_ms"] > 0
+    assert verify["plain_step_ms"] > 0 and verify["plain_one_step_call_ms"] > 0 and verify["one_step_identical"]
     for k in ("1", "2"):
         assert verify["k"][k]["verify_step_ms"] > 0 and verify["k"][k]["ratio_to_plain_step"] > 0
+        assert verify["k"][k]["ratio_to_one_step_call"] > 0
         assert verify["k"][k]["identical"]
     (run,) = sections["e2e"]["runs"].values()
     assert run["total"]["speedup"] > 0 and run["drafting_free"]["total"]["speedup"] > 0

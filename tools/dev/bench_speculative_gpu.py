@@ -246,6 +246,12 @@ class Bench:
                 plain_ms, steps = clock.step_ms(0)
                 entry.update(plain_step_ms=plain_ms, plain_steps=steps)
                 entry["decode_steps_per_call"] = engine.executor.decode_steps
+                # the decode forward alone: one step per call, as a verify step is
+                for _ in range(2):
+                    run = greedy_run(engine, prompt, a.verify_output_tokens, one_step_calls=True)
+                single_ms, _ = clock.step_ms(0)
+                entry["plain_one_step_call_ms"] = single_ms
+                entry["one_step_identical"] = self.check(f"verify {name} one-step calls", reference, run["tokens"])
                 for k in a.verify_k:
                     if not self.time_left(f"verify {name} k={k}"):
                         break
@@ -257,6 +263,9 @@ class Bench:
                         "verify_step_ms": ms,
                         "steps": steps,
                         "ratio_to_plain_step": round(ms / plain_ms, 3) if ms and plain_ms else None,
+                        "ratio_to_one_step_call": round(ms / single_ms, 3) if ms and single_ms else None,
+                        # the adaptive plan's verify_token_cost (runtime/speculative/config.py) as this k implies it
+                        "cost_per_draft_in_plain_steps": round((ms / plain_ms - 1) / k, 4) if ms and plain_ms else None,
                         "identical": self.check(f"verify {name} k={k}", reference, run["tokens"]),
                     }
                     self.save()

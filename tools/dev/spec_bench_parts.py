@@ -69,11 +69,14 @@ def replay_engine(
     return Engine(model, tokenizer, config, drafter=drafter), drafter
 
 
-def greedy_run(engine: Engine, prompts: list[list[int]], output_tokens: int) -> dict:
+def greedy_run(engine: Engine, prompts: list[list[int]], output_tokens: int, one_step_calls: bool = False) -> dict:
     """All prompts at once, greedy, exactly output_tokens each: their tokens, wall and steady decode figures
     (tokens after each request's first / time from the last first token to the end), and the run's
-    speculation counts."""
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_tokens)
+    speculation counts. one_step_calls: no run-ahead (min_tokens keeps a row from running ahead; with no stop
+    ids it suppresses nothing, so the tokens are the same)."""
+    params = SamplingParams(
+        temperature=0.0, ignore_eos=True, max_tokens=output_tokens, min_tokens=output_tokens if one_step_calls else 0
+    )
     clock = CallTimes.of(engine)
     before = engine.speculation_stats()
     clock.calls.clear()
