@@ -9,7 +9,8 @@ import json
 import pytest
 from fixture_data import FIXTURES_DIR
 
-from ember.tools.dev.bench_speculative_gpu import _by_length, _modeled, main
+from ember.tools.dev.bench_speculative_gpu import main
+from ember.tools.dev.spec_bench_parts import by_length, modeled
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +48,14 @@ def test_the_smoke_run_measures_every_section(tokenizer_dir, tmp_path):
 
 def test_proposal_lengths_and_the_modeled_drafting_cost():
     # drafted_per_position before / after: 3 more drafts of > 0 tokens, 2 of > 1, 1 of > 2
-    assert _by_length([5, 4], [8, 6, 1]) == {1: 1, 2: 1, 3: 1}
+    assert by_length([5, 4], [8, 6, 1]) == {1: 1, 2: 1, 3: 1}
     free = {
         "per_prompt": [{"proposals_by_length": {1: 1, 3: 2}}],
         "total": {"decoded_tokens": 100, "decode_s": 1.0},
     }
     draft_step = {"proposal_ms": {1: 10.0, 3: 20.0}}
-    modeled = _modeled(free, draft_step, {"decode_tok_s": 50.0})
+    result = modeled(free, draft_step, {"decode_tok_s": 50.0})
     # 1.0 s + (10 + 2 * 20) ms = 1.05 s for 100 tokens
-    assert modeled["draft_s"] == 0.05 and modeled["decode_tok_s"] == round(100 / 1.05, 2)
-    assert modeled["speedup"] == round(100 / 1.05 / 50, 3)
-    assert _modeled(free, {"proposal_ms": {1: 10.0}}, {"decode_tok_s": 50.0}) is None  # length 3 not measured
+    assert result["draft_s"] == 0.05 and result["decode_tok_s"] == round(100 / 1.05, 2)
+    assert result["speedup"] == round(100 / 1.05 / 50, 3)
+    assert modeled(free, {"proposal_ms": {1: 10.0}}, {"decode_tok_s": 50.0}) is None  # length 3 not measured

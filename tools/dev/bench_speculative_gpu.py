@@ -10,7 +10,8 @@ after every measurement (a run cut short keeps what it measured). Sections, each
   draft model for its drafts (tokens thrown away: the replay's are verified); also run with drafting free
   and the modeled figure (free decode time + each proposal's measured draft-step cost) beside it.
 - verify: per model, the verify step's ms at k drafts (every draft wrong: one token per step) against the plain
-  decode step (the engine's run-ahead calls) of the same engine and prompt: ms per step and the ratio.
+  decode step of the same engine and prompt (in the engine's run-ahead calls, and in one-step calls): ms per
+  step and the ratios.
 - aggregate: decode tok/s at many streams, plain vs speculative (code-editing rates, the adaptive plan on):
   whether the plan avoids a loss (issue target >= 0.97x).
 
@@ -35,9 +36,13 @@ from ember.tools.bench_models import load_bench_model
 from ember.tools.dev.spec_bench_parts import (
     CallTimes,
     Workload,
+    by_length,
     greedy_run,
+    modeled,
     plain_engine,
     replay_engine,
+    set_max_drafts,
+    total,
 )
 from ember.tools.dev.spec_replay import ReplayProfile, load_profiles
 
@@ -182,7 +187,7 @@ class Bench:
         for name in wanted:
             for p, ref in zip(prompts, references):
                 self._engines[name][1].record(p, ref["tokens"][0])
-        out["plain"] = _total(references)
+        out["plain"] = total(references)
         for item in a.e2e:
             workload, drafter, k = item.split("/")
             if not self.time_left(f"e2e {item}"):
@@ -200,14 +205,14 @@ class Bench:
                 finally:
                     replay.cost_drafter = cost
                 entry["drafting_free"] = free
-                entry["modeled"] = _modeled(free, self.result["sections"].get("draft-step"), out["plain"])
+                entry["modeled"] = modeled(free, self.result["sections"].get("draft-step"), out["plain"])
             out["runs"][item] = entry
             self.save()
         return out
 
     def _e2e_runs(self, what: str, drafter: str, profile: ReplayProfile, prompts, references) -> dict:
         engine, replay = self._engines[drafter]
-        _set_max_drafts(engine, profile.k)
+        set_max_drafts(engine, profile.k)
         runs = []
         for i, (p, ref) in enumerate(zip(prompts, references)):
             for _ in range(2):  # the first compiles what the second runs (same seed: the same drafts)
@@ -217,12 +222,11 @@ class Bench:
             run["off_reference"] = replay.off_reference - off  # proposals after the output left the plain one
             run["drafting_s"] = round(replay.drafting_s - drafting, 4)  # inside the draft model (0: drafting free)
             run["identical"] = self.check(f"e2e {what} prompt {i}", ref["tokens"], run.pop("tokens"))
-            run["proposals_by_length"] = _by_length(before, replay.intended.drafted_per_position)
+            run["proposals_by_length"] = by_length(before, replay.intended.drafted_per_position)
             runs.append(run)
-        total = _total(runs)
-        plain = _total(references)
-        total["speedup"] = round(total["decode_tok_s"] / plain["decode_tok_s"], 3)
-        return {"per_prompt": runs, "total": total}
+        summed, plain = total(runs), total(references)
+        summed["speedup"] = round(summed["decode_tok_s"] / plain["decode_tok_s"], 3)
+        return {"per_prompt": runs, "total": summed}
 
     # --- (a) verify step cost -------------------------------------------------------------------------------
     def verify(self) -> dict:
@@ -295,7 +299,7 @@ class Bench:
                     break
                 engine, replay = self._engines[drafter]
                 profile = self.profile("code_editing", drafter, 8)
-                _set_max_drafts(engine, profile.k)
+                set_max_drafts(engine, profile.k)
                 for p, tokens in zip(prompts, ref["tokens"]):
                     replay.record(p, tokens)
                 for _ in range(2):
@@ -326,51 +330,6 @@ class Bench:
                 (engine[0] if isinstance(engine, tuple) else engine).close()
             self.save()
         return 0 if not self.result["mismatches"] else 1
-
-
-def _set_max_drafts(engine, k: int) -> None:
-    """The most drafts per row: the engine's k (scheduler cap, adaptive plan's range) for this replay."""
-    engine.scheduler.num_speculative_tokens = k
-    if hasattr(engine.scheduler.draft_source, "max_drafts"):
-        engine.scheduler.draft_source.max_drafts = k
-
-
-def _by_length(before: list[int], after: list[int]) -> dict[int, int]:
-    """Proposals by their length n, from two drafted_per_position snapshots ([i]: drafts of more than i tokens)."""
-    diff = [x - (before[i] if i < len(before) else 0) for i, x in enumerate(after)] + [0]
-    return {n: diff[n - 1] - diff[n] for n in range(1, len(diff)) if diff[n - 1] - diff[n]}
-
-
-def _total(runs: list[dict]) -> dict:
-    seconds = sum(r["decode_s"] for r in runs)
-    keys = ("decoded_tokens", "drafts", "draft_tokens", "accepted_tokens", "drafting_s")
-    total = {k: round(sum(r.get(k, 0) for r in runs), 4) for k in keys}
-    total.update(
-        decode_s=round(seconds, 4), decode_tok_s=round(total["decoded_tokens"] / seconds, 2) if seconds else None
-    )
-    if total["drafts"]:
-        total["mean_acceptance_length"] = round(1 + total["accepted_tokens"] / total["drafts"], 3)
-    return total
-
-
-def _modeled(free: dict, draft_step: dict | None, plain: dict) -> dict | None:
-    """Drafting-free decode time plus each proposal's measured draft-model cost (draft-step's proposal_ms)."""
-    costs = (draft_step or {}).get("proposal_ms", {})
-    proposals: dict[int, int] = {}
-    for run in free["per_prompt"]:
-        for n, count in run["proposals_by_length"].items():
-            proposals[n] = proposals.get(n, 0) + count
-    if not proposals or any(n not in costs for n in proposals):
-        return None  # a proposal length whose cost was not measured
-    extra = sum(count * costs[n] / 1e3 for n, count in proposals.items())
-    seconds = free["total"]["decode_s"] + extra
-    decoded = free["total"]["decoded_tokens"]
-    return {
-        "how": "drafting-free decode seconds + sum over proposals of the draft model's measured proposal ms",
-        "draft_s": round(extra, 4),
-        "decode_tok_s": round(decoded / seconds, 2),
-        "speedup": round(decoded / seconds / plain["decode_tok_s"], 3),
-    }
 
 
 def parse_args(argv=None):

@@ -1,6 +1,7 @@
 """The pieces tools/dev/bench_speculative_gpu.py measures with: engines over one loaded model (plain, or
 speculating with a replay drafter), greedy runs of one or many requests that return their tokens, and the time
-between the engine's device calls by kind (plain decode, verify step of k drafts)."""
+between the engine's device calls by kind (plain decode, verify step of k drafts), and the report's arithmetic
+(totals over runs, proposals by length, the modeled drafting cost)."""
 
 from __future__ import annotations
 
@@ -157,3 +158,49 @@ class CallTimes:
         """From the last call holding a prefill chunk to the last call (0 when none came after it)."""
         last_prefill = max((t for t, _, _, pre in self.calls if pre), default=None)
         return 0.0 if last_prefill is None else max(0.0, self.calls[-1][0] - last_prefill)
+
+
+def set_max_drafts(engine, k: int) -> None:
+    """The most drafts per row: the engine's k (scheduler cap, adaptive plan's range) for this replay."""
+    engine.scheduler.num_speculative_tokens = k
+    if hasattr(engine.scheduler.draft_source, "max_drafts"):
+        engine.scheduler.draft_source.max_drafts = k
+
+
+def by_length(before: list[int], after: list[int]) -> dict[int, int]:
+    """Proposals by their length n, from two drafted_per_position snapshots ([i]: drafts of more than i tokens)."""
+    diff = [x - (before[i] if i < len(before) else 0) for i, x in enumerate(after)] + [0]
+    return {n: diff[n - 1] - diff[n] for n in range(1, len(diff)) if diff[n - 1] - diff[n]}
+
+
+def total(runs: list[dict]) -> dict:
+    """Several runs' counts summed, their decode tok/s over the summed seconds."""
+    seconds = sum(r["decode_s"] for r in runs)
+    keys = ("decoded_tokens", "drafts", "draft_tokens", "accepted_tokens", "drafting_s")
+    summed = {k: round(sum(r.get(k, 0) for r in runs), 4) for k in keys}
+    summed.update(
+        decode_s=round(seconds, 4), decode_tok_s=round(summed["decoded_tokens"] / seconds, 2) if seconds else None
+    )
+    if summed["drafts"]:
+        summed["mean_acceptance_length"] = round(1 + summed["accepted_tokens"] / summed["drafts"], 3)
+    return summed
+
+
+def modeled(free: dict, draft_step: dict | None, plain: dict) -> dict | None:
+    """Drafting-free decode time plus each proposal's measured draft-model cost (draft-step's proposal_ms)."""
+    costs = (draft_step or {}).get("proposal_ms", {})
+    proposals: dict[int, int] = {}
+    for run in free["per_prompt"]:
+        for n, count in run["proposals_by_length"].items():
+            proposals[n] = proposals.get(n, 0) + count
+    if not proposals or any(n not in costs for n in proposals):
+        return None  # a proposal length whose cost was not measured
+    extra = sum(count * costs[n] / 1e3 for n, count in proposals.items())
+    seconds = free["total"]["decode_s"] + extra
+    decoded = free["total"]["decoded_tokens"]
+    return {
+        "how": "drafting-free decode seconds + sum over proposals of the draft model's measured proposal ms",
+        "draft_s": round(extra, 4),
+        "decode_tok_s": round(decoded / seconds, 2),
+        "speedup": round(decoded / seconds / plain["decode_tok_s"], 3),
+    }
