@@ -66,9 +66,9 @@ def test_the_drafters_proposals_have_the_profiles_rates():
     rng = np.random.default_rng(2)
     proposals, lengths = 20_000, np.zeros(5, int)
     reached, accepted = np.zeros(4, int), np.zeros(4, int)
-    for _ in range(proposals):
+    for index in range(proposals):
         done = int(rng.integers(0, 100))
-        draft = drafter.propose(DraftContext("r", (7, 8), tuple(reference[:done])), 4).token_ids
+        draft = drafter.propose(DraftContext(f"r{index}", (7, 8), tuple(reference[:done])), 4).token_ids
         lengths[len(draft)] += 1
         right = [t == reference[done + i] for i, t in enumerate(draft)]
         for i in range(len(draft)):
@@ -85,8 +85,16 @@ def test_the_drafters_proposals_have_the_profiles_rates():
     for i, rate in enumerate(PROFILE.acceptance):
         assert _within(int(accepted[i]), int(reached[i]), rate), (i, accepted[i] / reached[i], rate)
     assert drafter.intended.accepted_per_position == accepted.tolist()
-    # a context that left its recorded continuation, and a sampled row, get no drafts
-    assert len(drafter.propose(DraftContext("r", (7, 8), (reference[0] + 1,)), 4)) == 0 and drafter.off_reference == 1
+    # a request whose output left its recorded continuation gets no drafts from there on, nor one with none
+    assert drafter.off_reference == 0
+    follows = DraftContext("x", (7, 8), tuple(reference[:5]))
+    left = DraftContext("x", (7, 8), (*reference[:5], reference[5] + 1))
+    assert drafter.propose(left, 4).token_ids == () and drafter.off_reference == 1
+    assert drafter.propose(follows, 4).token_ids == () and drafter.off_reference == 2  # it stays off
+    assert drafter.propose(DraftContext("y", (9,), ()), 4).token_ids == () and drafter.off_reference == 3
+    drafter.release("x")  # a request coming back (preempted) is looked up afresh
+    drafter.propose(follows, 4)
+    assert drafter.off_reference == 3
 
 
 @pytest.fixture(scope="module")

@@ -122,6 +122,7 @@ class ReplayDrafter:
         self.intended = AcceptanceStats()
         self.off_reference = 0  # proposals for a context that left its recorded continuation (or has none)
         self.drafting_s = 0.0  # wall seconds inside cost_drafter (the draft model's real work)
+        self._followed: dict[str, list] = {}  # request id -> [its reference or None once off it, output checked]
 
     def reset(self, profile: ReplayProfile, seed: int) -> None:
         """Replay `profile` from a fresh seeded stream (the same seed over the same requests: the same drafts)."""
@@ -135,9 +136,9 @@ class ReplayDrafter:
         row = context.row
         if k <= 0 or (row is not None and not row.params.is_greedy):
             return Draft()
-        reference = self.references.get(tuple(int(t) for t in context.prompt_ids))
+        reference = self._reference(context)
         done = len(context.output_ids)
-        if reference is None or tuple(int(t) for t in context.output_ids) != reference[:done]:
+        if reference is None:
             self.off_reference += 1
             return Draft()
         n = min(self._length(k), len(reference) - done)
@@ -159,8 +160,27 @@ class ReplayDrafter:
         return Draft(tuple(tokens))
 
     def release(self, request_id: str) -> None:
+        self._followed.pop(request_id, None)
         if self.cost_drafter is not None:
             self.cost_drafter.release(request_id)
+
+    def _reference(self, context: DraftContext) -> tuple[int, ...] | None:
+        """The request's recorded continuation while its output still follows it, else None. The output is
+        checked only past what an earlier proposal checked (a step's host time stays small)."""
+        followed = self._followed.get(context.request_id)
+        if followed is None:
+            reference = self.references.get(tuple(int(t) for t in context.prompt_ids))
+            followed = self._followed[context.request_id] = [reference, 0]
+        reference, checked = followed
+        output = context.output_ids
+        if reference is None or len(output) > len(reference) or len(output) < checked:
+            followed[0] = None  # no recording, or the output is not the recorded one's continuation
+            return None
+        if any(int(t) != r for t, r in zip(output[checked:], reference[checked : len(output)])):
+            followed[0] = None
+            return None
+        followed[1] = len(output)
+        return reference
 
     def _length(self, k: int) -> int:
         """How many tokens this proposal drafts: 0 with P(1 - draft_rate), else n with P(survival[n-1] - survival[n])."""
