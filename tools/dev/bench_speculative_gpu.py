@@ -193,9 +193,13 @@ class Bench:
             if not self.time_left(f"e2e {item}"):
                 break
             profile = self.profile(workload, drafter, int(k))
-            entry = {"profile": profile.to_dict()}
-            if drafter == "draft":
-                entry["draft_cost"] = "charged: the synthetic draft model really drafts (catch-up + k - 1 decodes)"
+            # the engine as served: the adaptive plan on, at most the recording's k drafts per row
+            entry = {"profile": profile.to_dict(), "engine_k": profile.k, "adaptive": True}
+            entry["draft_cost"] = (
+                "charged: the synthetic draft model really drafts (catch-up + k - 1 decodes)"
+                if drafter == "draft"
+                else "none: lookup drafting is treated as free"
+            )
             entry.update(self._e2e_runs(item, drafter, profile, prompts, references))
             if drafter == "draft" and self.time_left(f"e2e {item} drafting free"):
                 engine, replay = self._engines["draft"]
@@ -307,6 +311,7 @@ class Bench:
                     run = greedy_run(engine, prompts, a.output_tokens)
                 run["identical"] = self.check(f"aggregate {streams} {drafter}", ref["tokens"], run.pop("tokens"))
                 run["ratio"] = round(run["decode_tok_s"] / ref["decode_tok_s"], 3)
+                run["profile"], run["adaptive"] = profile.label, True
                 entry[drafter] = run
                 self.save()
         return out
