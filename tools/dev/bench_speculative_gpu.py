@@ -355,7 +355,7 @@ def parse_args(argv=None):
     p.add_argument("--proposals", type=int, default=8, help="timed proposals per k (draft-step)")
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--output-tokens", type=int, default=128)
-    p.add_argument("--verify-output-tokens", type=int, default=48)
+    p.add_argument("--verify-output-tokens", type=int, default=64)
     p.add_argument("--e2e-prompts", type=int, default=3)
     p.add_argument("--e2e", nargs="+", default=list(E2E), help="WORKLOAD/DRAFTER/K replays (drafter ngram or draft)")
     p.add_argument("--streams", type=int, nargs="+", default=[32, 128, 8])
