@@ -34,6 +34,22 @@ SYNTHETIC_SHAPES = {
             "tie_word_embeddings": True,
         },
     ),
+    # Qwen2.5(-Coder)-0.5B's shape: the default model's draft model (speculative decoding). Its rows of 896 are
+    # not whole 256-blocks, so `-q4_k_m` falls back to Q5_0 / Q8_0 there, as the real file does
+    "qwen2.5-0.5b": (
+        "qwen2",
+        {
+            **_QWEN2,
+            "hidden_size": 896,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 14,
+            "num_key_value_heads": 2,
+            "intermediate_size": 4864,
+            "vocab_size": 151936,
+            "max_position_embeddings": 32768,
+            "tie_word_embeddings": True,
+        },
+    ),
     # Llama-3-8B's shape; Llama 3.1's rope scaling and context length, so contexts to 32k are in range
     "llama3-8b": (
         "llama",

@@ -67,10 +67,13 @@ class Engine:
         *,
         stop_token_ids: frozenset[int] = frozenset(),
         group=None,
+        drafter=None,
     ):
         """group: process 0's LeaderGroup when several processes serve the model (runtime/multihost/mirror.py):
         every device call of the executor is sent to the other processes too, and the group breaking fails
-        every request."""
+        every request. drafter: a Drafter built by the caller instead of the one config.speculative's method
+        names (a benchmark's replay drafter, tools/dev/spec_replay.py); config.speculative still sets k, the
+        adaptive plan and its cost model."""
         config = config if config is not None else EngineConfig()
         if _deterministic_from_env():
             config = replace(config, deterministic=True)
@@ -90,7 +93,11 @@ class Engine:
         spec = config.speculative
         if spec is not None:
             check_speculation(model, spec, config.deterministic)
-        self.drafter = make_drafter(spec, model, config) if spec is not None else None
+        if drafter is not None and spec is None:
+            raise ValueError("a drafter needs config.speculative (k, the adaptive plan)")
+        if drafter is None and spec is not None:
+            drafter = make_drafter(spec, model, config)
+        self.drafter = drafter
         self.scheduler = Scheduler(
             self.kv,
             config.max_num_seqs,

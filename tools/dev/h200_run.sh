@@ -40,6 +40,8 @@
 #   tools/dev/h200_run.sh dp4a-rows  16 / 32 streams, the dp4a GEMV up to 64 rows vs its default bound
 #   tools/dev/h200_run.sh norms-ab   RMSNorm kernels: GPU test, then the batch-1 step with and without them
 #   tools/dev/h200_run.sh profile    where a batch-1 decode step's time goes: 1.5B Q4_K_M and 8B bf16
+#   tools/dev/h200_run.sh spec-bench speculative decoding (tools/dev/bench_speculative_gpu.py): verify step cost at k = 0..8,
+#                                the 0.5B draft's step, batch-1 speedup replaying the CPU's acceptance, 8 / 32 / 128 streams
 #   tools/dev/h200_run.sh xla-flags  the batch-1 decode step (plan alone) under XLA fusion flag sets, 1.5B Q4_K_M and 8B
 # Once per checkout, here (both ignored; the device tool's run carries them: carry [".whl", ".gpu"]):
 #   python3.12 -m pip download --no-deps gguf llguidance -d .whl      wheels the device image lacks
@@ -392,6 +394,24 @@ profile)
     timeout 200 python3 -m ember.tools.dev.profile_step --kernel-policy "$(policy_file)" --model synthetic:llama3-8b --tokenizer .gpu/tok \
         --concurrency 1 > "$out/profile8b.json" 2> "$out/profile8b.log"
     grep -h "tok_s\|per_step" "$out"/profile*.json ;;
+spec-bench)  # speculative decoding on synthetic models with the CPU-recorded acceptance replayed: SPEC_BUDGET_S (400)
+    # bounds every section together (compile included; a section started in time may overrun: the kill comes 150 s
+    # later and the JSON holds what was measured); SPEC_SECTIONS picks some of draft-step e2e verify aggregate;
+    # SPEC_FLAGS adds flags (e.g. --verify-models synthetic:llama3-8b-q4_k_m). Compiled executables are kept in
+    # .gpu-cache/spec for a later call on the same machine. Exit status 1: a speculative output differed from plain.
+    mkdir -p .gpu-cache/spec; export JAX_COMPILATION_CACHE_DIR=$PWD/.gpu-cache/spec
+    timeout $((${SPEC_BUDGET_S:-400} + 150)) python3 -m ember.tools.dev.bench_speculative_gpu --target h200 \
+        --tokenizer .gpu/tok --kernel-policy "$(policy_file "$GGUF_PACKED")" --commit "$commit" \
+        --out "$out/spec_bench_$commit.json" --budget-s ${SPEC_BUDGET_S:-400} ${SPEC_SECTIONS:+--sections $SPEC_SECTIONS} \
+        ${SPEC_FLAGS:-} > "$out/spec_bench.log" 2>&1
+    echo "spec-bench exit $?"; tail -n 3 "$out/spec_bench.log"
+    python3 -c "import json, sys; r = json.load(open(sys.argv[1])); s = r['sections']
+print('greedy identical:', r['greedy_identical'], 'skipped:', r['skipped'], 'section_s:', r.get('section_s'))
+for m, v in s.get('verify', {}).items(): print('verify', m, v.get('plain_step_ms'), {k: e['ratio_to_plain_step'] for k, e in v['k'].items()})
+d = s.get('draft-step', {}); print('draft step', d.get('plain_decode_step_ms'), d.get('proposal_ms'))
+for n, e in s.get('e2e', {}).get('runs', {}).items(): print('e2e', n, e['total']['speedup'], (e.get('modeled') or {}).get('speedup'))
+for c, e in s.get('aggregate', {}).get('runs', {}).items(): print('streams', c, {k: v.get('ratio') for k, v in e.items() if k != 'plain'})" \
+        "$out/spec_bench_$commit.json" ;;
 xla-flags)  # XLA_VARIANTS: ';'-separated flag sets (default below); MODELS: synthetic names
     IFS=';' read -ra variants <<< "${XLA_VARIANTS:-;--legacy_command_buffer_custom_call_targets=__gpu\$xla.gpu.triton;--xla_gpu_experimental_enable_command_buffer_on_thunks=true}"
     i=0
