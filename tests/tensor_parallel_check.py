@@ -47,6 +47,7 @@ from ember.compiler.targets.cpu import CPU, CPU_INT8_BLOCKS  # noqa: E402
 from ember.compiler.targets.mesh import MeshConfig  # noqa: E402
 from ember.runtime.engine.engine import Engine, EngineConfig  # noqa: E402
 from ember.runtime.execution.sequence_runner import SequenceRunner  # noqa: E402
+from ember.runtime.loading.device_values import dense_copier  # noqa: E402
 from ember.runtime.loading.model import Model, _jitted, load_model  # noqa: E402
 from ember.runtime.sampling.params import SamplingParams  # noqa: E402
 from ember.runtime.speculative.config import SpeculativeConfig  # noqa: E402
@@ -246,9 +247,16 @@ def check_layouts(layout: str, mesh: MeshConfig) -> dict:
                 compiled = step.lower(x, split).compile()
                 diffs.append(float(np.abs(np.asarray(compiled(x, split)) - want).max() / np.abs(want).max()))
             text = compiled.as_text()
+            if layout == "planes":  # the h200 target's dense copy of a kept GGUF weight: split as its blocks are,
+                # and equal to the whole weight's copy (the same blocks dequantized: a difference of 0)
+                dense = dense_copier(jnp.float32)(split).dense
+                diffs.append(
+                    float(np.abs(np.asarray(dense) - np.asarray(dense_copier(jnp.float32)(weight).dense)).max())
+                )
             out[f"{name} axis {axis}"] = {
                 "max_rel_diff": max(diffs),
                 "bytes_share": kept_shards.device_bytes(split) / weight.nbytes,
+                "dense_share": kept_shards.device_bytes(dense) / dense.nbytes if layout == "planes" else None,
                 "all_gathers": len(re.findall(r"\sall-gather(-start)?\(", text)),
                 "all_reduces": len(re.findall(r"\sall-reduce(-start)?\(", text)),
             }

@@ -94,7 +94,7 @@ def test_a_weight_that_cannot_split_is_kept_whole_with_one_warning(capsys):
     assert isinstance(placed, WeightGroup) and placement.kept_whole.keys() == {"attn_v.weight"}
     assert capsys.readouterr().err.count("attn_v.weight kept whole on each device") == 1
     q8 = placement.shard(jax.device_put, jnp.float32)("attn_v.weight", True, _planes("q8_0", (8, 64)))
-    assert q8.split == WeightSplit(placement.mesh, 0)  # split (over this test's one device) and marked
+    assert q8.split == WeightSplit(placement.mesh, 0) and q8.dtype == "float32"  # split from the host, marked
 
 
 def test_the_memory_check_counts_one_devices_share_of_kept_weights():

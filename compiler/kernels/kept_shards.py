@@ -128,6 +128,13 @@ def place_split(w, split: WeightSplit):
     return jax.tree.unflatten(treedef, placed)._replace(split=split)
 
 
+def dense_like(dense: jax.Array, split: WeightSplit | None) -> jax.Array:
+    """A kept weight's dense [out, in] copy placed split as the weight is (None: as it is)."""
+    if split is None:
+        return dense
+    return jax.device_put(dense, NamedSharding(split.mesh, _spec(dense.ndim, split.axis, split.name)))
+
+
 def local_weight(w):
     """The weight as one device holds it inside shard_map: its shape divided along the split, no split."""
     if isinstance(w, QuantizedWeight):

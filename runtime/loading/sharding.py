@@ -35,6 +35,7 @@ from ...compiler.expr import evaluate
 from ...compiler.kernels.kept_shards import BlockBoundaryError, WeightSplit, place_split
 from ...compiler.spec import ModelSpec
 from ...compiler.targets.mesh import MESH_AXIS, MeshConfig
+from .device_values import host_form
 from .dims import Dims
 
 
@@ -106,16 +107,20 @@ class Placement:
         """A paged pool [blocks, block_size, hkv, dh]."""
         return self.sharding((None, None, MESH_AXIS, None) if self.kv_heads_split else ())
 
-    def shard(self, to_device: Callable[[Any], Any], dtype) -> Callable[[str, bool, Any], Any]:
-        """load_params' `shard`: a float weight straight from the host to its shards; a kept quantized one placed
-        by `to_device` (one weight at a time on the first device), then split along whole blocks where the
-        manifest splits it (`split_kept`), else replicated over the mesh."""
+    def shard(
+        self, to_device: Callable[[Any], Any], dtype, kept_layout: str = "planes"
+    ) -> Callable[[str, bool, Any], Any]:
+        """load_params' `shard`: a float weight straight from the host to its shards; a kept quantized one split
+        along whole blocks where the manifest splits it (`split_kept`), else replicated over the mesh: from the
+        host too where its device form is made there (GGUF planes, FP8: device_values.host_form), else placed by
+        `to_device` first (int8 blocks, repacked on the first device one weight at a time)."""
 
         def place(name: str, layer: bool, value):
             if isinstance(value, np.ndarray) and value.dtype.kind == "f":
                 return jax.device_put(np.asarray(value, dtype), self.weight_sharding(name, layer, value.ndim))
             axis = self.splits["layer" if layer else "global"].get(name)
-            placed = to_device(value)
+            placed = host_form(value, dtype, kept_layout) if axis is not None else None
+            placed = to_device(value) if placed is None else placed
             return self.replicate(placed) if axis is None else self.split_kept(name, placed, axis)
 
         return place
@@ -133,7 +138,8 @@ class Placement:
 
     def replicate(self, tree):
         everywhere = self.sharding()
-        return jax.tree.map(lambda a: jax.device_put(a, everywhere) if isinstance(a, jax.Array) else a, tree)
+        placed = (jax.Array, np.ndarray)  # a host form (host_form) of a weight that could not split goes too
+        return jax.tree.map(lambda a: jax.device_put(a, everywhere) if isinstance(a, placed) else a, tree)
 
     def shards(self, name: str, is_global: bool) -> int:
         """How many devices hold a part of the weight `name` (1: it is whole on each)."""
