@@ -210,7 +210,7 @@ def _layout_weights(layout: str) -> dict[str, object]:
     and 4 ways in whole blocks, and a Q4_K of one block per row."""
     rng = np.random.default_rng(7)
     if layout == "fp8":
-        w = rng.standard_normal((256, 512)).astype(np.float32) * 0.05
+        w = rng.standard_normal((512, 512)).astype(np.float32) * 0.05
         return {"fp8": quantize_fp8(w), "fp8_block": quantize_fp8(w, blocked=True)}
     # q4_k_cut: one 256-element block per row, which a row split would cut (refused)
     shapes = {"q4_k": (128, 1024), "q6_k": (64, 1024), "q8_0": (128, 128), "q4_k_cut": (64, 256)}
