@@ -55,9 +55,9 @@ def test_h200_target_plans_on_two_gpus_match_one_gpu():
 def test_kept_gguf_planes_and_fp8_split_in_whole_blocks_run_their_kernels_per_shard():
     """Random Q4_K / Q6_K / Q8_0 planes and FP8 weights split along out and along in over 2 GPUs: the Triton
     GEMVs (1 row) and the many-row paths per shard match the whole weight's, each GPU holds half the bytes, and
-    no weight is gathered; then the Q4_K_M GGUF on the h200 plans over 2 GPUs (their fused ops read q/k/v, o and
-    the experts whole: the vocabulary's kept weights split; on a 2-device CPU mesh each device held 0.62 of the
-    weight bytes, logits within 0.0625 of 9.6)."""
+    no weight is gathered; then the Q4_K_M GGUF on the h200 plans over 2 GPUs (the embedding and head split as
+    planes, the experts as floats; the fused ops read q/k/v and o whole: on a 2-device CPU mesh each device held
+    0.62 of the weight bytes, logits within 0.0625 of 9.6)."""
     results = _run_on_gpus("--layouts", "planes:2", "--layouts", "fp8:2")
     for name, result in results.items():
         assert set(result["refused"]) == ({"q4_k_cut axis 1"} if "planes" in name else set()), (name, result)
