@@ -230,6 +230,7 @@ def check_layouts(layout: str, mesh: MeshConfig) -> dict:
     devices = Mesh(np.array(jax.devices()[: mesh.tensor_parallel]), ("tp",))
     linear = cpu_linear.linear if layout == "int8_blocks" else kept_linear.linear
     step = jax.jit(linear)
+    invariant_step = jax.jit(cpu_linear.linear_invariant)  # the deterministic plans' form
     rng = np.random.default_rng(8)
     out, refused = {}, {}
     for name, weight in _layout_weights(layout).items():
@@ -253,8 +254,17 @@ def check_layouts(layout: str, mesh: MeshConfig) -> dict:
                 diffs.append(
                     float(np.abs(np.asarray(dense) - np.asarray(dense_copier(jnp.float32)(weight).dense)).max())
                 )
+            invariant = None
+            if layout == "int8_blocks":  # deterministic mode's premise: a row's bits do not depend on its batch
+                rows, others = xs[1], xs[1].at[:5].set(xs[1][:5] * 3 + 1)
+                alone = invariant_step(rows[5:6], split)[0]
+                invariant = bool(
+                    (invariant_step(rows, split)[5] == alone).all()
+                    and (invariant_step(others, split)[5] == alone).all()
+                )
             out[f"{name} axis {axis}"] = {
                 "max_rel_diff": max(diffs),
+                "batch_invariant": invariant,
                 "bytes_share": kept_shards.device_bytes(split) / weight.nbytes,
                 "dense_share": kept_shards.device_bytes(dense) / dense.nbytes if layout == "planes" else None,
                 "all_gathers": len(re.findall(r"\sall-gather(-start)?\(", text)),

@@ -193,6 +193,7 @@ def _assert_layouts(name: str, result: dict) -> None:
         assert figures["all_reduces"] == int(weight.endswith("axis 1")), (name, weight, figures)
         assert figures["bytes_share"] < 1 / devices + 0.01, (name, weight, figures)
         assert figures["dense_share"] in (None, 1 / devices), (name, weight, figures)  # planes: the dense copy too
+        assert figures["batch_invariant"] in (None, True), (name, weight, figures)  # int8 blocks, per shard
     cut = {"q4_k_cut axis 1"} if name.startswith("layouts planes") else set()  # int8 blocks: 32-element blocks
     assert set(result["refused"]) == cut, (name, result)
 
@@ -201,13 +202,14 @@ def test_tiny_models_on_two_and_four_devices_match_one_device():
     """Each family's tiny checkpoint (dense with biases, one KV head, experts by expert, hybrid) and the Q4_K_M
     GGUF kept as int8 blocks split along whole blocks; the engine serving concurrent requests with preemption on
     a pool split over KV heads; deterministic mode bit-exact run to run and alone vs beside other requests on the
-    mesh; n-gram speculation's greedy tokens equal to plain decoding's; the h200 target's kept layouts (GGUF
-    planes, FP8) split, their projections per shard on the kernels' reference forms."""
+    mesh; n-gram speculation's greedy tokens equal to plain decoding's; every kept layout (the h200 target's GGUF
+    planes and FP8 on their kernels' reference forms, the cpu target's int8 blocks on its native kernel, batch-
+    invariant per shard as deterministic mode needs) split, their projections run per shard."""
     results = _run_check(
         *("--case", "qwen2:2", "--case", "gemma3:4", "--case", "qwen3_moe:4:ep", "--case", "qwen3_5:2"),
         *("--case", "qwen3_moe_kquant:2", "--engine", "qwen3:2", "--deterministic", "qwen3:2"),
         *("--speculative", "qwen3:2", "--mesh-error", "qwen3:8"),
-        *("--layouts", "planes:2", "--layouts", "fp8:2"),  # int8 blocks: the kquant case runs them split
+        *("--layouts", "planes:2", "--layouts", "fp8:2", "--layouts", "int8_blocks:2"),
         timeout=400,
     )
     _assert_cases(results)
