@@ -45,7 +45,8 @@ ACTIVATION_CHUNK = 32  # cpu_gemv/matmul.py CHUNK: the int8-block kernel quantiz
 
 
 class BlockBoundaryError(ValueError):
-    """A mesh split of a kept weight that would cut one of its blocks (or does not divide its axis)."""
+    """A mesh split of a kept weight that would cut one of its blocks, does not divide its axis, or is of a
+    layout that is not split (NVFP4, a WeightGroup)."""
 
 
 @dataclass(frozen=True)

@@ -149,10 +149,10 @@ class Placement:
         return sum(len(section) for section in self.splits.values())
 
     def describe(self) -> str:
-        """For the startup line: the mesh, how many weights are split (and kept whole for their blocks), what the
-        KV pool does."""
+        """For the startup line: the mesh, how many weights are split (and how many kept weights stayed whole),
+        what the KV pool does."""
         pools = "KV heads split" if self.kv_heads_split else "KV pool replicated"
-        whole = f" ({len(self.kept_whole)} kept quantized whole: a split would cut a block)" if self.kept_whole else ""
+        whole = f" ({len(self.kept_whole)} kept quantized whole: see the warnings)" if self.kept_whole else ""
         return f"{self.config.describe()}: {self.split_count()} weights split{whole}, {pools}"
 
 
