@@ -163,9 +163,8 @@ def per_shard(matmul: Callable, x: jax.Array, w) -> jax.Array:
     passed = [i for i, leaf in enumerate(leaves) if leaf.size]
 
     def body(x_shard, *passed_leaves):
-        local_leaves = [jnp.zeros(leaf.shape, leaf.dtype) for leaf in leaves]
-        for i, leaf in zip(passed, passed_leaves):
-            local_leaves[i] = leaf
+        given = dict(zip(passed, passed_leaves))
+        local_leaves = [given[i] if i in given else jnp.zeros(leaf.shape, leaf.dtype) for i, leaf in enumerate(leaves)]
         y = matmul(x_shard, jax.tree.unflatten(treedef, local_leaves))
         return y if column else jax.lax.psum(y, split.name)
 
