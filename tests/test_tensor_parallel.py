@@ -163,25 +163,54 @@ def _assert_cases(results: dict) -> None:
             assert result["tokens_equal"], (name, result)
             assert result["max_logit_diff"] < 1e-4 * max(1.0, result["logit_scale"]), (name, result)
             assert result["weights_split"] > 0 and len(result["devices"]) == int(name.split(":")[1]), (name, result)
-            # XLA partitioned the step as split: partial sums all-reduced, no float tensor (a weight) gathered whole;
-            # not so around the native int8-block kernel, a custom call XLA runs on whole operands
+            # XLA partitioned the step as split: partial sums all-reduced, no float tensor (a weight) gathered whole
+            # (kept int8 blocks too: their native kernel runs per shard inside shard_map)
             collectives = result["decode_collectives"]
             assert collectives["all-reduce"] > 0, (name, result)
-            assert collectives["float all-gather"] == 0 or "kquant" in name, (name, result)
+            assert collectives["float all-gather"] == 0, (name, result)
+            if "kquant" in name:  # kept weights split along whole blocks: each device holds ~1/N of the weights
+                devices = int(name.split(":")[1])
+                assert result["kept_split"] > 0 and collectives["all-gather"] == 0, (name, result)
+                assert result["weight_bytes_share"] < 1.1 / devices, (name, result)
         elif name.startswith("engine"):
             assert result["tokens_equal"] and result["blocks_returned"], (name, result)
         elif name.startswith("deterministic"):
             assert result["run_to_run"] and result["alone_vs_loaded"] and result["tokens"] > 0, (name, result)
+        elif name.startswith("speculative"):  # greedy with drafts == greedy without, and drafts were accepted
+            assert result["tokens_equal"] and result["accepted"] > 0, (name, result)
+        elif name.startswith("layouts"):
+            _assert_layouts(name, result)
+
+
+def _assert_layouts(name: str, result: dict) -> None:
+    """A kept layout's weights split over the mesh: the projection per shard equals the whole weight's (a row
+    split's partial sums added in another order: float rounding), each device holds 1/N of the codes (an FP8
+    per-channel scale stays whole under a row split), a column split needs no collective and a row split one
+    all-reduce, no weight is gathered; a split that would cut a GGUF block is refused."""
+    devices = int(name.split(":")[1])
+    for weight, figures in result["weights"].items():
+        assert figures["max_rel_diff"] < 1e-5 and figures["all_gathers"] == 0, (name, weight, figures)
+        assert figures["all_reduces"] == int(weight.endswith("axis 1")), (name, weight, figures)
+        assert figures["bytes_share"] < 1 / devices + 0.01, (name, weight, figures)
+        assert figures["dense_share"] in (None, 1 / devices), (name, weight, figures)  # planes: the dense copy too
+        assert figures["batch_invariant"] in (None, True), (name, weight, figures)  # int8 blocks, per shard
+    cut = {"q4_k_cut axis 1"} if name.startswith("layouts planes") else set()  # int8 blocks: 32-element blocks
+    assert set(result["refused"]) == cut, (name, result)
 
 
 def test_tiny_models_on_two_and_four_devices_match_one_device():
-    """Each family's tiny checkpoint (dense with biases, one KV head, experts by expert, hybrid); the engine
-    serving concurrent requests with preemption on a pool split over KV heads; deterministic mode bit-exact run
-    to run and alone vs beside other requests on the mesh."""
+    """Each family's tiny checkpoint (dense with biases, one KV head, experts by expert, hybrid) and the Q4_K_M
+    GGUF kept as int8 blocks split along whole blocks; the engine serving concurrent requests with preemption on
+    a pool split over KV heads; deterministic mode bit-exact run to run and alone vs beside other requests on the
+    mesh; n-gram speculation's greedy tokens equal to plain decoding's; every kept layout (the h200 target's GGUF
+    planes and FP8 on their kernels' reference forms, the cpu target's int8 blocks on its native kernel, batch-
+    invariant per shard as deterministic mode needs) split, their projections run per shard."""
     results = _run_check(
         *("--case", "qwen2:2", "--case", "gemma3:4", "--case", "qwen3_moe:4:ep", "--case", "qwen3_5:2"),
-        *("--engine", "qwen3:2", "--deterministic", "qwen3:2", "--mesh-error", "qwen3:8"),
-        timeout=300,
+        *("--case", "qwen3_moe_kquant:2", "--engine", "qwen3:2", "--deterministic", "qwen3:2"),
+        *("--speculative", "qwen3:2", "--mesh-error", "qwen3:8"),
+        *("--layouts", "planes:2", "--layouts", "fp8:2", "--layouts", "int8_blocks:2"),
+        timeout=400,
     )
     _assert_cases(results)
     dense = results["case qwen2:2"]
@@ -194,10 +223,11 @@ def test_tiny_models_on_two_and_four_devices_match_one_device():
 @pytest.mark.slow
 def test_every_family_at_two_and_four_devices_deterministic_mode_and_speculation():
     cases = [f"{arch}:{n}" for arch in ("llama", "qwen2", "qwen3", "gemma3", "qwen3_moe", "qwen3_5") for n in (2, 4)]
-    cases += ["qwen3_moe:2:ep", "qwen3_5_moe:4:ep", "qwen3_5_moe:2", "qwen3_next:2", "qwen3_moe_kquant:2"]
+    cases += ["qwen3_moe:2:ep", "qwen3_5_moe:4:ep", "qwen3_5_moe:2", "qwen3_next:2", "qwen3_moe_kquant:4"]
     args = [a for case in cases for a in ("--case", case)]
     args += ["--engine", "gemma3:4", "--engine", "qwen3_5:2"]
-    args += ["--deterministic", "qwen3:4", "--speculative", "qwen3:2"]
+    args += ["--deterministic", "qwen3:4", "--speculative", "qwen3:4", "--speculative-draft", "qwen3:2"]
+    args += ["--layouts", "planes:4", "--layouts", "int8_blocks:4", "--layouts", "fp8:4"]
     results = _run_check(*args, timeout=1200)
     _assert_cases(results)
     # the pool replicated (one KV head over 4 devices) under preemption; the hybrid's slot state beside it

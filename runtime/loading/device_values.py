@@ -16,10 +16,23 @@ from ...compiler.kernels.cpu_gemv.layout import from_quantized
 from ...compiler.kernels.dense_gemv.fp8 import Fp8Weight
 from ...compiler.kernels.gguf_gemv.layout import DenseBacked, QuantizedWeight, WeightGroup
 from ...compiler.kernels.gguf_gemv.reference import dequantize
+from ...compiler.kernels.kept_shards import dense_like
 from ...compiler.kernels.moe.packed import is_packed_experts
 from ...compiler.kernels.nvfp4.reference import Nvfp4Weight
 from .fp8_checkpoint import HostFp8
 from .nvfp4_checkpoint import HostNvfp4
+
+
+def host_form(value, dtype, kept_layout: str = "planes"):
+    """A kept value in the form device_placer gives it, its arrays still on the host (so a mesh placement sends
+    each device only its shard): FP8 values and scales, GGUF planes tagged with `dtype`; None where the form is
+    made on the device (int8 blocks: a jitted repack) or the value is not kept."""
+    name = np.dtype(dtype).name
+    if isinstance(value, HostFp8):
+        return Fp8Weight(value.values, np.asarray(value.scale, np.float32), name)
+    if isinstance(value, QuantizedWeight) and kept_layout == "planes" and not is_packed_experts(value):
+        return value._replace(dtype=name)
+    return None
 
 
 def device_placer(dtype, kept_layout: str = "planes") -> Callable[[Any], Any]:
@@ -62,8 +75,8 @@ def dense_copier(dtype) -> Callable[[Any], Any]:
     def copy(value):
         if is_packed_experts(value):  # read only where chosen: no copy (a 30B-A3B's would be ~57 GB)
             return value
-        if isinstance(value, QuantizedWeight):
-            return DenseBacked(value, dense_part(value))
+        if isinstance(value, QuantizedWeight):  # split over a mesh: the copy split as the blocks are
+            return DenseBacked(value, dense_like(dense_part(value), value.split))
         # a group holds at least one kept part (_combine merges float parts); FP8 parts get no copy
         if isinstance(value, WeightGroup) and not any(isinstance(p, (Fp8Weight, Nvfp4Weight)) for p in value.parts):
             return DenseBacked(value, jnp.concatenate([dense_part(p) for p in value.parts], axis=0))

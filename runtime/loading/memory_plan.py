@@ -77,7 +77,7 @@ def planned_weight_bytes(
     spec, manifest: dict, ckpt, resolved, dtype, keep_formats, dense_copies: bool, shards=None, keep_experts=()
 ) -> int:
     """Device bytes the loader will place for the model's weights (module docstring); on a device mesh, `shards`
-    (name, global?) -> how many devices split that float weight (runtime/loading/sharding.py Placement.shards),
+    (name, global?) -> how many devices split that weight (runtime/loading/sharding.py Placement.shards),
     and the bytes are one device's. keep_experts: the formats of expert stacks kept packed (no dense copy)."""
     loader = WeightLoader(spec, ckpt, resolved, tuple(keep_formats), tuple(keep_experts))
     gathered = gathered_only_weights(spec)
@@ -96,9 +96,12 @@ def planned_weight_bytes(
         if kept is None:
             total += elements * itemsize // (1 if shards is None else shards(weight_name, is_global))
             continue
-        total += kept
+        # a kept weight split over a mesh holds whole blocks per device: its share (one kept whole because a
+        # shard would cut a block is counted short here; the warning at load names it)
+        share = 1 if shards is None else shards(weight_name, is_global)
+        total += kept // share
         if dense_copies and weight_name.split(".")[0] not in gathered and ckpt.format == "gguf" and len(expected) == 2:
-            total += elements * itemsize
+            total += elements * itemsize // share
     return total
 
 

@@ -303,7 +303,7 @@ def load_model(
         keep_formats=policy.weights.quantized_formats,
         keep_experts=packed_experts,
         dense_copy=dense_copier(dtype) if policy.weights.dense_copies else None,
-        shard=None if placement is None else placement.shard(place, dtype),
+        shard=None if placement is None else placement.shard(place, dtype, policy.weights.kept_layout),
     )
     if placement is not None:  # layer constants (RoPE frequencies, windows) on every device
         params = params._replace(constants=placement.replicate(params.constants))

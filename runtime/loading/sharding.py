@@ -8,7 +8,10 @@ partitions every step, inserting the all-reduces and gathers. Nothing here runs 
 - A weight the manifest splits is placed split from the host (each device receives its shard only); a split
   whose dimension does not divide by the mesh is kept whole, except a head count of at least as many heads as
   devices, which is an error (MeshError: the mesh must divide the attention heads).
-- Kept quantized weights (packed GGUF blocks, FP8, NVFP4) are replicated: their blocks are not split yet.
+- Kept quantized weights (GGUF blocks as planes or int8 blocks, FP8 and its scales) are split as the manifest
+  says along whole blocks (compiler/kernels/kept_shards.py), and carry their split so their kernels run per
+  shard; a split that would cut a block keeps that weight whole on every device, with a warning line (the step
+  stays correct: XLA gathers the split activation it reads). NVFP4 weights are replicated.
 - Paged KV pools [blocks, block_size, hkv, dh] are split over the KV heads when those divide by the mesh,
   replicated otherwise (fewer KV heads than devices); recurrent slot state is replicated.
 """
@@ -17,9 +20,10 @@ from __future__ import annotations
 
 import atexit
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +32,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ...compiler.expr import evaluate
+from ...compiler.kernels.kept_shards import BlockBoundaryError, WeightSplit, place_split
 from ...compiler.spec import ModelSpec
 from ...compiler.targets.mesh import MESH_AXIS, MeshConfig
+from .device_values import host_form
 from .dims import Dims
 
 
@@ -85,6 +91,8 @@ class Placement:
     mesh: Mesh
     splits: dict[str, dict[str, int]]  # {"global"|"layer": {weight name: split axis}}
     kv_heads_split: bool  # paged pools split over their KV heads (else replicated)
+    # kept weights the manifest splits but left whole, and why (filled while loading)
+    kept_whole: dict[str, str] = field(default_factory=dict, compare=False)
 
     def sharding(self, spec: tuple = ()) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec(*spec))
@@ -99,32 +107,53 @@ class Placement:
         """A paged pool [blocks, block_size, hkv, dh]."""
         return self.sharding((None, None, MESH_AXIS, None) if self.kv_heads_split else ())
 
-    def shard(self, to_device: Callable[[Any], Any], dtype) -> Callable[[str, bool, Any], Any]:
-        """load_params' `shard`: a float weight straight from the host to its shards; anything else (kept
-        quantized formats) placed by `to_device` and replicated over the mesh."""
+    def shard(
+        self, to_device: Callable[[Any], Any], dtype, kept_layout: str = "planes"
+    ) -> Callable[[str, bool, Any], Any]:
+        """load_params' `shard`: a float weight straight from the host to its shards; a kept quantized one split
+        along whole blocks where the manifest splits it (`split_kept`), else replicated over the mesh: from the
+        host too where its device form is made there (GGUF planes, FP8: device_values.host_form), else placed by
+        `to_device` first (int8 blocks, repacked on the first device one weight at a time)."""
 
         def place(name: str, layer: bool, value):
             if isinstance(value, np.ndarray) and value.dtype.kind == "f":
                 return jax.device_put(np.asarray(value, dtype), self.weight_sharding(name, layer, value.ndim))
-            return self.replicate(to_device(value))
+            axis = self.splits["layer" if layer else "global"].get(name)
+            placed = host_form(value, dtype, kept_layout) if axis is not None else None
+            placed = to_device(value) if placed is None else placed
+            return self.replicate(placed) if axis is None else self.split_kept(name, placed, axis)
 
         return place
 
+    def split_kept(self, name: str, weight, axis: int):
+        """A kept weight split along `axis` in whole blocks, recording its WeightSplit; kept whole on every
+        device (one warning line per weight name) where a shard would cut a block or the format is not split."""
+        try:
+            return place_split(weight, WeightSplit(self.mesh, axis))
+        except BlockBoundaryError as error:
+            if name not in self.kept_whole:
+                self.kept_whole[name] = str(error)
+                print(f"ember: warning: {name} kept whole on each device ({error})", file=sys.stderr)
+            return self.replicate(weight)
+
     def replicate(self, tree):
         everywhere = self.sharding()
-        return jax.tree.map(lambda a: jax.device_put(a, everywhere) if isinstance(a, jax.Array) else a, tree)
+        placed = (jax.Array, np.ndarray)  # a host form (host_form) of a weight that could not split goes too
+        return jax.tree.map(lambda a: jax.device_put(a, everywhere) if isinstance(a, placed) else a, tree)
 
     def shards(self, name: str, is_global: bool) -> int:
-        """How many devices hold a part of the float weight `name` (1: it is whole on each)."""
+        """How many devices hold a part of the weight `name` (1: it is whole on each)."""
         return self.config.tensor_parallel if name in self.splits["global" if is_global else "layer"] else 1
 
     def split_count(self) -> int:
         return sum(len(section) for section in self.splits.values())
 
     def describe(self) -> str:
-        """For the startup line: the mesh, how many weights are split, what the KV pool does."""
+        """For the startup line: the mesh, how many weights are split (and how many kept weights stayed whole),
+        what the KV pool does."""
         pools = "KV heads split" if self.kv_heads_split else "KV pool replicated"
-        return f"{self.config.describe()}: {self.split_count()} weights split, {pools}"
+        whole = f" ({len(self.kept_whole)} kept quantized whole: see the warnings)" if self.kept_whole else ""
+        return f"{self.config.describe()}: {self.split_count()} weights split{whole}, {pools}"
 
 
 def make_placement(config: MeshConfig, manifest: dict, dims: Dims) -> Placement:

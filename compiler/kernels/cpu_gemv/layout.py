@@ -14,7 +14,7 @@ so `scale * code - offset` is bit for bit what gguf_gemv/reference.py's dequanti
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +28,7 @@ class BlockQ8Weight(NamedTuple):
     scale: jax.Array  # float32 [out, in / block]
     offset: jax.Array  # float32 [out, in / block], or [0]: no offsets
     dtype: str | None = None  # what a gather's dequantized rows come out as (the activation dtype); None: float32
+    split: Any = None  # a kept_shards.WeightSplit where the weight is split over a device mesh, else None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -44,8 +45,8 @@ class BlockQ8Weight(NamedTuple):
 
 jax.tree_util.register_pytree_node(
     BlockQ8Weight,
-    lambda w: ((w.codes, w.scale, w.offset), w.dtype),
-    lambda dtype, children: BlockQ8Weight(*children, dtype),
+    lambda w: ((w.codes, w.scale, w.offset), (w.dtype, w.split)),
+    lambda aux, children: BlockQ8Weight(*children, *aux),
 )
 
 NO_OFFSET = (0,)

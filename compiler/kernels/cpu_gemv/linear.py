@@ -4,6 +4,8 @@ Same signatures as compiler/kernels/dense_gemv/reference.py and embedding.py; pe
   plain array        the reference op (fp32 weights: HF checkpoints, GGUF formats not kept)
   BlockQ8Weight      rows <= quant_gemv.gemv_max_rows: block_q8_matmul (int8 activations, the native kernel);
                      more rows: dequantized to float32 and the reference matmul (XLA's GEMM)
+  split BlockQ8Weight the above on each device's blocks (kept_shards.per_shard: the native kernel is a custom
+                     call XLA would otherwise run on the weight gathered whole)
   WeightGroup        one of the above per part (q/k beside a v of another format), outputs side by side
 
 The deterministic plans take the `*_invariant` forms: the kernel at every row count, so a row's result is the
@@ -19,6 +21,7 @@ from ember.compiler.kernels.cpu_gemv.layout import BlockQ8Weight, dequantize, ta
 from ember.compiler.kernels.cpu_gemv.matmul import block_q8_matmul
 from ember.compiler.kernels.dense_gemv import reference as linear_ref
 from ember.compiler.kernels.gguf_gemv.layout import WeightGroup
+from ember.compiler.kernels.kept_shards import per_shard
 from ember.compiler.targets.policy import kernel_policy
 
 
@@ -26,6 +29,8 @@ def _matmul(x, w, invariant: bool):
     # x [N, k] @ w.T -> [N, out]; w a BlockQ8Weight or a float [out, k] array
     if not isinstance(w, BlockQ8Weight):
         return linear_ref.linear(x, w)
+    if w.split is not None:  # split over a mesh: the same choice on each device's blocks
+        return per_shard(lambda xs, ws: _matmul(xs, ws, invariant), x, w)
     if invariant or x.shape[0] <= kernel_policy().quant_gemv.gemv_max_rows:
         return block_q8_matmul(x, w)
     return linear_ref.linear(x, dequantize(w).astype(x.dtype))

@@ -44,6 +44,7 @@ class Fp8Weight(NamedTuple):
     values: jax.Array  # float8_e4m3fn [out, in]
     scale: jax.Array  # float32 [out] (per channel) or [ceil(out / 128), ceil(in / 128)] (blocks)
     dtype: str | None = None
+    split: object = None  # a kernels/kept_shards.py WeightSplit where the weight is split over a device mesh
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -59,7 +60,7 @@ class Fp8Weight(NamedTuple):
 
 
 jax.tree_util.register_pytree_node(
-    Fp8Weight, lambda w: ((w.values, w.scale), (w.dtype,)), lambda aux, children: Fp8Weight(*children, *aux)
+    Fp8Weight, lambda w: ((w.values, w.scale), (w.dtype, w.split)), lambda aux, children: Fp8Weight(*children, *aux)
 )
 
 

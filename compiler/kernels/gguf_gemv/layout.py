@@ -73,6 +73,7 @@ class QuantizedWeight(NamedTuple):
     format: str
     shape: tuple[int, int]  # (out, in)
     dtype: str | None = None
+    split: Any = None  # a kernels/kept_shards.py WeightSplit where the planes are split over a device mesh
 
     @property
     def nbytes(self) -> int:
@@ -83,7 +84,7 @@ class QuantizedWeight(NamedTuple):
 # A pytree whose only leaves are the planes, so `jax.jit`, `device_put` and sharding see arrays only.
 jax.tree_util.register_pytree_node(
     QuantizedWeight,
-    lambda w: ((w.planes,), (w.format, w.shape, w.dtype)),
+    lambda w: ((w.planes,), (w.format, w.shape, w.dtype, w.split)),
     lambda aux, children: QuantizedWeight(children[0], *aux),
 )
 

@@ -11,6 +11,9 @@ the (static) row count:
                          mixed steps): compute-bound, so the one-off dequantization is amortised; or, with
                          the policy's quant_gemv.many_rows "gemm" (uses_gemm), the quantized GEMM of
                          compiler/kernels/gguf_gemm/, which reads only the packed blocks
+  split QuantizedWeight / Fp8Weight (over a device mesh: compiler/kernels/kept_shards.py)
+                         the above on each device's blocks inside shard_map (kept_shards.per_shard): the
+                         kernels are custom calls XLA would run on the weight gathered whole
   WeightGroup            one of the above per part (parts of different formats), outputs side by side
   DenseBacked            a kept weight and its dense copy (made at load): the kept form up to
                          quant_gemv.dense_copy_gemv_max_rows rows, the copy's plain matmul above (no per-call dequantization)
@@ -41,6 +44,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ember.compiler.kernels import activation
 from ember.compiler.kernels import embedding as embedding_ref
@@ -67,6 +71,7 @@ from ember.compiler.kernels.gguf_gemv.matmul import (
     split_columns,
 )
 from ember.compiler.kernels.gguf_gemv.reference import dequantize
+from ember.compiler.kernels.kept_shards import per_shard
 from ember.compiler.kernels.nvfp4 import Nvfp4Weight, nvfp4_matmul
 from ember.compiler.kernels.split_columns.kernel import split_three
 from ember.compiler.kernels.triton.available import triton_available
@@ -86,6 +91,8 @@ def quant_backend() -> str:
 def _matmul(x, w):
     # x [N, k] (an array or a QuantizedInput) @ part.T -> [N, out]; w a QuantizedWeight, an Fp8Weight or a
     # float [out, k] array
+    if _split(w):  # split over a mesh: the same choice on each device's blocks, its own activations made there
+        return per_shard(_matmul, _array(x), w)
     rows = _rows(x)
     if isinstance(w, QuantizedWeight) and rows <= gemv_max_rows(w.format):
         return quant_matmul(_array(x), w, backend=quant_backend(), activations=_activations(x, w))
@@ -183,6 +190,11 @@ def form_for_rows(rows: int, weight):
     return weight
 
 
+def _split(w) -> bool:
+    """Whether w is a kept weight split over a device mesh (kept_shards.py): its kernels run per shard."""
+    return isinstance(w, (QuantizedWeight, Fp8Weight)) and w.split is not None
+
+
 def _add_bias(y, bias):
     return y if bias is None else y + bias.astype(y.dtype)
 
@@ -208,6 +220,8 @@ def linear_split(x, weight, bias=None, *, sizes):
         if bias is None and use_dense_gemv(_array(x), weight):  # one launch writes each projection
             return dense_gemv_parts(_array(x), weight, tuple(sizes))
         return split_three(linear_ref.linear(_array(x), weight, bias), sizes)  # the GEMM, then one split
+    if _split(weight):  # per shard, then plain slices (a fused split would run on the gathered output)
+        return tuple(jnp.split(linear(x, weight, bias), list(np.cumsum(sizes)[:-1]), axis=-1))
     parts = weight.parts if isinstance(weight, WeightGroup) else (weight,)
     runs = _sizes_per_part(parts, tuple(sizes))
     if runs is None:  # a part straddles two projections: the packed product, then slices
@@ -249,7 +263,12 @@ def gated_linear(gate_up, weight, *, act, partials=False):
     # quant_gemv.split_k_partials is off: summed here as before)
     partials = partials and kernel_policy().quant_gemv.split_k_partials
     kept = _form(gate_up, weight)
-    if act == "silu" and isinstance(kept, QuantizedWeight) and gate_up.shape[0] <= gemv_max_rows(kept.format):
+    if (
+        act == "silu"
+        and isinstance(kept, QuantizedWeight)
+        and not _split(kept)
+        and gate_up.shape[0] <= gemv_max_rows(kept.format)
+    ):
         return quant_matmul_silu_gated(gate_up, kept, backend=quant_backend(), partials=partials)
     return linear(activation.gated_act_packed(gate_up, act=act), weight)
 
@@ -260,7 +279,7 @@ def gated_mlp(x, gate_up, down, *, act, partials=False):
     # kernel between the two GEMVs); every other weight runs the two ops the pass replaced, linear then
     # gated_linear
     kept = _form(x, gate_up)
-    if act == "silu" and isinstance(kept, Fp8Weight):
+    if act == "silu" and isinstance(kept, Fp8Weight) and not _split(kept):
         return linear(fp8_linear_gate_up_silu(_array(x), kept), down)
     if act == "silu" and use_dense_gemv(_array(x), kept):  # (GGUF weights have no ndim: never taken)
         return linear(dense_gemv_gate_up(_array(x), kept), down)
