@@ -86,7 +86,7 @@ def gated_rms_norm_heads(x, gate, weight, *, eps, heads):
 def gated_rms_norm_heads_invariant(x, gate, weight, *, eps, heads):
     """gated_rms_norm_heads with the mean of squares summed in a fixed order: a row's bits do not depend on
     how many rows the array holds (XLA CPU's mean over [N, heads, n] does: the engine's logprobs moved in the
-    last bits beside other requests on the tiny Qwen3.5)."""
+    last bits beside other requests on a tiny hybrid checkpoint)."""
     n = x.shape[0]
     xf = x.reshape(n, heads, -1).astype(_F32)
     mean_square = fixed_order_sum(xf * xf, axis=-1)[..., None] / xf.shape[-1]
