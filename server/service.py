@@ -94,6 +94,7 @@ class ModelService:
                 kernel_policy=self.config.kernel_policy,
                 precision=self.config.precision,
                 mesh=self.config.mesh(),
+                prepared_cache=True,  # on the cpu backend: a restart maps the weights instead of converting them
             )
             tokenizer = load_tokenizer(model.checkpoint)
             self.model, self.tokenizer = model, tokenizer
