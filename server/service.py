@@ -138,10 +138,6 @@ class ModelService:
                 self.group = LeaderGroup(group)
             self.engine = Engine(model, tokenizer, engine_config, stop_token_ids=self.eos_ids, group=self.group)
             self.capacity = capacity_line(model, engine_config)
-            try:
-                self.engine.grammar_tokenizer()  # ~1 s for a 150k vocabulary: once, before serving
-            except ValueError as error:
-                print(f"ember: constrained decoding unavailable: {error}", file=sys.stderr)
             self.load_seconds = time.perf_counter() - started
             if self.config.precompile:
                 # the shapes a first request takes, before ready; the target's other shapes on a thread after
@@ -149,6 +145,9 @@ class ModelService:
                 self.compile_seconds = self.engine.precompile(progress=True, ready_only=later)
                 if later:
                     self.engine.compile_in_background()
+            # llguidance's view of the vocabulary (1-3 s for 150k tokens) after the serving line: a guided request
+            # before it is built waits for it (Engine.grammar_tokenizer's lock)
+            threading.Thread(target=self._build_grammar_tokenizer, name="grammar-tokenizer", daemon=True).start()
             self.state = "ready"
         except Exception as error:  # reported by /health and the log; the server keeps answering 503
             self.state, self.load_error = "failed", f"{type(error).__name__}: {error}"
@@ -157,6 +156,12 @@ class ModelService:
             print(f"ember: error: loading {self.config.model} failed: {self.load_error}", file=sys.stderr)
         finally:
             self._ready.set()
+
+    def _build_grammar_tokenizer(self) -> None:
+        try:
+            self.engine.grammar_tokenizer()
+        except ValueError as error:
+            print(f"ember: constrained decoding unavailable: {error}", file=sys.stderr)
 
     def _context_length(self, model: Model) -> int:
         trained = int(model.dims.as_dict().get("max_context") or 0) or None

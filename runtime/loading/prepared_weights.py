@@ -246,6 +246,7 @@ class PreparedWeights:
         encoded = json.dumps({"leaves": leaves, "skeleton": skeleton_text, "total": total}).encode()
         if 16 + len(encoded) > start:
             raise ValueError("the header outgrew its room")
+        _note(f"writing prepared weights ({total / 1e9:.2f} GB) to {self.path}")
         temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             with temp.open("wb") as out:
