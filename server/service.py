@@ -145,9 +145,6 @@ class ModelService:
                 self.compile_seconds = self.engine.precompile(progress=True, ready_only=later)
                 if later:
                     self.engine.compile_in_background()
-            # llguidance's view of the vocabulary (1-3 s for 150k tokens) after the serving line: a guided request
-            # before it is built waits for it (Engine.grammar_tokenizer's lock)
-            threading.Thread(target=self._build_grammar_tokenizer, name="grammar-tokenizer", daemon=True).start()
             self.state = "ready"
         except Exception as error:  # reported by /health and the log; the server keeps answering 503
             self.state, self.load_error = "failed", f"{type(error).__name__}: {error}"
@@ -157,7 +154,11 @@ class ModelService:
         finally:
             self._ready.set()
 
-    def _build_grammar_tokenizer(self) -> None:
+    def build_grammar_tokenizer(self) -> None:
+        """llguidance's view of the vocabulary (1-3 s for 150k tokens, holding the interpreter): the server builds
+        it after its serving line; a guided request before that waits for it (Engine.grammar_tokenizer's lock)."""
+        if self.engine is None:
+            return
         try:
             self.engine.grammar_tokenizer()
         except ValueError as error:
