@@ -22,7 +22,7 @@ from ..runtime.engine.config import capacity_line
 from ..runtime.engine.engine import Engine, EngineFailedError, kv_bytes_per_block, sized_config
 from ..runtime.engine.streams import RequestStream
 from ..runtime.execution.hidden_states import Embedder
-from ..runtime.loading.known_models import resolve_model
+from ..runtime.loading.known_models import cache_dir, resolve_model
 from ..runtime.loading.model import Model, load_model
 from ..runtime.loading.text.chat_template import ChatTemplate, ChatTemplateError
 from ..runtime.loading.text.prompting import end_of_generation_ids, load_tokenizer
@@ -96,7 +96,7 @@ class ModelService:
                 mesh=self.config.mesh(),
                 prepared_cache=True,  # on the cpu backend: a restart maps the weights instead of converting them
             )
-            tokenizer = load_tokenizer(model.checkpoint)
+            tokenizer = load_tokenizer(model.checkpoint, cache_dir() / "prepared-tokenizers")
             self.model, self.tokenizer = model, tokenizer
             self.weight_bytes = weight_bytes(model)
             if tokenizer.chat_template:
