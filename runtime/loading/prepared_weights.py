@@ -46,7 +46,12 @@ SAMPLE = 4096  # bytes at each end of a leaf that its checksum covers (a full ch
 DEFAULT_LIMIT_GIB = 24.0  # total size of the entries kept; EMBER_PREPARED_WEIGHTS_GIB overrides (0: off)
 _ROOT = Path(__file__).resolve().parents[2]  # the package root (runtime/loading/ is two levels down)
 # the sources whose code decides what the arrays hold: a change to any of them makes every entry stale
-_SOURCE_GLOBS = ("runtime/loading/**/*.py", "compiler/kernels/**/*.py", "compiler/weight_transforms.py")
+_SOURCE_GLOBS = (
+    "runtime/loading/*.py",
+    "runtime/loading/formats/*.py",
+    "compiler/kernels/**/*.py",
+    "compiler/weight_transforms.py",
+)
 
 
 class _Leaf:
