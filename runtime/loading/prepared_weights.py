@@ -143,7 +143,7 @@ class _SkeletonUnpickler(pickle.Unpickler):
 
 @dataclass
 class PreparedWeights:
-    """One entry of the cache: `path`, and where it is being written (at most one writer per process)."""
+    """One entry of the cache: its file, and the bound on all entries' bytes (`limit`, 0: the cache is off)."""
 
     path: Path
     limit: int
