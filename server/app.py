@@ -164,6 +164,7 @@ async def _load(app, loop) -> None:
             f"Ember is serving {service.model_name} ({secs}{capacity}) at http://{config.host}:{config.port}",
             flush=True,
         )
+        await loop.run_in_executor(None, service.build_grammar_tokenizer)
 
 
 def _on_signal(app) -> None:

@@ -22,7 +22,7 @@ from ..runtime.engine.config import capacity_line
 from ..runtime.engine.engine import Engine, EngineFailedError, kv_bytes_per_block, sized_config
 from ..runtime.engine.streams import RequestStream
 from ..runtime.execution.hidden_states import Embedder
-from ..runtime.loading.known_models import resolve_model
+from ..runtime.loading.known_models import cache_dir, resolve_model
 from ..runtime.loading.model import Model, load_model
 from ..runtime.loading.text.chat_template import ChatTemplate, ChatTemplateError
 from ..runtime.loading.text.prompting import end_of_generation_ids, load_tokenizer
@@ -94,8 +94,9 @@ class ModelService:
                 kernel_policy=self.config.kernel_policy,
                 precision=self.config.precision,
                 mesh=self.config.mesh(),
+                prepared_cache=True,  # on the cpu backend: a restart maps the weights instead of converting them
             )
-            tokenizer = load_tokenizer(model.checkpoint)
+            tokenizer = load_tokenizer(model.checkpoint, cache_dir() / "prepared-tokenizers")
             self.model, self.tokenizer = model, tokenizer
             self.weight_bytes = weight_bytes(model)
             if tokenizer.chat_template:
@@ -137,10 +138,6 @@ class ModelService:
                 self.group = LeaderGroup(group)
             self.engine = Engine(model, tokenizer, engine_config, stop_token_ids=self.eos_ids, group=self.group)
             self.capacity = capacity_line(model, engine_config)
-            try:
-                self.engine.grammar_tokenizer()  # ~1 s for a 150k vocabulary: once, before serving
-            except ValueError as error:
-                print(f"ember: constrained decoding unavailable: {error}", file=sys.stderr)
             self.load_seconds = time.perf_counter() - started
             if self.config.precompile:
                 # the shapes a first request takes, before ready; the target's other shapes on a thread after
@@ -156,6 +153,16 @@ class ModelService:
             print(f"ember: error: loading {self.config.model} failed: {self.load_error}", file=sys.stderr)
         finally:
             self._ready.set()
+
+    def build_grammar_tokenizer(self) -> None:
+        """llguidance's view of the vocabulary (1-3 s for 150k tokens, holding the interpreter): the server builds
+        it after its serving line; a guided request before that waits for it (Engine.grammar_tokenizer's lock)."""
+        if self.engine is None:
+            return
+        try:
+            self.engine.grammar_tokenizer()
+        except ValueError as error:
+            print(f"ember: constrained decoding unavailable: {error}", file=sys.stderr)
 
     def _context_length(self, model: Model) -> int:
         trained = int(model.dims.as_dict().get("max_context") or 0) or None

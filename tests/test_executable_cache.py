@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from ember.compiler.targets.policy import KernelPolicy
-from ember.runtime.execution import executable_cache
+from ember.runtime.execution import compiled_steps, executable_cache
+from ember.runtime.execution.compiled_steps import CompiledSteps
 from ember.runtime.execution.executable_cache import CachedStep
 
 
@@ -114,3 +115,39 @@ def test_the_directory_keeps_its_most_recently_used_files_within_its_bound(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["middle.exe", "new.exe", "other.txt"]
     executable_cache.evict(tmp_path, 1000)
     assert len(list(tmp_path.glob("*.exe"))) == 2
+
+
+def test_compiled_steps_keep_the_executables_they_compile(tmp_path):
+    """The cpu backend's CompiledSteps with a store: what XLA compiled is read back by a fresh object without
+    tracing; what JAX's persistent cache answered is not written (XLA:CPU loses functions serializing it again)."""
+    params, kv, x = _args()
+    store = executable_cache.ExecutableStore("step|model A", tmp_path)
+    first = CompiledSteps(_jitted(), 2, store=store)
+    want, kv = first(2.0, True, params, kv, x)
+    assert len(list(tmp_path.glob("*.exe"))) == 1 and first.loaded_from_disk == 0
+
+    second = CompiledSteps(_jitted(), 2, store=store)
+    second.fn = type("NoTracing", (), {"lower": lambda *a: pytest.fail("traced again")})()
+    got, kv = second(2.0, True, params, kv, x)
+    assert second.loaded_from_disk == 1
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_an_executable_from_jaxs_cache_is_not_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(compiled_steps, "compile_fresh", lambda lowered: (lowered.compile(), False))
+    params, kv, x = _args()
+    steps = CompiledSteps(_jitted(), 2, store=executable_cache.ExecutableStore("step|model A", tmp_path))
+    steps(2.0, True, params, kv, x)
+    assert list(tmp_path.glob("*.exe")) == []
+
+
+def test_compile_fresh_tells_a_compile_from_a_cache_answer():
+    lowered = _jitted().lower(2.0, True, *_args())
+    assert executable_cache.compile_fresh(lowered)[1]  # XLA compiled it: no cache-hit event in this thread
+
+    class AnsweredByTheCache:  # what JAX's persistent cache reports when it answers a compile
+        def compile(self):
+            jax.monitoring.record_event("/jax/compilation_cache/cache_hits")
+            return "executable"
+
+    assert executable_cache.compile_fresh(AnsweredByTheCache()) == ("executable", False)

@@ -19,6 +19,8 @@ from typing import Any
 
 import jax
 
+from .executable_cache import ExecutableStore, compile_fresh
+
 
 def call_key(static: tuple, dynamic: tuple) -> tuple:
     """An executable's key: the static arguments and the shapes and dtypes of the array arguments (the pytrees
@@ -35,8 +37,10 @@ class CompiledSteps:
     """fn (jitted, `num_static` static arguments first) called through executables compiled once per call
     signature: by compile() ahead of time (arguments may be jax.ShapeDtypeStruct), or at the first call."""
 
-    def __init__(self, fn: Callable, num_static: int, name: str = "step"):
+    def __init__(self, fn: Callable, num_static: int, name: str = "step", store: ExecutableStore | None = None):
         self.fn, self.num_static, self.name = fn, num_static, name
+        self.store = store  # executables also kept on disk (executable_cache.py step_store), or None
+        self.loaded_from_disk = 0  # executables read back from the store instead of traced (tests, logs)
         self.executables: dict[tuple, Any] = {}
         self.compiled_on_call = 0  # executables a call had to wait for (tests, logs)
         self._locks: dict[tuple, threading.Lock] = {}
@@ -66,7 +70,17 @@ class CompiledSteps:
         with lock:
             executable = self.executables.get(key)
             if executable is None:
-                executable = self.executables[key] = self.fn.lower(*args).compile()
+                executable = self.executables[key] = self._load_or_compile(key, args)
+        return executable
+
+    def _load_or_compile(self, key: tuple, args: tuple):
+        executable = None if self.store is None else self.store.load(key)
+        if executable is not None:
+            self.loaded_from_disk += 1
+            return executable
+        executable, fresh = compile_fresh(self.fn.lower(*args))
+        if self.store is not None and fresh:
+            self.store.save(key, executable)
         return executable
 
     def __getattr__(self, name: str):  # lower, trace, ...: the jitted function's

@@ -29,6 +29,7 @@ import hashlib
 import os
 import pickle
 import sys
+import threading
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -42,6 +43,11 @@ PACKAGE_PARTS = ("compiler", "runtime", "specs", "generated")  # what a step exe
 # where executables are kept: XLA:CPU's serialized executables of a real model lose functions (read back,
 # the 1.5B's failed with "NOT_FOUND: Function cosine_bitcast_fusion.27 not found"), so the cpu backend traces
 KEEP_PLATFORMS = ("gpu", "cuda", "rocm")
+# ...except that an executable XLA:CPU compiled itself serializes and reads back whole (it is the one read back
+# from JAX's persistent cache that loses functions when serialized again): on these backends the executors'
+# CompiledSteps keep the executables they compile themselves (step_store, compile_fresh), and a warm start reads
+# them back without tracing
+AHEAD_PLATFORMS = ("cpu",)
 ENV_PREFIXES = ("XLA_", "JAX_")
 DIRECTORY = "ember-executables"
 MAX_BYTES = 8 << 30  # the directory's bound: the least recently used files go first (an 8B model's: ~83 MB)
@@ -109,25 +115,52 @@ class CachedStep:
         return getattr(self.fn, name)
 
     def _path(self, key: tuple) -> Path:
+        return ExecutableStore(self.identity, self.directory).path(key)
+
+    def _load_or_compile(self, key: tuple, args: tuple):
+        store = ExecutableStore(self.identity, self.directory)
+        executable = store.load(key)
+        if executable is not None:
+            self.loaded_from_disk += 1
+            return executable
+        executable = self.fn.lower(*args).compile()
+        store.save(key, executable)
+        return executable
+
+
+class ExecutableStore:
+    """The executables of one step function (`identity`: executor_identity's and a tag) in `directory`, one
+    file per call key."""
+
+    def __init__(self, identity: str, directory: Path):
+        self.identity, self.directory = identity, directory
+
+    def path(self, key: tuple) -> Path:
         name = hashlib.sha256(f"{source_fingerprint()}|{self.identity}|{key!r}".encode()).hexdigest()
         return self.directory / f"{name}.exe"
 
-    def _load_or_compile(self, key: tuple, args: tuple):
-        from jax.experimental.serialize_executable import deserialize_and_load, serialize
+    def load(self, key: tuple):
+        """The executable kept for `key`, or None (none kept, or one that cannot be read: it is compiled again)."""
+        from jax.experimental.serialize_executable import deserialize_and_load
 
-        path = self._path(key)
-        if path.exists():
-            try:
-                payload, in_tree, out_tree = pickle.loads(path.read_bytes())
-                executable = deserialize_and_load(payload, in_tree, out_tree)
-                self.loaded_from_disk += 1
-                os.utime(path)  # recently used: evicted last
-                return executable
-            except Exception as error:  # a truncated or foreign file: compiled again below
-                print(f"ember: recompiling a step executable ({type(error).__name__}: {error})", file=sys.stderr)
-        executable = self.fn.lower(*args).compile()
+        path = self.path(key)
+        if not path.exists():
+            return None
+        try:
+            payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+            executable = deserialize_and_load(payload, in_tree, out_tree)
+            os.utime(path)  # recently used: evicted last
+            return executable
+        except Exception as error:  # a truncated or foreign file: compiled again
+            print(f"ember: recompiling a step executable ({type(error).__name__}: {error})", file=sys.stderr)
+            return None
+
+    def save(self, key: tuple, executable) -> None:
+        from jax.experimental.serialize_executable import serialize
+
         try:
             blob = pickle.dumps(serialize(executable))
+            path = self.path(key)
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(f".{os.getpid()}.partial")
             partial.write_bytes(blob)
@@ -135,7 +168,6 @@ class CachedStep:
             evict(self.directory, MAX_BYTES)
         except Exception as error:  # the backend cannot serialize it, or the disk is full: memory only
             print(f"ember: step executable not saved ({type(error).__name__}: {error})", file=sys.stderr)
-        return executable
 
 
 def evict(directory: Path, max_bytes: int) -> None:
@@ -156,12 +188,15 @@ def evict(directory: Path, max_bytes: int) -> None:
         total -= size
 
 
-def executor_identity(plan_module: Any, policy: KernelPolicy, fixed: tuple) -> str | None:
+def executor_identity(
+    plan_module: Any, policy: KernelPolicy, fixed: tuple, platforms: tuple[str, ...] | None = None
+) -> str | None:
     """What an executor's executables depend on besides the sources and the call: the plan module's source, the
     kernel policy it is traced with, the device, and the abstract values of the arguments fixed for its life
-    (weights, KV pools). None where executables are not kept: no JAX cache directory, or a backend outside KEEP_PLATFORMS."""
+    (weights, KV pools). None where executables are not kept: no JAX cache directory, or a backend outside
+    `platforms` (default KEEP_PLATFORMS)."""
     device = jax.devices()[0]
-    if cache_directory() is None or device.platform not in KEEP_PLATFORMS:
+    if cache_directory() is None or device.platform not in (KEEP_PLATFORMS if platforms is None else platforms):
         return None
     source = Path(plan_module.__file__).read_bytes() if getattr(plan_module, "__file__", None) else b""
     return "|".join(
@@ -181,3 +216,28 @@ def cached_step(fn: Callable, num_static: int, identity: str | None, tag: str) -
     if identity is None:
         return fn
     return CachedStep(fn, num_static, f"{tag}|{identity}", cache_directory())
+
+
+def step_store(identity: str | None, tag: str) -> ExecutableStore | None:
+    """The store of a CompiledSteps step function (compiled_steps.py; identity: executor_identity's with
+    AHEAD_PLATFORMS), None where identity is."""
+    return None if identity is None else ExecutableStore(f"{tag}|{identity}", cache_directory())
+
+
+_thread = threading.local()
+
+
+def _count_cache_hits(event: str, **_: Any) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _thread.cache_hits = getattr(_thread, "cache_hits", 0) + 1
+
+
+jax.monitoring.register_event_listener(_count_cache_hits)
+
+
+def compile_fresh(lowered: Any) -> tuple[Any, bool]:
+    """(lowered.compile(), whether XLA compiled it: False when JAX's persistent cache answered, whose
+    executables cannot be serialized again on XLA:CPU, see AHEAD_PLATFORMS)."""
+    before = getattr(_thread, "cache_hits", 0)
+    executable = lowered.compile()
+    return executable, getattr(_thread, "cache_hits", 0) == before

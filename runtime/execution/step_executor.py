@@ -45,7 +45,7 @@ from .engine_step import (
     run_step,
     split_hidden,
 )
-from .executable_cache import cached_step, executor_identity
+from .executable_cache import AHEAD_PLATFORMS, cached_step, executor_identity, step_store
 from .slot_copies import SlotCopier
 from .step_hidden import forward_with_hidden
 from .step_inputs import (
@@ -125,6 +125,12 @@ class StepExecutor(StepPrecompiler):
         # (not for a model on a device mesh: the identity does not see how its arrays are split)
         keep = config.keep_executables and model.placement is None
         identity = executor_identity(plan.module, model.policy, (model.params, self.kv)) if keep else None
+        # where executables are compiled ahead (CompiledSteps), the step's own are kept on the AHEAD_PLATFORMS
+        ahead = (
+            executor_identity(plan.module, model.policy, (model.params, self.kv), AHEAD_PLATFORMS)
+            if keep and identity is None
+            else None
+        )
         # traced inside the model's kernel policy: which kernels and configs the step launches
         forward = model.traced(plan.module.forward)
         self.forward = forward  # the traced forward (a model drafter's own steps: runtime/execution/draft_steps.py)
@@ -142,7 +148,11 @@ class StepExecutor(StepPrecompiler):
                 make_step_fn(stepped, self.with_hidden, fixed_order=config.deterministic), 4, identity, "step" + tag
             )
             if identity is not None
-            else CompiledSteps(make_step_fn(stepped, self.with_hidden, fixed_order=config.deterministic), 4)
+            else CompiledSteps(
+                make_step_fn(stepped, self.with_hidden, fixed_order=config.deterministic),
+                4,
+                store=step_store(ahead, "step" + tag),
+            )
         )
         self.verify_fn = cached_step(
             make_verify_step_fn(stepped, self.with_hidden, fixed_order=config.deterministic),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +24,11 @@ from .checkpoint import Checkpoint, open_checkpoint
 from .device_values import dense_copier, device_placer
 from .dims import Dims, ResolvedModel, resolve
 from .formats.errors import CheckpointError
+from .known_models import cache_dir
 from .memory_plan import check_fits, free_device_bytes, planned_weight_bytes
 from .mtp import MtpParams, load_mtp
 from .plans import GENERATED_DIR, LoadedPlan, load_plan
+from .prepared_weights import PreparedWeights, entry_key
 from .sharding import Placement, constrain_state, make_placement, mesh_plans
 from .weights import KEPT_FORMATS, Params, load_params
 
@@ -172,7 +176,6 @@ def spec_for_checkpoint(ckpt: Checkpoint) -> ModelSpec:
 
 def enable_compilation_cache() -> None:
     """Keep compiled plans on disk (JAX's persistent cache) so a restart skips XLA compilation."""
-    from .known_models import cache_dir
 
     if jax.config.jax_compilation_cache_dir is None:
         jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax-cache"))
@@ -241,6 +244,7 @@ def load_model(
     with_mtp: bool = True,
     precision: str = "fast",
     mesh: MeshConfig = SINGLE_DEVICE,
+    prepared_cache: bool = False,
 ) -> Model:
     """A model from a checkpoint path (GGUF file, HF folder) or an opened Checkpoint.
     activation_dtype: run the plan in this dtype instead of its target's (e.g. the cpu target in bfloat16, to
@@ -257,7 +261,9 @@ def load_model(
     precision: "fast" (the target's policy) or "exact" (no weight kept quantized: the reference path that
     agrees with transformers; on the cpu target every weight fp32).
     mesh: spread the model over this many devices of the host (runtime/loading/sharding.py): its plans are
-    compiled for the mesh and its weights placed split; the one-device mesh is the path above, unchanged."""
+    compiled for the mesh and its weights placed split; the one-device mesh is the path above, unchanged.
+    prepared_cache: on the cpu backend (one device), map the parameters back from the prepared-weights cache
+    when an entry matches, else load them and write one on a background thread (prepared_weights.py)."""
     enable_compilation_cache()
     policy = effective_policy(target, kernel_policy, precision)
     ckpt = path if isinstance(path, Checkpoint) else open_checkpoint(path)
@@ -286,13 +292,49 @@ def load_model(
     free = free_device_bytes() if free_bytes is None else free_bytes
     if free is not None:
         check_fits(needed, free, str(ckpt.path))
+    place = device_placer(dtype, policy.weights.kept_layout)  # the target's layout for the MTP module's weights too
+    prepared = None
+    if prepared_cache and placement is None and jax.default_backend() == "cpu":
+        key = entry_key(ckpt.path, spec.path, plan.manifest, policy.weights, dtype, target_name)
+        prepared = PreparedWeights.for_model(cache_dir() / "prepared-weights", Path(ckpt.path).name, key)
+    params = _read_prepared(prepared)
+    if params is None:
+        params = _load_params(spec, plan, ckpt, resolved, place, policy, dtype, packed_experts, placement, progress)
+        if prepared is not None and prepared.limit:
+            prepared.write_in_background(params)
+    mtp = None
+    if with_mtp:
+        mtp = load_mtp(
+            spec,
+            plan.manifest,
+            ckpt,
+            resolved,
+            params.constants,
+            to_device=place,
+            keep_formats=policy.weights.quantized_formats,
+        )
+    return Model(spec, ckpt, resolved, plan, params, dtype, policy, generated_dir, mtp, placement)
+
+
+def _read_prepared(prepared: PreparedWeights | None) -> Params | None:
+    if prepared is None:
+        return None
+    started = time.perf_counter()
+    params = prepared.read()
+    if params is not None:
+        seconds = time.perf_counter() - started
+        print(f"ember: weights mapped from {prepared.path} in {seconds:.1f} s", file=sys.stderr, flush=True)
+    return params
+
+
+def _load_params(spec, plan, ckpt, resolved, place, policy, dtype, packed_experts, placement, progress) -> Params:
+    """The parameters read and converted from the checkpoint (load_params), with a progress bar."""
     bar = None
     if progress:
         from tqdm import tqdm
 
         total = len(plan.manifest["global_weights"]) + int(resolved.dims.layers)
         bar = tqdm(total=total, desc="loading weights", unit="part", leave=False)
-    place = device_placer(dtype, policy.weights.kept_layout)  # the target's layout for the MTP module's weights too
     params = load_params(
         spec,
         plan.manifest,
@@ -309,15 +351,4 @@ def load_model(
         params = params._replace(constants=placement.replicate(params.constants))
     if bar is not None:
         bar.close()
-    mtp = None
-    if with_mtp:
-        mtp = load_mtp(
-            spec,
-            plan.manifest,
-            ckpt,
-            resolved,
-            params.constants,
-            to_device=place,
-            keep_formats=policy.weights.quantized_formats,
-        )
-    return Model(spec, ckpt, resolved, plan, params, dtype, policy, generated_dir, mtp, placement)
+    return params

@@ -9,7 +9,8 @@ time and is reused the next: run it twice with the same DIR for a cold then a wa
 the load, each step shape's compile and the background compiles can be read off the log (the progress lines
 carry their own seconds: a pipe may deliver them late). After the serving line, a first request of 8 tokens
 (its time to first token), then (--wait-background: once every shape is compiled) one streamed completion of
---tokens tokens gives batch-1 decode tok/s (first to last token), then the server is stopped. The load average is sampled at start, at the serving line and at the end.
+--tokens tokens gives batch-1 decode tok/s (first to last token), then (when the start writes a prepared-weights
+entry, runtime/loading/prepared_weights.py) once that entry is written, the server is stopped. The load average is sampled at start, at the serving line and at the end.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def main() -> None:
     lines: list[tuple[float, str]] = []
     serving = threading.Event()
     background_done = threading.Event()
+    prepared_writing, prepared_done = threading.Event(), threading.Event()
 
     def read() -> None:
         buffer = b""
@@ -107,6 +109,10 @@ def main() -> None:
                         serving.set()
                     if "all step shapes" in text:
                         background_done.set()
+                    if "writing prepared weights" in text:
+                        prepared_writing.set()
+                    if "prepared weights written" in text or "prepared weights not written" in text:
+                        prepared_done.set()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -126,6 +132,10 @@ def main() -> None:
             result["load_average_background_done"] = _load_average()
         result["decode"] = _measured(args.port, served, args.tokens)
         result["load_average_end"] = _load_average()
+        if prepared_writing.is_set():  # a cold start's prepared-weights entry: the warm run after it reads it
+            prepared_done.wait(900)
+            written = [t for t, text in lines if "prepared weights written" in text]
+            result["prepared_weights_written_s"] = written[0] if written else None
     finally:
         process.send_signal(signal.SIGINT)
         try:

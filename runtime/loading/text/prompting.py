@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 from ..checkpoint import Checkpoint
 from ..formats.errors import CheckpointError
 from .tokenizer import Tokenizer
+from .tokenizer_cache import cached_backend
 
 
-def load_tokenizer(ckpt: Checkpoint) -> Tokenizer:
+def load_tokenizer(ckpt: Checkpoint, cache_root: Path | None = None) -> Tokenizer:
+    """The checkpoint's tokenizer; cache_root: keep a GGUF's built pipeline there for the next start
+    (tokenizer_cache.py)."""
     if ckpt.format == "gguf":
-        return Tokenizer.from_gguf_metadata(ckpt.metadata, source=str(ckpt.path))
+        cache = None if cache_root is None else functools.partial(cached_backend, ckpt.path, cache_root)
+        return Tokenizer.from_gguf_metadata(ckpt.metadata, source=str(ckpt.path), cache=cache)
     return Tokenizer.from_hf_dir(ckpt.path)
 
 

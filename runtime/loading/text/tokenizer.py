@@ -11,7 +11,7 @@ responses, never emitting half a UTF-8 character.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -63,10 +63,13 @@ class Tokenizer:
     # ---- construction ------------------------------------------------------------------------
 
     @classmethod
-    def from_gguf_metadata(cls, metadata: Mapping[str, Any], source: str) -> Tokenizer:
-        """The tokenizer a GGUF describes (`metadata` as GGUFFile(path).metadata gives it)."""
+    def from_gguf_metadata(
+        cls, metadata: Mapping[str, Any], source: str, cache: Callable[[Callable], BackendTokenizer] | None = None
+    ) -> Tokenizer:
+        """The tokenizer a GGUF describes (`metadata` as GGUFFile(path).metadata gives it); cache(build) gives
+        the `tokenizers` pipeline build() makes, or one it kept (tokenizer_cache.py)."""
         vocab = read_gguf_vocab(metadata, source)
-        backend = build_backend(vocab)
+        backend = build_backend(vocab) if cache is None else cache(lambda: build_backend(vocab))
         declared = [i for i in (vocab.eos_id, vocab.eot_id, vocab.eom_id) if i is not None]
         by_name = [
             i
