@@ -98,3 +98,44 @@ def test_the_gated_norms_row_bits_do_not_depend_on_the_row_count():
         assert np.array_equal(np.asarray(f(x[:m], gate[:m]))[0], alone), f"{m} rows"
     reference = np.asarray(op.gated_rms_norm_heads(jnp.asarray(x), jnp.asarray(gate), w, eps=1e-6, heads=HV))
     np.testing.assert_allclose(np.asarray(f(x, gate)), reference, rtol=1e-5, atol=1e-6)
+
+
+def _row_bits_by_count(fn, x, counts=(2, 3, 8, 16, 17, 33, 40)):
+    """The row counts at which rows 0 and 1 of fn(x[:m]) differ from fn(x[:2])'s."""
+    f = jax.jit(fn)
+    first = np.asarray(f(x[:2]))[:2]
+    return [m for m in counts if not np.array_equal(np.asarray(f(x[:m]))[:2], first)]
+
+
+def test_a_tokens_moe_bits_do_not_depend_on_the_tokens_beside_it():
+    """The deterministic `moe` (router and experts as fixed-shape GEMMs, sums in a fixed order) against the
+    default one, whose ragged matmul rounds a token by the number of token-expert pairs: both measured, so
+    the test shows the difference it guards."""
+    from ember.compiler.kernels.moe import op as moe_op
+
+    rng = np.random.default_rng(4)
+    d, experts, f, top_k = 256, 4, 128, 2
+    x = rng.standard_normal((40, d)).astype(np.float32)
+    router = jnp.asarray(rng.standard_normal((experts, d)).astype(np.float32) * 0.1)
+    gate, up = (jnp.asarray(rng.standard_normal((experts, f, d)).astype(np.float32) * 0.05) for _ in range(2))
+    down = jnp.asarray(rng.standard_normal((experts, d, f)).astype(np.float32) * 0.05)
+
+    def run(fn):
+        return lambda a: fn(a, router, gate, up, down, top_k=top_k, normalize=True)
+
+    assert _row_bits_by_count(run(moe_op.moe_invariant), x) == []
+    assert _row_bits_by_count(run(moe_op.moe), x) != []  # what the deterministic form is for
+    np.testing.assert_allclose(
+        np.asarray(run(moe_op.moe_invariant)(x)), np.asarray(run(moe_op.moe)(x)), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_a_narrow_float_projection_takes_fixed_shape_gemms_in_deterministic_plans():
+    from ember.compiler.kernels.cpu_gemv.linear import linear, linear_invariant
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((40, 2048)).astype(np.float32)
+    gate = jnp.asarray(rng.standard_normal((1, 2048)).astype(np.float32))  # a shared expert's sigmoid gate
+    assert _row_bits_by_count(lambda a: linear_invariant(a, gate), x) == []
+    assert _row_bits_by_count(lambda a: linear(a, gate), x) != []  # XLA's GEMM at this shape
+    np.testing.assert_allclose(np.asarray(linear_invariant(x, gate)), np.asarray(linear(x, gate)), rtol=1e-5)

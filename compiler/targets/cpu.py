@@ -61,6 +61,8 @@ CPU = Target(
         "add_rms_norm": f"{_K}.norm.reference:add_rms_norm_invariant",
         # Gated DeltaNet's output norm with its sum in a fixed order (its scan is per token already)
         "gated_rms_norm": f"{_K}.gated_delta.op:gated_rms_norm_heads_invariant",
+        # the router's softmax and the experts' weighted combine in fixed orders
+        "moe": f"{_K}.moe.op:moe_invariant",
     },
     activation_dtype="float32",
     # Few buckets: on CPU a decode step costs what its weights cost to read whatever the row count,

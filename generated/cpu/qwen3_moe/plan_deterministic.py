@@ -18,7 +18,7 @@ from ember.compiler.kernels.cpu_gemv.linear import linear_split_invariant as cpu
 from ember.compiler.kernels.dense_gemv.reference import split_heads as dense_gemv_reference_split_heads
 from ember.compiler.kernels.embedding import add as embedding_add
 from ember.compiler.kernels.embedding import select_rows as embedding_select_rows
-from ember.compiler.kernels.moe.op import moe as moe_op_moe
+from ember.compiler.kernels.moe.op import moe_invariant as moe_op_moe_invariant
 from ember.compiler.kernels.norm.reference import add_rms_norm_invariant as norm_reference_add_rms_norm_invariant
 from ember.compiler.kernels.norm.reference import rms_norm_invariant as norm_reference_rms_norm_invariant
 from ember.compiler.kernels.rope.reference import rope as rope_reference_rope
@@ -101,7 +101,7 @@ def layer_attention_moe(dims, w, constants, x, x_add, state, batch):
     a, k_pool, v_pool = attention_blockwise_paged_attention_blockwise(q_2, k_2, v, attn_window4, attn_state5, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_12 = cpu_gemv_linear_linear_invariant(a, w['attn_output.weight'])
     x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_12, w['ffn_norm.weight'], eps=dims.eps)
-    t_15 = moe_op_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
+    t_15 = moe_op_moe_invariant(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
     return x_1, t_15, (k_pool, v_pool)
 
 

@@ -23,7 +23,7 @@ from ember.compiler.kernels.embedding import add as embedding_add
 from ember.compiler.kernels.embedding import select_rows as embedding_select_rows
 from ember.compiler.kernels.gated_delta.op import gated_delta as gated_delta_op_gated_delta
 from ember.compiler.kernels.gated_delta.op import gated_rms_norm_heads_invariant as gated_delta_op_gated_rms_norm_heads_invariant
-from ember.compiler.kernels.moe.op import moe as moe_op_moe
+from ember.compiler.kernels.moe.op import moe_invariant as moe_op_moe_invariant
 from ember.compiler.kernels.norm.reference import add_rms_norm_invariant as norm_reference_add_rms_norm_invariant
 from ember.compiler.kernels.norm.reference import rms_norm_invariant as norm_reference_rms_norm_invariant
 from ember.compiler.kernels.rope.reference import rope as rope_reference_rope
@@ -97,7 +97,7 @@ def layer_linear_attention_moe(dims, w, constants, x, x_add, state, batch):
     t_11, t_12, t_16 = cpu_gemv_linear_linear_split_invariant(h_1, w['ffn_gate_shexp+ffn_up_shexp+ffn_gate_inp_shexp.weight'], sizes=(dims.shared_ffn, dims.shared_ffn, 1))
     t_13 = activation_gated_act(t_11, t_12, act='silu')
     s = cpu_gemv_linear_linear_invariant(t_13, w['ffn_down_shexp.weight'])
-    r = moe_op_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
+    r = moe_op_moe_invariant(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
     t_17 = activation_sigmoid_gate(s, t_16)
     t_18 = embedding_add(r, t_17)
     return x_1, t_18, (conv_state, delta_state)
@@ -150,7 +150,7 @@ def layer_full_attention_moe(dims, w, constants, x, x_add, state, batch):
     t_18, t_19, t_23 = cpu_gemv_linear_linear_split_invariant(h_1, w['ffn_gate_shexp+ffn_up_shexp+ffn_gate_inp_shexp.weight'], sizes=(dims.shared_ffn, dims.shared_ffn, 1))
     t_20 = activation_gated_act(t_18, t_19, act='silu')
     s = cpu_gemv_linear_linear_invariant(t_20, w['ffn_down_shexp.weight'])
-    r = moe_op_moe(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
+    r = moe_op_moe_invariant(h_1, w['ffn_gate_inp.weight'], w['ffn_gate_exps.weight'], w['ffn_up_exps.weight'], w['ffn_down_exps.weight'], top_k=dims.top_k, normalize=dims.norm_topk, act='silu')
     t_24 = activation_sigmoid_gate(s, t_23)
     t_25 = embedding_add(r, t_24)
     return x_1, t_25, (k_pool, v_pool)
