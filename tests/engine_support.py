@@ -12,3 +12,14 @@ class ByteTokenizer:
 
     def decode(self, ids, skip_special_tokens=False):
         return "".join(chr(65 + int(t) % 58) for t in ids)
+
+
+def outputs_of(engine, batch, index):
+    """Tokens and (token, logprob, top) of batch[index] when the (prompt, sampling) batch is submitted at once
+    to a running engine."""
+    streams = [engine.submit(prompt, sampling) for prompt, sampling in batch]
+    outputs = [stream.collect()[0] for stream in streams][index]
+    return (
+        [t for o in outputs for t in o.token_ids],
+        [(lp.token_id, lp.logprob, lp.top) for o in outputs for lp in (o.logprobs or ())],
+    )

@@ -175,3 +175,13 @@ def top1_agreement(ref_argmax: np.ndarray, ours: np.ndarray) -> float:
     if our_argmax.shape != np.shape(ref_argmax):
         raise ValueError(f"shape mismatch: ref {np.shape(ref_argmax)}, ours {our_argmax.shape}")
     return float(np.mean(our_argmax == ref_argmax))
+
+
+def save_synthetic_tokenizer(folder: Path) -> str:
+    """An HF tokenizer folder (tokenizer.json) made from the small GPT-2-style test vocabulary of the
+    tokenizer fixture (ids beyond it decode to ''): the synthetic models' stand-in. Returns the folder."""
+    from ember.runtime.loading.text.tokenizer import Tokenizer
+
+    case = json.loads((FIXTURES_DIR / "tokenizer" / "synthetic.json").read_text())["cases"]["gpt2_qwen2"]
+    Tokenizer.from_gguf_metadata(case["metadata"], "test").backend.save(str(folder / "tokenizer.json"))
+    return str(folder)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fixture_data import FIXTURES_DIR
+from fixture_data import save_synthetic_tokenizer
 
 from ember.tools.dev.bench_speculative_gpu import main
 from ember.tools.dev.spec_bench_parts import by_length, modeled
@@ -15,12 +15,7 @@ from ember.tools.dev.spec_bench_parts import by_length, modeled
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    from ember.runtime.loading.text.tokenizer import Tokenizer
-
-    case = json.loads((FIXTURES_DIR / "tokenizer" / "synthetic.json").read_text())["cases"]["gpt2_qwen2"]
-    folder = tmp_path_factory.mktemp("tok")
-    Tokenizer.from_gguf_metadata(case["metadata"], "test").backend.save(str(folder / "tokenizer.json"))
-    return str(folder)
+    return save_synthetic_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 def test_the_smoke_run_measures_every_section(tokenizer_dir, tmp_path):

@@ -7,7 +7,7 @@ machine: the fast tests run its child in-process; the whole section runs under `
 import json
 
 import pytest
-from fixture_data import FIXTURES_DIR
+from fixture_data import save_synthetic_tokenizer
 
 from ember.tools import bench_markdown, bench_report
 from ember.tools.bench_models import SYNTHETIC_SHAPES, kv_bytes_read, parse_synthetic
@@ -30,13 +30,7 @@ CONFIG = SuiteConfig(
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    """An HF tokenizer folder made from the small GPT-2-style test vocabulary (ids beyond it decode to '')."""
-    from ember.runtime.loading.text.tokenizer import Tokenizer
-
-    case = json.loads((FIXTURES_DIR / "tokenizer" / "synthetic.json").read_text())["cases"]["gpt2_qwen2"]
-    folder = tmp_path_factory.mktemp("tok")
-    Tokenizer.from_gguf_metadata(case["metadata"], "test").backend.save(str(folder / "tokenizer.json"))
-    return str(folder)
+    return save_synthetic_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import pytest
 if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda,cpu)", allow_module_level=True)
 
+from engine_support import outputs_of  # noqa: E402
 from logit_agreement import agreement, record_gpu_result  # noqa: E402
 
 from ember.compiler.spec import spec_for_arch  # noqa: E402
@@ -77,16 +78,6 @@ def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
     assert same_precision["top1_agreement_where_decisive"] >= 0.99, same_precision
 
 
-def _outputs(engine, batch, index):
-    """Tokens and (token, logprob, top) of batch[index], the batch submitted at once to a running engine."""
-    streams = [engine.submit(prompt, sampling) for prompt, sampling in batch]
-    outputs = [stream.collect()[0] for stream in streams][index]
-    return (
-        [t for o in outputs for t in o.token_ids],
-        [(lp.token_id, lp.logprob, lp.top) for o in outputs for lp in (o.logprobs or ())],
-    )
-
-
 @pytest.mark.parametrize("bucketed", [False, True], ids=["tiled", "bucketed"])
 def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached(bucketed):
     """The probe's tokens and logprobs (greedy, and sampled with a seed) are the same bits alone, beside 7 and 31
@@ -125,20 +116,20 @@ def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached(buc
             ("sampled", SamplingParams(temperature=0.8, top_p=0.9, seed=5, ignore_eos=True, max_tokens=24, logprobs=3)),
         ):
             mine = (probe, sampling)
-            alone = _outputs(engines["plain"], [mine], 0)
-            _outputs(engines["cached"], [first_turn], 0)  # the donor of the probe's first 96 tokens
+            alone = outputs_of(engines["plain"], [mine], 0)
+            outputs_of(engines["cached"], [first_turn], 0)  # the donor of the probe's first 96 tokens
             runs = {
-                "beside 7": _outputs(engines["plain"], [others[0], mine, *others[1:7]], 1),
-                "beside 31": _outputs(engines["plain"], [*others[:16], mine, *others[16:]], 16),
-                "64-token chunks": _outputs(engines["chunked"], [mine], 0),
-                "prefix cache hit": _outputs(engines["cached"], [mine], 0),
+                "beside 7": outputs_of(engines["plain"], [others[0], mine, *others[1:7]], 1),
+                "beside 31": outputs_of(engines["plain"], [*others[:16], mine, *others[16:]], 16),
+                "64-token chunks": outputs_of(engines["chunked"], [mine], 0),
+                "prefix cache hit": outputs_of(engines["cached"], [mine], 0),
             }
             assert len(alone[0]) == 24
             results[name] = {label: out == alone for label, out in runs.items()}
-        answer = _outputs(engines["plain"], [first_turn], 0)[0]
+        answer = outputs_of(engines["plain"], [first_turn], 0)[0]
         second_turn = (first_turn[0] + answer + rng.integers(0, vocab, 20).tolist(), first_turn[1])
-        cold = _outputs(engines["plain"], [second_turn], 0)
-        warm = _outputs(engines["cached"], [second_turn], 0)  # its first turn ran there: prompt and answer cached
+        cold = outputs_of(engines["plain"], [second_turn], 0)
+        warm = outputs_of(engines["cached"], [second_turn], 0)  # its first turn ran there: prompt and answer cached
         results["second turn, cache hit over generated tokens"] = {"equal": warm == cold}
     finally:
         for engine in engines.values():

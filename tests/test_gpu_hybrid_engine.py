@@ -17,7 +17,7 @@ import pytest
 if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda,cpu)", allow_module_level=True)
 
-from engine_support import ByteTokenizer  # noqa: E402
+from engine_support import ByteTokenizer, outputs_of  # noqa: E402
 from fixture_data import HYBRID_TINY_ARCHS, tiny_fixture  # noqa: E402
 from logit_agreement import agreement, record_gpu_result  # noqa: E402
 
@@ -58,15 +58,6 @@ def test_h200_plans_agree_with_the_cpu_target(arch):
     assert h200["top1_agreement_where_decisive"] >= bf16["top1_agreement_where_decisive"] - 0.05, (h200, bf16)
 
 
-def _outputs(engine, batch, index):
-    streams = [engine.submit(prompt, sampling) for prompt, sampling in batch]
-    outputs = [stream.collect()[0] for stream in streams][index]
-    return (
-        [t for o in outputs for t in o.token_ids],
-        [(lp.token_id, lp.logprob, lp.top) for o in outputs for lp in (o.logprobs or ())],
-    )
-
-
 @pytest.mark.parametrize("arch", ("qwen3_5", "qwen3_5_moe"))
 def test_deterministic_mode_is_bit_exact_alone_and_under_load(arch):
     """The probe's greedy and seeded sampled tokens and logprobs are the same bits alone and beside 7 other
@@ -92,8 +83,8 @@ def test_deterministic_mode_is_bit_exact_alone_and_under_load(arch):
             ("greedy", SamplingParams(max_tokens=20, logprobs=3, **greedy)),
             ("sampled", SamplingParams(temperature=0.8, top_p=0.9, seed=5, ignore_eos=True, max_tokens=20, logprobs=3)),
         ):
-            alone = _outputs(engine, [(probe, sampling)], 0)
-            loaded = _outputs(engine, [others[0], (probe, sampling), *others[1:]], 1)
+            alone = outputs_of(engine, [(probe, sampling)], 0)
+            loaded = outputs_of(engine, [others[0], (probe, sampling), *others[1:]], 1)
             assert len(alone[0]) == 20
             same[name] = loaded == alone
     finally:
