@@ -44,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         logits = runner.prefill(list(range(100, 100 + PROMPT)))
         runner.decode(int(np.argmax(logits)))  # compiles the decode step
-        report["variants"][name] = {"load_s": round(loaded, 1), "first_prefill_decode_s": round(time.perf_counter() - start, 1)}
+        report["variants"][name] = {
+            "load_s": round(loaded, 1),
+            "first_prefill_decode_s": round(time.perf_counter() - start, 1),
+        }
         runners[name] = runner
     times = {name: [] for name in runners}
     tokens = {name: 200 for name in runners}

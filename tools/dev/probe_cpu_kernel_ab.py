@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         meta = {
             "jax": jax.__version__,
             "old": args.old,
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+            "commit": subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+            ).stdout.strip(),
             "load_avg_before": [round(v, 2) for v in load_before],
             "load_avg_after": [round(v, 2) for v in os.getloadavg()],
             "repeats": args.repeats,
