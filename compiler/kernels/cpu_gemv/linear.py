@@ -2,7 +2,7 @@
 Same signatures as compiler/kernels/dense_gemv/reference.py and embedding.py; per call, at trace time:
 
   plain array        the reference op (fp32 weights: HF checkpoints, GGUF formats not kept)
-  BlockQ8Weight      rows <= quant_gemv.gemv_max_rows: block_q8_matmul (int8 activations, the native kernel);
+  BlockQ8Weight      rows <= quant_gemv.gemv_max_rows: block_q8_matmul (int16 activations, the native kernel);
                      more rows: dequantized to float32 and the reference matmul (XLA's GEMM)
   WeightGroup        one of the above per part (q/k beside a v of another format), outputs side by side
 
