@@ -22,7 +22,7 @@
 #include <vector>
 
 #if !(defined(__AVX2__) && defined(__FMA__))
-#error "block_q8.cc needs AVX2 and FMA (native.py builds it with -march=native and checks the CPU first)"
+#error "block_q8.cc needs AVX2 and FMA (native.py builds it with -march=native; where the build fails, the jnp form runs)"
 #endif
 #include <immintrin.h>
 
