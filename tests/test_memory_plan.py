@@ -17,9 +17,14 @@ from ember.runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
 from ember.runtime.loading.weight_bytes import device_weight_bytes
 
 POLICIES = {
-    "dequantized": {},
-    "kept": {"weights.quantized_formats": GGUF_FORMATS},
-    "kept+copies": {"weights.quantized_formats": GGUF_FORMATS, "weights.dense_copies": True},
+    "dequantized": {"weights.quantized_formats": []},
+    "int8_blocks": {},  # the cpu target's default
+    "kept": {"weights.quantized_formats": GGUF_FORMATS, "weights.kept_layout": "planes"},
+    "kept+copies": {
+        "weights.quantized_formats": GGUF_FORMATS,
+        "weights.kept_layout": "planes",
+        "weights.dense_copies": True,
+    },
 }
 
 
@@ -33,6 +38,7 @@ def _planned(model) -> int:
         model.dtype,
         w.quantized_formats,
         w.dense_copies,
+        kept_layout=w.kept_layout,
     )
 
 

@@ -1,6 +1,7 @@
 """Device weight bytes against the checkpoint's tensor bytes (runtime/loading/weight_bytes.py), as `ember serve`'s
-startup line and /v1/info report them, on the cpu target: dequantized GGUF weights cost 4 bytes each, weights
-kept packed cost their blocks (within 1.05x of the file), dense copies show as a larger ratio."""
+startup line and /v1/info report them, on the cpu target: dequantized GGUF weights cost 4 bytes each, the default
+int8 blocks ~1.1-1.3, weights kept packed cost their blocks (within 1.05x of the file), dense copies show as a
+larger ratio."""
 
 from __future__ import annotations
 
@@ -34,17 +35,31 @@ def _policy(**weights):
 
 
 def test_dequantized_weights_cost_four_bytes_each(checkpoint):
-    report = weight_bytes(load_model(checkpoint, target="cpu"))  # the cpu target: every tensor to float32
+    report = weight_bytes(load_model(checkpoint, target="cpu", precision="exact"))  # every tensor to float32
     assert report.checkpoint == sum(int(info.nbytes) for info in checkpoint._gguf.tensors.values())
     assert report.device == 4 * _elements(checkpoint)
     assert report.ratio > 5  # ~4.5 bits per Q4_K weight in the file
 
 
+def test_int8_blocks_cost_about_a_byte_and_a_quarter(checkpoint):
+    # the cpu default: matrices as int8 codes + float32 block scales (and Q4_K offsets), norms float32
+    report = weight_bytes(load_model(checkpoint, target="cpu"))
+    assert 1.1 * _elements(checkpoint) <= report.device <= 1.4 * _elements(checkpoint), report.line()
+
+
 def test_packed_weights_stay_within_five_percent_of_the_file(checkpoint):
-    kept = weight_bytes(load_model(checkpoint, target="cpu", kernel_policy=_policy(quantized_formats=GGUF_FORMATS)))
+    kept = weight_bytes(
+        load_model(
+            checkpoint, target="cpu", kernel_policy=_policy(quantized_formats=GGUF_FORMATS, kept_layout="planes")
+        )
+    )
     assert kept.checkpoint * 0.99 <= kept.device <= kept.checkpoint * 1.05, kept.line()
     copies = weight_bytes(
-        load_model(checkpoint, target="cpu", kernel_policy=_policy(quantized_formats=GGUF_FORMATS, dense_copies=True))
+        load_model(
+            checkpoint,
+            target="cpu",
+            kernel_policy=_policy(quantized_formats=GGUF_FORMATS, kept_layout="planes", dense_copies=True),
+        )
     )
     assert copies.device > 3 * kept.device, copies.line()  # every matrix read whole got a float32 copy too
 

@@ -1,7 +1,7 @@
-"""The cpu target: XLA CPU in fp32, every op its `jnp` reference, every weight dequantized at load (agrees with HF
-to 1e-4). GGUF weights may instead stay int8 codes + block scales (their exact values), multiplied by a native
-kernel (compiler/kernels/cpu_gemv/): the kernel policy override in CPU_INT8_BLOCKS, not the default (measured:
-docs/cpu_target.md)."""
+"""The cpu target: XLA CPU in fp32, every op its `jnp` reference except the projections of GGUF weights, which stay
+int8 codes + block scales (their exact values) multiplied by a native kernel (compiler/kernels/cpu_gemv/):
+CPU_INT8_BLOCKS, the default since the kernel decodes ~2x faster than the fp32 weights (docs/cpu_target.md).
+`--precision exact` dequantizes every weight to fp32 at load (agrees with HF to 1e-4)."""
 
 from . import Target
 from .policy import (
@@ -20,17 +20,18 @@ from .policy import (
 
 _K = "ember.compiler.kernels"
 
-# Opt-in (`--kernel-policy` with these weights fields): GGUF weights kept as int8 codes + block scales
-# (cpu_gemv/layout.py), ~1.25 bytes per weight instead of fp32's 4 (XLA fuses no dequantization into its dot, so
-# the native kernel multiplies them: docs/results/cpu_matmul_probe.json). Not the default: on the 2-core AVX2
-# development machine the 1.5B Q4_K_M decoded 2.07 tok/s with it vs 2.09 fp32 and loaded in 55.7 s vs 20.6 s
-# (docs/cpu_target.md); it saves memory (~1.9 vs ~7.1 GB resident), not time.
+# The default: GGUF weights kept as int8 codes + block scales (cpu_gemv/layout.py), ~1.25 bytes per weight instead
+# of fp32's 4 (XLA fuses no dequantization into its dot, so the native kernel multiplies them:
+# docs/results/cpu_matmul_probe.json). On the 2-core AVX2 development machine the 1.5B Q4_K_M decodes ~2x faster
+# with it than with fp32 weights, at a quarter of the memory (docs/cpu_target.md; docs/results/cpu_kernel_ab.json).
+# Where no C++ compiler can build the kernel its jnp form runs (correct, several times slower).
 CPU_INT8_BLOCKS = WeightPolicy(quantized_formats=("q4_k", "q6_k", "q8_0", "q5_0"), kept_layout="int8_blocks")
-CPU_WEIGHTS = WeightPolicy(quantized_formats=(), dense_copies=False)
+# every weight fp32 (what `--precision exact` gives; `--kernel-policy` with these weights fields also selects it)
+CPU_FP32_WEIGHTS = WeightPolicy(quantized_formats=(), dense_copies=False)
 
 CPU = Target(
     name="cpu",
-    description="XLA CPU, fp32 reference ops",
+    description="XLA CPU, fp32 reference ops, GGUF weights as int8 blocks (native kernel)",
     kernels={
         "embedding": f"{_K}.cpu_gemv.linear:embedding",
         "scale": f"{_K}.embedding:scale",
@@ -92,7 +93,7 @@ CPU = Target(
         split=SplitPolicy(triton=False),
         gated_delta=GatedDeltaPolicy(triton=False),
         moe=MoePolicy(triton=False),
-        weights=CPU_WEIGHTS,
+        weights=CPU_INT8_BLOCKS,
         # XLA CPU runs a one-row matmul as a GEMV whose sums round unlike its GEMM's; from two rows up the
         # GEMM's row results do not depend on how many rows there are (tests/test_deterministic_cpu.py
         # checks both), the blockwise attention is batch-invariant by construction, the sampler's row

@@ -4,7 +4,8 @@ allocation, saying how many GB are needed and how many are free).
 
 A weight costs on the device what the loader will place (runtime/loading/weights.py): a matrix in a format
 the target keeps (GGUF blocks, FP8, NVFP4) its stored bytes (plus a dense copy in the activation dtype where
-the policy asks for dense copies and the plan reads it whole), anything else its elements in the activation
+the policy asks for dense copies and the plan reads it whole; with the cpu target's kept layout "int8_blocks" a
+GGUF matrix costs its int8 codes and float32 block scales and offsets instead), anything else its elements in the activation
 dtype. A global weight tied to another (an LM head that is the embedding table) is counted once, as the
 loader shares it. The estimate is within the few bytes a layout adds (FP8 per-channel scales widened to
 float32, NVFP4's per-row scale).
@@ -37,8 +38,22 @@ def _stored_bytes(ckpt, name: str) -> int:
     return entry.end - entry.begin
 
 
-def _kept_bytes(loader: WeightLoader, name: str, transform, shape: tuple[int, ...]) -> int | None:
-    """Device bytes of tensor `name` where the loader keeps it in its stored format, else None."""
+# the cpu target's int8 blocks (compiler/kernels/cpu_gemv/layout.py): elements per float32 scale, and whether the
+# format has a float32 offset per block too
+INT8_BLOCKS = {"q4_k": (32, True), "q6_k": (16, False), "q8_0": (32, False), "q5_0": (32, False)}
+
+
+def _int8_block_bytes(fmt: str, shape: tuple[int, ...]) -> int:
+    elements = int(np.prod(shape))
+    block, offsets = INT8_BLOCKS[fmt]
+    return elements + 4 * (elements // block) * (2 if offsets else 1)
+
+
+def _kept_bytes(
+    loader: WeightLoader, name: str, transform, shape: tuple[int, ...], kept_layout: str = "planes"
+) -> int | None:
+    """Device bytes of tensor `name` where the loader keeps it in its stored format (or, kept_layout
+    "int8_blocks", as int8 codes + block scales), else None."""
     ckpt, keep = loader.ckpt, loader.keep_formats
     if len(shape) == 3 and "{e}" not in name and ckpt.format == "gguf" and not transform:  # an expert stack
         return _stored_bytes(ckpt, name) if GGML_TYPE_FORMATS.get(ckpt.ggml_type(name)) in loader.keep_experts else None
@@ -47,7 +62,7 @@ def _kept_bytes(loader: WeightLoader, name: str, transform, shape: tuple[int, ..
     if ckpt.format == "gguf":
         fmt = GGML_TYPE_FORMATS.get(ckpt.ggml_type(name))
         if fmt in keep and (not transform or parse_transform(transform)[0] in ROW_TRANSFORMS):
-            return _stored_bytes(ckpt, name)
+            return _int8_block_bytes(fmt, shape) if kept_layout == "int8_blocks" else _stored_bytes(ckpt, name)
         return None
     if transform:
         return None
@@ -74,11 +89,21 @@ def _weights(manifest: dict, resolved) -> Iterator[tuple[str, str, bool]]:
 
 
 def planned_weight_bytes(
-    spec, manifest: dict, ckpt, resolved, dtype, keep_formats, dense_copies: bool, shards=None, keep_experts=()
+    spec,
+    manifest: dict,
+    ckpt,
+    resolved,
+    dtype,
+    keep_formats,
+    dense_copies: bool,
+    shards=None,
+    keep_experts=(),
+    kept_layout: str = "planes",
 ) -> int:
     """Device bytes the loader will place for the model's weights (module docstring); on a device mesh, `shards`
     (name, global?) -> how many devices split that weight (runtime/loading/sharding.py Placement.shards),
-    and the bytes are one device's. keep_experts: the formats of expert stacks kept packed (no dense copy)."""
+    and the bytes are one device's. keep_experts: the formats of expert stacks kept packed (no dense copy).
+    kept_layout: the policy's (WeightPolicy.kept_layout) for the kept GGUF matrices."""
     loader = WeightLoader(spec, ckpt, resolved, tuple(keep_formats), tuple(keep_experts))
     gathered = gathered_only_weights(spec)
     itemsize = np.dtype(dtype).itemsize
@@ -92,7 +117,7 @@ def planned_weight_bytes(
             continue
         seen.add((name, transform))
         elements = int(np.prod(expected))
-        kept = _kept_bytes(loader, name, transform, expected)
+        kept = _kept_bytes(loader, name, transform, expected, kept_layout)
         if kept is None:
             total += elements * itemsize // (1 if shards is None else shards(weight_name, is_global))
             continue

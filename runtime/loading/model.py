@@ -288,6 +288,7 @@ def load_model(
         weights.dense_copies,
         None if placement is None else placement.shards,
         packed_experts,
+        weights.kept_layout,
     )
     free = free_device_bytes() if free_bytes is None else free_bytes
     if free is not None:

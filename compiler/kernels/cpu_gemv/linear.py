@@ -2,7 +2,7 @@
 Same signatures as compiler/kernels/dense_gemv/reference.py and embedding.py; per call, at trace time:
 
   plain array        the reference op (fp32 weights: HF checkpoints, GGUF formats not kept)
-  BlockQ8Weight      rows <= quant_gemv.gemv_max_rows: block_q8_matmul (int8 activations, the native kernel);
+  BlockQ8Weight      rows <= quant_gemv.gemv_max_rows: block_q8_matmul (int16 activations, the native kernel);
                      more rows: dequantized to float32 and the reference matmul (XLA's GEMM)
   split BlockQ8Weight the above on each device's blocks (kept_shards.per_shard: the native kernel is a custom
                      call XLA would otherwise run on the weight gathered whole)

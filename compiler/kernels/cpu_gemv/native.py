@@ -2,7 +2,8 @@
 
 The shared library is cached under the Ember cache (`<cache>/cpu-kernels/<hash>.so`, the hash over the source,
 the flags and the jaxlib version), so a restart loads it in milliseconds; the build (~15 s) happens on the
-first load of a model that needs it. Without a C++ compiler `available()` is False and the cpu target's ops
+first load of a model that needs it. Without a C++ compiler (or on a CPU without AVX2 + FMA, where the build
+stops at the source's #error) `available()` is False and the cpu target's ops
 run their jnp form instead (reference.py: the same arithmetic, several times slower).
 """
 

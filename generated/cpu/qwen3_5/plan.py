@@ -55,7 +55,10 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
                 'rows_for_decode': False,
                 'split_k_partials': False},
  'split': {'triton': False},
- 'weights': {'dense_copies': False, 'kept_layout': 'planes', 'packed_experts': [], 'quantized_formats': []}}
+ 'weights': {'dense_copies': False,
+             'kept_layout': 'int8_blocks',
+             'packed_experts': [],
+             'quantized_formats': ['q4_k', 'q6_k', 'q8_0', 'q5_0']}}
 
 
 def prologue(dims, weights, batch):
