@@ -19,7 +19,7 @@ from gguf_test_data import write_gguf
 from tiny_configs import TINY_LLAMA
 
 from ember.compiler.spec import spec_for_arch
-from ember.compiler.targets.cpu import CPU, CPU_INT8_BLOCKS
+from ember.compiler.targets.cpu import CPU, CPU_FP32_WEIGHTS, CPU_INT8_BLOCKS
 from ember.runtime.loading import prepared_weights
 from ember.runtime.loading.model import load_model
 from ember.runtime.loading.prepared_weights import PreparedWeights, wait_for_writes
@@ -27,7 +27,7 @@ from ember.runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
 
 # the cpu target's default (every weight fp32) and its int8-block layout (GGUF blocks kept as codes + scales)
 POLICIES = {
-    "fp32": CPU.policy,
+    "fp32": dataclasses.replace(CPU.policy, weights=CPU_FP32_WEIGHTS),
     "int8_blocks": dataclasses.replace(CPU.policy, weights=CPU_INT8_BLOCKS),
 }
 # formats both layouts keep or dequantize: Q4_K, Q6_K (the tied embedding), Q8_0, Q5_0
