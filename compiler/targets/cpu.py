@@ -45,7 +45,8 @@ CPU = Target(
         "gated_act": f"{_K}.activation:gated_act",
         "gated_act_packed": f"{_K}.activation:gated_act_packed",
         "rope_apply": f"{_K}.rope.reference:rope",
-        "attention": f"{_K}.attention.reference:paged_attention",
+        # reads only the chunks of the table the step's contexts reach (the reference reads max_model_len)
+        "attention": f"{_K}.attention.chunked:paged_attention_chunked",
         "split_at": f"{_K}.activation:split_at",
         "sigmoid_gate": f"{_K}.activation:sigmoid_gate",
         "gated_rms_norm": f"{_K}.gated_delta.op:gated_rms_norm_heads",

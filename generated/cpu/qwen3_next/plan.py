@@ -14,7 +14,7 @@ from ember.compiler.kernels.activation import gated_act as activation_gated_act
 from ember.compiler.kernels.activation import gated_act_packed as activation_gated_act_packed
 from ember.compiler.kernels.activation import sigmoid_gate as activation_sigmoid_gate
 from ember.compiler.kernels.activation import split_at as activation_split_at
-from ember.compiler.kernels.attention.reference import paged_attention as attention_reference_paged_attention
+from ember.compiler.kernels.attention.chunked import paged_attention_chunked as attention_chunked_paged_attention_chunked
 from ember.compiler.kernels.cpu_gemv.linear import embedding as cpu_gemv_linear_embedding
 from ember.compiler.kernels.cpu_gemv.linear import linear as cpu_gemv_linear_linear
 from ember.compiler.kernels.cpu_gemv.linear import linear_split as cpu_gemv_linear_linear_split
@@ -121,7 +121,7 @@ def layer_full_attention_dense(dims, w, constants, x, x_add, state, batch):
     q_1 = norm_reference_rms_norm(q, w['attn_q_norm.weight'], eps=dims.eps)
     k_1 = norm_reference_rms_norm(k, w['attn_k_norm.weight'], eps=dims.eps)
     q_2, k_2 = rope_reference_rope(q_1, k_1, positions, rope_inv_freq2, style='neox')
-    a, k_pool, v_pool = attention_reference_paged_attention(q_2, k_2, v, attn_window3, attn_state4, k_pool, v_pool, batch, scale=dims.attn_scale)
+    a, k_pool, v_pool = attention_chunked_paged_attention_chunked(q_2, k_2, v, attn_window3, attn_state4, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_14 = activation_sigmoid_gate(a, g)
     t_15 = cpu_gemv_linear_linear(t_14, w['attn_output.weight'])
     x_1, h_1 = norm_reference_add_rms_norm(x_in, t_15, w['post_attention_norm.weight'], eps=dims.eps)
@@ -146,7 +146,7 @@ def layer_full_attention_moe(dims, w, constants, x, x_add, state, batch):
     q_1 = norm_reference_rms_norm(q, w['attn_q_norm.weight'], eps=dims.eps)
     k_1 = norm_reference_rms_norm(k, w['attn_k_norm.weight'], eps=dims.eps)
     q_2, k_2 = rope_reference_rope(q_1, k_1, positions, rope_inv_freq5, style='neox')
-    a, k_pool, v_pool = attention_reference_paged_attention(q_2, k_2, v, attn_window6, attn_state7, k_pool, v_pool, batch, scale=dims.attn_scale)
+    a, k_pool, v_pool = attention_chunked_paged_attention_chunked(q_2, k_2, v, attn_window6, attn_state7, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_14 = activation_sigmoid_gate(a, g)
     t_15 = cpu_gemv_linear_linear(t_14, w['attn_output.weight'])
     x_1, h_1 = norm_reference_add_rms_norm(x_in, t_15, w['post_attention_norm.weight'], eps=dims.eps)
