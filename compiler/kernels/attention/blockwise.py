@@ -28,10 +28,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ember.compiler.batch import StepBatch, kind_view
-from ember.compiler.kernels.attention.reference import (
-    _write as _write_step_kv,  # the reference's write, the same rounding
-)
+from ember.compiler.batch import StepBatch
+from ember.compiler.kernels.attention.chunked import attend_rows_and_segments
 from ember.compiler.kernels.fixed_order import fixed_order_sum
 
 _F32 = jnp.float32
@@ -41,31 +39,7 @@ def paged_attention_blockwise(q, k, v, window, state, k_pool, v_pool, batch: Ste
     # q [N, hq, dh], k/v [N, hkv, dh], window: int32 scalar (0 = unlimited), state: int32 scalar (kind index);
     # this layer's pools k_pool, v_pool [blocks, bs, hkv, dh] -> (out [N, hq * dh], k_pool, v_pool), the
     # step's k/v written first
-    write_slots, dec_tables, pre_tables = kind_view(batch, state)
-    k_layer = k_pool = _write_step_kv(k_pool, write_slots, k)
-    v_layer = v_pool = _write_step_kv(v_pool, write_slots, v)
-    n_dec = batch.num_decode
-    parts = []
-    if n_dec:  # B rows of one token each
-        parts.append(
-            _attend_blockwise(
-                q[:n_dec, None], batch.positions[:n_dec, None], dec_tables, k_layer, v_layer, window, scale
-            )[:, 0]
-        )
-    if q.shape[0] > n_dec:  # P rows of L tokens (the prefill segments)
-        p = pre_tables.shape[0]
-        out = _attend_blockwise(
-            q[n_dec:].reshape(p, -1, *q.shape[1:]),
-            batch.positions[n_dec:].reshape(p, -1),
-            pre_tables,
-            k_layer,
-            v_layer,
-            window,
-            scale,
-        )
-        parts.append(out.reshape(-1, *q.shape[1:]))
-    out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
-    return out.reshape(out.shape[0], -1), k_pool, v_pool
+    return attend_rows_and_segments(_attend_blockwise, q, k, v, window, state, k_pool, v_pool, batch, scale=scale)
 
 
 def _attend_blockwise(q, positions, tables, k_layer, v_layer, window, scale):
