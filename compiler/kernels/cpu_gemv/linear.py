@@ -9,8 +9,7 @@ Same signatures as compiler/kernels/dense_gemv/reference.py and embedding.py; pe
   WeightGroup        one of the above per part (q/k beside a v of another format), outputs side by side
 
 The deterministic plans take the `*_invariant` forms: the kernel at every row count, so a row's result is the
-same in any step (the kernel is batch-invariant; switching to the GEMM at some row count would not be), and
-float weights of at most NARROW_OUTPUTS outputs through tiled_matmul.
+same in any step (the kernel is batch-invariant; switching to the GEMM at some row count would not be).
 """
 
 from __future__ import annotations
@@ -23,13 +22,7 @@ from ember.compiler.kernels.cpu_gemv.matmul import block_q8_matmul
 from ember.compiler.kernels.dense_gemv import reference as linear_ref
 from ember.compiler.kernels.gguf_gemv.layout import WeightGroup
 from ember.compiler.kernels.kept_shards import per_shard
-from ember.compiler.kernels.tiled_matmul import tiled_matmul
 from ember.compiler.targets.policy import kernel_policy
-
-# float weights this narrow go through fixed-shape GEMMs in the deterministic plans: XLA's GEMM rounds a row of
-# a one-wide output (a shared expert's gate) by the row count (tiled_matmul.py); wider ones measured invariant
-# from two rows (tests/test_deterministic_cpu.py) keep XLA's GEMM
-NARROW_OUTPUTS = 32
 
 
 def _matmul(x, w, invariant: bool):
@@ -48,8 +41,6 @@ def _linear(x, weight, bias, invariant: bool):
         y = jnp.concatenate([_matmul(x, part, invariant) for part in weight.parts], axis=-1)
     elif isinstance(weight, BlockQ8Weight):
         y = _matmul(x, weight, invariant)
-    elif invariant and weight.shape[0] <= NARROW_OUTPUTS:
-        y = tiled_matmul(x, weight.T).astype(x.dtype)
     else:
         return linear_ref.linear(x, weight, bias)
     return y if bias is None else y + bias.astype(y.dtype)
