@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from ember.compiler.batch import StepBatch
-from ember.compiler.kernels.attention.chunked import attend_rows_and_segments
+from ember.compiler.kernels.attention.reference import attend_rows_and_segments
 from ember.compiler.kernels.fixed_order import fixed_order_sum
 
 _F32 = jnp.float32

@@ -19,8 +19,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ember.compiler.batch import StepBatch, kind_view
-from ember.compiler.kernels.attention.reference import _write
+from ember.compiler.batch import StepBatch
+from ember.compiler.kernels.attention.reference import attend_rows_and_segments
 
 CHUNK_BLOCKS = 16  # 256 positions per chunk at block size 16
 _F32 = jnp.float32
@@ -29,28 +29,6 @@ _F32 = jnp.float32
 def paged_attention_chunked(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale):
     # window: int32 scalar (0 = unlimited), state: int32 scalar (kind index)
     return attend_rows_and_segments(_attend_chunked, q, k, v, window, state, k_pool, v_pool, batch, scale=scale)
-
-
-def attend_rows_and_segments(attend, q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale):
-    """The step's k/v written into this layer's pools, then `attend(q [R, T, hq, dh], positions [R, T], tables
-    [R, W], k_pool, v_pool, window, scale) -> [R, T, hq, dh]` over the B decode rows (one token each) and the
-    P prefill segments (L tokens each) -> (out [N, hq * dh], k_pool, v_pool)."""
-    write_slots, dec_tables, pre_tables = kind_view(batch, state)
-    k_pool = _write(k_pool, write_slots, k)
-    v_pool = _write(v_pool, write_slots, v)
-    n_dec = batch.num_decode
-    parts = []
-    if n_dec:
-        parts.append(
-            attend(q[:n_dec, None], batch.positions[:n_dec, None], dec_tables, k_pool, v_pool, window, scale)[:, 0]
-        )
-    if q.shape[0] > n_dec:
-        p = pre_tables.shape[0]
-        positions = batch.positions[n_dec:].reshape(p, -1)
-        segs = attend(q[n_dec:].reshape(p, -1, *q.shape[1:]), positions, pre_tables, k_pool, v_pool, window, scale)
-        parts.append(segs.reshape(-1, *q.shape[1:]))
-    out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
-    return out.reshape(out.shape[0], -1), k_pool, v_pool
 
 
 def _attend_chunked(q, positions, tables, k_pool, v_pool, window, scale):

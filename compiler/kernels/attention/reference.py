@@ -31,31 +31,33 @@ def state_index(*, index) -> int:
 def paged_attention(q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale):
     # q [N, hq, dh], k/v [N, hkv, dh], window: int32 scalar (0 = unlimited), state: int32 scalar (kind index);
     # k_pool, v_pool: this layer's pool, of its state kind
+    return attend_rows_and_segments(_attend_gathered, q, k, v, window, state, k_pool, v_pool, batch, scale=scale)
+
+
+def _attend_gathered(q, positions, tables, k_pool, v_pool, window, scale):
+    # every row's whole table gathered: [R, W * block_size] positions
+    slots = _table_slots(tables, k_pool.shape[1])
+    return _attend(q, _gather(k_pool, slots), _gather(v_pool, slots), positions, window, scale)
+
+
+def attend_rows_and_segments(attend, q, k, v, window, state, k_pool, v_pool, batch: StepBatch, *, scale):
+    """The step's k/v written into this layer's pools, then `attend(q [R, T, hq, dh], positions [R, T], tables
+    [R, W], k_pool, v_pool, window, scale) -> [R, T, hq, dh]` over the B decode rows (one token each) and the
+    P prefill segments (L tokens each) -> (out [N, hq * dh], k_pool, v_pool)."""
     write_slots, dec_tables, pre_tables = kind_view(batch, state)
     k_pool = _write(k_pool, write_slots, k)
     v_pool = _write(v_pool, write_slots, v)
     n_dec = batch.num_decode
     parts = []
     if n_dec:
-        slots = _table_slots(dec_tables, k_pool.shape[1])  # [B, S]
         parts.append(
-            _attend(
-                q[:n_dec, None],
-                _gather(k_pool, slots),
-                _gather(v_pool, slots),
-                batch.positions[:n_dec, None],
-                window,
-                scale,
-            )[:, 0]
+            attend(q[:n_dec, None], batch.positions[:n_dec, None], dec_tables, k_pool, v_pool, window, scale)[:, 0]
         )
-    if q.shape[0] > n_dec:  # P segments of L tokens, each one sequence's chunk
+    if q.shape[0] > n_dec:
         p = pre_tables.shape[0]
-        slots = _table_slots(pre_tables, k_pool.shape[1])  # [P, S]
-        seg_q = q[n_dec:].reshape(p, -1, *q.shape[1:])
-        out = _attend(
-            seg_q, _gather(k_pool, slots), _gather(v_pool, slots), batch.positions[n_dec:].reshape(p, -1), window, scale
-        )
-        parts.append(out.reshape(-1, *q.shape[1:]))
+        positions = batch.positions[n_dec:].reshape(p, -1)
+        segs = attend(q[n_dec:].reshape(p, -1, *q.shape[1:]), positions, pre_tables, k_pool, v_pool, window, scale)
+        parts.append(segs.reshape(-1, *q.shape[1:]))
     out = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     return out.reshape(out.shape[0], -1), k_pool, v_pool
 
