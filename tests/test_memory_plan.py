@@ -18,7 +18,8 @@ from ember.runtime.loading.weight_bytes import device_weight_bytes
 
 POLICIES = {
     "dequantized": {"weights.quantized_formats": []},
-    "int8_blocks": {},  # the cpu target's default
+    "int8_blocks": {"weights.kept_layout": "int8_blocks"},
+    "nibble_blocks": {"weights.kept_layout": "nibble_blocks"},
     "kept": {"weights.quantized_formats": GGUF_FORMATS, "weights.kept_layout": "planes"},
     "kept+copies": {
         "weights.quantized_formats": GGUF_FORMATS,

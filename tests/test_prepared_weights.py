@@ -19,16 +19,18 @@ from gguf_test_data import write_gguf
 from tiny_configs import TINY_LLAMA
 
 from ember.compiler.spec import spec_for_arch
-from ember.compiler.targets.cpu import CPU, CPU_FP32_WEIGHTS, CPU_INT8_BLOCKS
+from ember.compiler.targets.cpu import CPU, CPU_FP32_WEIGHTS, CPU_INT8_BLOCKS, CPU_NIBBLE_BLOCKS
 from ember.runtime.loading import prepared_weights
 from ember.runtime.loading.model import load_model
 from ember.runtime.loading.prepared_weights import PreparedWeights, wait_for_writes
 from ember.runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
 
-# the cpu target's default (every weight fp32) and its int8-block layout (GGUF blocks kept as codes + scales)
+# every weight fp32 (`--precision exact`), and the block layouts (GGUF blocks kept as codes + scales; the default
+# has Q4_K's codes two per byte)
 POLICIES = {
     "fp32": dataclasses.replace(CPU.policy, weights=CPU_FP32_WEIGHTS),
     "int8_blocks": dataclasses.replace(CPU.policy, weights=CPU_INT8_BLOCKS),
+    "nibble_blocks": dataclasses.replace(CPU.policy, weights=CPU_NIBBLE_BLOCKS),
 }
 # formats both layouts keep or dequantize: Q4_K, Q6_K (the tied embedding), Q8_0, Q5_0
 TYPES = {"blk.1.attn_k.weight": "Q5_0", "blk.0.ffn_up.weight": "Q8_0"}
@@ -86,8 +88,9 @@ def test_a_second_load_maps_the_first_ones_arrays(tmp_path, cache, capsys, layou
     assert len({id(x) for x in jax.tree_util.tree_leaves(second)}) == len(
         {id(x) for x in jax.tree_util.tree_leaves(fresh)}
     )
-    if layout == "int8_blocks":  # the kept layout itself came back, not floats
-        assert any(leaf.dtype == np.int8 for leaf in jax.tree_util.tree_leaves(second))
+    if layout != "fp32":  # the kept layout itself came back, not floats (nibble pairs as uint8)
+        code_dtype = np.uint8 if layout == "nibble_blocks" else np.int8
+        assert any(leaf.dtype == code_dtype for leaf in jax.tree_util.tree_leaves(second))
 
 
 def test_the_two_layouts_are_two_entries(tmp_path, cache):

@@ -154,6 +154,10 @@ class MoePolicy:
     grouped: bool = True
 
 
+CPU_BLOCK_LAYOUTS = ("int8_blocks", "nibble_blocks")  # WeightPolicy.kept_layout values of the cpu kernel's form
+KEPT_LAYOUTS = ("planes", *CPU_BLOCK_LAYOUTS)
+
+
 @dataclass(frozen=True)
 class WeightPolicy:
     """What stays packed on the device (runtime/loading/weights.py)."""
@@ -163,18 +167,24 @@ class WeightPolicy:
     quantized_formats: tuple[str, ...] = ()
     # kept GGUF weights also get a dense copy for steps of more rows (gguf_gemv/layout.py DenseBacked)
     dense_copies: bool = False
-    # how kept GGUF weights sit on the device: "planes" (gguf_gemv/layout.py, the GPU kernels' packing) or
+    # how kept GGUF weights sit on the device: "planes" (gguf_gemv/layout.py, the GPU kernels' packing),
     # "int8_blocks" (cpu_gemv/layout.py: int8 codes + block scales, the cpu kernel's; docs/results/cpu_matmul_probe.json)
+    # or "nibble_blocks" (the same with Q4_K's codes two per byte)
     kept_layout: str = "planes"
     # formats of GGUF expert stacks ([E, out, in] ffn_*_exps) kept packed, as compiler/kernels/moe/packed.py lays
     # them out (no dense copy: a 30B-A3B's experts would need ~57 GB in bf16); others are dequantized at load
     packed_experts: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if self.kept_layout not in ("planes", "int8_blocks"):
+        if self.kept_layout not in KEPT_LAYOUTS:
             raise ValueError(
-                f"kernel policy: weights.kept_layout must be 'planes' or 'int8_blocks', got {self.kept_layout!r}"
+                f"kernel policy: weights.kept_layout must be one of {KEPT_LAYOUTS}, got {self.kept_layout!r}"
             )
+
+    @property
+    def cpu_blocks(self) -> bool:
+        """Kept GGUF weights as the cpu kernel's codes + block scales (cpu_gemv/layout.py)."""
+        return self.kept_layout in CPU_BLOCK_LAYOUTS
 
 
 @dataclass(frozen=True)

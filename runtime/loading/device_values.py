@@ -19,6 +19,7 @@ from ...compiler.kernels.gguf_gemv.reference import dequantize
 from ...compiler.kernels.kept_shards import dense_like
 from ...compiler.kernels.moe.packed import is_packed_experts
 from ...compiler.kernels.nvfp4.reference import Nvfp4Weight
+from ...compiler.targets.policy import CPU_BLOCK_LAYOUTS
 from .fp8_checkpoint import HostFp8
 from .nvfp4_checkpoint import HostNvfp4
 
@@ -38,7 +39,8 @@ def host_form(value, dtype, kept_layout: str = "planes"):
 def device_placer(dtype, kept_layout: str = "planes") -> Callable[[Any], Any]:
     """A load_params `to_device`: float arrays -> device arrays of the activation `dtype`; quantized
     weights -> their planes on the device unchanged (uint32 / int8 / fp16), tagged with `dtype`, or with
-    kept_layout "int8_blocks" (the cpu target's: WeightPolicy.kept_layout) their int8 codes and block scales."""
+    kept_layout "int8_blocks" / "nibble_blocks" (the cpu target's: WeightPolicy.kept_layout) their codes and block
+    scales (Q4_K's codes two per byte with "nibble_blocks")."""
     name = np.dtype(dtype).name
 
     def place(value):
@@ -48,8 +50,8 @@ def device_placer(dtype, kept_layout: str = "planes") -> Callable[[Any], Any]:
             return Nvfp4Weight(*(jax.device_put(a) for a in value))
         if isinstance(value, QuantizedWeight):
             placed = value._replace(planes={k: jax.device_put(p) for k, p in value.planes.items()}, dtype=name)
-            if kept_layout == "int8_blocks" and not is_packed_experts(placed):
-                return from_quantized(placed)
+            if kept_layout in CPU_BLOCK_LAYOUTS and not is_packed_experts(placed):
+                return from_quantized(placed, nibbles=kept_layout == "nibble_blocks")
             return placed
         if isinstance(value, WeightGroup):
             return WeightGroup(tuple(place(part) for part in value.parts))

@@ -20,6 +20,7 @@ import numpy as np
 
 from ...compiler.kernels.gguf_gemv.layout import GGML_TYPE_FORMATS
 from ...compiler.spec import gathered_only_weights
+from ...compiler.targets.policy import CPU_BLOCK_LAYOUTS
 from ...compiler.weight_transforms import parse_transform
 from .formats.errors import CheckpointError
 from .weights import ROW_TRANSFORMS, WeightLoader
@@ -43,17 +44,18 @@ def _stored_bytes(ckpt, name: str) -> int:
 INT8_BLOCKS = {"q4_k": (32, True), "q6_k": (16, False), "q8_0": (32, False), "q5_0": (32, False)}
 
 
-def _int8_block_bytes(fmt: str, shape: tuple[int, ...]) -> int:
+def _int8_block_bytes(fmt: str, shape: tuple[int, ...], nibbles: bool = False) -> int:
     elements = int(np.prod(shape))
     block, offsets = INT8_BLOCKS[fmt]
-    return elements + 4 * (elements // block) * (2 if offsets else 1)
+    codes = elements // 2 if nibbles and fmt == "q4_k" else elements  # Q4_K's codes two per byte
+    return codes + 4 * (elements // block) * (2 if offsets else 1)
 
 
 def _kept_bytes(
     loader: WeightLoader, name: str, transform, shape: tuple[int, ...], kept_layout: str = "planes"
 ) -> int | None:
     """Device bytes of tensor `name` where the loader keeps it in its stored format (or, kept_layout
-    "int8_blocks", as int8 codes + block scales), else None."""
+    "int8_blocks" / "nibble_blocks", as codes + block scales), else None."""
     ckpt, keep = loader.ckpt, loader.keep_formats
     if len(shape) == 3 and "{e}" not in name and ckpt.format == "gguf" and not transform:  # an expert stack
         return _stored_bytes(ckpt, name) if GGML_TYPE_FORMATS.get(ckpt.ggml_type(name)) in loader.keep_experts else None
@@ -62,7 +64,9 @@ def _kept_bytes(
     if ckpt.format == "gguf":
         fmt = GGML_TYPE_FORMATS.get(ckpt.ggml_type(name))
         if fmt in keep and (not transform or parse_transform(transform)[0] in ROW_TRANSFORMS):
-            return _int8_block_bytes(fmt, shape) if kept_layout == "int8_blocks" else _stored_bytes(ckpt, name)
+            if kept_layout in CPU_BLOCK_LAYOUTS:
+                return _int8_block_bytes(fmt, shape, nibbles=kept_layout == "nibble_blocks")
+            return _stored_bytes(ckpt, name)
         return None
     if transform:
         return None

@@ -1,5 +1,5 @@
-"""Batch-1 decode of one GGUF on the cpu target, weights kept as int8 blocks (the native kernel) against every
-weight fp32 (`--precision exact`), both loaded in one process and their decode steps interleaved (the machine is
+"""Batch-1 decode of one GGUF on the cpu target, weights kept as int8 blocks (the native kernel), as int8 blocks
+with Q4_K's codes two per byte (`nibble_blocks`), and every weight fp32 (`--precision exact`), loaded in one process and their decode steps interleaved (the machine is
 shared: A and B see the same neighbours). Prints one JSON object; check `free -g` first (the 1.5B takes ~1.9 GB
 kept quantized plus ~7.1 GB in fp32). `--rest` adds a third copy of the int8-block model whose projections call a
 kernel that only zeroes its output: its step time is the rest of a decode step (attention, norms, sampling, host).
@@ -59,13 +59,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("gguf")
     parser.add_argument("--steps", type=int, default=16, help="timed decode steps per variant")
-    parser.add_argument("--only", choices=("int8_blocks", "fp32"), help="load one variant only")
+    parser.add_argument(
+        "--only", nargs="+", choices=("int8_blocks", "nibble_blocks", "fp32"), help="load these variants only"
+    )
     parser.add_argument("--rest", action="store_true", help="also time the step with no-op projections")
     args = parser.parse_args(argv)
-    int8 = {"kernel_policy": dataclasses.replace(CPU.policy, weights=CPU_INT8_BLOCKS)}
-    setups = {"int8_blocks": int8, "fp32": {"precision": "exact"}}
+
+    def blocks(layout: str) -> dict:
+        weights = dataclasses.replace(CPU_INT8_BLOCKS, kept_layout=layout)
+        return {"kernel_policy": dataclasses.replace(CPU.policy, weights=weights)}
+
+    int8 = blocks("int8_blocks")
+    setups = {"int8_blocks": int8, "nibble_blocks": blocks("nibble_blocks"), "fp32": {"precision": "exact"}}
     if args.only:
-        setups = {args.only: setups[args.only]}
+        setups = {name: setups[name] for name in args.only}
     if args.rest:
         setups["rest_without_projections"] = int8
     runners, report = {}, {"load_avg_start": [round(v, 2) for v in os.getloadavg()], "variants": {}}

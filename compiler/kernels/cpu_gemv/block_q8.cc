@@ -1,7 +1,10 @@
 // x [N, K] f32 times a weight of int8 codes [O, K] with one scale (and optionally one offset) per block of B
 // codes along K: y[n, o] = sum_b scale[o, b] * (x[n, b] . codes[o, b]) - offset[o, b] * sum(x[n, b]).
 // A GGUF K-quant or Q8_0 / Q5_0 weight is exactly this form (compiler/kernels/cpu_gemv/layout.py), so the
-// weight is read at ~1.1-1.25 bytes per element where the exact path reads fp32. The activations are quantized
+// weight is read at ~1.1-1.25 bytes per element where the exact path reads fp32. Codes 0..15 (Q4_K's) may come
+// two per byte (uint8 [O, K / 2]; byte j of a block of 32 holds code j in its low and code j + 16 in its high
+// nibble): 0.75 bytes per element with the block's scale and offset, unpacked in registers to the same int16
+// codes, so the nibble form computes exactly the int8 form's numbers. The activations are quantized
 // to int16 per 32 elements (the only rounding the kernel adds), so each block's dot is integer arithmetic.
 //
 // Each output (n, o) is computed by the same instruction sequence whatever N is, however many weight rows are
@@ -72,11 +75,11 @@ Activations quantize(const float* x, int64_t n, int64_t k, int64_t block, bool s
 }
 
 struct Problem {
-  const int8_t* codes;  // [O, K]
+  const uint8_t* codes;  // [O, K] int8 codes, or [O, K / 2] nibble pairs (rows `row_bytes` apart)
   const float* scale;   // [O, nb]
   const float* offset;  // [O, nb] or null
   float* y;             // [N, O]
-  int64_t n, k, o, block;
+  int64_t n, k, o, block, row_bytes;
 };
 
 inline float hsum(__m256 v) {
@@ -87,8 +90,15 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-inline __m256i widen16(const int8_t* codes) {
+inline __m256i widen16(const uint8_t* codes) {
   return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+}
+
+// 16 bytes of nibble pairs -> the block's 32 codes as int16: c0 codes 0..15 (low nibbles), c1 16..31 (high)
+inline void unpack_nibbles(const uint8_t* bytes, __m256i& c0, __m256i& c1) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)), low4 = _mm_set1_epi8(0x0F);
+  c0 = _mm256_cvtepu8_epi16(_mm_and_si128(packed, low4));
+  c1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low4));
 }
 
 inline __m256i load16(const int16_t* x) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)); }
@@ -110,14 +120,21 @@ inline __m256 load8(const float* v, int64_t count) {
 
 // The 8 int32 lane vectors of blocks g..g+7 of one weight row against RN activation rows (zeros past `count`
 // blocks); each block's codes are widened to int16 once for the RN rows. Block 32: two madds per block and row.
-// Block 16: each madd is one block.
-template <int BLOCK, bool FULL, int RN>
-inline void block_vectors(const int8_t* c, const int16_t* const x[RN], int count, __m256i v[RN][kGroup]) {
+// Block 16: each madd is one block. NIBBLES: the codes come two per byte (block 32 only).
+template <int BLOCK, bool FULL, int RN, bool NIBBLES>
+inline void block_vectors(const uint8_t* c, const int16_t* const x[RN], int count, __m256i v[RN][kGroup]) {
+  static_assert(!NIBBLES || BLOCK == 32, "nibble pairs come in blocks of 32");
   for (int j = 0; j < kGroup; ++j) {
     if (!FULL && j >= count) {
       for (int n = 0; n < RN; ++n) v[n][j] = _mm256_setzero_si256();
     } else if constexpr (BLOCK == 32) {
-      const __m256i c0 = widen16(c + 32 * j), c1 = widen16(c + 32 * j + 16);
+      __m256i c0, c1;
+      if constexpr (NIBBLES) {
+        unpack_nibbles(c + 16 * j, c0, c1);
+      } else {
+        c0 = widen16(c + 32 * j);
+        c1 = widen16(c + 32 * j + 16);
+      }
       for (int n = 0; n < RN; ++n)
         v[n][j] = _mm256_add_epi32(_mm256_madd_epi16(c0, load16(x[n] + 32 * j)),
                                    _mm256_madd_epi16(c1, load16(x[n] + 32 * j + 16)));
@@ -148,7 +165,7 @@ inline float offset_term(const Problem& p, const Activations& a, int64_t row, in
 // RO weight rows (o0..o0+RO-1) against RN activation rows (n0..n0+RN-1): y[n, o]. Every (n, o) runs the same
 // arithmetic for any RO, RN, N or thread split: the groups in order, a fixed tree within each (integer sums
 // exact, the float operations per output the same sequence).
-template <int BLOCK, int RO, int RN>
+template <int BLOCK, bool NIBBLES, int RO, int RN>
 void rows_x_activations(const Problem& p, const Activations& a, int64_t o0, int64_t n0) {
   const int64_t nb = p.k / BLOCK;
   const int16_t* x[RN];
@@ -167,17 +184,18 @@ void rows_x_activations(const Problem& p, const Activations& a, int64_t o0, int6
     for (int r = 0; r < RO; ++r) {
       const int64_t row = o0 + r;
       __m256i v[RN][kGroup];
-      const int8_t* c = p.codes + row * p.k + g * BLOCK;
+      constexpr int kGroupBytes = kGroup * BLOCK / (NIBBLES ? 2 : 1);
+      const uint8_t* c = p.codes + row * p.row_bytes + g / kGroup * kGroupBytes;
       // the rows PREFETCH_ROWS ahead at this position: a row is a short stream (1.5 KB at K = 1536) that the
       // hardware prefetcher barely ramps up on, and the weights are read once per call (from memory)
-      const char* ahead = reinterpret_cast<const char*>(c + PREFETCH_ROWS * p.k);
-      for (int line = 0; line < kGroup * BLOCK; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+      const char* ahead = reinterpret_cast<const char*>(c + PREFETCH_ROWS * p.row_bytes);
+      for (int line = 0; line < kGroupBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(p.scale + (row + PREFETCH_ROWS) * nb + g), _MM_HINT_T0);
       if (p.offset) _mm_prefetch(reinterpret_cast<const char*>(p.offset + (row + PREFETCH_ROWS) * nb + g), _MM_HINT_T0);
       if (count == kGroup)
-        block_vectors<BLOCK, true, RN>(c, xg, count, v);
+        block_vectors<BLOCK, true, RN, NIBBLES>(c, xg, count, v);
       else
-        block_vectors<BLOCK, false, RN>(c, xg, count, v);
+        block_vectors<BLOCK, false, RN, NIBBLES>(c, xg, count, v);
       const float* ws = p.scale + row * nb + g;
       const __m256 w0 = broadcast4(ws, count), w1 = broadcast4(ws + 4, count - 4);
       for (int n = 0; n < RN; ++n) {
@@ -204,34 +222,39 @@ void rows_x_activations(const Problem& p, const Activations& a, int64_t o0, int6
 constexpr int kRowBlock = 4;
 constexpr int kActBlock = 2;
 
-template <int BLOCK, int RO>
+template <int BLOCK, bool NIBBLES, int RO>
 void activation_rows(const Problem& p, const Activations& a, int64_t o) {
   int64_t n = 0;
-  for (; n + kActBlock <= p.n; n += kActBlock) rows_x_activations<BLOCK, RO, kActBlock>(p, a, o, n);
-  for (; n < p.n; ++n) rows_x_activations<BLOCK, RO, 1>(p, a, o, n);
+  for (; n + kActBlock <= p.n; n += kActBlock) rows_x_activations<BLOCK, NIBBLES, RO, kActBlock>(p, a, o, n);
+  for (; n < p.n; ++n) rows_x_activations<BLOCK, NIBBLES, RO, 1>(p, a, o, n);
 }
 
-template <int BLOCK>
+template <int BLOCK, bool NIBBLES>
 void weight_rows(const Problem& p, const Activations& a, int64_t first, int64_t last) {
   int64_t o = first;
-  for (; o + kRowBlock <= last; o += kRowBlock) activation_rows<BLOCK, kRowBlock>(p, a, o);
-  for (; o < last; ++o) activation_rows<BLOCK, 1>(p, a, o);
+  for (; o + kRowBlock <= last; o += kRowBlock) activation_rows<BLOCK, NIBBLES, kRowBlock>(p, a, o);
+  for (; o < last; ++o) activation_rows<BLOCK, NIBBLES, 1>(p, a, o);
 }
 
-ffi::Error BlockQ8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> codes,
-                             ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> offset,
-                             ffi::ResultBuffer<ffi::F32> y) {
-  auto xd = x.dimensions(), cd = codes.dimensions(), sd = scale.dimensions();
-  if (xd.size() != 2 || cd.size() != 2 || sd.size() != 2 || xd[1] != cd[1] || sd[0] != cd[0] || sd[1] == 0 ||
-      cd[1] % 32 != 0 || (cd[1] / sd[1] != 32 && cd[1] / sd[1] != 16)) {
-    return ffi::Error::InvalidArgument("block_q8_matmul: x [N, K], codes [O, K], scale [O, K / block], block 16 or 32");
+// codes_per_byte 1: int8 codes [O, K]; 2: nibble pairs [O, K / 2] (blocks of 32)
+ffi::Error Run(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, const uint8_t* codes, int64_t code_rows,
+               int64_t code_columns, int codes_per_byte, ffi::Buffer<ffi::F32>& scale, ffi::Buffer<ffi::F32>& offset,
+               ffi::ResultBuffer<ffi::F32>& y) {
+  auto xd = x.dimensions(), sd = scale.dimensions();
+  const int64_t k = code_columns * codes_per_byte;
+  if (xd.size() != 2 || sd.size() != 2 || xd[1] != k || sd[0] != code_rows || sd[1] == 0 || k % 32 != 0 ||
+      (k / sd[1] != 32 && k / sd[1] != 16) || (codes_per_byte == 2 && k / sd[1] != 32)) {
+    return ffi::Error::InvalidArgument(
+        "block_q8_matmul: x [N, K], codes [O, K] (or nibble pairs [O, K / 2]), scale [O, K / block], block 16 or "
+        "32 (32 for nibbles)");
   }
-  Problem p{codes.typed_data(), scale.typed_data(), nullptr, y->typed_data(), xd[0], xd[1], cd[0], cd[1] / sd[1]};
+  Problem p{codes, scale.typed_data(), nullptr, y->typed_data(), xd[0], k, code_rows, k / sd[1], code_columns};
   if (offset.element_count() > 0) {
     if (offset.element_count() != scale.element_count())
       return ffi::Error::InvalidArgument("block_q8_matmul: offset must match scale (or be empty)");
     p.offset = offset.typed_data();
   }
+  const bool nibbles = codes_per_byte == 2;
   const Activations a = quantize(x.typed_data(), p.n, p.k, p.block, p.offset != nullptr);
   // the outputs split into ranges (whole row blocks) that the caller and the threads of XLA's own intra-op pool
   // claim in turn (its threads are the ones already running: threads of our own would compete with them for
@@ -245,13 +268,15 @@ ffi::Error BlockQ8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
   const int64_t ranges = helpers == 0 ? 1 : 4 * (helpers + 1);
   const int64_t size = ((p.o + ranges - 1) / ranges + kRowBlock - 1) / kRowBlock * kRowBlock;
   auto shared = std::make_shared<Shared>();
-  auto work = [shared, &p, &a, ranges, size] {
+  auto work = [shared, &p, &a, ranges, size, nibbles] {
     for (int64_t r; (r = shared->next.fetch_add(1)) < ranges;) {
       const int64_t first = std::min(p.o, r * size), last = std::min(p.o, (r + 1) * size);
-      if (p.block == 32)
-        weight_rows<32>(p, a, first, last);
+      if (nibbles)
+        weight_rows<32, true>(p, a, first, last);
+      else if (p.block == 32)
+        weight_rows<32, false>(p, a, first, last);
       else
-        weight_rows<16>(p, a, first, last);
+        weight_rows<16, false>(p, a, first, last);
       shared->done.fetch_add(1, std::memory_order_release);
     }
   };
@@ -261,6 +286,23 @@ ffi::Error BlockQ8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
   return ffi::Error::Success();
 }
 
+
+ffi::Error BlockQ8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> codes,
+                             ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> offset,
+                             ffi::ResultBuffer<ffi::F32> y) {
+  auto cd = codes.dimensions();
+  if (cd.size() != 2) return ffi::Error::InvalidArgument("block_q8_matmul: codes [O, K]");
+  return Run(pool, x, reinterpret_cast<const uint8_t*>(codes.typed_data()), cd[0], cd[1], 1, scale, offset, y);
+}
+
+ffi::Error BlockQ4MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> codes,
+                             ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> offset,
+                             ffi::ResultBuffer<ffi::F32> y) {
+  auto cd = codes.dimensions();
+  if (cd.size() != 2) return ffi::Error::InvalidArgument("block_q8_matmul: nibble pairs [O, K / 2]");
+  return Run(pool, x, codes.typed_data(), cd[0], cd[1], 2, scale, offset, y);
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmberBlockQ8Matmul, BlockQ8MatmulImpl,
@@ -268,6 +310,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmberBlockQ8Matmul, BlockQ8MatmulImpl,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmberBlockQ4Matmul, BlockQ4MatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

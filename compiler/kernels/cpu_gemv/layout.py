@@ -9,7 +9,12 @@ w = d * (code - 16) per 32. As BlockQ8Weight:
   offset float32 [out, in / block]     what the block subtracts (Q4_K's minimum), or [0] where nothing is
 
 so `scale * code - offset` is bit for bit what gguf_gemv/reference.py's dequantize gives. The weight costs
-1.25 (Q4_K), 1.25 (Q6_K), 1.125 (Q8_0, Q5_0) bytes per element where the exact path keeps 4.
+1.25 (Q4_K), 1.25 (Q6_K), 1.125 (Q8_0, Q5_0) bytes per element where the exact path keeps 4. With nibbles
+(WeightPolicy.kept_layout "nibble_blocks"), Q4_K's codes (0..15) come two per byte instead:
+
+  codes  uint8   [out, in / 2]         per block of 32, byte j = code j | code (j + 16) << 4
+
+0.75 bytes per element, the same values (block_q8.cc unpacks them to the same int16 codes).
 """
 
 from __future__ import annotations
@@ -31,12 +36,17 @@ class BlockQ8Weight(NamedTuple):
     split: Any = None  # a kept_shards.WeightSplit where the weight is split over a device mesh, else None
 
     @property
+    def nibbles(self) -> bool:
+        return self.codes.dtype == jnp.uint8
+
+    @property
     def shape(self) -> tuple[int, int]:
-        return tuple(int(n) for n in self.codes.shape)
+        out, columns = (int(n) for n in self.codes.shape)
+        return out, columns * (2 if self.nibbles else 1)
 
     @property
     def block(self) -> int:
-        return int(self.codes.shape[1]) // int(self.scale.shape[1])
+        return self.shape[1] // int(self.scale.shape[1])
 
     @property
     def nbytes(self) -> int:
@@ -84,10 +94,30 @@ def _q5_0(w: QuantizedWeight):
     return codes, _rows_major(w.planes["d"].astype(jnp.float32)[..., None])
 
 
-def from_quantized(w: QuantizedWeight) -> BlockQ8Weight:
-    """The GGUF weight (gguf_gemv/layout.py's planes, on the device) as codes and block scales, losslessly."""
+@jax.jit
+def _pack_nibbles(codes: jax.Array) -> jax.Array:
+    """int8 codes 0..15 [out, in] -> uint8 [out, in / 2]: per block of 32, byte j = code j | code (j + 16) << 4."""
+    out, inner = codes.shape
+    blocks = codes.reshape(out, inner // 32, 2, 16).astype(jnp.uint8)
+    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(out, inner // 2)
+
+
+def unpacked_codes(w: BlockQ8Weight) -> jax.Array:
+    """int8 [out, in]: the codes one per element (nibble pairs unpacked)."""
+    if not w.nibbles:
+        return w.codes
+    out, columns = w.codes.shape
+    pairs = w.codes.reshape(out, columns // 16, 1, 16)
+    return jnp.concatenate([pairs & 0x0F, pairs >> 4], axis=2).reshape(out, columns * 2).astype(jnp.int8)
+
+
+def from_quantized(w: QuantizedWeight, nibbles: bool = False) -> BlockQ8Weight:
+    """The GGUF weight (gguf_gemv/layout.py's planes, on the device) as codes and block scales, losslessly;
+    nibbles: Q4_K's codes two per byte (other formats' codes do not fit 4 bits and stay int8)."""
     if w.format == Q4_K:
         codes, scale, offset = _q4_k(w)
+        if nibbles:
+            codes = _pack_nibbles(codes)
     elif w.format in (Q6_K, Q8_0, Q5_0):
         codes, scale = {Q6_K: _q6_k, Q8_0: _q8_0, Q5_0: _q5_0}[w.format](w)
         offset = jnp.zeros(NO_OFFSET, jnp.float32)
@@ -99,7 +129,7 @@ def from_quantized(w: QuantizedWeight) -> BlockQ8Weight:
 def dequantize(w: BlockQ8Weight) -> jax.Array:
     """float32 [out, in]: scale * code - offset per block (equal to the GGUF weight's values)."""
     out, inner = w.shape
-    values = w.codes.reshape(out, -1, w.block).astype(jnp.float32) * w.scale[..., None]
+    values = unpacked_codes(w).reshape(out, -1, w.block).astype(jnp.float32) * w.scale[..., None]
     if w.offset.size:
         values = values - w.offset[..., None]
     return values.reshape(out, inner)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from ember.compiler.kernels.cpu_gemv import native
-from ember.compiler.kernels.cpu_gemv.layout import BlockQ8Weight
+from ember.compiler.kernels.cpu_gemv.layout import BlockQ8Weight, unpacked_codes
 
 CHUNK = 32  # activation elements per int8 scale
 
@@ -19,7 +19,8 @@ def block_q8_matmul(x: jax.Array, w: BlockQ8Weight) -> jax.Array:
     x32 = x.astype(jnp.float32)
     if native.available():
         out = jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.float32)
-        y = jax.ffi.ffi_call(native.TARGET, out)(x32, w.codes, w.scale, w.offset)
+        target = native.NIBBLE_TARGET if w.nibbles else native.TARGET
+        y = jax.ffi.ffi_call(target, out)(x32, w.codes, w.scale, w.offset)
     else:
         y = block_q8_matmul_ref(x32, w)
     return y.astype(x.dtype)
@@ -42,7 +43,7 @@ def block_q8_matmul_ref(x: jax.Array, w: BlockQ8Weight) -> jax.Array:
     n, inner = x.shape
     out, block = w.shape[0], w.block
     xq, xs = quantize_activations(x)  # [N, c, 32], [N, c]
-    codes = w.codes.reshape(out, inner // block, block).astype(jnp.int32)
+    codes = unpacked_codes(w).reshape(out, inner // block, block).astype(jnp.int32)
     xq = xq.reshape(n, inner // block, block).astype(jnp.int32)
     dots = jnp.einsum("nbk,obk->nob", xq, codes, preferred_element_type=jnp.int32)  # exact integer dots
     x_scale = jnp.repeat(xs, CHUNK // block, axis=1)  # [N, blocks]: each weight block's activation scale

@@ -23,7 +23,8 @@ import jax
 import jaxlib
 
 SOURCE = Path(__file__).with_name("block_q8.cc")
-TARGET = "ember_block_q8_matmul"
+TARGET = "ember_block_q8_matmul"  # int8 codes
+NIBBLE_TARGET = "ember_block_q4_matmul"  # codes two per byte
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread")
 
 
@@ -72,4 +73,5 @@ def available() -> bool:
         print(f"ember: the cpu matmul kernel is unavailable ({error}); using its jnp form", file=sys.stderr)
         return False
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.EmberBlockQ8Matmul), platform="cpu")
+    jax.ffi.register_ffi_target(NIBBLE_TARGET, jax.ffi.pycapsule(library.EmberBlockQ4Matmul), platform="cpu")
     return True

@@ -11,7 +11,7 @@ import pytest
 from gguf_test_data import FP16_SCALE_OFFSETS, random_tensor_bytes
 
 from ember.compiler.kernels.cpu_gemv import native
-from ember.compiler.kernels.cpu_gemv.layout import dequantize, from_quantized
+from ember.compiler.kernels.cpu_gemv.layout import dequantize, from_quantized, take_rows, unpacked_codes
 from ember.compiler.kernels.cpu_gemv.linear import embedding, linear_split
 from ember.compiler.kernels.cpu_gemv.matmul import block_q8_matmul, block_q8_matmul_ref
 from ember.compiler.kernels.gguf_gemv.layout import FORMATS, WeightGroup, pack
@@ -73,3 +73,26 @@ def test_groups_split_and_gathered_rows():
     np.testing.assert_array_equal(np.asarray(vv), np.asarray(block_q8_matmul(x, v)))
     ids = jnp.asarray([5, 0, 95], jnp.int32)
     np.testing.assert_array_equal(np.asarray(embedding(ids, qk)), np.asarray(dequantize(qk))[[5, 0, 95]])
+
+
+def test_nibble_pairs_hold_the_same_codes_and_give_the_int8_forms_bits():
+    """Q4_K with its codes two per byte (kept_layout "nibble_blocks"): 0.75 bytes per weight, the same values,
+    and the kernel's outputs bit for bit the int8 form's at 1 to 9 rows (both unpack to the same int16 codes)."""
+    w = random_weight("q4_k", 70, 1280, seed=4)  # 70 rows: a partial block of 4; 40 blocks: a partial group of 8
+    wide, packed = from_quantized(w), from_quantized(w, nibbles=True)
+    assert packed.nibbles and packed.codes.dtype == jnp.uint8 and packed.codes.shape == (70, 640)
+    assert packed.shape == wide.shape and packed.block == 32
+    assert packed.nbytes <= 0.76 * 70 * 1280
+    np.testing.assert_array_equal(np.asarray(unpacked_codes(packed)), np.asarray(wide.codes))
+    np.testing.assert_array_equal(np.asarray(dequantize(packed)), np.asarray(gguf_dequantize(w)))
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((9, 1280), np.float32))
+    for rows in (1, 2, 5, 9):
+        np.testing.assert_array_equal(
+            np.asarray(block_q8_matmul(x[:rows], packed)), np.asarray(block_q8_matmul(x[:rows], wide))
+        )
+    np.testing.assert_allclose(
+        np.asarray(block_q8_matmul_ref(x, packed)), np.asarray(block_q8_matmul(x, wide)), rtol=1e-5, atol=1e-4
+    )
+    ids = jnp.asarray([69, 0, 3], jnp.int32)
+    np.testing.assert_array_equal(np.asarray(embedding(ids, packed)), np.asarray(dequantize(wide))[[69, 0, 3]])
+    assert take_rows(packed, ids).shape == (3, 1280)
