@@ -193,12 +193,12 @@ def test_the_kernel_policy_chooses_which_weights_stay_packed(tmp_path):
     from ember.runtime.loading.model import effective_policy
 
     weights = lambda target, override=None: effective_policy(target, override).weights  # noqa: E731
-    # the h200 default: FP8 stays FP8, GGUF blocks stay packed, with dense copies; the cpu's: GGUF blocks as int8
-    # codes + block scales (its native kernel's layout), no copies; precision "exact": nothing kept on either
+    # the h200 default: FP8 stays FP8, GGUF blocks stay packed, with dense copies; the cpu's: GGUF blocks as codes
+    # (Q4_K's two per byte) + block scales (its native kernel's layout), no copies; precision "exact": nothing kept
     assert weights("h200").quantized_formats == ("fp8", "q4_k", "q6_k", "q8_0", "q5_0", "nvfp4")
     assert weights("h200").dense_copies and weights("h200").kept_layout == "planes"
     assert weights("cpu").quantized_formats == ("q4_k", "q6_k", "q8_0", "q5_0") and not weights("cpu").dense_copies
-    assert weights("cpu").kept_layout == "int8_blocks"
+    assert weights("cpu").kept_layout == "nibble_blocks"
     for target in ("cpu", "h200"):
         exact = effective_policy(target, precision="exact").weights
         assert exact.quantized_formats == () and not exact.dense_copies and exact.packed_experts == ()
