@@ -4,6 +4,8 @@ CPU_NIBBLE_BLOCKS (Q4_K's codes two per byte, the other formats' int8), the defa
 faster than the fp32 weights and the nibbles ~9% faster than int8 codes (docs/cpu_target.md).
 `--precision exact` dequantizes every weight to fp32 at load (agrees with HF to 1e-4)."""
 
+import dataclasses
+
 from . import Target
 from .policy import (
     AttentionPolicy,
@@ -30,7 +32,7 @@ CPU_INT8_BLOCKS = WeightPolicy(quantized_formats=("q4_k", "q6_k", "q8_0", "q5_0"
 # ...with Q4_K's codes (0..15) two per byte: 0.75 instead of 1.25 bytes per Q4_K weight, the same outputs bit for
 # bit (the kernel unpacks them to the same int16 codes); batch-1 decode 8.33 against 7.61 tok/s (median, the 1.5B
 # Q4_K_M, interleaved in one process: docs/results/cpu_nibble_ab.json)
-CPU_NIBBLE_BLOCKS = WeightPolicy(quantized_formats=CPU_INT8_BLOCKS.quantized_formats, kept_layout="nibble_blocks")
+CPU_NIBBLE_BLOCKS = dataclasses.replace(CPU_INT8_BLOCKS, kept_layout="nibble_blocks")
 # every weight fp32 (what `--precision exact` gives; `--kernel-policy` with these weights fields also selects it)
 CPU_FP32_WEIGHTS = WeightPolicy(quantized_formats=(), dense_copies=False)
 

@@ -181,11 +181,6 @@ class WeightPolicy:
                 f"kernel policy: weights.kept_layout must be one of {KEPT_LAYOUTS}, got {self.kept_layout!r}"
             )
 
-    @property
-    def cpu_blocks(self) -> bool:
-        """Kept GGUF weights as the cpu kernel's codes + block scales (cpu_gemv/layout.py)."""
-        return self.kept_layout in CPU_BLOCK_LAYOUTS
-
 
 @dataclass(frozen=True)
 class DeterministicPolicy:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ember.compiler.kernels.cpu_gemv import native
-from ember.compiler.targets.cpu import CPU, CPU_INT8_BLOCKS
+from ember.compiler.targets.cpu import CPU, CPU_INT8_BLOCKS, CPU_NIBBLE_BLOCKS
 from ember.runtime.execution.sequence_runner import SequenceRunner
 from ember.runtime.loading.model import load_model
 
@@ -65,12 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rest", action="store_true", help="also time the step with no-op projections")
     args = parser.parse_args(argv)
 
-    def blocks(layout: str) -> dict:
-        weights = dataclasses.replace(CPU_INT8_BLOCKS, kept_layout=layout)
+    def blocks(weights) -> dict:
         return {"kernel_policy": dataclasses.replace(CPU.policy, weights=weights)}
 
-    int8 = blocks("int8_blocks")
-    setups = {"int8_blocks": int8, "nibble_blocks": blocks("nibble_blocks"), "fp32": {"precision": "exact"}}
+    int8 = blocks(CPU_INT8_BLOCKS)
+    setups = {"int8_blocks": int8, "nibble_blocks": blocks(CPU_NIBBLE_BLOCKS), "fp32": {"precision": "exact"}}
     if args.only:
         setups = {name: setups[name] for name in args.only}
     if args.rest:
