@@ -16,7 +16,7 @@ import numpy as np
 from ...compiler.batch import StepBatch
 from ...compiler.kernels.moe.packed import EXPERT_FORMATS
 from ...compiler.spec import ModelSpec, all_specs
-from ...compiler.targets import Target, get_target
+from ...compiler.targets import Target, get_target, host_cpu
 from ...compiler.targets.mesh import SINGLE_DEVICE, MeshConfig
 from ...compiler.targets.policy import KernelPolicy, load_policy_file, with_kernel_policy
 from ..state.kinds import PagedKind, StateKind, layer_state_kinds, paged_kinds, slot_array_shapes, slot_kinds
@@ -175,10 +175,12 @@ def spec_for_checkpoint(ckpt: Checkpoint) -> ModelSpec:
 
 
 def enable_compilation_cache() -> None:
-    """Keep compiled plans on disk (JAX's persistent cache) so a restart skips XLA compilation."""
+    """Keep compiled plans on disk (JAX's persistent cache) so a restart skips XLA compilation. One folder per
+    host CPU: JAX's key does not see the CPU's instruction set that XLA:CPU compiled for (targets/host_cpu.py)."""
 
     if jax.config.jax_compilation_cache_dir is None:
-        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax-cache"))
+        folder = cache_dir() / "jax-cache" / f"host-{host_cpu.fingerprint()}"
+        jax.config.update("jax_compilation_cache_dir", str(folder))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 

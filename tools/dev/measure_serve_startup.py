@@ -88,7 +88,7 @@ def main() -> None:
     command += args.serve_args
     start = time.perf_counter()
     result: dict = {"command": " ".join(command), "cold": cold, "load_average_start": _load_average()}
-    result["jax_cache_files_start"] = len(list(jax_cache.glob("*"))) if jax_cache.exists() else 0
+    result["jax_cache_files_start"] = len(list(jax_cache.glob("*/*"))) if jax_cache.exists() else 0
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: list[tuple[float, str]] = []
     serving = threading.Event()
@@ -121,7 +121,7 @@ def main() -> None:
             raise SystemExit("no serving line in 30 minutes")
         result["ready_s"] = round(time.perf_counter() - start, 2)
         result["load_average_ready"] = _load_average()
-        result["jax_cache_files_ready"] = len(list(jax_cache.glob("*")))
+        result["jax_cache_files_ready"] = len(list(jax_cache.glob("*/*")))
         result["serving_line"] = next(text for _, text in lines if text.startswith("Ember is serving"))
         served = result["serving_line"].removeprefix("Ember is serving ").split(" (")[0]
         # a newcomer's first request, straight after the serving line (beside any background compile)
@@ -143,7 +143,7 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             process.kill()
         reader.join(5)
-    result["jax_cache_files_end"] = len(list(jax_cache.glob("*")))
+    result["jax_cache_files_end"] = len(list(jax_cache.glob("*/*")))
     result["log"] = lines
     text = json.dumps(result, indent=1)
     if args.out:

@@ -1,8 +1,8 @@
 """Build block_q8.cc once per machine (g++, this CPU's instruction set) and register it as an XLA FFI target.
 
 The shared library is cached under the Ember cache (`<cache>/cpu-kernels/<hash>.so`, the hash over the source,
-the flags and the jaxlib version), so a restart loads it in milliseconds; the build (~15 s) happens on the
-first load of a model that needs it. Without a C++ compiler (or on a CPU without AVX2 + FMA, where the build
+the flags, the jaxlib version and the host CPU: -march=native builds for this CPU only, targets/host_cpu.py), so
+a restart loads it in milliseconds; the build (~15 s) happens on the first load of a model that needs it. Without a C++ compiler (or on a CPU without AVX2 + FMA, where the build
 stops at the source's #error) `available()` is False and the cpu target's ops
 run their jnp form instead (reference.py: the same arithmetic, several times slower).
 """
@@ -22,6 +22,8 @@ from pathlib import Path
 import jax
 import jaxlib
 
+from ...targets import host_cpu
+
 SOURCE = Path(__file__).with_name("block_q8.cc")
 TARGET = "ember_block_q8_matmul"  # int8 codes
 NIBBLE_TARGET = "ember_block_q4_matmul"  # codes two per byte
@@ -38,7 +40,13 @@ def _compiler() -> str | None:
 
 
 def library_path() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + jaxlib.__version__.encode()).hexdigest()
+    parts = [
+        SOURCE.read_bytes(),
+        " ".join(FLAGS).encode(),
+        jaxlib.__version__.encode(),
+        host_cpu.fingerprint().encode(),
+    ]
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()
     return _cache_dir() / "cpu-kernels" / f"block_q8-{key[:16]}.so"
 
 
