@@ -23,3 +23,22 @@ def outputs_of(engine, batch, index):
         [t for o in outputs for t in o.token_ids],
         [(lp.token_id, lp.logprob, lp.top) for o in outputs for lp in (o.logprobs or ())],
     )
+
+
+# the widest top-2 logprob gap a bf16 GPU step may round the other way when the same position is computed in
+# another layout (a verify segment vs a decode row): a few bf16 steps of a logit
+NEAR_TIE = 0.125
+
+
+def assert_same_up_to_a_near_tie(got: list[int], want: tuple[list[int], list]) -> None:
+    """`got` equals want's tokens, or first differs where want's top-2 logprobs were within NEAR_TIE and picked
+    want's runner-up there: what a bf16 GPU target's speculative (verify) steps may do against its plain decode
+    steps outside deterministic mode. want: outputs_of's (tokens, (token, logprob, top)) of a top_logprobs >= 2
+    request."""
+    tokens, logprobs = want
+    for i, (mine, theirs) in enumerate(zip(got, tokens)):
+        if mine != theirs:
+            top = logprobs[i][2]
+            assert len(top) >= 2 and top[0][1] - top[1][1] <= NEAR_TIE and mine == top[1][0], (i, mine, top)
+            return
+    assert len(got) == len(tokens)

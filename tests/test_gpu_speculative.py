@@ -16,7 +16,7 @@ import pytest
 if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda,cpu)", allow_module_level=True)
 
-from engine_support import GREEDY, ByteTokenizer  # noqa: E402
+from engine_support import GREEDY, ByteTokenizer, assert_same_up_to_a_near_tie, outputs_of  # noqa: E402
 from fixture_data import tiny_fixture  # noqa: E402
 
 from ember.runtime.engine.engine import Engine, EngineConfig  # noqa: E402
@@ -44,11 +44,12 @@ def test_a_hybrid_rolls_rejected_drafts_back_on_the_gpu():
     model = load_model(tiny_fixture("qwen3_5")[0], target="h200", with_mtp=False)
     rng = np.random.default_rng(4)
     prompts = [rng.integers(3, 250, size=n).tolist() for n in (9, 12, 15, 20)]
-    params = SamplingParams(max_tokens=16, **GREEDY)
+    params = SamplingParams(max_tokens=16, logprobs=2, **GREEDY)
     engine = _engine(model)
     try:
         engine.scheduler.draft_source = lambda request, k: ()
-        plain = _run(engine, prompts, params)
+        plain_outputs = [outputs_of(engine, [(p, params) for p in prompts], i) for i in range(len(prompts))]
+        plain = [tokens for tokens, _ in plain_outputs]
 
         def wrong_drafts(request, k):
             expected = plain[prompts.index(list(request.prompt_token_ids))][len(request.output_token_ids)]
@@ -56,7 +57,10 @@ def test_a_hybrid_rolls_rejected_drafts_back_on_the_gpu():
 
         engine.scheduler.draft_source = wrong_drafts
         before = engine.counters.speculation.num_draft_tokens
-        assert _run(engine, prompts, params) == plain
+        # the verify segments' bf16 logits may round a near-tie the other way than the decode rows' (not
+        # deterministic mode); a row that took the runner-up there drafts nonsense from then on, and is done
+        for got, want in zip(_run(engine, prompts, params), plain_outputs):
+            assert_same_up_to_a_near_tie(got, want)
         assert engine.counters.speculation.num_draft_tokens > before
         assert engine.counters.speculation.num_accepted_tokens == 0
         assert engine.pool.free_blocks == engine.pool.num_usable_blocks

@@ -53,9 +53,9 @@ def test_h200_mtp_agrees_with_cpu():
 
 
 def test_h200_engine_mtp_drafts_from_its_steps_hidden_states():
-    """`--speculative mtp` on the h200 plans: greedy output equals plain decoding's, and the drafter reads the
+    """`--speculative mtp` on the h200 plans: greedy output equals plain decoding's (up to a near-tie), and the drafter reads the
     hidden states the steps return (one target call per step, verify steps included; no hidden-state pass)."""
-    from engine_support import ByteTokenizer
+    from engine_support import ByteTokenizer, assert_same_up_to_a_near_tie, outputs_of
 
     from ember.runtime.engine.engine import Engine, EngineConfig
     from ember.runtime.execution.sequence_runner import SequenceRunner
@@ -66,13 +66,13 @@ def test_h200_engine_mtp_drafts_from_its_steps_hidden_states():
     model = load_model(path, target="h200")
     base = {"num_blocks": 64, "max_model_len": 256, "max_num_seqs": 2, "max_batched_tokens": 64, "decode_steps": 1}
     prompt = [int(t) for t in ref["input_ids"][:24]]
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2)
 
     def tokens(engine):
         return [t for o in engine.submit(prompt, params).collect()[0] for t in o.token_ids]
 
     plain = Engine(model, ByteTokenizer(), EngineConfig(**base))
-    want = tokens(plain)
+    want = outputs_of(plain, [(prompt, params)], 0)
     plain.close()
     spec = SpeculativeConfig("mtp", 3, adaptive=False)
     engine = Engine(model, ByteTokenizer(), EngineConfig(**base, enable_prefix_caching=False, speculative=spec))
@@ -88,5 +88,5 @@ def test_h200_engine_mtp_drafts_from_its_steps_hidden_states():
     finally:
         SequenceRunner.prefill = runner_prefill
         engine.close()
-    assert got == want
+    assert_same_up_to_a_near_tie(got, want)  # bf16 verify segments against decode rows (not deterministic mode)
     assert engine.counters.speculation.num_draft_tokens > 0 and calls[0] == launches[0]

@@ -181,3 +181,37 @@ def test_a_draft_model_drafting_for_its_own_target_is_accepted_whole(spec, qwen3
     assert runs[0][0] == plain[1][:10]
     assert stats["num_draft_tokens"] > 0 and stats["num_accepted_tokens"] == stats["num_draft_tokens"]
     assert drafter.sequences == {} and drafter.kv.all_free()
+
+
+class _NoDraftsPlanned:
+    """A draft source whose plan drafts for nobody (an adaptive source at a batch where verifying does not pay)."""
+
+    def __init__(self, source):
+        self.source, self.release = source, getattr(source, "release", None)
+
+    def plan(self, requests):
+        return {r.request_id: 0 for r in requests}
+
+    def __call__(self, request, k):
+        return self.source(request, k)
+
+
+def test_run_ahead_targets_still_draft_and_run_ahead_once_nobody_is_drafted_for(qwen3, prompts, plain):
+    """A target that runs several decode steps per call (the h200's decode_steps) schedules each decode call
+    afresh while its source drafts, so the drafts are taken (a run-ahead call carries none); when the source
+    plans no drafts, its decode calls run ahead again. Tokens equal plain decoding's either way."""
+    engine = _engine(qwen3, decode_steps=4)
+    try:
+        assert engine.executor.decode_steps == 4
+        jobs = [(p, SamplingParams(max_tokens=14, **GREEDY), ()) for p in prompts]
+        drafted, stats = _stats_after(engine, jobs)
+        assert [t for t, _ in drafted] == plain
+        assert stats["num_draft_tokens"] > 0
+        calls, steps = engine.counters.device_calls, engine.counters.steps
+        engine.scheduler.draft_source = _NoDraftsPlanned(engine.scheduler.draft_source)
+        undrafted, stats = _stats_after(engine, jobs)
+        assert [t for t, _ in undrafted] == plain and stats["num_draft_tokens"] == 0
+        assert engine.counters.steps - steps > engine.counters.device_calls - calls  # several steps per call
+        _idle(engine)
+    finally:
+        engine.close()

@@ -44,7 +44,7 @@ from .requests import QueueFullError, Request, RequestStatus, RequestTooLongErro
 from .run_ahead import RunAhead
 from .scheduled_step import PrefillShapes, ScheduledStep, SlotCopies
 from .snapshot import SchedulerSnapshot, snapshot_of
-from .speculation import DraftSource, draft_lengths, emitted_by_row, settle_verified, take_drafts
+from .speculation import DraftSource, draft_lengths, emitted_by_row, plans_drafts, settle_verified, take_drafts
 from .step_layout import lay_out_step
 
 
@@ -257,14 +257,21 @@ class Scheduler:
         step), or None when it stays a one-step step (RunAhead.extend)."""
         if step is not self._unfinished or step.prefills or step.verifies or step.preempted or steps < 2:
             return None
+        if self._speculating():
+            return None
         extended = self.run_ahead.extend(step, steps)
         if extended is not None:
             self._unfinished = extended
         return extended
 
+    def _speculating(self) -> bool:
+        """Drafts would be taken for some running row: its decode calls are scheduled one step at a time
+        (scheduling/speculation.py: no drafts in run-ahead calls)."""
+        return plans_drafts(self.draft_source, self.num_speculative_tokens, self.running)
+
     def chain_decodes(self, step: ScheduledStep, steps: int) -> ScheduledStep | None:
         """The run-ahead step after `step`, still on the device; None when a request waits (RunAhead.chain_decodes)."""
-        return None if self.waiting else self.run_ahead.chain_decodes(step, steps)
+        return None if self.waiting or self._speculating() else self.run_ahead.chain_decodes(step, steps)
 
     def chain_after_prefill(self, step: ScheduledStep, steps: int) -> ScheduledStep | None:
         """The first run-ahead step behind the just-scheduled `step` (RunAhead.after_prefill); None when `step`
@@ -277,6 +284,7 @@ class Scheduler:
             or not step.prefills
             or self.waiting
             or not all(chunk.completes for chunk in step.prefills)
+            or self._speculating()
         ):
             return None
         return self.run_ahead.after_prefill(step, steps)

@@ -10,6 +10,10 @@ the scheduler knows nothing of where they come from. Policies:
 - The drafts' KV is allocated before the step like a decode's; when the pool cannot hold them the row decodes
   plainly (drafts never preempt anyone). After the step the rejected drafts' positions are simply not
   counted, and the blocks past the next step's need go back (`KVCache.shrink`).
+- Run-ahead calls (several decode steps per device call, runtime/scheduling/lookahead.py) carry no drafts: while
+  the source would draft for any running row, every decode call is scheduled afresh, one step per call, so each
+  step asks the source with the latest tokens (`plans_drafts`). An adaptive source that plans no drafts for
+  anyone (verification not worth it at this batch) lets run-ahead resume.
 """
 
 from __future__ import annotations
@@ -36,6 +40,14 @@ def draft_lengths(source: DraftSource | None, k: int, waiting, running: Sequence
     if plan is None:
         return {r.request_id: k for r in running}
     return {rid: min(n, k) for rid, n in plan(running).items()}
+
+
+def plans_drafts(source: DraftSource | None, k: int, running: Sequence[Request]) -> bool:
+    """Whether the source would draft for any of `running` at its next step (k each, or its plan's counts)."""
+    if source is None or k <= 0 or not running:
+        return False
+    plan = getattr(source, "plan", None)
+    return plan is None or any(n > 0 for n in plan(running).values())
 
 
 def draft_limit(request: Request, k: int) -> int:
