@@ -116,3 +116,53 @@ def test_the_invariant_linear_with_bias():
         x = rng.standard_normal((rows, D)).astype(np.float32)
         x[rows // 2] = probe
         assert np.array_equal(np.asarray(run(jnp.asarray(x, jnp.bfloat16)))[rows // 2], alone), rows
+
+
+def _sampling_batch(rows: int, probe_at: int, rng):
+    """rows of mixed settings (greedy, top-p, top-k) with the probe's at `probe_at`: temperature 0.8, top-p 0.9,
+    seed 5, step 3 (the engine test's sampled request)."""
+    from ember.runtime.sampling.params import _inert_batch
+
+    batch = _inert_batch(rows, 1, 1, 1, (VOCAB + 31) // 32)
+    batch.temperature[:] = rng.choice([0.0, 0.7, 1.0], rows)
+    batch.top_p[:] = rng.choice([1.0, 0.8, 0.95], rows)
+    batch.top_k[:] = rng.choice([0, 40], rows)
+    batch.seed[:] = rng.integers(0, 1000, rows)
+    batch.step[:] = rng.integers(0, 50, rows)
+    batch.temperature[probe_at], batch.top_p[probe_at], batch.top_k[probe_at] = 0.8, 0.9, 0
+    batch.seed[probe_at], batch.step[probe_at] = 5, 3
+    return jax.tree.map(jnp.asarray, batch)
+
+
+def test_the_deterministic_sampler_draws_a_rows_token_whatever_the_rows_beside_it():
+    """sample(fixed_order=True) on the probe row's logits (peaked like a model's: a nucleus of a few hundred
+    tokens) among 1-256 rows: the same token, logprob and top logprobs, and the same filtered logits and
+    noise inside it (which part differs, if one does)."""
+    from ember.compiler.kernels import sampling
+
+    def parts(logits, params):
+        result = sampling.sample(logits, params, 3, fixed_order=True)
+        scaled = logits / jnp.where(params.temperature > 0, params.temperature, 1.0)[:, None]
+        filtered = sampling.filter_logits(scaled, params, fixed_order=True)
+        noise = jax.vmap(sampling._row_gumbel, in_axes=(0, 0, None))(params.seed, params.step, VOCAB)
+        return result, filtered, noise
+
+    run = jax.jit(parts)
+    rng = np.random.default_rng(3)
+    probe = (rng.standard_normal(VOCAB) * 2.5).astype(np.float32)
+    alone = jax.tree.map(lambda a: np.asarray(a)[0], run(jnp.asarray(probe[None]), _sampling_batch(1, 0, rng)))
+    differs = []
+    for rows in ROWS[1:]:
+        for index in sorted({0, rows // 2, rows - 1}):
+            logits = (rng.standard_normal((rows, VOCAB)) * 2.5).astype(np.float32)
+            logits[index] = probe
+            got = jax.tree.map(
+                lambda a: np.asarray(a)[index], run(jnp.asarray(logits), _sampling_batch(rows, index, rng))
+            )
+            (result, filtered, noise), (want, want_filtered, want_noise) = got, alone
+            parts_differing = [name for name, a, b in zip(result._fields, result, want) if not np.array_equal(a, b)]
+            parts_differing += ["filtered"] * (not np.array_equal(filtered, want_filtered))
+            parts_differing += ["noise"] * (not np.array_equal(noise, want_noise))
+            if parts_differing:
+                differs.append((rows, index, parts_differing))
+    assert not differs, f"the probe row's sampling changes at (rows, index, parts) {differs}"

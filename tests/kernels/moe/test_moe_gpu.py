@@ -1,6 +1,6 @@
 """The MoE decode kernels (moe/decode_kernels.py through moe/gpu.py) against moe/reference.py on an NVIDIA GPU at
 the MoE checkpoints' shapes (256 experts top-8 of ffn 512, 128 experts top-8 of ffn 768, d 2048), bf16 weights:
-the router's choices equal, the layer's output within bf16 rounding; a row's output the same bits whatever
+the router's choices equal, the layer's output within a few bf16 steps of its rows' scale; a row's output the same bits whatever
 other rows the step holds (the fixed-order combine). Skipped off the GPU; `tools/dev/h200_run.sh tests` runs it."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import pytest
 pytest.importorskip("triton")
 if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda)", allow_module_level=True)
+
+from row_error import ROW_TOLERANCE, row_error  # noqa: E402
 
 from ember.compiler.kernels.moe import gpu, op, reference  # noqa: E402
 
@@ -40,7 +42,7 @@ def test_decode_kernels_match_the_reference(experts, f, rows):
     run = jax.jit(lambda *a: gpu.moe_decode_triton(*a, top_k=top_k, normalize=True))
     got = np.asarray(run(x, router, gate, up, down), np.float32)
     want = np.asarray(op.moe(x, router, gate, up, down, top_k=top_k, normalize=True), np.float32)
-    assert np.max(np.abs(got - want) / (np.abs(want) + 1e-2)) <= 2**-6
+    assert row_error(got, want) <= ROW_TOLERANCE
     # batch invariance: row 0 alone gives the same bits as in the step
     alone = np.asarray(run(x[:1], router, gate, up, down), np.float32)
     np.testing.assert_array_equal(alone[0], got[0])
@@ -64,7 +66,7 @@ def test_grouped_kernels_match_the_reference(experts, f, rows):
         want = np.asarray(reference.experts(x, weights, chosen, gate_up, down), np.float32)
     grouped = jax.jit(gpu.experts_grouped_triton)
     full = np.asarray(grouped(x, weights, chosen, gate, up, down), np.float32)
-    assert np.max(np.abs(full - want) / (np.abs(want) + 1e-2)) <= 2**-6
+    assert row_error(full, want) <= ROW_TOLERANCE
     # a row's bits the same in a step of fewer rows given the same routing
     fewer = np.asarray(grouped(x[:17], weights[:17], chosen[:17], gate, up, down), np.float32)
     np.testing.assert_array_equal(fewer, full[:17])
