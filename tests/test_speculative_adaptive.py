@@ -87,3 +87,13 @@ def test_tracker_starts_at_its_prior_and_follows_recent_steps():
     assert tracker.alpha("r") == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="accepted 2 of 1"):
         tracker.update("r", 1, 2)
+
+
+def test_a_drafting_steps_own_call_must_be_repaid_by_acceptance():
+    """Where plain steps run ahead (h200: a drafting step is a device call of its own, +2.1 steps), the verify
+    cost model of the h200 (1 + 0.1 per token) drafts only for rows whose acceptance repays the call."""
+    step = affine(1.0, 0.1)
+    assert plan_draft_lengths([0.7], 4, step) == [4]  # one step per call anyway: drafting pays
+    assert plan_draft_lengths([0.7], 4, step, call_overhead=2.1) == [0]  # 2.8 tokens cannot repay 3.5 steps
+    assert plan_draft_lengths([0.97], 8, step, call_overhead=2.1) == [8]  # 7.3 tokens for 4.0 steps
+    assert plan_draft_lengths([0.97, 0.2], 8, step, call_overhead=2.1)[1] == 0

@@ -45,6 +45,7 @@ from .speculation import (
     check_speculation,
     engine_draft_source,
     make_drafter,
+    note_run_ahead,
     verify_rollback,
 )
 from .streams import RequestStream
@@ -116,6 +117,8 @@ class Engine:
         if spec is not None:  # a model drafter's KV (and the request's acceptance) goes back with the request's
             self.scheduler.on_release = self.scheduler.draft_source.release
         self.executor = StepExecutor(model, config, prefill)
+        if spec is not None:
+            note_run_ahead(self.scheduler.draft_source, model.plan.target, self.executor.decode_steps)
         attach_step_hidden_states(self.drafter, self.executor)
         if self.host_tier is not None:
             self.executor.attach_host_tier(self.host_tier)

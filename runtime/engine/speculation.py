@@ -8,7 +8,7 @@ from ..scheduling.recurrent_rollback import RecurrentRollback
 from ..scheduling.requests import Request
 from ..scheduling.speculation import DraftSource
 from ..speculative.adaptive_source import AdaptiveDrafts
-from ..speculative.config import VERIFY_TOKEN_COST, SpeculativeConfig
+from ..speculative.config import RUN_AHEAD_CALL_OVERHEAD, VERIFY_TOKEN_COST, SpeculativeConfig
 from ..speculative.drafter import Draft, Drafter, draft_context
 from ..speculative.ngram import NgramConfig, NgramDrafter
 from ..state.kinds import engine_slots, engine_snapshot_slots
@@ -83,6 +83,13 @@ def engine_draft_source(speculative: SpeculativeConfig, drafter: Drafter, target
     if verify_cost is None:
         verify_cost = VERIFY_TOKEN_COST.get(target, 0.05)
     return AdaptiveDrafts(drafter, speculative.num_speculative_tokens, verify_cost, cost)
+
+
+def note_run_ahead(source: DraftSource, target: str, decode_steps: int) -> None:
+    """Tell an adaptive source what a drafting step costs beyond its verify when the executor runs plain decode
+    steps `decode_steps` per call (RUN_AHEAD_CALL_OVERHEAD; none at one step per call)."""
+    if isinstance(source, AdaptiveDrafts) and decode_steps > 1:
+        source.call_overhead = RUN_AHEAD_CALL_OVERHEAD.get(target, 0.0)
 
 
 class PlainDrafts:

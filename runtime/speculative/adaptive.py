@@ -37,8 +37,10 @@ def plan_draft_lengths(
     max_drafts: int,
     step_time: StepTime,
     draft_time: StepTime | None = None,
+    call_overhead: float = 0.0,
 ) -> list[int]:
-    """k per row (0..max_drafts) maximising expected tokens per second of the whole step."""
+    """k per row (0..max_drafts) maximising expected tokens per second of the whole step. call_overhead: what a
+    step with any draft costs on top of step_time (its own device call where plain steps run ahead)."""
     rows = len(alphas)
     if rows == 0 or max_drafts <= 0:
         return [0] * rows
@@ -49,6 +51,7 @@ def plan_draft_lengths(
     cumulative = np.concatenate([[0.0], np.cumsum(gains.reshape(-1)[order])])  # [R*K + 1]
     drafted = np.arange(rows * max_drafts + 1)
     seconds = step_time(rows + drafted) + (draft_time(drafted) if draft_time is not None else 0.0)
+    seconds = seconds + call_overhead * (drafted > 0)
     rate = (rows + cumulative) / seconds
     best = int(np.argmax(rate))  # the first maximum: no draft unless it strictly pays
     ks = np.zeros(rows, dtype=np.int64)

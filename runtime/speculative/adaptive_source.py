@@ -5,8 +5,10 @@ Before each step the scheduler asks `plan` for k per decode row: each request's 
 which drafts only where the expected tokens per second of the whole step rise. The cost model is linear in
 the step's tokens, in units of a batch-1 decode step: 1 + verify_token_cost * tokens (a decode step at small
 batch is bound by reading the weights, so an extra token costs a fraction of it), plus draft_token_cost per
-drafted token (0 for lookup; a draft model's decode per token). Under load (many rows) the per-token term
-dominates and every k falls to 0: speculation stops where it would cost aggregate throughput.
+drafted token (0 for lookup; a draft model's decode per token), plus a fixed call overhead for a drafting step
+where plain decode steps run ahead several per call (RUN_AHEAD_CALL_OVERHEAD: a drafting step is a call of its
+own). Under load (many rows) the per-token term dominates and every k falls to 0: speculation stops where it
+would cost aggregate throughput; with a call overhead it starts only where acceptance repays the call.
 
 What each row accepted is read back from the request itself: the drafts proposed at a given output length
 and the tokens the request emitted after it (their common prefix is what the verifier accepted).
@@ -26,6 +28,7 @@ class AdaptiveDrafts:
     def __init__(self, drafter: Drafter, max_drafts: int, verify_token_cost: float, draft_token_cost: float):
         self.drafter, self.max_drafts = drafter, max_drafts
         self.verify_token_cost, self.draft_token_cost = verify_token_cost, draft_token_cost
+        self.call_overhead = 0.0  # a drafting step's own device call where plain steps run ahead (the engine's)
         self.tracker = AcceptanceTracker()
         self.row_state = None  # request id -> its RowState (the engine's), for drafters that sample as it does
         self._pending: dict[str, tuple[int, tuple[int, ...]]] = {}  # request -> (output length, drafts proposed)
@@ -35,7 +38,7 @@ class AdaptiveDrafts:
         for request in requests:
             self._learn(request)
         alphas = [self.tracker.alpha(r.request_id) for r in requests]
-        ks = plan_draft_lengths(alphas, self.max_drafts, self._step_time, self._draft_time)
+        ks = plan_draft_lengths(alphas, self.max_drafts, self._step_time, self._draft_time, self.call_overhead)
         return {r.request_id: k for r, k in zip(requests, ks)}
 
     def __call__(self, request, k: int) -> Draft:

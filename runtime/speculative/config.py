@@ -8,8 +8,14 @@ SPECULATIVE_METHODS = ("ngram", "draft", "mtp")  # mtp: the checkpoint's multi-t
 # a drafted token's verify cost in batch-1 decode steps, per compiler target: the CPU's from the engine run of
 # docs/results/cpu_spec_engine_ngram_8e2588f.json (verify steps of 3.5 drafts, mostly padded to 8 rows, cost ~4
 # decode steps on the shared 2-core machine: ~0.85 per draft; 0.6 estimates it without the padding); the GPU's
-# a placeholder until the verify step's cost at k = 1..8 is measured there
-VERIFY_TOKEN_COST = {"cpu": 0.6, "h200": 0.05}
+# from the verify step at k = 1..8 on an H100 (docs/results/h100_spec_bench_00f5b81.json: 0.04-0.18 per draft on
+# the 1.5B Q4_K_M shape, 0.01-0.10 on the 8B)
+VERIFY_TOKEN_COST = {"cpu": 0.6, "h200": 0.1}
+# what a step carrying drafts costs beyond its verify, in the same units, on a target whose plain decode steps
+# run ahead several per device call: a drafting step is a call of its own (the host schedules, packs and reads
+# it), against one run-ahead step. The same H100 run: a one-step call 3.37 ms against a run-ahead step 1.08 ms
+# on the 1.5B Q4_K_M shape (+2.1 steps), 7.96 against 5.62 ms on the 8B (+0.4); the default model's figure
+RUN_AHEAD_CALL_OVERHEAD = {"h200": 2.1}
 
 # the draft model of a target that names none (--speculative draft without --draft-model)
 DEFAULT_DRAFT_MODELS = {"qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-0.5b-instruct"}
