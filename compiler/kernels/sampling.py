@@ -277,6 +277,11 @@ def sample(
     for the device to reach it, which stops the host from preparing the next step meanwhile. The tokens
     are the ones the general path gives such a batch.
     """
+    if fixed_order:
+        # the sampler in fusions of its own, as tests/test_deterministic_ops_gpu.py checks it alone: inside a
+        # step XLA may fuse its first elementwise ops (the temperature's division) into whatever produced the
+        # logits, whose fusion (and rounding) can change with the step's row count
+        logits = jax.lax.optimization_barrier(logits)
     processed = process_logits(logits, params)  # [R, V]
     rows, vocab = processed.shape
     # [R, V]; see the module docstring for this choice; fixed_order (deterministic steps): the sum in a fixed
