@@ -18,7 +18,7 @@ from ...compiler.kernels.moe.packed import EXPERT_FORMATS
 from ...compiler.spec import ModelSpec, all_specs
 from ...compiler.targets import Target, get_target, host_cpu
 from ...compiler.targets.mesh import SINGLE_DEVICE, MeshConfig
-from ...compiler.targets.policy import KernelPolicy, load_policy_file, with_kernel_policy
+from ...compiler.targets.policy import CPU_BLOCK_LAYOUTS, KernelPolicy, load_policy_file, with_kernel_policy
 from ..state.kinds import PagedKind, StateKind, layer_state_kinds, paged_kinds, slot_array_shapes, slot_kinds
 from .checkpoint import Checkpoint, open_checkpoint
 from .device_values import dense_copier, device_placer
@@ -300,6 +300,12 @@ def load_model(
     if prepared_cache and placement is None and jax.default_backend() == "cpu":
         key = entry_key(ckpt.path, spec.path, plan.manifest, policy.weights, dtype, target_name)
         prepared = PreparedWeights.for_model(cache_dir() / "prepared-weights", Path(ckpt.path).name, key)
+    if policy.weights.kept_layout in CPU_BLOCK_LAYOUTS and policy.weights.quantized_formats:
+        # its FFI handler registered now: a warm start loads step executables that call it without tracing the
+        # op that would otherwise register it (the first one failed to load and was compiled again)
+        from ...compiler.kernels.cpu_gemv import native
+
+        native.available()
     params = _read_prepared(prepared)
     if params is None:
         params = _load_params(spec, plan, ckpt, resolved, place, policy, dtype, packed_experts, placement, progress)
