@@ -248,8 +248,14 @@ class Bench:
             try:
                 clock = CallTimes.of(engine)
                 prompt = work.prompts(1, int(model.dims.vocab), 5)
-                greedy_run(engine, prompt, a.verify_output_tokens)
-                reference = greedy_run(engine, prompt, a.verify_output_tokens)["tokens"]
+                # plain decoding as it runs without speculation (run-ahead calls where the target has them): a
+                # source that may draft keeps every decode call to one step (runtime/scheduling/speculation.py)
+                source, engine.scheduler.draft_source = engine.scheduler.draft_source, None
+                try:
+                    greedy_run(engine, prompt, a.verify_output_tokens)
+                    reference = greedy_run(engine, prompt, a.verify_output_tokens)["tokens"]
+                finally:
+                    engine.scheduler.draft_source = source
                 replay.record(prompt[0], reference[0])
                 plain_ms, steps = clock.step_ms(0)
                 entry.update(plain_step_ms=plain_ms, plain_steps=steps)
