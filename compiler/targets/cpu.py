@@ -83,12 +83,13 @@ CPU = Target(
     # to 128 tokens prefills ~4x slower than in its own 32 (docs/cpu_target.md, "Startup")
     ready_shapes=((1, 0), (0, 32), (0, 128)),
     # no Triton kernel, nothing fused; GGUF weights int8 blocks, through the native kernel up to gemv_max_rows
-    # rows; above, dequantized per call for XLA's GEMM, which multiplies 128 rows ~2x faster than the kernel
-    # (tools/dev/probe_cpu_matmul.py --rows 128: the kernel computes row by row, no weight-tile reuse)
+    # rows; above (the 512-token prefill chunks), dequantized per call for XLA's GEMM. On the Zen 4 machine the
+    # kernel beats dequantize + GEMM up to 128 rows (prefill of 128 tokens 43.7 against 31.1 tok/s through
+    # `ember bench`) and loses at 512 (1,024 tokens 42.5 against 55.9): docs/cpu_target.md, "On the Zen 4 machine"
     policy=KernelPolicy(
         quant_gemv=QuantGemvPolicy(
             backend="reference",
-            gemv_max_rows=32,
+            gemv_max_rows=128,
             rows_for_decode=False,
             dp4a_formats=(),
             pair_launch=False,
