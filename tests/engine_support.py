@@ -17,12 +17,19 @@ class ByteTokenizer:
 def outputs_of(engine, batch, index):
     """Tokens and (token, logprob, top) of batch[index] when the (prompt, sampling) batch is submitted at once
     to a running engine."""
+    return all_outputs_of(engine, batch)[index]
+
+
+def all_outputs_of(engine, batch):
+    """outputs_of's pair for every entry of the batch, submitted at once."""
     streams = [engine.submit(prompt, sampling) for prompt, sampling in batch]
-    outputs = [stream.collect()[0] for stream in streams][index]
-    return (
-        [t for o in outputs for t in o.token_ids],
-        [(lp.token_id, lp.logprob, lp.top) for o in outputs for lp in (o.logprobs or ())],
-    )
+    return [
+        (
+            [t for o in outputs for t in o.token_ids],
+            [(lp.token_id, lp.logprob, lp.top) for o in outputs for lp in (o.logprobs or ())],
+        )
+        for outputs in (stream.collect()[0] for stream in streams)
+    ]
 
 
 # the widest top-2 logprob gap a bf16 GPU step may round the other way when the same position is computed in

@@ -16,7 +16,7 @@ import pytest
 if jax.default_backend() != "gpu":
     pytest.skip("needs an NVIDIA GPU (JAX_PLATFORMS=cuda,cpu)", allow_module_level=True)
 
-from engine_support import GREEDY, ByteTokenizer, assert_same_up_to_a_near_tie, outputs_of  # noqa: E402
+from engine_support import GREEDY, ByteTokenizer, all_outputs_of, assert_same_up_to_a_near_tie  # noqa: E402
 from fixture_data import tiny_fixture  # noqa: E402
 
 from ember.runtime.engine.engine import Engine, EngineConfig  # noqa: E402
@@ -48,7 +48,7 @@ def test_a_hybrid_rolls_rejected_drafts_back_on_the_gpu():
     engine = _engine(model)
     try:
         engine.scheduler.draft_source = lambda request, k: ()
-        plain_outputs = [outputs_of(engine, [(p, params) for p in prompts], i) for i in range(len(prompts))]
+        plain_outputs = all_outputs_of(engine, [(p, params) for p in prompts])
         plain = [tokens for tokens, _ in plain_outputs]
 
         def wrong_drafts(request, k):

@@ -45,7 +45,6 @@ from .speculation import (
     check_speculation,
     engine_draft_source,
     make_drafter,
-    note_run_ahead,
     verify_rollback,
 )
 from .streams import RequestStream
@@ -99,6 +98,7 @@ class Engine:
         if drafter is None and spec is not None:
             drafter = make_drafter(spec, model, config)
         self.drafter = drafter
+        self.executor = StepExecutor(model, config, prefill)
         self.scheduler = Scheduler(
             self.kv,
             config.max_num_seqs,
@@ -110,15 +110,16 @@ class Engine:
             # one slot pool per slot state kind (recurrent layers): a running request holds one slot of each
             extra_state={k.name: SlotPool(engine_slots(config), k.name) for k in model.slot_kinds},
             snapshots=snapshot_planner(model, config, self.kv),
-            draft_source=engine_draft_source(spec, self.drafter, model.plan.target) if spec is not None else None,
+            draft_source=(
+                engine_draft_source(spec, self.drafter, model.plan.target, self.executor.decode_steps)
+                if spec is not None
+                else None
+            ),
             num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
             rollback=verify_rollback(model, config),
         )
         if spec is not None:  # a model drafter's KV (and the request's acceptance) goes back with the request's
             self.scheduler.on_release = self.scheduler.draft_source.release
-        self.executor = StepExecutor(model, config, prefill)
-        if spec is not None:
-            note_run_ahead(self.scheduler.draft_source, model.plan.target, self.executor.decode_steps)
         attach_step_hidden_states(self.drafter, self.executor)
         if self.host_tier is not None:
             self.executor.attach_host_tier(self.host_tier)

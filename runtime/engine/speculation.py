@@ -71,9 +71,13 @@ def attach_step_hidden_states(drafter: Drafter | None, executor) -> None:
         executor.hidden_sink = record
 
 
-def engine_draft_source(speculative: SpeculativeConfig, drafter: Drafter, target: str) -> DraftSource:
+def engine_draft_source(
+    speculative: SpeculativeConfig, drafter: Drafter, target: str, decode_steps: int
+) -> DraftSource:
     """The scheduler's DraftSource: adaptive (a plan per step, runtime/speculative/adaptive_source.py) or k for
-    every row. Its `release` hands a request's drafter state back (the scheduler's on_release)."""
+    every row. Its `release` hands a request's drafter state back (the scheduler's on_release). decode_steps: the
+    executor's plain decode steps per call; above 1 a drafting step costs a call of its own
+    (RUN_AHEAD_CALL_OVERHEAD)."""
     if not speculative.adaptive:
         return PlainDrafts(drafter)
     cost = speculative.draft_token_cost
@@ -82,14 +86,8 @@ def engine_draft_source(speculative: SpeculativeConfig, drafter: Drafter, target
     verify_cost = speculative.verify_token_cost
     if verify_cost is None:
         verify_cost = VERIFY_TOKEN_COST.get(target, 0.05)
-    return AdaptiveDrafts(drafter, speculative.num_speculative_tokens, verify_cost, cost)
-
-
-def note_run_ahead(source: DraftSource, target: str, decode_steps: int) -> None:
-    """Tell an adaptive source what a drafting step costs beyond its verify when the executor runs plain decode
-    steps `decode_steps` per call (RUN_AHEAD_CALL_OVERHEAD; none at one step per call)."""
-    if isinstance(source, AdaptiveDrafts) and decode_steps > 1:
-        source.call_overhead = RUN_AHEAD_CALL_OVERHEAD.get(target, 0.0)
+    call_overhead = RUN_AHEAD_CALL_OVERHEAD.get(target, 0.0) if decode_steps > 1 else 0.0
+    return AdaptiveDrafts(drafter, speculative.num_speculative_tokens, verify_cost, cost, call_overhead)
 
 
 class PlainDrafts:

@@ -25,10 +25,17 @@ from .drafter import Draft, Drafter, draft_context
 
 
 class AdaptiveDrafts:
-    def __init__(self, drafter: Drafter, max_drafts: int, verify_token_cost: float, draft_token_cost: float):
+    def __init__(
+        self,
+        drafter: Drafter,
+        max_drafts: int,
+        verify_token_cost: float,
+        draft_token_cost: float,
+        call_overhead: float = 0.0,  # a drafting step's own device call where plain steps run ahead
+    ):
         self.drafter, self.max_drafts = drafter, max_drafts
         self.verify_token_cost, self.draft_token_cost = verify_token_cost, draft_token_cost
-        self.call_overhead = 0.0  # a drafting step's own device call where plain steps run ahead (the engine's)
+        self.call_overhead = call_overhead
         self.tracker = AcceptanceTracker()
         self.row_state = None  # request id -> its RowState (the engine's), for drafters that sample as it does
         self._pending: dict[str, tuple[int, tuple[int, ...]]] = {}  # request -> (output length, drafts proposed)

@@ -2,9 +2,10 @@
 
 The shared library is cached under the Ember cache (`<cache>/cpu-kernels/<hash>.so`, the hash over the source,
 the flags, the jaxlib version and the host CPU: -march=native builds for this CPU only, targets/host_cpu.py), so
-a restart loads it in milliseconds; the build (~15 s) happens on the first load of a model that needs it. Without a C++ compiler (or on a CPU without AVX2 + FMA, where the build
-stops at the source's #error) `available()` is False and the cpu target's ops
-run their jnp form instead (reference.py: the same arithmetic, several times slower).
+a restart loads it in milliseconds; the build (~15 s) happens on the first load of a model that needs it.
+Without a C++ compiler (or on a CPU without AVX2 + FMA, where the build stops at the source's #error)
+`available()` is False and the cpu target's ops run their jnp form instead (reference.py: the same arithmetic,
+several times slower).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The MoE decode kernels (moe/decode_kernels.py through moe/gpu.py) against moe/reference.py on an NVIDIA GPU at
 the MoE checkpoints' shapes (256 experts top-8 of ffn 512, 128 experts top-8 of ffn 768, d 2048), bf16 weights:
-the router's choices equal, the layer's output within a few bf16 steps of its rows' scale; a row's output the same bits whatever
-other rows the step holds (the fixed-order combine). Skipped off the GPU; `tools/dev/h200_run.sh tests` runs it."""
+the router's choices equal, the layer's output within a few bf16 steps of its rows' scale; a row's output the
+same bits whatever other rows the step holds (the fixed-order combine). Skipped off the GPU; `tools/dev/h200_run.sh tests` runs it."""
 
 from __future__ import annotations
 
