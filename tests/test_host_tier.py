@@ -207,10 +207,14 @@ def test_soak_with_a_small_host_tier_aborts_and_preemptions():
 
 
 @pytest.mark.parametrize("count", [1, 3, 5])
-def test_the_jax_copier_moves_every_paged_layer_exactly(count):
+@pytest.mark.parametrize("piece", [64, 2])  # 2: a restore of 5 goes as pieces of 2, 2 and 1 blocks
+def test_the_jax_copier_moves_every_paged_layer_exactly(count, piece, monkeypatch):
     import jax.numpy as jnp
 
+    from ember.runtime.execution import block_copies
     from ember.runtime.execution.block_copies import BlockCopier
+
+    monkeypatch.setattr(block_copies, "SCATTER_PIECE", piece)
 
     rng = np.random.default_rng(count)
     shape = (6, BS, 2, 8)  # [num_blocks, bs, hkv, dh]
@@ -230,7 +234,14 @@ def test_the_jax_copier_moves_every_paged_layer_exactly(count):
         for part in range(2):
             want = values[layer][part].copy()
             want[targets] = values[layer][part][blocks]
-            np.testing.assert_array_equal(np.asarray(moved[layer][part]), want)  # 5 blocks: pieces of 4 and 1
+            np.testing.assert_array_equal(np.asarray(moved[layer][part]), want)
+
+
+def test_a_restore_crosses_in_few_transfers():
+    from ember.runtime.execution.block_copies import SCATTER_PIECE, _pieces
+
+    assert _pieces(1_000) == [SCATTER_PIECE] * 15 + [32, 8]  # a 16k-token prompt: 17 transfers, not 1,000
+    assert _pieces(13) == [8, 4, 1] and _pieces(SCATTER_PIECE) == [SCATTER_PIECE] and _pieces(0) == []
 
 
 def test_precompiled_copies_do_not_compile_when_a_step_needs_them(caplog):

@@ -1,14 +1,16 @@
 """The device side of the prefix cache's host tier (runtime/state/host_tier.py): KV blocks of the paged layers
-copied out to the host in one gather, and host blocks written back in one scatter (in power-of-two pieces).
+copied out to the host in one gather, and host blocks written back in a few scatters.
 
 Each paged layer holds (k, v) pools [num_blocks, block_size, hkv, dh]. A gather stacks the blocks of every layer
-into one array [layers, 2, n, block_size, hkv, dh] and starts its copy to the host; a scatter writes host
-entries [layers, 2, block_size, hkv, dh] into the blocks (each entry its own transfer, stacked on the device, so
-the host copies nothing on the way), in jitted calls that donate the paged layers' pools (the step's own state is
-donated the same way: nothing is copied whole). Few shapes are traced: a gather's n is padded to a power of two
-(the padding reads block 0, the plans' padding block; the host tier never reads those rows), a scatter runs in
-pieces of power-of-two sizes (n = 13: 8, 4, 1), so no padding bytes cross the bus on a restore, which a waiting
-prefill is blocked on."""
+into one array [layers, 2, n, block_size, hkv, dh] and starts its copy to the host. A restore writes host entries
+[layers, 2, block_size, hkv, dh] back into blocks in pieces of at most SCATTER_PIECE blocks: each piece is
+stacked on the host ([n, layers, 2, ...], one memcpy per entry) and crosses the bus as ONE transfer. (One transfer
+per entry cost more than the copy it saved: on an H100 a 16k-token prompt, ~1,000 blocks, restored in 0.47 s
+against 0.19 s to recompute it; docs/h200_log.md.) Gathers and scatters are jitted calls that donate the paged
+layers' pools (the step's own state is donated the same way: nothing is copied whole). Few shapes are traced: a
+gather's n is padded to a power of two (the padding reads block 0, the plans' padding block; the host tier never
+reads those rows), a restore's pieces are SCATTER_PIECE blocks and then powers of two (n = 141: 64, 64, 8, 4, 1),
+so no padding bytes cross the bus on a restore, which a waiting prefill is blocked on."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+SCATTER_PIECE = 64  # blocks per host -> device transfer of a restore (1,024 tokens at block size 16)
 
 
 def _padded(n: int) -> int:
@@ -40,7 +45,8 @@ class BlockCopier:
         pools, start = [kv[i] for i in self.layers], 0
         for size in _pieces(len(blocks)):
             index = np.asarray(blocks[start : start + size], np.int32)
-            pools = _scatter(pools, jnp.asarray(index), list(data[start : start + size]))
+            stacked = np.stack(data[start : start + size])  # [size, layers, 2, bs, hkv, dh]: one transfer
+            pools = _scatter(pools, jnp.asarray(index), jax.device_put(stacked))
             start += size
         kv = list(kv)
         for i, layer in enumerate(self.layers):
@@ -56,14 +62,16 @@ class BlockCopier:
         block = pools[0][0].shape[1:]  # [bs, hkv, dh]
         for n in (1 << bit for bit in range((max(max_gather, 1) - 1).bit_length() + 1)):  # up to _padded(max)
             _gather.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32)).compile()
-        entry = jax.ShapeDtypeStruct((len(pools), 2, *block), pools[0][0].dtype)
-        for n in (1 << bit for bit in range(max(max_scatter, 1).bit_length())):
-            _scatter.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32), [entry] * n).compile()
+        largest = min(max(max_scatter, 1), SCATTER_PIECE)
+        for n in (1 << bit for bit in range(largest.bit_length())):  # every piece size up to max_scatter
+            data = jax.ShapeDtypeStruct((n, len(pools), 2, *block), pools[0][0].dtype)
+            _scatter.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32), data).compile()
 
 
 def _pieces(n: int) -> list[int]:
-    """n as a sum of distinct powers of two, largest first."""
-    return [1 << bit for bit in range(n.bit_length() - 1, -1, -1) if n >> bit & 1]
+    """n as whole SCATTER_PIECEs, then the rest as distinct powers of two, largest first."""
+    whole, rest = divmod(n, SCATTER_PIECE)
+    return [SCATTER_PIECE] * whole + [1 << bit for bit in range(rest.bit_length() - 1, -1, -1) if rest >> bit & 1]
 
 
 @jax.jit
@@ -73,11 +81,10 @@ def _gather(pools: list, index: jax.Array) -> jax.Array:
 
 
 @partial(jax.jit, donate_argnums=0)
-def _scatter(pools: list, index: jax.Array, entries: list) -> list:
-    # entries: n host tier entries [layers, 2, bs, hkv, dh], each its own transfer (no host-side stacking); stacked
-    # here into [layers, 2, n, bs, hkv, dh] and written into the blocks `index` (int32 [n], distinct)
-    data = jnp.stack(entries, axis=2)
+def _scatter(pools: list, index: jax.Array, data: jax.Array) -> list:
+    # data: n host tier entries stacked [n, layers, 2, bs, hkv, dh], written into the blocks `index` (int32 [n],
+    # distinct)
     return [
-        (k.at[index].set(data[i, 0], unique_indices=True), v.at[index].set(data[i, 1], unique_indices=True))
+        (k.at[index].set(data[:, i, 0], unique_indices=True), v.at[index].set(data[:, i, 1], unique_indices=True))
         for i, (k, v) in enumerate(pools)
     ]
