@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
 SCATTER_PIECE = 64  # blocks per host -> device transfer of a restore (1,024 tokens at block size 16)
 
 
