@@ -26,6 +26,7 @@ import jaxlib
 from ...targets import host_cpu
 
 SOURCE = Path(__file__).with_name("block_q8.cc")
+HEADERS = (Path(__file__).with_name("block_q8_vnni.h"),)  # included by SOURCE: part of the cache key
 TARGET = "ember_block_q8_matmul"  # int8 codes
 NIBBLE_TARGET = "ember_block_q4_matmul"  # codes two per byte
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread")
@@ -43,6 +44,7 @@ def _compiler() -> str | None:
 def library_path() -> Path:
     parts = [
         SOURCE.read_bytes(),
+        *(header.read_bytes() for header in HEADERS),
         " ".join(FLAGS).encode(),
         jaxlib.__version__.encode(),
         host_cpu.fingerprint().encode(),
