@@ -80,3 +80,22 @@ def test_rows_are_bitwise_independent_of_the_batch_and_thread_split(weight):
     for rows in (1, 2, 3, 5, 17, 33):
         part = np.asarray(block_q8_matmul(x[rows - 1 : 2 * rows - 1], w))
         np.testing.assert_array_equal(part, together[rows - 1 : 2 * rows - 1])
+
+
+def test_nibble_pairs_with_a_last_block_alone():
+    """Nibble codes whose block count leaves one block in the last group: the VNNI form reads 32 code bytes (two
+    blocks) per step, and there only the first 16 (17 blocks; GGUF's Q4_K always has 8 per 256, but the kernel
+    takes any K / 32). The last weight row's tail is the buffer's end."""
+    from ember.compiler.kernels.cpu_gemv.layout import BlockQ8Weight, _pack_nibbles
+
+    rng = np.random.default_rng(3)
+    out, inner = 9, 32 * 17
+    codes = rng.integers(0, 16, (out, inner)).astype(np.int8)
+    scale = rng.uniform(1e-3, 1e-2, (out, 17)).astype(np.float32)
+    offset = rng.uniform(0, 0.05, (out, 17)).astype(np.float32)
+    w = BlockQ8Weight(_pack_nibbles(jnp.asarray(codes)), jnp.asarray(scale), jnp.asarray(offset))
+    x_all = rng.standard_normal((5, inner)).astype(np.float32)
+    for rows in (1, 2, 5):
+        got = np.asarray(block_q8_matmul(jnp.asarray(x_all[:rows]), w), np.float64)
+        ref, magnitude = numpy_model(x_all[:rows], codes, scale, offset)
+        assert np.all(np.abs(got - ref) <= (17 + 8) * 2.0**-24 * magnitude), rows
