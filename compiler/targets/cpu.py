@@ -85,7 +85,7 @@ CPU = Target(
     # no Triton kernel, nothing fused; GGUF weights int8 blocks, through the native kernel up to gemv_max_rows
     # rows; above (the 512-token prefill chunks), dequantized per call for XLA's GEMM. On the Zen 4 machine the
     # kernel beats dequantize + GEMM up to 128 rows (prefill of 128 tokens 43.7 against 31.1 tok/s through
-    # `ember bench`) and loses at 512 (1,024 tokens 42.5 against 55.9): docs/cpu_target.md, "On the Zen 4 machine"
+    # `ember bench`) and loses at 512 (1,024 tokens 42.5 against 55.9): docs/cpu_target_zen4.md
     policy=KernelPolicy(
         quant_gemv=QuantGemvPolicy(
             backend="reference",
