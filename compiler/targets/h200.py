@@ -40,7 +40,7 @@ pays where it does more than the ops it replaces, or replaces several.
 
 from . import Target
 from .cpu import CPU
-from .policy import KernelPolicy, WeightPolicy
+from .policy import DeterministicPolicy, KernelPolicy, WeightPolicy
 
 # GGUF Q4_K / Q6_K / Q8_0 weights stay packed for the decode GEMVs, with a bf16 copy beside each for steps of
 # more rows (dense_copies; quant_gemv.dense_copy_gemv_max_rows): on the 1.5B Q4_K_M shape the packed weights
@@ -111,9 +111,10 @@ H200 = Target(
     },
     activation_dtype="bfloat16",
     # every kernel family at its GPU default (policy.py's fields name the measurement behind each);
-    # deterministic steps still run in fixed tiles until the GPU suite has checked the batch-invariant matmul
-    # at every bucket (docs/kernel_policy.md, "Batch invariance")
-    policy=KernelPolicy(weights=H200_WEIGHTS),
+    # deterministic steps take the default buckets: the bucketed engine test gave the same bits alone, beside
+    # 7 and 31 requests, in 64-token chunks, on a prefix hit and on a second turn, greedy and sampled, on an
+    # H100 at 1b2d820 (docs/kernel_policy.md, "Batch invariance"; docs/results/h100_gpu_tests_1b2d820.json)
+    policy=KernelPolicy(weights=H200_WEIGHTS, deterministic=DeterministicPolicy(bucketed=True)),
     decode_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     prefill_buckets=(16, 64, 256, 512, 1024, 2048, 4096),
     # up to 8 short prompts (<= 512 tokens each) prefilled in one step: at 128-256 concurrent requests one
