@@ -117,7 +117,7 @@ def test_an_exact_prediction_is_accepted_with_plain_bits(engines, prompts):
 
 
 def test_fixed_tile_targets_still_refuse(qwen3):
-    """A target whose deterministic steps run in fixed tiles (the h200's) refuses, naming why."""
+    """A target whose deterministic steps run in fixed tiles (the h200 until a670c0d) refuses, naming why."""
     policy = qwen3.policy
     tiled = replace(qwen3, policy=replace(policy, deterministic=replace(policy.deterministic, bucketed=False)))
     with pytest.raises(ValueError, match="fixed shape"):

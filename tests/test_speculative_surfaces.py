@@ -4,6 +4,7 @@ prediction counts, and the spec-decode metrics under vLLM's names."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import pytest
 from prometheus_client.core import CollectorRegistry
@@ -26,7 +27,7 @@ def _serve(argv, environ):
     return config_from_args(parser.parse_args(argv), environ)
 
 
-def test_serve_flags_and_their_environment_mirrors():
+def test_serve_flags_and_their_environment_mirrors(monkeypatch):
     assert _serve([], {}).speculative_config() is None
     config = _serve(["--speculative", "ngram"], {"EMBER_NUM_SPECULATIVE_TOKENS": "6"})
     assert config.speculative_config() == SpeculativeConfig("ngram", num_speculative_tokens=6)
@@ -36,8 +37,15 @@ def test_serve_flags_and_their_environment_mirrors():
         _serve(["--speculative", "draft", "--draft-model", "/m.gguf"], {}).speculative_config().draft_model == "/m.gguf"
     )
     assert _serve(["--speculative", "ngram", "--deterministic"], {}).deterministic  # cpu: bucketed, allowed
-    with pytest.raises(SystemExit, match="fixed tiles"):
+    assert _serve(["--speculative", "ngram", "--deterministic", "--target", "h200"], {}).deterministic  # bucketed
+    from ember.compiler import targets
+
+    h200 = targets.get_target("h200")
+    tiled = replace(h200, policy=h200.policy.overridden({"deterministic.bucketed": False}))
+    monkeypatch.setattr(targets, "get_target", lambda name: tiled if name == "h200" else h200)
+    with pytest.raises(SystemExit, match="fixed tiles"):  # a target whose deterministic steps run in fixed tiles
         _serve(["--speculative", "ngram", "--deterministic", "--target", "h200"], {})
+    monkeypatch.undo()
     with pytest.raises(SystemExit, match="mtp is not available with --deterministic"):
         _serve(["--speculative", "mtp", "--deterministic"], {})
     with pytest.raises(SystemExit, match="unknown speculative method"):
