@@ -4,9 +4,10 @@ copied out to the host in one gather, and host blocks written back in a few scat
 Each paged layer holds (k, v) pools [num_blocks, block_size, hkv, dh]. A gather stacks the blocks of every layer
 into one array [layers, 2, n, block_size, hkv, dh] and starts its copy to the host. A restore writes host entries
 [layers, 2, block_size, hkv, dh] back into blocks in pieces of at most SCATTER_PIECE blocks: each piece is
-stacked on the host ([n, layers, 2, ...], one memcpy per entry) and crosses the bus as ONE transfer. (One transfer
-per entry cost more than the copy it saved: on an H100 a 16k-token prompt, ~1,000 blocks, restored in 0.47 s
-against 0.19 s to recompute it; docs/h200_log.md.) Gathers and scatters are jitted calls that donate the paged
+stacked on the host ([n, layers, 2, ...], one memcpy per entry) and crosses the bus as ONE transfer. (Fewer
+transfers did not make a restore cheaper: on an H100 a 16k-token prompt, ~1,000 blocks, restored in 0.45 s this
+way and 0.47 s as one transfer per block, against 0.18 s to recompute it; the host-side copies are the next
+suspect, docs/h200_log.md.) Gathers and scatters are jitted calls that donate the paged
 layers' pools (the step's own state is donated the same way: nothing is copied whole). Few shapes are traced: a
 gather's n is padded to a power of two (the padding reads block 0, the plans' padding block; the host tier never
 reads those rows), a restore's pieces are SCATTER_PIECE blocks and then powers of two (n = 141: 64, 64, 8, 4, 1),
