@@ -28,7 +28,7 @@ WIDTH = 8  # table blocks
 
 @pytest.mark.parametrize("k, n", [(64, 256), (1536, 256), (8960, 1536)])
 def test_xla_cpu_matmul_rows_do_not_depend_on_the_row_count_from_two_rows(k, n):
-    """What DeterministicPolicy(min_rows=2) on the cpu target rests on (a one-row matmul runs as a GEMV)."""
+    """Why linear_invariant gives a one-row float matmul a second row (XLA runs one row as a GEMV)."""
     rng = np.random.default_rng(k)
     w = jnp.asarray(rng.standard_normal((n, k)).astype(np.float32))
     x = rng.standard_normal((70, k)).astype(np.float32)
@@ -37,6 +37,18 @@ def test_xla_cpu_matmul_rows_do_not_depend_on_the_row_count_from_two_rows(k, n):
     for m in (3, 16, 33, 70):
         got = np.asarray(f(jnp.asarray(x[:m]), w))[:2]
         assert np.array_equal(got, first), f"{m} rows"
+
+
+def test_a_one_row_float_projection_has_the_bits_of_the_same_row_beside_others():
+    from ember.compiler.kernels.cpu_gemv.linear import linear_invariant
+
+    rng = np.random.default_rng(5)
+    w = jnp.asarray(rng.standard_normal((256, 1536)).astype(np.float32))
+    x = rng.standard_normal((9, 1536)).astype(np.float32)
+    f = jax.jit(linear_invariant)
+    alone = np.asarray(f(jnp.asarray(x[:1]), w))[0]
+    for m in (2, 5, 9):
+        assert np.array_equal(np.asarray(f(jnp.asarray(x[:m]), w))[0], alone), f"{m} rows"
 
 
 def test_invariant_rms_norm_rows_do_not_depend_on_rows_or_heads():
@@ -84,13 +96,13 @@ def test_the_cpu_target_runs_deterministic_steps_at_the_default_buckets(qwen3):
     from ember.runtime.execution.step_executor import StepExecutor
 
     policy = get_target("cpu").policy.deterministic
-    assert policy.bucketed and policy.min_rows == 2
+    assert policy.bucketed and policy.min_rows == 1
     config = EngineConfig(num_blocks=16, max_model_len=128, max_num_seqs=8, max_batched_tokens=64, deterministic=True)
     prefill = prefill_shapes(qwen3.plan.manifest["entries"]["forward"], config)
     executor = StepExecutor(qwen3, config, prefill)
     shapes = executor.shapes()
-    assert executor.tiles is None and min(s.decode_rows for s in shapes if not s.prefill_tokens) == 2
-    assert all(s.logit_rows >= 2 for s in shapes) and len(shapes) > 1
+    assert executor.tiles is None and min(s.decode_rows for s in shapes if not s.prefill_tokens) == 1
+    assert len(shapes) > 1
 
 
 # dims whose rows are whole Q4_K / Q6_K super-blocks; mixed formats in one packed q/k/v
@@ -177,7 +189,6 @@ def _decode_row_logits(model, forward, kv, table, position, neighbours, decode_r
         positions[lo : lo + chunk] = np.arange(chunk)
         slots[0, lo : lo + chunk] = pre[0, 0, np.arange(chunk) // BLOCK] * BLOCK + np.arange(chunk) % BLOCK
     rows = [t] + ([decode_rows + chunk - 1] if chunk else [])
-    rows += [0] * (2 - len(rows))
     batch = StepBatch(*map(jnp.asarray, (tokens, positions, slots, tables, ctx, pre)), jnp.asarray(rows, jnp.int32))
     logits, _ = forward(model.dims, model.params, kv, batch)
     return np.asarray(logits)[0]
@@ -192,8 +203,8 @@ def _decode_row_logits(model, forward, kv, table, position, neighbours, decode_r
 def test_a_rows_logits_are_bitwise_unchanged_by_the_rest_of_its_step(qwen3, forward, neighbours, extra_rows, chunk):
     prompt = np.arange(5, 42, dtype=np.int32)
     kv, table = _prefilled(qwen3, forward, prompt)
-    alone = _decode_row_logits(qwen3, forward, kv, table, len(prompt), 0, 2, 0)
+    alone = _decode_row_logits(qwen3, forward, kv, table, len(prompt), 0, 1, 0)  # one row: a one-row step
     kv, table = _prefilled(qwen3, forward, prompt)
-    decode_rows = max(2, neighbours + 1 + extra_rows)
+    decode_rows = neighbours + 1 + extra_rows
     crowded = _decode_row_logits(qwen3, forward, kv, table, len(prompt), neighbours, decode_rows, chunk)
     assert np.array_equal(alone, crowded), np.abs(alone - crowded).max()

@@ -39,6 +39,10 @@ def paged_attention_blockwise(q, k, v, window, state, k_pool, v_pool, batch: Ste
     # q [N, hq, dh], k/v [N, hkv, dh], window: int32 scalar (0 = unlimited), state: int32 scalar (kind index);
     # this layer's pools k_pool, v_pool [blocks, bs, hkv, dh] -> (out [N, hq * dh], k_pool, v_pool), the
     # step's k/v written first
+    # q, k, v computed once, before the pool write and the block walk: left to fuse, XLA recomputes their
+    # producers (RoPE, a norm) inside those, in a form that differs at one row (XLA:CPU contracts multiply-adds
+    # into FMAs within a fusion), so a lone decode row would round unlike the same row beside others
+    q, k, v = jax.lax.optimization_barrier((q, k, v))
     return attend_rows_and_segments(_attend_blockwise, q, k, v, window, state, k_pool, v_pool, batch, scale=scale)
 
 
