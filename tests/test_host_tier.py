@@ -17,28 +17,40 @@ from ember.runtime.scheduling.requests import Request
 from ember.runtime.scheduling.scheduled_step import PrefillShapes
 from ember.runtime.scheduling.scheduler import Scheduler
 from ember.runtime.state.block_pool import BlockPool, block_hash
-from ember.runtime.state.host_tier import HostTier
+from ember.runtime.state.host_tier import HostEntry, HostTier, _Piece, stacked
 from ember.runtime.state.kv_cache import HOST_BLOCK, KVCache
 
 BS = 4  # tokens per block
 
 
 class NumpyCopier:
-    """The BlockCopier over a numpy "device": kv [num_blocks, BS] of one layer's values, as [1, 1, n, BS] blocks.
-    Counts its calls: one gather and one scatter per dispatch at most."""
+    """The BlockCopier over a numpy "device": kv [num_blocks, BS] of one layer's values, as [n, 1, 1, BS] blocks
+    in pieces of at most 3. Counts its calls (one gather and one scatter per dispatch at most) and the restores
+    that went as views of a gather piece."""
 
     def __init__(self):
-        self.gathers = self.scatters = 0
+        self.gathers = self.scatters = self.viewed = 0
 
     def gather(self, kv, blocks):
         self.gathers += 1
-        return kv[np.asarray(blocks)][None, None].copy()
+        rows = kv[np.asarray(blocks, np.int64)][:, None, None]
+        return [rows[i : i + 3].copy() for i in range(0, len(blocks), 3)]
 
-    def scatter(self, kv, blocks, data):
+    def scatter(self, kv, blocks, entries):
         self.scatters += 1
-        assert len(data) == len(blocks) and all(d.shape == (1, 1, BS) for d in data)
-        kv[np.asarray(blocks)] = [d[0, 0] for d in data]
+        for i in range(0, len(blocks), 3):
+            data = stacked(entries[i : i + 3])
+            assert data.shape == (len(blocks[i : i + 3]), 1, 1, BS)
+            self.viewed += np.shares_memory(data, entries[i].piece.host())
+            kv[np.asarray(blocks[i : i + 3])] = data[:, 0, 0]
         return kv
+
+
+def host_entry(values) -> HostEntry:
+    """A host entry of one block holding these token values (as a gather would leave it)."""
+    piece = _Piece(np.asarray(values, np.int64)[None, None, None])
+    piece.host()
+    return HostEntry(piece, 0)
 
 
 def make_cache(num_blocks=8, host_blocks=64):
@@ -153,10 +165,10 @@ def test_a_hit_takes_its_host_entries_before_its_allocation_can_drop_them():
     prompt = prompt_of(2 * BS + 1, 1)
     hashes = chain(prompt)
     for i, h in enumerate(hashes):  # the prompt's two blocks on the host, its head the oldest entry
-        tier._put(h, np.asarray(prompt[i * BS : (i + 1) * BS], np.int64)[None, None])
+        tier._put(h, host_entry(prompt[i * BS : (i + 1) * BS]))
     other = prompt_of(BS, 2)
     (pending,) = kv.primary.allocate_registered(chain(other))  # a restore queued, its request already gone
-    tier.restore(pending, np.asarray(other, np.int64)[None, None])
+    tier.restore(pending, host_entry(other))
     kv.primary.free([pending])
     (newer,) = kv.primary.allocate_registered(chain(prompt_of(BS, 3)))
     kv.primary.free([newer])  # cached free after `pending`: the LRU evicts `pending` first
@@ -214,7 +226,7 @@ def test_the_jax_copier_moves_every_paged_layer_exactly(count, piece, monkeypatc
     from ember.runtime.execution import block_copies
     from ember.runtime.execution.block_copies import BlockCopier
 
-    monkeypatch.setattr(block_copies, "SCATTER_PIECE", piece)
+    monkeypatch.setattr(block_copies, "PIECE", piece)
 
     rng = np.random.default_rng(count)
     shape = (6, BS, 2, 8)  # [num_blocks, bs, hkv, dh]
@@ -222,13 +234,17 @@ def test_the_jax_copier_moves_every_paged_layer_exactly(count, piece, monkeypatc
     kv = [tuple(jnp.asarray(a) for a in layer) for layer in values] + [()]  # a stateless layer is left alone
     copier = BlockCopier(layers=(0, 1))
     blocks = [5, 2, 3, 0, 4][:count]
-    host = np.asarray(copier.gather(kv, blocks))[:, :, :count]
-    assert host.shape == (2, 2, count, BS, 2, 8)
+    pieces = [_Piece(a) for a in copier.gather(kv, blocks)]
+    assert [p.rows for p in pieces] == block_copies._pieces(count)
+    host = np.concatenate([p.host() for p in pieces])
+    assert host.shape == (count, 2, 2, BS, 2, 8)
     for layer in range(2):
         for part in range(2):
-            np.testing.assert_array_equal(host[layer, part], values[layer][part][blocks])
+            np.testing.assert_array_equal(host[:, layer, part], values[layer][part][blocks])
     targets = [1, 4, 2, 3, 5][:count]
-    moved = copier.scatter(kv, targets, [host[:, :, i] for i in range(count)])
+    entries = [HostEntry(p, i) for p in pieces for i in range(p.rows)]
+    order = [2, 3, 4, 0, 1][:count] if count == 5 else list(range(count))  # 5: out of gather order (stacked)
+    moved = copier.scatter(kv, [targets[i] for i in order], [entries[i] for i in order])
     assert moved[2] == ()
     for layer in range(2):
         for part in range(2):
@@ -238,10 +254,10 @@ def test_the_jax_copier_moves_every_paged_layer_exactly(count, piece, monkeypatc
 
 
 def test_a_restore_crosses_in_few_transfers():
-    from ember.runtime.execution.block_copies import SCATTER_PIECE, _pieces
+    from ember.runtime.execution.block_copies import PIECE, _pieces
 
-    assert _pieces(1_000) == [SCATTER_PIECE] * 15 + [32, 8]  # a 16k-token prompt: 17 transfers, not 1,000
-    assert _pieces(13) == [8, 4, 1] and _pieces(SCATTER_PIECE) == [SCATTER_PIECE] and _pieces(0) == []
+    assert _pieces(1_000) == [PIECE] * 15 + [32, 8]  # a 16k-token prompt: 17 transfers, not 1,000
+    assert _pieces(13) == [8, 4, 1] and _pieces(PIECE) == [PIECE] and _pieces(0) == []
 
 
 def test_precompiled_copies_do_not_compile_when_a_step_needs_them(caplog):
@@ -254,14 +270,41 @@ def test_precompiled_copies_do_not_compile_when_a_step_needs_them(caplog):
 
     kv = [(jnp.zeros((8, BS, 1, 8)), jnp.ones((8, BS, 1, 8))) for _ in range(2)]
     copier = BlockCopier(layers=(0, 1))
-    copier.precompile(kv, max_gather=3, max_scatter=7)  # a gather of 3 runs padded to 4; 7 = 4 + 2 + 1
+    copier.precompile(kv, max_gather=3, max_scatter=7)  # a gather of 3 goes as 2 + 1; 7 = 4 + 2 + 1
     with jax.log_compiles(True), caplog.at_level(logging.DEBUG, logger="jax"):
-        host = np.asarray(copier.gather(kv, [1, 2, 3]))  # padded to 4
-        kv = copier.scatter(kv, [4, 5, 6, 7, 1, 2, 3], [host[:, :, i % 3] for i in range(7)])  # 4 + 2 + 1
+        pieces = [_Piece(a) for a in copier.gather(kv, [1, 2, 3])]
+        entries = [HostEntry(p, i) for p in pieces for i in range(p.rows)]
+        kv = copier.scatter(kv, [4, 5, 6, 7, 1, 2, 3], [entries[i % 3] for i in range(7)])  # 4 + 2 + 1
     copies = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage() and "_gather" in r.getMessage()]
     copies += [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage() and "_scatter" in r.getMessage()]
     assert not copies, copies
     with jax.log_compiles(True), caplog.at_level(logging.DEBUG, logger="jax"):
-        copier.gather(kv, list(range(5)))  # padded to 8: a shape precompile did not cover, so the log shows it
+        copier.gather(kv, list(range(4)))  # a piece of 4: a shape precompile did not cover, so the log shows it
     assert any("Compiling" in r.getMessage() and "_gather" in r.getMessage() for r in caplog.records)
     np.testing.assert_array_equal(np.asarray(kv[1][1])[[4, 5, 6]], np.ones((3, BS, 1, 8)))
+
+
+def test_a_chain_spilled_together_comes_back_as_views_and_thinned_pieces_are_compacted():
+    """Blocks evicted tail first are gathered head first, so the hit that restores the chain in order hands the
+    copier consecutive rows of a gather piece (no host copy); a piece that lost most of its entries is copied
+    down to its survivors at the next dispatch, so it does not hold the memory of the dropped ones."""
+    kv, tier = make_cache(num_blocks=8)
+    device, copier = np.full((8, BS), -1, np.int64), NumpyCopier()
+    prompt = prompt_of(6 * BS + 1, 1)
+    serve(kv, device, copier, prompt)
+    serve(kv, device, copier, prompt_of(6 * BS + 1, 2))  # evicts the first prompt's 6 blocks, tail first
+    pieces = {id(tier._entries[h].piece) for h in chain(prompt) if h in tier}
+    assert len(pieces) == 2  # 6 blocks in pieces of 3
+    viewed = copier.viewed
+    assert serve(kv, device, copier, prompt) == 6 * BS
+    assert copier.viewed == viewed + 2  # the restore's two pieces were views of the host rows
+    # thin a gather piece to one of its three entries: the next dispatch copies that one out
+    survivors = [h for h in chain(prompt_of(6 * BS + 1, 2)) if h in tier]
+    piece = tier._entries[survivors[0]].piece
+    keys = sorted(piece.keys, key=lambda k: tier._entries[k].index)
+    tier.take(keys[1:])
+    tier.dispatch(device, copier)
+    moved = tier._entries[keys[0]]
+    assert moved.piece is not piece and moved.piece.rows == 1 and not piece.keys
+    assert moved.data().tolist() == piece.host()[0].tolist()
+    tier.check_consistency()

@@ -9,15 +9,22 @@ Flow (the engine's loop thread drives all of it):
              takes the entries out of the host LRU (`take`), gives each a fresh device block, registers it in
              the device cache and queues its bytes to be written there (`restore(block, data)`)
   dispatch   StepExecutor.launch, before the step's forward, calls `dispatch(kv, copier)`: ONE gather of every
-             queued spill (device -> host, started asynchronously, the batch's host arrays read at the next
-             dispatch or when a hit needs them), then ONE scatter of every queued restore (host -> device)
+             queued spill (device -> host in pieces of at most 64 blocks, started asynchronously, the pieces' host
+             arrays read at the next dispatch or when a hit needs them), then ONE scatter of every queued restore
+             (host -> device)
 So a step's copies are one gather and one scatter whatever the number of blocks, and both are ordered before the
 forward that overwrites the spilled blocks or reads the restored ones.
 
-Entries are one block of every paged layer, [layers, 2 (k, v), block_size, hkv, dh]; the LRU drops the least
-recently spilled entry once `capacity_bytes` would be exceeded. A hash queued for a spill but not dispatched yet
-is not findable (a prompt admitted in the same step recomputes it). A block evicted again while its restore is
-still queued (its request aborted or preempted before the step ran) is spilled from the host bytes at hand.
+Entries are one block of every paged layer, [layers, 2 (k, v), block_size, hkv, dh], held as a row of a gather
+piece's host array [n, layers, 2, block_size, hkv, dh] (block-major: a row is a view, nothing is copied per
+entry). The spills of a step are gathered in reverse eviction order: the pool evicts a chain tail first, so its
+blocks land head first, in the order a later hit restores them, and a restore hands consecutive rows to the
+copier as one view (`stacked`). A piece's memory goes when its last entry does; once fewer than half its rows are
+entries, the survivors are copied into a piece of their own (at a dispatch), so the host holds at most twice
+`used_bytes` in read pieces. The LRU drops the least recently spilled entry once `capacity_bytes` would be
+exceeded. A hash queued for a spill but not dispatched yet is not findable (a prompt admitted in the same step
+recomputes it). A block evicted again while its restore is still queued (its request aborted or preempted before
+the step ran) is spilled from the host bytes at hand.
 """
 
 from __future__ import annotations
@@ -34,13 +41,13 @@ import numpy as np
 class BlockCopier(Protocol):
     """The device side (runtime/execution/block_copies.py): one gather and one scatter over the paged layers."""
 
-    def gather(self, kv: Any, blocks: Sequence[int]) -> Any:
-        """A device array [layers, 2, >= n, block_size, hkv, dh] whose first n rows are the blocks, its copy to
-        the host started."""
+    def gather(self, kv: Any, blocks: Sequence[int]) -> list[Any]:
+        """Device arrays [n_i, layers, 2, block_size, hkv, dh] whose rows are the blocks in order (sum n_i =
+        len(blocks)), their copies to the host started."""
         ...
 
-    def scatter(self, kv: Any, blocks: Sequence[int], data: Sequence[np.ndarray]) -> Any:
-        """kv (donated) with one entry [layers, 2, block_size, hkv, dh] written into each block (distinct)."""
+    def scatter(self, kv: Any, blocks: Sequence[int], entries: Sequence[HostEntry]) -> Any:
+        """kv (donated) with each entry's bytes (`stacked`) written into its block (distinct)."""
         ...
 
 
@@ -54,18 +61,43 @@ class HostTierCounters:
     dropped_blocks: int  # host entries dropped to stay within capacity
 
 
-class _Batch:
-    """One gather's device array on its way to the host: read once, then sliced into its entries."""
+class _Piece:
+    """One gather piece: a device array on its way to the host, then its host array [n, layers, 2, bs, hkv, dh]."""
 
     def __init__(self, array: Any):
-        self.array = array
+        self.array, self.rows = array, int(array.shape[0])
         self._host: np.ndarray | None = None
+        self.keys: set[bytes] = set()  # the tier's entries that are rows of this piece
 
     def host(self) -> np.ndarray:
         if self._host is None:
-            self._host = np.asarray(self.array)  # [layers, 2, n, bs, hkv, dh]; waits for the copy
+            self._host = np.asarray(self.array)  # waits for the copy
             self.array = None
         return self._host
+
+    @property
+    def arrived(self) -> bool:
+        return self._host is not None
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """One host block: row `index` of a gather piece."""
+
+    piece: _Piece
+    index: int
+
+    def data(self) -> np.ndarray:
+        return self.piece.host()[self.index]  # [layers, 2, bs, hkv, dh], a view
+
+
+def stacked(entries: Sequence[HostEntry]) -> np.ndarray:
+    """The entries' bytes as one array [n, layers, 2, bs, hkv, dh]: a view of their piece when they are its
+    consecutive rows in order (a restore of a chain spilled together), a copy otherwise."""
+    first = entries[0]
+    if all(e.piece is first.piece and e.index == first.index + i for i, e in enumerate(entries)):
+        return first.piece.host()[first.index : first.index + len(entries)]
+    return np.stack([e.data() for e in entries])
 
 
 class HostTier:
@@ -74,11 +106,11 @@ class HostTier:
             raise ValueError(f"block_bytes must be positive, got {block_bytes}")
         self.capacity_bytes, self.block_bytes, self.block_size = int(capacity_bytes), block_bytes, block_size
         self.capacity_blocks = max(0, self.capacity_bytes // block_bytes)
-        # hash -> the block's host arrays, or (batch, index) while its gather is on the way
-        self._entries: OrderedDict[bytes, np.ndarray | tuple[_Batch, int]] = OrderedDict()
+        self._entries: OrderedDict[bytes, HostEntry] = OrderedDict()  # hash -> its row, LRU first
         self._spills: list[tuple[bytes, int]] = []  # queued for the next dispatch: (hash, device block)
-        self._restores: dict[int, np.ndarray] = {}  # device block -> host arrays to write at the next dispatch
-        self._batches: list[_Batch] = []  # gathers dispatched, not yet read back
+        self._restores: dict[int, HostEntry] = {}  # device block -> the entry to write at the next dispatch
+        self._in_flight: list[_Piece] = []  # gathered, not yet read back
+        self._thinned: set[_Piece] = set()  # pieces that lost entries since the last dispatch
         self._lock = threading.Lock()  # the API thread may read counters while the loop thread changes them
         self._offloaded = self._restored = self._dropped = 0
 
@@ -96,25 +128,25 @@ class HostTier:
     def spill(self, chain_hash: bytes, block: int) -> None:
         """A cached device block is being evicted (BlockPool.on_spill): copy it out at the next dispatch."""
         with self._lock:
-            data = self._restores.pop(block, None)  # its restore never ran (the block's next owner writes it)
+            entry = self._restores.pop(block, None)  # its restore never ran (the block's next owner writes it)
             if self.capacity_blocks == 0:
                 return
-            if data is not None:  # so the bytes are still here
-                self._put(chain_hash, data)
+            if entry is not None:  # so the bytes are still here
+                self._put(chain_hash, entry)
             else:
                 self._spills.append((chain_hash, block))
 
-    def take(self, chain_hashes: Sequence[bytes]) -> list[np.ndarray]:
+    def take(self, chain_hashes: Sequence[bytes]) -> list[HostEntry]:
         """A prefix hit takes these entries out of the tier (before it allocates their device blocks, whose
-        evictions may drop old entries): their host arrays, for `restore`."""
+        evictions may drop old entries), for `restore`."""
         with self._lock:
             self._restored += len(chain_hashes)
-            return [self._take(h) for h in chain_hashes]
+            return [self._remove(h) for h in chain_hashes]
 
-    def restore(self, block: int, data: np.ndarray) -> None:
+    def restore(self, block: int, entry: HostEntry) -> None:
         """Write a taken entry into device block `block` (registered under its hash by the caller)."""
         with self._lock:
-            self._restores[block] = data
+            self._restores[block] = entry
 
     # --- the executor's side --------------------------------------------------------------------------
     def dispatch(self, kv: Any, copier: BlockCopier) -> Any:
@@ -124,11 +156,14 @@ class HostTier:
             self._read_back()
             spills = self._spills[-self.capacity_blocks :] if self._spills else []  # the rest would drop at once
             restores, self._spills, self._restores = self._restores, [], {}
+            spills.reverse()  # chains were evicted tail first: gathered head first, as a hit restores them
             if spills:
-                batch = _Batch(copier.gather(kv, [block for _, block in spills]))
-                self._batches.append(batch)
-                for index, (chain_hash, _) in enumerate(spills):
-                    self._put(chain_hash, (batch, index))
+                hashes = iter(chain_hash for chain_hash, _ in spills)
+                for array in copier.gather(kv, [block for _, block in spills]):
+                    piece = _Piece(array)
+                    self._in_flight.append(piece)
+                    for index in range(piece.rows):
+                        self._put(next(hashes), HostEntry(piece, index))
         if restores:
             kv = copier.scatter(kv, list(restores), list(restores.values()))
         return kv
@@ -138,31 +173,38 @@ class HostTier:
         return bool(self._spills or self._restores)
 
     # --- entries ----------------------------------------------------------------------------------------
-    def _put(self, chain_hash: bytes, data: np.ndarray | tuple[_Batch, int]) -> None:
-        if self._entries.pop(chain_hash, None) is not None:
+    def _put(self, chain_hash: bytes, entry: HostEntry) -> None:
+        if chain_hash in self._entries:
+            self._remove(chain_hash)
             self._dropped += 1  # an older copy of the same prefix
-        self._entries[chain_hash] = data
+        self._entries[chain_hash] = entry
+        entry.piece.keys.add(chain_hash)
         self._offloaded += 1
         while len(self._entries) > self.capacity_blocks:
-            self._entries.popitem(last=False)
+            self._remove(next(iter(self._entries)))
             self._dropped += 1
 
-    def _take(self, chain_hash: bytes) -> np.ndarray:
-        data = self._entries.pop(chain_hash)
-        if isinstance(data, tuple):
-            batch, index = data
-            data = np.ascontiguousarray(batch.host()[:, :, index])
-        return data
+    def _remove(self, chain_hash: bytes) -> HostEntry:
+        entry = self._entries.pop(chain_hash)
+        entry.piece.keys.discard(chain_hash)
+        self._thinned.add(entry.piece)
+        return entry
 
     def _read_back(self) -> None:
-        """Turn the gathers of earlier dispatches into one host array per entry (so a batch's buffer goes)."""
-        if not self._batches:
-            return
-        for chain_hash, data in list(self._entries.items()):
-            if isinstance(data, tuple):
-                batch, index = data
-                self._entries[chain_hash] = np.ascontiguousarray(batch.host()[:, :, index])
-        self._batches.clear()
+        """Wait for the gathers of earlier dispatches (their device arrays go), then copy the survivors of each
+        piece left less than half full into a piece of their own, so a dropped piece's memory goes."""
+        for piece in self._in_flight:
+            piece.host()
+        self._in_flight.clear()
+        for piece in self._thinned:
+            if piece.arrived and piece.keys and 2 * len(piece.keys) < piece.rows:
+                keys = sorted(piece.keys, key=lambda k: self._entries[k].index)  # rows stay in order
+                compact = _Piece(np.stack([self._entries[k].data() for k in keys]))
+                compact.host()
+                compact.keys, piece.keys = set(keys), set()
+                for index, chain_hash in enumerate(keys):
+                    self._entries[chain_hash] = HostEntry(compact, index)
+        self._thinned.clear()
 
     def counters(self) -> HostTierCounters:
         with self._lock:
@@ -180,6 +222,7 @@ class HostTier:
         every entry that came in left by a restore or a drop or is still held (nothing leaks or vanishes)."""
         assert len(self._entries) <= self.capacity_blocks and self.used_bytes <= self.capacity_bytes
         assert len(self._entries) == self._offloaded - self._restored - self._dropped
-        for data in self._entries.values():
-            if not isinstance(data, tuple):
-                assert data.nbytes == self.block_bytes, f"a host entry of {data.nbytes} bytes"
+        for chain_hash, entry in self._entries.items():
+            assert chain_hash in entry.piece.keys and 0 <= entry.index < entry.piece.rows
+            if entry.piece.arrived:
+                assert entry.data().nbytes == self.block_bytes, f"a host entry of {entry.data().nbytes} bytes"
