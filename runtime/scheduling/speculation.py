@@ -46,6 +46,9 @@ def plans_drafts(source: DraftSource | None, k: int, running: Sequence[Request])
     """Whether the source would draft for any of `running` at its next step (k each, or its plan's counts)."""
     if source is None or k <= 0 or not running:
         return False
+    would_draft = getattr(source, "would_draft", None)
+    if would_draft is not None:
+        return would_draft(running)
     plan = getattr(source, "plan", None)
     return plan is None or any(n > 0 for n in plan(running).values())
 

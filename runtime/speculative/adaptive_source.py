@@ -8,7 +8,9 @@ batch is bound by reading the weights, so an extra token costs a fraction of it)
 drafted token (0 for lookup; a draft model's decode per token), plus a fixed call overhead for a drafting step
 where plain decode steps run ahead several per call (RUN_AHEAD_CALL_OVERHEAD: a drafting step is a call of its
 own). Under load (many rows) the per-token term dominates and every k falls to 0: speculation stops where it
-would cost aggregate throughput; with a call overhead it starts only where acceptance repays the call.
+would cost aggregate throughput; with a call overhead it starts only where acceptance repays the call. The
+model is an estimate: `MeasuredGate` (measured_gate.py) times what drafting and plain steps really yield per
+token and holds the drafts back while drafting is the slower.
 
 What each row accepted is read back from the request itself: the drafts proposed at a given output length
 and the tokens the request emitted after it (their common prefix is what the verifier accepted).
@@ -22,6 +24,7 @@ import numpy as np
 
 from .adaptive import AcceptanceTracker, plan_draft_lengths
 from .drafter import Draft, Drafter, draft_context
+from .measured_gate import MeasuredGate
 
 
 class AdaptiveDrafts:
@@ -37,11 +40,20 @@ class AdaptiveDrafts:
         self.verify_token_cost, self.draft_token_cost = verify_token_cost, draft_token_cost
         self.call_overhead = call_overhead
         self.tracker = AcceptanceTracker()
+        self.gate = MeasuredGate()  # drafts only while drafting steps are measured no slower per token
         self.row_state = None  # request id -> its RowState (the engine's), for drafters that sample as it does
         self._pending: dict[str, tuple[int, tuple[int, ...]]] = {}  # request -> (output length, drafts proposed)
 
     def plan(self, requests: Sequence) -> dict[str, int]:
-        """k per request of the step's decode rows (request objects: request_id, output_token_ids)."""
+        """k per request of the step being scheduled (its decode rows: request_id, output_token_ids), as the cost
+        model plans them and the measured gate lets them through."""
+        return self.gate.admit(requests, self._planned(requests))
+
+    def would_draft(self, requests: Sequence) -> bool:
+        """Whether a step of these rows scheduled now would draft (asked before a run-ahead call is chained)."""
+        return self.gate.would_draft(self._planned(requests))
+
+    def _planned(self, requests: Sequence) -> dict[str, int]:
         for request in requests:
             self._learn(request)
         alphas = [self.tracker.alpha(r.request_id) for r in requests]

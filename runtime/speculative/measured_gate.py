@@ -1,0 +1,81 @@
+"""Speculation checked against the clock: the adaptive plan's cost model is an estimate (a verify token's share
+of a step, a draft model's decode, a drafting step's own device call), and where it is wrong speculation can
+cost more than it brings (on the 2-core CPU a 0.5B draft model accepted 56 of 58 draft tokens and still ran
+0.16x plain: its proposals are host-driven device calls, far dearer than the model assumes). The gate measures
+what each kind of step really yields, seconds per emitted token, and lets the plan's drafts through only while
+drafting steps are not slower per token than plain ones.
+
+A sample is the wall time between two consecutive scheduling steps of decode rows alone (`admit`, called
+with the step's rows when the scheduler plans their drafts) over the tokens those rows emitted in between: it
+covers the drafting, the verify or plain step(s), the host's reading of the results and, on a target that runs
+plain steps ahead, every run-ahead call in between. An interval whose rows changed (a request arrived or left:
+a prefill ran in it) is dropped. Each kind keeps an exponentially weighted mean; while drafting is the slower
+kind, every step decodes plainly but one in PROBE_EVERY decisions, which drafts to keep the drafting figure
+current; while drafting pays, one in PROBE_EVERY decodes plainly for the same reason. Until both kinds have
+MIN_SAMPLES, the plan's drafts go through, with plain probes four times as often to learn the baseline. A target
+that runs plain steps ahead asks `would_draft` before chaining each call: those questions count as decisions,
+so a probe comes due while the engine runs ahead, and the next scheduled step drafts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+PROBE_EVERY = 16  # one step in this many takes the other kind, to keep both figures current
+MIN_SAMPLES = 3  # samples of each kind before the gate closes
+DECAY = 0.7  # weight of the history in each mean
+
+
+class MeasuredGate:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self.seconds_per_token = {True: 0.0, False: 0.0}  # drafting -> its mean
+        self.samples = {True: 0, False: 0}
+        self._last: tuple[float, bool, dict[str, int]] | None = None  # (start, drafted, output lengths)
+        self._decisions = 0
+        self._probe_due = False
+
+    def admit(self, requests: Sequence, ks: dict[str, int]) -> dict[str, int]:
+        """A scheduling step of these decode rows: closes the interval since the previous one, then returns the
+        plan's ks, or none where drafting is measured to cost more per token (or a plain probe is due)."""
+        now = self.clock()
+        lengths = {r.request_id: len(r.output_token_ids) for r in requests}
+        self._close(now, lengths)
+        drafts = self._decide(any(ks.values()))
+        self._probe_due = False
+        self._last = (now, drafts, lengths)
+        return ks if drafts else {rid: 0 for rid in ks}
+
+    def would_draft(self, ks: dict[str, int]) -> bool:
+        """Whether a step planned now would draft (a run-ahead target asks before chaining a plain call)."""
+        return self._decide(any(ks.values()))
+
+    @property
+    def drafting_loses(self) -> bool:
+        if min(self.samples.values()) < MIN_SAMPLES:
+            return False
+        return self.seconds_per_token[True] > self.seconds_per_token[False]
+
+    def _decide(self, planned: bool) -> bool:
+        self._decisions += 1
+        if self._decisions % (PROBE_EVERY if self.samples[False] >= MIN_SAMPLES else PROBE_EVERY // 4) == 0:
+            self._probe_due = True
+        if not planned:
+            return False
+        return self.drafting_loses if self._probe_due else not self.drafting_loses
+
+    def _close(self, now: float, lengths: dict[str, int]) -> None:
+        last, self._last = self._last, None
+        if last is None:
+            return
+        start, drafted, before = last
+        if lengths.keys() != before.keys():
+            return  # a row arrived or left: a prefill or a finish ran in the interval
+        emitted = sum(lengths[rid] - before[rid] for rid in lengths)
+        if emitted <= 0:
+            return
+        rate = (now - start) / emitted
+        count, mean = self.samples[drafted], self.seconds_per_token[drafted]
+        self.seconds_per_token[drafted] = rate if count == 0 else DECAY * mean + (1 - DECAY) * rate
+        self.samples[drafted] = count + 1
