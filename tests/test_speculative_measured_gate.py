@@ -58,6 +58,15 @@ def test_drafting_that_costs_more_per_token_is_held_back_with_drafting_probes():
     assert not gate.drafting_loses and late > 100
 
 
+def test_a_compile_stall_does_not_close_the_gate():
+    clock = Clock()
+    gate = MeasuredGate(clock)
+    run(gate, clock, [Req("a")], 40, plain_s=0.05, drafting_s=0.08, drafted_tokens=3)
+    gate.admit([Req("a")], {"a": 4})
+    gate.recent[True].append(5.0)  # a drafting step that compiled its verify shape first
+    assert not gate.drafting_loses
+
+
 def test_an_interval_across_a_prefill_is_not_a_sample():
     clock = Clock()
     gate = MeasuredGate(clock)
@@ -73,8 +82,8 @@ def test_an_interval_across_a_prefill_is_not_a_sample():
 def test_a_run_ahead_target_asks_and_a_probe_comes_due_while_it_runs_ahead():
     clock = Clock()
     gate = MeasuredGate(clock)
-    gate.samples = {True: MIN_SAMPLES, False: MIN_SAMPLES}
-    gate.seconds_per_token = {True: 0.3, False: 0.1}  # drafting loses
+    gate.recent[True].extend([0.3] * MIN_SAMPLES)  # drafting loses
+    gate.recent[False].extend([0.1] * MIN_SAMPLES)
     a, drafted = Req("a"), 0
     for _ in range(2 * PROBE_EVERY):
         if gate.would_draft({"a": 4}):  # the engine schedules a step instead of chaining a run-ahead call

@@ -9,7 +9,8 @@ A sample is the wall time between two consecutive scheduling steps of decode row
 with the step's rows when the scheduler plans their drafts) over the tokens those rows emitted in between: it
 covers the drafting, the verify or plain step(s), the host's reading of the results and, on a target that runs
 plain steps ahead, every run-ahead call in between. An interval whose rows changed (a request arrived or left:
-a prefill ran in it) is dropped. Each kind keeps an exponentially weighted mean; while drafting is the slower
+a prefill ran in it) is dropped. Each kind's figure is the median of its last RECENT samples (a step that compiled a shape on first use
+is an outlier the median ignores, where a mean let one compile close the gate); while drafting is the slower
 kind, every step decodes plainly but one in PROBE_EVERY decisions, which drafts to keep the drafting figure
 current; while drafting pays, one in PROBE_EVERY decodes plainly for the same reason. Until both kinds have
 MIN_SAMPLES, the plan's drafts go through, with plain probes four times as often to learn the baseline. A target
@@ -19,19 +20,20 @@ so a probe comes due while the engine runs ahead, and the next scheduled step dr
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 PROBE_EVERY = 16  # one step in this many takes the other kind, to keep both figures current
 MIN_SAMPLES = 3  # samples of each kind before the gate closes
-DECAY = 0.7  # weight of the history in each mean
+RECENT = 9  # samples of each kind kept: their median is the kind's figure
 
 
 class MeasuredGate:
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self.clock = clock
-        self.seconds_per_token = {True: 0.0, False: 0.0}  # drafting -> its mean
-        self.samples = {True: 0, False: 0}
+        self.recent: dict[bool, deque[float]] = {True: deque(maxlen=RECENT), False: deque(maxlen=RECENT)}
         self._last: tuple[float, bool, dict[str, int]] | None = None  # (start, drafted, output lengths)
         self._decisions = 0
         self._probe_due = False
@@ -52,10 +54,19 @@ class MeasuredGate:
         return self._decide(any(ks.values()))
 
     @property
+    def samples(self) -> dict[bool, int]:
+        return {kind: len(recent) for kind, recent in self.recent.items()}
+
+    @property
+    def seconds_per_token(self) -> dict[bool, float]:
+        return {kind: statistics.median(recent) if recent else 0.0 for kind, recent in self.recent.items()}
+
+    @property
     def drafting_loses(self) -> bool:
         if min(self.samples.values()) < MIN_SAMPLES:
             return False
-        return self.seconds_per_token[True] > self.seconds_per_token[False]
+        figures = self.seconds_per_token
+        return figures[True] > figures[False]
 
     def _decide(self, planned: bool) -> bool:
         self._decisions += 1
@@ -75,7 +86,4 @@ class MeasuredGate:
         emitted = sum(lengths[rid] - before[rid] for rid in lengths)
         if emitted <= 0:
             return
-        rate = (now - start) / emitted
-        count, mean = self.samples[drafted], self.seconds_per_token[drafted]
-        self.seconds_per_token[drafted] = rate if count == 0 else DECAY * mean + (1 - DECAY) * rate
-        self.samples[drafted] = count + 1
+        self.recent[drafted].append((now - start) / emitted)
