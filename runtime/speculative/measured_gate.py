@@ -9,10 +9,13 @@ A sample is the wall time between two consecutive scheduling steps of decode row
 with the step's rows when the scheduler plans their drafts) over the tokens those rows emitted in between: it
 covers the drafting, the verify or plain step(s), the host's reading of the results and, on a target that runs
 plain steps ahead, every run-ahead call in between. An interval whose rows changed (a request arrived or left:
-a prefill ran in it) is dropped. Each kind's figure is the median of its last RECENT samples (a step that compiled a shape on first use
-is an outlier the median ignores, where a mean let one compile close the gate); while drafting is the slower
-kind, every step decodes plainly but one in PROBE_EVERY decisions, which drafts to keep the drafting figure
-current; while drafting pays, one in PROBE_EVERY decodes plainly for the same reason. Until both kinds have
+a prefill ran in it) is dropped. Each kind's figure is the median of its last RECENT samples (a step that
+compiled a shape on first use is an outlier the median ignores, where a mean let one compile close the gate).
+While drafting is the slower kind, every step decodes plainly but a drafting probe, first one in PROBE_EVERY
+decisions, then half as often after each probe that leaves drafting the slower (up to one in MAX_PROBE_EVERY: a
+draft model's probe also catches its KV up on every token since the last, so frequent probes cost it ~30%;
+a probe that pays brings the spacing back to PROBE_EVERY);
+while drafting pays, one in PROBE_EVERY decodes plainly to keep the plain figure current. Until both kinds have
 MIN_SAMPLES, the plan's drafts go through, with plain probes four times as often to learn the baseline. A target
 that runs plain steps ahead asks `would_draft` before chaining each call: those questions count as decisions,
 so a probe comes due while the engine runs ahead, and the next scheduled step drafts.
@@ -26,6 +29,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 PROBE_EVERY = 16  # one step in this many takes the other kind, to keep both figures current
+MAX_PROBE_EVERY = 256  # the drafting probes' spacing doubles up to this while drafting keeps losing
 MIN_SAMPLES = 3  # samples of each kind before the gate closes
 RECENT = 9  # samples of each kind kept: their median is the kind's figure
 
@@ -37,6 +41,7 @@ class MeasuredGate:
         self._last: tuple[float, bool, dict[str, int]] | None = None  # (start, drafted, output lengths)
         self._decisions = 0
         self._probe_due = False
+        self._closed_spacing = PROBE_EVERY  # decisions between drafting probes while drafting loses
 
     def admit(self, requests: Sequence, ks: dict[str, int]) -> dict[str, int]:
         """A scheduling step of these decode rows: closes the interval since the previous one, then returns the
@@ -45,6 +50,8 @@ class MeasuredGate:
         lengths = {r.request_id: len(r.output_token_ids) for r in requests}
         self._close(now, lengths)
         drafts = self._decide(any(ks.values()))
+        if self._probe_due and drafts:  # a drafting probe: the next one comes later while drafting keeps losing
+            self._closed_spacing = min(2 * self._closed_spacing, MAX_PROBE_EVERY)
         self._probe_due = False
         self._last = (now, drafts, lengths)
         return ks if drafts else {rid: 0 for rid in ks}
@@ -70,8 +77,17 @@ class MeasuredGate:
 
     def _decide(self, planned: bool) -> bool:
         self._decisions += 1
-        if self._decisions % (PROBE_EVERY if self.samples[False] >= MIN_SAMPLES else PROBE_EVERY // 4) == 0:
+        loses = self.drafting_loses
+        if not loses:
+            self._closed_spacing = PROBE_EVERY
+        spacing = self._closed_spacing if loses else PROBE_EVERY
+        if self.samples[False] < MIN_SAMPLES:
+            spacing = PROBE_EVERY // 4
+        if self._decisions % spacing == 0:
             self._probe_due = True
+        if not planned:
+            return False
+        return loses if self._probe_due else not loses
         if not planned:
             return False
         return self.drafting_loses if self._probe_due else not self.drafting_loses
@@ -86,4 +102,7 @@ class MeasuredGate:
         emitted = sum(lengths[rid] - before[rid] for rid in lengths)
         if emitted <= 0:
             return
-        self.recent[drafted].append((now - start) / emitted)
+        rate = (now - start) / emitted
+        if drafted and self.recent[False] and rate <= self.seconds_per_token[False]:
+            self._closed_spacing = PROBE_EVERY  # a probe that paid: look again soon
+        self.recent[drafted].append(rate)
