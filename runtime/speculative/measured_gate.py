@@ -13,7 +13,7 @@ a prefill ran in it) is dropped. Each kind's figure is the median of its last RE
 compiled a shape on first use is an outlier the median ignores, where a mean let one compile close the gate).
 While drafting is the slower kind, every step decodes plainly but a drafting probe, first one in PROBE_EVERY
 decisions, then half as often after each probe that leaves drafting the slower (up to one in MAX_PROBE_EVERY: a
-draft model's probe also catches its KV up on every token since the last, so frequent probes cost it ~30%;
+draft model's probe also catches its KV up on every token since the last, so frequent probes cost it much;
 a probe that pays brings the spacing back to PROBE_EVERY);
 while drafting pays, one in PROBE_EVERY decodes plainly to keep the plain figure current. Until both kinds have
 MIN_SAMPLES, the plan's drafts go through, with plain probes four times as often to learn the baseline. A target
