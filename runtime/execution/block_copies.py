@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
+from itertools import accumulate
 
 import jax
 import jax.numpy as jnp
@@ -33,21 +34,19 @@ class BlockCopier:
         self.layers = tuple(layers)
 
     def gather(self, kv: list, blocks: Sequence[int]) -> list[jax.Array]:
-        pools, start, pieces = [kv[i] for i in self.layers], 0, []
-        for size in _pieces(len(blocks)):
+        pools, pieces = [kv[i] for i in self.layers], []
+        for start, size in spans(len(blocks)):
             piece = _gather(pools, jnp.asarray(np.asarray(blocks[start : start + size], np.int32)))
             piece.copy_to_host_async()
             pieces.append(piece)
-            start += size
         return pieces
 
     def scatter(self, kv: list, blocks: Sequence[int], entries: Sequence[HostEntry]) -> list:
-        pools, start = [kv[i] for i in self.layers], 0
-        for size in _pieces(len(blocks)):
+        pools = [kv[i] for i in self.layers]
+        for start, size in spans(len(blocks)):
             index = np.asarray(blocks[start : start + size], np.int32)
             data = jax.device_put(stacked(entries[start : start + size]))  # [size, layers, 2, bs, hkv, dh]
             pools = _scatter(pools, jnp.asarray(index), data)
-            start += size
         kv = list(kv)
         for i, layer in enumerate(self.layers):
             kv[layer] = pools[i]
@@ -60,21 +59,28 @@ class BlockCopier:
         if not pools:
             return
         block = pools[0][0].shape[1:]  # [bs, hkv, dh]
-        for count, program in ((max_gather, "gather"), (max_scatter, "scatter")):
-            largest = min(max(count, 1), PIECE)
-            for n in (1 << bit for bit in range(largest.bit_length())):  # every piece size up to count
-                index = jax.ShapeDtypeStruct((n,), jnp.int32)
-                if program == "gather":
-                    _gather.lower(pools, index).compile()
-                else:
-                    data = jax.ShapeDtypeStruct((n, len(pools), 2, *block), pools[0][0].dtype)
-                    _scatter.lower(pools, index, data).compile()
+        for n in _piece_sizes_up_to(max_gather):
+            _gather.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32)).compile()
+        for n in _piece_sizes_up_to(max_scatter):
+            data = jax.ShapeDtypeStruct((n, len(pools), 2, *block), pools[0][0].dtype)
+            _scatter.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32), data).compile()
 
 
 def _pieces(n: int) -> list[int]:
     """n as whole PIECEs, then the rest as distinct powers of two, largest first."""
     whole, rest = divmod(n, PIECE)
     return [PIECE] * whole + [1 << bit for bit in range(rest.bit_length() - 1, -1, -1) if rest >> bit & 1]
+
+
+def spans(n: int) -> list[tuple[int, int]]:
+    """(start, size) of each piece of n blocks, in order."""
+    sizes = _pieces(n)
+    return list(zip(accumulate(sizes[:-1], initial=0), sizes))
+
+
+def _piece_sizes_up_to(count: int) -> list[int]:
+    """Every piece size a copy of up to `count` blocks can take."""
+    return [1 << bit for bit in range(min(max(count, 1), PIECE).bit_length())]
 
 
 @jax.jit

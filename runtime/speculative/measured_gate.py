@@ -80,17 +80,12 @@ class MeasuredGate:
         loses = self.drafting_loses
         if not loses:
             self._closed_spacing = PROBE_EVERY
-        spacing = self._closed_spacing if loses else PROBE_EVERY
-        if self.samples[False] < MIN_SAMPLES:
-            spacing = PROBE_EVERY // 4
+        spacing = self._closed_spacing if self.samples[False] >= MIN_SAMPLES else PROBE_EVERY // 4
         if self._decisions % spacing == 0:
             self._probe_due = True
         if not planned:
             return False
         return loses if self._probe_due else not loses
-        if not planned:
-            return False
-        return self.drafting_loses if self._probe_due else not self.drafting_loses
 
     def _close(self, now: float, lengths: dict[str, int]) -> None:
         last, self._last = self._last, None

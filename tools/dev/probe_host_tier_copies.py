@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ember.runtime.execution.block_copies import PIECE, _pieces
+from ember.runtime.execution.block_copies import PIECE, _pieces, spans
 from ember.runtime.state.host_tier import HostTier, stacked
 
 LAYERS, BLOCK, KV_HEADS, HEAD_DIM = 28, 16, 2, 128  # Qwen2.5-1.5B
@@ -43,10 +43,7 @@ class _HostCopier:
         return [np.ones((size, LAYERS, 2, BLOCK, KV_HEADS, HEAD_DIM), np.uint16) for size in _pieces(len(blocks))]
 
     def scatter(self, kv, blocks, entries):
-        start = 0
-        for size in _pieces(len(blocks)):
-            self.sources.append(stacked(entries[start : start + size]))
-            start += size
+        self.sources += [stacked(entries[start : start + size]) for start, size in spans(len(blocks))]
         return kv
 
 

@@ -25,10 +25,19 @@ from ember.compiler.kernels.kept_shards import per_shard
 from ember.compiler.targets.policy import kernel_policy
 
 
+def _float_linear(x, w, bias, invariant: bool):
+    # x [N, k] @ w.T (+ bias) -> [N, out], w a float [out, k] array
+    if invariant and x.shape[0] == 1:
+        # XLA:CPU runs a one-row float matmul as a GEMV whose sums round unlike its GEMM's (the same from two
+        # rows up: tests/test_deterministic_cpu.py); a zero second row keeps the GEMM
+        return linear_ref.linear(jnp.concatenate([x, jnp.zeros_like(x)]), w, bias)[:1]
+    return linear_ref.linear(x, w, bias)
+
+
 def _matmul(x, w, invariant: bool):
     # x [N, k] @ w.T -> [N, out]; w a BlockQ8Weight or a float [out, k] array
     if not isinstance(w, BlockQ8Weight):
-        return linear_ref.linear(x, w)
+        return _float_linear(x, w, None, invariant)
     if w.split is not None:  # split over a mesh: the same choice on each device's blocks
         return per_shard(lambda xs, ws: _matmul(xs, ws, invariant), x, w)
     if invariant or x.shape[0] <= kernel_policy().quant_gemv.gemv_max_rows:
@@ -41,12 +50,8 @@ def _linear(x, weight, bias, invariant: bool):
         y = jnp.concatenate([_matmul(x, part, invariant) for part in weight.parts], axis=-1)
     elif isinstance(weight, BlockQ8Weight):
         y = _matmul(x, weight, invariant)
-    elif invariant and x.shape[0] == 1:
-        # XLA:CPU runs a one-row float matmul as a GEMV whose sums round unlike its GEMM's (the same from two
-        # rows up: tests/test_deterministic_cpu.py); a zero second row keeps the GEMM
-        return linear_ref.linear(jnp.concatenate([x, jnp.zeros_like(x)]), weight, bias)[:1]
     else:
-        return linear_ref.linear(x, weight, bias)
+        return _float_linear(x, weight, bias, invariant)
     return y if bias is None else y + bias.astype(y.dtype)
 
 
