@@ -265,8 +265,12 @@ def test_a_follower_exits_when_its_leader_dies(tiny_chat_model):
     group = Group(tiny_chat_model)
     try:
         group.leader.process.kill()
-        assert group.follower.wait(timeout=15) == 1, group.logs()
-        assert "leader is gone" in group.follower_log.read_text()
+        code = group.follower.wait(timeout=15)
+        # our channel sees the leader gone (exit 1), unless JAX's coordination client, whose service lived in the
+        # leader, aborts the process first (SIGABRT): both react to the same dead socket, so either may win
+        assert code in (1, -signal.SIGABRT), group.logs()
+        if code == 1:
+            assert "leader is gone" in group.follower_log.read_text()
     finally:
         group.close()
 

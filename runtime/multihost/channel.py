@@ -162,11 +162,14 @@ class FollowerChannel:
         threading.Thread(target=self._beat, args=(heartbeat_s,), name="ember-heartbeat", daemon=True).start()
 
     def receive(self):
-        """The next message; None when the leader's connection closed."""
-        header = _read_exact(self._sock, _HEADER.size)
-        if header is None:
+        """The next message; None when the leader's connection closed (or was reset: a killed leader's was)."""
+        try:
+            header = _read_exact(self._sock, _HEADER.size)
+            if header is None:
+                return None
+            data = _read_exact(self._sock, _HEADER.unpack(header)[0])
+        except ConnectionResetError:
             return None
-        data = _read_exact(self._sock, _HEADER.unpack(header)[0])
         return None if data is None else pickle.loads(data)
 
     def close(self) -> None:
