@@ -107,6 +107,6 @@ CPU = Target(
         # q/k/v behind a barrier) and the sampler's row reductions are batch-invariant by construction; a
         # one-row float matmul, which XLA CPU runs as a GEMV rounding unlike its GEMM, gets a zero second row
         # (linear_invariant; tests/test_deterministic_cpu.py): deterministic steps take the default buckets
-        deterministic=DeterministicPolicy(bucketed=True, min_rows=1),
+        deterministic=DeterministicPolicy(bucketed=True, min_rows=1, run_ahead=True),
     ),
 )

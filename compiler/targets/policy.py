@@ -193,6 +193,10 @@ class DeterministicPolicy:
     # + `tile_prefill_tokens` tokens of one prefill chunk, one tile after another
     bucketed: bool = False
     min_rows: int = 1
+    # True (bucketed only): deterministic decode runs ahead like default decode (the target's decode_steps per
+    # device call), each step compiled as in a one-step call (runtime/execution/engine_step.py `_step_inputs`).
+    # False: one decode step per device call
+    run_ahead: bool = False
     tile_decode_rows: int = 16
     tile_prefill_tokens: int = 64
 

@@ -69,12 +69,21 @@ def make_step_fn(forward: Callable, with_hidden: bool = False, fixed_order: bool
 
     def step(dims, layout: IoLayout, num_top: int, all_greedy: bool, params, kv, inputs):
         batch, sampling, _ = unpack_step(inputs, layout)
+        params, batch = _step_inputs(params, batch, fixed_order)
         logits, hidden, kv = _forward(forward, with_hidden, dims, params, kv, batch)
         logits = logits.astype(jnp.float32)
         packed = pack_result(sample(logits, sampling, num_top, all_greedy=all_greedy, fixed_order=fixed_order))
         return _with(packed, hidden), kv
 
     return jax.jit(step, static_argnums=(0, 1, 2, 3), donate_argnums=5)
+
+
+def _step_inputs(params, batch: StepBatch, fixed_order: bool):
+    """A deterministic step's forward takes its weights and batch behind an optimization barrier, in a one-step
+    call and inside a run-ahead call's loop alike: XLA then neither fuses the forward's first ops with how the
+    inputs were made (unpacked from the input buffer, or carried from the previous step) nor hoists work on the
+    weights out of the loop, so the step compiles the same way in both executables (docs/kernel_policy.md)."""
+    return jax.lax.optimization_barrier((params, batch)) if fixed_order else (params, batch)
 
 
 def _forward(forward: Callable, with_hidden: bool, dims, params, kv, batch):
@@ -107,6 +116,7 @@ def make_verify_step_fn(forward: Callable, with_hidden: bool = False, fixed_orde
     def step(dims, layout: IoLayout, num_top: int, all_greedy: bool, width: int, params, kv, inputs):
         batch, sampling, (drafts, num_drafts, *q) = unpack_step(inputs, layout)
         draft_probs, has_draft_probs = q if q else (None, None)
+        params, batch = _step_inputs(params, batch, fixed_order)
         logits, hidden, kv = _forward(forward, with_hidden, dims, params, kv, batch)
         logits = logits.astype(jnp.float32).reshape(-1, width, logits.shape[-1])
         result = verify(
@@ -132,7 +142,7 @@ def make_verify_step_fn(forward: Callable, with_hidden: bool = False, fixed_orde
     return jax.jit(step, static_argnums=(0, 1, 2, 3, 4), donate_argnums=6)
 
 
-def make_multi_step_fn(forward: Callable, steps: int) -> Callable:
+def make_multi_step_fn(forward: Callable, steps: int, fixed_order: bool = False) -> Callable:
     """jit of `steps` decode steps in one executable, each step's sampled tokens fed to the next on the
     device: (dims, layout, num_top, all_greedy, params, kv, inputs, carried) -> (packed results
     [steps, R, 2 + 2K], kv, carried). The inputs are a decode-only step (C = 0) plus `slots_ahead` int32
@@ -144,7 +154,8 @@ def make_multi_step_fn(forward: Callable, steps: int) -> Callable:
     `carried` int32 [B + 1] chains calls without a host round trip: when carried[B] is 1 the first step's
     tokens are carried[:B] instead of the batch's, and every call returns its last step's tokens in that
     form (flag 1), so the next call of the same rows can be dispatched before this one's results are read
-    (runtime/scheduling/run_ahead.py); no_carry(B) is the form that keeps the batch's tokens."""
+    (runtime/scheduling/run_ahead.py); no_carry(B) is the form that keeps the batch's tokens. fixed_order
+    (deterministic steps): each step as make_step_fn's, its inputs behind the same barrier (_step_inputs)."""
 
     def multi(dims, layout: IoLayout, num_top: int, all_greedy: bool, params, kv, inputs, carried):
         batch, sampling, (slots_ahead,) = unpack_step(inputs, layout)
@@ -156,9 +167,14 @@ def make_multi_step_fn(forward: Callable, steps: int) -> Callable:
             step_batch = batch._replace(
                 tokens=tokens, positions=batch.positions + i, slots=slots_ahead[i], dec_ctx_lens=batch.dec_ctx_lens + i
             )
-            logits, kv = forward(dims, params, kv, step_batch)
+            step_params, step_batch = _step_inputs(params, step_batch, fixed_order)
+            logits, kv = forward(dims, step_params, kv, step_batch)
             result = sample(
-                logits.astype(jnp.float32), sampling._replace(step=sampling.step + i), num_top, all_greedy=all_greedy
+                logits.astype(jnp.float32),
+                sampling._replace(step=sampling.step + i),
+                num_top,
+                all_greedy=all_greedy,
+                fixed_order=fixed_order,
             )
             return (result.tokens[:rows], kv), pack_result(result)
 

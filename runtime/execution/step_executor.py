@@ -164,14 +164,15 @@ class StepExecutor(StepPrecompiler):
         steps = config.decode_steps if config.decode_steps is not None else get_target(model.plan.target).decode_steps
         # run-ahead chains decode steps without the scheduler; slot state is carried in self.kv from one to the next
         # (a row's steps past its request's end advance a slot nobody reads again before a fresh start or a restore)
-        # deterministic: one step per call. A run-ahead call compiles the step inside a loop, where XLA fuses
-        # (and contracts multiply-adds) otherwise than in a one-step call, and which calls run ahead depends on
-        # the load: a row's bits would then depend on the requests beside it (docs/kernel_policy.md)
+        # deterministic: where the kernel policy says so (`deterministic.run_ahead`), run-ahead calls compile each
+        # step as a one-step call does (engine_step._step_inputs); otherwise one step per call, since which calls
+        # run ahead depends on the load and a loop's step may fuse otherwise (docs/kernel_policy.md)
         # with hidden states: one step per call (every step's rows' hidden states reach the drafter)
-        self.decode_steps = 1 if self.tiles is not None or config.deterministic or self.with_hidden else max(1, steps)
+        runs_ahead = not config.deterministic or (self.tiles is None and determinism.run_ahead)
+        self.decode_steps = max(1, steps) if runs_ahead and not self.with_hidden else 1
         self.multi_step_fn = (
             cached_step(
-                make_multi_step_fn(forward, self.decode_steps),
+                make_multi_step_fn(forward, self.decode_steps, fixed_order=config.deterministic),
                 4,
                 identity,
                 f"run-ahead {self.decode_steps}",
