@@ -17,7 +17,7 @@ from ember.runtime.scheduling.requests import Request
 from ember.runtime.scheduling.scheduled_step import PrefillShapes
 from ember.runtime.scheduling.scheduler import Scheduler
 from ember.runtime.state.block_pool import BlockPool, block_hash
-from ember.runtime.state.host_tier import HostEntry, HostTier, _Piece, stacked
+from ember.runtime.state.host_tier import HostEntry, HostTier, _Piece
 from ember.runtime.state.kv_cache import HOST_BLOCK, KVCache
 
 BS = 4  # tokens per block
@@ -25,11 +25,12 @@ BS = 4  # tokens per block
 
 class NumpyCopier:
     """The BlockCopier over a numpy "device": kv [num_blocks, BS] of one layer's values, as [n, 1, 1, BS] blocks
-    in pieces of at most 3. Counts its calls (one gather and one scatter per dispatch at most) and the restores
-    that went as views of a gather piece."""
+    in pieces of at most 3. Counts its calls (one gather and one scatter per dispatch at most) and the pieces
+    each scatter reads (a restore moves whole pieces)."""
 
     def __init__(self):
-        self.gathers = self.scatters = self.viewed = 0
+        self.gathers = self.scatters = 0
+        self.pieces_read: list[int] = []
 
     def gather(self, kv, blocks):
         self.gathers += 1
@@ -38,19 +39,18 @@ class NumpyCopier:
 
     def scatter(self, kv, blocks, entries):
         self.scatters += 1
-        for i in range(0, len(blocks), 3):
-            data = stacked(entries[i : i + 3])
-            assert data.shape == (len(blocks[i : i + 3]), 1, 1, BS)
-            self.viewed += np.shares_memory(data, entries[i].piece.host())
-            kv[np.asarray(blocks[i : i + 3])] = data[:, 0, 0]
+        self.pieces_read.append(len({id(entry.piece) for entry in entries}))
+        for block, entry in zip(blocks, entries):
+            kv[block] = entry.data()[0, 0]
         return kv
+
+    def take_rows(self, array, rows):
+        return array[np.asarray(rows)].copy()
 
 
 def host_entry(values) -> HostEntry:
     """A host entry of one block holding these token values (as a gather would leave it)."""
-    piece = _Piece(np.asarray(values, np.int64)[None, None, None])
-    piece.host()
-    return HostEntry(piece, 0)
+    return HostEntry(_Piece(np.asarray(values, np.int64)[None, None, None]), 0)
 
 
 def make_cache(num_blocks=8, host_blocks=64):
@@ -236,6 +236,7 @@ def test_the_jax_copier_moves_every_paged_layer_exactly(count, piece, monkeypatc
     blocks = [5, 2, 3, 0, 4][:count]
     pieces = [_Piece(a) for a in copier.gather(kv, blocks)]
     assert [p.rows for p in pieces] == block_copies._pieces(count)
+    assert all(p.array.sharding.memory_kind == "pinned_host" for p in pieces)
     host = np.concatenate([p.host() for p in pieces])
     assert host.shape == (count, 2, 2, BS, 2, 8)
     for layer in range(2):
@@ -243,13 +244,14 @@ def test_the_jax_copier_moves_every_paged_layer_exactly(count, piece, monkeypatc
             np.testing.assert_array_equal(host[:, layer, part], values[layer][part][blocks])
     targets = [1, 4, 2, 3, 5][:count]
     entries = [HostEntry(p, i) for p in pieces for i in range(p.rows)]
-    order = [2, 3, 4, 0, 1][:count] if count == 5 else list(range(count))  # 5: out of gather order (stacked)
+    # 5: four of them, out of gather order (a piece's row that is not restored is written nowhere)
+    order = [2, 3, 4, 0] if count == 5 else list(range(count))
     moved = copier.scatter(kv, [targets[i] for i in order], [entries[i] for i in order])
     assert moved[2] == ()
     for layer in range(2):
         for part in range(2):
             want = values[layer][part].copy()
-            want[targets] = values[layer][part][blocks]
+            want[[targets[i] for i in order]] = values[layer][part][[blocks[i] for i in order]]
             np.testing.assert_array_equal(np.asarray(moved[layer][part]), want)
 
 
@@ -268,13 +270,14 @@ def test_precompiled_copies_do_not_compile_when_a_step_needs_them(caplog):
 
     from ember.runtime.execution.block_copies import BlockCopier
 
-    kv = [(jnp.zeros((8, BS, 1, 8)), jnp.ones((8, BS, 1, 8))) for _ in range(2)]
+    # committed to the device, as a step leaves them
+    kv = jax.device_put([(jnp.zeros((8, BS, 1, 8)), jnp.ones((8, BS, 1, 8))) for _ in range(2)], jax.devices()[0])
     copier = BlockCopier(layers=(0, 1))
-    copier.precompile(kv, max_gather=3, max_scatter=7)  # a gather of 3 goes as 2 + 1; 7 = 4 + 2 + 1
+    copier.precompile(kv, max_blocks=3)  # a copy of 3 goes as pieces of 2 + 1
     with jax.log_compiles(True), caplog.at_level(logging.DEBUG, logger="jax"):
         pieces = [_Piece(a) for a in copier.gather(kv, [1, 2, 3])]
         entries = [HostEntry(p, i) for p in pieces for i in range(p.rows)]
-        kv = copier.scatter(kv, [4, 5, 6, 7, 1, 2, 3], [entries[i % 3] for i in range(7)])  # 4 + 2 + 1
+        kv = copier.scatter(kv, [4, 5, 6], [entries[i] for i in (2, 0, 1)])  # the pieces of 1 and 2
     copies = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage() and "_gather" in r.getMessage()]
     copies += [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage() and "_scatter" in r.getMessage()]
     assert not copies, copies
@@ -284,10 +287,10 @@ def test_precompiled_copies_do_not_compile_when_a_step_needs_them(caplog):
     np.testing.assert_array_equal(np.asarray(kv[1][1])[[4, 5, 6]], np.ones((3, BS, 1, 8)))
 
 
-def test_a_chain_spilled_together_comes_back_as_views_and_thinned_pieces_are_compacted():
-    """Blocks evicted tail first are gathered head first, so the hit that restores the chain in order hands the
-    copier consecutive rows of a gather piece (no host copy); a piece that lost most of its entries is copied
-    down to its survivors at the next dispatch, so it does not hold the memory of the dropped ones."""
+def test_a_chain_spilled_together_comes_back_as_its_pieces_and_thinned_pieces_are_compacted():
+    """Blocks evicted tail first are gathered head first, so the hit that restores the chain reads the pieces it
+    went out as, each once; a piece that lost most of its entries is copied down to its survivors at the next
+    dispatch, so it does not hold the memory of the dropped ones."""
     kv, tier = make_cache(num_blocks=8)
     device, copier = np.full((8, BS), -1, np.int64), NumpyCopier()
     prompt = prompt_of(6 * BS + 1, 1)
@@ -295,9 +298,8 @@ def test_a_chain_spilled_together_comes_back_as_views_and_thinned_pieces_are_com
     serve(kv, device, copier, prompt_of(6 * BS + 1, 2))  # evicts the first prompt's 6 blocks, tail first
     pieces = {id(tier._entries[h].piece) for h in chain(prompt) if h in tier}
     assert len(pieces) == 2  # 6 blocks in pieces of 3
-    viewed = copier.viewed
     assert serve(kv, device, copier, prompt) == 6 * BS
-    assert copier.viewed == viewed + 2  # the restore's two pieces were views of the host rows
+    assert copier.pieces_read[-1] == 2  # the restore moved the two pieces of the chain
     # thin a gather piece to one of its three entries: the next dispatch copies that one out
     survivors = [h for h in chain(prompt_of(6 * BS + 1, 2)) if h in tier]
     piece = tier._entries[survivors[0]].piece

@@ -100,7 +100,7 @@ def test_precompile_covers_the_tiers_copies(qwen3, monkeypatch):
         engine.precompile()
     finally:
         engine.close()
-    assert calls == [(19, 16)]  # gathers of up to the 19 usable blocks (the tier holds 64), restores of 64 tokens
+    assert calls == [(19,)]  # copies of up to the 19 usable blocks (the tier holds 64)
 
 
 def test_the_startup_line_and_plans_without_a_tier(qwen3):

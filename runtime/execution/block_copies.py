@@ -2,30 +2,32 @@
 copied out to the host, and host blocks written back, in pieces.
 
 Each paged layer holds (k, v) pools [num_blocks, block_size, hkv, dh]. A gather stacks the blocks of every layer
-block-major, [n, layers, 2, block_size, hkv, dh], in pieces of at most PIECE blocks, and starts each piece's copy
-to the host: a host entry is then a row of its piece, taken without a copy. A restore writes entries back in
-pieces of at most PIECE blocks; a piece crosses the bus as ONE transfer, from a view of the host rows when its
-entries are consecutive rows of one gather piece (a chain spilled together and restored in order) and stacked
-otherwise (host_tier.stacked). Pieces are PIECE blocks and then powers of two (n = 141: 64, 64, 8, 4, 1), so few
-shapes are traced and no padding crosses the bus either way. (Fewer transfers alone did not make a restore
-cheaper: on an H100 a 16k-token prompt, ~1,000 blocks, restored in 0.45 s as 17 stacked pieces and 0.47 s as
-one transfer per block, against 0.18 s to recompute it; the per-entry host copies, which views now avoid, were
-the next suspect: docs/h200_log.md.) Gathers and scatters are jitted calls that donate the paged layers' pools
-(the step's own state is donated the same way: nothing is copied whole)."""
+block-major, [n, layers, 2, block_size, hkv, dh], in pieces of at most PIECE blocks (PIECE blocks and then powers
+of two: n = 141 goes as 64, 64, 8, 4, 1, so few shapes are traced and no padding crosses the bus), each piece an
+output of its jitted gather in the host's pinned memory: the copy out is a DMA transfer XLA issues, and a host
+entry is a row of its piece. A restore moves each piece holding restored entries back whole (ONE DMA transfer
+from pinned memory) and writes the restored rows into their blocks; rows the restore does not want go to
+distinct out-of-range blocks, which the scatter drops, so a scatter has one shape per piece size too. (On an H100
+a 16k-token prompt, ~1,000 blocks, restored from pageable host memory in 0.45 s as 17 stacked pieces, 0.47 s as
+one transfer per block, and 0.21 s once the host copies were gone, against 0.19 s to recompute it:
+docs/h200_log.md.) Gathers and scatters are jitted calls that donate the paged layers' pools (the step's own
+state is donated the same way: nothing is copied whole)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from functools import partial
 from itertools import accumulate
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from ember.runtime.state.host_tier import HostEntry, stacked
+from ember.runtime.state.host_tier import HostEntry
 
 PIECE = 64  # blocks per device <-> host transfer (1,024 tokens at block size 16)
+PINNED = "pinned_host"
 
 
 class BlockCopier:
@@ -34,36 +36,77 @@ class BlockCopier:
         self.layers = tuple(layers)
 
     def gather(self, kv: list, blocks: Sequence[int]) -> list[jax.Array]:
-        pools, pieces = [kv[i] for i in self.layers], []
-        for start, size in spans(len(blocks)):
-            piece = _gather(pools, jnp.asarray(np.asarray(blocks[start : start + size], np.int32)))
-            piece.copy_to_host_async()
-            pieces.append(piece)
-        return pieces
+        pools = [kv[i] for i in self.layers]
+        gather = _gather_into(_sharding(pools[0][0], PINNED))
+        return [
+            gather(pools, jnp.asarray(np.asarray(blocks[start : start + size], np.int32)))
+            for start, size in spans(len(blocks))
+        ]
 
     def scatter(self, kv: list, blocks: Sequence[int], entries: Sequence[HostEntry]) -> list:
         pools = [kv[i] for i in self.layers]
-        for start, size in spans(len(blocks)):
-            index = np.asarray(blocks[start : start + size], np.int32)
-            data = jax.device_put(stacked(entries[start : start + size]))  # [size, layers, 2, bs, hkv, dh]
-            pools = _scatter(pools, jnp.asarray(index), data)
+        num_blocks = pools[0][0].shape[0]
+        device = _sharding(pools[0][0], None)
+        for piece, destinations in _piece_destinations(blocks, entries):
+            data = jax.device_put(piece.array, device)  # [rows, layers, 2, bs, hkv, dh], one transfer
+            # rows not restored go to distinct blocks past the pool, dropped by the scatter
+            index = [num_blocks + row if block is None else block for row, block in enumerate(destinations)]
+            pools = _scatter(pools, jnp.asarray(np.asarray(index, np.int32)), data)
         kv = list(kv)
         for i, layer in enumerate(self.layers):
             kv[layer] = pools[i]
         return kv
 
-    def precompile(self, kv: list, max_gather: int, max_scatter: int) -> None:
-        """Compile (ahead of time, nothing runs) every gather and scatter piece up to these block counts, so no
-        step waits for one: log2(PIECE) + 1 small programs each."""
-        pools = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), [kv[i] for i in self.layers])
-        if not pools:
+    def take_rows(self, array, rows: Sequence[int]):
+        """These rows of a piece's array as a new host array in the same memory (compacting a thinned piece),
+        padded to a power of two rows with copies of the last (a piece size the scatter was compiled for)."""
+        rows = list(rows) + [rows[-1]] * ((1 << (len(rows) - 1).bit_length()) - len(rows))
+        taken = np.asarray(array)[np.asarray(rows, np.int64)]
+        return jax.device_put(taken, array.sharding) if isinstance(array, jax.Array) else taken
+
+    def precompile(self, kv: list, max_blocks: int) -> None:
+        """Compile (ahead of time, nothing runs) the gather and the scatter of every piece size a copy of up to
+        `max_blocks` blocks takes (a restore moves the pieces a gather made), so no step waits for one:
+        log2(PIECE) + 1 small programs each."""
+        if not self.layers:
             return
+        # the pools as the steps leave them (committed to their device), the pieces as scatter moves them there
+        pools = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), [kv[i] for i in self.layers]
+        )
+        gather = _gather_into(_sharding(kv[self.layers[0]][0], PINNED))
+        device = _sharding(kv[self.layers[0]][0], None)
         block = pools[0][0].shape[1:]  # [bs, hkv, dh]
-        for n in _piece_sizes_up_to(max_gather):
-            _gather.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32)).compile()
-        for n in _piece_sizes_up_to(max_scatter):
-            data = jax.ShapeDtypeStruct((n, len(pools), 2, *block), pools[0][0].dtype)
+        for n in _piece_sizes_up_to(max_blocks):
+            gather.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32)).compile()
+            data = jax.ShapeDtypeStruct((n, len(pools), 2, *block), pools[0][0].dtype, sharding=device)
             _scatter.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32), data).compile()
+
+
+def _piece_destinations(blocks: Sequence[int], entries: Sequence[HostEntry]) -> list:
+    """(piece, [destination block or None per piece row]) for each piece the entries are rows of, in order of
+    first use; a row restored twice in one call (not something the tier does) takes a second pass of its piece."""
+    rounds: list[dict[int, tuple]] = []
+    for block, entry in zip(blocks, entries):
+        for pieces in rounds:
+            piece, destinations = pieces.setdefault(id(entry.piece), (entry.piece, [None] * entry.piece.rows))
+            if destinations[entry.index] is None:
+                destinations[entry.index] = block
+                break
+        else:
+            destinations = [None] * entry.piece.rows
+            destinations[entry.index] = block
+            rounds.append({id(entry.piece): (entry.piece, destinations)})
+    return [pair for pieces in rounds for pair in pieces.values()]
+
+
+def _sharding(pool: jax.Array, memory_kind: str | None):
+    """Where a piece of `pool`'s blocks lives: the pool's device (a pool split over a mesh: every device of it),
+    in `memory_kind` (None: device memory)."""
+    sharding = pool.sharding
+    if isinstance(sharding, NamedSharding):
+        return NamedSharding(sharding.mesh, PartitionSpec(), memory_kind=memory_kind)
+    return SingleDeviceSharding(next(iter(sharding.device_set)), memory_kind=memory_kind)
 
 
 def _pieces(n: int) -> list[int]:
@@ -83,16 +126,25 @@ def _piece_sizes_up_to(count: int) -> list[int]:
     return [1 << bit for bit in range(min(max(count, 1), PIECE).bit_length())]
 
 
-@jax.jit
 def _gather(pools: list, index: jax.Array) -> jax.Array:
     # pools[i]: layer i's (k, v), each [num_blocks, bs, hkv, dh]; index int32 [n] -> [n, layers, 2, bs, hkv, dh]
     return jnp.stack([jnp.stack([k[index], v[index]], axis=1) for k, v in pools], axis=1)
 
 
-@partial(jax.jit, donate_argnums=0)
+@functools.cache
+def _gather_into(sharding) -> jax.stages.Wrapped:
+    """_gather jitted to leave its output in `sharding` (pinned host memory: XLA copies it out as it ends)."""
+    return jax.jit(_gather, out_shardings=sharding)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
 def _scatter(pools: list, index: jax.Array, data: jax.Array) -> list:
-    # data: n host tier entries [n, layers, 2, bs, hkv, dh], written into the blocks `index` (int32 [n], distinct)
+    # data: a piece's rows [n, layers, 2, bs, hkv, dh], written into the blocks `index` (int32 [n], distinct;
+    # a row whose index is past the pool is dropped)
     return [
-        (k.at[index].set(data[:, i, 0], unique_indices=True), v.at[index].set(data[:, i, 1], unique_indices=True))
+        (
+            k.at[index].set(data[:, i, 0], mode="drop", unique_indices=True),
+            v.at[index].set(data[:, i, 1], mode="drop", unique_indices=True),
+        )
         for i, (k, v) in enumerate(pools)
     ]

@@ -70,11 +70,9 @@ class StepPrecompiler:
         for shape in self.verify_shapes_alone():
             for all_greedy, with_q in variants:
                 self._precompile_verify(shape, all_greedy, with_q)
-        if self.host_tier is not None:  # gathers of up to the tier's blocks, restores of up to one context
+        if self.host_tier is not None:  # copies of up to the tier's blocks
             usable = self.kv[self.block_copier.layers[0]][0].shape[0] - 1  # one paged kind: [num_blocks, ...]
-            self.block_copier.precompile(
-                self.kv, min(self.host_tier.capacity_blocks, usable), min(self.table_blocks, usable)
-            )
+            self.block_copier.precompile(self.kv, min(self.host_tier.capacity_blocks, usable))
         return time.perf_counter() - start
 
     def _compile_steps_ahead(self, shapes: list[StepShape], progress: bool, ready_only: bool) -> None:

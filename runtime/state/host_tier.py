@@ -9,19 +9,18 @@ Flow (the engine's loop thread drives all of it):
              takes the entries out of the host LRU (`take`), gives each a fresh device block, registers it in
              the device cache and queues its bytes to be written there (`restore(block, data)`)
   dispatch   StepExecutor.launch, before the step's forward, calls `dispatch(kv, copier)`: ONE gather of every
-             queued spill (device -> host in pieces of at most 64 blocks, started asynchronously, the pieces' host
-             arrays read at the next dispatch or when a hit needs them), then ONE scatter of every queued restore
-             (host -> device)
+             queued spill (device -> host in pieces of at most 64 blocks, asynchronously, into pinned host
+             memory on a GPU), then ONE scatter of every queued restore (host -> device, whole pieces)
 So a step's copies are one gather and one scatter whatever the number of blocks, and both are ordered before the
 forward that overwrites the spilled blocks or reads the restored ones.
 
 Entries are one block of every paged layer, [layers, 2 (k, v), block_size, hkv, dh], held as a row of a gather
-piece's host array [n, layers, 2, block_size, hkv, dh] (block-major: a row is a view, nothing is copied per
-entry). The spills of a step are gathered in reverse eviction order: the pool evicts a chain tail first, so its
-blocks land head first, in the order a later hit restores them, and a restore hands consecutive rows to the
-copier as one view (`stacked`). A piece's memory goes when its last entry does; once fewer than half its rows are
+piece's host array [n, layers, 2, block_size, hkv, dh] (block-major; nothing is copied per entry). The spills of
+a step are gathered in reverse eviction order: the pool evicts a chain tail first, so its blocks land head first,
+in the order a later hit restores them, and a restore moves whole pieces (a chain spilled together comes back
+as the pieces it went out as). A piece's memory goes when its last entry does; once fewer than half its rows are
 entries, the survivors are copied into a piece of their own (at a dispatch), so the host holds at most twice
-`used_bytes` in read pieces. The LRU drops the least recently spilled entry once `capacity_bytes` would be
+`used_bytes` in pieces. The LRU drops the least recently spilled entry once `capacity_bytes` would be
 exceeded. A hash queued for a spill but not dispatched yet is not findable (a prompt admitted in the same step
 recomputes it). A block evicted again while its restore is still queued (its request aborted or preempted before
 the step ran) is spilled from the host bytes at hand.
@@ -42,12 +41,16 @@ class BlockCopier(Protocol):
     """The device side (runtime/execution/block_copies.py): one gather and one scatter over the paged layers."""
 
     def gather(self, kv: Any, blocks: Sequence[int]) -> list[Any]:
-        """Device arrays [n_i, layers, 2, block_size, hkv, dh] whose rows are the blocks in order (sum n_i =
-        len(blocks)), their copies to the host started."""
+        """Host arrays [n_i, layers, 2, block_size, hkv, dh] whose rows are the blocks in order (sum n_i =
+        len(blocks)), their copies under way (a read waits for them)."""
         ...
 
     def scatter(self, kv: Any, blocks: Sequence[int], entries: Sequence[HostEntry]) -> Any:
-        """kv (donated) with each entry's bytes (`stacked`) written into its block (distinct)."""
+        """kv (donated) with each entry's bytes written into its block (distinct)."""
+        ...
+
+    def take_rows(self, array: Any, rows: Sequence[int]) -> Any:
+        """A host array of these rows of a gather piece's array, in the same kind of memory."""
         ...
 
 
@@ -62,22 +65,16 @@ class HostTierCounters:
 
 
 class _Piece:
-    """One gather piece: a device array on its way to the host, then its host array [n, layers, 2, bs, hkv, dh]."""
+    """One gather piece: its host array [n, layers, 2, bs, hkv, dh] (on a GPU in pinned host memory, so both of its
+    crossings are DMA transfers; block_copies.py), and which of the tier's entries are its rows."""
 
     def __init__(self, array: Any):
         self.array, self.rows = array, int(array.shape[0])
-        self._host: np.ndarray | None = None
-        self.keys: set[bytes] = set()  # the tier's entries that are rows of this piece
+        self.keys: set[bytes] = set()
 
     def host(self) -> np.ndarray:
-        if self._host is None:
-            self._host = np.asarray(self.array)  # waits for the copy
-            self.array = None
-        return self._host
-
-    @property
-    def arrived(self) -> bool:
-        return self._host is not None
+        """The piece's bytes as a numpy array (waits for its copy; a copy itself where the array is a JAX one)."""
+        return np.asarray(self.array)
 
 
 @dataclass(frozen=True)
@@ -88,16 +85,7 @@ class HostEntry:
     index: int
 
     def data(self) -> np.ndarray:
-        return self.piece.host()[self.index]  # [layers, 2, bs, hkv, dh], a view
-
-
-def stacked(entries: Sequence[HostEntry]) -> np.ndarray:
-    """The entries' bytes as one array [n, layers, 2, bs, hkv, dh]: a view of their piece when they are its
-    consecutive rows in order (a restore of a chain spilled together), a copy otherwise."""
-    first = entries[0]
-    if all(e.piece is first.piece and e.index == first.index + i for i, e in enumerate(entries)):
-        return first.piece.host()[first.index : first.index + len(entries)]
-    return np.stack([e.data() for e in entries])
+        return self.piece.host()[self.index]  # [layers, 2, bs, hkv, dh]
 
 
 class HostTier:
@@ -109,7 +97,6 @@ class HostTier:
         self._entries: OrderedDict[bytes, HostEntry] = OrderedDict()  # hash -> its row, LRU first
         self._spills: list[tuple[bytes, int]] = []  # queued for the next dispatch: (hash, device block)
         self._restores: dict[int, HostEntry] = {}  # device block -> the entry to write at the next dispatch
-        self._in_flight: list[_Piece] = []  # gathered, not yet read back
         self._thinned: set[_Piece] = set()  # pieces that lost entries since the last dispatch
         self._lock = threading.Lock()  # the API thread may read counters while the loop thread changes them
         self._offloaded = self._restored = self._dropped = 0
@@ -153,7 +140,7 @@ class HostTier:
         """Issue the queued copies before a step's forward: one gather of the spills, then one scatter of the
         restores (a spilled block may be a restore's destination: it is read first). Returns the new kv."""
         with self._lock:
-            self._read_back()
+            self._compact(copier)
             spills = self._spills[-self.capacity_blocks :] if self._spills else []  # the rest would drop at once
             restores, self._spills, self._restores = self._restores, [], {}
             spills.reverse()  # chains were evicted tail first: gathered head first, as a hit restores them
@@ -161,7 +148,6 @@ class HostTier:
                 hashes = iter(chain_hash for chain_hash, _ in spills)
                 for array in copier.gather(kv, [block for _, block in spills]):
                     piece = _Piece(array)
-                    self._in_flight.append(piece)
                     for index in range(piece.rows):
                         self._put(next(hashes), HostEntry(piece, index))
         if restores:
@@ -190,17 +176,13 @@ class HostTier:
         self._thinned.add(entry.piece)
         return entry
 
-    def _read_back(self) -> None:
-        """Wait for the gathers of earlier dispatches (their device arrays go), then copy the survivors of each
-        piece left less than half full into a piece of their own, so a dropped piece's memory goes."""
-        for piece in self._in_flight:
-            piece.host()
-        self._in_flight.clear()
+    def _compact(self, copier: BlockCopier) -> None:
+        """Copy the survivors of each piece left less than half full into a piece of their own, so a dropped
+        piece's memory goes."""
         for piece in self._thinned:
-            if piece.arrived and piece.keys and 2 * len(piece.keys) < piece.rows:
+            if piece.keys and 2 * len(piece.keys) < piece.rows:
                 keys = sorted(piece.keys, key=lambda k: self._entries[k].index)  # rows stay in order
-                compact = _Piece(np.stack([self._entries[k].data() for k in keys]))
-                compact.host()
+                compact = _Piece(copier.take_rows(piece.array, [self._entries[k].index for k in keys]))
                 compact.keys, piece.keys = set(keys), set()
                 for index, chain_hash in enumerate(keys):
                     self._entries[chain_hash] = HostEntry(compact, index)
@@ -224,5 +206,6 @@ class HostTier:
         assert len(self._entries) == self._offloaded - self._restored - self._dropped
         for chain_hash, entry in self._entries.items():
             assert chain_hash in entry.piece.keys and 0 <= entry.index < entry.piece.rows
-            if entry.piece.arrived:
-                assert entry.data().nbytes == self.block_bytes, f"a host entry of {entry.data().nbytes} bytes"
+            array = entry.piece.array
+            nbytes = int(np.prod(array.shape[1:])) * np.dtype(array.dtype).itemsize
+            assert nbytes == self.block_bytes, f"a host entry of {nbytes} bytes"
