@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ember.runtime.speculative.measured_gate import MAX_PROBE_EVERY, MIN_SAMPLES, PROBE_EVERY, MeasuredGate
+from ember.runtime.speculative.measured_gate import (
+    MAX_PROBE_EVERY,
+    MIN_SAMPLES,
+    PROBE_BUDGET,
+    PROBE_EVERY,
+    MeasuredGate,
+)
 
 
 @dataclass
@@ -58,6 +64,20 @@ def test_drafting_that_costs_more_per_token_is_held_back_with_drafting_probes():
     # the same gate notices when drafting becomes cheap (e.g. the load changed): a probe that pays looks again soon
     late = run(gate, clock, [Req("a")], 600, plain_s=0.05, drafting_s=0.06, drafted_tokens=3)
     assert not gate.drafting_loses and late > 300
+
+
+def test_costly_drafting_probes_are_spaced_to_cost_a_small_share_of_decoding():
+    """A draft model's probe catches its KV up first (a prefill of the prompt on a request's first probe): here 2 s
+    for 3 tokens against 0.05 s a plain token. Once the gate has closed, the probes' extra time stays within the
+    budget's share of the plain decoding time, not one probe per MAX_PROBE_EVERY steps (~13% here)."""
+    clock = Clock()
+    gate = MeasuredGate(clock)
+    run(gate, clock, [Req("a")], 100, plain_s=0.05, drafting_s=2.0, drafted_tokens=3)  # learns, closes, backs off
+    assert gate.drafting_loses
+    steps = 8000
+    probes = run(gate, clock, [Req("a")], steps, plain_s=0.05, drafting_s=2.0, drafted_tokens=3)
+    extra_s = probes * (2.0 - 3 * 0.05)
+    assert 1 <= probes and extra_s <= 1.5 * PROBE_BUDGET * steps * 0.05, (probes, extra_s)
 
 
 def test_a_compile_stall_does_not_close_the_gate():

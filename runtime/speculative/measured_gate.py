@@ -12,9 +12,11 @@ plain steps ahead, every run-ahead call in between. An interval whose rows chang
 a prefill ran in it) is dropped. Each kind's figure is the median of its last RECENT samples (a step that
 compiled a shape on first use is an outlier the median ignores, where a mean let one compile close the gate).
 While drafting is the slower kind, every step decodes plainly but a drafting probe, first one in PROBE_EVERY
-decisions, then half as often after each probe that leaves drafting the slower (up to one in MAX_PROBE_EVERY: a
-draft model's probe also catches its KV up on every token since the last, so frequent probes cost it much;
-a probe that pays brings the spacing back to PROBE_EVERY);
+decisions, then half as often after each probe that leaves drafting the slower (up to one in MAX_PROBE_EVERY),
+and never so often that the probes' measured extra time exceeds PROBE_BUDGET of plain decoding (up to one in
+MAX_COSTLY_PROBE_EVERY): a draft model's probe also catches its KV up on every token since the last, a
+prefill of the whole prompt on a request's first probe, which on the 2-core CPU cost ~1 s of a ~7 s answer
+per probe; a probe that pays brings the spacing back to PROBE_EVERY;
 while drafting pays, one in PROBE_EVERY decodes plainly to keep the plain figure current. Until both kinds have
 MIN_SAMPLES, the plan's drafts go through, with plain probes four times as often to learn the baseline. A target
 that runs plain steps ahead asks `would_draft` before chaining each call: those questions count as decisions,
@@ -23,6 +25,7 @@ so a probe comes due while the engine runs ahead, and the next scheduled step dr
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import deque
@@ -30,6 +33,8 @@ from collections.abc import Callable, Sequence
 
 PROBE_EVERY = 16  # one step in this many takes the other kind, to keep both figures current
 MAX_PROBE_EVERY = 256  # the drafting probes' spacing doubles up to this while drafting keeps losing
+PROBE_BUDGET = 0.03  # losing drafting probes may cost at most this share of plain decoding's time
+MAX_COSTLY_PROBE_EVERY = 4096  # ... which may space them up to this many decisions apart
 MIN_SAMPLES = 3  # samples of each kind before the gate closes
 RECENT = 9  # samples of each kind kept: their median is the kind's figure
 
@@ -51,7 +56,7 @@ class MeasuredGate:
         self._close(now, lengths)
         drafts = self._decide(any(ks.values()))
         if self._probe_due and drafts:  # a drafting probe: the next one comes later while drafting keeps losing
-            self._closed_spacing = min(2 * self._closed_spacing, MAX_PROBE_EVERY)
+            self._closed_spacing = max(self._closed_spacing, min(2 * self._closed_spacing, MAX_PROBE_EVERY))
         self._probe_due = False
         self._last = (now, drafts, lengths)
         return ks if drafts else {rid: 0 for rid in ks}
@@ -98,6 +103,12 @@ class MeasuredGate:
         if emitted <= 0:
             return
         rate = (now - start) / emitted
-        if drafted and self.recent[False] and rate <= self.seconds_per_token[False]:
-            self._closed_spacing = PROBE_EVERY  # a probe that paid: look again soon
+        if drafted and self.recent[False]:
+            plain = self.seconds_per_token[False]
+            if rate <= plain:
+                self._closed_spacing = PROBE_EVERY  # a probe that paid: look again soon
+            else:  # what it cost over plain steps' time for its tokens, against a plain step's time
+                extra_s, plain_step_s = (rate - plain) * emitted, plain * len(lengths)
+                affordable = math.ceil(extra_s / (PROBE_BUDGET * plain_step_s))
+                self._closed_spacing = max(self._closed_spacing, min(affordable, MAX_COSTLY_PROBE_EVERY))
         self.recent[drafted].append(rate)
