@@ -5,7 +5,9 @@ engine and one speculating engine (same model, same process) decode it greedily;
 prompt so drift in the machine's load hits both alike. Reported per prompt and in total: generated tokens,
 decode seconds (first token to last, Usage.decode_s), decode tok/s, the speedup, the acceptance counts, and
 whether the two outputs are identical (greedy speculation must not change a token). The load average is
-recorded before and after: the machine is shared, so compare the ratio, measured in the same run.
+recorded before and after: the machine is shared, so compare the ratio, measured in the same run. Every engine
+compiles its step shapes first (Engine.precompile); a draft model's own drafting calls compile on first use.
+--never-draft holds every draft back (the measured gate closed): the speculating engine's cost when idle.
 
     .venv/bin/python tools/dev/spec_engine_speed.py --workload code_editing --limit 4 --max-tokens 64 \\
         --speculative ngram --out docs/results/cpu_spec_engine_ngram_<commit>.json
@@ -26,6 +28,7 @@ from ember.runtime.loading.model import load_model
 from ember.runtime.loading.text.prompting import end_of_generation_ids, load_tokenizer, render_chat
 from ember.runtime.sampling.params import SamplingParams
 from ember.runtime.speculative.config import speculative_config
+from ember.runtime.speculative.measured_gate import MeasuredGate
 from ember.tools.dev.spec_acceptance import load_workload, user_message
 
 
@@ -66,8 +69,16 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--speculative", nargs="+", default=["ngram"], choices=("ngram", "draft"))
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=1, help="timed decodes of each prompt per engine")
+    parser.add_argument(
+        "--never-draft",
+        action="store_true",
+        help="the measured gate never lets drafts through: what a speculating engine costs when it does not draft",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.never_draft:
+        MeasuredGate._decide = lambda self, planned: False
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     model = load_model(resolve_model(args.model))
@@ -90,12 +101,11 @@ def main() -> int:
     engines.update({m: _engine(model, tokenizer, eos, context, spec) for m, spec in specs.items()})
     load_before = os.getloadavg()
     try:
-        for engine in engines.values():  # compile what batch-1 decoding runs before anything is timed
-            for shape in engine.executor.verify_shapes_alone():
-                engine.executor._precompile_verify(shape, all_greedy=True)
+        for engine in engines.values():  # compile every step shape before anything is timed (a draft model's own
+            engine.precompile()  # drafting calls still compile on their first use)
             _decode(engine, prompts[0][2], 8)
         rows = []
-        for i, (workload, prompt_id, ids) in enumerate(prompts):
+        for i, (workload, prompt_id, ids) in enumerate(prompts * args.repeat):
             order = list(engines) if i % 2 == 0 else list(engines)[::-1]  # alternate: drift hits all alike
             runs = {name: _decode(engines[name], ids, args.max_tokens) for name in order}
             plain = runs.pop("plain")
@@ -140,6 +150,8 @@ def main() -> int:
         "workloads": args.workload,
         "speculative": {m: vars(spec) for m, spec in specs.items()},
         "max_tokens": args.max_tokens,
+        "repeat": args.repeat,
+        "never_draft": args.never_draft,
         "machine": f"{os.cpu_count()} CPU cores, shared with other jobs",
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
