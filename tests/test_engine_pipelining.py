@@ -88,16 +88,23 @@ def test_a_call_streams_as_one_output_per_choice(qwen3, monkeypatch):
     assert all(len(o.logprobs) == len(o.token_ids) for o in first if o.token_ids)
 
 
-def test_deterministic_steps_never_run_ahead(qwen3):
-    """A run-ahead call compiles the step inside a loop, fused otherwise than a one-step call, and whether a call
-    runs ahead depends on the load: deterministic engines run one decode step per call whatever decode_steps says
-    (docs/kernel_policy.md, "Batch invariance")."""
+def test_deterministic_steps_run_ahead_only_where_the_policy_says_so(qwen3):
+    """Whether a call runs ahead depends on the load, so a deterministic engine runs ahead only where its target's
+    kernel policy says each step compiles the same way inside a run-ahead call (`deterministic.run_ahead`, true on
+    the cpu target: tests/test_deterministic_run_ahead.py); otherwise one decode step per call whatever
+    decode_steps says (docs/kernel_policy.md, "Batch invariance")."""
+    from ember.compiler.targets import get_target
+
     settings = dict(num_blocks=96, max_model_len=256, max_num_seqs=8, max_batched_tokens=64, decode_steps=4)
-    plain = Engine(qwen3, ByteTokenizer(), EngineConfig(**settings))
-    deterministic = Engine(qwen3, ByteTokenizer(), EngineConfig(deterministic=True, **settings))
+    no_run_ahead = get_target("cpu").policy.overridden({"deterministic.run_ahead": False})
+    held = load_model(tiny_fixture("qwen3")[0], kernel_policy=no_run_ahead)
+    engines = [
+        Engine(model, ByteTokenizer(), EngineConfig(deterministic=deterministic, **settings))
+        for model, deterministic in ((qwen3, False), (qwen3, True), (held, True))
+    ]
     try:
-        assert plain.executor.decode_steps == 4 and plain.executor.multi_step_fn is not None
-        assert deterministic.executor.decode_steps == 1 and deterministic.executor.multi_step_fn is None
+        assert [e.executor.decode_steps for e in engines] == [4, 4, 1]
+        assert [e.executor.multi_step_fn is None for e in engines] == [False, False, True]
     finally:
-        plain.close()
-        deterministic.close()
+        for engine in engines:
+            engine.close()
