@@ -19,8 +19,9 @@ class ServeConfig:
     ctx: int | None = None  # longest context of one request (prompt + output); default min(model's, 8192)
     kv_memory_gib: float = 2.0  # KV pool budget; the pool always holds at least one full context
     kv_cache_dtype: str = "auto"  # the KV pool's element type: auto (the plan's activations), fp8 (e4m3), ...
-    # host memory for KV blocks evicted from the device prefix cache (runtime/state/host_tier.py); 0 = off
-    prefix_cache_host_gib: float = 0.0
+    # host memory for KV blocks evicted from the device prefix cache (runtime/state/host_tier.py); 0 = off,
+    # None = the target's default (host_tier_bytes)
+    prefix_cache_host_gib: float | None = None
     max_num_seqs: int = 16
     max_batched_tokens: int | None = None  # tokens per engine step; default: the plan's largest prefill bucket
     max_queue_depth: int = 256
@@ -76,6 +77,20 @@ class ServeConfig:
                     "--kv-cache-dtype fp8 is not available with --deterministic: its plans write KV "
                     "through XLA's scatter, which converts the whole FP8 pool"
                 )
+
+    def host_tier_bytes(self, kv_pool_bytes: int, available_bytes: int | None = None) -> int:
+        """The prefix cache host tier's budget: --prefix-cache-host-gib, or by default the target's
+        `host_tier_ratio` times the device KV pool's bytes, at most a quarter of the host's available memory
+        (0 on the cpu target; 0 for a process group, which keeps no tier yet)."""
+        from ..compiler.targets import get_target
+
+        if self.prefix_cache_host_gib is not None:
+            return int(self.prefix_cache_host_gib * 2**30)
+        ratio = get_target(self.target).host_tier_ratio
+        if ratio <= 0 or self.group() is not None:
+            return 0
+        available = _available_host_bytes() if available_bytes is None else available_bytes
+        return int(min(ratio * kv_pool_bytes, available // 4))
 
     def _check_deterministic_speculation(self) -> None:
         """Speculation in deterministic mode where a verify row is proven to give a decode row's bits: targets
@@ -149,6 +164,18 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _available_host_bytes() -> int:
+    """The host memory the kernel says is available to a new allocation (MemAvailable), else its free pages."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
 def _non_negative_float(text: str) -> float:
     value = float(text)
     if not value >= 0:
@@ -192,7 +219,8 @@ _FLAGS = {
     "--prefix-cache-host-gib": (
         "prefix_cache_host_gib",
         _non_negative_float,
-        "host memory that keeps KV blocks evicted from the device prefix cache, GiB (0: off)",
+        "host memory that keeps KV blocks evicted from the device prefix cache, GiB (0: off; default: off on the "
+        "cpu target, else twice the KV pool, at most a quarter of the host's available memory)",
     ),
     "--max-num-seqs": ("max_num_seqs", _positive_int, "sequences decoded together at most"),
     "--max-batched-tokens": (

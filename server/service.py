@@ -114,9 +114,10 @@ class ModelService:
             block = 16
             kv_cache_dtype = self.config.kv_cache_dtype
             min_bytes = kv_bytes_per_block(model, block, kv_cache_dtype=kv_cache_dtype) * math.ceil(context / block)
+            kv_bytes = max(kv_bytes, min_bytes)
             engine_config = sized_config(
                 model,
-                kv_memory_bytes=max(kv_bytes, min_bytes),
+                kv_memory_bytes=kv_bytes,
                 block_size=block,
                 max_model_len=context,
                 max_num_seqs=self.config.max_num_seqs,
@@ -127,7 +128,7 @@ class ModelService:
                 max_queue_wait_s=self.config.request_timeout,
                 keep_executables=True,
                 kv_cache_dtype=kv_cache_dtype,
-                prefix_cache_host_bytes=int(self.config.prefix_cache_host_gib * 2**30),
+                prefix_cache_host_bytes=self.config.host_tier_bytes(kv_bytes),
                 speculative=self.config.speculative_config(),
             )
             group = self.config.group()

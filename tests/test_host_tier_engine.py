@@ -128,7 +128,8 @@ def test_the_startup_line_and_plans_without_a_tier(qwen3):
 @pytest.mark.parametrize(
     "argv, environ, want",
     [
-        ([], {}, 0.0),
+        ([], {}, None),
+        (["--prefix-cache-host-gib", "0"], {}, 0.0),
         (["--prefix-cache-host-gib", "1.5"], {"EMBER_PREFIX_CACHE_HOST_GIB": "3"}, 1.5),
         ([], {"EMBER_PREFIX_CACHE_HOST_GIB": "3"}, 3.0),
     ],
@@ -137,6 +138,25 @@ def test_the_flag_and_its_environment_mirror(argv, environ, want):
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)
     assert config_from_args(parser.parse_args(argv), environ).prefix_cache_host_gib == want
+
+
+def test_the_default_size_is_the_targets():
+    """Unset, the tier is off on the cpu target (its device memory is the host's) and on a GPU target twice the KV
+    pool, at most a quarter of the host's available memory; a size given (0 included) is kept; a process group
+    keeps no tier by default (it cannot yet)."""
+    from ember.server.config import ServeConfig
+
+    gib = 2**30
+    assert ServeConfig(target="cpu").host_tier_bytes(2 * gib, available_bytes=64 * gib) == 0
+    assert ServeConfig(target="h200").host_tier_bytes(2 * gib, available_bytes=64 * gib) == 4 * gib
+    assert ServeConfig(target="h200").host_tier_bytes(2 * gib, available_bytes=8 * gib) == 2 * gib
+    assert ServeConfig(target="h200", prefix_cache_host_gib=0.0).host_tier_bytes(2 * gib) == 0
+    assert ServeConfig(target="cpu", prefix_cache_host_gib=1.5).host_tier_bytes(2 * gib) == int(1.5 * gib)
+    grouped = ServeConfig(target="h200", coordinator="127.0.0.1:9", num_processes=2, process_id=0)
+    assert grouped.host_tier_bytes(2 * gib, available_bytes=64 * gib) == 0
+    from ember.server.config import _available_host_bytes
+
+    assert 0 < _available_host_bytes() < 2**50  # this host's MemAvailable
 
 
 def test_a_negative_size_is_refused():

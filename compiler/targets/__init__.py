@@ -32,6 +32,10 @@ class Target:
     # decode steps per device call when the engine may run ahead (runtime/scheduling/lookahead.py): where the host's
     # per-call work is large next to a step (a GPU), several steps share it
     decode_steps: int = 1
+    # the prefix cache's host tier when `ember serve` is not told its size: this many times the device KV pool's
+    # bytes, at most a quarter of the host's available memory (server/config.py `host_tier_bytes`); 0: off (where
+    # the device's memory is the host's, a copy to the host frees nothing)
+    host_tier_ratio: float = 0.0
     # the step shapes an `ember serve` compiles before it reports ready, as (decode rows, prefill tokens) of a
     # decode-only and a prefill-only step (each the smallest bucket that holds it), greedy and sampled; the
     # others compile in the background once it serves, or at their first step. None: every shape before ready
