@@ -45,3 +45,30 @@ def test_a_draft_model_gives_the_targets_greedy_tokens(qwen3):
     assert itself == plain and other == plain
     assert agreeing.num_draft_tokens > 0 and agreeing.num_accepted_tokens == agreeing.num_draft_tokens
     assert disagreeing.num_draft_tokens > disagreeing.num_accepted_tokens
+
+
+def test_precompile_covers_the_draft_models_calls(qwen3):
+    """After Engine.precompile a draft model drafts without compiling: its catch-up chunks (a 40-token prompt goes
+    as a full 32-token chunk, then the last 8 tokens' chunk), its chained decodes and the q a sampled row needs."""
+    path, model = qwen3
+    config = EngineConfig(
+        num_blocks=48,
+        max_model_len=128,
+        max_num_seqs=2,
+        max_batched_tokens=32,
+        decode_steps=1,
+        speculative=SpeculativeConfig("draft", 3, draft_model=str(path), adaptive=False),
+    )
+    engine = Engine(model, ByteTokenizer(), config)
+    try:
+        engine.precompile()
+        prompt = list(range(3, 43))
+        for params in (SamplingParams(max_tokens=8, **GREEDY), SamplingParams(max_tokens=8, temperature=0.7, seed=1)):
+            engine.submit(prompt, params).collect()
+        drafter = engine.drafter
+        stats = engine.speculation_stats()
+    finally:
+        engine.close()
+    assert stats.num_draft_tokens > 0
+    calls = (drafter.steps.step_fn, drafter.steps.decodes_fn, drafter.executor.step_fn)
+    assert [fn.compiled_on_call for fn in calls] == [0, 0, 0]

@@ -18,9 +18,10 @@ import numpy as np
 from ...compiler.kernels.speculative.reference import draft_sample
 from ..sampling.params import RowState
 from ..scheduling.scheduled_step import ScheduledStep
+from .compiled_steps import CompiledSteps, abstract_values
 from .engine_step import pack_step_inputs, unpack_step
 from .step_executor import StepExecutor
-from .step_inputs import build_step_batch
+from .step_inputs import StepShape, build_step_batch, padding_batch
 from .step_io import IoLayout
 
 
@@ -63,12 +64,33 @@ def make_draft_decodes_fn(forward):
 
 
 class DraftSteps:
-    """A draft model executor's drafting calls (its kv is the executor's, passed along)."""
+    """A draft model executor's drafting calls (its kv is the executor's, passed along), through executables
+    compiled once per call signature: ahead by `precompile`, or at their first call."""
 
     def __init__(self, executor: StepExecutor):
         self.executor = executor
-        self.step_fn = make_draft_step_fn(executor.forward)
-        self.decodes_fn = make_draft_decodes_fn(executor.forward)
+        self.step_fn = CompiledSteps(make_draft_step_fn(executor.forward), 3, name="draft step")
+        self.decodes_fn = CompiledSteps(make_draft_decodes_fn(executor.forward), 4, name="draft decodes")
+
+    def precompile(self, max_drafts: int) -> None:
+        """Compile (nothing runs) the calls one request's drafts take: a catch-up chunk of each prefill bucket, and
+        1 .. max_drafts - 1 chained decodes, each with and without q. A row whose sampling needs another input
+        layout (penalties over a longer history) compiles its own when first met."""
+        ex = self.executor
+        fixed = abstract_values((ex.model.params, ex.kv))
+        num_kinds, num_slot_kinds = ex.num_kinds, ex.num_slot_kinds
+        for tokens in ex.prefill.buckets:
+            shape = StepShape(0, tokens, ex.table_blocks, num_kinds, 1, ex.min_rows, num_slot_kinds)
+            inputs = pack_step_inputs(padding_batch(shape), [], vocab_size=ex.vocab, num_rows=shape.logit_rows)
+            for with_probs in (False, True):
+                self.step_fn.compile(ex.model.dims, inputs.layout, with_probs, *fixed, inputs.buffer)
+        shape = StepShape(ex.decode_buckets[0], 0, ex.table_blocks, num_kinds, 1, ex.min_rows, num_slot_kinds)
+        for steps in range(1, max_drafts):
+            slots = np.zeros((steps, num_kinds, shape.decode_rows), np.int32)
+            batch = padding_batch(shape)
+            inputs = pack_step_inputs(batch, [], vocab_size=ex.vocab, num_rows=shape.logit_rows, extra=(slots,))
+            for with_probs in (False, True):
+                self.decodes_fn.compile(ex.model.dims, inputs.layout, steps, with_probs, *fixed, inputs.buffer)
 
     def draw(self, step: ScheduledStep, rows: list[RowState], with_probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """(tokens int32 [n], q f32 [n, V] or None) of the step's n logit rows (a chunk's last row, or decodes)."""
