@@ -2,6 +2,8 @@
 the target's plain greedy tokens, whether it agrees with the target (itself as its draft: every draft
 accepted) or not (another model: drafts rejected, its KV rolled back); its KV all goes back at the end."""
 
+from dataclasses import replace
+
 import pytest
 from engine_support import GREEDY, ByteTokenizer
 from fixture_data import tiny_fixture
@@ -12,11 +14,11 @@ from ember.runtime.sampling.params import SamplingParams
 from ember.runtime.speculative.config import SpeculativeConfig
 
 PROMPTS = ([5, 17, 33, 9, 120, 7, 7, 64], [200, 3, 90, 91, 92, 93, 14, 15, 16, 250, 1])
+CONFIG = EngineConfig(num_blocks=48, max_model_len=128, max_num_seqs=2, max_batched_tokens=32, decode_steps=1)
 
 
 def _outputs(model, speculative, max_tokens=12):
-    config = EngineConfig(num_blocks=48, max_model_len=128, max_num_seqs=2, max_batched_tokens=32, decode_steps=1)
-    engine = Engine(model, ByteTokenizer(), EngineConfig(**{**vars(config), "speculative": speculative}))
+    engine = Engine(model, ByteTokenizer(), replace(CONFIG, speculative=speculative))
     try:
         streams = [engine.submit(list(p), SamplingParams(max_tokens=max_tokens, **GREEDY)) for p in PROMPTS]
         tokens = [[t for o in s.collect()[0] for t in o.token_ids] for s in streams]
@@ -51,15 +53,8 @@ def test_precompile_covers_the_draft_models_calls(qwen3):
     """After Engine.precompile a draft model drafts without compiling: its catch-up chunks (a 40-token prompt goes
     as a full 32-token chunk, then the last 8 tokens' chunk), its chained decodes and the q a sampled row needs."""
     path, model = qwen3
-    config = EngineConfig(
-        num_blocks=48,
-        max_model_len=128,
-        max_num_seqs=2,
-        max_batched_tokens=32,
-        decode_steps=1,
-        speculative=SpeculativeConfig("draft", 3, draft_model=str(path), adaptive=False),
-    )
-    engine = Engine(model, ByteTokenizer(), config)
+    speculative = SpeculativeConfig("draft", 3, draft_model=str(path), adaptive=False)
+    engine = Engine(model, ByteTokenizer(), replace(CONFIG, speculative=speculative))
     try:
         engine.precompile()
         prompt = list(range(3, 43))

@@ -85,19 +85,12 @@ class BlockCopier:
 
 def _piece_destinations(blocks: Sequence[int], entries: Sequence[HostEntry]) -> list:
     """(piece, [destination block or None per piece row]) for each piece the entries are rows of, in order of
-    first use; a row restored twice in one call (not something the tier does) takes a second pass of its piece."""
-    rounds: list[dict[int, tuple]] = []
+    first use (each entry is a distinct row: the tier hands an entry out once)."""
+    by_piece: dict[int, tuple] = {}
     for block, entry in zip(blocks, entries):
-        for pieces in rounds:
-            piece, destinations = pieces.setdefault(id(entry.piece), (entry.piece, [None] * entry.piece.rows))
-            if destinations[entry.index] is None:
-                destinations[entry.index] = block
-                break
-        else:
-            destinations = [None] * entry.piece.rows
-            destinations[entry.index] = block
-            rounds.append({id(entry.piece): (entry.piece, destinations)})
-    return [pair for pieces in rounds for pair in pieces.values()]
+        _, destinations = by_piece.setdefault(id(entry.piece), (entry.piece, [None] * entry.piece.rows))
+        destinations[entry.index] = block
+    return list(by_piece.values())
 
 
 def _sharding(pool: jax.Array, memory_kind: str | None):

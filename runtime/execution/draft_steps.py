@@ -72,21 +72,25 @@ class DraftSteps:
         self.step_fn = CompiledSteps(make_draft_step_fn(executor.forward), 3, name="draft step")
         self.decodes_fn = CompiledSteps(make_draft_decodes_fn(executor.forward), 4, name="draft decodes")
 
+    def shape(self, decode_rows: int, prefill_tokens: int) -> StepShape:
+        """The executor's step shape of that many decode rows and tokens of one prefill chunk."""
+        ex = self.executor
+        return StepShape(decode_rows, prefill_tokens, ex.table_blocks, ex.num_kinds, 1, ex.min_rows, ex.num_slot_kinds)
+
     def precompile(self, max_drafts: int) -> None:
         """Compile (nothing runs) the calls one request's drafts take: a catch-up chunk of each prefill bucket, and
         1 .. max_drafts - 1 chained decodes, each with and without q. A row whose sampling needs another input
         layout (penalties over a longer history) compiles its own when first met."""
         ex = self.executor
         fixed = abstract_values((ex.model.params, ex.kv))
-        num_kinds, num_slot_kinds = ex.num_kinds, ex.num_slot_kinds
         for tokens in ex.prefill.buckets:
-            shape = StepShape(0, tokens, ex.table_blocks, num_kinds, 1, ex.min_rows, num_slot_kinds)
+            shape = self.shape(0, tokens)
             inputs = pack_step_inputs(padding_batch(shape), [], vocab_size=ex.vocab, num_rows=shape.logit_rows)
             for with_probs in (False, True):
                 self.step_fn.compile(ex.model.dims, inputs.layout, with_probs, *fixed, inputs.buffer)
-        shape = StepShape(ex.decode_buckets[0], 0, ex.table_blocks, num_kinds, 1, ex.min_rows, num_slot_kinds)
+        shape = self.shape(ex.decode_buckets[0], 0)
         for steps in range(1, max_drafts):
-            slots = np.zeros((steps, num_kinds, shape.decode_rows), np.int32)
+            slots = np.zeros((steps, shape.num_kinds, shape.decode_rows), np.int32)
             batch = padding_batch(shape)
             inputs = pack_step_inputs(batch, [], vocab_size=ex.vocab, num_rows=shape.logit_rows, extra=(slots,))
             for with_probs in (False, True):

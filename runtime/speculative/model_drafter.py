@@ -21,7 +21,6 @@ from ..execution.background_compile import CompileTask
 from ..execution.compiled_steps import CompiledSteps
 from ..execution.draft_steps import DraftSteps
 from ..execution.step_executor import StepExecutor
-from ..execution.step_inputs import StepShape
 from ..loading.model import Model
 from ..sampling.params import RowState, SamplingParams
 from ..scheduling.scheduled_step import DecodeRow, PrefillChunk, PrefillShapes, ScheduledStep, slots_at
@@ -89,10 +88,8 @@ class ModelDrafter:
         """Compile the draft model's calls ahead: its drafting calls (DraftSteps.precompile) and the full catch-up
         chunk a long prompt's first drafts run before the last one, so no drafting step waits for a compile."""
         self.steps.precompile(max_drafts)
-        ex = self.executor
-        largest = StepShape(0, self.prefill.buckets[-1], ex.table_blocks, ex.num_kinds, 1, ex.min_rows)
-        if isinstance(ex.step_fn, CompiledSteps):
-            ex.compile_ahead(CompileTask(largest, all_greedy=True))
+        if isinstance(self.executor.step_fn, CompiledSteps):
+            self.executor.compile_ahead(CompileTask(self.steps.shape(0, self.prefill.buckets[-1]), all_greedy=True))
 
     def release(self, request_id: str) -> None:
         seq = self.sequences.pop(request_id, None)
