@@ -197,6 +197,10 @@ class DeterministicPolicy:
     # device call), each step compiled as in a one-step call (runtime/execution/engine_step.py `_step_inputs`).
     # False: one decode step per device call
     run_ahead: bool = False
+    # the batch-invariant matmul multiplies a GGUF weight that has a dense copy from its packed blocks in steps of
+    # up to this many rows and from the copy above (the same bits either way: invariant_matmul/kernel.py); a
+    # weight without a copy is always read packed. 0: the copy at every row count
+    packed_max_rows: int = 0
     tile_decode_rows: int = 16
     tile_prefill_tokens: int = 64
 

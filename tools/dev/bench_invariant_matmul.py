@@ -53,14 +53,8 @@ def invariance(n: int, k: int) -> dict:
     return ok
 
 
-def seconds_per_call(fn, n: int, k: int, m: int, short: int = 2, long: int = 5, runs: int = 3) -> float:
-    copies = max(1, math.ceil(256e6 / (2 * n * k)))
-    key = jax.random.key(m)
-    ws = [
-        (jax.random.normal(jax.random.fold_in(key, i), (n, k), jnp.float32) * 0.05).astype(jnp.bfloat16)
-        for i in range(copies)
-    ]
-    x = jax.random.normal(key, (m, k), jnp.float32).astype(jnp.bfloat16)
+def timed_per_call(fn, x, weights, short: int = 2, long: int = 5, runs: int = 3) -> float:
+    """Seconds of one fn(x, w) call over `weights` (copies of one weight, enough bytes to stream from HBM)."""
 
     def step(operands, carry):
         x, ws = operands
@@ -71,8 +65,19 @@ def seconds_per_call(fn, n: int, k: int, m: int, short: int = 2, long: int = 5, 
         return y
 
     loop = pass_loop(step)
-    median = lambda passes: median_run_seconds(lambda: jax.block_until_ready(loop((x, ws), passes)), runs)  # noqa: E731
-    return max(median(long) - median(short), 1e-9) / (long - short) / copies
+    median = lambda passes: median_run_seconds(lambda: jax.block_until_ready(loop((x, weights), passes)), runs)  # noqa: E731
+    return max(median(long) - median(short), 1e-9) / (long - short) / len(weights)
+
+
+def seconds_per_call(fn, n: int, k: int, m: int) -> float:
+    copies = max(1, math.ceil(256e6 / (2 * n * k)))
+    key = jax.random.key(m)
+    ws = [
+        (jax.random.normal(jax.random.fold_in(key, i), (n, k), jnp.float32) * 0.05).astype(jnp.bfloat16)
+        for i in range(copies)
+    ]
+    x = jax.random.normal(key, (m, k), jnp.float32).astype(jnp.bfloat16)
+    return timed_per_call(fn, x, ws)
 
 
 def xla_matmul(x, w):

@@ -9,6 +9,7 @@
 #                                counts as JSON (tools/dev/gpu_test_counts.py)
 #   tools/dev/h200_run.sh kernels-quick  RoPE / norm kernel GPU tests (a failure turns the kernel off), Q4_K GEMV tests
 #   tools/dev/h200_run.sh invariant-matmul the batch-invariant matmul: GPU test, invariance and time against cuBLAS
+#   tools/dev/h200_run.sh invariant-packed the batch-invariant matmul on packed GGUF weights: bits and time vs dense, default
 #   tools/dev/h200_run.sh det-bench  default vs deterministic engine figures (MODELS, STREAMS, PROMPT)
 #   tools/dev/h200_run.sh engine-tests   GPU engine tests: h200 vs cpu agreement, deterministic mode, quantized model
 #   tools/dev/h200_run.sh real-weights   h200 vs cpu agreement on the real checkpoints cut small (.gpu/real/<name>.gguf)
@@ -153,6 +154,12 @@ invariant-matmul)  # the batch-invariant matmul: GPU test, then invariance and t
         > "$out/gpu_invariant_matmul.log" 2>&1; tail -n 3 "$out/gpu_invariant_matmul.log"
     timeout ${BENCH_S:-300} python3 -m ember.tools.dev.bench_invariant_matmul --out "$out/invariant_matmul_$commit.json" \
         2>&1 | tee "$out/invariant_matmul.log" | grep -v Warning ;;
+invariant-packed)  # the batch-invariant matmul reading packed GGUF weights: GPU test, then bits and time per call
+    # against the same kernel over the dense copy and against the default path (BENCH_FLAGS: the script's flags)
+    timeout ${TEST_S:-200} python -m pytest -q -m gpu tests/kernels/invariant_matmul/test_invariant_matmul_gpu.py -p no:cacheprovider \
+        -rfE > "$out/gpu_invariant_matmul.log" 2>&1; tail -n 5 "$out/gpu_invariant_matmul.log"
+    timeout ${BENCH_S:-300} python3 -m ember.tools.dev.bench_invariant_packed ${BENCH_FLAGS:-} --out "$out/invariant_packed_$commit.json" \
+        2>&1 | tee "$out/invariant_packed.log" | grep -v Warning ;;
 det-bench)  # default vs deterministic through the engine (ember bench, JSON per run): MODELS at STREAMS, PROMPT tokens
     # (POLICY=deterministic.bucketed=true: deterministic steps at the default buckets)
     for model in ${MODELS:-qwen2.5-1.5b-q4_k_m llama3-8b}; do

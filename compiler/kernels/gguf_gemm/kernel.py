@@ -25,7 +25,7 @@ from ember.compiler.kernels.gguf_gemm.tiles import q4_k_tile, q5_0_tile, q6_k_ti
 
 
 @triton.jit
-def _weight_tile(p0, p1, p2, p3, k0, rows, N: tl.constexpr, SUB: tl.constexpr, FMT: tl.constexpr):
+def weight_tile(p0, p1, p2, p3, k0, rows, N: tl.constexpr, SUB: tl.constexpr, FMT: tl.constexpr):
     """fp32 [BLOCK_N, SUB * 32]: the planes p0.. in the order gemm.PLANES names them for FMT."""
     if FMT == "q4_k":
         w = q4_k_tile(p0, p1, p2, p3, k0, rows, N, SUB)
@@ -75,7 +75,7 @@ def quant_gemm_kernel(
     for kt in range(K // BLOCK_K):
         k0 = kt * BLOCK_K
         xs = tl.load(x_ptr + x_rows[:, None] * K + k0 + cols[None, :])  # [BLOCK_M, BLOCK_K]
-        w = _weight_tile(p0, p1, p2, p3, k0, w_rows, N, SUB, FMT)  # [BLOCK_N, BLOCK_K] fp32
+        w = weight_tile(p0, p1, p2, p3, k0, w_rows, N, SUB, FMT)  # [BLOCK_N, BLOCK_K] fp32
         if IEEE:
             acc = tl.dot(xs, tl.trans(w), acc, input_precision="ieee")
         else:

@@ -53,8 +53,11 @@ def split_programs(rows: int) -> bool:
     return rows <= SPLIT_PROGRAM_MAX_ROWS
 
 
-def launch(config: InvariantMatmulConfig, rows: int, n: int, k: int, as_programs: bool, ieee: bool) -> dict:
-    """The kernel's grid and constants for one call (kernel.py's parameters after the pointers)."""
+def launch(
+    config: InvariantMatmulConfig, rows: int, n: int, k: int, as_programs: bool, ieee: bool, fmt: str = "dense"
+) -> dict:
+    """The kernel's grid and constants for one call (kernel.py's parameters after the pointers); fmt: the weight's
+    form, "dense" or the GGUF format of its packed planes."""
     splits = config.splits(k)
     return {
         "grid": (math.ceil(rows / config.block_m), math.ceil(n / config.block_n), splits if as_programs else 1),
@@ -68,6 +71,7 @@ def launch(config: InvariantMatmulConfig, rows: int, n: int, k: int, as_programs
             BLOCK_N=config.block_n,
             BLOCK_K=config.block_k,
             SPLIT_PROGRAMS=as_programs,
+            FMT=fmt,
             IEEE=ieee,
         ),
     }

@@ -2,11 +2,14 @@
 signatures as dense_gemv/reference.py, every weight form multiplied by invariant_matmul, so a token's projection
 is the same bits whether it is a decode row, a prompt token, alone or among hundreds.
 
-Weight forms: a plain [out, in] array as it is; a DenseBacked weight through its dense copy (made at load); a
-GGUF QuantizedWeight or an Fp8Weight dequantized to the activation dtype inside the step (only where no dense copy
-exists); a WeightGroup as its parts' dense rows side by side (one launch). The kept quantized GEMVs are not used
-here: their int8 activations and per-row-count kernels compute a row differently from a GEMM
-(docs/kernel_policy.md, "Batch invariance").
+Weight forms: a plain [out, in] array as it is; a GGUF QuantizedWeight (or a WeightGroup of them) from its packed
+planes, decoded inside the kernel; a DenseBacked weight from its packed planes up to the policy's
+`deterministic.packed_max_rows` rows and from its dense copy (made at load) above: both give the same bits
+(invariant_matmul/kernel.py), so the choice by row count is a speed choice only; an Fp8Weight (or a weight the
+kernel cannot decode) dequantized to the activation dtype inside the step. A WeightGroup's parts are multiplied
+with the whole group's config, so each column's arithmetic is the one its dense concatenation would get. The
+kept quantized GEMVs are not used here: their int8 activations and per-row-count kernels compute a row
+differently from a GEMM (docs/kernel_policy.md, "Batch invariance").
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from ember.compiler.kernels.dense_gemv.fp8 import Fp8Weight, dequantize_fp8
 from ember.compiler.kernels.gguf_gemv.layout import DenseBacked, QuantizedWeight, WeightGroup
 from ember.compiler.kernels.gguf_gemv.matmul import split_columns
 from ember.compiler.kernels.gguf_gemv.reference import dequantize
+from ember.compiler.targets.policy import kernel_policy
 
-from .matmul import invariant_matmul
+from .config import pick_config
+from .matmul import invariant_matmul, packable
 
 
 def dense_weight(weight, dtype):
@@ -34,9 +39,26 @@ def dense_weight(weight, dtype):
     return weight.astype(dtype)
 
 
+def packed_parts(weight, rows: int, config) -> tuple | None:
+    """The packed weights the kernel multiplies for a step of `rows` rows (a group's parts in order), or None
+    where this step reads a dense form."""
+    if isinstance(weight, DenseBacked):
+        if rows > kernel_policy().deterministic.packed_max_rows:
+            return None
+        weight = weight.kept
+    parts = weight.parts if isinstance(weight, WeightGroup) else (weight,)
+    return parts if all(packable(part, config) for part in parts) else None
+
+
 def linear(x, weight, bias=None):
     # x [N, k], weight [n, k] in any form -> [N, n]
-    y = invariant_matmul(x, dense_weight(weight, x.dtype))
+    config = pick_config(*weight.shape)
+    parts = packed_parts(weight, x.shape[0], config)
+    if parts is None:
+        y = invariant_matmul(x, dense_weight(weight, x.dtype), config=config)
+    else:
+        ys = [invariant_matmul(x, part, config=config) for part in parts]
+        y = ys[0] if len(ys) == 1 else jnp.concatenate(ys, axis=1)
     return y if bias is None else y + bias.astype(y.dtype)
 
 
