@@ -38,9 +38,13 @@ class _Detokenizer:
         return " ".join(str(int(t)) for t in ids)
 
 
-def _checkpoint():
+def _checkpoint(scheme: str | None = None):
     arch, config = SYNTHETIC_SHAPES[SHAPE]
-    return synthetic_checkpoint(spec_for_arch(arch), config)
+    if scheme is None:
+        return synthetic_checkpoint(spec_for_arch(arch), config)
+    from ember.runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
+
+    return synthetic_gguf_checkpoint(spec_for_arch(arch), config, scheme=scheme, seed=0)
 
 
 def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
@@ -78,8 +82,15 @@ def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
     assert same_precision["top1_agreement_where_decisive"] >= 0.99, same_precision
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["tiled", "bucketed"])
-def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached(bucketed):
+# the Q4_K_M checkpoint's weights kept packed with dense copies, read packed in steps of up to 64 rows (decode
+# rows, 64-token chunks) and from the copies above (whole prompts): both forms in one engine
+PACKED = {"weights.quantized_formats": ["q4_k", "q6_k", "q8_0"], "deterministic.packed_max_rows": 64}
+
+
+@pytest.mark.parametrize(
+    "bucketed, packed", [(False, False), (True, False), (True, True)], ids=["tiled", "bucketed", "bucketed-packed"]
+)
+def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached(bucketed, packed):
     """The probe's tokens and logprobs (greedy, and sampled with a seed) are the same bits alone, beside 7 and 31
     other requests of mixed lengths, with its prompt prefilled whole or in 64-token chunks, and when its first 96
     tokens come from the prefix cache (a donor request prefilled them); and a second turn whose prompt holds the
@@ -89,8 +100,8 @@ def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached(buc
     Three engines serve every scenario in turn (each compiles its shapes once)."""
     from ember.compiler.targets import get_target
 
-    policy = get_target("h200").policy.overridden({"deterministic.bucketed": bucketed})
-    model = load_model(_checkpoint(), target="h200", kernel_policy=policy)
+    policy = get_target("h200").policy.overridden({"deterministic.bucketed": bucketed, **(PACKED if packed else {})})
+    model = load_model(_checkpoint("q4_k_m" if packed else None), target="h200", kernel_policy=policy)
     rng = np.random.default_rng(11)
     vocab = int(model.dims.vocab)
     probe = rng.integers(0, vocab, 200).tolist()
@@ -135,7 +146,7 @@ def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached(buc
         for engine in engines.values():
             engine.close()
     record_gpu_result(
-        f"deterministic_alone_vs_loaded_{'bucketed' if bucketed else 'tiled'}",
+        f"deterministic_alone_vs_loaded_{'bucketed' if bucketed else 'tiled'}{'_packed' if packed else ''}",
         {"model": f"synthetic:{SHAPE}", "identical": results},
     )
     assert all(all(same.values()) for same in results.values()), results

@@ -114,10 +114,7 @@ H200 = Target(
     # deterministic steps take the default buckets: the bucketed engine test gave the same bits alone, beside
     # 7 and 31 requests, in 64-token chunks, on a prefix hit and on a second turn, greedy and sampled, on an
     # H100 at 1b2d820 (docs/kernel_policy.md, "Batch invariance"; docs/results/h100_gpu_tests_1b2d820.json)
-    policy=KernelPolicy(
-        weights=H200_WEIGHTS,
-        deterministic=DeterministicPolicy(bucketed=True, run_ahead=True, packed_max_rows=64),
-    ),
+    policy=KernelPolicy(weights=H200_WEIGHTS, deterministic=DeterministicPolicy(bucketed=True, run_ahead=True)),
     decode_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     prefill_buckets=(16, 64, 256, 512, 1024, 2048, 4096),
     # up to 8 short prompts (<= 512 tokens each) prefilled in one step: at 128-256 concurrent requests one
