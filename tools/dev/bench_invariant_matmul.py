@@ -80,6 +80,13 @@ def seconds_per_call(fn, n: int, k: int, m: int) -> float:
     return timed_per_call(fn, x, ws)
 
 
+def write_results(path: str | None, results: list) -> None:
+    """The results as JSON under the device's name (nothing without a path)."""
+    if path:
+        with open(path, "w") as fh:
+            json.dump({"device": jax.devices()[0].device_kind, "results": results}, fh, indent=1)
+
+
 def xla_matmul(x, w):
     return jnp.einsum("mk,nk->mn", x, w)
 
@@ -122,9 +129,7 @@ def main() -> None:
             ),
             flush=True,
         )
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"device": jax.devices()[0].device_kind, "results": results}, fh, indent=1)
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ Timing as bench_invariant_matmul.py (weight copies past 256 MB, long minus short
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 import jax
@@ -28,7 +27,7 @@ from ember.compiler.kernels.invariant_matmul.matmul import invariant_matmul
 from ember.compiler.targets.h200 import H200
 from ember.compiler.targets.policy import use_kernel_policy
 
-from .bench_invariant_matmul import timed_per_call
+from .bench_invariant_matmul import timed_per_call, write_results
 
 # (name, format, n, k): a Q4_K_M checkpoint's projections (its down projections and head are Q6_K)
 SHAPES = (
@@ -105,9 +104,7 @@ def main() -> None:
             + " ".join(f"m{m}:{v['packed']:.1f}/{v['dense']:.1f}/{v['default']:.1f}us" for m, v in entry["us"].items()),
             flush=True,
         )
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"device": jax.devices()[0].device_kind, "results": results}, fh, indent=1)
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":

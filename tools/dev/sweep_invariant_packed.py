@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import math
 
 import jax
@@ -23,7 +22,7 @@ from ember.compiler.kernels.gguf_gemv.reference import dequantize
 from ember.compiler.kernels.invariant_matmul.config import pick_config
 from ember.compiler.kernels.invariant_matmul.matmul import invariant_matmul
 
-from .bench_invariant_matmul import timed_per_call
+from .bench_invariant_matmul import timed_per_call, write_results
 from .bench_invariant_packed import SHAPES
 
 VARIANTS = [
@@ -69,9 +68,7 @@ def main() -> None:
                 f"{name:13s} {fmt} {fields} same_bits={same} " + " ".join(f"m{m}:{t:.1f}us" for m, t in us.items()),
                 flush=True,
             )
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"device": jax.devices()[0].device_kind, "results": results}, fh, indent=1)
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":
