@@ -1,6 +1,6 @@
 """The integer-sum invariant matmul's config, jnp form and launches (compiler/kernels/int_invariant/), on CPU: splits
 follow the weight's shape only, the jnp form is within the int8 activations' error bound of a float64 product and
-gives a row the same bits at every row count."""
+gives a row the same bits at every row count, and the GPU path lowers to its three kernels."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from triton_calls import triton_calls
 
 from ember.compiler.kernels.fixed_order import fixed_order_sum
 from ember.compiler.kernels.gguf_gemv import pack, random_gguf_bytes
 from ember.compiler.kernels.gguf_gemv.reference import dequantize, q4_k_parts
 from ember.compiler.kernels.int_invariant.config import (
+    GEMV_MAX_ROWS,
     IntInvariantConfig,
     gemm_plan,
     gemv_plan,
@@ -20,6 +22,7 @@ from ember.compiler.kernels.int_invariant.config import (
     pick_gemm_launch,
     pick_gemv_launch,
 )
+from ember.compiler.kernels.int_invariant.matmul import gemm, gemv, int_invariant_matmul, quantize_gpu
 from ember.compiler.kernels.int_invariant.reference import int_invariant_reference, pack_words, quantize_rows
 
 # (format, n, k): the 1.5B Q4_K_M's projections (q/k/v, o, gate/up Q4_K; down and head Q6_K) and the 8B's down
@@ -113,3 +116,36 @@ def test_reference_gives_a_row_the_same_bits_at_every_row_count(fmt):
     whole = np.asarray(f(x, w, config).astype(jnp.float32))
     for rows in (1, 2, 5, 16, 17):
         np.testing.assert_array_equal(np.asarray(f(x[:rows], w, config).astype(jnp.float32)), whole[:rows])
+
+
+def test_matmul_off_the_gpu_is_the_reference():
+    w = weight("q4_k", 40, 512)
+    x = jax.random.normal(jax.random.key(3), (3, 512), jnp.float32).astype(jnp.bfloat16)
+    got = int_invariant_matmul(x, w)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(int_invariant_reference(x, w, pick_config(40, 512))))
+    with pytest.raises(ValueError):
+        int_invariant_matmul(x, weight("q8_0", 40, 512))
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("rows", [1, GEMV_MAX_ROWS, 300])
+def test_gpu_path_lowers_to_its_kernels(fmt, rows):
+    """On a GPU trace: the quantizer, then the GEMV (grid: row groups x column tiles x splits) or the GEMM (row
+    tiles x column tiles), as XLA Triton custom calls."""
+    n, k = 2048, 1536
+    w = weight(fmt, n, k)
+    config = pick_config(n, k)
+    x = jnp.zeros((rows, k), jnp.bfloat16)
+    if rows <= GEMV_MAX_ROWS:
+        calls = triton_calls(lambda x, w: gemv(quantize_gpu(x), w, config), x, w)
+        plan = gemv_plan(fmt, config, rows, n, k, pick_gemv_launch(rows), asm=True)
+    else:
+        calls = triton_calls(lambda x, w: gemm(quantize_gpu(x), w, config, jnp.bfloat16), x, w)
+        plan = gemm_plan(fmt, config, rows, n, k, pick_gemm_launch(rows), asm=True)
+    assert [c["name"] for c in calls] == [
+        "quantize_kernel",
+        "int_gemv_kernel" if rows <= GEMV_MAX_ROWS else "int_gemm_kernel",
+    ]
+    assert calls[0]["grid"] == (rows, 3, 1)  # 48 blocks of 32, 16 per program
+    assert calls[1]["grid"] == plan["grid"]
