@@ -10,6 +10,7 @@
 #   tools/dev/h200_run.sh kernels-quick  RoPE / norm kernel GPU tests (a failure turns the kernel off), Q4_K GEMV tests
 #   tools/dev/h200_run.sh invariant-matmul the batch-invariant matmul: GPU test, invariance and time against cuBLAS
 #   tools/dev/h200_run.sh invariant-packed the batch-invariant matmul on packed GGUF weights: bits and time vs dense, default
+#   tools/dev/h200_run.sh int-invariant the integer-sum invariant matmul: GPU test, then bits and time vs dense, default
 #   tools/dev/h200_run.sh det-bench  default vs deterministic engine figures (MODELS, STREAMS, PROMPT)
 #   tools/dev/h200_run.sh engine-tests   GPU engine tests: h200 vs cpu agreement, deterministic mode, quantized model
 #   tools/dev/h200_run.sh real-weights   h200 vs cpu agreement on the real checkpoints cut small (.gpu/real/<name>.gguf)
@@ -160,6 +161,12 @@ invariant-packed)  # the batch-invariant matmul reading packed GGUF weights: GPU
         -rfE > "$out/gpu_invariant_matmul.log" 2>&1; tail -n 5 "$out/gpu_invariant_matmul.log"
     timeout ${BENCH_S:-300} python3 -m ember.tools.dev.bench_invariant_packed ${BENCH_FLAGS:-} --out "$out/invariant_packed_$commit.json" \
         2>&1 | tee "$out/invariant_packed.log" | grep -v Warning ;;
+int-invariant)  # the integer-sum invariant matmul (compiler/kernels/int_invariant/): GPU test (GEMV = GEMM bits at every
+    # row count), then bits and time per call against the dense invariant matmul and the default path (BENCH_FLAGS)
+    timeout ${TEST_S:-240} python -m pytest -q -m gpu tests/kernels/int_invariant/test_int_invariant_gpu.py -p no:cacheprovider \
+        -rfE > "$out/gpu_int_invariant.log" 2>&1; tail -n 8 "$out/gpu_int_invariant.log"
+    timeout ${BENCH_S:-300} python3 -m ember.tools.dev.bench_int_invariant ${BENCH_FLAGS:-} --out "$out/int_invariant_$commit.json" \
+        2>&1 | tee "$out/int_invariant.log" | grep -v Warning ;;
 det-bench)  # default vs deterministic through the engine (ember bench, JSON per run): MODELS at STREAMS, PROMPT tokens
     # (POLICY=deterministic.bucketed=true: deterministic steps at the default buckets)
     for model in ${MODELS:-qwen2.5-1.5b-q4_k_m llama3-8b}; do
