@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -158,7 +159,7 @@ def test_soak_of_arrivals_and_aborts_keeps_the_store_and_tier_consistent(hybrid)
     rng = random.Random(5)
     bases = _prompts(17, 4)
     config = tiered_config(hybrid, snapshot_interval_blocks=2)
-    config = EngineConfig(**{**config.__dict__, "prefix_cache_host_bytes": config.prefix_cache_host_bytes // 2})
+    config = replace(config, prefix_cache_host_bytes=config.prefix_cache_host_bytes // 2)  # drops too
     engine = Engine(hybrid, ByteTokenizer(), config)
     try:
         streams = {}  # request id -> its stream, until collected
@@ -179,4 +180,4 @@ def test_soak_of_arrivals_and_aborts_keeps_the_store_and_tier_consistent(hybrid)
     finally:
         engine.close()
     assert counters.restored_snapshots > 0 and counters.restored_blocks > 0, counters
-    assert counters.offloaded_snapshots > counters.restored_snapshots, counters
+    assert counters.offloaded_snapshots > counters.restored_snapshots and counters.dropped_blocks > 0, counters

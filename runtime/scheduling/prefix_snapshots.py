@@ -180,6 +180,9 @@ class NoSnapshots:
     def updated(self, running: Callable[[str], Request | None]) -> None:
         pass
 
+    def check_consistency(self, kv: KVCache) -> None:
+        pass
+
 
 def snapshot_planner(model, config, kv: KVCache) -> SnapshotPlanner | None:
     """An engine's planner (None: the plan has no slot kinds or the config keeps no snapshots): its snapshot slots
