@@ -19,7 +19,8 @@ class ServeConfig:
     ctx: int | None = None  # longest context of one request (prompt + output); default min(model's, 8192)
     kv_memory_gib: float = 2.0  # KV pool budget; the pool always holds at least one full context
     kv_cache_dtype: str = "auto"  # the KV pool's element type: auto (the plan's activations), fp8 (e4m3), ...
-    # host memory for KV blocks evicted from the device prefix cache (runtime/state/host_tier.py); 0 = off,
+    # host memory for KV blocks (and hybrids' recurrent-state snapshots) evicted from the device prefix cache
+    # (runtime/state/host_tier.py); 0 = off,
     # None = the target's default (host_tier_bytes)
     prefix_cache_host_gib: float | None = None
     max_num_seqs: int = 16
@@ -219,8 +220,9 @@ _FLAGS = {
     "--prefix-cache-host-gib": (
         "prefix_cache_host_gib",
         _non_negative_float,
-        "host memory that keeps KV blocks evicted from the device prefix cache, GiB (0: off; default: off on the "
-        "cpu target, else twice the KV pool, at most a quarter of the host's available memory)",
+        "host memory that keeps KV blocks (and recurrent-state snapshots) evicted from the device prefix cache, GiB "
+        "(0: off; default: off on the cpu target, else twice the KV pool, at most a quarter of the host's available "
+        "memory)",
     ),
     "--max-num-seqs": ("max_num_seqs", _positive_int, "sequences decoded together at most"),
     "--max-batched-tokens": (

@@ -65,8 +65,17 @@ def _host_tier_metrics(tier, name: list[str]):
     """The prefix cache's host tier (runtime/state/host_tier.py HostTierCounters); zero while the engine keeps
     none."""
     for metric, help_text, attribute in (
-        ("ember:prefix_cache_host_bytes_used", "Host memory holding evicted KV blocks (bytes)", "used_bytes"),
+        (
+            "ember:prefix_cache_host_bytes_used",
+            "Host memory holding evicted KV blocks and recurrent-state snapshots (bytes)",
+            "used_bytes",
+        ),
         ("ember:prefix_cache_host_bytes_capacity", "Host memory the host tier may hold (bytes)", "capacity_bytes"),
+        (
+            "ember:prefix_cache_host_snapshot_bytes_used",
+            "Host memory holding recurrent-state snapshots (bytes; part of bytes_used)",
+            "snapshot_bytes",
+        ),
     ):
         family = GaugeMetricFamily(metric, help_text, labels=["model_name"])
         family.add_metric(name, getattr(tier, attribute) if tier is not None else 0)
@@ -84,6 +93,27 @@ def _host_tier_metrics(tier, name: list[str]):
             "restored_tokens",
         ),
         ("ember:prefix_cache_host_dropped_blocks", "Host KV blocks dropped to stay within capacity", "dropped_blocks"),
+        (
+            "ember:prefix_cache_host_offloaded_snapshots",
+            "Recurrent-state snapshots evicted from the device copied to host memory",
+            "offloaded_snapshots",
+        ),
+        (
+            "ember:prefix_cache_host_restored_snapshots",
+            "Recurrent-state snapshots prefix hits copied back from host memory",
+            "restored_snapshots",
+        ),
+        (
+            "ember:prefix_cache_host_dropped_snapshots",
+            "Host recurrent-state snapshots dropped to stay within capacity",
+            "dropped_snapshots",
+        ),
+        ("ember:prefix_cache_host_offloaded_bytes", "Bytes copied from the device to the host tier", "offloaded_bytes"),
+        (
+            "ember:prefix_cache_host_restored_bytes",
+            "Bytes prefix hits copied back from the host tier",
+            "restored_bytes",
+        ),
     ):
         family = CounterMetricFamily(metric, help_text, labels=["model_name"])
         family.add_metric(name, getattr(tier, attribute) if tier is not None else 0)

@@ -45,8 +45,9 @@ def soak(s, mock, requests: list[Request], rng, check, max_steps: int = 10_000) 
             continue
         plan = s.schedule()
         sampled = mock.run(plan)
-        if plan.logit_request_ids and rng.random() < 0.02:  # abort while the step is "on the device"
-            rid = rng.choice(plan.logit_request_ids)
+        live = [rid for rid in plan.logit_request_ids if s.get(rid) is not None]  # (a mock may have aborted some)
+        if live and rng.random() < 0.02:  # abort while the step is "on the device"
+            rid = rng.choice(live)
             assert s.abort(rid)
             result.aborted.add(rid)
         for out in s.update(plan, sampled):
@@ -65,9 +66,9 @@ def soak(s, mock, requests: list[Request], rng, check, max_steps: int = 10_000) 
 
 def slot_scheduler(pool: BlockPool, slots: SlotPool, kw: dict, **extra) -> Scheduler:
     """A Scheduler over the paged KV kind "kv" (pool) and a recurrent kind (slots), with the slot tests' limits;
-    kw's max_num_seqs, budget, depth and segments (popped) override them, extra goes to the Scheduler."""
+    kw's max_num_seqs, budget, depth, segments and host_tier (popped) override them, extra goes to the Scheduler."""
     return Scheduler(
-        KVCache({"kv": pool}),
+        KVCache({"kv": pool}, host_tier=kw.pop("host_tier", None)),
         kw.pop("max_num_seqs", 8),
         kw.pop("budget", 24),
         kw.pop("depth", 12),

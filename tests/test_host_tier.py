@@ -17,7 +17,7 @@ from ember.runtime.scheduling.requests import Request
 from ember.runtime.scheduling.scheduled_step import PrefillShapes
 from ember.runtime.scheduling.scheduler import Scheduler
 from ember.runtime.state.block_pool import BlockPool, block_hash
-from ember.runtime.state.host_tier import HostEntry, HostTier, _Piece
+from ember.runtime.state.host_tier import BLOCKS, HostEntry, HostTier, _Piece
 from ember.runtime.state.kv_cache import HOST_BLOCK, KVCache
 
 BS = 4  # tokens per block
@@ -165,7 +165,7 @@ def test_a_hit_takes_its_host_entries_before_its_allocation_can_drop_them():
     prompt = prompt_of(2 * BS + 1, 1)
     hashes = chain(prompt)
     for i, h in enumerate(hashes):  # the prompt's two blocks on the host, its head the oldest entry
-        tier._put(h, host_entry(prompt[i * BS : (i + 1) * BS]))
+        tier._put((BLOCKS, h), host_entry(prompt[i * BS : (i + 1) * BS]))
     other = prompt_of(BS, 2)
     (pending,) = kv.primary.allocate_registered(chain(other))  # a restore queued, its request already gone
     tier.restore(pending, host_entry(other))
@@ -296,15 +296,15 @@ def test_a_chain_spilled_together_comes_back_as_its_pieces_and_thinned_pieces_ar
     prompt = prompt_of(6 * BS + 1, 1)
     serve(kv, device, copier, prompt)
     serve(kv, device, copier, prompt_of(6 * BS + 1, 2))  # evicts the first prompt's 6 blocks, tail first
-    pieces = {id(tier._entries[h].piece) for h in chain(prompt) if h in tier}
+    pieces = {id(tier._entries[BLOCKS, h].piece) for h in chain(prompt) if h in tier}
     assert len(pieces) == 2  # 6 blocks in pieces of 3
     assert serve(kv, device, copier, prompt) == 6 * BS
     assert copier.pieces_read[-1] == 2  # the restore moved the two pieces of the chain
     # thin a gather piece to one of its three entries: the next dispatch copies that one out
     survivors = [h for h in chain(prompt_of(6 * BS + 1, 2)) if h in tier]
-    piece = tier._entries[survivors[0]].piece
+    piece = tier._entries[BLOCKS, survivors[0]].piece
     keys = sorted(piece.keys, key=lambda k: tier._entries[k].index)
-    tier.take(keys[1:])
+    tier.take([h for _, h in keys[1:]])
     tier.dispatch(device, copier)
     moved = tier._entries[keys[0]]
     assert moved.piece is not piece and moved.piece.rows == 1 and not piece.keys

@@ -1,11 +1,12 @@
 """The prefix cache's host tier in the engine (tiny checkpoints, CPU): a prompt whose blocks the device pool evicted
 is served from host memory with the cold run's tokens and logprobs, bit for bit those of a device-cache hit,
 `cached_tokens` counting the restored prefix; the counters reach /metrics and the startup line; plans the tier does
-not serve say why; the flag and its EMBER_ mirror parse."""
+not serve say why (hybrid plans it serves: tests/test_hybrid_host_tier.py); the flag and its EMBER_ mirror parse."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,6 +19,7 @@ from ember.runtime.engine.engine import Engine, EngineConfig
 from ember.runtime.execution.sequence_runner import SequenceRunner
 from ember.runtime.loading.model import load_model
 from ember.runtime.sampling.params import SamplingParams
+from ember.runtime.state.kinds import PagedKind
 from ember.server.config import add_serve_arguments, config_from_args
 from ember.server.metrics import ServerMetrics
 
@@ -120,9 +122,17 @@ def test_the_startup_line_and_plans_without_a_tier(qwen3):
     finally:
         engine.close()
     assert 'ember:prefix_cache_host_restored_blocks_total{model_name="m"} 0.0' in metrics  # zero without a tier
+    # a hybrid plan (one full-attention kind, slot kinds) is tiered with its snapshots; a sliding window is not
     hybrid = load_model(tiny_fixture("qwen3_5")[0])
     tiered = EngineConfig(num_blocks=20, prefix_cache_host_bytes=2**20, **BASE)
-    assert "recurrent state" in host_tier_refusal(hybrid, tiered)
+    assert host_tier_refusal(hybrid, tiered) is None
+    assert "or 62 recurrent-state snapshots" in capacity_line(hybrid, tiered)  # 2**20 // 16,896 bytes each
+    unsnapshotted = replace(tiered, num_snapshot_slots=0)
+    assert "keeps no snapshots of it" in host_tier_refusal(hybrid, unsnapshotted)
+    smaller = replace(tiered, prefix_cache_host_bytes=hybrid.slot_bytes() - 1)
+    assert host_tier_refusal(hybrid, smaller) == "the host budget holds no recurrent-state snapshot"
+    sliding = SimpleNamespace(paged_kinds=(PagedKind("kv", 0), PagedKind("kv_8", 8)), slot_kinds=())
+    assert "sliding-window" in host_tier_refusal(sliding, tiered)
 
 
 @pytest.mark.parametrize(

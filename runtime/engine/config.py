@@ -50,8 +50,8 @@ class EngineConfig:
     num_snapshot_slots: int | None = None
     snapshot_interval_blocks: int = 0
     # the prefix cache's host-memory tier (runtime/state/host_tier.py): bytes of host memory that keep KV blocks
-    # evicted from the device pool for later prefix hits; 0 = off. Plans of one full-attention KV kind only
-    # (host_tier_refusal says why another plan runs without it).
+    # (and a hybrid plan's recurrent-state snapshots) evicted from the device for later prefix hits; 0 = off. Plans
+    # of one full-attention KV kind, with or without slot kinds (host_tier_refusal says why another runs without).
     prefix_cache_host_bytes: int = 0
     # speculative decoding (docs/speculative.md): None = off
     speculative: SpeculativeConfig | None = None
@@ -111,18 +111,21 @@ def sized_config(
 
 def host_tier_refusal(model: Model, config: EngineConfig) -> str | None:
     """Why an engine of this model and config keeps no host tier although one was asked for (None: it keeps one,
-    or none was asked for). Recurrent-state snapshots and sliding-window pools are not tiered: such plans run
-    with their device prefix cache alone."""
+    or none was asked for). Sliding-window pools are not tiered (a window's hit needs the blocks of every kind at
+    once): such plans run with their device prefix cache alone. A hybrid plan (one full-attention KV kind and slot
+    kinds) tiers its KV blocks and its recurrent-state snapshots in one budget."""
     if config.prefix_cache_host_bytes <= 0:
         return None
     if not config.enable_prefix_caching:
         return "the prefix cache is off"
-    if model.slot_kinds:
-        return "the plan has recurrent state (its snapshots are not tiered)"
     if len(model.paged_kinds) != 1 or model.paged_kinds[0].window:
         return "the plan has sliding-window KV (only a single full-attention KV kind is tiered)"
+    if model.slot_kinds and not engine_snapshot_slots(config):
+        return "the plan has recurrent state and keeps no snapshots of it (its prefix cache is off)"
     if config.prefix_cache_host_bytes < kv_bytes_per_block(model, config.block_size, None, config.kv_cache_dtype):
         return "the host budget holds no KV block"
+    if model.slot_kinds and config.prefix_cache_host_bytes < model.slot_bytes():
+        return "the host budget holds no recurrent-state snapshot"
     return None
 
 
@@ -140,11 +143,13 @@ def capacity_line(model: Model, config: EngineConfig) -> str:
         refusal = host_tier_refusal(model, config)
         per_block = kv_bytes_per_block(model, config.block_size, None, config.kv_cache_dtype)
         blocks = config.prefix_cache_host_bytes // per_block
+        held = f"{blocks * config.block_size} tokens"
+        if model.slot_kinds:  # one budget: tokens, or snapshots, or a mix
+            held += f", or {config.prefix_cache_host_bytes // model.slot_bytes()} recurrent-state snapshots"
         line += (
             f"; prefix-cache host tier off: {refusal}"
             if refusal
-            else f"; prefix-cache host tier {config.prefix_cache_host_bytes / 2**30:.2f} GiB "
-            f"({blocks * config.block_size} tokens)"
+            else f"; prefix-cache host tier {config.prefix_cache_host_bytes / 2**30:.2f} GiB ({held})"
         )
     return line
 

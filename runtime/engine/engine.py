@@ -80,11 +80,13 @@ class Engine:
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.eos_token_ids = stop_token_ids
         # one block pool per paged KV state kind (full attention; each sliding window, sized to its window), and
-        # the prefix cache's host tier below them where one is asked for and the plan allows it
+        # the prefix cache's host tier below them where one is asked for and the plan allows it (for a plan with
+        # slot state, its snapshots' too: they spill there from the snapshot store, snapshot_planner)
         self.host_tier = None
         if config.prefix_cache_host_bytes > 0 and host_tier_refusal(model, config) is None:
             per_block = kv_bytes_per_block(model, config.block_size, None, config.kv_cache_dtype)
-            self.host_tier = HostTier(config.prefix_cache_host_bytes, per_block, config.block_size)
+            per_snapshot = model.slot_bytes() if model.slot_kinds else 0
+            self.host_tier = HostTier(config.prefix_cache_host_bytes, per_block, config.block_size, per_snapshot)
         pool_blocks = engine_pool_blocks(model.paged_kinds, config)
         self.kv = KVCache.of(model.paged_kinds, pool_blocks, config.block_size, self.host_tier)
         self.pool = self.kv.primary

@@ -1,5 +1,6 @@
-"""The device side of the prefix cache's host tier (runtime/state/host_tier.py): KV blocks of the paged layers
-copied out to the host, and host blocks written back, in pieces.
+"""The device side of the prefix cache's host tier for KV blocks (runtime/state/host_tier.py, family BLOCKS): KV
+blocks of the paged layers copied out to the host, and host blocks written back, in pieces (recurrent-state
+snapshots: snapshot_copies.py, which shares the pieces' helpers below).
 
 Each paged layer holds (k, v) pools [num_blocks, block_size, hkv, dh]. A gather stacks the blocks of every layer
 block-major, [n, layers, 2, block_size, hkv, dh], in pieces of at most PIECE blocks (PIECE blocks and then powers
@@ -37,7 +38,7 @@ class BlockCopier:
 
     def gather(self, kv: list, blocks: Sequence[int]) -> list[jax.Array]:
         pools = [kv[i] for i in self.layers]
-        gather = _gather_into(_sharding(pools[0][0], PINNED))
+        gather = _gather_into(placement_of(pools[0][0], PINNED))
         return [
             gather(pools, jnp.asarray(np.asarray(blocks[start : start + size], np.int32)))
             for start, size in spans(len(blocks))
@@ -46,8 +47,8 @@ class BlockCopier:
     def scatter(self, kv: list, blocks: Sequence[int], entries: Sequence[HostEntry]) -> list:
         pools = [kv[i] for i in self.layers]
         num_blocks = pools[0][0].shape[0]
-        device = _sharding(pools[0][0], None)
-        for piece, destinations in _piece_destinations(blocks, entries):
+        device = placement_of(pools[0][0], None)
+        for piece, destinations in piece_destinations(blocks, entries):
             data = jax.device_put(piece.array, device)  # [rows, layers, 2, bs, hkv, dh], one transfer
             # rows not restored go to distinct blocks past the pool, dropped by the scatter
             index = [num_blocks + row if block is None else block for row, block in enumerate(destinations)]
@@ -58,11 +59,7 @@ class BlockCopier:
         return kv
 
     def take_rows(self, array, rows: Sequence[int]):
-        """These rows of a piece's array as a new host array in the same memory (compacting a thinned piece),
-        padded to a power of two rows with copies of the last (a piece size the scatter was compiled for)."""
-        rows = list(rows) + [rows[-1]] * ((1 << (len(rows) - 1).bit_length()) - len(rows))
-        taken = np.asarray(array)[np.asarray(rows, np.int64)]
-        return jax.device_put(taken, array.sharding) if isinstance(array, jax.Array) else taken
+        return take_rows(array, rows)
 
     def precompile(self, kv: list, max_blocks: int) -> None:
         """Compile (ahead of time, nothing runs) the gather and the scatter of every piece size a copy of up to
@@ -74,16 +71,24 @@ class BlockCopier:
         pools = jax.tree.map(
             lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), [kv[i] for i in self.layers]
         )
-        gather = _gather_into(_sharding(kv[self.layers[0]][0], PINNED))
-        device = _sharding(kv[self.layers[0]][0], None)
+        gather = _gather_into(placement_of(kv[self.layers[0]][0], PINNED))
+        device = placement_of(kv[self.layers[0]][0], None)
         block = pools[0][0].shape[1:]  # [bs, hkv, dh]
-        for n in _piece_sizes_up_to(max_blocks):
+        for n in piece_sizes_up_to(max_blocks):
             gather.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32)).compile()
             data = jax.ShapeDtypeStruct((n, len(pools), 2, *block), pools[0][0].dtype, sharding=device)
             _scatter.lower(pools, jax.ShapeDtypeStruct((n,), jnp.int32), data).compile()
 
 
-def _piece_destinations(blocks: Sequence[int], entries: Sequence[HostEntry]) -> list:
+def take_rows(array, rows: Sequence[int]):
+    """These rows of a piece's array as a new host array in the same memory (compacting a thinned piece), padded to a
+    power of two rows with copies of the last (a piece size the scatter was compiled for)."""
+    rows = list(rows) + [rows[-1]] * ((1 << (len(rows) - 1).bit_length()) - len(rows))
+    taken = np.asarray(array)[np.asarray(rows, np.int64)]
+    return jax.device_put(taken, array.sharding) if isinstance(array, jax.Array) else taken
+
+
+def piece_destinations(blocks: Sequence[int], entries: Sequence[HostEntry]) -> list:
     """(piece, [destination block or None per piece row]) for each piece the entries are rows of, in order of
     first use (each entry is a distinct row: the tier hands an entry out once)."""
     by_piece: dict[int, tuple] = {}
@@ -93,7 +98,7 @@ def _piece_destinations(blocks: Sequence[int], entries: Sequence[HostEntry]) -> 
     return list(by_piece.values())
 
 
-def _sharding(pool: jax.Array, memory_kind: str | None):
+def placement_of(pool: jax.Array, memory_kind: str | None):
     """Where a piece of `pool`'s blocks lives: the pool's device (a pool split over a mesh: every device of it),
     in `memory_kind` (None: device memory)."""
     sharding = pool.sharding
@@ -114,7 +119,7 @@ def spans(n: int) -> list[tuple[int, int]]:
     return list(zip(accumulate(sizes[:-1], initial=0), sizes))
 
 
-def _piece_sizes_up_to(count: int) -> list[int]:
+def piece_sizes_up_to(count: int) -> list[int]:
     """Every piece size a copy of up to `count` blocks can take."""
     return [1 << bit for bit in range(min(max(count, 1), PIECE).bit_length())]
 

@@ -47,6 +47,7 @@ from .engine_step import (
 )
 from .executable_cache import AHEAD_PLATFORMS, cached_step, executor_identity, step_store
 from .slot_copies import SlotCopier
+from .snapshot_copies import SnapshotCopier
 from .step_hidden import forward_with_hidden
 from .step_inputs import (
     StepShape,
@@ -120,6 +121,7 @@ class StepExecutor(StepPrecompiler):
         # the prefix cache's host tier (runtime/state/host_tier.py), when the engine keeps one (attach_host_tier)
         self.host_tier: HostTier | None = None
         self.block_copier: BlockCopier | None = None
+        self.snapshot_copier: SnapshotCopier | None = None  # its recurrent-state snapshots (hybrid plans)
         # the step functions' executables are also kept on disk (runtime/execution/executable_cache.py): a warm start
         # neither traces nor lowers them
         # (not for a model on a device mesh: the identity does not see how its arrays are split)
@@ -188,10 +190,14 @@ class StepExecutor(StepPrecompiler):
         self._no_carry: dict[int, object] = {}  # decode rows -> no_carry() on the device, made once
 
     def attach_host_tier(self, tier: HostTier) -> None:
-        """Issue `tier`'s queued block copies before every step's forward, over the paged layers' pools."""
-        paged = {k.name for k in self.model.paged_kinds}
+        """Issue `tier`'s queued copies before every step's forward: blocks over the paged layers' pools, snapshots
+        (a tier that keeps them) over the slot layers' arrays."""
+        kinds = self.model.layer_state_kinds
+        paged, slots = {k.name for k in self.model.paged_kinds}, {k.name for k in self.model.slot_kinds}
         self.host_tier = tier
-        self.block_copier = BlockCopier([i for i, k in enumerate(self.model.layer_state_kinds) if k in paged])
+        self.block_copier = BlockCopier([i for i, k in enumerate(kinds) if k in paged])
+        if tier.keeps_snapshots:
+            self.snapshot_copier = SnapshotCopier([i for i, k in enumerate(kinds) if k in slots])
 
     def shapes(self) -> list[StepShape]:
         if self.tiles is not None:
@@ -234,7 +240,7 @@ class StepExecutor(StepPrecompiler):
         """_launch between the step's recurrent-state snapshot copies: restores before its forward, saves after;
         first the prefix cache's host tier copies (blocks the scheduler evicted or restored for this step)."""
         if self.host_tier is not None:
-            self.kv = self.host_tier.dispatch(self.kv, self.block_copier)
+            self.kv = self.host_tier.dispatch(self.kv, self.block_copier, self.snapshot_copier)
         self.kv = self.slot_copier.apply(self.kv, step.slot_copies.before)
         in_flight = self._launch(step, rows, steps, after=after)
         self.kv = self.slot_copier.apply(self.kv, step.slot_copies.after)

@@ -1,6 +1,6 @@
 """Compiling a StepExecutor's executables before and after a server reports ready: the ready shapes, the rest
 (in the background where the executor compiles ahead without running: runtime/execution/background_compile.py),
-speculative verify steps and the host tier's block copies. A mixin of StepExecutor (its attributes: model,
+speculative verify steps and the host tier's block and snapshot copies. A mixin of StepExecutor (its attributes: model,
 config, kv, step_fn, verify_fn, multi_step_fn, tiles, table_blocks, ...)."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import numpy as np
 
 from ...compiler.targets import get_target
 from ..scheduling.scheduled_step import bucket
+from ..state.host_tier import SNAPSHOTS
+from ..state.kinds import engine_snapshot_slots
 from .background_compile import BackgroundCompiler, CompileTask, compile_tasks, ready_first, report_compiled
 from .compiled_steps import CompiledSteps, abstract_values
 from .engine_step import pack_step_inputs
@@ -70,9 +72,12 @@ class StepPrecompiler:
         for shape in self.verify_shapes_alone():
             for all_greedy, with_q in variants:
                 self._precompile_verify(shape, all_greedy, with_q)
-        if self.host_tier is not None:  # copies of up to the tier's blocks
+        if self.host_tier is not None:  # copies of up to the tier's blocks, and of its snapshots
             usable = self.kv[self.block_copier.layers[0]][0].shape[0] - 1  # one paged kind: [num_blocks, ...]
             self.block_copier.precompile(self.kv, min(self.host_tier.capacity_blocks, usable))
+            if self.snapshot_copier is not None:
+                held = self.host_tier.capacity_of(SNAPSHOTS)
+                self.snapshot_copier.precompile(self.kv, min(held, engine_snapshot_slots(self.config)))
         return time.perf_counter() - start
 
     def _compile_steps_ahead(self, shapes: list[StepShape], progress: bool, ready_only: bool) -> None:

@@ -231,6 +231,7 @@ class Scheduler:
     def _admit(self, request: Request, hit: PrefixHit) -> None:
         self.waiting.popleft()
         request.state = self.kv.new_state()
+        self.snapshots.claim(hit)  # a snapshot the hit takes from the host tier, before the KV adoption evicts
         cached = self.kv.adopt(request.state, hit) if self.prefix_caching else 0
         for kind, allocator in self.extra_state.items():
             request.state[kind] = allocator.new_allocation()

@@ -22,7 +22,8 @@ Host tier. A cache of one full kind may have a host tier below it (runtime/state
 evicts are copied to host memory, and a prefix continues past a block missing on the device when the tier holds
 it. Such a block is HOST_BLOCK in the hit; adopting the hit gives it a fresh device block, registered at once,
 whose bytes the step's dispatch copies back before the forward. A hit takes only as many host blocks as the pool
-has blocks free for them, keeping one for the chunk after the hit.
+has blocks free for them, keeping one for the chunk after the hit. A hybrid plan's full kind is tiered the same way
+(its recurrent-state snapshots are the snapshot planner's: `resumable` sees those on the host too).
 """
 
 from __future__ import annotations
@@ -270,6 +271,8 @@ class KVCache:
             pool.check_consistency()
         if self.host_tier is not None:
             self.host_tier.check_consistency()
+            for block in self.host_tier.pending_restores():  # a restore writes a block registered for its bytes
+                assert self.primary.hash_of(block) is not None, f"a host restore into unregistered block {block}"
 
     def all_free(self) -> bool:
         return all(p.free_blocks == p.num_usable_blocks for p in self.pools.values())

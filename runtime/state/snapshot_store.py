@@ -14,12 +14,17 @@ Registered snapshots form an LRU: a reservation with no free slot evicts the lea
 pool also drops a snapshot when it evicts the block of its hash (the prefix is then unreachable anyway).
 Reserved snapshots are never evicted.
 
-The interface (lookup / touch / reserve / register / cancel / drop) is what a host-memory tier would sit behind.
+Host tier. A registered snapshot that leaves the store (LRU eviction, or dropped with its KV block) is handed to
+`on_spill` with its slot before the slot can be written again: the prefix cache's host tier (runtime/state/
+host_tier.py) queues it to be copied out at the step's dispatch, before the forward and the save that overwrites
+it. A snapshot the tier brings back is reserved and registered at once (`register_restored`), its bytes written by
+the same dispatch; `reserve(keep=...)` leaves alone the slots the step being built still needs as they are.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable, Collection
 
 
 class SnapshotStore:
@@ -31,6 +36,8 @@ class SnapshotStore:
         self._reserved: set[int] = set()
         self._slot_of: OrderedDict[bytes, int] = OrderedDict()  # registered, least recently used first
         self.saves = self.restores = self.evictions = 0
+        # called with (chain hash, slot) of each registered snapshot leaving the store, before the slot is reused
+        self.on_spill: list[Callable[[bytes, int], None]] = []
 
     # --- lookups ------------------------------------------------------------------------------------
     def lookup(self, chain_hash: bytes) -> int | None:
@@ -53,16 +60,22 @@ class SnapshotStore:
         return tuple(self._slot_of)
 
     # --- lifecycle ------------------------------------------------------------------------------------
-    def reserve(self) -> int | None:
-        """A slot for a snapshot about to be saved, evicting the least recently used registered one when none
-        is free; None when every slot is reserved."""
+    def can_reserve(self, keep: Collection[int] = ()) -> bool:
+        """Whether reserve(keep) would get a slot."""
+        return bool(self._free) or any(slot not in keep for slot in self._slot_of.values())
+
+    def reserve(self, keep: Collection[int] = ()) -> int | None:
+        """A slot for a snapshot about to be saved (or brought back from the host), evicting the least recently
+        used registered one not in `keep` when none is free; None when none can be had."""
         if self._free:
             slot = self._free.popleft()
-        elif self._slot_of:
-            _, slot = self._slot_of.popitem(last=False)
-            self.evictions += 1
         else:
-            return None
+            chain_hash = next((h for h, s in self._slot_of.items() if s not in keep), None)
+            if chain_hash is None:
+                return None
+            slot = self._slot_of.pop(chain_hash)
+            self.evictions += 1
+            self._spill(chain_hash, slot)
         self._reserved.add(slot)
         return slot
 
@@ -76,6 +89,14 @@ class SnapshotStore:
         self._slot_of[chain_hash] = slot
         self.saves += 1
 
+    def register_restored(self, chain_hash: bytes, slot: int) -> None:
+        """A reserved slot into which the host tier writes the snapshot of `chain_hash` before the step's forward:
+        registered now (as a KV block restored from the host is), so the step's restore from it finds it."""
+        if chain_hash in self._slot_of:
+            raise ValueError("a snapshot restored from the host is already on the device")
+        self._reserved.remove(slot)
+        self._slot_of[chain_hash] = slot
+
     def cancel(self, slot: int) -> None:
         """A reserved slot whose save will not be registered (its request was aborted or preempted)."""
         self._reserved.remove(slot)
@@ -87,14 +108,22 @@ class SnapshotStore:
         if slot is not None:
             self._free.append(slot)
             self.evictions += 1
+            self._spill(chain_hash, slot)
+
+    def _spill(self, chain_hash: bytes, slot: int) -> None:
+        for spill in self.on_spill:
+            spill(chain_hash, slot)
 
     # --- self-check (tests, debugging) --------------------------------------------------------------
     def all_free(self) -> bool:
         """No reservation is outstanding (registered snapshots are cache entries, not leaks)."""
         return not self._reserved
 
-    def check_consistency(self) -> None:
+    def check_consistency(self, restoring: Collection[int] = ()) -> None:
+        """restoring: the slots whose bytes the host tier writes at the next dispatch (each must be registered: a
+        restore into a slot that changed hands would overwrite its new snapshot)."""
         free, registered = set(self._free), set(self._slot_of.values())
+        assert set(restoring) <= registered, "a host restore into a snapshot slot that is not registered"
         assert len(free) == len(self._free), "a snapshot slot is free twice"
         assert len(registered) == len(self._slot_of), "a snapshot slot is registered twice"
         assert not (free & registered or free & self._reserved or registered & self._reserved), "slot in two states"
