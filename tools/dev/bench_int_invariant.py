@@ -31,18 +31,8 @@ from ember.compiler.targets.h200 import H200
 from ember.compiler.targets.policy import use_kernel_policy
 
 from .bench_invariant_matmul import timed_per_call, write_results
+from .bench_invariant_packed import SHAPES
 
-# (name, format, n, k): a Q4_K_M checkpoint's projections (its down projections and head are Q6_K)
-SHAPES = (
-    ("1.5b qkv", "q4_k", 2048, 1536),
-    ("1.5b o", "q4_k", 1536, 1536),
-    ("1.5b gate_up", "q4_k", 17920, 1536),
-    ("1.5b down", "q6_k", 1536, 8960),
-    ("1.5b head", "q6_k", 151936, 1536),
-    ("8b qkv", "q4_k", 6144, 4096),
-    ("8b gate_up", "q4_k", 28672, 4096),
-    ("8b down", "q6_k", 4096, 14336),
-)
 BIT_ROWS = (1, 2, 3, 8, 16, 17, 64, 255, 256, 257, 1024)
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ember.compiler.kernels.int_invariant.terms import mul_rn  # one rounding, never contracted into an FMA
+
 
 @triton.jit
 def _rint(v, ASM: tl.constexpr):
@@ -29,17 +31,6 @@ def _rint(v, ASM: tl.constexpr):
         return tl.inline_asm_elementwise("cvt.rni.s32.f32 $0, $1;", "=r,r", [v], dtype=tl.int32, is_pure=True, pack=1)
     else:
         return ((v + 12582912.0) - 12582912.0).to(tl.int32)
-
-
-@triton.jit
-def _mul_rn(a, b, ASM: tl.constexpr):
-    """a * b rounded to fp32 on its own (never contracted into an FMA with what follows)."""
-    if ASM:
-        return tl.inline_asm_elementwise(
-            "mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        return a * b
 
 
 @triton.jit
@@ -93,7 +84,7 @@ def quantize_store(
         tl.store(scales + 2, lower.to(tl.float32), mask=ok)
         tl.store(scales + 3, upper.to(tl.float32), mask=ok)
         if t + 1 < TERMS:
-            x = x - _mul_rn(q.to(tl.float32), dx[:, None, None], ASM)
+            x = x - mul_rn(q.to(tl.float32), dx[:, None, None], ASM)
 
 
 @triton.jit
