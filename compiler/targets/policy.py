@@ -201,6 +201,11 @@ class DeterministicPolicy:
     # up to this many rows and from the copy above (the same bits either way: invariant_matmul/kernel.py); a
     # weight without a copy is always read packed. 0: the copy at every row count
     packed_max_rows: int = 0
+    # True: Q4_K / Q6_K weights (kept packed, with or without a copy) multiply through int_invariant/ at every row
+    # count (int8 activation blocks, exact integer block sums: a dp4a GEMV for few rows, an int8-MMA GEMM for many,
+    # the same bits); groups with any other format keep the matmul above. Off until a GPU has measured it
+    # (compiler/kernels/int_invariant/README.md)
+    int8_blocks: bool = False
     tile_decode_rows: int = 16
     tile_prefill_tokens: int = 64
 

@@ -3,8 +3,9 @@ every M (README.md). On a GPU trace: the activations quantized by quantize_kerne
 (gemv_kernel.py: split partials added here in split order) up to GEMV_MAX_ROWS rows, the int8 tensor-core GEMM
 (gemm_kernel.py) above; the choice moves no bit. Elsewhere: reference.py's jnp form, the same arithmetic.
 
-Not wired into any target or plan yet: the deterministic plans still multiply through invariant_matmul/ until a
-GPU has run tests/kernels/int_invariant/test_int_invariant_gpu.py and tools/dev/bench_int_invariant.py.
+The deterministic projections (invariant_matmul/linear.py) take it under the policy's deterministic.int8_blocks, off
+on every target until a GPU has run tests/kernels/int_invariant/test_int_invariant_gpu.py and
+tools/dev/bench_int_invariant.py.
 """
 
 from __future__ import annotations

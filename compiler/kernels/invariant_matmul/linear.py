@@ -10,6 +10,10 @@ kernel cannot decode) dequantized to the activation dtype inside the step. A Wei
 with the whole group's config, so each column's arithmetic is the one its dense concatenation would get. The
 kept quantized GEMVs are not used here: their int8 activations and per-row-count kernels compute a row
 differently from a GEMM (docs/kernel_policy.md, "Batch invariance").
+
+With the policy's `deterministic.int8_blocks`, a weight whose kept parts are all Q4_K / Q6_K multiplies through
+int_invariant/ instead, at every row count (its int8 activations round a row differently from the bf16 matmul,
+so a weight takes one path or the other for every step, never both).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from ember.compiler.kernels.dense_gemv.fp8 import Fp8Weight, dequantize_fp8
 from ember.compiler.kernels.gguf_gemv.layout import DenseBacked, QuantizedWeight, WeightGroup
 from ember.compiler.kernels.gguf_gemv.matmul import split_columns
 from ember.compiler.kernels.gguf_gemv.reference import dequantize
+from ember.compiler.kernels.int_invariant import config as int_config
+from ember.compiler.kernels.int_invariant.matmul import int_invariant_matmul, supported
 from ember.compiler.targets.policy import kernel_policy
 
 from .config import pick_config
@@ -50,15 +56,29 @@ def packed_parts(weight, rows: int, config) -> tuple | None:
     return parts if all(packable(part, config) for part in parts) else None
 
 
+def int8_block_parts(weight) -> tuple | None:
+    """The parts int_invariant multiplies (a group's in order) where the policy asks for it, else None."""
+    if not kernel_policy().deterministic.int8_blocks:
+        return None
+    kept = weight.kept if isinstance(weight, DenseBacked) else weight
+    parts = kept.parts if isinstance(kept, WeightGroup) else (kept,)
+    return parts if all(supported(part) for part in parts) else None
+
+
 def linear(x, weight, bias=None):
     # x [N, k], weight [n, k] in any form -> [N, n]
-    config = pick_config(*weight.shape)
-    parts = packed_parts(weight, x.shape[0], config)
-    if parts is None:
-        y = invariant_matmul(x, dense_weight(weight, x.dtype), config=config)
+    int_parts = int8_block_parts(weight)
+    if int_parts:  # one config for the whole group, as for its bf16 matmul
+        whole = int_config.pick_config(*weight.shape)
+        ys = [int_invariant_matmul(x, part, config=whole) for part in int_parts]
     else:
-        ys = [invariant_matmul(x, part, config=config) for part in parts]
-        y = ys[0] if len(ys) == 1 else jnp.concatenate(ys, axis=1)
+        config = pick_config(*weight.shape)
+        parts = packed_parts(weight, x.shape[0], config)
+        if parts is None:
+            ys = [invariant_matmul(x, dense_weight(weight, x.dtype), config=config)]
+        else:
+            ys = [invariant_matmul(x, part, config=config) for part in parts]
+    y = ys[0] if len(ys) == 1 else jnp.concatenate(ys, axis=1)
     return y if bias is None else y + bias.astype(y.dtype)
 
 

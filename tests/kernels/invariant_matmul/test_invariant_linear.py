@@ -76,3 +76,36 @@ def test_every_form_gives_the_dense_copys_bits(kernel_overrides):
     np.testing.assert_array_equal(np.asarray(jnp.concatenate(parts, axis=1)), np.asarray(want))
     dense = np.asarray(dequantize(group.parts[2]).astype(jnp.bfloat16))
     assert (np.asarray(invariant_linear.dense_weight(group, jnp.bfloat16))[96:] == dense).all()
+
+
+def test_int8_blocks_take_every_q4_k_q6_k_weight_at_every_row_count(kernel_overrides, monkeypatch):
+    """With deterministic.int8_blocks, a Q4_K / Q6_K group (with or without its copy) multiplies through int_invariant
+    under the whole group's config at every row count, giving its reference's bits; a group holding another format
+    keeps the bf16 matmul at every row count (one path per weight, never both)."""
+    from ember.compiler.kernels.int_invariant import config as int_config
+    from ember.compiler.kernels.int_invariant.reference import int_invariant_reference
+
+    kernel_overrides({"deterministic.int8_blocks": True, "deterministic.packed_max_rows": 8})
+    group = _group()
+    whole = int_config.pick_config(128, K)
+    seen = []
+    real = invariant_linear.int_invariant_matmul
+
+    def spy(x, w, out_dtype=None, *, config=None, **kwargs):
+        seen.append((int(w.shape[0]), config))
+        return real(x, w, out_dtype, config=config, **kwargs)
+
+    monkeypatch.setattr(invariant_linear, "int_invariant_matmul", spy)
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((20, K)), jnp.bfloat16)
+    want = jnp.concatenate([int_invariant_reference(x, part, whole, jnp.bfloat16) for part in group.parts], axis=1)
+    for weight in (group, _backed(group)):
+        for rows in (1, 20):
+            seen.clear()
+            got = invariant_linear.linear(x[:rows], weight)
+            assert seen == [(64, whole), (32, whole), (32, whole)]
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want[:rows]))
+    mixed = WeightGroup((*group.parts[:2], _weight("q8_0", 32, 4)))
+    seen.clear()
+    for rows in (1, 20):
+        invariant_linear.linear(x[:rows], _backed(mixed))
+    assert seen == []
