@@ -85,12 +85,18 @@ def test_h200_plans_on_the_gpu_agree_with_the_cpu_target():
 # the Q4_K_M checkpoint's weights kept packed with dense copies, read packed in steps of up to 64 rows (decode
 # rows, 64-token chunks) and from the copies above (whole prompts): both forms in one engine
 PACKED = {"weights.quantized_formats": ["q4_k", "q6_k", "q8_0"], "deterministic.packed_max_rows": 64}
+# the same checkpoint's Q4_K / Q6_K weights through the integer-sum kernels (int_invariant/: GEMV up to 16 rows, GEMM
+# above) at every row count
+INT8_BLOCKS = {**PACKED, "deterministic.int8_blocks": True}
+WEIGHTS = {"": {}, "packed": PACKED, "int8": INT8_BLOCKS}
 
 
 @pytest.mark.parametrize(
-    "bucketed, packed", [(False, False), (True, False), (True, True)], ids=["tiled", "bucketed", "bucketed-packed"]
+    "bucketed, weights",
+    [(False, ""), (True, ""), (True, "packed"), (True, "int8")],
+    ids=["tiled", "bucketed", "bucketed-packed", "bucketed-int8"],
 )
-def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached(bucketed, packed):
+def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached(bucketed, weights):
     """The probe's tokens and logprobs (greedy, and sampled with a seed) are the same bits alone, beside 7 and 31
     other requests of mixed lengths, with its prompt prefilled whole or in 64-token chunks, and when its first 96
     tokens come from the prefix cache (a donor request prefilled them); and a second turn whose prompt holds the
@@ -100,8 +106,8 @@ def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached(buc
     Three engines serve every scenario in turn (each compiles its shapes once)."""
     from ember.compiler.targets import get_target
 
-    policy = get_target("h200").policy.overridden({"deterministic.bucketed": bucketed, **(PACKED if packed else {})})
-    model = load_model(_checkpoint("q4_k_m" if packed else None), target="h200", kernel_policy=policy)
+    policy = get_target("h200").policy.overridden({"deterministic.bucketed": bucketed, **WEIGHTS[weights]})
+    model = load_model(_checkpoint("q4_k_m" if weights else None), target="h200", kernel_policy=policy)
     rng = np.random.default_rng(11)
     vocab = int(model.dims.vocab)
     probe = rng.integers(0, vocab, 200).tolist()
@@ -146,7 +152,7 @@ def test_deterministic_mode_is_bit_exact_alone_under_load_chunked_and_cached(buc
         for engine in engines.values():
             engine.close()
     record_gpu_result(
-        f"deterministic_alone_vs_loaded_{'bucketed' if bucketed else 'tiled'}{'_packed' if packed else ''}",
+        f"deterministic_alone_vs_loaded_{'bucketed' if bucketed else 'tiled'}{'_' + weights if weights else ''}",
         {"model": f"synthetic:{SHAPE}", "identical": results},
     )
     assert all(all(same.values()) for same in results.values()), results
