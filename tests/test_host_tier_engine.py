@@ -13,17 +13,16 @@ import numpy as np
 import pytest
 from engine_support import ByteTokenizer
 from fixture_data import tiny_fixture
+from host_tier_support import device_hit, served
 
 from ember.runtime.engine.config import capacity_line, host_tier_refusal, kv_bytes_per_block
 from ember.runtime.engine.engine import Engine, EngineConfig
 from ember.runtime.execution.sequence_runner import SequenceRunner
 from ember.runtime.loading.model import load_model
-from ember.runtime.sampling.params import SamplingParams
 from ember.runtime.state.kinds import PagedKind
 from ember.server.config import add_serve_arguments, config_from_args
 from ember.server.metrics import ServerMetrics
 
-TOP = 3
 BASE = {"block_size": 4, "max_model_len": 64, "max_num_seqs": 2, "max_batched_tokens": 32}
 
 
@@ -31,13 +30,6 @@ BASE = {"block_size": 4, "max_model_len": 64, "max_num_seqs": 2, "max_batched_to
 def qwen3():
     path, _ = tiny_fixture("qwen3")
     return load_model(path)
-
-
-def _served(engine, prompt, max_tokens=5):
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=TOP)
-    out = engine.submit(prompt, params).collect()[0]
-    steps = [lp for o in out for lp in o.logprobs]
-    return [lp.token_id for lp in steps], [(lp.logprob, lp.top) for lp in steps], out[-1].usage.cached_tokens
 
 
 def _cold(model, prompt, max_tokens=5):
@@ -62,11 +54,11 @@ def test_an_evicted_prompt_comes_back_from_the_host_as_computed(qwen3):
     engine = Engine(qwen3, ByteTokenizer(), config)
     try:
         tier = engine.host_tier
-        cold = _served(engine, prompt)
+        cold = served(engine, prompt)
         for other in others:  # 19 usable blocks: each of these takes 9, so `prompt`'s go
-            _served(engine, other)
+            served(engine, other)
         assert engine.kv.primary.find_prefix(prompt) == [] and tier.counters().offloaded_blocks >= 7
-        again = _served(engine, prompt)
+        again = served(engine, prompt)
         counters = tier.counters()
         snapshot = engine.snapshot()
         metrics = ServerMetrics(SimpleNamespace(engine=engine, model_name="m")).render().decode()
@@ -83,12 +75,7 @@ def test_an_evicted_prompt_comes_back_from_the_host_as_computed(qwen3):
     assert cold[0] == again[0] == want_tokens
     np.testing.assert_allclose([lp for lp, _ in again[1]], want_logprobs, atol=1e-5)
     # the same hit from the device cache (no eviction): bit for bit what the host brought back gives
-    device = Engine(qwen3, ByteTokenizer(), EngineConfig(num_blocks=40, **BASE))
-    try:
-        _served(device, prompt)
-        hit = _served(device, prompt)
-    finally:
-        device.close()
+    hit = device_hit(qwen3, prompt, EngineConfig(num_blocks=40, **BASE))
     assert hit[2] == 28 and hit[:2] == again[:2]
 
 

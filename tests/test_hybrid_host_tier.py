@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from engine_support import ByteTokenizer
 from fixture_data import tiny_fixture
+from host_tier_support import device_hit, served
 
 from ember.runtime.engine.config import kv_bytes_per_block
 from ember.runtime.engine.engine import Engine, EngineConfig
@@ -25,7 +26,6 @@ from ember.runtime.scheduling.prefix_snapshots import prefix_hash
 from ember.runtime.state.host_tier import SNAPSHOTS
 from ember.server.metrics import ServerMetrics
 
-TOP = 3
 BS = 4
 BASE = {"block_size": BS, "max_model_len": 64, "max_num_seqs": 2, "max_batched_tokens": 32}
 
@@ -40,13 +40,6 @@ def tiered_config(model, **overrides) -> EngineConfig:
     and its snapshot out; the host holds 64 blocks and 4 snapshots' worth."""
     host = 64 * kv_bytes_per_block(model, BS) + 4 * model.slot_bytes()
     return EngineConfig(num_blocks=20, num_snapshot_slots=2, prefix_cache_host_bytes=host, **{**BASE, **overrides})
-
-
-def _served(engine, prompt, max_tokens=5, request_id=None):
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=TOP)
-    out = engine.submit(prompt, params, request_id=request_id).collect()[0]
-    steps = [lp for o in out for lp in o.logprobs]
-    return [lp.token_id for lp in steps], [(lp.logprob, lp.top) for lp in steps], out[-1].usage.cached_tokens
 
 
 def _prompts(seed: int, count: int) -> list[list[int]]:
@@ -69,13 +62,13 @@ def test_an_evicted_prompt_and_its_snapshot_come_back_from_the_host_bit_for_bit(
     engine = Engine(hybrid, ByteTokenizer(), tiered_config(hybrid))
     try:
         tier, store = engine.host_tier, engine.scheduler.snapshots.store
-        cold = _served(engine, prompt)
+        cold = served(engine, prompt)
         for other in others:
-            _served(engine, other)
+            served(engine, other)
         chain = prefix_hash(prompt, 7, BS)
         assert engine.kv.primary.find_prefix(prompt) == [] and chain in tier  # its blocks on the host
         assert store.lookup(chain) is None and tier.holds(chain, SNAPSHOTS)  # and its snapshot
-        again = _served(engine, prompt)
+        again = served(engine, prompt)
         counters = tier.counters()
         snapshot = engine.snapshot()
         metrics = ServerMetrics(SimpleNamespace(engine=engine, model_name="m")).render().decode()
@@ -91,12 +84,7 @@ def test_an_evicted_prompt_and_its_snapshot_come_back_from_the_host_bit_for_bit(
     assert 'ember:prefix_cache_host_restored_snapshots_total{model_name="m"} 1.0' in metrics
     assert f'ember:prefix_cache_host_snapshot_bytes_used{{model_name="m"}} {float(counters.snapshot_bytes)}' in metrics
     # the same hit from the device cache (nothing evicted): bit for bit what the host brought back gives
-    device = Engine(hybrid, ByteTokenizer(), EngineConfig(num_blocks=64, **BASE))
-    try:
-        _served(device, prompt)
-        hit = _served(device, prompt)
-    finally:
-        device.close()
+    hit = device_hit(hybrid, prompt, EngineConfig(num_blocks=64, **BASE))
     assert hit[2] == 28 and hit[:2] == again[:2]
 
 
@@ -122,9 +110,9 @@ def test_a_request_aborted_mid_restore_leaks_nothing(hybrid, monkeypatch, when):
     engine = Engine(hybrid, ByteTokenizer(), tiered_config(hybrid))
     try:
         tier = engine.host_tier
-        cold = _served(engine, prompt)
+        cold = served(engine, prompt)
         for other in others:
-            _served(engine, other)
+            served(engine, other)
         launch, aborted = engine.executor.launch, []
 
         def launch_and_abort(step, rows, steps, *, after=None):
@@ -139,10 +127,10 @@ def test_a_request_aborted_mid_restore_leaks_nothing(hybrid, monkeypatch, when):
         monkeypatch.setattr(engine.executor, "launch", launch_and_abort)
         out = engine.submit(prompt, SamplingParams(max_tokens=5, temperature=0.0), request_id="victim").collect()
         assert aborted == [True] and out[0][-1].finish_reason == "abort"
-        _served(engine, [5, 6, 7])  # the loop has applied the aborted step by the time this one is served
+        served(engine, [5, 6, 7])  # the loop has applied the aborted step by the time this one is served
         _check_drained(engine)
         restored = tier.counters()
-        again = _served(engine, prompt)
+        again = served(engine, prompt)
         _check_drained(engine)
         counters = tier.counters()
     finally:
