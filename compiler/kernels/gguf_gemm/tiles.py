@@ -18,8 +18,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _q4_k_scale_min(s0, s1, s2, n):
-    """6-bit scale and min of sub-blocks n ([1, SUB] int32) from the 12 packed bytes (s0, s1, s2 [BLOCK_N, 1]
+def q4_k_scale_min(s0, s1, s2, n):
+    """6-bit scale and min of sub-blocks n ([1, SUB] int32, or one scalar) from the 12 packed bytes (s0, s1, s2 [BLOCK_N, 1]
     uint32 words) -> uint32 [BLOCK_N, SUB] each."""
     low = n < 4
     shift = (8 * (n % 4)).to(tl.uint32)
@@ -37,7 +37,7 @@ def q4_k_tile(qs_ptr, scales_ptr, d_ptr, dmin_ptr, k0, rows, N: tl.constexpr, SU
     s0 = tl.load(scales_ptr + plane * 3)
     s1 = tl.load(scales_ptr + plane * 3 + 1)
     s2 = tl.load(scales_ptr + plane * 3 + 2)
-    sc, mn = _q4_k_scale_min(s0, s1, s2, n)
+    sc, mn = q4_k_scale_min(s0, s1, s2, n)
     scale = tl.load(d_ptr + plane).to(tl.float32) * sc.to(tl.float32)  # [BLOCK_N, SUB]
     minimum = tl.load(dmin_ptr + plane).to(tl.float32) * mn.to(tl.float32)
     q = tl.arange(0, 4)[None, None, None, :]

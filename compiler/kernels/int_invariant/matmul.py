@@ -129,20 +129,36 @@ def int_invariant_matmul(
 ) -> jax.Array:
     # x [M, K], w a Q4_K / Q6_K QuantizedWeight [N, K] -> [M, N] in out_dtype (x's by default). form: "gemv" or
     # "gemm" forces a kernel (tests and benchmarks: the same bits); config: the whole weight's, when w is a part
+    return int_invariant_parts(x, (w,), out_dtype, form=form, config=config)[0]
+
+
+def int_invariant_parts(
+    x: jax.Array,
+    parts,
+    out_dtype=None,
+    *,
+    form: str | None = None,
+    config: IntInvariantConfig | None = None,
+) -> list[jax.Array]:
+    """int_invariant_matmul of x by each part of a group (the parts side by side are one weight [sum N_i, K]; config:
+    that whole weight's), the activations quantized once for all of them."""
     rows, k = x.shape
-    if not supported(w) or w.shape[1] != k:
-        raise ValueError(f"int_invariant_matmul: x {x.shape} against a weight it cannot take ({w.format}, {w.shape})")
-    config = config or pick_config(w.shape[0], k)
+    for w in parts:
+        if not supported(w) or w.shape[1] != k:
+            raise ValueError(
+                f"int_invariant_matmul: x {x.shape} against a weight it cannot take ({w.format}, {w.shape})"
+            )
+    config = config or pick_config(sum(w.shape[0] for w in parts), k)
     out_dtype = jnp.dtype(out_dtype or x.dtype)
     if not triton_available():
-        return int_invariant_reference(x, w, config, out_dtype)
+        return [int_invariant_reference(x, w, config, out_dtype) for w in parts]
     quantized = quantize_gpu(x)
     form = form or ("gemv" if rows <= GEMV_MAX_ROWS else "gemm")
     if form == "gemv":
         # behind a barrier, the cast is a value of its own: XLA's excess-precision rewrites (convert pairs removed
         # under xla_allow_excess_precision) cannot skip this rounding in a consumer's fusion, as the GEMM's
         # output is already rounded in memory
-        return jax.lax.optimization_barrier(gemv(quantized, w, config).astype(out_dtype))
+        return [jax.lax.optimization_barrier(gemv(quantized, w, config).astype(out_dtype)) for w in parts]
     if form != "gemm":
         raise ValueError(f"int_invariant_matmul: form must be 'gemv' or 'gemm', got {form!r}")
-    return gemm(quantized, w, config, out_dtype)
+    return [gemm(quantized, w, config, out_dtype) for w in parts]

@@ -17,6 +17,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ember.compiler.kernels.gguf_gemm.tiles import q4_k_scale_min
+
 
 @triton.jit
 def mul_rn(a, b, ASM: tl.constexpr):
@@ -70,14 +72,7 @@ def q6_k_term(d, dx, isum, ASM: tl.constexpr):
 @triton.jit
 def q4_k_factors(s0, s1, s2, d, dmin, n):
     """(d sc, dmin m) of sub-block n (int32, a scalar or a tensor) from the super-block's 12 packed scale bytes
-    (s0, s1, s2 uint32 words) and d / dmin (fp32): exact products (fp16 times 6 bits). GGUF's packing: bytes 0..3
-    hold sc of sub-blocks 0..3 (low 6 bits), bytes 4..7 their mins; for n >= 4, byte 8 + n - 4 holds the low 4
-    bits of sc and min, bits 6..7 of byte n - 4 (and n) their high 2 (gguf_gemv/rows_kernel.py q4_k_sub_scales)."""
-    shift = ((n % 4) * 8).to(tl.uint32)
-    b0 = s0 >> shift
-    b1 = s1 >> shift
-    b2 = s2 >> shift
-    low = n < 4
-    sc = tl.where(low, b0 & 63, (b2 & 15) | ((b0 >> 2) & 48))
-    mn = tl.where(low, b1 & 63, ((b2 >> 4) & 15) | ((b1 >> 2) & 48))
+    (s0, s1, s2 uint32 words, gguf_gemm/tiles.py's decoder) and d / dmin (fp32): exact products (fp16 times 6
+    bits)."""
+    sc, mn = q4_k_scale_min(s0, s1, s2, n)
     return d * sc.to(tl.float32), dmin * mn.to(tl.float32)

@@ -25,7 +25,7 @@ from ember.compiler.kernels.gguf_gemv.layout import DenseBacked, QuantizedWeight
 from ember.compiler.kernels.gguf_gemv.matmul import split_columns
 from ember.compiler.kernels.gguf_gemv.reference import dequantize
 from ember.compiler.kernels.int_invariant import config as int_config
-from ember.compiler.kernels.int_invariant.matmul import int_invariant_matmul, supported
+from ember.compiler.kernels.int_invariant.matmul import int_invariant_parts, supported
 from ember.compiler.targets.policy import kernel_policy
 
 from .config import pick_config
@@ -68,9 +68,8 @@ def int8_block_parts(weight) -> tuple | None:
 def linear(x, weight, bias=None):
     # x [N, k], weight [n, k] in any form -> [N, n]
     int_parts = int8_block_parts(weight)
-    if int_parts:  # one config for the whole group, as for its bf16 matmul
-        whole = int_config.pick_config(*weight.shape)
-        ys = [int_invariant_matmul(x, part, config=whole) for part in int_parts]
+    if int_parts:  # the group's config for every part, as for its bf16 matmul; x quantized once
+        ys = int_invariant_parts(x, int_parts, config=int_config.pick_config(*weight.shape))
     else:
         config = pick_config(*weight.shape)
         parts = packed_parts(weight, x.shape[0], config)

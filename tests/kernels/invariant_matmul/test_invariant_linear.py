@@ -89,13 +89,13 @@ def test_int8_blocks_take_every_q4_k_q6_k_weight_at_every_row_count(kernel_overr
     group = _group()
     whole = int_config.pick_config(128, K)
     seen = []
-    real = invariant_linear.int_invariant_matmul
+    real = invariant_linear.int_invariant_parts
 
-    def spy(x, w, out_dtype=None, *, config=None, **kwargs):
-        seen.append((int(w.shape[0]), config))
-        return real(x, w, out_dtype, config=config, **kwargs)
+    def spy(x, parts, out_dtype=None, *, config=None, **kwargs):
+        seen.extend((int(w.shape[0]), config) for w in parts)
+        return real(x, parts, out_dtype, config=config, **kwargs)
 
-    monkeypatch.setattr(invariant_linear, "int_invariant_matmul", spy)
+    monkeypatch.setattr(invariant_linear, "int_invariant_parts", spy)
     x = jnp.asarray(np.random.default_rng(2).standard_normal((20, K)), jnp.bfloat16)
     want = jnp.concatenate([int_invariant_reference(x, part, whole, jnp.bfloat16) for part in group.parts], axis=1)
     for weight in (group, _backed(group)):
