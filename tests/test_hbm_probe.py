@@ -53,3 +53,24 @@ def test_measured_on_this_machine_is_a_memory_speed():
     measured = hbm_probe.measure(GIB)
     # a hoisted pass reads as ~1e9 GB/s; no CPU memory system streams 64 MiB at 2 TB/s
     assert 0.1 < measured["copy_gb_s"] < 2000 and 0.1 < measured["read_gb_s"] < 2000
+
+
+def _timed_by(monkeypatch, seconds_at):
+    """The probe's loop and timer replaced: a loop of n passes takes seconds_at(n); returns the n timed, in order."""
+    timed = []
+    monkeypatch.setattr(hbm_probe, "pass_loop", lambda step: lambda x, n: timed.append(n) or x)
+    monkeypatch.setattr(hbm_probe, "median_run_seconds", lambda run, runs: (run(), seconds_at(timed[-1]))[1])
+    return timed
+
+
+def test_a_vanished_difference_is_timed_again_with_a_longer_loop(monkeypatch):
+    # the first long loop reads as fast as the short one (noise); the retry at twice the passes is clean
+    timed = _timed_by(monkeypatch, lambda n: 1.0 + (0.0 if n == 10 else 0.01 * (n + 1)))
+    seconds = hbm_probe._seconds_per_pass(hbm_probe._negate, jnp.ones(4), 2, 10, 5)
+    assert timed == [2, 10, 2, 20] and seconds == pytest.approx(0.01)
+
+
+def test_noise_throughout_falls_back_to_the_long_loop_over_its_passes(monkeypatch):
+    timed = _timed_by(monkeypatch, lambda n: 1.0)
+    seconds = hbm_probe._seconds_per_pass(hbm_probe._negate, jnp.ones(4), 2, 10, 5)
+    assert timed == [2, 10, 2, 20, 2, 40, 2, 80] and seconds == pytest.approx(1.0 / 81)

@@ -40,11 +40,20 @@ def pass_loop(step):
     return jax.jit(lambda x, n: jax.lax.fori_loop(0, n, lambda _, carry: step(x, carry), step(x, None)))
 
 
-def _seconds_per_pass(step, x, short: int, long: int, runs: int) -> float:
-    """Seconds of one `step(x, carry)` pass: the loop's median time at `long` and `short` passes, differenced."""
+def _seconds_per_pass(step, x, short: int, long: int, runs: int, *, attempts: int = 4) -> float:
+    """Seconds of one `step(x, carry)` pass: the loop's median time at `long` and `short` passes, differenced.
+    On a noisy host the difference can vanish or go negative (a bandwidth of 1e7 GB/s, or a division by zero):
+    a difference under a tenth of the short loop's time is retried with `long` doubled, and after `attempts`
+    the long loop's time over its passes stands in (launch overhead included: a bandwidth too low, not too high)."""
     loop = pass_loop(step)
     median = lambda n: median_run_seconds(lambda: jax.block_until_ready(loop(x, n)), runs)  # noqa: E731
-    return max(median(long) - median(short), 1e-9) / (long - short)
+    for attempt in range(attempts):
+        if attempt:
+            long *= 2
+        short_s, long_s = median(short), median(long)
+        if long_s - short_s > 0.1 * short_s:
+            return (long_s - short_s) / (long - short)
+    return long_s / (long + 1)
 
 
 def _negate(x, carry):

@@ -163,14 +163,14 @@ invariant-packed)  # the batch-invariant matmul reading packed GGUF weights: GPU
         2>&1 | tee "$out/invariant_packed.log" | grep -v Warning ;;
 int-invariant)  # the integer-sum invariant matmul (compiler/kernels/int_invariant/): GPU test (GEMV = GEMM bits at every
     # row count), then bits and time per call against the dense invariant matmul and the default path (BENCH_FLAGS)
-    timeout ${TEST_S:-240} python -m pytest -q -m gpu tests/kernels/int_invariant/test_int_invariant_gpu.py -p no:cacheprovider \
+    JAX_PLATFORMS=cuda,cpu timeout ${TEST_S:-240} python -m pytest -q -m gpu tests/kernels/int_invariant/test_int_invariant_gpu.py -p no:cacheprovider \
         -rfE > "$out/gpu_int_invariant.log" 2>&1; tail -n 8 "$out/gpu_int_invariant.log"
     timeout ${BENCH_S:-300} python3 -m ember.tools.dev.bench_int_invariant ${BENCH_FLAGS:-} --out "$out/int_invariant_$commit.json" \
         2>&1 | tee "$out/int_invariant.log" | grep -v Warning ;;
 det-bench)  # default vs deterministic through the engine (ember bench, JSON per run): MODELS at STREAMS, PROMPT tokens
-    # (POLICY=deterministic.bucketed=true: deterministic steps at the default buckets)
+    # (POLICY=deterministic.int8_blocks=true: a policy field over both modes; MODES=deterministic: that mode alone)
     for model in ${MODELS:-qwen2.5-1.5b-q4_k_m llama3-8b}; do
-        for mode in default deterministic; do
+        for mode in ${MODES:-default deterministic}; do
             name="det_bench_${model}_p${PROMPT:-256}_$mode"
             timeout ${DET_S:-240} python3 -m ember.tools.cli bench --model synthetic:$model --tokenizer .gpu/tok --target h200 \
                 --concurrency ${STREAMS:-1 8 32 128} --prompt-tokens ${PROMPT:-256} --output-tokens ${OUTPUT:-128} \
@@ -389,11 +389,12 @@ plan-alone)  # the batch-1 step alone (MODELS; VARIANTS: kernel policy overrides
     plan_alone ;;
 engine-profile)  # the batch-1 engine under the profiler as the bench runs it (max_model_len 16,528, 128 -> 129
     # tokens): wall vs device time per step, where the GPU sat idle, then the plan alone at that table width
+    # (DETERMINISTIC=1: the engine in deterministic mode)
     for model in ${MODELS:-qwen2.5-1.5b-q4_k_m}; do
         JAX_PLATFORMS=cuda timeout ${PLAN_S:-150} python3 -m ember.tools.dev.profile_step \
             --kernel-policy "$(policy_file "$GGUF_PACKED")" \
             --model synthetic:$model --tokenizer .gpu/tok --concurrency 1 --max-model-len 16528 --prompt-tokens 128 \
-            --output-tokens 129 ${VARIANTS:+--variants $VARIANTS} > "$out/engine_$model.json" 2> "$out/engine_$model.log" \
+            --output-tokens 129 ${VARIANTS:+--variants $VARIANTS} ${DETERMINISTIC:+--deterministic} > "$out/engine_$model.json" 2> "$out/engine_$model.log" \
             || tail -n 3 "$out/engine_$model.log"
         grep -h "variant\|unprofiled_output\|device_ms_per_step\|idle_ms\|span_ms\|multi_async\|profiled_" "$out/engine_$model.json"
     done ;;

@@ -301,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         "(an A/B in one process, e.g. norms.fused_quant=false norms.fused_quant=true)",
     )
     parser.add_argument("--kernel-policy", help="JSON file of overrides over the target's kernel policy (the base)")
+    parser.add_argument("--deterministic", action="store_true", help="the engine in deterministic mode (its plans)")
     args = parser.parse_args(argv)
 
     from ...compiler.targets.policy import parse_assignments
@@ -318,11 +319,13 @@ def main(argv: list[str] | None = None) -> int:
         max_batched_tokens=512,
         enable_prefix_caching=False,
         decode_steps=args.decode_steps,
+        deterministic=args.deterministic,
     )
     result = {
         "model": args.model,
         "target": args.target,
         "decode_steps": args.decode_steps,
+        "deterministic": args.deterministic,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "runs": [],
         "plan_alone": [],
