@@ -66,3 +66,32 @@ def test_a_model_over_the_limit_fails_before_reading_a_tensor(monkeypatch):
 def test_the_host_cpu_reports_no_device_limit():
     # the host's memory is shared with every process: only an explicit free_bytes is checked there
     assert free_device_bytes() is None
+
+
+def test_dense_copies_are_left_out_where_they_would_crowd_the_device(capfd):
+    # the h200 target's rule on the cpu target's plans: kept GGUF blocks with a dense copy beside each
+    ckpt = synthetic_gguf_checkpoint(spec_for_arch("llama"), CONFIG, seed=2)
+    policy = get_target("cpu").policy.overridden(POLICIES["kept+copies"])
+    roomy = load_model(ckpt, target="cpu", kernel_policy=policy, free_bytes=10**12)
+    with_copies = device_weight_bytes(roomy.params)
+    without = planned_weight_bytes(
+        roomy.spec, roomy.plan.manifest, ckpt, roomy.resolved, roomy.dtype, GGUF_FORMATS, False, kept_layout="planes"
+    )
+    assert roomy.policy.weights.dense_copies and without < with_copies / 2
+    capfd.readouterr()
+    # with copies the weights would take all of the free memory, over the default share of half
+    tight = load_model(ckpt, target="cpu", kernel_policy=policy, free_bytes=with_copies)
+    assert not tight.policy.weights.dense_copies
+    assert device_weight_bytes(tight.params) == without == _planned(tight)
+    assert "no dense copies of the quantized weights" in capfd.readouterr().err
+    # the share is the policy's: at 1.0 the same memory keeps them
+    whole = policy.overridden({"weights.dense_copies_max_share": 1.0})
+    kept = load_model(ckpt, target="cpu", kernel_policy=whole, free_bytes=with_copies)
+    assert kept.policy.weights.dense_copies and device_weight_bytes(kept.params) == with_copies
+
+
+def test_the_copy_share_must_be_a_share():
+    with pytest.raises(ValueError, match=r"dense_copies_max_share must be in \(0, 1\]"):
+        get_target("cpu").policy.overridden({"weights.dense_copies_max_share": 1.5})
+    with pytest.raises(ValueError, match="must be float"):
+        get_target("cpu").policy.overridden({"weights.dense_copies_max_share": "half"})

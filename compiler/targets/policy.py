@@ -167,6 +167,10 @@ class WeightPolicy:
     quantized_formats: tuple[str, ...] = ()
     # kept GGUF weights also get a dense copy for steps of more rows (gguf_gemv/layout.py DenseBacked)
     dense_copies: bool = False
+    # the copies are left out at load (runtime/loading/model.py) when the weights with them would take more than
+    # this share of the device memory free before loading: the rest is the KV cache's, and a model whose copies
+    # alone would not fit (a 70B Q4_K_M: ~42 GB packed, ~140 GB of bf16 copies) still loads, packed
+    dense_copies_max_share: float = 0.5
     # how kept GGUF weights sit on the device: "planes" (gguf_gemv/layout.py, the GPU kernels' packing),
     # "int8_blocks" (cpu_gemv/layout.py: int8 codes + block scales, the cpu kernel's; docs/results/cpu_matmul_probe.json)
     # or "nibble_blocks" (the same with Q4_K's codes two per byte)
@@ -176,6 +180,10 @@ class WeightPolicy:
     packed_experts: tuple[str, ...] = ()
 
     def __post_init__(self):
+        if not 0.0 < self.dense_copies_max_share <= 1.0:
+            raise ValueError(
+                f"kernel policy: weights.dense_copies_max_share must be in (0, 1], got {self.dense_copies_max_share!r}"
+            )
         if self.kept_layout not in KEPT_LAYOUTS:
             raise ValueError(
                 f"kernel policy: weights.kept_layout must be one of {KEPT_LAYOUTS}, got {self.kept_layout!r}"
@@ -277,6 +285,7 @@ def _coerce(key: str, kind: str, value: Any) -> Any:
         "bool": isinstance(value, bool),
         "int": isinstance(value, int) and not isinstance(value, bool),
         "int | None": value is None or (isinstance(value, int) and not isinstance(value, bool)),
+        "float": isinstance(value, int | float) and not isinstance(value, bool),
         "str": isinstance(value, str),
         "str | None": value is None or isinstance(value, str),
         "tuple[str, ...]": isinstance(value, list | tuple) and all(isinstance(v, str) for v in value),
@@ -287,6 +296,8 @@ def _coerce(key: str, kind: str, value: Any) -> Any:
         raise ValueError(f"kernel policy: {key} must be {kind}, got {value!r}")
     if kind == "tuple[str, ...]":
         return tuple(value)
+    if kind == "float":
+        return float(value)
     return tuple(sorted(value.items())) if kind == "ConfigOverride" else value
 
 

@@ -25,7 +25,7 @@ from .device_values import dense_copier, device_placer
 from .dims import Dims, ResolvedModel, resolve
 from .formats.errors import CheckpointError
 from .known_models import cache_dir
-from .memory_plan import check_fits, free_device_bytes, planned_weight_bytes
+from .memory_plan import GB, check_fits, free_device_bytes, planned_weight_bytes
 from .mtp import MtpParams, load_mtp
 from .plans import GENERATED_DIR, LoadedPlan, load_plan
 from .prepared_weights import PreparedWeights, entry_key
@@ -257,7 +257,9 @@ def load_model(
     target keeps `dense_copies`), expert stacks in its `packed_experts` stay packed (no copy), the rest become the plan's activation dtype: the target's kernel policy's
     `weights`, which, like every kernel choice, `kernel_policy` may override (effective_policy).
     free_bytes: the device memory the weights may take (default: what a GPU has free; no check on the host CPU);
-    a model whose weights need more fails here, before any tensor is read or allocated (memory_plan.py).
+    a model whose weights need more fails here, before any tensor is read or allocated (memory_plan.py). Dense
+    copies (weights.dense_copies) are left out, with a line on stderr, where the weights with them would take more
+    than weights.dense_copies_max_share of it: Model.policy then says dense_copies false.
     with_mtp: load the checkpoint's MTP module when it has one (Model.mtp; one more decoder layer's weights);
     False leaves it on disk (a server that does not speculate with it).
     precision: "fast" (the target's policy) or "exact" (no weight kept quantized: the reference path that
@@ -280,19 +282,32 @@ def load_model(
     weights = policy.weights
     # expert stacks stay packed on one device (the mesh's sharding splits float stacks along experts)
     packed_experts = weights.packed_experts if placement is None else ()
-    needed = planned_weight_bytes(  # on a mesh: one device's share
+    planned = lambda copies: planned_weight_bytes(  # noqa: E731  (on a mesh: one device's share)
         spec,
         plan.manifest,
         ckpt,
         resolved,
         dtype,
         weights.quantized_formats,
-        weights.dense_copies,
+        copies,
         None if placement is None else placement.shards,
         packed_experts,
         weights.kept_layout,
     )
+    needed = planned(weights.dense_copies)
     free = free_device_bytes() if free_bytes is None else free_bytes
+    if free is not None and weights.dense_copies and needed > weights.dense_copies_max_share * free:
+        without = planned(False)
+        if without < needed:
+            print(
+                f"ember: no dense copies of the quantized weights: with them the weights would take "
+                f"{needed / GB:.2f} GB, over {weights.dense_copies_max_share:.0%} of the {free / GB:.2f} GB free "
+                f"(weights.dense_copies_max_share); steps of many rows read the packed blocks",
+                file=sys.stderr,
+                flush=True,
+            )
+            policy = policy.overridden({"weights.dense_copies": False})
+            needed = without
     if free is not None:
         check_fits(needed, free, str(ckpt.path))
     place = device_placer(dtype, policy.weights.kept_layout)  # the target's layout for the MTP module's weights too

@@ -63,6 +63,7 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
                 'split_k_partials': False},
  'split': {'triton': False},
  'weights': {'dense_copies': False,
+             'dense_copies_max_share': 0.5,
              'kept_layout': 'nibble_blocks',
              'packed_experts': [],
              'quantized_formats': ['q4_k', 'q6_k', 'q8_0', 'q5_0']}}

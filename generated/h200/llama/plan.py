@@ -57,6 +57,7 @@ KERNEL_POLICY = {'attention': {'decode_config': {},
                 'split_k_partials': True},
  'split': {'triton': True},
  'weights': {'dense_copies': True,
+             'dense_copies_max_share': 0.5,
              'kept_layout': 'planes',
              'packed_experts': [],
              'quantized_formats': ['fp8', 'q4_k', 'q6_k', 'q8_0', 'q5_0', 'nvfp4']}}
