@@ -11,7 +11,12 @@ from test_weight_bytes import CONFIG, GGUF_FORMATS
 from ember.compiler.spec import spec_for_arch
 from ember.compiler.targets import get_target
 from ember.runtime.loading import model as model_module
-from ember.runtime.loading.memory_plan import InsufficientMemoryError, free_device_bytes, planned_weight_bytes
+from ember.runtime.loading.memory_plan import (
+    InsufficientMemoryError,
+    free_device_bytes,
+    keeps_dense_copies,
+    planned_weight_bytes,
+)
 from ember.runtime.loading.model import load_model
 from ember.runtime.loading.synthetic_gguf import synthetic_gguf_checkpoint
 from ember.runtime.loading.weight_bytes import device_weight_bytes
@@ -95,3 +100,32 @@ def test_the_copy_share_must_be_a_share():
         get_target("cpu").policy.overridden({"weights.dense_copies_max_share": 1.5})
     with pytest.raises(ValueError, match="must be float"):
         get_target("cpu").policy.overridden({"weights.dense_copies_max_share": "half"})
+
+
+def _h200_planned(shape: str):
+    """(copies -> the weights' device bytes on the h200 target, the checkpoint) for a synthetic shape's Q4_K_M
+    layout, planned lazily: no tensor is drawn."""
+    from ember.runtime.loading.model import GENERATED_DIR, load_plan, resolve
+    from ember.tools.bench_models import SYNTHETIC_SHAPES
+
+    arch, config = SYNTHETIC_SHAPES[shape]
+    spec = spec_for_arch(arch)
+    ckpt = synthetic_gguf_checkpoint(spec, config, scheme="q4_k_m", seed=0)
+    resolved, manifest = resolve(spec, ckpt), load_plan(spec, "h200", GENERATED_DIR).manifest
+    w = get_target("h200").policy.weights
+    return (
+        lambda copies: planned_weight_bytes(
+            spec, manifest, ckpt, resolved, "bfloat16", w.quantized_formats, copies, kept_layout=w.kept_layout
+        ),
+        ckpt,
+    )
+
+
+def test_a_70b_q4_k_m_loads_on_one_h200_without_copies():
+    weights, h200_free = get_target("h200").policy.weights, 139 * 10**9
+    planned, ckpt = _h200_planned("llama3-70b")  # with bf16 copies ~181 GB
+    assert planned(True) > h200_free
+    assert keeps_dense_copies(planned, weights, h200_free) == (False, planned(False))
+    assert planned(False) <= 1.05 * ckpt.tensor_bytes()
+    planned, _ = _h200_planned("llama3-8b")  # its copies fit within the share and stay
+    assert keeps_dense_copies(planned, weights, h200_free) == (True, planned(True))

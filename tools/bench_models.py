@@ -92,6 +92,18 @@ SYNTHETIC_SHAPES = {
         },
     ),
 }
+# Llama-3-70B (issue 34's one-GPU model): the 8B's family at 80 layers of d 8,192, ffn 28,672, 64 / 8 heads; its
+# Q4_K_M layout is 42.5 GB, 181.5 GB with bf16 copies (tests/test_memory_plan.py), so it loads without them
+SYNTHETIC_SHAPES["llama3-70b"] = (
+    "llama",
+    {
+        **SYNTHETIC_SHAPES["llama3-8b"][1],
+        "hidden_size": 8192,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "intermediate_size": 28672,
+    },
+)
 # `<shape>-<format>`: weights in a quantized checkpoint layout (random values, the real block layout), made by
 # ember.runtime.loading.synthetic_gguf; without a suffix, float weights in the target's activation dtype.
 # `-fp8` / `-fp8_block`: the layers' projections in FP8 e4m3 with per-channel / 128 x 128 block scales

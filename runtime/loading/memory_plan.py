@@ -146,6 +146,17 @@ def free_device_bytes(device=None) -> int | None:
     return None
 
 
+def keeps_dense_copies(planned, weights, free: int | None) -> tuple[bool, int]:
+    """(whether the dense copies stay, the weights' device bytes then): planned(copies) -> bytes. They go where the
+    weights with them would take more than weights.dense_copies_max_share of `free` (None: no limit known, the
+    policy stands) and leaving them out saves bytes."""
+    needed = planned(weights.dense_copies)
+    if free is None or not weights.dense_copies or needed <= weights.dense_copies_max_share * free:
+        return weights.dense_copies, needed
+    without = planned(False)
+    return (True, needed) if without >= needed else (False, without)
+
+
 def check_fits(needed: int, free: int, what: str) -> None:
     """Raise InsufficientMemoryError naming both figures when `needed` bytes exceed `free`."""
     if needed > free:

@@ -25,7 +25,7 @@ from .device_values import dense_copier, device_placer
 from .dims import Dims, ResolvedModel, resolve
 from .formats.errors import CheckpointError
 from .known_models import cache_dir
-from .memory_plan import GB, check_fits, free_device_bytes, planned_weight_bytes
+from .memory_plan import GB, check_fits, free_device_bytes, keeps_dense_copies, planned_weight_bytes
 from .mtp import MtpParams, load_mtp
 from .plans import GENERATED_DIR, LoadedPlan, load_plan
 from .prepared_weights import PreparedWeights, entry_key
@@ -294,20 +294,17 @@ def load_model(
         packed_experts,
         weights.kept_layout,
     )
-    needed = planned(weights.dense_copies)
     free = free_device_bytes() if free_bytes is None else free_bytes
-    if free is not None and weights.dense_copies and needed > weights.dense_copies_max_share * free:
-        without = planned(False)
-        if without < needed:
-            print(
-                f"ember: no dense copies of the quantized weights: with them the weights would take "
-                f"{needed / GB:.2f} GB, over {weights.dense_copies_max_share:.0%} of the {free / GB:.2f} GB free "
-                f"(weights.dense_copies_max_share); steps of many rows read the packed blocks",
-                file=sys.stderr,
-                flush=True,
-            )
-            policy = policy.overridden({"weights.dense_copies": False})
-            needed = without
+    copies, needed = keeps_dense_copies(planned, weights, free)
+    if copies != weights.dense_copies:
+        print(
+            f"ember: no dense copies of the quantized weights: with them the weights would take "
+            f"{planned(True) / GB:.2f} GB, over {weights.dense_copies_max_share:.0%} of the {free / GB:.2f} GB free "
+            f"(weights.dense_copies_max_share); steps of many rows read the packed blocks",
+            file=sys.stderr,
+            flush=True,
+        )
+        policy = policy.overridden({"weights.dense_copies": False})
     if free is not None:
         check_fits(needed, free, str(ckpt.path))
     place = device_placer(dtype, policy.weights.kept_layout)  # the target's layout for the MTP module's weights too

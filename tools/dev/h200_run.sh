@@ -15,6 +15,7 @@
 #   tools/dev/h200_run.sh engine-tests   GPU engine tests: h200 vs cpu agreement, deterministic mode, quantized model
 #   tools/dev/h200_run.sh real-weights   h200 vs cpu agreement on the real checkpoints cut small (.gpu/real/<name>.gguf)
 #   tools/dev/h200_run.sh quick-1.5b / quick-8b-q4  batch 1 (CONTEXTS, default 128) and a few stream counts, Q4_K_M
+#   tools/dev/h200_run.sh quick-70b-q4 Llama-3-70B Q4_K_M without dense copies: batch 1, 8-64 streams, prefill 4k
 #   tools/dev/h200_run.sh suite-8b   bench suite, Llama-3-8B shape: bf16 and FP8 (per-channel)
 #   tools/dev/h200_run.sh quick-8b / quick-8b-fp8  the bf16 / FP8 8B at batch 1 (CONTEXTS) and STREAMS8 streams
 #   tools/dev/h200_run.sh fp8-check  FP8 GEMV GPU tests, then the 8B FP8 step alone: byte vs word loop
@@ -194,6 +195,11 @@ quick-1.5b)  # 1.5B Q4_K_M kept quantized: batch 1 at CONTEXTS (128), STREAMS (1
 quick-8b-q4)  # 8B Q4_K_M kept quantized: batch 1 at CONTEXTS (128), STREAMS8 (8 / 32) streams
     POLICY="$GGUF_PACKED" SUITE_FLAGS="--no-hf --sections context concurrency --contexts ${CONTEXTS:-128} \
         --context-decode-tokens 128 --concurrency ${STREAMS8:-8 32}" suite quick8b-q4${TAG:-} ${DEADLINE8:-110} synthetic:llama3-8b-q4_k_m ;;
+quick-70b-q4)  # Llama-3-70B Q4_K_M on one GPU, kept packed without dense copies (with them ~181 GB: the loader leaves
+    # them out, weights.dense_copies_max_share): batch 1 at CONTEXTS (128 4096), STREAMS70 (8 32 64), prefill of 4,096
+    POLICY="$GGUF_PACKED" SUITE_FLAGS="--no-hf --sections context prefill concurrency --contexts ${CONTEXTS:-128 4096} \
+        --context-decode-tokens 64 --prefill-lengths 4096 --concurrency ${STREAMS70:-8 32 64}" \
+        suite quick70b-q4${TAG:-} ${DEADLINE70:-400} synthetic:llama3-70b-q4_k_m ;;
 fp8-check)  # the FP8 GEMV's GPU tests (every loop, the parts and gate/up epilogue kernels), then the 8B FP8
     # step alone with the byte loop vs the word loop (fp8_gemv.words)
     export JAX_PLATFORMS=cuda,cpu
