@@ -95,12 +95,16 @@ H200 = Target(
         # experts, combined in a fixed order (batch-invariant); more rows: the grouped GEMM (ragged groups)
         "moe": "ember.compiler.kernels.moe.gpu:moe",
     },
-    # the deterministic variant: the fixed-tile attention, the fixed-order norms (batch-invariant by
+    # the deterministic variant: the fixed-tile attention, norms of one program per row (batch-invariant by
     # construction) and every projection through the batch-invariant matmul (its dense copies; split sizes from
     # the weight's shape)
     deterministic_kernels={
         **CPU.deterministic_kernels,
         "attention": "ember.compiler.kernels.attention.invariant:paged_attention_invariant",
+        # the Triton norms (one program per row: a row's bits follow its length alone, as the fixed-order
+        # reference's do; norms.triton off: that reference)
+        "rms_norm": "ember.compiler.kernels.norm.kernel:rms_norm_invariant",
+        "add_rms_norm": "ember.compiler.kernels.norm.kernel:add_rms_norm_invariant",
         "linear": "ember.compiler.kernels.invariant_matmul.linear:linear",
         "linear_split": "ember.compiler.kernels.invariant_matmul.linear:linear_split",
         # prompt tokens with a decode row's arithmetic: the recurrent Gated DeltaNet kernel for every token, the

@@ -73,21 +73,30 @@ def use_kernel(x) -> bool:
     return kernel_policy().norms.triton and triton_available() and math.prod(x.shape[:-1]) > 0
 
 
-def rms_norm(x, weight, *, eps):
-    # x [..., n], weight [n] -> [..., n] in x's dtype
+def rms_norm(x, weight, *, eps, reference=norm_ref.rms_norm):
+    # x [..., n], weight [n] -> [..., n] in x's dtype; `reference` where the kernel does not run
     if not use_kernel(x):
-        return norm_ref.rms_norm(x, weight, eps=eps)
+        return reference(x, weight, eps=eps)
     return rms_norm_triton(x, weight, eps=eps)
 
 
-def add_rms_norm(x, y, weight, *, eps):
+def add_rms_norm(x, y, weight, *, eps, reference=norm_ref.add_rms_norm):
     # -> (x + y, rms_norm(x + y)), both [..., n] in x's dtype (y None: (x, rms_norm(x)))
-    if y is None:
-        return x, rms_norm(x, weight, eps=eps)
-    y = materialized(y)
-    if not use_kernel(x) or y.shape != x.shape or y.dtype != x.dtype:
-        return norm_ref.add_rms_norm(x, y, weight, eps=eps)
-    return add_rms_norm_triton(x, y, weight, eps=eps)
+    y = None if y is None else materialized(y)
+    if not use_kernel(x) or (y is not None and (y.shape != x.shape or y.dtype != x.dtype)):
+        return reference(x, y, weight, eps=eps)
+    return (x, rms_norm_triton(x, weight, eps=eps)) if y is None else add_rms_norm_triton(x, y, weight, eps=eps)
+
+
+def rms_norm_invariant(x, weight, *, eps):
+    """The deterministic plans' norm: the kernel (one program per row, its sums in an order fixed by the row's
+    length alone, so a row's bits do not depend on the rows beside it: tests/test_deterministic_ops_gpu.py), or
+    the fixed-order reference where the kernel does not run."""
+    return rms_norm(x, weight, eps=eps, reference=norm_ref.rms_norm_invariant)
+
+
+def add_rms_norm_invariant(x, y, weight, *, eps):
+    return add_rms_norm(x, y, weight, eps=eps, reference=norm_ref.add_rms_norm_invariant)
 
 
 def _launch_rows(kernel, rows_in: tuple, weight, outputs: int, eps: float) -> tuple:

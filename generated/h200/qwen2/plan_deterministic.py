@@ -18,8 +18,8 @@ from ember.compiler.kernels.embedding import select_rows as embedding_select_row
 from ember.compiler.kernels.gguf_gemv.linear import embedding as gguf_gemv_linear_embedding
 from ember.compiler.kernels.invariant_matmul.linear import linear as invariant_matmul_linear_linear
 from ember.compiler.kernels.invariant_matmul.linear import linear_split as invariant_matmul_linear_linear_split
-from ember.compiler.kernels.norm.reference import add_rms_norm_invariant as norm_reference_add_rms_norm_invariant
-from ember.compiler.kernels.norm.reference import rms_norm_invariant as norm_reference_rms_norm_invariant
+from ember.compiler.kernels.norm.kernel import add_rms_norm_invariant as norm_kernel_add_rms_norm_invariant
+from ember.compiler.kernels.norm.kernel import rms_norm_invariant as norm_kernel_rms_norm_invariant
 from ember.compiler.kernels.rope.reference import rope as rope_reference_rope
 
 ARCH = "qwen2"
@@ -76,7 +76,7 @@ def layer(dims, w, constants, x, x_add, state, batch):
     attn_window1 = constants['attn_window1']
     attn_state2 = constants['attn_state2']
     k_pool, v_pool = state
-    x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
+    x_in, h = norm_kernel_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
     t_1, t_3, t_5 = invariant_matmul_linear_linear_split(h, w['attn_q+attn_k+attn_v.weight'], w['attn_q+attn_k+attn_v.bias'], sizes=(dims.hq * dims.dh, dims.hkv * dims.dh, dims.hkv * dims.dh))
     q = dense_gemv_reference_split_heads(t_1, heads=dims.hq)
     k = dense_gemv_reference_split_heads(t_3, heads=dims.hkv)
@@ -84,7 +84,7 @@ def layer(dims, w, constants, x, x_add, state, batch):
     q_1, k_1 = rope_reference_rope(q, k, positions, rope_inv_freq0, style='neox')
     a, k_pool, v_pool = attention_invariant_paged_attention_invariant(q_1, k_1, v, attn_window1, attn_state2, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_10 = invariant_matmul_linear_linear(a, w['attn_output.weight'])
-    x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_10, w['ffn_norm.weight'], eps=dims.eps)
+    x_1, h_1 = norm_kernel_add_rms_norm_invariant(x_in, t_10, w['ffn_norm.weight'], eps=dims.eps)
     t_13_t_14 = invariant_matmul_linear_linear(h_1, w['ffn_gate+ffn_up.weight'])
     t_15 = activation_gated_act_packed(t_13_t_14, act='silu')
     t_16 = invariant_matmul_linear_linear(t_15, w['ffn_down.weight'])
@@ -95,7 +95,7 @@ def epilogue(dims, weights, x, x_add, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     x_in = embedding_add(x, x_add)
     x_1 = embedding_select_rows(x_in, logit_rows)
-    h = norm_reference_rms_norm_invariant(x_1, weights['output_norm.weight'], eps=dims.eps)
+    h = norm_kernel_rms_norm_invariant(x_1, weights['output_norm.weight'], eps=dims.eps)
     logits = invariant_matmul_linear_linear(h, weights['output.weight'])
     return logits
 

@@ -22,8 +22,8 @@ from ember.compiler.kernels.gated_delta.gpu import gated_rms_norm_heads as gated
 from ember.compiler.kernels.gguf_gemv.linear import embedding as gguf_gemv_linear_embedding
 from ember.compiler.kernels.invariant_matmul.linear import linear as invariant_matmul_linear_linear
 from ember.compiler.kernels.invariant_matmul.linear import linear_split as invariant_matmul_linear_linear_split
-from ember.compiler.kernels.norm.reference import add_rms_norm_invariant as norm_reference_add_rms_norm_invariant
-from ember.compiler.kernels.norm.reference import rms_norm_invariant as norm_reference_rms_norm_invariant
+from ember.compiler.kernels.norm.kernel import add_rms_norm_invariant as norm_kernel_add_rms_norm_invariant
+from ember.compiler.kernels.norm.kernel import rms_norm_invariant as norm_kernel_rms_norm_invariant
 from ember.compiler.kernels.rope.reference import rope as rope_reference_rope
 
 ARCH = "qwen3_5"
@@ -78,12 +78,12 @@ def layer_linear_attention_dense(dims, w, constants, x, x_add, state, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     slot_state0 = constants['slot_state0']
     conv_state, delta_state = state
-    x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
+    x_in, h = norm_kernel_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
     qkv, z, b, a = invariant_matmul_linear_linear_split(h, w['attn_qkv+attn_gate+ssm_beta+ssm_alpha.weight'], sizes=(dims.lin_qkv, dims.lin_hv * dims.lin_dv, dims.lin_hv, dims.lin_hv))
     o, conv_state, delta_state = gated_delta_gpu_gated_delta_invariant(qkv, b, a, slot_state0, w['ssm_conv1d.weight'], w['ssm_a.weight'], w['ssm_dt.weight'], conv_state, delta_state, batch, hk=dims.lin_hk, hv=dims.lin_hv, dk=dims.lin_dk, dv=dims.lin_dv, kernel=dims.lin_conv)
     t_6 = gated_delta_gpu_gated_rms_norm_heads(o, z, w['ssm_norm.weight'], eps=dims.eps, heads=dims.lin_hv)
     t_7 = invariant_matmul_linear_linear(t_6, w['ssm_out.weight'])
-    x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_7, w['post_attention_norm.weight'], eps=dims.eps)
+    x_1, h_1 = norm_kernel_add_rms_norm_invariant(x_in, t_7, w['post_attention_norm.weight'], eps=dims.eps)
     t_10_t_11 = invariant_matmul_linear_linear(h_1, w['ffn_gate+ffn_up.weight'])
     t_12 = activation_gated_act_packed(t_10_t_11, act='silu')
     t_13 = invariant_matmul_linear_linear(t_12, w['ffn_down.weight'])
@@ -96,19 +96,19 @@ def layer_full_attention_dense(dims, w, constants, x, x_add, state, batch):
     attn_window2 = constants['attn_window2']
     attn_state3 = constants['attn_state3']
     k_pool, v_pool = state
-    x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
+    x_in, h = norm_kernel_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
     t_1, t_5, t_7 = invariant_matmul_linear_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh * 2, dims.hkv * dims.dh, dims.hkv * dims.dh))
     t_2 = dense_gemv_reference_split_heads(t_1, heads=dims.hq)
     q, g = activation_split_at(t_2, size=dims.dh)
     k = dense_gemv_reference_split_heads(t_5, heads=dims.hkv)
     v = dense_gemv_reference_split_heads(t_7, heads=dims.hkv)
-    q_1 = norm_reference_rms_norm_invariant(q, w['attn_q_norm.weight'], eps=dims.eps)
-    k_1 = norm_reference_rms_norm_invariant(k, w['attn_k_norm.weight'], eps=dims.eps)
+    q_1 = norm_kernel_rms_norm_invariant(q, w['attn_q_norm.weight'], eps=dims.eps)
+    k_1 = norm_kernel_rms_norm_invariant(k, w['attn_k_norm.weight'], eps=dims.eps)
     q_2, k_2 = rope_reference_rope(q_1, k_1, positions, rope_inv_freq1, style='neox')
     a, k_pool, v_pool = attention_invariant_paged_attention_invariant(q_2, k_2, v, attn_window2, attn_state3, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_14 = activation_sigmoid_gate(a, g)
     t_15 = invariant_matmul_linear_linear(t_14, w['attn_output.weight'])
-    x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_15, w['post_attention_norm.weight'], eps=dims.eps)
+    x_1, h_1 = norm_kernel_add_rms_norm_invariant(x_in, t_15, w['post_attention_norm.weight'], eps=dims.eps)
     t_18_t_19 = invariant_matmul_linear_linear(h_1, w['ffn_gate+ffn_up.weight'])
     t_20 = activation_gated_act_packed(t_18_t_19, act='silu')
     t_21 = invariant_matmul_linear_linear(t_20, w['ffn_down.weight'])
@@ -119,7 +119,7 @@ def epilogue(dims, weights, x, x_add, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     x_in = embedding_add(x, x_add)
     x_1 = embedding_select_rows(x_in, logit_rows)
-    h = norm_reference_rms_norm_invariant(x_1, weights['output_norm.weight'], eps=dims.eps)
+    h = norm_kernel_rms_norm_invariant(x_1, weights['output_norm.weight'], eps=dims.eps)
     logits = invariant_matmul_linear_linear(h, weights['output.weight'])
     return logits
 

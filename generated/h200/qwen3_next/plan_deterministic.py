@@ -24,8 +24,8 @@ from ember.compiler.kernels.gguf_gemv.linear import embedding as gguf_gemv_linea
 from ember.compiler.kernels.invariant_matmul.linear import linear as invariant_matmul_linear_linear
 from ember.compiler.kernels.invariant_matmul.linear import linear_split as invariant_matmul_linear_linear_split
 from ember.compiler.kernels.moe.gpu import moe_invariant as moe_gpu_moe_invariant
-from ember.compiler.kernels.norm.reference import add_rms_norm_invariant as norm_reference_add_rms_norm_invariant
-from ember.compiler.kernels.norm.reference import rms_norm_invariant as norm_reference_rms_norm_invariant
+from ember.compiler.kernels.norm.kernel import add_rms_norm_invariant as norm_kernel_add_rms_norm_invariant
+from ember.compiler.kernels.norm.kernel import rms_norm_invariant as norm_kernel_rms_norm_invariant
 from ember.compiler.kernels.rope.reference import rope as rope_reference_rope
 
 ARCH = "qwen3_next"
@@ -80,13 +80,13 @@ def layer_linear_attention_dense(dims, w, constants, x, x_add, state, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     slot_state0 = constants['slot_state0']
     conv_state, delta_state = state
-    x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
+    x_in, h = norm_kernel_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
     qkv, z, t_3 = invariant_matmul_linear_linear_split(h, w['attn_qkv+attn_gate+ssm_ba.weight'], sizes=(dims.lin_qkv, dims.lin_hv * dims.lin_dv, 2 * dims.lin_hv))
     b, a = activation_split_at(t_3, size=dims.lin_hv)
     o, conv_state, delta_state = gated_delta_gpu_gated_delta_invariant(qkv, b, a, slot_state0, w['ssm_conv1d.weight'], w['ssm_a.weight'], w['ssm_dt.weight'], conv_state, delta_state, batch, hk=dims.lin_hk, hv=dims.lin_hv, dk=dims.lin_dk, dv=dims.lin_dv, kernel=dims.lin_conv)
     t_7 = gated_delta_gpu_gated_rms_norm_heads(o, z, w['ssm_norm.weight'], eps=dims.eps, heads=dims.lin_hv)
     t_8 = invariant_matmul_linear_linear(t_7, w['ssm_out.weight'])
-    x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_8, w['post_attention_norm.weight'], eps=dims.eps)
+    x_1, h_1 = norm_kernel_add_rms_norm_invariant(x_in, t_8, w['post_attention_norm.weight'], eps=dims.eps)
     t_11_t_12 = invariant_matmul_linear_linear(h_1, w['ffn_gate+ffn_up.weight'])
     t_13 = activation_gated_act_packed(t_11_t_12, act='silu')
     t_14 = invariant_matmul_linear_linear(t_13, w['ffn_down.weight'])
@@ -97,13 +97,13 @@ def layer_linear_attention_moe(dims, w, constants, x, x_add, state, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     slot_state1 = constants['slot_state1']
     conv_state, delta_state = state
-    x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
+    x_in, h = norm_kernel_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
     qkv, z, t_3 = invariant_matmul_linear_linear_split(h, w['attn_qkv+attn_gate+ssm_ba.weight'], sizes=(dims.lin_qkv, dims.lin_hv * dims.lin_dv, 2 * dims.lin_hv))
     b, a = activation_split_at(t_3, size=dims.lin_hv)
     o, conv_state, delta_state = gated_delta_gpu_gated_delta_invariant(qkv, b, a, slot_state1, w['ssm_conv1d.weight'], w['ssm_a.weight'], w['ssm_dt.weight'], conv_state, delta_state, batch, hk=dims.lin_hk, hv=dims.lin_hv, dk=dims.lin_dk, dv=dims.lin_dv, kernel=dims.lin_conv)
     t_7 = gated_delta_gpu_gated_rms_norm_heads(o, z, w['ssm_norm.weight'], eps=dims.eps, heads=dims.lin_hv)
     t_8 = invariant_matmul_linear_linear(t_7, w['ssm_out.weight'])
-    x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_8, w['post_attention_norm.weight'], eps=dims.eps)
+    x_1, h_1 = norm_kernel_add_rms_norm_invariant(x_in, t_8, w['post_attention_norm.weight'], eps=dims.eps)
     t_11, t_12, t_16 = invariant_matmul_linear_linear_split(h_1, w['ffn_gate_shexp+ffn_up_shexp+ffn_gate_inp_shexp.weight'], sizes=(dims.shared_ffn, dims.shared_ffn, 1))
     t_13 = activation_gated_act(t_11, t_12, act='silu')
     s = invariant_matmul_linear_linear(t_13, w['ffn_down_shexp.weight'])
@@ -119,19 +119,19 @@ def layer_full_attention_dense(dims, w, constants, x, x_add, state, batch):
     attn_window3 = constants['attn_window3']
     attn_state4 = constants['attn_state4']
     k_pool, v_pool = state
-    x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
+    x_in, h = norm_kernel_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
     t_1, t_5, t_7 = invariant_matmul_linear_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh * 2, dims.hkv * dims.dh, dims.hkv * dims.dh))
     t_2 = dense_gemv_reference_split_heads(t_1, heads=dims.hq)
     q, g = activation_split_at(t_2, size=dims.dh)
     k = dense_gemv_reference_split_heads(t_5, heads=dims.hkv)
     v = dense_gemv_reference_split_heads(t_7, heads=dims.hkv)
-    q_1 = norm_reference_rms_norm_invariant(q, w['attn_q_norm.weight'], eps=dims.eps)
-    k_1 = norm_reference_rms_norm_invariant(k, w['attn_k_norm.weight'], eps=dims.eps)
+    q_1 = norm_kernel_rms_norm_invariant(q, w['attn_q_norm.weight'], eps=dims.eps)
+    k_1 = norm_kernel_rms_norm_invariant(k, w['attn_k_norm.weight'], eps=dims.eps)
     q_2, k_2 = rope_reference_rope(q_1, k_1, positions, rope_inv_freq2, style='neox')
     a, k_pool, v_pool = attention_invariant_paged_attention_invariant(q_2, k_2, v, attn_window3, attn_state4, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_14 = activation_sigmoid_gate(a, g)
     t_15 = invariant_matmul_linear_linear(t_14, w['attn_output.weight'])
-    x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_15, w['post_attention_norm.weight'], eps=dims.eps)
+    x_1, h_1 = norm_kernel_add_rms_norm_invariant(x_in, t_15, w['post_attention_norm.weight'], eps=dims.eps)
     t_18_t_19 = invariant_matmul_linear_linear(h_1, w['ffn_gate+ffn_up.weight'])
     t_20 = activation_gated_act_packed(t_18_t_19, act='silu')
     t_21 = invariant_matmul_linear_linear(t_20, w['ffn_down.weight'])
@@ -144,19 +144,19 @@ def layer_full_attention_moe(dims, w, constants, x, x_add, state, batch):
     attn_window6 = constants['attn_window6']
     attn_state7 = constants['attn_state7']
     k_pool, v_pool = state
-    x_in, h = norm_reference_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
+    x_in, h = norm_kernel_add_rms_norm_invariant(x, x_add, w['attn_norm.weight'], eps=dims.eps)
     t_1, t_5, t_7 = invariant_matmul_linear_linear_split(h, w['attn_q+attn_k+attn_v.weight'], sizes=(dims.hq * dims.dh * 2, dims.hkv * dims.dh, dims.hkv * dims.dh))
     t_2 = dense_gemv_reference_split_heads(t_1, heads=dims.hq)
     q, g = activation_split_at(t_2, size=dims.dh)
     k = dense_gemv_reference_split_heads(t_5, heads=dims.hkv)
     v = dense_gemv_reference_split_heads(t_7, heads=dims.hkv)
-    q_1 = norm_reference_rms_norm_invariant(q, w['attn_q_norm.weight'], eps=dims.eps)
-    k_1 = norm_reference_rms_norm_invariant(k, w['attn_k_norm.weight'], eps=dims.eps)
+    q_1 = norm_kernel_rms_norm_invariant(q, w['attn_q_norm.weight'], eps=dims.eps)
+    k_1 = norm_kernel_rms_norm_invariant(k, w['attn_k_norm.weight'], eps=dims.eps)
     q_2, k_2 = rope_reference_rope(q_1, k_1, positions, rope_inv_freq5, style='neox')
     a, k_pool, v_pool = attention_invariant_paged_attention_invariant(q_2, k_2, v, attn_window6, attn_state7, k_pool, v_pool, batch, scale=dims.attn_scale)
     t_14 = activation_sigmoid_gate(a, g)
     t_15 = invariant_matmul_linear_linear(t_14, w['attn_output.weight'])
-    x_1, h_1 = norm_reference_add_rms_norm_invariant(x_in, t_15, w['post_attention_norm.weight'], eps=dims.eps)
+    x_1, h_1 = norm_kernel_add_rms_norm_invariant(x_in, t_15, w['post_attention_norm.weight'], eps=dims.eps)
     t_18, t_19, t_23 = invariant_matmul_linear_linear_split(h_1, w['ffn_gate_shexp+ffn_up_shexp+ffn_gate_inp_shexp.weight'], sizes=(dims.shared_ffn, dims.shared_ffn, 1))
     t_20 = activation_gated_act(t_18, t_19, act='silu')
     s = invariant_matmul_linear_linear(t_20, w['ffn_down_shexp.weight'])
@@ -170,7 +170,7 @@ def epilogue(dims, weights, x, x_add, batch):
     tokens, positions, logit_rows = batch.tokens, batch.positions, batch.logit_rows
     x_in = embedding_add(x, x_add)
     x_1 = embedding_select_rows(x_in, logit_rows)
-    h = norm_reference_rms_norm_invariant(x_1, weights['output_norm.weight'], eps=dims.eps)
+    h = norm_kernel_rms_norm_invariant(x_1, weights['output_norm.weight'], eps=dims.eps)
     logits = invariant_matmul_linear_linear(h, weights['output.weight'])
     return logits
 
