@@ -10,6 +10,7 @@
 #   tools/dev/h200_run.sh kernels-quick  RoPE / norm kernel GPU tests (a failure turns the kernel off), Q4_K GEMV tests
 #   tools/dev/h200_run.sh invariant-matmul the batch-invariant matmul: GPU test, invariance and time against cuBLAS
 #   tools/dev/h200_run.sh invariant-packed the batch-invariant matmul on packed GGUF weights: bits and time vs dense, default
+#   tools/dev/h200_run.sh invariant-sweep the batch-invariant matmul's launch configs per row count (FORM dense / packed)
 #   tools/dev/h200_run.sh int-invariant the integer-sum invariant matmul: GPU test, then bits and time vs dense, default
 #   tools/dev/h200_run.sh det-bench  default vs deterministic engine figures (MODELS, STREAMS, PROMPT)
 #   tools/dev/h200_run.sh engine-tests   GPU engine tests: h200 vs cpu agreement, deterministic mode, quantized model
@@ -162,6 +163,10 @@ invariant-packed)  # the batch-invariant matmul reading packed GGUF weights: GPU
         -rfE > "$out/gpu_invariant_matmul.log" 2>&1; tail -n 5 "$out/gpu_invariant_matmul.log"
     timeout ${BENCH_S:-300} python3 -m ember.tools.dev.bench_invariant_packed ${BENCH_FLAGS:-} --out "$out/invariant_packed_$commit.json" \
         2>&1 | tee "$out/invariant_packed.log" | grep -v Warning ;;
+invariant-sweep)  # launch configs of the batch-invariant matmul per row count (FORM packed or dense, ROWS, SHAPES):
+    # time per call and whether each keeps the default config's bits (a row's bits followed k_split alone at f5e4933)
+    timeout ${BENCH_S:-400} python3 -m ember.tools.dev.sweep_invariant_packed --form ${FORM:-dense} --rows ${ROWS:-1 8 64} \
+        --shapes ${SHAPES:-1.5b} --out "$out/invariant_sweep_${FORM:-dense}_$commit.json" 2>&1 | grep -v Warning ;;
 int-invariant)  # the integer-sum invariant matmul (compiler/kernels/int_invariant/): GPU test (GEMV = GEMM bits at every
     # row count), then bits and time per call against the dense invariant matmul and the default path (BENCH_FLAGS)
     JAX_PLATFORMS=cuda,cpu timeout ${TEST_S:-240} python -m pytest -q -m gpu tests/kernels/int_invariant/test_int_invariant_gpu.py -p no:cacheprovider \
