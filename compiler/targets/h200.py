@@ -55,7 +55,7 @@ H200_WEIGHTS = WeightPolicy(
     dense_copies=True,
     # GGUF expert stacks kept packed (compiler/kernels/moe/packed.py) is an opt-in until its GPU test and bench
     # have run: {"weights.packed_experts": ["q4_k", "q6_k", "q8_0", "q5_0"]}; steps above moe.gemv_max_rows
-    # dequantize every stack in the step (no per-tile grouped GEMM over packed blocks yet)
+    # take the packed grouped GEMM (moe/packed_grouped_kernels.py: run in the interpreter, not yet on a GPU)
     packed_experts=(),
 )
 

@@ -5,9 +5,11 @@ sorted by expert (grouped_kernels.py; policy moe.grouped), non-GPU backends the 
 
 Expert stacks kept packed in a GGUF format (packed.py; WeightPolicy.packed_experts): steps of up to
 moe.gemv_max_rows rows (every step of the deterministic plans) take packed_kernels.py's GEMVs, which read only
-the chosen experts' blocks; larger steps dequantize the whole stacks in the step to the activation dtype and
-take the float path above (the simplest correct choice: the same values a stack dequantized at load holds;
-a grouped GEMM decoding the blocks per tile is not written yet).
+the chosen experts' blocks; larger steps (moe.grouped) the reference's router and the packed grouped GEMM
+(packed_grouped_kernels.py: the grouped GEMM decoding the tile's expert's blocks per K tile, the same tile map
+and combine; run in Triton's interpreter and lowered for sm_90, not yet on a GPU). Other cases (moe.grouped
+off, a format the kernels do not decode) dequantize the whole stacks in the step to the activation dtype and
+take the float path above.
 
 x [N, d]; router [E, d]; gate, up [E, f, d]; down [E, d, f] -> [N, d] in x's dtype.
 """
@@ -68,9 +70,26 @@ def use_packed_kernel(x, router, gate, up, down, act: str, *, any_rows: bool = F
     )
 
 
+def use_packed_grouped(x, router, gate, up, down, act: str) -> bool:
+    """Whether the packed grouped GEMM runs: what the packed GEMVs need (any row count), every stack in a format
+    packed_grouped_kernels.py decodes, more than moe.gemv_max_rows rows, moe.grouped."""
+    from .packed_grouped_kernels import FORMATS
+
+    policy = kernel_policy().moe
+    return (
+        use_packed_kernel(x, router, gate, up, down, act, any_rows=True)
+        and all(w.format in FORMATS for w in (gate, up, down))
+        and x.shape[0] > policy.gemv_max_rows
+        and policy.grouped
+    )
+
+
 def moe(x, router, gate, up, down, *, top_k: int, normalize: bool, act: str = "silu"):
     if use_packed_kernel(x, router, gate, up, down, act):
         return moe_decode_packed_triton(x, router, gate, up, down, top_k=top_k, normalize=normalize)
+    if use_packed_grouped(x, router, gate, up, down, act):
+        weights, chosen = reference.route(x, router, top_k=int(top_k), normalize=bool(normalize))
+        return experts_packed_grouped_triton(x, weights, chosen, gate, up, down)
     gate, up, down = (dense_experts(w, x.dtype) for w in (gate, up, down))  # packed stacks: dequantized here
     if not use_kernel(x, router, gate, up, down, act):
         return op.moe(x, router, gate, up, down, top_k=top_k, normalize=normalize, act=act)
@@ -91,24 +110,23 @@ def moe_invariant(x, router, gate, up, down, *, top_k: int, normalize: bool, act
     return moe_decode_triton(x, router, gate, up, down, top_k=top_k, normalize=normalize)
 
 
-def experts_grouped_triton(x, weights, chosen, gate, up, down):
-    """The grouped GEMM's launches: weights [N, k] fp32, chosen [N, k] int32 -> [N, d] in x's dtype, the k terms
-    of a row added in j order."""
-    from .grouped_kernels import launch_plan, moe_grouped_down_kernel, moe_grouped_gate_up_kernel, tile_map
+def _experts_grouped(x, weights, chosen, plan: dict, experts: int, f: int, gate_up: tuple, down: tuple):
+    """The grouped GEMM's two launches and the combine, float or packed: plan from a launch_plan; gate_up =
+    (kernel, its weight arguments), down likewise. weights [N, k] fp32, chosen [N, k] int32 -> [N, d] in x's
+    dtype, the k terms of a row added in j order."""
+    from .grouped_kernels import tile_map
 
     n, d = x.shape
     top_k = chosen.shape[1]
-    experts, f, _ = gate.shape
-    plan = launch_plan(n, d, f, experts, top_k)
     order, tile_expert, tile_start, tile_size = tile_map(chosen, experts, plan["block_m"])
     tiles = (tile_expert, tile_start, tile_size)
     m = n * top_k
     h = _launch(
-        moe_grouped_gate_up_kernel, plan["gate_up"], (x, order // top_k, *tiles, gate, up),
+        gate_up[0], plan["gate_up"], (x, order // top_k, *tiles, *gate_up[1]),
         jax.ShapeDtypeStruct((m, f), jnp.float32), num_stages=3,
     )  # fmt: skip
     y = _launch(
-        moe_grouped_down_kernel, plan["down"], (h, weights.reshape(-1).astype(jnp.float32)[order], *tiles, down),
+        down[0], plan["down"], (h, weights.reshape(-1).astype(jnp.float32)[order], *tiles, *down[1]),
         jax.ShapeDtypeStruct((m, d), jnp.float32), num_stages=3,
     )  # fmt: skip
     terms = jnp.zeros_like(y).at[order].set(y).reshape(n, top_k, d)  # back to (token, j) order
@@ -116,6 +134,35 @@ def experts_grouped_triton(x, weights, chosen, gate, up, down):
     for j in range(1, top_k):  # a fixed order of adds, whatever the tiles held
         out = out + terms[:, j]
     return out.astype(x.dtype)
+
+
+def experts_grouped_triton(x, weights, chosen, gate, up, down):
+    """The grouped GEMM over float stacks: gate, up [E, f, d], down [E, d, f]."""
+    from .grouped_kernels import launch_plan, moe_grouped_down_kernel, moe_grouped_gate_up_kernel
+
+    experts, f, _ = gate.shape
+    plan = launch_plan(x.shape[0], x.shape[1], f, experts, chosen.shape[1])
+    kernels = (moe_grouped_gate_up_kernel, (gate, up)), (moe_grouped_down_kernel, (down,))
+    return _experts_grouped(x, weights, chosen, plan, experts, f, *kernels)
+
+
+def experts_packed_grouped_triton(x, weights, chosen, gate, up, down):
+    """The grouped GEMM over packed stacks (packed_grouped_kernels.py): gate, up [E, f, d], down [E, d, f], each
+    in any format the kernels decode; the same tile map and combine as experts_grouped_triton."""
+    from .packed_grouped_kernels import (
+        launch_plan,
+        moe_packed_grouped_down_kernel,
+        moe_packed_grouped_gate_up_kernel,
+        stack_args,
+    )
+
+    experts, f, _ = gate.shape
+    (g_planes, g_strides), (u_planes, u_strides), (d_planes, d_strides) = (stack_args(w) for w in (gate, up, down))
+    formats = (gate.format, up.format, down.format)
+    strides = (g_strides, u_strides, d_strides)
+    plan = launch_plan(x.shape[0], x.shape[1], f, experts, chosen.shape[1], formats, x.dtype.name, strides)
+    kernels = (moe_packed_grouped_gate_up_kernel, (*g_planes, *u_planes)), (moe_packed_grouped_down_kernel, d_planes)
+    return _experts_grouped(x, weights, chosen, plan, experts, f, *kernels)
 
 
 def route_triton(x, router, *, top_k: int, normalize: bool):

@@ -2,8 +2,8 @@
 moe/gpu.py) on an NVIDIA GPU at the MoE checkpoints' shapes (d 2048; 128 experts top-8 of ffn 768, 256 experts
 top-8 of ffn 512), Q4_K_M's expert mix (Q4_K gate / up, Q6_K down) and the block formats: against the reference
 on the same stacks dequantized (bit-equal to the `gguf` package), a row's output the same bits whatever other
-rows the step holds, and steps of many rows (the stacks dequantized in the step for the grouped GEMM). Skipped
-off the GPU; `tools/dev/h200_run.sh tests` runs it."""
+rows the step holds, and steps of many rows (the packed grouped GEMM, packed_grouped_kernels.py). Skipped off the
+GPU; `tools/dev/h200_run.sh tests` runs it."""
 
 from __future__ import annotations
 
@@ -63,10 +63,18 @@ def test_packed_decode_matches_the_reference_on_dequantized_stacks(experts, f, f
     np.testing.assert_array_equal(alone[0], full[0])
 
 
+@pytest.mark.parametrize(
+    "experts, f, formats",
+    [(128, 768, ("q4_k", "q4_k", "q6_k")), (256, 512, ("q4_k", "q4_k", "q4_k")), (128, 768, ("q8_0", "q5_0", "q4_k"))],
+)
 @pytest.mark.parametrize("rows", [17, 300])
-def test_many_rows_dequantize_in_the_step_and_match_the_reference(rows):
-    router, stacks = _stacks(128, 768, ("q4_k", "q4_k", "q6_k"), rows)
+def test_many_rows_take_the_packed_grouped_gemm_and_match_the_reference(experts, f, formats, rows):
+    router, stacks = _stacks(experts, f, formats, experts + rows)
     x = (jax.random.normal(jax.random.key(rows), (rows, D)) * 0.05).astype(jnp.bfloat16)
+    dense = [dequantize_experts(s).astype(jnp.bfloat16) for s in stacks]  # the float path's stacks
+    weights, chosen = reference.route(x, router, top_k=TOP_K, normalize=True)
+    got = jax.jit(gpu.experts_packed_grouped_triton)(x, weights, chosen, *stacks)
+    want = reference.experts(x, weights, chosen, jnp.concatenate(dense[:2], axis=1), dense[2])
+    assert_rows_close(got, want)
     got = jax.jit(lambda *a: gpu.moe(*a, top_k=TOP_K, normalize=True))(x, router, *stacks)
-    dense = [dequantize_experts(s).astype(jnp.bfloat16) for s in stacks]
     assert_rows_close(got, op.moe(x, router, *dense, top_k=TOP_K, normalize=True))
