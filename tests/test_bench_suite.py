@@ -156,7 +156,7 @@ def test_synthetic_names_and_kv_bytes():
     assert parse_synthetic("synthetic:llama3-8b-fp8") == ("llama3-8b", "fp8")
     assert parse_synthetic("synthetic:llama3-8b-fp8_block") == ("llama3-8b", "fp8_block")
     with pytest.raises(ValueError, match="unknown synthetic shape"):
-        parse_synthetic("synthetic:llama3-70b")
+        parse_synthetic("synthetic:llama3-405b")
     config = SYNTHETIC_SHAPES["llama3-8b"][1]
     assert (
         config["num_hidden_layers"],

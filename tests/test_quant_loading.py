@@ -207,7 +207,9 @@ def test_the_kernel_policy_chooses_which_weights_stay_packed(tmp_path):
         json.dumps({"weights": {"quantized_formats": ["q4_k", "q6_k", "fp8"]}, "weights.dense_copies": False})
     )
     # expert stacks kept packed (moe/packed.py): an opt-in, none by default
-    assert weights("h200", override) == type(weights("h200"))(("q4_k", "q6_k", "fp8"), False, "planes", ())
+    assert weights("h200", override) == type(weights("h200"))(
+        quantized_formats=("q4_k", "q6_k", "fp8"), dense_copies=False, kept_layout="planes", packed_experts=()
+    )
     override.write_text(json.dumps({"weights.packed_experts": ["q4_k", "fp8"]}))
     with pytest.raises(ValueError, match="packed_experts.*fp8"):
         weights("h200", override)
