@@ -20,26 +20,35 @@ from ember.compiler.kernels.moe.grouped_kernels import (
 pytestmark = pytest.mark.interpret
 
 
-def run_grouped(x, weights, chosen, gate, up, down):
+def run_grouped_launches(x, weights, chosen, plan, experts: int, f: int, gate_up: tuple, down: tuple):
+    """gpu._experts_grouped on host buffers: the tile map, the two launches (gate_up / down: the kernel and its
+    weight arguments, host buffers) and the combine of each row's K terms."""
     n, d = x.shape
     top_k = chosen.shape[1]
-    experts, f, _ = gate.shape
-    plan = launch_plan(n, d, f, experts, top_k)
     order, *tiles = (np.asarray(a) for a in tile_map(jnp.asarray(chosen), experts, plan["block_m"]))
     tiles = [HostBuffer(t) for t in tiles]
     m = n * top_k
     h = HostBuffer(np.full((m, f), np.nan, np.float32))
-    moe_grouped_gate_up_kernel[plan["gate_up"]["grid"]](
-        HostBuffer(x), HostBuffer((order // top_k).astype(np.int32)), *tiles, HostBuffer(gate), HostBuffer(up), h,
+    gate_up[0][plan["gate_up"]["grid"]](
+        HostBuffer(x), HostBuffer((order // top_k).astype(np.int32)), *tiles, *gate_up[1], h,
         **plan["gate_up"]["meta"],
     )  # fmt: skip
     y = HostBuffer(np.full((m, d), np.nan, np.float32))
-    moe_grouped_down_kernel[plan["down"]["grid"]](
-        h, HostBuffer(weights.reshape(-1)[order]), *tiles, HostBuffer(down), y, **plan["down"]["meta"]
-    )
+    down[0][plan["down"]["grid"]](
+        h, HostBuffer(weights.reshape(-1)[order]), *tiles, *down[1], y, **plan["down"]["meta"]
+    )  # fmt: skip
     terms = np.zeros_like(y.array)
     terms[order] = y.array
     return terms.reshape(n, top_k, d).sum(1)
+
+
+def run_grouped(x, weights, chosen, gate, up, down):
+    experts, f, _ = gate.shape
+    plan = launch_plan(x.shape[0], x.shape[1], f, experts, chosen.shape[1])
+    gate_up = (moe_grouped_gate_up_kernel, (HostBuffer(gate), HostBuffer(up)))
+    return run_grouped_launches(
+        x, weights, chosen, plan, experts, f, gate_up, (moe_grouped_down_kernel, (HostBuffer(down),))
+    )
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from interpreter import HostBuffer
 from row_error import assert_rows_close
+from test_moe_grouped_interpret import run_grouped_launches
 from test_moe_packed_interpret import random_stack
 
 from ember.compiler.kernels.moe import reference
-from ember.compiler.kernels.moe.grouped_kernels import tile_map
 from ember.compiler.kernels.moe.packed import pack_experts
 from ember.compiler.kernels.moe.packed_grouped_kernels import (
     launch_plan,
@@ -28,27 +28,13 @@ pytestmark = pytest.mark.interpret
 
 def run_packed_grouped(x, weights, chosen, gate, up, down):
     """gpu.experts_packed_grouped_triton's launches and combine, on host buffers."""
-    n, d = x.shape
-    top_k = chosen.shape[1]
     experts, f, _ = gate.shape
     args = [stack_args(w) for w in (gate, up, down)]
     formats = (gate.format, up.format, down.format)
-    plan = launch_plan(n, d, f, experts, top_k, formats, x.dtype.name, tuple(s for _, s in args))
-    order, *tiles = (np.asarray(a) for a in tile_map(jnp.asarray(chosen), experts, plan["block_m"]))
-    tiles = [HostBuffer(t) for t in tiles]
-    (g, _), (u, _), (dn, _) = (([HostBuffer(np.asarray(p)) for p in planes], s) for planes, s in args)
-    m = n * top_k
-    h = HostBuffer(np.full((m, f), np.nan, np.float32))
-    moe_packed_grouped_gate_up_kernel[plan["gate_up"]["grid"]](
-        HostBuffer(x), HostBuffer((order // top_k).astype(np.int32)), *tiles, *g, *u, h, **plan["gate_up"]["meta"]
-    )
-    y = HostBuffer(np.full((m, d), np.nan, np.float32))
-    moe_packed_grouped_down_kernel[plan["down"]["grid"]](
-        h, HostBuffer(weights.reshape(-1)[order]), *tiles, *dn, y, **plan["down"]["meta"]
-    )
-    terms = np.zeros_like(y.array)
-    terms[order] = y.array
-    return terms.reshape(n, top_k, d).sum(1)
+    plan = launch_plan(*x.shape, f, experts, chosen.shape[1], formats, x.dtype.name, tuple(s for _, s in args))
+    g, u, dn = ([HostBuffer(np.asarray(p)) for p in planes] for planes, _ in args)
+    gate_up = (moe_packed_grouped_gate_up_kernel, (*g, *u))
+    return run_grouped_launches(x, weights, chosen, plan, experts, f, gate_up, (moe_packed_grouped_down_kernel, dn))
 
 
 @pytest.mark.parametrize(
