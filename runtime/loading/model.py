@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -282,17 +283,20 @@ def load_model(
     weights = policy.weights
     # expert stacks stay packed on one device (the mesh's sharding splits float stacks along experts)
     packed_experts = weights.packed_experts if placement is None else ()
-    planned = lambda copies: planned_weight_bytes(  # noqa: E731  (on a mesh: one device's share)
-        spec,
-        plan.manifest,
-        ckpt,
-        resolved,
-        dtype,
-        weights.quantized_formats,
-        copies,
-        None if placement is None else placement.shards,
-        packed_experts,
-        weights.kept_layout,
+    # bytes with / without the copies, each planned at most once (the line below reuses them); a mesh: one device's
+    planned = functools.cache(
+        lambda copies: planned_weight_bytes(
+            spec,
+            plan.manifest,
+            ckpt,
+            resolved,
+            dtype,
+            weights.quantized_formats,
+            copies,
+            None if placement is None else placement.shards,
+            packed_experts,
+            weights.kept_layout,
+        )
     )
     free = free_device_bytes() if free_bytes is None else free_bytes
     copies, needed = keeps_dense_copies(planned, weights, free)
